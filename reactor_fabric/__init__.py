@@ -1,0 +1,41 @@
+"""Reactor-Fabric: run many MCP servers for AI coding agents, one fresh container per session.
+
+The public API is re-exported here; the private modules each hold one concept.
+"""
+
+from ._config import Orchestrator, Resources, Security, Service, Suite
+from ._errors import (
+    ContainerStartFailure,
+    DockerUnavailable,
+    FabricError,
+    InvalidMessage,
+    InvalidRequest,
+    InvalidSuiteConfiguration,
+    ParseError,
+    SecurityViolation,
+    ServiceNotFound,
+)
+from ._suite import SuiteIssue, SuiteUnreadable, check_suite_text, load_suite
+from ._version import __version__
+
+__all__ = [
+    "ContainerStartFailure",
+    "DockerUnavailable",
+    "FabricError",
+    "InvalidMessage",
+    "InvalidRequest",
+    "InvalidSuiteConfiguration",
+    "Orchestrator",
+    "ParseError",
+    "Resources",
+    "SecurityViolation",
+    "Security",
+    "Service",
+    "ServiceNotFound",
+    "Suite",
+    "SuiteIssue",
+    "SuiteUnreadable",
+    "__version__",
+    "check_suite_text",
+    "load_suite",
+]

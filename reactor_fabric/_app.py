@@ -1,0 +1,96 @@
+"""The ASGI application: routes HTTP and WebSocket requests to the orchestrator.
+
+Only moves bytes and maps outcomes to status codes; the decisions live in pure modules
+(:mod:`._health`, and the session and handshake modules for ``/mcp/{service}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ._errors import DockerUnavailable
+from ._fabric import Fabric
+from ._health import health_report
+from ._version import __version__
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+HEALTH_PING_TIMEOUT = 3.0
+
+
+class FabricApp:
+    """ASGI 3 application over a :class:`~reactor_fabric._fabric.Fabric`."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            # The relay endpoint arrives with the orchestrator issue; until then a WebSocket
+            # handshake is refused (closing before accept answers HTTP 403).
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/healthz":
+            if method not in ("GET", "HEAD"):
+                await _json(send, 405, {"error": "method not allowed"}, allow="GET, HEAD")
+                return
+            await self._healthz(send, head=method == "HEAD")
+            return
+        await _json(send, 404, {"error": "not found", "path": path})
+
+    async def _healthz(self, send: Send, *, head: bool) -> None:
+        docker_version: str | None = None
+        docker_error: str | None = None
+        try:
+            docker_version = await self.fabric.engine.ping(timeout=HEALTH_PING_TIMEOUT)
+        except DockerUnavailable as exc:
+            docker_error = str(exc)
+        report = health_report(
+            docker_version=docker_version,
+            docker_error=docker_error,
+            sessions=self.fabric.session_count,
+            containers=self.fabric.container_count,
+            version=__version__,
+        )
+        await _json(send, report.status_code, report.body, head=head)
+
+
+async def _json(
+    send: Send, status: int, body: dict[str, Any], *, head: bool = False, allow: str | None = None
+) -> None:
+    payload = json.dumps(body).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    if allow is not None:
+        headers.append((b"allow", allow.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else payload})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,206 @@
+"""Command line: ``python -m reactor_fabric [serve options]`` and ``validate-config PATH``.
+
+Exit codes:
+
+- ``0`` — clean shutdown (SIGINT/SIGTERM), or a valid suite for ``validate-config``;
+- ``1`` — the suite is invalid (every problem is listed, one per line);
+- ``2`` — the suite file cannot be read, or the command line is wrong;
+- ``3`` — the orchestrator cannot listen (port in use, address not available).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import trio
+
+from ._docker import DockerEngine
+from ._errors import INVALID_SUITE_CONFIGURATION
+from ._fabric import Fabric
+from ._logging import LOG_LEVELS, configure_logging
+from ._serve import Listening, serve_orchestrator
+from ._suite import SuiteUnreadable, check_suite_text, read_suite_file
+from ._version import __version__
+
+log = logging.getLogger("reactor_fabric.cli")
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+EXIT_CANNOT_LISTEN = 3
+
+DEFAULT_CONFIG = "claude-mcp-suite.yaml"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    config: str
+    host: str
+    port: int
+    network: str | None
+    log_level: str
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
+    return value
+
+
+def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reactor-fabric",
+        description="Serve MCP services from claude-mcp-suite.yaml, one fresh container per "
+        "client session.",
+    )
+    parser.add_argument("--version", action="version", version=f"reactor-fabric {__version__}")
+    parser.add_argument(
+        "--config",
+        default=environ.get("REACTOR_FABRIC_CONFIG", DEFAULT_CONFIG),
+        help="suite file (env REACTOR_FABRIC_CONFIG; default ./claude-mcp-suite.yaml)",
+    )
+    parser.add_argument(
+        "--host",
+        default=environ.get("REACTOR_FABRIC_HOST", DEFAULT_HOST),
+        help="address to listen on (env REACTOR_FABRIC_HOST; default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=environ.get("REACTOR_FABRIC_PORT", str(DEFAULT_PORT)),
+        help="port to listen on, 0 for any free port (env REACTOR_FABRIC_PORT; default 8765)",
+    )
+    parser.add_argument(
+        "--network",
+        default=environ.get("REACTOR_FABRIC_NETWORK"),
+        help="Docker network for service containers (env REACTOR_FABRIC_NETWORK; default: the "
+        "suite's orchestrator.network, else 'bridge'); a service's own network wins",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=environ.get("REACTOR_FABRIC_LOG_LEVEL", "info").lower(),
+        help="log level (env REACTOR_FABRIC_LOG_LEVEL; default info)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    validate = commands.add_parser(
+        "validate-config",
+        help="check a suite file and list every problem (exit 0 valid, 1 invalid, 2 unreadable)",
+    )
+    validate.add_argument("path", help="the suite file to check")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
+    env = dict(os.environ if environ is None else environ)
+    parser = build_parser(env)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    if args.command == "validate-config":
+        return validate_config(args.path)
+    settings = ServeSettings(
+        config=args.config,
+        host=args.host,
+        port=int(args.port),
+        network=args.network,
+        log_level=args.log_level,
+    )
+    return serve(settings)
+
+
+def validate_config(path: str) -> int:
+    try:
+        text = read_suite_file(path)
+    except SuiteUnreadable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    check = check_suite_text(text, source=path)
+    if check.suite is None:
+        for issue in check.issues:
+            print(issue, file=sys.stderr)
+        print(f"{path}: invalid ({len(check.issues)} problem(s))", file=sys.stderr)
+        return EXIT_INVALID
+    services = ", ".join(check.suite.mcp_services)
+    print(f"{path}: valid ({len(check.suite.mcp_services)} service(s): {services})")
+    return EXIT_OK
+
+
+def serve(settings: ServeSettings) -> int:
+    configure_logging(settings.log_level)
+    try:
+        text = read_suite_file(settings.config)
+    except SuiteUnreadable as exc:
+        log.error(
+            "suite_unreadable",
+            extra={"code": INVALID_SUITE_CONFIGURATION, "reason": "suite_unreadable",
+                   "detail": str(exc)},
+        )
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    check = check_suite_text(text, source=settings.config)
+    if check.suite is None:
+        for issue in check.issues:
+            log.error(
+                "invalid_suite_configuration",
+                extra={"code": INVALID_SUITE_CONFIGURATION,
+                       "reason": "invalid_suite_configuration", "file": issue.file,
+                       "line": issue.line, "column": issue.column, "key": issue.path,
+                       "detail": issue.message},
+            )
+        print(f"error: {settings.config} is not a valid suite; not starting:", file=sys.stderr)
+        for issue in check.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_INVALID
+    fabric = Fabric(
+        suite=check.suite,
+        engine=DockerEngine(),
+        network=settings.network or check.suite.orchestrator.network,
+    )
+    try:
+        trio.run(_serve_until_signalled, fabric, settings)
+    except OSError as exc:
+        reason = "port_in_use" if exc.errno == errno.EADDRINUSE else "cannot_listen"
+        log.error("cannot_listen", extra={"reason": reason, "host": settings.host,
+                                          "port": settings.port, "detail": str(exc)})
+        print(
+            f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+            + (" (choose another with --port or REACTOR_FABRIC_PORT)"
+               if reason == "port_in_use" else ""),
+            file=sys.stderr,
+        )
+        return EXIT_CANNOT_LISTEN
+    return EXIT_OK
+
+
+async def _serve_until_signalled(fabric: Fabric, settings: ServeSettings) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            listening: Listening = await nursery.start(
+                serve_orchestrator, fabric, settings.host, settings.port
+            )
+            print(
+                f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
+                f"service(s) on {listening.http_url} "
+                f"(WebSocket: {listening.ws_url}/mcp/{{service}}, health: "
+                f"{listening.http_url}/healthz)",
+                flush=True,
+            )
+            async for signum in signals:
+                log.info("shutting_down", extra={"signal": signal.Signals(signum).name})
+                nursery.cancel_scope.cancel()
+                break

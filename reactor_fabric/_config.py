@@ -1,0 +1,70 @@
+"""Typed structures of the suite file (``claude-mcp-suite.yaml``).
+
+These mirror ``schemas/claude-mcp-suite.schema.json`` field for field (a test fails if they
+drift); defaults here equal the schema's ``default`` values. Instances are only ever built from
+data that already passed validation (see :mod:`reactor_fabric._suite`), so the derived
+properties below can parse without failing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ._units import parse_duration, parse_size
+
+DEFAULT_TIMEOUT = "1m"
+DEFAULT_MAX_MESSAGE_SIZE = "16m"
+
+
+class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    memory: str | int = "512m"
+    cpus: float = 1.0
+    pids: int = 256
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_size(self.memory)
+
+
+class Security(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    no_new_privileges: bool = True
+    cap_add: list[str] = msgspec.field(default_factory=list)
+    read_only_rootfs: bool = False
+
+
+class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    image: str
+    description: str = ""
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    timeout: str = DEFAULT_TIMEOUT
+    command: list[str] | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    resources: Resources = msgspec.field(default_factory=Resources)
+    network: str | None = None
+    pull: Literal["never", "missing", "always"] = "missing"
+    user: str | None = None
+    security: Security = msgspec.field(default_factory=Security)
+
+    @property
+    def idle_timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
+
+
+class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    allowed_mount_roots: list[str]
+    allowed_origins: list[str] = msgspec.field(default_factory=list)
+    max_sessions: int = 64
+    max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
+    network: str = "bridge"
+
+    @property
+    def max_message_bytes(self) -> int:
+        return parse_size(self.max_message_size)
+
+
+class Suite(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    version: str
+    orchestrator: Orchestrator
+    mcp_services: dict[str, Service]

@@ -1,0 +1,105 @@
+"""What a session's container looks like, decided without talking to Docker.
+
+:func:`container_spec_for` turns a suite service plus the session's context (id, mounts, network)
+into a :class:`ContainerSpec`: labels, safe defaults, limits and the environment. Pure, so the
+security-relevant choices are unit-tested without an engine; the Docker backend only translates
+the spec into API calls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ._config import Service
+from ._suite import SERVICE_CONFIG_ENV
+
+LABEL_MANAGED = "reactor-fabric.managed"
+LABEL_INSTANCE = "reactor-fabric.instance"
+LABEL_SESSION = "reactor-fabric.session"
+LABEL_SERVICE = "reactor-fabric.service"
+# The PID and host of the orchestrator that owns a container, so that a later instance can tell
+# whether the owner is gone (crash recovery).
+LABEL_OWNER_PID = "reactor-fabric.owner-pid"
+LABEL_OWNER_HOST = "reactor-fabric.owner-host"
+
+# Nothing from the orchestrator's environment reaches a container; only this and the suite's env.
+BASE_ENVIRONMENT = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """A bind mount that already passed validation: source is resolved and allowed."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    command: list[str] | None
+    environment: dict[str, str]
+    labels: dict[str, str]
+    mounts: tuple[MountSpec, ...]
+    network: str
+    memory_bytes: int
+    nano_cpus: int
+    pids_limit: int
+    cap_add: tuple[str, ...] = ()
+    no_new_privileges: bool = True
+    read_only_rootfs: bool = False
+    user: str | None = None
+    pull: str = "missing"
+    tmpfs: dict[str, str] = field(default_factory=dict)
+
+
+def container_spec_for(
+    service_name: str,
+    service: Service,
+    *,
+    session_id: str,
+    instance_id: str,
+    owner_pid: int,
+    owner_host: str,
+    mounts: tuple[MountSpec, ...] = (),
+    default_network: str,
+    sequence: int = 0,
+) -> ContainerSpec:
+    """The container for ``service_name`` in session ``session_id``.
+
+    ``sequence`` counts the containers a session has had (after idle teardown or a crash a new
+    one starts), so that each gets a distinct, recognisable name.
+    """
+    environment = dict(BASE_ENVIRONMENT)
+    environment.update(service.env)
+    environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_INSTANCE: instance_id,
+        LABEL_SESSION: session_id,
+        LABEL_SERVICE: service_name,
+        LABEL_OWNER_PID: str(owner_pid),
+        LABEL_OWNER_HOST: owner_host,
+    }
+    return ContainerSpec(
+        name=f"rf-{service_name}-{session_id[:12]}-{sequence}",
+        image=service.image,
+        command=list(service.command) if service.command is not None else None,
+        environment=environment,
+        labels=labels,
+        mounts=mounts,
+        network=service.network or default_network,
+        memory_bytes=service.resources.memory_bytes,
+        nano_cpus=round(service.resources.cpus * 1_000_000_000),
+        pids_limit=service.resources.pids,
+        cap_add=tuple(service.security.cap_add),
+        no_new_privileges=service.security.no_new_privileges,
+        read_only_rootfs=service.security.read_only_rootfs,
+        user=service.user,
+        pull=service.pull,
+        # A read-only root still needs somewhere to put temporary files.
+        tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"} if service.security.read_only_rootfs else {},
+    )

@@ -1,0 +1,94 @@
+"""The exception tree, and how each exception becomes a JSON-RPC error.
+
+Every error the orchestrator raises on purpose derives from :class:`FabricError`::
+
+    FabricError
+    ├── DockerUnavailable          -32001  the engine cannot be reached or timed out
+    ├── ContainerStartFailure      -32002  image missing, create/start failed, the server died
+    ├── InvalidSuiteConfiguration  -32003  the suite file is malformed or logically invalid
+    ├── SecurityViolation          -32004  a refused mount, target or origin
+    ├── ServiceNotFound            -32005  the requested service is not in the suite
+    └── InvalidMessage                     a first message that is not usable JSON-RPC
+        ├── ParseError             -32700  not JSON
+        └── InvalidRequest         -32600  JSON, but not a single request object
+
+Backend errors (docker-py, sockets, YAML) are translated into these at the boundary where they
+happen, so the rest of the code only ever sees this tree. Each carries a stable, machine-readable
+``reason`` (documented in ``docs/USAGE.md``) and optional ``detail`` fields that end up in the
+JSON-RPC error's ``data``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+# JSON-RPC 2.0 codes of the product's contract (spec §6).
+DOCKER_UNAVAILABLE = -32001
+CONTAINER_START_FAILURE = -32002
+INVALID_SUITE_CONFIGURATION = -32003
+SECURITY_VIOLATION = -32004
+SERVICE_NOT_FOUND = -32005
+# JSON-RPC 2.0 standard codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+
+
+class FabricError(Exception):
+    """Base of every error the orchestrator reports to a client or an operator.
+
+    ``reason`` is a stable snake_case string for machines; ``message`` (the ``str()`` of the
+    exception) is for humans; ``detail`` holds extra JSON-serialisable fields.
+    """
+
+    code: ClassVar[int]
+    title: ClassVar[str]
+
+    def __init__(self, message: str, *, reason: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail
+
+    def to_jsonrpc_error(self) -> dict[str, Any]:
+        """The JSON-RPC ``error`` object: documented code and title, reason and detail in data."""
+        data: dict[str, Any] = {"reason": self.reason, "detail": str(self)}
+        data.update(self.detail)
+        return {"code": self.code, "message": self.title, "data": data}
+
+
+class DockerUnavailable(FabricError):
+    code = DOCKER_UNAVAILABLE
+    title = "Docker Daemon Unresponsive"
+
+
+class ContainerStartFailure(FabricError):
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class InvalidSuiteConfiguration(FabricError):
+    code = INVALID_SUITE_CONFIGURATION
+    title = "Invalid Suite Configuration"
+
+
+class SecurityViolation(FabricError):
+    code = SECURITY_VIOLATION
+    title = "Security Violation"
+
+
+class ServiceNotFound(FabricError):
+    code = SERVICE_NOT_FOUND
+    title = "Service Not Found"
+
+
+class InvalidMessage(FabricError):
+    """A message that cannot be handled as a single JSON-RPC request or notification."""
+
+
+class ParseError(InvalidMessage):
+    code = PARSE_ERROR
+    title = "Parse error"
+
+
+class InvalidRequest(InvalidMessage):
+    code = INVALID_REQUEST
+    title = "Invalid Request"

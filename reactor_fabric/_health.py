@@ -1,0 +1,40 @@
+"""The ``GET /healthz`` report, as a pure function of what the orchestrator knows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    status_code: int
+    body: dict[str, Any]
+
+
+def health_report(
+    *,
+    docker_version: str | None,
+    docker_error: str | None,
+    sessions: int,
+    containers: int,
+    version: str,
+) -> HealthReport:
+    """200 with ``"docker": "ok"`` when the engine answers, else 503 with the reason.
+
+    The orchestrator itself is up in both cases (it answered); 503 tells a load balancer or a
+    start-up script that it cannot start containers right now.
+    """
+    healthy = docker_error is None
+    body: dict[str, Any] = {
+        "status": "ok" if healthy else "degraded",
+        "docker": "ok" if healthy else "unavailable",
+        "sessions": sessions,
+        "containers": containers,
+        "version": version,
+    }
+    if healthy:
+        body["docker_version"] = docker_version
+    else:
+        body["docker_error"] = docker_error
+    return HealthReport(200 if healthy else 503, body)

@@ -1,0 +1,321 @@
+"""Validation of a suite file: JSON Schema first, then the checks a schema cannot express.
+
+:func:`check_suite_text` is pure (text in, typed suite or a list of problems out) so that every
+rule is tested without touching the disk. :func:`load_suite` adds the file reading and turns the
+outcome into exceptions: :class:`SuiteUnreadable` when the file cannot be read at all (exit code 2
+of ``validate-config``) and :class:`~reactor_fabric.InvalidSuiteConfiguration` (code -32003, exit
+code 1) listing every problem, each with file, line, column and key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import posixpath
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+
+from ._config import Suite
+from ._errors import InvalidSuiteConfiguration
+from ._units import parse_duration, parse_size
+from ._yaml import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
+
+SCHEMA_RESOURCE = "claude-mcp-suite.schema.json"
+# The environment variable that carries a service's `config` into its container.
+SERVICE_CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
+# Docker refuses memory limits below 6 MiB.
+MIN_MEMORY_BYTES = 6 * 1024 * 1024
+MIN_MESSAGE_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class SuiteIssue:
+    """One problem in a suite file, printable as ``file:line:column: key.path: message``."""
+
+    file: str
+    line: int
+    column: int
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class SuiteCheck:
+    suite: Suite | None
+    issues: list[SuiteIssue]
+
+
+class SuiteUnreadable(OSError):
+    """The suite file could not be read (missing, a directory, no permission, not UTF-8)."""
+
+
+@functools.cache
+def suite_schema() -> dict[str, Any]:
+    """The suite's JSON Schema (2020-12), shipped inside the package."""
+    text = resources.files("reactor_fabric").joinpath(SCHEMA_RESOURCE).read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(suite_schema())
+
+
+def format_path(path: KeyPath) -> str:
+    """``("mcp_services", "git", "command", 0)`` → ``mcp_services.git.command[0]``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "(top level)"
+
+
+def check_suite_text(text: str, *, source: str) -> SuiteCheck:
+    """Validate the text of a suite file named ``source``; never raises for bad content."""
+    try:
+        loaded = load_yaml_with_positions(text)
+    except YamlSyntaxError as exc:
+        issue = SuiteIssue(source, exc.position.line, exc.position.column, "(top level)", str(exc))
+        return SuiteCheck(None, [issue])
+
+    collector = _Collector(source, loaded)
+    for problem in loaded.problems:
+        collector.add_at(problem.path, problem.position.line, problem.position.column, problem.message)
+    if loaded.data is None:
+        collector.add(
+            (), "the file is empty; expected a mapping with version, orchestrator and mcp_services"
+        )
+        return collector.result(None)
+
+    for error in _validator().iter_errors(loaded.data):
+        collector.add_schema_error(error)
+    _check_logic(loaded.data, collector)
+    if collector.issues:
+        return collector.result(None)
+    return collector.result(msgspec.convert(loaded.data, Suite))
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file.
+
+    Raises :class:`SuiteUnreadable` if it cannot be read, and
+    :class:`~reactor_fabric.InvalidSuiteConfiguration` (with ``issues``) if it is invalid.
+    """
+    text = read_suite_file(path)
+    check = check_suite_text(text, source=str(path))
+    if check.suite is None:
+        raise InvalidSuiteConfiguration(
+            f"{path}: {len(check.issues)} problem(s) in the suite file",
+            reason="invalid_suite_configuration",
+            issues=[str(issue) for issue in check.issues],
+        )
+    return check.suite
+
+
+def read_suite_file(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SuiteUnreadable(f"{path}: not UTF-8 text ({exc.reason})") from exc
+    except IsADirectoryError as exc:
+        raise SuiteUnreadable(f"{path}: is a directory, not a suite file") from exc
+    except FileNotFoundError as exc:
+        raise SuiteUnreadable(f"{path}: no such file") from exc
+    except OSError as exc:
+        raise SuiteUnreadable(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+class _Collector:
+    def __init__(self, source: str, loaded: LoadedYaml) -> None:
+        self.source = source
+        self.loaded = loaded
+        self.issues: list[SuiteIssue] = []
+        # Paths the schema already complained about; logical checks skip them so that one
+        # mistake yields one message.
+        self.flagged: set[KeyPath] = set()
+
+    def add_at(self, path: KeyPath, line: int, column: int, message: str) -> None:
+        self.flagged.add(path)
+        self.issues.append(SuiteIssue(self.source, line, column, format_path(path), message))
+
+    def add(self, path: KeyPath, message: str, *, at_key: bool = False) -> None:
+        position = self.loaded.position_of(path, key=at_key)
+        self.add_at(path, position.line, position.column, message)
+
+    def add_schema_error(self, error: jsonschema.ValidationError) -> None:
+        path: KeyPath = tuple(error.absolute_path)
+        validator = error.validator
+        if validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = sorted(error.schema.get("properties", {}))
+            for key in _extra_keys(error):
+                hint = difflib.get_close_matches(key, allowed, n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                where = "" if not allowed else f" (known keys: {', '.join(allowed)})"
+                self.add(
+                    (*path, key), f"unknown key {key!r}{suggestion or where}", at_key=True
+                )
+            return
+        if validator == "required":
+            missing = error.message.split("'")[1] if "'" in error.message else error.message
+            self.add(path, f"missing required key {missing!r}", at_key=True)
+            return
+        if error.relative_schema_path and "propertyNames" in error.relative_schema_path:
+            name = error.instance
+            self.add(
+                (*path, name),
+                f"name {name!r} is not allowed: use lowercase letters, digits, '-' and '_' "
+                "(at most 63, starting and ending with a letter or digit), since it is used in "
+                "URLs and container names",
+                at_key=True,
+            )
+            return
+        if path in self.flagged:  # one message per value: the first failed keyword says most
+            return
+        self.add(path, _schema_message(error, path))
+
+    def result(self, suite: Suite | None) -> SuiteCheck:
+        ordered = sorted(self.issues, key=lambda issue: (issue.line, issue.column, issue.path))
+        return SuiteCheck(suite, ordered)
+
+
+def _extra_keys(error: jsonschema.ValidationError) -> list[str]:
+    known = set(error.schema.get("properties", {}))
+    return [key for key in error.instance if key not in known]
+
+
+_JSON_TYPE_NAMES = {
+    dict: "a mapping",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
+    instance = error.instance
+    got = _JSON_TYPE_NAMES.get(type(instance), type(instance).__name__)
+    if error.validator == "type":
+        expected = error.validator_value
+        expected_list = expected if isinstance(expected, list) else [expected]
+        wanted = " or ".join(
+            {"object": "a mapping", "array": "a list", "null": "null"}.get(t, f"a {t}")
+            if t not in ("integer",)
+            else "an integer"
+            for t in expected_list
+        )
+        hint = ' (quote it: version: "1.0")' if path == ("version",) else ""
+        return f"expected {wanted}, got {got} ({instance!r}){hint}"
+    if error.validator == "enum":
+        options = ", ".join(repr(option) for option in error.validator_value)
+        hint = ' (quote it: version: "1.0")' if path == ("version",) else ""
+        return f"{instance!r} is not one of {options}{hint}"
+    if error.validator == "pattern":
+        return _pattern_message(path, instance, error.validator_value)
+    if error.validator == "minProperties" and path == ("mcp_services",):
+        return "at least one service must be defined"
+    if error.validator == "uniqueItems":
+        return "the list contains the same entry twice"
+    return error.message
+
+
+def _pattern_message(path: KeyPath, instance: object, pattern: str) -> str:
+    field = next((part for part in reversed(path) if isinstance(part, str)), "")
+    if field == "allowed_mount_roots":
+        return f"{instance!r} is not an absolute path"
+    if field == "timeout":
+        return (
+            f"{instance!r} is not a duration; use a number and a unit (h, m, s, ms), "
+            "e.g. '1m' or '5m30s'"
+        )
+    if field == "allowed_origins":
+        return f"{instance!r} is not an origin such as 'https://example.com' (no path)"
+    if field == "image":
+        return f"{instance!r} is not a Docker image reference"
+    if field == "user":
+        return f"{instance!r} is not a user such as '1000' or '1000:1000'"
+    if field == "cap_add":
+        return f"{instance!r} is not a capability name such as 'CHOWN'"
+    return f"{instance!r} does not match {pattern!r}"
+
+
+def _check_logic(data: object, collector: _Collector) -> None:
+    """Rules a JSON Schema cannot say; each looks only at values of the right type."""
+    if not isinstance(data, dict):
+        return
+    orchestrator = data.get("orchestrator")
+    if isinstance(orchestrator, dict):
+        _check_roots(orchestrator.get("allowed_mount_roots"), collector)
+        _check_size(
+            orchestrator, ("orchestrator", "max_message_size"), MIN_MESSAGE_BYTES, collector
+        )
+    services = data.get("mcp_services")
+    if isinstance(services, dict):
+        for name, service in services.items():
+            if isinstance(service, dict):
+                _check_service(str(name), service, collector)
+
+
+def _check_roots(roots: object, collector: _Collector) -> None:
+    if not isinstance(roots, list):
+        return
+    for index, root in enumerate(roots):
+        path: KeyPath = ("orchestrator", "allowed_mount_roots", index)
+        if not isinstance(root, str) or path in collector.flagged:
+            continue
+        if "\0" in root:
+            collector.add(path, "a mount root must not contain a NUL character")
+        elif ".." in root.split("/"):
+            collector.add(path, f"{root!r} must not contain '..' components")
+        elif posixpath.normpath(root) == "/":
+            collector.add(path, "'/' cannot be a mount root: it would allow every host path")
+
+
+def _check_size(
+    mapping: dict[str, Any], path: KeyPath, minimum: int, collector: _Collector
+) -> None:
+    key = path[-1]
+    if key not in mapping or path in collector.flagged:
+        return
+    value = mapping[key]
+    if isinstance(value, bool):  # YAML "yes" is a boolean, and bool is an int in Python
+        collector.add(path, f"expected a size such as '512m', got a boolean ({value!r})")
+        return
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        collector.add(path, str(exc))
+        return
+    if size < minimum:
+        collector.add(path, f"{value!r} is too small: the minimum is {minimum} bytes")
+
+
+def _check_service(name: str, service: dict[str, Any], collector: _Collector) -> None:
+    base: KeyPath = ("mcp_services", name)
+    timeout = service.get("timeout")
+    if isinstance(timeout, str) and (*base, "timeout") not in collector.flagged:
+        try:
+            parse_duration(timeout)
+        except ValueError as exc:
+            collector.add((*base, "timeout"), str(exc))
+    resources = service.get("resources")
+    if isinstance(resources, dict):
+        _check_size(resources, (*base, "resources", "memory"), MIN_MEMORY_BYTES, collector)
+    env = service.get("env")
+    if isinstance(env, dict) and SERVICE_CONFIG_ENV in env:
+        collector.add(
+            (*base, "env", SERVICE_CONFIG_ENV),
+            f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
+            at_key=True,
+        )
