@@ -58,7 +58,7 @@ class FabricApp:
         docker_version: str | None = None
         docker_error: str | None = None
         try:
-            docker_version = await self.fabric.engine.ping(timeout=HEALTH_PING_TIMEOUT)
+            docker_version = await self.fabric.engine.ping(time_bound=HEALTH_PING_TIMEOUT)
         except DockerUnavailable as exc:
             docker_error = str(exc)
         report = health_report(

@@ -25,7 +25,7 @@ from ._docker import DockerEngine
 from ._errors import INVALID_SUITE_CONFIGURATION
 from ._fabric import Fabric
 from ._logging import LOG_LEVELS, configure_logging
-from ._serve import Listening, serve_orchestrator
+from ._serve import Listening, bind_listener, serve_orchestrator
 from ._suite import SuiteUnreadable, check_suite_text, read_suite_file
 from ._version import __version__
 
@@ -147,8 +147,11 @@ def serve(settings: ServeSettings) -> int:
     except SuiteUnreadable as exc:
         log.error(
             "suite_unreadable",
-            extra={"code": INVALID_SUITE_CONFIGURATION, "reason": "suite_unreadable",
-                   "detail": str(exc)},
+            extra={
+                "code": INVALID_SUITE_CONFIGURATION,
+                "reason": "suite_unreadable",
+                "detail": str(exc),
+            },
         )
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -157,10 +160,15 @@ def serve(settings: ServeSettings) -> int:
         for issue in check.issues:
             log.error(
                 "invalid_suite_configuration",
-                extra={"code": INVALID_SUITE_CONFIGURATION,
-                       "reason": "invalid_suite_configuration", "file": issue.file,
-                       "line": issue.line, "column": issue.column, "key": issue.path,
-                       "detail": issue.message},
+                extra={
+                    "code": INVALID_SUITE_CONFIGURATION,
+                    "reason": "invalid_suite_configuration",
+                    "file": issue.file,
+                    "line": issue.line,
+                    "column": issue.column,
+                    "key": issue.path,
+                    "detail": issue.message,
+                },
             )
         print(f"error: {settings.config} is not a valid suite; not starting:", file=sys.stderr)
         for issue in check.issues:
@@ -175,12 +183,22 @@ def serve(settings: ServeSettings) -> int:
         trio.run(_serve_until_signalled, fabric, settings)
     except OSError as exc:
         reason = "port_in_use" if exc.errno == errno.EADDRINUSE else "cannot_listen"
-        log.error("cannot_listen", extra={"reason": reason, "host": settings.host,
-                                          "port": settings.port, "detail": str(exc)})
+        log.error(
+            "cannot_listen",
+            extra={
+                "reason": reason,
+                "host": settings.host,
+                "port": settings.port,
+                "detail": str(exc),
+            },
+        )
         print(
             f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-            + (" (choose another with --port or REACTOR_FABRIC_PORT)"
-               if reason == "port_in_use" else ""),
+            + (
+                " (choose another with --port or REACTOR_FABRIC_PORT)"
+                if reason == "port_in_use"
+                else ""
+            ),
             file=sys.stderr,
         )
         return EXIT_CANNOT_LISTEN
@@ -188,11 +206,12 @@ def serve(settings: ServeSettings) -> int:
 
 
 async def _serve_until_signalled(fabric: Fabric, settings: ServeSettings) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+        bind_listener(settings.host, settings.port) as listener,
+    ):
         async with trio.open_nursery() as nursery:
-            listening: Listening = await nursery.start(
-                serve_orchestrator, fabric, settings.host, settings.port
-            )
+            listening: Listening = await nursery.start(serve_orchestrator, fabric, listener)
             print(
                 f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
                 f"service(s) on {listening.http_url} "

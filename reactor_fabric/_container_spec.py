@@ -23,9 +23,6 @@ LABEL_SERVICE = "reactor-fabric.service"
 LABEL_OWNER_PID = "reactor-fabric.owner-pid"
 LABEL_OWNER_HOST = "reactor-fabric.owner-host"
 
-# Nothing from the orchestrator's environment reaches a container; only this and the suite's env.
-BASE_ENVIRONMENT = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-
 
 @dataclass(frozen=True)
 class MountSpec:
@@ -73,8 +70,9 @@ def container_spec_for(
     ``sequence`` counts the containers a session has had (after idle teardown or a crash a new
     one starts), so that each gets a distinct, recognisable name.
     """
-    environment = dict(BASE_ENVIRONMENT)
-    environment.update(service.env)
+    # Nothing from the orchestrator's environment reaches a container: only the image's own
+    # (its PATH and the like), the suite's `env`, and the service's `config`.
+    environment = dict(service.env)
     environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
     labels = {
         LABEL_MANAGED: "true",
@@ -101,5 +99,5 @@ def container_spec_for(
         user=service.user,
         pull=service.pull,
         # A read-only root still needs somewhere to put temporary files.
-        tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"} if service.security.read_only_rootfs else {},
+        tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},  # noqa: S108 (inside the container) if service.security.read_only_rootfs else {},
     )

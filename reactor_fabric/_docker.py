@@ -23,7 +23,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import docker
@@ -32,6 +31,7 @@ import docker.types
 import requests.exceptions
 import trio
 
+from ._backend import ContainerExit, SpawnedContainer
 from ._container_spec import LABEL_MANAGED, ContainerSpec
 from ._errors import ContainerStartFailure, DockerUnavailable, FabricError
 
@@ -44,22 +44,6 @@ DOCKER_CALL_TIMEOUT = 30.0
 DOCKER_PULL_TIMEOUT = 600.0
 # How long a container gets to exit after SIGTERM before SIGKILL.
 STOP_GRACE_SECONDS = 2
-
-
-@dataclass
-class SpawnedContainer:
-    """A started container and the trio stream attached to its stdio (multiplexed)."""
-
-    id: str
-    name: str
-    stream: trio.SocketStream
-
-
-@dataclass(frozen=True)
-class ContainerExit:
-    exit_code: int | None
-    oom_killed: bool
-    error: str
 
 
 class DockerEngine:
@@ -88,7 +72,7 @@ class DockerEngine:
         # Runs in a worker thread: "auto" asks the engine for its API version, so one client
         # works with old engines (20.10 speaks 1.41) and new ones (which refuse old versions).
         if self._client is None:
-            kwargs: dict[str, Any] = docker.utils.kwargs_from_env()
+            kwargs: dict[str, Any] = docker.utils.kwargs_from_env()  # type: ignore[attr-defined]
             if self._base_url is not None:
                 kwargs["base_url"] = self._base_url
             self._client = docker.APIClient(
@@ -101,10 +85,10 @@ class DockerEngine:
         action: str,
         fn: Callable[[docker.APIClient], T],
         *,
-        timeout: float | None = None,
+        time_bound: float | None = None,
     ) -> T:
         """Run ``fn(client)`` in a thread; translate errors; give up after the time bound."""
-        bound = self._call_timeout if timeout is None else timeout
+        bound = self._call_timeout if time_bound is None else time_bound
 
         def in_thread() -> T:
             return fn(self._connect())
@@ -127,14 +111,14 @@ class DockerEngine:
 
     # --- API ------------------------------------------------------------------------------
 
-    async def ping(self, *, timeout: float | None = None) -> str:
+    async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable if it does not answer."""
 
         def version(client: docker.APIClient) -> str:
             info: dict[str, Any] = client.version()
             return str(info.get("Version", "unknown"))
 
-        return await self._call("ping", version, timeout=timeout)
+        return await self._call("ping", version, time_bound=time_bound)
 
     async def spawn(self, spec: ContainerSpec) -> SpawnedContainer:
         """Create the container, attach its stdio, start it.
@@ -175,9 +159,9 @@ class DockerEngine:
                 environment=spec.environment,
                 labels=spec.labels,
                 user=spec.user,
+                # docker-py adds StdinOnce: closing our side of stdin closes the server's
+                # stdin, which is how MCP asks a stdio server to shut down.
                 stdin_open=True,
-                # Closing our side of stdin closes the server's stdin: the MCP shutdown signal.
-                stdin_once=True,
                 tty=False,
                 network_disabled=spec.network == "none",
                 host_config=host_config,
@@ -197,15 +181,19 @@ class DockerEngine:
         return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
 
     async def _pull(self, image: str) -> None:
-        repository, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (
-            image,
-            "",
-            "latest",
+        repository, _, tag = (
+            image.rpartition(":")
+            if ":" in image.rsplit("/", maxsplit=1)[-1]
+            else (
+                image,
+                "",
+                "latest",
+            )
         )
         await self._call(
             "pull",
             lambda c: c.pull(repository, tag=tag or "latest"),
-            timeout=DOCKER_PULL_TIMEOUT,
+            time_bound=DOCKER_PULL_TIMEOUT,
         )
 
     async def exit_status(self, container_id: str) -> ContainerExit:
@@ -253,7 +241,9 @@ class DockerEngine:
                 extra={"container": container_id, "reason": exc.reason, "detail": str(exc)},
             )
 
-    async def list_managed(self, extra_labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async def list_managed(
+        self, extra_labels: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         """Containers (running or not) labelled as managed by Reactor-Fabric."""
         filters = [f"{LABEL_MANAGED}=true"]
         filters += [f"{key}={value}" for key, value in (extra_labels or {}).items()]
@@ -362,7 +352,7 @@ def _looks_like_connection(exc: BaseException) -> bool:
 
 
 def _explain(exc: docker.errors.APIError) -> str:
-    explanation = exc.explanation
+    explanation: object = exc.explanation
     if isinstance(explanation, bytes):
         explanation = explanation.decode("utf-8", "replace")
     return str(explanation or exc)

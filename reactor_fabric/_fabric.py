@@ -10,8 +10,9 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from ._backend import ContainerBackend
 from ._config import Suite
-from ._docker import DockerEngine, hostname
+from ._docker import hostname
 
 
 def new_instance_id() -> str:
@@ -22,7 +23,7 @@ def new_instance_id() -> str:
 @dataclass
 class Fabric:
     suite: Suite
-    engine: DockerEngine
+    engine: ContainerBackend
     network: str
     instance_id: str = field(default_factory=new_instance_id)
     owner_pid: int = field(default_factory=os.getpid)

@@ -33,9 +33,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRIBUTES and not key.startswith("_"):
-                entry[key] = value
+        entry.update(
+            (key, value)
+            for key, value in record.__dict__.items()
+            if key not in _STANDARD_ATTRIBUTES and not key.startswith("_")
+        )
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)

@@ -13,6 +13,8 @@ shielded and bounded in time.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass
 
 import hypercorn.config
@@ -38,10 +40,29 @@ class Listening:
         return "ws" + self.http_url.removeprefix("http")
 
 
-def hypercorn_config(host: str, port: int, *, max_message_bytes: int) -> hypercorn.config.Config:
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for ``host:port`` (port 0: any free port).
+
+    Bound here rather than inside hypercorn so that "address in use" surfaces as a plain
+    ``OSError`` before any task starts, and no half-made socket is left open.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host.strip("[]"), port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def hypercorn_config(listener: socket.socket, *, max_message_bytes: int) -> hypercorn.config.Config:
     config = hypercorn.config.Config()
-    bind_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    config.bind = [f"{bind_host}:{port}"]
+    # hypercorn takes ownership of an fd:// descriptor and closes it when it stops, so it gets a
+    # duplicate: the caller keeps (and closes) `listener`.
+    config.bind = [f"fd://{os.dup(listener.fileno())}"]
     config.accesslog = None
     # hypercorn's own messages go through our JSON handler (see _logging.configure_logging).
     config.errorlog = logging.getLogger("reactor_fabric.http")
@@ -52,21 +73,17 @@ def hypercorn_config(host: str, port: int, *, max_message_bytes: int) -> hyperco
 
 async def serve_orchestrator(
     fabric: Fabric,
-    host: str,
-    port: int,
+    listener: socket.socket,
     *,
     task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the orchestrator until cancelled.
 
-    Calls ``task_status.started(Listening(...))`` only once the socket is bound and accepting,
-    with the real port when ``port`` is 0.
-
-    Error handling: an ``OSError`` from binding (port in use, address not available) propagates
-    before ``started`` is called, so the caller can report it.
+    ``listener`` comes from :func:`bind_listener` and stays owned by the caller. Calls
+    ``task_status.started(Listening(...))`` only once the server is accepting connections.
     """
     config = hypercorn_config(
-        host, port, max_message_bytes=fabric.suite.orchestrator.max_message_bytes
+        listener, max_message_bytes=fabric.suite.orchestrator.max_message_bytes
     )
     app = FabricApp(fabric)
     try:

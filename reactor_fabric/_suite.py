@@ -13,6 +13,7 @@ import difflib
 import functools
 import json
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -89,7 +90,9 @@ def check_suite_text(text: str, *, source: str) -> SuiteCheck:
 
     collector = _Collector(source, loaded)
     for problem in loaded.problems:
-        collector.add_at(problem.path, problem.position.line, problem.position.column, problem.message)
+        collector.add_at(
+            problem.path, problem.position.line, problem.position.column, problem.message
+        )
     if loaded.data is None:
         collector.add(
             (), "the file is empty; expected a mapping with version, orchestrator and mcp_services"
@@ -154,22 +157,24 @@ class _Collector:
     def add_schema_error(self, error: jsonschema.ValidationError) -> None:
         path: KeyPath = tuple(error.absolute_path)
         validator = error.validator
-        if validator == "additionalProperties" and isinstance(error.instance, dict):
-            allowed = sorted(error.schema.get("properties", {}))
-            for key in _extra_keys(error):
+        instance: Any = error.instance
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
+        if validator == "additionalProperties" and isinstance(instance, dict):
+            allowed = sorted(schema.get("properties", {}))
+            for key in instance:
+                if key in allowed:
+                    continue
                 hint = difflib.get_close_matches(key, allowed, n=1)
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
                 where = "" if not allowed else f" (known keys: {', '.join(allowed)})"
-                self.add(
-                    (*path, key), f"unknown key {key!r}{suggestion or where}", at_key=True
-                )
+                self.add((*path, key), f"unknown key {key!r}{suggestion or where}", at_key=True)
             return
         if validator == "required":
             missing = error.message.split("'")[1] if "'" in error.message else error.message
             self.add(path, f"missing required key {missing!r}", at_key=True)
             return
-        if error.relative_schema_path and "propertyNames" in error.relative_schema_path:
-            name = error.instance
+        if "propertyNames" in error.relative_schema_path:
+            name = str(instance)
             self.add(
                 (*path, name),
                 f"name {name!r} is not allowed: use lowercase letters, digits, '-' and '_' "
@@ -187,11 +192,6 @@ class _Collector:
         return SuiteCheck(suite, ordered)
 
 
-def _extra_keys(error: jsonschema.ValidationError) -> list[str]:
-    known = set(error.schema.get("properties", {}))
-    return [key for key in error.instance if key not in known]
-
-
 _JSON_TYPE_NAMES = {
     dict: "a mapping",
     list: "a list",
@@ -202,27 +202,29 @@ _JSON_TYPE_NAMES = {
     type(None): "null",
 }
 
+_SCHEMA_TYPE_NAMES = {
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+    "integer": "an integer",
+}
+
 
 def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
-    instance = error.instance
+    instance: Any = error.instance
+    rule: Any = error.validator_value
     got = _JSON_TYPE_NAMES.get(type(instance), type(instance).__name__)
     if error.validator == "type":
-        expected = error.validator_value
-        expected_list = expected if isinstance(expected, list) else [expected]
-        wanted = " or ".join(
-            {"object": "a mapping", "array": "a list", "null": "null"}.get(t, f"a {t}")
-            if t not in ("integer",)
-            else "an integer"
-            for t in expected_list
-        )
+        expected = rule if isinstance(rule, list) else [rule]
+        wanted = " or ".join(_SCHEMA_TYPE_NAMES.get(str(name), f"a {name}") for name in expected)
         hint = ' (quote it: version: "1.0")' if path == ("version",) else ""
         return f"expected {wanted}, got {got} ({instance!r}){hint}"
     if error.validator == "enum":
-        options = ", ".join(repr(option) for option in error.validator_value)
+        options = ", ".join(repr(option) for option in rule)
         hint = ' (quote it: version: "1.0")' if path == ("version",) else ""
         return f"{instance!r} is not one of {options}{hint}"
     if error.validator == "pattern":
-        return _pattern_message(path, instance, error.validator_value)
+        return _pattern_message(path, instance, rule)
     if error.validator == "minProperties" and path == ("mcp_services",):
         return "at least one service must be defined"
     if error.validator == "uniqueItems":
@@ -230,24 +232,22 @@ def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
     return error.message
 
 
-def _pattern_message(path: KeyPath, instance: object, pattern: str) -> str:
+_PATTERN_MEANINGS = {
+    "allowed_mount_roots": "an absolute path",
+    "timeout": "a duration; use a number and a unit (h, m, s, ms), e.g. '1m' or '5m30s'",
+    "allowed_origins": "an origin such as 'https://example.com' (no path)",
+    "image": "a Docker image reference",
+    "user": "a user such as '1000' or '1000:1000'",
+    "cap_add": "a capability name such as 'CHOWN'",
+}
+
+
+def _pattern_message(path: KeyPath, instance: object, pattern: object) -> str:
     field = next((part for part in reversed(path) if isinstance(part, str)), "")
-    if field == "allowed_mount_roots":
-        return f"{instance!r} is not an absolute path"
-    if field == "timeout":
-        return (
-            f"{instance!r} is not a duration; use a number and a unit (h, m, s, ms), "
-            "e.g. '1m' or '5m30s'"
-        )
-    if field == "allowed_origins":
-        return f"{instance!r} is not an origin such as 'https://example.com' (no path)"
-    if field == "image":
-        return f"{instance!r} is not a Docker image reference"
-    if field == "user":
-        return f"{instance!r} is not a user such as '1000' or '1000:1000'"
-    if field == "cap_add":
-        return f"{instance!r} is not a capability name such as 'CHOWN'"
-    return f"{instance!r} does not match {pattern!r}"
+    meaning = _PATTERN_MEANINGS.get(field)
+    if meaning is None:
+        return f"{instance!r} does not match {pattern!r}"
+    return f"{instance!r} is not {meaning}"
 
 
 def _check_logic(data: object, collector: _Collector) -> None:

@@ -24,7 +24,8 @@ def parse_duration(text: str) -> float:
     """
     if not isinstance(text, str) or _DURATION_WHOLE.fullmatch(text) is None:
         raise ValueError(
-            f"{text!r} is not a duration; use a number and a unit (h, m, s, ms), e.g. '1m' or '5m30s'"
+            f"{text!r} is not a duration; use a number and a unit (h, m, s, ms), "
+            "e.g. '1m' or '5m30s'"
         )
     seconds = sum(
         float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(text)
@@ -39,9 +40,7 @@ def parse_size(text: str | int) -> int:
 
     Suffixes are binary (``k`` = 1024), as Docker reads them. The result must be positive.
     """
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a size")
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         match = _SIZE.fullmatch(text.strip()) if isinstance(text, str) else None

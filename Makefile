@@ -1,0 +1,65 @@
+# Reactor-Fabric — every operation a user or developer needs, one target each.
+#   make run              install everything (venv, Docker engine, images) and serve the bundled suite
+#   make test             install everything and run the whole test suite (unit + real-engine)
+#   make help             list the targets
+
+SHELL := /bin/bash
+PYTHON_BOOTSTRAP ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= claude-mcp-suite.yaml
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install docker images run test test-unit test-integration lint format \
+        validate-config test-onboarding clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON_BOOTSTRAP) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON_BOOTSTRAP=python3.X)")'
+	$(PYTHON_BOOTSTRAP) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed ## create .venv with the package and its test/dev tools
+
+docker: ## make sure a Docker engine answers (installs and starts Debian's docker.io if needed)
+	scripts/ensure-docker
+
+images: docker ## build the local MCP server images (a no-op when nothing changed)
+	scripts/build-images
+
+run: install images ## serve the bundled suite on 127.0.0.1:8765 (CONFIG=..., or flags via ARGS=...)
+	$(PY) -m reactor_fabric --config $(CONFIG) $(ARGS)
+
+test: install images ## all tests: unit, and integration against the real engine and images
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install ## unit tests only (no Docker needed)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install images ## real-engine tests only
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: install ## ruff (lint + format check) and mypy --strict
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install ## apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+# make itself turns any failing recipe into exit status 2; the validator's own exit code
+# (1 invalid, 2 unreadable) is printed, and is returned as is by scripts/validate-config.
+validate-config: install ## check a suite file: make validate-config CONFIG=path.yaml
+	@scripts/validate-config $(CONFIG) || { code=$$?; echo "validate-config: exit $$code ($$( [ $$code = 1 ] && echo invalid || echo unreadable))" >&2; exit $$code; }
+
+test-onboarding: ## a fresh clone must reach a serving orchestrator (healthz 200) in < 10 min
+	scripts/test-onboarding
+
+clean: ## remove the virtual environment and caches (images stay; see images/README.md)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

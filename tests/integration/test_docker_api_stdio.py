@@ -1,0 +1,137 @@
+"""Each bundled service, started through the orchestrator's Docker backend, answers MCP.
+
+This goes through exactly the path the relay uses: ContainerSpec from the suite → create with
+stdio attached before start → Docker's multiplexed stream handed to trio → line framing.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import trio
+
+from reactor_fabric import ContainerStartFailure, Service, load_suite
+from reactor_fabric._backend import SpawnedContainer
+from reactor_fabric._container_spec import LABEL_SESSION, container_spec_for
+from reactor_fabric._docker import DockerEngine
+from reactor_fabric._stdio_framing import STDOUT, DockerStreamDemuxer, LineSplitter
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = load_suite(REPO / "claude-mcp-suite.yaml")
+EXPECTED_TOOL = {
+    "time": "get_current_time",
+    "git": "git_log",
+    "filesystem": "list_directory",
+    "everything": "echo",
+}
+
+
+class StdioPeer:
+    """Speaks newline-delimited JSON-RPC over a spawned container's attached stream."""
+
+    def __init__(self, container: SpawnedContainer) -> None:
+        self.stream = container.stream
+        self.demuxer = DockerStreamDemuxer(max_frame=16 * 1024 * 1024)
+        self.lines = LineSplitter(max_line=16 * 1024 * 1024)
+        self.ready: list[bytes] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.stream.send_all(json.dumps(message).encode() + b"\n")
+
+    async def response(self, request_id: int) -> dict[str, Any]:
+        """The response to `request_id`; answers the server's own requests (roots) on the way."""
+        while True:
+            while not self.ready:
+                data = await self.stream.receive_some(65536)
+                assert data, "the container closed its stdout before answering"
+                for stream_id, payload in self.demuxer.feed(bytes(data)):
+                    if stream_id == STDOUT:
+                        self.ready += self.lines.feed(payload)
+            message = json.loads(self.ready.pop(0))
+            if message.get("id") == request_id and "method" not in message:
+                return message  # type: ignore[no-any-return]
+            if message.get("method") == "roots/list":
+                await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": []}})
+
+
+@pytest.mark.parametrize("service_name", sorted(EXPECTED_TOOL))
+async def test_each_bundled_service_started_through_the_docker_api_answers_tools_list(
+    service_name: str, docker_client: docker.DockerClient
+) -> None:
+    session_id = secrets.token_hex(8)
+    spec = container_spec_for(
+        service_name,
+        SUITE.mcp_services[service_name],
+        session_id=session_id,
+        instance_id="integration-test",
+        owner_pid=0,
+        owner_host="test",
+        default_network="bridge",
+    )
+    engine = DockerEngine()
+    container = await engine.spawn(spec)
+    try:
+        with trio.fail_after(60):
+            peer = StdioPeer(container)
+            await peer.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {"roots": {}},
+                        "clientInfo": {"name": "reactor-fabric-tests", "version": "0"},
+                    },
+                }
+            )
+            initialized = await peer.response(1)
+            assert "serverInfo" in initialized["result"], initialized
+            await peer.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await peer.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            tools = (await peer.response(2))["result"]["tools"]
+            assert EXPECTED_TOOL[service_name] in {tool["name"] for tool in tools}
+        inspected = docker_client.api.inspect_container(container.id)
+        assert inspected["HostConfig"]["CapDrop"] == ["ALL"]
+        assert inspected["Config"]["Labels"][LABEL_SESSION] == session_id
+    finally:
+        with trio.CancelScope(shield=True):
+            await container.stream.aclose()
+            await engine.remove(container.id)
+            await engine.close()
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"})
+        == []
+    )
+
+
+async def test_a_missing_image_is_a_container_start_failure_and_leaves_nothing(
+    docker_client: docker.DockerClient,
+) -> None:
+    session_id = secrets.token_hex(8)
+    spec = container_spec_for(
+        "ghost",
+        Service(image="reactor-fabric/does-not-exist:0", pull="never"),
+        session_id=session_id,
+        instance_id="integration-test",
+        owner_pid=0,
+        owner_host="test",
+        default_network="none",
+    )
+    engine = DockerEngine()
+    try:
+        with pytest.raises(ContainerStartFailure) as caught:
+            await engine.spawn(spec)
+    finally:
+        await engine.close()
+    assert caught.value.reason == "image_not_found"
+    assert caught.value.to_jsonrpc_error()["code"] == -32002
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"})
+        == []
+    )

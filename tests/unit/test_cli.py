@@ -1,0 +1,118 @@
+"""Command-line behaviour and exit codes (in-process, plus the installed entry points)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reactor_fabric._cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED = REPO / "claude-mcp-suite.yaml"
+INVALID = (
+    'version: "1.0"\n'
+    "orchestrator: {allowed_mount_roots: [rel]}\n"
+    'mcp_services: {t: {image: x, timeout: "0s"}}\n'
+)
+
+
+@pytest.fixture
+def invalid_suite(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(INVALID)
+    return path
+
+
+def test_validate_config_exits_0_for_the_bundled_suite(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate-config", str(BUNDLED)], environ={}) == 0
+    assert "valid (4 service(s)" in capsys.readouterr().out
+
+
+def test_validate_config_exits_1_and_lists_every_problem(
+    invalid_suite: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate-config", str(invalid_suite)], environ={}) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"{invalid_suite}:2:")
+    assert err[1].startswith(f"{invalid_suite}:3:")
+    assert err[-1] == f"{invalid_suite}: invalid (2 problem(s))"
+
+
+def test_validate_config_exits_2_when_the_file_cannot_be_read(tmp_path: Path) -> None:
+    assert main(["validate-config", str(tmp_path / "missing.yaml")], environ={}) == 2
+    assert main(["validate-config", str(tmp_path)], environ={}) == 2
+
+
+def test_a_usage_error_exits_2() -> None:
+    assert main(["--port", "99999"], environ={}) == 2
+    assert main(["--no-such-flag"], environ={}) == 2
+
+
+def test_the_orchestrator_refuses_to_start_on_an_invalid_suite_with_code_32003_in_the_logs(
+    invalid_suite: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--config", str(invalid_suite), "--port", "0"], environ={}) == 1
+    err = capsys.readouterr().err.splitlines()
+    logged = [json.loads(line) for line in err if line.startswith("{")]
+    assert [entry["code"] for entry in logged] == [-32003, -32003]
+    assert {entry["reason"] for entry in logged} == {"invalid_suite_configuration"}
+    assert logged[0]["line"] == 2
+    assert any("not a valid suite; not starting" in line for line in err)
+
+
+def test_the_config_path_comes_from_the_environment_when_not_given(
+    invalid_suite: Path,
+) -> None:
+    assert main(["--port", "0"], environ={"REACTOR_FABRIC_CONFIG": str(invalid_suite)}) == 1
+
+
+def test_an_unreadable_suite_stops_the_orchestrator_with_exit_2(tmp_path: Path) -> None:
+    assert main(["--config", str(tmp_path / "none.yaml")], environ={}) == 2
+
+
+def test_a_port_in_use_exits_3_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["--config", str(BUNDLED), "--port", str(port)], environ={})
+    assert code == 3
+    assert "choose another with --port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, "-m", "reactor_fabric", "validate-config"],
+        [str(REPO / "scripts" / "validate-config")],
+        ["make", "-s", "--no-print-directory", "validate-config"],
+    ],
+    ids=["python-m", "script", "make"],
+)
+def test_every_documented_validate_command_tells_valid_invalid_and_unreadable_apart(
+    command: list[str], invalid_suite: Path, tmp_path: Path
+) -> None:
+    def run(path: Path) -> tuple[int, str]:
+        argv = [*command, f"CONFIG={path}"] if command[0] == "make" else [*command, str(path)]
+        done = subprocess.run(
+            argv, cwd=REPO, capture_output=True, text=True, check=False, timeout=300
+        )
+        return done.returncode, done.stderr
+
+    assert run(BUNDLED)[0] == 0
+    invalid_code, invalid_err = run(invalid_suite)
+    unreadable_code, unreadable_err = run(tmp_path / "missing.yaml")
+    assert f"{invalid_suite}:2:" in invalid_err
+    assert "no such file" in unreadable_err
+    if command[0] == "make":
+        # make reports any failed recipe as 2, so the target prints the validator's own code.
+        assert "validate-config: exit 1 (invalid)" in invalid_err
+        assert "validate-config: exit 2 (unreadable)" in unreadable_err
+        assert (invalid_code, unreadable_code) == (2, 2)
+    else:
+        assert (invalid_code, unreadable_code) == (1, 2)

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+
+from reactor_fabric._config import Resources, Security, Service
+from reactor_fabric._container_spec import MountSpec, container_spec_for
+from reactor_fabric._docker import host_config_kwargs
+
+
+def spec_for(service: Service, **kwargs: object):  # type: ignore[no-untyped-def]
+    args = {
+        "session_id": "0123456789abcdef0123",
+        "instance_id": "inst1",
+        "owner_pid": 42,
+        "owner_host": "host",
+        "default_network": "bridge",
+    }
+    args.update(kwargs)
+    return container_spec_for("git", service, **args)  # type: ignore[arg-type]
+
+
+def test_every_container_carries_the_four_ownership_labels() -> None:
+    spec = spec_for(Service(image="img"))
+    assert spec.labels["reactor-fabric.managed"] == "true"
+    assert spec.labels["reactor-fabric.instance"] == "inst1"
+    assert spec.labels["reactor-fabric.session"] == "0123456789abcdef0123"
+    assert spec.labels["reactor-fabric.service"] == "git"
+    assert spec.labels["reactor-fabric.owner-pid"] == "42"
+
+
+def test_the_environment_is_only_the_suite_env_plus_config_as_json() -> None:
+    service = Service(image="img", env={"A": "1"}, config={"account": "work", "n": [1, 2]})
+    env = spec_for(service).environment
+    assert set(env) == {"A", "REACTOR_FABRIC_SERVICE_CONFIG"}
+    assert json.loads(env["REACTOR_FABRIC_SERVICE_CONFIG"]) == {"account": "work", "n": [1, 2]}
+
+
+def test_safe_defaults_drop_every_capability_and_forbid_new_privileges() -> None:
+    host = host_config_kwargs(spec_for(Service(image="img")))
+    assert host["cap_drop"] == ["ALL"]
+    assert host["cap_add"] is None
+    assert host["security_opt"] == ["no-new-privileges:true"]
+    assert host["mem_limit"] == host["memswap_limit"] == 512 * 1024**2
+    assert host["nano_cpus"] == 1_000_000_000
+    assert host["pids_limit"] == 256
+    assert host["network_mode"] == "bridge"
+    assert host["read_only"] is False
+
+
+def test_a_service_may_relax_the_defaults_explicitly() -> None:
+    service = Service(
+        image="img",
+        resources=Resources(memory="1g", cpus=0.5, pids=64),
+        security=Security(no_new_privileges=False, cap_add=["CHOWN"], read_only_rootfs=True),
+        network="none",
+    )
+    host = host_config_kwargs(spec_for(service))
+    assert host["cap_add"] == ["CHOWN"]
+    assert host["security_opt"] == []
+    assert host["nano_cpus"] == 500_000_000
+    assert host["network_mode"] == "none"
+    assert host["read_only"] is True
+    assert "/tmp" in host["tmpfs"]
+
+
+def test_mounts_are_structured_bind_mounts_never_volume_strings() -> None:
+    mounts = (MountSpec("/home/a/repo", "/workspace"), MountSpec("/home/a/docs", "/docs", True))
+    host = host_config_kwargs(spec_for(Service(image="img"), mounts=mounts))
+    assert [(m["Type"], m["Source"], m["Target"], m["ReadOnly"]) for m in host["mounts"]] == [
+        ("bind", "/home/a/repo", "/workspace", False),
+        ("bind", "/home/a/docs", "/docs", True),
+    ]
+
+
+def test_the_service_network_wins_over_the_orchestrator_network() -> None:
+    assert spec_for(Service(image="img"), default_network="fabric").network == "fabric"
+    assert (
+        spec_for(Service(image="img", network="none"), default_network="fabric").network == "none"
+    )
+
+
+def test_container_names_are_distinct_per_session_and_sequence() -> None:
+    first = spec_for(Service(image="img"), sequence=0).name
+    second = spec_for(Service(image="img"), sequence=1).name
+    assert first == "rf-git-0123456789ab-0"
+    assert first != second

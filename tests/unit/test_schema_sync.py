@@ -1,0 +1,126 @@
+"""The JSON Schema is the single source of the suite's shape; the msgspec structs must match it.
+
+These tests fail when a field is added, removed, renamed, retyped or given another default on
+one side only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+import msgspec.inspect as mi
+import pytest
+
+from reactor_fabric import Suite
+from reactor_fabric._suite import suite_schema
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = suite_schema()
+
+
+def resolve(node: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in node:
+        name = node["$ref"].removeprefix("#/$defs/")
+        merged = {**SCHEMA["$defs"][name], **{k: v for k, v in node.items() if k != "$ref"}}
+        node = merged
+    return node
+
+
+def schema_types(node: dict[str, Any]) -> set[str]:
+    kind = resolve(node)["type"]
+    return {str(k) for k in kind} if isinstance(kind, list) else {str(kind)}
+
+
+def struct_types(info: mi.Type) -> set[str]:
+    if isinstance(info, mi.UnionType):
+        return set().union(*(struct_types(t) for t in info.types))
+    if isinstance(info, mi.LiteralType):
+        return {"string"}
+    mapping = {
+        mi.StrType: "string",
+        mi.IntType: "integer",
+        mi.FloatType: "number",
+        mi.BoolType: "boolean",
+        mi.NoneType: "null",
+        mi.ListType: "array",
+        mi.DictType: "object",
+        mi.StructType: "object",
+    }
+    names = [name for kind, name in mapping.items() if isinstance(info, kind)]
+    assert names, f"unexpected type {info!r}"
+    return set(names)
+
+
+def pairs(node: dict[str, Any], info: mi.StructType, where: str) -> list[tuple[str, Any, Any]]:
+    """Every (path, schema node, struct type) pair below an object/struct pair."""
+    found = [(where, node, info)]
+    node = resolve(node)
+    for field in info.fields:
+        child = node["properties"][field.encode_name]
+        child_info = field.type
+        if isinstance(child_info, mi.DictType) and isinstance(child_info.value_type, mi.StructType):
+            found += pairs(
+                resolve(child)["additionalProperties"],
+                child_info.value_type,
+                f"{where}.{field.name}.*",
+            )
+        elif isinstance(child_info, mi.StructType):
+            found += pairs(child, child_info, f"{where}.{field.name}")
+    return found
+
+
+ROOT = mi.type_info(Suite)
+assert isinstance(ROOT, mi.StructType)
+OBJECTS = pairs(SCHEMA, ROOT, "suite")
+
+
+def test_the_schema_is_a_valid_draft_2020_12_schema() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+def test_the_packaged_schema_is_the_file_in_schemas() -> None:
+    packaged = REPO / "reactor_fabric" / "claude-mcp-suite.schema.json"
+    assert packaged.resolve() == (REPO / "schemas" / "claude-mcp-suite.schema.json").resolve()
+
+
+@pytest.mark.parametrize(("where", "node", "info"), OBJECTS, ids=[o[0] for o in OBJECTS])
+def test_each_struct_has_exactly_the_schema_properties_and_required_keys(
+    where: str, node: dict[str, Any], info: mi.StructType
+) -> None:
+    node = resolve(node)
+    assert node["additionalProperties"] is False, f"{where} must reject unknown keys"
+    assert info.forbid_unknown_fields, f"{where} struct must reject unknown keys"
+    assert set(node["properties"]) == {f.encode_name for f in info.fields}
+    assert set(node.get("required", [])) == {f.encode_name for f in info.fields if f.required}
+
+
+@pytest.mark.parametrize(("where", "node", "info"), OBJECTS, ids=[o[0] for o in OBJECTS])
+def test_each_field_has_the_same_type_and_default_in_schema_and_struct(
+    where: str, node: dict[str, Any], info: mi.StructType
+) -> None:
+    properties = resolve(node)["properties"]
+    for field in info.fields:
+        prop = resolve(properties[field.encode_name])
+        assert schema_types(prop) == struct_types(field.type), f"{where}.{field.name}"
+        if not field.required and "default" in prop:
+            default = (
+                field.default
+                if field.default is not msgspec.NODEFAULT
+                else (field.default_factory())
+            )
+            if isinstance(default, msgspec.Struct):
+                continue
+            assert default == prop["default"], f"{where}.{field.name} default"
+        elif not field.required and not isinstance(field.type, mi.StructType):
+            pytest.fail(f"{where}.{field.name} has a default in the struct but not the schema")
+
+
+def test_enums_in_the_schema_match_the_literal_types() -> None:
+    service = next(info for where, _, info in OBJECTS if where == "suite.mcp_services.*")
+    pull = next(f for f in service.fields if f.name == "pull")
+    assert isinstance(pull.type, mi.LiteralType)
+    assert set(pull.type.values) == set(SCHEMA["$defs"]["service"]["properties"]["pull"]["enum"])

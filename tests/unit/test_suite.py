@@ -1,0 +1,346 @@
+"""The suite file: what is accepted, and what each mistake is reported as (file, line, key)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reactor_fabric import InvalidSuiteConfiguration, SuiteUnreadable, check_suite_text, load_suite
+from reactor_fabric._suite import format_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+MINIMAL = """\
+version: "1.0"
+orchestrator:
+  allowed_mount_roots: ["/home/"]
+mcp_services:
+  time:
+    image: "reactor-fabric/mcp-server-time:2026.10.19"
+"""
+
+
+def check(text: str) -> list[str]:
+    result = check_suite_text(textwrap.dedent(text), source="suite.yaml")
+    return [str(issue) for issue in result.issues]
+
+
+def test_the_bundled_suite_is_valid_and_defines_the_four_reference_services() -> None:
+    suite = load_suite(REPO / "claude-mcp-suite.yaml")
+    assert {"time", "git", "filesystem", "everything"} <= set(suite.mcp_services)
+    for service in suite.mcp_services.values():
+        assert service.description
+        assert service.image.startswith("reactor-fabric/")
+
+
+def test_a_minimal_suite_gets_the_documented_defaults() -> None:
+    result = check_suite_text(MINIMAL, source="suite.yaml")
+    assert result.issues == []
+    assert result.suite is not None
+    service = result.suite.mcp_services["time"]
+    assert service.timeout == "1m"
+    assert service.idle_timeout_seconds == 60
+    assert service.resources.memory_bytes == 512 * 1024 * 1024
+    assert service.resources.cpus == 1.0
+    assert service.resources.pids == 256
+    assert service.pull == "missing"
+    assert service.network is None
+    assert service.security.no_new_privileges is True
+    assert service.security.cap_add == []
+    assert service.command is None
+    assert service.config == {}
+    orchestrator = result.suite.orchestrator
+    assert orchestrator.max_sessions == 64
+    assert orchestrator.max_message_bytes == 16 * 1024 * 1024
+    assert orchestrator.network == "bridge"
+    assert orchestrator.allowed_origins == []
+
+
+def test_the_seed_example_suite_with_every_original_field_is_valid() -> None:
+    issues = check(
+        """\
+        version: "1.0"
+        orchestrator:
+          allowed_mount_roots: ["/home/", "/Users/", "/mnt/", "/media/", "/projects/"]
+        mcp_services:
+          filesystem:
+            image: "ghcr.io/modelcontextprotocol/server-filesystem:latest"
+            timeout: "1m"
+          python_expert:
+            image: "ghcr.io/dyluth/claude-reactor/python:latest"
+            timeout: "10m"
+            config:
+              account: "work_account"
+              danger_mode: false
+              specialty: "Expert in Python, Django, and data analysis."
+        """
+    )
+    assert issues == []
+
+
+def test_every_optional_field_is_accepted_with_its_typed_value() -> None:
+    result = check_suite_text(
+        textwrap.dedent(
+            """\
+            version: "1.0"
+            orchestrator:
+              allowed_mount_roots: ["/srv/projects"]
+              allowed_origins: ["https://app.example.com"]
+              max_sessions: 10
+              max_message_size: "4m"
+              network: "fabric-net"
+            mcp_services:
+              git:
+                image: "registry.example.com/tools/git@sha256:abc"
+                description: "git"
+                timeout: "5m30s"
+                command: ["--repository", "/workspace"]
+                env: {GIT_AUTHOR_NAME: "Bot"}
+                config: {nested: {list: [1, 2]}}
+                resources: {memory: "1g", cpus: 0.5, pids: 100}
+                network: "none"
+                pull: "never"
+                user: "1000:1000"
+                security: {no_new_privileges: false, cap_add: ["CHOWN"], read_only_rootfs: true}
+            """
+        ),
+        source="suite.yaml",
+    )
+    assert result.issues == []
+    assert result.suite is not None
+    git = result.suite.mcp_services["git"]
+    assert git.idle_timeout_seconds == 330
+    assert git.resources.memory_bytes == 1024**3
+    assert git.command == ["--repository", "/workspace"]
+    assert git.security.cap_add == ["CHOWN"]
+    assert result.suite.orchestrator.max_message_bytes == 4 * 1024**2
+
+
+# Each bad suite: the text, then (line, key path, words the message must contain) of every
+# problem reported, in order.
+BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
+    "unquoted version is a number": (
+        "version: 1.0\norchestrator: {allowed_mount_roots: []}\nmcp_services: {t: {image: x}}\n",
+        [(1, "version", "quote it")],
+    ),
+    "unknown version": (
+        'version: "2.0"\norchestrator: {allowed_mount_roots: []}\nmcp_services: {t: {image: x}}\n',
+        [(1, "version", "'2.0' is not one of '1.0'")],
+    ),
+    "missing mcp_services": (
+        'version: "1.0"\norchestrator: {allowed_mount_roots: []}\n',
+        [(1, "(top level)", "missing required key 'mcp_services'")],
+    ),
+    "no services at all": (
+        'version: "1.0"\norchestrator: {allowed_mount_roots: []}\nmcp_services: {}\n',
+        [(3, "mcp_services", "at least one service")],
+    ),
+    "service without image": (
+        MINIMAL + "  git:\n    timeout: 1m\n",
+        [(7, "mcp_services.git", "missing required key 'image'")],
+    ),
+    "misspelt service key": (
+        MINIMAL + "    timout: 5m\n",
+        [(7, "mcp_services.time.timout", "unknown key 'timout'; did you mean 'timeout'?")],
+    ),
+    "unknown top-level key": (
+        MINIMAL + "services: {}\n",
+        [(7, "services", "unknown key 'services'")],
+    ),
+    "unknown orchestrator key": (
+        MINIMAL.replace('["/home/"]', '["/home/"]\n  port: 80'),
+        [(4, "orchestrator.port", "unknown key 'port'")],
+    ),
+    "duplicate service": (
+        MINIMAL + "  time:\n    image: other\n",
+        [(7, "mcp_services.time", "duplicate key 'time' (first defined on line 5)")],
+    ),
+    "duplicate key inside a service": (
+        MINIMAL + "    image: other\n",
+        [(7, "mcp_services.time.image", "duplicate key 'image'")],
+    ),
+    "zero timeout": (
+        MINIMAL + '    timeout: "0s"\n',
+        [(7, "mcp_services.time.timeout", "must be a positive duration")],
+    ),
+    "timeout without unit": (
+        MINIMAL + '    timeout: "90"\n',
+        [(7, "mcp_services.time.timeout", "is not a duration")],
+    ),
+    "timeout with an unknown unit": (
+        MINIMAL + '    timeout: "1d"\n',
+        [(7, "mcp_services.time.timeout", "is not a duration")],
+    ),
+    "timeout as a bare number": (
+        MINIMAL + "    timeout: 60\n",
+        [(7, "mcp_services.time.timeout", "expected a string, got an integer")],
+    ),
+    "relative mount root": (
+        MINIMAL.replace('["/home/"]', '["/home/", "projects"]'),
+        [(3, "orchestrator.allowed_mount_roots[1]", "'projects' is not an absolute path")],
+    ),
+    "the file-system root as a mount root": (
+        MINIMAL.replace('["/home/"]', '["/"]'),
+        [(3, "orchestrator.allowed_mount_roots[0]", "would allow every host path")],
+    ),
+    "mount root with ..": (
+        MINIMAL.replace('["/home/"]', '["/home/../etc"]'),
+        [(3, "orchestrator.allowed_mount_roots[0]", "'..'")],
+    ),
+    "mount roots not a list": (
+        MINIMAL.replace('["/home/"]', '"/home/"'),
+        [(3, "orchestrator.allowed_mount_roots", "expected a list, got a string")],
+    ),
+    "service name with capitals": (
+        MINIMAL.replace("  time:", "  Time:"),
+        [(5, "mcp_services.Time", "used in URLs and container names")],
+    ),
+    "service name with a slash": (
+        MINIMAL.replace("  time:", '  "a/b":'),
+        [(5, "mcp_services.a/b", "is not allowed")],
+    ),
+    "memory limit too small": (
+        MINIMAL + '    resources: {memory: "1k"}\n',
+        [(7, "mcp_services.time.resources.memory", "too small")],
+    ),
+    "memory limit not a size": (
+        MINIMAL + '    resources: {memory: "lots"}\n',
+        [(7, "mcp_services.time.resources.memory", "is not a size")],
+    ),
+    "zero cpus": (
+        MINIMAL + "    resources: {cpus: 0}\n",
+        [(7, "mcp_services.time.resources.cpus", "0")],
+    ),
+    "unknown pull policy": (
+        MINIMAL + "    pull: sometimes\n",
+        [(7, "mcp_services.time.pull", "'sometimes' is not one of 'never', 'missing', 'always'")],
+    ),
+    "command as a string": (
+        MINIMAL + '    command: "mcp-server-time --local-timezone UTC"\n',
+        [(7, "mcp_services.time.command", "expected a list or null, got a string")],
+    ),
+    "env value that is a number": (
+        MINIMAL + "    env: {PORT: 8080}\n",
+        [(7, "mcp_services.time.env.PORT", "expected a string, got an integer")],
+    ),
+    "reserved env variable": (
+        MINIMAL + '    env: {REACTOR_FABRIC_SERVICE_CONFIG: "{}"}\n',
+        [(7, "mcp_services.time.env.REACTOR_FABRIC_SERVICE_CONFIG", "is reserved")],
+    ),
+    "config that is a list": (
+        MINIMAL + "    config: [a, b]\n",
+        [(7, "mcp_services.time.config", "expected a mapping, got a list")],
+    ),
+    "origin with a path": (
+        MINIMAL.replace('["/home/"]', '["/home/"]\n  allowed_origins: ["https://x.org/app"]'),
+        [(4, "orchestrator.allowed_origins[0]", "is not an origin")],
+    ),
+    "max_sessions zero": (
+        MINIMAL.replace('["/home/"]', '["/home/"]\n  max_sessions: 0'),
+        [(4, "orchestrator.max_sessions", "0 is less than the minimum of 1")],
+    ),
+    "non-string key": (
+        MINIMAL + "    env: {1: a}\n",
+        [(7, "mcp_services.time.env", "key '1' must be a string")],
+    ),
+    "YAML merge key": (
+        MINIMAL + "    <<: {timeout: 1m}\n",
+        [(7, "mcp_services.time", "merge keys")],
+    ),
+    "broken YAML": (
+        MINIMAL + "    timeout: [1m\n",
+        [(8, "(top level)", "YAML syntax error")],
+    ),
+    "a list instead of a mapping": (
+        "- version: '1.0'\n",
+        [(1, "(top level)", "expected a mapping, got a list")],
+    ),
+    "an empty file": (
+        "",
+        [(1, "(top level)", "the file is empty")],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), list(BAD_SUITES.values()), ids=list(BAD_SUITES.keys())
+)
+def test_each_bad_suite_is_rejected_with_a_line_numbered_error(
+    text: str, expected: list[tuple[int, str, str]]
+) -> None:
+    result = check_suite_text(text, source="suite.yaml")
+    assert result.suite is None
+    got = [(issue.line, issue.path, issue.message) for issue in result.issues]
+    assert len(got) == len(expected), got
+    for (line, path, message), (want_line, want_path, words) in zip(got, expected, strict=True):
+        assert (line, path) == (want_line, want_path), got
+        assert words in message, message
+
+
+def test_the_bad_suite_table_covers_at_least_twenty_mistakes() -> None:
+    assert len(BAD_SUITES) >= 20
+
+
+def test_every_problem_of_a_file_is_reported_not_just_the_first() -> None:
+    issues = check(
+        """\
+        version: 1
+        orchestrator:
+          allowed_mount_roots: ["rel"]
+        mcp_services:
+          a:
+            image: x
+            timeout: "0s"
+          B:
+            image: y
+        """
+    )
+    assert [issue.split(": ")[0] for issue in issues] == [
+        "suite.yaml:1:10",
+        "suite.yaml:3:25",
+        "suite.yaml:7:14",
+        "suite.yaml:8:3",
+    ]
+
+
+def test_an_error_names_the_file_line_column_and_key_path() -> None:
+    [issue] = check(MINIMAL + '    timeout: "0s"\n')
+    assert issue == "suite.yaml:7:14: mcp_services.time.timeout: '0s' must be a positive duration"
+
+
+def test_load_suite_raises_invalid_suite_configuration_with_every_issue(tmp_path: Path) -> None:
+    path = tmp_path / "suite.yaml"
+    path.write_text(MINIMAL + '    timeout: "0s"\n    pull: often\n')
+    with pytest.raises(InvalidSuiteConfiguration) as caught:
+        load_suite(path)
+    error = caught.value.to_jsonrpc_error()
+    assert error["code"] == -32003
+    assert error["data"]["reason"] == "invalid_suite_configuration"
+    assert len(error["data"]["issues"]) == 2
+    assert all(
+        issue.startswith(f"{path}:7:") or f"{path}:8:" in issue for issue in error["data"]["issues"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p, "no such file"),
+        (lambda p: (p.mkdir(), p)[1], "is a directory"),
+        (lambda p: (p.write_bytes(b"version: \xff\xfe"), p)[1], "not UTF-8"),
+    ],
+    ids=["missing", "directory", "not-utf8"],
+)
+def test_an_unreadable_suite_file_raises_suite_unreadable(
+    tmp_path: Path, make: object, words: str
+) -> None:
+    path = make(tmp_path / "suite.yaml")  # type: ignore[operator]
+    with pytest.raises(SuiteUnreadable, match=words):
+        load_suite(path)
+
+
+def test_key_paths_are_printed_with_dots_and_list_indices() -> None:
+    assert format_path(("mcp_services", "git", "command", 0)) == "mcp_services.git.command[0]"
+    assert format_path(()) == "(top level)"
