@@ -15,6 +15,7 @@ from ._errors import DockerUnavailable
 from ._fabric import Fabric
 from ._health import health_report
 from ._version import __version__
+from ._websocket import serve_websocket
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,7 @@ class FabricApp:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "websocket":
-            # The relay endpoint arrives with the orchestrator issue; until then a WebSocket
-            # handshake is refused (closing before accept answers HTTP 403).
-            await receive()
-            await send({"type": "websocket.close", "code": 1008})
+            await serve_websocket(self.fabric, scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 

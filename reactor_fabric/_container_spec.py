@@ -18,10 +18,11 @@ LABEL_MANAGED = "reactor-fabric.managed"
 LABEL_INSTANCE = "reactor-fabric.instance"
 LABEL_SESSION = "reactor-fabric.session"
 LABEL_SERVICE = "reactor-fabric.service"
-# The PID and host of the orchestrator that owns a container, so that a later instance can tell
-# whether the owner is gone (crash recovery).
-LABEL_OWNER_PID = "reactor-fabric.owner-pid"
+# The host, PID and process start time of the orchestrator that owns a container, so that a
+# later instance can tell whether the owner is gone (crash recovery), even if the PID was reused.
 LABEL_OWNER_HOST = "reactor-fabric.owner-host"
+LABEL_OWNER_PID = "reactor-fabric.owner-pid"
+LABEL_OWNER_START = "reactor-fabric.owner-start"
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,26 @@ class MountSpec:
     source: str
     target: str
     read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ContainerIdentity:
+    """Who owns the containers an orchestrator starts, and where they go by default."""
+
+    instance_id: str
+    owner_host: str
+    owner_pid: int
+    owner_start: str
+    default_network: str
+
+    def labels(self) -> dict[str, str]:
+        return {
+            LABEL_MANAGED: "true",
+            LABEL_INSTANCE: self.instance_id,
+            LABEL_OWNER_HOST: self.owner_host,
+            LABEL_OWNER_PID: str(self.owner_pid),
+            LABEL_OWNER_START: self.owner_start,
+        }
 
 
 @dataclass(frozen=True)
@@ -58,11 +79,8 @@ def container_spec_for(
     service: Service,
     *,
     session_id: str,
-    instance_id: str,
-    owner_pid: int,
-    owner_host: str,
+    identity: ContainerIdentity,
     mounts: tuple[MountSpec, ...] = (),
-    default_network: str,
     sequence: int = 0,
 ) -> ContainerSpec:
     """The container for ``service_name`` in session ``session_id``.
@@ -74,14 +92,9 @@ def container_spec_for(
     # (its PATH and the like), the suite's `env`, and the service's `config`.
     environment = dict(service.env)
     environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
-    labels = {
-        LABEL_MANAGED: "true",
-        LABEL_INSTANCE: instance_id,
-        LABEL_SESSION: session_id,
-        LABEL_SERVICE: service_name,
-        LABEL_OWNER_PID: str(owner_pid),
-        LABEL_OWNER_HOST: owner_host,
-    }
+    labels = identity.labels()
+    labels[LABEL_SESSION] = session_id
+    labels[LABEL_SERVICE] = service_name
     return ContainerSpec(
         name=f"rf-{service_name}-{session_id[:12]}-{sequence}",
         image=service.image,
@@ -89,7 +102,7 @@ def container_spec_for(
         environment=environment,
         labels=labels,
         mounts=mounts,
-        network=service.network or default_network,
+        network=service.network or identity.default_network,
         memory_bytes=service.resources.memory_bytes,
         nano_cpus=round(service.resources.cpus * 1_000_000_000),
         pids_limit=service.resources.pids,

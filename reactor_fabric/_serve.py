@@ -3,15 +3,19 @@
 Ownership tree::
 
     serve_orchestrator (root nursery)
-    └── hypercorn.trio.serve   (HTTP routes and the /mcp endpoint, one port)
+    ├── run_sweeper            orphan containers: at start-up, then periodically
+    └── hypercorn.trio.serve   HTTP routes and the /mcp endpoint, one port
+        └── one task per connection → serve_session (its own nursery, its containers)
 
 Resource handling: leaving :func:`serve_orchestrator` for any reason (cancellation, an error,
-a signal handled by the caller) closes the listening sockets and the Docker client; the close is
-shielded and bounded in time.
+a signal handled by the caller) cancels every session, whose own ``finally`` removes its
+container; then every container still labelled with this instance is removed and the Docker
+client closed. That last step is shielded and bounded in time.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -22,11 +26,15 @@ import hypercorn.trio
 import trio
 
 from ._app import FabricApp
+from ._docker import hostname
+from ._errors import FabricError
 from ._fabric import Fabric
+from ._sweeper import remove_instance_containers, run_sweeper
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_BOUND_SECONDS = 20.0
+WEBSOCKET_PING_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ def hypercorn_config(listener: socket.socket, *, max_message_bytes: int) -> hype
     # hypercorn's own messages go through our JSON handler (see _logging.configure_logging).
     config.errorlog = logging.getLogger("reactor_fabric.http")
     config.websocket_max_message_size = max_message_bytes
+    # Keepalive for idle clients (JSON-RPC ping is gone in MCP 2026-07-28): WebSocket pings.
+    config.websocket_ping_interval = WEBSOCKET_PING_SECONDS
     config.graceful_timeout = 2.0
     return config
 
@@ -88,6 +98,15 @@ async def serve_orchestrator(
     app = FabricApp(fabric)
     try:
         async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(
+                    run_sweeper,
+                    fabric.engine,
+                    instance_id=fabric.instance_id,
+                    this_host=hostname(),
+                    live_sessions=lambda: set(fabric.sessions),
+                )
+            )
             binds: list[str] = await nursery.start(hypercorn.trio.serve, app, config)
             listening = Listening(http_url=binds[0])
             log.info(
@@ -98,4 +117,11 @@ async def serve_orchestrator(
     finally:
         with trio.move_on_after(SHUTDOWN_BOUND_SECONDS) as scope:
             scope.shield = True
+            try:
+                removed = await remove_instance_containers(fabric.engine, fabric.instance_id)
+                log.info("shutdown_complete", extra={"removed_containers": removed})
+            except FabricError as exc:
+                log.error(
+                    "shutdown_cleanup_failed", extra={"reason": exc.reason, "detail": str(exc)}
+                )
             await fabric.engine.close()

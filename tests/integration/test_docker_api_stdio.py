@@ -17,12 +17,21 @@ import trio
 
 from reactor_fabric import ContainerStartFailure, Service, load_suite
 from reactor_fabric._backend import SpawnedContainer
-from reactor_fabric._container_spec import LABEL_SESSION, container_spec_for
+from reactor_fabric._container_spec import LABEL_SESSION, ContainerIdentity, container_spec_for
 from reactor_fabric._docker import DockerEngine
 from reactor_fabric._stdio_framing import STDOUT, DockerStreamDemuxer, LineSplitter
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = load_suite(REPO / "claude-mcp-suite.yaml")
+# Not a live orchestrator's identity: the sweeper of a running orchestrator leaves these alone
+# (other host), and every test removes its own containers.
+TEST_IDENTITY = ContainerIdentity(
+    instance_id="integration-test",
+    owner_host="integration-test",
+    owner_pid=0,
+    owner_start="",
+    default_network="bridge",
+)
 EXPECTED_TOOL = {
     "time": "get_current_time",
     "git": "git_log",
@@ -68,10 +77,7 @@ async def test_each_bundled_service_started_through_the_docker_api_answers_tools
         service_name,
         SUITE.mcp_services[service_name],
         session_id=session_id,
-        instance_id="integration-test",
-        owner_pid=0,
-        owner_host="test",
-        default_network="bridge",
+        identity=TEST_IDENTITY,
     )
     engine = DockerEngine()
     container = await engine.spawn(spec)
@@ -118,10 +124,7 @@ async def test_a_missing_image_is_a_container_start_failure_and_leaves_nothing(
         "ghost",
         Service(image="reactor-fabric/does-not-exist:0", pull="never"),
         session_id=session_id,
-        instance_id="integration-test",
-        owner_pid=0,
-        owner_host="test",
-        default_network="none",
+        identity=TEST_IDENTITY,
     )
     engine = DockerEngine()
     try:

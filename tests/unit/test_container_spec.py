@@ -3,20 +3,37 @@ from __future__ import annotations
 import json
 
 from reactor_fabric._config import Resources, Security, Service
-from reactor_fabric._container_spec import MountSpec, container_spec_for
+from reactor_fabric._container_spec import (
+    ContainerIdentity,
+    ContainerSpec,
+    MountSpec,
+    container_spec_for,
+)
 from reactor_fabric._docker import host_config_kwargs
 
 
-def spec_for(service: Service, **kwargs: object):  # type: ignore[no-untyped-def]
-    args = {
-        "session_id": "0123456789abcdef0123",
-        "instance_id": "inst1",
-        "owner_pid": 42,
-        "owner_host": "host",
-        "default_network": "bridge",
-    }
-    args.update(kwargs)
-    return container_spec_for("git", service, **args)  # type: ignore[arg-type]
+def spec_for(
+    service: Service,
+    *,
+    default_network: str = "bridge",
+    mounts: tuple[MountSpec, ...] = (),
+    sequence: int = 0,
+) -> ContainerSpec:
+    identity = ContainerIdentity(
+        instance_id="inst1",
+        owner_host="host",
+        owner_pid=42,
+        owner_start="12345",
+        default_network=default_network,
+    )
+    return container_spec_for(
+        "git",
+        service,
+        session_id="0123456789abcdef0123",
+        identity=identity,
+        mounts=mounts,
+        sequence=sequence,
+    )
 
 
 def test_every_container_carries_the_four_ownership_labels() -> None:
@@ -26,6 +43,7 @@ def test_every_container_carries_the_four_ownership_labels() -> None:
     assert spec.labels["reactor-fabric.session"] == "0123456789abcdef0123"
     assert spec.labels["reactor-fabric.service"] == "git"
     assert spec.labels["reactor-fabric.owner-pid"] == "42"
+    assert spec.labels["reactor-fabric.owner-start"] == "12345"
 
 
 def test_the_environment_is_only_the_suite_env_plus_config_as_json() -> None:

@@ -1,0 +1,109 @@
+"""The first message of a connection: ``fabric/registerClient`` or anything else.
+
+Only the first message is handled by the orchestrator itself (spec §4):
+
+- ``fabric/registerClient``, as a method or as a ``tools/call`` of a tool with that name, carries
+  the client's mounts; the orchestrator answers it (``{sessionId, mounts}`` as the result, or as
+  a CallToolResult's ``structuredContent``) and the message is not forwarded.
+- Anything else (``initialize``, ``server/discover``, …) is forwarded unchanged; mounts then come
+  from the URL query.
+
+Pure: bytes in, a decision out; the answers are bytes ready to send.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._container_spec import MountSpec
+from ._errors import InvalidRequest
+from ._jsonrpc import Peek, RequestId, decode_params, peek, result_response
+
+REGISTER_METHOD = "fabric/registerClient"
+
+
+@dataclass(frozen=True)
+class RegisterClient:
+    """The client registered itself; answer it, do not forward it."""
+
+    id: RequestId
+    form: Literal["method", "tool"]
+    mounts: object  # as sent; validated by the MountPolicy
+
+
+@dataclass(frozen=True)
+class ForwardFirst:
+    """A standard MCP message: forward it as is."""
+
+    peek: Peek
+
+
+FirstMessage = RegisterClient | ForwardFirst
+
+
+def classify_first_message(frame: bytes) -> FirstMessage:
+    """Decide what the first frame is; ParseError / InvalidRequest if it is unusable."""
+    message = peek(frame)
+    if message.kind == "response":
+        raise InvalidRequest(
+            "the first message must be a request or notification, not a response",
+            reason="unexpected_response",
+        )
+    params = decode_params(message.params) if message.method in _REGISTER_CARRIERS else None
+    if message.method == REGISTER_METHOD:
+        return RegisterClient(_require_id(message), "method", _mounts_of(params))
+    if (
+        message.method == "tools/call"
+        and isinstance(params, dict)
+        and params.get("name") == REGISTER_METHOD
+    ):
+        return RegisterClient(_require_id(message), "tool", _mounts_of(params.get("arguments")))
+    return ForwardFirst(message)
+
+
+_REGISTER_CARRIERS = (REGISTER_METHOD, "tools/call")
+
+
+def _require_id(message: Peek) -> RequestId:
+    if message.id is None:
+        raise InvalidRequest(
+            f"{REGISTER_METHOD} must be a request (with an id), not a notification",
+            reason="register_without_id",
+        )
+    return message.id
+
+
+def _mounts_of(params: Any) -> object:
+    if not isinstance(params, dict) or "mounts" not in params:
+        raise InvalidRequest(
+            f'{REGISTER_METHOD} needs params {{"mounts": [...]}}',
+            reason="register_without_mounts",
+        )
+    return params["mounts"]
+
+
+def register_answer(
+    request: RegisterClient, session_id: str, mounts: tuple[MountSpec, ...]
+) -> bytes:
+    """The orchestrator's response to a registerClient request, in the request's form."""
+    registered: dict[str, Any] = {
+        "sessionId": session_id,
+        "mounts": [
+            {"source": m.source, "target": m.target, "readOnly": m.read_only} for m in mounts
+        ],
+    }
+    if request.form == "method":
+        return result_response(request.id, registered)
+    text = f"Registered session {session_id} with {len(mounts)} mount(s): " + json.dumps(
+        registered["mounts"]
+    )
+    return result_response(
+        request.id,
+        {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": registered,
+            "isError": False,
+        },
+    )

@@ -1,0 +1,224 @@
+"""Validation of the bind mounts a client asks for.
+
+A client declares mounts in ``fabric/registerClient`` (``{"source", "target", "readOnly"}``) or
+in the URL (``?mount=SRC:TARGET[:ro]``). Nothing reaches Docker unless every mount passes:
+
+- ``source``: a string, absolute, no NUL; resolved (symlinks, ``..``) and then inside one of the
+  resolved ``allowed_mount_roots``, compared by path components (``/home2`` is not in ``/home``);
+  it must exist; it must not be, or contain, the Docker socket.
+- ``target``: a string, absolute, no NUL, no ``..``; not ``/`` and not inside a system directory
+  (``/proc``, ``/sys``, ``/dev``, ``/etc``, ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/boot``,
+  ``/run``, ``/var/run``, …); two mounts cannot share a target.
+- ``readOnly``: a boolean when present.
+
+Any violation raises :class:`~reactor_fabric.SecurityViolation` (-32004) naming the offending
+path in ``data``. The only I/O is path resolution, done through an injectable ``realpath`` so
+the rules are tested against real symlinks in temporary directories; callers run it in a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ._container_spec import MountSpec
+from ._errors import SecurityViolation
+
+MAX_MOUNTS = 32
+
+FORBIDDEN_TARGETS = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/boot",
+    "/run",
+    "/var/run",
+    "/var/lib/docker",
+)
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+
+
+def is_within(path: str, root: str) -> bool:
+    """Whether normalised absolute ``path`` is ``root`` or below it, by whole components."""
+    if root == "/":
+        return True
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def parse_query_mount(text: str) -> dict[str, Any]:
+    """``SRC:TARGET[:ro|:rw]`` (already URL-decoded) into the registerClient mount shape."""
+    value = text
+    parts = value.split(":")
+    read_only = False
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        read_only = parts[2] == "ro"
+        parts = parts[:2]
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise SecurityViolation(
+            f"mount {value!r} is not SOURCE:TARGET[:ro]",
+            reason="mount_malformed",
+            mount=value,
+        )
+    return {"source": parts[0], "target": parts[1], "readOnly": read_only}
+
+
+def docker_socket_paths(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """Where the Docker socket may live: the defaults plus ``DOCKER_HOST`` if it is a socket."""
+    env = os.environ if environ is None else environ
+    host = env.get("DOCKER_HOST", "")
+    extra = (host.removeprefix("unix://"),) if host.startswith("unix://") else ()
+    return DOCKER_SOCKETS + extra
+
+
+class MountPolicy:
+    """The allowlist of one orchestrator: which host paths may be mounted where."""
+
+    def __init__(
+        self,
+        allowed_roots: Iterable[str],
+        *,
+        realpath: Callable[[str], str] = os.path.realpath,
+        exists: Callable[[str], bool] = os.path.exists,
+        docker_sockets: Sequence[str] | None = None,
+    ) -> None:
+        self._realpath = realpath
+        self._exists = exists
+        # Roots are resolved too: an allowed "/home" that is a symlink to "/data/home" allows
+        # what lies under "/data/home", which is where sources resolve to.
+        self.allowed_roots = tuple(dict.fromkeys(realpath(root) for root in allowed_roots))
+        sockets = docker_socket_paths() if docker_sockets is None else docker_sockets
+        self._sockets = tuple(
+            dict.fromkeys(path for s in sockets for path in (posixpath.normpath(s), realpath(s)))
+        )
+
+    def validate(self, mounts: object) -> tuple[MountSpec, ...]:
+        """Check every requested mount; the resolved, allowed mounts or SecurityViolation."""
+        if not isinstance(mounts, list):
+            raise SecurityViolation(
+                "mounts must be a list of {source, target, readOnly} objects",
+                reason="mount_malformed",
+            )
+        if len(mounts) > MAX_MOUNTS:
+            raise SecurityViolation(
+                f"at most {MAX_MOUNTS} mounts are allowed, got {len(mounts)}",
+                reason="too_many_mounts",
+            )
+        checked: list[MountSpec] = []
+        for index, mount in enumerate(mounts):
+            checked.append(self._validate_one(mount, index))
+        targets = [mount.target for mount in checked]
+        for target in targets:
+            if targets.count(target) > 1:
+                raise SecurityViolation(
+                    f"two mounts share the target {target!r}",
+                    reason="mount_target_duplicate",
+                    path=target,
+                )
+        return tuple(checked)
+
+    def _validate_one(self, mount: object, index: int) -> MountSpec:
+        if not isinstance(mount, dict):
+            raise SecurityViolation(
+                f"mount #{index} must be an object with source and target",
+                reason="mount_malformed",
+                index=index,
+            )
+        source = _path_field(mount, "source", index)
+        target = _path_field(mount, "target", index)
+        read_only = mount.get("readOnly", False)
+        if not isinstance(read_only, bool):
+            raise SecurityViolation(
+                f"mount #{index}: readOnly must be true or false",
+                reason="mount_malformed",
+                index=index,
+            )
+        unknown = set(mount) - {"source", "target", "readOnly"}
+        if unknown:
+            raise SecurityViolation(
+                f"mount #{index}: unknown field(s) {', '.join(sorted(unknown))}",
+                reason="mount_malformed",
+                index=index,
+            )
+        return MountSpec(self._check_source(source), _check_target(target), read_only)
+
+    def _check_source(self, source: str) -> str:
+        resolved = self._realpath(source)
+        for socket_path in self._sockets:
+            if is_within(socket_path, resolved):
+                raise SecurityViolation(
+                    f"{source!r} is or contains the Docker socket, which is never mountable",
+                    reason="docker_socket_forbidden",
+                    path=source,
+                )
+        if not any(is_within(resolved, root) for root in self.allowed_roots):
+            raise SecurityViolation(
+                f"{source!r} (resolved: {resolved!r}) is outside the allowed mount roots",
+                reason="mount_outside_allowed_roots",
+                path=source,
+                resolved=resolved,
+                allowed_roots=list(self.allowed_roots),
+            )
+        if not self._exists(resolved):
+            raise SecurityViolation(
+                f"{source!r} does not exist on the host",
+                reason="mount_source_missing",
+                path=source,
+            )
+        return resolved
+
+
+def _path_field(mount: dict[str, Any], field: str, index: int) -> str:
+    value = mount.get(field)
+    if not isinstance(value, str) or not value:
+        raise SecurityViolation(
+            f"mount #{index}: {field} must be a non-empty string",
+            reason="mount_malformed",
+            index=index,
+        )
+    if "\0" in value:
+        raise SecurityViolation(
+            f"mount #{index}: {field} contains a NUL character",
+            reason=f"mount_{field}_invalid",
+            path=value.replace("\0", "\\0"),
+        )
+    if not value.startswith("/"):
+        raise SecurityViolation(
+            f"mount #{index}: {field} {value!r} is not an absolute path",
+            reason=f"mount_{field}_not_absolute",
+            path=value,
+        )
+    return value
+
+
+def _check_target(target: str) -> str:
+    if ".." in target.split("/"):
+        raise SecurityViolation(
+            f"target {target!r} must not contain '..'",
+            reason="mount_target_forbidden",
+            path=target,
+        )
+    normalised = posixpath.normpath(target)
+    if normalised == "/" or normalised.startswith("//"):
+        raise SecurityViolation(
+            "the container's root '/' cannot be a mount target",
+            reason="mount_target_forbidden",
+            path=target,
+        )
+    for forbidden in FORBIDDEN_TARGETS:
+        if is_within(normalised, forbidden):
+            raise SecurityViolation(
+                f"target {target!r} is inside the system directory {forbidden!r}",
+                reason="mount_target_forbidden",
+                path=target,
+            )
+    return normalised

@@ -1,0 +1,110 @@
+"""Removal of containers nobody owns any more (crash recovery).
+
+Ownership tree: :func:`run_sweeper` runs in the orchestrator's root nursery. At start-up (before
+the orchestrator reports itself serving) and then periodically it removes:
+
+- containers of *other* orchestrator instances whose owning process is gone (it was killed, or
+  the machine restarted) — see :mod:`._owner`;
+- containers of *this* instance that belong to no live session and are older than a grace
+  period (a spawn abandoned half-way, a removal that failed).
+
+Error handling: an unreachable engine only postpones the sweep; it never stops the orchestrator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ._backend import ContainerBackend
+from ._container_spec import LABEL_INSTANCE, LABEL_SESSION
+from ._errors import FabricError
+from ._owner import owner_is_gone
+
+log = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_SECONDS = 60.0
+# A container of this instance younger than this may be a spawn still in progress.
+OWN_GRACE_SECONDS = 120.0
+
+
+def containers_to_remove(
+    containers: list[dict[str, Any]],
+    *,
+    instance_id: str,
+    this_host: str,
+    live_sessions: set[str],
+    now: float,
+    owner_gone: Callable[..., bool] = owner_is_gone,
+) -> list[tuple[str, str]]:
+    """(container id, why) for each container that should go. Pure."""
+    doomed: list[tuple[str, str]] = []
+    for container in containers:
+        labels: dict[str, str] = container.get("Labels") or {}
+        container_id = str(container["Id"])
+        if labels.get(LABEL_INSTANCE) == instance_id:
+            age = now - float(container.get("Created", now))
+            if labels.get(LABEL_SESSION) not in live_sessions and age > OWN_GRACE_SECONDS:
+                doomed.append((container_id, "no_live_session"))
+        elif owner_gone(labels, this_host=this_host):
+            doomed.append((container_id, "owner_gone"))
+    return doomed
+
+
+async def sweep_once(
+    engine: ContainerBackend, *, instance_id: str, this_host: str, live_sessions: set[str]
+) -> int:
+    """Remove what :func:`containers_to_remove` selects; the number removed."""
+    containers = await engine.list_managed()
+    doomed = containers_to_remove(
+        containers,
+        instance_id=instance_id,
+        this_host=this_host,
+        live_sessions=live_sessions,
+        now=time.time(),
+    )
+    for container_id, why in doomed:
+        log.warning("orphan_removed", extra={"container": container_id[:12], "why": why})
+        await engine.remove(container_id)
+    return len(doomed)
+
+
+async def remove_instance_containers(engine: ContainerBackend, instance_id: str) -> int:
+    """Remove every container of this instance (the last step of a shutdown)."""
+    containers = await engine.list_managed({LABEL_INSTANCE: instance_id})
+    for container in containers:
+        await engine.remove(str(container["Id"]))
+    return len(containers)
+
+
+async def run_sweeper(
+    engine: ContainerBackend,
+    *,
+    instance_id: str,
+    this_host: str,
+    live_sessions: Callable[[], set[str]],
+    interval: float = SWEEP_INTERVAL_SECONDS,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Sweep now, report started, then sweep every ``interval`` seconds until cancelled."""
+    started = False
+    while True:
+        try:
+            removed = await sweep_once(
+                engine,
+                instance_id=instance_id,
+                this_host=this_host,
+                live_sessions=live_sessions(),
+            )
+            if removed:
+                log.info("sweep_done", extra={"removed": removed})
+        except FabricError as exc:
+            log.warning("sweep_postponed", extra={"reason": exc.reason, "detail": str(exc)})
+        if not started:
+            task_status.started()
+            started = True
+        await trio.sleep(interval)
