@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import trio
 
 from reactor_fabric._backend import ContainerExit, SpawnedContainer
 from reactor_fabric._container_spec import ContainerSpec
 from reactor_fabric._errors import DockerUnavailable
+from reactor_fabric._memory_backend import FakeContainer
 
 
 class UnreachableEngine:
@@ -36,3 +40,162 @@ class UnreachableEngine:
 class AnsweringEngine(UnreachableEngine):
     async def ping(self, *, time_bound: float | None = None) -> str:
         return "99.0-fake"
+
+
+class MemoryClient:
+    """The client end of a session: a ClientChannel for the relay plus the test's handles."""
+
+    def __init__(self, capacity: int = 100) -> None:
+        self._to_relay_send, self._to_relay_receive = trio.open_memory_channel[bytes | None](
+            capacity
+        )
+        self._from_relay_send, self.from_relay = trio.open_memory_channel[bytes](capacity)
+        self.closed_with: tuple[int, str] | None = None
+
+    # ClientChannel (what the relay sees)
+    async def receive(self) -> bytes | None:
+        if self.closed_with is not None:
+            return None
+        try:
+            return await self._to_relay_receive.receive()
+        except trio.EndOfChannel:
+            return None
+
+    async def send(self, frame: bytes) -> None:
+        if self.closed_with is not None:
+            raise trio.ClosedResourceError("closed")
+        await self._from_relay_send.send(frame)
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if self.closed_with is None:
+            self.closed_with = (code, reason)
+            self._from_relay_send.close()
+
+    # The test's side
+    async def say(self, message: dict[str, Any] | bytes) -> None:
+        frame = message if isinstance(message, bytes) else json.dumps(message).encode()
+        await self._to_relay_send.send(frame)
+
+    async def hear(self) -> dict[str, Any]:
+        frame = await self.from_relay.receive()
+        decoded: dict[str, Any] = json.loads(frame)
+        return decoded
+
+    async def leave(self) -> None:
+        await self._to_relay_send.send(None)
+
+
+def request(request_id: int | str, method: str, params: Any = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+INITIALIZE = request(
+    1,
+    "initialize",
+    {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+)
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+async def scripted_mcp_server(container: FakeContainer) -> None:
+    """A small stdio MCP server with tools that exercise the relay's edges.
+
+    Requests are handled concurrently, as real servers do. Tools: ``echo`` (returns its
+    arguments), ``wait`` (answers after ``seconds``), ``crash`` (writes to stderr and exits with
+    code 3), ``ask`` (sends a roots/list request to the client, then answers with what the client
+    said), ``progress`` (two progress notifications, then the answer).
+    """
+    await container.write_stderr(b"scripted server starting\n")
+    asks: dict[str, trio.MemorySendChannel[Any]] = {}
+    async with trio.open_nursery() as nursery:
+        while (line := await container.read_line()) is not None:
+            message = json.loads(line)
+            if "method" not in message:  # the client's answer to one of our requests
+                channel = asks.pop(message["id"], None)
+                if channel is not None:
+                    await channel.send(message.get("result"))
+            elif "id" in message:
+                nursery.start_soon(_handle, container, message, asks, nursery.cancel_scope)
+        nursery.cancel_scope.cancel()  # EOF on stdin: a stdio server exits
+
+
+async def _handle(
+    container: FakeContainer,
+    message: dict[str, Any],
+    asks: dict[str, trio.MemorySendChannel[Any]],
+    server_scope: trio.CancelScope,
+) -> None:
+    method = message["method"]
+    if method == "initialize":
+        await _answer(
+            container,
+            message["id"],
+            {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "scripted", "version": container.id[-4:]},
+            },
+        )
+    elif method == "tools/list":
+        await _answer(
+            container,
+            message["id"],
+            {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]},
+        )
+    elif method == "tools/call":
+        await _call_tool(container, message, asks, server_scope)
+    else:
+        error = {"code": -32601, "message": "Method not found"}
+        frame = json.dumps({"jsonrpc": "2.0", "id": message["id"], "error": error}).encode()
+        await container.write_stdout(frame + b"\n")
+
+
+async def _call_tool(
+    container: FakeContainer,
+    message: dict[str, Any],
+    asks: dict[str, trio.MemorySendChannel[Any]],
+    server_scope: trio.CancelScope,
+) -> None:
+    name = message["params"]["name"]
+    arguments = message["params"].get("arguments", {})
+    if name == "echo":
+        await _answer(container, message["id"], _text(json.dumps(arguments)))
+    elif name == "wait":
+        await trio.sleep(arguments.get("seconds", 3600))
+        await _answer(container, message["id"], {"content": []})
+    elif name == "crash":
+        await container.write_stderr(b"fatal: asked to crash\n")
+        await container.exit(3)
+        server_scope.cancel()
+    elif name == "ask":
+        send, receive = trio.open_memory_channel[Any](1)
+        asks["srv-1"] = send
+        frame = json.dumps(request("srv-1", "roots/list")).encode()
+        await container.write_stdout(frame + b"\n")
+        await _answer(container, message["id"], _text(json.dumps(await receive.receive())))
+    elif name == "progress":
+        token = message["params"].get("_meta", {}).get("progressToken")
+        for step in (1, 2):
+            note = {
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": token, "progress": step, "total": 2},
+            }
+            await container.write_stdout(json.dumps(note).encode() + b"\n")
+        await _answer(container, message["id"], {"content": []})
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}]}
+
+
+async def _answer(container: FakeContainer, request_id: Any, result: Any) -> None:
+    frame = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
+    await container.write_stdout(frame + b"\n")

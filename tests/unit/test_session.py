@@ -1,0 +1,470 @@
+"""Sessions end to end over the in-memory backend: handshake, relay, idle, crashes, leaks.
+
+Deterministic: no sleeps; time-based behaviour runs on trio's autojump clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from reactor_fabric import ContainerStartFailure, DockerUnavailable
+from reactor_fabric._config import Orchestrator, Service, Suite
+from reactor_fabric._fabric import Fabric
+from reactor_fabric._memory_backend import MemoryEngine, Server, open_memory_engine
+from reactor_fabric._session import serve_session
+from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, request, scripted_mcp_server
+
+
+def suite(root: Path, *, timeout: str = "1m", max_sessions: int = 8) -> Suite:
+    return Suite(
+        version="1.0",
+        orchestrator=Orchestrator(allowed_mount_roots=[str(root)], max_sessions=max_sessions),
+        mcp_services={"svc": Service(image="fake/svc:1", timeout=timeout)},
+    )
+
+
+class Harness:
+    def __init__(self, client: MemoryClient, engine: MemoryEngine, fabric: Fabric) -> None:
+        self.client = client
+        self.engine = engine
+        self.fabric = fabric
+
+    async def handshake(self) -> dict[str, Any]:
+        await self.client.say(INITIALIZE)
+        answer = await self.client.hear()
+        await self.client.say(INITIALIZED)
+        return answer
+
+    async def call(self, request_id: int, tool: str, **arguments: Any) -> dict[str, Any]:
+        await self.client.say(
+            request(request_id, "tools/call", {"name": tool, "arguments": arguments})
+        )
+        return await self.client.hear()
+
+
+@asynccontextmanager
+async def running_session(
+    root: Path,
+    *,
+    server: Server = scripted_mcp_server,
+    service: str = "svc",
+    query_mounts: tuple[str, ...] = (),
+    idle_timeout: str = "1m",
+) -> AsyncIterator[Harness]:
+    async with open_memory_engine(server) as engine:
+        fabric = Fabric(suite(root, timeout=idle_timeout), engine=engine, network="none")
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, fabric, client, service, list(query_mounts))
+            yield Harness(client, engine, fabric)
+            await client.leave()
+        # The session has ended: nothing may be left of it.
+        assert engine.alive == []
+        assert fabric.sessions == set()
+        assert fabric.container_count == 0
+
+
+async def test_register_client_as_a_method_is_answered_with_the_session_id_and_mounts(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "repo").mkdir()
+    async with running_session(tmp_path) as h:
+        mount = {"source": str(tmp_path / "repo"), "target": "/workspace", "readOnly": True}
+        await h.client.say(request(7, "fabric/registerClient", {"mounts": [mount]}))
+        answer = await h.client.hear()
+        assert answer["id"] == 7
+        assert len(answer["result"]["sessionId"]) == 32
+        assert answer["result"]["mounts"] == [mount]
+        await h.handshake()
+        [spec] = h.engine.spawned
+        assert [(m.source, m.target, m.read_only) for m in spec.mounts] == [
+            (str(tmp_path / "repo"), "/workspace", True)
+        ]
+        assert spec.labels["reactor-fabric.session"] == answer["result"]["sessionId"]
+
+
+async def test_register_client_as_a_tool_call_is_answered_with_structured_content(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path) as h:
+        mount = {"source": str(tmp_path), "target": "/workspace"}
+        await h.client.say(
+            request(
+                1, "tools/call", {"name": "fabric/registerClient", "arguments": {"mounts": [mount]}}
+            )
+        )
+        answer = await h.client.hear()
+        result = answer["result"]
+        assert result["isError"] is False
+        assert result["structuredContent"]["mounts"] == [{**mount, "readOnly": False}]
+        assert result["content"][0]["type"] == "text"
+        assert result["structuredContent"]["sessionId"] in result["content"][0]["text"]
+
+
+async def test_the_container_starts_right_after_register_before_the_next_message(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path) as h:
+        await h.client.say(request(1, "fabric/registerClient", {"mounts": []}))
+        await h.client.hear()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(h.engine.alive) == 1  # started while the client prepares its initialize
+
+
+async def test_a_first_message_that_is_not_register_is_forwarded_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path, query_mounts=(f"{tmp_path}:/data:ro",)) as h:
+        raw = (
+            b'{"id": 1,  "jsonrpc":"2.0", "method":"initialize", "params": '
+            b'{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x"}}}'
+        )
+        await h.client.say(raw)
+        answer = await h.client.hear()
+        assert answer["result"]["serverInfo"]["name"] == "scripted"
+        [container] = h.engine.alive
+        assert container.stdin_lines[0] == raw
+        [spec] = h.engine.spawned
+        assert [(m.target, m.read_only) for m in spec.mounts] == [("/data", True)]
+
+
+async def test_server_discover_first_is_forwarded_and_its_error_passes_through(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path) as h:
+        await h.client.say(request(1, "server/discover"))
+        answer = await h.client.hear()
+        assert answer["error"]["code"] == -32601  # the server's own answer, untouched
+
+
+@pytest.mark.parametrize(
+    ("first", "code", "reason"),
+    [
+        (b"{not json", -32700, "invalid_json"),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"initialize"}]', -32600, "batch_not_supported"),
+        (b'"hello"', -32600, "not_an_object"),
+        (b'{"jsonrpc":"2.0","id":1,"result":{}}', -32600, "unexpected_response"),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"fabric/registerClient"}',
+            -32600,
+            "register_without_mounts",
+        ),
+    ],
+    ids=["not-json", "batch", "not-an-object", "a-response", "register-without-mounts"],
+)
+async def test_a_malformed_first_message_is_answered_then_closed_and_nothing_starts(
+    tmp_path: Path, first: bytes, code: int, reason: str
+) -> None:
+    async with running_session(tmp_path) as h:
+        await h.client.say(first)
+        answer = await h.client.hear()
+        assert answer["error"]["code"] == code
+        assert answer["error"]["data"]["reason"] == reason
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.client.closed_with is not None
+        assert h.engine.spawned == []
+
+
+async def test_an_unknown_service_is_answered_with_32005_then_closed(tmp_path: Path) -> None:
+    async with running_session(tmp_path, service="nope") as h:
+        await h.client.say(INITIALIZE)
+        answer = await h.client.hear()
+        assert answer["id"] == 1
+        assert answer["error"]["code"] == -32005
+        assert answer["error"]["message"] == "Service Not Found"
+        assert answer["error"]["data"]["reason"] == "service_not_found"
+        assert h.engine.spawned == []
+
+
+@pytest.mark.parametrize(
+    ("mount", "reason"),
+    [
+        ({"source": "/etc", "target": "/workspace"}, "mount_outside_allowed_roots"),
+        ({"source": "{root}", "target": "/etc"}, "mount_target_forbidden"),
+        ({"source": "relative", "target": "/w"}, "mount_source_not_absolute"),
+    ],
+    ids=["outside-roots", "forbidden-target", "relative-source"],
+)
+async def test_a_refused_mount_is_answered_with_32004_and_nothing_starts(
+    tmp_path: Path, mount: dict[str, str], reason: str
+) -> None:
+    mount = {key: value.format(root=tmp_path) for key, value in mount.items()}
+    async with running_session(tmp_path) as h:
+        await h.client.say(request(1, "fabric/registerClient", {"mounts": [mount]}))
+        answer = await h.client.hear()
+        assert answer["error"]["code"] == -32004
+        assert answer["error"]["data"]["reason"] == reason
+        assert answer["error"]["data"]["path"]
+        assert h.engine.spawned == []
+
+
+async def test_a_refused_query_mount_is_answered_with_32004(tmp_path: Path) -> None:
+    async with running_session(tmp_path, query_mounts=("/etc:/workspace",)) as h:
+        await h.client.say(INITIALIZE)
+        answer = await h.client.hear()
+        assert answer["error"]["code"] == -32004
+        assert h.engine.spawned == []
+
+
+async def test_requests_and_responses_are_relayed_and_stderr_never_reaches_the_client(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        answer = await h.call(2, "echo", text="héllo")
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"text": "héllo"}
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.client.from_relay.statistics().current_buffer_used == 0  # no stderr line
+
+
+async def test_a_frame_with_raw_newlines_is_compacted_into_one_stdin_line(tmp_path: Path) -> None:
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        await h.client.say(b'{"jsonrpc": "2.0",\n "id": 5,\r\n "method": "tools/list"}')
+        assert (await h.client.hear())["id"] == 5
+        [container] = h.engine.alive
+        assert container.stdin_lines[-1] == b'{"jsonrpc":"2.0","id":5,"method":"tools/list"}'
+
+
+async def test_a_batch_after_the_handshake_gets_an_error_and_is_not_forwarded(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        await h.client.say(b'[{"jsonrpc":"2.0","id":9,"method":"tools/list"}]')
+        answer = await h.client.hear()
+        assert answer["error"]["code"] == -32600
+        assert answer["error"]["data"]["reason"] == "batch_not_supported"
+        [container] = h.engine.alive
+        assert all(not line.startswith(b"[") for line in container.stdin_lines)
+
+
+async def test_progress_notifications_and_server_requests_pass_through(tmp_path: Path) -> None:
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        await h.client.say(
+            request(
+                3,
+                "tools/call",
+                {"name": "progress", "arguments": {}, "_meta": {"progressToken": "p1"}},
+            )
+        )
+        assert (await h.client.hear())["params"]["progress"] == 1
+        assert (await h.client.hear())["params"]["progress"] == 2
+        assert (await h.client.hear())["id"] == 3
+        await h.client.say(request(4, "tools/call", {"name": "ask", "arguments": {}}))
+        asked = await h.client.hear()
+        assert asked["method"] == "roots/list"
+        await h.client.say({"jsonrpc": "2.0", "id": asked["id"], "result": {"roots": []}})
+        assert (await h.client.hear())["id"] == 4
+
+
+async def test_an_idle_container_is_removed_and_the_next_message_resumes_transparently(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_session(tmp_path, idle_timeout="30s") as h:
+        first = await h.handshake()
+        [old] = h.engine.alive
+        await trio.sleep(31)
+        assert h.engine.alive == []  # torn down...
+        assert h.client.closed_with is None  # ...but the client stays connected
+        answer = await h.call(2, "echo", n=1)
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"n": 1}
+        [new] = h.engine.alive
+        assert new.id != old.id
+        # The fresh server saw the recorded handshake first, under the relay's own id.
+        replayed = [json.loads(line) for line in new.stdin_lines[:2]]
+        assert replayed[0]["method"] == "initialize"
+        assert replayed[0]["id"] == "reactor-fabric-replay-1"
+        assert replayed[0]["params"] == INITIALIZE["params"]
+        assert replayed[1] == INITIALIZED
+        # ...and the client never saw the replayed response.
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.client.from_relay.statistics().current_buffer_used == 0
+        assert first["id"] == 1
+
+
+async def test_a_stateless_client_resumes_after_idle_with_nothing_replayed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_session(tmp_path, idle_timeout="10s") as h:
+        assert (await h.call(1, "echo", a=1))["id"] == 1
+        await trio.sleep(11)
+        assert h.engine.alive == []
+        assert (await h.call(2, "echo", a=2))["id"] == 2
+        [new] = h.engine.alive
+        assert [json.loads(line)["id"] for line in new.stdin_lines] == [2]
+
+
+async def test_a_container_is_not_torn_down_while_a_request_is_in_flight(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running_session(tmp_path, idle_timeout="10s") as h:
+        await h.handshake()
+        await h.client.say(request(2, "tools/call", {"name": "wait", "arguments": {"seconds": 50}}))
+        await trio.sleep(40)
+        assert len(h.engine.alive) == 1
+        assert (await h.client.hear())["id"] == 2
+        await trio.sleep(11)
+        assert h.engine.alive == []
+
+
+async def test_a_container_that_dies_answers_in_flight_requests_with_32002_and_respawns(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        await h.client.say(request(2, "tools/call", {"name": "wait", "arguments": {}}))
+        await h.client.say(request(3, "tools/call", {"name": "crash", "arguments": {}}))
+        errors = {}
+        for _ in range(2):
+            answer = await h.client.hear()
+            errors[answer["id"]] = answer["error"]
+        assert set(errors) == {2, 3}
+        data = errors[2]["data"]
+        assert errors[2]["code"] == -32002
+        assert data["reason"] == "container_exited"
+        assert data["exit_code"] == 3
+        assert "fatal: asked to crash" in data["stderr"]
+        assert h.engine.alive == []
+        # The next message gets a fresh container with the session restored.
+        assert (await h.call(4, "echo"))["id"] == 4
+        assert len(h.engine.spawned) == 2
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "reason"),
+    [
+        (
+            ContainerStartFailure("no such image", reason="image_not_found"),
+            -32002,
+            "image_not_found",
+        ),
+        (
+            DockerUnavailable("socket refused", reason="docker_unavailable"),
+            -32001,
+            "docker_unavailable",
+        ),
+    ],
+)
+async def test_a_failed_start_answers_the_waiting_request_and_the_next_one_retries(
+    tmp_path: Path, error: Exception, code: int, reason: str
+) -> None:
+    async with running_session(tmp_path) as h:
+        h.engine.spawn_error = error  # type: ignore[assignment]
+        await h.client.say(INITIALIZE)
+        answer = await h.client.hear()
+        assert answer["id"] == 1
+        assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (code, reason)
+        h.engine.spawn_error = None
+        assert "result" in await h.handshake()
+
+
+async def test_the_session_cap_refuses_new_sessions_with_a_clear_error(tmp_path: Path) -> None:
+    async with open_memory_engine(scripted_mcp_server) as engine:
+        fabric = Fabric(suite(tmp_path, max_sessions=1), engine=engine, network="none")
+        first, second = MemoryClient(), MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, fabric, first, "svc", [])
+            nursery.start_soon(serve_session, fabric, second, "svc", [])
+            await first.say(INITIALIZE)
+            await first.hear()
+            await second.say(INITIALIZE)
+            refused = await second.hear()
+            assert refused["error"]["data"]["reason"] == "too_many_sessions"
+            await trio.testing.wait_all_tasks_blocked()
+            assert second.closed_with == (1013, "too_many_sessions")
+            await first.leave()
+        assert engine.alive == []
+
+
+async def test_two_sessions_get_two_containers_with_their_own_mounts(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with open_memory_engine(scripted_mcp_server) as engine:
+        fabric = Fabric(suite(tmp_path), engine=engine, network="none")
+        clients = [MemoryClient(), MemoryClient()]
+        async with trio.open_nursery() as nursery:
+            for client, name in zip(clients, "ab", strict=True):
+                nursery.start_soon(serve_session, fabric, client, "svc", [])
+                await client.say(
+                    request(
+                        1,
+                        "fabric/registerClient",
+                        {"mounts": [{"source": str(tmp_path / name), "target": "/workspace"}]},
+                    )
+                )
+                await client.hear()
+            await trio.testing.wait_all_tasks_blocked()
+            sources = sorted(spec.mounts[0].source for spec in engine.spawned)
+            assert sources == [str(tmp_path / "a"), str(tmp_path / "b")]
+            assert len({spec.labels["reactor-fabric.session"] for spec in engine.spawned}) == 2
+            for client in clients:
+                await client.leave()
+        assert engine.alive == []
+
+
+async def test_a_client_leaving_removes_its_container(tmp_path: Path) -> None:
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        [container] = h.engine.alive
+    assert container.removed
+
+
+async def _scenario(h: Harness) -> None:
+    await h.client.say(request(1, "fabric/registerClient", {"mounts": []}))
+    await h.client.hear()
+    await h.handshake()
+    await h.call(2, "echo")
+    await h.client.say(request(3, "tools/call", {"name": "crash", "arguments": {}}))
+    await h.client.hear()
+    await h.call(4, "echo")
+
+
+class _CancelAfterSteps(trio.abc.Instrument):
+    """Cancels a scope after the program has taken a given number of task steps."""
+
+    def __init__(self, steps: int, scope: trio.CancelScope) -> None:
+        self.remaining = steps
+        self.scope = scope
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.scope.cancel()
+
+
+async def test_cancelling_a_session_at_any_await_point_leaks_no_container(tmp_path: Path) -> None:
+    # First learn how many task steps a whole scenario takes, then cancel at each of them.
+    counter = _CancelAfterSteps(10**9, trio.CancelScope())
+    trio.lowlevel.add_instrument(counter)
+    async with running_session(tmp_path) as h:
+        await _scenario(h)
+    trio.lowlevel.remove_instrument(counter)
+    total = 10**9 - counter.remaining
+    assert total > 50
+    for steps in range(1, total, max(1, total // 150)):
+        async with open_memory_engine(scripted_mcp_server) as engine:
+            fabric = Fabric(suite(tmp_path), engine=engine, network="none")
+            client = MemoryClient()
+            with trio.CancelScope() as scope:
+                cancel = _CancelAfterSteps(steps, scope)
+                trio.lowlevel.add_instrument(cancel)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(serve_session, fabric, client, "svc", [])
+                        await _scenario(Harness(client, engine, fabric))
+                        await client.leave()
+                finally:
+                    trio.lowlevel.remove_instrument(cancel)
+            assert engine.alive == [], f"leaked after cancelling at step {steps}"
+            assert fabric.sessions == set()
+            assert fabric.container_count == 0
