@@ -50,9 +50,10 @@ DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
 
 def is_within(path: str, root: str) -> bool:
     """Whether normalised absolute ``path`` is ``root`` or below it, by whole components."""
-    if root == "/":
-        return True
-    return path == root or path.startswith(root.rstrip("/") + "/")
+    root = root.rstrip("/")
+    if not root:
+        return True  # the file-system root contains everything
+    return path == root or path.startswith(root + "/")
 
 
 def parse_query_mount(text: str) -> dict[str, Any]:

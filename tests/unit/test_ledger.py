@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+
+from reactor_fabric._jsonrpc import peek
+from reactor_fabric._ledger import Ledger
+
+
+def client(ledger: Ledger, message: dict[str, object]) -> None:
+    frame = json.dumps(message).encode()
+    ledger.from_client(peek(frame), frame)
+
+
+def server(ledger: Ledger, message: dict[str, object]) -> bool:
+    return ledger.from_server(peek(json.dumps(message).encode()))
+
+
+def test_a_request_is_in_flight_until_its_response() -> None:
+    ledger = Ledger()
+    client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
+    assert ledger.busy
+    assert server(ledger, {"jsonrpc": "2.0", "id": 1, "result": {}})
+    assert not ledger.busy
+
+
+def test_a_cancelled_request_is_no_longer_awaited() -> None:
+    ledger = Ledger()
+    client(ledger, {"jsonrpc": "2.0", "id": "x", "method": "tools/call"})
+    client(
+        ledger,
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "x"}},
+    )
+    assert not ledger.busy
+
+
+def test_a_server_request_keeps_the_session_busy_until_the_client_answers() -> None:
+    ledger = Ledger()
+    server(ledger, {"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage"})
+    assert ledger.busy
+    client(ledger, {"jsonrpc": "2.0", "id": 9, "result": {}})
+    assert not ledger.busy
+
+
+def test_nothing_is_replayed_for_a_stateless_client() -> None:
+    ledger = Ledger()
+    client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "server/discover"})
+    assert ledger.replay() is None
+
+
+def test_the_latest_handshake_is_replayed_with_a_fresh_id_and_its_answer_swallowed() -> None:
+    ledger = Ledger()
+    client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"v": 1}})
+    client(ledger, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    replay = ledger.replay()
+    assert replay is not None
+    assert json.loads(replay.initialize) == {
+        "jsonrpc": "2.0",
+        "id": replay.initialize_id,
+        "method": "initialize",
+        "params": {"v": 1},
+    }
+    assert replay.initialized is not None
+    assert not server(ledger, {"jsonrpc": "2.0", "id": replay.initialize_id, "result": {}})
+    # A second replay gets another id.
+    again = ledger.replay()
+    assert again is not None
+    assert again.initialize_id != replay.initialize_id
+
+
+def test_a_dead_container_loses_every_pending_request() -> None:
+    ledger = Ledger()
+    client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "a"})
+    client(ledger, {"jsonrpc": "2.0", "id": "b", "method": "b"})
+    server(ledger, {"jsonrpc": "2.0", "id": 5, "method": "roots/list"})
+    assert ledger.container_gone() == [(1, "a"), ("b", "b")]
+    assert not ledger.busy

@@ -1,0 +1,232 @@
+"""Mount validation: every rule, against real paths and symlinks in a temporary directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from reactor_fabric import SecurityViolation
+from reactor_fabric._container_spec import MountSpec
+from reactor_fabric._mounts import MountPolicy, is_within, parse_query_mount
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """allowed/ (the root) with a project, a link out to outside/, and a sibling allowed2/."""
+    (tmp_path / "allowed" / "project" / "src").mkdir(parents=True)
+    (tmp_path / "allowed2").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "allowed" / "escape").symlink_to(tmp_path / "outside")
+    (tmp_path / "allowed" / "inner-link").symlink_to(tmp_path / "allowed" / "project")
+    (tmp_path / "link-to-allowed").symlink_to(tmp_path / "allowed")
+    return tmp_path
+
+
+def policy(tree: Path, *roots: str, sockets: tuple[str, ...] = ()) -> MountPolicy:
+    return MountPolicy(roots or (str(tree / "allowed"),), docker_sockets=sockets)
+
+
+def violation(policy: MountPolicy, mounts: object) -> SecurityViolation:
+    with pytest.raises(SecurityViolation) as caught:
+        policy.validate(mounts)
+    assert caught.value.to_jsonrpc_error()["code"] == -32004
+    return caught.value
+
+
+def test_a_mount_inside_an_allowed_root_is_resolved_and_accepted(tree: Path) -> None:
+    mounts = policy(tree).validate(
+        [{"source": str(tree / "allowed" / "project"), "target": "/workspace", "readOnly": True}]
+    )
+    assert mounts == (MountSpec(str(tree / "allowed" / "project"), "/workspace", True),)
+
+
+def test_the_root_itself_may_be_mounted(tree: Path) -> None:
+    [mount] = policy(tree).validate([{"source": str(tree / "allowed"), "target": "/w"}])
+    assert mount.source == str(tree / "allowed")
+    assert mount.read_only is False
+
+
+def test_a_symlink_inside_the_root_pointing_inside_is_followed_and_accepted(tree: Path) -> None:
+    [mount] = policy(tree).validate(
+        [{"source": str(tree / "allowed" / "inner-link"), "target": "/w"}]
+    )
+    assert mount.source == str(tree / "allowed" / "project")
+
+
+def test_a_symlink_escaping_the_root_is_refused(tree: Path) -> None:
+    error = violation(policy(tree), [{"source": str(tree / "allowed" / "escape"), "target": "/w"}])
+    assert error.reason == "mount_outside_allowed_roots"
+    assert error.detail["resolved"] == str(tree / "outside")
+    assert error.detail["path"] == str(tree / "allowed" / "escape")
+
+
+def test_dot_dot_is_resolved_before_the_check(tree: Path) -> None:
+    sneaky = f"{tree}/allowed/project/../../outside"
+    assert violation(policy(tree), [{"source": sneaky, "target": "/w"}]).reason == (
+        "mount_outside_allowed_roots"
+    )
+
+
+def test_containment_is_by_path_component_not_string_prefix(tree: Path) -> None:
+    error = violation(policy(tree), [{"source": str(tree / "allowed2"), "target": "/w"}])
+    assert error.reason == "mount_outside_allowed_roots"
+    assert is_within("/home/a", "/home")
+    assert not is_within("/home2", "/home")
+    assert is_within("/home", "/home/")
+
+
+def test_allowed_roots_are_resolved_too(tree: Path) -> None:
+    # The root is given through a symlink; sources resolve to the real directory.
+    [mount] = policy(tree, str(tree / "link-to-allowed")).validate(
+        [{"source": str(tree / "allowed" / "project"), "target": "/w"}]
+    )
+    assert mount.source == str(tree / "allowed" / "project")
+
+
+@pytest.mark.parametrize(
+    ("mount", "reason"),
+    [
+        ({"source": "relative/path", "target": "/w"}, "mount_source_not_absolute"),
+        ({"source": "{allowed}/project", "target": "workspace"}, "mount_target_not_absolute"),
+        ({"source": "{allowed}/pro\0ject", "target": "/w"}, "mount_source_invalid"),
+        ({"source": "{allowed}/project", "target": "/w\0x"}, "mount_target_invalid"),
+        ({"source": "", "target": "/w"}, "mount_malformed"),
+        ({"target": "/w"}, "mount_malformed"),
+        ({"source": "{allowed}/project", "target": "/w", "readOnly": "yes"}, "mount_malformed"),
+        ({"source": "{allowed}/project", "target": "/w", "mode": "rw"}, "mount_malformed"),
+        ({"source": "{allowed}/missing", "target": "/w"}, "mount_source_missing"),
+    ],
+    ids=[
+        "relative-source",
+        "relative-target",
+        "nul-source",
+        "nul-target",
+        "empty-source",
+        "no-source",
+        "readonly-not-bool",
+        "unknown-field",
+        "missing-source",
+    ],
+)
+def test_malformed_mounts_are_refused_with_a_reason(
+    tree: Path, mount: dict[str, object], reason: str
+) -> None:
+    filled = {
+        k: v.format(allowed=tree / "allowed") if isinstance(v, str) else v for k, v in mount.items()
+    }
+    assert violation(policy(tree), [filled]).reason == reason
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/",
+        "/proc",
+        "/proc/self",
+        "/sys/fs",
+        "/dev",
+        "/etc",
+        "/etc/passwd",
+        "/usr/local",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib64",
+        "/boot",
+        "/run",
+        "/var/run",
+        "/var/run/docker.sock",
+        "/workspace/../etc",
+        "//",
+        "/usr/",
+    ],
+)
+def test_system_paths_are_forbidden_targets(tree: Path, target: str) -> None:
+    error = violation(
+        policy(tree), [{"source": str(tree / "allowed" / "project"), "target": target}]
+    )
+    assert error.reason == "mount_target_forbidden"
+    assert error.detail["path"] == target
+
+
+@pytest.mark.parametrize(
+    "target", ["/workspace", "/home/user/project", "/data", "/var/tmp/x", "/usr2", "/etcetera"]
+)
+def test_ordinary_targets_are_allowed(tree: Path, target: str) -> None:
+    [mount] = policy(tree).validate(
+        [{"source": str(tree / "allowed" / "project"), "target": target}]
+    )
+    assert mount.target == target
+
+
+def test_the_docker_socket_is_never_mountable_even_inside_an_allowed_root(tree: Path) -> None:
+    socket_dir = tree / "allowed" / "run"
+    socket_dir.mkdir()
+    (socket_dir / "docker.sock").touch()
+    sockets = (str(socket_dir / "docker.sock"),)
+    for source in (socket_dir / "docker.sock", socket_dir):
+        error = violation(policy(tree, sockets=sockets), [{"source": str(source), "target": "/w"}])
+        assert error.reason == "docker_socket_forbidden"
+
+
+def test_a_symlink_to_the_docker_socket_is_refused(tree: Path) -> None:
+    real = tree / "outside" / "docker.sock"
+    real.touch()
+    (tree / "allowed" / "sock-link").symlink_to(real)
+    error = violation(
+        policy(tree, sockets=(str(real),)),
+        [{"source": str(tree / "allowed" / "sock-link"), "target": "/w"}],
+    )
+    assert error.reason == "docker_socket_forbidden"
+
+
+def test_two_mounts_cannot_share_a_target(tree: Path) -> None:
+    source = str(tree / "allowed" / "project")
+    error = violation(
+        policy(tree), [{"source": source, "target": "/w"}, {"source": source, "target": "/w/"}]
+    )
+    assert error.reason == "mount_target_duplicate"
+
+
+def test_mounts_must_be_a_list_of_objects(tree: Path) -> None:
+    assert violation(policy(tree), {"source": "/x"}).reason == "mount_malformed"
+    assert violation(policy(tree), ["/x:/y"]).reason == "mount_malformed"
+    assert policy(tree).validate([]) == ()
+
+
+def test_too_many_mounts_are_refused(tree: Path) -> None:
+    many = [{"source": str(tree / "allowed"), "target": f"/m{i}"} for i in range(33)]
+    assert violation(policy(tree), many).reason == "too_many_mounts"
+
+
+def test_an_outside_source_is_refused_before_its_existence_is_revealed(tree: Path) -> None:
+    assert violation(policy(tree), [{"source": "/nonexistent/secret", "target": "/w"}]).reason == (
+        "mount_outside_allowed_roots"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/a/b:/w", {"source": "/a/b", "target": "/w", "readOnly": False}),
+        ("/a/b:/w:ro", {"source": "/a/b", "target": "/w", "readOnly": True}),
+        ("/a/b:/w:rw", {"source": "/a/b", "target": "/w", "readOnly": False}),
+    ],
+)
+def test_query_mounts_are_parsed(text: str, expected: dict[str, object]) -> None:
+    assert parse_query_mount(text) == expected
+
+
+@pytest.mark.parametrize("text", ["/a/b", "/a:/b:/c:ro", ":/w", "/a:", "/a:/b:xx"])
+def test_malformed_query_mounts_are_security_violations(text: str) -> None:
+    with pytest.raises(SecurityViolation, match="SOURCE:TARGET"):
+        parse_query_mount(text)
+
+
+def test_the_default_policy_knows_the_standard_docker_socket_paths() -> None:
+    default = MountPolicy(["/var"], realpath=os.path.normpath, exists=lambda _: True)
+    with pytest.raises(SecurityViolation) as caught:
+        default.validate([{"source": "/var/run", "target": "/w"}])
+    assert caught.value.reason == "docker_socket_forbidden"
