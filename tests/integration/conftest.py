@@ -34,3 +34,17 @@ def docker_client() -> Iterator[docker.DockerClient]:
         pytest.fail(f"no Docker engine answers ({exc}); run `make docker` (scripts/ensure-docker)")
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_managed_container_is_left_behind() -> Iterator[None]:
+    """After every real-engine test, no container labelled as ours may remain."""
+    yield
+    if SKIP:
+        return
+    client = docker.from_env(version="auto", timeout=30)
+    try:
+        left = client.containers.list(all=True, filters={"label": "reactor-fabric.managed=true"})
+        assert not left, f"managed containers left behind: {[c.name for c in left]}"
+    finally:
+        client.close()

@@ -1,0 +1,89 @@
+// Drive the official MCP TypeScript SDK 1.x WebSocketClientTransport from a test, one command
+// per line (the same protocol as mcp1_ws_client.py).
+//
+// Usage: node --experimental-websocket ts_ws_client.mjs URL [--register MOUNTS_JSON]
+//
+// With --register, a transport wrapper sends fabric/registerClient as the connection's first
+// message and consumes its answer before the SDK's Client starts its own handshake — the way a
+// fabric-aware client built on the SDK registers its project directory.
+//
+// Commands (stdin, JSON lines): {"op":"initialize"} {"op":"list_tools"}
+//   {"op":"call","name":N,"arguments":A,"progress":false} {"op":"exit"}
+import { createInterface } from "node:readline";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { WebSocketClientTransport } from "@modelcontextprotocol/sdk/client/websocket.js";
+
+const emit = (payload) => process.stdout.write(JSON.stringify(payload) + "\n");
+
+class RegisteringTransport {
+  constructor(inner, mounts) {
+    this.inner = inner;
+    this.mounts = mounts;
+  }
+  // Opens the connection and registers; the SDK's Client calls start() later, which only wires
+  // the handlers, so its own handshake follows the registration on the same connection.
+  async register() {
+    await this.inner.start();
+    const answer = await new Promise((resolve, reject) => {
+      this.inner.onmessage = resolve;
+      this.inner.onerror = reject;
+      this.inner.onclose = () => reject(new Error("closed during registration"));
+      this.inner.send({
+        jsonrpc: "2.0", id: "register", method: "fabric/registerClient",
+        params: { mounts: this.mounts },
+      });
+    });
+    emit({ op: "register", ok: !("error" in answer), result: answer.result, error: answer.error });
+    return !("error" in answer);
+  }
+  async start() {
+    this.inner.onmessage = (message, extra) => this.onmessage?.(message, extra);
+    this.inner.onerror = (error) => this.onerror?.(error);
+    this.inner.onclose = () => this.onclose?.();
+  }
+  send(message, options) { return this.inner.send(message, options); }
+  close() { return this.inner.close(); }
+}
+
+const args = process.argv.slice(2);
+const url = new URL(args[0]);
+const registerAt = args.indexOf("--register");
+let transport = new WebSocketClientTransport(url);
+if (registerAt !== -1) {
+  transport = new RegisteringTransport(transport, JSON.parse(args[registerAt + 1]));
+  if (!(await transport.register())) process.exit(0);
+}
+const client = new Client({ name: "reactor-fabric-ts-test", version: "1.0.0" });
+
+const errorOf = (error) => ({ code: error.code, message: error.message, data: error.data });
+
+const lines = createInterface({ input: process.stdin });
+for await (const line of lines) {
+  const command = JSON.parse(line);
+  try {
+    if (command.op === "exit") break;
+    if (command.op === "initialize") {
+      await client.connect(transport);
+      const info = client.getServerVersion();
+      emit({ ok: true, server: info?.name, protocol: transport.inner?.protocolVersion });
+    } else if (command.op === "list_tools") {
+      const result = await client.listTools();
+      emit({ ok: true, tools: result.tools.map((tool) => tool.name) });
+    } else if (command.op === "call") {
+      const progress = [];
+      const options = command.progress
+        ? { onprogress: (p) => progress.push([p.progress, p.total ?? null]) } : undefined;
+      const result = await client.callTool(
+        { name: command.name, arguments: command.arguments ?? {} }, undefined, options);
+      emit({ ok: !result.isError, content: result.content, structured: result.structuredContent ?? null,
+             progress });
+    } else {
+      emit({ ok: false, error: { message: `unknown op ${command.op}` } });
+    }
+  } catch (error) {
+    emit({ ok: false, error: errorOf(error) });
+    if (command.op === "initialize") break;
+  }
+}
+await client.close().catch(() => {});
+process.exit(0);

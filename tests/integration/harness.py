@@ -1,0 +1,192 @@
+"""Real orchestrator processes and real client processes, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED = yaml.safe_load((REPO / "claude-mcp-suite.yaml").read_text())
+READ_TIMEOUT = 120.0
+
+
+class LineProcess:
+    """A subprocess spoken to in JSON lines, every read bounded in time."""
+
+    def __init__(
+        self, argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
+        self.argv = argv
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+        )
+        self._buffer = b""
+        self._selector = selectors.DefaultSelector()
+        assert self.process.stdout is not None
+        self._selector.register(self.process.stdout, selectors.EVENT_READ)
+
+    def readline(self, timeout: float = READ_TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
+        assert self.process.stdout is not None
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._selector.select(remaining):
+                raise TimeoutError(
+                    f"no line from {self.argv[:3]} in {timeout}s; stderr: {self.stderr_tail()}"
+                )
+            chunk = os.read(self.process.stdout.fileno(), 65536)
+            if not chunk:
+                raise EOFError(
+                    f"{self.argv[:3]} exited ({self.process.wait()}); stderr: {self.stderr_tail()}"
+                )
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def read_json(self, timeout: float = READ_TIMEOUT) -> dict[str, Any]:
+        while True:
+            line = self.readline(timeout)
+            if line.startswith("{"):
+                decoded: dict[str, Any] = json.loads(line)
+                return decoded
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def ask(self, command: dict[str, Any], timeout: float = READ_TIMEOUT) -> dict[str, Any]:
+        self.send(command)
+        return self.read_json(timeout)
+
+    def stderr_tail(self) -> str:
+        if self.process.poll() is None or self.process.stderr is None:
+            return "(still running)"
+        return self.process.stderr.read().decode(errors="replace")[-3000:]
+
+    def close(self, timeout: float = 30) -> int:
+        if self.process.poll() is None and self.process.stdin and not self.process.stdin.closed:
+            try:
+                self.send({"op": "exit"})
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self._selector.close()
+        for pipe in (self.process.stdout, self.process.stderr, self.process.stdin):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+        return code
+
+
+@dataclass
+class Orchestrator:
+    process: subprocess.Popen[bytes]
+    http_url: str
+    log_path: Path
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.http_url.removeprefix("http")
+
+    def logs(self) -> list[dict[str, Any]]:
+        return [
+            json.loads(line)
+            for line in self.log_path.read_text().splitlines()
+            if line.startswith("{")
+        ]
+
+
+def write_suite(
+    path: Path, roots: list[str], *, timeouts: dict[str, str] | None = None, **orchestrator: Any
+) -> Path:
+    """The bundled suite's services, with test roots and (optionally) shorter idle timeouts."""
+    suite = json.loads(json.dumps(BUNDLED))
+    suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
+    for name, timeout in (timeouts or {}).items():
+        suite["mcp_services"][name]["timeout"] = timeout
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+@contextmanager
+def orchestrator(
+    suite: Path, log_path: Path, *extra: str, expect_clean_exit: bool = True
+) -> Iterator[Orchestrator]:
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reactor_fabric",
+            "--config",
+            str(suite),
+            "--port",
+            "0",
+            "--log-level",
+            "debug",
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline().decode()
+        match = re.search(r"on (http://[^ ]+) ", first)
+        assert match, f"orchestrator did not start: {first!r}\n{log_path.read_text()[-3000:]}"
+        yield Orchestrator(process, match.group(1), log_path)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise
+            if expect_clean_exit:
+                assert code == 0, log_path.read_text()[-3000:]
+        if process.stdout:
+            process.stdout.close()
+        log_file.close()
+
+
+def git_repo(path: Path, commits: list[str]) -> Path:
+    path.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@x",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@x",
+    }
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True, env=env)
+    for message in commits:
+        (path / "log.txt").write_text(message)
+        subprocess.run(["git", "-C", str(path), "add", "log.txt"], check=True, env=env)
+        subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", message], check=True, env=env)
+    return path
