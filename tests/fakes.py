@@ -199,3 +199,86 @@ def _text(text: str) -> dict[str, Any]:
 async def _answer(container: FakeContainer, request_id: Any, result: Any) -> None:
     frame = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
     await container.write_stdout(frame + b"\n")
+
+
+class RawWebSocket:
+    """A minimal WebSocket client on wsproto whose socket the test owns and always closes.
+
+    trio-websocket leaves its TCP stream open when the server closes or rejects the connection
+    (a ResourceWarning traced to its own open_tcp_stream), so the tests of server-initiated
+    closes use this instead.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        import wsproto
+
+        self.stream = stream
+        self.ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+        self.events: list[Any] = []
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        subprotocols: list[str] | None = None,
+    ) -> tuple[RawWebSocket, Any]:
+        """Open and handshake; returns the socket and the server's answer event."""
+        from urllib.parse import urlsplit
+
+        from wsproto.events import Request
+
+        parts = urlsplit(url)
+        assert parts.hostname is not None and parts.port is not None
+        stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+        client = cls(stream)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        await client._send(
+            Request(
+                host=parts.netloc,
+                target=target,
+                extra_headers=headers or [],
+                subprotocols=subprotocols or [],
+            )
+        )
+        return client, await client.next_event()
+
+    async def _send(self, event: Any) -> None:
+        await self.stream.send_all(self.ws.send(event))
+
+    async def send_text(self, text: str) -> None:
+        from wsproto.events import TextMessage
+
+        await self._send(TextMessage(data=text))
+
+    async def send_bytes(self, data: bytes) -> None:
+        from wsproto.events import BytesMessage
+
+        await self._send(BytesMessage(data=data))
+
+    async def next_event(self) -> Any:
+        """The next event from the server; pings are answered and skipped, as browsers do."""
+        from wsproto.events import Ping
+
+        while True:
+            while not self.events:
+                data = await self.stream.receive_some(65536)
+                self.ws.receive_data(data or None)
+                self.events.extend(self.ws.events())
+            event = self.events.pop(0)
+            if not isinstance(event, Ping):
+                return event
+            await self._send(event.response())
+
+    async def close_code(self) -> int:
+        """Read until the server's close frame; its code."""
+        from wsproto.events import CloseConnection
+
+        while True:
+            event = await self.next_event()
+            if isinstance(event, CloseConnection):
+                return int(event.code)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
