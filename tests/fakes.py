@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
+import wsproto
+from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMessage
 
 from reactor_fabric._backend import ContainerExit, SpawnedContainer
 from reactor_fabric._container_spec import ContainerSpec
@@ -210,8 +213,6 @@ class RawWebSocket:
     """
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        import wsproto
-
         self.stream = stream
         self.ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         self.events: list[Any] = []
@@ -225,12 +226,9 @@ class RawWebSocket:
         subprotocols: list[str] | None = None,
     ) -> tuple[RawWebSocket, Any]:
         """Open and handshake; returns the socket and the server's answer event."""
-        from urllib.parse import urlsplit
-
-        from wsproto.events import Request
-
         parts = urlsplit(url)
-        assert parts.hostname is not None and parts.port is not None
+        assert parts.hostname is not None
+        assert parts.port is not None
         stream = await trio.open_tcp_stream(parts.hostname, parts.port)
         client = cls(stream)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -248,19 +246,13 @@ class RawWebSocket:
         await self.stream.send_all(self.ws.send(event))
 
     async def send_text(self, text: str) -> None:
-        from wsproto.events import TextMessage
-
         await self._send(TextMessage(data=text))
 
     async def send_bytes(self, data: bytes) -> None:
-        from wsproto.events import BytesMessage
-
         await self._send(BytesMessage(data=data))
 
     async def next_event(self) -> Any:
         """The next event from the server; pings are answered and skipped, as browsers do."""
-        from wsproto.events import Ping
-
         while True:
             while not self.events:
                 data = await self.stream.receive_some(65536)
@@ -273,8 +265,6 @@ class RawWebSocket:
 
     async def close_code(self) -> int:
         """Read until the server's close frame; its code."""
-        from wsproto.events import CloseConnection
-
         while True:
             event = await self.next_event()
             if isinstance(event, CloseConnection):
