@@ -14,6 +14,7 @@ from typing import Any
 from ._errors import DockerUnavailable
 from ._fabric import Fabric
 from ._health import health_report
+from ._streamable_http import HttpSessions, serve_streamable_http
 from ._version import __version__
 from ._websocket import serve_websocket
 
@@ -30,8 +31,9 @@ HEALTH_PING_TIMEOUT = 3.0
 class FabricApp:
     """ASGI 3 application over a :class:`~reactor_fabric._fabric.Fabric`."""
 
-    def __init__(self, fabric: Fabric) -> None:
+    def __init__(self, fabric: Fabric, http_sessions: HttpSessions) -> None:
         self.fabric = fabric
+        self.http_sessions = http_sessions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -50,6 +52,13 @@ class FabricApp:
                 return
             await self._healthz(send, head=method == "HEAD")
             return
+        route = mcp_route(path)
+        if route is not None:
+            service, key = route
+            await serve_streamable_http(
+                self.http_sessions, scope, receive, send, service=service, key=key
+            )
+            return
         await _json(send, 404, {"error": "not found", "path": path})
 
     async def _healthz(self, send: Send, *, head: bool) -> None:
@@ -67,6 +76,18 @@ class FabricApp:
             version=__version__,
         )
         await _json(send, report.status_code, report.body, head=head)
+
+
+def mcp_route(path: str) -> tuple[str, str | None] | None:
+    """``/mcp/{service}`` or ``/mcp/{service}/{key}`` → (service, key); anything else → None."""
+    if not path.startswith("/mcp/"):
+        return None
+    parts = path[len("/mcp/") :].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 2 and parts[0] and parts[1]:
+        return parts[0], parts[1]
+    return None
 
 
 async def _json(

@@ -178,6 +178,7 @@ def serve(settings: ServeSettings) -> int:
         suite=check.suite,
         engine=DockerEngine(),
         network=settings.network or check.suite.orchestrator.network,
+        listen_host=settings.host,
     )
     try:
         trio.run(_serve_until_signalled, fabric, settings)

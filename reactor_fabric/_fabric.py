@@ -18,7 +18,7 @@ from ._config import Service, Suite
 from ._container_spec import ContainerIdentity, MountSpec
 from ._docker import hostname
 from ._mounts import MountPolicy
-from ._origin import normalise_origins
+from ._origin import allowed_hosts, normalise_origins
 from ._owner import process_start_time
 
 
@@ -32,9 +32,11 @@ class Fabric:
     suite: Suite
     engine: ContainerBackend
     network: str
+    listen_host: str = "127.0.0.1"
     instance_id: str = field(default_factory=new_instance_id)
     mount_policy: MountPolicy = field(init=False)
     allowed_origins: frozenset[str] = field(init=False)
+    allowed_hosts: frozenset[str] | None = field(init=False)
     sessions: set[str] = field(default_factory=set)
     container_count: int = 0
     _identity: ContainerIdentity = field(init=False)
@@ -42,6 +44,7 @@ class Fabric:
     def __post_init__(self) -> None:
         self.mount_policy = MountPolicy(self.suite.orchestrator.allowed_mount_roots)
         self.allowed_origins = normalise_origins(self.suite.orchestrator.allowed_origins)
+        self.allowed_hosts = allowed_hosts(self.listen_host)
         pid = os.getpid()
         self._identity = ContainerIdentity(
             instance_id=self.instance_id,

@@ -1,8 +1,12 @@
-"""Which browser origins may open a connection (DNS rebinding / cross-site hijacking defence).
+"""Which browser origins and Host names may reach the endpoint (DNS rebinding defence).
 
 MCP servers must validate ``Origin``: a request whose ``Origin`` header is present and not
 allowed is refused with HTTP 403. A missing header (every non-browser client) is allowed.
-Loopback origins are always allowed; others only when listed in the suite. Pure.
+Loopback origins are always allowed; others only when listed in the suite.
+
+The ``Host`` header is checked too: a DNS-rebinding page reaches a loopback server under a
+foreign host name. Allowed: loopback names and the address the orchestrator listens on (any
+port); when it listens on a wildcard address, every host is accepted. Pure.
 """
 
 from __future__ import annotations
@@ -29,3 +33,26 @@ def origin_allowed(origin: str | None, allowed: frozenset[str]) -> bool:
 
 def normalise_origins(origins: list[str]) -> frozenset[str]:
     return frozenset(origin.strip().rstrip("/").lower() for origin in origins)
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 (recognised, not bound)
+
+
+def allowed_hosts(bind_host: str) -> frozenset[str] | None:
+    """The Host names to accept for a server bound to ``bind_host`` (None: accept any)."""
+    host = bind_host.strip("[]").lower()
+    if host in WILDCARD_HOSTS:
+        return None
+    return LOOPBACK_HOSTS | {host}
+
+
+def host_allowed(host_header: str | None, allowed: frozenset[str] | None) -> bool:
+    if allowed is None:
+        return True
+    if not host_header:
+        return False  # HTTP/1.1 requires Host; only a hand-made request lacks it
+    try:
+        name = urlsplit(f"//{host_header.strip()}").hostname
+    except ValueError:
+        return False
+    return name is not None and name.lower() in allowed

@@ -4,8 +4,9 @@ Ownership tree::
 
     serve_orchestrator (root nursery)
     ├── run_sweeper            orphan containers: at start-up, then periodically
+    ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
     └── hypercorn.trio.serve   HTTP routes and the /mcp endpoint, one port
-        └── one task per connection → serve_session (its own nursery, its containers)
+        └── one task per WebSocket connection → serve_session (own nursery, own containers)
 
 Resource handling: leaving :func:`serve_orchestrator` for any reason (cancellation, an error,
 a signal handled by the caller) cancels every session, whose own ``finally`` removes its
@@ -29,6 +30,7 @@ from ._app import FabricApp
 from ._docker import hostname
 from ._errors import FabricError
 from ._fabric import Fabric
+from ._streamable_http import HttpSessions
 from ._sweeper import remove_instance_containers, run_sweeper
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,8 @@ async def serve_orchestrator(
     config = hypercorn_config(
         listener, max_message_bytes=fabric.suite.orchestrator.max_message_bytes
     )
-    app = FabricApp(fabric)
+    http_sessions = HttpSessions(fabric)
+    app = FabricApp(fabric, http_sessions)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(
@@ -107,6 +110,7 @@ async def serve_orchestrator(
                     live_sessions=lambda: set(fabric.sessions),
                 )
             )
+            await nursery.start(http_sessions.run)
             binds: list[str] = await nursery.start(hypercorn.trio.serve, app, config)
             listening = Listening(http_url=binds[0])
             log.info(

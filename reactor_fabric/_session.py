@@ -65,6 +65,11 @@ CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
 
 
+def new_session_id() -> str:
+    """A session id: random, 128 bits, safe in URLs, headers and container names."""
+    return secrets.token_hex(16)
+
+
 class ClientChannel(Protocol):
     """A client connection carrying one JSON-RPC message per frame."""
 
@@ -102,9 +107,18 @@ class SessionHost(Protocol):
 
 
 async def serve_session(
-    host: SessionHost, channel: ClientChannel, service_name: str, query_mounts: list[str]
+    host: SessionHost,
+    channel: ClientChannel,
+    service_name: str,
+    query_mounts: list[str],
+    *,
+    session_id: str | None = None,
 ) -> None:
-    """Run one client connection from its first message to its end (see module docstring)."""
+    """Run one client connection from its first message to its end (see module docstring).
+
+    ``session_id`` is chosen here unless the transport needs it beforehand (Streamable HTTP
+    announces it in a header of the first response).
+    """
     first_frame = await channel.receive()
     if first_frame is None:
         return
@@ -133,7 +147,7 @@ async def serve_session(
     except SecurityViolation as exc:
         await _refuse(channel, request_id, exc, service=service_name)
         return
-    session_id = secrets.token_hex(16)
+    session_id = session_id or new_session_id()
     if not host.admit(session_id):
         full = ContainerStartFailure(
             "the orchestrator has reached its limit of concurrent sessions; try again later",

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, unquote
 import trio
 
 from ._fabric import Fabric
-from ._origin import origin_allowed
+from ._origin import host_allowed, origin_allowed
 from ._session import serve_session
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,19 @@ async def serve_websocket(
         return
     path: str = scope["path"]
     origin = header(scope, b"origin")
-    if not origin_allowed(origin, fabric.allowed_origins):
+    host = header(scope, b"host")
+    if not origin_allowed(origin, fabric.allowed_origins) or not host_allowed(
+        host, fabric.allowed_hosts
+    ):
         log.warning(
             "origin_refused",
-            extra={"origin": origin, "path": path, "code": -32004, "reason": "origin_not_allowed"},
+            extra={
+                "origin": origin,
+                "host": host,
+                "path": path,
+                "code": -32004,
+                "reason": "origin_not_allowed",
+            },
         )
         await send({"type": "websocket.close", "code": 1008})  # before accept: HTTP 403
         return

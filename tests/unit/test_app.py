@@ -9,6 +9,7 @@ from reactor_fabric._app import FabricApp
 from reactor_fabric._backend import ContainerBackend
 from reactor_fabric._config import Orchestrator, Service, Suite
 from reactor_fabric._fabric import Fabric
+from reactor_fabric._streamable_http import HttpSessions
 from tests.fakes import AnsweringEngine, UnreachableEngine
 
 SUITE = Suite(
@@ -19,7 +20,8 @@ SUITE = Suite(
 
 
 async def get(engine: ContainerBackend, path: str, method: str = "GET") -> tuple[int, Any]:
-    app = FabricApp(Fabric(suite=SUITE, engine=engine, network="bridge"))
+    fabric = Fabric(suite=SUITE, engine=engine, network="bridge")
+    app = FabricApp(fabric, HttpSessions(fabric))
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
