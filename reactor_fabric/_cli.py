@@ -18,11 +18,13 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
+from ._bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
 from ._docker import DockerEngine
-from ._errors import INVALID_SUITE_CONFIGURATION
+from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._fabric import Fabric
 from ._logging import LOG_LEVELS, configure_logging
 from ._serve import Listening, bind_listener, serve_orchestrator
@@ -101,6 +103,27 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         help="check a suite file and list every problem (exit 0 valid, 1 invalid, 2 unreadable)",
     )
     validate.add_argument("path", help="the suite file to check")
+    bridge = commands.add_parser(
+        "connect",
+        help="a stdio MCP server that relays to the orchestrator (for clients that launch "
+        "local commands)",
+    )
+    bridge.add_argument(
+        "url",
+        nargs="?",
+        default=environ.get("REACTOR_FABRIC_ENDPOINT"),
+        help="orchestrator URL, ws://HOST:PORT or ws://HOST:PORT/mcp/SERVICE "
+        "(default: env REACTOR_FABRIC_ENDPOINT)",
+    )
+    bridge.add_argument("--service", help="service name (unless the URL ends in /mcp/SERVICE)")
+    bridge.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="SRC:TARGET[:ro]",
+        help="a directory to mount (repeatable); default: the current directory at /workspace",
+    )
+    bridge.add_argument("--no-mount", action="store_true", help="register no mount at all")
     return parser
 
 
@@ -113,6 +136,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         return int(exc.code or 0)
     if args.command == "validate-config":
         return validate_config(args.path)
+    if args.command == "connect":
+        return connect_command(args)
     settings = ServeSettings(
         config=args.config,
         host=args.host,
@@ -121,6 +146,28 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         log_level=args.log_level,
     )
     return serve(settings)
+
+
+def connect_command(args: argparse.Namespace) -> int:
+    """``reactor-fabric connect``: stdout belongs to MCP, so every message goes to stderr."""
+    if not args.url:
+        print(
+            "reactor-fabric connect: no orchestrator URL (give one, or set "
+            "REACTOR_FABRIC_ENDPOINT)",
+            file=sys.stderr,
+        )
+        return EXIT_UNREADABLE
+    try:
+        settings = BridgeSettings(
+            endpoint=args.url,
+            service=service_url(args.url, args.service)[1],
+            mounts=mounts_from(args.mount, no_mount=args.no_mount, cwd=Path.cwd()),
+            config=args.config if args.config != DEFAULT_CONFIG else None,
+        )
+        return connect(settings)
+    except (BridgeError, SecurityViolation) as exc:
+        print(f"reactor-fabric connect: {exc}", file=sys.stderr)
+        return EXIT_INVALID
 
 
 def validate_config(path: str) -> int:

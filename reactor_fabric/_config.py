@@ -46,6 +46,7 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     pull: Literal["never", "missing", "always"] = "missing"
     user: str | None = None
     security: Security = msgspec.field(default_factory=Security)
+    local_command: list[str] | None = None
 
     @property
     def idle_timeout_seconds(self) -> float:

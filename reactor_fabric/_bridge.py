@@ -1,0 +1,216 @@
+"""The stdio bridge: ``reactor-fabric connect`` — a local stdio MCP server that is the orchestrator.
+
+Clients that can only launch a local command (Claude Desktop, Claude Code, many IDEs) start the
+bridge as their MCP server. It connects to the orchestrator over WebSocket, registers the
+client's project directory with ``fabric/registerClient`` (the current directory, mounted at
+``/workspace``, unless told otherwise), and then relays: one stdin line → one text frame, one
+frame → one stdout line. Everything else — the container, the mounts' validation, idle teardown —
+happens in the orchestrator, exactly as for any other session.
+
+Ownership: one nursery with two relay tasks; when either direction ends (stdin EOF, the server
+closing, a signal) the other is cancelled and the WebSocket is closed.
+
+Error handling: when the orchestrator cannot be reached, the bridge prints the documented
+warning and runs the service's ``local_command`` from the suite in its place (``exec``: the
+client then talks to that command directly); with no such command it exits 1 with a message.
+A refused registration (bad mount, unknown service) exits 1 with the orchestrator's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError,
+    WebSocketConnection,
+    connect_websocket_url,
+)
+
+from ._mounts import parse_query_mount
+from ._stdio_framing import LineSplitter
+from ._suite import SuiteUnreadable, load_suite
+
+DEFAULT_TARGET = "/workspace"
+MAX_MESSAGE = 16 * 1024 * 1024
+CONNECT_BOUND_SECONDS = 10.0
+FALLBACK_WARNING = (
+    "Warning: Could not connect to Reactor-Fabric at {endpoint}. Falling back to standalone mode."
+)
+
+
+class BridgeError(Exception):
+    """Something the user must fix; printed on stderr, exit code 1."""
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    endpoint: str
+    service: str
+    mounts: list[dict[str, object]]
+    config: str | None
+
+
+def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
+    """The WebSocket URL of ``service`` and the service name, from an endpoint in any form.
+
+    Accepted: ``ws://host:port`` (with ``service``), ``ws://host:port/mcp/NAME``, and the same
+    with ``http``/``https`` (turned into ``ws``/``wss``). Pure.
+    """
+    parts = urlsplit(endpoint)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss") or not parts.netloc:
+        raise BridgeError(f"{endpoint!r} is not a ws:// or http:// URL of the orchestrator")
+    path = parts.path.rstrip("/")
+    if path.startswith("/mcp/"):
+        named = path.removeprefix("/mcp/")
+        if service is not None and service != named:
+            raise BridgeError(f"the URL names service {named!r} but --service says {service!r}")
+        service = named
+    elif path not in ("", "/mcp"):
+        raise BridgeError(f"{endpoint!r}: expected ws://HOST:PORT or ws://HOST:PORT/mcp/SERVICE")
+    if not service:
+        raise BridgeError("which service? give --service NAME or a URL ending in /mcp/NAME")
+    return urlunsplit((scheme, parts.netloc, f"/mcp/{quote(service)}", "", "")), service
+
+
+def mounts_from(arguments: Sequence[str], *, no_mount: bool, cwd: Path) -> list[dict[str, object]]:
+    """The mounts to register: ``--mount`` values, else the current directory at /workspace."""
+    if no_mount:
+        return []
+    if not arguments:
+        return [{"source": str(cwd), "target": DEFAULT_TARGET, "readOnly": False}]
+    mounts: list[dict[str, object]] = []
+    for text in arguments:
+        mount = parse_query_mount(text)
+        source = Path(str(mount["source"])).expanduser()
+        mount["source"] = str(source if source.is_absolute() else (cwd / source).resolve())
+        mounts.append(mount)
+    return mounts
+
+
+async def run_bridge(settings: BridgeSettings, url: str) -> int:
+    """Relay stdin/stdout through the orchestrator; the process exit code."""
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
+    async with stdin, stdout, trio.open_nursery() as nursery:
+        try:
+            with trio.fail_after(CONNECT_BOUND_SECONDS):
+                ws = await connect_websocket_url(
+                    nursery, url, subprotocols=["mcp"], max_message_size=MAX_MESSAGE
+                )
+        except (OSError, HandshakeError, trio.TooSlowError, ConnectionClosed):
+            return -1  # unreachable: the caller falls back
+        try:
+            await _register(ws, settings)
+            return await _relay(ws, stdin, stdout)
+        finally:
+            with trio.move_on_after(5) as cleanup:
+                cleanup.shield = True
+                await ws.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
+    request = {
+        "jsonrpc": "2.0",
+        "id": "reactor-fabric-connect",
+        "method": "fabric/registerClient",
+        "params": {"mounts": settings.mounts},
+    }
+    await ws.send_message(json.dumps(request))
+    try:
+        answer = json.loads(await ws.get_message())
+    except ConnectionClosed as exc:
+        raise BridgeError(f"the orchestrator closed the connection: {exc.reason}") from exc
+    if "error" in answer:
+        error = answer["error"]
+        data = error.get("data") or {}
+        raise BridgeError(
+            f"the orchestrator refused the session: {error.get('message')} "
+            f"({data.get('reason')}): {data.get('detail')}"
+        )
+
+
+async def _relay(
+    ws: WebSocketConnection,
+    stdin: trio.lowlevel.FdStream,
+    stdout: trio.lowlevel.FdStream,
+) -> int:
+    outcome = 0
+
+    async def client_to_server(scope: trio.CancelScope) -> None:
+        splitter = LineSplitter(max_line=MAX_MESSAGE)
+        while data := await stdin.receive_some(65536):
+            for line in splitter.feed(data):
+                await ws.send_message(line.decode("utf-8", "replace"))
+        last = splitter.flush()
+        if last is not None:
+            await ws.send_message(last.decode("utf-8", "replace"))
+        scope.cancel()  # EOF: the client is done
+
+    async def server_to_client(scope: trio.CancelScope) -> None:
+        nonlocal outcome
+        try:
+            while True:
+                message = await ws.get_message()
+                text = message if isinstance(message, str) else message.decode("utf-8", "replace")
+                await stdout.send_all(text.encode() + b"\n")
+        except ConnectionClosed as exc:
+            code = exc.reason.code if exc.reason is not None else None
+            if code not in (1000, 1001):
+                why = exc.reason.reason if exc.reason is not None else ""
+                print(
+                    f"reactor-fabric connect: the orchestrator closed the connection "
+                    f"({code} {why or ''})",
+                    file=sys.stderr,
+                )
+                outcome = 1
+        scope.cancel()
+
+    async def on_signal(scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for _ in signals:
+                scope.cancel()
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client_to_server, nursery.cancel_scope)
+        nursery.start_soon(server_to_client, nursery.cancel_scope)
+        nursery.start_soon(on_signal, nursery.cancel_scope)
+    return outcome
+
+
+def fallback_command(settings: BridgeSettings) -> list[str] | None:
+    """The service's ``local_command`` from the suite, if a suite can be read and has one."""
+    path = settings.config or os.environ.get("REACTOR_FABRIC_CONFIG") or "claude-mcp-suite.yaml"
+    try:
+        suite = load_suite(path)
+    except (SuiteUnreadable, Exception):  # noqa: BLE001 - no usable suite: no fallback
+        return None
+    service = suite.mcp_services.get(settings.service)
+    return list(service.local_command) if service and service.local_command else None
+
+
+def connect(settings: BridgeSettings) -> int:
+    """Run the bridge; falls back to the local command when the orchestrator is unreachable."""
+    url, _service = service_url(settings.endpoint, settings.service)
+    code = trio.run(run_bridge, settings, url)
+    if code >= 0:
+        return code
+    print(FALLBACK_WARNING.format(endpoint=settings.endpoint), file=sys.stderr, flush=True)
+    command = fallback_command(settings)
+    if command is not None:
+        os.execvp(command[0], command)  # noqa: S606 - the suite's own command, by design
+    raise BridgeError(
+        f"no local fallback for service {settings.service!r} (set `local_command` for it in "
+        "the suite), and the orchestrator is not reachable: start it with `make run`"
+    )
