@@ -124,6 +124,11 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         help="a directory to mount (repeatable); default: the current directory at /workspace",
     )
     bridge.add_argument("--no-mount", action="store_true", help="register no mount at all")
+    bridge.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="suite file giving the service's local_command fallback (default as above)",
+    )
     return parser
 
 

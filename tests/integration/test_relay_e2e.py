@@ -39,7 +39,8 @@ def python_client(url: str, *args: str, env: dict[str, str] | None = None) -> Li
 
 
 def ts_client(url: str, *args: str) -> LineProcess:
-    return LineProcess([*envs.node_command("ts_ws_client.mjs"), url, *args])
+    transport = "http" if url.startswith("http") else "ws"
+    return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:

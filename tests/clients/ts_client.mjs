@@ -1,7 +1,7 @@
-// Drive the official MCP TypeScript SDK 1.x WebSocketClientTransport from a test, one command
-// per line (the same protocol as mcp1_ws_client.py).
+// Drive the official MCP TypeScript SDK 1.x client from a test, one command per line (the same
+// protocol as mcp1_ws_client.py), over WebSocketClientTransport or StreamableHTTPClientTransport.
 //
-// Usage: node --experimental-websocket ts_ws_client.mjs URL [--register MOUNTS_JSON]
+// Usage: node --experimental-websocket ts_client.mjs ws|http URL [--register MOUNTS_JSON]
 //
 // With --register, a transport wrapper sends fabric/registerClient as the connection's first
 // message and consumes its answer before the SDK's Client starts its own handshake — the way a
@@ -12,6 +12,7 @@
 import { createInterface } from "node:readline";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { WebSocketClientTransport } from "@modelcontextprotocol/sdk/client/websocket.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const emit = (payload) => process.stdout.write(JSON.stringify(payload) + "\n");
 
@@ -46,9 +47,10 @@ class RegisteringTransport {
 }
 
 const args = process.argv.slice(2);
-const url = new URL(args[0]);
+const kind = args[0];
+const url = new URL(args[1]);
 const registerAt = args.indexOf("--register");
-let transport = new WebSocketClientTransport(url);
+let transport = kind === "http" ? new StreamableHTTPClientTransport(url) : new WebSocketClientTransport(url);
 if (registerAt !== -1) {
   transport = new RegisteringTransport(transport, JSON.parse(args[registerAt + 1]));
   if (!(await transport.register())) process.exit(0);

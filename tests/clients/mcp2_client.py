@@ -1,0 +1,103 @@
+"""Drive the official MCP Python SDK 2.x ``Client`` from a test, one command per line.
+
+Runs with the project's own environment (the ``test`` extra installs ``mcp`` 2.x), as a separate
+process because the SDK is asyncio-based and the tests are trio-based.
+
+Usage::
+
+    python mcp2_client.py http URL [--mode auto|legacy]
+    python mcp2_client.py stdio [--cwd DIR] -- COMMAND [ARG...]
+
+Commands (stdin, JSON lines), each answered by one JSON line on stdout:
+
+    {"op": "initialize"}   -> {"ok": true, "server": name, "protocol": version}
+    {"op": "list_tools"}   -> {"ok": true, "tools": [names]}
+    {"op": "call", "name": N, "arguments": A} -> {"ok": bool, "content": [...], "structured": ...}
+    {"op": "exit"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from contextlib import AsyncExitStack
+from typing import Any
+
+from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+
+def emit(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, default=str), flush=True)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("transport", choices=["http", "stdio"])
+    parser.add_argument("target", nargs="*")
+    parser.add_argument("--mode", default="auto")
+    parser.add_argument("--cwd")
+    args = parser.parse_args()
+    server: Any
+    if args.transport == "http":
+        server = args.target[0]
+    else:
+        server = StdioServerParameters(command=args.target[0], args=args.target[1:], cwd=args.cwd)
+
+    loop = asyncio.get_running_loop()
+    async with AsyncExitStack() as stack:
+        client: Client | None = None
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                return
+            command = json.loads(line)
+            op = command["op"]
+            if op == "exit":
+                return
+            try:
+                if op == "initialize":
+                    client = await stack.enter_async_context(Client(server, mode=args.mode))
+                    info = client.server_info
+                    emit(
+                        {
+                            "ok": True,
+                            "server": info.name if info else None,
+                            "protocol": client.protocol_version,
+                        }
+                    )
+                elif op == "list_tools":
+                    assert client is not None
+                    tools = await client.list_tools()
+                    emit({"ok": True, "tools": [tool.name for tool in tools.tools]})
+                elif op == "call":
+                    assert client is not None
+                    result = await client.call_tool(command["name"], command.get("arguments", {}))
+                    emit(
+                        {
+                            "ok": not result.is_error
+                            if hasattr(result, "is_error")
+                            else not result.isError,  # type: ignore[attr-defined]
+                            "content": [item.model_dump() for item in result.content],
+                            "structured": getattr(result, "structured_content", None),
+                        }
+                    )
+                else:
+                    emit({"ok": False, "error": {"message": f"unknown op {op!r}"}})
+            except MCPError as exc:
+                emit(
+                    {
+                        "ok": False,
+                        "error": {
+                            "code": exc.code,
+                            "message": str(exc),
+                            "data": getattr(exc.error, "data", None),
+                        },
+                    }
+                )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,136 @@
+"""The stdio bridge's pure parts: endpoint URLs and the mounts it registers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reactor_fabric._bridge import BridgeError, mounts_from, service_url
+
+REPO = Path(__file__).resolve().parents[2]
+UPPERCASE_ECHO = "import sys; print(sys.stdin.read().upper())"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "service", "url"),
+    [
+        ("ws://127.0.0.1:8765", "git", "ws://127.0.0.1:8765/mcp/git"),
+        ("ws://127.0.0.1:8765/", "git", "ws://127.0.0.1:8765/mcp/git"),
+        ("ws://127.0.0.1:8765/mcp/time", None, "ws://127.0.0.1:8765/mcp/time"),
+        ("http://localhost:8765/mcp/git", "git", "ws://localhost:8765/mcp/git"),
+        ("https://fabric.example:443", "git", "wss://fabric.example:443/mcp/git"),
+    ],
+)
+def test_the_endpoint_may_be_given_in_any_usual_form(
+    endpoint: str, service: str | None, url: str
+) -> None:
+    assert service_url(endpoint, service) == (url, url.rsplit("/", 1)[1])
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "service", "words"),
+    [
+        ("ws://127.0.0.1:8765", None, "which service"),
+        ("ftp://x:1", "git", "not a ws://"),
+        ("ws://x:1/mcp/time", "git", "names service 'time'"),
+        ("ws://x:1/other/path", "git", "expected ws://HOST:PORT"),
+    ],
+)
+def test_an_unusable_endpoint_is_a_clear_error(
+    endpoint: str, service: str | None, words: str
+) -> None:
+    with pytest.raises(BridgeError, match=words):
+        service_url(endpoint, service)
+
+
+def test_by_default_the_current_directory_is_mounted_at_workspace(tmp_path: Path) -> None:
+    assert mounts_from([], no_mount=False, cwd=tmp_path) == [
+        {"source": str(tmp_path), "target": "/workspace", "readOnly": False}
+    ]
+    assert mounts_from([], no_mount=True, cwd=tmp_path) == []
+
+
+def test_mount_options_replace_the_default_and_relative_sources_are_resolved(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "docs").mkdir()
+    assert mounts_from(["docs:/d:ro", "/abs:/a"], no_mount=False, cwd=tmp_path) == [
+        {"source": str(tmp_path / "docs"), "target": "/d", "readOnly": True},
+        {"source": "/abs", "target": "/a", "readOnly": False},
+    ]
+
+
+def test_connect_without_an_endpoint_says_how_to_give_one() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "reactor_fabric", "connect", "--service", "git"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert "REACTOR_FABRIC_ENDPOINT" in done.stderr
+    assert done.stdout == ""
+
+
+def test_an_unreachable_orchestrator_without_fallback_warns_and_exits_1(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reactor_fabric",
+            "connect",
+            "ws://127.0.0.1:9",
+            "--service",
+            "git",
+            "--config",
+            str(tmp_path / "none.yaml"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "Warning: Could not connect to Reactor-Fabric at ws://127.0.0.1:9. "
+        "Falling back to standalone mode.\n"
+    )
+    assert "no local fallback for service 'git'" in done.stderr
+    assert done.stdout == ""
+
+
+def test_an_unreachable_orchestrator_falls_back_to_the_local_command(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        'version: "1.0"\norchestrator: {allowed_mount_roots: []}\n'
+        "mcp_services:\n  echo:\n    image: x\n"
+        f"    local_command: [{sys.executable!r}, '-c', {UPPERCASE_ECHO!r}]\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reactor_fabric",
+            "connect",
+            "ws://127.0.0.1:9/mcp/echo",
+            "--config",
+            str(suite),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        input="hello\n",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Falling back to standalone mode." in done.stderr
+    assert done.stdout.strip() == "HELLO"
