@@ -39,12 +39,15 @@ async def main() -> None:
     parser.add_argument("target", nargs="*")
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--cwd")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    # Everything after "--" is the stdio server's command line, untouched by argparse.
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     server: Any
     if args.transport == "http":
         server = args.target[0]
     else:
-        server = StdioServerParameters(command=args.target[0], args=args.target[1:], cwd=args.cwd)
+        server = StdioServerParameters(command=command[0], args=command[1:], cwd=args.cwd)
 
     loop = asyncio.get_running_loop()
     async with AsyncExitStack() as stack:

@@ -87,5 +87,8 @@ for await (const line of lines) {
     if (command.op === "initialize") break;
   }
 }
+// A well-behaved Streamable HTTP client ends its session (DELETE) instead of letting it expire.
+const inner = transport.inner ?? transport;
+if (typeof inner.terminateSession === "function") await inner.terminateSession().catch(() => {});
 await client.close().catch(() => {});
 process.exit(0);

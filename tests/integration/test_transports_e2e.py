@@ -1,0 +1,204 @@
+"""Every kind of client on the real engine: Streamable HTTP (Python SDK 2.x in both eras, the
+TypeScript SDK), the stdio bridge launched by the Python SDK's stdio client, and WebSocket — each
+reaching its own fresh container with its own mounts, all at once."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from tests.clients import envs
+from tests.integration.harness import LineProcess, Orchestrator, git_repo, orchestrator, write_suite
+from tests.integration.test_relay_e2e import (
+    containers_of,
+    python_client,
+    text_of,
+    ts_client,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+CLIENTS = Path(__file__).resolve().parents[1] / "clients"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sdk2_http(url: str, mode: str = "auto") -> LineProcess:
+    return LineProcess(
+        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode]
+    )
+
+
+def sdk2_stdio_bridge(
+    endpoint: str, service: str, *bridge_args: str, cwd: Path | None = None
+) -> LineProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "reactor_fabric",
+        "connect",
+        endpoint,
+        "--service",
+        service,
+        *bridge_args,
+    ]
+    extra = ["--cwd", str(cwd)] if cwd is not None else []
+    return LineProcess(
+        [sys.executable, str(CLIENTS / "mcp2_client.py"), "stdio", *extra, "--", *command], cwd=REPO
+    )
+
+
+@pytest.fixture
+def project_root(tmp_path: Path) -> Path:
+    root = tmp_path / "projects"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def fabric(tmp_path: Path, project_root: Path) -> Iterator[Orchestrator]:
+    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+        yield running
+
+
+def git_log(client: LineProcess) -> dict[str, Any]:
+    return client.ask({"op": "call", "name": "git_log", "arguments": {"repo_path": "/workspace"}})
+
+
+def test_the_python_sdk_2_over_streamable_http_works_in_the_handshake_era(
+    fabric: Orchestrator, project_root: Path
+) -> None:
+    repo = git_repo(project_root / "hs", ["handshake-era commit"])
+    client = sdk2_http(f"{fabric.http_url}/mcp/git?mount={repo}:/workspace")
+    try:
+        hello = client.ask({"op": "initialize"})
+        assert hello["ok"], hello
+        # On the bare URL a dual client's server/discover probe is refused, so it falls back.
+        assert hello["protocol"] == "2025-11-25"
+        answer = git_log(client)
+        assert answer["ok"], answer
+        assert "handshake-era commit" in text_of(answer)
+    finally:
+        assert client.close() == 0
+
+
+def test_the_python_sdk_2_over_streamable_http_works_stateless_on_a_keyed_url(
+    fabric: Orchestrator, project_root: Path, docker_client: docker.DockerClient
+) -> None:
+    repo = git_repo(project_root / "sl", ["stateless commit"])
+    client = sdk2_http(f"{fabric.http_url}/mcp/git/agent-42?mount={repo}:/workspace")
+    try:
+        hello = client.ask({"op": "initialize"})
+        assert hello["ok"], hello
+        assert hello["protocol"] == "2026-07-28"
+        for _ in range(3):
+            answer = git_log(client)
+            assert answer["ok"], answer
+            assert "stateless commit" in text_of(answer)
+        # Three stateless requests, one session, one container.
+        assert len(containers_of(docker_client, service="git")) == 1
+        time_client = sdk2_http(f"{fabric.http_url}/mcp/time/agent-42")
+        try:
+            assert time_client.ask({"op": "initialize"})["ok"]
+            answer = time_client.ask(
+                {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}}
+            )
+            assert answer["ok"], answer
+        finally:
+            assert time_client.close() == 0
+    finally:
+        assert client.close() == 0
+
+
+def test_the_typescript_sdk_over_streamable_http_calls_tools(fabric: Orchestrator) -> None:
+    client = ts_client(f"{fabric.http_url}/mcp/time")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        assert "convert_time" in client.ask({"op": "list_tools"})["tools"]
+        answer = client.ask(
+            {
+                "op": "call",
+                "name": "convert_time",
+                "arguments": {
+                    "source_timezone": "UTC",
+                    "time": "08:00",
+                    "target_timezone": "Europe/Paris",
+                },
+            }
+        )
+        assert answer["ok"], answer
+        assert "09:00" in text_of(answer)
+    finally:
+        assert client.close() == 0
+
+
+def test_the_stdio_bridge_mounts_the_current_directory_for_the_python_sdk_stdio_client(
+    fabric: Orchestrator, project_root: Path, docker_client: docker.DockerClient
+) -> None:
+    repo = git_repo(project_root / "cwd", ["commit seen through the bridge"])
+    client = sdk2_stdio_bridge(fabric.ws_url, "git", cwd=repo)
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        answer = git_log(client)
+        assert answer["ok"], answer
+        assert "commit seen through the bridge" in text_of(answer)
+        [container] = containers_of(docker_client, service="git")
+        assert [(m["Source"], m["Destination"]) for m in container.attrs["Mounts"]] == [
+            (str(repo), "/workspace")
+        ]
+    finally:
+        assert client.close() == 0
+    wait_until(
+        lambda: not containers_of(docker_client, service="git"),
+        what="the bridge's container to be removed after the client left",
+    )
+
+
+def test_clients_of_every_transport_at_once_each_get_their_own_container_and_files(
+    fabric: Orchestrator, project_root: Path, docker_client: docker.DockerClient
+) -> None:
+    repos = {
+        name: git_repo(project_root / name, [f"{name} secret commit"])
+        for name in ("websocket", "http", "bridge", "typescript")
+    }
+    clients = {
+        "websocket": python_client(
+            f"{fabric.ws_url}/mcp/git?mount={repos['websocket']}:/workspace"
+        ),
+        "http": sdk2_http(f"{fabric.http_url}/mcp/git?mount={repos['http']}:/workspace"),
+        "bridge": sdk2_stdio_bridge(
+            fabric.ws_url, "git", "--mount", f"{repos['bridge']}:/workspace"
+        ),
+        "typescript": ts_client(
+            f"{fabric.http_url}/mcp/git?mount={repos['typescript']}:/workspace"
+        ),
+    }
+    try:
+        for client in clients.values():
+            assert client.ask({"op": "initialize"})["ok"]
+        # All four sessions are live at the same time, each with its own container.
+        assert len(containers_of(docker_client, service="git")) == 4
+        for name, client in clients.items():
+            text = text_of(git_log(client))
+            assert f"{name} secret commit" in text
+            others = [other for other in repos if other != name]
+            assert not any(f"{other} secret" in text for other in others), (name, text)
+        sources = sorted(
+            m["Source"]
+            for c in containers_of(docker_client, service="git")
+            for m in c.attrs["Mounts"]
+        )
+        assert sources == sorted(str(repo) for repo in repos.values())
+    finally:
+        for client in clients.values():
+            assert client.close() == 0
+    wait_until(
+        lambda: not containers_of(docker_client, service="git"),
+        what="every container to be removed",
+    )
