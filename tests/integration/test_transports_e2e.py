@@ -12,7 +12,6 @@ from typing import Any
 import docker
 import pytest
 
-from tests.clients import envs
 from tests.integration.harness import LineProcess, Orchestrator, git_repo, orchestrator, write_suite
 from tests.integration.test_relay_e2e import (
     containers_of,
