@@ -111,6 +111,11 @@ class Orchestrator:
     def ws_url(self) -> str:
         return "ws" + self.http_url.removeprefix("http")
 
+    @property
+    def instance(self) -> str:
+        """This orchestrator's instance id (stamped on its containers), from its logs."""
+        return next(e["instance"] for e in self.logs() if e["event"] == "serving")
+
     def logs(self) -> list[dict[str, Any]]:
         return [
             json.loads(line)
@@ -120,20 +125,31 @@ class Orchestrator:
 
 
 def write_suite(
-    path: Path, roots: list[str], *, timeouts: dict[str, str] | None = None, **orchestrator: Any
+    path: Path,
+    roots: list[str],
+    *,
+    timeouts: dict[str, str] | None = None,
+    images: dict[str, str] | None = None,
+    **orchestrator: Any,
 ) -> Path:
-    """The bundled suite's services, with test roots and (optionally) shorter idle timeouts."""
+    """The bundled suite's services, with test roots and (optionally) other timeouts/images."""
     suite = json.loads(json.dumps(BUNDLED))
     suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
     for name, timeout in (timeouts or {}).items():
         suite["mcp_services"][name]["timeout"] = timeout
+    for name, image in (images or {}).items():
+        suite["mcp_services"][name]["image"] = image
     path.write_text(yaml.safe_dump(suite))
     return path
 
 
 @contextmanager
 def orchestrator(
-    suite: Path, log_path: Path, *extra: str, expect_clean_exit: bool = True
+    suite: Path,
+    log_path: Path,
+    *extra: str,
+    expect_clean_exit: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Orchestrator]:
     log_file = log_path.open("wb")
     process = subprocess.Popen(
@@ -152,6 +168,7 @@ def orchestrator(
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=log_file,
+        env={**os.environ, **(env or {})},
     )
     try:
         assert process.stdout is not None

@@ -304,3 +304,57 @@ def test_an_orchestrator_killed_with_sigkill_leaves_orphans_the_next_one_removes
         assert not containers_of(docker_client, session=session)
         removed = [e for e in second.logs() if e["event"] == "orphan_removed"]
         assert [e["container"] for e in removed] == [orphan.id[:12]]
+
+
+def test_an_unreachable_docker_engine_answers_32001_and_the_orchestrator_keeps_serving(
+    tmp_path: Path, project_root: Path
+) -> None:
+    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+    dead = f"unix://{tmp_path}/no-engine.sock"
+    with orchestrator(suite, tmp_path / "o.log", env={"DOCKER_HOST": dead}) as running:
+        for _ in range(2):  # a second session is served just the same
+            client = python_client(f"{running.ws_url}/mcp/time")
+            try:
+                answer = client.ask({"op": "initialize"})
+            finally:
+                client.close()
+            assert not answer["ok"]
+            assert answer["error"]["code"] == -32001
+            assert answer["error"]["data"]["reason"] == "docker_unavailable"
+        failures = [e for e in running.logs() if e["event"] == "container_start_failed"]
+        assert failures
+        assert failures[0]["reason"] == "docker_unavailable"
+        assert failures[0]["service"] == "time"
+
+
+def test_a_missing_image_answers_32002_with_the_reason(tmp_path: Path, project_root: Path) -> None:
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(project_root)],
+        images={"time": "reactor-fabric/no-such-image:0"},
+    )
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        client = python_client(f"{running.ws_url}/mcp/time")
+        try:
+            answer = client.ask({"op": "initialize"})
+        finally:
+            client.close()
+    assert answer["error"]["code"] == -32002
+    assert answer["error"]["data"]["reason"] == "image_not_found"
+
+
+def test_sigterm_closes_sessions_removes_their_containers_and_exits_0(
+    tmp_path: Path, project_root: Path, docker_client: docker.DockerClient
+) -> None:
+    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+    with orchestrator(suite, tmp_path / "o.log", expect_clean_exit=False) as running:
+        client = python_client(f"{running.ws_url}/mcp/time", "--register", "[]")
+        try:
+            session = client.read_json()["result"]["sessionId"]
+            assert client.ask({"op": "initialize"})["ok"]
+            assert containers_of(docker_client, session=session)
+            running.process.send_signal(signal.SIGTERM)
+            assert running.process.wait(timeout=30) == 0
+        finally:
+            client.close()
+    assert not containers_of(docker_client, session=session)

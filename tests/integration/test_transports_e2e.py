@@ -4,6 +4,7 @@ reaching its own fresh container with its own mounts, all at once."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,7 +102,7 @@ def test_the_python_sdk_2_over_streamable_http_works_stateless_on_a_keyed_url(
             assert answer["ok"], answer
             assert "stateless commit" in text_of(answer)
         # Three stateless requests, one session, one container.
-        assert len(containers_of(docker_client, service="git")) == 1
+        assert len(containers_of(docker_client, service="git", instance=fabric.instance)) == 1
         time_client = sdk2_http(f"{fabric.http_url}/mcp/time/agent-42")
         try:
             assert time_client.ask({"op": "initialize"})["ok"]
@@ -147,14 +148,14 @@ def test_the_stdio_bridge_mounts_the_current_directory_for_the_python_sdk_stdio_
         answer = git_log(client)
         assert answer["ok"], answer
         assert "commit seen through the bridge" in text_of(answer)
-        [container] = containers_of(docker_client, service="git")
+        [container] = containers_of(docker_client, service="git", instance=fabric.instance)
         assert [(m["Source"], m["Destination"]) for m in container.attrs["Mounts"]] == [
             (str(repo), "/workspace")
         ]
     finally:
         assert client.close() == 0
     wait_until(
-        lambda: not containers_of(docker_client, service="git"),
+        lambda: not containers_of(docker_client, service="git", instance=fabric.instance),
         what="the bridge's container to be removed after the client left",
     )
 
@@ -182,7 +183,7 @@ def test_clients_of_every_transport_at_once_each_get_their_own_container_and_fil
         for client in clients.values():
             assert client.ask({"op": "initialize"})["ok"]
         # All four sessions are live at the same time, each with its own container.
-        assert len(containers_of(docker_client, service="git")) == 4
+        assert len(containers_of(docker_client, service="git", instance=fabric.instance)) == 4
         for name, client in clients.items():
             text = text_of(git_log(client))
             assert f"{name} secret commit" in text
@@ -190,7 +191,7 @@ def test_clients_of_every_transport_at_once_each_get_their_own_container_and_fil
             assert not any(f"{other} secret" in text for other in others), (name, text)
         sources = sorted(
             m["Source"]
-            for c in containers_of(docker_client, service="git")
+            for c in containers_of(docker_client, service="git", instance=fabric.instance)
             for m in c.attrs["Mounts"]
         )
         assert sources == sorted(str(repo) for repo in repos.values())
@@ -198,6 +199,50 @@ def test_clients_of_every_transport_at_once_each_get_their_own_container_and_fil
         for client in clients.values():
             assert client.close() == 0
     wait_until(
-        lambda: not containers_of(docker_client, service="git"),
+        lambda: not containers_of(docker_client, service="git", instance=fabric.instance),
         what="every container to be removed",
+    )
+
+
+@pytest.mark.parametrize("how", ["eof", "sigterm"])
+def test_the_stdio_bridge_exits_cleanly_on_eof_and_on_signals_leaving_no_container(
+    fabric: Orchestrator, project_root: Path, docker_client: docker.DockerClient, how: str
+) -> None:
+    bridge = LineProcess(
+        [
+            sys.executable,
+            "-m",
+            "reactor_fabric",
+            "connect",
+            f"{fabric.ws_url}/mcp/time",
+            "--no-mount",
+        ],
+        cwd=REPO,
+    )
+    try:
+        bridge.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "0"},
+                },
+            }
+        )
+        assert bridge.read_json()["result"]["serverInfo"]["name"] == "mcp-time"
+        assert containers_of(docker_client, service="time", instance=fabric.instance)
+        if how == "eof":
+            assert bridge.process.stdin is not None
+            bridge.process.stdin.close()
+        else:
+            bridge.process.send_signal(signal.SIGTERM)
+        assert bridge.process.wait(timeout=30) == 0
+    finally:
+        bridge.close()
+    wait_until(
+        lambda: not containers_of(docker_client, service="time", instance=fabric.instance),
+        what="the bridge's container to be removed",
     )
