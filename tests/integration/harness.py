@@ -114,7 +114,7 @@ class Orchestrator:
     @property
     def instance(self) -> str:
         """This orchestrator's instance id (stamped on its containers), from its logs."""
-        return next(e["instance"] for e in self.logs() if e["event"] == "serving")
+        return str(next(e["instance"] for e in self.logs() if e["event"] == "serving"))
 
     def logs(self) -> list[dict[str, Any]]:
         return [
