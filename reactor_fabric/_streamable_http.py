@@ -393,7 +393,7 @@ async def _post(exchange: Exchange) -> None:
         nursery.start_soon(_watch_disconnect, exchange.receive, nursery.cancel_scope)
         try:
             if streaming:
-                await _stream_answer(send, waiter, session_header, channel)
+                await _stream_answer(send, waiter, session.id, channel)
             else:
                 await _json_answer(
                     send, waiter, session_header, channel, first=first, request_id=message.id
@@ -441,20 +441,17 @@ def _error_code(frame: bytes) -> int | None:
     return code if isinstance(code, int) else None
 
 
-async def _stream_answer(
-    send: Send, waiter: Waiter, session_header: list[tuple[bytes, bytes]], channel: HttpChannel
-) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-store"),
-                *session_header,
-            ],
-        }
-    )
+async def _start_event_stream(send: Send, session_id: str) -> None:
+    headers = [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-store"),
+        (b"mcp-session-id", session_id.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+
+async def _stream_answer(send: Send, waiter: Waiter, session_id: str, channel: HttpChannel) -> None:
+    await _start_event_stream(send, session_id)
     async for frame in waiter.receive:
         channel.touch()
         await send({"type": "http.response.body", "body": sse_event(frame), "more_body": True})
@@ -476,17 +473,7 @@ async def _get(exchange: Exchange) -> None:
         await respond(send, status, b'{"error": "unknown or missing session"}')
         return
     channel = session.channel
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-store"),
-                (b"mcp-session-id", session.id.encode()),
-            ],
-        }
-    )
+    await _start_event_stream(send, session.id)
     channel.open_streams += 1
     try:
         async with trio.open_nursery() as nursery:
