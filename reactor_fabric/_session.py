@@ -287,10 +287,34 @@ class Session:
                 log.info("client_message_refused", extra={**self._log_fields, "reason": exc.reason})
                 await self.channel.send(error_response(None, exc))
                 continue
+            running = self._ready_for_direct_write()
+            if running is not None:
+                # The hot path: a running container and nothing queued before this frame, so
+                # writing it here keeps the order and saves a hop through the queue.
+                self._writing = True
+                try:
+                    await self._write(running, message, frame)
+                finally:
+                    self._writing = False
+                continue
             await self._queue_in.send((message, frame))
         session_scope.cancel()  # the client has gone: end the session
 
+    def _ready_for_direct_write(self) -> _Running | None:
+        running = self._running
+        if (
+            running is None
+            or running.stopping
+            or running.exited.is_set()
+            or self._attempt is not None
+            or self._writing
+            or self._queue_out.statistics().current_buffer_used
+        ):
+            return None
+        return running
+
     async def _pump_stdin(self) -> None:
+        """Frames that had to wait (no container yet, or others ahead of them), in order."""
         async for message, frame in self._queue_out:
             self._writing = True
             try:
@@ -299,15 +323,18 @@ class Session:
                 except FabricError as exc:
                     await self._answer_failure(message, exc)
                     continue
-                self.ledger.from_client(message, frame)
-                try:
-                    await running.container.stream.send_all(for_stdio(frame) + b"\n")
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    # The container is gone; its reader answers what was in flight.
-                    log.info("stdin_closed", extra=self._log_fields)
+                await self._write(running, message, frame)
             finally:
                 self._writing = False
-                self._touch()
+
+    async def _write(self, running: _Running, message: Peek, frame: bytes) -> None:
+        self.ledger.from_client(message, frame)
+        try:
+            await running.container.stream.send_all(for_stdio(frame) + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            # The container is gone; its reader answers what was in flight.
+            log.info("stdin_closed", extra=self._log_fields)
+        self._touch()
 
     async def _answer_failure(self, message: Peek, error: FabricError) -> None:
         log.error(
