@@ -156,7 +156,18 @@ async def test_initialize_starts_a_session_whose_id_comes_back_in_a_header(
         assert [spec.labels["reactor-fabric.session"] for spec in http.engine.spawned] == [session]
 
 
-async def test_later_requests_are_answered_as_an_sse_stream_in_the_same_container(
+async def test_a_request_whose_response_comes_first_is_answered_as_plain_json(
+    tmp_path: Path,
+) -> None:
+    async with endpoint(tmp_path) as http:
+        session = await open_session(http)
+        reply = await http.post(request(2, "tools/list"), session=session)
+        assert reply.status == 200
+        assert reply.headers["content-type"] == "application/json"
+        assert reply.json()["id"] == 2
+
+
+async def test_messages_before_the_response_turn_the_answer_into_an_sse_stream(
     tmp_path: Path,
 ) -> None:
     async with endpoint(tmp_path) as http:
