@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install docker images run test test-unit test-integration lint format \
-        validate-config test-onboarding clean
+        validate-config test-onboarding clean bench bench-smoke
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -63,3 +63,9 @@ test-onboarding: ## a fresh clone must reach a serving orchestrator (healthz 200
 
 clean: ## remove the virtual environment and caches (images stay; see images/README.md)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+
+bench: install images ## benchmarks on the real engine (~6 min): bench/results.json, docs/BENCHMARKS.md
+	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+bench-smoke: install images ## the benchmark harness with tiny counts, no peers (< 1 min; no figure is judged)
+	$(PY) scripts/bench.py --smoke $(BENCH_ARGS)

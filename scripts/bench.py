@@ -1,0 +1,924 @@
+"""Reactor-Fabric benchmarks on the real Docker engine, side by side with floors and peers.
+
+Usage::
+
+    .venv/bin/python scripts/bench.py [--smoke] [--only SECTIONS] [--out FILE] [--doc FILE]
+
+Measures (definitions in docs/BENCHMARKS.md): cold start against ``docker run -i --rm``; the
+round trip of a small ``tools/call`` on a warm container directly (no relay), through
+Reactor-Fabric (WebSocket, and Streamable HTTP once it exists), supergateway and mcp-proxy,
+interleaved; throughput through one session; orchestrator and container memory; bursts of
+concurrent clients. Writes ``bench/results.json`` and regenerates the generated part of
+``docs/BENCHMARKS.md``.
+
+``--smoke`` runs every part with tiny counts and no peers (well under a minute), writes
+``bench/tmp/results-smoke.json`` and leaves the docs alone: it exists so the harness cannot rot.
+The exit status is non-zero only when the harness itself could not measure one of our own
+systems (never because a figure is slow).
+
+Every container started here is removed in ``finally`` blocks: the floors' and peers' carry
+``reactor-fabric.bench=1``, the orchestrator's carry its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import gc
+import json
+import sys
+import time
+import traceback
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TypeVar
+
+import trio
+import yaml
+from bench.mcp import (
+    FAILURES,
+    HttpRpc,
+    ProtocolError,
+    Rpc,
+    StreamRpc,
+    check_result,
+    encode_request,
+    free_port,
+    handshake,
+    initialize_params,
+    rss_kib,
+    unwrapped,
+    wait_for_port,
+    websocket_session,
+)
+from bench.stats import Json, burst, difference, ratio, summarize
+
+from bench import engine, report
+
+REPO = engine.REPO
+TMP = REPO / "bench" / "tmp"
+SUITE = REPO / "claude-mcp-suite.yaml"
+COLD_SERVICE = "time"
+# The call every system answers in the round-trip figures: small, and the same everywhere.
+TOOL = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+THROUGHPUT_SERVICE = "everything"
+PIPELINE_DEPTH = 16
+RELAY_SYSTEMS = ("direct", "reactor_fabric_ws", "reactor_fabric_http", "supergateway", "mcp_proxy")
+# Systems whose failure to be measured is a failure of the harness (or the product).
+OURS = ("direct", "reactor_fabric_ws")
+RELAYED = ("reactor_fabric_ws", "reactor_fabric_http")
+# `docker stats` answers without the expected fields, besides what a session can do.
+STATS_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, KeyError, IndexError)
+CALL_BOUND = 30.0
+SESSION_BOUND = 180.0
+# Options the orchestrator gives every container of the `time` service (see _docker.py and
+# the suite): the second cold-start floor uses the same, to tell config cost from relay cost.
+SAME_LIMITS = [
+    "--network", "none", "--init", "--cap-drop", "ALL",
+    "--security-opt", "no-new-privileges:true",
+    "--memory", "512m", "--memory-swap", "512m", "--cpus", "1", "--pids-limit", "256",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Plan:
+    smoke: bool
+    cold_runs: int
+    rtt_warmup: int
+    rtt_calls: int
+    throughput_messages: dict[str, int]
+    memory_sessions: tuple[int, ...]
+    bursts: tuple[int, ...]
+    peers: bool
+    sections: tuple[str, ...] = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency")
+
+
+FULL = Plan(
+    smoke=False,
+    cold_runs=30,
+    rtt_warmup=100,
+    rtt_calls=1000,
+    throughput_messages={"small": 3000, "payload_4k": 2000, "payload_1m": 64},
+    memory_sessions=(10, 50),
+    bursts=(10, 50),
+    peers=True,
+)
+SMOKE = Plan(
+    smoke=True,
+    cold_runs=2,
+    rtt_warmup=3,
+    rtt_calls=20,
+    throughput_messages={"small": 64, "payload_4k": 32, "payload_1m": 4},
+    memory_sessions=(2,),
+    bursts=(2,),
+    peers=False,
+)
+PAYLOADS = {"small": 16, "payload_4k": 4096, "payload_1m": 1024 * 1024}
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", flush=True)
+
+
+R = TypeVar("R", bound=Rpc)
+
+
+@contextlib.asynccontextmanager
+async def initialized(session: contextlib.AbstractAsyncContextManager[R]) -> AsyncIterator[R]:
+    """A session after the MCP handshake (bounded), for the duration of the block."""
+    async with session as rpc:
+        with trio.fail_after(SESSION_BOUND):
+            await handshake(rpc)
+        yield rpc
+
+
+@contextlib.asynccontextmanager
+async def http_session(port: int, path: str) -> AsyncIterator[HttpRpc]:
+    rpc = HttpRpc("127.0.0.1", port, path)
+    try:
+        yield rpc
+    finally:
+        with trio.CancelScope(shield=True):
+            await rpc.aclose()
+
+
+class Harness:
+    """One run: the orchestrator under test, the plan, what went wrong, the side logs."""
+
+    def __init__(self, plan: Plan, orchestrator: engine.Orchestrator, side_log: IO[bytes]):
+        self.plan = plan
+        self.orch = orchestrator
+        self.side_log = side_log
+        self.problems: list[str] = []
+        self.diagnostics: Json = {}
+
+    def problem(self, where: str, exc: BaseException) -> Json:
+        """Record that the harness could not measure one of our own figures."""
+        text = f"{type(exc).__name__}: {exc}"
+        self.problems.append(f"{where}: {text}")
+        say(f"ERROR in {where}: {text}")
+        traceback.print_exception(exc, file=sys.stderr)
+        return {"error": text}
+
+    def ws(self, service: str) -> contextlib.AbstractAsyncContextManager[StreamRpc]:
+        """A WebSocket session on ``service`` (git and filesystem get the scratch workspace)."""
+        query = ""
+        if service in ("git", "filesystem"):
+            query = "mount=" + urllib.parse.quote(f"{TMP / 'workspace'}:/workspace", safe="")
+        return websocket_session(self.orch.ws_url(service, query), subprotocols=["mcp"])
+
+    async def settle(self, bound: float = 60.0) -> None:
+        """Wait until the orchestrator has removed every container of ours."""
+        left = await self.orch.wait_for_containers(0, bound=bound)
+        if left:
+            say(f"warning: {left} container(s) still present after {bound:g} s")
+
+    # --- 1. cold start --------------------------------------------------------------------
+
+    async def cold_start(self) -> Json:
+        image = service_image(COLD_SERVICE)
+        floors = {
+            "docker_run_floor": engine.docker_run_argv(image),
+            "docker_run_same_limits": engine.docker_run_argv(image, *SAME_LIMITS),
+        }
+        names = ["reactor_fabric", *floors]
+        samples: dict[str, list[int]] = {name: [] for name in names}
+        tool_samples: dict[str, list[int]] = {name: [] for name in names}
+        connect: list[int] = []
+        out: Json = {}
+        await self.settle()
+        for run in range(self.plan.cold_runs):
+            # One of each per run (A B C A B C …), each on an engine with nothing else of ours.
+            if "reactor_fabric" not in out:
+                try:
+                    begin = time.perf_counter_ns()
+                    async with self.ws(COLD_SERVICE) as rpc:
+                        connect.append(time.perf_counter_ns() - begin)
+                        with trio.fail_after(SESSION_BOUND):
+                            init_ns = await handshake(rpc)
+                            tool_ns, answer = await rpc.call("tools/call", TOOL)
+                        check_result(answer, "tools/call")
+                    samples["reactor_fabric"].append(init_ns)
+                    tool_samples["reactor_fabric"].append(tool_ns)
+                except FAILURES as exc:
+                    out["reactor_fabric"] = self.problem("cold_start.reactor_fabric", exc)
+                await self.settle()
+            for name, argv in floors.items():
+                if name in out:
+                    continue
+                try:
+                    init_ns, tool_ns = await self._cold_floor(argv)
+                    samples[name].append(init_ns)
+                    tool_samples[name].append(tool_ns)
+                except FAILURES as exc:
+                    out[name] = self.problem(f"cold_start.{name}", exc)
+            say(f"cold start {run + 1}/{self.plan.cold_runs}")
+        for name, values in samples.items():
+            out.setdefault(name, summarize(values))
+        out["first_tool_call"] = {name: summarize(values) for name, values in tool_samples.items()}
+        out["reactor_fabric_ws_connect"] = summarize(connect)
+        out["comparison"] = compare(out, "reactor_fabric", "docker_run_floor")
+        out["comparison_same_limits"] = compare(out, "reactor_fabric", "docker_run_same_limits")
+        return out
+
+    async def _cold_floor(self, argv: list[str]) -> tuple[int, int]:
+        with trio.fail_after(SESSION_BOUND):
+            begin = time.perf_counter_ns()
+            piped = await engine.spawn_piped(argv, self.side_log)
+            try:
+                _, answer = await piped.rpc.call("initialize", initialize_params())
+                init_ns = time.perf_counter_ns() - begin
+                check_result(answer, "initialize")
+                await piped.rpc.notify("notifications/initialized")
+                tool_ns, answer = await piped.rpc.call("tools/call", TOOL)
+                check_result(answer, "tools/call")
+            finally:
+                await piped.aclose()
+        return init_ns, tool_ns
+
+    # --- 2. relay round trip --------------------------------------------------------------
+
+    async def relay_rtt(self) -> Json:
+        image = service_image(COLD_SERVICE)
+        candidates: list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]] = [
+            ("direct", initialized(engine.attached(image))),
+            ("reactor_fabric_ws", initialized(self.ws(COLD_SERVICE))),
+            ("reactor_fabric_http", initialized(http_session(self.orch.port, "/mcp/time"))),
+        ]
+        out: Json = {}
+        if self.plan.peers:
+            candidates += [
+                ("supergateway", self._supergateway(image)),
+                ("mcp_proxy", self._mcp_proxy(image)),
+            ]
+        else:
+            out["supergateway"] = {"error": "peers are skipped in smoke mode"}
+            out["mcp_proxy"] = {"error": "peers are skipped in smoke mode"}
+        systems: dict[str, Rpc] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            for name, session in candidates:
+                say(f"starting {name}")
+                try:
+                    systems[name] = await stack.enter_async_context(session)
+                except Exception as exc:  # noqa: BLE001 -- a peer can fail in any way
+                    if name in OURS:
+                        out[name] = self.problem(f"relay_rtt.{name}", exc)
+                    else:  # a peer may fail to install or start in any way: keep going
+                        out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                        say(f"{name} could not be measured: {out[name]['error']}")
+            samples = await self._interleave(systems, out)
+            self.diagnostics["orchestrator_cpu_us_per_call"] = await self._cpu_per_call(
+                {name: rpc for name, rpc in systems.items() if name in RELAYED and name not in out}
+            )
+            say("relay round trips done; closing the systems")
+        await trio.to_thread.run_sync(engine.remove_bench_containers)
+        for name, values in samples.items():
+            out.setdefault(name, summarize(values))
+        return {name: out[name] for name in RELAY_SYSTEMS}
+
+    async def _interleave(self, systems: dict[str, Rpc], out: Json) -> dict[str, list[int]]:
+        """Warm-up, then N rounds; each round calls every system once, in a rotating order."""
+        names = list(systems)
+        samples: dict[str, list[int]] = {name: [] for name in names}
+        rounds = self.plan.rtt_warmup + self.plan.rtt_calls
+        say(f"relay round trips: {', '.join(names)} x {self.plan.rtt_calls} (interleaved)")
+        gc.collect()
+        gc.disable()
+        try:
+            for index in range(rounds):
+                live = [name for name in names if name not in out]
+                shift = index % len(live) if live else 0
+                for name in live[shift:] + live[:shift]:
+                    try:
+                        with trio.fail_after(CALL_BOUND):
+                            elapsed, answer = await systems[name].call("tools/call", TOOL)
+                        check_result(answer, f"{name} tools/call")
+                    except FAILURES as exc:
+                        if name in OURS:
+                            out[name] = self.problem(f"relay_rtt.{name}", exc)
+                        else:
+                            out[name] = {"error": f"failed after {index} rounds: {exc}"}
+                        continue
+                    if index >= self.plan.rtt_warmup:
+                        samples[name].append(elapsed)
+                if index and index % 250 == 0:
+                    say(f"  round {index}/{rounds}")
+        finally:
+            gc.enable()
+        return samples
+
+    async def _cpu_per_call(self, systems: dict[str, Rpc]) -> Json:
+        """Orchestrator CPU time (user + system, all threads) per relayed call, one system
+        at a time (the interleaved run cannot tell them apart)."""
+        calls = max(20, self.plan.rtt_calls // 4)
+        out: Json = {}
+        for name, rpc in systems.items():
+            before = engine.cpu_seconds(self.orch.pid)
+            try:
+                with trio.fail_after(CALL_BOUND + calls):
+                    for _ in range(calls):
+                        await rpc.call("tools/call", TOOL)
+            except FAILURES as exc:
+                out[name] = {"error": str(exc)}
+                continue
+            used = engine.cpu_seconds(self.orch.pid) - before
+            out[name] = round(used / calls * 1e6, 1)
+        say(f"orchestrator CPU per call (µs): {out}")
+        return out
+
+    @contextlib.asynccontextmanager
+    async def _supergateway(self, image: str) -> AsyncIterator[Rpc]:
+        """supergateway --stdio "docker run -i --rm IMAGE" --outputTransport ws."""
+        argv = await trio.to_thread.run_sync(engine.ensure_supergateway)
+        port = free_port()
+        command = " ".join(engine.docker_run_argv(image, "--network", "none"))
+        peer = await engine.start_peer(
+            "supergateway",
+            [*argv, "--stdio", command, "--outputTransport", "ws", "--port", str(port),
+             "--messagePath", "/message", "--logLevel", "none"],
+            port,
+            self.side_log,
+        )  # fmt: skip
+        try:
+            await wait_for_port(port, bound=120, alive=peer.alive)
+            async with initialized(websocket_session(f"ws://127.0.0.1:{port}/message")) as rpc:
+                yield rpc
+        finally:
+            await peer.stop()
+
+    @contextlib.asynccontextmanager
+    async def _mcp_proxy(self, image: str) -> AsyncIterator[Rpc]:
+        """mcp-proxy --port P -- docker run -i --rm IMAGE (Streamable HTTP at /mcp)."""
+        argv = await trio.to_thread.run_sync(engine.ensure_mcp_proxy)
+        port = free_port()
+        peer = await engine.start_peer(
+            "mcp_proxy",
+            [*argv, "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+             "--", *engine.docker_run_argv(image, "--network", "none")],
+            port,
+            self.side_log,
+        )  # fmt: skip
+        try:
+            await wait_for_port(port, bound=120, alive=peer.alive)
+            async with initialized(http_session(port, "/mcp")) as rpc:
+                yield rpc
+        finally:
+            await peer.stop()
+
+    # --- 3. throughput --------------------------------------------------------------------
+
+    async def throughput(self) -> Json:
+        out: Json = {"pipeline_depth": PIPELINE_DEPTH, "service": THROUGHPUT_SERVICE}
+        image = service_image(THROUGHPUT_SERVICE)
+        sessions: list[tuple[str, contextlib.AbstractAsyncContextManager[StreamRpc]]] = [
+            ("direct", engine.attached(image)),
+            ("reactor_fabric_ws", self.ws(THROUGHPUT_SERVICE)),
+        ]
+        for name, session in sessions:
+            try:
+                async with initialized(session) as rpc:
+                    runs: Json = {}
+                    for size_name, total in self.plan.throughput_messages.items():
+                        cpu_before = engine.cpu_seconds(self.orch.pid)
+                        with trio.fail_after(600):
+                            run = await pipelined(rpc, total=total, payload=PAYLOADS[size_name])
+                        if name == "reactor_fabric_ws":
+                            cpu = engine.cpu_seconds(self.orch.pid) - cpu_before
+                            run["orchestrator_cpu_s"] = round(cpu, 3)
+                            run["orchestrator_cpu_us_per_call"] = round(cpu / total * 1e6, 1)
+                        runs[size_name] = run
+                        say(
+                            f"throughput {name} {size_name}: {run['msgs_per_s']:.0f} calls/s, "
+                            f"{run['mib_per_s']:.1f} MiB/s"
+                        )
+                    out[name] = runs
+            except FAILURES as exc:
+                out[name] = self.problem(f"throughput.{name}", exc)
+        await self.settle()
+        return out
+
+    # --- 4. memory ------------------------------------------------------------------------
+
+    async def memory(self) -> Json:
+        out: Json = {}
+        for count in (10, 50):
+            key = f"orchestrator_{count}_sessions"
+            if count not in self.plan.memory_sessions:
+                out[key] = {"error": "skipped in smoke mode"}
+        for count in self.plan.memory_sessions:
+            key = f"orchestrator_{count}_sessions"
+            try:
+                megabytes, detail = await self._hold_sessions(count)
+                out[key] = megabytes
+                out[f"{key}_detail"] = detail
+            except FAILURES as exc:
+                out[key] = self.problem(f"memory.{key}", exc)
+            await self.settle()
+        containers: Json = {}
+        for service in bundled_services():
+            try:
+                containers[service] = await self._container_memory(service)
+            except STATS_FAILURES as exc:
+                containers[service] = self.problem(f"memory.containers.{service}", exc)
+            await self.settle()
+        out["containers"] = containers
+        rss = rss_kib(self.orch.pid)
+        out["orchestrator_after_load"] = round(rss["VmRSS"] / 1024, 1)
+        out["orchestrator_peak"] = round(rss["VmHWM"] / 1024, 1)
+        return out
+
+    async def _hold_sessions(self, count: int) -> tuple[float, Json]:
+        """Open ``count`` sessions (each with its container), measure, then close them all."""
+        opening = trio.CapacityLimiter(8)
+        everyone_ready = trio.Event()
+        release = trio.Event()
+        failures: list[str] = []
+        settled = 0
+
+        async def hold() -> None:
+            nonlocal settled
+            await opening.acquire()
+            holding = False
+            try:
+                async with initialized(self.ws(COLD_SERVICE)):
+                    opening.release()
+                    holding = True
+                    settled += 1
+                    if settled == count:
+                        everyone_ready.set()
+                    await release.wait()
+            except FAILURES as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                settled += 1
+                if settled == count:
+                    everyone_ready.set()
+            finally:
+                if not holding:
+                    opening.release()
+
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    nursery.start_soon(hold)
+                try:
+                    with trio.fail_after(SESSION_BOUND + count * 5):
+                        await everyone_ready.wait()
+                    if failures:
+                        raise ProtocolError(f"{len(failures)} session(s) failed: {failures[0]}")
+                    live = await self.orch.wait_for_containers(count, bound=30)
+                    await trio.sleep(2)  # let the allocator and the relay tasks settle
+                    rss = rss_kib(self.orch.pid)
+                    say(f"memory with {count} sessions: {rss['VmRSS'] / 1024:.1f} MB")
+                finally:
+                    release.set()
+        detail = {"containers_live": live, "vm_hwm_mb": round(rss["VmHWM"] / 1024, 1)}
+        return round(rss["VmRSS"] / 1024, 1), detail
+
+    async def _container_memory(self, service: str) -> Json:
+        async with initialized(self.ws(service)):
+            await trio.sleep(0.5 if self.plan.smoke else 2)  # idle after initialize
+            found = await engine.docker_call(
+                engine.containers_with(
+                    [
+                        f"{engine.OWNER_PID_LABEL}={self.orch.pid}",
+                        f"{engine.SERVICE_LABEL}={service}",
+                    ]
+                )
+            )
+            if len(found) != 1:
+                raise ProtocolError(f"expected one {service} container, found {len(found)}")
+            stats: Json = await engine.docker_call(
+                lambda c: c.stats(found[0]["Id"], stream=False, one_shot=True)
+            )
+        memory = stats.get("memory_stats", {})
+        inner = memory.get("stats", {})
+        usage = int(memory["usage"])
+        # What `docker stats` shows: usage less the inactive page cache (cgroup v1 and v2).
+        cache = int(inner.get("total_inactive_file", inner.get("inactive_file", 0)))
+        return {
+            "image": service_image(service),
+            "usage_mb": round((usage - cache if cache < usage else usage) / 2**20, 1),
+            "rss_mb": round(int(inner.get("total_rss", inner.get("anon", 0))) / 2**20, 1),
+            "limit_mb": round(int(memory.get("limit", 0)) / 2**20),
+        }
+
+    # --- 5. concurrency -------------------------------------------------------------------
+
+    async def concurrency(self) -> Json:
+        out: Json = {}
+        floor: Json = {}
+        for count in (10, 50):
+            if count not in self.plan.bursts:
+                out[f"clients_{count}"] = {"error": "skipped in smoke mode"}
+        argv = engine.docker_run_argv(service_image(COLD_SERVICE))
+        for count in self.plan.bursts:
+            key = f"clients_{count}"
+            try:
+                await self.settle()
+                out[key] = await self._burst(
+                    count, lambda: self.ws(COLD_SERVICE), self.orch.container_count
+                )
+                say(f"burst of {count}: {out[key]}")
+            except FAILURES as exc:
+                out[key] = self.problem(f"concurrency.{key}", exc)
+            # The same burst of plain `docker run -i --rm` processes: what the engine and the
+            # machine allow without any orchestrator.
+            try:
+                floor[key] = await self._burst(
+                    count, lambda: engine.piped(argv, self.side_log), engine.bench_container_count
+                )
+                say(f"burst of {count} `docker run`: {floor[key]}")
+            except FAILURES as exc:
+                floor[key] = self.problem(f"concurrency.docker_run_floor.{key}", exc)
+        out["docker_run_floor"] = floor
+        return out
+
+    async def _burst(
+        self,
+        count: int,
+        session: Callable[[], contextlib.AbstractAsyncContextManager[Rpc]],
+        containers: Callable[[], Awaitable[int]],
+    ) -> Json:
+        """``count`` clients released at once; each holds its session until all have answered."""
+        gun = trio.Event()
+        everyone_done = trio.Event()
+        first: list[int] = []
+        tool: list[int] = []
+        failures: list[str] = []
+        settled = 0
+
+        def done() -> None:
+            nonlocal settled
+            settled += 1
+            if settled == count:
+                everyone_done.set()
+
+        async def client() -> None:
+            await gun.wait()
+            begin = time.perf_counter_ns()
+            try:
+                with trio.fail_after(SESSION_BOUND):
+                    async with session() as rpc:
+                        await handshake(rpc)
+                        first.append(time.perf_counter_ns() - begin)
+                        _, answer = await rpc.call("tools/call", TOOL)
+                        check_result(answer, "tools/call")
+                        tool.append(time.perf_counter_ns() - begin)
+                        done()
+                        # Hold the session until every client has its answer: the burst is
+                        # `count` sessions (and containers) alive at the same time.
+                        with trio.move_on_after(SESSION_BOUND):
+                            await everyone_done.wait()
+            except FAILURES as exc:
+                failures.append(f"{type(exc).__name__}: {exc}"[:300])
+                done()
+
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                for _ in range(count):
+                    nursery.start_soon(client)
+                await trio.sleep(0.2)  # every client is now waiting for the gun
+                started = time.perf_counter_ns()
+                gun.set()
+                with trio.move_on_after(SESSION_BOUND + 30):
+                    await everyone_done.wait()
+                wall = time.perf_counter_ns() - started
+                peak = await containers()
+                everyone_done.set()
+        left = await engine.wait_for_count(containers, 0, bound=60)
+        result = burst(
+            ok=len(tool), failed=count - len(tool), first_response_ns=first, containers_left=left
+        )
+        tool_stats = summarize(tool)
+        result.update(
+            {
+                "p50_tool_response_ms": tool_stats.get("p50_ms"),
+                "p95_tool_response_ms": tool_stats.get("p95_ms"),
+                "wall_ms": round(wall / 1e6, 1),
+                "containers_at_peak": peak,
+                "errors": sorted(set(failures))[:5],
+            }
+        )
+        return result
+
+
+async def pipelined(rpc: StreamRpc, *, total: int, payload: int) -> Json:
+    """``total`` echo calls with at most PIPELINE_DEPTH in flight: rate and latency."""
+    params = {"name": "echo", "arguments": {"message": "x" * payload}}
+    # The request is encoded once; each send only splices its id in.
+    template = encode_request(0, "tools/call", params)
+    head, _, tail = template.partition(b'"id":0')
+    window = trio.Semaphore(PIPELINE_DEPTH)
+    sent_at: dict[int, int] = {}
+    latencies: list[int] = []
+    errors: list[str] = []
+
+    async def sender() -> None:
+        for _ in range(total):
+            await window.acquire()
+            request_id = rpc.new_id()
+            frame = head + b'"id":%d' % request_id + tail
+            sent_at[request_id] = time.perf_counter_ns()
+            await rpc.stream.send(frame)
+
+    async def receiver() -> None:
+        for _ in range(total):
+            answer = await rpc.receive_response()
+            latencies.append(time.perf_counter_ns() - sent_at.pop(answer["id"]))
+            try:
+                result = check_result(answer, "echo")
+                text = result["content"][0]["text"]
+                if len(text) < payload:
+                    errors.append(f"echo answered {len(text)} characters for {payload}")
+            except (ProtocolError, KeyError, IndexError, TypeError) as exc:
+                errors.append(str(exc)[:200])
+            window.release()
+
+    gc.collect()
+    begin = time.perf_counter_ns()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        nursery.start_soon(receiver)
+    seconds = (time.perf_counter_ns() - begin) / 1e9
+    if errors:
+        raise ProtocolError(f"{len(errors)} echo call(s) failed, e.g. {errors[0]}")
+    return {
+        "messages": total,
+        "payload_bytes": payload,
+        "seconds": round(seconds, 3),
+        "msgs_per_s": round(total / seconds, 1),
+        "mib_per_s": round(total * payload / seconds / 2**20, 2),
+        "latency": summarize(latencies),
+    }
+
+
+def compare(figures: Json, system: str, floor: str) -> Json:
+    return {
+        "system": system,
+        "floor": floor,
+        "difference_p50_ms": difference(figures.get(system, {}), figures.get(floor, {}), "p50_ms"),
+        "difference_p95_ms": difference(figures.get(system, {}), figures.get(floor, {}), "p95_ms"),
+        "ratio_p50": ratio(
+            figures.get(system, {}).get("p50_ms"), figures.get(floor, {}).get("p50_ms")
+        ),
+        "ratio_p95": ratio(
+            figures.get(system, {}).get("p95_ms"), figures.get(floor, {}).get("p95_ms")
+        ),
+    }
+
+
+def overheads(rtt: Json) -> Json:
+    """Per relay: system - direct at P50/P99, and as a multiple of Reactor-Fabric's."""
+    floor = rtt.get("direct", {})
+    ours = {
+        key: difference(rtt.get("reactor_fabric_ws", {}), floor, key)
+        for key in ("p50_ms", "p99_ms")
+    }
+    out: Json = {}
+    for name, figures in rtt.items():
+        if name == "direct":
+            continue
+        p50 = difference(figures, floor, "p50_ms")
+        p99 = difference(figures, floor, "p99_ms")
+        if p50 is None:
+            out[name] = {"error": figures.get("error", "not measured")}
+            continue
+        out[name] = {
+            "overhead_p50_ms": p50,
+            "overhead_p99_ms": p99,
+            "ratio_to_reactor_fabric_p50": ratio(p50, ours["p50_ms"]),
+            "ratio_to_reactor_fabric_p99": ratio(p99, ours["p99_ms"]),
+        }
+    return out
+
+
+def bundled() -> Json:
+    loaded: Json = yaml.safe_load(SUITE.read_text())
+    return loaded
+
+
+def bundled_services() -> list[str]:
+    return list(bundled()["mcp_services"])
+
+
+def service_image(service: str) -> str:
+    return str(bundled()["mcp_services"][service]["image"])
+
+
+def write_suite(path: Path) -> Path:
+    """The bundled services with room for the bursts and no idle teardown during a run."""
+    suite = bundled()
+    suite["orchestrator"] = {
+        "allowed_mount_roots": [f"{TMP}/"],
+        "max_sessions": 128,
+    }
+    for service in suite["mcp_services"].values():
+        service["timeout"] = "30m"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    return path
+
+
+DEFINITIONS = {
+    "cold_start": "client sends `initialize` (the first MCP request; the container starts on "
+    "it) → its response. Reactor-Fabric: on an open WebSocket (connect time excluded, reported "
+    "apart). Floor: from spawning `docker run -i --rm IMAGE` and writing `initialize` on its "
+    "stdin → the response on its stdout.",
+    "first_tool_call": "after the handshake, `tools/call get_current_time` → its response, on "
+    "the same fresh container.",
+    "relay_rtt": "warm container, `tools/call get_current_time {timezone: UTC}`: bytes handed to "
+    "the transport → matching response decoded. Systems interleaved, one call each per round in "
+    "a rotating order, after a warm-up.",
+    "relay_overhead": "percentile of a system minus the same percentile of `direct` (Docker "
+    "attach to the container's stdio, no relay).",
+    "percentiles": "nearest rank (an observed sample), over all measured calls",
+    "throughput": "one session, `echo` on the everything image, 16 requests in flight; "
+    "messages/s = calls answered / wall time; MiB/s counts the payload one way",
+    "memory": "orchestrator: VmRSS of its process; containers: cgroup memory usage less "
+    "inactive page cache, after `initialize` (what `docker stats` shows)",
+    "concurrency": "N clients released at once; first response = connect → initialize "
+    "response; each holds its session until all have answered; containers_left = containers of "
+    "this orchestrator 60 s after every client closed. docker_run_floor: the same burst of "
+    "`docker run -i --rm` processes (spawn → initialize response)",
+}
+
+
+SECTIONS = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency")
+
+
+def not_run(section: str, reason: str) -> Json:
+    """The shape of a section that was not run, every figure keeping its key."""
+    error = {"error": reason}
+    shapes: dict[str, Json] = {
+        "cold_start": {"reactor_fabric": error, "docker_run_floor": error},
+        "relay_rtt": dict.fromkeys(RELAY_SYSTEMS, error),
+        "throughput": {"direct": error, "reactor_fabric_ws": error},
+        "memory": {
+            "orchestrator_10_sessions": error,
+            "orchestrator_50_sessions": error,
+            "containers": error,
+        },
+        "concurrency": {"clients_10": error, "clients_50": error},
+    }
+    return shapes[section]
+
+
+def new_results(plan: Plan) -> Json:
+    return {
+        "machine": engine.machine_info(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "mode": (
+            "smoke"
+            if plan.smoke
+            else ("full" if set(plan.sections) == set(SECTIONS) else "partial")
+        ),
+        "plan": {
+            "sections": list(plan.sections),
+            "cold_runs": plan.cold_runs,
+            "rtt_warmup": plan.rtt_warmup,
+            "rtt_calls": plan.rtt_calls,
+            "throughput_messages": plan.throughput_messages,
+            "memory_sessions": list(plan.memory_sessions),
+            "bursts": list(plan.bursts),
+        },
+        "definitions": DEFINITIONS,
+        "environment": {"start": engine.load_snapshot()},
+    }
+
+
+async def run_sections(harness: Harness, results: Json) -> None:
+    plan = harness.plan
+    await trio.sleep(1)
+    idle = round(rss_kib(harness.orch.pid)["VmRSS"] / 1024, 1)
+    say(f"orchestrator idle: {idle} MB")
+    results["memory_mb"] = {"orchestrator_idle": idle}
+    for section in SECTIONS:
+        if section in plan.sections:
+            say(f"== {section}")
+            # Anything else on the machine (e.g. someone's tests) shows up here.
+            results["environment"].setdefault("sections", {})[
+                section
+            ] = await trio.to_thread.run_sync(engine.load_snapshot, harness.orch.pid)
+            figures = await getattr(harness, section)()
+        else:
+            figures = not_run(section, "not run (--only)")
+        if section == "relay_rtt":
+            results["relay_rtt"] = figures
+            results["relay_overhead"] = overheads(figures)
+        elif section == "memory":
+            results["memory_mb"].update(figures)
+        else:
+            results[section] = figures
+    if plan.peers and "relay_rtt" in plan.sections:
+        results["peer_versions"] = {
+            "supergateway": engine.installed_version("supergateway"),
+            "mcp_proxy": engine.installed_version("mcp-proxy"),
+        }
+    results["diagnostics"] = harness.diagnostics
+
+
+async def main_async(plan: Plan, results: Json) -> None:
+    """Start the orchestrator, run the sections into ``results``, always clean up."""
+    suite = write_suite(TMP / "suite.yaml")
+    began = time.monotonic()
+    with (TMP / "side.log").open("wb") as side_log:
+        orch = await engine.start_orchestrator(suite, TMP / "orchestrator.log")
+        say(orch.banner)
+        harness = Harness(plan, orch, side_log)
+        try:
+            await run_sections(harness, results)
+        finally:
+            with trio.CancelScope(shield=True):
+                code = await orch.stop()
+                results["orchestrator_exit_code"] = code
+                results["containers_left_after_stop"] = await trio.to_thread.run_sync(
+                    engine.remove_orchestrator_containers, orch.pid
+                )
+                await trio.to_thread.run_sync(engine.remove_bench_containers)
+                results["environment"]["end"] = await trio.to_thread.run_sync(engine.load_snapshot)
+    if code != 0:
+        harness.problems.append(f"the orchestrator exited with {code} on SIGTERM")
+    results["duration_s"] = round(time.monotonic() - began, 1)
+    results["harness_problems"] = harness.problems
+
+
+def write_outputs(results: Json, out_path: Path, doc_path: Path | None) -> int:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=2) + "\n")
+    say(f"wrote {out_path} ({results['duration_s']} s)")
+    if doc_path is not None:
+        report.update_document(doc_path, results)
+        say(f"updated {doc_path}")
+    for line in results["harness_problems"]:
+        say(f"harness problem: {line}")
+    return 1 if results["harness_problems"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Reactor-Fabric benchmarks (see docs/BENCHMARKS.md)."
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny counts, no peers, < 1 min")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="results file (default: bench/results.json; smoke and --only: "
+        "bench/tmp/results-smoke.json, bench/tmp/results-partial.json)",
+    )
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        help="Markdown to regenerate (default: docs/BENCHMARKS.md for a "
+        "complete full run, none otherwise)",
+    )
+    parser.add_argument(
+        "--only", help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}"
+    )
+    args = parser.parse_args(argv)
+    plan = SMOKE if args.smoke else FULL
+    partial = False
+    if args.only:
+        chosen = tuple(name.strip() for name in args.only.split(",") if name.strip())
+        unknown = sorted(set(chosen) - set(SECTIONS))
+        if unknown:
+            parser.error(f"unknown section(s): {', '.join(unknown)}")
+        plan = dataclasses.replace(plan, sections=chosen)
+        partial = set(chosen) != set(SECTIONS)
+    if args.out:
+        out = args.out
+    elif args.smoke:
+        out = TMP / "results-smoke.json"
+    elif partial:
+        out = TMP / "results-partial.json"
+    else:
+        out = REPO / "bench" / "results.json"
+    doc = args.doc or (None if args.smoke or partial else REPO / "docs" / "BENCHMARKS.md")
+    for service in bundled_services():
+        if not engine.image_exists(service_image(service)):
+            say(f"image {service_image(service)} is missing: run `make images`")
+            return 2
+    TMP.mkdir(parents=True, exist_ok=True)
+    (TMP / "workspace").mkdir(exist_ok=True)
+    engine.remove_bench_containers()  # left over by a run that was killed
+    try:
+        results = new_results(plan)
+        trio.run(main_async, plan, results)
+        return write_outputs(results, out, doc)
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt) or (
+            isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
+        )
+        if not interrupted:
+            raise
+        say("interrupted; everything started was removed")
+        return 130
+    finally:
+        with contextlib.suppress(Exception):
+            engine.remove_bench_containers()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,487 @@
+"""Processes and containers the harness starts, and how it always gets rid of them.
+
+* Docker calls go through docker-py in worker threads, each bounded in time.
+* Every container started here without the orchestrator (the floors, and the ones the peers
+  start) carries the label ``reactor-fabric.bench=1``; :func:`remove_bench_containers` removes
+  them all, and runs in ``finally`` blocks. The orchestrator's containers carry its PID in
+  ``reactor-fabric.owner-pid``; it removes them itself when stopped, and
+  :func:`remove_orchestrator_containers` is the safety net.
+* Peers (supergateway, mcp-proxy) are installed once into a cache directory with npm / pip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import docker
+import docker.errors
+import trio
+
+from reactor_fabric._docker import detach_socket
+
+from .mcp import AttachedStream, PipeStream, StreamRpc, socket_stream
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_LABEL = "reactor-fabric.bench"
+MANAGED_LABEL = "reactor-fabric.managed"
+OWNER_PID_LABEL = "reactor-fabric.owner-pid"
+SERVICE_LABEL = "reactor-fabric.service"
+DOCKER_CALL_BOUND = 60.0
+PROCESS_EXIT_BOUND = 20.0
+
+_client: docker.APIClient | None = None
+
+
+def _docker() -> docker.APIClient:
+    global _client  # noqa: PLW0603 -- one client for the whole run, created in a thread
+    if _client is None:
+        _client = docker.APIClient(version="auto", timeout=int(DOCKER_CALL_BOUND))
+    return _client
+
+
+async def docker_call(
+    fn: Callable[[docker.APIClient], T], *, bound: float = DOCKER_CALL_BOUND
+) -> T:
+    """``fn(client)`` in a worker thread, abandoned (and an error raised) after ``bound`` s."""
+    with trio.fail_after(bound):
+        return await trio.to_thread.run_sync(lambda: fn(_docker()), abandon_on_cancel=True)
+
+
+def docker_sync(fn: Callable[[docker.APIClient], T]) -> T:
+    """The same, from synchronous code (start-up checks, final clean-up)."""
+    return fn(_docker())
+
+
+def containers_with(labels: list[str]) -> Callable[[docker.APIClient], list[dict[str, Any]]]:
+    def listing(client: docker.APIClient) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = client.containers(all=True, filters={"label": labels})
+        return found
+
+    return listing
+
+
+def _remove_all(labels: list[str]) -> Callable[[docker.APIClient], int]:
+    def remove(client: docker.APIClient) -> int:
+        removed = 0
+        for container in containers_with(labels)(client):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                client.remove_container(container["Id"], force=True)
+                removed += 1
+        return removed
+
+    return remove
+
+
+def remove_bench_containers() -> int:
+    """Remove every container this harness started outside the orchestrator (synchronous)."""
+    return docker_sync(_remove_all([f"{BENCH_LABEL}=1"]))
+
+
+def remove_orchestrator_containers(pid: int) -> int:
+    return docker_sync(_remove_all([f"{MANAGED_LABEL}=true", f"{OWNER_PID_LABEL}={pid}"]))
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, memory, kernel, CPU model and the Docker engine's version."""
+    info: dict[str, Any] = {"cores": os.cpu_count()}
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                info["memory_mb"] = round(int(line.split()[1]) / 1024)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                info["cpu"] = line.partition(":")[2].strip()
+                break
+    uname = os.uname()
+    info["kernel"] = f"{uname.sysname} {uname.release} {uname.machine}"
+    info["python"] = sys.version.split()[0]
+    try:
+        version: dict[str, Any] = docker_sync(lambda c: c.version())
+        info["docker_server_version"] = version.get("Version")
+        info["docker_api_version"] = version.get("ApiVersion")
+        docker_info: dict[str, Any] = docker_sync(lambda c: c.info())
+        info["docker_storage_driver"] = docker_info.get("Driver")
+        info["docker_cgroup"] = (
+            f"{docker_info.get('CgroupDriver')} v{docker_info.get('CgroupVersion', '?')}"
+        )
+    except docker.errors.DockerException as exc:
+        info["docker_error"] = str(exc)
+    node = shutil.which("node")
+    if node:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            done = subprocess.run(
+                [node, "--version"], capture_output=True, text=True, timeout=10, check=False
+            )
+            info["node"] = done.stdout.strip()
+    return info
+
+
+def load_snapshot(orchestrator_pid: int | None = None) -> dict[str, Any]:
+    """What else the machine is doing: load average, running containers not started by us."""
+
+    def ours(labels: dict[str, str]) -> bool:
+        return BENCH_LABEL in labels or (
+            orchestrator_pid is not None and labels.get(OWNER_PID_LABEL) == str(orchestrator_pid)
+        )
+
+    others = docker_sync(
+        lambda c: [
+            container for container in c.containers() if not ours(container.get("Labels") or {})
+        ]
+    )
+    return {
+        "loadavg": [round(value, 2) for value in os.getloadavg()],
+        "other_running_containers": len(others),
+    }
+
+
+async def bench_container_count() -> int:
+    return len(await docker_call(containers_with([f"{BENCH_LABEL}=1"])))
+
+
+async def wait_for_count(
+    counter: Callable[[], Awaitable[int]], expected: int, *, bound: float
+) -> int:
+    """Poll until ``counter()`` is ``expected`` (or the time is up); the last count."""
+    count = -1
+    with trio.move_on_after(bound):
+        # Polling the engine: there is no event to wait on.
+        while (count := await counter()) != expected:  # noqa: ASYNC110
+            await trio.sleep(0.1)
+    return count
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (from /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based, man proc).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def image_exists(image: str) -> bool:
+    try:
+        docker_sync(lambda c: c.inspect_image(image))  # type: ignore[no-untyped-call]
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+# --- the floors: a container without any relay -----------------------------------------
+
+
+@dataclass
+class AttachedContainer:
+    """A container driven through Docker's attach socket: the relay-free floor."""
+
+    id: str
+    stream: AttachedStream
+    rpc: StreamRpc
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(PROCESS_EXIT_BOUND) as scope:
+            scope.shield = True
+            await self.stream.send_eof()
+            await self.stream.aclose()
+            await docker_call(lambda c: c.remove_container(self.id, force=True))
+
+
+async def start_attached(image: str, *, command: list[str] | None = None) -> AttachedContainer:
+    """Create (stdin open, no TTY, no network), attach before start, start."""
+
+    def create_attach_start(client: docker.APIClient) -> tuple[str, Any]:
+        host_config = client.create_host_config(network_mode="none")
+        created: dict[str, Any] = client.create_container(
+            image=image,
+            command=command,
+            stdin_open=True,
+            tty=False,
+            labels={BENCH_LABEL: "1"},
+            network_disabled=True,
+            host_config=host_config,
+        )
+        container_id = str(created["Id"])
+        try:
+            raw = client.attach_socket(
+                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            sock = detach_socket(raw)
+            try:
+                client.start(container_id)
+            except BaseException:
+                sock.close()
+                raise
+        except BaseException:
+            client.remove_container(container_id, force=True)
+            raise
+        return container_id, sock
+
+    container_id, sock = await docker_call(create_attach_start)
+    stream = AttachedStream(socket_stream(sock))
+    return AttachedContainer(id=container_id, stream=stream, rpc=StreamRpc(stream))
+
+
+@contextlib.asynccontextmanager
+async def attached(image: str) -> AsyncIterator[StreamRpc]:
+    """:func:`start_attached` for the duration of the block, removed after it."""
+    container = await start_attached(image)
+    try:
+        yield container.rpc
+    finally:
+        await container.aclose()
+
+
+def docker_run_argv(image: str, *options: str) -> list[str]:
+    return ["docker", "run", "-i", "--rm", "--label", f"{BENCH_LABEL}=1", *options, image]
+
+
+@dataclass
+class PipedProcess:
+    """A child process spoken to over its stdin/stdout (``docker run -i --rm IMAGE``)."""
+
+    process: trio.Process
+    stream: PipeStream
+    rpc: StreamRpc
+
+    async def aclose(self) -> int | None:
+        """Close stdin (the MCP way to stop a stdio server), reap; kill if it lingers."""
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+        return await reap(self.process, PROCESS_EXIT_BOUND)
+
+
+async def spawn_piped(argv: list[str], stderr: IO[bytes]) -> PipedProcess:
+    process = await trio.lowlevel.open_process(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+    )
+    stream = PipeStream(process)
+    return PipedProcess(process=process, stream=stream, rpc=StreamRpc(stream))
+
+
+@contextlib.asynccontextmanager
+async def piped(argv: list[str], stderr: IO[bytes]) -> AsyncIterator[StreamRpc]:
+    """:func:`spawn_piped` for the duration of the block; stdin closed and reaped after it."""
+    process = await spawn_piped(argv, stderr)
+    try:
+        yield process.rpc
+    finally:
+        await process.aclose()
+
+
+async def reap(process: trio.Process, bound: float, *, sig: int | None = None) -> int | None:
+    """Wait for a process (after sending ``sig``); SIGKILL it after ``bound`` s."""
+    with trio.CancelScope(shield=True):
+        if sig is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(sig)
+        with trio.move_on_after(bound):
+            await process.wait()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            with trio.move_on_after(10):
+                await process.wait()
+    return process.returncode
+
+
+# --- the orchestrator -------------------------------------------------------------------
+
+
+@dataclass
+class Orchestrator:
+    process: trio.Process
+    http_url: str
+    log_path: Path
+    banner: str
+    _log_file: IO[bytes] = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.http_url.rsplit(":", 1)[1].rstrip("/"))
+
+    def ws_url(self, service: str, query: str = "") -> str:
+        base = "ws" + self.http_url.removeprefix("http")
+        return f"{base}/mcp/{service}" + (f"?{query}" if query else "")
+
+    def containers(self) -> Callable[[docker.APIClient], list[dict[str, Any]]]:
+        return containers_with([f"{MANAGED_LABEL}=true", f"{OWNER_PID_LABEL}={self.pid}"])
+
+    async def container_count(self) -> int:
+        return len(await docker_call(self.containers()))
+
+    async def wait_for_containers(self, expected: int, *, bound: float) -> int:
+        """Poll until exactly ``expected`` containers of ours exist (or the time is up)."""
+        return await wait_for_count(self.container_count, expected, bound=bound)
+
+    async def stop(self) -> int | None:
+        try:
+            return await reap(self.process, 60, sig=signal.SIGTERM)
+        finally:
+            with contextlib.suppress(OSError):
+                if self.process.stdout is not None:
+                    await self.process.stdout.aclose()
+            self._log_file.close()
+
+
+async def start_orchestrator(suite: Path, log_path: Path) -> Orchestrator:
+    """``python -m reactor_fabric --config SUITE --port 0``; ready once it prints its URL."""
+    log_file = log_path.open("wb")
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "reactor_fabric", "--config", str(suite), "--port", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+        cwd=REPO,
+    )
+    try:
+        assert process.stdout is not None
+        first = b""
+        with trio.fail_after(60):
+            while b"\n" not in first:
+                chunk = await process.stdout.receive_some(4096)
+                if not chunk:
+                    break
+                first += chunk
+    except BaseException:
+        await reap(process, 10, sig=signal.SIGTERM)
+        log_file.close()
+        raise
+    banner = first.decode(errors="replace").strip()
+    match = re.search(r"on (http://\S+)", banner)
+    if not match:
+        await reap(process, 10, sig=signal.SIGTERM)
+        log_file.close()
+        raise RuntimeError(f"the orchestrator did not start: {banner!r}; log: {log_path}")
+    return Orchestrator(process, match.group(1), log_path, banner, log_file)
+
+
+# --- peers: the relays a user might pick instead -----------------------------------------
+
+SUPERGATEWAY_SPEC = "supergateway@4"
+MCP_PROXY_SPEC = "mcp-proxy==0.13.*"
+INSTALL_BOUND = 600
+
+
+def peers_dir() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "reactor-fabric" / "bench-peers"
+
+
+def _keyed(name: str, spec: str) -> Path:
+    return peers_dir() / f"{name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+
+
+def _run(argv: list[str], cwd: Path | None = None) -> None:
+    done = subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, check=False, timeout=INSTALL_BOUND
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {(done.stdout + done.stderr)[-1500:]}")
+
+
+def ensure_supergateway() -> list[str]:
+    """``[node, .../supergateway/dist/index.js]``, installed with npm on first use."""
+    node = shutil.which("node")
+    npm = shutil.which("npm")
+    if node is None or npm is None:
+        raise RuntimeError("node and npm are needed for supergateway")
+    home = _keyed("supergateway", SUPERGATEWAY_SPEC)
+    entry = home / "node_modules" / "supergateway" / "dist" / "index.js"
+    if not (home / ".ready").exists():
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        (home / "package.json").write_text('{"name": "rf-bench-peers", "private": true}\n')
+        _run([npm, "install", "--no-audit", "--no-fund", "--silent", SUPERGATEWAY_SPEC], cwd=home)
+        (home / ".ready").touch()
+    if not entry.exists():
+        raise RuntimeError(f"supergateway installed, but {entry} is missing")
+    return [node, str(entry)]
+
+
+def ensure_mcp_proxy() -> list[str]:
+    """``[.../bin/mcp-proxy]`` from its own virtual environment, installed with pip."""
+    home = _keyed("mcp-proxy", MCP_PROXY_SPEC)
+    program = home / "bin" / "mcp-proxy"
+    if not (home / ".ready").exists():
+        shutil.rmtree(home, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(home)])
+        _run(
+            [
+                str(home / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                MCP_PROXY_SPEC,
+            ]
+        )
+        (home / ".ready").touch()
+    return [str(program)]
+
+
+def installed_version(kind: str) -> str | None:
+    """The version of an installed peer, for the results file."""
+    if kind == "supergateway":
+        package = (
+            _keyed("supergateway", SUPERGATEWAY_SPEC)
+            / "node_modules"
+            / "supergateway"
+            / "package.json"
+        )
+        found = (
+            re.search(r'"version":\s*"([^"]+)"', package.read_text()) if package.exists() else None
+        )
+        return found.group(1) if found else None
+    home = _keyed("mcp-proxy", MCP_PROXY_SPEC)
+    for info in (home / "lib").glob("python*/site-packages/mcp_proxy-*.dist-info"):
+        return info.name.removeprefix("mcp_proxy-").removesuffix(".dist-info")
+    return None
+
+
+@dataclass
+class Peer:
+    """A relay process (its stdin is kept open: supergateway exits when stdin closes)."""
+
+    name: str
+    process: trio.Process
+    port: int
+
+    def alive(self) -> bool:
+        return self.process.returncode is None and self.process.poll() is None
+
+    async def stop(self) -> int | None:
+        try:
+            return await reap(self.process, PROCESS_EXIT_BOUND, sig=signal.SIGTERM)
+        finally:
+            if self.process.stdin is not None:
+                with contextlib.suppress(OSError, trio.BrokenResourceError):
+                    await self.process.stdin.aclose()
+
+
+async def start_peer(name: str, argv: list[str], port: int, log: IO[bytes]) -> Peer:
+    process = await trio.lowlevel.open_process(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=log,
+        stderr=log,
+    )
+    return Peer(name=name, process=process, port=port)
