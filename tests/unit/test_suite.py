@@ -344,3 +344,16 @@ def test_an_unreadable_suite_file_raises_suite_unreadable(
 def test_key_paths_are_printed_with_dots_and_list_indices() -> None:
     assert format_path(("mcp_services", "git", "command", 0)) == "mcp_services.git.command[0]"
     assert format_path(()) == "(top level)"
+
+
+def test_the_bundled_suite_uses_the_image_versions_pinned_in_images_versions_env() -> None:
+    pins = dict(
+        line.split("=", 1)
+        for line in (REPO / "images" / "versions.env").read_text().splitlines()
+        if line and not line.startswith("#") and "=" in line
+    )
+    suite = load_suite(REPO / "claude-mcp-suite.yaml")
+    for service in ("time", "git", "filesystem", "everything"):
+        version = pins[f"MCP_SERVER_{service.upper()}_VERSION"]
+        expected = f"{pins['IMAGE_PREFIX']}/mcp-server-{service}:{version}"
+        assert suite.mcp_services[service].image == expected
