@@ -216,6 +216,8 @@ class _Running:
     stderr_tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
     )
+    # Why the relay gave up on the container's output, if it did (e.g. a line over the limit).
+    output_error: str | None = None
 
 
 @dataclass
@@ -480,6 +482,9 @@ class Session:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except FramingError as exc:
+            # A server whose output cannot be relayed (a message over max_message_size, broken
+            # framing) is replaced like one that died: its in-flight requests get the reason.
+            running.output_error = str(exc)
             log.error("container_output_invalid", extra={**self._log_fields, "detail": str(exc)})
         finally:
             running.exited.set()
@@ -520,16 +525,24 @@ class Session:
             },
         )
         await self._release(running)
-        error = ContainerStartFailure(
-            f"the {self.service_name} server exited"
-            + (f" with code {exit_code}" if exit_code is not None else "")
-            + (" (out of memory)" if oom else "")
-            + " before answering",
-            reason="container_exited",
-            exit_code=exit_code,
-            oom_killed=oom,
-            stderr=list(running.stderr_tail),
-        )
+        if running.output_error is not None:
+            error = ContainerStartFailure(
+                f"the {self.service_name} server's output could not be relayed "
+                f"({running.output_error}); the container was replaced",
+                reason="container_output_invalid",
+                stderr=list(running.stderr_tail),
+            )
+        else:
+            error = ContainerStartFailure(
+                f"the {self.service_name} server exited"
+                + (f" with code {exit_code}" if exit_code is not None else "")
+                + (" (out of memory)" if oom else "")
+                + " before answering",
+                reason="container_exited",
+                exit_code=exit_code,
+                oom_killed=oom,
+                stderr=list(running.stderr_tail),
+            )
         for request_id, _method in lost:
             try:
                 await self.channel.send(error_response(request_id, error))

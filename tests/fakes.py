@@ -173,6 +173,15 @@ async def _call_tool(
     elif name == "wait":
         await trio.sleep(arguments.get("seconds", 3600))
         await _answer(container, message["id"], {"content": []})
+    elif name == "flood":
+        # One line longer than any sane limit, written in pieces like a real process would.
+        piece = b"x" * 65536
+        await container.write_stdout(
+            b'{"jsonrpc":"2.0","id":' + json.dumps(message["id"]).encode() + b',"result":{"text":"'
+        )
+        for _ in range(arguments.get("pieces", 4)):
+            await container.write_stdout(piece)
+        await container.write_stdout(b'"}}\n')
     elif name == "crash":
         await container.write_stderr(b"fatal: asked to crash\n")
         await container.exit(3)

@@ -23,10 +23,16 @@ from reactor_fabric._session import serve_session
 from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, request, scripted_mcp_server
 
 
-def suite(root: Path, *, timeout: str = "1m", max_sessions: int = 8) -> Suite:
+def suite(
+    root: Path, *, timeout: str = "1m", max_sessions: int = 8, max_message: str = "16m"
+) -> Suite:
     return Suite(
         version="1.0",
-        orchestrator=Orchestrator(allowed_mount_roots=[str(root)], max_sessions=max_sessions),
+        orchestrator=Orchestrator(
+            allowed_mount_roots=[str(root)],
+            max_sessions=max_sessions,
+            max_message_size=max_message,
+        ),
         mcp_services={"svc": Service(image="fake/svc:1", timeout=timeout)},
     )
 
@@ -58,9 +64,14 @@ async def running_session(
     service: str = "svc",
     query_mounts: tuple[str, ...] = (),
     idle_timeout: str = "1m",
+    max_message: str = "16m",
 ) -> AsyncIterator[Harness]:
     async with open_memory_engine(server) as engine:
-        fabric = Fabric(suite(root, timeout=idle_timeout), engine=engine, network="none")
+        fabric = Fabric(
+            suite(root, timeout=idle_timeout, max_message=max_message),
+            engine=engine,
+            network="none",
+        )
         client = MemoryClient()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_session, fabric, client, service, list(query_mounts))
@@ -338,6 +349,20 @@ async def test_a_container_that_dies_answers_in_flight_requests_with_32002_and_r
         # The next message gets a fresh container with the session restored.
         assert (await h.call(4, "echo"))["id"] == 4
         assert len(h.engine.spawned) == 2
+
+
+async def test_a_server_message_over_the_size_limit_replaces_the_container_with_a_reason(
+    tmp_path: Path,
+) -> None:
+    async with running_session(tmp_path, max_message="64k") as h:
+        await h.handshake()
+        answer = await h.call(2, "flood", pieces=2)
+        assert answer["error"]["code"] == -32002
+        assert answer["error"]["data"]["reason"] == "container_output_invalid"
+        assert "could not be relayed" in answer["error"]["data"]["detail"]
+        assert "65536" in answer["error"]["data"]["detail"]  # the limit, in bytes
+        assert h.engine.alive == []
+        assert (await h.call(3, "echo"))["id"] == 3  # a fresh container serves the next one
 
 
 @pytest.mark.parametrize(
