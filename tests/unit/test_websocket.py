@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
-from wsproto.events import AcceptConnection, RejectConnection, TextMessage
+from wsproto.events import AcceptConnection, Ping, RejectConnection, TextMessage
 
 from reactor_fabric._config import Orchestrator, Service, Suite
 from reactor_fabric._fabric import Fabric
@@ -178,3 +178,17 @@ def test_binding_a_port_in_use_raises_oserror() -> None:
         taken.listen()
         with pytest.raises(OSError, match="in use"):
             bind_listener("127.0.0.1", taken.getsockname()[1])
+
+
+async def test_the_server_sends_websocket_pings_for_keepalive(tmp_path: Path) -> None:
+    async with served(tmp_path) as (url, _engine, _fabric):
+        ws, _accepted = await RawWebSocket.connect(f"{url}/mcp/svc")
+        try:
+            with trio.fail_after(30):  # the ping interval is 20 s
+                while True:
+                    data = await ws.stream.receive_some(65536)
+                    ws.ws.receive_data(data or None)
+                    if any(isinstance(event, Ping) for event in ws.ws.events()):
+                        break
+        finally:
+            await ws.aclose()
