@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import pytest
@@ -48,3 +49,10 @@ def no_managed_container_is_left_behind() -> Iterator[None]:
         assert not left, f"managed containers left behind: {[c.name for c in left]}"
     finally:
         client.close()
+
+
+@pytest.fixture
+def project_root(tmp_path: Path) -> Path:
+    root = tmp_path / "projects"
+    root.mkdir()
+    return root

@@ -10,13 +10,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 import yaml
+
+from tests.clients import envs
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = yaml.safe_load((REPO / "claude-mcp-suite.yaml").read_text())
@@ -207,3 +210,34 @@ def git_repo(path: Path, commits: list[str]) -> Path:
         subprocess.run(["git", "-C", str(path), "add", "log.txt"], check=True, env=env)
         subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", message], check=True, env=env)
     return path
+
+
+CLIENTS = Path(__file__).resolve().parents[1] / "clients"
+
+
+def python_client(url: str, *args: str, env: dict[str, str] | None = None) -> LineProcess:
+    return LineProcess(
+        [str(envs.python_sdk1()), str(CLIENTS / "mcp1_ws_client.py"), url, *args], env=env
+    )
+
+
+def ts_client(url: str, *args: str) -> LineProcess:
+    transport = "http" if url.startswith("http") else "ws"
+    return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def containers_of(client: docker.DockerClient, **labels: str) -> list[Any]:
+    filters = [f"reactor-fabric.{key.replace('_', '-')}={value}" for key, value in labels.items()]
+    return client.containers.list(all=True, filters={"label": filters})
+
+
+def text_of(answer: dict[str, Any]) -> str:
+    return "\n".join(item.get("text", "") for item in answer["content"])

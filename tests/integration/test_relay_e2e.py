@@ -11,56 +11,26 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
 
-from tests.clients import envs
 from tests.integration.harness import (
     LineProcess,
     Orchestrator,
+    containers_of,
     git_repo,
     orchestrator,
+    python_client,
+    text_of,
+    ts_client,
+    wait_until,
     write_suite,
 )
 
 pytestmark = pytest.mark.integration
-
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-
-
-def python_client(url: str, *args: str, env: dict[str, str] | None = None) -> LineProcess:
-    return LineProcess(
-        [str(envs.python_sdk1()), str(CLIENTS / "mcp1_ws_client.py"), url, *args], env=env
-    )
-
-
-def ts_client(url: str, *args: str) -> LineProcess:
-    transport = "http" if url.startswith("http") else "ws"
-    return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def containers_of(client: docker.DockerClient, **labels: str) -> list[Any]:
-    filters = [f"reactor-fabric.{key.replace('_', '-')}={value}" for key, value in labels.items()]
-    return client.containers.list(all=True, filters={"label": filters})
-
-
-@pytest.fixture
-def project_root(tmp_path: Path) -> Path:
-    root = tmp_path / "projects"
-    root.mkdir()
-    return root
 
 
 @pytest.fixture
@@ -74,10 +44,6 @@ def fabric(tmp_path: Path, project_root: Path) -> Iterator[Orchestrator]:
 
 def mounts(source: Path, target: str = "/workspace", read_only: bool = False) -> str:
     return json.dumps([{"source": str(source), "target": target, "readOnly": read_only}])
-
-
-def text_of(answer: dict[str, Any]) -> str:
-    return "\n".join(item.get("text", "") for item in answer["content"])
 
 
 def test_two_clients_registering_different_repos_each_see_only_their_own_commits(

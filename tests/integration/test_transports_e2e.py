@@ -13,13 +13,17 @@ from typing import Any
 import docker
 import pytest
 
-from tests.integration.harness import LineProcess, Orchestrator, git_repo, orchestrator, write_suite
-from tests.integration.test_relay_e2e import (
+from tests.integration.harness import (
+    LineProcess,
+    Orchestrator,
     containers_of,
+    git_repo,
+    orchestrator,
     python_client,
     text_of,
     ts_client,
     wait_until,
+    write_suite,
 )
 
 pytestmark = pytest.mark.integration
@@ -51,13 +55,6 @@ def sdk2_stdio_bridge(
     return LineProcess(
         [sys.executable, str(CLIENTS / "mcp2_client.py"), "stdio", *extra, "--", *command], cwd=REPO
     )
-
-
-@pytest.fixture
-def project_root(tmp_path: Path) -> Path:
-    root = tmp_path / "projects"
-    root.mkdir()
-    return root
 
 
 @pytest.fixture
