@@ -235,8 +235,18 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "
 
 
 def containers_of(client: docker.DockerClient, **labels: str) -> list[Any]:
+    """Containers with these reactor-fabric labels, fully inspected.
+
+    docker-py lists, then inspects each container: one removed in between (the orchestrator
+    removing it right now) raises NotFound, so the listing is simply taken again.
+    """
     filters = [f"reactor-fabric.{key.replace('_', '-')}={value}" for key, value in labels.items()]
-    return client.containers.list(all=True, filters={"label": filters})
+    for _ in range(20):
+        try:
+            return client.containers.list(all=True, filters={"label": filters})
+        except docker.errors.NotFound:
+            continue
+    return client.containers.list(all=True, filters={"label": filters}, sparse=True)
 
 
 def text_of(answer: dict[str, Any]) -> str:
