@@ -269,7 +269,7 @@ def test_an_orchestrator_killed_with_sigkill_leaves_orphans_the_next_one_removes
         # The start-up sweep runs before the orchestrator reports itself serving.
         assert not containers_of(docker_client, session=session)
         removed = [e for e in second.logs() if e["event"] == "orphan_removed"]
-        assert [e["container"] for e in removed] == [orphan.id[:12]]
+        assert orphan.id[:12] in [e["container"] for e in removed]
 
 
 def test_an_unreachable_docker_engine_answers_32001_and_the_orchestrator_keeps_serving(
