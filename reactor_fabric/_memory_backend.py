@@ -12,7 +12,6 @@ whether any were removed twice or never.
 from __future__ import annotations
 
 import itertools
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,9 +23,7 @@ import trio.testing
 from ._backend import ContainerExit, SpawnedContainer
 from ._container_spec import LABEL_MANAGED, ContainerSpec
 from ._errors import FabricError
-from ._stdio_framing import STDERR, STDOUT, LineSplitter
-
-_HEADER = struct.Struct(">BxxxL")
+from ._stdio_framing import STDERR, STDOUT, LineSplitter, docker_frame
 
 
 @dataclass
@@ -61,11 +58,11 @@ class FakeContainer:
 
     async def write_stdout(self, data: bytes) -> None:
         async with self._write_lock:
-            await self.stream.send_all(_HEADER.pack(STDOUT, len(data)) + data)
+            await self.stream.send_all(docker_frame(STDOUT, data))
 
     async def write_stderr(self, data: bytes) -> None:
         async with self._write_lock:
-            await self.stream.send_all(_HEADER.pack(STDERR, len(data)) + data)
+            await self.stream.send_all(docker_frame(STDERR, data))
 
     async def exit(self, code: int) -> None:
         """The server process ends: its output stream closes."""

@@ -22,6 +22,12 @@ STDERR = 2
 _HEADER = struct.Struct(">BxxxL")
 
 
+def docker_frame(stream_id: int, payload: bytes) -> bytes:
+    """One frame of Docker's multiplexed stream (what the engine sends; the in-memory backend
+    and tests produce it too)."""
+    return _HEADER.pack(stream_id, len(payload)) + payload
+
+
 class FramingError(ValueError):
     """The byte stream broke the framing rules; the connection cannot be trusted further."""
 

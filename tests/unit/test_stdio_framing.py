@@ -11,15 +11,16 @@ from reactor_fabric._stdio_framing import (
     FramingError,
     LineSplitter,
     LineTooLong,
+    docker_frame,
 )
 
 
-def frame(stream: int, payload: bytes) -> bytes:
-    return struct.pack(">BxxxL", stream, len(payload)) + payload
-
-
 def test_frames_are_split_by_stream_whatever_the_chunking() -> None:
-    wire = frame(STDOUT, b'{"a":1}\n') + frame(STDERR, b"log line\n") + frame(STDOUT, b"x")
+    wire = (
+        docker_frame(STDOUT, b'{"a":1}\n')
+        + docker_frame(STDERR, b"log line\n")
+        + docker_frame(STDOUT, b"x")
+    )
     for size in (1, 3, 8, 9, len(wire)):
         demuxer = DockerStreamDemuxer(max_frame=1024)
         got = []
@@ -31,7 +32,7 @@ def test_frames_are_split_by_stream_whatever_the_chunking() -> None:
 
 def test_an_unknown_stream_id_is_a_framing_error() -> None:
     with pytest.raises(FramingError, match="stream id 7"):
-        DockerStreamDemuxer(max_frame=10).feed(frame(7, b"x"))
+        DockerStreamDemuxer(max_frame=10).feed(docker_frame(7, b"x"))
 
 
 def test_an_oversized_frame_is_refused_before_it_is_buffered() -> None:
