@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ._errors import InvalidMessage
-from ._jsonrpc import RequestId, peek
+from ._jsonrpc import Peek, RequestId, peek
 
 INBOX_DEPTH = 64
 WAITER_DEPTH = 32
@@ -41,6 +41,8 @@ class Waiter:
     send: trio.MemorySendChannel[bytes]
     receive: trio.MemoryReceiveChannel[bytes]
     gone: bool = False
+    # The frame that answers the request, once delivered (compared by identity by the POST).
+    response: bytes | None = None
 
 
 @dataclass
@@ -68,13 +70,14 @@ class HttpChannel:
         except (trio.EndOfChannel, trio.ClosedResourceError):
             return None
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None) -> None:
         if self.closed.is_set():
             raise trio.ClosedResourceError("the HTTP session is closed")
-        try:
-            message = peek(frame)
-        except InvalidMessage:
-            message = None
+        if message is None:
+            try:
+                message = peek(frame)
+            except InvalidMessage:
+                message = None
         if message is not None and message.kind == "response" and message.id is not None:
             waiter = self._waiters.pop(message.id, None)
             if waiter is not None and not waiter.gone:
@@ -136,6 +139,7 @@ class HttpChannel:
 
 
 async def _deliver_final(waiter: Waiter, frame: bytes) -> None:
+    waiter.response = frame
     try:
         await waiter.send.send(frame)
     except (trio.ClosedResourceError, trio.BrokenResourceError):

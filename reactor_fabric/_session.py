@@ -76,8 +76,12 @@ class ClientChannel(Protocol):
     async def receive(self) -> bytes | None:
         """The next message (UTF-8 bytes), or None once the client has gone."""
 
-    async def send(self, frame: bytes) -> None:
-        """Deliver one message; raises trio.BrokenResourceError if the client has gone."""
+    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+        """Deliver one message; raises trio.BrokenResourceError if the client has gone.
+
+        ``message`` is the frame's envelope when the relay has already peeked at it, so a
+        channel that routes by envelope (Streamable HTTP) need not decode it again.
+        """
 
     async def close(self, code: int, reason: str = "") -> None: ...
 
@@ -372,7 +376,7 @@ class Session:
             if message.id == running.replay_id:
                 running.replay_answered.set()
             return
-        await self.channel.send(line)
+        await self.channel.send(line, message)
 
     # --- container side -------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from ._errors import FabricError, InvalidMessage, InvalidRequest, ServiceNotFoun
 from ._fabric import Fabric
 from ._handshake import REGISTER_METHOD
 from ._http_channel import HttpChannel, Waiter
-from ._jsonrpc import Peek, RequestId, decode_params, error_response, peek
+from ._jsonrpc import Peek, decode_params, error_response, peek
 from ._origin import host_allowed, origin_allowed
 from ._session import new_session_id, serve_session
 
@@ -463,7 +463,7 @@ async def _stream_answer(send: Send, waiter: Waiter, session_id: str, channel: H
         await respond_error(send, 404, error, waiter.request_id)
         return
     channel.touch()
-    if _answers(first, waiter.request_id):
+    if first is waiter.response:
         await respond(send, 200, first, extra=[(b"mcp-session-id", session_id.encode())])
         return
     await _start_event_stream(send, session_id)
@@ -472,14 +472,6 @@ async def _stream_answer(send: Send, waiter: Waiter, session_id: str, channel: H
         channel.touch()
         await send({"type": "http.response.body", "body": sse_event(frame), "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def _answers(frame: bytes, request_id: RequestId) -> bool:
-    try:
-        message = peek(frame)
-    except InvalidMessage:
-        return False
-    return message.kind == "response" and message.id == request_id
 
 
 def sse_event(frame: bytes) -> bytes:

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, unquote
 import trio
 
 from ._fabric import Fabric
+from ._jsonrpc import Peek
 from ._origin import host_allowed, origin_allowed
 from ._session import serve_session
 
@@ -62,7 +63,7 @@ class AsgiWebSocketChannel:
             return None
         return str(text).encode()
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None) -> None:
         if self.closed:
             raise trio.ClosedResourceError("the client connection is closed")
         async with self._send_lock:

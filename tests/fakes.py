@@ -13,6 +13,7 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMes
 from reactor_fabric._backend import ContainerExit, SpawnedContainer
 from reactor_fabric._container_spec import ContainerSpec
 from reactor_fabric._errors import DockerUnavailable
+from reactor_fabric._jsonrpc import Peek
 from reactor_fabric._memory_backend import FakeContainer
 
 
@@ -64,7 +65,7 @@ class MemoryClient:
         except trio.EndOfChannel:
             return None
 
-    async def send(self, frame: bytes) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None) -> None:
         if self.closed_with is not None:
             raise trio.ClosedResourceError("closed")
         await self._from_relay_send.send(frame)
