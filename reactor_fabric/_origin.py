@@ -11,7 +11,11 @@ port); when it listens on a wildcard address, every host is accepted. Pure.
 
 from __future__ import annotations
 
+import logging
+from typing import Any
 from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -56,3 +60,32 @@ def host_allowed(host_header: str | None, allowed: frozenset[str] | None) -> boo
     except ValueError:
         return False
     return name is not None and name.lower() in allowed
+
+
+def request_headers(scope: dict[str, Any]) -> dict[bytes, str]:
+    """An ASGI request's headers by lower-case name (the last of repeated ones wins)."""
+    return {bytes(key).lower(): bytes(value).decode("latin-1") for key, value in scope["headers"]}
+
+
+def request_allowed(
+    headers: dict[bytes, str],
+    *,
+    allowed_origins: frozenset[str],
+    allowed_hosts: frozenset[str] | None,
+    path: str,
+) -> bool:
+    """The Origin and Host checks every endpoint applies before anything else; logs a refusal."""
+    origin, host = headers.get(b"origin"), headers.get(b"host")
+    if origin_allowed(origin, allowed_origins) and host_allowed(host, allowed_hosts):
+        return True
+    log.warning(
+        "request_refused",
+        extra={
+            "origin": origin,
+            "host": host,
+            "path": path,
+            "code": -32004,
+            "reason": "origin_or_host_not_allowed",
+        },
+    )
+    return False

@@ -45,7 +45,7 @@ from ._fabric import Fabric
 from ._handshake import REGISTER_METHOD
 from ._http_channel import HttpChannel, Waiter
 from ._jsonrpc import Peek, decode_params, error_response, peek
-from ._origin import host_allowed, origin_allowed
+from ._origin import request_allowed, request_headers
 from ._session import new_session_id, serve_session
 
 log = logging.getLogger(__name__)
@@ -160,10 +160,6 @@ class HttpSessions:
             await session.ended.wait()
 
 
-def _headers(scope: dict[str, Any]) -> dict[bytes, str]:
-    return {key.lower(): bytes(value).decode("latin-1") for key, value in scope["headers"]}
-
-
 async def respond(
     send: Send,
     status: int,
@@ -205,7 +201,7 @@ class Exchange:
     headers: dict[bytes, str] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.headers = _headers(self.scope)
+        self.headers = request_headers(self.scope)
 
     @property
     def fabric(self) -> Fabric:
@@ -255,14 +251,12 @@ async def serve_streamable_http(
 async def _admissible(exchange: Exchange) -> bool:
     """The checks every request passes; answers and returns False when one fails."""
     fabric, headers, send = exchange.fabric, exchange.headers, exchange.send
-    origin, host = headers.get(b"origin"), headers.get(b"host")
-    if not origin_allowed(origin, fabric.allowed_origins) or not host_allowed(
-        host, fabric.allowed_hosts
+    if not request_allowed(
+        headers,
+        allowed_origins=fabric.allowed_origins,
+        allowed_hosts=fabric.allowed_hosts,
+        path=exchange.scope["path"],
     ):
-        log.warning(
-            "http_request_refused",
-            extra={"origin": origin, "host": host, "reason": "origin_or_host_not_allowed"},
-        )
         await respond(send, 403, b'{"error": "origin or host not allowed"}')
         return False
     version = headers.get(PROTOCOL_HEADER)

@@ -19,7 +19,7 @@ import trio
 
 from ._fabric import Fabric
 from ._jsonrpc import Peek
-from ._origin import host_allowed, origin_allowed
+from ._origin import request_allowed, request_headers
 from ._session import serve_session
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,6 @@ SUBPROTOCOL = "mcp"
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_INTERNAL_ERROR = 1011
 MCP_PREFIX = "/mcp/"
-
-
-def header(scope: dict[str, Any], name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
 
 
 class AsgiWebSocketChannel:
@@ -85,21 +78,13 @@ async def serve_websocket(
     if connect["type"] != "websocket.connect":
         return
     path: str = scope["path"]
-    origin = header(scope, b"origin")
-    host = header(scope, b"host")
-    if not origin_allowed(origin, fabric.allowed_origins) or not host_allowed(
-        host, fabric.allowed_hosts
+    headers = request_headers(scope)
+    if not request_allowed(
+        headers,
+        allowed_origins=fabric.allowed_origins,
+        allowed_hosts=fabric.allowed_hosts,
+        path=path,
     ):
-        log.warning(
-            "origin_refused",
-            extra={
-                "origin": origin,
-                "host": host,
-                "path": path,
-                "code": -32004,
-                "reason": "origin_not_allowed",
-            },
-        )
         await send({"type": "websocket.close", "code": 1008})  # before accept: HTTP 403
         return
     if not path.startswith(MCP_PREFIX) or "/" in path[len(MCP_PREFIX) :]:
