@@ -3,7 +3,6 @@
 The public API is re-exported here; the private modules each hold one concept.
 """
 
-from ._config import Orchestrator, Resources, Security, Service, Suite
 from ._errors import (
     ContainerStartFailure,
     DockerUnavailable,
@@ -15,8 +14,9 @@ from ._errors import (
     SecurityViolation,
     ServiceNotFound,
 )
-from ._suite import SuiteIssue, SuiteUnreadable, check_suite_text, load_suite
 from ._version import __version__
+from .config.structs import Orchestrator, Resources, Security, Service, Suite
+from .config.suite import SuiteIssue, SuiteUnreadable, check_suite_text, load_suite
 
 __all__ = [
     "ContainerStartFailure",

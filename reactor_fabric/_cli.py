@@ -22,14 +22,14 @@ from pathlib import Path
 
 import trio
 
-from ._bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
-from ._docker import DockerEngine
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
-from ._fabric import Fabric
-from ._logging import LOG_LEVELS, configure_logging
-from ._serve import Listening, bind_listener, serve_orchestrator
-from ._suite import SuiteUnreadable, check_suite_text, read_suite_file
 from ._version import __version__
+from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
+from .observe.logging import LOG_LEVELS, configure_logging
+from .runtime.docker import DockerEngine
+from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
+from .trio.fabric import Fabric
+from .trio.serve import Listening, bind_listener, serve_orchestrator
 
 log = logging.getLogger("reactor_fabric.cli")
 

@@ -10,11 +10,11 @@ import trio
 import wsproto
 from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMessage
 
-from reactor_fabric._backend import ContainerExit, SpawnedContainer
-from reactor_fabric._container_spec import ContainerSpec
 from reactor_fabric._errors import DockerUnavailable
-from reactor_fabric._jsonrpc import Peek
-from reactor_fabric._memory_backend import FakeContainer
+from reactor_fabric.policy.container_spec import ContainerSpec
+from reactor_fabric.protocol.jsonrpc import Peek
+from reactor_fabric.runtime.base import ContainerExit, SpawnedContainer
+from reactor_fabric.runtime.memory import FakeContainer
 
 
 class UnreachableEngine:

@@ -28,7 +28,7 @@ import docker
 import docker.errors
 import trio
 
-from reactor_fabric._docker import detach_socket
+from reactor_fabric.runtime.docker import detach_socket
 
 from .mcp import AttachedStream, PipeStream, StreamRpc, socket_stream
 

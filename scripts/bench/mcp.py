@@ -19,7 +19,7 @@ import msgspec
 import trio
 import trio_websocket
 
-from reactor_fabric._stdio_framing import STDOUT, DockerStreamDemuxer, LineSplitter
+from reactor_fabric.protocol.framing import STDOUT, DockerStreamDemuxer, LineSplitter
 
 Json = dict[str, Any]
 

@@ -16,10 +16,14 @@ import pytest
 import trio
 
 from reactor_fabric import ContainerStartFailure, Service, load_suite
-from reactor_fabric._backend import SpawnedContainer
-from reactor_fabric._container_spec import LABEL_SESSION, ContainerIdentity, container_spec_for
-from reactor_fabric._docker import DockerEngine
-from reactor_fabric._stdio_framing import STDOUT, DockerStreamDemuxer, LineSplitter
+from reactor_fabric.policy.container_spec import (
+    LABEL_SESSION,
+    ContainerIdentity,
+    container_spec_for,
+)
+from reactor_fabric.protocol.framing import STDOUT, DockerStreamDemuxer, LineSplitter
+from reactor_fabric.runtime.base import SpawnedContainer
+from reactor_fabric.runtime.docker import DockerEngine
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = load_suite(REPO / "claude-mcp-suite.yaml")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from reactor_fabric._app import FabricApp
-from reactor_fabric._backend import ContainerBackend
-from reactor_fabric._config import Orchestrator, Service, Suite
-from reactor_fabric._fabric import Fabric
-from reactor_fabric._streamable_http import HttpSessions
+from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.runtime.base import ContainerBackend
+from reactor_fabric.trio.app import FabricApp
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.streamable_http import HttpSessions
 from tests.fakes import AnsweringEngine, UnreachableEngine
 
 SUITE = Suite(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reactor_fabric._bridge import BridgeError, mounts_from, service_url
+from reactor_fabric.trio.bridge import BridgeError, mounts_from, service_url
 
 REPO = Path(__file__).resolve().parents[2]
 UPPERCASE_ECHO = "import sys; print(sys.stdin.read().upper())"

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import json
 
-from reactor_fabric._config import Resources, Security, Service
-from reactor_fabric._container_spec import (
+from reactor_fabric.config.structs import Resources, Security, Service
+from reactor_fabric.policy.container_spec import (
     ContainerIdentity,
     ContainerSpec,
     MountSpec,
     container_spec_for,
 )
-from reactor_fabric._docker import host_config_kwargs
+from reactor_fabric.runtime.docker import host_config_kwargs
 
 
 def spec_for(

@@ -5,7 +5,7 @@ import pytest
 import requests
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable, FabricError
-from reactor_fabric._docker import translate_docker_error
+from reactor_fabric.runtime.docker import translate_docker_error
 
 
 def test_errors_carry_their_documented_code_message_and_reason() -> None:

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from reactor_fabric import InvalidRequest
-from reactor_fabric._container_spec import MountSpec
-from reactor_fabric._handshake import (
+from reactor_fabric.policy.container_spec import MountSpec
+from reactor_fabric.protocol.handshake import (
     ForwardFirst,
     RegisterClient,
     classify_first_message,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from reactor_fabric import InvalidRequest, ParseError, ServiceNotFound
-from reactor_fabric._jsonrpc import error_response, for_stdio, peek, with_id
+from reactor_fabric.protocol.jsonrpc import error_response, for_stdio, peek, with_id
 
 
 @pytest.mark.parametrize(

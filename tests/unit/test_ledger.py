@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import json
 
-from reactor_fabric._jsonrpc import peek
-from reactor_fabric._ledger import Ledger
+from reactor_fabric.protocol.jsonrpc import peek
+from reactor_fabric.protocol.ledger import Ledger
 
 
 def client(ledger: Ledger, message: dict[str, object]) -> None:

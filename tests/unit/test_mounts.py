@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric import SecurityViolation
-from reactor_fabric._container_spec import MountSpec
-from reactor_fabric._mounts import MountPolicy, is_within, parse_query_mount
+from reactor_fabric.policy.container_spec import MountSpec
+from reactor_fabric.policy.mounts import MountPolicy, is_within, parse_query_mount
 
 
 @pytest.fixture

@@ -5,16 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from reactor_fabric._container_spec import (
+from reactor_fabric.policy.container_spec import (
     LABEL_INSTANCE,
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
     LABEL_OWNER_START,
     LABEL_SESSION,
 )
-from reactor_fabric._origin import normalise_origins, origin_allowed
-from reactor_fabric._owner import owner_is_gone, process_start_time
-from reactor_fabric._sweeper import OWN_GRACE_SECONDS, containers_to_remove
+from reactor_fabric.policy.origins import normalise_origins, origin_allowed
+from reactor_fabric.policy.owner import owner_is_gone, process_start_time
+from reactor_fabric.trio.sweeper import OWN_GRACE_SECONDS, containers_to_remove
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import msgspec.inspect as mi
 import pytest
 
 from reactor_fabric import Suite
-from reactor_fabric._suite import suite_schema
+from reactor_fabric.config.suite import suite_schema
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = suite_schema()
@@ -83,7 +83,7 @@ def test_the_schema_is_a_valid_draft_2020_12_schema() -> None:
 
 
 def test_the_packaged_schema_is_the_file_in_schemas() -> None:
-    packaged = REPO / "reactor_fabric" / "claude-mcp-suite.schema.json"
+    packaged = REPO / "reactor_fabric" / "config" / "claude-mcp-suite.schema.json"
     assert packaged.resolve() == (REPO / "schemas" / "claude-mcp-suite.schema.json").resolve()
 
 

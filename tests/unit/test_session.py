@@ -16,10 +16,10 @@ import trio
 import trio.testing
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
-from reactor_fabric._config import Orchestrator, Service, Suite
-from reactor_fabric._fabric import Fabric
-from reactor_fabric._memory_backend import MemoryEngine, Server, open_memory_engine
-from reactor_fabric._session import serve_session
+from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.runtime.memory import MemoryEngine, Server, open_memory_engine
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.session import serve_session
 from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, request, scripted_mcp_server
 
 

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from reactor_fabric._stdio_framing import (
+from reactor_fabric.protocol.framing import (
     STDERR,
     STDOUT,
     DockerStreamDemuxer,

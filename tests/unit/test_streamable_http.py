@@ -14,11 +14,11 @@ import pytest
 import trio
 import trio.testing
 
-from reactor_fabric._app import FabricApp
-from reactor_fabric._config import Orchestrator, Service, Suite
-from reactor_fabric._fabric import Fabric
-from reactor_fabric._memory_backend import MemoryEngine, open_memory_engine
-from reactor_fabric._streamable_http import HttpSessions
+from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.runtime.memory import MemoryEngine, open_memory_engine
+from reactor_fabric.trio.app import FabricApp
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.streamable_http import HttpSessions
 from tests.fakes import INITIALIZE, INITIALIZED, request, scripted_mcp_server
 
 BOTH = "application/json, text/event-stream"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric import InvalidSuiteConfiguration, SuiteUnreadable, check_suite_text, load_suite
-from reactor_fabric._suite import format_path
+from reactor_fabric.config.suite import format_path
 
 REPO = Path(__file__).resolve().parents[2]
 

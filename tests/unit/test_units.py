@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from reactor_fabric._units import parse_duration, parse_size
+from reactor_fabric.config.units import parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

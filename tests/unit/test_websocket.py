@@ -14,10 +14,10 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 from wsproto.events import AcceptConnection, Ping, RejectConnection, TextMessage
 
-from reactor_fabric._config import Orchestrator, Service, Suite
-from reactor_fabric._fabric import Fabric
-from reactor_fabric._memory_backend import MemoryEngine, open_memory_engine
-from reactor_fabric._serve import Listening, bind_listener, serve_orchestrator
+from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.runtime.memory import MemoryEngine, open_memory_engine
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.serve import Listening, bind_listener, serve_orchestrator
 from tests.fakes import INITIALIZE, RawWebSocket, request, scripted_mcp_server
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from reactor_fabric._yaml import Position, YamlSyntaxError, load_yaml_with_positions
+from reactor_fabric.config.positions import Position, YamlSyntaxError, load_yaml_with_positions
 
 
 def test_positions_of_keys_and_values_are_one_based_lines_and_columns() -> None:

@@ -1,8 +1,9 @@
 """The orchestrator's shared state: the suite, the engine, and the live sessions.
 
 One :class:`Fabric` exists per running orchestrator. It is owned by
-:func:`~reactor_fabric._serve.serve_orchestrator`, whose nursery owns every task that uses it,
-and it is what a session sees of the orchestrator (:class:`~reactor_fabric._session.SessionHost`).
+:func:`~reactor_fabric.trio.serve.serve_orchestrator`, whose nursery owns every task that uses it,
+and it is what a session sees of the orchestrator
+(:class:`~reactor_fabric.trio.session.SessionHost`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ._backend import ContainerBackend
-from ._config import Service, Suite
-from ._container_spec import ContainerIdentity, MountSpec
-from ._docker import hostname
-from ._mounts import MountPolicy
-from ._origin import allowed_hosts, normalise_origins
-from ._owner import process_start_time
+from ..config.structs import Service, Suite
+from ..policy.container_spec import ContainerIdentity, MountSpec
+from ..policy.mounts import MountPolicy
+from ..policy.origins import allowed_hosts, normalise_origins
+from ..policy.owner import process_start_time
+from ..runtime.base import ContainerBackend
+from ..runtime.docker import hostname
 
 
 def new_instance_id() -> str:

@@ -35,9 +35,9 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
-from ._mounts import parse_query_mount
-from ._stdio_framing import LineSplitter
-from ._suite import SuiteUnreadable, load_suite
+from ..config.suite import SuiteUnreadable, load_suite
+from ..policy.mounts import parse_query_mount
+from ..protocol.framing import LineSplitter
 
 DEFAULT_TARGET = "/workspace"
 MAX_MESSAGE = 16 * 1024 * 1024

@@ -22,10 +22,10 @@ from typing import Any
 import jsonschema
 import msgspec
 
-from ._config import Suite
-from ._errors import InvalidSuiteConfiguration
-from ._units import parse_duration, parse_size
-from ._yaml import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
+from .._errors import InvalidSuiteConfiguration
+from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
+from .structs import Suite
+from .units import parse_duration, parse_size
 
 SCHEMA_RESOURCE = "claude-mcp-suite.schema.json"
 # The environment variable that carries a service's `config` into its container.
@@ -62,7 +62,7 @@ class SuiteUnreadable(OSError):
 @functools.cache
 def suite_schema() -> dict[str, Any]:
     """The suite's JSON Schema (2020-12), shipped inside the package."""
-    text = resources.files("reactor_fabric").joinpath(SCHEMA_RESOURCE).read_text("utf-8")
+    text = resources.files("reactor_fabric.config").joinpath(SCHEMA_RESOURCE).read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 

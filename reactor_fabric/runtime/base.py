@@ -1,7 +1,7 @@
 """The container runtime interface the orchestrator depends on.
 
-Implementations: :class:`~reactor_fabric._docker.DockerEngine` (the real one) and the in-memory
-fake used by unit tests. Podman and Kubernetes backends would implement the same protocol.
+Implementations: :class:`~reactor_fabric.runtime.docker.DockerEngine` (the real one) and the
+in-memory fake used by unit tests. Podman and Kubernetes backends would implement the same protocol.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ._container_spec import ContainerSpec
+from ..policy.container_spec import ContainerSpec
 
 
 @dataclass

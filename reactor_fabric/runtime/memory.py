@@ -20,10 +20,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from ._backend import ContainerExit, SpawnedContainer
-from ._container_spec import LABEL_MANAGED, ContainerSpec
-from ._errors import FabricError
-from ._stdio_framing import STDERR, STDOUT, LineSplitter, docker_frame
+from .._errors import FabricError
+from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..protocol.framing import STDERR, STDOUT, LineSplitter, docker_frame
+from .base import ContainerExit, SpawnedContainer
 
 
 @dataclass
@@ -74,7 +74,7 @@ Server = Callable[[FakeContainer], Awaitable[None]]
 
 
 class MemoryEngine:
-    """A :class:`~reactor_fabric._backend.ContainerBackend` whose containers are coroutines."""
+    """A :class:`~reactor_fabric.runtime.base.ContainerBackend` whose containers are coroutines."""
 
     def __init__(self, nursery: trio.Nursery, server: Server) -> None:
         self._nursery = nursery

@@ -23,8 +23,8 @@ import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._container_spec import MountSpec
-from ._errors import SecurityViolation
+from .._errors import SecurityViolation
+from .container_spec import MountSpec
 
 MAX_MOUNTS = 32
 

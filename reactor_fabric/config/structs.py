@@ -2,7 +2,7 @@
 
 These mirror ``schemas/claude-mcp-suite.schema.json`` field for field (a test fails if they
 drift); defaults here equal the schema's ``default`` values. Instances are only ever built from
-data that already passed validation (see :mod:`reactor_fabric._suite`), so the derived
+data that already passed validation (see :mod:`reactor_fabric.config.suite`), so the derived
 properties below can parse without failing.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ._units import parse_duration, parse_size
+from .units import parse_duration, parse_size
 
 DEFAULT_TIMEOUT = "1m"
 DEFAULT_MAX_MESSAGE_SIZE = "16m"

@@ -31,9 +31,9 @@ import docker.types
 import requests.exceptions
 import trio
 
-from ._backend import ContainerExit, SpawnedContainer
-from ._container_spec import LABEL_MANAGED, ContainerSpec
-from ._errors import ContainerStartFailure, DockerUnavailable, FabricError
+from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
+from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from .base import ContainerExit, SpawnedContainer
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A WebSocket is one bidirectional pipe; Streamable HTTP spreads a session over many requests:
 each client message arrives in its own POST, a request's response (and the messages related to
 it) go back on that POST's response, and server-initiated messages go on a GET stream. The
-:class:`HttpChannel` gives the session the same :class:`~reactor_fabric._session.ClientChannel`
+:class:`HttpChannel` gives the session the same :class:`~reactor_fabric.trio.session.ClientChannel`
 it has over WebSocket, and routes each server frame to the right HTTP exchange:
 
 1. a response goes to the POST waiting for that request id;
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ._errors import InvalidMessage
-from ._jsonrpc import Peek, RequestId, peek
+from .._errors import InvalidMessage
+from ..protocol.jsonrpc import Peek, RequestId, peek
 
 INBOX_DEPTH = 64
 WAITER_DEPTH = 32

@@ -20,10 +20,10 @@ from typing import Any
 
 import trio
 
-from ._backend import ContainerBackend
-from ._container_spec import LABEL_INSTANCE, LABEL_SESSION
-from ._errors import FabricError
-from ._owner import owner_is_gone
+from .._errors import FabricError
+from ..policy.container_spec import LABEL_INSTANCE, LABEL_SESSION
+from ..policy.owner import owner_is_gone
+from ..runtime.base import ContainerBackend
 
 log = logging.getLogger(__name__)
 

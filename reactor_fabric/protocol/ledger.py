@@ -1,7 +1,7 @@
 """What is in flight between a client and its container, and what to replay after a restart.
 
-The relay peeks at each frame (:func:`~reactor_fabric._jsonrpc.peek`) and tells the ledger. The
-ledger knows:
+The relay peeks at each frame (:func:`~reactor_fabric.protocol.jsonrpc.peek`) and tells
+the ledger. The ledger knows:
 
 - which client requests await a response (answered with -32002 if the container dies);
 - which server→client requests (sampling, roots, elicitation) await the client, since a
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._jsonrpc import Peek, RequestId, decode_params, with_id
+from .jsonrpc import Peek, RequestId, decode_params, with_id
 
 INITIALIZE = "initialize"
 INITIALIZED = "notifications/initialized"

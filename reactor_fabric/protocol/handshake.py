@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._container_spec import MountSpec
-from ._errors import InvalidRequest
-from ._jsonrpc import Peek, RequestId, decode_params, peek, result_response
+from .._errors import InvalidRequest
+from ..policy.container_spec import MountSpec
+from .jsonrpc import Peek, RequestId, decode_params, peek, result_response
 
 REGISTER_METHOD = "fabric/registerClient"
 

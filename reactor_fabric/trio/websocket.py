@@ -2,7 +2,7 @@
 
 Handshake rules (spec §3): the ``Origin`` check happens before accepting (closing before accept
 answers HTTP 403); subprotocol ``mcp`` is chosen only when the client offers it; then the
-connection becomes a session (:func:`~reactor_fabric._session.serve_session`). One JSON-RPC
+connection becomes a session (:func:`~reactor_fabric.trio.session.serve_session`). One JSON-RPC
 message per text frame; a binary frame closes the connection with 1003; oversize messages are
 closed with 1009 by the server (``max_message_size``).
 """
@@ -17,10 +17,10 @@ from urllib.parse import parse_qs, unquote
 
 import trio
 
-from ._fabric import Fabric
-from ._jsonrpc import Peek
-from ._origin import request_allowed, request_headers
-from ._session import serve_session
+from ..policy.origins import request_allowed, request_headers
+from ..protocol.jsonrpc import Peek
+from .fabric import Fabric
+from .session import serve_session
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ MCP_PREFIX = "/mcp/"
 
 
 class AsgiWebSocketChannel:
-    """A :class:`~reactor_fabric._session.ClientChannel` over an accepted ASGI WebSocket."""
+    """A :class:`~reactor_fabric.trio.session.ClientChannel` over an accepted ASGI WebSocket."""
 
     def __init__(self, receive: Receive, send: Send) -> None:
         self._receive = receive

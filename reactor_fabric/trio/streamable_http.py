@@ -40,13 +40,13 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
-from ._errors import FabricError, InvalidMessage, InvalidRequest, ServiceNotFound
-from ._fabric import Fabric
-from ._handshake import REGISTER_METHOD
-from ._http_channel import HttpChannel, Waiter
-from ._jsonrpc import Peek, decode_params, error_response, peek
-from ._origin import request_allowed, request_headers
-from ._session import new_session_id, serve_session
+from .._errors import FabricError, InvalidMessage, InvalidRequest, ServiceNotFound
+from ..policy.origins import request_allowed, request_headers
+from ..protocol.handshake import REGISTER_METHOD
+from ..protocol.jsonrpc import Peek, decode_params, error_response, peek
+from .fabric import Fabric
+from .http_channel import HttpChannel, Waiter
+from .session import new_session_id, serve_session
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class HttpSessions:
     """The live Streamable HTTP sessions, and the nursery that owns them.
 
     Ownership: :meth:`run` (started in the orchestrator's root nursery) owns one task per HTTP
-    session, which runs :func:`~reactor_fabric._session.serve_session` and the session's expiry
+    session, which runs :func:`~reactor_fabric.trio.session.serve_session` and the session's expiry
     watch; request handlers only look sessions up and talk to their channels.
     """
 

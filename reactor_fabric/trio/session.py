@@ -31,21 +31,21 @@ from typing import Protocol
 
 import trio
 
-from ._backend import ContainerBackend, SpawnedContainer
-from ._config import Service
-from ._container_spec import ContainerIdentity, MountSpec, container_spec_for
-from ._errors import (
+from .._errors import (
     ContainerStartFailure,
     FabricError,
     InvalidMessage,
     SecurityViolation,
     ServiceNotFound,
 )
-from ._handshake import RegisterClient, classify_first_message, register_answer
-from ._jsonrpc import Peek, error_response, for_stdio, peek
-from ._ledger import Ledger
-from ._mounts import parse_query_mount
-from ._stdio_framing import STDOUT, DockerStreamDemuxer, FramingError, LineSplitter
+from ..config.structs import Service
+from ..policy.container_spec import ContainerIdentity, MountSpec, container_spec_for
+from ..policy.mounts import parse_query_mount
+from ..protocol.framing import STDOUT, DockerStreamDemuxer, FramingError, LineSplitter
+from ..protocol.handshake import RegisterClient, classify_first_message, register_answer
+from ..protocol.jsonrpc import Peek, error_response, for_stdio, peek
+from ..protocol.ledger import Ledger
+from ..runtime.base import ContainerBackend, SpawnedContainer
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ClientChannel(Protocol):
 
 
 class SessionHost(Protocol):
-    """What a session needs from the orchestrator (see :class:`~reactor_fabric._fabric.Fabric`)."""
+    """What a session needs from the orchestrator (:class:`~reactor_fabric.trio.fabric.Fabric`)."""
 
     @property
     def engine(self) -> ContainerBackend: ...

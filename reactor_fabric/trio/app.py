@@ -11,12 +11,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._errors import DockerUnavailable
-from ._fabric import Fabric
-from ._health import health_report
-from ._streamable_http import HttpSessions, serve_streamable_http
-from ._version import __version__
-from ._websocket import serve_websocket
+from .._errors import DockerUnavailable
+from .._version import __version__
+from ..observe.health import health_report
+from .fabric import Fabric
+from .streamable_http import HttpSessions, serve_streamable_http
+from .websocket import serve_websocket
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ HEALTH_PING_TIMEOUT = 3.0
 
 
 class FabricApp:
-    """ASGI 3 application over a :class:`~reactor_fabric._fabric.Fabric`."""
+    """ASGI 3 application over a :class:`~reactor_fabric.trio.fabric.Fabric`."""
 
     def __init__(self, fabric: Fabric, http_sessions: HttpSessions) -> None:
         self.fabric = fabric

@@ -26,12 +26,12 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from ._app import FabricApp
-from ._docker import hostname
-from ._errors import FabricError
-from ._fabric import Fabric
-from ._streamable_http import HttpSessions
-from ._sweeper import remove_instance_containers, run_sweeper
+from .._errors import FabricError
+from ..runtime.docker import hostname
+from .app import FabricApp
+from .fabric import Fabric
+from .streamable_http import HttpSessions
+from .sweeper import remove_instance_containers, run_sweeper
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ._container_spec import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_OWNER_START
+from .container_spec import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_OWNER_START
 
 
 def process_start_time(pid: int, proc: Path = Path("/proc")) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ._errors import FabricError, InvalidRequest, ParseError
+from .._errors import FabricError, InvalidRequest, ParseError
 
 RequestId = str | int
 

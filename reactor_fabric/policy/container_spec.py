@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ._config import Service
-from ._suite import SERVICE_CONFIG_ENV
+from ..config.structs import Service
+from ..config.suite import SERVICE_CONFIG_ENV
 
 LABEL_MANAGED = "reactor-fabric.managed"
 LABEL_INSTANCE = "reactor-fabric.instance"
