@@ -26,10 +26,10 @@ from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._version import __version__
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .observe.logging import LOG_LEVELS, configure_logging
-from .runtime.docker import DockerEngine
+from .runtime.docker import DockerRuntime
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
 from .trio.fabric import Fabric
-from .trio.serve import Listening, bind_listener, serve_orchestrator
+from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
 
 log = logging.getLogger("reactor_fabric.cli")
 
@@ -228,7 +228,7 @@ def serve(settings: ServeSettings) -> int:
         return EXIT_INVALID
     fabric = Fabric(
         suite=check.suite,
-        engine=DockerEngine(),
+        runtime=DockerRuntime(max_frame_bytes=check.suite.orchestrator.max_message_bytes),
         network=settings.network or check.suite.orchestrator.network,
         listen_host=settings.host,
     )
@@ -259,20 +259,30 @@ def serve(settings: ServeSettings) -> int:
 
 
 async def _serve_until_signalled(fabric: Fabric, settings: ServeSettings) -> None:
+    """Serve; the first SIGINT/SIGTERM stops gracefully (bounded), a second one at once."""
     with (
         trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
         bind_listener(settings.host, settings.port) as listener,
     ):
         async with trio.open_nursery() as nursery:
-            listening: Listening = await nursery.start(serve_orchestrator, fabric, listener)
+
+            async def serve(*, task_status: trio.TaskStatus[Orchestrator]) -> None:
+                await serve_orchestrator(fabric, listener, task_status=task_status)
+                nursery.cancel_scope.cancel()  # the shutdown is over: stop watching signals
+
+            running: Orchestrator = await nursery.start(serve)
             print(
                 f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
-                f"service(s) on {listening.http_url} "
-                f"(WebSocket: {listening.ws_url}/mcp/{{service}}, health: "
-                f"{listening.http_url}/healthz)",
+                f"service(s) on {running.http_url} "
+                f"(WebSocket: {running.ws_url}/mcp/{{service}}, health: "
+                f"{running.http_url}/healthz)",
                 flush=True,
             )
             async for signum in signals:
-                log.info("shutting_down", extra={"signal": signal.Signals(signum).name})
-                nursery.cancel_scope.cancel()
-                break
+                name = signal.Signals(signum).name
+                if fabric.stopping.is_set():
+                    log.warning("stopping_now", extra={"signal": name})
+                    nursery.cancel_scope.cancel()
+                    return
+                log.info("signal_received", extra={"signal": name})
+                running.stop()

@@ -81,7 +81,17 @@ class ServiceNotFound(FabricError):
 
 
 class InvalidMessage(FabricError):
-    """A message that cannot be handled as a single JSON-RPC request or notification."""
+    """A message that cannot be handled as a single JSON-RPC request or notification.
+
+    ``request_id`` is the message's own id when it could be read (the answer goes to that
+    request), else None (the answer has a null id, as JSON-RPC says).
+    """
+
+    def __init__(
+        self, message: str, *, reason: str, request_id: object = None, **detail: Any
+    ) -> None:
+        super().__init__(message, reason=reason, **detail)
+        self.request_id = request_id
 
 
 class ParseError(InvalidMessage):

@@ -13,35 +13,40 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMes
 from reactor_fabric._errors import DockerUnavailable
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.protocol.jsonrpc import Peek
-from reactor_fabric.runtime.base import ContainerExit, SpawnedContainer
-from reactor_fabric.runtime.memory import FakeContainer
+from reactor_fabric.runtime.base import Container, ContainerExit, ManagedContainer
+from reactor_fabric.runtime.memory import MemoryServer
+from tests.messages import INITIALIZE, INITIALIZED, request
+
+__all__ = ["INITIALIZE", "INITIALIZED", "request"]
 
 
-class UnreachableEngine:
-    """An engine whose socket does not answer."""
+class UnreachableRuntime:
+    """A runtime whose engine does not answer."""
+
+    name = "unreachable"
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
-    async def spawn(self, spec: ContainerSpec) -> SpawnedContainer:
+    async def spawn(self, spec: ContainerSpec) -> Container:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
     async def exit_status(self, container_id: str) -> ContainerExit:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
-    async def remove(self, container_id: str) -> None:
+    async def remove(self, container: str, *, grace: float | None = None) -> None:
         return None
 
     async def list_managed(
         self, extra_labels: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[ManagedContainer]:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
     async def close(self) -> None:
         return None
 
 
-class AnsweringEngine(UnreachableEngine):
+class AnsweringRuntime(UnreachableRuntime):
     async def ping(self, *, time_bound: float | None = None) -> str:
         return "99.0-fake"
 
@@ -89,32 +94,15 @@ class MemoryClient:
         await self._to_relay_send.send(None)
 
 
-def request(request_id: int | str, method: str, params: Any = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-    if params is not None:
-        message["params"] = params
-    return message
-
-
-INITIALIZE = request(
-    1,
-    "initialize",
-    {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "0"},
-    },
-)
-INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-
-
-async def scripted_mcp_server(container: FakeContainer) -> None:
+async def scripted_mcp_server(container: MemoryServer) -> None:
     """A small stdio MCP server with tools that exercise the relay's edges.
 
     Requests are handled concurrently, as real servers do. Tools: ``echo`` (returns its
     arguments), ``wait`` (answers after ``seconds``), ``crash`` (writes to stderr and exits with
     code 3), ``ask`` (sends a roots/list request to the client, then answers with what the client
-    said), ``progress`` (two progress notifications, then the answer).
+    said), ``progress`` (two progress notifications, then the answer), ``notify`` (``count`` log
+    notifications of ``size`` bytes, then the answer), ``flood`` (one line of ``pieces``
+    pieces of 64 KiB).
     """
     await container.write_stderr(b"scripted server starting\n")
     asks: dict[str, trio.MemorySendChannel[Any]] = {}
@@ -131,7 +119,7 @@ async def scripted_mcp_server(container: FakeContainer) -> None:
 
 
 async def _handle(
-    container: FakeContainer,
+    container: MemoryServer,
     message: dict[str, Any],
     asks: dict[str, trio.MemorySendChannel[Any]],
     server_scope: trio.CancelScope,
@@ -162,7 +150,7 @@ async def _handle(
 
 
 async def _call_tool(
-    container: FakeContainer,
+    container: MemoryServer,
     message: dict[str, Any],
     asks: dict[str, trio.MemorySendChannel[Any]],
     server_scope: trio.CancelScope,
@@ -193,6 +181,16 @@ async def _call_tool(
         frame = json.dumps(request("srv-1", "roots/list")).encode()
         await container.write_stdout(frame + b"\n")
         await _answer(container, message["id"], _text(json.dumps(await receive.receive())))
+    elif name == "notify":
+        # Log notifications that belong to no request in particular.
+        for index in range(arguments.get("count", 1)):
+            note = {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": "info", "data": f"{index}:" + "x" * arguments.get("size", 10)},
+            }
+            await container.write_stdout(json.dumps(note).encode() + b"\n")
+        await _answer(container, message["id"], {"content": []})
     elif name == "progress":
         token = message["params"].get("_meta", {}).get("progressToken")
         for step in (1, 2):
@@ -209,7 +207,7 @@ def _text(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}]}
 
 
-async def _answer(container: FakeContainer, request_id: Any, result: Any) -> None:
+async def _answer(container: MemoryServer, request_id: Any, result: Any) -> None:
     frame = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
     await container.write_stdout(frame + b"\n")
 

@@ -53,12 +53,43 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         return parse_duration(self.timeout)
 
 
+class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    max_connections: int = 512
+    max_pending_connections: int = 64
+    first_message_timeout: str = "30s"
+    buffer_to_server: str | int = "1m"
+    buffer_to_client: str | int = "1m"
+    client_write_timeout: str = "30s"
+    shutdown_timeout: str = "10s"
+
+    @property
+    def first_message_seconds(self) -> float:
+        return parse_duration(self.first_message_timeout)
+
+    @property
+    def buffer_to_server_bytes(self) -> int:
+        return parse_size(self.buffer_to_server)
+
+    @property
+    def buffer_to_client_bytes(self) -> int:
+        return parse_size(self.buffer_to_client)
+
+    @property
+    def client_write_seconds(self) -> float:
+        return parse_duration(self.client_write_timeout)
+
+    @property
+    def shutdown_seconds(self) -> float:
+        return parse_duration(self.shutdown_timeout)
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
     network: str = "bridge"
+    limits: Limits = msgspec.field(default_factory=Limits)
 
     @property
     def max_message_bytes(self) -> int:

@@ -260,6 +260,12 @@ def _check_logic(data: object, collector: _Collector) -> None:
         _check_size(
             orchestrator, ("orchestrator", "max_message_size"), MIN_MESSAGE_BYTES, collector
         )
+        limits = orchestrator.get("limits")
+        if isinstance(limits, dict):
+            for key in ("buffer_to_server", "buffer_to_client"):
+                _check_size(limits, ("orchestrator", "limits", key), MIN_MESSAGE_BYTES, collector)
+            for key in ("first_message_timeout", "client_write_timeout", "shutdown_timeout"):
+                _check_duration(limits, ("orchestrator", "limits", key), collector)
     services = data.get("mcp_services")
     if isinstance(services, dict):
         for name, service in services.items():
@@ -301,14 +307,18 @@ def _check_size(
         collector.add(path, f"{value!r} is too small: the minimum is {minimum} bytes")
 
 
+def _check_duration(mapping: dict[str, Any], path: KeyPath, collector: _Collector) -> None:
+    value = mapping.get(str(path[-1]))
+    if isinstance(value, str) and path not in collector.flagged:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            collector.add(path, str(exc))
+
+
 def _check_service(name: str, service: dict[str, Any], collector: _Collector) -> None:
     base: KeyPath = ("mcp_services", name)
-    timeout = service.get("timeout")
-    if isinstance(timeout, str) and (*base, "timeout") not in collector.flagged:
-        try:
-            parse_duration(timeout)
-        except ValueError as exc:
-            collector.add((*base, "timeout"), str(exc))
+    _check_duration(service, (*base, "timeout"), collector)
     resources = service.get("resources")
     if isinstance(resources, dict):
         _check_size(resources, (*base, "resources", "memory"), MIN_MEMORY_BYTES, collector)

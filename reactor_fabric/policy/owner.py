@@ -8,6 +8,8 @@ owned from another host (a shared remote engine) cannot be judged and are left a
 
 from __future__ import annotations
 
+import functools
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,3 +42,9 @@ def owner_is_gone(
         return False
     started = start_time_of(pid)
     return started is None or started != labels.get(LABEL_OWNER_START)
+
+
+@functools.cache
+def hostname() -> str:
+    """This machine's name, as stamped on the containers an orchestrator here starts."""
+    return socket.gethostname()

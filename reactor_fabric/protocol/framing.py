@@ -1,64 +1,20 @@
-"""Framing of a container's stdio, without I/O.
+"""MCP's stdio framing, without I/O: one message per line, in both directions.
 
-Two layers stand between a container's stdout and a JSON-RPC message:
+A container's output arrives in chunks that follow the process's writes, not lines.
+:class:`LineSplitter` reassembles stdout lines (JSON-RPC messages) and refuses a line over the
+message size limit — a server that never writes a newline cannot grow memory without bound, and
+its session learns why. :class:`TruncatingLineSplitter` does the same for stderr, where a long
+line is only a log line: it is cut, never fatal.
 
-1. Docker multiplexes stdout and stderr over one connection when there is no TTY: each frame is
-   an 8-byte header ``>BxxxL`` (stream: 1 stdout, 2 stderr; payload length) and the payload.
-   :class:`DockerStreamDemuxer` turns received bytes into ``(stream, payload)`` pairs.
-2. MCP's stdio transport puts one message per line. Frame boundaries follow the process's writes,
-   not lines, so :class:`LineSplitter` reassembles lines across frames, bounded in length so a
-   server that never writes a newline cannot grow memory without limit.
-
-Both are push parsers (``feed`` bytes, get complete items back), so the trio layer only moves
+Both are push parsers (``feed`` bytes, get complete lines back), so the trio layer only moves
 bytes and every edge case is unit-tested.
 """
 
 from __future__ import annotations
 
-import struct
-
-STDOUT = 1
-STDERR = 2
-_HEADER = struct.Struct(">BxxxL")
-
-
-def docker_frame(stream_id: int, payload: bytes) -> bytes:
-    """One frame of Docker's multiplexed stream (what the engine sends; the in-memory backend
-    and tests produce it too)."""
-    return _HEADER.pack(stream_id, len(payload)) + payload
-
 
 class FramingError(ValueError):
     """The byte stream broke the framing rules; the connection cannot be trusted further."""
-
-
-class DockerStreamDemuxer:
-    """Splits Docker's multiplexed attach stream into ``(stream_id, payload)`` frames."""
-
-    def __init__(self, *, max_frame: int) -> None:
-        self._buffer = bytearray()
-        self._max_frame = max_frame
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        self._buffer += data
-        frames: list[tuple[int, bytes]] = []
-        while len(self._buffer) >= _HEADER.size:
-            stream_id, length = _HEADER.unpack_from(self._buffer)
-            if stream_id not in (0, STDOUT, STDERR):
-                raise FramingError(f"unknown Docker stream id {stream_id}")
-            if length > self._max_frame:
-                raise FramingError(f"Docker frame of {length} bytes exceeds {self._max_frame}")
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            frames.append((stream_id, bytes(self._buffer[_HEADER.size : end])))
-            del self._buffer[:end]
-        return frames
-
-    @property
-    def pending(self) -> int:
-        """Bytes received that do not yet form a whole frame."""
-        return len(self._buffer)
 
 
 class LineTooLong(FramingError):
@@ -66,9 +22,9 @@ class LineTooLong(FramingError):
 
 
 class LineSplitter:
-    """Reassembles ``\\n``-terminated lines from arbitrary chunks.
+    """Reassembles ``\\n``-terminated lines from arbitrary chunks, each at most ``max_line``.
 
-    A trailing ``\\r`` is kept (JSON parsers ignore it as whitespace); empty lines are dropped,
+    A trailing ``\\r`` is kept (JSON parsers ignore it as whitespace); blank lines are dropped,
     since they carry no message.
     """
 
@@ -77,6 +33,12 @@ class LineSplitter:
         self._max_line = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._partial and data.endswith(b"\n") and data.count(b"\n") == 1:
+            # The common case: one write, one whole message.
+            line = data[:-1]
+            if len(line) > self._max_line:
+                raise LineTooLong(f"a line of {len(line)} bytes exceeds {self._max_line}")
+            return [line] if line.strip() else []
         lines: list[bytes] = []
         start = 0
         while (newline := data.find(b"\n", start)) != -1:
@@ -98,6 +60,11 @@ class LineSplitter:
         self._partial += rest
         return lines
 
+    @property
+    def pending(self) -> int:
+        """Bytes of a line received without its newline yet."""
+        return len(self._partial)
+
     def flush(self) -> bytes | None:
         """What is left after the stream ended without a final newline."""
         if not self._partial.strip():
@@ -106,3 +73,44 @@ class LineSplitter:
         line = bytes(self._partial)
         self._partial.clear()
         return line
+
+
+class TruncatingLineSplitter:
+    """Lines of at most ``max_line`` bytes; the rest of a longer line is counted and dropped.
+
+    ``feed`` returns ``(line, dropped)`` pairs, ``dropped`` being how many bytes of that line
+    were cut off (0 for a whole line). Memory stays within ``max_line`` whatever the input.
+    """
+
+    def __init__(self, *, max_line: int) -> None:
+        self._partial = bytearray()
+        self._dropped = 0
+        self._max_line = max_line
+
+    def feed(self, data: bytes) -> list[tuple[bytes, int]]:
+        lines: list[tuple[bytes, int]] = []
+        start = 0
+        while (newline := data.find(b"\n", start)) != -1:
+            self._take(data[start:newline])
+            line, dropped = bytes(self._partial), self._dropped
+            self._partial.clear()
+            self._dropped = 0
+            if line.strip() or dropped:
+                lines.append((line, dropped))
+            start = newline + 1
+        self._take(data[start:])
+        return lines
+
+    def _take(self, piece: bytes) -> None:
+        room = self._max_line - len(self._partial)
+        if len(piece) <= room:
+            self._partial += piece
+        else:
+            self._partial += piece[: max(room, 0)]
+            self._dropped += len(piece) - max(room, 0)
+
+    def flush(self) -> tuple[bytes, int] | None:
+        line, dropped = bytes(self._partial), self._dropped
+        self._partial.clear()
+        self._dropped = 0
+        return (line, dropped) if line.strip() or dropped else None

@@ -53,13 +53,14 @@ def classify_first_message(frame: bytes) -> FirstMessage:
         )
     params = decode_params(message.params) if message.method in _REGISTER_CARRIERS else None
     if message.method == REGISTER_METHOD:
-        return RegisterClient(_require_id(message), "method", _mounts_of(params))
+        return RegisterClient(_require_id(message), "method", _mounts_of(params, message))
     if (
         message.method == "tools/call"
         and isinstance(params, dict)
         and params.get("name") == REGISTER_METHOD
     ):
-        return RegisterClient(_require_id(message), "tool", _mounts_of(params.get("arguments")))
+        arguments = params.get("arguments")
+        return RegisterClient(_require_id(message), "tool", _mounts_of(arguments, message))
     return ForwardFirst(message)
 
 
@@ -75,11 +76,12 @@ def _require_id(message: Peek) -> RequestId:
     return message.id
 
 
-def _mounts_of(params: Any) -> object:
+def _mounts_of(params: Any, message: Peek) -> object:
     if not isinstance(params, dict) or "mounts" not in params:
         raise InvalidRequest(
             f'{REGISTER_METHOD} needs params {{"mounts": [...]}}',
             reason="register_without_mounts",
+            request_id=message.id,
         )
     return params["mounts"]
 

@@ -1,23 +1,33 @@
-"""JSON-RPC 2.0 envelopes: peeking at a frame without re-encoding it, and building errors.
+"""JSON-RPC 2.0 envelopes: peeking at a frame without re-encoding it, and building answers.
 
 The relay forwards frames byte-for-byte; it only *peeks* at the envelope (``id``, ``method``,
-whether it is a result or error) to know which requests are in flight. msgspec decodes a struct
-with just these fields and skips everything else, so a peek costs one pass over the bytes and no
-allocation for the payload.
+whether it is a result or an error) to know which requests are in flight. msgspec decodes a
+struct with just these fields and skips everything else, so a peek costs one pass over the bytes
+and no allocation for the payload.
+
+Hostile input is refused with the documented error, never with an escaping exception: JSON
+nested deeper than the decoder allows and invalid UTF-8 are parse errors (-32700), like any other
+frame that is not JSON. The depth bound is msgspec's: it stops at Python's recursion limit
+(about 1,000 levels less the caller's stack), after a few microseconds of work, so a
+100,000-deep message costs no more than a 1,000-deep one. No MCP message comes near it.
 
 Pure and synchronous.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import sys
+from typing import Any, Final
 
 import msgspec
 
 from .._errors import FabricError, InvalidRequest, ParseError
 
 RequestId = str | int
+
+REQUEST: Final = "request"
+NOTIFICATION: Final = "notification"
+RESPONSE: Final = "response"
 
 
 class _Envelope(msgspec.Struct):
@@ -31,36 +41,51 @@ class _Envelope(msgspec.Struct):
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 
 
-@dataclass(frozen=True)
 class Peek:
     """What the relay needs to know about one message."""
 
-    kind: str  # "request", "notification" or "response"
-    id: RequestId | None
-    method: str | None
-    params: msgspec.Raw | None
+    __slots__ = ("failed", "id", "kind", "method", "params")
+
+    def __init__(
+        self,
+        kind: str,
+        id: RequestId | None,
+        method: str | None,
+        params: msgspec.Raw | None,
+        *,
+        failed: bool = False,
+    ) -> None:
+        self.kind = kind  # REQUEST, NOTIFICATION or RESPONSE
+        self.id = id
+        self.method = method
+        self.params = params
+        self.failed = failed  # a response carrying an error
 
     @property
     def is_request(self) -> bool:
-        return self.kind == "request"
+        return self.kind == REQUEST
 
     @property
     def is_response(self) -> bool:
-        return self.kind == "response"
+        return self.kind == RESPONSE
+
+    def __repr__(self) -> str:
+        return f"Peek({self.kind}, id={self.id!r}, method={self.method!r})"
 
 
 def peek(frame: bytes | str) -> Peek:
     """Classify one JSON-RPC message; raise ParseError / InvalidRequest if it is not one.
 
     A batch (a JSON array) is an :class:`InvalidRequest`: batches were removed from MCP in
-    2025-06-18 and real stdio servers mishandle them.
+    2025-06-18 and real stdio servers mishandle them. When the frame is a usable object with a
+    valid id but is refused for another reason, the error carries that id (``request_id``) so
+    that the answer reaches the request that caused it.
     """
     data = frame.encode() if isinstance(frame, str) else frame
     try:
         envelope = _envelope_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        stripped = data.lstrip()
-        if stripped.startswith(b"["):
+        if data.lstrip().startswith(b"["):
             raise InvalidRequest(
                 "JSON-RPC batches are not supported (they were removed from MCP in 2025-06-18)",
                 reason="batch_not_supported",
@@ -70,26 +95,45 @@ def peek(frame: bytes | str) -> Peek:
         ) from exc
     except msgspec.DecodeError as exc:
         raise ParseError(f"not valid JSON: {exc}", reason="invalid_json") from exc
+    except UnicodeDecodeError as exc:
+        raise ParseError(f"not valid UTF-8: {exc.reason}", reason="invalid_utf8") from exc
+    except RecursionError as exc:
+        raise _too_deep() from exc
 
     message_id = envelope.id
     has_id = message_id is not msgspec.UNSET
     is_error = envelope.error is not msgspec.UNSET
     if message_id is None and is_error and envelope.method is msgspec.UNSET:
         # An error answering a message the peer could not parse has a null id.
-        return Peek("response", None, None, None)
+        return Peek(RESPONSE, None, None, None, failed=True)
     if has_id and not _valid_id(message_id):
         raise InvalidRequest("a request id must be a string or an integer", reason="invalid_id")
     method = envelope.method
     params = envelope.params if isinstance(envelope.params, msgspec.Raw) else None
     if method is not msgspec.UNSET:
         if not isinstance(method, str) or not method:
-            raise InvalidRequest("method must be a non-empty string", reason="invalid_method")
+            raise InvalidRequest(
+                "method must be a non-empty string",
+                reason="invalid_method",
+                request_id=message_id if has_id else None,
+            )
         if has_id:
-            return Peek("request", message_id, method, params)
-        return Peek("notification", None, method, params)
+            return Peek(REQUEST, message_id, method, params)
+        return Peek(NOTIFICATION, None, method, params)
     if has_id and (envelope.result is not msgspec.UNSET or is_error):
-        return Peek("response", message_id, None, None)
-    raise InvalidRequest("not a JSON-RPC request, notification or response", reason="not_jsonrpc")
+        return Peek(RESPONSE, message_id, None, None, failed=is_error)
+    raise InvalidRequest(
+        "not a JSON-RPC request, notification or response",
+        reason="not_jsonrpc",
+        request_id=message_id if has_id else None,
+    )
+
+
+def _too_deep() -> ParseError:
+    return ParseError(
+        f"JSON nested deeper than the decoder's limit (about {sys.getrecursionlimit()} levels)",
+        reason="json_too_deep",
+    )
 
 
 def _valid_id(value: object) -> bool:
@@ -115,19 +159,24 @@ def for_stdio(frame: bytes) -> bytes:
     return frame
 
 
-def error_response(request_id: RequestId | None, error: FabricError) -> bytes:
-    """A JSON-RPC error response answering ``request_id`` with the product's error."""
-    return msgspec.json.encode(
-        {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
-    )
+_encoder = msgspec.json.Encoder()
+
+
+def error_response(request_id: object, error: FabricError) -> bytes:
+    """A JSON-RPC error response answering ``request_id`` with the product's error.
+
+    An id that is not a valid JSON-RPC id (the request could not be read) becomes ``null``.
+    """
+    answer_id = request_id if _valid_id(request_id) else None
+    return _encoder.encode({"jsonrpc": "2.0", "id": answer_id, "error": error.to_jsonrpc_error()})
 
 
 def result_response(request_id: RequestId, result: Any) -> bytes:
-    return msgspec.json.encode({"jsonrpc": "2.0", "id": request_id, "result": result})
+    return _encoder.encode({"jsonrpc": "2.0", "id": request_id, "result": result})
 
 
 def with_id(frame: bytes, new_id: RequestId) -> bytes:
     """The same request with another id (used only for the orchestrator's own replays)."""
     message = msgspec.json.decode(frame)
     message["id"] = new_id
-    return msgspec.json.encode(message)
+    return _encoder.encode(message)

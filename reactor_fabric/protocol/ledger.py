@@ -1,24 +1,25 @@
 """What is in flight between a client and its container, and what to replay after a restart.
 
-The relay peeks at each frame (:func:`~reactor_fabric.protocol.jsonrpc.peek`) and tells
-the ledger. The ledger knows:
+The session tells the ledger about every frame it relays (as peeked by
+:func:`~reactor_fabric.protocol.jsonrpc.peek`). The ledger knows:
 
-- which client requests await a response (answered with -32002 if the container dies);
-- which server→client requests (sampling, roots, elicitation) await the client, since a
-  container must not be torn down for idleness while a human is answering it;
+- which client requests await a response (answered with an error if the container dies);
+- which server→client requests (sampling, roots, elicitation) await the client, and until when:
+  a container is not torn down for idleness while a human may be answering one, but one the
+  client never answers expires, so it cannot hold the container forever;
 - the client's ``initialize`` request and ``notifications/initialized``, so that a fresh
   container (after idle teardown or a crash) can be brought to the same state transparently.
   The replayed ``initialize`` gets an id of the orchestrator's own, and its response is
   swallowed.
 
-Pure and synchronous.
+Pure and synchronous; time is given by the caller.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .jsonrpc import Peek, RequestId, decode_params, with_id
+from .jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Peek, RequestId, decode_params, with_id
 
 INITIALIZE = "initialize"
 INITIALIZED = "notifications/initialized"
@@ -38,27 +39,33 @@ class Replay:
 @dataclass
 class Ledger:
     client_requests: dict[RequestId, str] = field(default_factory=dict)
-    server_requests: set[RequestId] = field(default_factory=set)
+    # Server→client request id → the time it expires.
+    server_requests: dict[RequestId, float] = field(default_factory=dict)
     _initialize: bytes | None = None
     _initialized: bytes | None = None
     _replays: int = 0
-    _pending_replay_ids: set[str] = field(default_factory=set)
 
     @property
     def busy(self) -> bool:
         """Whether any request, in either direction, awaits its response."""
         return bool(self.client_requests or self.server_requests)
 
+    @property
+    def knows_handshake(self) -> bool:
+        return self._initialize is not None
+
     def from_client(self, message: Peek, frame: bytes) -> None:
-        if message.kind == "request":
+        kind = message.kind
+        if kind == REQUEST:
             assert message.id is not None
             assert message.method is not None
             self.client_requests[message.id] = message.method
             if message.method == INITIALIZE:
                 # A client that initializes again starts over: the newest handshake is replayed.
                 self._initialize, self._initialized = frame, None
-        elif message.kind == "response":
-            self.server_requests.discard(message.id)
+        elif kind == RESPONSE:
+            if message.id is not None:
+                self.server_requests.pop(message.id, None)
         elif message.method == INITIALIZED:
             self._initialized = frame
         elif message.method == CANCELLED:
@@ -67,18 +74,26 @@ class Ledger:
                 # The server need not answer a cancelled request; stop waiting for it.
                 self.client_requests.pop(cancelled, None)
 
-    def from_server(self, message: Peek) -> bool:
-        """Record a server frame; False when it must not reach the client (a replay answer)."""
-        if message.kind == "response":
-            if isinstance(message.id, str) and message.id in self._pending_replay_ids:
-                self._pending_replay_ids.discard(message.id)
-                return False
+    def from_server(self, message: Peek, *, expires_at: float) -> None:
+        """Record a server frame; a server→client request expires at ``expires_at``."""
+        if message.kind == RESPONSE:
             if message.id is not None:
                 self.client_requests.pop(message.id, None)
-        elif message.kind == "request":
+        elif message.kind == REQUEST:
             assert message.id is not None
-            self.server_requests.add(message.id)
-        return True
+            self.server_requests[message.id] = expires_at
+        else:
+            assert message.kind == NOTIFICATION
+
+    def next_expiry(self) -> float | None:
+        return min(self.server_requests.values(), default=None)
+
+    def expire(self, now: float) -> list[RequestId]:
+        """Forget the server→client requests due by ``now``; their ids."""
+        due = [rid for rid, deadline in self.server_requests.items() if deadline <= now]
+        for request_id in due:
+            del self.server_requests[request_id]
+        return due
 
     def replay(self) -> Replay | None:
         """What a fresh container needs to continue the client's MCP session, if anything."""
@@ -86,16 +101,14 @@ class Ledger:
             return None  # stateless (2026-07-28) clients, or none has initialized yet
         self._replays += 1
         replay_id = f"{REPLAY_ID_PREFIX}{self._replays}"
-        self._pending_replay_ids.add(replay_id)
         return Replay(with_id(self._initialize, replay_id), replay_id, self._initialized)
 
     def container_gone(self) -> list[tuple[RequestId, str]]:
-        """The client requests that will never be answered now, and forget every request."""
+        """The client requests that will never be answered now; every request is forgotten."""
         lost = list(self.client_requests.items())
         self.client_requests.clear()
         # Server→client requests of a dead container: the client's answers go nowhere useful.
         self.server_requests.clear()
-        self._pending_replay_ids.clear()
         return lost
 
 

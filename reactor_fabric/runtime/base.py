@@ -1,30 +1,64 @@
 """The container runtime interface the orchestrator depends on.
 
-Implementations: :class:`~reactor_fabric.runtime.docker.DockerEngine` (the real one) and the
-in-memory fake used by unit tests. Podman and Kubernetes backends would implement the same protocol.
+A runtime starts containers from a :class:`~reactor_fabric.policy.container_spec.ContainerSpec`
+and hands back a :class:`Container`: a byte stream to the server's stdin, byte streams from its
+stdout and stderr, and an id and a name to ask about its exit and to remove it by. How the bytes
+travel (Docker's multiplexed attach socket, a Kubernetes attach WebSocket, pipes) stays inside
+the runtime.
+
+Implementations: :class:`~reactor_fabric.runtime.docker.DockerRuntime` (the real one; Podman's
+Docker-compatible API too) and :class:`~reactor_fabric.runtime.memory.MemoryRuntime` (unit
+tests: coroutines as servers, with backpressure and faults at every step).
+
+Resource handling, the contract every runtime keeps: :meth:`Runtime.spawn` either returns a
+started container — whose streams the caller closes (:meth:`Container.aclose`) and which the
+caller removes (:meth:`Runtime.remove`) — or raises having removed whatever it created, also
+when it is cancelled half-way (a create still running in a worker thread is removed, by the name
+the spec gave it, once it completes). :meth:`Runtime.close` waits, bounded, for such abandoned
+work.
+
+Error handling: every failure is one of the product's errors — DockerUnavailable (-32001) when
+the engine does not answer, ContainerStartFailure (-32002) for anything about one container.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
 from ..policy.container_spec import ContainerSpec
 
 
-@dataclass
-class SpawnedContainer:
-    """A started container and the stream attached to its stdio.
+class StdinStream(Protocol):
+    """The server's stdin: bytes in order; ``send_eof`` is how MCP asks a stdio server to stop."""
 
-    The stream carries Docker's multiplexed framing (see :mod:`._stdio_framing`); its half-close
-    (``send_eof``) closes the server's stdin.
-    """
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
 
-    id: str
-    name: str
-    stream: trio.abc.HalfCloseableStream
+    async def send_eof(self) -> None: ...
+
+
+class Container(Protocol):
+    """A started container's identity and stdio."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stdin(self) -> StdinStream: ...
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream: ...
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream: ...
+
+    async def aclose(self) -> None:
+        """Release the streams (the container itself is removed with Runtime.remove)."""
 
 
 @dataclass(frozen=True)
@@ -33,23 +67,40 @@ class ContainerExit:
 
     exit_code: int | None
     oom_killed: bool
-    error: str
+    error: str = ""
 
 
-class ContainerBackend(Protocol):
+@dataclass(frozen=True)
+class ManagedContainer:
+    """A container labelled as ours, as the orphan sweeper sees it."""
+
+    id: str
+    name: str
+    labels: dict[str, str]
+    created: float  # seconds since the epoch
+
+
+class Runtime(Protocol):
+    name: str
+
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable when it does not answer."""
 
-    async def spawn(self, spec: ContainerSpec) -> SpawnedContainer:
-        """Create, attach and start; raise ContainerStartFailure/DockerUnavailable, leak nothing."""
+    async def spawn(self, spec: ContainerSpec) -> Container:
+        """Create, attach and start; on failure or cancellation nothing is left behind."""
 
     async def exit_status(self, container_id: str) -> ContainerExit: ...
 
-    async def remove(self, container_id: str) -> None:
-        """Stop and remove; never raises for a container that is already gone."""
+    async def remove(self, container: str, *, grace: float | None = None) -> None:
+        """Stop (SIGTERM, SIGKILL after ``grace``; at once if None) and remove, by id or name.
+
+        Never raises for a container that is already gone; logs and swallows other errors, since
+        it runs in ``finally`` blocks whose own error must win.
+        """
 
     async def list_managed(
         self, extra_labels: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[ManagedContainer]: ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Wait (bounded) for work abandoned by cancellations, then release the client."""

@@ -1,4 +1,4 @@
-"""The Docker backend: the only module that talks to the Docker Engine API.
+"""The Docker runtime: the only module that talks to the Docker Engine API.
 
 docker-py is synchronous, so every API call runs in a worker thread (never on the trio thread),
 bounded in time (30 s by default, the product's contract) and in parallelism (a capacity
@@ -7,21 +7,24 @@ connection problems and time-outs become :class:`~reactor_fabric.DockerUnavailab
 everything about a particular container or image becomes
 :class:`~reactor_fabric.ContainerStartFailure` (-32002).
 
-A spawned container's stdio is a hijacked HTTP connection to the engine: it is attached *before*
-the container starts (so no early output is lost) and handed to trio as a
-:class:`trio.SocketStream`, so that relay I/O never hops to a thread.
+A spawned container's stdio is a hijacked HTTP connection to the engine, attached *before* the
+container starts (so no early output is lost) and handed to trio as a :class:`trio.SocketStream`:
+relay I/O never hops to a thread. Docker multiplexes stdout and stderr on it; they are split here
+(:mod:`.docker_framing`, :mod:`.demux`), so a container looks like any other runtime's.
 
-Resource handling: :meth:`DockerEngine.spawn` either returns a running container whose stream the
-caller must close and whose container the caller must :meth:`~DockerEngine.remove`, or raises
-after removing whatever it had created.
+Resource handling: a call that is cancelled (or times out) while its thread runs is *abandoned*:
+trio stops waiting, but the thread goes on. Such a thread cleans up after itself when it ends —
+an abandoned create removes the container by the name the spec gave it (the engine may have made
+it even if the call failed), an abandoned attach closes its socket — and :meth:`close` waits,
+bounded, for abandoned threads, so shutdown never races them.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,7 +36,9 @@ import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
-from .base import ContainerExit, SpawnedContainer
+from .base import ContainerExit, ManagedContainer
+from .demux import Demultiplexer
+from .docker_framing import DockerFrameDecoder
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +47,35 @@ T = TypeVar("T")
 DOCKER_CALL_TIMEOUT = 30.0
 # Pulling an image legitimately takes longer than an API call.
 DOCKER_PULL_TIMEOUT = 600.0
-# How long a container gets to exit after SIGTERM before SIGKILL.
-STOP_GRACE_SECONDS = 2
+# How long close() waits for threads that cancellations abandoned.
+ABANDONED_WORK_BOUND = 35.0
+# Stdout bytes read on the stderr reader's behalf, and stderr bytes, that may wait in memory.
+OUTPUT_BUFFER_BYTES = 256 * 1024
 
 
-class DockerEngine:
+class _NotRun(Exception):
+    pass
+
+
+class _Operation:
+    """One worker-thread call, and whether trio stopped waiting for it."""
+
+    __slots__ = ("abandoned", "done", "lock", "started")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = False
+        self.done = False
+        self.abandoned = False
+
+    def finish(self) -> bool:
+        """Mark the call done (in its thread); whether trio had stopped waiting for it."""
+        with self.lock:
+            self.done = True
+            return self.abandoned
+
+
+class DockerRuntime:
     """A Docker engine reached through docker-py in worker threads.
 
     ``base_url`` defaults to the environment (``DOCKER_HOST``, else the local socket). The client
@@ -54,31 +83,41 @@ class DockerEngine:
     engine is down, and reconnects once it is back.
     """
 
+    name = "docker"
+
     def __init__(
         self,
         base_url: str | None = None,
         *,
         call_timeout: float = DOCKER_CALL_TIMEOUT,
         max_parallel_calls: int = 16,
+        max_frame_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self._base_url = base_url
         self._call_timeout = call_timeout
         self._limiter = trio.CapacityLimiter(max_parallel_calls)
         self._client: docker.APIClient | None = None
+        self._client_lock = threading.Lock()
+        self._max_frame = max_frame_bytes
+        # Threads trio stopped waiting for that have not finished yet, and creates undone so.
+        self._abandoned = 0
+        self.abandoned_creates_removed = 0
+        self._abandoned_done = threading.Condition()
 
     # --- plumbing -------------------------------------------------------------------------
 
     def _connect(self) -> docker.APIClient:
         # Runs in a worker thread: "auto" asks the engine for its API version, so one client
         # works with old engines (20.10 speaks 1.41) and new ones (which refuse old versions).
-        if self._client is None:
-            kwargs: dict[str, Any] = docker.utils.kwargs_from_env()  # type: ignore[attr-defined]
-            if self._base_url is not None:
-                kwargs["base_url"] = self._base_url
-            self._client = docker.APIClient(
-                version="auto", timeout=max(1, int(self._call_timeout)), **kwargs
-            )
-        return self._client
+        with self._client_lock:
+            if self._client is None:
+                kwargs: dict[str, Any] = docker.utils.kwargs_from_env()  # type: ignore[attr-defined]
+                if self._base_url is not None:
+                    kwargs["base_url"] = self._base_url
+                self._client = docker.APIClient(
+                    version="auto", timeout=max(1, int(self._call_timeout)), **kwargs
+                )
+            return self._client
 
     async def _call(
         self,
@@ -86,28 +125,80 @@ class DockerEngine:
         fn: Callable[[docker.APIClient], T],
         *,
         time_bound: float | None = None,
+        if_abandoned: Callable[[docker.APIClient, T | None], None] | None = None,
     ) -> T:
-        """Run ``fn(client)`` in a thread; translate errors; give up after the time bound."""
+        """Run ``fn(client)`` in a thread; translate errors; give up after the time bound.
+
+        If trio stops waiting (cancellation, or the bound), the thread runs on; when it ends it
+        calls ``if_abandoned(client, result or None)`` to undo what it did.
+        """
         bound = self._call_timeout if time_bound is None else time_bound
+        operation = _Operation()
 
         def in_thread() -> T:
-            return fn(self._connect())
-
-        with trio.move_on_after(bound) as scope:
+            with operation.lock:
+                if operation.abandoned:
+                    raise _NotRun  # trio gave up before the thread began: nothing to undo
+                operation.started = True
+            result: T | None = None
+            client: docker.APIClient | None = None
             try:
-                return await trio.to_thread.run_sync(
+                client = self._connect()
+                result = fn(client)
+                return result
+            finally:
+                if operation.finish():
+                    try:
+                        if if_abandoned is not None and client is not None:
+                            if_abandoned(client, result)
+                    except Exception as exc:  # noqa: BLE001 - a cleanup of last resort
+                        log.error(
+                            "abandoned_cleanup_failed",
+                            extra={"action": action, "detail": str(exc)},
+                        )
+                    finally:
+                        self._abandoned_finished()
+
+        with trio.move_on_after(bound):
+            try:
+                result: T = await trio.to_thread.run_sync(
                     in_thread, abandon_on_cancel=True, limiter=self._limiter
                 )
             except FabricError:
                 raise
+            except trio.Cancelled:
+                self._abandon(operation)
+                raise
             except Exception as exc:
                 raise translate_docker_error(exc, action) from exc
-        assert scope.cancelled_caught
+            return result
+        self._abandon(operation)
         raise DockerUnavailable(
             f"the Docker engine did not answer {action} within {bound:g} s",
             reason="docker_timeout",
             action=action,
         )
+
+    def _abandon(self, operation: _Operation) -> None:
+        with operation.lock:
+            if operation.done:
+                return
+            operation.abandoned = True
+            running = operation.started
+        if running:
+            with self._abandoned_done:
+                self._abandoned += 1
+
+    def _abandoned_finished(self) -> None:
+        with self._abandoned_done:
+            self._abandoned -= 1
+            self._abandoned_done.notify_all()
+
+    @property
+    def abandoned_calls(self) -> int:
+        """Worker threads still running after trio stopped waiting for them."""
+        with self._abandoned_done:
+            return self._abandoned
 
     # --- API ------------------------------------------------------------------------------
 
@@ -120,12 +211,8 @@ class DockerEngine:
 
         return await self._call("ping", version, time_bound=time_bound)
 
-    async def spawn(self, spec: ContainerSpec) -> SpawnedContainer:
-        """Create the container, attach its stdio, start it.
-
-        Raises ContainerStartFailure / DockerUnavailable; on failure nothing is left behind
-        (the removal is shielded and bounded).
-        """
+    async def spawn(self, spec: ContainerSpec) -> DockerContainer:
+        """Create the container, attach its stdio, start it (see the module's resource notes)."""
         if spec.pull == "always":
             await self._pull(spec.image)
         try:
@@ -135,19 +222,24 @@ class DockerEngine:
                 raise
             await self._pull(spec.image)
             container_id = await self._create(spec)
+        container: DockerContainer | None = None
         try:
             stream = await self._attach(container_id)
-            try:
-                await self._call("start", lambda c: c.start(container_id))
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await stream.aclose()
-                raise
+            container = DockerContainer(
+                container_id,
+                spec.name,
+                stream,
+                max_frame=self._max_frame,
+                max_buffered=OUTPUT_BUFFER_BYTES,
+            )
+            await self._call("start", lambda c: c.start(container_id))
         except BaseException:
             with trio.CancelScope(shield=True):
+                if container is not None:
+                    await container.aclose()
                 await self.remove(container_id)
             raise
-        return SpawnedContainer(id=container_id, name=spec.name, stream=stream)
+        return container
 
     async def _create(self, spec: ContainerSpec) -> str:
         def create(client: docker.APIClient) -> str:
@@ -168,7 +260,14 @@ class DockerEngine:
             )
             return str(result["Id"])
 
-        return await self._call("create", create)
+        def remove_by_name(client: docker.APIClient, _created: str | None) -> None:
+            # Whether or not the engine answered, it may have made the container: the name
+            # finds it either way.
+            _remove_quietly(client, spec.name)
+            self.abandoned_creates_removed += 1
+            log.info("abandoned_container_removed", extra={"container_name": spec.name})
+
+        return await self._call("create", create, if_abandoned=remove_by_name)
 
     async def _attach(self, container_id: str) -> trio.SocketStream:
         def attach(client: docker.APIClient) -> socket.socket:
@@ -177,23 +276,22 @@ class DockerEngine:
             )
             return detach_socket(raw)
 
-        sock = await self._call("attach", attach)
-        return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        def close_socket(_client: docker.APIClient, sock: socket.socket | None) -> None:
+            if sock is not None:
+                sock.close()
+
+        sock = await self._call("attach", attach, if_abandoned=close_socket)
+        try:
+            return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        except BaseException:
+            sock.close()
+            raise
 
     async def _pull(self, image: str) -> None:
-        repository, _, tag = (
-            image.rpartition(":")
-            if ":" in image.rsplit("/", maxsplit=1)[-1]
-            else (
-                image,
-                "",
-                "latest",
-            )
-        )
+        last = image.rsplit("/", maxsplit=1)[-1]
+        repository, tag = (image.rsplit(":", 1)) if ":" in last else (image, "latest")
         await self._call(
-            "pull",
-            lambda c: c.pull(repository, tag=tag or "latest"),
-            time_bound=DOCKER_PULL_TIMEOUT,
+            "pull", lambda c: c.pull(repository, tag=tag), time_bound=DOCKER_PULL_TIMEOUT
         )
 
     async def exit_status(self, container_id: str) -> ContainerExit:
@@ -210,54 +308,144 @@ class DockerEngine:
 
         return await self._call("inspect", inspect)
 
-    async def remove(self, container_id: str) -> None:
-        """Stop (SIGTERM, then SIGKILL after a grace period) and remove; absent is fine.
+    async def remove(self, container: str, *, grace: float | None = None) -> None:
+        """Stop (SIGTERM, then SIGKILL after ``grace`` s; at once if None) and remove.
 
         Error handling: never raises for a container that is already gone; logs and swallows
         engine errors, since removal runs in ``finally`` blocks whose own error must win.
         """
 
         def stop_and_remove(client: docker.APIClient) -> None:
-            try:
-                client.stop(container_id, timeout=STOP_GRACE_SECONDS)
-            except docker.errors.NotFound:
-                return
-            except docker.errors.APIError:
-                pass  # not running, or being removed already: removal below decides
-            try:
-                client.remove_container(container_id, force=True)
-            except docker.errors.NotFound:
-                return
-            except docker.errors.APIError as exc:
-                if exc.response is not None and exc.response.status_code == 409:
-                    return  # "removal already in progress"
-                raise
+            if grace is not None:
+                try:
+                    client.stop(container, timeout=max(0, round(grace)))
+                except docker.errors.NotFound:
+                    return
+                except docker.errors.APIError:
+                    pass  # not running, or being removed already: removal below decides
+            _remove_quietly(client, container)
 
         try:
             await self._call("remove", stop_and_remove)
         except FabricError as exc:
             log.error(
                 "container_remove_failed",
-                extra={"container": container_id, "reason": exc.reason, "detail": str(exc)},
+                extra={"container": container[:64], "reason": exc.reason, "detail": str(exc)},
             )
 
     async def list_managed(
         self, extra_labels: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[ManagedContainer]:
         """Containers (running or not) labelled as managed by Reactor-Fabric."""
         filters = [f"{LABEL_MANAGED}=true"]
         filters += [f"{key}={value}" for key, value in (extra_labels or {}).items()]
 
-        def listing(client: docker.APIClient) -> list[dict[str, Any]]:
+        def listing(client: docker.APIClient) -> list[ManagedContainer]:
             found: list[dict[str, Any]] = client.containers(all=True, filters={"label": filters})
-            return found
+            return [
+                ManagedContainer(
+                    id=str(item["Id"]),
+                    name=str((item.get("Names") or ["?"])[0]).lstrip("/"),
+                    labels=dict(item.get("Labels") or {}),
+                    created=float(item.get("Created") or 0),
+                )
+                for item in found
+            ]
 
         return await self._call("list", listing)
 
+    async def settle(self, bound: float = ABANDONED_WORK_BOUND) -> bool:
+        """Wait until abandoned threads have finished (and cleaned up); False if ``bound`` passed.
+
+        The wait is abandonable itself: a caller's deadline (a shutdown's) wins over ``bound``.
+        """
+
+        def wait_for_abandoned() -> bool:
+            with self._abandoned_done:
+                return self._abandoned_done.wait_for(lambda: self._abandoned == 0, bound)
+
+        if not self.abandoned_calls:
+            await trio.lowlevel.checkpoint()
+            return True
+        return await trio.to_thread.run_sync(wait_for_abandoned, abandon_on_cancel=True)
+
     async def close(self) -> None:
+        """Wait (bounded) for abandoned threads, then close the client."""
+        await self.settle()
         client, self._client = self._client, None
         if client is not None:
             await trio.to_thread.run_sync(client.close)
+
+
+def _remove_quietly(client: docker.APIClient, container: str) -> None:
+    try:
+        client.remove_container(container, force=True)
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        if exc.response is not None and exc.response.status_code == 409:
+            return  # "removal already in progress"
+        raise
+
+
+class _SocketStdin:
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+
+class DockerContainer:
+    """A started Docker container: its attach socket, split into stdin, stdout and stderr."""
+
+    def __init__(
+        self,
+        container_id: str,
+        name: str,
+        stream: trio.SocketStream,
+        *,
+        max_frame: int,
+        max_buffered: int,
+    ) -> None:
+        self._id = container_id
+        self._name = name
+        self._stream = stream
+        self._stdin = _SocketStdin(stream)
+        decoder = DockerFrameDecoder(max_frame=max_frame)
+        self._demux = Demultiplexer(stream, decoder.feed, max_buffered=max_buffered)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def stdin(self) -> _SocketStdin:
+        return self._stdin
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        return self._demux.stdout
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream:
+        return self._demux.stderr
+
+    @property
+    def stderr_dropped(self) -> int:
+        return self._demux.stderr_dropped
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
@@ -356,8 +544,3 @@ def _explain(exc: docker.errors.APIError) -> str:
     if isinstance(explanation, bytes):
         explanation = explanation.decode("utf-8", "replace")
     return str(explanation or exc)
-
-
-@functools.cache
-def hostname() -> str:
-    return socket.gethostname()

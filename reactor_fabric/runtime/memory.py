@@ -1,12 +1,18 @@
-"""An in-memory container backend, for fast deterministic tests of everything above Docker.
+"""An in-memory container runtime, for fast deterministic tests of everything above it.
 
-Each "container" runs a Python coroutine (the *server*) in the backend's own nursery, connected
-to the relay through trio memory streams that speak exactly what Docker's attach stream speaks:
-raw bytes towards the server's stdin (half-close = EOF on stdin), Docker's multiplexed frames
-from its stdout and stderr. So the relay runs the same code path as against a real engine.
+Each "container" runs a Python coroutine (the *server*) in the runtime's own nursery, connected
+to the relay by bounded byte pipes: stdin, stdout and stderr, exactly the streams a real
+runtime's container has. The pipes apply backpressure (a server that does not read its stdin
+stalls the writer once ``stdin_capacity`` bytes wait), and every step of the runtime can be made
+slow, failing or hanging (:meth:`MemoryRuntime.fault`), so the tests can reach the races a real
+engine produces: a spawn outliving its session, a removal that takes its time, a create that
+never returns.
 
-It keeps the books a leak test needs: every spec spawned, the containers still alive, and
-whether any were removed twice or never.
+Like the Docker runtime's worker threads, a create runs on its own: when the spawn that asked for
+it is cancelled, the create still completes, and then removes its container by name.
+
+It keeps the books a leak test needs: every spec spawned, every removal, and the containers that
+were created and never removed (:attr:`MemoryRuntime.alive`).
 """
 
 from __future__ import annotations
@@ -15,142 +21,387 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
-import trio.testing
 
-from .._errors import FabricError
+from .._errors import ContainerStartFailure, FabricError
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
-from ..protocol.framing import STDERR, STDOUT, LineSplitter, docker_frame
-from .base import ContainerExit, SpawnedContainer
+from ..protocol.framing import LineSplitter
+from .base import ContainerExit, ManagedContainer
+
+STEPS = ("create", "attach", "start", "exit_status", "remove", "ping", "list")
+
+
+class Pipe:
+    """A one-way byte pipe bounded at ``capacity`` bytes waiting to be read."""
+
+    def __init__(self, capacity: int) -> None:
+        self._buffer = bytearray()
+        self._capacity = capacity
+        self._eof = False  # the writer is done
+        self._broken = False  # the reader is gone
+        self._changed = trio.Event()
+        self.sender = _PipeSender(self)
+        self.receiver = _PipeReceiver(self)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def _send(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(bytes(data))
+        waited = False
+        while view:
+            if self._broken:
+                raise trio.BrokenResourceError("the reading end is closed")
+            if self._eof:
+                raise trio.ClosedResourceError("this end was closed")
+            room = self._capacity - len(self._buffer)
+            if room <= 0:
+                await self._changed.wait()
+                waited = True
+                continue
+            self._buffer += view[:room]
+            view = view[room:]
+            self._notify()
+        if not waited:
+            await trio.lowlevel.checkpoint()
+
+    async def _receive(self, max_bytes: int | None) -> bytes:
+        waited = False
+        while not self._buffer:
+            if self._broken:
+                raise trio.ClosedResourceError("this end was closed")
+            if self._eof:
+                if not waited:
+                    await trio.lowlevel.checkpoint()
+                return b""
+            await self._changed.wait()
+            waited = True
+        if not waited:
+            await trio.lowlevel.checkpoint()
+        size = len(self._buffer) if max_bytes is None else min(max_bytes, len(self._buffer))
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        self._notify()
+        return data
+
+    def close_sender(self) -> None:
+        self._eof = True
+        self._notify()
+
+    def close_receiver(self) -> None:
+        self._broken = True
+        self._buffer.clear()
+        self._notify()
+
+
+class _PipeSender(trio.abc.SendStream):
+    def __init__(self, pipe: Pipe) -> None:
+        self._pipe = pipe
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._pipe._send(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def send_eof(self) -> None:
+        self._pipe.close_sender()
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        self._pipe.close_sender()
+        await trio.lowlevel.checkpoint()
+
+
+class _PipeReceiver(trio.abc.ReceiveStream):
+    def __init__(self, pipe: Pipe) -> None:
+        self._pipe = pipe
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self._pipe._receive(max_bytes)
+
+    async def aclose(self) -> None:
+        self._pipe.close_receiver()
+        await trio.lowlevel.checkpoint()
 
 
 @dataclass
-class FakeContainer:
-    """The server's side of one in-memory container."""
+class MemoryServer:
+    """The server's side of one in-memory container: what a fake server coroutine uses."""
 
     id: str
     spec: ContainerSpec
-    stream: trio.abc.HalfCloseableStream
+    stdin: Pipe
+    stdout: Pipe
+    stderr: Pipe
     exit_code: int | None = None
     oom_killed: bool = False
     removed: bool = False
+    started: bool = False
     stdin_lines: list[bytes] = field(default_factory=list)
-    _splitter: LineSplitter = field(default_factory=lambda: LineSplitter(max_line=1 << 24))
+    _splitter: LineSplitter = field(default_factory=lambda: LineSplitter(max_line=1 << 26))
     _backlog: list[bytes] = field(default_factory=list)
-    _write_lock: trio.Lock = field(default_factory=trio.Lock)
     _scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     async def read_line(self) -> bytes | None:
         """The next line the relay wrote to stdin, or None at EOF."""
         while not self._backlog:
             try:
-                data = await self.stream.receive_some(65536)
+                data = await self.stdin.receiver.receive_some(65536)
             except (trio.ClosedResourceError, trio.BrokenResourceError):
-                return None  # the process has exited (see `exit`)
+                return None
             if not data:
                 return None
-            self._backlog.extend(self._splitter.feed(bytes(data)))
+            self._backlog.extend(self._splitter.feed(data))
         line = self._backlog.pop(0)
         self.stdin_lines.append(line)
         return line
 
     async def write_stdout(self, data: bytes) -> None:
-        async with self._write_lock:
-            await self.stream.send_all(docker_frame(STDOUT, data))
+        await self.stdout.sender.send_all(data)
 
     async def write_stderr(self, data: bytes) -> None:
-        async with self._write_lock:
-            await self.stream.send_all(docker_frame(STDERR, data))
+        await self.stderr.sender.send_all(data)
 
     async def exit(self, code: int) -> None:
-        """The server process ends: its output stream closes."""
+        """The server process ends: its output streams close."""
         self.exit_code = code
-        await self.stream.aclose()
+        self._close_outputs()
+        await trio.lowlevel.checkpoint()
+
+    def _close_outputs(self) -> None:
+        self.stdout.close_sender()
+        self.stderr.close_sender()
+        self.stdin.close_receiver()
 
 
-Server = Callable[[FakeContainer], Awaitable[None]]
+class MemoryContainer:
+    """The relay's side of one in-memory container (a :class:`~.base.Container`)."""
 
-
-class MemoryEngine:
-    """A :class:`~reactor_fabric.runtime.base.ContainerBackend` whose containers are coroutines."""
-
-    def __init__(self, nursery: trio.Nursery, server: Server) -> None:
-        self._nursery = nursery
-        self.server = server
-        self.spawned: list[ContainerSpec] = []
-        self.containers: dict[str, FakeContainer] = {}
-        self.removals: list[str] = []
-        # Set to make the next spawns fail, as Docker would (image missing, engine down...).
-        self.spawn_error: FabricError | None = None
-        self.ping_error: FabricError | None = None
-        self._ids = itertools.count(1)
+    def __init__(self, server: MemoryServer) -> None:
+        self._server = server
 
     @property
-    def alive(self) -> list[FakeContainer]:
+    def id(self) -> str:
+        return self._server.id
+
+    @property
+    def name(self) -> str:
+        return self._server.name
+
+    @property
+    def stdin(self) -> _PipeSender:
+        return self._server.stdin.sender
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        return self._server.stdout.receiver
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream:
+        return self._server.stderr.receiver
+
+    async def aclose(self) -> None:
+        self._server.stdin.close_sender()
+        self._server.stdout.close_receiver()
+        self._server.stderr.close_receiver()
+        await trio.lowlevel.checkpoint()
+
+
+Server = Callable[[MemoryServer], Awaitable[None]]
+
+
+@dataclass
+class Fault:
+    """What a step does besides succeeding: wait ``delay``, then hang or fail."""
+
+    delay: float = 0.0
+    error: FabricError | None = None
+    hang: bool = False
+
+
+@dataclass
+class _Create:
+    server: MemoryServer | None = None
+    error: FabricError | None = None
+    abandoned: bool = False
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class MemoryRuntime:
+    """A :class:`~.base.Runtime` whose containers are coroutines in the runtime's nursery."""
+
+    name = "memory"
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        server: Server,
+        *,
+        stdin_capacity: int = 65536,
+        output_capacity: int = 65536,
+    ) -> None:
+        self._nursery = nursery
+        self.server = server
+        self.stdin_capacity = stdin_capacity
+        self.output_capacity = output_capacity
+        self.faults: dict[str, Fault] = {}
+        self.spawned: list[ContainerSpec] = []
+        self.servers: dict[str, MemoryServer] = {}  # by name
+        self.removals: list[str] = []
+        # Creates whose spawn was cancelled before they completed (they removed themselves).
+        self.abandoned_creates = 0
+        self._ids = itertools.count(1)
+
+    def fault(
+        self,
+        step: str,
+        *,
+        delay: float = 0.0,
+        error: FabricError | None = None,
+        hang: bool = False,
+    ) -> None:
+        """Make ``step`` (one of :data:`STEPS`) slow, failing or hanging until cleared."""
+        assert step in STEPS, step
+        self.faults[step] = Fault(delay, error, hang)
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    @property
+    def alive(self) -> list[MemoryServer]:
         """Containers created and not removed: after a session ends this must be empty."""
-        return [c for c in self.containers.values() if not c.removed]
+        return [s for s in self.servers.values() if not s.removed]
+
+    def _find(self, container: str) -> MemoryServer | None:
+        found = self.servers.get(container)
+        if found is not None:
+            return found
+        return next((s for s in self.servers.values() if s.id == container), None)
+
+    async def _step(self, step: str) -> None:
+        await trio.lowlevel.checkpoint()
+        fault = self.faults.get(step)
+        if fault is None:
+            return
+        if fault.delay:
+            await trio.sleep(fault.delay)
+        if fault.hang:
+            await trio.sleep_forever()
+        if fault.error is not None:
+            raise fault.error
 
     async def ping(self, *, time_bound: float | None = None) -> str:
-        await trio.lowlevel.checkpoint()
-        if self.ping_error is not None:
-            raise self.ping_error
+        await self._step("ping")
         return "memory"
 
-    async def spawn(self, spec: ContainerSpec) -> SpawnedContainer:
-        await trio.lowlevel.checkpoint()  # "create"
-        if self.spawn_error is not None:
-            raise self.spawn_error
-        container_id = f"mem{next(self._ids):061d}"
-        relay_side, server_side = trio.testing.memory_stream_pair()
-        container = FakeContainer(container_id, spec, server_side)
-        self.containers[container_id] = container
-        self.spawned.append(spec)
+    async def spawn(self, spec: ContainerSpec) -> MemoryContainer:
+        create = _Create()
+        self._nursery.start_soon(self._create, spec, create)
         try:
-            await trio.lowlevel.checkpoint()  # "attach" and "start"
+            await create.done.wait()
+        except BaseException:
+            if create.server is not None:
+                with trio.CancelScope(shield=True):
+                    await self.remove(spec.name)
+            else:
+                create.abandoned = True  # the create removes it when it completes
+            raise
+        if create.error is not None:
+            raise create.error
+        server = create.server
+        assert server is not None
+        try:
+            await self._step("attach")
+            await self._step("start")
         except BaseException:
             with trio.CancelScope(shield=True):
-                await self.remove(container_id)
+                await self.remove(server.id)
             raise
-        self._nursery.start_soon(self._run, container)
-        return SpawnedContainer(id=container_id, name=spec.name, stream=relay_side)
+        server.started = True
+        self._nursery.start_soon(self._run, server)
+        return MemoryContainer(server)
 
-    async def _run(self, container: FakeContainer) -> None:
-        with container._scope:
+    async def _create(self, spec: ContainerSpec, create: _Create) -> None:
+        try:
+            await self._step("create")
+            existing = self.servers.get(spec.name)
+            if existing is not None and not existing.removed:
+                raise ContainerStartFailure(
+                    f"the name {spec.name!r} is already in use", reason="create_failed"
+                )
+            server = MemoryServer(
+                id=f"mem{next(self._ids):061d}",
+                spec=spec,
+                stdin=Pipe(self.stdin_capacity),
+                stdout=Pipe(self.output_capacity),
+                stderr=Pipe(self.output_capacity),
+            )
+            self.servers[spec.name] = server
+            self.spawned.append(spec)
+            create.server = server
+        except FabricError as exc:
+            create.error = exc
+        finally:
+            create.done.set()
+        if create.abandoned and create.server is not None:
+            self.abandoned_creates += 1
+            await self.remove(spec.name)
+
+    async def _run(self, server: MemoryServer) -> None:
+        with server._scope:
             try:
-                await self.server(container)
+                await self.server(server)
+            except* (trio.BrokenResourceError, trio.ClosedResourceError):
+                # Writing to a stream nobody reads any more: a process dies of SIGPIPE.
+                if server.exit_code is None:
+                    server.exit_code = 141
             finally:
-                if container.exit_code is None:
-                    container.exit_code = 0
-                with trio.CancelScope(shield=True):
-                    await container.stream.aclose()
+                if server.exit_code is None:
+                    server.exit_code = 0
+                server._close_outputs()
 
     async def exit_status(self, container_id: str) -> ContainerExit:
-        await trio.lowlevel.checkpoint()
-        container = self.containers[container_id]
-        return ContainerExit(container.exit_code, container.oom_killed, "")
+        await self._step("exit_status")
+        server = self._find(container_id)
+        if server is None:
+            raise ContainerStartFailure("no such container", reason="inspect_failed")
+        return ContainerExit(server.exit_code, server.oom_killed)
 
-    async def remove(self, container_id: str) -> None:
-        await trio.lowlevel.checkpoint()
-        container = self.containers.get(container_id)
-        self.removals.append(container_id)
-        if container is None or container.removed:
+    async def remove(self, container: str, *, grace: float | None = None) -> None:
+        self.removals.append(container)
+        try:
+            await self._step("remove")
+        except FabricError:
+            return  # a runtime's remove logs and swallows its errors
+        server = self._find(container)
+        if server is None or server.removed:
             return
-        container.removed = True
-        container._scope.cancel()
-        if container.exit_code is None:
-            container.exit_code = 137  # killed
+        server.removed = True
+        server._scope.cancel()
+        if server.exit_code is None:
+            server.exit_code = 137  # killed
+        server._close_outputs()
 
     async def list_managed(
         self, extra_labels: dict[str, str] | None = None
-    ) -> list[dict[str, Any]]:
-        await trio.lowlevel.checkpoint()
+    ) -> list[ManagedContainer]:
+        await self._step("list")
         wanted = {LABEL_MANAGED: "true", **(extra_labels or {})}
         return [
-            {"Id": c.id, "Labels": c.spec.labels, "Created": 0}
-            for c in self.alive
-            if all(c.spec.labels.get(k) == v for k, v in wanted.items())
+            ManagedContainer(s.id, s.name, dict(s.spec.labels), 0.0)
+            for s in self.alive
+            if all(s.spec.labels.get(k) == v for k, v in wanted.items())
         ]
 
     async def close(self) -> None:
@@ -158,12 +409,11 @@ class MemoryEngine:
 
 
 @asynccontextmanager
-async def open_memory_engine(server: Server) -> AsyncIterator[MemoryEngine]:
-    """A MemoryEngine whose server tasks live in a nursery that ends with the block."""
+async def open_memory_runtime(server: Server, **options: int) -> AsyncIterator[MemoryRuntime]:
+    """A MemoryRuntime whose server tasks live in a nursery that ends with the block."""
     async with trio.open_nursery() as nursery:
-        engine = MemoryEngine(nursery, server)
+        runtime = MemoryRuntime(nursery, server, **options)
         try:
-            yield engine
+            yield runtime
         finally:
-            for container in engine.containers.values():
-                container._scope.cancel()
+            nursery.cancel_scope.cancel()

@@ -1,71 +1,60 @@
-"""The ASGI application: routes HTTP and WebSocket requests to the orchestrator.
+"""The orchestrator's routes: which handler a request goes to. Only moves bytes.
 
-Only moves bytes and maps outcomes to status codes; the decisions live in pure modules
-(:mod:`._health`, and the session and handshake modules for ``/mcp/{service}``).
+============================  =========================================================
+``GET /healthz``              the health report (:mod:`reactor_fabric.observe.health`)
+``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`)
+``ws://…/mcp/{service}``      WebSocket (:mod:`.websocket`)
+============================  =========================================================
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
 
 from .._errors import DockerUnavailable
 from .._version import __version__
 from ..observe.health import health_report
 from .fabric import Fabric
+from .http_server import HttpExchange, Request
 from .streamable_http import HttpSessions, serve_streamable_http
 from .websocket import serve_websocket
-
-log = logging.getLogger(__name__)
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 HEALTH_PING_TIMEOUT = 3.0
 
 
 class FabricApp:
-    """ASGI 3 application over a :class:`~reactor_fabric.trio.fabric.Fabric`."""
+    """The :class:`~reactor_fabric.trio.http_server.HttpApp` of one orchestrator."""
 
     def __init__(self, fabric: Fabric, http_sessions: HttpSessions) -> None:
         self.fabric = fabric
         self.http_sessions = http_sessions
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "websocket":
-            await serve_websocket(self.fabric, scope, receive, send)
-        elif kind == "lifespan":
-            await _lifespan(receive, send)
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
-        if path == "/healthz":
-            if method not in ("GET", "HEAD"):
-                await _json(send, 405, {"error": "method not allowed"}, allow="GET, HEAD")
+    async def http(self, exchange: HttpExchange) -> None:
+        request = exchange.request
+        if request.path == "/healthz":
+            if request.method not in ("GET", "HEAD"):
+                await _json(exchange, 405, {"error": "method not allowed"}, allow="GET, HEAD")
                 return
-            await self._healthz(send, head=method == "HEAD")
+            await self._healthz(exchange)
             return
-        route = mcp_route(path)
+        route = mcp_route(request.path)
         if route is not None:
             service, key = route
-            await serve_streamable_http(
-                self.http_sessions, scope, receive, send, service=service, key=key
-            )
+            await serve_streamable_http(self.http_sessions, exchange, service=service, key=key)
             return
-        await _json(send, 404, {"error": "not found", "path": path})
+        await _json(exchange, 404, {"error": "not found", "path": request.path})
 
-    async def _healthz(self, send: Send, *, head: bool) -> None:
+    async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
+        await serve_websocket(self.fabric, request, stream, trailing)
+
+    async def _healthz(self, exchange: HttpExchange) -> None:
         docker_version: str | None = None
         docker_error: str | None = None
         try:
-            docker_version = await self.fabric.engine.ping(time_bound=HEALTH_PING_TIMEOUT)
+            docker_version = await self.fabric.runtime.ping(time_bound=HEALTH_PING_TIMEOUT)
         except DockerUnavailable as exc:
             docker_error = str(exc)
         report = health_report(
@@ -75,7 +64,7 @@ class FabricApp:
             containers=self.fabric.container_count,
             version=__version__,
         )
-        await _json(send, report.status_code, report.body, head=head)
+        await _json(exchange, report.status_code, report.body)
 
 
 def mcp_route(path: str) -> tuple[str, str | None] | None:
@@ -91,25 +80,7 @@ def mcp_route(path: str) -> tuple[str, str | None] | None:
 
 
 async def _json(
-    send: Send, status: int, body: dict[str, Any], *, head: bool = False, allow: str | None = None
+    exchange: HttpExchange, status: int, body: dict[str, Any], *, allow: str | None = None
 ) -> None:
-    payload = json.dumps(body).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        (b"cache-control", b"no-store"),
-    ]
-    if allow is not None:
-        headers.append((b"allow", allow.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if head else payload})
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+    headers = [(b"allow", allow.encode())] if allow is not None else []
+    await exchange.respond(status, json.dumps(body).encode(), headers=headers)

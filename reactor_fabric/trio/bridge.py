@@ -10,10 +10,14 @@ happens in the orchestrator, exactly as for any other session.
 Ownership: one nursery with two relay tasks; when either direction ends (stdin EOF, the server
 closing, a signal) the other is cancelled and the WebSocket is closed.
 
-Error handling: when the orchestrator cannot be reached, the bridge prints the documented
-warning and runs the service's ``local_command`` from the suite in its place (``exec``: the
-client then talks to that command directly); with no such command it exits 1 with a message.
-A refused registration (bad mount, unknown service) exits 1 with the orchestrator's reason.
+Error handling, as the client sees it: a refused registration (bad mount, unknown service, full
+orchestrator) is the JSON-RPC error answering the client's own first request (its
+``initialize``), so the client shows the orchestrator's code and reason; then the bridge prints
+one plain line on stderr and exits 1. When the orchestrator cannot be reached, the bridge prints
+the documented warning and runs the service's ``local_command`` from the suite in its place
+(``exec``: the client then talks to that command directly); with no such command the client's
+first request is answered with -32002 ``orchestrator_unreachable``. No traceback ever reaches
+stderr: unexpected failures are one line too.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import trio
@@ -35,13 +40,17 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
+from .._errors import CONTAINER_START_FAILURE, InvalidMessage
 from ..config.suite import SuiteUnreadable, load_suite
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter
+from ..protocol.jsonrpc import REQUEST, peek
 
 DEFAULT_TARGET = "/workspace"
 MAX_MESSAGE = 16 * 1024 * 1024
 CONNECT_BOUND_SECONDS = 10.0
+# How long a refused bridge waits for its client's first request, to answer it with the error.
+FIRST_REQUEST_BOUND_SECONDS = 30.0
 FALLBACK_WARNING = (
     "Warning: Could not connect to Reactor-Fabric at {endpoint}. Falling back to standalone mode."
 )
@@ -97,8 +106,21 @@ def mounts_from(arguments: Sequence[str], *, no_mount: bool, cwd: Path) -> list[
     return mounts
 
 
+class Refused(Exception):
+    """The orchestrator answered the registration with a JSON-RPC error."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        raw = error.get("data")
+        data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        super().__init__(
+            f"the orchestrator refused the session: {error.get('message')} "
+            f"({data.get('reason')}): {data.get('detail')}"
+        )
+        self.error = error
+
+
 async def run_bridge(settings: BridgeSettings, url: str) -> int:
-    """Relay stdin/stdout through the orchestrator; the process exit code."""
+    """Relay stdin/stdout through the orchestrator; the process exit code (-1: unreachable)."""
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout, trio.open_nursery() as nursery:
@@ -111,6 +133,11 @@ async def run_bridge(settings: BridgeSettings, url: str) -> int:
             return -1  # unreachable: the caller falls back
         try:
             await _register(ws, settings)
+        except Refused as refusal:
+            await answer_first_request(stdin, stdout, refusal.error)
+            print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
+            return 1
+        try:
             return await _relay(ws, stdin, stdout)
         finally:
             with trio.move_on_after(5) as cleanup:
@@ -130,14 +157,43 @@ async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
     try:
         answer = json.loads(await ws.get_message())
     except ConnectionClosed as exc:
-        raise BridgeError(f"the orchestrator closed the connection: {exc.reason}") from exc
-    if "error" in answer:
-        error = answer["error"]
-        data = error.get("data") or {}
-        raise BridgeError(
-            f"the orchestrator refused the session: {error.get('message')} "
-            f"({data.get('reason')}): {data.get('detail')}"
-        )
+        raise Refused(
+            _bridge_error(
+                f"the orchestrator closed the connection ({exc.reason})", "connection_closed"
+            )
+        ) from exc
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        raise Refused(answer["error"])
+
+
+def _bridge_error(detail: str, reason: str) -> dict[str, Any]:
+    return {
+        "code": CONTAINER_START_FAILURE,
+        "message": "Container Start Failure",
+        "data": {"reason": reason, "detail": detail},
+    }
+
+
+async def answer_first_request(
+    stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream, error: dict[str, Any]
+) -> None:
+    """Answer the client's first request (its ``initialize``) with ``error``, bounded in time.
+
+    A client shows the error of the request it made; an error it never asked for, or a closed
+    pipe, would read as "connection closed".
+    """
+    splitter = LineSplitter(max_line=MAX_MESSAGE)
+    with trio.move_on_after(FIRST_REQUEST_BOUND_SECONDS):
+        while data := await stdin.receive_some(65536):
+            for line in splitter.feed(bytes(data)):
+                try:
+                    message = peek(line)
+                except InvalidMessage:
+                    continue
+                if message.kind == REQUEST:
+                    answer = {"jsonrpc": "2.0", "id": message.id, "error": error}
+                    await stdout.send_all(json.dumps(answer).encode() + b"\n")
+                    return
 
 
 async def _relay(
@@ -203,14 +259,33 @@ def fallback_command(settings: BridgeSettings) -> list[str] | None:
 def connect(settings: BridgeSettings) -> int:
     """Run the bridge; falls back to the local command when the orchestrator is unreachable."""
     url, _service = service_url(settings.endpoint, settings.service)
-    code = trio.run(run_bridge, settings, url)
+    failed: BaseException | None = None
+    code = 1
+    try:
+        code = trio.run(run_bridge, settings, url)
+    except* Exception as failure:  # noqa: BLE001 - reported, as one line
+        failed = failure.exceptions[0]
+    if failed is not None:
+        # One plain line, never a traceback: stderr is what the user's client shows.
+        print(f"reactor-fabric connect: {failed}", file=sys.stderr, flush=True)
+        return 1
     if code >= 0:
         return code
     print(FALLBACK_WARNING.format(endpoint=settings.endpoint), file=sys.stderr, flush=True)
     command = fallback_command(settings)
     if command is not None:
         os.execvp(command[0], command)  # noqa: S606 - the suite's own command, by design
-    raise BridgeError(
-        f"no local fallback for service {settings.service!r} (set `local_command` for it in "
-        "the suite), and the orchestrator is not reachable: start it with `make run`"
+    detail = (
+        f"the orchestrator at {settings.endpoint} is not reachable and service "
+        f"{settings.service!r} has no local fallback (`local_command` in the suite); "
+        "start the orchestrator with `make run`"
     )
+    trio.run(_answer_from_stdio, _bridge_error(detail, "orchestrator_unreachable"))
+    raise BridgeError(detail)
+
+
+async def _answer_from_stdio(error: dict[str, Any]) -> None:
+    stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
+    async with stdin, stdout:
+        await answer_first_request(stdin, stdout, error)

@@ -1,26 +1,33 @@
-"""The orchestrator's shared state: the suite, the engine, and the live sessions.
+"""The orchestrator's shared state: the suite, the runtime, and what is alive.
 
 One :class:`Fabric` exists per running orchestrator. It is owned by
-:func:`~reactor_fabric.trio.serve.serve_orchestrator`, whose nursery owns every task that uses it,
-and it is what a session sees of the orchestrator
-(:class:`~reactor_fabric.trio.session.SessionHost`).
+:func:`~reactor_fabric.trio.serve.serve_orchestrator`, whose nursery owns every task that uses
+it, and it is what a session sees of the orchestrator (:class:`SessionHost`).
+
+Live sessions and containers are kept as registries (id → owner), not counters: a session adds
+and removes its own entries in ``finally`` blocks, so the figures ``/healthz`` reports cannot
+drift from what exists.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from dataclasses import dataclass, field
 
 import trio
 
-from ..config.structs import Service, Suite
-from ..policy.container_spec import ContainerIdentity, MountSpec
+from ..config.structs import Limits, Service, Suite
+from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
-from ..policy.owner import process_start_time
-from ..runtime.base import ContainerBackend
-from ..runtime.docker import hostname
+from ..policy.owner import hostname, process_start_time
+from ..protocol.session import SessionLimits
+from ..runtime.base import Runtime
+
+# How long removing one session's containers may take (a shutdown may allow less).
+TEARDOWN_BOUND_SECONDS = 15.0
 
 
 def new_instance_id() -> str:
@@ -28,18 +35,36 @@ def new_instance_id() -> str:
     return secrets.token_hex(8)
 
 
+def new_session_id() -> str:
+    """A session id: random, 128 bits, safe in URLs, headers and container names."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    service: str
+    transport: str
+
+
 @dataclass
 class Fabric:
     suite: Suite
-    engine: ContainerBackend
+    runtime: Runtime
     network: str
     listen_host: str = "127.0.0.1"
     instance_id: str = field(default_factory=new_instance_id)
+    sessions: dict[str, SessionRecord] = field(default_factory=dict)
+    containers: dict[str, str] = field(default_factory=dict)  # container id → session id
+    pending_connections: int = 0  # WebSocket connections before their first message
+    # Set when the orchestrator begins to stop: every session answers what is in flight.
+    stopping: trio.Event = field(default_factory=trio.Event)
+    # When a shutdown must be over (trio time); every teardown ends by then.
+    hard_deadline: float = math.inf
+    # Set (and replaced) whenever a session, container or busy connection comes or goes.
+    changed: trio.Event = field(default_factory=trio.Event)
     mount_policy: MountPolicy = field(init=False)
     allowed_origins: frozenset[str] = field(init=False)
     allowed_hosts: frozenset[str] | None = field(init=False)
-    sessions: set[str] = field(default_factory=set)
-    container_count: int = 0
     _identity: ContainerIdentity = field(init=False)
 
     def __post_init__(self) -> None:
@@ -55,37 +80,89 @@ class Fabric:
             default_network=self.network,
         )
 
-    # --- what sessions use (SessionHost) --------------------------------------------------
+    # --- settings -----------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> Limits:
+        return self.suite.orchestrator.limits
 
     @property
     def max_message_bytes(self) -> int:
         return self.suite.orchestrator.max_message_bytes
 
+    def service(self, name: str) -> Service | None:
+        return self.suite.mcp_services.get(name)
+
+    def session_limits(self, service: Service) -> SessionLimits:
+        return SessionLimits(to_server_bytes=self.limits.buffer_to_server_bytes)
+
+    def container_spec(
+        self,
+        service_name: str,
+        service: Service,
+        *,
+        session_id: str,
+        mounts: tuple[MountSpec, ...],
+        sequence: int,
+    ) -> ContainerSpec:
+        return container_spec_for(
+            service_name,
+            service,
+            session_id=session_id,
+            mounts=mounts,
+            sequence=sequence,
+            identity=self._identity,
+        )
+
+    async def validate_mounts(self, mounts: object) -> tuple[MountSpec, ...]:
+        if mounts == []:
+            await trio.lowlevel.checkpoint()
+            return ()
+        # Resolving paths touches the file system (which may be slow, e.g. NFS): in a thread.
+        return await trio.to_thread.run_sync(self.mount_policy.validate, mounts)
+
+    # --- what is alive ------------------------------------------------------------------------
+
     @property
     def session_count(self) -> int:
         return len(self.sessions)
 
-    def service(self, name: str) -> Service | None:
-        return self.suite.mcp_services.get(name)
+    @property
+    def container_count(self) -> int:
+        return len(self.containers)
 
-    def container_identity(self) -> ContainerIdentity:
-        return self._identity
+    def notify_change(self) -> None:
+        changed, self.changed = self.changed, trio.Event()
+        changed.set()
 
-    async def validate_mounts(self, mounts: object) -> tuple[MountSpec, ...]:
-        # Resolving paths touches the file system (which may be slow, e.g. NFS): in a thread.
-        return await trio.to_thread.run_sync(self.mount_policy.validate, mounts)
+    def teardown_deadline(self, bound: float = TEARDOWN_BOUND_SECONDS) -> float:
+        """When a teardown starting now must be over: ``bound`` from now, or the hard deadline."""
+        return min(trio.current_time() + bound, self.hard_deadline)
 
-    def admit(self, session_id: str) -> bool:
-        if len(self.sessions) >= self.suite.orchestrator.max_sessions:
+    def admit(self, session_id: str, record: SessionRecord) -> bool:
+        """Register a session, unless the orchestrator is full or stopping."""
+        if self.stopping.is_set() or len(self.sessions) >= self.suite.orchestrator.max_sessions:
             return False
-        self.sessions.add(session_id)
+        self.sessions[session_id] = record
         return True
 
     def release(self, session_id: str) -> None:
-        self.sessions.discard(session_id)
+        self.sessions.pop(session_id, None)
+        self.notify_change()
 
-    def container_started(self) -> None:
-        self.container_count += 1
+    def container_started(self, container_id: str, session_id: str) -> None:
+        self.containers[container_id] = session_id
 
-    def container_stopped(self) -> None:
-        self.container_count -= 1
+    def container_removed(self, container_id: str) -> None:
+        self.containers.pop(container_id, None)
+        self.notify_change()
+
+    def reserve_pending(self) -> bool:
+        """Count a connection that has yet to send its first message, if there is room."""
+        if self.pending_connections >= self.limits.max_pending_connections:
+            return False
+        self.pending_connections += 1
+        return True
+
+    def release_pending(self) -> None:
+        self.pending_connections -= 1

@@ -3,33 +3,88 @@
 A WebSocket is one bidirectional pipe; Streamable HTTP spreads a session over many requests:
 each client message arrives in its own POST, a request's response (and the messages related to
 it) go back on that POST's response, and server-initiated messages go on a GET stream. The
-:class:`HttpChannel` gives the session the same :class:`~reactor_fabric.trio.session.ClientChannel`
-it has over WebSocket, and routes each server frame to the right HTTP exchange:
+:class:`HttpChannel` gives the session the same ``ClientChannel`` it has over WebSocket, and
+routes each server frame to the right HTTP exchange:
 
-1. a response goes to the POST waiting for that request id;
+1. a response goes to the POST waiting for that request id — or nowhere, if that POST's client
+   hung up: nobody can read it any more;
 2. anything else (progress, logging, server→client requests) goes on the oldest POST that is
    streaming (SSE), since it most likely relates to it;
-3. failing that, to the session's GET stream — through a bounded backlog, so a message sent
-   while no stream is open waits for the next GET, and a client that never reads stalls only
-   its own session.
+3. failing that, to the session's GET stream — through a backlog bounded in bytes, so a message
+   sent while no stream is open waits for the next GET; when the backlog is full, new messages
+   are dropped and counted (a client that never opens the stream must not grow memory, nor stall
+   the answers to its own POSTs behind notifications).
 
-Resource handling: everything is bounded (inbox, per-POST channels, backlog); :meth:`close`
-wakes every waiting POST and GET.
+Bounds: every queue here is bounded in bytes. Client messages wait for the session in an inbox
+of ``inbox_bytes``; frames for a POST wait for its handler to write them up to ``buffer_bytes``
+(beyond it the session waits: backpressure reaches the container).
+
+Resource handling: :meth:`HttpChannel.close` ends every waiting POST and GET at once.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 from dataclasses import dataclass, field
 
 import trio
 
 from .._errors import InvalidMessage
-from ..protocol.jsonrpc import Peek, RequestId, peek
+from ..protocol.jsonrpc import RESPONSE, Peek, RequestId, peek
 
-INBOX_DEPTH = 64
-WAITER_DEPTH = 32
-BACKLOG_DEPTH = 256
+log = logging.getLogger(__name__)
+
+
+class _Queue:
+    """Frames for one reader, bounded in bytes: ``put`` waits (or drops) when full."""
+
+    def __init__(self, limit: int) -> None:
+        self.frames: collections.deque[bytes] = collections.deque()
+        self.bytes = 0
+        self.limit = limit
+        self.closed = False
+        self._changed = trio.Event()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    @property
+    def full(self) -> bool:
+        return self.bytes >= self.limit
+
+    async def put(self, frame: bytes) -> bool:
+        """Queue ``frame`` once there is room; False if the queue was closed meanwhile."""
+        while self.full and not self.closed:
+            await self._changed.wait()
+        if self.closed:
+            return False
+        self.put_nowait(frame)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return True
+
+    def put_nowait(self, frame: bytes) -> None:
+        self.frames.append(frame)
+        self.bytes += len(frame)
+        self._notify()
+
+    async def get(self) -> bytes | None:
+        """The next frame, or None once the queue is closed and empty."""
+        while not self.frames:
+            if self.closed:
+                await trio.lowlevel.checkpoint()
+                return None
+            await self._changed.wait()
+        frame = self.frames.popleft()
+        self.bytes -= len(frame)
+        self._notify()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return frame
+
+    def close(self) -> None:
+        self.closed = True
+        self._notify()
 
 
 @dataclass
@@ -38,8 +93,7 @@ class Waiter:
 
     request_id: RequestId
     streaming: bool
-    send: trio.MemorySendChannel[bytes]
-    receive: trio.MemoryReceiveChannel[bytes]
+    queue: _Queue
     gone: bool = False
     # The frame that answers the request, once delivered (compared by identity by the POST).
     response: bytes | None = None
@@ -49,26 +103,27 @@ class Waiter:
 class HttpChannel:
     """The session-facing channel of one Streamable HTTP session."""
 
+    inbox_bytes: int = 1024 * 1024
+    buffer_bytes: int = 1024 * 1024
+    backlog_bytes: int = 1024 * 1024
     close_code: int | None = None
     close_reason: str = ""
     closed: trio.Event = field(default_factory=trio.Event)
     last_activity: float = field(default_factory=trio.current_time)
     open_streams: int = 0
+    dropped: int = 0  # server messages dropped because no stream could take them
     _waiters: collections.OrderedDict[RequestId, Waiter] = field(
         default_factory=collections.OrderedDict
     )
 
     def __post_init__(self) -> None:
-        self._inbox_send, self._inbox_receive = trio.open_memory_channel[bytes](INBOX_DEPTH)
-        self._backlog_send, self.backlog = trio.open_memory_channel[bytes](BACKLOG_DEPTH)
+        self._inbox = _Queue(self.inbox_bytes)
+        self.backlog = _Queue(self.backlog_bytes)
 
     # --- the session's side (ClientChannel) -------------------------------------------------
 
     async def receive(self) -> bytes | None:
-        try:
-            return await self._inbox_receive.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            return None
+        return await self._inbox.get()
 
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
         if self.closed.is_set():
@@ -78,56 +133,66 @@ class HttpChannel:
                 message = peek(frame)
             except InvalidMessage:
                 message = None
-        if message is not None and message.kind == "response" and message.id is not None:
+        if message is not None and message.kind == RESPONSE and message.id is not None:
             waiter = self._waiters.pop(message.id, None)
-            if waiter is not None and not waiter.gone:
-                await _deliver_final(waiter, frame)
+            if waiter is not None:
+                if not waiter.gone:  # else its client hung up: nobody can read this answer
+                    waiter.response = frame
+                    await waiter.queue.put(frame)
+                    waiter.queue.close()
+                await trio.lowlevel.checkpoint_if_cancelled()
                 return
         for waiter in self._waiters.values():
             if waiter.streaming and not waiter.gone:
-                await waiter.send.send(frame)
+                await waiter.queue.put(frame)
                 return
-        await self._backlog_send.send(frame)
+        if self.backlog.full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 100 == 0:
+                log.warning("http_backlog_full", extra={"dropped": self.dropped})
+            await trio.lowlevel.checkpoint()
+            return
+        self.backlog.put_nowait(frame)
+        await trio.lowlevel.checkpoint()
 
     async def close(self, code: int, reason: str = "") -> None:
         if self.closed.is_set():
             return
         self.close_code, self.close_reason = code, reason
         self.closed.set()
-        self._inbox_send.close()
+        self._inbox.close()
         for waiter in self._waiters.values():
-            waiter.send.close()
+            waiter.queue.close()
         self._waiters.clear()
-        self._backlog_send.close()
+        self.backlog.close()
         await trio.lowlevel.checkpoint()
 
     # --- the HTTP side ------------------------------------------------------------------------
 
     def expect(self, request_id: RequestId, *, streaming: bool) -> Waiter:
         """Register a POST that waits for the response to ``request_id`` (before submitting)."""
-        send, receive = trio.open_memory_channel[bytes](WAITER_DEPTH)
-        waiter = Waiter(request_id, streaming, send, receive)
+        waiter = Waiter(request_id, streaming, _Queue(self.buffer_bytes))
         previous = self._waiters.pop(request_id, None)
         if previous is not None:
-            previous.send.close()  # a reused id: the older POST can no longer be answered
+            previous.queue.close()  # a reused id: the older POST can no longer be answered
         self._waiters[request_id] = waiter
         return waiter
 
     def abandon(self, waiter: Waiter) -> None:
-        """The POST's client went away: route its messages elsewhere from now on."""
+        """The POST is over (answered, or its client went away): nothing more goes to it.
+
+        An unanswered waiter stays registered, marked gone, until its answer comes, so that the
+        answer is recognised and dropped instead of being parked for nobody (there are at most
+        as many as the session has requests in flight).
+        """
         waiter.gone = True
-        if self._waiters.get(waiter.request_id) is waiter:
-            # Its response, when it comes, goes to the GET stream instead of being lost.
-            del self._waiters[waiter.request_id]
-        waiter.send.close()
+        waiter.queue.close()
 
     async def submit(self, frame: bytes) -> None:
-        """Hand a client message to the session (waits while the session's queue is full)."""
+        """Hand a client message to the session (waits while the session's inbox is full)."""
         self.touch()
-        try:
-            await self._inbox_send.send(frame)
-        except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
-            raise trio.ClosedResourceError("the HTTP session is closed") from exc
+        if not await self._inbox.put(frame):
+            raise trio.ClosedResourceError("the HTTP session is closed")
 
     def touch(self) -> None:
         self.last_activity = trio.current_time()
@@ -135,13 +200,4 @@ class HttpChannel:
     @property
     def busy(self) -> bool:
         """Whether a POST or GET is still being served (the session must not expire)."""
-        return bool(self._waiters) or self.open_streams > 0
-
-
-async def _deliver_final(waiter: Waiter, frame: bytes) -> None:
-    waiter.response = frame
-    try:
-        await waiter.send.send(frame)
-    except (trio.ClosedResourceError, trio.BrokenResourceError):
-        return
-    waiter.send.close()
+        return self.open_streams > 0 or any(not w.gone for w in self._waiters.values())

@@ -1,42 +1,51 @@
-"""Running the orchestrator: the root nursery, the HTTP/WebSocket server, and shutdown.
+"""Running the orchestrator: the root nursery, the server, and a shutdown bounded in time.
 
 Ownership tree::
 
     serve_orchestrator (root nursery)
     ├── run_sweeper            orphan containers: at start-up, then periodically
     ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
-    └── hypercorn.trio.serve   HTTP routes and the /mcp endpoint, one port
-        └── one task per WebSocket connection → serve_session (own nursery, own containers)
+    └── connections (nursery)
+        ├── serve_http         the accept loop (HTTP and WebSocket on one port)
+        └── one task per connection; a WebSocket's task runs its session
 
-Resource handling: leaving :func:`serve_orchestrator` for any reason (cancellation, an error,
-a signal handled by the caller) cancels every session, whose own ``finally`` removes its
-container; then every container still labelled with this instance is removed and the Docker
-client closed. That last step is shielded and bounded in time.
+Shutdown (:meth:`Orchestrator.stop`, on SIGINT/SIGTERM): stop accepting; tell every session
+(``Fabric.stopping``), which answers each request in flight with -32002
+``orchestrator_stopping``, closes its client normally and removes its containers; wait for that,
+then cancel what is left — all before ``limits.shutdown_timeout`` has passed since the signal,
+even if a client does not read (every write to a client is bounded and cancellable). The last
+part of the bound is kept for removing containers; one that could not be removed in time is left
+to the sweeper of the next start (its owner is gone).
+
+Resource handling: leaving :func:`serve_orchestrator` for any reason cancels every session,
+whose own ``finally`` removes its containers; then every container still labelled with this
+instance is removed and the runtime closed — shielded, and bounded by the same deadline.
+
+Error handling: nothing a session does reaches this nursery (sessions contain their failures);
+the sweeper only logs an unreachable engine.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import hypercorn.config
-import hypercorn.trio
 import trio
 
 from .._errors import FabricError
-from ..runtime.docker import hostname
+from ..policy.owner import hostname
 from .app import FabricApp
 from .fabric import Fabric
+from .http_server import ConnectionCounts, HttpLimits, serve_http
 from .streamable_http import HttpSessions
 from .sweeper import remove_instance_containers, run_sweeper
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_BOUND_SECONDS = 20.0
-WEBSOCKET_PING_SECONDS = 20.0
+# Of the shutdown bound, the share kept for removing containers after the graceful part.
+CLEANUP_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -51,81 +60,139 @@ class Listening:
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
-    """A bound TCP socket for ``host:port`` (port 0: any free port).
+    """A bound, listening TCP socket for ``host:port`` (port 0: any free port).
 
-    Bound here rather than inside hypercorn so that "address in use" surfaces as a plain
+    Bound here rather than inside the server so that "address in use" surfaces as a plain
     ``OSError`` before any task starts, and no half-made socket is left open.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host.strip("[]"), port))
+        sock.listen(512)
     except BaseException:
         sock.close()
         raise
     return sock
 
 
-def hypercorn_config(listener: socket.socket, *, max_message_bytes: int) -> hypercorn.config.Config:
-    config = hypercorn.config.Config()
-    # hypercorn takes ownership of an fd:// descriptor and closes it when it stops, so it gets a
-    # duplicate: the caller keeps (and closes) `listener`.
-    config.bind = [f"fd://{os.dup(listener.fileno())}"]
-    config.accesslog = None
-    # hypercorn's own messages go through our JSON handler (see _logging.configure_logging).
-    config.errorlog = logging.getLogger("reactor_fabric.http")
-    config.websocket_max_message_size = max_message_bytes
-    # Keepalive for idle clients (JSON-RPC ping is gone in MCP 2026-07-28): WebSocket pings.
-    config.websocket_ping_interval = WEBSOCKET_PING_SECONDS
-    config.graceful_timeout = 2.0
-    return config
+def listening_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+@dataclass
+class Orchestrator:
+    """A running orchestrator, as :func:`serve_orchestrator` reports it started."""
+
+    fabric: Fabric
+    listening: Listening
+    _stop_requested: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def http_url(self) -> str:
+        return self.listening.http_url
+
+    @property
+    def ws_url(self) -> str:
+        return self.listening.ws_url
+
+    def stop(self) -> None:
+        """Begin a graceful, bounded shutdown; :func:`serve_orchestrator` returns when done."""
+        self._stop_requested.set()
 
 
 async def serve_orchestrator(
     fabric: Fabric,
     listener: socket.socket,
     *,
-    task_status: trio.TaskStatus[Listening] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Orchestrator] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the orchestrator until cancelled.
+    """Serve until :meth:`Orchestrator.stop` (graceful) or cancellation (immediate).
 
-    ``listener`` comes from :func:`bind_listener` and stays owned by the caller. Calls
-    ``task_status.started(Listening(...))`` only once the server is accepting connections.
+    ``listener`` comes from :func:`bind_listener` (already listening, so nothing that connects
+    from now on is refused) and stays owned by the caller. Calls ``task_status.started`` once
+    the accept loop runs.
     """
-    config = hypercorn_config(
-        listener, max_message_bytes=fabric.suite.orchestrator.max_message_bytes
+    limits = fabric.limits
+    http_limits = HttpLimits(
+        max_connections=limits.max_connections, write_timeout=limits.client_write_seconds
     )
     http_sessions = HttpSessions(fabric)
     app = FabricApp(fabric, http_sessions)
+    counts = ConnectionCounts(on_change=fabric.notify_change)
+    trio_listener = trio.SocketListener(trio.socket.from_stdlib_socket(listener.dup()))
+    running = Orchestrator(fabric, Listening(listening_url(listener)))
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(
+        async with trio.open_nursery() as root:
+            await root.start(
                 functools.partial(
                     run_sweeper,
-                    fabric.engine,
+                    fabric.runtime,
                     instance_id=fabric.instance_id,
                     this_host=hostname(),
                     live_sessions=lambda: set(fabric.sessions),
                 )
             )
-            await nursery.start(http_sessions.run)
-            binds: list[str] = await nursery.start(hypercorn.trio.serve, app, config)
-            listening = Listening(http_url=binds[0])
-            log.info(
-                "serving",
-                extra={"url": listening.http_url, "instance": fabric.instance_id},
-            )
-            task_status.started(listening)
+            await root.start(http_sessions.run)
+            async with trio.open_nursery() as connections:
+                accepting = trio.CancelScope()
+
+                async def accept(*, task_status: trio.TaskStatus[None]) -> None:
+                    with accepting:
+                        await serve_http(
+                            trio_listener,
+                            app,
+                            http_limits,
+                            connections,
+                            counts,
+                            task_status=task_status,
+                        )
+
+                await connections.start(accept)
+                log.info("serving", extra={"url": running.http_url, "instance": fabric.instance_id})
+                task_status.started(running)
+                await running._stop_requested.wait()
+                await _stop_gracefully(fabric, accepting, counts)
+                connections.cancel_scope.cancel()
+            root.cancel_scope.cancel()
     finally:
-        with trio.move_on_after(SHUTDOWN_BOUND_SECONDS) as scope:
+        with trio.move_on_at(fabric.teardown_deadline()) as scope:
             scope.shield = True
-            try:
-                removed = await remove_instance_containers(fabric.engine, fabric.instance_id)
-                log.info("shutdown_complete", extra={"removed_containers": removed})
-            except FabricError as exc:
-                log.error(
-                    "shutdown_cleanup_failed", extra={"reason": exc.reason, "detail": str(exc)}
-                )
-            await fabric.engine.close()
+            await _remove_leftovers(fabric)
+            await trio_listener.aclose()
+
+
+async def _stop_gracefully(
+    fabric: Fabric, accepting: trio.CancelScope, counts: ConnectionCounts
+) -> None:
+    """Stop accepting, let sessions answer and end; give up at the graceful part's end."""
+    bound = fabric.limits.shutdown_seconds
+    now = trio.current_time()
+    fabric.hard_deadline = now + bound
+    log.info("shutting_down", extra={"sessions": fabric.session_count, "bound_seconds": bound})
+    accepting.cancel()
+    fabric.stopping.set()
+    with trio.move_on_at(now + bound * (1 - CLEANUP_SHARE)):
+        while fabric.sessions or fabric.containers or counts.busy:
+            await fabric.changed.wait()
+    if fabric.sessions or fabric.containers or counts.busy:
+        log.warning(
+            "shutdown_forced",
+            extra={
+                "sessions": fabric.session_count,
+                "containers": fabric.container_count,
+                "busy_connections": counts.busy,
+            },
+        )
+
+
+async def _remove_leftovers(fabric: Fabric) -> None:
+    try:
+        removed = await remove_instance_containers(fabric.runtime, fabric.instance_id)
+        log.info("shutdown_complete", extra={"removed_containers": removed})
+    except FabricError as exc:
+        log.error("shutdown_cleanup_failed", extra={"reason": exc.reason, "detail": str(exc)})
+    await fabric.runtime.close()

@@ -1,22 +1,37 @@
-"""One client session: a connection, its nursery, its container, and the relay between them.
+"""One relay session on trio: the driver of the pure session state machine.
 
-Ownership tree of a session (all in the session's own nursery)::
+See :class:`~reactor_fabric.protocol.session.SessionMachine`.
+
+The machine decides; this module moves bytes and runs the machine's actions. The data path is a
+straight walk:
+
+- client → container: the client reader receives a frame, feeds it to the machine, and the
+  machine's ``WriteStdin`` lands in the container's stdin queue, which exactly one writer task
+  drains (several queued lines leave in one write);
+- container → client: the container's stdout reader splits lines, feeds each to the machine, and
+  sends what the machine returns to the client channel (whose transport has its own single
+  writer).
+
+Ownership tree of a session (all in the session's nursery)::
 
     serve_session
-    ├── _pump_client      client frames → peek → bounded queue (in order)
-    ├── _pump_stdin       queue → (start the container if none) → container stdin
-    ├── _idle_watchdog    stop the container after `timeout` with nothing in flight
-    ├── _start_early      the first spawn, overlapping the client's MCP handshake
-    └── _read_container   one per container: stdout lines → client, stderr → log
+    └── SessionDriver.run
+        ├── _read_client          client frames → machine (paused while the machine's buffer
+        │                         for the container is full)
+        ├── _timer                a Tick at the machine's next deadline (idle, expiries)
+        ├── _watch_shutdown       the orchestrator stopping → Shutdown
+        ├── _spawn(seq)           one per container start
+        └── per container: _write_stdin, _read_stdout, _read_stderr, and _stop when asked
 
 Resource handling: leaving the session's nursery for any reason (client gone, error,
-cancellation, shutdown) removes its container in a ``finally`` that is shielded and bounded in
-time. A container that is stopped for idleness or dies is replaced on the client's next message;
-a recorded ``initialize`` handshake is replayed to the new one so the MCP session continues.
+cancellation, shutdown) removes every container the session still has, in a ``finally`` that is
+shielded and bounded in time; a container whose start was in flight is removed by the runtime
+(see :mod:`reactor_fabric.runtime.base`).
 
-Error handling: every error the client sees is a JSON-RPC error object with the product's code
-and ``data.reason``; container failures answer the requests that were in flight with -32002.
-Nothing a client or container does raises out of :func:`serve_session`, except cancellation.
+Error handling: :func:`serve_session` never raises except :class:`trio.Cancelled`. What a client
+or a container does is answered as the machine decides; anything unexpected (a bug) is logged
+with its traceback, the client is told with a JSON-RPC error and the connection closed — other
+sessions never notice.
 """
 
 from __future__ import annotations
@@ -25,121 +40,158 @@ import collections
 import contextlib
 import logging
 import math
-import secrets
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
-from .._errors import (
-    ContainerStartFailure,
-    FabricError,
-    InvalidMessage,
-    SecurityViolation,
-    ServiceNotFound,
-)
+from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
 from ..config.structs import Service
-from ..policy.container_spec import ContainerIdentity, MountSpec, container_spec_for
+from ..observe.ratelimit import TokenBucket
+from ..policy.container_spec import MountSpec
 from ..policy.mounts import parse_query_mount
-from ..protocol.framing import STDOUT, DockerStreamDemuxer, FramingError, LineSplitter
+from ..protocol.framing import FramingError, LineSplitter, TruncatingLineSplitter
 from ..protocol.handshake import RegisterClient, classify_first_message, register_answer
-from ..protocol.jsonrpc import Peek, error_response, for_stdio, peek
-from ..protocol.ledger import Ledger
-from ..runtime.base import ContainerBackend, SpawnedContainer
+from ..protocol.jsonrpc import Peek, error_response
+from ..protocol.session import (
+    OUTPUT_INVALID,
+    UNRESPONSIVE,
+    Action,
+    ClientFrame,
+    ClientGone,
+    CloseClient,
+    ContainerBroken,
+    ContainerExited,
+    EndSession,
+    Event,
+    Log,
+    SendToClient,
+    SessionMachine,
+    Shutdown,
+    Spawn,
+    SpawnFailed,
+    SpawnSucceeded,
+    StdinWritten,
+    StdoutLine,
+    StopContainer,
+    Tick,
+    WriteStdin,
+)
+from ..runtime.base import Container
+from .fabric import Fabric, SessionRecord, new_session_id
 
 log = logging.getLogger(__name__)
 
-# Client messages waiting for the container (e.g. while it starts): beyond this, the client's
-# connection is no longer read, so a fast client stalls only itself.
-QUEUE_DEPTH = 64
-STDERR_TAIL_LINES = 20
-# How long a fresh container may take to answer the replayed `initialize`.
-REPLAY_BOUND_SECONDS = 30.0
+CLOSE_NORMAL = 1000
+CLOSE_INTERNAL_ERROR = 1011
+READ_CHUNK = 65536
 # Closing stdin asks a stdio server to exit; after this it is stopped (SIGTERM, then SIGKILL).
 STDIN_CLOSE_GRACE_SECONDS = 0.5
-TEARDOWN_BOUND_SECONDS = 15.0
-READ_CHUNK = 65536
+STOP_GRACE_SECONDS = 2.0
+# After a container's stdout ends, how long its stderr reader may take to log the last lines
+# (they explain the exit, and go into the error the client gets).
+STDERR_DRAIN_SECONDS = 1.0
+STDERR_TAIL_LINES = 20
+STDERR_LINE_BYTES = 8192
+STDERR_TAIL_CHARS = 500
+STDERR_RATE_PER_SECOND = 50.0
+STDERR_BURST = 200
+# A container that takes no stdin for this long while the relay has bytes for it is replaced.
+STDIN_STALL_SECONDS = 120.0
 
-CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
-CLOSE_TRY_AGAIN_LATER = 1013
-
-
-def new_session_id() -> str:
-    """A session id: random, 128 bits, safe in URLs, headers and container names."""
-    return secrets.token_hex(16)
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class ClientChannel(Protocol):
-    """A client connection carrying one JSON-RPC message per frame."""
+    """A client connection carrying one JSON-RPC message per frame, for one session.
+
+    ``send`` may wait while the transport's buffer for the client is full (backpressure); it
+    raises :class:`trio.BrokenResourceError` or :class:`trio.ClosedResourceError` once the client
+    is gone. ``message`` is the frame's envelope when the relay has peeked at it already.
+    """
 
     async def receive(self) -> bytes | None:
         """The next message (UTF-8 bytes), or None once the client has gone."""
 
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
-        """Deliver one message; raises trio.BrokenResourceError if the client has gone.
-
-        ``message`` is the frame's envelope when the relay has already peeked at it, so a
-        channel that routes by envelope (Streamable HTTP) need not decode it again.
-        """
+    async def send(self, frame: bytes, message: Peek | None = None) -> None: ...
 
     async def close(self, code: int, reason: str = "") -> None: ...
 
 
-class SessionHost(Protocol):
-    """What a session needs from the orchestrator (:class:`~reactor_fabric.trio.fabric.Fabric`)."""
-
-    @property
-    def engine(self) -> ContainerBackend: ...
-
-    @property
-    def max_message_bytes(self) -> int: ...
-
-    def service(self, name: str) -> Service | None: ...
-
-    def container_identity(self) -> ContainerIdentity: ...
-
-    async def validate_mounts(self, mounts: object) -> tuple[MountSpec, ...]: ...
-
-    def admit(self, session_id: str) -> bool: ...
-
-    def release(self, session_id: str) -> None: ...
-
-    def container_started(self) -> None: ...
-
-    def container_stopped(self) -> None: ...
-
-
 async def serve_session(
-    host: SessionHost,
+    fabric: Fabric,
     channel: ClientChannel,
     service_name: str,
     query_mounts: list[str],
     *,
+    first_frame: bytes | None = None,
     session_id: str | None = None,
+    transport: str = "websocket",
 ) -> None:
-    """Run one client connection from its first message to its end (see module docstring).
+    """Run one client session from its first message to its end (see the module docstring).
 
-    ``session_id`` is chosen here unless the transport needs it beforehand (Streamable HTTP
-    announces it in a header of the first response).
+    ``first_frame`` is the first message when the transport already has it (otherwise it is
+    received here); ``session_id`` is chosen here unless the transport needs it beforehand
+    (Streamable HTTP announces it in a header of the first response).
     """
-    first_frame = await channel.receive()
+    session_id = session_id or new_session_id()
+    try:
+        await _serve_session(
+            fabric,
+            channel,
+            service_name,
+            query_mounts,
+            first_frame=first_frame,
+            session_id=session_id,
+            transport=transport,
+        )
+    except* Exception as failure:
+        log.error(
+            "session_crashed",
+            extra={"session": session_id, "service": service_name},
+            exc_info=failure,
+        )
+        with trio.move_on_after(5) as cleanup:
+            cleanup.shield = True
+            error = ContainerStartFailure(
+                "the orchestrator failed while serving this session; see its log",
+                reason="internal_error",
+            )
+            with contextlib.suppress(Exception):
+                await channel.send(error_response(None, error))
+            with contextlib.suppress(Exception):
+                await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
+
+
+async def _serve_session(
+    fabric: Fabric,
+    channel: ClientChannel,
+    service_name: str,
+    query_mounts: list[str],
+    *,
+    first_frame: bytes | None,
+    session_id: str,
+    transport: str,
+) -> None:
     if first_frame is None:
-        return
+        first_frame = await channel.receive()
+        if first_frame is None:
+            return
     try:
         first = classify_first_message(first_frame)
     except InvalidMessage as exc:
-        await _refuse(channel, None, exc, service=service_name)
+        await refuse(channel, exc.request_id, exc, service=service_name)
         return
     request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
-    service = host.service(service_name)
+    service = fabric.service(service_name)
     if service is None:
-        not_found = ServiceNotFound(
-            f"no service named {service_name!r} in the suite",
-            reason="service_not_found",
-            service=service_name,
-        )
-        await _refuse(channel, request_id, not_found, service=service_name)
+        not_found = _service_not_found(service_name)
+        await refuse(channel, request_id, not_found, service=service_name)
         return
     try:
         requested: object = (
@@ -147,49 +199,55 @@ async def serve_session(
             if isinstance(first, RegisterClient)
             else [parse_query_mount(text) for text in query_mounts]
         )
-        mounts = await host.validate_mounts(requested)
-    except SecurityViolation as exc:
-        await _refuse(channel, request_id, exc, service=service_name)
+        mounts = await fabric.validate_mounts(requested)
+    except FabricError as exc:
+        await refuse(channel, request_id, exc, service=service_name)
         return
-    session_id = session_id or new_session_id()
-    if not host.admit(session_id):
+    if not fabric.admit(session_id, SessionRecord(service_name, transport)):
+        stopping = fabric.stopping.is_set()
         full = ContainerStartFailure(
-            "the orchestrator has reached its limit of concurrent sessions; try again later",
-            reason="too_many_sessions",
+            "the orchestrator is stopping"
+            if stopping
+            else "the orchestrator has reached its limit of concurrent sessions; try again later",
+            reason="orchestrator_stopping" if stopping else "too_many_sessions",
         )
-        await _refuse(channel, request_id, full, service=service_name, code=CLOSE_TRY_AGAIN_LATER)
+        await refuse(channel, request_id, full, service=service_name)
         return
     try:
-        session = Session(
-            host=host,
-            channel=channel,
-            service_name=service_name,
-            service=service,
-            session_id=session_id,
-            mounts=mounts,
-        )
         log.info(
             "session_started",
             extra={
                 "session": session_id,
                 "service": service_name,
+                "transport": transport,
                 "mounts": [m.target for m in mounts],
             },
         )
-        await session.run(first_frame, first)
+        driver = SessionDriver(
+            fabric, channel, service_name, service, session_id=session_id, mounts=mounts
+        )
+        await driver.run(first_frame, first)
     finally:
-        host.release(session_id)
+        fabric.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
 
 
-async def _refuse(
-    channel: ClientChannel,
-    request_id: object,
-    error: FabricError,
-    *,
-    service: str,
-    code: int = CLOSE_POLICY,
+def _service_not_found(service_name: str) -> FabricError:
+    return ServiceNotFound(
+        f"no service named {service_name!r} in the suite",
+        reason="service_not_found",
+        service=service_name,
+    )
+
+
+async def refuse(
+    channel: ClientChannel, request_id: object, error: FabricError, *, service: str
 ) -> None:
+    """Answer the first message with ``error`` and close, normally: nothing was started.
+
+    The close is a normal one (1000) so that clients deliver the error to the waiting request
+    instead of failing on the close (the Python SDK 1.x raises on any other code).
+    """
     log.warning(
         "session_refused",
         extra={
@@ -199,404 +257,338 @@ async def _refuse(
             "detail": str(error),
         },
     )
-    answer_id = request_id if isinstance(request_id, str | int) else None
     try:
-        await channel.send(error_response(answer_id, error))
+        await channel.send(error_response(request_id, error))
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return
-    await channel.close(code, error.reason)
+    await channel.close(CLOSE_NORMAL, error.reason)
 
 
 @dataclass
-class _Running:
-    """One container of the session and what the relay knows about it."""
+class _Live:
+    """A running container of the session and its I/O state."""
 
-    container: SpawnedContainer
-    sequence: int
-    exited: trio.Event = field(default_factory=trio.Event)
-    stopping: bool = False
-    replay_id: str | None = None
-    replay_answered: trio.Event = field(default_factory=trio.Event)
+    seq: int
+    container: Container
+    queue: collections.deque[bytes] = field(default_factory=collections.deque)
+    queued: trio.Event = field(default_factory=trio.Event)
+    stdout_done: trio.Event = field(default_factory=trio.Event)
+    stderr_done: trio.Event = field(default_factory=trio.Event)
+    removed: trio.Event = field(default_factory=trio.Event)
     stderr_tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
     )
-    # Why the relay gave up on the container's output, if it did (e.g. a line over the limit).
-    output_error: str | None = None
+    removing: bool = False
+    reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
+    stop_reason: str = "session_ended"
+    stop_graceful: bool = True
 
 
-@dataclass
-class _StartAttempt:
-    done: trio.Event = field(default_factory=trio.Event)
-    result: _Running | None = None
-    error: FabricError | None = None
+class SessionDriver:
+    """Runs one :class:`SessionMachine` against a client channel and a container runtime."""
 
-
-class Session:
     def __init__(
         self,
-        *,
-        host: SessionHost,
+        fabric: Fabric,
         channel: ClientChannel,
         service_name: str,
         service: Service,
+        *,
         session_id: str,
         mounts: tuple[MountSpec, ...],
     ) -> None:
-        self.host = host
+        self.fabric = fabric
         self.channel = channel
         self.service_name = service_name
         self.service = service
-        self.id = session_id
+        self.session_id = session_id
         self.mounts = mounts
-        self.ledger = Ledger()
-        self._idle_timeout = service.idle_timeout_seconds
-        self._running: _Running | None = None
-        self._attempt: _StartAttempt | None = None
-        self._sequence = 0
-        self._last_activity = trio.current_time()
-        self._writing = False
-        self._container_up = trio.Event()
-        self._queue_in, self._queue_out = trio.open_memory_channel[tuple[Peek, bytes]](QUEUE_DEPTH)
+        self.machine = SessionMachine(
+            service_name=service_name,
+            idle_timeout=service.idle_timeout_seconds,
+            limits=fabric.session_limits(service),
+            now=trio.current_time(),
+        )
+        self._fields = {"session": session_id, "service": service_name}
+        self._live: dict[int, _Live] = {}
         self._nursery: trio.Nursery | None = None
+        self._timer_scope: trio.CancelScope | None = None
+        self._accepting = trio.Event()
 
-    @property
-    def _log_fields(self) -> dict[str, object]:
-        return {"session": self.id, "service": self.service_name}
+    # --- the machine --------------------------------------------------------------------------
+
+    async def _feed(self, event: Event) -> None:
+        actions = self.machine.handle(event, trio.current_time())
+        self._after_handle()
+        await self._execute(actions)
+
+    def _after_handle(self) -> None:
+        # Wake the timer if the machine's deadline moved earlier (a later one needs no wake-up:
+        # the timer finds nothing due and sleeps again).
+        scope = self._timer_scope
+        if scope is not None:
+            deadline = self.machine.deadline
+            if deadline is not None and deadline < scope.deadline:
+                scope.deadline = deadline
+        if self.machine.accepting:
+            self._accepting.set()
+
+    async def _execute(self, actions: list[Action]) -> None:
+        nursery = self._nursery
+        assert nursery is not None
+        for action in actions:
+            match action:
+                case WriteStdin():
+                    self._write(action)
+                case SendToClient():
+                    await self._send_client(action)
+                case Log():
+                    self._log(action)
+                case Spawn(seq=seq):
+                    nursery.start_soon(self._spawn, seq)
+                case StopContainer():
+                    self._stop(action)
+                case CloseClient(code=code, reason=reason):
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        await self.channel.close(code, reason)
+                case EndSession():
+                    nursery.cancel_scope.cancel()
+
+    def _log(self, action: Log) -> None:
+        log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})
+
+    # --- client side --------------------------------------------------------------------------
 
     async def run(self, first_frame: bytes, first: object) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                now = trio.current_time()
+                nursery.start_soon(self._timer)
+                nursery.start_soon(self._watch_shutdown)
                 if isinstance(first, RegisterClient):
-                    await self.channel.send(register_answer(first, self.id, self.mounts))
-                else:
-                    await self._queue_in.send((peek(first_frame), first_frame))
-                nursery.start_soon(self._start_early)
-                nursery.start_soon(self._pump_client, nursery.cancel_scope)
-                nursery.start_soon(self._pump_stdin)
-                nursery.start_soon(self._idle_watchdog)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away mid-send: an ordinary end of a session
-        finally:
-            with trio.move_on_after(TEARDOWN_BOUND_SECONDS) as scope:
-                scope.shield = True
-                await self._stop_container("session_ended")
-
-    # --- client side ----------------------------------------------------------------------
-
-    async def _pump_client(self, session_scope: trio.CancelScope) -> None:
-        while (frame := await self.channel.receive()) is not None:
-            self._touch()
-            try:
-                message = peek(frame)
-            except InvalidMessage as exc:
-                log.info("client_message_refused", extra={**self._log_fields, "reason": exc.reason})
-                await self.channel.send(error_response(None, exc))
-                continue
-            running = self._ready_for_direct_write()
-            if running is not None:
-                # The hot path: a running container and nothing queued before this frame, so
-                # writing it here keeps the order and saves a hop through the queue.
-                self._writing = True
-                try:
-                    await self._write(running, message, frame)
-                finally:
-                    self._writing = False
-                continue
-            await self._queue_in.send((message, frame))
-        session_scope.cancel()  # the client has gone: end the session
-
-    def _ready_for_direct_write(self) -> _Running | None:
-        running = self._running
-        if (
-            running is None
-            or running.stopping
-            or running.exited.is_set()
-            or self._attempt is not None
-            or self._writing
-            or self._queue_out.statistics().current_buffer_used
-        ):
-            return None
-        return running
-
-    async def _pump_stdin(self) -> None:
-        """Frames that had to wait (no container yet, or others ahead of them), in order."""
-        async for message, frame in self._queue_out:
-            self._writing = True
-            try:
-                try:
-                    running = await self._ensure_container()
-                except FabricError as exc:
-                    await self._answer_failure(message, exc)
-                    continue
-                await self._write(running, message, frame)
-            finally:
-                self._writing = False
-
-    async def _write(self, running: _Running, message: Peek, frame: bytes) -> None:
-        self.ledger.from_client(message, frame)
-        try:
-            await running.container.stream.send_all(for_stdio(frame) + b"\n")
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            # The container is gone; its reader answers what was in flight.
-            log.info("stdin_closed", extra=self._log_fields)
-        self._touch()
-
-    async def _answer_failure(self, message: Peek, error: FabricError) -> None:
-        log.error(
-            "request_failed",
-            extra={
-                **self._log_fields,
-                "code": error.code,
-                "reason": error.reason,
-                "detail": str(error),
-                "method": message.method,
-            },
-        )
-        if message.is_request:
-            await self.channel.send(error_response(message.id, error))
-
-    async def _to_client(self, running: _Running, line: bytes) -> None:
-        try:
-            message = peek(line)
-        except InvalidMessage as exc:
-            # Not JSON-RPC on stdout (a misbehaving server printing logs there): drop it, since
-            # it would break the client's parser, and keep it in the log.
-            log.warning(
-                "server_stdout_not_jsonrpc",
-                extra={
-                    **self._log_fields,
-                    "reason": exc.reason,
-                    "line": line[:500].decode("utf-8", "replace"),
-                },
-            )
-            return
-        self._touch()
-        if not self.ledger.from_server(message):
-            if message.id == running.replay_id:
-                running.replay_answered.set()
-            return
-        await self.channel.send(line, message)
-
-    # --- container side -------------------------------------------------------------------
-
-    async def _start_early(self) -> None:
-        # A failure is logged by the attempt; the next client message tries again and gets the
-        # error as its answer.
-        with contextlib.suppress(FabricError):
-            await self._ensure_container()
-
-    async def _ensure_container(self) -> _Running:
-        """The running container, starting one (and replaying the handshake) if there is none."""
-        while True:
-            running = self._running
-            if running is not None and not running.exited.is_set() and not running.stopping:
-                return running
-            if self._attempt is None:
-                attempt = self._attempt = _StartAttempt()
-                try:
-                    attempt.result = await self._spawn()
-                except FabricError as exc:
-                    attempt.error = exc
-                    log.error(
-                        "container_start_failed",
-                        extra={
-                            **self._log_fields,
-                            "code": exc.code,
-                            "reason": exc.reason,
-                            "detail": str(exc),
-                            "image": self.service.image,
-                        },
+                    await self._send_client(
+                        SendToClient(register_answer(first, self.session_id, self.mounts))
                     )
-                finally:
-                    attempt.done.set()
-                    self._attempt = None
-            else:
-                attempt = self._attempt
-                await attempt.done.wait()
-            if attempt.error is not None:
-                raise attempt.error
-            if attempt.result is None:  # the attempt was cancelled
-                continue
+                    await self._execute(self.machine.start_container(now))
+                else:
+                    await self._feed(ClientFrame(first_frame))
+                nursery.start_soon(self._read_client)
+        finally:
+            with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
+                scope.shield = True
+                async with trio.open_nursery() as cleanup:
+                    for live in list(self._live.values()):
+                        cleanup.start_soon(self._remove, live)
 
-    async def _spawn(self) -> _Running:
-        assert self._nursery is not None
-        sequence = self._sequence
-        self._sequence += 1
-        spec = container_spec_for(
+    async def _read_client(self) -> None:
+        while True:
+            while not self.machine.accepting:
+                self._accepting = trio.Event()
+                await self._accepting.wait()
+            frame = await self.channel.receive()
+            if frame is None:
+                await self._feed(ClientGone())
+                return
+            await self._feed(ClientFrame(frame))
+
+    async def _send_client(self, action: SendToClient) -> None:
+        try:
+            await self.channel.send(action.frame, action.message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self._feed(ClientGone())
+
+    async def _watch_shutdown(self) -> None:
+        await self.fabric.stopping.wait()
+        await self._feed(Shutdown())
+
+    async def _timer(self) -> None:
+        while True:
+            deadline = self.machine.deadline
+            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            due = self.machine.deadline
+            if due is not None and trio.current_time() >= due:
+                await self._feed(Tick())
+
+    # --- container side -----------------------------------------------------------------------
+
+    async def _spawn(self, seq: int) -> None:
+        spec = self.fabric.container_spec(
             self.service_name,
             self.service,
-            session_id=self.id,
+            session_id=self.session_id,
             mounts=self.mounts,
-            sequence=sequence,
-            identity=self.host.container_identity(),
+            sequence=seq,
         )
-        container = await self.host.engine.spawn(spec)
-        running = self._running = _Running(container, sequence)
-        self.host.container_started()
-        self._container_up.set()
+        try:
+            container = await self.fabric.runtime.spawn(spec)
+        except FabricError as exc:
+            await self._feed(SpawnFailed(seq, exc))
+            return
+        live = _Live(seq, container)
+        self._live[seq] = live
+        self.fabric.container_started(container.id, self.session_id)
         log.info(
             "container_started",
             extra={
-                **self._log_fields,
+                **self._fields,
                 "container": container.id[:12],
                 "container_name": container.name,
-                "sequence": sequence,
+                "sequence": seq,
             },
         )
-        self._nursery.start_soon(self._read_container, running)
-        replay = self.ledger.replay()
-        if replay is not None:
-            running.replay_id = replay.initialize_id
-            try:
-                await container.stream.send_all(replay.initialize + b"\n")
-                with trio.move_on_after(REPLAY_BOUND_SECONDS):
-                    await running.replay_answered.wait()
-                if not running.replay_answered.is_set():
-                    raise ContainerStartFailure(
-                        "the new container did not answer the replayed initialize",
-                        reason="replay_failed",
-                        stderr=list(running.stderr_tail),
-                    )
-                if replay.initialized is not None:
-                    await container.stream.send_all(replay.initialized + b"\n")
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise ContainerStartFailure(
-                    "the new container exited while its session was being restored",
-                    reason="replay_failed",
-                    stderr=list(running.stderr_tail),
-                ) from exc
-            log.info("session_restored", extra={**self._log_fields, "sequence": sequence})
-        return running
+        assert self._nursery is not None
+        self._nursery.start_soon(self._write_stdin, live)
+        self._nursery.start_soon(self._read_stdout, live)
+        self._nursery.start_soon(self._read_stderr, live)
+        await self._feed(SpawnSucceeded(seq))
 
-    async def _read_container(self, running: _Running) -> None:
-        demuxer = DockerStreamDemuxer(max_frame=self.host.max_message_bytes)
-        stdout = LineSplitter(max_line=self.host.max_message_bytes)
-        stderr = LineSplitter(max_line=64 * 1024)
-        stream = running.container.stream
+    def _write(self, action: WriteStdin) -> None:
+        live = self._live.get(action.seq)
+        if live is None or live.removing:
+            return  # the container is going away; what it was owed is answered by the machine
+        live.queue.append(action.data)
+        live.queued.set()
+
+    async def _write_stdin(self, live: _Live) -> None:
+        """The one writer of this container's stdin: drains the queue, several lines at once."""
+        stdin = live.container.stdin
+        while True:
+            await live.queued.wait()
+            live.queued = trio.Event()
+            data = live.queue[0] if len(live.queue) == 1 else b"".join(live.queue)
+            live.queue.clear()
+            with trio.move_on_after(STDIN_STALL_SECONDS) as stall:
+                try:
+                    await stdin.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    # The container is gone: its stdout reader reports the exit.
+                    log.info("stdin_closed", extra=self._fields)
+                    return
+            if stall.cancelled_caught:
+                detail = f"its input did not move for {STDIN_STALL_SECONDS:g} s"
+                await self._feed(ContainerBroken(live.seq, UNRESPONSIVE, detail))
+                return
+            await self._feed(StdinWritten(live.seq, len(data)))
+
+    async def _read_stdout(self, live: _Live) -> None:
+        splitter = LineSplitter(max_line=self.fabric.max_message_bytes)
+        stdout = live.container.stdout
         try:
-            while data := await stream.receive_some(READ_CHUNK):
-                for stream_id, payload in demuxer.feed(bytes(data)):
-                    if stream_id == STDOUT:
-                        for line in stdout.feed(payload):
-                            await self._to_client(running, line)
-                    else:
-                        for line in stderr.feed(payload):
-                            self._log_stderr(running, line)
+            while data := await stdout.receive_some(READ_CHUNK):
+                for line in splitter.feed(bytes(data)):
+                    await self._feed(StdoutLine(live.seq, line))
+        except FramingError as exc:
+            live.stdout_done.set()
+            await self._feed(ContainerBroken(live.seq, OUTPUT_INVALID, str(exc)))
+            return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-        except FramingError as exc:
-            # A server whose output cannot be relayed (a message over max_message_size, broken
-            # framing) is replaced like one that died: its in-flight requests get the reason.
-            running.output_error = str(exc)
-            log.error("container_output_invalid", extra={**self._log_fields, "detail": str(exc)})
         finally:
-            running.exited.set()
-            running.replay_answered.set()  # wake a replay waiting on a container that is gone
-        if not running.stopping:
-            with trio.move_on_after(TEARDOWN_BOUND_SECONDS) as scope:
-                scope.shield = True
-                await self._container_died(running)
-
-    def _log_stderr(self, running: _Running, line: bytes) -> None:
-        text = line.decode("utf-8", "replace")
-        running.stderr_tail.append(text)
-        log.info(
-            "container_stderr",
-            extra={**self._log_fields, "sequence": running.sequence, "line": text},
-        )
-
-    async def _container_died(self, running: _Running) -> None:
-        engine = self.host.engine
+            live.reading_stdout = False
+        live.stdout_done.set()
+        if live.removing:
+            return  # stopped on purpose; the machine knows
+        with trio.move_on_after(STDERR_DRAIN_SECONDS):
+            await live.stderr_done.wait()
         exit_code: int | None = None
         oom = False
         try:
-            status = await engine.exit_status(running.container.id)
+            status = await self.fabric.runtime.exit_status(live.container.id)
             exit_code, oom = status.exit_code, status.oom_killed
         except FabricError as exc:
-            log.warning(
-                "container_inspect_failed", extra={**self._log_fields, "reason": exc.reason}
-            )
-        lost = self.ledger.container_gone()
-        log.error(
-            "container_exited",
-            extra={
-                **self._log_fields,
-                "exit_code": exit_code,
-                "oom_killed": oom,
-                "in_flight": len(lost),
-                "stderr": list(running.stderr_tail),
-            },
+            log.warning("container_inspect_failed", extra={**self._fields, "reason": exc.reason})
+        await self._feed(ContainerExited(live.seq, exit_code, oom, tuple(live.stderr_tail)))
+
+    async def _read_stderr(self, live: _Live) -> None:
+        """Container stderr → the log: lines truncated, rate-limited per container."""
+        splitter = TruncatingLineSplitter(max_line=STDERR_LINE_BYTES)
+        bucket = TokenBucket(
+            rate=STDERR_RATE_PER_SECOND, burst=STDERR_BURST, now=trio.current_time()
         )
-        await self._release(running)
-        if running.output_error is not None:
-            error = ContainerStartFailure(
-                f"the {self.service_name} server's output could not be relayed "
-                f"({running.output_error}); the container was replaced",
-                reason="container_output_invalid",
-                stderr=list(running.stderr_tail),
-            )
-        else:
-            error = ContainerStartFailure(
-                f"the {self.service_name} server exited"
-                + (f" with code {exit_code}" if exit_code is not None else "")
-                + (" (out of memory)" if oom else "")
-                + " before answering",
-                reason="container_exited",
-                exit_code=exit_code,
-                oom_killed=oom,
-                stderr=list(running.stderr_tail),
-            )
-        for request_id, _method in lost:
-            try:
-                await self.channel.send(error_response(request_id, error))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+        stderr = live.container.stderr
+        try:
+            while data := await stderr.receive_some(READ_CHUNK):
+                for line, dropped in splitter.feed(bytes(data)):
+                    self._stderr_line(live, bucket, line, dropped)
+            last = splitter.flush()
+            if last is not None:
+                self._stderr_line(live, bucket, *last)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
+            pass
+        finally:
+            live.stderr_done.set()
+            suppressed = bucket.take_suppressed()
+            if suppressed:
+                log.warning(
+                    "container_stderr_suppressed",
+                    extra={**self._fields, "sequence": live.seq, "lines": suppressed},
+                )
 
-    async def _release(self, running: _Running) -> None:
-        """Close the stream and remove the container (idempotent)."""
-        if self._running is running:
-            self._running = None
-            self._container_up = trio.Event()
-            self.host.container_stopped()
-        await running.container.stream.aclose()
-        await self.host.engine.remove(running.container.id)
-        log.info(
-            "container_removed", extra={**self._log_fields, "container": running.container.id[:12]}
-        )
-
-    async def _stop_container(self, reason: str) -> None:
-        """Stop the current container on purpose: close stdin, brief grace, then remove."""
-        running = self._running
-        if running is None:
+    def _stderr_line(self, live: _Live, bucket: TokenBucket, line: bytes, dropped: int) -> None:
+        text = line.decode("utf-8", "replace")
+        live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
+        if not bucket.allow(trio.current_time()):
             return
-        running.stopping = True
-        log.info("container_stopping", extra={**self._log_fields, "reason": reason})
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await running.container.stream.send_eof()
-        with trio.move_on_after(STDIN_CLOSE_GRACE_SECONDS):
-            await running.exited.wait()
-        await self._release(running)
+        fields: dict[str, Any] = {**self._fields, "sequence": live.seq, "line": text}
+        if dropped:
+            fields["truncated_bytes"] = dropped
+        suppressed = bucket.take_suppressed()
+        if suppressed:
+            fields["suppressed_before"] = suppressed
+        log.info("container_stderr", extra=fields)
 
-    def _touch(self) -> None:
-        self._last_activity = trio.current_time()
-
-    async def _idle_watchdog(self) -> None:
-        if math.isinf(self._idle_timeout):
+    def _stop(self, action: StopContainer) -> None:
+        live = self._live.get(action.seq)
+        if live is None or live.removing:
             return
-        while True:
-            await self._container_up.wait()
-            deadline = self._last_activity + self._idle_timeout
-            if trio.current_time() < deadline:
-                await trio.sleep_until(deadline)
-                continue
-            busy = (
-                self.ledger.busy
-                or self._writing
-                or self._queue_out.statistics().current_buffer_used > 0
-                or self._attempt is not None
+        live.stop_reason, live.stop_graceful = action.reason, action.graceful
+        assert self._nursery is not None
+        self._nursery.start_soon(self._remove, live)
+
+    async def _remove(self, live: _Live) -> None:
+        """Stop and remove one container (shielded, bounded; runs once per container)."""
+        if live.removing:
+            await live.removed.wait()
+            return
+        live.removing = True
+        container = live.container
+        try:
+            with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
+                scope.shield = True
+                if live.stop_graceful:
+                    with trio.move_on_after(STDIN_CLOSE_GRACE_SECONDS):
+                        await _close_stdin_and_wait(live)
+                await container.aclose()
+                await self.fabric.runtime.remove(
+                    container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
+                )
+        finally:
+            self._live.pop(live.seq, None)
+            self.fabric.container_removed(container.id)
+            live.removed.set()
+            log.info(
+                "container_removed",
+                extra={
+                    **self._fields,
+                    "container": container.id[:12],
+                    "sequence": live.seq,
+                    "why": live.stop_reason,
+                },
             )
-            if busy:
-                self._touch()
-                continue
-            await self._stop_container("idle")
+
+
+async def _close_stdin_and_wait(live: _Live) -> None:
+    """Ask the server to exit (EOF on stdin) and wait until its output ends."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await live.container.stdin.send_eof()
+    if live.reading_stdout:
+        await live.stdout_done.wait()
+        return
+    # The session is over and its reader gone: read the rest of the output ourselves.
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
+        while await live.container.stdout.receive_some(READ_CHUNK):
+            pass

@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
 from .._errors import FabricError
 from ..policy.container_spec import LABEL_INSTANCE, LABEL_SESSION
 from ..policy.owner import owner_is_gone
-from ..runtime.base import ContainerBackend
+from ..runtime.base import ManagedContainer, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +32,7 @@ OWN_GRACE_SECONDS = 120.0
 
 
 def containers_to_remove(
-    containers: list[dict[str, Any]],
+    containers: list[ManagedContainer],
     *,
     instance_id: str,
     this_host: str,
@@ -44,10 +43,10 @@ def containers_to_remove(
     """(container id, why) for each container that should go. Pure."""
     doomed: list[tuple[str, str]] = []
     for container in containers:
-        labels: dict[str, str] = container.get("Labels") or {}
-        container_id = str(container["Id"])
+        labels = container.labels
+        container_id = container.id
         if labels.get(LABEL_INSTANCE) == instance_id:
-            age = now - float(container.get("Created", now))
+            age = now - (container.created or now)
             if labels.get(LABEL_SESSION) not in live_sessions and age > OWN_GRACE_SECONDS:
                 doomed.append((container_id, "no_live_session"))
         elif owner_gone(labels, this_host=this_host):
@@ -56,10 +55,10 @@ def containers_to_remove(
 
 
 async def sweep_once(
-    engine: ContainerBackend, *, instance_id: str, this_host: str, live_sessions: set[str]
+    runtime: Runtime, *, instance_id: str, this_host: str, live_sessions: set[str]
 ) -> int:
     """Remove what :func:`containers_to_remove` selects; the number removed."""
-    containers = await engine.list_managed()
+    containers = await runtime.list_managed()
     doomed = containers_to_remove(
         containers,
         instance_id=instance_id,
@@ -69,20 +68,21 @@ async def sweep_once(
     )
     for container_id, why in doomed:
         log.warning("orphan_removed", extra={"container": container_id[:12], "why": why})
-        await engine.remove(container_id)
+        await runtime.remove(container_id)
     return len(doomed)
 
 
-async def remove_instance_containers(engine: ContainerBackend, instance_id: str) -> int:
-    """Remove every container of this instance (the last step of a shutdown)."""
-    containers = await engine.list_managed({LABEL_INSTANCE: instance_id})
-    for container in containers:
-        await engine.remove(str(container["Id"]))
+async def remove_instance_containers(runtime: Runtime, instance_id: str) -> int:
+    """Remove every container of this instance, in parallel (the last step of a shutdown)."""
+    containers = await runtime.list_managed({LABEL_INSTANCE: instance_id})
+    async with trio.open_nursery() as nursery:
+        for container in containers:
+            nursery.start_soon(runtime.remove, container.id)
     return len(containers)
 
 
 async def run_sweeper(
-    engine: ContainerBackend,
+    runtime: Runtime,
     *,
     instance_id: str,
     this_host: str,
@@ -95,7 +95,7 @@ async def run_sweeper(
     while True:
         try:
             removed = await sweep_once(
-                engine,
+                runtime,
                 instance_id=instance_id,
                 this_host=this_host,
                 live_sessions=live_sessions(),

@@ -1,116 +1,382 @@
-"""The WebSocket endpoint ``ws://HOST:PORT/mcp/{service}`` on the ASGI server.
+"""The WebSocket endpoint ``ws://HOST:PORT/mcp/{service}``: wsproto on a trio stream.
 
-Handshake rules (spec §3): the ``Origin`` check happens before accepting (closing before accept
-answers HTTP 403); subprotocol ``mcp`` is chosen only when the client offers it; then the
-connection becomes a session (:func:`~reactor_fabric.trio.session.serve_session`). One JSON-RPC
-message per text frame; a binary frame closes the connection with 1003; oversize messages are
-closed with 1009 by the server (``max_message_size``).
+Handshake (spec §3): ``Origin`` and ``Host`` are checked before accepting (refused with HTTP
+403); subprotocol ``mcp`` is chosen only when the client offers it; permessage-deflate is not
+negotiated (loopback gains nothing from compressing every frame). Then the connection becomes a
+session (:func:`~reactor_fabric.trio.session.serve_session`).
+
+Frames: one JSON-RPC message per text frame; a binary frame closes with 1003, a message over
+``max_message_size`` with 1009, a protocol violation (e.g. invalid UTF-8) with wsproto's code.
+The server pings every 20 s.
+
+One writer per connection: :meth:`WebSocketChannel.run_writer` is the only task that writes
+the socket. Data frames, pongs, pings and the close frame are queued for it; it writes whatever
+is queued in one ``send_all``. The queue of data is bounded in bytes (``buffer_to_client``): a
+session sending to a client that does not read waits, and a write that does not progress within
+``client_write_timeout`` ends the connection.
+
+Closing: when the session ends, :meth:`WebSocketChannel.finish` sends a close frame (if none was
+sent) *and waits for the client's*, bounded in time, before TCP is closed — a client must be able
+to read the last frames (a refusal's error) instead of seeing the connection reset under the
+close handshake.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
-from urllib.parse import parse_qs, unquote
+from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 import trio
+import wsproto
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    RejectConnection,
+    RejectData,
+    TextMessage,
+)
+from wsproto.utilities import LocalProtocolError
 
-from ..policy.origins import request_allowed, request_headers
+from ..policy.origins import request_allowed
 from ..protocol.jsonrpc import Peek
 from .fabric import Fabric
+from .http_server import Request
 from .session import serve_session
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 SUBPROTOCOL = "mcp"
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_INTERNAL_ERROR = 1011
 MCP_PREFIX = "/mcp/"
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_TOO_BIG = 1009
+READ_CHUNK = 65536
 
 
-class AsgiWebSocketChannel:
-    """A :class:`~reactor_fabric.trio.session.ClientChannel` over an accepted ASGI WebSocket."""
+@dataclass(frozen=True)
+class WebSocketSettings:
+    max_message_bytes: int
+    buffer_bytes: int
+    write_timeout: float
+    ping_interval: float = 20.0
+    close_timeout: float = 5.0  # how long the close handshake may take
 
-    def __init__(self, receive: Receive, send: Send) -> None:
-        self._receive = receive
-        self._send = send
-        self._send_lock = trio.Lock()  # one frame at a time, from whichever task sends
-        self.closed = False
+
+class WebSocketChannel:
+    """One accepted WebSocket as a session's :class:`~reactor_fabric.trio.session.ClientChannel`."""
+
+    def __init__(
+        self, stream: trio.abc.Stream, ws: wsproto.WSConnection, settings: WebSocketSettings
+    ) -> None:
+        self._stream = stream
+        self._ws = ws
+        self._settings = settings
+        self._messages: collections.deque[bytes] = collections.deque()
+        self._partial = bytearray()
+        self._control: collections.deque[bytes] = collections.deque()
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._outbox_bytes = 0
+        self._wake_writer = trio.Event()
+        self._room = trio.Event()
+        self._written = trio.Event()  # set whenever the writer has nothing left to write
+        self._written.set()
+        self.close_queued = False  # our close frame is queued (or sent)
+        self.peer_closed = False  # the client's close frame arrived
+        self.gone = False  # the TCP connection is dead (EOF, failed or stalled write)
+        self.close_code: int | None = None
+
+    # --- reading ------------------------------------------------------------------------------
 
     async def receive(self) -> bytes | None:
-        if self.closed:
-            return None
-        message = await self._receive()
-        if message["type"] == "websocket.disconnect":
-            self.closed = True
-            return None
-        text = message.get("text")
-        if text is None:
-            await self.close(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
-            return None
-        return str(text).encode()
+        """The next message, or None once the client closed (or must be closed)."""
+        while True:
+            if self._messages:
+                return self._messages.popleft()
+            if self.peer_closed or self.gone or self.close_queued:
+                return None
+            try:
+                data = await self._stream.receive_some(READ_CHUNK)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self._lost()
+                return None
+            self._ws.receive_data(bytes(data))
+            self._process_events()
+
+    def _process_events(self) -> None:
+        limit = self._settings.max_message_bytes
+        for event in self._ws.events():
+            if isinstance(event, TextMessage):
+                piece = event.data.encode()
+                if event.message_finished and not self._partial:
+                    if len(piece) > limit:
+                        self._fail(CLOSE_TOO_BIG, f"message over {limit} bytes")
+                        return
+                    self._messages.append(piece)
+                    continue
+                self._partial += piece
+                if len(self._partial) > limit:
+                    self._partial.clear()
+                    self._fail(CLOSE_TOO_BIG, f"message over {limit} bytes")
+                    return
+                if event.message_finished:
+                    self._messages.append(bytes(self._partial))
+                    self._partial.clear()
+            elif isinstance(event, BytesMessage):
+                self._fail(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
+                return
+            elif isinstance(event, Ping):
+                self._queue_control(self._ws.send(event.response()))
+            elif isinstance(event, CloseConnection):
+                self._closed_by_event(event)
+                return
+            elif isinstance(event, Pong):
+                pass
+
+    def _closed_by_event(self, event: CloseConnection) -> None:
+        state = self._ws.state
+        if state is ConnectionState.REMOTE_CLOSING:
+            # The client closes: answer with the same code (the handshake completes).
+            self.peer_closed = True
+            self.close_code = event.code
+            self.close_queued = True
+            self._queue_close(event.code, event.reason or "")
+        elif state is ConnectionState.OPEN:
+            # wsproto found a protocol violation (e.g. invalid UTF-8): close with its code.
+            self._fail(event.code, event.reason or "protocol error")
+        else:
+            self.peer_closed = True  # the client's answer to our close frame
+
+    def _lost(self) -> None:
+        self.gone = True
+        self._wake_writer.set()
+        self._room.set()
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def _queue_control(self, data: bytes) -> None:
+        """Pings and pongs: written before queued data (they carry no order)."""
+        self._control.append(data)
+        self._written = trio.Event()
+        self._wake_writer.set()
+
+    def _queue_close(self, code: int, reason: str) -> None:
+        """The close frame: written after everything queued before it (the last frames a client
+        reads before the close, e.g. a refusal's error, must reach it)."""
+        with contextlib.suppress(LocalProtocolError):
+            data = self._ws.send(CloseConnection(code=code, reason=reason[:120]))
+            self._outbox.append(data)
+            self._outbox_bytes += len(data)
+            self._written = trio.Event()
+            self._wake_writer.set()
 
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
-        if self.closed:
-            raise trio.ClosedResourceError("the client connection is closed")
-        async with self._send_lock:
-            await self._send({"type": "websocket.send", "text": frame.decode("utf-8", "replace")})
+        """Queue one message for the client; waits while ``buffer_bytes`` are queued already."""
+        while True:
+            if self.gone or self.close_queued or self._ws.state is not ConnectionState.OPEN:
+                raise trio.ClosedResourceError("the WebSocket is closed")
+            if self._outbox_bytes < self._settings.buffer_bytes:
+                break
+            self._room = trio.Event()
+            await self._room.wait()
+        data = self._ws.send(TextMessage(data=frame.decode("utf-8", "replace")))
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        self._written = trio.Event()
+        self._wake_writer.set()
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     async def close(self, code: int, reason: str = "") -> None:
-        if self.closed:
+        """Queue a close frame; the handshake completes in :meth:`finish`."""
+        if self.close_queued or self.gone:
             return
-        self.closed = True
-        async with self._send_lock:
-            await self._send({"type": "websocket.close", "code": code, "reason": reason[:120]})
+        self.close_queued = True
+        self.close_code = code
+        self._queue_close(code, reason)
+        await trio.lowlevel.checkpoint()
+
+    def _fail(self, code: int, reason: str) -> None:
+        log.info("websocket_closing", extra={"code": code, "detail": reason})
+        self.close_queued = True
+        self.close_code = code
+        self._queue_close(code, reason)
+
+    async def run_writer(self) -> None:
+        """The one task that writes this connection (see the module docstring)."""
+        while not self.gone:
+            if not self._control and not self._outbox:
+                self._written.set()
+                await self._wake_writer.wait()
+                self._wake_writer = trio.Event()
+                continue
+            data_bytes = self._outbox_bytes
+            parts = [*self._control, *self._outbox]
+            self._control.clear()
+            self._outbox.clear()
+            batch = parts[0] if len(parts) == 1 else b"".join(parts)
+            try:
+                with trio.fail_after(self._settings.write_timeout):
+                    await self._stream.send_all(batch)
+            except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.info("websocket_write_failed", extra={"detail": type(exc).__name__})
+                self._lost()
+                self._written.set()
+                return
+            self._outbox_bytes -= data_bytes
+            self._room.set()
+
+    async def run_pinger(self) -> None:
+        """WebSocket pings, for keepalive (JSON-RPC ping is gone in MCP 2026-07-28)."""
+        while True:
+            await trio.sleep(self._settings.ping_interval)
+            if self._ws.state is ConnectionState.OPEN and not self.close_queued:
+                self._queue_control(self._ws.send(Ping(payload=b"reactor-fabric")))
+
+    async def finish(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        """End the connection cleanly: our close frame written, the client's awaited (bounded)."""
+        with trio.move_on_after(self._settings.close_timeout):
+            if not self.close_queued and not self.gone:
+                await self.close(code, reason)
+            await self._written.wait()
+            while not self.peer_closed and not self.gone:
+                try:
+                    data = await self._stream.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    self._lost()
+                    break
+                with contextlib.suppress(LocalProtocolError):
+                    self._ws.receive_data(bytes(data))
+                for event in self._ws.events():
+                    if isinstance(event, CloseConnection):
+                        self._closed_by_event(event)
+            await self._written.wait()
 
 
 async def serve_websocket(
-    fabric: Fabric, scope: dict[str, Any], receive: Receive, send: Send
+    fabric: Fabric, request: Request, stream: trio.abc.Stream, trailing: bytes
 ) -> None:
-    """Handle one WebSocket connection from ``websocket.connect`` to its end."""
-    connect = await receive()
-    if connect["type"] != "websocket.connect":
+    """One WebSocket connection, from its upgrade request to its end (the stream is ours)."""
+    ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+    ws.initiate_upgrade_connection(request.raw_headers, request.target)
+    handshake = next(ws.events(), None)
+    if not isinstance(handshake, wsproto.events.Request):
         return
-    path: str = scope["path"]
-    headers = request_headers(scope)
+    refusal = _refusal(fabric, request)
+    if refusal is not None:
+        await _reject(stream, ws, *refusal)
+        return
+    if not fabric.reserve_pending():
+        log.warning("websocket_refused", extra={"reason": "too_many_pending_connections"})
+        await _reject(stream, ws, 503, b'{"error": "too many connections waiting; try again"}')
+        return
+    limits = fabric.limits
+    settings = WebSocketSettings(
+        max_message_bytes=fabric.max_message_bytes,
+        buffer_bytes=limits.buffer_to_client_bytes,
+        write_timeout=limits.client_write_seconds,
+    )
+    subprotocol = SUBPROTOCOL if SUBPROTOCOL in handshake.subprotocols else None
+    service = request.path[len(MCP_PREFIX) :]
+    mounts = parse_qs(request.query).get("mount", [])
+    pending = True  # counted among the connections that have not sent a first message
+    try:
+        with trio.move_on_after(settings.write_timeout):
+            await stream.send_all(ws.send(AcceptConnection(subprotocol=subprotocol)))
+        channel = WebSocketChannel(stream, ws, settings)
+        if trailing:
+            ws.receive_data(trailing)
+            channel._process_events()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(channel.run_writer)
+            nursery.start_soon(channel.run_pinger)
+            first: bytes | None = None
+            with trio.move_on_after(limits.first_message_seconds) as waited:
+                first = await _first_message(fabric, channel)
+            if waited.cancelled_caught:
+                log.info("websocket_first_message_timeout", extra={"service": service})
+            fabric.release_pending()
+            pending = False
+            if first is not None:
+                await serve_session(fabric, channel, service, mounts, first_frame=first)
+                await channel.finish()
+            else:
+                await channel.finish(CLOSE_POLICY, "no message received in time")
+            nursery.cancel_scope.cancel()
+    finally:
+        if pending:
+            fabric.release_pending()
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await stream.aclose()
+
+
+async def _first_message(fabric: Fabric, channel: WebSocketChannel) -> bytes | None:
+    """The connection's first message; None if the client leaves or the orchestrator stops.
+
+    The caller bounds the wait (``first_message_timeout``).
+    """
+    result: bytes | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def receive() -> None:
+            nonlocal result
+            result = await channel.receive()
+            nursery.cancel_scope.cancel()
+
+        async def stopping() -> None:
+            await fabric.stopping.wait()
+            await channel.close(CLOSE_GOING_AWAY, "orchestrator stopping")
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(receive)
+        nursery.start_soon(stopping)
+    return result
+
+
+def _refusal(fabric: Fabric, request: Request) -> tuple[int, bytes] | None:
     if not request_allowed(
-        headers,
+        request.headers,
         allowed_origins=fabric.allowed_origins,
         allowed_hosts=fabric.allowed_hosts,
-        path=path,
+        path=request.path,
     ):
-        await send({"type": "websocket.close", "code": 1008})  # before accept: HTTP 403
-        return
-    if not path.startswith(MCP_PREFIX) or "/" in path[len(MCP_PREFIX) :]:
-        await send({"type": "websocket.close", "code": 1008})
-        return
-    service = unquote(path[len(MCP_PREFIX) :])
-    accept: Message = {"type": "websocket.accept"}
-    if SUBPROTOCOL in scope.get("subprotocols", []):
-        accept["subprotocol"] = SUBPROTOCOL
-    await send(accept)
-    channel = AsgiWebSocketChannel(receive, send)
-    query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
-    try:
-        await serve_session(fabric, channel, service, query.get("mount", []))
-    except Exception:
-        # A bug in a session must not take the orchestrator down, nor leave the client hanging:
-        # the session's own finally has removed its container; close with "internal error".
-        log.exception("session_crashed", extra={"service": service})
-        with trio.move_on_after(5) as cleanup:
-            cleanup.shield = True
-            with contextlib.suppress(Exception):
-                await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
-    finally:
-        if not channel.closed:
-            with trio.move_on_after(5) as cleanup:
-                cleanup.shield = True
-                # The connection may already be gone; there is nobody left to tell.
-                with contextlib.suppress(Exception):
-                    await channel.close(1000)
+        return 403, b'{"error": "origin or host not allowed"}'
+    if not request.path.startswith(MCP_PREFIX) or "/" in request.path[len(MCP_PREFIX) :]:
+        return 404, b'{"error": "not found"}'
+    if not request.path[len(MCP_PREFIX) :]:
+        return 404, b'{"error": "not found"}'
+    return None
+
+
+async def _reject(
+    stream: trio.abc.Stream, ws: wsproto.WSConnection, status: int, body: bytes
+) -> None:
+    data = ws.send(
+        RejectConnection(
+            status_code=status,
+            headers=[
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+            has_body=True,
+        )
+    )
+    data += ws.send(RejectData(data=body, body_finished=True))
+    with (
+        trio.move_on_after(1),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+    ):
+        await stream.send_all(data)

@@ -1,7 +1,9 @@
-"""Each bundled service, started through the orchestrator's Docker backend, answers MCP.
+"""The Docker runtime on the real engine: each bundled service answers MCP through it, and its
+resource guarantees hold (nothing left behind by a failed or cancelled start).
 
 This goes through exactly the path the relay uses: ContainerSpec from the suite → create with
-stdio attached before start → Docker's multiplexed stream handed to trio → line framing.
+stdio attached before start → Docker's multiplexed stream split into stdout and stderr → line
+framing.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from reactor_fabric.policy.container_spec import (
     ContainerIdentity,
     container_spec_for,
 )
-from reactor_fabric.protocol.framing import STDOUT, DockerStreamDemuxer, LineSplitter
-from reactor_fabric.runtime.base import SpawnedContainer
-from reactor_fabric.runtime.docker import DockerEngine
+from reactor_fabric.protocol.framing import LineSplitter
+from reactor_fabric.runtime.base import Container
+from reactor_fabric.runtime.docker import DockerRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = load_suite(REPO / "claude-mcp-suite.yaml")
@@ -47,24 +49,21 @@ EXPECTED_TOOL = {
 class StdioPeer:
     """Speaks newline-delimited JSON-RPC over a spawned container's attached stream."""
 
-    def __init__(self, container: SpawnedContainer) -> None:
-        self.stream = container.stream
-        self.demuxer = DockerStreamDemuxer(max_frame=16 * 1024 * 1024)
+    def __init__(self, container: Container) -> None:
+        self.container = container
         self.lines = LineSplitter(max_line=16 * 1024 * 1024)
         self.ready: list[bytes] = []
 
     async def send(self, message: dict[str, Any]) -> None:
-        await self.stream.send_all(json.dumps(message).encode() + b"\n")
+        await self.container.stdin.send_all(json.dumps(message).encode() + b"\n")
 
     async def response(self, request_id: int) -> dict[str, Any]:
         """The response to `request_id`; answers the server's own requests (roots) on the way."""
         while True:
             while not self.ready:
-                data = await self.stream.receive_some(65536)
+                data = await self.container.stdout.receive_some(65536)
                 assert data, "the container closed its stdout before answering"
-                for stream_id, payload in self.demuxer.feed(bytes(data)):
-                    if stream_id == STDOUT:
-                        self.ready += self.lines.feed(payload)
+                self.ready += self.lines.feed(bytes(data))
             message = json.loads(self.ready.pop(0))
             if message.get("id") == request_id and "method" not in message:
                 return message  # type: ignore[no-any-return]
@@ -83,7 +82,7 @@ async def test_each_bundled_service_started_through_the_docker_api_answers_tools
         session_id=session_id,
         identity=TEST_IDENTITY,
     )
-    engine = DockerEngine()
+    engine = DockerRuntime()
     container = await engine.spawn(spec)
     try:
         with trio.fail_after(60):
@@ -111,7 +110,7 @@ async def test_each_bundled_service_started_through_the_docker_api_answers_tools
         assert inspected["Config"]["Labels"][LABEL_SESSION] == session_id
     finally:
         with trio.CancelScope(shield=True):
-            await container.stream.aclose()
+            await container.aclose()
             await engine.remove(container.id)
             await engine.close()
     assert (
@@ -130,7 +129,7 @@ async def test_a_missing_image_is_a_container_start_failure_and_leaves_nothing(
         session_id=session_id,
         identity=TEST_IDENTITY,
     )
-    engine = DockerEngine()
+    engine = DockerRuntime()
     try:
         with pytest.raises(ContainerStartFailure) as caught:
             await engine.spawn(spec)
@@ -142,3 +141,80 @@ async def test_a_missing_image_is_a_container_start_failure_and_leaves_nothing(
         docker_client.containers.list(all=True, filters={"label": f"{LABEL_SESSION}={session_id}"})
         == []
     )
+
+
+def _everything_spec(session_id: str, **overrides: Any) -> Any:
+    service = SUITE.mcp_services["everything"]
+    return container_spec_for(
+        "everything",
+        Service(**{**{f: getattr(service, f) for f in service.__struct_fields__}, **overrides}),
+        session_id=session_id,
+        identity=TEST_IDENTITY,
+    )
+
+
+async def test_a_spawn_cancelled_during_create_leaves_no_container_once_the_create_completes(
+    docker_client: docker.DockerClient,
+) -> None:
+    # Cancel the spawn at several points of the create call; whatever the engine did in its
+    # worker thread, the container (found by its name) must be gone afterwards.
+    engine = DockerRuntime()
+    try:
+        for delay in (0.0, 0.005, 0.02, 0.05, 0.1, 0.2):
+            session_id = secrets.token_hex(8)
+            spec = _everything_spec(session_id)
+            with trio.move_on_after(delay):
+                container = await engine.spawn(spec)
+                await container.aclose()
+                await engine.remove(container.id)
+            with trio.fail_after(60):
+                assert await engine.settle()  # an abandoned thread cleans up when it ends
+            assert (
+                docker_client.containers.list(
+                    all=True, filters={"label": f"{LABEL_SESSION}={session_id}"}
+                )
+                == []
+            ), f"a container was left after cancelling at {delay} s"
+        # At least one cancellation fell while the create ran in its thread.
+        assert engine.abandoned_creates_removed > 0
+    finally:
+        await engine.close()
+
+
+async def test_stdout_and_stderr_arrive_on_their_own_streams(
+    docker_client: docker.DockerClient,
+) -> None:
+    session_id = secrets.token_hex(8)
+    spec = _everything_spec(session_id)
+    engine = DockerRuntime()
+    container = await engine.spawn(spec)
+    try:
+        with trio.fail_after(60):
+            stderr = b""
+            while b"\n" not in stderr:  # the everything server logs its start on stderr
+                stderr += await container.stderr.receive_some(65536)
+            peer = StdioPeer(container)
+            await peer.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "reactor-fabric-tests", "version": "0"},
+                    },
+                }
+            )
+            assert "serverInfo" in (await peer.response(1))["result"]
+            assert not stderr.lstrip().startswith(b"{")  # no JSON-RPC on stderr
+            await container.stdin.send_eof()
+            while await container.stdout.receive_some(65536):
+                pass
+            status = await engine.exit_status(container.id)
+            assert status.exit_code is not None
+    finally:
+        with trio.CancelScope(shield=True):
+            await container.aclose()
+            await engine.remove(container.id)
+            await engine.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +79,10 @@ def test_connect_without_an_endpoint_says_how_to_give_one() -> None:
     assert done.stdout == ""
 
 
-def test_an_unreachable_orchestrator_without_fallback_warns_and_exits_1(tmp_path: Path) -> None:
+def test_an_unreachable_orchestrator_without_fallback_answers_the_client_then_exits_1(
+    tmp_path: Path,
+) -> None:
+    initialize = {"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {}}
     done = subprocess.run(
         [
             sys.executable,
@@ -96,15 +100,23 @@ def test_an_unreachable_orchestrator_without_fallback_warns_and_exits_1(tmp_path
         text=True,
         check=False,
         timeout=60,
-        stdin=subprocess.DEVNULL,
+        input=json.dumps(initialize) + "\n",
     )
     assert done.returncode == 1
-    assert done.stderr.startswith(
+    warning, line, rest = done.stderr.split("\n", 2)
+    assert warning == (
         "Warning: Could not connect to Reactor-Fabric at ws://127.0.0.1:9. "
-        "Falling back to standalone mode.\n"
+        "Falling back to standalone mode."
     )
-    assert "no local fallback for service 'git'" in done.stderr
-    assert done.stdout == ""
+    assert line.startswith("reactor-fabric connect: ")
+    assert "service 'git' has no local fallback" in line
+    assert rest == ""  # one plain line, no traceback
+    answer = json.loads(done.stdout)
+    assert answer["id"] == 7
+    assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (
+        -32002,
+        "orchestrator_unreachable",
+    )
 
 
 def test_an_unreachable_orchestrator_falls_back_to_the_local_command(tmp_path: Path) -> None:

@@ -11,15 +11,15 @@ def client(ledger: Ledger, message: dict[str, object]) -> None:
     ledger.from_client(peek(frame), frame)
 
 
-def server(ledger: Ledger, message: dict[str, object]) -> bool:
-    return ledger.from_server(peek(json.dumps(message).encode()))
+def server(ledger: Ledger, message: dict[str, object], *, expires_at: float = 100.0) -> None:
+    ledger.from_server(peek(json.dumps(message).encode()), expires_at=expires_at)
 
 
 def test_a_request_is_in_flight_until_its_response() -> None:
     ledger = Ledger()
     client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "tools/call"})
     assert ledger.busy
-    assert server(ledger, {"jsonrpc": "2.0", "id": 1, "result": {}})
+    server(ledger, {"jsonrpc": "2.0", "id": 1, "result": {}})
     assert not ledger.busy
 
 
@@ -41,13 +41,26 @@ def test_a_server_request_keeps_the_session_busy_until_the_client_answers() -> N
     assert not ledger.busy
 
 
+def test_a_server_request_expires_when_its_time_is_up() -> None:
+    ledger = Ledger()
+    server(ledger, {"jsonrpc": "2.0", "id": "a", "method": "roots/list"}, expires_at=10.0)
+    server(ledger, {"jsonrpc": "2.0", "id": "b", "method": "roots/list"}, expires_at=20.0)
+    assert ledger.next_expiry() == 10.0
+    assert ledger.expire(9.9) == []
+    assert ledger.expire(10.0) == ["a"]
+    assert ledger.next_expiry() == 20.0
+    assert ledger.expire(30.0) == ["b"]
+    assert not ledger.busy
+    assert ledger.next_expiry() is None
+
+
 def test_nothing_is_replayed_for_a_stateless_client() -> None:
     ledger = Ledger()
     client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "server/discover"})
     assert ledger.replay() is None
 
 
-def test_the_latest_handshake_is_replayed_with_a_fresh_id_and_its_answer_swallowed() -> None:
+def test_the_latest_handshake_is_replayed_with_a_fresh_id_each_time() -> None:
     ledger = Ledger()
     client(ledger, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"v": 1}})
     client(ledger, {"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -60,7 +73,6 @@ def test_the_latest_handshake_is_replayed_with_a_fresh_id_and_its_answer_swallow
         "params": {"v": 1},
     }
     assert replay.initialized is not None
-    assert not server(ledger, {"jsonrpc": "2.0", "id": replay.initialize_id, "result": {}})
     # A second replay gets another id.
     again = ledger.replay()
     assert again is not None

@@ -14,6 +14,7 @@ from reactor_fabric.policy.container_spec import (
 )
 from reactor_fabric.policy.origins import normalise_origins, origin_allowed
 from reactor_fabric.policy.owner import owner_is_gone, process_start_time
+from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.trio.sweeper import OWN_GRACE_SECONDS, containers_to_remove
 
 
@@ -83,15 +84,16 @@ def test_an_owner_on_another_host_is_never_judged_gone() -> None:
 def test_the_sweeper_removes_dead_owners_and_stale_own_containers_only() -> None:
     now = 10_000.0
     containers = [
-        {"Id": "dead-owner", "Labels": {LABEL_INSTANCE: "old", **labels()}, "Created": now},
-        {"Id": "live-owner", "Labels": {LABEL_INSTANCE: "other", **labels(pid=11)}, "Created": now},
-        {"Id": "mine-live", "Labels": {LABEL_INSTANCE: "me", LABEL_SESSION: "s1"}, "Created": 0},
-        {
-            "Id": "mine-young",
-            "Labels": {LABEL_INSTANCE: "me", LABEL_SESSION: "s2"},
-            "Created": now - OWN_GRACE_SECONDS + 5,
-        },
-        {"Id": "mine-stale", "Labels": {LABEL_INSTANCE: "me", LABEL_SESSION: "s3"}, "Created": 0},
+        ManagedContainer("dead-owner", "a", {LABEL_INSTANCE: "old", **labels()}, now),
+        ManagedContainer("live-owner", "b", {LABEL_INSTANCE: "other", **labels(pid=11)}, now),
+        ManagedContainer("mine-live", "c", {LABEL_INSTANCE: "me", LABEL_SESSION: "s1"}, 1.0),
+        ManagedContainer(
+            "mine-young",
+            "d",
+            {LABEL_INSTANCE: "me", LABEL_SESSION: "s2"},
+            now - OWN_GRACE_SECONDS + 5,
+        ),
+        ManagedContainer("mine-stale", "e", {LABEL_INSTANCE: "me", LABEL_SESSION: "s3"}, 1.0),
     ]
     doomed = containers_to_remove(
         containers,

@@ -1,12 +1,11 @@
-"""The Streamable HTTP endpoint, driven through the ASGI app in-process (no sockets), with the
-in-memory backend: sessions, answers, streams, expiry and every refusal."""
+"""The Streamable HTTP endpoint over the orchestrator's own server, on memory streams, with the
+in-memory runtime: sessions, answers, streams, expiry, bounds, and every refusal as clients see
+it (HTTP 200 with the JSON-RPC error, 4xx only for HTTP-level faults)."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,130 +13,13 @@ import pytest
 import trio
 import trio.testing
 
-from reactor_fabric.config.structs import Orchestrator, Service, Suite
-from reactor_fabric.runtime.memory import MemoryEngine, open_memory_engine
-from reactor_fabric.trio.app import FabricApp
-from reactor_fabric.trio.fabric import Fabric
-from reactor_fabric.trio.streamable_http import HttpSessions
-from tests.fakes import INITIALIZE, INITIALIZED, request, scripted_mcp_server
-
-BOTH = "application/json, text/event-stream"
+from reactor_fabric.config.structs import Limits
+from tests.http_client import HttpClient, Reply
+from tests.messages import INITIALIZE, INITIALIZED, request
+from tests.served import Served, served
 
 
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[dict[str, Any]]:
-        """The JSON-RPC messages of an SSE body."""
-        return [
-            json.loads(line[len(b"data: ") :])
-            for line in self.body.splitlines()
-            if line.startswith(b"data: ")
-        ]
-
-    @property
-    def session(self) -> str:
-        return self.headers["mcp-session-id"]
-
-
-class Http:
-    def __init__(self, app: FabricApp, engine: MemoryEngine, sessions: HttpSessions) -> None:
-        self.app = app
-        self.engine = engine
-        self.sessions = sessions
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        headers: dict[str, str] | None = None,
-        accept: str = BOTH,
-        disconnect: trio.Event | None = None,
-        on_body: Callable[[bytes], Awaitable[None]] | None = None,
-    ) -> Reply:
-        raw = (
-            body
-            if isinstance(body, bytes)
-            else (json.dumps(body).encode() if body is not None else b"")
-        )
-        all_headers = {
-            "host": "127.0.0.1:8765",
-            "accept": accept,
-            "content-type": "application/json",
-            **(headers or {}),
-        }
-        path, _, query = path.partition("?")
-        scope = {
-            "type": "http",
-            "method": method,
-            "path": path,
-            "query_string": query.encode(),
-            "headers": [(k.encode(), v.encode()) for k, v in all_headers.items()],
-        }
-        sent: list[dict[str, Any]] = []
-        delivered = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            if disconnect is None:
-                await trio.sleep_forever()
-            else:
-                await disconnect.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-            if on_body is not None and message.get("body"):
-                await on_body(message["body"])
-
-        await self.app(scope, receive, send)
-        start = sent[0]
-        return Reply(
-            start["status"],
-            {k.decode(): v.decode() for k, v in start["headers"]},
-            b"".join(m.get("body", b"") for m in sent[1:]),
-        )
-
-    async def post(
-        self, body: Any, *, session: str | None = None, path: str = "/mcp/svc", **kwargs: Any
-    ) -> Reply:
-        headers = kwargs.pop("headers", {})
-        if session is not None:
-            headers["mcp-session-id"] = session
-        return await self.request("POST", path, body, headers=headers, **kwargs)
-
-
-@asynccontextmanager
-async def endpoint(root: Path, **orchestrator: Any) -> AsyncIterator[Http]:
-    suite = Suite(
-        version="1.0",
-        orchestrator=Orchestrator(allowed_mount_roots=[str(root)], **orchestrator),
-        mcp_services={"svc": Service(image="fake/svc:1", timeout="1m")},
-    )
-    async with open_memory_engine(scripted_mcp_server) as engine:
-        fabric = Fabric(suite, engine=engine, network="none")
-        sessions = HttpSessions(fabric)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(sessions.run)
-            yield Http(FabricApp(fabric, sessions), engine, sessions)
-            for session in list(sessions.by_id.values()):
-                await sessions.terminate(session)
-            nursery.cancel_scope.cancel()
-        assert engine.alive == []
-
-
-async def open_session(http: Http) -> str:
+async def open_session(http: Served) -> str:
     reply = await http.post(INITIALIZE)
     assert reply.status == 200
     assert reply.headers["content-type"] == "application/json"
@@ -147,19 +29,23 @@ async def open_session(http: Http) -> str:
     return reply.session
 
 
+def call(request_id: int, tool: str, **arguments: Any) -> dict[str, Any]:
+    return request(request_id, "tools/call", {"name": tool, "arguments": arguments})
+
+
 async def test_initialize_starts_a_session_whose_id_comes_back_in_a_header(
     tmp_path: Path,
 ) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         session = await open_session(http)
         assert len(session) == 32
-        assert [spec.labels["reactor-fabric.session"] for spec in http.engine.spawned] == [session]
+        assert [spec.labels["reactor-fabric.session"] for spec in http.runtime.spawned] == [session]
 
 
 async def test_a_request_whose_response_comes_first_is_answered_as_plain_json(
     tmp_path: Path,
 ) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         session = await open_session(http)
         reply = await http.post(request(2, "tools/list"), session=session)
         assert reply.status == 200
@@ -170,16 +56,12 @@ async def test_a_request_whose_response_comes_first_is_answered_as_plain_json(
 async def test_messages_before_the_response_turn_the_answer_into_an_sse_stream(
     tmp_path: Path,
 ) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         session = await open_session(http)
-        reply = await http.post(
-            request(
-                2,
-                "tools/call",
-                {"name": "progress", "arguments": {}, "_meta": {"progressToken": "t"}},
-            ),
-            session=session,
+        progress = request(
+            2, "tools/call", {"name": "progress", "arguments": {}, "_meta": {"progressToken": "t"}}
         )
+        reply = await http.post(progress, session=session)
         assert reply.status == 200
         assert reply.headers["content-type"] == "text/event-stream"
         events = reply.events()
@@ -189,11 +71,26 @@ async def test_messages_before_the_response_turn_the_answer_into_an_sse_stream(
             None,
         ]
         assert events[-1]["id"] == 2
-        assert len(http.engine.spawned) == 1
+        assert len(http.runtime.spawned) == 1
+
+
+async def test_requests_on_one_kept_alive_connection_are_answered_in_turn(tmp_path: Path) -> None:
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        client = HttpClient(http.connect())
+        try:
+            for request_id in range(2, 6):
+                reply = await client.request(
+                    "POST", "/mcp/svc", call(request_id, "echo", n=request_id),
+                    headers={"mcp-session-id": session},
+                )  # fmt: skip
+                assert reply.json()["id"] == request_id
+        finally:
+            await client.aclose()
 
 
 async def test_a_client_accepting_only_json_gets_json_answers(tmp_path: Path) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         session = await open_session(http)
         reply = await http.post(
             request(3, "tools/list"), session=session, accept="application/json"
@@ -205,143 +102,214 @@ async def test_a_client_accepting_only_json_gets_json_answers(tmp_path: Path) ->
 async def test_register_client_over_http_mounts_and_answers_with_the_session_id(
     tmp_path: Path,
 ) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         mount = {"source": str(tmp_path), "target": "/workspace", "readOnly": True}
         reply = await http.post(request(1, "fabric/registerClient", {"mounts": [mount]}))
         assert reply.status == 200
         assert reply.json()["result"]["sessionId"] == reply.session
         await trio.testing.wait_all_tasks_blocked()
-        [spec] = http.engine.spawned
+        [spec] = http.runtime.spawned
         assert spec.mounts[0].source == str(tmp_path)
 
 
 async def test_query_mounts_apply_to_http_sessions(tmp_path: Path) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         reply = await http.post(INITIALIZE, path=f"/mcp/svc?mount={tmp_path}:/data:ro")
         assert reply.status == 200
-        [spec] = http.engine.spawned
+        [spec] = http.runtime.spawned
         assert (spec.mounts[0].target, spec.mounts[0].read_only) == ("/data", True)
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "code"),
+    ("body", "path", "code", "reason"),
     [
         (
             request(1, "fabric/registerClient", {"mounts": [{"source": "/etc", "target": "/w"}]}),
-            403,
+            "/mcp/svc",
             -32004,
+            "mount_outside_allowed_roots",
         ),
-        (b'[{"jsonrpc":"2.0","id":1,"method":"initialize"}]', 400, -32600),
-        (b"{oops", 400, -32700),
+        (INITIALIZE, "/mcp/svc?mount=/etc:/workspace", -32004, "mount_outside_allowed_roots"),
+        (INITIALIZE, "/mcp/nope", -32005, "service_not_found"),
+        (request(1, "server/discover"), "/mcp/svc", -32600, "stateless_needs_session_url"),
+        (request(1, "tools/list"), "/mcp/svc", -32600, "session_required"),
     ],
-    ids=["refused-mount", "batch", "not-json"],
+    ids=["refused-mount", "refused-query-mount", "unknown-service", "stateless", "no-session"],
 )
-async def test_a_refused_first_message_gets_a_meaningful_status_and_no_container(
-    tmp_path: Path, body: Any, status: int, code: int
+async def test_a_refusal_is_the_json_rpc_error_with_status_200_and_nothing_starts(
+    tmp_path: Path, body: dict[str, Any], path: str, code: int, reason: str
 ) -> None:
-    async with endpoint(tmp_path) as http:
-        reply = await http.post(body)
-        assert reply.status == status
-        assert reply.json()["error"]["code"] == code
-        assert http.engine.spawned == []
+    # Clients start OAuth on 401/403 and read 404 as "session terminated"; with 200 they show
+    # the error (see protocol-notes.md).
+    async with served(tmp_path) as http:
+        reply = await http.post(body, path=path)
+        assert reply.status == 200
+        assert reply.headers["content-type"] == "application/json"
+        answer = reply.json()
+        assert answer["id"] == 1
+        assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (code, reason)
+        assert http.runtime.spawned == []
 
 
-async def test_an_unknown_service_is_404_with_32005(tmp_path: Path) -> None:
-    async with endpoint(tmp_path) as http:
-        reply = await http.post(INITIALIZE, path="/mcp/nope")
-        assert reply.status == 404
-        assert reply.json()["error"]["code"] == -32005
+async def test_a_full_orchestrator_refuses_a_session_with_200_and_too_many_sessions(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path, max_sessions=1) as http:
+        await open_session(http)
+        reply = await http.post(INITIALIZE)
+        assert reply.status == 200
+        assert reply.json()["error"]["data"]["reason"] == "too_many_sessions"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "reason"),
+    [
+        (b'[{"jsonrpc":"2.0","id":1,"method":"initialize"}]', -32600, "batch_not_supported"),
+        (b"{oops", -32700, "invalid_json"),
+        (b'{"jsonrpc":"2.0","id":"\xff","method":"initialize"}', -32700, "invalid_utf8"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"s":"\xc3"}}', -32700, "invalid_utf8"),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"x","params":'
+            + b"[" * 100_000
+            + b"]" * 100_000
+            + b"}",
+            -32700,
+            "json_too_deep",
+        ),
+    ],
+    ids=["batch", "not-json", "bad-utf8-id", "bad-utf8-params", "100k-deep"],
+)
+async def test_a_body_that_is_not_one_json_rpc_message_is_400_and_the_session_goes_on(
+    tmp_path: Path, body: bytes, code: int, reason: str
+) -> None:
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        reply = await http.post(body, session=session)
+        assert reply.status == 400
+        error = reply.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (code, reason)
+        assert (await http.post(call(9, "echo"), session=session)).json()["id"] == 9
 
 
 async def test_an_unknown_session_id_is_404(tmp_path: Path) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         reply = await http.post(request(2, "tools/list"), session="0" * 32)
         assert reply.status == 404
 
 
 async def test_delete_ends_the_session_and_removes_its_container(tmp_path: Path) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         session = await open_session(http)
-        assert len(http.engine.alive) == 1
-        reply = await http.request("DELETE", "/mcp/svc", headers={"mcp-session-id": session})
+        assert len(http.runtime.alive) == 1
+        reply = await http.http("DELETE", "/mcp/svc", headers={"mcp-session-id": session})
         assert reply.status == 204
-        assert http.engine.alive == []
+        assert http.runtime.alive == []
         assert (await http.post(request(2, "tools/list"), session=session)).status == 404
 
 
-async def test_a_stateless_request_on_the_bare_url_is_told_to_use_a_session_url(
-    tmp_path: Path,
-) -> None:
-    async with endpoint(tmp_path) as http:
-        reply = await http.post(request(1, "server/discover"))
-        assert reply.status == 400
-        error = reply.json()["error"]
-        assert error["data"]["reason"] == "stateless_needs_session_url"
-        assert "/mcp/svc/<your-key>" in error["data"]["detail"]
-        assert http.engine.spawned == []
-
-
 async def test_requests_to_one_keyed_url_share_one_session_and_container(tmp_path: Path) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         for request_id in (1, 2, 3):
-            reply = await http.post(
-                request(request_id, "tools/call", {"name": "echo", "arguments": {"n": request_id}}),
-                path="/mcp/svc/agent-7",
-            )
+            reply = await http.post(call(request_id, "echo", n=request_id), path="/mcp/svc/agent-7")
             assert reply.status == 200
-        assert len(http.engine.spawned) == 1
+        assert len(http.runtime.spawned) == 1
         other = await http.post(request(1, "tools/list"), path="/mcp/svc/agent-8")
         assert other.status == 200
-        assert len(http.engine.spawned) == 2
+        assert len(http.runtime.spawned) == 2
+
+
+async def test_register_racing_delete_on_one_keyed_url_leaves_the_orchestrator_serving(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as http:
+        register = request(1, "fabric/registerClient", {"mounts": []})
+        for _ in range(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(http.post, register, path="/mcp/svc/raced"))
+                nursery.start_soon(http.http, "DELETE", "/mcp/svc/raced")
+            await trio.testing.wait_all_tasks_blocked()
+        # Still serving, and every session of the race is over or usable.
+        assert (await http.post(call(2, "echo"), path="/mcp/svc/after")).status == 200
 
 
 async def test_a_server_request_without_a_streaming_post_goes_to_the_get_stream(
     tmp_path: Path,
 ) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path) as http:
         session = await open_session(http)
-        chunks_in, chunks = trio.open_memory_channel[bytes](10)
-        stop, answered = trio.Event(), trio.Event()
+        listener = HttpClient(http.connect())
+        await listener.send_request(
+            "GET", "/mcp/svc", headers={"mcp-session-id": session}, accept="text/event-stream"
+        )
+        head = await listener.read_head()
+        assert head.headers["content-type"] == "text/event-stream"
         results: list[Reply] = []
-
-        async def listen() -> None:
-            await http.request(
-                "GET",
-                "/mcp/svc",
-                headers={"mcp-session-id": session},
-                accept="text/event-stream",
-                disconnect=stop,
-                on_body=chunks_in.send,
-            )
-
-        async def ask() -> None:
-            # Answered as JSON, so the server's roots/list request cannot ride on this POST.
-            results.append(
-                await http.post(
-                    request(5, "tools/call", {"name": "ask"}),
-                    session=session,
-                    accept="application/json",
-                )
-            )
-            answered.set()
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(listen)
+
+            async def ask() -> None:
+                # Answered as JSON, so the server's roots/list request cannot ride on this POST.
+                reply = await http.post(call(5, "ask"), session=session, accept="application/json")
+                results.append(reply)
+
             nursery.start_soon(ask)
-            chunk = await chunks.receive()
+            chunk = await listener.read_chunk()
+            assert chunk is not None
             asked = json.loads(chunk.partition(b"data: ")[2])
             assert asked["method"] == "roots/list"
-            reply = {"jsonrpc": "2.0", "id": asked["id"], "result": {"roots": []}}
-            assert (await http.post(reply, session=session)).status == 202
-            await answered.wait()
-            stop.set()
+            answer = {"jsonrpc": "2.0", "id": asked["id"], "result": {"roots": []}}
+            assert (await http.post(answer, session=session)).status == 202
         assert results[0].json()["id"] == 5
+        await listener.aclose()
+
+
+async def test_the_answer_to_a_post_whose_client_left_is_dropped_not_parked(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        channel = http.sessions.by_id[session].channel
+        for request_id in range(2, 12):
+            client = HttpClient(http.connect())
+            await client.send_request(
+                "POST", "/mcp/svc", call(request_id, "wait", seconds=5),
+                headers={"mcp-session-id": session},
+            )  # fmt: skip
+            await trio.testing.wait_all_tasks_blocked()
+            await client.aclose()  # hang up before the answer
+        await trio.sleep(6)  # every answer has come
+        assert channel.backlog.bytes == 0
+        assert not channel.busy
+        # A GET stream opened now gets none of them.
+        listener = HttpClient(http.connect())
+        await listener.send_request(
+            "GET", "/mcp/svc", headers={"mcp-session-id": session}, accept="text/event-stream"
+        )
+        await listener.read_head()
+        with trio.move_on_after(1) as nothing:
+            await listener.read_chunk()
+        assert nothing.cancelled_caught
+        await listener.aclose()
+
+
+async def test_messages_for_a_get_stream_nobody_opened_are_bounded_in_bytes(
+    tmp_path: Path,
+) -> None:
+    limits = Limits(buffer_to_client="4k")
+    async with served(tmp_path, limits=limits) as http:
+        session = await open_session(http)
+        channel = http.sessions.by_id[session].channel
+        reply = await http.post(
+            call(2, "notify", count=100, size=500), session=session, accept="application/json"
+        )
+        assert reply.json()["id"] == 2  # the answer is not stuck behind the notifications
+        assert channel.backlog.bytes <= 4096 + 1024
+        assert channel.dropped > 90
 
 
 async def test_origin_host_accept_content_type_size_and_version_are_checked(
     tmp_path: Path,
 ) -> None:
-    async with endpoint(tmp_path, max_message_size="2k") as http:
+    async with served(tmp_path, max_message_size="2k") as http:
         assert (
             await http.post(INITIALIZE, headers={"origin": "https://evil.example"})
         ).status == 403
@@ -353,14 +321,34 @@ async def test_origin_host_accept_content_type_size_and_version_are_checked(
         bad_version = await http.post(INITIALIZE, headers={"mcp-protocol-version": "1999-01-01"})
         assert bad_version.status == 400
         assert bad_version.json()["error"]["data"]["reason"] == "unsupported_protocol_version"
-        assert http.engine.spawned == []
+        assert http.runtime.spawned == []
 
 
-async def test_an_http_session_without_activity_expires_with_its_container(
+async def test_an_http_session_without_traffic_ends_at_its_services_idle_timeout(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with endpoint(tmp_path) as http:
+    async with served(tmp_path, idle_timeout="30s") as http:
         session = await open_session(http)
-        await trio.sleep(601)
-        assert http.engine.alive == []
+        await trio.sleep(29)
+        assert http.fabric.session_count == 1
+        await trio.sleep(2)
+        assert http.runtime.alive == []
+        assert http.fabric.session_count == 0
         assert (await http.post(request(2, "tools/list"), session=session)).status == 404
+
+
+async def test_an_open_get_stream_keeps_the_http_session_but_not_its_idle_container(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path, idle_timeout="30s") as http:
+        session = await open_session(http)
+        listener = HttpClient(http.connect())
+        await listener.send_request(
+            "GET", "/mcp/svc", headers={"mcp-session-id": session}, accept="text/event-stream"
+        )
+        await listener.read_head()
+        await trio.sleep(120)
+        assert http.runtime.alive == []  # the container went at its idle timeout
+        assert http.fabric.session_count == 1  # the session stays while the client listens
+        assert (await http.post(call(2, "echo"), session=session)).json()["id"] == 2
+        await listener.aclose()

@@ -1,194 +1,258 @@
-"""The WebSocket endpoint's rules, over real loopback sockets (hypercorn + trio-websocket), with
-the in-memory backend behind it: origins, subprotocols, frame types, sizes, health counters."""
+"""The WebSocket endpoint over the orchestrator's own server, on memory streams, with the
+in-memory runtime: handshake rules, frame rules, the close handshake, bounds and timeouts."""
 
 from __future__ import annotations
 
-import json
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
-from trio_websocket import WebSocketConnection, open_websocket_url
-from wsproto.events import AcceptConnection, Ping, RejectConnection, TextMessage
+import trio.testing
+from wsproto.events import AcceptConnection, CloseConnection, Ping, RejectConnection, TextMessage
 
-from reactor_fabric.config.structs import Orchestrator, Service, Suite
-from reactor_fabric.runtime.memory import MemoryEngine, open_memory_engine
-from reactor_fabric.trio.fabric import Fabric
-from reactor_fabric.trio.serve import Listening, bind_listener, serve_orchestrator
-from tests.fakes import INITIALIZE, RawWebSocket, request, scripted_mcp_server
-
-
-@asynccontextmanager
-async def served(
-    root: Path, *, max_message: str = "16m", origins: tuple[str, ...] = ()
-) -> AsyncIterator[tuple[str, MemoryEngine, Fabric]]:
-    suite = Suite(
-        version="1.0",
-        orchestrator=Orchestrator(
-            allowed_mount_roots=[str(root)],
-            max_message_size=max_message,
-            allowed_origins=list(origins),
-        ),
-        mcp_services={"svc": Service(image="fake/svc:1")},
-    )
-    async with open_memory_engine(scripted_mcp_server) as engine:
-        fabric = Fabric(suite, engine=engine, network="none")
-        with bind_listener("127.0.0.1", 0) as listener:
-            async with trio.open_nursery() as nursery:
-                listening: Listening = await nursery.start(serve_orchestrator, fabric, listener)
-                yield listening.ws_url, engine, fabric
-                nursery.cancel_scope.cancel()
-        assert engine.alive == []
+from reactor_fabric.config.structs import Limits
+from tests.http_client import WebSocketClient
+from tests.messages import INITIALIZE, request
+from tests.served import served
 
 
-async def hear(ws: WebSocketConnection) -> dict[str, object]:
-    with trio.fail_after(10):
-        message = await ws.get_message()
-    decoded: dict[str, object] = json.loads(message)
-    return decoded
-
-
-async def test_a_session_over_a_real_websocket_relays_and_counts_in_healthz(
+async def test_a_session_relays_and_chooses_the_mcp_subprotocol_when_offered(
     tmp_path: Path,
 ) -> None:
-    async with served(tmp_path) as (url, engine, fabric):
-        async with open_websocket_url(f"{url}/mcp/svc", subprotocols=["mcp"]) as ws:
-            assert ws.subprotocol == "mcp"
-            await ws.send_message(json.dumps(INITIALIZE))
-            answer = await hear(ws)
-            assert answer["id"] == 1
-            assert (fabric.session_count, fabric.container_count) == (1, 1)
-            host, port = url.removeprefix("ws://").split(":")
-            status, body = await http_get(host, int(port), "/healthz")
-            assert status == 200
-            assert (body["sessions"], body["containers"]) == (1, 1)
-        # The server learns of the close over a real socket: there is no event to wait on.
-        with trio.fail_after(10):
-            while engine.alive:  # noqa: ASYNC110
-                await trio.sleep(0.01)
-        assert fabric.session_count == 0
+    async with served(tmp_path) as http:
+        ws, accepted = await http.websocket(subprotocols=["mcp"])
+        assert isinstance(accepted, AcceptConnection)
+        assert accepted.subprotocol == "mcp"
+        await ws.send_json(INITIALIZE)
+        assert (await ws.hear())["id"] == 1
+        assert (http.fabric.session_count, http.fabric.container_count) == (1, 1)
+        assert isinstance(await ws.close(), CloseConnection)
+        await ws.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert http.runtime.alive == []
+        assert http.fabric.session_count == 0
 
 
 async def test_no_subprotocol_is_chosen_when_the_client_offers_none(tmp_path: Path) -> None:
-    async with (
-        served(tmp_path) as (url, _engine, _fabric),
-        open_websocket_url(f"{url}/mcp/svc") as ws,
-    ):
-        assert ws.subprotocol is None
-        await ws.send_message(json.dumps(INITIALIZE))
-        assert (await hear(ws))["id"] == 1
+    async with served(tmp_path) as http:
+        ws, accepted = await http.websocket()
+        assert accepted.subprotocol is None
+        await ws.send_json(INITIALIZE)
+        assert (await ws.hear())["id"] == 1
+        await ws.aclose()
 
 
 async def test_a_binary_frame_closes_the_connection_with_1003(tmp_path: Path) -> None:
-    async with served(tmp_path) as (url, _engine, _fabric):
-        ws, accepted = await RawWebSocket.connect(f"{url}/mcp/svc")
-        try:
-            assert isinstance(accepted, AcceptConnection)
-            await ws.send_text(json.dumps(INITIALIZE))
-            event = await ws.next_event()
-            assert isinstance(event, TextMessage), event
-            await ws.send_bytes(b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}')
-            with trio.fail_after(10):
-                assert await ws.close_code() == 1003
-        finally:
-            await ws.aclose()
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        await ws.send_bytes(b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}')
+        assert await ws.close_code() == 1003
+        await ws.aclose()
 
 
-async def test_an_oversize_message_closes_the_connection_with_1009(tmp_path: Path) -> None:
-    async with served(tmp_path, max_message="4k") as (url, _engine, _fabric):
-        ws, _accepted = await RawWebSocket.connect(f"{url}/mcp/svc")
-        try:
-            await ws.send_text(json.dumps(INITIALIZE))
-            assert isinstance(await ws.next_event(), TextMessage)
-            big = json.dumps(
-                request(2, "tools/call", {"name": "echo", "arguments": {"x": "y" * 8192}})
-            )
-            await ws.send_text(big)
-            with trio.fail_after(10):
-                assert await ws.close_code() == 1009
-        finally:
-            await ws.aclose()
-
-
-async def test_a_foreign_origin_is_refused_with_http_403_before_anything_starts(
-    tmp_path: Path,
+@pytest.mark.parametrize("fragmented", [False, True])
+async def test_an_oversize_message_closes_the_connection_with_1009(
+    tmp_path: Path, fragmented: bool
 ) -> None:
-    async with served(tmp_path) as (url, engine, _fabric):
-        ws, answer = await RawWebSocket.connect(
-            f"{url}/mcp/svc", headers=[(b"origin", b"https://evil.example")]
+    async with served(tmp_path, max_message_size="4k") as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        if fragmented:
+            for _ in range(5):
+                await ws._send(TextMessage(data="y" * 1024, message_finished=False))
+        else:
+            await ws.send_json(request(2, "tools/call", {"name": "echo", "x": "y" * 8192}))
+        assert await ws.close_code() == 1009
+        await ws.aclose()
+
+
+async def test_a_text_frame_that_is_not_utf8_closes_with_1007(tmp_path: Path) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        # A masked text frame (mask 0) whose payload is not UTF-8.
+        await ws.send_raw(b"\x81\x82\x00\x00\x00\x00\xff\xfe")
+        assert await ws.close_code() == 1007
+        await ws.aclose()
+
+
+async def test_deep_json_is_answered_with_32700_and_the_session_goes_on(tmp_path: Path) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        deep = '{"jsonrpc":"2.0","id":2,"method":"x","params":' + "[" * 100_000 + "]" * 100_000
+        await ws.send_text(deep + "}")
+        answer = await ws.hear()
+        assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (
+            -32700,
+            "json_too_deep",
         )
+        await ws.send_json(request(3, "tools/list"))
+        assert (await ws.hear())["id"] == 3
+        await ws.aclose()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [(b"origin", b"https://evil.example"), (b"host", b"evil.example:8765")],
+    ids=["origin", "host"],
+)
+async def test_a_foreign_origin_or_host_is_refused_with_403_before_anything_starts(
+    tmp_path: Path, header: tuple[bytes, bytes]
+) -> None:
+    async with served(tmp_path) as http:
+        if header[0] == b"host":
+            ws, answer = await WebSocketClient.connect(
+                http.connect(), "/mcp/svc", host="evil.example"
+            )
+        else:
+            ws, answer = await http.websocket(headers=[header])
         await ws.aclose()
         assert isinstance(answer, RejectConnection)
         assert answer.status_code == 403
-        assert engine.spawned == []
+        assert http.runtime.spawned == []
 
 
 async def test_loopback_and_listed_origins_are_accepted(tmp_path: Path) -> None:
-    async with served(tmp_path, origins=("https://app.example.com",)) as (url, _engine, _fabric):
+    async with served(tmp_path, allowed_origins=["https://app.example.com"]) as http:
         for origin in (b"http://localhost:5173", b"https://app.example.com"):
-            async with open_websocket_url(
-                f"{url}/mcp/svc", extra_headers=[(b"origin", origin)]
-            ) as ws:
-                await ws.send_message(json.dumps(INITIALIZE))
-                assert (await hear(ws))["id"] == 1
-
-
-async def test_an_unknown_service_is_answered_with_32005_and_the_connection_closed(
-    tmp_path: Path,
-) -> None:
-    async with served(tmp_path) as (url, engine, _fabric):
-        ws, _accepted = await RawWebSocket.connect(f"{url}/mcp/nope")
-        try:
-            await ws.send_text(json.dumps(INITIALIZE))
-            answer = await ws.next_event()
-            assert json.loads(answer.data)["error"]["code"] == -32005
-            with trio.fail_after(10):
-                assert await ws.close_code() == 1008
-        finally:
+            ws, accepted = await http.websocket(headers=[(b"origin", origin)])
+            assert isinstance(accepted, AcceptConnection)
+            await ws.send_json(INITIALIZE)
+            assert (await ws.hear())["id"] == 1
             await ws.aclose()
-        assert engine.spawned == []
 
 
 async def test_a_websocket_outside_mcp_paths_is_refused(tmp_path: Path) -> None:
-    async with served(tmp_path) as (url, _engine, _fabric):
-        ws, answer = await RawWebSocket.connect(f"{url}/elsewhere")
-        await ws.aclose()
-        assert isinstance(answer, RejectConnection)
-
-
-async def http_get(host: str, port: int, path: str) -> tuple[int, dict[str, object]]:
-    stream = await trio.open_tcp_stream(host, port)
-    async with stream:
-        await stream.send_all(
-            f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
-        )
-        data = b""
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
-
-
-def test_binding_a_port_in_use_raises_oserror() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        with pytest.raises(OSError, match="in use"):
-            bind_listener("127.0.0.1", taken.getsockname()[1])
-
-
-async def test_the_server_sends_websocket_pings_for_keepalive(tmp_path: Path) -> None:
-    async with served(tmp_path) as (url, _engine, _fabric):
-        ws, _accepted = await RawWebSocket.connect(f"{url}/mcp/svc")
-        try:
-            with trio.fail_after(30):  # the ping interval is 20 s
-                while True:
-                    data = await ws.stream.receive_some(65536)
-                    ws.ws.receive_data(data or None)
-                    if any(isinstance(event, Ping) for event in ws.ws.events()):
-                        break
-        finally:
+    async with served(tmp_path) as http:
+        for path in ("/elsewhere", "/mcp/", "/mcp/svc/extra"):
+            ws, answer = await http.websocket(path)
             await ws.aclose()
+            assert isinstance(answer, RejectConnection)
+            assert answer.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("target", "first", "code", "reason"),
+    [
+        ("/mcp/nope", INITIALIZE, -32005, "service_not_found"),
+        ("/mcp/svc?mount=/etc:/workspace", INITIALIZE, -32004, "mount_outside_allowed_roots"),
+        ("/mcp/svc", request(1, "fabric/registerClient", {}), -32600, "register_without_mounts"),
+    ],
+    ids=["unknown-service", "refused-mount", "bad-register"],
+)
+async def test_a_refusal_is_an_error_frame_then_a_normal_close_that_waits_for_the_client(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    target: str,
+    first: dict[str, object],
+    code: int,
+    reason: str,
+) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket(target)
+        await ws.send_json(first)
+        answer = await ws.hear()
+        assert answer["id"] == 1
+        assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (code, reason)
+        event = await ws.next_event()
+        assert isinstance(event, CloseConnection)
+        assert event.code == 1000  # normal: clients deliver the error instead of failing
+        # The server keeps TCP open for the client's close frame (Node reports 1006 and drops
+        # the last message otherwise)...
+        with trio.move_on_after(2) as waited:
+            await ws.stream.receive_some(1)
+        assert waited.cancelled_caught
+        # ...and closes once it came.
+        await ws._send(event.response())
+        assert await ws.stream.receive_some(1) == b""
+        await ws.aclose()
+        assert http.runtime.spawned == []
+
+
+async def test_the_server_pings_for_keepalive(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        with trio.fail_after(25):
+            event = await ws.next_event(answer_pings=False)
+        assert isinstance(event, Ping)
+        await ws.aclose()
+
+
+async def test_a_connection_that_sends_no_first_message_is_closed_in_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path, limits=Limits(first_message_timeout="10s")) as http:
+        ws, _ = await http.websocket()
+        assert http.fabric.pending_connections == 1
+        with trio.fail_after(15):
+            assert await ws.close_code() == 1008
+        await ws.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert http.fabric.pending_connections == 0
+
+
+async def test_connections_waiting_for_their_first_message_are_capped(tmp_path: Path) -> None:
+    async with served(tmp_path, limits=Limits(max_pending_connections=2)) as http:
+        waiting = [(await http.websocket())[0] for _ in range(2)]
+        ws, answer = await http.websocket()
+        assert isinstance(answer, RejectConnection)
+        assert answer.status_code == 503
+        await ws.aclose()
+        # Once one of them speaks, there is room again.
+        await waiting[0].send_json(INITIALIZE)
+        await waiting[0].hear()
+        ws, answer = await http.websocket()
+        assert isinstance(answer, AcceptConnection)
+        for client in (*waiting, ws):
+            await client.aclose()
+
+
+async def test_a_client_that_stops_reading_stalls_only_itself_then_is_dropped(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    limits = Limits(buffer_to_client="8k", client_write_timeout="5s")
+    async with served(tmp_path, limits=limits) as http:
+        stuck, _ = await http.websocket(lockstep=True)  # nothing is buffered between us
+        await stuck.send_json(INITIALIZE)
+        await stuck.hear()
+        # Ask for far more than the bound, and never read it.
+        flood = {"name": "notify", "arguments": {"count": 200, "size": 1000}}
+        await stuck.send_json(request(2, "tools/call", flood))
+        healthy, _ = await http.websocket()
+        await healthy.send_json(INITIALIZE)
+        assert (await healthy.hear())["id"] == 1  # another session is not affected
+        await trio.sleep(10)
+        # The stuck client's writes did not move for 5 s: its connection and session are gone.
+        assert http.fabric.session_count == 1
+        [left] = http.runtime.alive
+        assert left.spec.labels["reactor-fabric.session"] != ""
+        await healthy.send_json(request(2, "tools/list"))
+        assert (await healthy.hear())["id"] == 2
+        await stuck.aclose()
+        await healthy.aclose()
+
+
+async def test_a_client_closing_first_gets_its_close_answered_and_the_container_goes(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        answer = await ws.close(1000)
+        assert isinstance(answer, CloseConnection)
+        assert answer.code == 1000
+        assert await ws.stream.receive_some(1) == b""  # then the server closed TCP
+        await ws.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert http.runtime.alive == []

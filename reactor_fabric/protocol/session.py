@@ -1,0 +1,591 @@
+"""The relay session as a state machine: events in, actions out, no I/O.
+
+One :class:`SessionMachine` exists per client session of the per-service relay. It makes every
+decision of the session — whether a client frame is written to the container now or waits,
+when a container is spawned, replaying the MCP handshake to a fresh one, idle teardown, what
+happens when a container dies, what each request in flight is answered with, shutdown — from
+the events the trio driver (:mod:`reactor_fabric.trio.session`) feeds it. The driver only moves
+bytes and runs the actions it is given, in order.
+
+Containers are numbered (``seq``) in the order the machine asks for them. At most one is
+*current*; events about any other (one being stopped: idle, broken, no longer needed) are
+ignored. The current container is in one of three states::
+
+    SPAWNING ──SpawnSucceeded──► REPLAYING ──initialize answered──► READY
+        │            └──────────(no handshake to replay)──────────────┘
+        └──SpawnFailed──► (none)        any state ──died / broken / idle──► (none)
+
+Client frames go straight to stdin only when a container is READY and nothing waits before
+them; otherwise they wait, in order, bounded in bytes (:attr:`SessionMachine.accepting`).
+
+Time is given with every event (``now``, any monotonic clock); :attr:`SessionMachine.deadline`
+says when the machine next needs a :class:`Tick`.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .._errors import ContainerStartFailure, FabricError, InvalidMessage, InvalidRequest
+from .jsonrpc import REQUEST, RESPONSE, Peek, error_response, for_stdio, peek
+from .ledger import Ledger
+
+CLOSE_NORMAL: Final = 1000
+
+# JSON-RPC code of the orchestrator's answer to a server→client request that the client never
+# answered: the MCP SDKs' own "request timed out". It goes to the server, never to a client.
+REQUEST_TIMED_OUT: Final = -32001
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFrame:
+    """One message from the client (size already checked by the transport)."""
+
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGone:
+    """The client left (connection closed, session deleted or expired)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnSucceeded:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFailed:
+    seq: int
+    error: FabricError
+
+
+@dataclass(frozen=True, slots=True)
+class StdoutLine:
+    seq: int
+    line: bytes
+
+
+OUTPUT_INVALID: Final = "container_output_invalid"
+UNRESPONSIVE: Final = "container_unresponsive"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerBroken:
+    """The container cannot be relayed to any more: its output broke the framing (a message
+    over the size limit: ``container_output_invalid``), or it stopped reading its stdin
+    (``container_unresponsive``)."""
+
+    seq: int
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StdinWritten:
+    """The driver wrote ``nbytes`` of what the machine asked to the container's stdin."""
+
+    seq: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerExited:
+    """The container's output ended; how it exited, when the runtime could tell."""
+
+    seq: int
+    exit_code: int | None = None
+    oom_killed: bool = False
+    stderr: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (a deadline the machine announced is due)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The orchestrator is stopping: answer what is in flight and end the session."""
+
+
+Event = (
+    ClientFrame
+    | ClientGone
+    | SpawnSucceeded
+    | SpawnFailed
+    | StdoutLine
+    | ContainerBroken
+    | StdinWritten
+    | ContainerExited
+    | Tick
+    | Shutdown
+)
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start container ``seq`` (create, attach, start); report SpawnSucceeded or SpawnFailed."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStdin:
+    """Write ``data`` (whole lines) to container ``seq``'s stdin, in order; report StdinWritten."""
+
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SendToClient:
+    frame: bytes
+    message: Peek | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StopContainer:
+    """Stop and remove container ``seq``: with ``graceful``, close its stdin and give it a
+    moment to exit first."""
+
+    seq: int
+    reason: str
+    graceful: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloseClient:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    level: str  # "debug", "info", "warning" or "error"
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EndSession:
+    """Nothing is left to do: the driver ends the session (removing what is still running)."""
+
+
+Action = Spawn | WriteStdin | SendToClient | StopContainer | CloseClient | Log | EndSession
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds of one session (see ``orchestrator.limits`` in the suite)."""
+
+    # Client bytes waiting for the container or not yet written to its stdin: beyond this the
+    # client is not read from (a fast client stalls only itself).
+    to_server_bytes: int = 1024 * 1024
+    # How long a fresh container may take to answer the replayed `initialize`.
+    replay_timeout: float = 30.0
+    # How long a server→client request (sampling, roots, elicitation) may wait for the client.
+    # Defaults to the service's idle timeout, so it never holds a container past it.
+    server_request_timeout: float | None = None
+    # Client requests awaiting an answer at once; beyond it a request is refused at once.
+    max_in_flight: int = 1024
+
+
+class SlotState(enum.Enum):
+    SPAWNING = "spawning"
+    REPLAYING = "replaying"
+    READY = "ready"
+
+
+class Phase(enum.Enum):
+    OPEN = "open"
+    ENDED = "ended"
+
+
+@dataclass
+class _Slot:
+    """The current container and what the machine knows about it."""
+
+    seq: int
+    state: SlotState = SlotState.SPAWNING
+    stdin_pending: int = 0  # bytes asked to be written and not yet reported written
+    replay_id: str | None = None
+    replay_initialized: bytes | None = None
+    replay_deadline: float = math.inf
+
+
+class SessionMachine:
+    """Every decision of one relay session (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        service_name: str,
+        idle_timeout: float,
+        limits: SessionLimits,
+        now: float,
+    ) -> None:
+        self.service_name = service_name
+        self.idle_timeout = idle_timeout
+        self.limits = limits
+        self.server_request_timeout = (
+            limits.server_request_timeout
+            if limits.server_request_timeout is not None
+            else idle_timeout
+        )
+        self.phase = Phase.OPEN
+        self.ledger = Ledger()
+        self._slot: _Slot | None = None
+        self._next_seq = 0
+        self._waiting: collections.deque[tuple[Peek, bytes]] = collections.deque()
+        self._waiting_bytes = 0
+        self._last_activity = now
+        self._handlers = {
+            ClientFrame: self._client_frame,
+            ClientGone: self._client_gone,
+            SpawnSucceeded: self._spawn_succeeded,
+            SpawnFailed: self._spawn_failed,
+            StdoutLine: self._stdout_line,
+            ContainerBroken: self._container_broken,
+            StdinWritten: self._stdin_written,
+            ContainerExited: self._container_exited,
+            Tick: self._tick,
+            Shutdown: self._shutdown,
+        }
+
+    # --- what the driver asks ---------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Apply one event; the actions to carry out, in order."""
+        if self.phase is Phase.ENDED:
+            return []
+        handler: Any = self._handlers[type(event)]
+        actions: list[Action] = handler(event, now)
+        return actions
+
+    def start_container(self, now: float) -> list[Action]:
+        """Start a container before any client message needs it (after registerClient)."""
+        if self._slot is not None or self.phase is not Phase.OPEN:
+            return []
+        return [self._spawn()]
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the driver may read the client's next frame (bytes buffered under the bound)."""
+        pending = self._slot.stdin_pending if self._slot is not None else 0
+        return self._waiting_bytes + pending < self.limits.to_server_bytes
+
+    @property
+    def deadline(self) -> float | None:
+        """When the machine next needs a Tick (None: not before another event)."""
+        deadline = math.inf
+        slot = self._slot
+        if slot is not None:
+            if slot.state is SlotState.REPLAYING:
+                deadline = slot.replay_deadline
+            elif self._idle_candidate(slot):
+                deadline = self._last_activity + self.idle_timeout
+        expiry = self.ledger.next_expiry()
+        if expiry is not None:
+            deadline = min(deadline, expiry)
+        return None if math.isinf(deadline) else deadline
+
+    @property
+    def current_seq(self) -> int | None:
+        return self._slot.seq if self._slot is not None else None
+
+    @property
+    def container_state(self) -> SlotState | None:
+        return self._slot.state if self._slot is not None else None
+
+    # --- client side --------------------------------------------------------------------------
+
+    def _client_frame(self, event: ClientFrame, now: float) -> list[Action]:
+        self._last_activity = now
+        try:
+            message = peek(event.frame)
+        except InvalidMessage as exc:
+            return [
+                Log("info", "client_message_refused", {"code": exc.code, "reason": exc.reason}),
+                SendToClient(error_response(exc.request_id, exc)),
+            ]
+        if (
+            message.kind == REQUEST
+            and len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight
+        ):
+            refusal = InvalidRequest(
+                f"this session already has {self.limits.max_in_flight} requests in flight",
+                reason="too_many_requests_in_flight",
+            )
+            return [SendToClient(error_response(message.id, refusal))]
+        slot = self._slot
+        if slot is not None and slot.state is SlotState.READY and not self._waiting:
+            return [self._write(slot, message, event.frame)]
+        self._waiting.append((message, event.frame))
+        self._waiting_bytes += len(event.frame)
+        if slot is None:
+            return [self._spawn()]
+        return []
+
+    def _write(self, slot: _Slot, message: Peek, frame: bytes) -> WriteStdin:
+        self.ledger.from_client(message, frame)
+        return self._write_line(slot, for_stdio(frame))
+
+    def _write_line(self, slot: _Slot, line: bytes) -> WriteStdin:
+        data = line + b"\n"
+        slot.stdin_pending += len(data)
+        return WriteStdin(slot.seq, data)
+
+    def _flush_waiting(self, slot: _Slot) -> list[Action]:
+        actions: list[Action] = [
+            self._write(slot, message, frame) for message, frame in self._waiting
+        ]
+        self._waiting.clear()
+        self._waiting_bytes = 0
+        return actions
+
+    def _fail_waiting(self, error: FabricError) -> list[Action]:
+        """Answer every waiting request with ``error``; waiting notifications are dropped."""
+        actions: list[Action] = [
+            SendToClient(error_response(message.id, error))
+            for message, _frame in self._waiting
+            if message.kind == REQUEST
+        ]
+        self._waiting.clear()
+        self._waiting_bytes = 0
+        return actions
+
+    def _client_gone(self, _event: ClientGone, _now: float) -> list[Action]:
+        actions: list[Action] = []
+        if self._slot is not None:
+            actions.append(StopContainer(self._slot.seq, "session_ended", graceful=True))
+            self._slot = None
+        self.phase = Phase.ENDED
+        return [*actions, EndSession()]
+
+    def _shutdown(self, _event: Shutdown, _now: float) -> list[Action]:
+        error = ContainerStartFailure(
+            "the orchestrator is stopping; this request will not be answered",
+            reason="orchestrator_stopping",
+        )
+        actions: list[Action] = [
+            SendToClient(error_response(request_id, error))
+            for request_id in self.ledger.client_requests
+        ]
+        actions += self._fail_waiting(error)
+        self.ledger.container_gone()
+        if self._slot is not None:
+            actions.append(StopContainer(self._slot.seq, "orchestrator_stopping", graceful=False))
+            self._slot = None
+        actions += [CloseClient(CLOSE_NORMAL, "orchestrator stopping"), EndSession()]
+        self.phase = Phase.ENDED
+        return actions
+
+    # --- container side -----------------------------------------------------------------------
+
+    def _spawn(self) -> Spawn:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._slot = _Slot(seq)
+        return Spawn(seq)
+
+    def _is_current(self, seq: int) -> _Slot | None:
+        slot = self._slot
+        return slot if slot is not None and slot.seq == seq else None
+
+    def _spawn_succeeded(self, event: SpawnSucceeded, now: float) -> list[Action]:
+        slot = self._is_current(event.seq)
+        if slot is None or slot.state is not SlotState.SPAWNING:
+            # Started after the session stopped needing it.
+            return [StopContainer(event.seq, "not_needed", graceful=False)]
+        replay = self.ledger.replay()
+        if replay is None:
+            slot.state = SlotState.READY
+            return self._flush_waiting(slot)
+        slot.state = SlotState.REPLAYING
+        slot.replay_id = replay.initialize_id
+        slot.replay_initialized = replay.initialized
+        slot.replay_deadline = now + self.limits.replay_timeout
+        return [
+            Log("info", "session_replaying", {"sequence": slot.seq}),
+            self._write_line(slot, replay.initialize),
+        ]
+
+    def _spawn_failed(self, event: SpawnFailed, _now: float) -> list[Action]:
+        if self._is_current(event.seq) is None:
+            return []
+        self._slot = None
+        error = event.error
+        fields = {"sequence": event.seq, "code": error.code, "reason": error.reason}
+        return [
+            Log("error", "container_start_failed", {**fields, "detail": str(error)}),
+            *self._fail_waiting(error),
+        ]
+
+    def _stdout_line(self, event: StdoutLine, now: float) -> list[Action]:
+        slot = self._is_current(event.seq)
+        if slot is None:
+            return []  # output of a container that is being stopped
+        try:
+            message = peek(event.line)
+        except InvalidMessage as exc:
+            # Not JSON-RPC on stdout (a server printing logs there): it would break the
+            # client's parser, so it is dropped, and kept in the log.
+            line = event.line[:500].decode("utf-8", "replace")
+            return [
+                Log("warning", "server_stdout_not_jsonrpc", {"reason": exc.reason, "line": line})
+            ]
+        self._last_activity = now
+        if (
+            slot.state is SlotState.REPLAYING
+            and message.kind == RESPONSE
+            and message.id == slot.replay_id
+        ):
+            return self._replay_answered(slot, message)
+        self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
+        return [SendToClient(event.line, message)]
+
+    def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
+        if answer.failed:
+            return self._replay_failed(slot, "the new container refused the replayed initialize")
+        slot.state = SlotState.READY
+        actions: list[Action] = [Log("info", "session_restored", {"sequence": slot.seq})]
+        if slot.replay_initialized is not None:
+            actions.append(self._write_line(slot, for_stdio(slot.replay_initialized)))
+        return actions + self._flush_waiting(slot)
+
+    def _replay_failed(self, slot: _Slot, detail: str, **extra: Any) -> list[Action]:
+        error = ContainerStartFailure(
+            f"{detail}; the {self.service_name} session could not be restored",
+            reason="replay_failed",
+            **extra,
+        )
+        return self._retire(slot, error, stop_reason="replay_failed")
+
+    def _container_broken(self, event: ContainerBroken, _now: float) -> list[Action]:
+        slot = self._is_current(event.seq)
+        if slot is None:
+            return []
+        what = (
+            "produced output that could not be relayed"
+            if event.reason == OUTPUT_INVALID
+            else "stopped reading its input"
+        )
+        error = ContainerStartFailure(
+            f"the {self.service_name} server {what} ({event.detail}); the container was replaced",
+            reason=event.reason,
+        )
+        return self._retire(slot, error, stop_reason=event.reason)
+
+    def _stdin_written(self, event: StdinWritten, _now: float) -> list[Action]:
+        slot = self._is_current(event.seq)
+        if slot is not None:
+            slot.stdin_pending = max(0, slot.stdin_pending - event.nbytes)
+        return []
+
+    def _container_exited(self, event: ContainerExited, _now: float) -> list[Action]:
+        slot = self._is_current(event.seq)
+        if slot is None:
+            return []
+        stderr = list(event.stderr)
+        if slot.state is SlotState.REPLAYING:
+            return self._replay_failed(
+                slot,
+                "the new container exited before answering the replayed initialize",
+                exit_code=event.exit_code,
+                stderr=stderr,
+            )
+        how = (f" with code {event.exit_code}" if event.exit_code is not None else "") + (
+            " (out of memory)" if event.oom_killed else ""
+        )
+        error = ContainerStartFailure(
+            f"the {self.service_name} server exited{how} before answering",
+            reason="container_exited",
+            exit_code=event.exit_code,
+            oom_killed=event.oom_killed,
+            stderr=stderr,
+        )
+        return self._retire(slot, error, stop_reason="exited")
+
+    def _retire(self, slot: _Slot, error: FabricError, *, stop_reason: str) -> list[Action]:
+        """The current container is done for: answer what it owed, fail what waited, stop it."""
+        lost = self.ledger.container_gone()
+        fields: dict[str, Any] = {
+            "sequence": slot.seq,
+            "code": error.code,
+            "reason": error.reason,
+            "in_flight": len(lost),
+            "detail": str(error),
+            **error.detail,
+        }
+        actions: list[Action] = [
+            Log("error", "container_failed", fields),
+            StopContainer(slot.seq, stop_reason, graceful=False),
+        ]
+        actions += [SendToClient(error_response(request_id, error)) for request_id, _ in lost]
+        actions += self._fail_waiting(error)
+        self._slot = None
+        return actions
+
+    # --- time ---------------------------------------------------------------------------------
+
+    def _idle_candidate(self, slot: _Slot) -> bool:
+        return (
+            slot.state is SlotState.READY
+            and slot.stdin_pending == 0
+            and not self._waiting
+            and not self.ledger.busy
+            and not math.isinf(self.idle_timeout)
+        )
+
+    def _tick(self, _event: Tick, now: float) -> list[Action]:
+        actions: list[Action] = []
+        slot = self._slot
+        if slot is not None and slot.state is SlotState.REPLAYING and now >= slot.replay_deadline:
+            actions += self._replay_failed(
+                slot,
+                f"the new container did not answer the replayed initialize within "
+                f"{self.limits.replay_timeout:g} s",
+            )
+        for request_id in self.ledger.expire(now):
+            actions.append(Log("warning", "server_request_expired", {"id": request_id}))
+            slot = self._slot
+            if slot is not None and slot.state is not SlotState.SPAWNING:
+                answer = error_response(
+                    request_id,
+                    _ServerRequestExpired(
+                        "the client did not answer this request in time",
+                        reason="client_did_not_answer",
+                    ),
+                )
+                actions.append(self._write_line(slot, answer))
+        slot = self._slot
+        if (
+            slot is not None
+            and self._idle_candidate(slot)
+            and now >= self._last_activity + self.idle_timeout
+        ):
+            actions += [
+                Log("info", "container_idle", {"sequence": slot.seq}),
+                StopContainer(slot.seq, "idle", graceful=True),
+            ]
+            self._slot = None
+        return actions
+
+
+class _ServerRequestExpired(FabricError):
+    code = REQUEST_TIMED_OUT
+    title = "Request timed out"

@@ -1,0 +1,418 @@
+"""The orchestrator's HTTP/1.1 server: h11 for the protocol, trio for the bytes.
+
+Why not an ASGI server: the relay needs what the ASGI layer hides — a write to a client that can
+be cancelled and is bounded in time (a client that stops reading must not hold a shutdown), a
+WebSocket close handshake that completes before TCP is closed, a cap on connections, deadlines on
+every read, and no task switch or dict-shaped message per frame. h11 and wsproto (the sans-I/O
+protocol libraries hypercorn itself is built on) do the parsing; this module only moves bytes.
+
+Ownership tree::
+
+    serve_http (listener task)
+    └── one task per connection: _serve_connection
+        ├── requests in turn (keep-alive): app.http(exchange)
+        └── or, after an Upgrade: app.websocket(request, stream, trailing) owns the stream
+
+Resource handling: every connection's stream is closed in a ``finally``, bounded in time; the
+number of open connections is capped (beyond it a connection gets a 503 and is closed).
+
+Error handling: a malformed request is answered 400 and the connection closed; a handler that
+fails is logged with its traceback and answered 500 if it had not answered yet. Nothing a client
+sends reaches the listener task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import unquote
+
+import h11
+import trio
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_connections: int = 512
+    max_header_bytes: int = 16 * 1024
+    # A new connection must send its request head within this; later requests on a kept-alive
+    # connection may come this long after the previous answer.
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 5.0
+    body_timeout: float = 30.0
+    write_timeout: float = 30.0
+
+
+class ClientGone(Exception):
+    """The client closed the connection, or stopped reading it for longer than allowed."""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    target: str  # as sent (path and query)
+    path: str  # percent-decoded
+    query: str
+    headers: dict[bytes, str]  # lower-case names; the last of repeated headers wins
+    raw_headers: list[tuple[bytes, bytes]]
+
+    @classmethod
+    def from_h11(cls, event: h11.Request) -> Request:
+        target = event.target.decode("latin-1")
+        raw_path, _, query = target.partition("?")
+        raw_headers = [(bytes(name), bytes(value)) for name, value in event.headers]
+        return cls(
+            method=event.method.decode("ascii"),
+            target=target,
+            path=unquote(raw_path),
+            query=query,
+            headers={name: value.decode("latin-1") for name, value in raw_headers},
+            raw_headers=raw_headers,
+        )
+
+    def header(self, name: bytes, default: str = "") -> str:
+        return self.headers.get(name, default)
+
+    @property
+    def is_websocket_upgrade(self) -> bool:
+        return (
+            self.method == "GET"
+            and self.header(b"upgrade").lower() == "websocket"
+            and "upgrade" in self.header(b"connection").lower()
+        )
+
+
+class HttpExchange:
+    """One request on a connection, and the means to answer it.
+
+    A handler answers either at once (:meth:`respond`) or as a stream (:meth:`start`,
+    :meth:`send`, :meth:`end`; HTTP/1.1 chunked). :meth:`wait_disconnect` returns when the client
+    goes away, so a handler can stop waiting for something the client no longer wants.
+    """
+
+    def __init__(
+        self,
+        connection: h11.Connection,
+        stream: trio.abc.Stream,
+        request: Request,
+        limits: HttpLimits,
+    ) -> None:
+        self._connection = connection
+        self._stream = stream
+        self.request = request
+        self._limits = limits
+        self.started = False
+        self.ended = False
+        self._body_done = False
+        self.disconnected = trio.Event()
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            with trio.fail_after(self._limits.write_timeout):
+                await self._stream.send_all(data)
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.disconnected.set()
+            raise ClientGone(str(exc) or type(exc).__name__) from exc
+
+    async def read_body(self, limit: int) -> bytes:
+        """The whole request body; BodyTooLarge beyond ``limit``; ClientGone if it stops."""
+        connection = self._connection
+        if connection.they_are_waiting_for_100_continue:
+            await self._write(
+                connection.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+            )
+        body = bytearray()
+        with trio.move_on_after(self._limits.body_timeout) as scope:
+            while True:
+                event = connection.next_event()
+                if event is h11.NEED_DATA:
+                    data = await _receive(self._stream)
+                    connection.receive_data(data)
+                    if not data:
+                        self.disconnected.set()
+                        raise ClientGone("the client closed the connection mid-request")
+                    continue
+                if isinstance(event, h11.Data):
+                    body += event.data
+                    if len(body) > limit:
+                        raise BodyTooLarge(f"the body exceeds {limit} bytes")
+                elif isinstance(event, h11.EndOfMessage):
+                    self._body_done = True
+                    return bytes(body)
+                else:
+                    raise ClientGone(f"unexpected {type(event).__name__} in a request body")
+        assert scope.cancelled_caught
+        raise ClientGone(f"the body did not arrive within {self._limits.body_timeout:g} s")
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes = b"",
+        *,
+        content_type: bytes = b"application/json",
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """The whole answer in one write."""
+        all_headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+            *(headers or []),
+        ]
+        connection = self._connection
+        data = connection.send(h11.Response(status_code=status, headers=all_headers)) or b""
+        if body and self.request.method != "HEAD":
+            data += connection.send(h11.Data(data=body)) or b""
+        data += connection.send(h11.EndOfMessage()) or b""
+        self.started = self.ended = True
+        await self._write(data)
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Start a streamed answer (chunked): then :meth:`send` pieces and :meth:`end`."""
+        data = self._connection.send(h11.Response(status_code=status, headers=headers)) or b""
+        self.started = True
+        await self._write(data)
+
+    async def send(self, data: bytes) -> None:
+        await self._write(self._connection.send(h11.Data(data=data)) or b"")
+
+    async def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        await self._write(self._connection.send(h11.EndOfMessage()) or b"")
+
+    async def wait_disconnect(self) -> None:
+        """Return once the client has closed the connection (call only while the handler waits).
+
+        Anything it sends meanwhile is kept for the next request (pipelining).
+        """
+        if self.disconnected.is_set():
+            return
+        while True:
+            data = await _receive(self._stream)
+            if not data:
+                self.disconnected.set()
+                return
+            self._connection.receive_data(data)
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the connection can carry another request after this one."""
+        connection = self._connection
+        return connection.our_state is h11.DONE and connection.their_state is h11.DONE
+
+
+async def _receive(stream: trio.abc.Stream) -> bytes:
+    try:
+        data = await stream.receive_some(READ_CHUNK)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return b""
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+class HttpApp(Protocol):
+    async def http(self, exchange: HttpExchange) -> None: ...
+
+    async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
+        """Own ``stream`` after an Upgrade request (its head is read; ``trailing`` follows it)."""
+
+
+class ConnectionCounts:
+    """Open connections, and how many of them are busy (in a request or a WebSocket).
+
+    ``on_change`` is called whenever a count goes down (a shutdown waits for them).
+    """
+
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self.open = 0
+        self.busy = 0
+        self._on_change = on_change
+
+    def _notify(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+
+async def serve_http(
+    listener: trio.SocketListener,
+    app: HttpApp,
+    limits: HttpLimits,
+    connections: trio.Nursery,
+    counts: ConnectionCounts,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept connections until cancelled; each runs in ``connections``, not here.
+
+    Cancelling this task stops accepting and leaves the open connections alone, so that a
+    shutdown can let them finish their answers first. Reports started once accepting.
+    """
+
+    async def connection_task(stream: trio.SocketStream) -> None:
+        try:
+            await serve_connection(stream, app, limits, counts)
+        finally:
+            counts.open -= 1
+            counts._notify()
+
+    task_status.started()
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            # Out of file descriptors and the like: wait a little rather than spin.
+            log.error("accept_failed", extra={"detail": str(exc)})
+            await trio.sleep(0.1)
+            continue
+        if counts.open >= limits.max_connections:
+            connections.start_soon(_refuse_connection, stream)
+            continue
+        counts.open += 1
+        connections.start_soon(connection_task, stream)
+
+
+async def _refuse_connection(stream: trio.abc.Stream) -> None:
+    body = b'{"error": "too many connections; try again later"}'
+    head = (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        b"connection: close\r\nretry-after: 1\r\ncontent-length: %d\r\n\r\n" % len(body)
+    )
+    with trio.move_on_after(1):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(head + body)
+    with trio.move_on_after(1) as scope:
+        scope.shield = True
+        await stream.aclose()
+    log.warning("connection_refused", extra={"reason": "too_many_connections"})
+
+
+async def serve_connection(
+    stream: trio.abc.Stream,
+    app: HttpApp,
+    limits: HttpLimits,
+    counts: ConnectionCounts | None = None,
+) -> None:
+    """One client connection: requests in turn, until it closes, fails, or upgrades."""
+    counts = counts or ConnectionCounts()
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+    handed_over = False
+    try:
+        deadline = limits.header_timeout
+        while True:
+            event = None
+            with trio.move_on_after(deadline):
+                event = await _next_request(connection, stream)
+            if event is None:
+                return
+            deadline = limits.keepalive_timeout
+            request = Request.from_h11(event)
+            counts.busy += 1
+            try:
+                if request.is_websocket_upgrade:
+                    trailing, _closed = connection.trailing_data
+                    handed_over = True
+                    await app.websocket(request, stream, bytes(trailing))
+                    return
+                exchange = HttpExchange(connection, stream, request, limits)
+                if not await _serve_request(app, exchange):
+                    return
+            finally:
+                counts.busy -= 1
+                counts._notify()
+            connection.start_next_cycle()
+    except h11.RemoteProtocolError as exc:
+        await _bad_request(connection, stream, exc)
+    finally:
+        if not handed_over:
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await stream.aclose()
+
+
+async def _serve_request(app: HttpApp, exchange: HttpExchange) -> bool:
+    """Run the handler for one request; whether the connection can carry another."""
+    request = exchange.request
+    failed: tuple[int, bytes] | None = None
+    gone = False
+    try:
+        await app.http(exchange)
+    except* ClientGone:
+        gone = True
+    except* BodyTooLarge:
+        failed = 413, b'{"error": "request body too large"}'
+    except* Exception as failure:
+        log.error(
+            "http_handler_crashed",
+            extra={"path": request.path, "method": request.method},
+            exc_info=failure,
+        )
+        failed = 500, b'{"error": "internal error"}'
+    if gone:
+        return False
+    if failed is not None:
+        await _answer_if_unanswered(exchange, *failed)
+        return False
+    if not exchange.started:
+        await _answer_if_unanswered(exchange, 500, b'{"error": "no answer"}')
+        return False
+    return exchange.reusable
+
+
+async def _answer_if_unanswered(exchange: HttpExchange, status: int, body: bytes) -> None:
+    if not exchange.started:
+        with contextlib.suppress(ClientGone):
+            await exchange.respond(status, body, headers=[(b"connection", b"close")])
+
+
+async def _next_request(connection: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
+    """The next request head, or None when the client is done (the caller bounds the wait)."""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await _receive(stream))
+            continue
+        if isinstance(event, h11.Request):
+            return event
+        return None  # ConnectionClosed, or PAUSED after a protocol switch
+
+
+async def _bad_request(
+    connection: h11.Connection, stream: trio.abc.Stream, exc: h11.RemoteProtocolError
+) -> None:
+    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return
+    status = exc.error_status_hint
+    body = b'{"error": "malformed HTTP request"}'
+    try:
+        data = connection.send(
+            h11.Response(
+                status_code=status,
+                headers=[
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            )
+        )
+        data = (data or b"") + (connection.send(h11.Data(data=body)) or b"")
+        data += connection.send(h11.EndOfMessage()) or b""
+    except h11.LocalProtocolError:
+        return
+    with trio.move_on_after(1):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(data)
+
+
+Handler = Callable[[HttpExchange], Awaitable[None]]

@@ -1,0 +1,133 @@
+"""The orchestrator's app served over memory streams, with the in-memory runtime behind it.
+
+No sockets, so every test of the transports can run on the autojump clock; the few behaviours
+that need the kernel (connection caps, file descriptors, signals) are tested over loopback
+elsewhere. Leaving :func:`served` asserts that nothing is left: no container, no session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from reactor_fabric.config.structs import Limits, Orchestrator, Service, Suite
+from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
+from reactor_fabric.trio.app import FabricApp
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.http_server import HttpLimits, serve_connection
+from reactor_fabric.trio.streamable_http import HttpSessions
+from tests.fakes import scripted_mcp_server
+from tests.http_client import BOTH, HttpClient, Reply, WebSocketClient
+
+
+@dataclass
+class Served:
+    fabric: Fabric
+    runtime: MemoryRuntime
+    app: FabricApp
+    sessions: HttpSessions
+    nursery: trio.Nursery
+    limits: HttpLimits
+
+    def connect(self, *, lockstep: bool = False) -> trio.abc.Stream:
+        """A new client connection to the server (lockstep: no buffering in between)."""
+        client: trio.abc.Stream
+        server: trio.abc.Stream
+        if lockstep:
+            client, server = trio.testing.lockstep_stream_pair()
+        else:
+            client, server = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(serve_connection, server, self.app, self.limits)
+        return client
+
+    async def http(
+        self,
+        method: str,
+        target: str,
+        body: bytes | dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        accept: str = BOTH,
+    ) -> Reply:
+        """One request on a fresh connection."""
+        client = HttpClient(self.connect())
+        try:
+            return await client.request(method, target, body, headers=headers, accept=accept)
+        finally:
+            await client.aclose()
+
+    async def post(
+        self,
+        body: bytes | dict[str, Any],
+        *,
+        session: str | None = None,
+        path: str = "/mcp/svc",
+        headers: dict[str, str] | None = None,
+        accept: str = BOTH,
+    ) -> Reply:
+        all_headers = dict(headers or {})
+        if session is not None:
+            all_headers["mcp-session-id"] = session
+        return await self.http("POST", path, body, headers=all_headers, accept=accept)
+
+    async def websocket(
+        self,
+        target: str = "/mcp/svc",
+        *,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        subprotocols: list[str] | None = None,
+        lockstep: bool = False,
+    ) -> tuple[WebSocketClient, Any]:
+        return await WebSocketClient.connect(
+            self.connect(lockstep=lockstep),
+            target,
+            headers=headers,
+            subprotocols=subprotocols,
+        )
+
+
+def suite_for(
+    root: Path,
+    *,
+    idle_timeout: str = "1m",
+    limits: Limits | None = None,
+    **orchestrator: Any,
+) -> Suite:
+    return Suite(
+        version="1.0",
+        orchestrator=Orchestrator(
+            allowed_mount_roots=[str(root)], limits=limits or Limits(), **orchestrator
+        ),
+        mcp_services={"svc": Service(image="fake/svc:1", timeout=idle_timeout)},
+    )
+
+
+@asynccontextmanager
+async def served(
+    root: Path,
+    *,
+    server: Server = scripted_mcp_server,
+    idle_timeout: str = "1m",
+    limits: Limits | None = None,
+    http_limits: HttpLimits | None = None,
+    stdin_capacity: int = 65536,
+    **orchestrator: Any,
+) -> AsyncIterator[Served]:
+    suite = suite_for(root, idle_timeout=idle_timeout, limits=limits, **orchestrator)
+    async with open_memory_runtime(server, stdin_capacity=stdin_capacity) as runtime:
+        fabric = Fabric(suite, runtime=runtime, network="none")
+        sessions = HttpSessions(fabric)
+        app = FabricApp(fabric, sessions)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sessions.run)
+            yield Served(fabric, runtime, app, sessions, nursery, http_limits or HttpLimits())
+            nursery.cancel_scope.cancel()
+        assert runtime.alive == [], "a container was left behind"
+        assert fabric.sessions == {}
+        assert fabric.containers == {}

@@ -1,0 +1,482 @@
+"""The session state machine, event by event: no trio, no sockets, no clock but the test's."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from reactor_fabric import ContainerStartFailure, DockerUnavailable
+from reactor_fabric.protocol.session import (
+    Action,
+    ClientFrame,
+    ClientGone,
+    CloseClient,
+    ContainerBroken,
+    ContainerExited,
+    EndSession,
+    Event,
+    SendToClient,
+    SessionLimits,
+    SessionMachine,
+    Shutdown,
+    SlotState,
+    Spawn,
+    SpawnFailed,
+    SpawnSucceeded,
+    StdinWritten,
+    StdoutLine,
+    StopContainer,
+    Tick,
+    WriteStdin,
+)
+from tests.messages import INITIALIZE, INITIALIZED, request
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode()
+
+
+def response(request_id: Any, result: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result or {}}
+
+
+class Run:
+    """A machine, the test's clock, and every action it asked for."""
+
+    def __init__(self, *, idle: float = 60.0, to_server_bytes: int = 1 << 20) -> None:
+        self.now = 0.0
+        self.machine = SessionMachine(
+            service_name="svc",
+            idle_timeout=idle,
+            limits=SessionLimits(to_server_bytes=to_server_bytes, replay_timeout=30.0),
+            now=0.0,
+        )
+        self.actions: list[Action] = []
+        self.reported: dict[int, int] = {}  # bytes reported written, per container
+
+    def do(self, event: Event) -> list[Action]:
+        actions = self.machine.handle(event, self.now)
+        self.actions += actions
+        return actions
+
+    def client(self, message: dict[str, Any] | bytes) -> list[Action]:
+        return self.do(ClientFrame(message if isinstance(message, bytes) else frame(message)))
+
+    def server(self, seq: int, message: dict[str, Any]) -> list[Action]:
+        return self.do(StdoutLine(seq, frame(message)))
+
+    def at(self, when: float) -> list[Action]:
+        self.now = when
+        return self.do(Tick())
+
+    def sent(self) -> list[dict[str, Any]]:
+        return [json.loads(a.frame) for a in self.actions if isinstance(a, SendToClient)]
+
+    def written(self, seq: int) -> list[dict[str, Any]]:
+        lines = b"".join(a.data for a in self.actions if isinstance(a, WriteStdin) and a.seq == seq)
+        return [json.loads(line) for line in lines.splitlines()]
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [a for a in self.actions if isinstance(a, kind)]
+
+    def ready(self, seq: int = 0) -> None:
+        """Spawn container ``seq`` and let it start (after a first client frame)."""
+        self.do(SpawnSucceeded(seq))
+        self.drain(seq)
+
+    def drain(self, seq: int) -> None:
+        """The driver reports everything asked of container ``seq`` as written."""
+        asked = sum(len(a.data) for a in self.of(WriteStdin) if a.seq == seq)
+        if asked > self.reported.get(seq, 0):
+            self.do(StdinWritten(seq, asked - self.reported.get(seq, 0)))
+            self.reported[seq] = asked
+
+    def handshake(self) -> None:
+        self.client(INITIALIZE)
+        self.ready(0)
+        self.server(0, response(1, {"protocolVersion": "2025-06-18"}))
+        self.client(INITIALIZED)
+        self.drain(0)
+
+
+def test_a_first_frame_waits_for_the_container_it_asks_for() -> None:
+    run = Run()
+    assert run.client(INITIALIZE) == [Spawn(0)]
+    assert run.machine.container_state is SlotState.SPAWNING
+    assert run.written(0) == []
+
+
+def test_frames_that_arrive_while_the_container_starts_are_written_in_order_once_it_runs() -> None:
+    run = Run()
+    run.client(INITIALIZE)
+    run.client(INITIALIZED)
+    run.client(request(2, "tools/list"))
+    assert run.of(Spawn) == [Spawn(0)]  # one spawn, however many frames wait
+    run.do(SpawnSucceeded(0))
+    assert [m.get("method") for m in run.written(0)] == [
+        "initialize",
+        "notifications/initialized",
+        "tools/list",
+    ]
+
+
+def test_a_running_container_gets_each_frame_straight_away_byte_for_byte() -> None:
+    run = Run()
+    run.handshake()
+    raw = b'{"id": 5,  "jsonrpc":"2.0", "method":"tools/list"}'
+    assert run.client(raw) == [WriteStdin(0, raw + b"\n")]
+
+
+def test_a_frame_with_raw_newlines_becomes_one_compact_stdin_line() -> None:
+    run = Run()
+    run.handshake()
+    [write] = run.client(b'{"jsonrpc": "2.0",\n "id": 5,\r\n "method": "tools/list"}')
+    assert isinstance(write, WriteStdin)
+    assert write.data == b'{"jsonrpc":"2.0","id":5,"method":"tools/list"}\n'
+
+
+def test_registering_starts_a_container_before_any_message_needs_it() -> None:
+    run = Run()
+    assert run.machine.start_container(0.0) == [Spawn(0)]
+    assert run.machine.start_container(0.0) == []  # once
+    run.do(SpawnSucceeded(0))
+    assert run.machine.container_state is SlotState.READY
+    assert run.client(INITIALIZE) == [WriteStdin(0, frame(INITIALIZE) + b"\n")]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ContainerStartFailure("no such image", reason="image_not_found"),
+        DockerUnavailable("socket refused", reason="docker_unavailable"),
+    ],
+)
+def test_a_failed_spawn_answers_each_waiting_request_and_the_next_frame_tries_again(
+    error: ContainerStartFailure | DockerUnavailable,
+) -> None:
+    run = Run()
+    run.client(INITIALIZE)
+    run.client(INITIALIZED)  # a notification: dropped, nobody to answer
+    run.client(request(2, "tools/list"))
+    run.do(SpawnFailed(0, error))
+    answers = run.sent()
+    assert [(a["id"], a["error"]["code"], a["error"]["data"]["reason"]) for a in answers] == [
+        (1, error.code, error.reason),
+        (2, error.code, error.reason),
+    ]
+    assert run.machine.container_state is None
+    assert run.client(INITIALIZE) == [Spawn(1)]
+
+
+def test_responses_and_notifications_from_the_server_reach_the_client_unchanged() -> None:
+    run = Run()
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "x"}))
+    note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
+    [to_client] = run.server(0, note)
+    assert to_client == SendToClient(frame(note), to_client.message)  # type: ignore[union-attr]
+    assert run.machine.ledger.busy
+    run.server(0, response(2))
+    assert not run.machine.ledger.busy
+
+
+def test_stdout_that_is_not_json_rpc_is_logged_and_never_reaches_the_client() -> None:
+    run = Run()
+    run.handshake()
+    before = len(run.sent())
+    actions = run.do(StdoutLine(0, b"Server listening on stdio"))
+    assert [type(a).__name__ for a in actions] == ["Log"]
+    assert len(run.sent()) == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "reason", "answer_id"),
+    [
+        (b"{not json", -32700, "invalid_json", None),
+        (
+            b'{"jsonrpc":"2.0","id":3,"method":"x","params":' + b"[" * 5000 + b"]" * 5000 + b"}",
+            -32700,
+            "json_too_deep",
+            None,
+        ),
+        (b'{"jsonrpc":"2.0","id":"\xff","method":"x"}', -32700, "invalid_utf8", None),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', -32600, "batch_not_supported", None),
+        (b'{"jsonrpc":"2.0","id":4,"method":""}', -32600, "invalid_method", 4),
+        (b'{"jsonrpc":"2.0","id":9}', -32600, "not_jsonrpc", 9),
+    ],
+    ids=["not-json", "deep", "bad-utf8", "batch", "empty-method", "no-method"],
+)
+def test_a_bad_frame_is_answered_and_the_session_goes_on(
+    raw: bytes, code: int, reason: str, answer_id: object
+) -> None:
+    run = Run()
+    run.handshake()
+    run.client(raw)
+    [answer] = run.sent()[-1:]
+    assert (answer["id"], answer["error"]["code"], answer["error"]["data"]["reason"]) == (
+        answer_id,
+        code,
+        reason,
+    )
+    assert run.client(request(5, "tools/list")) == [
+        WriteStdin(0, frame(request(5, "tools/list")) + b"\n")
+    ]
+
+
+def test_a_container_that_dies_answers_every_request_in_flight_and_the_next_frame_respawns() -> (
+    None
+):
+    run = Run()
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "a"}))
+    run.client(request("b", "tools/call", {"name": "b"}))
+    run.do(ContainerExited(0, exit_code=3, oom_killed=False, stderr=("fatal: boom",)))
+    errors = {a["id"]: a["error"] for a in run.sent() if "error" in a}
+    assert set(errors) == {2, "b"}
+    data = errors[2]["data"]
+    assert errors[2]["code"] == -32002
+    assert (data["reason"], data["exit_code"], data["oom_killed"]) == ("container_exited", 3, False)
+    assert data["stderr"] == ["fatal: boom"]
+    assert "exited with code 3" in data["detail"]
+    assert run.of(StopContainer)[-1] == StopContainer(0, "exited", graceful=False)
+    assert not run.machine.ledger.busy
+    assert run.client(request(4, "tools/list")) == [Spawn(1)]
+
+
+def test_an_out_of_memory_death_says_so() -> None:
+    run = Run()
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "a"}))
+    run.do(ContainerExited(0, exit_code=137, oom_killed=True))
+    [error] = [a["error"] for a in run.sent() if "error" in a]
+    assert error["data"]["oom_killed"] is True
+    assert "out of memory" in error["data"]["detail"]
+
+
+def test_output_that_cannot_be_relayed_replaces_the_container_with_a_reason() -> None:
+    run = Run()
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "flood"}))
+    actions = run.do(
+        ContainerBroken(0, "container_output_invalid", "a line of 70000 bytes exceeds 65536")
+    )
+    assert StopContainer(0, "container_output_invalid", graceful=False) in actions
+    [error] = [a["error"] for a in run.sent() if "error" in a]
+    assert error["data"]["reason"] == "container_output_invalid"
+    assert "65536" in error["data"]["detail"]
+    # Its exit, reported later, is not a second failure.
+    assert run.do(ContainerExited(0, exit_code=137)) == []
+    assert run.client(request(3, "tools/list")) == [Spawn(1)]
+
+
+def test_events_about_an_earlier_container_are_ignored() -> None:
+    run = Run()
+    run.handshake()
+    run.do(ContainerExited(0, exit_code=1))
+    run.client(request(2, "tools/list"))
+    assert run.server(0, response(2)) == []  # container 0 is gone
+    assert run.do(ContainerBroken(0, "container_output_invalid", "x")) == []
+    assert run.do(SpawnFailed(0, ContainerStartFailure("x", reason="x"))) == []
+    assert run.machine.container_state is SlotState.SPAWNING
+
+
+def test_a_spawn_that_succeeds_after_it_stopped_mattering_is_stopped() -> None:
+    run = Run()
+    run.client(INITIALIZE)
+    run.do(ClientGone())
+    run2 = Run()
+    run2.client(INITIALIZE)
+    run2.do(SpawnFailed(0, ContainerStartFailure("x", reason="x")))
+    assert run2.do(SpawnSucceeded(0)) == [StopContainer(0, "not_needed", graceful=False)]
+
+
+def test_an_idle_container_is_stopped_gracefully_at_its_deadline_and_the_client_stays() -> None:
+    run = Run(idle=30)
+    run.handshake()
+    deadline_before = run.machine.deadline
+    assert deadline_before == 30
+    assert run.at(29.9) == []
+    actions = run.at(30)
+    assert StopContainer(0, "idle", graceful=True) in actions
+    assert not any(isinstance(a, CloseClient | EndSession) for a in actions)
+    assert run.machine.container_state is None
+    deadline_after = run.machine.deadline
+    assert deadline_after is None
+    assert run.do(ContainerExited(0, exit_code=0)) == []  # the stop's own exit: no error
+
+
+def test_activity_pushes_the_idle_deadline_back() -> None:
+    run = Run(idle=30)
+    run.handshake()
+    run.now = 20
+    run.client(request(2, "tools/list"))
+    run.drain(0)
+    run.now = 25
+    run.server(0, response(2))
+    assert run.machine.deadline == 55
+    assert run.at(54) == []
+
+
+@pytest.mark.parametrize("busy_with", ["client_request", "server_request", "unwritten_stdin"])
+def test_a_container_is_not_idle_while_anything_is_pending(busy_with: str) -> None:
+    run = Run(idle=10)
+    run.handshake()
+    if busy_with == "client_request":
+        run.client(request(2, "tools/call", {"name": "slow"}))
+        run.drain(0)
+    elif busy_with == "server_request":
+        run.server(0, request("s1", "sampling/createMessage"))
+    else:
+        run.client({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+    assert run.at(9.5) == []
+    stops = [a for a in run.at(10) if isinstance(a, StopContainer)]
+    assert stops == []
+
+
+def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_the_container() -> (
+    None
+):
+    run = Run(idle=60)
+    run.handshake()
+    run.now = 5
+    run.server(0, request("roots-1", "roots/list"))
+    assert run.machine.deadline == 65  # expires after the idle timeout
+    actions = run.at(65)
+    [write] = [a for a in actions if isinstance(a, WriteStdin)]
+    answer = json.loads(write.data)
+    assert answer["id"] == "roots-1"
+    assert answer["error"]["data"]["reason"] == "client_did_not_answer"
+    assert not run.machine.ledger.busy
+    run.drain(0)
+    # Idle teardown follows at the usual time after that last activity.
+    assert StopContainer(0, "idle", graceful=True) in run.at(65 + 60)
+
+
+def test_a_cancelled_request_no_longer_holds_the_container() -> None:
+    run = Run(idle=10)
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "slow"}))
+    run.client({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
+    run.drain(0)
+    assert not run.machine.ledger.busy
+    assert StopContainer(0, "idle", graceful=True) in run.at(10)
+
+
+def test_after_idle_the_next_frame_respawns_and_replays_the_handshake_first() -> None:
+    run = Run(idle=30)
+    run.handshake()
+    run.at(30)
+    run.now = 100
+    assert run.client(request(7, "tools/list")) == [Spawn(1)]
+    run.do(SpawnSucceeded(1))
+    replayed = run.written(1)
+    assert len(replayed) == 1  # the initialize, and nothing else until it is answered
+    assert replayed[0]["method"] == "initialize"
+    assert replayed[0]["id"] == "reactor-fabric-replay-1"
+    assert replayed[0]["params"] == INITIALIZE["params"]
+    # The answer to the replay is swallowed; then initialized, then the waiting frame.
+    assert [
+        a for a in run.server(1, response("reactor-fabric-replay-1")) if isinstance(a, SendToClient)
+    ] == []
+    assert run.written(1)[1:] == [INITIALIZED, request(7, "tools/list")]
+    assert run.machine.container_state is SlotState.READY
+
+
+def test_a_stateless_client_gets_a_fresh_container_with_nothing_replayed() -> None:
+    run = Run(idle=10)
+    run.client(request(1, "tools/list"))
+    run.ready(0)
+    run.server(0, response(1))
+    run.at(10)
+    run.client(request(2, "tools/list"))
+    run.do(SpawnSucceeded(1))
+    assert run.written(1) == [request(2, "tools/list")]
+
+
+@pytest.mark.parametrize("how", ["refused", "timeout", "exited"])
+def test_a_replay_that_fails_stops_the_new_container_and_answers_what_waited(how: str) -> None:
+    run = Run(idle=30)
+    run.handshake()
+    run.at(30)
+    run.now = 40
+    run.client(request(7, "tools/list"))
+    run.do(SpawnSucceeded(1))
+    if how == "refused":
+        error = {"code": -32602, "message": "bad"}
+        actions = run.server(1, {"jsonrpc": "2.0", "id": "reactor-fabric-replay-1", "error": error})
+    elif how == "timeout":
+        assert run.machine.deadline == 70
+        actions = run.at(70)
+    else:
+        actions = run.do(ContainerExited(1, exit_code=1))
+    [answer] = [a for a in run.sent() if a.get("id") == 7]
+    assert answer["error"]["data"]["reason"] == "replay_failed"
+    assert [a for a in actions if isinstance(a, StopContainer)] == [
+        StopContainer(1, "replay_failed", graceful=False)
+    ]
+    assert run.machine.container_state is None  # never left running uninitialised
+    assert run.client(request(8, "tools/list")) == [Spawn(2)]
+
+
+def test_reading_the_client_pauses_while_too_many_bytes_wait_for_the_container() -> None:
+    run = Run(to_server_bytes=100)
+    run.client(INITIALIZE)
+    assert not run.machine.accepting  # the initialize alone is over 100 bytes
+    run.do(SpawnSucceeded(0))
+    assert not run.machine.accepting  # written, but not yet drained
+    run.drain(0)
+    assert run.machine.accepting
+
+
+def test_a_request_beyond_the_in_flight_cap_is_refused_at_once() -> None:
+    run = Run()
+    run.machine.limits = SessionLimits(max_in_flight=2)
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "slow"}))
+    run.client(request(3, "tools/call", {"name": "slow"}))
+    assert run.client(request(4, "tools/call", {"name": "slow"})) == [
+        SendToClient(run.actions[-1].frame)  # type: ignore[union-attr]
+    ]
+    [refusal] = [a for a in run.sent() if a.get("id") == 4]
+    assert refusal["error"]["data"]["reason"] == "too_many_requests_in_flight"
+    run.server(0, response(2))
+    assert isinstance(run.client(request(5, "tools/list"))[0], WriteStdin)
+
+
+def test_shutdown_answers_everything_in_flight_then_closes_the_client_normally() -> None:
+    run = Run()
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "slow"}))
+    actions = run.do(Shutdown())
+    [answer] = [a for a in run.sent() if a.get("id") == 2]
+    assert answer["error"]["code"] == -32002
+    assert answer["error"]["data"]["reason"] == "orchestrator_stopping"
+    kinds = [type(a).__name__ for a in actions]
+    assert kinds.index("SendToClient") < kinds.index("CloseClient") < kinds.index("EndSession")
+    assert CloseClient(1000, "orchestrator stopping") in actions
+    assert StopContainer(0, "orchestrator_stopping", graceful=False) in actions
+    assert run.client(request(3, "tools/list")) == []  # nothing after the end
+
+
+def test_shutdown_while_the_container_starts_answers_the_waiting_requests() -> None:
+    run = Run()
+    run.client(INITIALIZE)
+    run.do(Shutdown())
+    [answer] = run.sent()
+    assert (answer["id"], answer["error"]["data"]["reason"]) == (1, "orchestrator_stopping")
+    assert run.do(SpawnSucceeded(0)) == []  # the session is over; the driver removes it
+
+
+def test_a_client_leaving_stops_its_container_gracefully_and_ends_the_session() -> None:
+    run = Run()
+    run.handshake()
+    assert run.do(ClientGone()) == [StopContainer(0, "session_ended", graceful=True), EndSession()]
+
+
+def test_the_deadline_is_none_without_an_idle_timeout() -> None:
+    run = Run(idle=math.inf)
+    run.handshake()
+    assert run.machine.deadline is None
