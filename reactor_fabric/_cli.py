@@ -193,7 +193,14 @@ def validate_config(path: str) -> int:
 
 
 def serve(settings: ServeSettings) -> int:
-    configure_logging(settings.log_level)
+    stop_logging = configure_logging(settings.log_level)
+    try:
+        return _serve(settings)
+    finally:
+        stop_logging()  # writes what is still queued
+
+
+def _serve(settings: ServeSettings) -> int:
     try:
         text = read_suite_file(settings.config)
     except SuiteUnreadable as exc:

@@ -23,6 +23,7 @@ LABEL_SERVICE = "reactor-fabric.service"
 LABEL_OWNER_HOST = "reactor-fabric.owner-host"
 LABEL_OWNER_PID = "reactor-fabric.owner-pid"
 LABEL_OWNER_START = "reactor-fabric.owner-start"
+READ_ONLY_ROOT_TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m"}  # noqa: S108 - inside the container
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def container_spec_for(
         read_only_rootfs=service.security.read_only_rootfs,
         user=service.user,
         pull=service.pull,
-        # A read-only root still needs somewhere to put temporary files.
-        tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},  # noqa: S108 (inside the container) if service.security.read_only_rootfs else {},
+        # A read-only root still needs somewhere to put temporary files; otherwise the image's
+        # own /tmp is left as it is.
+        tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
     )

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from reactor_fabric.config.structs import Resources, Security, Service
 from reactor_fabric.policy.container_spec import (
     ContainerIdentity,
@@ -102,3 +104,13 @@ def test_container_names_are_distinct_per_session_and_sequence() -> None:
     second = spec_for(Service(image="img"), sequence=1).name
     assert first == "rf-git-0123456789ab-0"
     assert first != second
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_tmpfs_over_the_temporary_directory_only_comes_with_a_read_only_root(
+    read_only: bool,
+) -> None:
+    spec = spec_for(Service(image="x", security=Security(read_only_rootfs=read_only)))
+    assert spec.read_only_rootfs is read_only
+    # The image's own /tmp stays as it is unless the root is read-only.
+    assert spec.tmpfs == ({"/tmp": "rw,nosuid,nodev,size=64m"} if read_only else {})
