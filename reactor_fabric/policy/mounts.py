@@ -3,6 +3,8 @@
 A client declares mounts in ``fabric/registerClient`` (``{"source", "target", "readOnly"}``) or
 in the URL (``?mount=SRC:TARGET[:ro]``). Nothing reaches Docker unless every mount passes:
 
+Every path is refused before any work is done with it when it is over 4096 bytes (PATH_MAX).
+
 - ``source``: a string, absolute, no NUL; resolved (symlinks, ``..``) and then inside one of the
   resolved ``allowed_mount_roots``, compared by path components (``/home2`` is not in ``/home``);
   it must exist; it must not be, or contain, the Docker socket.
@@ -27,6 +29,8 @@ from .._errors import SecurityViolation
 from .container_spec import MountSpec
 
 MAX_MOUNTS = 32
+# Linux's PATH_MAX: a longer path cannot name anything, and resolving it is wasted work.
+MAX_PATH_BYTES = 4096
 
 FORBIDDEN_TARGETS = (
     "/proc",
@@ -185,6 +189,12 @@ def _path_field(mount: dict[str, Any], field: str, index: int) -> str:
             f"mount #{index}: {field} must be a non-empty string",
             reason="mount_malformed",
             index=index,
+        )
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise SecurityViolation(
+            f"mount #{index}: {field} is longer than {MAX_PATH_BYTES} bytes",
+            reason="mount_path_too_long",
+            path=value[:256] + "…",
         )
     if "\0" in value:
         raise SecurityViolation(

@@ -14,11 +14,11 @@ Pure: bytes in, a decision out; the answers are bytes ready to send.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .._errors import InvalidRequest
-from ..policy.container_spec import MountSpec
 from .jsonrpc import Peek, RequestId, decode_params, peek, result_response
 
 REGISTER_METHOD = "fabric/registerClient"
@@ -86,9 +86,20 @@ def _mounts_of(params: Any, message: Peek) -> object:
     return params["mounts"]
 
 
-def register_answer(
-    request: RegisterClient, session_id: str, mounts: tuple[MountSpec, ...]
-) -> bytes:
+class Mount(Protocol):
+    """A validated mount as the answer reports it (policy's MountSpec is one)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+
+def register_answer(request: RegisterClient, session_id: str, mounts: Sequence[Mount]) -> bytes:
     """The orchestrator's response to a registerClient request, in the request's form."""
     registered: dict[str, Any] = {
         "sessionId": session_id,

@@ -230,3 +230,21 @@ def test_the_default_policy_knows_the_standard_docker_socket_paths() -> None:
     with pytest.raises(SecurityViolation) as caught:
         default.validate([{"source": "/var/run", "target": "/w"}])
     assert caught.value.reason == "docker_socket_forbidden"
+
+
+@pytest.mark.parametrize("field", ["source", "target"])
+def test_a_path_over_path_max_is_refused_before_it_is_resolved(tree: Path, field: str) -> None:
+    resolved: list[str] = []
+
+    def realpath(path: str) -> str:
+        resolved.append(path)
+        return os.path.realpath(path)
+
+    policy = MountPolicy([str(tree)], realpath=realpath)
+    resolved.clear()
+    mount = {"source": str(tree), "target": "/workspace"}
+    mount[field] = mount[field] + "/" + "a" * 5000
+    with pytest.raises(SecurityViolation) as caught:
+        policy.validate([mount])
+    assert caught.value.reason == "mount_path_too_long"
+    assert resolved == []
