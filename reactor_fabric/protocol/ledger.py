@@ -17,6 +17,7 @@ Pure and synchronous; time is given by the caller.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Peek, RequestId, decode_params, with_id
@@ -94,6 +95,17 @@ class Ledger:
         for request_id in due:
             del self.server_requests[request_id]
         return due
+
+    def clone(self) -> Ledger:
+        return dataclasses.replace(
+            self,
+            client_requests=dict(self.client_requests),
+            server_requests=dict(self.server_requests),
+        )
+
+    def replay_state(self) -> tuple[bytes | None, bytes | None, int]:
+        """What the ledger knows for replays (for fingerprints)."""
+        return self._initialize, self._initialized, self._replays
 
     def replay(self) -> Replay | None:
         """What a fresh container needs to continue the client's MCP session, if anything."""

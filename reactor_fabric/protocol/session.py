@@ -25,8 +25,11 @@ says when the machine next needs a :class:`Tick`.
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
 import enum
 import math
+import types
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -202,6 +205,9 @@ class SessionLimits:
     server_request_timeout: float | None = None
     # Client requests awaiting an answer at once; beyond it a request is refused at once.
     max_in_flight: int = 1024
+    # Server→client requests awaiting the client at once; beyond it the server is answered at
+    # once (they are tracked, and each may have to be answered when it expires).
+    max_server_requests: int = 256
 
 
 class SlotState(enum.Enum):
@@ -253,7 +259,7 @@ class SessionMachine:
         self._waiting: collections.deque[tuple[Peek, bytes]] = collections.deque()
         self._waiting_bytes = 0
         self._last_activity = now
-        self._handlers = {
+        self._handlers: dict[type[Any], Any] = {
             ClientFrame: self._client_frame,
             ClientGone: self._client_gone,
             SpawnSucceeded: self._spawn_succeeded,
@@ -283,10 +289,15 @@ class SessionMachine:
         return [self._spawn()]
 
     @property
+    def buffered_to_server(self) -> int:
+        """Bytes waiting for the container, or written to its stdin and not yet reported done."""
+        pending = self._slot.stdin_pending if self._slot is not None else 0
+        return self._waiting_bytes + pending
+
+    @property
     def accepting(self) -> bool:
         """Whether the driver may read the client's next frame (bytes buffered under the bound)."""
-        pending = self._slot.stdin_pending if self._slot is not None else 0
-        return self._waiting_bytes + pending < self.limits.to_server_bytes
+        return self.buffered_to_server < self.limits.to_server_bytes
 
     @property
     def deadline(self) -> float | None:
@@ -302,6 +313,42 @@ class SessionMachine:
         if expiry is not None:
             deadline = min(deadline, expiry)
         return None if math.isinf(deadline) else deadline
+
+    def clone(self) -> SessionMachine:
+        """An independent copy of the machine in its current state (for model checking)."""
+        twin = copy.copy(self)
+        twin.ledger = self.ledger.clone()
+        twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
+        twin._waiting = collections.deque(self._waiting)
+        twin._handlers = {
+            kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
+        }
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """A hashable summary of the whole state: equal fingerprints behave alike (used to
+        explore every reachable state once when model-checking the machine)."""
+        slot = self._slot
+        ledger = self.ledger
+        return (
+            self.phase,
+            None
+            if slot is None
+            else (
+                slot.seq,
+                slot.state,
+                slot.stdin_pending,
+                slot.replay_id,
+                slot.replay_initialized,
+                slot.replay_deadline,
+            ),
+            tuple(frame for _message, frame in self._waiting),
+            tuple(sorted(ledger.client_requests.items(), key=repr)),
+            tuple(sorted(ledger.server_requests.items(), key=repr)),
+            ledger.replay_state(),
+            self._next_seq,
+            self._last_activity,
+        )
 
     @property
     def current_seq(self) -> int | None:
@@ -455,6 +502,18 @@ class SessionMachine:
             and message.id == slot.replay_id
         ):
             return self._replay_answered(slot, message)
+        if (
+            message.kind == REQUEST
+            and len(self.ledger.server_requests) >= self.limits.max_server_requests
+        ):
+            refusal = _ServerRequestExpired(
+                f"{self.limits.max_server_requests} requests to the client are already waiting",
+                reason="too_many_requests_to_client",
+            )
+            return [
+                Log("warning", "server_request_refused", {"id": message.id}),
+                self._write_line(slot, error_response(message.id, refusal)),
+            ]
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
         return [SendToClient(event.line, message)]
 

@@ -223,17 +223,23 @@ Server = Callable[[MemoryServer], Awaitable[None]]
 
 @dataclass
 class Fault:
-    """What a step does besides succeeding: wait ``delay``, then hang or fail."""
+    """What a step does besides succeeding: wait ``delay``, then hang or fail.
+
+    ``error`` may be any exception: a product error (as a real engine gives) or, to test that a
+    bug stays inside its session, anything else. ``only`` limits the fault to the containers
+    whose spec it accepts.
+    """
 
     delay: float = 0.0
-    error: FabricError | None = None
+    error: Exception | None = None
     hang: bool = False
+    only: Callable[[ContainerSpec], bool] | None = None
 
 
 @dataclass
 class _Create:
     server: MemoryServer | None = None
-    error: FabricError | None = None
+    error: Exception | None = None
     abandoned: bool = False
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -268,12 +274,13 @@ class MemoryRuntime:
         step: str,
         *,
         delay: float = 0.0,
-        error: FabricError | None = None,
+        error: Exception | None = None,
         hang: bool = False,
+        only: Callable[[ContainerSpec], bool] | None = None,
     ) -> None:
         """Make ``step`` (one of :data:`STEPS`) slow, failing or hanging until cleared."""
         assert step in STEPS, step
-        self.faults[step] = Fault(delay, error, hang)
+        self.faults[step] = Fault(delay, error, hang, only)
 
     def clear_faults(self) -> None:
         self.faults.clear()
@@ -289,10 +296,10 @@ class MemoryRuntime:
             return found
         return next((s for s in self.servers.values() if s.id == container), None)
 
-    async def _step(self, step: str) -> None:
+    async def _step(self, step: str, spec: ContainerSpec | None = None) -> None:
         await trio.lowlevel.checkpoint()
         fault = self.faults.get(step)
-        if fault is None:
+        if fault is None or (fault.only is not None and (spec is None or not fault.only(spec))):
             return
         if fault.delay:
             await trio.sleep(fault.delay)
@@ -322,8 +329,8 @@ class MemoryRuntime:
         server = create.server
         assert server is not None
         try:
-            await self._step("attach")
-            await self._step("start")
+            await self._step("attach", spec)
+            await self._step("start", spec)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.remove(server.id)
@@ -334,29 +341,32 @@ class MemoryRuntime:
 
     async def _create(self, spec: ContainerSpec, create: _Create) -> None:
         try:
-            await self._step("create")
-            existing = self.servers.get(spec.name)
-            if existing is not None and not existing.removed:
-                raise ContainerStartFailure(
-                    f"the name {spec.name!r} is already in use", reason="create_failed"
-                )
-            server = MemoryServer(
-                id=f"mem{next(self._ids):061d}",
-                spec=spec,
-                stdin=Pipe(self.stdin_capacity),
-                stdout=Pipe(self.output_capacity),
-                stderr=Pipe(self.output_capacity),
-            )
-            self.servers[spec.name] = server
-            self.spawned.append(spec)
-            create.server = server
-        except FabricError as exc:
+            create.server = await self._make(spec)
+        except Exception as exc:  # noqa: BLE001 - handed to the spawn that waits for it
             create.error = exc
         finally:
             create.done.set()
         if create.abandoned and create.server is not None:
             self.abandoned_creates += 1
             await self.remove(spec.name)
+
+    async def _make(self, spec: ContainerSpec) -> MemoryServer:
+        await self._step("create", spec)
+        existing = self.servers.get(spec.name)
+        if existing is not None and not existing.removed:
+            raise ContainerStartFailure(
+                f"the name {spec.name!r} is already in use", reason="create_failed"
+            )
+        server = MemoryServer(
+            id=f"mem{next(self._ids):061d}",
+            spec=spec,
+            stdin=Pipe(self.stdin_capacity),
+            stdout=Pipe(self.output_capacity),
+            stderr=Pipe(self.output_capacity),
+        )
+        self.servers[spec.name] = server
+        self.spawned.append(spec)
+        return server
 
     async def _run(self, server: MemoryServer) -> None:
         with server._scope:

@@ -386,7 +386,7 @@ async def test_a_failed_start_answers_the_waiting_request_and_the_next_one_retri
     tmp_path: Path, error: Exception, code: int, reason: str
 ) -> None:
     async with running_session(tmp_path) as h:
-        h.engine.fault("create", error=error)  # type: ignore[arg-type]
+        h.engine.fault("create", error=error)
         await h.client.say(INITIALIZE)
         answer = await h.client.hear()
         assert answer["id"] == 1

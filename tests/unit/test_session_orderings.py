@@ -1,0 +1,461 @@
+"""Every ordering of the events a relay session can see, explored exhaustively.
+
+A model world surrounds the pure session machine: a client with a short script (initialize,
+initialized, two tool calls) that answers the server's requests, model containers that start or
+fail to start, take their stdin, answer in order, ask the client something, die, break, or exit
+late after being stopped, a clock that jumps to the machine's next deadline, the client leaving,
+and the orchestrator stopping. From every reachable state every enabled event is tried (states
+seen before are not explored again: they behave alike), and after every step the invariants
+below must hold. This covers the races the relay has had or could have: a frame racing a spawn,
+a death racing a replay, idle teardown racing a frame or a server request, a late spawn, a stale
+exit, shutdown at any moment.
+
+Invariants:
+
+- every request the client sent is answered at most once, and exactly once in the end (when the
+  session was stopped, or when nothing else can happen);
+- a container receives client frames in the client's order, never one twice, and nothing of
+  the client before the answer to a replayed ``initialize``;
+- nothing is written to a container that has not started or was stopped;
+- every container that started is stopped once the session ends;
+- the machine reads no client frame while its buffer for the container is full, and its buffer
+  never exceeds the bound by more than one frame.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import pytest
+
+from reactor_fabric import ContainerStartFailure
+from reactor_fabric.protocol.jsonrpc import error_response
+from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX
+from reactor_fabric.protocol.session import (
+    OUTPUT_INVALID,
+    Action,
+    ClientFrame,
+    ClientGone,
+    CloseClient,
+    ContainerBroken,
+    ContainerExited,
+    EndSession,
+    Event,
+    Log,
+    SendToClient,
+    SessionLimits,
+    SessionMachine,
+    Shutdown,
+    Spawn,
+    SpawnFailed,
+    SpawnSucceeded,
+    StdinWritten,
+    StdoutLine,
+    StopContainer,
+    Tick,
+    WriteStdin,
+)
+from tests.messages import INITIALIZE, INITIALIZED, request
+
+SCRIPT = [
+    json.dumps(INITIALIZE).encode(),
+    json.dumps(INITIALIZED).encode(),
+    json.dumps(request(2, "tools/call", {"name": "a"})).encode(),
+    json.dumps(request(3, "tools/call", {"name": "b"})).encode(),
+]
+# Small enough that the initialize and a call cannot both wait: the read gate is exercised.
+BUFFER_BYTES = 200
+# Bounds that keep each exploration finite (set per test): misfortunes per run (deaths, broken
+# output, failed starts, refused replays) and server→client requests per run. One request to
+# the client multiplies the space by ~90, so the configurations below split the work.
+MISFORTUNES = 2
+ASKS = 1
+MAX_STATES = 1_000_000
+
+
+@dataclass
+class Box:
+    """A model container."""
+
+    seq: int
+    running: bool = False  # started and not stopped or dead
+    stopped: bool = False  # the machine asked to stop it
+    exit_reported: bool = False
+    unreported: int = 0  # bytes written to its stdin not yet reported written
+    received: list[Any] = field(default_factory=list)  # request ids to answer, in order
+    last_index: int = -1  # the last client frame (script index) it received
+    replay_pending: bool = False
+    asked: bool = False
+
+
+@dataclass
+class World:
+    machine: SessionMachine
+    now: float = 0.0
+    next_frame: int = 0
+    boxes: dict[int, Box] = field(default_factory=dict)
+    spawning: set[int] = field(default_factory=set)
+    sent: list[Any] = field(default_factory=list)  # request ids the client sent
+    answers: dict[Any, int] = field(default_factory=dict)
+    asks: list[Any] = field(default_factory=list)  # server requests the client has to answer
+    ended: str | None = None
+    stopping: bool = False
+    left: bool = False
+    misfortunes: int = 0
+    asked: int = 0
+
+    def clone(self) -> World:
+        twin = copy.copy(self)
+        twin.machine = self.machine.clone()
+        twin.boxes = {
+            seq: dataclasses.replace(box, received=list(box.received))
+            for seq, box in self.boxes.items()
+        }
+        twin.spawning = set(self.spawning)
+        twin.sent = list(self.sent)
+        twin.answers = dict(self.answers)
+        twin.asks = list(self.asks)
+        return twin
+
+    def key(self) -> tuple[object, ...]:
+        boxes = tuple(
+            (b.seq, b.running, b.stopped, b.exit_reported, b.unreported, tuple(b.received),
+             b.last_index, b.replay_pending, b.asked)
+            for b in self.boxes.values()
+        )  # fmt: skip
+        return (
+            self.machine.fingerprint(),
+            self.now,
+            self.next_frame,
+            boxes,
+            tuple(sorted(self.spawning)),
+            tuple(sorted(self.answers.items(), key=repr)),
+            tuple(self.asks),
+            self.ended,
+            self.stopping,
+            self.left,
+            self.misfortunes,
+            self.asked,
+        )
+
+
+class Violation(AssertionError):
+    pass
+
+
+def check(condition: bool, message: str, trail: list[str]) -> None:
+    if not condition:
+        raise Violation(f"{message}\n  after: {' → '.join(trail)}")
+
+
+def apply(world: World, actions: list[Action], trail: list[str]) -> None:
+    """What the world does with the machine's actions, checking them as it goes."""
+    for action in actions:
+        match action:
+            case Spawn(seq=seq):
+                check(seq not in world.boxes, f"container {seq} spawned twice", trail)
+                check(not world.ended, "a spawn after the session ended", trail)
+                world.boxes[seq] = Box(seq)
+                world.spawning.add(seq)
+            case WriteStdin(seq=seq, data=data):
+                box = world.boxes.get(seq)
+                check(box is not None and box.running, f"a write to container {seq}", trail)
+                assert box is not None
+                box.unreported += len(data)
+                for line in data.splitlines():
+                    receive_line(box, line, trail)
+            case SendToClient(frame=frame):
+                message = json.loads(frame)
+                if "method" in message and "id" in message:
+                    world.asks.append(message["id"])
+                elif "id" in message and "method" not in message:
+                    answer_id = message["id"]
+                    check(answer_id in world.sent, f"an answer to unknown id {answer_id}", trail)
+                    world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
+                    check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
+            case StopContainer(seq=seq):
+                box = world.boxes.get(seq)
+                check(box is not None, f"stop of unknown container {seq}", trail)
+                assert box is not None
+                box.running = False
+                box.stopped = True
+            case EndSession():
+                world.ended = "shutdown" if world.stopping else "gone"
+            case CloseClient() | Log():
+                pass
+
+
+def receive_line(box: Box, line: bytes, trail: list[str]) -> None:
+    message = json.loads(line)
+    message_id = message.get("id")
+    if isinstance(message_id, str) and message_id.startswith(REPLAY_ID_PREFIX):
+        check(box.last_index == -1 and not box.received, "a replay after other frames", trail)
+        box.replay_pending = True
+        box.received.append(message_id)
+        return
+    if "error" in message or "result" in message:
+        return  # an answer to the server's own request
+    index = SCRIPT.index(line)
+    check(not box.replay_pending, f"frame {index} before the replay was answered", trail)
+    check(index > box.last_index, f"frame {index} out of order (after {box.last_index})", trail)
+    box.last_index = index
+    if "id" in message:
+        box.received.append(message_id)
+
+
+Step = tuple[str, Callable[[World], Event]]
+
+
+def enabled(world: World) -> list[Step]:
+    """The events that can happen next in this world (each returns the event to feed)."""
+    if world.ended:
+        return []
+    machine = world.machine
+    steps: list[Step] = []
+    if world.next_frame < len(SCRIPT) and machine.accepting:
+        steps.append(("send", send_next))
+    if world.asks and machine.accepting:
+        steps.append(("answer-server", answer_server))
+    unlucky = world.misfortunes < MISFORTUNES
+    for seq in sorted(world.spawning):
+        steps.append((f"spawned-{seq}", partial(started, seq=seq)))
+        if unlucky:
+            steps.append((f"spawn-failed-{seq}", partial(failed, seq=seq)))
+    for box in world.boxes.values():
+        steps += container_steps(world, box, unlucky=unlucky)
+    if machine.deadline is not None:
+        steps.append(("tick", tick))
+    if not world.left:
+        steps.append(("client-leaves", leave))
+    if not world.stopping:
+        steps.append(("shutdown", shutdown))
+    return steps
+
+
+def container_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
+    seq = box.seq
+    if not box.running:
+        if box.stopped and not box.exit_reported:
+            return [(f"late-exit-{seq}", partial(late_exit, seq=seq))]
+        return []
+    steps: list[Step] = []
+    if box.unreported:
+        steps.append((f"written-{seq}", partial(written, seq=seq)))
+    if box.received:
+        steps.append((f"answers-{seq}", partial(answers, seq=seq, error=False)))
+        if box.replay_pending and unlucky:
+            steps.append((f"refuses-{seq}", partial(answers, seq=seq, error=True)))
+    if not box.asked and world.asked < ASKS:
+        steps.append((f"asks-{seq}", partial(asks, seq=seq)))
+    if unlucky:
+        steps.append((f"dies-{seq}", partial(dies, seq=seq)))
+        steps.append((f"breaks-{seq}", partial(breaks, seq=seq)))
+    return steps
+
+
+def send_next(world: World) -> Event:
+    frame = SCRIPT[world.next_frame]
+    world.next_frame += 1
+    message = json.loads(frame)
+    if "id" in message:
+        world.sent.append(message["id"])
+    return ClientFrame(frame)
+
+
+def answer_server(world: World) -> Event:
+    ask_id = world.asks.pop(0)
+    return ClientFrame(json.dumps({"jsonrpc": "2.0", "id": ask_id, "result": {}}).encode())
+
+
+def started(world: World, seq: int) -> Event:
+    world.spawning.discard(seq)
+    world.boxes[seq].running = True
+    return SpawnSucceeded(seq)
+
+
+def failed(world: World, seq: int) -> Event:
+    world.misfortunes += 1
+    world.spawning.discard(seq)
+    return SpawnFailed(seq, ContainerStartFailure("no", reason="image_not_found"))
+
+
+def written(world: World, seq: int) -> Event:
+    box = world.boxes[seq]
+    nbytes, box.unreported = box.unreported, 0
+    return StdinWritten(seq, nbytes)
+
+
+def answers(world: World, seq: int, *, error: bool) -> Event:
+    box = world.boxes[seq]
+    answer_id = box.received.pop(0)
+    if isinstance(answer_id, str) and answer_id.startswith(REPLAY_ID_PREFIX):
+        box.replay_pending = False
+    if error:
+        world.misfortunes += 1
+    body: dict[str, Any] = {"error": {"code": -32602, "message": "no"}} if error else {"result": {}}
+    return StdoutLine(seq, json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode())
+
+
+def asks(world: World, seq: int) -> Event:
+    world.boxes[seq].asked = True
+    world.asked += 1
+    return StdoutLine(seq, json.dumps(request(f"ask-{seq}", "roots/list")).encode())
+
+
+def dies(world: World, seq: int) -> Event:
+    world.misfortunes += 1
+    box = world.boxes[seq]
+    box.running = False
+    box.exit_reported = True
+    box.stopped = True  # nothing more comes from it; its removal is asked for by the machine
+    return ContainerExited(seq, exit_code=1)
+
+
+def breaks(world: World, seq: int) -> Event:
+    world.misfortunes += 1
+    return ContainerBroken(seq, OUTPUT_INVALID, "a line too long")
+
+
+def late_exit(world: World, seq: int) -> Event:
+    world.boxes[seq].exit_reported = True
+    return ContainerExited(seq, exit_code=137)
+
+
+def tick(world: World) -> Event:
+    deadline = world.machine.deadline
+    assert deadline is not None
+    world.now = max(world.now, deadline)
+    return Tick()
+
+
+def leave(world: World) -> Event:
+    world.left = True
+    return ClientGone()
+
+
+def shutdown(world: World) -> Event:
+    world.stopping = True
+    return Shutdown()
+
+
+def final_checks(world: World, trail: list[str]) -> None:
+    """Once nothing more can happen."""
+    if world.ended == "gone":
+        pass  # a client that left cannot be answered
+    else:
+        for request_id in world.sent:
+            check(world.answers.get(request_id) == 1, f"{request_id} never answered", trail)
+    if world.ended:
+        for box in world.boxes.values():
+            started = box.running or box.stopped
+            check(not started or box.stopped, f"container {box.seq} left running", trail)
+    check(not world.spawning or bool(world.ended), "a spawn never resolved", trail)
+
+
+def explore() -> int:
+    """Visit every reachable state once; the number visited."""
+    machine = SessionMachine(
+        service_name="svc",
+        idle_timeout=30.0,
+        limits=SessionLimits(to_server_bytes=BUFFER_BYTES, replay_timeout=10.0),
+        now=0.0,
+    )
+    start = World(machine)
+    stack: list[tuple[World, Trail]] = [(start, None)]
+    seen: set[tuple[object, ...]] = {start.key()}
+    # What may wait for a container or in its stdin: what the client was let send (the bound
+    # plus one frame), and the machine's own lines (a replayed initialize and initialized, an
+    # answer to each server request that expired).
+    allowed = BUFFER_BYTES + max(len(f) for f in SCRIPT) + len(SCRIPT[0]) + len(SCRIPT[1])
+    allowed += 64 + ASKS * 256
+    while stack:
+        world, trail_node = stack.pop()
+        steps = enabled(world)
+        if not steps:
+            final_checks(world, unwind(trail_node))
+            continue
+        for name, make_event in steps:
+            successor = world.clone()
+            successor_trail: Trail = (name, trail_node)
+            step_trail = LazyTrail(successor_trail)
+            event = make_event(successor)
+            assert event is not None
+            actions = successor.machine.handle(event, successor.now)
+            apply(successor, actions, step_trail)
+            buffered = successor.machine.buffered_to_server
+            check(buffered <= allowed, f"{buffered} bytes buffered", step_trail)
+            key = successor.key()
+            if key not in seen:
+                seen.add(key)
+                assert len(seen) < MAX_STATES, "the state space is larger than expected"
+                stack.append((successor, successor_trail))
+    return len(seen)
+
+
+Trail = tuple[str, "Trail"] | None
+
+
+def unwind(node: Trail) -> list[str]:
+    names: list[str] = []
+    while node is not None:
+        names.append(node[0])
+        node = node[1]
+    return names[::-1]
+
+
+class LazyTrail(list[str]):
+    """The steps that led here, spelled out only when a check fails."""
+
+    def __init__(self, node: Trail) -> None:
+        super().__init__()
+        self._node = node
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(unwind(self._node))
+
+
+@pytest.mark.parametrize(
+    ("frames", "misfortunes", "asks", "at_least"),
+    [
+        (3, 2, 0, 15_000),  # starts, deaths, broken output, replays, idle, racing the frames
+        (3, 0, 1, 30_000),  # a request to the client: answers, expiry, idle, stop, leaving
+        (2, 2, 1, 60_000),  # both at once, on the handshake
+    ],
+    ids=["misfortunes", "server-request", "both"],
+)
+def test_every_reachable_state_of_a_session_keeps_the_invariants(
+    monkeypatch: pytest.MonkeyPatch, frames: int, misfortunes: int, asks: int, at_least: int
+) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:frames])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", misfortunes)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
+    states = explore()
+    # The whole space was visited (it is this large because every event is tried everywhere).
+    assert states >= at_least
+
+
+def test_the_checker_catches_a_machine_that_answers_a_request_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The invariants must be able to fail: break the machine, and exploring finds it.
+    original = SessionMachine._container_exited
+
+    def answer_twice(self: SessionMachine, event: ContainerExited, now: float) -> list[Action]:
+        in_flight = list(self.ledger.client_requests)
+        actions = original(self, event, now)
+        error = ContainerStartFailure("again", reason="container_exited")
+        return actions + [SendToClient(error_response(rid, error)) for rid in in_flight]
+
+    monkeypatch.setattr(SessionMachine, "_container_exited", answer_twice)
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
+    with pytest.raises(Violation, match="answered twice"):
+        explore()
