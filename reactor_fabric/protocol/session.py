@@ -423,17 +423,22 @@ class SessionMachine:
         self.phase = Phase.ENDED
         return [*actions, EndSession()]
 
-    def _shutdown(self, _event: Shutdown, _now: float) -> list[Action]:
-        error = ContainerStartFailure(
-            "the orchestrator is stopping; this request will not be answered",
-            reason="orchestrator_stopping",
-        )
+    def answer_all(self, error: FabricError) -> list[Action]:
+        """Answer every request in flight or waiting with ``error`` and forget them."""
         actions: list[Action] = [
             SendToClient(error_response(request_id, error))
             for request_id in self.ledger.client_requests
         ]
         actions += self._fail_waiting(error)
         self.ledger.container_gone()
+        return actions
+
+    def _shutdown(self, _event: Shutdown, _now: float) -> list[Action]:
+        error = ContainerStartFailure(
+            "the orchestrator is stopping; this request will not be answered",
+            reason="orchestrator_stopping",
+        )
+        actions = self.answer_all(error)
         if self._slot is not None:
             actions.append(StopContainer(self._slot.seq, "orchestrator_stopping", graceful=False))
             self._slot = None

@@ -382,19 +382,19 @@ class MemoryRuntime:
                 server._close_outputs()
 
     async def exit_status(self, container_id: str) -> ContainerExit:
-        await self._step("exit_status")
         server = self._find(container_id)
+        await self._step("exit_status", server.spec if server is not None else None)
         if server is None:
             raise ContainerStartFailure("no such container", reason="inspect_failed")
         return ContainerExit(server.exit_code, server.oom_killed)
 
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         self.removals.append(container)
+        server = self._find(container)
         try:
-            await self._step("remove")
+            await self._step("remove", server.spec if server is not None else None)
         except FabricError:
             return  # a runtime's remove logs and swallows its errors
-        server = self._find(container)
         if server is None or server.removed:
             return
         server.removed = True

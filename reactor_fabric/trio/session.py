@@ -140,6 +140,7 @@ async def serve_session(
     (Streamable HTTP announces it in a header of the first response).
     """
     session_id = session_id or new_session_id()
+    progress = _Progress()
     try:
         await _serve_session(
             fabric,
@@ -149,6 +150,7 @@ async def serve_session(
             first_frame=first_frame,
             session_id=session_id,
             transport=transport,
+            progress=progress,
         )
     except* Exception as failure:
         log.error(
@@ -158,14 +160,33 @@ async def serve_session(
         )
         with trio.move_on_after(5) as cleanup:
             cleanup.shield = True
-            error = ContainerStartFailure(
-                "the orchestrator failed while serving this session; see its log",
-                reason="internal_error",
-            )
-            with contextlib.suppress(Exception):
-                await channel.send(error_response(None, error))
-            with contextlib.suppress(Exception):
-                await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
+            await _tell_client_of_crash(channel, progress)
+
+
+@dataclass
+class _Progress:
+    """How far a session got, for the answers to give if it crashes."""
+
+    first_request_id: object = None
+    driver: SessionDriver | None = None
+
+
+async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> None:
+    """Every request the crashed session owed gets the error; then the connection closes."""
+    error = ContainerStartFailure(
+        "the orchestrator failed while serving this session; see its log",
+        reason="internal_error",
+    )
+    frames = [error_response(progress.first_request_id, error)]
+    if progress.driver is not None:
+        with contextlib.suppress(Exception):
+            actions = progress.driver.machine.answer_all(error)
+            frames = [a.frame for a in actions if isinstance(a, SendToClient)]
+    for frame in frames:
+        with contextlib.suppress(Exception):
+            await channel.send(frame)
+    with contextlib.suppress(Exception):
+        await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
 
 
 async def _serve_session(
@@ -177,6 +198,7 @@ async def _serve_session(
     first_frame: bytes | None,
     session_id: str,
     transport: str,
+    progress: _Progress,
 ) -> None:
     if first_frame is None:
         first_frame = await channel.receive()
@@ -188,6 +210,7 @@ async def _serve_session(
         await refuse(channel, exc.request_id, exc, service=service_name)
         return
     request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
+    progress.first_request_id = request_id
     service = fabric.service(service_name)
     if service is None:
         not_found = _service_not_found(service_name)
@@ -223,7 +246,7 @@ async def _serve_session(
                 "mounts": [m.target for m in mounts],
             },
         )
-        driver = SessionDriver(
+        driver = progress.driver = SessionDriver(
             fabric, channel, service_name, service, session_id=session_id, mounts=mounts
         )
         await driver.run(first_frame, first)

@@ -1,0 +1,134 @@
+"""A failure inside one session stays inside it, on every transport.
+
+A bug is injected into one session (a runtime step that raises an exception nobody expects,
+not a product error): that session's client is told, with the JSON-RPC error answering what it
+had asked, and its connection closes; the orchestrator keeps serving; another session that was
+running goes on, and a new one starts; nothing leaks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from wsproto.events import CloseConnection
+
+from reactor_fabric.policy.container_spec import ContainerSpec
+from reactor_fabric.trio.session import serve_session
+from tests.fakes import MemoryClient
+from tests.messages import INITIALIZE, INITIALIZED, request
+from tests.served import Served, served
+
+
+class InjectedBug(RuntimeError):
+    pass
+
+
+def doomed(marker: Path) -> Any:
+    """Only the containers of the session that mounts ``marker``."""
+
+    def matches(spec: ContainerSpec) -> bool:
+        return any(mount.source == str(marker) for mount in spec.mounts)
+
+    return matches
+
+
+def call(request_id: int) -> dict[str, Any]:
+    return request(request_id, "tools/call", {"name": "echo", "arguments": {"n": request_id}})
+
+
+async def start_bystander(http: Served) -> Any:
+    """A WebSocket session that is running when the other one fails."""
+    ws, _ = await http.websocket()
+    await ws.send_json(INITIALIZE)
+    assert (await ws.hear())["id"] == 1
+    await ws.send_json(INITIALIZED)
+    return ws
+
+
+async def still_serving(http: Served, bystander: Any) -> None:
+    await bystander.send_json(call(7))
+    assert (await bystander.hear())["id"] == 7
+    fresh = await http.post(INITIALIZE)
+    assert fresh.status == 200
+    assert fresh.json()["result"]["serverInfo"]["name"] == "scripted"
+    await http.http("DELETE", "/mcp/svc", headers={"mcp-session-id": fresh.session})
+    await bystander.aclose()
+
+
+@pytest.mark.parametrize("step", ["create", "exit_status"])
+async def test_a_bug_in_a_websocket_session_is_told_to_its_client_and_hurts_nobody_else(
+    tmp_path: Path, step: str
+) -> None:
+    marker = tmp_path / "doomed"
+    marker.mkdir()
+    async with served(tmp_path) as http:
+        bystander = await start_bystander(http)
+        http.runtime.fault(step, error=InjectedBug("injected"), only=doomed(marker))
+        ws, _ = await http.websocket(f"/mcp/svc?mount={marker}:/workspace")
+        await ws.send_json(INITIALIZE)
+        if step == "exit_status":  # the bug strikes when its container dies
+            assert "result" in await ws.hear()
+            await ws.send_json(request(2, "tools/call", {"name": "crash", "arguments": {}}))
+        answer = await ws.hear()
+        assert answer["id"] == (1 if step == "create" else 2)
+        assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (
+            -32002,
+            "internal_error",
+        )
+        event = await ws.next_event()
+        assert isinstance(event, CloseConnection)
+        assert event.code == 1011
+        await ws.aclose()
+        http.runtime.clear_faults()
+        await still_serving(http, bystander)
+
+
+@pytest.mark.parametrize("step", ["create", "exit_status"])
+async def test_a_bug_in_an_http_session_is_told_to_its_client_and_hurts_nobody_else(
+    tmp_path: Path, step: str
+) -> None:
+    marker = tmp_path / "doomed"
+    marker.mkdir()
+    async with served(tmp_path) as http:
+        bystander = await start_bystander(http)
+        http.runtime.fault(step, error=InjectedBug("injected"), only=doomed(marker))
+        path = f"/mcp/svc?mount={marker}:/workspace"
+        if step == "create":
+            reply = await http.post(INITIALIZE, path=path)
+            expected_id = 1
+        else:
+            opened = await http.post(INITIALIZE, path=path)
+            crash = request(2, "tools/call", {"name": "crash", "arguments": {}})
+            reply = await http.post(crash, session=opened.session)
+            expected_id = 2
+        assert reply.status == 200
+        answer = reply.json() if reply.headers["content-type"] == "application/json" else None
+        if answer is None:
+            [answer] = [e for e in reply.events() if e.get("id") == expected_id]
+        assert answer["id"] == expected_id
+        assert answer["error"]["data"]["reason"] == "internal_error"
+        http.runtime.clear_faults()
+        await trio.testing.wait_all_tasks_blocked()
+        await still_serving(http, bystander)
+
+
+async def test_a_bug_in_a_session_over_a_plain_channel_ends_only_that_session(
+    tmp_path: Path,
+) -> None:
+    # The transport-free path (what the stdio bridge's WebSocket and any future transport
+    # share): serve_session itself contains the failure.
+    marker = tmp_path / "doomed"
+    marker.mkdir()
+    async with served(tmp_path) as http:
+        http.runtime.fault("create", error=InjectedBug("injected"), only=doomed(marker))
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, http.fabric, client, "svc", [f"{marker}:/workspace"])
+            await client.say(INITIALIZE)
+            answer = await client.hear()
+            assert answer["error"]["data"]["reason"] == "internal_error"
+        assert client.closed_with == (1011, "internal error")
