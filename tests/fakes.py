@@ -100,7 +100,8 @@ async def scripted_mcp_server(container: MemoryServer) -> None:
     Requests are handled concurrently, as real servers do. Tools: ``echo`` (returns its
     arguments), ``wait`` (answers after ``seconds``), ``crash`` (writes to stderr and exits with
     code 3), ``ask`` (sends a roots/list request to the client, then answers with what the client
-    said), ``progress`` (two progress notifications, then the answer), ``notify`` (``count`` log
+    said), ``progress`` (two progress notifications, then the answer), ``hold`` (a notification
+    that it runs, then no answer ever), ``notify`` (``count`` log
     notifications of ``size`` bytes, then the answer), ``flood`` (one line of ``pieces``
     pieces of 64 KiB).
     """
@@ -181,6 +182,11 @@ async def _call_tool(
         frame = json.dumps(request("srv-1", "roots/list")).encode()
         await container.write_stdout(frame + b"\n")
         await _answer(container, message["id"], _text(json.dumps(await receive.receive())))
+    elif name == "hold":
+        # Announces that it runs, then never answers (a long tool call, in flight).
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "holding"}}
+        await container.write_stdout(json.dumps(note).encode() + b"\n")
+        await trio.sleep_forever()
     elif name == "notify":
         # Log notifications that belong to no request in particular.
         for index in range(arguments.get("count", 1)):

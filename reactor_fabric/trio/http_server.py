@@ -232,7 +232,7 @@ class HttpApp(Protocol):
 class ConnectionCounts:
     """Open connections, and how many of them are busy (in a request or a WebSocket).
 
-    ``on_change`` is called whenever a count goes down (a shutdown waits for them).
+    ``on_change`` is called whenever a count changes (a shutdown waits for them to go down).
     """
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
@@ -280,6 +280,7 @@ async def serve_http(
             connections.start_soon(_refuse_connection, stream)
             continue
         counts.open += 1
+        counts._notify()
         connections.start_soon(connection_task, stream)
 
 

@@ -89,7 +89,14 @@ class Orchestrator:
 
     fabric: Fabric
     listening: Listening
+    connections: ConnectionCounts
     _stop_requested: trio.Event = field(default_factory=trio.Event)
+
+    async def wait_until_idle(self) -> None:
+        """Return once no session, container or connection is left (tests, diagnostics)."""
+        fabric = self.fabric
+        while fabric.sessions or fabric.containers or self.connections.open:
+            await fabric.changed.wait()
 
     @property
     def http_url(self) -> str:
@@ -124,7 +131,7 @@ async def serve_orchestrator(
     app = FabricApp(fabric, http_sessions)
     counts = ConnectionCounts(on_change=fabric.notify_change)
     trio_listener = trio.SocketListener(trio.socket.from_stdlib_socket(listener.dup()))
-    running = Orchestrator(fabric, Listening(listening_url(listener)))
+    running = Orchestrator(fabric, Listening(listening_url(listener)), counts)
     try:
         async with trio.open_nursery() as root:
             await root.start(
