@@ -11,12 +11,13 @@ Ownership: one nursery with two relay tasks; when either direction ends (stdin E
 closing, a signal) the other is cancelled and the WebSocket is closed.
 
 Error handling, as the client sees it: a refused registration (bad mount, unknown service, full
-orchestrator) is the JSON-RPC error answering the client's own first request (its
-``initialize``), so the client shows the orchestrator's code and reason; then the bridge prints
-one plain line on stderr and exits 1. When the orchestrator cannot be reached, the bridge prints
+orchestrator) is the JSON-RPC error answering the client's own requests (its ``initialize``, and
+a dual client's ``server/discover`` probe before it), so the client shows the orchestrator's
+code and reason; the bridge prints one plain line on stderr and exits 1 once the client hangs
+up. When the orchestrator cannot be reached, the bridge prints
 the documented warning and runs the service's ``local_command`` from the suite in its place
 (``exec``: the client then talks to that command directly); with no such command the client's
-first request is answered with -32002 ``orchestrator_unreachable``. No traceback ever reaches
+requests are answered with -32002 ``orchestrator_unreachable``. No traceback ever reaches
 stderr: unexpected failures are one line too.
 """
 
@@ -49,8 +50,8 @@ from ..protocol.jsonrpc import REQUEST, peek
 DEFAULT_TARGET = "/workspace"
 MAX_MESSAGE = 16 * 1024 * 1024
 CONNECT_BOUND_SECONDS = 10.0
-# How long a refused bridge waits for its client's first request, to answer it with the error.
-FIRST_REQUEST_BOUND_SECONDS = 30.0
+# How long a refused bridge goes on answering its client's requests with the error.
+REFUSED_ANSWER_BOUND_SECONDS = 30.0
 FALLBACK_WARNING = (
     "Warning: Could not connect to Reactor-Fabric at {endpoint}. Falling back to standalone mode."
 )
@@ -134,8 +135,8 @@ async def run_bridge(settings: BridgeSettings, url: str) -> int:
         try:
             await _register(ws, settings)
         except Refused as refusal:
-            await answer_first_request(stdin, stdout, refusal.error)
             print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
+            await answer_requests(stdin, stdout, refusal.error)
             return 1
         try:
             return await _relay(ws, stdin, stdout)
@@ -174,16 +175,18 @@ def _bridge_error(detail: str, reason: str) -> dict[str, Any]:
     }
 
 
-async def answer_first_request(
+async def answer_requests(
     stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream, error: dict[str, Any]
 ) -> None:
-    """Answer the client's first request (its ``initialize``) with ``error``, bounded in time.
+    """Answer each request of the client with ``error`` until it hangs up (bounded in time).
 
-    A client shows the error of the request it made; an error it never asked for, or a closed
-    pipe, would read as "connection closed".
+    A client shows the error of a request it made; an error it never asked for, or a closed
+    pipe, would read as "connection closed". Every request gets it, not only the first: dual
+    clients (the Python SDK's ``mode="auto"``) probe with ``server/discover`` and fall back to
+    ``initialize`` when that fails.
     """
     splitter = LineSplitter(max_line=MAX_MESSAGE)
-    with trio.move_on_after(FIRST_REQUEST_BOUND_SECONDS):
+    with trio.move_on_after(REFUSED_ANSWER_BOUND_SECONDS):
         while data := await stdin.receive_some(65536):
             for line in splitter.feed(bytes(data)):
                 try:
@@ -193,7 +196,6 @@ async def answer_first_request(
                 if message.kind == REQUEST:
                     answer = {"jsonrpc": "2.0", "id": message.id, "error": error}
                     await stdout.send_all(json.dumps(answer).encode() + b"\n")
-                    return
 
 
 async def _relay(
@@ -288,4 +290,4 @@ async def _answer_from_stdio(error: dict[str, Any]) -> None:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout:
-        await answer_first_request(stdin, stdout, error)
+        await answer_requests(stdin, stdout, error)

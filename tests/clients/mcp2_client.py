@@ -13,6 +13,7 @@ Commands (stdin, JSON lines), each answered by one JSON line on stdout:
     {"op": "initialize"}   -> {"ok": true, "server": name, "protocol": version}
     {"op": "list_tools"}   -> {"ok": true, "tools": [names]}
     {"op": "call", "name": N, "arguments": A} -> {"ok": bool, "content": [...], "structured": ...}
+        (with "report_progress": true, progress is printed as it comes: {"op": "progress", ...})
     {"op": "exit"}
 """
 
@@ -77,7 +78,13 @@ async def main() -> None:
                     emit({"ok": True, "tools": [tool.name for tool in tools.tools]})
                 elif op == "call":
                     assert client is not None
-                    result = await client.call_tool(command["name"], command.get("arguments", {}))
+                    result = await client.call_tool(
+                        command["name"],
+                        command.get("arguments", {}),
+                        progress_callback=report_progress
+                        if command.get("report_progress")
+                        else None,
+                    )
                     emit(
                         {
                             "ok": not result.is_error
@@ -89,17 +96,24 @@ async def main() -> None:
                     )
                 else:
                     emit({"ok": False, "error": {"message": f"unknown op {op!r}"}})
-            except MCPError as exc:
-                emit(
-                    {
-                        "ok": False,
-                        "error": {
-                            "code": exc.code,
-                            "message": str(exc),
-                            "data": getattr(exc.error, "data", None),
-                        },
-                    }
-                )
+            except BaseException as exc:
+                emit(described(exc))
+                if op == "initialize":
+                    return
+
+
+async def report_progress(progress: float, total: float | None, message: str | None) -> None:
+    emit({"op": "progress", "progress": progress})
+
+
+def described(exc: BaseException) -> dict[str, Any]:
+    """What the SDK raised, unwrapping the exception groups its task groups make."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, MCPError):
+        data = getattr(exc.error, "data", None)
+        return {"ok": False, "error": {"code": exc.code, "message": str(exc), "data": data}}
+    return {"ok": False, "exception": type(exc).__name__, "message": str(exc)}
 
 
 if __name__ == "__main__":

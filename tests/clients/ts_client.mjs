@@ -1,5 +1,5 @@
 // Drive the official MCP TypeScript SDK 1.x client from a test, one command per line (the same
-// protocol as mcp1_ws_client.py), over WebSocketClientTransport or StreamableHTTPClientTransport.
+// protocol as mcp1_client.py), over WebSocketClientTransport or StreamableHTTPClientTransport.
 //
 // Usage: node --experimental-websocket ts_client.mjs ws|http URL [--register MOUNTS_JSON]
 //
@@ -8,7 +8,8 @@
 // fabric-aware client built on the SDK registers its project directory.
 //
 // Commands (stdin, JSON lines): {"op":"initialize"} {"op":"list_tools"}
-//   {"op":"call","name":N,"arguments":A,"progress":false} {"op":"exit"}
+//   {"op":"call","name":N,"arguments":A,"progress":false,"report_progress":false} {"op":"exit"}
+//   (with report_progress, each progress notification is printed as it comes: {"op":"progress"})
 import { createInterface } from "node:readline";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { WebSocketClientTransport } from "@modelcontextprotocol/sdk/client/websocket.js";
@@ -73,8 +74,11 @@ for await (const line of lines) {
       emit({ ok: true, tools: result.tools.map((tool) => tool.name) });
     } else if (command.op === "call") {
       const progress = [];
-      const options = command.progress
-        ? { onprogress: (p) => progress.push([p.progress, p.total ?? null]) } : undefined;
+      const onprogress = (p) => {
+        progress.push([p.progress, p.total ?? null]);
+        if (command.report_progress) emit({ op: "progress", progress: p.progress });
+      };
+      const options = command.progress || command.report_progress ? { onprogress } : undefined;
       const result = await client.callTool(
         { name: command.name, arguments: command.arguments ?? {} }, undefined, options);
       emit({ ok: !result.isError, content: result.content, structured: result.structuredContent ?? null,

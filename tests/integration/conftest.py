@@ -13,6 +13,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from tests.integration.harness import STARTED, containers_of
+
 SKIP = os.environ.get("REACTOR_FABRIC_SKIP_INTEGRATION") == "1"
 
 
@@ -37,17 +39,27 @@ def docker_client() -> Iterator[docker.DockerClient]:
     client.close()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_managed_container_is_left_behind() -> Iterator[None]:
-    """After every real-engine test, no container labelled as ours may remain."""
+@pytest.fixture(autouse=True)
+def no_container_of_this_test_is_left() -> Iterator[None]:
+    """After each real-engine test, no container of the orchestrators it started may remain.
+
+    Counted per orchestrator instance (its label), so that containers of anything else on the
+    machine — another test run, a developer's `make run` — neither hide a leak nor fake one.
+    """
+    STARTED.clear()
     yield
-    if SKIP:
+    if SKIP or not STARTED:
         return
     client = docker.from_env(version="auto", timeout=30)
     try:
-        left = client.containers.list(all=True, filters={"label": "reactor-fabric.managed=true"})
-        assert not left, f"managed containers left behind: {[c.name for c in left]}"
+        for running in STARTED:
+            if running.process.poll() is None:
+                continue  # still running: the test's own context will stop it
+            instance = running.instance
+            left = containers_of(client, instance=instance)
+            assert not left, f"instance {instance} left containers: {[c.name for c in left]}"
     finally:
+        STARTED.clear()
         client.close()
 
 

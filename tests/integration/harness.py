@@ -24,6 +24,8 @@ from tests.clients import envs
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = yaml.safe_load((REPO / "claude-mcp-suite.yaml").read_text())
 READ_TIMEOUT = 120.0
+# The orchestrators the running test started (conftest checks that none left a container).
+STARTED: list[Orchestrator] = []
 
 
 class LineProcess:
@@ -178,7 +180,9 @@ def orchestrator(
         first = process.stdout.readline().decode()
         match = re.search(r"on (http://[^ ]+) ", first)
         assert match, f"orchestrator did not start: {first!r}\n{log_path.read_text()[-3000:]}"
-        yield Orchestrator(process, match.group(1), log_path)
+        running = Orchestrator(process, match.group(1), log_path)
+        STARTED.append(running)
+        yield running
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -217,7 +221,7 @@ CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 
 def python_client(url: str, *args: str, env: dict[str, str] | None = None) -> LineProcess:
     return LineProcess(
-        [str(envs.python_sdk1()), str(CLIENTS / "mcp1_ws_client.py"), url, *args], env=env
+        [str(envs.python_sdk1()), str(CLIENTS / "mcp1_client.py"), url, *args], env=env
     )
 
 

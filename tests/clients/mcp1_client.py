@@ -1,11 +1,13 @@
-"""Drive the official MCP Python SDK 1.x WebSocket client from a test, one command per line.
+"""Drive the official MCP Python SDK 1.x client from a test, one command per line.
 
 Runs in its own environment (``mcp[ws]<2``, asyncio), made by ``tests/clients/envs.py``, because
 the 1.x and 2.x SDKs are the same distribution and cannot share one environment.
 
 Usage::
 
-    python mcp1_ws_client.py URL [--register MOUNTS_JSON] [--roots URI ...]
+    python mcp1_client.py URL [--register MOUNTS_JSON] [--roots URI ...]
+
+A ``ws://`` URL uses the SDK's WebSocket client, an ``http://`` URL its Streamable HTTP client.
 
 With ``--register`` the client's first message is ``fabric/registerClient`` (sent through the
 SDK's own WebSocket transport, before its ClientSession starts), as a fabric-aware client does.
@@ -14,13 +16,17 @@ Commands on stdin (JSON lines), each answered by one JSON line on stdout:
 
     {"op": "initialize"}                      -> {"ok": true, "server": name, "protocol": v}
     {"op": "list_tools"}                      -> {"ok": true, "tools": [names]}
-    {"op": "call", "name": N, "arguments": A, "progress": false}
+    {"op": "call", "name": N, "arguments": A, "progress": false, "report_progress": false}
                                               -> {"ok": true, "content": [...], "structured": ...,
                                                   "progress": [[p, total], ...]}
+       (with report_progress, each progress notification is also printed as it comes:
+        {"op": "progress", "progress": p})
     {"op": "roots_requests"}                  -> {"ok": true, "count": n}
     {"op": "exit"}
 
-A JSON-RPC error becomes ``{"ok": false, "error": {"code", "message", "data"}}``.
+A JSON-RPC error becomes ``{"ok": false, "error": {"code", "message", "data"}}``; anything
+else the SDK raises becomes ``{"ok": false, "exception": TYPE, "message": TEXT}`` (what the
+client would show), and the driver exits.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 
 import anyio
 from mcp import ClientSession, types
+from mcp.client.streamable_http import streamablehttp_client
 from mcp.client.websocket import websocket_client
 from mcp.shared.context import RequestContext
 from mcp.shared.exceptions import McpError
@@ -71,7 +78,30 @@ async def main() -> None:
         roots_requests += 1
         return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in args.roots or []])
 
-    async with websocket_client(args.url) as (read, write):
+    try:
+        await session_loop(args, list_roots, lambda: roots_requests)
+    except BaseException as exc:
+        emit(described(exc))
+
+
+def described(exc: BaseException) -> dict[str, Any]:
+    """What the SDK raised, unwrapping the exception groups its task groups make."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, McpError):
+        return {"ok": False, "error": exc.error.model_dump()}
+    return {"ok": False, "exception": type(exc).__name__, "message": str(exc)}
+
+
+def transport(url: str) -> Any:
+    if url.startswith("http"):
+        return streamablehttp_client(url)
+    return websocket_client(url)
+
+
+async def session_loop(args: Any, list_roots: Any, roots: Any) -> None:
+    async with transport(args.url) as streams:
+        read, write = streams[0], streams[1]
         if args.register is not None:
             registered = await register(read, write, json.loads(args.register))
             emit({"op": "register", **registered})
@@ -89,7 +119,7 @@ async def main() -> None:
                 if op == "exit":
                     return
                 try:
-                    emit(await run(session, command, lambda: roots_requests))
+                    emit(await run(session, command, roots))
                 except McpError as exc:
                     emit({"ok": False, "error": exc.error.model_dump()})
 
@@ -107,11 +137,15 @@ async def run(session: ClientSession, command: dict[str, Any], roots: Any) -> di
 
         async def on_progress(value: float, total: float | None, message: str | None) -> None:
             progress.append([value, total])
+            if command.get("report_progress"):
+                emit({"op": "progress", "progress": value})
 
         result = await session.call_tool(
             command["name"],
             command.get("arguments", {}),
-            progress_callback=on_progress if command.get("progress") else None,
+            progress_callback=on_progress
+            if command.get("progress") or command.get("report_progress")
+            else None,
         )
         return {
             "ok": not result.isError,
