@@ -55,7 +55,16 @@ from bench.mcp import (
     wait_for_port,
     websocket_session,
 )
-from bench.stats import Json, burst, difference, ratio, summarize
+from bench.stats import (
+    Json,
+    bootstrap,
+    burst,
+    difference,
+    measured,
+    ratio,
+    spread,
+    summarize,
+)
 
 from bench import engine, report
 
@@ -67,9 +76,26 @@ COLD_SERVICE = "time"
 TOOL = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
 THROUGHPUT_SERVICE = "everything"
 PIPELINE_DEPTH = 16
-RELAY_SYSTEMS = ("direct", "reactor_fabric_ws", "reactor_fabric_http", "supergateway", "mcp_proxy")
+RELAY_SYSTEMS = (
+    "direct",
+    "docker_run_pipe",
+    "reactor_fabric_ws",
+    "reactor_fabric_http",
+    "supergateway",
+    "mcp_proxy",
+)
+# The floor each relay is judged against: the same path with the relay taken out. Ours attaches
+# to the container through the Docker API; the peers wrap a `docker run -i` process and pay its
+# extra hop (a CLI process and a pipe) themselves.
+FLOOR_OF = {
+    "reactor_fabric_ws": "direct",
+    "reactor_fabric_http": "direct",
+    "supergateway": "docker_run_pipe",
+    "mcp_proxy": "docker_run_pipe",
+}
+PEERS = ("supergateway", "mcp_proxy")
 # Systems whose failure to be measured is a failure of the harness (or the product).
-OURS = ("direct", "reactor_fabric_ws")
+OURS = ("direct", "docker_run_pipe", "reactor_fabric_ws", "reactor_fabric_http")
 RELAYED = ("reactor_fabric_ws", "reactor_fabric_http")
 # `docker stats` answers without the expected fields, besides what a session can do.
 STATS_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, KeyError, IndexError)
@@ -89,11 +115,12 @@ class Plan:
     smoke: bool
     cold_runs: int
     rtt_warmup: int
-    rtt_calls: int
-    throughput_messages: dict[str, int]
+    rtt_calls: int  # per repeat
+    throughput_messages: dict[str, int]  # per repeat
     memory_sessions: tuple[int, ...]
     bursts: tuple[int, ...]
     peers: bool
+    repeats: int  # of the round trip and throughput figures, judged on their medians
     sections: tuple[str, ...] = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency")
 
 
@@ -101,11 +128,12 @@ FULL = Plan(
     smoke=False,
     cold_runs=30,
     rtt_warmup=100,
-    rtt_calls=1000,
-    throughput_messages={"small": 3000, "payload_4k": 2000, "payload_1m": 64},
+    rtt_calls=600,
+    throughput_messages={"small": 1500, "payload_4k": 1000, "payload_1m": 24},
     memory_sessions=(10, 50),
     bursts=(10, 50),
     peers=True,
+    repeats=5,
 )
 SMOKE = Plan(
     smoke=True,
@@ -116,6 +144,7 @@ SMOKE = Plan(
     memory_sessions=(2,),
     bursts=(2,),
     peers=False,
+    repeats=2,
 )
 PAYLOADS = {"small": 16, "payload_4k": 4096, "payload_1m": 1024 * 1024}
 
@@ -155,6 +184,8 @@ class Harness:
         self.side_log = side_log
         self.problems: list[str] = []
         self.diagnostics: Json = {}
+        # Per throughput run: the extra connections of each HTTP system's session.
+        self.http_pools: dict[str, list[HttpRpc]] = {}
 
     def problem(self, where: str, exc: BaseException) -> Json:
         """Record that the harness could not measure one of our own figures."""
@@ -195,14 +226,16 @@ class Harness:
             # One of each per run (A B C A B C …), each on an engine with nothing else of ours.
             if "reactor_fabric" not in out:
                 try:
+                    # From before the connect: a client pays for it (the floor pays for its
+                    # process start the same way).
                     begin = time.perf_counter_ns()
                     async with self.ws(COLD_SERVICE) as rpc:
                         connect.append(time.perf_counter_ns() - begin)
                         with trio.fail_after(SESSION_BOUND):
-                            init_ns = await handshake(rpc)
+                            await handshake(rpc)
+                            samples["reactor_fabric"].append(time.perf_counter_ns() - begin)
                             tool_ns, answer = await rpc.call("tools/call", TOOL)
                         check_result(answer, "tools/call")
-                    samples["reactor_fabric"].append(init_ns)
                     tool_samples["reactor_fabric"].append(tool_ns)
                 except FAILURES as exc:
                     out["reactor_fabric"] = self.problem("cold_start.reactor_fabric", exc)
@@ -218,11 +251,11 @@ class Harness:
                     out[name] = self.problem(f"cold_start.{name}", exc)
             say(f"cold start {run + 1}/{self.plan.cold_runs}")
         for name, values in samples.items():
-            out.setdefault(name, summarize(values))
+            out.setdefault(name, with_intervals(values))
         out["first_tool_call"] = {name: summarize(values) for name, values in tool_samples.items()}
         out["reactor_fabric_ws_connect"] = summarize(connect)
-        out["comparison"] = compare(out, "reactor_fabric", "docker_run_floor")
-        out["comparison_same_limits"] = compare(out, "reactor_fabric", "docker_run_same_limits")
+        out["comparison"] = compare(samples, "reactor_fabric", "docker_run_floor")
+        out["comparison_same_limits"] = compare(samples, "reactor_fabric", "docker_run_same_limits")
         return out
 
     async def _cold_floor(self, argv: list[str]) -> tuple[int, int]:
@@ -244,8 +277,10 @@ class Harness:
 
     async def relay_rtt(self) -> Json:
         image = service_image(COLD_SERVICE)
+        pipe_argv = engine.docker_run_argv(image, "--network", "none")
         candidates: list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]] = [
             ("direct", initialized(engine.attached(image))),
+            ("docker_run_pipe", initialized(engine.piped(pipe_argv, self.side_log))),
             ("reactor_fabric_ws", initialized(self.ws(COLD_SERVICE))),
             ("reactor_fabric_http", initialized(http_session(self.orch.port, "/mcp/time"))),
         ]
@@ -258,34 +293,60 @@ class Harness:
         else:
             out["supergateway"] = {"error": "peers are skipped in smoke mode"}
             out["mcp_proxy"] = {"error": "peers are skipped in smoke mode"}
-        systems: dict[str, Rpc] = {}
+        repeats: list[dict[str, list[int]]] = []
         async with contextlib.AsyncExitStack() as stack:
-            for name, session in candidates:
-                say(f"starting {name}")
-                try:
-                    systems[name] = await stack.enter_async_context(session)
-                except Exception as exc:  # noqa: BLE001 -- a peer can fail in any way
-                    if name in OURS:
-                        out[name] = self.problem(f"relay_rtt.{name}", exc)
-                    else:  # a peer may fail to install or start in any way: keep going
-                        out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-                        say(f"{name} could not be measured: {out[name]['error']}")
-            samples = await self._interleave(systems, out)
+            systems = await self._start_systems(stack, candidates, out, "relay_rtt")
+            say(f"relay round trips: {', '.join(systems)}: warm-up {self.plan.rtt_warmup} rounds")
+            await self._interleave(systems, out, self.plan.rtt_warmup)
+            for repeat in range(self.plan.repeats):
+                repeats.append(await self._interleave(systems, out, self.plan.rtt_calls))
+                say(f"  repeat {repeat + 1}/{self.plan.repeats} done")
             self.diagnostics["orchestrator_cpu_us_per_call"] = await self._cpu_per_call(
                 {name: rpc for name, rpc in systems.items() if name in RELAYED and name not in out}
             )
             say("relay round trips done; closing the systems")
         await trio.to_thread.run_sync(engine.remove_bench_containers)
-        for name, values in samples.items():
-            out.setdefault(name, summarize(values))
-        return {name: out[name] for name in RELAY_SYSTEMS}
+        for name in RELAY_SYSTEMS:
+            if name in out:
+                continue
+            pooled = [ns for samples in repeats for ns in samples.get(name, [])]
+            figures = summarize(pooled)
+            figures["repeats"] = {
+                key: spread([summarize(r[name]).get(key) for r in repeats if r.get(name)])
+                for key in ("p50_ms", "p99_ms")
+            }
+            out[name] = figures
+        out["per_repeat"] = [
+            {name: summarize(samples) for name, samples in r.items() if samples} for r in repeats
+        ]
+        return out
 
-    async def _interleave(self, systems: dict[str, Rpc], out: Json) -> dict[str, list[int]]:
-        """Warm-up, then N rounds; each round calls every system once, in a rotating order."""
+    async def _start_systems(
+        self,
+        stack: contextlib.AsyncExitStack,
+        candidates: list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]],
+        out: Json,
+        section: str,
+    ) -> dict[str, Rpc]:
+        systems: dict[str, Rpc] = {}
+        for name, session in candidates:
+            say(f"starting {name}")
+            try:
+                systems[name] = await stack.enter_async_context(session)
+            except Exception as exc:  # noqa: BLE001 -- a peer can fail in any way
+                if name in OURS:
+                    out[name] = self.problem(f"{section}.{name}", exc)
+                else:  # a peer may fail to install or start in any way: keep going
+                    out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                    say(f"{name} could not be measured: {out[name]['error']}")
+        return systems
+
+    async def _interleave(
+        self, systems: dict[str, Rpc], out: Json, rounds: int
+    ) -> dict[str, list[int]]:
+        """``rounds`` rounds; each calls every system once, in an order rotating each round."""
         names = list(systems)
         samples: dict[str, list[int]] = {name: [] for name in names}
-        rounds = self.plan.rtt_warmup + self.plan.rtt_calls
-        say(f"relay round trips: {', '.join(names)} x {self.plan.rtt_calls} (interleaved)")
         gc.collect()
         gc.disable()
         try:
@@ -303,10 +364,7 @@ class Harness:
                         else:
                             out[name] = {"error": f"failed after {index} rounds: {exc}"}
                         continue
-                    if index >= self.plan.rtt_warmup:
-                        samples[name].append(elapsed)
-                if index and index % 250 == 0:
-                    say(f"  round {index}/{rounds}")
+                    samples[name].append(elapsed)
         finally:
             gc.enable()
         return samples
@@ -374,32 +432,88 @@ class Harness:
     async def throughput(self) -> Json:
         out: Json = {"pipeline_depth": PIPELINE_DEPTH, "service": THROUGHPUT_SERVICE}
         image = service_image(THROUGHPUT_SERVICE)
-        sessions: list[tuple[str, contextlib.AbstractAsyncContextManager[StreamRpc]]] = [
-            ("direct", engine.attached(image)),
-            ("reactor_fabric_ws", self.ws(THROUGHPUT_SERVICE)),
+        pipe_argv = engine.docker_run_argv(image, "--network", "none")
+        path = f"/mcp/{THROUGHPUT_SERVICE}"
+        candidates: list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]] = [
+            ("direct", initialized(engine.attached(image))),
+            ("docker_run_pipe", initialized(engine.piped(pipe_argv, self.side_log))),
+            ("reactor_fabric_ws", initialized(self.ws(THROUGHPUT_SERVICE))),
+            ("reactor_fabric_http", initialized(http_session(self.orch.port, path))),
         ]
-        for name, session in sessions:
-            try:
-                async with initialized(session) as rpc:
-                    runs: Json = {}
-                    for size_name, total in self.plan.throughput_messages.items():
-                        cpu_before = engine.cpu_seconds(self.orch.pid)
-                        with trio.fail_after(600):
-                            run = await pipelined(rpc, total=total, payload=PAYLOADS[size_name])
-                        if name == "reactor_fabric_ws":
-                            cpu = engine.cpu_seconds(self.orch.pid) - cpu_before
-                            run["orchestrator_cpu_s"] = round(cpu, 3)
-                            run["orchestrator_cpu_us_per_call"] = round(cpu / total * 1e6, 1)
-                        runs[size_name] = run
-                        say(
-                            f"throughput {name} {size_name}: {run['msgs_per_s']:.0f} calls/s, "
-                            f"{run['mib_per_s']:.1f} MiB/s"
+        if self.plan.peers:
+            candidates += [
+                ("supergateway", self._supergateway(image)),
+                ("mcp_proxy", self._mcp_proxy(image)),
+            ]
+        runs: dict[str, dict[str, list[Json]]] = {}
+        self.http_pools = {}
+        async with contextlib.AsyncExitStack() as stack:
+            systems = await self._start_systems(stack, candidates, out, "throughput")
+            for size_name, total in self.plan.throughput_messages.items():
+                for repeat in range(self.plan.repeats):
+                    live = [name for name in systems if name not in out]
+                    shift = repeat % len(live) if live else 0
+                    for name in live[shift:] + live[:shift]:
+                        run = await self._throughput_run(
+                            stack, name, systems[name], size_name, total
                         )
-                    out[name] = runs
-            except FAILURES as exc:
-                out[name] = self.problem(f"throughput.{name}", exc)
+                        if run is not None:
+                            runs.setdefault(name, {}).setdefault(size_name, []).append(run)
+                    say(f"throughput {size_name}: repeat {repeat + 1}/{self.plan.repeats}")
+        await trio.to_thread.run_sync(engine.remove_bench_containers)
+        for name, by_size in runs.items():
+            out[name] = {size: summarize_runs(size_runs) for size, size_runs in by_size.items()}
+            for size, summary in out[name].items():
+                say(
+                    f"throughput {name} {size}: {summary['msgs_per_s'].get('median')} calls/s "
+                    f"(median of {summary['msgs_per_s'].get('n')})"
+                )
         await self.settle()
         return out
+
+    async def _throughput_run(
+        self,
+        stack: contextlib.AsyncExitStack,
+        name: str,
+        rpc: Rpc,
+        size_name: str,
+        total: int,
+    ) -> Json | None:
+        cpu_before = engine.cpu_seconds(self.orch.pid)
+        try:
+            with trio.fail_after(600):
+                if isinstance(rpc, HttpRpc):
+                    pool = await self._http_pool(stack, name, rpc)
+                    run = await pipelined_http(pool, total=total, payload=PAYLOADS[size_name])
+                else:
+                    assert isinstance(rpc, StreamRpc)
+                    run = await pipelined(rpc, total=total, payload=PAYLOADS[size_name])
+        except FAILURES as exc:
+            if name in OURS:
+                self.problem(f"throughput.{name}.{size_name}", exc)
+            else:
+                say(f"throughput {name} {size_name} failed: {exc}")
+            return None
+        if name in RELAYED:
+            cpu = engine.cpu_seconds(self.orch.pid) - cpu_before
+            run["orchestrator_cpu_us_per_call"] = round(cpu / total * 1e6, 1)
+        return run
+
+    async def _http_pool(
+        self, stack: contextlib.AsyncExitStack, name: str, first: HttpRpc
+    ) -> list[HttpRpc]:
+        """PIPELINE_DEPTH keep-alive connections on ``first``'s session (made once)."""
+        pools = self.http_pools
+        if name not in pools:
+            pool = [first]
+            for _ in range(PIPELINE_DEPTH - 1):
+                twin = HttpRpc(first.host, first.port, first.path)
+                twin.session_id, twin.protocol_version = first.session_id, first.protocol_version
+                twin.ids = first.ids
+                stack.push_async_callback(twin.close_connection)
+                pool.append(twin)
+            pools[name] = pool
+        return pools[name]
 
     # --- 4. memory ------------------------------------------------------------------------
 
@@ -656,43 +770,127 @@ async def pipelined(rpc: StreamRpc, *, total: int, payload: int) -> Json:
     }
 
 
-def compare(figures: Json, system: str, floor: str) -> Json:
+async def pipelined_http(rpcs: list[HttpRpc], *, total: int, payload: int) -> Json:
+    """``total`` echo calls over HTTP: one POST at a time on each of the connections, so as
+    many are in flight as there are connections (HTTP/1.1 has no pipelining clients use)."""
+    params = {"name": "echo", "arguments": {"message": "x" * payload}}
+    remaining = total
+    latencies: list[int] = []
+    errors: list[str] = []
+
+    async def worker(rpc: HttpRpc) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            elapsed, answer = await rpc.call("tools/call", params)
+            latencies.append(elapsed)
+            try:
+                text = check_result(answer, "echo")["content"][0]["text"]
+                if len(text) < payload:
+                    errors.append(f"echo answered {len(text)} characters for {payload}")
+            except (ProtocolError, KeyError, IndexError, TypeError) as exc:
+                errors.append(str(exc)[:200])
+
+    gc.collect()
+    begin = time.perf_counter_ns()
+    async with trio.open_nursery() as nursery:
+        for rpc in rpcs:
+            nursery.start_soon(worker, rpc)
+    seconds = (time.perf_counter_ns() - begin) / 1e9
+    if errors:
+        raise ProtocolError(f"{len(errors)} echo call(s) failed, e.g. {errors[0]}")
+    return {
+        "messages": total,
+        "payload_bytes": payload,
+        "seconds": round(seconds, 3),
+        "msgs_per_s": round(total / seconds, 1),
+        "mib_per_s": round(total * payload / seconds / 2**20, 2),
+        "latency": summarize(latencies),
+    }
+
+
+def summarize_runs(runs: list[Json]) -> Json:
+    """Repeats of one throughput figure: rates as ``{median, min, max}``, latency pooled."""
+    summary: Json = {
+        "messages": runs[0]["messages"],
+        "payload_bytes": runs[0]["payload_bytes"],
+        "msgs_per_s": spread([run["msgs_per_s"] for run in runs]),
+        "mib_per_s": spread([run["mib_per_s"] for run in runs]),
+        "latency_p50_ms": spread([run["latency"].get("p50_ms") for run in runs]),
+        "latency_p99_ms": spread([run["latency"].get("p99_ms") for run in runs]),
+    }
+    if "orchestrator_cpu_us_per_call" in runs[0]:
+        summary["orchestrator_cpu_us_per_call"] = spread(
+            [run["orchestrator_cpu_us_per_call"] for run in runs]
+        )
+    return summary
+
+
+def with_intervals(samples_ns: list[int]) -> Json:
+    """STATS, plus 95 % bootstrap intervals of P50 and P95."""
+    stats = summarize(samples_ns)
+    if samples_ns:
+        stats["p50_ci_ms"] = list(bootstrap(samples_ns, 0.50))
+        stats["p95_ci_ms"] = list(bootstrap(samples_ns, 0.95))
+    return stats
+
+
+def compare(samples: dict[str, list[int]], system: str, floor: str) -> Json:
+    """``system`` minus ``floor`` at P50 and P95, with 95 % bootstrap intervals, and ratios."""
+    mine, theirs = samples.get(system, []), samples.get(floor, [])
+    if not mine or not theirs:
+        return {"system": system, "floor": floor, "error": "not measured"}
+    a, b = summarize(mine), summarize(theirs)
     return {
         "system": system,
         "floor": floor,
-        "difference_p50_ms": difference(figures.get(system, {}), figures.get(floor, {}), "p50_ms"),
-        "difference_p95_ms": difference(figures.get(system, {}), figures.get(floor, {}), "p95_ms"),
-        "ratio_p50": ratio(
-            figures.get(system, {}).get("p50_ms"), figures.get(floor, {}).get("p50_ms")
-        ),
-        "ratio_p95": ratio(
-            figures.get(system, {}).get("p95_ms"), figures.get(floor, {}).get("p95_ms")
-        ),
+        "difference_p50_ms": difference(a, b, "p50_ms"),
+        "difference_p50_ci_ms": list(bootstrap(mine, 0.50, against=theirs)),
+        "difference_p95_ms": difference(a, b, "p95_ms"),
+        "difference_p95_ci_ms": list(bootstrap(mine, 0.95, against=theirs)),
+        "ratio_p50": ratio(a.get("p50_ms"), b.get("p50_ms")),
+        "ratio_p95": ratio(a.get("p95_ms"), b.get("p95_ms")),
     }
 
 
 def overheads(rtt: Json) -> Json:
-    """Per relay: system - direct at P50/P99, and as a multiple of Reactor-Fabric's."""
-    floor = rtt.get("direct", {})
-    ours = {
-        key: difference(rtt.get("reactor_fabric_ws", {}), floor, key)
-        for key in ("p50_ms", "p99_ms")
-    }
+    """Per relay: its percentile minus its floor's (FLOOR_OF), repeat by repeat, as
+    ``{median, min, max}``; Reactor-Fabric also against the `docker run -i` pipe, and each
+    peer's median as a multiple of ours."""
+    repeats: list[Json] = rtt.get("per_repeat", [])
     out: Json = {}
-    for name, figures in rtt.items():
-        if name == "direct":
-            continue
-        p50 = difference(figures, floor, "p50_ms")
-        p99 = difference(figures, floor, "p99_ms")
-        if p50 is None:
-            out[name] = {"error": figures.get("error", "not measured")}
+
+    def per_repeat(system: str, floor: str, key: str) -> Json:
+        return spread([difference(r.get(system, {}), r.get(floor, {}), key) for r in repeats])
+
+    for name, floor in FLOOR_OF.items():
+        if not measured(rtt.get(name)) or not measured(rtt.get(floor)):
+            error = rtt.get(name, {}).get("error") or f"its floor {floor}: not measured"
+            out[name] = {"floor": floor, "error": error}
             continue
         out[name] = {
-            "overhead_p50_ms": p50,
-            "overhead_p99_ms": p99,
-            "ratio_to_reactor_fabric_p50": ratio(p50, ours["p50_ms"]),
-            "ratio_to_reactor_fabric_p99": ratio(p99, ours["p99_ms"]),
+            "floor": floor,
+            "overhead_p50_ms": per_repeat(name, floor, "p50_ms"),
+            "overhead_p99_ms": per_repeat(name, floor, "p99_ms"),
         }
+        if name in RELAYED:
+            out[name]["against_docker_run_pipe"] = {
+                key: per_repeat(name, "docker_run_pipe", key) for key in ("p50_ms", "p99_ms")
+            }
+    ours = out.get("reactor_fabric_ws", {})
+    for name in PEERS:
+        figures = out.get(name, {})
+        if "overhead_p50_ms" not in figures or "overhead_p50_ms" not in ours:
+            continue
+        for key in ("p50", "p99"):
+            theirs, mine = figures[f"overhead_{key}_ms"], ours[f"overhead_{key}_ms"]
+            figures[f"ratio_to_reactor_fabric_{key}"] = ratio(
+                theirs.get("median"), mine.get("median")
+            )
+            # "Clearly below": our worst repeat beats their best one.
+            figures[f"reactor_fabric_clearly_below_{key}"] = bool(
+                "max" in mine and "min" in theirs and mine["max"] < theirs["min"]
+            )
     return out
 
 
@@ -723,20 +921,28 @@ def write_suite(path: Path) -> Path:
 
 
 DEFINITIONS = {
-    "cold_start": "client sends `initialize` (the first MCP request; the container starts on "
-    "it) → its response. Reactor-Fabric: on an open WebSocket (connect time excluded, reported "
-    "apart). Floor: from spawning `docker run -i --rm IMAGE` and writing `initialize` on its "
-    "stdin → the response on its stdout.",
+    "cold_start": "from the moment the client starts connecting to the response to its "
+    "`initialize` (the first MCP request; the container starts on it). Reactor-Fabric: "
+    "WebSocket connect + `initialize`. Floor: from spawning `docker run -i --rm IMAGE` and "
+    "writing `initialize` on its stdin → the response on its stdout. 95 % intervals by the "
+    "bootstrap (2,000 resamples, fixed seed).",
     "first_tool_call": "after the handshake, `tools/call get_current_time` → its response, on "
     "the same fresh container.",
     "relay_rtt": "warm container, `tools/call get_current_time {timezone: UTC}`: bytes handed to "
     "the transport → matching response decoded. Systems interleaved, one call each per round in "
-    "a rotating order, after a warm-up.",
-    "relay_overhead": "percentile of a system minus the same percentile of `direct` (Docker "
-    "attach to the container's stdio, no relay).",
+    "a rotating order, after a warm-up; the whole measurement is repeated and each figure given "
+    "as the median of the repeats with their range.",
+    "relay_overhead": "per repeat, a relay's percentile minus the same percentile of its floor: "
+    "`direct` (Docker attach to the container's stdio, no relay) for Reactor-Fabric, which "
+    "attaches through the Docker API; `docker_run_pipe` (a `docker run -i` process spoken to "
+    "over its pipes, no relay) for supergateway and mcp-proxy, which wrap `docker run -i` and "
+    "pay that hop themselves. Judged on the median of the repeats; 'clearly below' means our "
+    "worst repeat is below their best.",
     "percentiles": "nearest rank (an observed sample), over all measured calls",
-    "throughput": "one session, `echo` on the everything image, 16 requests in flight; "
-    "messages/s = calls answered / wall time; MiB/s counts the payload one way",
+    "throughput": "one session, `echo` on the everything image, 16 requests in flight "
+    "(WebSocket and stdio: pipelined on one connection; Streamable HTTP: one POST at a time on "
+    "each of 16 keep-alive connections of the session); calls/s = calls answered / wall time; "
+    "MiB/s counts the payload one way; each figure repeated, median and range",
     "memory": "orchestrator: VmRSS of its process; containers: cgroup memory usage less "
     "inactive page cache, after `initialize` (what `docker stats` shows)",
     "concurrency": "N clients released at once; first response = connect → initialize "
@@ -755,7 +961,7 @@ def not_run(section: str, reason: str) -> Json:
     shapes: dict[str, Json] = {
         "cold_start": {"reactor_fabric": error, "docker_run_floor": error},
         "relay_rtt": dict.fromkeys(RELAY_SYSTEMS, error),
-        "throughput": {"direct": error, "reactor_fabric_ws": error},
+        "throughput": {"direct": error, "reactor_fabric_ws": error, "reactor_fabric_http": error},
         "memory": {
             "orchestrator_10_sessions": error,
             "orchestrator_50_sessions": error,
@@ -780,6 +986,7 @@ def new_results(plan: Plan) -> Json:
             "cold_runs": plan.cold_runs,
             "rtt_warmup": plan.rtt_warmup,
             "rtt_calls": plan.rtt_calls,
+            "repeats": plan.repeats,
             "throughput_messages": plan.throughput_messages,
             "memory_sessions": list(plan.memory_sessions),
             "bursts": list(plan.bursts),

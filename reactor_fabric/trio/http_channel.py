@@ -169,12 +169,21 @@ class HttpChannel:
 
     # --- the HTTP side ------------------------------------------------------------------------
 
+    def in_flight(self, request_id: RequestId) -> bool:
+        """Whether a request with this id still awaits its answer (ids must be unique)."""
+        waiter = self._waiters.get(request_id)
+        return waiter is not None and not waiter.gone
+
     def expect(self, request_id: RequestId, *, streaming: bool) -> Waiter:
-        """Register a POST that waits for the response to ``request_id`` (before submitting)."""
+        """Register a POST that waits for the response to ``request_id`` (before submitting).
+
+        A waiter whose client left is replaced (its answer will go nowhere anyway); the caller
+        refuses an id that a live POST still waits on (:meth:`in_flight`).
+        """
         waiter = Waiter(request_id, streaming, _Queue(self.buffer_bytes))
         previous = self._waiters.pop(request_id, None)
         if previous is not None:
-            previous.queue.close()  # a reused id: the older POST can no longer be answered
+            previous.queue.close()
         self._waiters[request_id] = waiter
         return waiter
 

@@ -300,6 +300,14 @@ async def _post(
         await exchange.respond(202, headers=session_header)
         return
     assert message.id is not None
+    if channel.in_flight(message.id):
+        duplicate = InvalidRequest(
+            f"request id {message.id!r} is already in flight in this session",
+            reason="duplicate_request_id",
+            request_id=message.id,
+        )
+        await exchange.respond(400, error_response(message.id, duplicate), headers=session_header)
+        return
     accept = exchange.request.headers.get(b"accept", "")
     waiter = channel.expect(message.id, streaming="text/event-stream" in accept and not first)
     try:

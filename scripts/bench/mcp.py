@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,7 +20,8 @@ import msgspec
 import trio
 import trio_websocket
 
-from reactor_fabric.protocol.framing import STDOUT, DockerStreamDemuxer, LineSplitter
+from reactor_fabric.protocol.framing import LineSplitter
+from reactor_fabric.runtime.docker_framing import STDOUT, DockerFrameDecoder
 
 Json = dict[str, Any]
 
@@ -216,7 +218,7 @@ class AttachedStream:
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self._stream = stream
-        self._demuxer = DockerStreamDemuxer(max_frame=MAX_MESSAGE)
+        self._demuxer = DockerFrameDecoder(max_frame=MAX_MESSAGE)
         self._stdout = _Lines()
         self.stderr_tail: collections.deque[bytes] = collections.deque(maxlen=20)
 
@@ -295,7 +297,8 @@ class HttpRpc:
         self.protocol_version: str | None = None
         self._stream: trio.SocketStream | None = None
         self._buffer = bytearray()
-        self._next_id = 0
+        # Request ids must be unique in a session: connections sharing one share the counter.
+        self.ids = itertools.count(1)
 
     async def _connection(self) -> trio.SocketStream:
         if self._stream is None:
@@ -339,8 +342,7 @@ class HttpRpc:
         raise AssertionError("unreachable")
 
     async def call(self, method: str, params: Json) -> tuple[int, Json]:
-        self._next_id += 1
-        request_id = self._next_id
+        request_id = next(self.ids)
         request = self._request_bytes(encode_request(request_id, method, params))
         start, status, headers = await self._exchange(request)
         if status != 200:
@@ -373,6 +375,10 @@ class HttpRpc:
                 )
                 _, _, headers = await self._exchange(request.encode("latin-1"))
                 await self._read_body(headers)
+        await self._close_connection()
+
+    async def close_connection(self) -> None:
+        """Close the connection only (the session stays, for the other connections on it)."""
         await self._close_connection()
 
     async def _close_connection(self) -> None:

@@ -59,6 +59,27 @@ def _times(value: Any) -> str:
     return "—" if value is None else f"{float(value):.2f}x"
 
 
+def _range(figure: Any, *, signed: bool = False) -> str:
+    """``median [min, max]`` of a spread."""
+    if not isinstance(figure, dict) or "median" not in figure:
+        return "—"
+    show = _signed if signed else _ms
+    if figure.get("n", 1) == 1:
+        return show(figure["median"])
+    return f"{show(figure['median'])} [{show(figure['min'])}, {show(figure['max'])}]"
+
+
+def _interval(interval: Any) -> str:
+    if not isinstance(interval, list) or len(interval) != 2:
+        return ""
+    return f"{_ms(interval[0])} to {_ms(interval[1])}"
+
+
+def _ci(interval: Any) -> str:
+    text = _interval(interval)
+    return f" (95 % CI {text})" if text else ""
+
+
 def _mb(value: Any) -> str:
     if isinstance(value, dict):
         return f"not measured: {value.get('error', '?')}"
@@ -144,13 +165,13 @@ def _bars(results: Json) -> str:
     rf_cold = cold.get("reactor_fabric", {})
     overhead = results.get("relay_overhead", {})
     ours = overhead.get("reactor_fabric_ws", {})
-    ours_p99 = ours.get("overhead_p99_ms")
+    ours_p99 = ours.get("overhead_p99_ms", {}).get("median")
+    ours_p50 = ours.get("overhead_p50_ms", {}).get("median")
     peers = {
-        name: overhead[name]["overhead_p99_ms"]
+        name: overhead[name]
         for name in ("supergateway", "mcp_proxy")
         if isinstance(overhead.get(name), dict) and "overhead_p99_ms" in overhead[name]
     }
-    peers_p99 = list(peers.values())
     memory = results.get("memory_mb", {})
     mem50 = memory.get("orchestrator_50_sessions")
     mem50 = mem50 if isinstance(mem50, int | float) else None
@@ -166,24 +187,35 @@ def _bars(results: Json) -> str:
     diff95 = comparison.get("difference_p95_ms")
     bar_rtt: bool | None = None
     if ours_p99 is not None:
-        bar_rtt = ours_p99 <= 1.0 and all(ours_p99 < other for other in peers_p99)
+        bar_rtt = ours_p99 <= 1.0 and all(
+            figures.get("reactor_fabric_clearly_below_p50")
+            and figures.get("reactor_fabric_clearly_below_p99")
+            for figures in peers.values()
+        )
     peers_text = (
-        ", ".join(f"{name} {_ms(value)}" for name, value in peers.items()) or "no peer measured"
+        "; ".join(
+            f"{name} P50 {_range(figures['overhead_p50_ms'], signed=True)}, "
+            f"P99 {_range(figures['overhead_p99_ms'], signed=True)}"
+            for name, figures in peers.items()
+        )
+        or "no peer measured"
     )
     rows = [
         (
-            "Cold start P95",
+            "Cold start P95 (connect included)",
             "< 3.5 s",
             "≤ `docker run -i` + 50 ms",
-            f"{_ms(cold_p95)} ms ({_signed(diff95)} ms vs floor)",
+            f"{_ms(cold_p95)} ms ({_signed(diff95)} ms vs floor"
+            f"{_ci(comparison.get('difference_p95_ci_ms'))})",
             _met(None if cold_p95 is None else cold_p95 < 3500),
             _met(None if diff95 is None else diff95 <= 50),
         ),
         (
-            "Relay overhead P99",
+            "Relay overhead P99 (median of repeats)",
             "< 50 ms",
-            "≤ 1 ms and below every other relay",
-            f"{_ms(ours_p99)} ms (P50 {_ms(ours.get('overhead_p50_ms'))}; peers P99: {peers_text})",
+            "≤ 1 ms, and clearly below every other relay at P50 and P99",
+            f"{_ms(ours_p99)} ms (P50 {_ms(ours_p50)}); peers, against their own floor: "
+            f"{peers_text}",
             _met(None if ours_p99 is None else ours_p99 < 50),
             _met(bar_rtt),
         ),
@@ -225,31 +257,36 @@ def _cold(results: Json) -> str:
     cold = results.get("cold_start", {})
     tools = cold.get("first_tool_call", {})
     names = {
-        "reactor_fabric": "Reactor-Fabric (WebSocket)",
+        "reactor_fabric": "Reactor-Fabric (WebSocket connect + `initialize`)",
         "docker_run_floor": "`docker run -i --rm` (floor)",
         "docker_run_same_limits": "`docker run -i --rm` + the orchestrator's limits",
     }
     lines = [
-        "### 1. Cold start: `initialize` → response from a fresh `time` container (ms)",
+        "### 1. Cold start: connect → response to `initialize` from a fresh `time` container (ms)",
         "",
-        f"| System | {STATS_HEAD[2:]}",
-        f"|---{STATS_RULE}",
-        *(_stats_row(label, cold.get(key)) for key, label in names.items()),
-        "",
+        f"| System | {STATS_HEAD[2:]} P50 95 % CI | P95 95 % CI |",
+        f"|---{STATS_RULE}---:|---:|",
     ]
+    for key, label in names.items():
+        figures = cold.get(key, {})
+        extra = [_interval(figures.get("p50_ci_ms")), _interval(figures.get("p95_ci_ms"))]
+        lines.append(_stats_row(label, figures, extra))
+    lines.append("")
     for key, title in (("comparison", "floor"), ("comparison_same_limits", "same-limits floor")):
         comparison = cold.get(key, {})
         lines.append(
-            f"- Reactor-Fabric vs {title}: P50 {_signed(comparison.get('difference_p50_ms'))} ms "
+            f"- Reactor-Fabric vs {title}: P50 {_signed(comparison.get('difference_p50_ms'))} ms"
+            f"{_ci(comparison.get('difference_p50_ci_ms'))} "
             f"({_times(comparison.get('ratio_p50'))}), P95 "
-            f"{_signed(comparison.get('difference_p95_ms'))} ms "
+            f"{_signed(comparison.get('difference_p95_ms'))} ms"
+            f"{_ci(comparison.get('difference_p95_ci_ms'))} "
             f"({_times(comparison.get('ratio_p95'))})."
         )
     connect = cold.get("reactor_fabric_ws_connect", {})
     if measured(connect):
         lines.append(
-            f"- WebSocket connect before `initialize` (not in the figure above): P50 "
-            f"{_ms(connect['p50_ms'])} ms, P95 {_ms(connect['p95_ms'])} ms."
+            f"- Of which the WebSocket connect: P50 {_ms(connect['p50_ms'])} ms, "
+            f"P95 {_ms(connect['p95_ms'])} ms."
         )
     lines += [
         "",
@@ -263,41 +300,68 @@ def _cold(results: Json) -> str:
     return "\n".join(lines)
 
 
+RTT_NAMES = {
+    "direct": "direct stdio (Docker attach, no relay): our floor",
+    "docker_run_pipe": "`docker run -i` pipe (no relay): the peers' floor",
+    "reactor_fabric_ws": "Reactor-Fabric, WebSocket",
+    "reactor_fabric_http": "Reactor-Fabric, Streamable HTTP",
+    "supergateway": "supergateway (stdio→ws, wraps `docker run -i`)",
+    "mcp_proxy": "mcp-proxy (Streamable HTTP, wraps `docker run -i`)",
+}
+
+
 def _rtt(results: Json) -> str:
     rtt = results.get("relay_rtt", {})
     overhead = results.get("relay_overhead", {})
-    names = {
-        "direct": "direct stdio (attach, no relay: floor)",
-        "reactor_fabric_ws": "Reactor-Fabric, WebSocket",
-        "reactor_fabric_http": "Reactor-Fabric, Streamable HTTP",
-        "supergateway": "supergateway (stdio→ws)",
-        "mcp_proxy": "mcp-proxy (Streamable HTTP)",
-    }
+    repeats = results.get("plan", {}).get("repeats", "?")
     lines = [
         "### 2. Relay round trip: `tools/call get_current_time` on a warm container (ms)",
         "",
-        f"| System | {STATS_HEAD[2:]} overhead P50 | overhead P99 | x ours P50 | x ours P99 |",
-        f"|---{STATS_RULE}---:|---:|---:|---:|",
+        f"All calls of {repeats} interleaved repeats pooled:",
+        "",
+        f"| System | {STATS_HEAD[2:]}",
+        f"|---{STATS_RULE}",
+        *(_stats_row(label, rtt.get(key)) for key, label in RTT_NAMES.items()),
+        "",
+        "Repeat by repeat — median [min, max] of the repeats; overhead = the system's "
+        "percentile minus its floor's, in the same repeat:",
+        "",
+        "| System | P50 | P99 | Floor | Overhead P50 | Overhead P99 | x ours P50 | x ours P99 |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for key, label in names.items():
-        extra = ["", "", "", ""]
-        figures = overhead.get(key, {})
-        if "overhead_p50_ms" in figures:
-            extra = [
-                _signed(figures["overhead_p50_ms"]),
-                _signed(figures["overhead_p99_ms"]),
-                _times(figures.get("ratio_to_reactor_fabric_p50")),
-                _times(figures.get("ratio_to_reactor_fabric_p99")),
-            ]
-        lines.append(_stats_row(label, rtt.get(key), extra))
+    for key, label in RTT_NAMES.items():
+        figures = rtt.get(key, {})
+        if not measured(figures):
+            reason = figures.get("error", "?") if isinstance(figures, dict) else "?"
+            lines.append(f"| {label} | not measured: {reason} | | | | | | |")
+            continue
+        spreads = figures.get("repeats", {})
+        over = overhead.get(key, {})
+        lines.append(
+            f"| {label} | {_range(spreads.get('p50_ms'))} | {_range(spreads.get('p99_ms'))} | "
+            f"{over.get('floor', '(a floor)')} | "
+            f"{_range(over.get('overhead_p50_ms'), signed=True)} | "
+            f"{_range(over.get('overhead_p99_ms'), signed=True)} | "
+            f"{_times(over.get('ratio_to_reactor_fabric_p50'))} | "
+            f"{_times(over.get('ratio_to_reactor_fabric_p99'))} |"
+        )
     lines.append("")
+    for key in ("reactor_fabric_ws", "reactor_fabric_http"):
+        against = overhead.get(key, {}).get("against_docker_run_pipe", {})
+        if against:
+            lines.append(
+                f"- {RTT_NAMES[key]} against the peers' floor (`docker run -i` pipe): P50 "
+                f"{_range(against.get('p50_ms'), signed=True)}, P99 "
+                f"{_range(against.get('p99_ms'), signed=True)} ms."
+            )
     cpu = results.get("diagnostics", {}).get("orchestrator_cpu_us_per_call", {})
     if cpu:
         text = ", ".join(
             f"{name}: {value} µs" if isinstance(value, int | float) else f"{name}: {value}"
             for name, value in cpu.items()
         )
-        lines += [f"Orchestrator CPU time per relayed call (one system at a time): {text}.", ""]
+        lines.append(f"- Orchestrator CPU per call, one call in flight: {text}.")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -307,22 +371,26 @@ def _throughput(results: Json) -> str:
     lines = [
         f"### 3. Throughput: one session, `echo` on `everything`, {depth} requests in flight",
         "",
+        "Median [min, max] of the repeats.",
+        "",
         "| System | Payload | Calls | Calls/s | MiB/s | Latency P50 (ms) | Latency P99 (ms) "
         "| Orchestrator CPU per call (µs) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for key, label in (("direct", "direct stdio"), ("reactor_fabric_ws", "Reactor-Fabric, ws")):
-        runs = throughput.get(key, {})
+    for key, label in RTT_NAMES.items():
+        runs = throughput.get(key)
+        if not isinstance(runs, dict):
+            continue
         if "error" in runs:
             lines.append(f"| {label} | not measured: {runs['error']} | | | | | | |")
             continue
         for name, run in runs.items():
-            latency = run.get("latency", {})
+            cpu = run.get("orchestrator_cpu_us_per_call")
             lines.append(
                 f"| {label} | {_bytes(run['payload_bytes'])} ({name}) | {run['messages']} | "
-                f"{run['msgs_per_s']:,.0f} | {run['mib_per_s']:.2f} | "
-                f"{_ms(latency.get('p50_ms'))} | {_ms(latency.get('p99_ms'))} | "
-                f"{run.get('orchestrator_cpu_us_per_call', '—')} |"
+                f"{_range(run['msgs_per_s'])} | {_range(run['mib_per_s'])} | "
+                f"{_range(run['latency_p50_ms'])} | {_range(run['latency_p99_ms'])} | "
+                f"{_range(cpu) if cpu else '—'} |"
             )
     lines.append("")
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,3 +60,47 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return round(numerator / denominator, 2)
+
+
+def spread(values: Sequence[float | None]) -> Json:
+    """``{median, min, max, n}`` of per-repeat figures (None where a repeat did not measure)."""
+    known = sorted(float(v) for v in values if v is not None)
+    if not known:
+        return {"error": "no repeat measured it"}
+    middle = len(known) // 2
+    median = known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
+    return {
+        "median": round(median, 3),
+        "min": round(known[0], 3),
+        "max": round(known[-1], 3),
+        "n": len(known),
+    }
+
+
+def bootstrap(
+    samples_ns: Sequence[int],
+    fraction: float,
+    *,
+    against: Sequence[int] | None = None,
+    resamples: int = 2000,
+    seed: int = 9,
+) -> tuple[float, float]:
+    """95 % interval of a percentile (ms) — or of its difference with ``against``'s — by the
+    bootstrap: resample with replacement, take the figure, keep the 2.5th and 97.5th values.
+
+    Seeded, so that the same samples always give the same interval.
+    """
+    rng = random.Random(seed)
+    ms = [sample / 1e6 for sample in samples_ns]
+    other = [sample / 1e6 for sample in against] if against is not None else None
+    figures = []
+    for _ in range(resamples):
+        figure = percentile(sorted(rng.choices(ms, k=len(ms))), fraction)
+        if other is not None:
+            figure -= percentile(sorted(rng.choices(other, k=len(other))), fraction)
+        figures.append(figure)
+    figures.sort()
+    return (
+        round(figures[int(0.025 * resamples)], 3),
+        round(figures[int(0.975 * resamples) - 1], 3),
+    )

@@ -191,6 +191,24 @@ async def test_a_body_that_is_not_one_json_rpc_message_is_400_and_the_session_go
         assert (await http.post(call(9, "echo"), session=session)).json()["id"] == 9
 
 
+async def test_a_request_reusing_the_id_of_one_in_flight_is_refused_and_the_first_answered(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        first = HttpClient(http.connect())
+        await first.send_request(
+            "POST", "/mcp/svc", call(5, "wait", seconds=1), headers={"mcp-session-id": session}
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        again = await http.post(call(5, "echo"), session=session)
+        assert again.status == 400
+        assert again.json()["error"]["data"]["reason"] == "duplicate_request_id"
+        answer = await first.read_head()
+        assert answer.status == 200
+        await first.aclose()
+
+
 async def test_an_unknown_session_id_is_404(tmp_path: Path) -> None:
     async with served(tmp_path) as http:
         reply = await http.post(request(2, "tools/list"), session="0" * 32)
