@@ -5,9 +5,10 @@ Handshake (spec §3): ``Origin`` and ``Host`` are checked before accepting (refu
 negotiated (loopback gains nothing from compressing every frame). Then the connection becomes a
 session (:func:`~reactor_fabric.trio.session.serve_session`).
 
-Frames: one JSON-RPC message per text frame; a binary frame closes with 1003, a message over
-``max_message_size`` with 1009, a protocol violation (e.g. invalid UTF-8) with wsproto's code.
-The server pings every 20 s.
+Frames (read and written by :mod:`reactor_fabric.protocol.websocket_frames`; wsproto does the
+handshake): one JSON-RPC message per text frame; a binary frame closes with 1003, a message
+over ``max_message_size`` with 1009 (refused from its header), a protocol violation with its
+code (1002, 1007). The server pings every 20 s.
 
 One writer per connection: :meth:`WebSocketChannel.run_writer` is the only task that writes
 the socket. Data frames, pongs, pings and the close frame are queued for it; it writes whatever
@@ -31,21 +32,23 @@ from urllib.parse import parse_qs
 
 import trio
 import wsproto
-from wsproto.connection import ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Ping,
-    Pong,
-    RejectConnection,
-    RejectData,
-    TextMessage,
-)
-from wsproto.utilities import LocalProtocolError
+from wsproto.events import AcceptConnection, RejectConnection, RejectData
 
 from ..policy.origins import request_allowed
 from ..protocol.jsonrpc import Peek
+from ..protocol.websocket_frames import (
+    PING,
+    PONG,
+    BinaryMessage,
+    Close,
+    FrameDecoder,
+    FrameError,
+    Ping,
+    TextMessage,
+    close_frame,
+    control_frame,
+    text_frame,
+)
 from .fabric import Fabric
 from .http_server import Request
 from .session import serve_session
@@ -72,16 +75,17 @@ class WebSocketSettings:
 
 
 class WebSocketChannel:
-    """One accepted WebSocket as a session's :class:`~reactor_fabric.trio.session.ClientChannel`."""
+    """One accepted WebSocket as a session's :class:`~reactor_fabric.trio.session.ClientChannel`.
 
-    def __init__(
-        self, stream: trio.abc.Stream, ws: wsproto.WSConnection, settings: WebSocketSettings
-    ) -> None:
+    Frames are read and written with :mod:`reactor_fabric.protocol.websocket_frames`; this class
+    only moves them and keeps the close handshake's state.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, settings: WebSocketSettings) -> None:
         self._stream = stream
-        self._ws = ws
         self._settings = settings
+        self._decoder = FrameDecoder(max_message=settings.max_message_bytes)
         self._messages: collections.deque[bytes] = collections.deque()
-        self._partial = bytearray()
         self._control: collections.deque[bytes] = collections.deque()
         self._outbox: collections.deque[bytes] = collections.deque()
         self._outbox_bytes = 0
@@ -95,6 +99,25 @@ class WebSocketChannel:
         self.close_code: int | None = None
 
     # --- reading ------------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Take bytes the client sent (the connection's reads, or what followed the upgrade)."""
+        try:
+            events = self._decoder.feed(data)
+        except FrameError as exc:
+            self._fail(exc.code, exc.reason)
+            return
+        for event in events:
+            if type(event) is TextMessage:
+                self._messages.append(event.data)
+            elif isinstance(event, Ping):
+                self._queue_control(control_frame(PONG, event.payload))
+            elif isinstance(event, Close):
+                self._closed_by_client(event)
+                return
+            elif isinstance(event, BinaryMessage):
+                self._fail(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
+                return
 
     async def receive(self) -> bytes | None:
         """The next message, or None once the client closed (or must be closed)."""
@@ -110,52 +133,15 @@ class WebSocketChannel:
             if not data:
                 self._lost()
                 return None
-            self._ws.receive_data(bytes(data))
-            self._process_events()
+            self.feed(bytes(data))
 
-    def _process_events(self) -> None:
-        limit = self._settings.max_message_bytes
-        for event in self._ws.events():
-            if isinstance(event, TextMessage):
-                piece = event.data.encode()
-                if event.message_finished and not self._partial:
-                    if len(piece) > limit:
-                        self._fail(CLOSE_TOO_BIG, f"message over {limit} bytes")
-                        return
-                    self._messages.append(piece)
-                    continue
-                self._partial += piece
-                if len(self._partial) > limit:
-                    self._partial.clear()
-                    self._fail(CLOSE_TOO_BIG, f"message over {limit} bytes")
-                    return
-                if event.message_finished:
-                    self._messages.append(bytes(self._partial))
-                    self._partial.clear()
-            elif isinstance(event, BytesMessage):
-                self._fail(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
-                return
-            elif isinstance(event, Ping):
-                self._queue_control(self._ws.send(event.response()))
-            elif isinstance(event, CloseConnection):
-                self._closed_by_event(event)
-                return
-            elif isinstance(event, Pong):
-                pass
-
-    def _closed_by_event(self, event: CloseConnection) -> None:
-        state = self._ws.state
-        if state is ConnectionState.REMOTE_CLOSING:
-            # The client closes: answer with the same code (the handshake completes).
-            self.peer_closed = True
-            self.close_code = event.code
-            self.close_queued = True
-            self._queue_close(event.code, event.reason or "")
-        elif state is ConnectionState.OPEN:
-            # wsproto found a protocol violation (e.g. invalid UTF-8): close with its code.
-            self._fail(event.code, event.reason or "protocol error")
-        else:
-            self.peer_closed = True  # the client's answer to our close frame
+    def _closed_by_client(self, event: Close) -> None:
+        self.peer_closed = True
+        if not self.close_queued:
+            # The client closes: answer with its code (the handshake completes).
+            code = event.code if event.code is not None else CLOSE_NORMAL
+            self.close_code = code
+            self._queue_close(code, "")
 
     def _lost(self) -> None:
         self.gone = True
@@ -164,32 +150,37 @@ class WebSocketChannel:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def _queue_control(self, data: bytes) -> None:
+    def _queue_control(self, frame: bytes) -> None:
         """Pings and pongs: written before queued data (they carry no order)."""
-        self._control.append(data)
+        self._control.append(frame)
         self._written = trio.Event()
         self._wake_writer.set()
 
     def _queue_close(self, code: int, reason: str) -> None:
         """The close frame: written after everything queued before it (the last frames a client
         reads before the close, e.g. a refusal's error, must reach it)."""
-        with contextlib.suppress(LocalProtocolError):
-            data = self._ws.send(CloseConnection(code=code, reason=reason[:120]))
-            self._outbox.append(data)
-            self._outbox_bytes += len(data)
-            self._written = trio.Event()
-            self._wake_writer.set()
+        self.close_queued = True
+        frame = close_frame(code, reason)
+        self._outbox.append(frame)
+        self._outbox_bytes += len(frame)
+        self._written = trio.Event()
+        self._wake_writer.set()
 
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
         """Queue one message for the client; waits while ``buffer_bytes`` are queued already."""
         while True:
-            if self.gone or self.close_queued or self._ws.state is not ConnectionState.OPEN:
+            if self.gone or self.close_queued:
                 raise trio.ClosedResourceError("the WebSocket is closed")
             if self._outbox_bytes < self._settings.buffer_bytes:
                 break
             self._room = trio.Event()
             await self._room.wait()
-        data = self._ws.send(TextMessage(data=frame.decode("utf-8", "replace")))
+        try:
+            frame.decode("utf-8")
+        except UnicodeDecodeError:
+            # A text frame must be UTF-8; a server that wrote otherwise gets replacements.
+            frame = frame.decode("utf-8", "replace").encode()
+        data = text_frame(frame)
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         self._written = trio.Event()
@@ -200,14 +191,14 @@ class WebSocketChannel:
         """Queue a close frame; the handshake completes in :meth:`finish`."""
         if self.close_queued or self.gone:
             return
-        self.close_queued = True
         self.close_code = code
         self._queue_close(code, reason)
         await trio.lowlevel.checkpoint()
 
     def _fail(self, code: int, reason: str) -> None:
         log.info("websocket_closing", extra={"code": code, "detail": reason})
-        self.close_queued = True
+        if self.close_queued or self.gone:
+            return
         self.close_code = code
         self._queue_close(code, reason)
 
@@ -224,11 +215,16 @@ class WebSocketChannel:
             self._control.clear()
             self._outbox.clear()
             batch = parts[0] if len(parts) == 1 else b"".join(parts)
-            try:
-                with trio.fail_after(self._settings.write_timeout):
+            failure = ""
+            with trio.move_on_after(self._settings.write_timeout) as stall:
+                try:
                     await self._stream.send_all(batch)
-            except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                log.info("websocket_write_failed", extra={"detail": type(exc).__name__})
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    failure = type(exc).__name__
+            if stall.cancelled_caught:
+                failure = "the client stopped reading"
+            if failure:
+                log.info("websocket_write_failed", extra={"detail": failure})
                 self._lost()
                 self._written.set()
                 return
@@ -239,8 +235,8 @@ class WebSocketChannel:
         """WebSocket pings, for keepalive (JSON-RPC ping is gone in MCP 2026-07-28)."""
         while True:
             await trio.sleep(self._settings.ping_interval)
-            if self._ws.state is ConnectionState.OPEN and not self.close_queued:
-                self._queue_control(self._ws.send(Ping(payload=b"reactor-fabric")))
+            if not self.close_queued and not self.gone:
+                self._queue_control(control_frame(PING, b"reactor-fabric"))
 
     async def finish(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
         """End the connection cleanly: our close frame written, the client's awaited (bounded)."""
@@ -256,11 +252,7 @@ class WebSocketChannel:
                 if not data:
                     self._lost()
                     break
-                with contextlib.suppress(LocalProtocolError):
-                    self._ws.receive_data(bytes(data))
-                for event in self._ws.events():
-                    if isinstance(event, CloseConnection):
-                        self._closed_by_event(event)
+                self.feed(bytes(data))
             await self._written.wait()
 
 
@@ -294,10 +286,9 @@ async def serve_websocket(
     try:
         with trio.move_on_after(settings.write_timeout):
             await stream.send_all(ws.send(AcceptConnection(subprotocol=subprotocol)))
-        channel = WebSocketChannel(stream, ws, settings)
+        channel = WebSocketChannel(stream, settings)
         if trailing:
-            ws.receive_data(trailing)
-            channel._process_events()
+            channel.feed(trailing)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(channel.run_writer)
             nursery.start_soon(channel.run_pinger)
