@@ -87,7 +87,9 @@ class Ledger:
             assert message.kind == NOTIFICATION
 
     def next_expiry(self) -> float | None:
-        return min(self.server_requests.values(), default=None)
+        if not self.server_requests:  # the usual case, on every event: answer at once
+            return None
+        return min(self.server_requests.values())
 
     def expire(self, now: float) -> list[RequestId]:
         """Forget the server→client requests due by ``now``; their ids."""

@@ -208,6 +208,8 @@ class SessionLimits:
     # Server→client requests awaiting the client at once; beyond it the server is answered at
     # once (they are tracked, and each may have to be answered when it expires).
     max_server_requests: int = 256
+    # A container that takes none of the bytes written to its stdin for this long is replaced.
+    stdin_stall_timeout: float = 120.0
 
 
 class SlotState(enum.Enum):
@@ -228,6 +230,7 @@ class _Slot:
     seq: int
     state: SlotState = SlotState.SPAWNING
     stdin_pending: int = 0  # bytes asked to be written and not yet reported written
+    stdin_progress: float = 0.0  # when stdin last went from nothing pending, or moved
     replay_id: str | None = None
     replay_initialized: bytes | None = None
     replay_deadline: float = math.inf
@@ -259,6 +262,7 @@ class SessionMachine:
         self._waiting: collections.deque[tuple[Peek, bytes]] = collections.deque()
         self._waiting_bytes = 0
         self._last_activity = now
+        self._now = now
         self._handlers: dict[type[Any], Any] = {
             ClientFrame: self._client_frame,
             ClientGone: self._client_gone,
@@ -278,6 +282,7 @@ class SessionMachine:
         """Apply one event; the actions to carry out, in order."""
         if self.phase is Phase.ENDED:
             return []
+        self._now = now
         handler: Any = self._handlers[type(event)]
         actions: list[Action] = handler(event, now)
         return actions
@@ -309,10 +314,12 @@ class SessionMachine:
                 deadline = slot.replay_deadline
             elif self._idle_candidate(slot):
                 deadline = self._last_activity + self.idle_timeout
+            if slot.stdin_pending:
+                deadline = min(deadline, slot.stdin_progress + self.limits.stdin_stall_timeout)
         expiry = self.ledger.next_expiry()
         if expiry is not None:
             deadline = min(deadline, expiry)
-        return None if math.isinf(deadline) else deadline
+        return None if deadline == math.inf else deadline
 
     def clone(self) -> SessionMachine:
         """An independent copy of the machine in its current state (for model checking)."""
@@ -393,6 +400,8 @@ class SessionMachine:
 
     def _write_line(self, slot: _Slot, line: bytes) -> WriteStdin:
         data = line + b"\n"
+        if not slot.stdin_pending:
+            slot.stdin_progress = self._now
         slot.stdin_pending += len(data)
         return WriteStdin(slot.seq, data)
 
@@ -554,10 +563,11 @@ class SessionMachine:
         )
         return self._retire(slot, error, stop_reason=event.reason)
 
-    def _stdin_written(self, event: StdinWritten, _now: float) -> list[Action]:
+    def _stdin_written(self, event: StdinWritten, now: float) -> list[Action]:
         slot = self._is_current(event.seq)
         if slot is not None:
             slot.stdin_pending = max(0, slot.stdin_pending - event.nbytes)
+            slot.stdin_progress = now
         return []
 
     def _container_exited(self, event: ContainerExited, _now: float) -> list[Action]:
@@ -617,6 +627,18 @@ class SessionMachine:
 
     def _tick(self, _event: Tick, now: float) -> list[Action]:
         actions: list[Action] = []
+        slot = self._slot
+        if (
+            slot is not None
+            and slot.stdin_pending
+            and now >= slot.stdin_progress + self.limits.stdin_stall_timeout
+        ):
+            stalled = ContainerBroken(
+                slot.seq,
+                UNRESPONSIVE,
+                f"its input did not move for {self.limits.stdin_stall_timeout:g} s",
+            )
+            return self._container_broken(stalled, now)
         slot = self._slot
         if slot is not None and slot.state is SlotState.REPLAYING and now >= slot.replay_deadline:
             actions += self._replay_failed(

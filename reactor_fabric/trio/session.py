@@ -55,7 +55,6 @@ from ..protocol.handshake import RegisterClient, classify_first_message, registe
 from ..protocol.jsonrpc import Peek, error_response
 from ..protocol.session import (
     OUTPUT_INVALID,
-    UNRESPONSIVE,
     Action,
     ClientFrame,
     ClientGone,
@@ -96,8 +95,6 @@ STDERR_LINE_BYTES = 8192
 STDERR_TAIL_CHARS = 500
 STDERR_RATE_PER_SECOND = 50.0
 STDERR_BURST = 200
-# A container that takes no stdin for this long while the relay has bytes for it is replaced.
-STDIN_STALL_SECONDS = 120.0
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -484,16 +481,13 @@ class SessionDriver:
             live.queued = trio.Event()
             data = live.queue[0] if len(live.queue) == 1 else b"".join(live.queue)
             live.queue.clear()
-            with trio.move_on_after(STDIN_STALL_SECONDS) as stall:
-                try:
-                    await stdin.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    # The container is gone: its stdout reader reports the exit.
-                    log.info("stdin_closed", extra=self._fields)
-                    return
-            if stall.cancelled_caught:
-                detail = f"its input did not move for {STDIN_STALL_SECONDS:g} s"
-                await self._feed(ContainerBroken(live.seq, UNRESPONSIVE, detail))
+            # No deadline here: a container that stops taking its input is the machine's call
+            # (its deadline), which stops it — and that ends this write.
+            try:
+                await stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # The container is gone: its stdout reader reports the exit.
+                log.info("stdin_closed", extra=self._fields)
                 return
             await self._feed(StdinWritten(live.seq, len(data)))
 

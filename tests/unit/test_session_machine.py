@@ -336,6 +336,23 @@ def test_a_container_is_not_idle_while_anything_is_pending(busy_with: str) -> No
     assert stops == []
 
 
+def test_a_container_that_stops_taking_its_input_is_replaced_and_what_it_owed_answered() -> None:
+    run = Run()
+    run.machine.limits = SessionLimits(stdin_stall_timeout=120.0)
+    run.handshake()
+    run.now = 10
+    run.client(request(2, "tools/call", {"name": "x"}))  # written, never reported taken
+    assert run.machine.deadline == 130
+    run.now = 100
+    run.drain(0)  # progress: the clock starts again
+    run.client(request(3, "tools/call", {"name": "y"}))
+    assert run.machine.deadline == 220
+    actions = run.at(220)
+    assert StopContainer(0, "container_unresponsive", graceful=False) in actions
+    errors = {a["id"]: a["error"]["data"]["reason"] for a in run.sent() if "error" in a}
+    assert errors == {2: "container_unresponsive", 3: "container_unresponsive"}
+
+
 def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_the_container() -> (
     None
 ):

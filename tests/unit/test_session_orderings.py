@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -359,12 +360,14 @@ def final_checks(world: World, trail: list[str]) -> None:
     check(not world.spawning or bool(world.ended), "a spawn never resolved", trail)
 
 
-def explore() -> int:
+def explore(*, stall_timeout: float = math.inf) -> int:
     """Visit every reachable state once; the number visited."""
     machine = SessionMachine(
         service_name="svc",
         idle_timeout=30.0,
-        limits=SessionLimits(to_server_bytes=BUFFER_BYTES, replay_timeout=10.0),
+        limits=SessionLimits(
+            to_server_bytes=BUFFER_BYTES, replay_timeout=10.0, stdin_stall_timeout=stall_timeout
+        ),
         now=0.0,
     )
     start = World(machine)
@@ -436,9 +439,20 @@ def test_every_reachable_state_of_a_session_keeps_the_invariants(
     monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:frames])
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", misfortunes)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
-    states = explore()
+    states = explore()  # stdin never stalls here: that has its own exploration below
     # The whole space was visited (it is this large because every event is tried everywhere).
     assert states >= at_least
+
+
+def test_every_reachable_state_keeps_the_invariants_when_a_container_stops_taking_input(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A write never reported done lets the stall deadline fire (a container that stopped
+    # reading its stdin is replaced), racing idle teardown, replays, deaths, stop, leaving.
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
+    assert explore(stall_timeout=45.0) >= 5_000
 
 
 def test_the_checker_catches_a_machine_that_answers_a_request_twice(
