@@ -8,9 +8,10 @@ everything about a particular container or image becomes
 :class:`~reactor_fabric.ContainerStartFailure` (-32002).
 
 A spawned container's stdio is a hijacked HTTP connection to the engine, attached *before* the
-container starts (so no early output is lost) and handed to trio as a :class:`trio.SocketStream`:
-relay I/O never hops to a thread. Docker multiplexes stdout and stderr on it; they are split here
-(:mod:`.docker_framing`, :mod:`.demux`), so a container looks like any other runtime's.
+container starts (so no early output is lost) and handed to trio as a
+:class:`~reactor_fabric.trio.sockets.LeanSocketStream`: relay I/O never hops to a thread.
+Docker multiplexes stdout and stderr on it; they are split here (:mod:`.docker_framing`,
+:mod:`.demux`), so a container looks like any other runtime's.
 
 Resource handling: a call that is cancelled (or times out) while its thread runs is *abandoned*:
 trio stops waiting, but the thread goes on. Such a thread cleans up after itself when it ends —
@@ -36,6 +37,7 @@ import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
@@ -269,7 +271,7 @@ class DockerRuntime:
 
         return await self._call("create", create, if_abandoned=remove_by_name)
 
-    async def _attach(self, container_id: str) -> trio.SocketStream:
+    async def _attach(self, container_id: str) -> LeanSocketStream:
         def attach(client: docker.APIClient) -> socket.socket:
             raw = client.attach_socket(
                 container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
@@ -282,7 +284,7 @@ class DockerRuntime:
 
         sock = await self._call("attach", attach, if_abandoned=close_socket)
         try:
-            return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+            return LeanSocketStream(sock)
         except BaseException:
             sock.close()
             raise
@@ -391,7 +393,7 @@ def _remove_quietly(client: docker.APIClient, container: str) -> None:
 class _SocketStdin:
     __slots__ = ("_stream",)
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: LeanSocketStream) -> None:
         self._stream = stream
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -408,7 +410,7 @@ class DockerContainer:
         self,
         container_id: str,
         name: str,
-        stream: trio.SocketStream,
+        stream: LeanSocketStream,
         *,
         max_frame: int,
         max_buffered: int,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +33,8 @@ from urllib.parse import unquote
 
 import h11
 import trio
+
+from .sockets import LeanSocketStream
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +249,7 @@ class ConnectionCounts:
 
 
 async def serve_http(
-    listener: trio.SocketListener,
+    listener: socket.socket,
     app: HttpApp,
     limits: HttpLimits,
     connections: trio.Nursery,
@@ -254,13 +257,14 @@ async def serve_http(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept connections until cancelled; each runs in ``connections``, not here.
+    """Accept connections on the (listening, non-blocking) ``listener`` until cancelled; each
+    connection runs in ``connections``, not here, as a :class:`~.sockets.LeanSocketStream`.
 
     Cancelling this task stops accepting and leaves the open connections alone, so that a
     shutdown can let them finish their answers first. Reports started once accepting.
     """
 
-    async def connection_task(stream: trio.SocketStream) -> None:
+    async def connection_task(stream: LeanSocketStream) -> None:
         try:
             await serve_connection(stream, app, limits, counts)
         finally:
@@ -270,12 +274,16 @@ async def serve_http(
     task_status.started()
     while True:
         try:
-            stream = await listener.accept()
+            accepted, _address = listener.accept()
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(listener)
+            continue
         except OSError as exc:
             # Out of file descriptors and the like: wait a little rather than spin.
             log.error("accept_failed", extra={"detail": str(exc)})
             await trio.sleep(0.1)
             continue
+        stream = LeanSocketStream(accepted)
         if counts.open >= limits.max_connections:
             connections.start_soon(_refuse_connection, stream)
             continue

@@ -130,7 +130,8 @@ async def serve_orchestrator(
     http_sessions = HttpSessions(fabric)
     app = FabricApp(fabric, http_sessions)
     counts = ConnectionCounts(on_change=fabric.notify_change)
-    trio_listener = trio.SocketListener(trio.socket.from_stdlib_socket(listener.dup()))
+    accepting_socket = listener.dup()  # ours to close; the caller keeps `listener`
+    accepting_socket.setblocking(False)
     running = Orchestrator(fabric, Listening(listening_url(listener)), counts)
     try:
         async with trio.open_nursery() as root:
@@ -150,7 +151,7 @@ async def serve_orchestrator(
                 async def accept(*, task_status: trio.TaskStatus[None]) -> None:
                     with accepting:
                         await serve_http(
-                            trio_listener,
+                            accepting_socket,
                             app,
                             http_limits,
                             connections,
@@ -169,7 +170,8 @@ async def serve_orchestrator(
         with trio.move_on_at(fabric.teardown_deadline()) as scope:
             scope.shield = True
             await _remove_leftovers(fabric)
-            await trio_listener.aclose()
+        trio.lowlevel.notify_closing(accepting_socket)
+        accepting_socket.close()
 
 
 async def _stop_gracefully(

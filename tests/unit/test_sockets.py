@@ -1,0 +1,124 @@
+"""The lean socket stream: trio's stream contract over a real socketpair, minus one yield."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+import trio.testing
+
+from reactor_fabric.trio.sockets import LeanSocketStream
+
+
+def pair() -> tuple[LeanSocketStream, LeanSocketStream]:
+    a, b = socket.socketpair()
+    return LeanSocketStream(a), LeanSocketStream(b)
+
+
+class _Steps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+async def test_bytes_sent_arrive_in_order_and_eof_is_an_empty_read() -> None:
+    left, right = pair()
+    await left.send_all(b"hello ")
+    await left.send_all(memoryview(b"world"))
+    await left.send_eof()
+    received = b""
+    while chunk := await right.receive_some(3):
+        received += chunk
+    assert received == b"hello world"
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_write_larger_than_the_socket_buffers_waits_for_the_reader() -> None:
+    left, right = pair()
+    left.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    payload = bytes(range(256)) * 8192  # 2 MiB
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            while len(received) < len(payload):
+                received.extend(await right.receive_some(65536))
+
+        nursery.start_soon(read)
+        await left.send_all(payload)
+    assert bytes(received) == payload
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_write_the_kernel_takes_at_once_does_not_yield_but_a_read_does() -> None:
+    left, right = pair()
+    steps = _Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        before = steps.steps
+        await left.send_all(b"x")  # the writer yields at its queue instead (see the module)
+        assert steps.steps == before
+        await right.receive_some(1)  # data was there: still a fairness yield, as trio does
+        assert steps.steps == before + 1
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_cancelled_task_does_not_start_a_write() -> None:
+    left, right = pair()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await left.send_all(b"never")
+    right.socket.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        right.socket.recv(10)
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_closing_wakes_a_reader_with_closed_resource_error() -> None:
+    left, right = pair()
+    async with trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            with pytest.raises(trio.ClosedResourceError):
+                await right.receive_some()
+
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        await right.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await right.send_all(b"x")
+    await left.aclose()
+
+
+async def test_two_concurrent_readers_are_a_busy_error() -> None:
+    left, right = pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(right.receive_some)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.BusyResourceError):
+            await right.receive_some()
+        await left.send_all(b"x")
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_writing_to_a_peer_that_is_gone_is_a_broken_resource() -> None:
+    left, right = pair()
+    await right.aclose()
+
+    async def write_until_it_fails() -> None:
+        for _ in range(100):  # the first writes may still land in the buffer
+            await left.send_all(b"x" * 65536)
+
+    with pytest.raises(trio.BrokenResourceError):
+        await write_until_it_fails()
+    await left.aclose()
