@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import trio
 import wsproto
+from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMessage
 
 from reactor_fabric._errors import DockerUnavailable
@@ -275,7 +276,8 @@ class RawWebSocket:
             event = self.events.pop(0)
             if not isinstance(event, Ping):
                 return event
-            await self._send(event.response())
+            if self.ws.state is ConnectionState.OPEN:  # no pong after the server's close
+                await self._send(event.response())
 
     async def close_code(self) -> int:
         """Read until the server's close frame; its code."""

@@ -14,6 +14,7 @@ from typing import Any
 import h11
 import trio
 import wsproto
+from wsproto.connection import ConnectionState
 from wsproto.events import (
     AcceptConnection,
     BytesMessage,
@@ -200,7 +201,10 @@ class WebSocketClient:
                 self.events.extend(self.ws.events())
             event = self.events.pop(0)
             if isinstance(event, Ping) and answer_pings:
-                await self._send(event.response())
+                # Once the server's close frame was parsed (it may share a read with the
+                # ping), a pong is a protocol error: clients stay silent.
+                if self.ws.state is ConnectionState.OPEN:
+                    await self._send(event.response())
                 continue
             return event
 

@@ -67,6 +67,21 @@ class LeanSocketStream(trio.abc.HalfCloseableStream):
         finally:
             self._sending = False
 
+    def send_nowait(self, data: bytes | bytearray | memoryview) -> int:
+        """Write what the kernel takes now, without waiting or yielding; the number of bytes.
+
+        For a writer that arms a deadline only when a write has to wait.
+        """
+        self._check_open()
+        if self._sending:
+            raise trio.BusyResourceError("another task is writing this stream")
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket write failed: {exc}") from exc
+
     async def wait_send_all_might_not_block(self) -> None:
         self._check_open()
         await trio.lowlevel.wait_writable(self._sock)

@@ -216,13 +216,16 @@ class WebSocketChannel:
             self._outbox.clear()
             batch = parts[0] if len(parts) == 1 else b"".join(parts)
             failure = ""
-            with trio.move_on_after(self._settings.write_timeout) as stall:
-                try:
-                    await self._stream.send_all(batch)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    failure = type(exc).__name__
-            if stall.cancelled_caught:
-                failure = "the client stopped reading"
+            try:
+                # Usually the kernel takes it all at once: no deadline to arm then.
+                sent = self._send_nowait(batch)
+                if sent < len(batch):
+                    with trio.move_on_after(self._settings.write_timeout) as stall:
+                        await self._stream.send_all(memoryview(batch)[sent:])
+                    if stall.cancelled_caught:
+                        failure = "the client stopped reading"
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                failure = type(exc).__name__
             if failure:
                 log.info("websocket_write_failed", extra={"detail": failure})
                 self._lost()
@@ -230,6 +233,10 @@ class WebSocketChannel:
                 return
             self._outbox_bytes -= data_bytes
             self._room.set()
+
+    def _send_nowait(self, data: bytes) -> int:
+        send_nowait = getattr(self._stream, "send_nowait", None)
+        return int(send_nowait(data)) if send_nowait is not None else 0
 
     async def run_pinger(self) -> None:
         """WebSocket pings, for keepalive (JSON-RPC ping is gone in MCP 2026-07-28)."""

@@ -71,6 +71,16 @@ async def test_a_write_the_kernel_takes_at_once_does_not_yield_but_a_read_does()
     await right.aclose()
 
 
+async def test_send_nowait_writes_what_fits_and_never_waits() -> None:
+    left, right = pair()
+    left.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    sent = left.send_nowait(b"x" * 10_000_000)
+    assert 0 < sent < 10_000_000
+    assert left.send_nowait(b"more") == 0  # full: nothing taken, no waiting
+    await left.aclose()
+    await right.aclose()
+
+
 async def test_a_cancelled_task_does_not_start_a_write() -> None:
     left, right = pair()
     with trio.CancelScope() as scope:
