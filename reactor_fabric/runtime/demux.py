@@ -1,15 +1,21 @@
 """One multiplexed output stream, read as two streams (stdout and stderr), with no task of its own.
 
 Docker's attach socket (and Kubernetes' attach channels) carry a container's stdout and stderr
-interleaved. :class:`Demultiplexer` gives each its own :class:`trio.abc.ReceiveStream`. Whichever
-reader finds nothing buffered for itself and no other reader on the socket reads the socket, and
-files what it got under both streams: the stdout path costs no task switch when stderr is quiet,
-which is almost always.
+interleaved. :class:`Demultiplexer` gives each its own :class:`trio.abc.ReceiveStream`.
 
-Bounds: stdout data read on behalf of the stderr reader waits, at most ``max_buffered`` bytes of
-it, for the stdout reader (beyond that the stderr reader waits too: backpressure reaches the
-container). Stderr is logs: beyond ``max_buffered`` bytes waiting, new stderr bytes are dropped
-and counted (:attr:`Demultiplexer.stderr_dropped`), so a flood of logs never stalls the relay.
+**The stdout reader leads.** Whoever reads stdout reads the source, and files what it got under
+both streams; the stderr reader only waits for what is filed for it (and for the end). So a
+message on stdout costs its reader one read and no task switch, and the stderr reader is woken
+only when there is stderr — which is almost never on the hot path. Once stdout is closed (its
+reader is done with it), the stderr reader reads the source itself, and stdout data is
+discarded.
+
+Bounds: stderr is logs: beyond ``max_buffered`` bytes waiting for its reader, new stderr bytes
+are dropped and counted (:attr:`Demultiplexer.stderr_dropped`), so a flood of logs never stalls
+the relay. Stdout is never buffered beyond what one read returned: its reader is the one reading.
+
+Resource handling: :meth:`Demultiplexer.close` (the owner closed the source) ends both streams:
+readers waiting get EOF.
 """
 
 from __future__ import annotations
@@ -37,20 +43,25 @@ class Demultiplexer:
         self._decode = decode
         self._max_buffered = max_buffered
         self._reading = False
-        self._changed = trio.Event()
         self.eof = False
         self.error: Exception | None = None
         self.stderr_dropped = 0
         self.stdout = _Output(self, STDOUT)
         self.stderr = _Output(self, STDERR)
 
-    def _other(self, output: _Output) -> _Output:
-        return self.stderr if output is self.stdout else self.stdout
+    def close(self) -> None:
+        """The source was closed by its owner: both streams end (waiting readers get EOF)."""
+        self.eof = True
+        self.stdout.wake()
+        self.stderr.wake()
+
+    def _may_read(self, output: _Output) -> bool:
+        return not self._reading and (output is self.stdout or self.stdout.closed)
 
     async def _read_for(self, output: _Output) -> None:
-        """Read the source once, or wait for whoever is reading it."""
-        if self._reading or (output is self.stderr and self.stdout.buffered >= self._max_buffered):
-            await self._changed.wait()
+        """Read the source once, or wait until something changes for ``output``."""
+        if not self._may_read(output):
+            await output.wait()
             return
         self._reading = True
         try:
@@ -63,23 +74,26 @@ class Demultiplexer:
             if not data:
                 self.eof = True
                 return
-            for stream_id, payload in self._decode(bytes(data)):
-                if stream_id == STDOUT:
-                    self.stdout.chunks.append(payload)
-                    self.stdout.buffered += len(payload)
-                elif stream_id == STDERR:
-                    if self.stderr.buffered >= self._max_buffered:
-                        self.stderr_dropped += len(payload)
-                    else:
-                        self.stderr.chunks.append(payload)
-                        self.stderr.buffered += len(payload)
+            self._file(data)
         except FramingError as exc:
             # Broken framing: neither stream can be trusted any more.
             self.error = exc
             self.eof = True
         finally:
-            changed, self._changed = self._changed, trio.Event()
-            changed.set()
+            other = self.stderr if output is self.stdout else self.stdout
+            if other.chunks or self.eof or self._may_read(other):
+                other.wake()
+
+    def _file(self, data: bytes | bytearray) -> None:
+        for stream_id, payload in self._decode(bytes(data)):
+            if stream_id == STDOUT:
+                if not self.stdout.closed:
+                    self.stdout.file(payload)
+            elif stream_id == STDERR:
+                if self.stderr.buffered >= self._max_buffered:
+                    self.stderr_dropped += len(payload)
+                else:
+                    self.stderr.file(payload)
 
 
 class _Output(trio.abc.ReceiveStream):
@@ -88,7 +102,22 @@ class _Output(trio.abc.ReceiveStream):
         self._stream_id = stream_id
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
-        self._closed = False
+        self.closed = False
+        self._wakeup: trio.Event | None = None
+
+    def file(self, payload: bytes) -> None:
+        self.chunks.append(payload)
+        self.buffered += len(payload)
+
+    def wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    async def wait(self) -> None:
+        if self._wakeup is None:
+            self._wakeup = trio.Event()
+        await self._wakeup.wait()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         demux = self._demux
@@ -96,7 +125,7 @@ class _Output(trio.abc.ReceiveStream):
         # source has been one already, so the hot path does not yield twice.
         waited = False
         while True:
-            if self._closed:
+            if self.closed:
                 raise trio.ClosedResourceError("this stream was closed")
             if self.chunks:
                 if not waited:
@@ -117,6 +146,11 @@ class _Output(trio.abc.ReceiveStream):
             waited = True
 
     async def aclose(self) -> None:
-        self._closed = True
+        """Done with this stream. Closing stdout hands the source to the stderr reader."""
+        self.closed = True
         self.chunks.clear()
+        self.buffered = 0
+        self.wake()
+        if self is self._demux.stdout:
+            self._demux.stderr.wake()
         await trio.lowlevel.checkpoint()

@@ -447,6 +447,7 @@ class DockerContainer:
         return self._demux.stderr_dropped
 
     async def aclose(self) -> None:
+        self._demux.close()  # readers waiting for the stdout reader get EOF, not a hang
         await self._stream.aclose()
 
 

@@ -190,9 +190,6 @@ async def test_stdout_and_stderr_arrive_on_their_own_streams(
     container = await engine.spawn(spec)
     try:
         with trio.fail_after(60):
-            stderr = b""
-            while b"\n" not in stderr:  # the everything server logs its start on stderr
-                stderr += await container.stderr.receive_some(65536)
             peer = StdioPeer(container)
             await peer.send(
                 {
@@ -207,10 +204,20 @@ async def test_stdout_and_stderr_arrive_on_their_own_streams(
                 }
             )
             assert "serverInfo" in (await peer.response(1))["result"]
-            assert not stderr.lstrip().startswith(b"{")  # no JSON-RPC on stderr
             await container.stdin.send_eof()
-            while await container.stdout.receive_some(65536):
-                pass
+            # Both streams read to their end at once (stderr is read along with stdout).
+            stderr = b""
+            async with trio.open_nursery() as nursery:
+
+                async def drain_stdout() -> None:
+                    while await container.stdout.receive_some(65536):
+                        pass
+
+                nursery.start_soon(drain_stdout)
+                while chunk := await container.stderr.receive_some(65536):
+                    stderr += chunk
+            assert b"\n" in stderr  # the everything server logs its start on stderr...
+            assert not stderr.lstrip().startswith(b"{")  # ...and no JSON-RPC there
             status = await engine.exit_status(container.id)
             assert status.exit_code is not None
     finally:

@@ -42,7 +42,17 @@ async def test_each_reader_gets_only_its_own_stream_in_order() -> None:
     assert (out, err) == (b"o1\no2\n", b"e1\ne2\n")
 
 
-async def test_a_reader_waits_while_the_other_reads_the_source() -> None:
+class Scheduled(trio.abc.Instrument):
+    """Counts how often each task is woken, by name."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        self.counts[task.name] = self.counts.get(task.name, 0) + 1
+
+
+async def test_the_stdout_reader_reads_the_source_and_files_stderr_for_the_stderr_reader() -> None:
     send, demux = demux_over()
     got: list[bytes] = []
     async with trio.open_nursery() as nursery:
@@ -51,28 +61,73 @@ async def test_a_reader_waits_while_the_other_reads_the_source() -> None:
             got.append(await demux.stderr.receive_some())
 
         nursery.start_soon(read_err)
+        await send.send_all(docker_frame(STDERR, b"err"))
         await trio.testing.wait_all_tasks_blocked()
-        # stderr's reader is the one reading the source; stdout's waits for it.
-        nursery.start_soon(demux.stdout.receive_some)
-        await trio.testing.wait_all_tasks_blocked()
-        await send.send_all(docker_frame(STDOUT, b"out") + docker_frame(STDERR, b"err"))
+        assert got == []  # the stderr reader does not read the source itself...
+        await send.send_all(docker_frame(STDOUT, b"out"))
+        assert await demux.stdout.receive_some() == b"out"  # ...the stdout reader does
     assert got == [b"err"]
 
 
-async def test_stdout_read_for_the_stderr_reader_is_bounded_then_the_stderr_reader_waits(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    send, demux = demux_over(max_buffered=8)
-    await send.send_all(docker_frame(STDOUT, b"0123456789"))
-    with trio.move_on_after(1) as waited:
-        await demux.stderr.receive_some()  # reads the stdout frame for the stdout reader...
-    await send.send_all(docker_frame(STDERR, b"late"))
-    with trio.move_on_after(1) as waited:
-        await demux.stderr.receive_some()  # ...and, with 10 bytes of it waiting, reads no more
-    assert waited.cancelled_caught
-    assert demux.stdout.buffered == 10
-    assert await demux.stdout.receive_some() == b"0123456789"
-    assert await demux.stderr.receive_some() == b"late"
+async def test_stdout_traffic_never_wakes_the_stderr_reader() -> None:
+    send, demux = demux_over()
+    scheduled = Scheduled()
+    got: list[bytes] = []
+
+    async def read_err() -> None:
+        got.append(await demux.stderr.receive_some())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_err, name="stderr reader")
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(scheduled)
+        try:
+            for n in range(20):
+                await send.send_all(docker_frame(STDOUT, b"line %d\n" % n))
+                assert await demux.stdout.receive_some() == b"line %d\n" % n
+        finally:
+            trio.lowlevel.remove_instrument(scheduled)
+        assert "stderr reader" not in scheduled.counts
+        await send.send_all(docker_frame(STDERR, b"now"))
+        await send.aclose()
+        assert await demux.stdout.receive_some() == b""
+    assert got == [b"now"]
+
+
+async def test_once_stdout_is_closed_the_stderr_reader_reads_the_source_and_stdout_is_dropped() -> (
+    None
+):
+    send, demux = demux_over()
+    got: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+
+        async def read_err() -> None:
+            while chunk := await demux.stderr.receive_some():
+                got.append(chunk)
+
+        nursery.start_soon(read_err)
+        await send.send_all(docker_frame(STDOUT, b"unread") + docker_frame(STDERR, b"last words"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []
+        await demux.stdout.aclose()  # its reader is done: the stderr reader takes the source
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [b"last words"]
+        assert demux.stdout.buffered == 0
+        await send.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await demux.stdout.receive_some()
+
+
+async def test_closing_the_source_ends_a_waiting_stderr_reader() -> None:
+    _send, demux = demux_over()
+    async with trio.open_nursery() as nursery:
+
+        async def read_err() -> None:
+            assert await demux.stderr.receive_some() == b""
+
+        nursery.start_soon(read_err)
+        await trio.testing.wait_all_tasks_blocked()
+        demux.close()
 
 
 async def test_stderr_beyond_its_bound_is_dropped_and_counted_never_blocking_stdout() -> None:
