@@ -1,0 +1,189 @@
+"""Instructions per relayed call in the real orchestrator, counted by callgrind.
+
+Latency on a two-core virtual machine is too noisy to credit one change with a few percent;
+the number of user-space instructions the orchestrator executes per relayed call is not. This
+runs the orchestrator of a revision (or of the working tree) under ``valgrind --tool=callgrind``
+on the real Docker engine with one ``time`` service, drives one WebSocket session with N
+sequential ``tools/call get_current_time`` (one call in flight), stops it with SIGTERM, and
+reads callgrind's total. It does that for a short and a long session; the difference divided
+by the difference in calls is the cost of one relayed call, start-up, the container's creation
+and the stop cancelling out.
+
+    .venv/bin/python scripts/bench-instructions.py                 # the working tree
+    .venv/bin/python scripts/bench-instructions.py 3313cac 9af95a6 # revisions, in one sitting
+
+A revision is checked out into a temporary git worktree and imported from there (the venv's
+packages are used for everything else). Needs ``valgrind`` (``apt-get install valgrind``) and
+the ``time`` image (``make images``). Counts repeat to about 1-2 %. What it does not count: the
+kernel's share of the socket calls and the cost of waking up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import trio
+from trio_websocket import open_websocket_url
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGE = "reactor-fabric/mcp-server-time:2026.10.19"
+START_TIMEOUT_S = 300.0  # the orchestrator starts slowly under valgrind
+STOP_TIMEOUT_S = 120.0
+
+SUITE = f"""\
+version: "1.0"
+orchestrator: {{allowed_mount_roots: ["{tempfile.gettempdir()}"]}}
+mcp_services:
+  time: {{image: "{IMAGE}", pull: never, network: none, timeout: 30m}}
+"""
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "bench-instructions", "version": "1"},
+    },
+}
+
+
+async def drive_session(url: str, calls: int) -> None:
+    """One session: initialize, then ``calls`` tool calls, one in flight; each answer checked."""
+    async with open_websocket_url(url, subprotocols=["mcp"]) as ws:
+        await ws.send_message(json.dumps(INITIALIZE))
+        answer = json.loads(await ws.get_message())
+        if "result" not in answer:
+            raise RuntimeError(f"initialize failed: {answer}")
+        await ws.send_message(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        for request_id in range(1, calls + 1):
+            call = {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "method": "tools/call",
+                "params": {"name": "get_current_time", "arguments": {"timezone": "UTC"}},
+            }
+            await ws.send_message(json.dumps(call))
+            answer = json.loads(await ws.get_message())
+            if answer.get("id") != request_id or "result" not in answer:
+                raise RuntimeError(f"call {request_id} failed: {answer}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the orchestrator exited with {process.returncode} at start")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the orchestrator did not start listening in time")
+
+
+def count_instructions(source: Path, workdir: Path, calls: int) -> int:
+    """Total instructions of one orchestrator run serving one session of ``calls`` calls."""
+    port = free_port()
+    suite = workdir / "suite.yaml"
+    suite.write_text(SUITE)
+    log = workdir / f"valgrind-{calls}.log"
+    env = dict(os.environ, PYTHONPATH=str(source))
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={workdir / f'callgrind-{calls}.out'}",
+        sys.executable,
+        "-m",
+        "reactor_fabric",
+        "--config",
+        str(suite),
+        "--port",
+        str(port),
+    ]
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(
+            command, cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=log_file
+        )
+        try:
+            wait_healthy(port, process)
+            trio.run(drive_session, f"ws://127.0.0.1:{port}/mcp/time", calls)
+            process.send_signal(signal.SIGTERM)
+            process.wait(STOP_TIMEOUT_S)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    match = re.search(r"Collected : ([\d,]+)", log.read_text(errors="replace"))
+    if match is None:
+        raise RuntimeError(f"no callgrind total in {log}")
+    return int(match.group(1).replace(",", ""))
+
+
+@contextlib.contextmanager
+def checkout(revision: str | None, workdir: Path) -> Iterator[Path]:
+    """The source tree of ``revision`` (a temporary worktree), or the working tree for None."""
+    if revision is None:
+        yield REPO
+        return
+    tree = workdir / "tree"
+    git = ["git", "-C", str(REPO)]
+    subprocess.run([*git, "worktree", "add", "--detach", str(tree), revision], check=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def measure(revision: str | None, low: int, high: int) -> dict[str, object]:
+    with (
+        tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
+        checkout(revision, Path(tmp)) as tree,
+    ):
+        short = count_instructions(tree, Path(tmp), low)
+        long = count_instructions(tree, Path(tmp), high)
+    return {
+        "revision": revision or "working tree",
+        f"instructions_{low}_calls": short,
+        f"instructions_{high}_calls": long,
+        "instructions_per_call": round((long - short) / (high - low)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="*", help="git revisions (default: the working tree)")
+    parser.add_argument("--low", type=int, default=100, help="calls in the short session")
+    parser.add_argument("--high", type=int, default=600, help="calls in the long session")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        print("valgrind is needed: apt-get install valgrind", file=sys.stderr)
+        return 2
+    if args.high <= args.low:
+        parser.error("--high must be greater than --low")
+    for revision in args.revisions or [None]:
+        result = measure(revision, args.low, args.high)
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
