@@ -294,7 +294,12 @@ def _cold(results: Json) -> str:
         "",
         f"| System | {STATS_HEAD[2:]}",
         f"|---{STATS_RULE}",
-        *(_stats_row(label, tools.get(key)) for key, label in names.items()),
+        *(
+            _stats_row(
+                "Reactor-Fabric (WebSocket)" if key == "reactor_fabric" else label, tools.get(key)
+            )
+            for key, label in names.items()
+        ),
         "",
     ]
     return "\n".join(lines)
