@@ -8,8 +8,12 @@ Since those writers yield at their queue right after, that checkpoint buys nothi
 :meth:`LeanSocketStream.send_all` only yields when the kernel cannot take the bytes yet. It
 still notices a cancellation before it starts.
 
-Receiving keeps trio's behaviour exactly (a yield after a read that succeeded at once), because
-a reader that always finds data — a client flooding its connection — must not starve the others.
+Receiving keeps trio's fairness (a yield after a read that succeeded at once), because a reader
+that always finds data — a client flooding its connection — must not starve the others. It
+differs in one way: after a read that returned less than it asked for (the kernel had nothing
+more), the next read waits for the socket to become readable instead of first trying a read that
+would fail. In a request/response relay that failed read — a syscall and a raised and caught
+:class:`BlockingIOError` — happened on every message.
 
 Resource handling: :meth:`aclose` tells trio the socket is closing (tasks waiting on it get
 :class:`trio.ClosedResourceError`) before closing it. Error handling: socket errors become
@@ -37,6 +41,8 @@ class LeanSocketStream(trio.abc.HalfCloseableStream):
         self._closed = False
         self._sending = False
         self._receiving = False
+        # Whether the last read returned less than it asked for: the kernel had nothing more.
+        self._drained = False
 
     @property
     def socket(self) -> socket.socket:
@@ -90,26 +96,33 @@ class LeanSocketStream(trio.abc.HalfCloseableStream):
         self._check_open()
         if self._receiving:
             raise trio.BusyResourceError("another task is reading this stream")
-        await trio.lowlevel.checkpoint_if_cancelled()
+        size = max_bytes or DEFAULT_RECEIVE_SIZE
         self._receiving = True
         try:
-            try:
-                data = self._sock.recv(max_bytes or DEFAULT_RECEIVE_SIZE)
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise self._broken(exc) from exc
-            else:
-                await trio.lowlevel.cancel_shielded_checkpoint()  # trio's fairness yield
-                return data
+            if not self._drained:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                try:
+                    data = self._sock.recv(size)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    raise self._broken(exc) from exc
+                else:
+                    self._drained = len(data) < size
+                    await trio.lowlevel.cancel_shielded_checkpoint()  # trio's fairness yield
+                    return data
+            # The last read left nothing behind (or this one found nothing): the next bytes are
+            # most likely not there yet, so wait for them instead of trying a read that fails.
             while True:
                 await trio.lowlevel.wait_readable(self._sock)
                 try:
-                    return self._sock.recv(max_bytes or DEFAULT_RECEIVE_SIZE)
+                    data = self._sock.recv(size)
                 except BlockingIOError:
                     continue
                 except OSError as exc:
                     raise self._broken(exc) from exc
+                self._drained = len(data) < size
+                return data
         finally:
             self._receiving = False
 

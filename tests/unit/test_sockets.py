@@ -132,3 +132,66 @@ async def test_writing_to_a_peer_that_is_gone_is_a_broken_resource() -> None:
     with pytest.raises(trio.BrokenResourceError):
         await write_until_it_fails()
     await left.aclose()
+
+
+class _CountingSocket(socket.socket):
+    """A socket that counts the reads that found nothing (EAGAIN)."""
+
+    failed_reads = 0
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        try:
+            return super().recv(bufsize, flags)
+        except BlockingIOError:
+            self.failed_reads += 1
+            raise
+
+
+def counted_pair() -> tuple[LeanSocketStream, LeanSocketStream, _CountingSocket]:
+    a, b = socket.socketpair()
+    counted = _CountingSocket(fileno=b.detach())
+    return LeanSocketStream(a), LeanSocketStream(counted), counted
+
+
+async def test_after_a_read_that_emptied_the_socket_the_next_one_waits_instead_of_failing() -> None:
+    left, right, counted = counted_pair()
+    await left.send_all(b"request")
+    assert await right.receive_some(1024) == b"request"  # less than asked: nothing more there
+    async with trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            assert await right.receive_some(1024) == b"answer"
+
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        await left.send_all(b"answer")
+    assert counted.failed_reads == 0
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_read_that_filled_its_buffer_leaves_the_rest_for_the_next_read() -> None:
+    left, right, counted = counted_pair()
+    await left.send_all(b"0123456789")
+    assert await right.receive_some(4) == b"0123"
+    assert await right.receive_some(4) == b"4567"
+    assert await right.receive_some(4) == b"89"
+    await left.send_all(b"late")  # arrived after a read that emptied the socket: still read
+    assert await right.receive_some(4) == b"late"
+    assert counted.failed_reads == 0
+    await left.aclose()
+    await right.aclose()
+
+
+async def test_a_cancelled_read_after_an_emptying_one_takes_nothing_from_the_socket() -> None:
+    left, right, _ = counted_pair()
+    await left.send_all(b"first")
+    assert await right.receive_some(1024) == b"first"
+    await left.send_all(b"second")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await right.receive_some(1024)
+    assert scope.cancelled_caught
+    assert await right.receive_some(1024) == b"second"
+    await left.aclose()
+    await right.aclose()
