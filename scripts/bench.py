@@ -758,6 +758,13 @@ async def pipelined(rpc: StreamRpc, *, total: int, payload: int) -> Json:
         nursery.start_soon(sender)
         nursery.start_soon(receiver)
     seconds = (time.perf_counter_ns() - begin) / 1e9
+    return throughput_figures(errors, latencies, total=total, payload=payload, seconds=seconds)
+
+
+def throughput_figures(
+    errors: list[str], latencies: list[int], *, total: int, payload: int, seconds: float
+) -> Json:
+    """The figures of one pipelined echo run; a run with a failed call is no figure."""
     if errors:
         raise ProtocolError(f"{len(errors)} echo call(s) failed, e.g. {errors[0]}")
     return {
@@ -797,16 +804,7 @@ async def pipelined_http(rpcs: list[HttpRpc], *, total: int, payload: int) -> Js
         for rpc in rpcs:
             nursery.start_soon(worker, rpc)
     seconds = (time.perf_counter_ns() - begin) / 1e9
-    if errors:
-        raise ProtocolError(f"{len(errors)} echo call(s) failed, e.g. {errors[0]}")
-    return {
-        "messages": total,
-        "payload_bytes": payload,
-        "seconds": round(seconds, 3),
-        "msgs_per_s": round(total / seconds, 1),
-        "mib_per_s": round(total * payload / seconds / 2**20, 2),
-        "latency": summarize(latencies),
-    }
+    return throughput_figures(errors, latencies, total=total, payload=payload, seconds=seconds)
 
 
 def summarize_runs(runs: list[Json]) -> Json:
