@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import trio
+import trio.lowlevel
 import wsproto
 from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMessage
@@ -19,6 +21,16 @@ from reactor_fabric.runtime.memory import MemoryServer
 from tests.messages import INITIALIZE, INITIALIZED, request
 
 __all__ = ["INITIALIZE", "INITIALIZED", "request"]
+
+
+async def until(condition: Callable[[], bool], *, what: str, checkpoints: int = 100_000) -> None:
+    """Yield until ``condition()`` holds: for work in worker threads (mount pinning), which
+    ``wait_all_tasks_blocked`` does not wait for. Bounded in checkpoints, never in time."""
+    for _ in range(checkpoints):
+        if condition():
+            return
+        await trio.lowlevel.checkpoint()
+    raise AssertionError(f"never happened: {what}")
 
 
 class UnreachableRuntime:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..config.structs import Service
 from ..config.suite import SERVICE_CONFIG_ENV
+
+if TYPE_CHECKING:
+    from .pinning import PinSet
 
 LABEL_MANAGED = "reactor-fabric.managed"
 LABEL_INSTANCE = "reactor-fabric.instance"
@@ -73,6 +77,9 @@ class ContainerSpec:
     user: str | None = None
     pull: str = "missing"
     tmpfs: dict[str, str] = field(default_factory=dict)
+    # The mount sources, pinned (see .pinning): the runtime mounts these descriptors, checks the
+    # container got them, and releases them. None only where nothing pinned them (unit tests).
+    pins: PinSet | None = field(default=None, compare=False)
 
 
 def container_spec_for(
@@ -82,6 +89,7 @@ def container_spec_for(
     session_id: str,
     identity: ContainerIdentity,
     mounts: tuple[MountSpec, ...] = (),
+    pins: PinSet | None = None,
     sequence: int = 0,
 ) -> ContainerSpec:
     """The container for ``service_name`` in session ``session_id``.
@@ -115,4 +123,5 @@ def container_spec_for(
         # A read-only root still needs somewhere to put temporary files; otherwise the image's
         # own /tmp is left as it is.
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
+        pins=pins,
     )

@@ -14,8 +14,11 @@ Every path is refused before any work is done with it when it is over 4096 bytes
 - ``readOnly``: a boolean when present.
 
 Any violation raises :class:`~reactor_fabric.SecurityViolation` (-32004) naming the offending
-path in ``data``. The only I/O is path resolution, done through an injectable ``realpath`` so
-the rules are tested against real symlinks in temporary directories; callers run it in a thread.
+path in ``data``. Validation happens when a session begins; :meth:`MountPolicy.pin` repeats
+it and pins the sources before every container start (see :mod:`.pinning`).
+
+The only I/O of validation is path resolution, done through an injectable ``realpath`` so the
+rules are tested against real symlinks in temporary directories; callers run it in a thread.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from .._errors import SecurityViolation
 from .container_spec import MountSpec
+from .pinning import PinSet, identities, pin_mounts
 
 MAX_MOUNTS = 32
 # Linux's PATH_MAX: a longer path cannot name anything, and resolving it is wasted work.
@@ -131,6 +135,22 @@ class MountPolicy:
                 )
         return tuple(checked)
 
+    def pin(self, mounts: Sequence[MountSpec]) -> PinSet:
+        """Validate a session's mounts again and pin their sources, just before a container start.
+
+        Runs at every spawn (respawns included): a source must still resolve to itself — the
+        path validated when the session began — and is then pinned (:mod:`.pinning`), so the
+        container gets exactly that object. Blocking file-system work: callers use a thread.
+        """
+        for mount in mounts:
+            if self._resolve(mount.source, changing="mount_changed") != mount.source:
+                raise SecurityViolation(
+                    f"{mount.source!r} changed after it was validated: it now resolves elsewhere",
+                    reason="mount_changed",
+                    path=mount.source,
+                )
+        return pin_mounts(mounts, forbidden=identities(self._sockets))
+
     def _validate_one(self, mount: object, index: int) -> MountSpec:
         if not isinstance(mount, dict):
             raise SecurityViolation(
@@ -156,8 +176,23 @@ class MountPolicy:
             )
         return MountSpec(self._check_source(source), _check_target(target), read_only)
 
+    def _resolve(self, path: str, *, changing: str) -> str:
+        """``realpath``, with the error a path that changes while it is resolved deserves.
+
+        A component replaced half-way (a symlink read just after it was removed) makes
+        ``realpath`` itself fail; that is a client racing us, not our failure.
+        """
+        try:
+            return self._realpath(path)
+        except OSError as exc:
+            raise SecurityViolation(
+                f"{path!r} changed while it was being resolved ({exc.strerror})",
+                reason=changing,
+                path=path,
+            ) from exc
+
     def _check_source(self, source: str) -> str:
-        resolved = self._realpath(source)
+        resolved = self._resolve(source, changing="mount_source_missing")
         for socket_path in self._sockets:
             if is_within(socket_path, resolved):
                 raise SecurityViolation(

@@ -35,8 +35,9 @@ import docker.types
 import requests.exceptions
 import trio
 
-from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
-from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from .._errors import ContainerStartFailure, DockerUnavailable, FabricError, SecurityViolation
+from ..policy.container_spec import LABEL_MANAGED, ContainerSpec, MountSpec
+from ..policy.pinning import PinSet
 from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
@@ -128,11 +129,14 @@ class DockerRuntime:
         *,
         time_bound: float | None = None,
         if_abandoned: Callable[[docker.APIClient, T | None], None] | None = None,
+        release: Callable[[], None] | None = None,
     ) -> T:
         """Run ``fn(client)`` in a thread; translate errors; give up after the time bound.
 
         If trio stops waiting (cancellation, or the bound), the thread runs on; when it ends it
-        calls ``if_abandoned(client, result or None)`` to undo what it did.
+        calls ``if_abandoned(client, result or None)`` to undo what it did. ``release`` is
+        called once ``fn`` can no longer run: when it has ended (in its thread, abandoned or
+        not), or at once if the thread never began it.
         """
         bound = self._call_timeout if time_bound is None else time_bound
         operation = _Operation()
@@ -149,6 +153,8 @@ class DockerRuntime:
                 result = fn(client)
                 return result
             finally:
+                if release is not None:
+                    release()
                 if operation.finish():
                     try:
                         if if_abandoned is not None and client is not None:
@@ -161,20 +167,24 @@ class DockerRuntime:
                     finally:
                         self._abandoned_finished()
 
-        with trio.move_on_after(bound):
-            try:
-                result: T = await trio.to_thread.run_sync(
-                    in_thread, abandon_on_cancel=True, limiter=self._limiter
-                )
-            except FabricError:
-                raise
-            except trio.Cancelled:
-                self._abandon(operation)
-                raise
-            except Exception as exc:
-                raise translate_docker_error(exc, action) from exc
-            return result
-        self._abandon(operation)
+        try:
+            with trio.move_on_after(bound):
+                try:
+                    result: T = await trio.to_thread.run_sync(
+                        in_thread, abandon_on_cancel=True, limiter=self._limiter
+                    )
+                except FabricError:
+                    raise
+                except trio.Cancelled:
+                    self._abandon(operation)
+                    raise
+                except Exception as exc:
+                    raise translate_docker_error(exc, action) from exc
+                return result
+            self._abandon(operation)
+        finally:
+            if release is not None and self._never_ran(operation):
+                release()
         raise DockerUnavailable(
             f"the Docker engine did not answer {action} within {bound:g} s",
             reason="docker_timeout",
@@ -190,6 +200,15 @@ class DockerRuntime:
         if running:
             with self._abandoned_done:
                 self._abandoned += 1
+
+    @staticmethod
+    def _never_ran(operation: _Operation) -> bool:
+        """True if the thread has not begun the call, and now never will."""
+        with operation.lock:
+            if operation.started:
+                return False
+            operation.abandoned = True  # a thread that begins late finds this and does nothing
+            return True
 
     def _abandoned_finished(self) -> None:
         with self._abandoned_done:
@@ -214,34 +233,53 @@ class DockerRuntime:
         return await self._call("ping", version, time_bound=time_bound)
 
     async def spawn(self, spec: ContainerSpec) -> DockerContainer:
-        """Create the container, attach its stdio, start it (see the module's resource notes)."""
-        if spec.pull == "always":
-            await self._pull(spec.image)
+        """Create the container, attach its stdio, start it (see the module's resource notes).
+
+        Pinned mounts (``spec.pins``) are checked once the container runs: each must be the
+        pinned object, by device and inode, or the container is removed and SecurityViolation
+        (``mount_changed``) raised. The pins are released once the start can no longer use
+        them — by the start's own thread if a cancellation abandoned it.
+        """
+        pins = spec.pins
+        handed_to_start = False
         try:
-            container_id = await self._create(spec)
-        except ContainerStartFailure as exc:
-            if exc.reason != "image_not_found" or spec.pull != "missing":
+            if spec.pull == "always":
+                await self._pull(spec.image)
+            try:
+                container_id = await self._create(spec)
+            except ContainerStartFailure as exc:
+                if exc.reason != "image_not_found" or spec.pull != "missing":
+                    raise
+                await self._pull(spec.image)
+                container_id = await self._create(spec)
+            container: DockerContainer | None = None
+            try:
+                stream = await self._attach(container_id)
+                container = DockerContainer(
+                    container_id,
+                    spec.name,
+                    stream,
+                    max_frame=self._max_frame,
+                    max_buffered=OUTPUT_BUFFER_BYTES,
+                )
+                handed_to_start = True
+                await self._call(
+                    "start",
+                    lambda c: c.start(container_id),
+                    release=pins.close if pins is not None else None,
+                )
+                if pins is not None and len(pins):
+                    await self._call("verify", lambda c: verify_mounts(c, container_id, pins))
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    if container is not None:
+                        await container.aclose()
+                    await self.remove(container_id)
                 raise
-            await self._pull(spec.image)
-            container_id = await self._create(spec)
-        container: DockerContainer | None = None
-        try:
-            stream = await self._attach(container_id)
-            container = DockerContainer(
-                container_id,
-                spec.name,
-                stream,
-                max_frame=self._max_frame,
-                max_buffered=OUTPUT_BUFFER_BYTES,
-            )
-            await self._call("start", lambda c: c.start(container_id))
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                if container is not None:
-                    await container.aclose()
-                await self.remove(container_id)
-            raise
-        return container
+            return container
+        finally:
+            if pins is not None and not handed_to_start:
+                pins.close()
 
     async def _create(self, spec: ContainerSpec) -> str:
         def create(client: docker.APIClient) -> str:
@@ -379,9 +417,44 @@ class DockerRuntime:
             await trio.to_thread.run_sync(client.close)
 
 
+def verify_mounts(client: docker.APIClient, container_id: str, pins: PinSet) -> None:
+    """Check, from the host, that each pinned target in the container is the pinned object.
+
+    Looks through ``/proc/PID/root`` of the container's first process, so it needs the
+    orchestrator and the engine in one PID namespace, and the right to look into that process
+    (root, or the container's own uid); otherwise the container is refused as unverifiable.
+    A container that already stopped is not checked: no client message can reach it, and its
+    exit is reported as any other.
+    """
+    state: dict[str, Any] = client.inspect_container(container_id)["State"]
+    pid = int(state.get("Pid") or 0)
+    if not state.get("Running") or pid <= 0:
+        return
+    for pin in pins.pins:
+        try:
+            found = os.stat(f"/proc/{pid}/root{pin.target}")
+        except OSError as exc:
+            raise SecurityViolation(
+                f"the mount at {pin.target!r} could not be checked ({exc.strerror}); "
+                "the orchestrator must share the engine's PID namespace and may need to run as "
+                "the container's user",
+                reason="mount_unverifiable",
+                path=pin.path,
+                target=pin.target,
+            ) from exc
+        if not pin.matches(found):
+            raise SecurityViolation(
+                f"the container did not get the directory that was validated for {pin.target!r}",
+                reason="mount_changed",
+                path=pin.path,
+                target=pin.target,
+            )
+
+
 def _remove_quietly(client: docker.APIClient, container: str) -> None:
     try:
-        client.remove_container(container, force=True)
+        # v=True: the anonymous volumes that carry pinned mounts go with the container.
+        client.remove_container(container, force=True, v=True)
     except docker.errors.NotFound:
         return
     except docker.errors.APIError as exc:
@@ -455,12 +528,7 @@ def host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     """The ``HostConfig`` of a spec: mounts as structured objects, limits and safe defaults."""
     security_opt = ["no-new-privileges:true"] if spec.no_new_privileges else []
     return {
-        "mounts": [
-            docker.types.Mount(
-                target=mount.target, source=mount.source, type="bind", read_only=mount.read_only
-            )
-            for mount in spec.mounts
-        ],
+        "mounts": [_mount(spec, mount) for mount in spec.mounts],
         "network_mode": spec.network,
         "mem_limit": spec.memory_bytes,
         # Equal to the memory limit: no swap on top of it, so the limit means what it says.
@@ -475,6 +543,40 @@ def host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "init": True,  # a real PID 1 that forwards signals and reaps zombies
         "auto_remove": False,  # we remove explicitly, after reading the exit code
     }
+
+
+def _mount(spec: ContainerSpec, mount: MountSpec) -> docker.types.Mount:
+    """A pinned mount as a ``local`` volume bound to our descriptor; else a plain bind.
+
+    Why a volume: runc binds mount sources from inside the container's new mount namespace,
+    where a bind from a descriptor of the host's namespace is refused (EINVAL). The ``local``
+    volume driver mounts in the daemon's own (the host's) namespace — ``mount --bind
+    /proc/PID/fd/N`` there follows the descriptor, not a path — and the container then gets a
+    bind of that volume, whose path under the engine's data root nobody else can change.
+    """
+    pin = spec.pins.for_target(mount.target) if spec.pins is not None else None
+    if pin is None:
+        return docker.types.Mount(
+            target=mount.target, source=mount.source, type="bind", read_only=mount.read_only
+        )
+    return docker.types.Mount(
+        target=mount.target,
+        source=None,  # anonymous: removed with the container (v=True)
+        type="volume",
+        # Read-only at the source, since Docker allows no read-only anonymous volume; a bind
+        # of a read-only mount is read-only, and the container cannot remount it (no caps).
+        driver_config=docker.types.DriverConfig(
+            "local",
+            {
+                "type": "none",
+                "o": "bind,ro" if mount.read_only else "bind",
+                "device": pin.engine_source,
+            },
+        ),
+        # Never copy the image's files at the target into the user's directory.
+        no_copy=True,
+        labels=spec.labels,
+    )
 
 
 def detach_socket(raw: Any) -> socket.socket:

@@ -29,7 +29,8 @@ from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
 from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
 
-STEPS = ("create", "attach", "start", "exit_status", "remove", "ping", "list")
+# "verify" is the check, after start, that the container got the pinned mounts (only when pinned).
+STEPS = ("create", "attach", "start", "verify", "exit_status", "remove", "ping", "list")
 
 
 class Pipe:
@@ -313,6 +314,15 @@ class MemoryRuntime:
         return "memory"
 
     async def spawn(self, spec: ContainerSpec) -> MemoryContainer:
+        # The runtime owns the spec's pins; nothing here runs in a thread, so once this call
+        # ends no engine can resolve them any more.
+        try:
+            return await self._spawn(spec)
+        finally:
+            if spec.pins is not None:
+                spec.pins.close()
+
+    async def _spawn(self, spec: ContainerSpec) -> MemoryContainer:
         create = _Create()
         self._nursery.start_soon(self._create, spec, create)
         try:
@@ -331,6 +341,8 @@ class MemoryRuntime:
         try:
             await self._step("attach", spec)
             await self._step("start", spec)
+            if spec.pins is not None:
+                await self._step("verify", spec)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.remove(server.id)

@@ -23,6 +23,7 @@ from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec,
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
+from ..policy.pinning import PinSet
 from ..protocol.session import SessionLimits
 from ..runtime.base import Runtime
 
@@ -104,15 +105,41 @@ class Fabric:
         session_id: str,
         mounts: tuple[MountSpec, ...],
         sequence: int,
+        pins: PinSet | None = None,
     ) -> ContainerSpec:
         return container_spec_for(
             service_name,
             service,
             session_id=session_id,
             mounts=mounts,
+            pins=pins,
             sequence=sequence,
             identity=self._identity,
         )
+
+    async def pin_mounts(self, mounts: tuple[MountSpec, ...]) -> PinSet | None:
+        """Validate the session's mounts again and pin them for one container start.
+
+        Resource handling: the pins are the caller's to hand to :meth:`Runtime.spawn` (which
+        releases them); if this call is cancelled, pins made by its thread are closed here.
+        """
+        if not mounts:
+            await trio.lowlevel.checkpoint()
+            return None
+        made: list[PinSet] = []
+
+        def pin() -> None:
+            made.append(self.mount_policy.pin(mounts))
+
+        try:
+            # Not abandonable: the thread is short (a few opens) and what it makes must be
+            # closed by us, so we wait for it even when cancelled.
+            await trio.to_thread.run_sync(pin)
+        except BaseException:
+            for pins in made:
+                pins.close()
+            raise
+        return made[0]
 
     async def validate_mounts(self, mounts: object) -> tuple[MountSpec, ...]:
         if mounts == []:

@@ -436,15 +436,19 @@ class SessionDriver:
     # --- container side -----------------------------------------------------------------------
 
     async def _spawn(self, seq: int) -> None:
-        spec = self.fabric.container_spec(
-            self.service_name,
-            self.service,
-            session_id=self.session_id,
-            mounts=self.mounts,
-            sequence=seq,
-        )
         try:
-            container = await self.fabric.runtime.spawn(spec)
+            # Validated again and pinned at every start (respawns too): the container gets the
+            # very directories the session was granted, or this start fails with -32004.
+            pins = await self.fabric.pin_mounts(self.mounts)
+            spec = self.fabric.container_spec(
+                self.service_name,
+                self.service,
+                session_id=self.session_id,
+                mounts=self.mounts,
+                sequence=seq,
+                pins=pins,
+            )
+            container = await self.fabric.runtime.spawn(spec)  # owns the pins from here
         except FabricError as exc:
             await self._feed(SpawnFailed(seq, exc))
             return

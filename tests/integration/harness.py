@@ -122,11 +122,9 @@ class Orchestrator:
         return str(next(e["instance"] for e in self.logs() if e["event"] == "serving"))
 
     def logs(self) -> list[dict[str, Any]]:
-        return [
-            json.loads(line)
-            for line in self.log_path.read_text().splitlines()
-            if line.startswith("{")
-        ]
+        # Only complete lines: the orchestrator may be writing the last one right now.
+        complete = self.log_path.read_text().rpartition("\n")[0]
+        return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
 
 
 def write_suite(
@@ -251,6 +249,20 @@ def containers_of(client: docker.DockerClient, **labels: str) -> list[Any]:
         except docker.errors.NotFound:
             continue
     return client.containers.list(all=True, filters={"label": filters}, sparse=True)
+
+
+def mounted_directories(container: Any, candidates: list[Path]) -> list[tuple[str, str]]:
+    """(host directory, target) of each of a running container's mounts, as the container sees
+    them: the mount at each target, looked at through /proc/PID/root, matched by device and inode
+    against ``candidates`` ("?" when it is none of them). Mounts are pinned volumes, so the
+    engine's own record of the source names a volume, not the directory."""
+    pid = container.attrs["State"]["Pid"]
+    known = {(p.stat().st_dev, p.stat().st_ino): str(p) for p in candidates}
+    found = []
+    for mount in container.attrs["Mounts"]:
+        inside = os.stat(f"/proc/{pid}/root{mount['Destination']}")
+        found.append((known.get((inside.st_dev, inside.st_ino), "?"), mount["Destination"]))
+    return found
 
 
 def text_of(answer: dict[str, Any]) -> str:

@@ -87,9 +87,13 @@ def test_two_clients_registering_different_repos_each_see_only_their_own_commits
             by_session[session] = container.attrs
         for session, repo in ((session_a, repo_a), (session_b, repo_b)):
             attrs = by_session[session]
-            assert [(m["Source"], m["Destination"], m["RW"]) for m in attrs["Mounts"]] == [
-                (str(repo), "/workspace", True)
-            ]
+            # The repository, pinned: a volume bound to the orchestrator's descriptor of it,
+            # and the container's /workspace is that very directory.
+            [mount] = attrs["HostConfig"]["Mounts"]
+            assert (mount["Type"], mount["Target"]) == ("volume", "/workspace")
+            assert mount["VolumeOptions"]["DriverConfig"]["Options"]["o"] == "bind"
+            inside = os.stat(f"/proc/{attrs['State']['Pid']}/root/workspace")
+            assert (inside.st_dev, inside.st_ino) == (repo.stat().st_dev, repo.stat().st_ino)
             assert attrs["Config"]["Labels"]["reactor-fabric.service"] == "git"
             assert attrs["HostConfig"]["CapDrop"] == ["ALL"]
             assert "no-new-privileges:true" in attrs["HostConfig"]["SecurityOpt"]

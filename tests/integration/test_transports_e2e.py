@@ -18,6 +18,7 @@ from tests.integration.harness import (
     Orchestrator,
     containers_of,
     git_repo,
+    mounted_directories,
     orchestrator,
     python_client,
     text_of,
@@ -146,9 +147,7 @@ def test_the_stdio_bridge_mounts_the_current_directory_for_the_python_sdk_stdio_
         assert answer["ok"], answer
         assert "commit seen through the bridge" in text_of(answer)
         [container] = containers_of(docker_client, service="git", instance=fabric.instance)
-        assert [(m["Source"], m["Destination"]) for m in container.attrs["Mounts"]] == [
-            (str(repo), "/workspace")
-        ]
+        assert mounted_directories(container, [repo]) == [(str(repo), "/workspace")]
     finally:
         assert client.close() == 0
     wait_until(
@@ -187,9 +186,9 @@ def test_clients_of_every_transport_at_once_each_get_their_own_container_and_fil
             others = [other for other in repos if other != name]
             assert not any(f"{other} secret" in text for other in others), (name, text)
         sources = sorted(
-            m["Source"]
+            source
             for c in containers_of(docker_client, service="git", instance=fabric.instance)
-            for m in c.attrs["Mounts"]
+            for source, _target in mounted_directories(c, list(repos.values()))
         )
         assert sources == sorted(str(repo) for repo in repos.values())
     finally:

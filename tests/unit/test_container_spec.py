@@ -1,16 +1,20 @@
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from reactor_fabric.config.structs import Resources, Security, Service
 from reactor_fabric.policy.container_spec import (
+    LABEL_SESSION,
     ContainerIdentity,
     ContainerSpec,
     MountSpec,
     container_spec_for,
 )
+from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.docker import host_config_kwargs
 
 
@@ -90,6 +94,32 @@ def test_mounts_are_structured_bind_mounts_never_volume_strings() -> None:
         ("bind", "/home/a/repo", "/workspace", False),
         ("bind", "/home/a/docs", "/docs", True),
     ]
+
+
+def test_pinned_mounts_are_local_volumes_bound_to_the_pins_descriptor(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "docs").mkdir()
+    mounts = (
+        MountSpec(str(tmp_path / "repo"), "/workspace"),
+        MountSpec(str(tmp_path / "docs"), "/docs", True),
+    )
+    pins = pin_mounts(mounts)
+    spec = dataclasses.replace(spec_for(Service(image="img"), mounts=mounts), pins=pins)
+    host = host_config_kwargs(spec)
+    try:
+        for mount, pin in zip(host["mounts"], pins.pins, strict=True):
+            assert (mount["Type"], mount["Source"]) == ("volume", None)  # anonymous
+            options = mount["VolumeOptions"]
+            assert options["DriverConfig"]["Name"] == "local"
+            assert options["DriverConfig"]["Options"]["device"] == pin.engine_source
+            assert options["DriverConfig"]["Options"]["type"] == "none"
+            # The image's files are never copied into the user's directory.
+            assert options["NoCopy"] is True
+            assert options["Labels"]["reactor-fabric.session"] == spec.labels[LABEL_SESSION]
+        options = [m["VolumeOptions"]["DriverConfig"]["Options"]["o"] for m in host["mounts"]]
+        assert options == ["bind", "bind,ro"]
+    finally:
+        pins.close()
 
 
 def test_the_service_network_wins_over_the_orchestrator_network() -> None:

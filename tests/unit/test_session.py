@@ -15,12 +15,19 @@ import pytest
 import trio
 import trio.testing
 
-from reactor_fabric import ContainerStartFailure, DockerUnavailable
+from reactor_fabric import ContainerStartFailure, DockerUnavailable, SecurityViolation
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
-from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, request, scripted_mcp_server
+from tests.fakes import (
+    INITIALIZE,
+    INITIALIZED,
+    MemoryClient,
+    request,
+    scripted_mcp_server,
+    until,
+)
 
 
 def suite(
@@ -433,7 +440,7 @@ async def test_two_sessions_get_two_containers_with_their_own_mounts(tmp_path: P
                     )
                 )
                 await client.hear()
-            await trio.testing.wait_all_tasks_blocked()
+            await until(lambda: len(engine.spawned) == 2, what="both containers created")
             sources = sorted(spec.mounts[0].source for spec in engine.spawned)
             assert sources == [str(tmp_path / "a"), str(tmp_path / "b")]
             assert len({spec.labels["reactor-fabric.session"] for spec in engine.spawned}) == 2
@@ -549,3 +556,47 @@ async def test_cancelling_a_session_at_every_step_of_its_life_leaks_no_task_or_c
     if scenario is _slow_scenario:
         # Some cancellation did land while a create was in flight.
         assert abandoned_creates > 0
+
+
+async def test_a_respawn_refuses_a_project_that_became_a_symlink_and_the_session_goes_on(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    mount = f"{project}:/workspace"
+    async with running_session(tmp_path, idle_timeout="10s", query_mounts=(mount,)) as h:
+        assert (await h.call(1, "echo", a=1))["id"] == 1
+        await trio.sleep(11)
+        assert h.engine.alive == []
+        # Swapped while no container ran: the next start must not mount what it names now.
+        project.rename(tmp_path / "aside")
+        project.symlink_to(tmp_path / "elsewhere")
+        refused = await h.call(2, "echo", a=2)
+        assert refused["error"]["code"] == -32004
+        assert refused["error"]["data"]["reason"] == "mount_changed"
+        assert len(h.engine.spawned) == 1  # refused before anything was created
+        project.unlink()
+        (tmp_path / "aside").rename(project)
+        assert (await h.call(3, "echo", a=3))["id"] == 3
+        # Every start had its own pins, and each was released after its start.
+        pins = [spec.pins for spec in h.engine.spawned]
+        assert len(pins) == 2
+        assert all(p is not None and p.closed for p in pins)
+
+
+async def test_a_container_that_did_not_get_its_pinned_mounts_is_answered_with_32004(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+    mount = f"{tmp_path / 'project'}:/workspace"
+    async with running_session(tmp_path, query_mounts=(mount,)) as h:
+        h.engine.fault(
+            "verify", error=SecurityViolation("not the pinned directory", reason="mount_changed")
+        )
+        refused = await h.call(1, "echo")
+        assert refused["error"]["code"] == -32004
+        assert refused["error"]["data"]["reason"] == "mount_changed"
+        assert h.engine.alive == []  # the container that got the wrong mount is gone
+        h.engine.clear_faults()
+        assert (await h.call(2, "echo"))["id"] == 2

@@ -1,0 +1,220 @@
+"""Pinning a validated mount source, so that the engine mounts exactly what was checked.
+
+Validation (:mod:`.mounts`) resolves a path string. Docker resolves the string again when it
+starts the container, so whoever can change a component of the path in between (a symlink swap
+in a project directory, a rename in ``/tmp``) could have any directory mounted — ``/run`` with
+the Docker socket, another user's home. A pin closes that window:
+
+1. **Walk, do not resolve.** The validated path has no symlinks and no ``..`` (it is the
+   resolved one), so it is opened from ``/`` one component at a time with
+   ``O_PATH | O_NOFOLLOW``. Any symlink met on the way means the path changed since it was
+   validated: refused with ``mount_changed``. The descriptor at the end *is* the validated
+   object, whatever happens to the path afterwards.
+2. **Mount the descriptor, not the path.** The engine is told to mount ``/proc/PID/fd/N`` (our
+   descriptor's magic link), which the kernel resolves to the object the descriptor holds, not
+   to anything a path now names. See :mod:`reactor_fabric.runtime.docker` for how Docker is made
+   to do that (a ``local`` volume bound to the descriptor: the daemon mounts it in its own mount
+   namespace, where a bind from our descriptor is allowed).
+3. **Check what the container got.** After start, the runtime compares the device and inode of
+   the container's mount with the pin's (:meth:`Pin.matches`) before any client message is
+   relayed; on a mismatch the container is removed and the session gets ``mount_changed``.
+
+Resource handling: a :class:`PinSet` owns its descriptors. It is handed to the runtime with the
+container spec, which releases it once no engine call can resolve ``/proc/PID/fd/N`` any more —
+also when a cancelled start still runs in a worker thread, because a descriptor number closed
+too early could be reused by another session's pin. :meth:`PinSet.close` is idempotent and
+thread-safe.
+
+Error handling: every refusal is a :class:`~reactor_fabric.SecurityViolation` (-32004):
+``mount_changed`` (a component became a symlink or vanished), ``mount_not_permitted`` (the
+orchestrator's own user may not open it), ``docker_socket_forbidden`` (the object is the Docker
+socket under another name, e.g. a hard link).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .._errors import SecurityViolation
+from .container_spec import MountSpec
+
+# O_PATH: a descriptor that names an object without opening it for I/O (no read permission on
+# the object needed, no side effects such as a FIFO blocking), which is all a mount needs.
+_WALK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pinned mount source: our descriptor and the identity of what it holds."""
+
+    target: str
+    path: str  # the validated (resolved) path the descriptor was opened from
+    fd: int
+    device: int
+    inode: int
+
+    @property
+    def engine_source(self) -> str:
+        """What the engine is told to mount: this process's magic link to the descriptor."""
+        return f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def matches(self, found: os.stat_result) -> bool:
+        """Whether ``found`` (the container's view of the mount) is the pinned object."""
+        return (found.st_dev, found.st_ino) == (self.device, self.inode)
+
+
+class PinSet:
+    """The pins of one container start, by mount target."""
+
+    def __init__(self, pins: Iterable[Pin] = ()) -> None:
+        self._pins = {pin.target: pin for pin in pins}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def add(self, pin: Pin) -> None:
+        with self._lock:
+            if self._closed:
+                os.close(pin.fd)
+                raise RuntimeError("a closed PinSet takes no more pins")
+            self._pins[pin.target] = pin
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def for_target(self, target: str) -> Pin | None:
+        return self._pins.get(target)
+
+    @property
+    def pins(self) -> tuple[Pin, ...]:
+        return tuple(self._pins.values())
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def close(self) -> None:
+        """Close every descriptor, once (later calls do nothing)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for pin in self._pins.values():
+            # Already closed (EBADF) cannot be: nothing else closes our descriptors.
+            with contextlib.suppress(OSError):
+                os.close(pin.fd)
+
+
+def open_beneath_root(path: str) -> int:
+    """A descriptor for the symlink-free absolute ``path``, opened component by component.
+
+    Raises SecurityViolation if a component is a symlink, missing, not a directory (when it is
+    not the last one) or not accessible to this process.
+    """
+    components = [part for part in path.split("/") if part]
+    if path != "/" + "/".join(components) or any(part in (".", "..") for part in components):
+        raise SecurityViolation(
+            f"{path!r} is not a resolved path", reason="mount_changed", path=path
+        )
+    current = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
+    for depth in range(1, len(components) + 1):
+        try:
+            following = _open_component(current, path, components, depth)
+        finally:
+            os.close(current)
+        current = following
+    return current
+
+
+def _open_component(directory: int, path: str, components: list[str], depth: int) -> int:
+    """Open ``components[depth - 1]`` below ``directory``: never a symlink, a directory unless
+    it is the last component."""
+    component = "/" + "/".join(components[:depth])
+    try:
+        opened = os.open(components[depth - 1], _WALK_FLAGS, dir_fd=directory)
+    except OSError as exc:
+        raise _refusal(path, component, exc) from exc
+    mode = os.fstat(opened).st_mode
+    problem = None
+    if stat.S_ISLNK(mode):
+        # With O_PATH | O_NOFOLLOW the kernel hands us the link itself: the path was resolved
+        # without one, so somebody put it there since.
+        problem = "a component is now a symlink"
+    elif depth < len(components) and not stat.S_ISDIR(mode):
+        problem = "a component is no longer a directory"
+    if problem is None:
+        return opened
+    os.close(opened)
+    raise SecurityViolation(
+        f"{path!r} changed after it was validated: {problem}",
+        reason="mount_changed",
+        path=path,
+        component=component,
+    )
+
+
+def _refusal(path: str, component: str, exc: OSError) -> SecurityViolation:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return SecurityViolation(
+            f"the orchestrator's user may not open {component!r}",
+            reason="mount_not_permitted",
+            path=path,
+            component=component,
+        )
+    return SecurityViolation(
+        f"{path!r} changed after it was validated ({os.strerror(exc.errno or 0)} at {component!r})",
+        reason="mount_changed",
+        path=path,
+    )
+
+
+def pin_mounts(mounts: Sequence[MountSpec], *, forbidden: Iterable[tuple[int, int]] = ()) -> PinSet:
+    """Pin every mount's (validated, resolved) source; all of them or none.
+
+    ``forbidden`` are (device, inode) pairs that may never be mounted whatever their name: the
+    Docker socket's.
+    """
+    refused = set(forbidden)
+    pins = PinSet()
+    try:
+        for mount in mounts:
+            pin = _pin_one(mount)
+            pins.add(pin)
+            if (pin.device, pin.inode) in refused:
+                raise SecurityViolation(  # noqa: TRY301 - the pins made so far must be closed
+                    f"{mount.source!r} is the Docker socket, which is never mountable",
+                    reason="docker_socket_forbidden",
+                    path=mount.source,
+                )
+    except BaseException:
+        pins.close()
+        raise
+    return pins
+
+
+def _pin_one(mount: MountSpec) -> Pin:
+    fd = open_beneath_root(mount.source)
+    try:
+        found = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Pin(mount.target, mount.source, fd, found.st_dev, found.st_ino)
+
+
+def identities(paths: Iterable[str]) -> frozenset[tuple[int, int]]:
+    """(device, inode) of each path that exists (missing ones are skipped)."""
+    found: set[tuple[int, int]] = set()
+    for path in paths:
+        try:
+            result = os.stat(path)
+        except OSError:
+            continue
+        found.add((result.st_dev, result.st_ino))
+    return frozenset(found)

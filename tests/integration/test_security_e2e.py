@@ -1,0 +1,333 @@
+"""Attacks on isolation, on the real engine: each one used to work; each must fail now.
+
+The probe image (``images/probe``) is a tiny stdio server that answers every request with the
+entries of a directory in its container: what a mount really holds, as the server sees it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import os
+import random
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import trio
+import yaml
+
+from reactor_fabric import SecurityViolation, Service
+from reactor_fabric.policy.container_spec import LABEL_SESSION, MountSpec, container_spec_for
+from reactor_fabric.policy.pinning import PinSet, pin_mounts
+from reactor_fabric.runtime.docker import DockerRuntime
+from tests.integration.harness import (
+    BUNDLED,
+    Orchestrator,
+    orchestrator,
+    wait_until,
+    write_suite,
+)
+from tests.integration.test_bounds_e2e import websocket
+from tests.integration.test_docker_api_stdio import TEST_IDENTITY, StdioPeer
+from tests.messages import request
+
+pytestmark = pytest.mark.integration
+
+PROBE = Path(__file__).resolve().parent / "images" / "probe"
+PROBE_TAG = "reactor-fabric/test-probe:1"
+MARKER = "VALIDATED"
+
+
+@pytest.fixture(scope="module")
+def probe_image() -> str:
+    client = docker.from_env(version="auto", timeout=120)
+    base = BUNDLED["mcp_services"]["time"]["image"]
+    client.images.build(path=str(PROBE), tag=PROBE_TAG, buildargs={"BASE": base})
+    client.close()
+    return PROBE_TAG
+
+
+def probe_suite(path: Path, root: Path, image: str, *, timeout: str = "1m") -> Path:
+    write_suite(path, [str(root)])
+    suite = yaml.safe_load(path.read_text())
+    suite["mcp_services"]["probe"] = {
+        "image": image,
+        "pull": "never",
+        "network": "none",
+        "timeout": timeout,
+    }
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+class Swapper(threading.Thread):
+    """Swaps ``project`` between the real directory and symlinks to ``decoys``.
+
+    Each state lasts a random 0-2 ms, so that every moment of a start (validation, pinning,
+    the engine's create and start) sometimes sees the link and sometimes the directory.
+    """
+
+    def __init__(self, project: Path, decoys: list[Path]) -> None:
+        super().__init__(daemon=True)
+        self.project = project
+        self.decoys = decoys
+        self.swaps = 0
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        aside = self.project.with_name(self.project.name + ".aside")
+        while not self.stopped.is_set():
+            decoy = self.decoys[self.swaps % len(self.decoys)]
+            time.sleep(random.uniform(0, 0.002))
+            os.rename(self.project, aside)
+            os.symlink(decoy, self.project)
+            time.sleep(random.uniform(0, 0.002))
+            os.unlink(self.project)
+            os.rename(aside, self.project)
+            self.swaps += 1
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=10)
+
+
+def mount_of(project: Path) -> dict[str, Any]:
+    return {"mounts": [{"source": str(project), "target": "/workspace"}]}
+
+
+def test_a_project_swapped_for_symlinks_never_gets_anything_else_mounted(
+    tmp_path: Path, project_root: Path, probe_image: str
+) -> None:
+    """≥ 200 container starts race a loop that swaps the project for links to a directory
+    outside the allowed roots and to the Docker socket's directory: every container that
+    answers sees the validated project, or the client is told the mount changed."""
+    project = project_root / "project"
+    project.mkdir()
+    (project / MARKER).write_text("the directory that was validated")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "DECOY").write_text("not allowed")
+    docker_socket_dir = Path("/run")
+    assert (docker_socket_dir / "docker.sock").exists()
+    suite = probe_suite(tmp_path / "suite.yaml", project_root, probe_image)
+
+    seen: collections.Counter[str] = collections.Counter()
+    escapes: list[Any] = []
+
+    async def one_session(running: Orchestrator, rounds: int) -> None:
+        while True:  # until the registration itself is not raced
+            ws = await websocket(running, "/mcp/probe")
+            await ws.send_json(request(1, "fabric/registerClient", mount_of(project)))
+            registered = await ws.hear()
+            if "result" in registered:
+                break
+            assert registered["error"]["code"] == -32004, registered
+            seen["refused at registration: " + registered["error"]["data"]["reason"]] += 1
+            await ws.aclose()
+        for index in range(rounds):
+            await ws.send_json(request(100 + index, "look", {"path": "/workspace"}))
+            answer = await ws.hear()
+            if "error" in answer:
+                # The start was refused: what the client reads is a documented error.
+                assert answer["error"]["code"] in (-32004, -32002), answer
+                seen["refused at start: " + answer["error"]["data"]["reason"]] += 1
+                continue
+            entries = answer["result"]["entries"]
+            if entries != [MARKER]:
+                escapes.append(entries)
+            seen["served the validated project"] += 1
+            # Kill the container (the probe exits on "exit"): the next round is a respawn.
+            await ws.send_json(request(10_000 + index, "exit"))
+            await ws.hear()
+        await ws.aclose()
+
+    async def attack(running: Orchestrator) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(one_session, running, 24)
+
+    swapper = Swapper(project, [outside, docker_socket_dir])
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        swapper.start()
+        try:
+            trio.run(attack, running)
+        finally:
+            swapper.stop()
+        starts = [e for e in running.logs() if e["event"] == "container_started"]
+        refused = [e for e in running.logs() if e["event"] == "container_start_failed"]
+
+    assert escapes == [], f"containers saw something else than the project: {escapes[:5]}"
+    assert len(starts) + len(refused) >= 200, (len(starts), len(refused), seen)
+    # Both sides of the race happened: it was really run, not dodged.
+    assert seen["served the validated project"] > 0, seen
+    assert seen["refused at start: mount_changed"] > 0, seen
+    assert swapper.swaps > 100, swapper.swaps
+
+
+def test_a_respawn_after_idle_teardown_validates_the_mount_again(
+    tmp_path: Path, project_root: Path, probe_image: str
+) -> None:
+    """Mounts used to be validated once per session: a swap while the container was torn down
+    for idleness was mounted at the next start."""
+    project = project_root / "project"
+    project.mkdir()
+    (project / MARKER).write_text("validated")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    suite = probe_suite(tmp_path / "suite.yaml", project_root, probe_image, timeout="1s")
+
+    async def scenario(running: Orchestrator) -> None:
+        ws = await websocket(running, "/mcp/probe")
+        await ws.send_json(request(1, "fabric/registerClient", mount_of(project)))
+        assert "result" in await ws.hear()
+        await ws.send_json(request(2, "look"))
+        assert (await ws.hear())["result"]["entries"] == [MARKER]
+        # Idle teardown (Docker has no event to wait on here).
+        await trio.to_thread.run_sync(
+            functools.partial(
+                wait_until,
+                lambda: any(e["event"] == "container_removed" for e in running.logs()),
+                timeout=30,
+                what="the idle container to be removed",
+            )
+        )
+        project.rename(project.with_name("aside"))
+        project.symlink_to(outside)
+        await ws.send_json(request(3, "look"))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32004
+        assert refused["error"]["data"]["reason"] == "mount_changed"
+        # Put back, the session goes on with its own project.
+        project.unlink()
+        project.with_name("aside").rename(project)
+        await ws.send_json(request(4, "look"))
+        assert (await ws.hear())["result"]["entries"] == [MARKER]
+        await ws.aclose()
+
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        trio.run(scenario, running)
+
+
+def _probe_spec(project: Path, image: str, *, read_only: bool = False) -> Any:
+    return container_spec_for(
+        "probe",
+        Service(image=image, pull="never", network="none"),
+        session_id=secrets.token_hex(8),
+        identity=TEST_IDENTITY,
+        mounts=(MountSpec(str(project), "/workspace", read_only),),
+    )
+
+
+def _descriptors_of(path: Path) -> list[str]:
+    """Our open descriptors that refer to ``path`` (wherever it has been moved since)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == str(path):
+            found.append(fd)
+    return found
+
+
+async def _ask(container: Any, method: str, path: str) -> dict[str, Any]:
+    peer = StdioPeer(container)
+    await peer.send({"jsonrpc": "2.0", "id": 1, "method": method, "params": {"path": path}})
+    return (await peer.response(1))["result"]  # type: ignore[no-any-return]
+
+
+async def test_the_engine_mounts_the_pinned_directory_not_what_the_path_names_later(
+    tmp_path: Path, probe_image: str, docker_client: docker.DockerClient
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / MARKER).write_text("validated")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "DECOY").write_text("not this")
+    spec = _probe_spec(project, probe_image)
+    pins = pin_mounts(spec.mounts)
+    spec = dataclasses.replace(spec, pins=pins)
+    # The path now names something else: what was pinned is what gets mounted.
+    project.rename(tmp_path / "aside")
+    project.symlink_to(outside)
+    assert len(_descriptors_of(tmp_path / "aside")) == 1  # the pin
+    engine = DockerRuntime()
+    try:
+        container = await engine.spawn(spec)
+        try:
+            with trio.fail_after(60):
+                assert (await _ask(container, "look", "/workspace"))["entries"] == [MARKER]
+            # The mount is a volume of ours (labelled, so that leftovers can be found)...
+            assert len(_volumes_of(docker_client, spec)) == 1
+        finally:
+            await container.aclose()
+            await engine.remove(container.id)
+    finally:
+        await engine.close()
+    assert pins.closed
+    assert _descriptors_of(tmp_path / "aside") == []
+    assert not _volumes_of(docker_client, spec)  # ...removed with the container
+
+
+async def test_a_container_that_did_not_get_the_pinned_directory_is_refused_and_removed(
+    tmp_path: Path, probe_image: str, docker_client: docker.DockerClient
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    spec = _probe_spec(project, probe_image)
+    [pin] = pin_mounts(spec.mounts).pins
+    # A pin that claims another identity stands for an engine that mounted something else.
+    wrong = PinSet([dataclasses.replace(pin, inode=pin.inode + 1)])
+    engine = DockerRuntime()
+    try:
+        with pytest.raises(SecurityViolation) as caught:
+            await engine.spawn(dataclasses.replace(spec, pins=wrong))
+    finally:
+        await engine.close()
+    assert caught.value.reason == "mount_changed"
+    assert caught.value.to_jsonrpc_error()["code"] == -32004
+    assert wrong.closed
+    session = spec.labels[LABEL_SESSION]
+    assert not docker_client.containers.list(
+        all=True, filters={"label": f"{LABEL_SESSION}={session}"}
+    )
+    assert not _volumes_of(docker_client, spec)
+
+
+async def test_a_read_only_pinned_mount_cannot_be_written_and_a_writable_one_can(
+    tmp_path: Path, probe_image: str
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    engine = DockerRuntime()
+    try:
+        for read_only in (True, False):
+            spec = _probe_spec(project, probe_image, read_only=read_only)
+            spec = dataclasses.replace(spec, pins=pin_mounts(spec.mounts))
+            container = await engine.spawn(spec)
+            try:
+                with trio.fail_after(60):
+                    answer = await _ask(container, "write", f"/workspace/{read_only}")
+            finally:
+                await container.aclose()
+                await engine.remove(container.id)
+            if read_only:
+                assert "Read-only file system" in answer["error"], answer
+            else:
+                assert answer["error"] is None, answer
+    finally:
+        await engine.close()
+    assert sorted(os.listdir(project)) == ["False"]
+
+
+def _volumes_of(client: docker.DockerClient, spec: Any) -> list[Any]:
+    session = spec.labels[LABEL_SESSION]
+    return client.volumes.list(filters={"label": f"{LABEL_SESSION}={session}"})

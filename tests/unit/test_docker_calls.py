@@ -1,0 +1,112 @@
+"""The Docker runtime's worker-thread calls: when ``release`` runs, whatever trio does.
+
+``release`` frees what the engine may still use while a call runs (the descriptors of pinned
+mounts, which the engine resolves during start). Closing them while an abandoned thread still
+runs the call would let the number be reused by another session's pin, so: after the call ended
+in its thread, or at once if the thread never began it — never before, and exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import trio
+
+from reactor_fabric import ContainerStartFailure
+from reactor_fabric.runtime.docker import DockerRuntime
+
+
+def runtime_without_engine(**kwargs: Any) -> DockerRuntime:
+    engine = DockerRuntime(**kwargs)
+    engine._connect = object  # type: ignore[method-assign,assignment]
+    return engine
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.lock = threading.Lock()
+
+    def note(self, event: str) -> None:
+        with self.lock:
+            self.events.append(event)
+
+
+async def test_release_runs_once_after_the_call_returns() -> None:
+    engine = runtime_without_engine()
+    seen = Recorder()
+
+    def call(_client: object) -> str:
+        seen.note("call")
+        return "done"
+
+    assert await engine._call("start", call, release=lambda: seen.note("release")) == "done"
+    assert seen.events == ["call", "release"]
+
+
+async def test_release_runs_once_after_a_call_that_failed() -> None:
+    engine = runtime_without_engine()
+    seen = Recorder()
+
+    def call(_client: object) -> str:
+        seen.note("call")
+        raise RuntimeError("engine said no")
+
+    with pytest.raises(ContainerStartFailure, match="engine said no"):
+        await engine._call("start", call, release=lambda: seen.note("release"))
+    assert seen.events == ["call", "release"]
+
+
+async def test_a_cancelled_call_releases_only_when_its_abandoned_thread_ends() -> None:
+    engine = runtime_without_engine()
+    seen = Recorder()
+    running = threading.Event()
+    go_on = threading.Event()
+
+    def call(_client: object) -> None:
+        running.set()
+        go_on.wait(30)
+        seen.note("call ended")
+
+    async with trio.open_nursery() as nursery:
+        cancel_scope = trio.CancelScope()
+
+        async def caller() -> None:
+            with cancel_scope:
+                await engine._call("start", call, release=lambda: seen.note("release"))
+
+        nursery.start_soon(caller)
+        await trio.to_thread.run_sync(running.wait)
+        cancel_scope.cancel()
+    assert engine.abandoned_calls == 1
+    assert seen.events == []  # the thread still runs the call: nothing may be released
+    go_on.set()
+    assert await engine.settle()
+    assert seen.events == ["call ended", "release"]
+
+
+async def test_a_call_cancelled_before_its_thread_began_releases_at_once() -> None:
+    engine = runtime_without_engine(max_parallel_calls=1)
+    seen = Recorder()
+    blocking = threading.Event()
+    occupied = threading.Event()
+
+    def hold_the_only_slot(_client: object) -> None:
+        occupied.set()
+        blocking.wait(30)
+
+    def never(_client: object) -> None:
+        seen.note("call")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine._call, "list", hold_the_only_slot)
+        await trio.to_thread.run_sync(occupied.wait)
+        with trio.CancelScope() as waiting:
+            waiting.cancel()  # while it waits for the only slot
+            await engine._call("start", never, release=lambda: seen.note("release"))
+        assert seen.events == ["release"]
+        blocking.set()
+    assert await engine.settle()
+    assert seen.events == ["release"]  # and the call itself never ran
