@@ -126,8 +126,11 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     bridge.add_argument("--no-mount", action="store_true", help="register no mount at all")
     bridge.add_argument(
         "--config",
-        default=argparse.SUPPRESS,
-        help="suite file giving the service's local_command fallback (default as above)",
+        dest="fallback_config",
+        default=None,
+        help="suite file giving the service's local_command fallback, for when the "
+        "orchestrator is unreachable (default: ${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/"
+        "claude-mcp-suite.yaml; never a suite in the current directory)",
     )
     return parser
 
@@ -167,7 +170,7 @@ def connect_command(args: argparse.Namespace) -> int:
             endpoint=args.url,
             service=service_url(args.url, args.service)[1],
             mounts=mounts_from(args.mount, no_mount=args.no_mount, cwd=Path.cwd()),
-            config=args.config if args.config != DEFAULT_CONFIG else None,
+            config=args.fallback_config,
         )
         return connect(settings)
     except (BridgeError, SecurityViolation) as exc:

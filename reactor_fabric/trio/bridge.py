@@ -15,10 +15,12 @@ orchestrator) is the JSON-RPC error answering the client's own requests (its ``i
 a dual client's ``server/discover`` probe before it), so the client shows the orchestrator's
 code and reason; the bridge prints one plain line on stderr and exits 1 once the client hangs
 up. When the orchestrator cannot be reached, the bridge prints
-the documented warning and runs the service's ``local_command`` from the suite in its place
-(``exec``: the client then talks to that command directly); with no such command the client's
-requests are answered with -32002 ``orchestrator_unreachable``. No traceback ever reaches
-stderr: unexpected failures are one line too.
+the documented warning and runs the service's ``local_command`` in its place (``exec``: the
+client then talks to that command directly) — taken only from the user's own configuration
+(``connect --config FILE``, or ``${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/``), never from a
+suite in the working directory, which is the client's possibly untrusted project. With no such
+command the client's requests are answered with -32002 ``orchestrator_unreachable``. No
+traceback ever reaches stderr: unexpected failures are one line too.
 """
 
 from __future__ import annotations
@@ -247,15 +249,46 @@ async def _relay(
     return outcome
 
 
-def fallback_command(settings: BridgeSettings) -> list[str] | None:
-    """The service's ``local_command`` from the suite, if a suite can be read and has one."""
-    path = settings.config or os.environ.get("REACTOR_FABRIC_CONFIG") or "claude-mcp-suite.yaml"
+def user_config_dir(environ: dict[str, str] | None = None) -> Path:
+    """``${XDG_CONFIG_HOME:-~/.config}/reactor-fabric``: the user's own configuration."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "reactor-fabric"
+
+
+def fallback_suite(settings: BridgeSettings, environ: dict[str, str] | None = None) -> Path:
+    """Where a ``local_command`` may come from: ``connect --config FILE``, else the suite in the
+    user's configuration directory. Never a suite found in the working directory — that is the
+    client's project, possibly a freshly cloned, untrusted one — nor one named by the
+    environment, which a project's client configuration can set."""
+    if settings.config is not None:
+        return Path(settings.config)
+    return user_config_dir(environ) / "claude-mcp-suite.yaml"
+
+
+def fallback_command(
+    settings: BridgeSettings, environ: dict[str, str] | None = None
+) -> tuple[list[str] | None, str]:
+    """The service's trusted ``local_command`` and where it came from, or None and why not."""
+    path = fallback_suite(settings, environ)
+    try:
+        info = path.stat()
+    except OSError:
+        return None, f"no local fallback: {path} does not exist"
+    if info.st_uid not in (os.getuid(), 0) or info.st_mode & 0o022:
+        # Anyone else who may write the file could choose what runs on the host.
+        return None, (
+            f"no local fallback: {path} is writable by others than you "
+            "(it must belong to you and not be group- or world-writable)"
+        )
     try:
         suite = load_suite(path)
-    except (SuiteUnreadable, Exception):  # noqa: BLE001 - no usable suite: no fallback
-        return None
+    except (SuiteUnreadable, Exception) as exc:  # noqa: BLE001 - no usable suite: no fallback
+        return None, f"no local fallback: {path} is not a usable suite ({exc})"
     service = suite.mcp_services.get(settings.service)
-    return list(service.local_command) if service and service.local_command else None
+    if service is None or not service.local_command:
+        return None, f"no local fallback: {path} gives {settings.service!r} no `local_command`"
+    return list(service.local_command), str(path)
 
 
 def connect(settings: BridgeSettings) -> int:
@@ -274,13 +307,18 @@ def connect(settings: BridgeSettings) -> int:
     if code >= 0:
         return code
     print(FALLBACK_WARNING.format(endpoint=settings.endpoint), file=sys.stderr, flush=True)
-    command = fallback_command(settings)
+    command, origin = fallback_command(settings)
     if command is not None:
-        os.execvp(command[0], command)  # noqa: S606 - the suite's own command, by design
+        print(
+            f"reactor-fabric connect: running {settings.service!r} on this host, without a "
+            f"container, as {origin} says: {' '.join(command)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.execvp(command[0], command)  # noqa: S606 - the user's own configured command
     detail = (
         f"the orchestrator at {settings.endpoint} is not reachable and service "
-        f"{settings.service!r} has no local fallback (`local_command` in the suite); "
-        "start the orchestrator with `make run`"
+        f"{settings.service!r} has {origin}; start the orchestrator with `make run`"
     )
     trio.run(_answer_from_stdio, _bridge_error(detail, "orchestrator_unreachable"))
     raise BridgeError(detail)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,72 @@ def test_an_unreachable_orchestrator_falls_back_to_the_local_command(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert "Falling back to standalone mode." in done.stderr
     assert done.stdout.strip() == "HELLO"
+
+
+def _connect_unreachable(
+    cwd: Path, config_home: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reactor_fabric", "connect", "ws://127.0.0.1:9/mcp/echo", *extra],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        input=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize"}) + "\n",
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(REPO),
+            "HOME": str(config_home),
+            "XDG_CONFIG_HOME": str(config_home),
+            **(env or {}),
+        },
+    )
+
+
+def _suite_running(marker: Path) -> str:
+    script = f"open({str(marker)!r}, 'w').write('ran')"
+    return (
+        'version: "1.0"\norchestrator: {allowed_mount_roots: []}\n'
+        "mcp_services:\n  echo:\n    image: x\n"
+        f"    local_command: [{sys.executable!r}, '-c', {script!r}]\n"
+    )
+
+
+def test_a_suite_in_the_working_directory_never_runs_its_local_command(tmp_path: Path) -> None:
+    # The client's project, freshly cloned: its suite file must not choose what runs on the host,
+    # also when the environment names it.
+    project = tmp_path / "project"
+    project.mkdir()
+    marker = tmp_path / "ran"
+    (project / "claude-mcp-suite.yaml").write_text(_suite_running(marker))
+    for env in ({}, {"REACTOR_FABRIC_CONFIG": "claude-mcp-suite.yaml"}):
+        done = _connect_unreachable(project, tmp_path / "empty-config", env=env)
+        assert done.returncode == 1
+        assert not marker.exists()
+        assert "has no local fallback" in done.stderr
+        assert json.loads(done.stdout)["error"]["data"]["reason"] == "orchestrator_unreachable"
+
+
+def test_the_users_own_configuration_gives_the_local_fallback_and_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "config" / "reactor-fabric"
+    config.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (config / "claude-mcp-suite.yaml").write_text(_suite_running(marker))
+    (config / "claude-mcp-suite.yaml").chmod(0o644)
+    done = _connect_unreachable(tmp_path, tmp_path / "config")
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran"
+    assert f"as {config / 'claude-mcp-suite.yaml'} says" in done.stderr
+
+
+def test_a_fallback_suite_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    config = tmp_path / "config" / "reactor-fabric"
+    config.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (config / "claude-mcp-suite.yaml").write_text(_suite_running(marker))
+    (config / "claude-mcp-suite.yaml").chmod(0o664)
+    done = _connect_unreachable(tmp_path, tmp_path / "config")
+    assert done.returncode == 1
+    assert not marker.exists()
+    assert "writable by others" in done.stderr
