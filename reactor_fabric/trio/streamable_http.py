@@ -38,7 +38,13 @@ from urllib.parse import parse_qs
 
 import trio
 
-from .._errors import InvalidMessage, InvalidRequest, ParseError, ServiceNotFound
+from .._errors import (
+    InvalidMessage,
+    InvalidRequest,
+    ParseError,
+    SecurityViolation,
+    ServiceNotFound,
+)
 from ..policy.origins import request_allowed
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import REQUEST, Peek, decode_params, error_response, peek
@@ -65,6 +71,9 @@ class HttpSession:
     service: str
     key: str | None
     channel: HttpChannel
+    # The ``?mount=`` values the session was created with: a keyed URL belongs to its first
+    # client, and a request that asks for other mounts is someone else.
+    query_mounts: tuple[str, ...] = ()
     started: bool = False  # the first message has been submitted
     ended: trio.Event = field(default_factory=trio.Event)
 
@@ -97,7 +106,7 @@ class HttpSessions:
             buffer_bytes=limits.buffer_to_client_bytes,
             backlog_bytes=limits.buffer_to_client_bytes,
         )
-        session = HttpSession(new_session_id(), service, key, channel)
+        session = HttpSession(new_session_id(), service, key, channel, tuple(query_mounts))
         self.by_id[session.id] = session
         if key is not None:
             self.by_key[(service, key)] = session
@@ -249,8 +258,19 @@ async def _session_for(
 ) -> HttpSession | None:
     """The message's session, created when the message may start one; None once answered."""
     headers = exchange.request.headers
+    query = parse_qs(exchange.request.query)
     session = sessions.lookup(service, key, headers.get(SESSION_HEADER))
     if session is not None:
+        if headers.get(SESSION_HEADER) is None and not _same_owner(session, message, query):
+            request_id = message.id if message.kind == REQUEST else None
+            taken = SecurityViolation(
+                f"the session URL key {key!r} is in use by another client (other mounts, or a "
+                "new registration); pick another key",
+                reason="session_key_in_use",
+                key=key,
+            )
+            await exchange.respond(200, error_response(request_id, taken))
+            return None
         return session
     if headers.get(SESSION_HEADER) is not None:
         await exchange.respond(404, b'{"error": "unknown or expired session"}')
@@ -273,8 +293,17 @@ async def _session_for(
         )
         await exchange.respond(200, error_response(request_id, error))
         return None
-    query = parse_qs(exchange.request.query)
     return sessions.create(service, key, query.get("mount", []))
+
+
+def _same_owner(session: HttpSession, message: Peek, query: dict[str, list[str]]) -> bool:
+    """Whether a request on a keyed URL comes from the client that created the session, as
+    far as it shows: the same ``?mount=`` values, and no second registration (which would
+    declare other mounts the session would silently ignore)."""
+    if tuple(query.get("mount", [])) != session.query_mounts:
+        return False
+    registration = _starts_session(message) and message.method != "initialize"
+    return not (session.started and registration)
 
 
 async def _post(

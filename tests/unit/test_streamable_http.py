@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from reactor_fabric.config.structs import Limits
+from tests.fakes import until
 from tests.http_client import HttpClient, Reply
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
@@ -107,7 +108,7 @@ async def test_register_client_over_http_mounts_and_answers_with_the_session_id(
         reply = await http.post(request(1, "fabric/registerClient", {"mounts": [mount]}))
         assert reply.status == 200
         assert reply.json()["result"]["sessionId"] == reply.session
-        await trio.testing.wait_all_tasks_blocked()
+        await until(lambda: bool(http.runtime.spawned), what="the container created")
         [spec] = http.runtime.spawned
         assert spec.mounts[0].source == str(tmp_path)
 
@@ -370,3 +371,30 @@ async def test_an_open_get_stream_keeps_the_http_session_but_not_its_idle_contai
         assert http.fabric.session_count == 1  # the session stays while the client listens
         assert (await http.post(call(2, "echo"), session=session)).json()["id"] == 2
         await listener.aclose()
+
+
+async def test_a_keyed_url_belongs_to_its_first_client_other_mounts_are_refused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "theirs").mkdir()
+    async with served(tmp_path) as http:
+        mine = f"/mcp/svc/agent-7?mount={tmp_path / 'mine'}:/workspace"
+        assert (await http.post(call(1, "echo"), path=mine)).status == 200
+        # Another client picks the same key with its own project: not silently joined.
+        for path in (
+            f"/mcp/svc/agent-7?mount={tmp_path / 'theirs'}:/workspace",
+            "/mcp/svc/agent-7",
+        ):
+            reply = await http.post(call(2, "echo"), path=path)
+            assert reply.status == 200
+            error = reply.json()["error"]
+            assert (error["code"], error["data"]["reason"]) == (-32004, "session_key_in_use")
+        # Nor by a second registration declaring other mounts.
+        mount = {"source": str(tmp_path / "theirs"), "target": "/workspace"}
+        reply = await http.post(request(3, "fabric/registerClient", {"mounts": [mount]}), path=mine)
+        assert reply.json()["error"]["data"]["reason"] == "session_key_in_use"
+        # The owner goes on, in its one container with its own mount.
+        assert "result" in (await http.post(call(4, "echo"), path=mine)).json()
+        [spec] = http.runtime.spawned
+        assert spec.mounts[0].source == str(tmp_path / "mine")
