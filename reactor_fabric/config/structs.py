@@ -83,8 +83,16 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
         return parse_duration(self.shutdown_timeout)
 
 
+# Where in a container client mounts may go (besides the source's own path): directories the
+# images keep for the client's files (empty or absent), so a mount never shadows a server's own.
+DEFAULT_MOUNT_TARGETS = ("/workspace", "/projects")
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
+    allowed_mount_targets: list[str] = msgspec.field(
+        default_factory=lambda: list(DEFAULT_MOUNT_TARGETS)
+    )
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE

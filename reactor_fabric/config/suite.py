@@ -234,6 +234,7 @@ def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
 
 _PATTERN_MEANINGS = {
     "allowed_mount_roots": "an absolute path",
+    "allowed_mount_targets": "an absolute path",
     "timeout": "a duration; use a number and a unit (h, m, s, ms), e.g. '1m' or '5m30s'",
     "allowed_origins": "an origin such as 'https://example.com' (no path)",
     "image": "a Docker image reference",

@@ -10,7 +10,9 @@ Every path is refused before any work is done with it when it is over 4096 bytes
   it must exist; it must not be, or contain, the Docker socket.
 - ``target``: a string, absolute, no NUL, no ``..``; not ``/`` and not inside a system directory
   (``/proc``, ``/sys``, ``/dev``, ``/etc``, ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/boot``,
-  ``/run``, ``/var/run``, …); two mounts cannot share a target.
+  ``/run``, ``/var/run``, …); under one of the ``allowed_mount_targets`` (default ``/workspace``,
+  ``/projects``) or equal to the source's own path (given or resolved), so that a mount never
+  shadows the service's files; two mounts cannot share a target.
 - ``readOnly``: a boolean when present.
 
 Any violation raises :class:`~reactor_fabric.SecurityViolation` (-32004) naming the offending
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._errors import SecurityViolation
+from ..config.structs import DEFAULT_MOUNT_TARGETS
 from .container_spec import MountSpec
 from .pinning import PinSet, identities, pin_mounts
 
@@ -96,6 +99,7 @@ class MountPolicy:
         self,
         allowed_roots: Iterable[str],
         *,
+        allowed_targets: Iterable[str] = DEFAULT_MOUNT_TARGETS,
         realpath: Callable[[str], str] = os.path.realpath,
         exists: Callable[[str], bool] = os.path.exists,
         docker_sockets: Sequence[str] | None = None,
@@ -105,6 +109,7 @@ class MountPolicy:
         # Roots are resolved too: an allowed "/home" that is a symlink to "/data/home" allows
         # what lies under "/data/home", which is where sources resolve to.
         self.allowed_roots = tuple(dict.fromkeys(realpath(root) for root in allowed_roots))
+        self.allowed_targets = tuple(posixpath.normpath(target) for target in allowed_targets)
         sockets = docker_socket_paths() if docker_sockets is None else docker_sockets
         self._sockets = tuple(
             dict.fromkeys(path for s in sockets for path in (posixpath.normpath(s), realpath(s)))
@@ -174,7 +179,20 @@ class MountPolicy:
                 reason="mount_malformed",
                 index=index,
             )
-        return MountSpec(self._check_source(source), _check_target(target), read_only)
+        resolved = self._check_source(source)
+        checked_target = _check_target(target)
+        same_path = checked_target in (posixpath.normpath(source), resolved)
+        if not same_path and not any(is_within(checked_target, t) for t in self.allowed_targets):
+            # Anywhere else, a mount could shadow the service's own files (its command in /opt,
+            # /usr/local/bin, its entrypoint's directory), which must come from the suite only.
+            raise SecurityViolation(
+                f"target {target!r} is not under the allowed mount targets "
+                f"({', '.join(self.allowed_targets) or 'none'}) nor the source's own path",
+                reason="mount_target_not_allowed",
+                path=target,
+                allowed_targets=list(self.allowed_targets),
+            )
+        return MountSpec(resolved, checked_target, read_only)
 
     def _resolve(self, path: str, *, changing: str) -> str:
         """``realpath``, with the error a path that changes while it is resolved deserves.

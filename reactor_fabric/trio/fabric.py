@@ -69,7 +69,10 @@ class Fabric:
     _identity: ContainerIdentity = field(init=False)
 
     def __post_init__(self) -> None:
-        self.mount_policy = MountPolicy(self.suite.orchestrator.allowed_mount_roots)
+        self.mount_policy = MountPolicy(
+            self.suite.orchestrator.allowed_mount_roots,
+            allowed_targets=self.suite.orchestrator.allowed_mount_targets,
+        )
         self.allowed_origins = normalise_origins(self.suite.orchestrator.allowed_origins)
         self.allowed_hosts = allowed_hosts(self.listen_host)
         pid = os.getpid()

@@ -331,3 +331,38 @@ async def test_a_read_only_pinned_mount_cannot_be_written_and_a_writable_one_can
 def _volumes_of(client: docker.DockerClient, spec: Any) -> list[Any]:
     session = spec.labels[LABEL_SESSION]
     return client.volumes.list(filters={"label": f"{LABEL_SESSION}={session}"})
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("/opt/mcp/bin", "mount_target_not_allowed"),  # the bundled server's own command
+        ("/opt", "mount_target_not_allowed"),
+        ("/usr/local/bin", "mount_target_forbidden"),
+        ("/app", "mount_target_not_allowed"),
+    ],
+)
+def test_a_client_cannot_mount_its_own_files_over_the_services_command(
+    tmp_path: Path, project_root: Path, docker_client: docker.DockerClient, target: str, reason: str
+) -> None:
+    """`?mount=ROOT/evilbin:/opt/mcp/bin:ro` used to make the time container run the client's
+    script, with the suite's env and config in reach."""
+    evil = project_root / "evilbin"
+    evil.mkdir()
+    (evil / "mcp-server-time").write_text("#!/bin/sh\necho pwned\n")
+    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+
+    async def attempt(running: Orchestrator) -> dict[str, Any]:
+        ws = await websocket(running, f"/mcp/time?mount={evil}:{target}:ro")
+        await ws.send_json(request(1, "initialize", {"protocolVersion": "2025-06-18"}))
+        answer: dict[str, Any] = await ws.hear()
+        await ws.aclose()
+        return answer
+
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        answer = trio.run(attempt, running)
+        assert answer["error"]["code"] == -32004
+        assert answer["error"]["data"]["reason"] == reason
+        assert not docker_client.containers.list(
+            all=True, filters={"label": f"reactor-fabric.instance={running.instance}"}
+        )

@@ -24,8 +24,15 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def policy(tree: Path, *roots: str, sockets: tuple[str, ...] = ()) -> MountPolicy:
-    return MountPolicy(roots or (str(tree / "allowed"),), docker_sockets=sockets)
+def policy(
+    tree: Path,
+    *roots: str,
+    sockets: tuple[str, ...] = (),
+    targets: tuple[str, ...] = ("/w", "/workspace", "/projects"),
+) -> MountPolicy:
+    return MountPolicy(
+        roots or (str(tree / "allowed"),), allowed_targets=targets, docker_sockets=sockets
+    )
 
 
 def violation(policy: MountPolicy, mounts: object) -> SecurityViolation:
@@ -154,11 +161,50 @@ def test_system_paths_are_forbidden_targets(tree: Path, target: str) -> None:
 @pytest.mark.parametrize(
     "target", ["/workspace", "/home/user/project", "/data", "/var/tmp/x", "/usr2", "/etcetera"]
 )
-def test_ordinary_targets_are_allowed(tree: Path, target: str) -> None:
-    [mount] = policy(tree).validate(
+def test_targets_under_a_configured_prefix_are_allowed(tree: Path, target: str) -> None:
+    [mount] = policy(tree, targets=(target,)).validate(
         [{"source": str(tree / "allowed" / "project"), "target": target}]
     )
     assert mount.target == target
+
+
+@pytest.mark.parametrize("target", ["/workspace", "/workspace/sub", "/projects/app", "/projects"])
+def test_by_default_mounts_go_under_workspace_or_projects(tree: Path, target: str) -> None:
+    default = MountPolicy([str(tree / "allowed")], docker_sockets=())
+    [mount] = default.validate([{"source": str(tree / "allowed" / "project"), "target": target}])
+    assert mount.target == target
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/opt/mcp/bin",  # the bundled Python servers' own commands
+        "/opt",
+        "/app",  # a common entrypoint directory
+        "/home/node",  # the Node images' home
+        "/srv",
+        "/workspace2",  # a prefix is matched by whole components
+        "/tmp",
+    ],
+)
+def test_targets_that_could_shadow_the_service_are_refused(tree: Path, target: str) -> None:
+    default = MountPolicy([str(tree / "allowed")], docker_sockets=())
+    error = violation(default, [{"source": str(tree / "allowed" / "project"), "target": target}])
+    assert error.reason == "mount_target_not_allowed"
+    assert error.detail["allowed_targets"] == ["/workspace", "/projects"]
+
+
+def test_a_mount_may_use_its_sources_own_path_as_given_or_resolved(tree: Path) -> None:
+    default = MountPolicy([str(tree / "allowed")], docker_sockets=())
+    project = str(tree / "allowed" / "project")
+    link = str(tree / "allowed" / "inner-link")
+    for source, target in ((project, project), (link, link), (link, project)):
+        [mount] = default.validate([{"source": source, "target": target}])
+        assert (mount.source, mount.target) == (project, target)
+    # ...but not another allowed path.
+    other = str(tree / "allowed2")
+    error = violation(default, [{"source": project, "target": other}])
+    assert error.reason == "mount_target_not_allowed"
 
 
 def test_the_docker_socket_is_never_mountable_even_inside_an_allowed_root(tree: Path) -> None:

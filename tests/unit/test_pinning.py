@@ -156,7 +156,7 @@ def test_pinning_again_refuses_a_source_that_now_resolves_elsewhere(tmp_path: Pa
     (tmp_path / "allowed" / "project").mkdir(parents=True)
     (tmp_path / "allowed" / "other").mkdir()
     mounts = MountPolicy([str(tmp_path / "allowed")]).validate(
-        [{"source": str(tmp_path / "allowed" / "project"), "target": "/w"}]
+        [{"source": str(tmp_path / "allowed" / "project"), "target": "/workspace"}]
     )
     (tmp_path / "allowed" / "project").rename(tmp_path / "allowed" / "aside")
     (tmp_path / "allowed" / "project").symlink_to(tmp_path / "allowed" / "other")
@@ -173,7 +173,7 @@ def test_a_path_changing_while_it_is_resolved_is_a_refusal_not_a_crash(tmp_path:
 
     policy = MountPolicy([str(tmp_path)], realpath=racing_realpath, docker_sockets=())
     with pytest.raises(SecurityViolation) as caught:
-        policy.validate([{"source": str(tmp_path / "project"), "target": "/w"}])
+        policy.validate([{"source": str(tmp_path / "project"), "target": "/workspace"}])
     assert caught.value.reason == "mount_source_missing"
     with pytest.raises(SecurityViolation) as caught:
         policy.pin((MountSpec(str(tmp_path / "project"), "/w"),))

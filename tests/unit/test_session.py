@@ -140,7 +140,7 @@ async def test_the_container_starts_right_after_register_before_the_next_message
 async def test_a_first_message_that_is_not_register_is_forwarded_byte_for_byte(
     tmp_path: Path,
 ) -> None:
-    async with running_session(tmp_path, query_mounts=(f"{tmp_path}:/data:ro",)) as h:
+    async with running_session(tmp_path, query_mounts=(f"{tmp_path}:/workspace:ro",)) as h:
         raw = (
             b'{"id": 1,  "jsonrpc":"2.0", "method":"initialize", "params": '
             b'{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x"}}}'
@@ -151,7 +151,7 @@ async def test_a_first_message_that_is_not_register_is_forwarded_byte_for_byte(
         [container] = h.engine.alive
         assert container.stdin_lines[0] == raw
         [spec] = h.engine.spawned
-        assert [(m.target, m.read_only) for m in spec.mounts] == [("/data", True)]
+        assert [(m.target, m.read_only) for m in spec.mounts] == [("/workspace", True)]
 
 
 async def test_server_discover_first_is_forwarded_and_its_error_passes_through(

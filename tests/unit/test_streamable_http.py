@@ -115,10 +115,10 @@ async def test_register_client_over_http_mounts_and_answers_with_the_session_id(
 
 async def test_query_mounts_apply_to_http_sessions(tmp_path: Path) -> None:
     async with served(tmp_path) as http:
-        reply = await http.post(INITIALIZE, path=f"/mcp/svc?mount={tmp_path}:/data:ro")
+        reply = await http.post(INITIALIZE, path=f"/mcp/svc?mount={tmp_path}:/projects/data:ro")
         assert reply.status == 200
         [spec] = http.runtime.spawned
-        assert (spec.mounts[0].target, spec.mounts[0].read_only) == ("/data", True)
+        assert (spec.mounts[0].target, spec.mounts[0].read_only) == ("/projects/data", True)
 
 
 @pytest.mark.parametrize(
