@@ -143,17 +143,12 @@ class MountPolicy:
     def pin(self, mounts: Sequence[MountSpec]) -> PinSet:
         """Validate a session's mounts again and pin their sources, just before a container start.
 
-        Runs at every spawn (respawns included): a source must still resolve to itself — the
-        path validated when the session began — and is then pinned (:mod:`.pinning`), so the
-        container gets exactly that object. Blocking file-system work: callers use a thread.
+        Runs at every spawn (respawns included). A source is the path resolved when the session
+        began; pinning walks it without following anything, so it fails (``mount_changed``)
+        unless the path still resolves to itself — no need to resolve it again first. The
+        container then gets exactly the pinned object. Blocking file-system work: callers use a
+        thread.
         """
-        for mount in mounts:
-            if self._resolve(mount.source, changing="mount_changed") != mount.source:
-                raise SecurityViolation(
-                    f"{mount.source!r} changed after it was validated: it now resolves elsewhere",
-                    reason="mount_changed",
-                    path=mount.source,
-                )
         return pin_mounts(mounts, forbidden=identities(self._sockets))
 
     def _validate_one(self, mount: object, index: int) -> MountSpec:
@@ -194,23 +189,17 @@ class MountPolicy:
             )
         return MountSpec(resolved, checked_target, read_only)
 
-    def _resolve(self, path: str, *, changing: str) -> str:
-        """``realpath``, with the error a path that changes while it is resolved deserves.
-
-        A component replaced half-way (a symlink read just after it was removed) makes
-        ``realpath`` itself fail; that is a client racing us, not our failure.
-        """
-        try:
-            return self._realpath(path)
-        except OSError as exc:
-            raise SecurityViolation(
-                f"{path!r} changed while it was being resolved ({exc.strerror})",
-                reason=changing,
-                path=path,
-            ) from exc
-
     def _check_source(self, source: str) -> str:
-        resolved = self._resolve(source, changing="mount_source_missing")
+        try:
+            resolved = self._realpath(source)
+        except OSError as exc:
+            # A component replaced half-way (a symlink read just after it was removed) makes
+            # realpath itself fail: a client racing us, not our failure.
+            raise SecurityViolation(
+                f"{source!r} changed while it was being resolved ({exc.strerror})",
+                reason="mount_source_missing",
+                path=source,
+            ) from exc
         for socket_path in self._sockets:
             if is_within(socket_path, resolved):
                 raise SecurityViolation(
