@@ -133,17 +133,37 @@ def write_suite(
     *,
     timeouts: dict[str, str] | None = None,
     images: dict[str, str] | None = None,
+    test_services: dict[str, dict[str, Any]] | None = None,
     **orchestrator: Any,
 ) -> Path:
-    """The bundled suite's services, with test roots and (optionally) other timeouts/images."""
+    """The bundled suite's services, with test roots and (optionally) other timeouts/images,
+    plus ``test_services``: name → fields added to a local test image's service (see
+    :func:`build_test_image`), e.g. ``{"image": tag, "config": {...}}``."""
     suite = json.loads(json.dumps(BUNDLED))
     suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
     for name, timeout in (timeouts or {}).items():
         suite["mcp_services"][name]["timeout"] = timeout
     for name, image in (images or {}).items():
         suite["mcp_services"][name]["image"] = image
+    for name, fields in (test_services or {}).items():
+        suite["mcp_services"][name] = {"pull": "never", "network": "none", **fields}
     path.write_text(yaml.safe_dump(suite))
     return path
+
+
+TEST_IMAGES = Path(__file__).resolve().parent / "images"
+
+
+def build_test_image(name: str) -> str:
+    """Build ``images/NAME`` on the bundled time image (its Python; nothing is downloaded)."""
+    tag = f"reactor-fabric/test-{name}:1"
+    client = docker.from_env(version="auto", timeout=120)
+    try:
+        base = BUNDLED["mcp_services"]["time"]["image"]
+        client.images.build(path=str(TEST_IMAGES / name), tag=tag, buildargs={"BASE": base})
+    finally:
+        client.close()
+    return tag
 
 
 @contextmanager

@@ -18,13 +18,12 @@ from typing import Any
 import docker
 import pytest
 import trio
-import yaml
 from wsproto.events import AcceptConnection
 
 from tests.http_client import HttpClient, WebSocketClient
 from tests.integration.harness import (
-    BUNDLED,
     Orchestrator,
+    build_test_image,
     containers_of,
     orchestrator,
     python_client,
@@ -35,9 +34,6 @@ from tests.integration.harness import (
 from tests.messages import INITIALIZE, INITIALIZED, request
 
 pytestmark = pytest.mark.integration
-
-MISBEHAVING = Path(__file__).resolve().parent / "images" / "misbehaving"
-MISBEHAVING_TAG = "reactor-fabric/test-misbehaving:1"
 
 
 def host_port(running: Orchestrator) -> tuple[str, int]:
@@ -172,24 +168,13 @@ def test_an_http_session_its_client_never_ends_goes_at_the_idle_timeout(
 
 @pytest.fixture(scope="module")
 def misbehaving_image() -> str:
-    client = docker.from_env(version="auto", timeout=120)
-    base = BUNDLED["mcp_services"]["time"]["image"]
-    client.images.build(path=str(MISBEHAVING), tag=MISBEHAVING_TAG, buildargs={"BASE": base})
-    client.close()
-    return MISBEHAVING_TAG
+    return build_test_image("misbehaving")
 
 
 def misbehaving_suite(path: Path, root: Path, image: str, **config: int) -> Path:
-    write_suite(path, [str(root)])
-    suite = yaml.safe_load(path.read_text())
-    suite["mcp_services"]["noisy"] = {
-        "image": image,
-        "pull": "never",
-        "network": "none",
-        "config": config,
-    }
-    path.write_text(yaml.safe_dump(suite))
-    return path
+    return write_suite(
+        path, [str(root)], test_services={"noisy": {"image": image, "config": config}}
+    )
 
 
 def test_a_stderr_line_far_over_64_kib_is_cut_in_the_log_and_the_server_serves(

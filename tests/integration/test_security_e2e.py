@@ -20,50 +20,37 @@ from typing import Any
 import docker
 import pytest
 import trio
-import yaml
 
 from reactor_fabric import SecurityViolation, Service
 from reactor_fabric.policy.container_spec import LABEL_SESSION, MountSpec, container_spec_for
 from reactor_fabric.policy.pinning import PinSet, pin_mounts
 from reactor_fabric.runtime.docker import DockerRuntime
 from tests.integration.harness import (
-    BUNDLED,
     Orchestrator,
+    build_test_image,
     orchestrator,
     wait_until,
     write_suite,
 )
 from tests.integration.test_bounds_e2e import websocket
 from tests.integration.test_docker_api_stdio import TEST_IDENTITY, StdioPeer
+from tests.leaks import descriptors_of
 from tests.messages import request
 
 pytestmark = pytest.mark.integration
 
-PROBE = Path(__file__).resolve().parent / "images" / "probe"
-PROBE_TAG = "reactor-fabric/test-probe:1"
 MARKER = "VALIDATED"
 
 
 @pytest.fixture(scope="module")
 def probe_image() -> str:
-    client = docker.from_env(version="auto", timeout=120)
-    base = BUNDLED["mcp_services"]["time"]["image"]
-    client.images.build(path=str(PROBE), tag=PROBE_TAG, buildargs={"BASE": base})
-    client.close()
-    return PROBE_TAG
+    return build_test_image("probe")
 
 
 def probe_suite(path: Path, root: Path, image: str, *, timeout: str = "1m") -> Path:
-    write_suite(path, [str(root)])
-    suite = yaml.safe_load(path.read_text())
-    suite["mcp_services"]["probe"] = {
-        "image": image,
-        "pull": "never",
-        "network": "none",
-        "timeout": timeout,
-    }
-    path.write_text(yaml.safe_dump(suite))
-    return path
+    return write_suite(
+        path, [str(root)], test_services={"probe": {"image": image, "timeout": timeout}}
+    )
 
 
 class Swapper(threading.Thread):
@@ -224,19 +211,6 @@ def _probe_spec(project: Path, image: str, *, read_only: bool = False) -> Any:
     )
 
 
-def _descriptors_of(path: Path) -> list[str]:
-    """Our open descriptors that refer to ``path`` (wherever it has been moved since)."""
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target == str(path):
-            found.append(fd)
-    return found
-
-
 async def _ask(container: Any, method: str, path: str) -> dict[str, Any]:
     peer = StdioPeer(container)
     await peer.send({"jsonrpc": "2.0", "id": 1, "method": method, "params": {"path": path}})
@@ -258,7 +232,7 @@ async def test_the_engine_mounts_the_pinned_directory_not_what_the_path_names_la
     # The path now names something else: what was pinned is what gets mounted.
     project.rename(tmp_path / "aside")
     project.symlink_to(outside)
-    assert len(_descriptors_of(tmp_path / "aside")) == 1  # the pin
+    assert len(descriptors_of(tmp_path / "aside")) == 1  # the pin
     engine = DockerRuntime()
     try:
         container = await engine.spawn(spec)
@@ -273,7 +247,7 @@ async def test_the_engine_mounts_the_pinned_directory_not_what_the_path_names_la
     finally:
         await engine.close()
     assert pins.closed
-    assert _descriptors_of(tmp_path / "aside") == []
+    assert descriptors_of(tmp_path / "aside") == []
     assert not _volumes_of(docker_client, spec)  # ...removed with the container
 
 

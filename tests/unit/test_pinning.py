@@ -13,6 +13,7 @@ from reactor_fabric import SecurityViolation
 from reactor_fabric.policy.container_spec import MountSpec
 from reactor_fabric.policy.mounts import MountPolicy
 from reactor_fabric.policy.pinning import PinSet, identities, open_beneath_root, pin_mounts
+from tests.leaks import descriptors_of
 
 
 def refusal(path: Path | str) -> SecurityViolation:
@@ -20,17 +21,6 @@ def refusal(path: Path | str) -> SecurityViolation:
         os.close(open_beneath_root(str(path)))
     assert caught.value.to_jsonrpc_error()["code"] == -32004
     return caught.value
-
-
-def descriptors_of(path: Path) -> list[str]:
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
-                found.append(fd)
-        except OSError:
-            continue
-    return found
 
 
 def test_a_pin_holds_the_directory_that_was_validated_even_after_the_path_is_swapped(
