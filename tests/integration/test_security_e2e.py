@@ -28,6 +28,7 @@ from reactor_fabric.runtime.docker import DockerRuntime
 from tests.integration.harness import (
     Orchestrator,
     build_test_image,
+    containers_of,
     orchestrator,
     wait_until,
     write_suite,
@@ -269,10 +270,7 @@ async def test_a_container_that_did_not_get_the_pinned_directory_is_refused_and_
     assert caught.value.reason == "mount_changed"
     assert caught.value.to_jsonrpc_error()["code"] == -32004
     assert wrong.closed
-    session = spec.labels[LABEL_SESSION]
-    assert not docker_client.containers.list(
-        all=True, filters={"label": f"{LABEL_SESSION}={session}"}
-    )
+    assert not containers_of(docker_client, session=spec.labels[LABEL_SESSION])
     assert not _volumes_of(docker_client, spec)
 
 
@@ -337,6 +335,4 @@ def test_a_client_cannot_mount_its_own_files_over_the_services_command(
         answer = trio.run(attempt, running)
         assert answer["error"]["code"] == -32004
         assert answer["error"]["data"]["reason"] == reason
-        assert not docker_client.containers.list(
-            all=True, filters={"label": f"reactor-fabric.instance={running.instance}"}
-        )
+        assert not containers_of(docker_client, instance=running.instance)
