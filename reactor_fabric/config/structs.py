@@ -31,7 +31,7 @@ class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
 class Security(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     no_new_privileges: bool = True
     cap_add: list[str] = msgspec.field(default_factory=list)
-    read_only_rootfs: bool = False
+    read_only_rootfs: bool = True
 
 
 class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

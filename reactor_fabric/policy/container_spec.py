@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..config.structs import Service
 from ..config.suite import SERVICE_CONFIG_ENV
+from .accounts import UNPRIVILEGED, Account
 
 if TYPE_CHECKING:
     from .pinning import PinSet
@@ -27,7 +28,10 @@ LABEL_SERVICE = "reactor-fabric.service"
 LABEL_OWNER_HOST = "reactor-fabric.owner-host"
 LABEL_OWNER_PID = "reactor-fabric.owner-pid"
 LABEL_OWNER_START = "reactor-fabric.owner-start"
-READ_ONLY_ROOT_TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m"}  # noqa: S108 - inside the container
+# A read-only root still needs somewhere for temporary files, HOME and caches: bounded, counted
+# against the container's memory limit, writable by whichever user the server runs as.
+READ_ONLY_ROOT_TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}  # noqa: S108 - in the container
+SERVER_HOME = "/tmp"  # noqa: S108 - inside the container
 
 
 @dataclass(frozen=True)
@@ -90,16 +94,24 @@ def container_spec_for(
     identity: ContainerIdentity,
     mounts: tuple[MountSpec, ...] = (),
     pins: PinSet | None = None,
+    account: Account = UNPRIVILEGED,
     sequence: int = 0,
 ) -> ContainerSpec:
     """The container for ``service_name`` in session ``session_id``.
 
-    ``sequence`` counts the containers a session has had (after idle teardown or a crash a new
-    one starts), so that each gets a distinct, recognisable name.
+    ``account`` is who the server runs as unless the suite names a ``user`` (see
+    :mod:`.accounts`). ``sequence`` counts the containers a session has had (after idle
+    teardown or a crash a new one starts), so that each gets a distinct, recognisable name.
     """
     # Nothing from the orchestrator's environment reaches a container: only the image's own
     # (its PATH and the like), the suite's `env`, and the service's `config`.
-    environment = dict(service.env)
+    environment: dict[str, str] = {}
+    if service.user is None:
+        # An account the image does not know: give it a writable HOME and a name (git and
+        # Python's getpass ask for one and fail on a uid missing from /etc/passwd). The suite's
+        # `env` still wins.
+        environment |= {"HOME": SERVER_HOME, "USER": account.name, "LOGNAME": account.name}
+    environment |= service.env
     environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
     labels = identity.labels()
     labels[LABEL_SESSION] = session_id
@@ -118,10 +130,9 @@ def container_spec_for(
         cap_add=tuple(service.security.cap_add),
         no_new_privileges=service.security.no_new_privileges,
         read_only_rootfs=service.security.read_only_rootfs,
-        user=service.user,
+        user=service.user if service.user is not None else account.docker_user,
         pull=service.pull,
-        # A read-only root still needs somewhere to put temporary files; otherwise the image's
-        # own /tmp is left as it is.
+        # Otherwise (read-only root off) the image's own /tmp is left as it is.
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
         pins=pins,
     )

@@ -27,8 +27,8 @@ thread-safe.
 
 Error handling: every refusal is a :class:`~reactor_fabric.SecurityViolation` (-32004):
 ``mount_changed`` (a component became a symlink or vanished), ``mount_not_permitted`` (the
-orchestrator's own user may not open it), ``docker_socket_forbidden`` (the object is the Docker
-socket under another name, e.g. a hard link).
+orchestrator's own user may not open or read it), ``docker_socket_forbidden`` (the object is the
+Docker socket under another name, e.g. a hard link).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class Pin:
     fd: int
     device: int
     inode: int
+    owner: tuple[int, int]  # (uid, gid) of the pinned object: who the server may run as
 
     @property
     def engine_source(self) -> str:
@@ -202,10 +203,29 @@ def _pin_one(mount: MountSpec) -> Pin:
     fd = open_beneath_root(mount.source)
     try:
         found = os.fstat(fd)
+        _check_readable(mount.source, fd, found)
     except BaseException:
         os.close(fd)
         raise
-    return Pin(mount.target, mount.source, fd, found.st_dev, found.st_ino)
+    return Pin(
+        mount.target, mount.source, fd, found.st_dev, found.st_ino, (found.st_uid, found.st_gid)
+    )
+
+
+def _check_readable(path: str, fd: int, found: os.stat_result) -> None:
+    """Refuse an object this process's (real) user may not read: a session must not see what
+    the user who runs the orchestrator could not (another user's 0700 home), even though the
+    engine, as root, could mount it. ``O_PATH`` needed no permission on the object itself, so
+    it is checked here, on the pinned object (through our descriptor's magic link), not on a
+    path that could change meanwhile. Always true for root, whose sessions act for root.
+    """
+    wanted = os.R_OK | os.X_OK if stat.S_ISDIR(found.st_mode) else os.R_OK
+    if not os.access(f"/proc/self/fd/{fd}", wanted):
+        raise SecurityViolation(
+            f"the orchestrator's user may not read {path!r}",
+            reason="mount_not_permitted",
+            path=path,
+        )
 
 
 def identities(paths: Iterable[str]) -> frozenset[tuple[int, int]]:

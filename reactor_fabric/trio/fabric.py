@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..config.structs import Limits, Service, Suite
+from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
@@ -109,6 +110,7 @@ class Fabric:
         mounts: tuple[MountSpec, ...],
         sequence: int,
         pins: PinSet | None = None,
+        account: Account = UNPRIVILEGED,
     ) -> ContainerSpec:
         return container_spec_for(
             service_name,
@@ -116,30 +118,46 @@ class Fabric:
             session_id=session_id,
             mounts=mounts,
             pins=pins,
+            account=account,
             sequence=sequence,
             identity=self._identity,
         )
 
-    async def pin_mounts(self, mounts: tuple[MountSpec, ...]) -> PinSet | None:
-        """Validate the session's mounts again and pin them for one container start.
+    async def prepare_start(
+        self, service: Service, mounts: tuple[MountSpec, ...]
+    ) -> tuple[PinSet | None, Account]:
+        """Validate the session's mounts again and pin them for one container start; choose
+        the account the server runs as (see :mod:`reactor_fabric.policy.accounts`).
 
         Resource handling: the pins are the caller's to hand to :meth:`Runtime.spawn` (which
         releases them); if this call is cancelled, pins made by its thread are closed here.
         """
         if not mounts:
             await trio.lowlevel.checkpoint()
-            return None
-        made: list[PinSet] = []
+            return None, UNPRIVILEGED
+        made: list[tuple[PinSet, Account]] = []
 
-        def pin() -> None:
-            made.append(self.mount_policy.pin(mounts))
+        def prepare() -> None:
+            # Both touch the file system or NSS, which may be slow: in a thread.
+            pins = self.mount_policy.pin(mounts)
+            try:
+                first = pins.for_target(mounts[0].target)
+                uid, gid = server_ids(
+                    first_mount_owner=first.owner if first is not None else None,
+                    orchestrator=orchestrator_ids(),
+                )
+                made.append((pins, account_named(uid, gid)))
+            except BaseException:
+                if pins is not None:
+                    pins.close()
+                raise
 
         try:
             # Not abandonable: the thread is short (a few opens) and what it makes must be
             # closed by us, so we wait for it even when cancelled.
-            await trio.to_thread.run_sync(pin)
+            await trio.to_thread.run_sync(prepare)
         except BaseException:
-            for pins in made:
+            for pins, _account in made:
                 pins.close()
             raise
         return made[0]

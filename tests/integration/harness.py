@@ -9,6 +9,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -151,6 +152,7 @@ def write_suite(
     return path
 
 
+DOCKER_SOCKET = "/var/run/docker.sock"
 TEST_IMAGES = Path(__file__).resolve().parent / "images"
 
 
@@ -173,11 +175,24 @@ def orchestrator(
     *extra: str,
     expect_clean_exit: bool = True,
     env: dict[str, str] | None = None,
+    run_as: tuple[int, int] | None = None,
 ) -> Iterator[Orchestrator]:
+    """An orchestrator on a free port; ``run_as`` (uid, gid) starts it as that user, a member
+    of the group that may use the Docker socket (the set-up the docs recommend over root)."""
+    account: dict[str, Any] = {}
+    python = sys.executable
+    if run_as is not None:
+        account = {
+            "user": run_as[0],
+            "group": run_as[1],
+            "extra_groups": [os.stat(DOCKER_SOCKET).st_gid],
+        }
+        python, path = python_for(account)
+        env = {**(env or {}), "PYTHONPATH": path}
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [
-            sys.executable,
+            python,
             "-m",
             "reactor_fabric",
             "--config",
@@ -192,6 +207,7 @@ def orchestrator(
         stdout=subprocess.PIPE,
         stderr=log_file,
         env={**os.environ, **(env or {})},
+        **account,
     )
     try:
         assert process.stdout is not None
@@ -215,6 +231,30 @@ def orchestrator(
         if process.stdout:
             process.stdout.close()
         log_file.close()
+
+
+def python_for(account: dict[str, Any]) -> tuple[str, str]:
+    """An interpreter of our Python version that ``account`` may run, and the PYTHONPATH that
+    gives it our packages: the venv's own interpreter may live in root's home (pyenv)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    path = os.pathsep.join([sysconfig.get_paths()["purelib"], str(REPO)])
+    candidates = [sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"]
+    for candidate in candidates:
+        try:
+            works = subprocess.run(
+                [candidate, "-c", "import reactor_fabric, trio, msgspec, docker"],
+                env={**os.environ, "PYTHONPATH": path},
+                capture_output=True,
+                check=False,
+                **account,
+            )
+        except OSError:
+            continue
+        if works.returncode == 0:
+            return candidate, path
+    raise AssertionError(
+        f"no Python {version} that uid {account['user']} may run among {candidates}"
+    )
 
 
 def git_repo(path: Path, commits: list[str]) -> Path:

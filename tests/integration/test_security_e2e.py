@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from reactor_fabric import SecurityViolation, Service
+from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
 from reactor_fabric.policy.container_spec import LABEL_SESSION, MountSpec, container_spec_for
 from reactor_fabric.policy.pinning import PinSet, pin_mounts
 from reactor_fabric.runtime.docker import DockerRuntime
@@ -202,13 +203,16 @@ def test_a_respawn_after_idle_teardown_validates_the_mount_again(
         trio.run(scenario, running)
 
 
-def _probe_spec(project: Path, image: str, *, read_only: bool = False) -> Any:
+def _probe_spec(
+    project: Path, image: str, *, read_only: bool = False, account: Account = UNPRIVILEGED
+) -> Any:
     return container_spec_for(
         "probe",
         Service(image=image, pull="never", network="none"),
         session_id=secrets.token_hex(8),
         identity=TEST_IDENTITY,
         mounts=(MountSpec(str(project), "/workspace", read_only),),
+        account=account,
     )
 
 
@@ -279,10 +283,13 @@ async def test_a_read_only_pinned_mount_cannot_be_written_and_a_writable_one_can
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
+    # The server runs as the project's owner, as a session's would (see test_accounts_e2e).
+    owner = project.stat()
+    account = Account(owner.st_uid, owner.st_gid, "owner")
     engine = DockerRuntime()
     try:
         for read_only in (True, False):
-            spec = _probe_spec(project, probe_image, read_only=read_only)
+            spec = _probe_spec(project, probe_image, read_only=read_only, account=account)
             spec = dataclasses.replace(spec, pins=pin_mounts(spec.mounts))
             container = await engine.spawn(spec)
             try:

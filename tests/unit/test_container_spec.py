@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric.config.structs import Resources, Security, Service
+from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
 from reactor_fabric.policy.container_spec import (
     LABEL_SESSION,
     ContainerIdentity,
@@ -24,6 +25,7 @@ def spec_for(
     default_network: str = "bridge",
     mounts: tuple[MountSpec, ...] = (),
     sequence: int = 0,
+    account: Account = UNPRIVILEGED,
 ) -> ContainerSpec:
     identity = ContainerIdentity(
         instance_id="inst1",
@@ -39,6 +41,7 @@ def spec_for(
         identity=identity,
         mounts=mounts,
         sequence=sequence,
+        account=account,
     )
 
 
@@ -52,11 +55,35 @@ def test_every_container_carries_the_four_ownership_labels() -> None:
     assert spec.labels["reactor-fabric.owner-start"] == "12345"
 
 
-def test_the_environment_is_only_the_suite_env_plus_config_as_json() -> None:
+def test_the_environment_is_only_the_suite_env_plus_config_as_json_and_the_account() -> None:
     service = Service(image="img", env={"A": "1"}, config={"account": "work", "n": [1, 2]})
-    env = spec_for(service).environment
-    assert set(env) == {"A", "REACTOR_FABRIC_SERVICE_CONFIG"}
+    env = spec_for(service, account=Account(1000, 1000, "alice")).environment
+    assert env == {
+        "A": "1",
+        "REACTOR_FABRIC_SERVICE_CONFIG": '{"account":"work","n":[1,2]}',
+        "HOME": "/tmp",
+        "USER": "alice",
+        "LOGNAME": "alice",
+    }
     assert json.loads(env["REACTOR_FABRIC_SERVICE_CONFIG"]) == {"account": "work", "n": [1, 2]}
+
+
+def test_the_server_runs_as_the_chosen_account_by_number() -> None:
+    spec = spec_for(Service(image="img"), account=Account(1000, 100, "alice"))
+    assert spec.user == "1000:100"
+    assert spec_for(Service(image="img")).user == "65534:65534"
+
+
+def test_the_suites_env_wins_over_the_accounts_home_and_name() -> None:
+    service = Service(image="img", env={"HOME": "/data", "USER": "svc"})
+    env = spec_for(service, account=Account(1000, 1000, "alice")).environment
+    assert (env["HOME"], env["USER"], env["LOGNAME"]) == ("/data", "svc", "alice")
+
+
+def test_a_user_named_by_the_suite_is_used_as_is_and_the_image_keeps_its_home() -> None:
+    spec = spec_for(Service(image="img", user="app"), account=Account(1000, 1000, "alice"))
+    assert spec.user == "app"
+    assert not {"HOME", "USER", "LOGNAME"} & set(spec.environment)
 
 
 def test_safe_defaults_drop_every_capability_and_forbid_new_privileges() -> None:
@@ -68,14 +95,15 @@ def test_safe_defaults_drop_every_capability_and_forbid_new_privileges() -> None
     assert host["nano_cpus"] == 1_000_000_000
     assert host["pids_limit"] == 256
     assert host["network_mode"] == "bridge"
-    assert host["read_only"] is False
+    assert host["read_only"] is True
+    assert host["tmpfs"] == {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}
 
 
 def test_a_service_may_relax_the_defaults_explicitly() -> None:
     service = Service(
         image="img",
         resources=Resources(memory="1g", cpus=0.5, pids=64),
-        security=Security(no_new_privileges=False, cap_add=["CHOWN"], read_only_rootfs=True),
+        security=Security(no_new_privileges=False, cap_add=["CHOWN"], read_only_rootfs=False),
         network="none",
     )
     host = host_config_kwargs(spec_for(service))
@@ -83,8 +111,8 @@ def test_a_service_may_relax_the_defaults_explicitly() -> None:
     assert host["security_opt"] == []
     assert host["nano_cpus"] == 500_000_000
     assert host["network_mode"] == "none"
-    assert host["read_only"] is True
-    assert "/tmp" in host["tmpfs"]
+    assert host["read_only"] is False
+    assert not host["tmpfs"]
 
 
 def test_mounts_are_structured_bind_mounts_never_volume_strings() -> None:
@@ -143,4 +171,4 @@ def test_a_tmpfs_over_the_temporary_directory_only_comes_with_a_read_only_root(
     spec = spec_for(Service(image="x", security=Security(read_only_rootfs=read_only)))
     assert spec.read_only_rootfs is read_only
     # The image's own /tmp stays as it is unless the root is read-only.
-    assert spec.tmpfs == ({"/tmp": "rw,nosuid,nodev,size=64m"} if read_only else {})
+    assert spec.tmpfs == ({"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"} if read_only else {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,66 @@ def test_a_directory_the_orchestrators_user_may_not_enter_is_refused_as_not_perm
         _, status = os.waitpid(child, 0)
         private.chmod(0o700)
         assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_directory_the_orchestrators_user_may_enter_but_not_read_is_refused() -> None:
+    """Another user's 0700 home is reachable with O_PATH (only its parent is searched), and
+    root's engine would mount it: the pin refuses it for a user who could not list it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        Path(scratch).chmod(0o755)
+        private = Path(scratch) / "home-of-someone-else"
+        private.mkdir()
+        (private / "secret").write_text("x")
+        if os.geteuid() == 0:
+            os.chown(private, 4001, 4001)
+            private.chmod(0o700)
+        else:
+            private.chmod(0o000)
+        try:
+            code = _as_nobody(lambda: pin_mounts([MountSpec(str(private), "/workspace")]))
+        finally:
+            private.chmod(0o700)
+        assert code == "mount_not_permitted"
+
+
+def test_a_readable_directory_is_pinned_with_its_owner(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    if os.geteuid() == 0:
+        os.chown(project, 4001, 4002)
+    pins = pin_mounts([MountSpec(str(project), "/workspace")])
+    try:
+        [pin] = pins.pins
+        found = os.stat(project)
+        assert pin.owner == (found.st_uid, found.st_gid)
+    finally:
+        pins.close()
+
+
+def _as_nobody(action: Callable[[], object]) -> str:
+    """Run ``action`` in a child that is an ordinary user (nobody, if we are root); the refusal
+    reason it raised, or "ok"."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        outcome = "crashed"
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            action()
+            outcome = "ok"
+        except SecurityViolation as exc:
+            outcome = exc.reason
+        finally:
+            os.write(writer, outcome.encode())
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as report:
+        outcome = report.read()
+    os.waitpid(child, 0)
+    return outcome
 
 
 def test_pinning_again_refuses_a_source_that_now_resolves_elsewhere(tmp_path: Path) -> None:
