@@ -25,7 +25,9 @@ import trio
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._version import __version__
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
+from .config.token import Token, TokenError, find_token, load_or_create_token
 from .observe.logging import LOG_LEVELS, configure_logging
+from .policy.auth import is_loopback
 from .runtime.docker import DockerRuntime
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
 from .trio.fabric import Fabric
@@ -50,6 +52,8 @@ class ServeSettings:
     port: int
     network: str | None
     log_level: str
+    token: str | None = None
+    no_auth: bool = False
 
 
 def _port(text: str) -> int:
@@ -90,6 +94,19 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         default=environ.get("REACTOR_FABRIC_NETWORK"),
         help="Docker network for service containers (env REACTOR_FABRIC_NETWORK; default: the "
         "suite's orchestrator.network, else 'bridge'); a service's own network wins",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="the token clients must present (default: env REACTOR_FABRIC_TOKEN, else the one "
+        "in ${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/token, made on the first start); "
+        "other users can see a command line, so prefer those two",
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="accept clients without a token (as orchestrator.auth: none); refused unless "
+        "listening on a loopback address",
     )
     parser.add_argument(
         "--log-level",
@@ -145,18 +162,20 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     if args.command == "validate-config":
         return validate_config(args.path)
     if args.command == "connect":
-        return connect_command(args)
+        return connect_command(args, env)
     settings = ServeSettings(
         config=args.config,
         host=args.host,
         port=int(args.port),
         network=args.network,
         log_level=args.log_level,
+        token=args.token,
+        no_auth=args.no_auth,
     )
-    return serve(settings)
+    return serve(settings, env)
 
 
-def connect_command(args: argparse.Namespace) -> int:
+def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``reactor-fabric connect``: stdout belongs to MCP, so every message goes to stderr."""
     if not args.url:
         print(
@@ -171,11 +190,18 @@ def connect_command(args: argparse.Namespace) -> int:
             service=service_url(args.url, args.service)[1],
             mounts=mounts_from(args.mount, no_mount=args.no_mount, cwd=Path.cwd()),
             config=args.fallback_config,
+            token=_bridge_token(environ),
         )
         return connect(settings)
-    except (BridgeError, SecurityViolation) as exc:
+    except (BridgeError, SecurityViolation, TokenError) as exc:
         print(f"reactor-fabric connect: {exc}", file=sys.stderr)
         return EXIT_INVALID
+
+
+def _bridge_token(environ: dict[str, str]) -> str | None:
+    """The orchestrator's token as the bridge finds it (never made here: no file, no token)."""
+    found = find_token(environ)
+    return found.value if found is not None else None
 
 
 def validate_config(path: str) -> int:
@@ -195,15 +221,15 @@ def validate_config(path: str) -> int:
     return EXIT_OK
 
 
-def serve(settings: ServeSettings) -> int:
+def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int:
     stop_logging = configure_logging(settings.log_level)
     try:
-        return _serve(settings)
+        return _serve(settings, dict(os.environ if environ is None else environ))
     finally:
         stop_logging()  # writes what is still queued
 
 
-def _serve(settings: ServeSettings) -> int:
+def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
     try:
         text = read_suite_file(settings.config)
     except SuiteUnreadable as exc:
@@ -236,14 +262,21 @@ def _serve(settings: ServeSettings) -> int:
         for issue in check.issues:
             print(f"  {issue}", file=sys.stderr)
         return EXIT_INVALID
+    try:
+        token = _token(settings, check.suite.orchestrator.auth, environ)
+    except TokenError as exc:
+        log.error("cannot_authenticate", extra={"reason": "auth_setup", "detail": str(exc)})
+        print(f"error: {exc}; not starting", file=sys.stderr)
+        return EXIT_UNREADABLE
     fabric = Fabric(
         suite=check.suite,
         runtime=DockerRuntime(max_frame_bytes=check.suite.orchestrator.max_message_bytes),
         network=settings.network or check.suite.orchestrator.network,
         listen_host=settings.host,
+        token=token.value if token is not None else None,
     )
     try:
-        trio.run(_serve_until_signalled, fabric, settings)
+        trio.run(_serve_until_signalled, fabric, settings, token)
     except OSError as exc:
         reason = "port_in_use" if exc.errno == errno.EADDRINUSE else "cannot_listen"
         log.error(
@@ -268,7 +301,46 @@ def _serve(settings: ServeSettings) -> int:
     return EXIT_OK
 
 
-async def _serve_until_signalled(fabric: Fabric, settings: ServeSettings) -> None:
+def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
+    """What the start-up line adds: the URLs to paste into a client, with the token."""
+    service = next(iter(fabric.suite.mcp_services), "SERVICE")
+    if token is None:
+        return (
+            f"  authentication is OFF: any local process may connect "
+            f"(e.g. {http_url}/mcp/{service})"
+        )
+    ws_url = "ws" + http_url.removeprefix("http")
+    return "\n".join(
+        [
+            f"  token (from {token.origin}): {token.value}",
+            f"  Streamable HTTP: {http_url}/mcp/{{service}} with the header "
+            f"'Authorization: Bearer {token.value}', or {http_url}/mcp/{{service}}"
+            f"?token={token.value}",
+            f"  WebSocket: {ws_url}/mcp/{{service}}?token={token.value}",
+            f"  Claude Code: claude mcp add --transport http {service} "
+            f"{http_url}/mcp/{service} --header 'Authorization: Bearer {token.value}'",
+            "  stdio bridge (reads the token itself): reactor-fabric connect "
+            f"{ws_url}/mcp/{service}",
+        ]
+    )
+
+
+def _token(settings: ServeSettings, auth: str, environ: dict[str, str]) -> Token | None:
+    """The token clients must present, or None when authentication is off (loopback only)."""
+    if settings.no_auth or auth == "none":
+        if not is_loopback(settings.host):
+            raise TokenError(
+                f"authentication is off (--no-auth or orchestrator.auth: none), which is only "
+                f"allowed on a loopback address, not on {settings.host!r}: anyone who reaches "
+                "the port could start containers with mounts"
+            )
+        return None
+    return load_or_create_token(environ, settings.token)
+
+
+async def _serve_until_signalled(
+    fabric: Fabric, settings: ServeSettings, token: Token | None
+) -> None:
     """Serve; the first SIGINT/SIGTERM stops gracefully (bounded), a second one at once."""
     with (
         trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
@@ -288,6 +360,7 @@ async def _serve_until_signalled(fabric: Fabric, settings: ServeSettings) -> Non
                 f"{running.http_url}/healthz)",
                 flush=True,
             )
+            print(connection_help(running.http_url, fabric, token), flush=True)
             async for signum in signals:
                 name = signal.Signals(signum).name
                 if fabric.stopping.is_set():

@@ -58,6 +58,9 @@ class HttpClient:
 
     stream: trio.abc.Stream
     host: str = "127.0.0.1:8765"
+    # Sent with every request (e.g. the orchestrator's Authorization header); per-request
+    # headers win.
+    headers: dict[str, str] = field(default_factory=dict)
     connection: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
 
     async def _next(self) -> Any:
@@ -84,6 +87,7 @@ class HttpClient:
             "accept": accept,
             "content-type": "application/json",
             "content-length": str(len(raw)),
+            **self.headers,
             **(headers or {}),
         }
         if self.connection.our_state is h11.DONE:

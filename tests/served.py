@@ -117,11 +117,12 @@ async def served(
     limits: Limits | None = None,
     http_limits: HttpLimits | None = None,
     stdin_capacity: int = 65536,
+    token: str | None = None,
     **orchestrator: Any,
 ) -> AsyncIterator[Served]:
     suite = suite_for(root, idle_timeout=idle_timeout, limits=limits, **orchestrator)
     async with open_memory_runtime(server, stdin_capacity=stdin_capacity) as runtime:
-        fabric = Fabric(suite, runtime=runtime, network="none")
+        fabric = Fabric(suite, runtime=runtime, network="none", token=token)
         sessions = HttpSessions(fabric)
         app = FabricApp(fabric, sessions)
         async with trio.open_nursery() as nursery:

@@ -93,6 +93,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     allowed_mount_targets: list[str] = msgspec.field(
         default_factory=lambda: list(DEFAULT_MOUNT_TARGETS)
     )
+    auth: Literal["token", "none"] = "token"
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE

@@ -1,7 +1,9 @@
 """The orchestrator's routes: which handler a request goes to. Only moves bytes.
 
 ============================  =========================================================
-``GET /healthz``              the health report (:mod:`reactor_fabric.observe.health`)
+(every route)                 Origin/Host, then the token (:mod:`reactor_fabric.policy.auth`)
+``GET /healthz``              the health report (:mod:`reactor_fabric.observe.health`);
+                              without the token only its status
 ``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`)
 ``ws://…/mcp/{service}``      WebSocket (:mod:`.websocket`)
 ============================  =========================================================
@@ -17,6 +19,7 @@ import trio
 from .._errors import DockerUnavailable
 from .._version import __version__
 from ..observe.health import health_report
+from ..policy.auth import Refusal, admit
 from .fabric import Fabric
 from .http_server import HttpExchange, Request
 from .streamable_http import HttpSessions, serve_streamable_http
@@ -34,11 +37,22 @@ class FabricApp:
 
     async def http(self, exchange: HttpExchange) -> None:
         request = exchange.request
+        refusal = admit(self.fabric.gate, request.headers, request.query, request.path)
         if request.path == "/healthz":
             if request.method not in ("GET", "HEAD"):
                 await _json(exchange, 405, {"error": "method not allowed"}, allow="GET, HEAD")
                 return
-            await self._healthz(exchange)
+            if refusal is None:
+                await self._healthz(exchange, details=True)
+            elif refusal.status == 401:
+                # Open to monitoring without the token, but only "up or not": the engine's
+                # version and the session counts are for the token's holder.
+                await self._healthz(exchange, details=False)
+            else:
+                await _refuse(exchange, refusal)
+            return
+        if refusal is not None:
+            await _refuse(exchange, refusal)
             return
         route = mcp_route(request.path)
         if route is not None:
@@ -50,7 +64,7 @@ class FabricApp:
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
         await serve_websocket(self.fabric, request, stream, trailing)
 
-    async def _healthz(self, exchange: HttpExchange) -> None:
+    async def _healthz(self, exchange: HttpExchange, *, details: bool) -> None:
         docker_version: str | None = None
         docker_error: str | None = None
         try:
@@ -64,7 +78,8 @@ class FabricApp:
             containers=self.fabric.container_count,
             version=__version__,
         )
-        await _json(exchange, report.status_code, report.body)
+        body = report.body if details else {"status": report.body["status"]}
+        await _json(exchange, report.status_code, body)
 
 
 def mcp_route(path: str) -> tuple[str, str | None] | None:
@@ -77,6 +92,10 @@ def mcp_route(path: str) -> tuple[str, str | None] | None:
     if len(parts) == 2 and parts[0] and parts[1]:
         return parts[0], parts[1]
     return None
+
+
+async def _refuse(exchange: HttpExchange, refusal: Refusal) -> None:
+    await exchange.respond(refusal.status, refusal.body, headers=list(refusal.headers))
 
 
 async def _json(

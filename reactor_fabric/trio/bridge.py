@@ -38,13 +38,15 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import trio
 from trio_websocket import (
     ConnectionClosed,
+    ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
     connect_websocket_url,
 )
 
-from .._errors import CONTAINER_START_FAILURE, InvalidMessage
+from .._errors import CONTAINER_START_FAILURE, SECURITY_VIOLATION, InvalidMessage
 from ..config.suite import SuiteUnreadable, load_suite
+from ..config.token import TOKEN_ENV, token_file, user_config_dir
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter
 from ..protocol.jsonrpc import REQUEST, peek
@@ -69,6 +71,7 @@ class BridgeSettings:
     service: str
     mounts: list[dict[str, object]]
     config: str | None
+    token: str | None = None  # sent as Authorization: Bearer (see config.token.find_token)
 
 
 def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
@@ -127,11 +130,26 @@ async def run_bridge(settings: BridgeSettings, url: str) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout, trio.open_nursery() as nursery:
+        headers: list[tuple[bytes, bytes]] = []
+        if settings.token is not None:
+            headers.append((b"authorization", f"Bearer {settings.token}".encode()))
         try:
             with trio.fail_after(CONNECT_BOUND_SECONDS):
                 ws = await connect_websocket_url(
-                    nursery, url, subprotocols=["mcp"], max_message_size=MAX_MESSAGE
+                    nursery,
+                    url,
+                    subprotocols=["mcp"],
+                    extra_headers=headers,
+                    max_message_size=MAX_MESSAGE,
                 )
+        except ConnectionRejected as rejected:
+            if rejected.status_code not in (401, 403):
+                return -1  # not an orchestrator that answers us: the caller falls back
+            # The orchestrator is there and said no: never run anything in its place.
+            refusal = Refused(_rejection_error(rejected))
+            print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
+            await answer_requests(stdin, stdout, refusal.error)
+            return 1
         except (OSError, HandshakeError, trio.TooSlowError, ConnectionClosed):
             return -1  # unreachable: the caller falls back
         try:
@@ -167,6 +185,27 @@ async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
         ) from exc
     if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
         raise Refused(answer["error"])
+
+
+def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
+    """The JSON-RPC error standing for a refused WebSocket handshake (401 token, 403 origin)."""
+    try:
+        body = json.loads(rejected.body or b"{}")
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    reason = str(body.get("reason") or f"http_{rejected.status_code}")
+    detail = str(body.get("detail") or body.get("error") or f"HTTP {rejected.status_code}")
+    if rejected.status_code == 401:
+        detail += (
+            f" (the bridge reads {TOKEN_ENV}, else your token file {token_file(dict(os.environ))})"
+        )
+    return {
+        "code": SECURITY_VIOLATION,
+        "message": "Security Violation",
+        "data": {"reason": reason, "detail": detail},
+    }
 
 
 def _bridge_error(detail: str, reason: str) -> dict[str, Any]:
@@ -249,13 +288,6 @@ async def _relay(
     return outcome
 
 
-def user_config_dir(environ: dict[str, str] | None = None) -> Path:
-    """``${XDG_CONFIG_HOME:-~/.config}/reactor-fabric``: the user's own configuration."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "reactor-fabric"
-
-
 def fallback_suite(settings: BridgeSettings, environ: dict[str, str] | None = None) -> Path:
     """Where a ``local_command`` may come from: ``connect --config FILE``, else the suite in the
     user's configuration directory. Never a suite found in the working directory — that is the
@@ -263,7 +295,9 @@ def fallback_suite(settings: BridgeSettings, environ: dict[str, str] | None = No
     environment, which a project's client configuration can set."""
     if settings.config is not None:
         return Path(settings.config)
-    return user_config_dir(environ) / "claude-mcp-suite.yaml"
+    return user_config_dir(dict(os.environ if environ is None else environ)) / (
+        "claude-mcp-suite.yaml"
+    )
 
 
 def fallback_command(

@@ -20,6 +20,7 @@ import trio
 
 from ..config.structs import Limits, Service, Suite
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
+from ..policy.auth import Gate
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
@@ -54,6 +55,8 @@ class Fabric:
     runtime: Runtime
     network: str
     listen_host: str = "127.0.0.1"
+    # The token every request must carry (None: no authentication; the CLI always decides).
+    token: str | None = None
     instance_id: str = field(default_factory=new_instance_id)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
     containers: dict[str, str] = field(default_factory=dict)  # container id → session id
@@ -67,6 +70,7 @@ class Fabric:
     mount_policy: MountPolicy = field(init=False)
     allowed_origins: frozenset[str] = field(init=False)
     allowed_hosts: frozenset[str] | None = field(init=False)
+    gate: Gate = field(init=False)
     _identity: ContainerIdentity = field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +80,7 @@ class Fabric:
         )
         self.allowed_origins = normalise_origins(self.suite.orchestrator.allowed_origins)
         self.allowed_hosts = allowed_hosts(self.listen_host)
+        self.gate = Gate(self.allowed_origins, self.allowed_hosts, self.token)
         pid = os.getpid()
         self._identity = ContainerIdentity(
             instance_id=self.instance_id,

@@ -20,7 +20,8 @@ Errors the way clients show them: a refusal (unknown service, refused mount, too
 stateless request on the bare URL) is the JSON-RPC error with HTTP **200** — clients start OAuth
 on 401/403 and read 404 as "session terminated". HTTP errors are kept for what is wrong at the
 HTTP level: 400 a body that is not one JSON-RPC message, 404 an unknown or expired session id,
-405, 406 ``Accept``, 413 size, 415 ``Content-Type``, 403 ``Origin``/``Host``.
+405, 406 ``Accept``, 413 size, 415 ``Content-Type``; and, in front of every route, 403
+``Origin``/``Host`` and 401 a missing or wrong token (:mod:`reactor_fabric.policy.auth`).
 
 POST carries one message: a notification or response is accepted with 202; a request is
 answered with its response as ``application/json`` when the response is the first thing to
@@ -45,7 +46,6 @@ from .._errors import (
     SecurityViolation,
     ServiceNotFound,
 )
-from ..policy.origins import request_allowed
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import REQUEST, Peek, decode_params, error_response, peek
 from .fabric import Fabric, new_session_id
@@ -196,15 +196,8 @@ async def serve_streamable_http(
 
 async def _admissible(fabric: Fabric, exchange: HttpExchange, key: str | None) -> bool:
     """The HTTP-level checks every request passes; answers and returns False when one fails."""
+    # Origin, Host and the token were checked in front of every route (FabricApp, policy.auth).
     request = exchange.request
-    if not request_allowed(
-        request.headers,
-        allowed_origins=fabric.allowed_origins,
-        allowed_hosts=fabric.allowed_hosts,
-        path=request.path,
-    ):
-        await exchange.respond(403, b'{"error": "origin or host not allowed"}')
-        return False
     version = request.headers.get(PROTOCOL_HEADER)
     if version is not None and version not in KNOWN_PROTOCOL_VERSIONS:
         error = InvalidRequest(

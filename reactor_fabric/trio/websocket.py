@@ -34,7 +34,7 @@ import trio
 import wsproto
 from wsproto.events import AcceptConnection, RejectConnection, RejectData
 
-from ..policy.origins import request_allowed
+from ..policy.auth import Refusal, admit
 from ..protocol.jsonrpc import Peek
 from ..protocol.websocket_frames import (
     PING,
@@ -274,7 +274,7 @@ async def serve_websocket(
         return
     refusal = _refusal(fabric, request)
     if refusal is not None:
-        await _reject(stream, ws, *refusal)
+        await _reject(stream, ws, refusal.status, refusal.body, refusal.headers)
         return
     if not fabric.reserve_pending():
         log.warning("websocket_refused", extra={"reason": "too_many_pending_connections"})
@@ -343,23 +343,22 @@ async def _first_message(fabric: Fabric, channel: WebSocketChannel) -> bytes | N
     return result
 
 
-def _refusal(fabric: Fabric, request: Request) -> tuple[int, bytes] | None:
-    if not request_allowed(
-        request.headers,
-        allowed_origins=fabric.allowed_origins,
-        allowed_hosts=fabric.allowed_hosts,
-        path=request.path,
-    ):
-        return 403, b'{"error": "origin or host not allowed"}'
-    if not request.path.startswith(MCP_PREFIX) or "/" in request.path[len(MCP_PREFIX) :]:
-        return 404, b'{"error": "not found"}'
-    if not request.path[len(MCP_PREFIX) :]:
-        return 404, b'{"error": "not found"}'
+def _refusal(fabric: Fabric, request: Request) -> Refusal | None:
+    refusal = admit(fabric.gate, request.headers, request.query, request.path)
+    if refusal is not None:
+        return refusal
+    service = request.path[len(MCP_PREFIX) :]
+    if not request.path.startswith(MCP_PREFIX) or not service or "/" in service:
+        return Refusal(404, "not_found", b'{"error": "not found"}')
     return None
 
 
 async def _reject(
-    stream: trio.abc.Stream, ws: wsproto.WSConnection, status: int, body: bytes
+    stream: trio.abc.Stream,
+    ws: wsproto.WSConnection,
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
     data = ws.send(
         RejectConnection(
@@ -368,6 +367,7 @@ async def _reject(
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *headers,
             ],
             has_body=True,
         )

@@ -34,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 from mcp import ClientSession, types
@@ -94,8 +96,15 @@ def described(exc: BaseException) -> dict[str, Any]:
 
 
 def transport(url: str) -> Any:
+    """The SDK's transport for ``url``, with the orchestrator's token from REACTOR_FABRIC_TOKEN
+    as a user would give it: a header over HTTP; in the URL over WebSocket, whose SDK client
+    takes no headers."""
+    token = os.environ.get("REACTOR_FABRIC_TOKEN")
     if url.startswith("http"):
-        return streamablehttp_client(url)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        return streamablehttp_client(url, headers=headers)
+    if token:
+        url += ("&" if "?" in url else "?") + urlencode({"token": token})
     return websocket_client(url)
 
 

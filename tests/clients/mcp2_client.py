@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from contextlib import AsyncExitStack
 from typing import Any
+from urllib.parse import urlencode
 
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
@@ -47,6 +49,9 @@ async def main() -> None:
     server: Any
     if args.transport == "http":
         server = args.target[0]
+        token = os.environ.get("REACTOR_FABRIC_TOKEN")
+        if token:  # the URL form of the orchestrator's token (the 1.x client sends the header)
+            server += ("&" if "?" in server else "?") + urlencode({"token": token})
     else:
         server = StdioServerParameters(command=command[0], args=command[1:], cwd=args.cwd)
 

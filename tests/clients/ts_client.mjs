@@ -51,7 +51,13 @@ const args = process.argv.slice(2);
 const kind = args[0];
 const url = new URL(args[1]);
 const registerAt = args.indexOf("--register");
-let transport = kind === "http" ? new StreamableHTTPClientTransport(url) : new WebSocketClientTransport(url);
+// The orchestrator's token, as a user gives it: a header over HTTP, in the URL over WebSocket
+// (the SDK's WebSocket transport takes no headers).
+const token = process.env.REACTOR_FABRIC_TOKEN;
+if (token && kind !== "http") url.searchParams.set("token", token);
+const requestInit = token ? { headers: { Authorization: `Bearer ${token}` } } : undefined;
+let transport =
+  kind === "http" ? new StreamableHTTPClientTransport(url, { requestInit }) : new WebSocketClientTransport(url);
 if (registerAt !== -1) {
   transport = new RegisteringTransport(transport, JSON.parse(args[registerAt + 1]));
   if (!(await transport.register())) process.exit(0);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import selectors
 import signal
 import subprocess
@@ -20,11 +21,16 @@ from typing import Any
 import docker
 import yaml
 
+from reactor_fabric.config.token import TOKEN_ENV
 from tests.clients import envs
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = yaml.safe_load((REPO / "claude-mcp-suite.yaml").read_text())
 READ_TIMEOUT = 120.0
+# Every orchestrator a test starts requires this token unless told otherwise, and every client
+# process finds it where a user's would: REACTOR_FABRIC_TOKEN (the test clients send it as a
+# header over HTTP and as ?token= over WebSocket, whose SDK clients cannot set headers).
+TEST_TOKEN = secrets.token_urlsafe(32)
 # The orchestrators the running test started (conftest checks that none left a container).
 STARTED: list[Orchestrator] = []
 
@@ -41,7 +47,7 @@ class LineProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
+            env={**os.environ, TOKEN_ENV: TEST_TOKEN, **(env or {})},
             cwd=cwd,
         )
         self._buffer = b""
@@ -112,6 +118,11 @@ class Orchestrator:
     process: subprocess.Popen[bytes]
     http_url: str
     log_path: Path
+    token: str | None = TEST_TOKEN
+
+    @property
+    def auth_header(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     @property
     def ws_url(self) -> str:
@@ -176,6 +187,7 @@ def orchestrator(
     expect_clean_exit: bool = True,
     env: dict[str, str] | None = None,
     run_as: tuple[int, int] | None = None,
+    token: str | None = TEST_TOKEN,
 ) -> Iterator[Orchestrator]:
     """An orchestrator on a free port; ``run_as`` (uid, gid) starts it as that user, a member
     of the group that may use the Docker socket (the set-up the docs recommend over root)."""
@@ -201,6 +213,7 @@ def orchestrator(
             "0",
             "--log-level",
             "debug",
+            *(["--token", token] if token is not None else []),
             *extra,
         ],
         cwd=REPO,
@@ -214,7 +227,7 @@ def orchestrator(
         first = process.stdout.readline().decode()
         match = re.search(r"on (http://[^ ]+) ", first)
         assert match, f"orchestrator did not start: {first!r}\n{log_path.read_text()[-3000:]}"
-        running = Orchestrator(process, match.group(1), log_path)
+        running = Orchestrator(process, match.group(1), log_path, token)
         STARTED.append(running)
         yield running
     finally:

@@ -46,7 +46,11 @@ async def websocket(running: Orchestrator, path: str, *, rcvbuf: int | None = No
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     await sock.connect(host_port(running))
-    ws, answer = await WebSocketClient.connect(trio.SocketStream(sock), path)
+    ws, answer = await WebSocketClient.connect(
+        trio.SocketStream(sock),
+        path,
+        headers=[(b"authorization", f"Bearer {running.token}".encode())] if running.token else [],
+    )
     assert isinstance(answer, AcceptConnection), answer
     return ws
 
@@ -147,7 +151,9 @@ def test_an_http_session_its_client_never_ends_goes_at_the_idle_timeout(
     with orchestrator(suite, tmp_path / "o.log") as running:
 
         async def one_shot() -> None:
-            client = HttpClient(await trio.open_tcp_stream(*host_port(running)))
+            client = HttpClient(
+                await trio.open_tcp_stream(*host_port(running)), headers=running.auth_header
+            )
             reply = await client.request("POST", "/mcp/time", INITIALIZE)
             assert reply.status == 200
             await client.aclose()

@@ -75,14 +75,55 @@ def test_an_unreadable_suite_stops_the_orchestrator_with_exit_2(tmp_path: Path) 
     assert main(["--config", str(tmp_path / "none.yaml")], environ={}) == 2
 
 
-def test_a_port_in_use_exits_3_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_port_in_use_exits_3_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = main(["--config", str(BUNDLED), "--port", str(port)], environ={})
+        code = main(
+            ["--config", str(BUNDLED), "--port", str(port)],
+            environ={"XDG_CONFIG_HOME": str(tmp_path)},
+        )
     assert code == 3
     assert "choose another with --port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "suite_auth"),
+    [(["--no-auth"], None), ([], "none")],
+    ids=["flag", "suite"],
+)
+def test_authentication_cannot_be_off_on_an_address_other_machines_reach(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    arguments: list[str],
+    suite_auth: str | None,
+) -> None:
+    suite = tmp_path / "suite.yaml"
+    text = BUNDLED.read_text()
+    if suite_auth is not None:
+        text = text.replace("orchestrator:\n", f"orchestrator:\n  auth: {suite_auth}\n", 1)
+    suite.write_text(text)
+    for host in ("0.0.0.0", "192.0.2.1"):
+        code = main(["--config", str(suite), "--host", host, "--port", "0", *arguments], environ={})
+        assert code == 2
+        assert "only allowed on a loopback address" in capsys.readouterr().err
+
+
+def test_a_token_file_others_can_read_stops_the_start_with_what_to_do(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    token = tmp_path / "reactor-fabric" / "token"
+    token.parent.mkdir()
+    token.write_text("a" * 40)
+    token.chmod(0o644)
+    code = main(
+        ["--config", str(BUNDLED), "--port", "0"], environ={"XDG_CONFIG_HOME": str(tmp_path)}
+    )
+    assert code == 2
+    assert f"chmod 600 {token}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

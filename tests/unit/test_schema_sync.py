@@ -124,3 +124,9 @@ def test_enums_in_the_schema_match_the_literal_types() -> None:
     pull = next(f for f in service.fields if f.name == "pull")
     assert isinstance(pull.type, mi.LiteralType)
     assert set(pull.type.values) == set(SCHEMA["$defs"]["service"]["properties"]["pull"]["enum"])
+    orchestrator = next(info for where, _, info in OBJECTS if where == "suite.orchestrator")
+    auth = next(f for f in orchestrator.fields if f.name == "auth")
+    assert isinstance(auth.type, mi.LiteralType)
+    assert set(auth.type.values) == set(
+        SCHEMA["$defs"]["orchestrator"]["properties"]["auth"]["enum"]
+    )

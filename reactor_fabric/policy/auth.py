@@ -1,0 +1,136 @@
+"""Who may use the orchestrator: the Origin/Host checks and the token, for every route. Pure.
+
+A loopback port is reachable by every process of every user on the machine, and through the
+Docker socket a session can read whatever the orchestrator's user may. So, as Jupyter does for
+its loopback servers, every request carries a secret token (see :mod:`reactor_fabric.config.token`
+for where it is kept): ``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` in the URL for clients
+that cannot set headers (the MCP SDKs' WebSocket clients). It is compared in constant time.
+
+:func:`admit` is the one gate in front of every route and transport, in this order:
+
+1. ``Origin`` / ``Host`` (:mod:`.origins`): a browser page, a DNS-rebinding name → 403. First, so
+   that a page never learns whether it guessed a token.
+2. The token → 401 with ``WWW-Authenticate: Bearer`` and a JSON body saying where the token is.
+   Nothing is started, nothing about the orchestrator is told.
+
+``/healthz`` is the one route open without a token, and then answers only its status (the caller
+decides that: :attr:`Refusal.status` 401 with ``reason`` tells it why).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from .origins import request_allowed
+
+log = logging.getLogger(__name__)
+
+TOKEN_PARAMETER = "token"  # noqa: S105 - a name, not a secret
+AUTH_SCHEME = "Bearer"
+# Where a client is told to look; the orchestrator's own start-up line prints it ready to use.
+HOW_TO_AUTHENTICATE = (
+    "Send the orchestrator's token as 'Authorization: Bearer TOKEN', or add ?token=TOKEN to the "
+    "URL. The orchestrator prints it at start-up; it is kept in "
+    "${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/token of the user running it (or set with "
+    "REACTOR_FABRIC_TOKEN / --token)."
+)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An HTTP answer that ends a request before any route sees it."""
+
+    status: int
+    reason: str
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What :func:`admit` checks: the allowed origins and hosts, and the token (None: no auth)."""
+
+    allowed_origins: frozenset[str]
+    allowed_hosts: frozenset[str] | None
+    token: str | None
+
+    @property
+    def auth_required(self) -> bool:
+        return self.token is not None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` reaches only this machine (authentication may be off)."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def presented_token(headers: dict[bytes, str], query: str) -> str | None:
+    """The token a request carries: the ``Authorization: Bearer`` header, else ``?token=``."""
+    authorization = headers.get(b"authorization")
+    if authorization is not None:
+        scheme, _, credentials = authorization.strip().partition(" ")
+        if scheme.lower() == AUTH_SCHEME.lower():
+            return credentials.strip()
+    if TOKEN_PARAMETER in query:  # cheap test first: most requests carry none
+        values = parse_qs(query, max_num_fields=64).get(TOKEN_PARAMETER)
+        if values:
+            return values[0]
+    return None
+
+
+def token_matches(presented: str | None, expected: str) -> bool:
+    """Constant-time comparison (no early exit on the first differing byte)."""
+    if presented is None:
+        return False
+    return hmac.compare_digest(presented.encode("utf-8", "replace"), expected.encode())
+
+
+def admit(gate: Gate, headers: dict[bytes, str], query: str, path: str) -> Refusal | None:
+    """None when the request may go on; else the answer that refuses it (see module docs)."""
+    if not request_allowed(
+        headers,
+        allowed_origins=gate.allowed_origins,
+        allowed_hosts=gate.allowed_hosts,
+        path=path,
+    ):
+        return Refusal(
+            403, "origin_or_host_not_allowed", b'{"error": "origin or host not allowed"}'
+        )
+    if gate.token is None:
+        return None
+    try:
+        presented = presented_token(headers, query)
+    except ValueError:  # too many query fields to look at
+        presented = None
+    if token_matches(presented, gate.token):
+        return None
+    reason = "token_missing" if presented is None else "token_invalid"
+    # Never the presented value: a near-miss token in a log is a leak.
+    log.warning("request_refused", extra={"path": path, "status": 401, "reason": reason})
+    return unauthorized(reason)
+
+
+def unauthorized(reason: str) -> Refusal:
+    message = "no token" if reason == "token_missing" else "wrong token"
+    body = {
+        "error": "unauthorized",
+        "reason": reason,
+        "detail": f"{message}. {HOW_TO_AUTHENTICATE}",
+    }
+    return Refusal(
+        401,
+        reason,
+        json.dumps(body).encode(),
+        headers=((b"www-authenticate", f'{AUTH_SCHEME} realm="reactor-fabric"'.encode()),),
+    )

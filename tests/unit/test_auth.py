@@ -1,0 +1,173 @@
+"""Authentication: the pure gate, and every route and transport of the app behind it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from wsproto.events import AcceptConnection, RejectConnection
+
+from reactor_fabric.policy.auth import Gate, admit, is_loopback, presented_token, token_matches
+from tests.messages import INITIALIZE
+from tests.served import served
+
+TOKEN = "s3cret-token-0123456789abcdef"
+GATE = Gate(frozenset(), frozenset({"127.0.0.1", "localhost", "::1"}), TOKEN)
+HOST = {b"host": "127.0.0.1:8765"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "query", "expected"),
+    [
+        ({b"authorization": f"Bearer {TOKEN}"}, "", TOKEN),
+        ({b"authorization": f"bearer   {TOKEN} "}, "", TOKEN),  # scheme is case-insensitive
+        ({}, f"token={TOKEN}", TOKEN),
+        ({}, f"mount=/a:/workspace&token={TOKEN}", TOKEN),
+        ({b"authorization": f"Bearer {TOKEN}"}, "token=other", TOKEN),  # the header wins
+        ({b"authorization": f"Basic {TOKEN}"}, "", None),
+        ({}, "mount=/a:/workspace", None),
+        ({}, "", None),
+    ],
+)
+def test_the_token_is_taken_from_the_bearer_header_else_the_query(
+    headers: dict[bytes, str], query: str, expected: str | None
+) -> None:
+    assert presented_token(headers, query) == expected
+
+
+def test_tokens_match_only_exactly() -> None:
+    assert token_matches(TOKEN, TOKEN)
+    for wrong in (None, "", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), "é" * 20):
+        assert not token_matches(wrong, TOKEN)
+
+
+def test_a_missing_token_and_a_wrong_one_are_refused_with_401_and_a_bearer_challenge() -> None:
+    for headers, query, reason in [
+        (HOST, "", "token_missing"),
+        ({**HOST, b"authorization": "Bearer nope"}, "", "token_invalid"),
+        (HOST, "token=nope", "token_invalid"),
+    ]:
+        refusal = admit(GATE, headers, query, "/mcp/time")
+        assert refusal is not None
+        assert (refusal.status, refusal.reason) == (401, reason)
+        assert dict(refusal.headers)[b"www-authenticate"].startswith(b"Bearer")
+        body = json.loads(refusal.body)
+        assert body["reason"] == reason
+        assert "reactor-fabric/token" in body["detail"]  # says where the token is
+        assert "nope" not in refusal.body.decode()
+
+
+def test_origin_and_host_are_judged_before_the_token() -> None:
+    """A page must not learn whether it guessed the token."""
+    for headers in (
+        {**HOST, b"origin": "https://evil.example", b"authorization": f"Bearer {TOKEN}"},
+        {b"host": "evil.example:8765", b"authorization": "Bearer nope"},
+    ):
+        refusal = admit(GATE, headers, "", "/mcp/time")
+        assert refusal is not None
+        assert refusal.status == 403
+
+
+def test_the_right_token_and_no_auth_at_all_let_a_request_through() -> None:
+    assert admit(GATE, {**HOST, b"authorization": f"Bearer {TOKEN}"}, "", "/mcp/x") is None
+    assert admit(GATE, HOST, f"token={TOKEN}", "/mcp/x") is None
+    open_gate = Gate(GATE.allowed_origins, GATE.allowed_hosts, None)
+    assert admit(open_gate, HOST, "", "/mcp/x") is None
+
+
+def test_a_query_with_too_many_fields_is_a_missing_token_not_a_crash() -> None:
+    refusal = admit(GATE, HOST, "&".join(["a=1"] * 100) + "&token=x", "/mcp/x")
+    assert refusal is not None
+    assert refusal.reason == "token_missing"
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.4", False),
+        ("example.org", False),
+    ],
+)
+def test_only_loopback_addresses_count_as_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+# --- the app: every route and transport -------------------------------------------------------
+
+
+async def test_every_http_route_refuses_a_request_without_the_token(tmp_path: Path) -> None:
+    async with served(tmp_path, token=TOKEN) as http:
+        for method, target in [
+            ("POST", "/mcp/svc"),
+            ("GET", "/mcp/svc"),
+            ("DELETE", "/mcp/svc"),
+            ("POST", "/mcp/svc/some-key-123"),
+            ("POST", "/mcp/svc?token=wrong"),
+            ("GET", "/elsewhere"),
+        ]:
+            reply = await http.http(method, target, INITIALIZE if method == "POST" else None)
+            assert reply.status == 401, (method, target)
+            assert reply.headers["www-authenticate"].startswith("Bearer")
+            assert reply.json()["error"] == "unauthorized"
+        assert http.runtime.alive == []
+        assert http.fabric.sessions == {}
+
+
+async def test_a_websocket_without_the_token_is_refused_at_the_handshake(tmp_path: Path) -> None:
+    async with served(tmp_path, token=TOKEN) as http:
+        for target, headers in [
+            ("/mcp/svc", []),
+            ("/mcp/svc?token=wrong", []),
+            ("/mcp/svc", [(b"authorization", b"Bearer wrong")]),
+        ]:
+            ws, answer = await http.websocket(target, headers=headers)
+            await ws.aclose()
+            assert isinstance(answer, RejectConnection), target
+            assert answer.status_code == 401
+            assert dict(answer.headers)[b"www-authenticate"].startswith(b"Bearer")
+            assert json.loads(ws.rejected_body)["reason"] in ("token_missing", "token_invalid")
+        assert http.fabric.sessions == {}
+
+
+async def test_the_token_by_header_or_in_the_url_opens_a_session(tmp_path: Path) -> None:
+    async with served(tmp_path, token=TOKEN) as http:
+        bearer = {"authorization": f"Bearer {TOKEN}"}
+        by_header = await http.post(INITIALIZE, headers=bearer)
+        in_url = await http.post(INITIALIZE, path=f"/mcp/svc?token={TOKEN}")
+        for reply in (by_header, in_url):
+            assert reply.status == 200
+            assert reply.json()["id"] == 1
+            ended = await http.http(
+                "DELETE", "/mcp/svc", headers={**bearer, "mcp-session-id": reply.session}
+            )
+            assert ended.status == 204
+        for target, headers in [
+            (f"/mcp/svc?token={TOKEN}", []),
+            ("/mcp/svc", [(b"authorization", f"Bearer {TOKEN}".encode())]),
+        ]:
+            ws, answer = await http.websocket(target, headers=headers)
+            assert isinstance(answer, AcceptConnection)
+            await ws.send_json(INITIALIZE)
+            assert (await ws.hear())["id"] == 1
+            await ws.aclose()
+
+
+async def test_healthz_without_the_token_says_only_whether_it_is_up(tmp_path: Path) -> None:
+    async with served(tmp_path, token=TOKEN) as http:
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            reply = await http.http("GET", "/healthz", headers=headers)
+            assert (reply.status, reply.json()) == (200, {"status": "ok"})
+        full = await http.http("GET", "/healthz", headers={"authorization": f"Bearer {TOKEN}"})
+        assert full.status == 200
+        assert {"status", "docker", "sessions", "containers", "version"} <= set(full.json())
+        # The Origin and Host checks hold for healthz too.
+        forged = await http.http("GET", "/healthz", headers={"origin": "https://evil.example"})
+        assert forged.status == 403
