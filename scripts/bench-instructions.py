@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -106,7 +107,9 @@ def count_instructions(source: Path, workdir: Path, calls: int) -> int:
     suite = workdir / "suite.yaml"
     suite.write_text(SUITE)
     log = workdir / f"valgrind-{calls}.log"
-    env = dict(os.environ, PYTHONPATH=str(source))
+    # Authentication on, as users run it (older revisions ignore the variable and the query).
+    token = secrets.token_urlsafe(32)
+    env = dict(os.environ, PYTHONPATH=str(source), REACTOR_FABRIC_TOKEN=token)
     command = [
         "valgrind",
         "--tool=callgrind",
@@ -125,7 +128,7 @@ def count_instructions(source: Path, workdir: Path, calls: int) -> int:
         )
         try:
             wait_healthy(port, process)
-            trio.run(drive_session, f"ws://127.0.0.1:{port}/mcp/time", calls)
+            trio.run(drive_session, f"ws://127.0.0.1:{port}/mcp/time?token={token}", calls)
             process.send_signal(signal.SIGTERM)
             process.wait(STOP_TIMEOUT_S)
         finally:

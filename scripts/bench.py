@@ -166,8 +166,10 @@ async def initialized(session: contextlib.AbstractAsyncContextManager[R]) -> Asy
 
 
 @contextlib.asynccontextmanager
-async def http_session(port: int, path: str) -> AsyncIterator[HttpRpc]:
-    rpc = HttpRpc("127.0.0.1", port, path)
+async def http_session(
+    port: int, path: str, headers: dict[str, str] | None = None
+) -> AsyncIterator[HttpRpc]:
+    rpc = HttpRpc("127.0.0.1", port, path, headers)
     try:
         yield rpc
     finally:
@@ -282,7 +284,10 @@ class Harness:
             ("direct", initialized(engine.attached(image))),
             ("docker_run_pipe", initialized(engine.piped(pipe_argv, self.side_log))),
             ("reactor_fabric_ws", initialized(self.ws(COLD_SERVICE))),
-            ("reactor_fabric_http", initialized(http_session(self.orch.port, "/mcp/time"))),
+            (
+                "reactor_fabric_http",
+                initialized(http_session(self.orch.port, "/mcp/time", self.orch.auth_headers)),
+            ),
         ]
         out: Json = {}
         if self.plan.peers:
@@ -438,7 +443,10 @@ class Harness:
             ("direct", initialized(engine.attached(image))),
             ("docker_run_pipe", initialized(engine.piped(pipe_argv, self.side_log))),
             ("reactor_fabric_ws", initialized(self.ws(THROUGHPUT_SERVICE))),
-            ("reactor_fabric_http", initialized(http_session(self.orch.port, path))),
+            (
+                "reactor_fabric_http",
+                initialized(http_session(self.orch.port, path, self.orch.auth_headers)),
+            ),
         ]
         if self.plan.peers:
             candidates += [
@@ -507,7 +515,7 @@ class Harness:
         if name not in pools:
             pool = [first]
             for _ in range(PIPELINE_DEPTH - 1):
-                twin = HttpRpc(first.host, first.port, first.path)
+                twin = HttpRpc(first.host, first.port, first.path, first.headers)
                 twin.session_id, twin.protocol_version = first.session_id, first.protocol_version
                 twin.ids = first.ids
                 stack.push_async_callback(twin.close_connection)

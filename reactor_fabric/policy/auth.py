@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
+from .._errors import SecurityViolation
+from ..protocol.jsonrpc import error_response
 from .origins import request_allowed
 
 log = logging.getLogger(__name__)
@@ -122,15 +123,13 @@ def admit(gate: Gate, headers: dict[bytes, str], query: str, path: str) -> Refus
 
 
 def unauthorized(reason: str) -> Refusal:
+    """401, its body a JSON-RPC error (id null): what a client that reads error bodies shows
+    (the MCP SDKs surface a JSON-RPC error found in a non-2xx answer), and readable as it is."""
     message = "no token" if reason == "token_missing" else "wrong token"
-    body = {
-        "error": "unauthorized",
-        "reason": reason,
-        "detail": f"{message}. {HOW_TO_AUTHENTICATE}",
-    }
+    error = SecurityViolation(f"{message}. {HOW_TO_AUTHENTICATE}", reason=reason)
     return Refusal(
         401,
         reason,
-        json.dumps(body).encode(),
+        error_response(None, error),
         headers=((b"www-authenticate", f'{AUTH_SCHEME} realm="reactor-fabric"'.encode()),),
     )

@@ -127,6 +127,29 @@ class Refused(Exception):
 
 async def run_bridge(settings: BridgeSettings, url: str) -> int:
     """Relay stdin/stdout through the orchestrator; the process exit code (-1: unreachable)."""
+    rejected: list[ConnectionRejected] = []
+    try:
+        return await _run_bridge(settings, url)
+    except* ConnectionRejected as group:
+        # trio-websocket raises a refused handshake from its reader task, in our nursery.
+        rejected.extend(e for e in _leaves(group) if isinstance(e, ConnectionRejected))
+    if rejected[0].status_code not in (401, 403):
+        return -1  # not an orchestrator that answers us: the caller falls back
+    # The orchestrator is there and said no (token, origin): never run anything in its place.
+    refusal = Refused(_rejection_error(rejected[0]))
+    print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
+    await _answer_from_stdio(refusal.error)
+    return 1
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
+async def _run_bridge(settings: BridgeSettings, url: str) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout, trio.open_nursery() as nursery:
@@ -142,14 +165,8 @@ async def run_bridge(settings: BridgeSettings, url: str) -> int:
                     extra_headers=headers,
                     max_message_size=MAX_MESSAGE,
                 )
-        except ConnectionRejected as rejected:
-            if rejected.status_code not in (401, 403):
-                return -1  # not an orchestrator that answers us: the caller falls back
-            # The orchestrator is there and said no: never run anything in its place.
-            refusal = Refused(_rejection_error(rejected))
-            print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
-            await answer_requests(stdin, stdout, refusal.error)
-            return 1
+        except ConnectionRejected:
+            raise  # see run_bridge
         except (OSError, HandshakeError, trio.TooSlowError, ConnectionClosed):
             return -1  # unreachable: the caller falls back
         try:
@@ -188,24 +205,26 @@ async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
 
 
 def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
-    """The JSON-RPC error standing for a refused WebSocket handshake (401 token, 403 origin)."""
+    """The JSON-RPC error standing for a refused WebSocket handshake: the one in its body (a
+    missing or wrong token), else one made from the status (403: Origin or Host)."""
     try:
         body = json.loads(rejected.body or b"{}")
     except ValueError:
         body = {}
-    if not isinstance(body, dict):
-        body = {}
-    reason = str(body.get("reason") or f"http_{rejected.status_code}")
-    detail = str(body.get("detail") or body.get("error") or f"HTTP {rejected.status_code}")
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or not isinstance(error.get("data"), dict):
+        detail = f"the orchestrator refused the connection (HTTP {rejected.status_code})"
+        error = {
+            "code": SECURITY_VIOLATION,
+            "message": "Security Violation",
+            "data": {"reason": f"http_{rejected.status_code}", "detail": detail},
+        }
     if rejected.status_code == 401:
-        detail += (
-            f" (the bridge reads {TOKEN_ENV}, else your token file {token_file(dict(os.environ))})"
+        error["data"]["detail"] = (
+            f"{error['data'].get('detail')} (the bridge looked in {TOKEN_ENV}, then in "
+            f"{token_file(dict(os.environ))})"
         )
-    return {
-        "code": SECURITY_VIOLATION,
-        "message": "Security Violation",
-        "data": {"reason": reason, "detail": detail},
-    }
+    return error
 
 
 def _bridge_error(detail: str, reason: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -300,6 +301,8 @@ async def reap(process: trio.Process, bound: float, *, sig: int | None = None) -
 
 # --- the orchestrator -------------------------------------------------------------------
 
+BENCH_TOKEN = secrets.token_urlsafe(32)
+
 
 @dataclass
 class Orchestrator:
@@ -308,6 +311,12 @@ class Orchestrator:
     log_path: Path
     banner: str
     _log_file: IO[bytes] = field(repr=False)
+    # The orchestrator runs as users run it, with authentication on: every request carries it.
+    token: str = BENCH_TOKEN
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
 
     @property
     def pid(self) -> int:
@@ -318,8 +327,10 @@ class Orchestrator:
         return int(self.http_url.rsplit(":", 1)[1].rstrip("/"))
 
     def ws_url(self, service: str, query: str = "") -> str:
+        """The service's WebSocket URL with the token in it (WebSocket clients send no header)."""
         base = "ws" + self.http_url.removeprefix("http")
-        return f"{base}/mcp/{service}" + (f"?{query}" if query else "")
+        query = "&".join(part for part in (query, f"token={self.token}") if part)
+        return f"{base}/mcp/{service}?{query}"
 
     def containers(self) -> Callable[[docker.APIClient], list[dict[str, Any]]]:
         return containers_with([f"{MANAGED_LABEL}=true", f"{OWNER_PID_LABEL}={self.pid}"])
@@ -345,7 +356,11 @@ async def start_orchestrator(suite: Path, log_path: Path) -> Orchestrator:
     """``python -m reactor_fabric --config SUITE --port 0``; ready once it prints its URL."""
     log_file = log_path.open("wb")
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "reactor_fabric", "--config", str(suite), "--port", "0"],
+        [
+            sys.executable,
+            *("-m", "reactor_fabric", "--config", str(suite), "--port", "0"),
+            *("--token", BENCH_TOKEN),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=log_file,

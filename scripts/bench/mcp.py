@@ -289,10 +289,13 @@ class HttpRpc:
     an SSE body is drained afterwards, outside the timing.
     """
 
-    def __init__(self, host: str, port: int, path: str) -> None:
+    def __init__(
+        self, host: str, port: int, path: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.path = path
+        self.headers = dict(headers or {})  # sent with every request (e.g. Authorization)
         self.session_id: str | None = None
         self.protocol_version: str | None = None
         self._stream: trio.SocketStream | None = None
@@ -313,6 +316,7 @@ class HttpRpc:
             "Content-Type: application/json",
             "Accept: application/json, text/event-stream",
             f"Content-Length: {len(body)}",
+            *(f"{name}: {value}" for name, value in self.headers.items()),
         ]
         if self.session_id is not None:
             lines.append(f"Mcp-Session-Id: {self.session_id}")
@@ -369,9 +373,10 @@ class HttpRpc:
         session, self.session_id = self.session_id, None
         if session is not None:
             with contextlib.suppress(*FAILURES), trio.move_on_after(10):
+                extra = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
                 request = (
                     f"DELETE {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                    f"Mcp-Session-Id: {session}\r\nContent-Length: 0\r\n\r\n"
+                    f"Mcp-Session-Id: {session}\r\n{extra}Content-Length: 0\r\n\r\n"
                 )
                 _, _, headers = await self._exchange(request.encode("latin-1"))
                 await self._read_body(headers)

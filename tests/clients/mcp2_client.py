@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import get_default_environment
 from mcp.shared.exceptions import MCPError
 
 
@@ -53,7 +54,16 @@ async def main() -> None:
         if token:  # the URL form of the orchestrator's token (the 1.x client sends the header)
             server += ("&" if "?" in server else "?") + urlencode({"token": token})
     else:
-        server = StdioServerParameters(command=command[0], args=command[1:], cwd=args.cwd)
+        # The SDK hands a server only a few variables (HOME, PATH...): the token goes in the
+        # server's `env`, as in a client's configuration (Claude Desktop's "env" block).
+        token = os.environ.get("REACTOR_FABRIC_TOKEN")
+        extra = {"REACTOR_FABRIC_TOKEN": token} if token else {}
+        server = StdioServerParameters(
+            command=command[0],
+            args=command[1:],
+            cwd=args.cwd,
+            env={**get_default_environment(), **extra} if extra else None,
+        )
 
     loop = asyncio.get_running_loop()
     async with AsyncExitStack() as stack:

@@ -31,8 +31,14 @@ READ_TIMEOUT = 120.0
 # process finds it where a user's would: REACTOR_FABRIC_TOKEN (the test clients send it as a
 # header over HTTP and as ?token= over WebSocket, whose SDK clients cannot set headers).
 TEST_TOKEN = secrets.token_urlsafe(32)
+# What client processes get as REACTOR_FABRIC_TOKEN (None: nothing; tests of refusals change it).
+CLIENT_TOKEN: str | None = TEST_TOKEN
 # The orchestrators the running test started (conftest checks that none left a container).
 STARTED: list[Orchestrator] = []
+
+
+def client_token_env() -> dict[str, str]:
+    return {TOKEN_ENV: CLIENT_TOKEN} if CLIENT_TOKEN is not None else {}
 
 
 class LineProcess:
@@ -47,7 +53,7 @@ class LineProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**os.environ, TOKEN_ENV: TEST_TOKEN, **(env or {})},
+            env={**os.environ, **client_token_env(), **(env or {})},
             cwd=cwd,
         )
         self._buffer = b""

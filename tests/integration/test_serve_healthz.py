@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import REPO, orchestrator
+from tests.integration.harness import REPO, Orchestrator, orchestrator
+
+
+def healthz(running: Orchestrator) -> urllib.request.Request:
+    return urllib.request.Request(f"{running.http_url}/healthz", headers=running.auth_header)
 
 
 def test_the_orchestrator_on_port_0_prints_its_url_serves_healthz_and_exits_0_on_sigterm(
@@ -19,11 +23,14 @@ def test_the_orchestrator_on_port_0_prints_its_url_serves_healthz_and_exits_0_on
     # first stdout line and, on leaving, sends SIGTERM and requires exit code 0.
     with orchestrator(REPO / "claude-mcp-suite.yaml", tmp_path / "o.log") as running:
         assert not running.http_url.endswith(":0")
-        with urllib.request.urlopen(f"{running.http_url}/healthz", timeout=30) as response:
+        with urllib.request.urlopen(healthz(running), timeout=30) as response:
             assert response.status == 200
             body = json.loads(response.read())
         assert body["status"] == "ok"
         assert body["docker"] == "ok"
+        # Without the token: up or not, nothing more.
+        with urllib.request.urlopen(f"{running.http_url}/healthz", timeout=30) as response:
+            assert json.loads(response.read()) == {"status": "ok"}
     events = [entry["event"] for entry in running.logs()]
     assert "serving" in events
     assert "shutting_down" in events
@@ -33,7 +40,7 @@ def test_healthz_is_503_when_the_docker_engine_is_unreachable(tmp_path: Path) ->
     dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
     with orchestrator(REPO / "claude-mcp-suite.yaml", tmp_path / "o.log", env=dead) as running:
         with pytest.raises(urllib.error.HTTPError) as caught:
-            urllib.request.urlopen(f"{running.http_url}/healthz", timeout=30)
+            urllib.request.urlopen(healthz(running), timeout=30)
         assert caught.value.code == 503
         body = json.loads(caught.value.read())
         caught.value.close()

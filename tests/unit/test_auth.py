@@ -52,9 +52,10 @@ def test_a_missing_token_and_a_wrong_one_are_refused_with_401_and_a_bearer_chall
         assert refusal is not None
         assert (refusal.status, refusal.reason) == (401, reason)
         assert dict(refusal.headers)[b"www-authenticate"].startswith(b"Bearer")
-        body = json.loads(refusal.body)
-        assert body["reason"] == reason
-        assert "reactor-fabric/token" in body["detail"]  # says where the token is
+        error = json.loads(refusal.body)["error"]  # a JSON-RPC error, which SDKs surface
+        assert error["code"] == -32004
+        assert error["data"]["reason"] == reason
+        assert "reactor-fabric/token" in error["data"]["detail"]  # says where the token is
         assert "nope" not in refusal.body.decode()
 
 
@@ -116,7 +117,7 @@ async def test_every_http_route_refuses_a_request_without_the_token(tmp_path: Pa
             reply = await http.http(method, target, INITIALIZE if method == "POST" else None)
             assert reply.status == 401, (method, target)
             assert reply.headers["www-authenticate"].startswith("Bearer")
-            assert reply.json()["error"] == "unauthorized"
+            assert reply.json()["error"]["data"]["reason"] in ("token_missing", "token_invalid")
         assert http.runtime.alive == []
         assert http.fabric.sessions == {}
 
@@ -133,7 +134,8 @@ async def test_a_websocket_without_the_token_is_refused_at_the_handshake(tmp_pat
             assert isinstance(answer, RejectConnection), target
             assert answer.status_code == 401
             assert dict(answer.headers)[b"www-authenticate"].startswith(b"Bearer")
-            assert json.loads(ws.rejected_body)["reason"] in ("token_missing", "token_invalid")
+            reason = json.loads(ws.rejected_body)["error"]["data"]["reason"]
+            assert reason in ("token_missing", "token_invalid")
         assert http.fabric.sessions == {}
 
 

@@ -1,0 +1,231 @@
+"""Authentication on the real orchestrator process: every route and transport refuses a request
+without the right token before anything starts, real clients say so, and the token the
+orchestrator makes on its first start is all a user (or the stdio bridge) needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import trio
+from wsproto.events import RejectConnection
+
+from reactor_fabric.config.token import TOKEN_ENV
+from tests.http_client import HttpClient, WebSocketClient
+from tests.integration import harness
+from tests.integration.harness import (
+    CLIENTS,
+    REPO,
+    LineProcess,
+    Orchestrator,
+    containers_of,
+    orchestrator,
+    python_client,
+    write_suite,
+)
+from tests.integration.test_bounds_e2e import host_port
+from tests.integration.test_error_paths_e2e import LAUNCHERS
+from tests.messages import INITIALIZE
+
+pytestmark = pytest.mark.integration
+
+WRONG = "wrong-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    home = tmp_path_factory.mktemp("auth")
+    (home / "projects").mkdir()
+    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
+    with orchestrator(suite, home / "orchestrator.log") as running:
+        yield running
+
+
+@pytest.fixture
+def clients_without_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client processes find no token: not in the environment, no token file."""
+    monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "empty-config"))
+
+
+async def _raw_http(
+    running: Orchestrator, method: str, target: str, headers: dict[str, str]
+) -> Any:
+    client = HttpClient(await trio.open_tcp_stream(*host_port(running)))
+    try:
+        return await client.request(
+            method, target, INITIALIZE if method == "POST" else None, headers=headers
+        )
+    finally:
+        await client.aclose()
+
+
+async def _raw_websocket(running: Orchestrator, target: str, headers: dict[str, str]) -> Any:
+    ws, answer = await WebSocketClient.connect(
+        await trio.open_tcp_stream(*host_port(running)),
+        target,
+        headers=[(name.encode(), value.encode()) for name, value in headers.items()],
+    )
+    body = ws.rejected_body
+    await ws.aclose()
+    return answer, body
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        ("POST", "/mcp/time", {}),
+        ("POST", "/mcp/time", {"authorization": f"Bearer {WRONG}"}),
+        ("POST", f"/mcp/time?token={WRONG}", {}),
+        ("POST", "/mcp/time", {"authorization": f"Basic {harness.TEST_TOKEN}"}),
+        ("GET", "/mcp/time", {}),
+        ("DELETE", "/mcp/time", {"mcp-session-id": "0" * 32}),
+        ("POST", "/mcp/time/my-stateless-key", {}),
+        ("GET", "/nowhere", {}),
+    ],
+)
+def test_an_http_request_without_the_right_token_gets_401_and_starts_nothing(
+    fabric: Orchestrator,
+    docker_client: docker.DockerClient,
+    method: str,
+    target: str,
+    headers: dict[str, str],
+) -> None:
+    reply = trio.run(_raw_http, fabric, method, target, headers)
+    assert reply.status == 401
+    assert reply.headers["www-authenticate"].startswith("Bearer")
+    error = reply.json()["error"]
+    assert error["data"]["reason"] in ("token_missing", "token_invalid")
+    assert "reactor-fabric/token" in error["data"]["detail"]
+    assert not containers_of(docker_client, instance=fabric.instance)
+
+
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        ("/mcp/time", {}),
+        (f"/mcp/time?token={WRONG}", {}),
+        ("/mcp/time", {"authorization": f"Bearer {WRONG}"}),
+    ],
+)
+def test_a_websocket_without_the_right_token_is_refused_at_the_handshake(
+    fabric: Orchestrator,
+    docker_client: docker.DockerClient,
+    target: str,
+    headers: dict[str, str],
+) -> None:
+    answer, body = trio.run(_raw_websocket, fabric, target, headers)
+    assert isinstance(answer, RejectConnection)
+    assert answer.status_code == 401
+    assert dict(answer.headers)[b"www-authenticate"].startswith(b"Bearer")
+    assert json.loads(body)["error"]["code"] == -32004
+    assert not containers_of(docker_client, instance=fabric.instance)
+
+
+def test_a_forged_origin_is_refused_even_with_the_token(fabric: Orchestrator) -> None:
+    forged = {"authorization": f"Bearer {harness.TEST_TOKEN}", "origin": "https://evil.example"}
+    assert trio.run(_raw_http, fabric, "POST", "/mcp/time", forged).status == 403
+    assert trio.run(_raw_http, fabric, "GET", "/healthz", forged).status == 403
+    answer, _ = trio.run(_raw_websocket, fabric, "/mcp/time", forged)
+    assert answer.status_code == 403
+
+
+def test_healthz_tells_a_caller_without_the_token_only_the_status(fabric: Orchestrator) -> None:
+    for headers in ({}, {"authorization": f"Bearer {WRONG}"}):
+        reply = trio.run(_raw_http, fabric, "GET", "/healthz", headers)
+        assert (reply.status, reply.json()) == (200, {"status": "ok"})
+    bearer = {"authorization": f"Bearer {harness.TEST_TOKEN}"}
+    reply = trio.run(_raw_http, fabric, "GET", "/healthz", bearer)
+    assert reply.json()["docker"] == "ok"
+    assert "docker_version" in reply.json()
+
+
+# What each real client shows a user whose token is missing (measured; the assertion is the
+# most each one can show). The refusal's body is a JSON-RPC error, which clients that read
+# error bodies surface with its reason; Node's WebSocket hides every handshake status.
+SHOWN = {
+    "bridge-sdk2-stdio": "token_missing",  # the bridge answers with the JSON-RPC error
+    "sdk2-http": "token_missing",  # mcp 2.x surfaces a JSON-RPC error in a non-2xx body
+    "ts-http": "token_missing",  # TypeScript SDK: "Error POSTing to endpoint: {body}"
+    "sdk1-http": "401",  # mcp 1.x: httpx's "Client error '401'"
+    "sdk1-ws": "HTTP 401",  # websockets' InvalidStatus
+    "ts-ws": "non-101 status code",
+}
+
+
+@pytest.mark.parametrize("client", sorted(LAUNCHERS))
+def test_a_real_client_without_the_token_reports_the_refusal(
+    fabric: Orchestrator,
+    docker_client: docker.DockerClient,
+    clients_without_a_token: None,
+    client: str,
+) -> None:
+    process = LAUNCHERS[client](fabric, "time", "")
+    try:
+        answer = process.ask({"op": "initialize"}, timeout=60)
+    finally:
+        process.close()
+    assert not answer["ok"], answer
+    assert SHOWN[client] in json.dumps(answer), answer
+    if "error" in answer and "data" in answer["error"]:
+        assert answer["error"]["code"] == -32004
+        assert "reactor-fabric/token" in answer["error"]["data"]["detail"]
+    assert not containers_of(docker_client, instance=fabric.instance)
+
+
+def test_the_first_start_makes_a_private_token_that_the_start_up_lines_and_the_bridge_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_client: docker.DockerClient
+) -> None:
+    # A user's home, as the orchestrator and the bridge (whose client passes it only HOME and
+    # PATH, no token) both find it.
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / ".config"
+    monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    suite = write_suite(tmp_path / "suite.yaml", [str(tmp_path)])
+    with orchestrator(suite, tmp_path / "o.log", token=None) as running:
+        token_file = config / "reactor-fabric" / "token"
+        token = token_file.read_text().strip()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert running.process.stdout is not None
+        lines = [running.process.stdout.readline().decode() for _ in range(5)]
+        assert f"token (from {token_file}): {token}" in lines[0]
+        assert any(f"/mcp/{{service}}?token={token}" in line for line in lines)
+        # The bridge needs nothing but the file it finds by itself.
+        command = [sys.executable, "-m", "reactor_fabric", "connect", running.ws_url]
+        bridge = LineProcess(
+            [
+                sys.executable,
+                str(CLIENTS / "mcp2_client.py"),
+                "stdio",
+                "--",
+                *command,
+                "--service",
+                "time",
+                "--no-mount",
+            ],
+            cwd=REPO,
+        )
+        try:
+            assert bridge.ask({"op": "initialize"}, timeout=60)["ok"]
+        finally:
+            assert bridge.close() == 0
+        # A URL with the printed token is all a client that cannot set headers needs.
+        url_client = python_client(f"{running.ws_url}/mcp/time?token={token}", "--register", "[]")
+        try:
+            assert "result" in url_client.read_json()
+            assert url_client.ask({"op": "initialize"})["ok"]
+        finally:
+            assert url_client.close() == 0
+    assert os.listdir(config / "reactor-fabric") == ["token"]
