@@ -127,9 +127,14 @@ def unauthorized(reason: str) -> Refusal:
     (the MCP SDKs surface a JSON-RPC error found in a non-2xx answer), and readable as it is."""
     message = "no token" if reason == "token_missing" else "wrong token"
     error = SecurityViolation(f"{message}. {HOW_TO_AUTHENTICATE}", reason=reason)
+    # RFC 6750: no error code when no credentials came; invalid_token for wrong ones (OAuth
+    # clients such as Claude Code read these attributes).
+    challenge = f'{AUTH_SCHEME} realm="reactor-fabric"'
+    if reason == "token_invalid":
+        challenge += ', error="invalid_token", error_description="wrong token"'
     return Refusal(
         401,
         reason,
         error_response(None, error),
-        headers=((b"www-authenticate", f'{AUTH_SCHEME} realm="reactor-fabric"'.encode()),),
+        headers=((b"www-authenticate", challenge.encode()),),
     )

@@ -51,7 +51,9 @@ def test_a_missing_token_and_a_wrong_one_are_refused_with_401_and_a_bearer_chall
         refusal = admit(GATE, headers, query, "/mcp/time")
         assert refusal is not None
         assert (refusal.status, refusal.reason) == (401, reason)
-        assert dict(refusal.headers)[b"www-authenticate"].startswith(b"Bearer")
+        challenge = dict(refusal.headers)[b"www-authenticate"]
+        assert challenge.startswith(b'Bearer realm="reactor-fabric"')
+        assert (b'error="invalid_token"' in challenge) == (reason == "token_invalid")
         error = json.loads(refusal.body)["error"]  # a JSON-RPC error, which SDKs surface
         assert error["code"] == -32004
         assert error["data"]["reason"] == reason
