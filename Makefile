@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install docker images run test test-unit test-integration lint format \
-        validate-config test-onboarding clean bench bench-smoke
+        validate-config test-onboarding clean bench bench-smoke lock-images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ docker: ## make sure a Docker engine answers (installs and starts Debian's docke
 
 images: docker ## build the local MCP server images (a no-op when nothing changed)
 	scripts/build-images
+
+lock-images: ## rewrite the images' lock files (Debian, PyPI, npm hashes) after changing images/versions.env
+	scripts/lock-images
 
 run: install images ## serve the bundled suite on 127.0.0.1:8765 (CONFIG=..., or flags via ARGS=...)
 	$(PY) -m reactor_fabric --config $(CONFIG) $(ARGS)

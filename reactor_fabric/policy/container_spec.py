@@ -41,6 +41,9 @@ class MountSpec:
     source: str
     target: str
     read_only: bool = False
+    # The target is allowed only as the source's own path (not under allowed_mount_targets):
+    # the runtime refuses it if the image has anything there, which the mount would hide.
+    check_in_image: bool = False
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,8 @@ class MountPolicy:
         resolved = self._check_source(source)
         checked_target = _check_target(target)
         same_path = checked_target in (posixpath.normpath(source), resolved)
-        if not same_path and not any(is_within(checked_target, t) for t in self.allowed_targets):
+        under_targets = any(is_within(checked_target, t) for t in self.allowed_targets)
+        if not same_path and not under_targets:
             # Anywhere else, a mount could shadow the service's own files (its command in /opt,
             # /usr/local/bin, its entrypoint's directory), which must come from the suite only.
             raise SecurityViolation(
@@ -187,7 +188,7 @@ class MountPolicy:
                 path=target,
                 allowed_targets=list(self.allowed_targets),
             )
-        return MountSpec(resolved, checked_target, read_only)
+        return MountSpec(resolved, checked_target, read_only, check_in_image=not under_targets)
 
     def _check_source(self, source: str) -> str:
         try:

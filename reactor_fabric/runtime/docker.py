@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import docker
@@ -102,6 +102,8 @@ class DockerRuntime:
         self._client: docker.APIClient | None = None
         self._client_lock = threading.Lock()
         self._max_frame = max_frame_bytes
+        # (image id, path) → whether the image has something at path (see paths_in_image).
+        self._image_paths: dict[tuple[str, str], bool] = {}
         # Threads trio stopped waiting for that have not finished yet, and creates undone so.
         self._abandoned = 0
         self.abandoned_creates_removed = 0
@@ -246,11 +248,13 @@ class DockerRuntime:
             if spec.pull == "always":
                 await self._pull(spec.image)
             try:
+                await self._refuse_targets_in_image(spec)
                 container_id = await self._create(spec)
             except ContainerStartFailure as exc:
                 if exc.reason != "image_not_found" or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
+                await self._refuse_targets_in_image(spec)
                 container_id = await self._create(spec)
             container: DockerContainer | None = None
             try:
@@ -280,6 +284,65 @@ class DockerRuntime:
         finally:
             if pins is not None and not handed_to_start:
                 pins.close()
+
+    async def _refuse_targets_in_image(self, spec: ContainerSpec) -> None:
+        """A mount allowed only at its source's own path must not land on anything the image
+        has: it would hide the service's own files (its command, its libraries) behind the
+        client's. Raises SecurityViolation (``mount_target_in_image``)."""
+        targets = [mount.target for mount in spec.mounts if mount.check_in_image]
+        if not targets:
+            return
+        found = await self.paths_in_image(spec.image, targets, spec.labels, f"{spec.name}-probe")
+        if found:
+            target = min(found)
+            raise SecurityViolation(
+                f"mount target {target!r} exists in the image {spec.image}: a mount there "
+                "would hide the service's own files; mount under an allowed mount target "
+                "(e.g. /workspace) instead",
+                reason="mount_target_in_image",
+                path=target,
+            )
+
+    async def paths_in_image(
+        self, image: str, paths: Sequence[str], labels: dict[str, str], probe_name: str
+    ) -> frozenset[str]:
+        """Which of ``paths`` exist in ``image`` (remembered per image id and path).
+
+        Asked of a container created from the image and never started (the engine's archive
+        API answers 200 or 404 for a path), removed at once; it carries ``labels``, so the
+        sweeper finds it if we die meanwhile. Nothing of the image runs.
+        """
+
+        def probe(client: docker.APIClient) -> frozenset[str]:
+            image_id = str(client.inspect_image(image)["Id"])  # type: ignore[no-untyped-call]
+            unknown = [path for path in paths if (image_id, path) not in self._image_paths]
+            if unknown:
+                created = client.create_container(
+                    image=image,
+                    name=probe_name,
+                    labels=labels,
+                    entrypoint=["/reactor-fabric-probe-never-started"],
+                    network_disabled=True,
+                    host_config=client.create_host_config(network_mode="none"),
+                )
+                try:
+                    for path in unknown:
+                        url = (
+                            f"{client.base_url}/v{client.api_version}"
+                            f"/containers/{created['Id']}/archive"
+                        )
+                        answer = client.head(url, params={"path": path})
+                        if answer.status_code not in (200, 404):
+                            answer.raise_for_status()
+                        self._image_paths[(image_id, path)] = answer.status_code == 200
+                finally:
+                    client.remove_container(created["Id"], force=True, v=True)
+            return frozenset(path for path in paths if self._image_paths[(image_id, path)])
+
+        def remove_probe(client: docker.APIClient, _result: frozenset[str] | None) -> None:
+            _remove_quietly(client, probe_name)
+
+        return await self._call("probe", probe, if_abandoned=remove_probe)
 
     async def _create(self, spec: ContainerSpec) -> str:
         def create(client: docker.APIClient) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .._errors import ContainerStartFailure, FabricError
+from .._errors import ContainerStartFailure, FabricError, SecurityViolation
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
 from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
@@ -266,6 +266,8 @@ class MemoryRuntime:
         self.spawned: list[ContainerSpec] = []
         self.servers: dict[str, MemoryServer] = {}  # by name
         self.removals: list[str] = []
+        # What each image holds (paths), for the same-path mount check (see DockerRuntime).
+        self.image_files: dict[str, set[str]] = {}
         # Creates whose spawn was cancelled before they completed (they removed themselves).
         self.abandoned_creates = 0
         self._ids = itertools.count(1)
@@ -323,6 +325,15 @@ class MemoryRuntime:
                 spec.pins.close()
 
     async def _spawn(self, spec: ContainerSpec) -> MemoryContainer:
+        files = self.image_files.get(spec.image, set())
+        shadowed = sorted(m.target for m in spec.mounts if m.check_in_image and m.target in files)
+        if shadowed:
+            await trio.lowlevel.checkpoint()
+            raise SecurityViolation(
+                f"mount target {shadowed[0]!r} exists in the image {spec.image}",
+                reason="mount_target_in_image",
+                path=shadowed[0],
+            )
         create = _Create()
         self._nursery.start_soon(self._create, spec, create)
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PYTHON_SDK1 = "mcp[ws]>=1.25,<2"
 TS_SDK1 = "@modelcontextprotocol/sdk@^1.32"
+CLAUDE_CODE = "@anthropic-ai/claude-code@^2.1"
 
 
 def clients_dir() -> Path:
@@ -53,16 +54,26 @@ def python_sdk1() -> Path:
     return python
 
 
-def ts_sdk1() -> Path:
-    """A directory with the TypeScript SDK 1.x installed (scripts must be copied into it)."""
-    home = _keyed("ts-sdk1", TS_SDK1)
+def _npm_environment(name: str, spec: str) -> Path:
+    """A directory with ``spec`` installed from npm (built once, kept while ``spec`` holds)."""
+    home = _keyed(name, spec)
     if not (home / ".ready").exists():
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
-        (home / "package.json").write_text('{"name": "rf-test-clients", "private": true}\n')
-        _run(["npm", "install", "--no-audit", "--no-fund", "--silent", TS_SDK1], cwd=home)
+        (home / "package.json").write_text(f'{{"name": "rf-{name}", "private": true}}\n')
+        _run(["npm", "install", "--no-audit", "--no-fund", "--silent", spec], cwd=home)
         (home / ".ready").touch()
     return home
+
+
+def ts_sdk1() -> Path:
+    """A directory with the TypeScript SDK 1.x installed (scripts must be copied into it)."""
+    return _npm_environment("ts-sdk1", TS_SDK1)
+
+
+def claude_code() -> Path:
+    """The ``claude`` command of Claude Code (its ``mcp add/list`` need no API key)."""
+    return _npm_environment("claude-code", CLAUDE_CODE) / "node_modules" / ".bin" / "claude"
 
 
 def node_command(script: str) -> list[str]:

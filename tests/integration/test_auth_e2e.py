@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import trio
 from wsproto.events import RejectConnection
 
 from reactor_fabric.config.token import TOKEN_ENV
+from tests.clients import envs
 from tests.http_client import HttpClient, WebSocketClient
 from tests.integration import harness
 from tests.integration.harness import (
@@ -229,3 +231,66 @@ def test_the_first_start_makes_a_private_token_that_the_start_up_lines_and_the_b
         finally:
             assert url_client.close() == 0
     assert os.listdir(config / "reactor-fabric") == ["token"]
+
+
+def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_without(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    """`claude mcp list` checks each server's connection (no API key needed)."""
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    # The user's token file, where the orchestrator would have made it: all the bridge needs.
+    token_file = home / ".config" / "reactor-fabric" / "token"
+    token_file.parent.mkdir(parents=True, mode=0o700)
+    token_file.write_text(f"{harness.TEST_TOKEN}\n")
+    token_file.chmod(0o600)
+    claude = str(envs.claude_code())
+    environ = {
+        "HOME": str(home),
+        "PATH": os.environ["PATH"],
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    url = f"{fabric.http_url}/mcp/time"
+    bridge = [sys.executable, "-m", "reactor_fabric", "connect", f"{fabric.ws_url}/mcp/time"]
+    for arguments in (
+        [
+            "--transport",
+            "http",
+            "by-header",
+            url,
+            "--header",
+            f"Authorization: Bearer {harness.TEST_TOKEN}",
+        ],
+        ["--transport", "http", "in-url", f"{url}?token={harness.TEST_TOKEN}"],
+        ["--transport", "http", "without", url],
+        ["--transport", "http", "wrong", url, "--header", f"Authorization: Bearer {WRONG}"],
+        ["bridge", "--", *bridge, "--no-mount"],
+    ):
+        subprocess.run(
+            [claude, "mcp", "add", *arguments],
+            cwd=project,
+            env=environ,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    listed = subprocess.run(
+        [claude, "mcp", "list"],
+        cwd=project,
+        env=environ,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    status = {
+        line.split(":", 1)[0]: ("Connected" in line, "Failed to connect" in line)
+        for line in listed.splitlines()
+        if ":" in line
+    }
+    for name in ("by-header", "in-url", "bridge"):
+        assert status.get(name) == (True, False), listed
+    for name in ("without", "wrong"):
+        assert status.get(name) == (False, True), listed

@@ -343,3 +343,41 @@ def test_a_client_cannot_mount_its_own_files_over_the_services_command(
         assert answer["error"]["code"] == -32004
         assert answer["error"]["data"]["reason"] == reason
         assert not containers_of(docker_client, instance=running.instance)
+
+
+IMAGE_DIRECTORY = Path("/srv/rf-shadow-probe")  # also in the probe image (its Dockerfile)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a directory under /srv")
+def test_a_same_path_mount_cannot_hide_what_the_image_has_at_that_path(
+    tmp_path: Path, probe_image: str, docker_client: docker.DockerClient
+) -> None:
+    if IMAGE_DIRECTORY.exists():
+        pytest.fail(f"{IMAGE_DIRECTORY} exists on this host; this test needs it for itself")
+    IMAGE_DIRECTORY.mkdir(parents=True)
+    elsewhere = tmp_path / "projects" / "fresh"
+    elsewhere.mkdir(parents=True)
+    try:
+        suite = write_suite(
+            tmp_path / "suite.yaml",
+            [str(IMAGE_DIRECTORY), str(tmp_path / "projects")],
+            test_services={"probe": {"image": probe_image}},
+        )
+
+        async def start(running: Orchestrator, source: Path) -> dict[str, Any]:
+            ws = await websocket(running, f"/mcp/probe?mount={source}:{source}")
+            await ws.send_json(request(1, "initialize", {"protocolVersion": "2025-06-18"}))
+            answer: dict[str, Any] = await ws.hear()
+            await ws.aclose()
+            return answer
+
+        with orchestrator(suite, tmp_path / "o.log") as running:
+            answer = trio.run(start, running, IMAGE_DIRECTORY)
+            assert answer["error"]["code"] == -32004
+            assert answer["error"]["data"]["reason"] == "mount_target_in_image"
+            # Nothing left: neither the session's container nor the one that asked the image.
+            assert not containers_of(docker_client, instance=running.instance)
+            # A same-path mount where the image has nothing goes on.
+            assert "result" in trio.run(start, running, elsewhere)
+    finally:
+        IMAGE_DIRECTORY.rmdir()

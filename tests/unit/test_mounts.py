@@ -207,6 +207,22 @@ def test_a_mount_may_use_its_sources_own_path_as_given_or_resolved(tree: Path) -
     assert error.reason == "mount_target_not_allowed"
 
 
+def test_only_a_same_path_target_outside_the_allowed_targets_is_checked_in_the_image(
+    tree: Path,
+) -> None:
+    default = MountPolicy([str(tree / "allowed")], docker_sockets=())
+    project = str(tree / "allowed" / "project")
+    [same_path] = default.validate([{"source": project, "target": project}])
+    [under_prefix] = default.validate([{"source": project, "target": "/workspace"}])
+    assert same_path.check_in_image
+    assert not under_prefix.check_in_image
+    # A same-path mount that is also under an allowed target needs no check either.
+    [both] = MountPolicy([str(tree)], allowed_targets=[str(tree)], docker_sockets=()).validate(
+        [{"source": project, "target": project}]
+    )
+    assert not both.check_in_image
+
+
 def test_the_docker_socket_is_never_mountable_even_inside_an_allowed_root(tree: Path) -> None:
     socket_dir = tree / "allowed" / "run"
     socket_dir.mkdir()

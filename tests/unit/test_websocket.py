@@ -256,3 +256,25 @@ async def test_a_client_closing_first_gets_its_close_answered_and_the_container_
         await ws.aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert http.runtime.alive == []
+
+
+async def test_a_same_path_mount_onto_something_the_image_has_is_refused_at_its_start(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "opt-tools"
+    project.mkdir()
+    async with served(tmp_path) as http:
+        # The image has a directory at the very path the client mounts its own directory at.
+        http.runtime.image_files["fake/svc:1"] = {str(project)}
+        ws, _ = await http.websocket(f"/mcp/svc?mount={project}:{project}")
+        await ws.send_json(INITIALIZE)
+        answer = await ws.hear()
+        assert answer["error"]["code"] == -32004
+        assert answer["error"]["data"]["reason"] == "mount_target_in_image"
+        assert http.runtime.alive == []
+        await ws.aclose()
+        # Under an allowed target, nothing in the image is ever shadowed: that start goes on.
+        ws, _ = await http.websocket(f"/mcp/svc?mount={project}:/workspace")
+        await ws.send_json(INITIALIZE)
+        assert (await ws.hear())["result"]
+        await ws.aclose()
