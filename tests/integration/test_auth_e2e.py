@@ -52,10 +52,15 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 
 @pytest.fixture
 def clients_without_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Client processes find no token: not in the environment, no token file."""
+    """Client processes find no token: not in the environment, no token file (the bridge's
+    client passes it HOME only, so HOME is an empty one: the machine's user may have a real
+    token file, e.g. from `make run`)."""
     monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "empty-config"))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    empty_home = tmp_path / "empty-home"
+    empty_home.mkdir()
+    monkeypatch.setenv("HOME", str(empty_home))
 
 
 async def _raw_http(
