@@ -195,7 +195,9 @@ def _bars(results: Json) -> str:
     peers_text = (
         "; ".join(
             f"{name} P50 {_range(figures['overhead_p50_ms'], signed=True)}, "
-            f"P99 {_range(figures['overhead_p99_ms'], signed=True)}"
+            f"P99 {_range(figures['overhead_p99_ms'], signed=True)}; ours minus {name}, "
+            f"paired by repeat: P50 {_range(figures.get('paired_difference_p50_ms'), signed=True)}"
+            f", P99 {_range(figures.get('paired_difference_p99_ms'), signed=True)}"
             for name, figures in peers.items()
         )
         or "no peer measured"
@@ -359,6 +361,24 @@ def _rtt(results: Json) -> str:
                 f"{_range(against.get('p50_ms'), signed=True)}, P99 "
                 f"{_range(against.get('p99_ms'), signed=True)} ms."
             )
+    for name in ("supergateway", "mcp_proxy"):
+        figures = overhead.get(name, {})
+        if "paired_difference_p99_ms" not in figures:
+            continue
+        verdict = {
+            key: "below in every repeat"
+            if figures.get(f"reactor_fabric_clearly_below_{key}")
+            else "not below in every repeat"
+            for key in ("p50", "p99")
+        }
+        lines.append(
+            f"- Reactor-Fabric (WebSocket) minus {name}, paired by repeat (same interleaved "
+            f"calls): P50 {_range(figures['paired_difference_p50_ms'], signed=True)} "
+            f"({verdict['p50']}), P99 {_range(figures['paired_difference_p99_ms'], signed=True)}"
+            f" ({verdict['p99']}) ms; unpaired, our worst repeat below their best: P50 "
+            f"{_met(figures.get('reactor_fabric_clearly_below_unpaired_p50'))}, P99 "
+            f"{_met(figures.get('reactor_fabric_clearly_below_unpaired_p99'))}."
+        )
     cpu = results.get("diagnostics", {}).get("orchestrator_cpu_us_per_call", {})
     if cpu:
         text = ", ".join(
