@@ -1,0 +1,176 @@
+"""The suite's catalog: every service's tools, prompts and resources, under the names the fabric
+endpoint (``/mcp``) shows them by. Pure: built from what each service answered to
+``tools/list``, ``prompts/list``, ``resources/list`` and ``resources/templates/list``.
+
+Names. A tool ``git_log`` of service ``git`` is shown as ``git__git_log`` (``{service}__{tool}``,
+the de-facto form: clients split on the first ``__``); its description starts with ``[git]``.
+Clients bound names tighter than MCP does (the spec allows 128 characters of ``[A-Za-z0-9_.-]``;
+the Anthropic API 64, and Claude Code adds ``mcp__<server>__`` on top — one over-long name has
+broken tool search for a whole Claude Code session), so a name that would be longer than
+:data:`MAX_NAME` characters, or that holds a character outside that alphabet, is shortened
+deterministically: a readable prefix, ``_``, and 8 hex digits of the SHA-256 of the full
+name. The same service and tool always give the same name, whatever else the suite holds; a
+shown name is never looked up by splitting it, only through the catalog's table, so a
+shortened one routes as well as any.
+
+Prompts are named the same way. Resource URIs keep their form (clients open them as they
+are); they are routed by a table, and a URI two services both offer goes to the first one in
+the suite's order — the other one's is shown as ``{service}+{uri}``, which routes to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SEPARATOR = "__"
+MAX_NAME = 64
+HASH_DIGITS = 8
+_ALLOWED = re.compile(r"[A-Za-z0-9_.-]+")
+_NOT_ALLOWED = re.compile(r"[^A-Za-z0-9_.-]")
+
+Json = dict[str, Any]
+
+
+def shown_name(service: str, name: str) -> str:
+    """The name ``service``'s tool (or prompt) ``name`` is shown by (see the module's rules)."""
+    full = f"{service}{SEPARATOR}{name}"
+    if len(full) <= MAX_NAME and _ALLOWED.fullmatch(full):
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:HASH_DIGITS]
+    readable = _NOT_ALLOWED.sub("_", full)[: MAX_NAME - HASH_DIGITS - 1]
+    return f"{readable}_{digest}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tool or prompt of one service, as the service described it and as it is shown."""
+
+    service: str
+    name: str  # the service's own name
+    shown: str  # the name the fabric endpoint shows
+    definition: Json  # what the service answered (name, description, schemas, …)
+
+    def as_shown(self) -> Json:
+        """The definition under its shown name, its description prefixed with the service."""
+        shown = dict(self.definition)
+        shown["name"] = self.shown
+        description = str(self.definition.get("description") or "").strip()
+        shown["description"] = f"[{self.service}] {description}".rstrip()
+        return shown
+
+
+@dataclass(frozen=True)
+class ServiceCatalog:
+    """What one service offers; ``error`` when it could not be learned (the rest still work)."""
+
+    tools: tuple[Json, ...] = ()
+    prompts: tuple[Json, ...] = ()
+    resources: tuple[Json, ...] = ()
+    resource_templates: tuple[Json, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Every service's offer, with the tables that route a shown name back to its service."""
+
+    services: Mapping[str, ServiceCatalog]
+    tools: Mapping[str, Entry] = field(init=False)
+    prompts: Mapping[str, Entry] = field(init=False)
+    resources: Mapping[str, tuple[str, str]] = field(init=False)  # shown URI → (service, URI)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tools", _entries(self.services, "tools"))
+        object.__setattr__(self, "prompts", _entries(self.services, "prompts"))
+        object.__setattr__(self, "resources", _resource_table(self.services))
+
+    @classmethod
+    def empty(cls) -> Catalog:
+        return cls({})
+
+    def tools_of(self, services: Iterable[str] | None = None) -> list[Json]:
+        """The shown tools of ``services`` (all when None), in the suite's order."""
+        return _shown(self.tools.values(), services)
+
+    def prompts_of(self, services: Iterable[str] | None = None) -> list[Json]:
+        return _shown(self.prompts.values(), services)
+
+    def resources_of(self, services: Iterable[str] | None = None) -> list[Json]:
+        """The resources of ``services`` (all when None), each under its shown URI."""
+        wanted = None if services is None else set(services)
+        shown_uri = {route: shown for shown, route in self.resources.items()}
+        listed = []
+        for service, offer in self.services.items():
+            if wanted is not None and service not in wanted:
+                continue
+            for resource in offer.resources:
+                route = (service, resource.get("uri"))
+                if route in shown_uri:
+                    listed.append({**resource, "uri": shown_uri[route]})
+        return listed
+
+    def tool(self, shown: str) -> Entry | None:
+        return self.tools.get(shown)
+
+    def prompt(self, shown: str) -> Entry | None:
+        return self.prompts.get(shown)
+
+    def resource(self, uri: str) -> tuple[str, str] | None:
+        """(service, the service's own URI) for a shown resource URI."""
+        return self.resources.get(uri)
+
+    def errors(self) -> dict[str, str]:
+        return {name: s.error for name, s in self.services.items() if s.error is not None}
+
+
+def _entries(services: Mapping[str, ServiceCatalog], kind: str) -> dict[str, Entry]:
+    table: dict[str, Entry] = {}
+    for service, offer in services.items():
+        for definition in getattr(offer, kind):
+            name = definition.get("name")
+            if not isinstance(name, str) or not name:
+                continue  # a service's malformed entry is left out, not fatal
+            shown = shown_name(service, name)
+            if shown in table:
+                # Only a service listing the same name twice gets here (the hash covers the
+                # service): the first one stands.
+                continue
+            table[shown] = Entry(service, name, shown, definition)
+    return table
+
+
+def _resource_table(services: Mapping[str, ServiceCatalog]) -> dict[str, tuple[str, str]]:
+    table: dict[str, tuple[str, str]] = {}
+    for service, offer in services.items():
+        for resource in offer.resources:
+            uri = resource.get("uri")
+            if not isinstance(uri, str) or not uri:
+                continue
+            shown = uri if uri not in table else f"{service}+{uri}"
+            table.setdefault(shown, (service, uri))
+    return table
+
+
+def _shown(entries: Iterable[Entry], services: Iterable[str] | None) -> list[Json]:
+    wanted = None if services is None else set(services)
+    return [entry.as_shown() for entry in entries if wanted is None or entry.service in wanted]
+
+
+def service_catalog(
+    *,
+    tools: Sequence[Json] = (),
+    prompts: Sequence[Json] = (),
+    resources: Sequence[Json] = (),
+    resource_templates: Sequence[Json] = (),
+) -> ServiceCatalog:
+    """A service's offer from its list answers, keeping only well-formed entries (objects)."""
+    return ServiceCatalog(
+        tools=tuple(t for t in tools if isinstance(t, dict)),
+        prompts=tuple(p for p in prompts if isinstance(p, dict)),
+        resources=tuple(r for r in resources if isinstance(r, dict)),
+        resource_templates=tuple(t for t in resource_templates if isinstance(t, dict)),
+    )
