@@ -1,9 +1,12 @@
-"""Command line: ``python -m reactor_fabric [serve options]`` and ``validate-config PATH``.
+"""Command line: ``python -m reactor_fabric [serve options]``, ``validate-config PATH``,
+``connect`` (the stdio bridge) and ``catalog``.
 
 Exit codes:
 
-- ``0`` — clean shutdown (SIGINT/SIGTERM), or a valid suite for ``validate-config``;
-- ``1`` — the suite is invalid (every problem is listed, one per line);
+- ``0`` — clean shutdown (SIGINT/SIGTERM), a valid suite for ``validate-config``, every service
+  learned for ``catalog``;
+- ``1`` — the suite is invalid (every problem is listed, one per line); for ``catalog``, a
+  service could not be learned;
 - ``2`` — the suite file cannot be read, or the command line is wrong;
 - ``3`` — the orchestrator cannot listen (port in use, address not available).
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import signal
@@ -28,9 +32,11 @@ from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .config.token import Token, TokenError, find_token, load_or_create_token
 from .observe.logging import LOG_LEVELS, configure_logging
 from .policy.auth import is_loopback
+from .protocol.catalog import Catalog
 from .runtime.docker import DockerRuntime
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
-from .trio.fabric import Fabric
+from .trio.catalog import Learned, default_store, learn_catalog
+from .trio.fabric import Fabric, new_instance_id, process_identity
 from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
 
 log = logging.getLogger("reactor_fabric.cli")
@@ -149,6 +155,18 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         "orchestrator is unreachable (default: ${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/"
         "claude-mcp-suite.yaml; never a suite in the current directory)",
     )
+    catalog = commands.add_parser(
+        "catalog",
+        help="show what every service offers (tools, prompts, resources), learning it from a "
+        "container of each service when the cache does not have it",
+    )
+    catalog.add_argument(
+        "--config", dest="catalog_config", default=None, help="suite file (default: as above)"
+    )
+    catalog.add_argument(
+        "--refresh", action="store_true", help="learn every service again, ignoring the cache"
+    )
+    catalog.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     return parser
 
 
@@ -163,6 +181,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         return validate_config(args.path)
     if args.command == "connect":
         return connect_command(args, env)
+    if args.command == "catalog":
+        return catalog_command(args.catalog_config or args.config, args.refresh, args.json, env)
     settings = ServeSettings(
         config=args.config,
         host=args.host,
@@ -202,6 +222,58 @@ def _bridge_token(environ: dict[str, str]) -> str | None:
     """The orchestrator's token as the bridge finds it (never made here: no file, no token)."""
     found = find_token(environ)
     return found.value if found is not None else None
+
+
+def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, str]) -> int:
+    """``catalog``: 0 when every service was learned, 1 when some could not be (each says
+    why), 2 when the suite cannot be read."""
+    try:
+        text = read_suite_file(path)
+    except SuiteUnreadable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    check = check_suite_text(text, source=path)
+    if check.suite is None:
+        for issue in check.issues:
+            print(issue, file=sys.stderr)
+        return EXIT_INVALID
+    suite = check.suite
+    store = default_store(environ)
+
+    async def learn() -> tuple[Catalog, dict[str, Learned]]:
+        runtime = DockerRuntime(max_frame_bytes=suite.orchestrator.max_message_bytes)
+        try:
+            identity = process_identity(new_instance_id(), suite.orchestrator.network)
+            return await learn_catalog(
+                runtime, identity, suite.mcp_services, store, refresh=refresh
+            )
+        finally:
+            await runtime.close()
+
+    catalog, learned = trio.run(learn)
+    if as_json:
+        report = {
+            name: {
+                "source": item.source,
+                "error": item.offer.error,
+                "tools": catalog.tools_of([name]),
+                "prompts": catalog.prompts_of([name]),
+                "resources": catalog.resources_of([name]),
+            }
+            for name, item in learned.items()
+        }
+        print(json.dumps({"services": report}, indent=2))
+    else:
+        for name, item in learned.items():
+            if item.offer.error is not None:
+                print(f"{name}: not learned: {item.offer.error}")
+                continue
+            tools = [tool["name"] for tool in catalog.tools_of([name])]
+            print(
+                f"{name} ({item.source}): {len(tools)} tool(s), {len(item.offer.prompts)} "
+                f"prompt(s), {len(item.offer.resources)} resource(s): {', '.join(tools)}"
+            )
+    return EXIT_INVALID if catalog.errors() else EXIT_OK
 
 
 def validate_config(path: str) -> int:

@@ -41,6 +41,9 @@ class UnreachableRuntime:
     async def ping(self, *, time_bound: float | None = None) -> str:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
+    async def image_id(self, image: str) -> str | None:
+        raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
+
     async def spawn(self, spec: ContainerSpec) -> Container:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 

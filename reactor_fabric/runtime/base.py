@@ -86,6 +86,9 @@ class Runtime(Protocol):
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable when it does not answer."""
 
+    async def image_id(self, image: str) -> str | None:
+        """The id of ``image`` as the engine has it now; None when it does not have it."""
+
     async def spawn(self, spec: ContainerSpec) -> Container:
         """Create, attach and start; on failure or cancellation nothing is left behind."""
 

@@ -234,6 +234,18 @@ class DockerRuntime:
 
         return await self._call("ping", version, time_bound=time_bound)
 
+    async def image_id(self, image: str) -> str | None:
+        """The id of ``image`` as the engine has it now; None when it does not have it."""
+
+        def inspect(client: docker.APIClient) -> str | None:
+            try:
+                found = client.inspect_image(image)  # type: ignore[no-untyped-call]
+            except docker.errors.ImageNotFound:
+                return None
+            return str(found["Id"])
+
+        return await self._call("inspect", inspect)
+
     async def spawn(self, spec: ContainerSpec) -> DockerContainer:
         """Create the container, attach its stdio, start it (see the module's resource notes).
 

@@ -268,6 +268,7 @@ class MemoryRuntime:
         self.removals: list[str] = []
         # What each image holds (paths), for the same-path mount check (see DockerRuntime).
         self.image_files: dict[str, set[str]] = {}
+        self.missing_images: set[str] = set()
         # Creates whose spawn was cancelled before they completed (they removed themselves).
         self.abandoned_creates = 0
         self._ids = itertools.count(1)
@@ -314,6 +315,10 @@ class MemoryRuntime:
     async def ping(self, *, time_bound: float | None = None) -> str:
         await self._step("ping")
         return "memory"
+
+    async def image_id(self, image: str) -> str | None:
+        await trio.lowlevel.checkpoint()
+        return None if image in self.missing_images else f"memory:{image}"
 
     async def spawn(self, spec: ContainerSpec) -> MemoryContainer:
         # The runtime owns the spec's pins; nothing here runs in a thread, so once this call

@@ -33,6 +33,18 @@ from ..runtime.base import Runtime
 TEARDOWN_BOUND_SECONDS = 15.0
 
 
+def process_identity(instance_id: str, network: str) -> ContainerIdentity:
+    """The owner labels of containers this process starts (see ContainerIdentity)."""
+    pid = os.getpid()
+    return ContainerIdentity(
+        instance_id=instance_id,
+        owner_host=hostname(),
+        owner_pid=pid,
+        owner_start=process_start_time(pid) or "",
+        default_network=network,
+    )
+
+
 def new_instance_id() -> str:
     """A random id for this orchestrator run, stamped on every container it creates."""
     return secrets.token_hex(8)
@@ -81,14 +93,7 @@ class Fabric:
         self.allowed_origins = normalise_origins(self.suite.orchestrator.allowed_origins)
         self.allowed_hosts = allowed_hosts(self.listen_host)
         self.gate = Gate(self.allowed_origins, self.allowed_hosts, self.token)
-        pid = os.getpid()
-        self._identity = ContainerIdentity(
-            instance_id=self.instance_id,
-            owner_host=hostname(),
-            owner_pid=pid,
-            owner_start=process_start_time(pid) or "",
-            default_network=self.network,
-        )
+        self._identity = process_identity(self.instance_id, self.network)
 
     # --- settings -----------------------------------------------------------------------------
 

@@ -1,0 +1,238 @@
+"""Learning the suite's catalog from the services themselves, and keeping it on disk.
+
+Each service is asked once per image what it offers (:mod:`reactor_fabric.protocol.probe`): a
+container of it, started with no mount, no network, as the unprivileged user, is spoken to as
+an MCP client and removed. What it answered is kept in
+``${XDG_CACHE_HOME:-~/.cache}/reactor-fabric/catalog/`` under a key of the image id and
+everything of the suite that can change what a server offers (command, env, config, user), so
+a new image or a changed service is learned again, and nothing else is.
+
+Resource handling: every probe container is removed in a shielded, bounded ``finally``, also
+when the probe fails or is cancelled; its stderr is drained so that it never blocks its stdout.
+
+Error handling: a service that cannot be learned (its image missing, its server failing the
+handshake, a probe over :data:`PROBE_SECONDS`) gets a :class:`ServiceCatalog` with ``error``
+set, and is not cached; the other services are learned all the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from .._errors import FabricError
+from ..config.structs import Service
+from ..policy.accounts import UNPRIVILEGED
+from ..policy.container_spec import ContainerIdentity, container_spec_for
+from ..protocol.catalog import Catalog, ServiceCatalog, service_catalog
+from ..protocol.framing import FramingError, LineSplitter
+from ..protocol.probe import OfferProbe, ProbeFailed
+from ..runtime.base import Container, Runtime
+
+log = logging.getLogger(__name__)
+
+PROBE_SECONDS = 60.0
+REMOVE_SECONDS = 15.0
+CACHE_FORMAT = 1
+READ_CHUNK = 65536
+
+
+def catalog_cache_dir(environ: Mapping[str, str]) -> Path:
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "reactor-fabric" / "catalog"
+
+
+def cache_key(image_id: str, service: Service) -> str:
+    """What can change a service's offer: its image, command, environment, config and user."""
+    inputs = {
+        "format": CACHE_FORMAT,
+        "image": image_id,
+        "command": service.command,
+        "env": service.env,
+        "config": service.config,
+        "user": service.user,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CatalogStore:
+    """Learned offers on disk, one JSON file per cache key (written whole, then renamed)."""
+
+    directory: Path
+
+    def load(self, key: str) -> ServiceCatalog | None:
+        try:
+            data = json.loads((self.directory / f"{key}.json").read_text())
+            return service_catalog(
+                tools=data["tools"],
+                prompts=data["prompts"],
+                resources=data["resources"],
+                resource_templates=data["resource_templates"],
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # missing or unreadable: learned again
+
+    def save(self, key: str, offer: ServiceCatalog) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        data = {
+            "tools": list(offer.tools),
+            "prompts": list(offer.prompts),
+            "resources": list(offer.resources),
+            "resource_templates": list(offer.resource_templates),
+        }
+        scratch = self.directory / f".{key}.{secrets.token_hex(4)}"
+        scratch.write_text(json.dumps(data))
+        scratch.replace(self.directory / f"{key}.json")
+
+
+@dataclass(frozen=True)
+class Learned:
+    """One service's offer and where it came from ("cache", "probe" or "error")."""
+
+    offer: ServiceCatalog
+    source: str
+
+
+async def learn_catalog(
+    runtime: Runtime,
+    identity: ContainerIdentity,
+    services: Mapping[str, Service],
+    store: CatalogStore,
+    *,
+    refresh: bool = False,
+    max_line: int = 16 * 1024 * 1024,
+) -> tuple[Catalog, dict[str, Learned]]:
+    """Every service's offer: from the cache, else learned by a probe (one at a time, so that
+    a start-up does not compete with the first sessions for the engine)."""
+    learned: dict[str, Learned] = {}
+    for name, service in services.items():
+        learned[name] = await _learn_one(
+            runtime, identity, name, service, store, refresh=refresh, max_line=max_line
+        )
+    return Catalog({name: item.offer for name, item in learned.items()}), learned
+
+
+async def _learn_one(
+    runtime: Runtime,
+    identity: ContainerIdentity,
+    name: str,
+    service: Service,
+    store: CatalogStore,
+    *,
+    refresh: bool,
+    max_line: int,
+) -> Learned:
+    try:
+        image_id = await runtime.image_id(service.image)
+    except FabricError as exc:
+        image_id = None
+        log.debug("catalog_image_unknown", extra={"service": name, "detail": str(exc)})
+    key = cache_key(image_id, service) if image_id is not None else None
+    if key is not None and not refresh:
+        cached = await trio.to_thread.run_sync(store.load, key)
+        if cached is not None:
+            return Learned(cached, "cache")
+    try:
+        offer = await probe_service(runtime, identity, name, service, max_line=max_line)
+    except (FabricError, ProbeFailed, FramingError, trio.TooSlowError) as exc:
+        reason = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
+        log.warning("catalog_probe_failed", extra={"service": name, "detail": reason})
+        return Learned(ServiceCatalog(error=reason), "error")
+    if key is None:  # the image appeared with the probe (pulled): key it now
+        with contextlib.suppress(FabricError):
+            image_id = await runtime.image_id(service.image)
+            key = cache_key(image_id, service) if image_id is not None else None
+    if key is not None:
+        await trio.to_thread.run_sync(store.save, key, offer)
+    return Learned(offer, "probe")
+
+
+async def probe_service(
+    runtime: Runtime,
+    identity: ContainerIdentity,
+    name: str,
+    service: Service,
+    *,
+    max_line: int,
+) -> ServiceCatalog:
+    """Start a container of ``service`` (no mount, no network, unprivileged), learn its offer,
+    remove it. Bounded by :data:`PROBE_SECONDS`."""
+    spec = container_spec_for(
+        name,
+        service,
+        session_id=f"catalog{secrets.token_hex(8)}",
+        identity=identity,
+        account=UNPRIVILEGED,
+    )
+    spec = dataclasses.replace(
+        spec, network="none", name=f"rf-catalog-{name}-{secrets.token_hex(4)}"
+    )
+    with trio.fail_after(PROBE_SECONDS):
+        container = await runtime.spawn(spec)
+        try:
+            offer = await _converse(container, max_line)
+        finally:
+            with trio.move_on_after(REMOVE_SECONDS) as cleanup:
+                cleanup.shield = True
+                await container.aclose()
+                await runtime.remove(container.id)
+    log.info(
+        "catalog_learned",
+        extra={"service": name, "tools": len(offer.tools), "image": service.image},
+    )
+    return offer
+
+
+async def _converse(container: Container, max_line: int) -> ServiceCatalog:
+    probe = OfferProbe()
+    splitter = LineSplitter(max_line=max_line)
+
+    async def send(lines: list[bytes]) -> None:
+        for line in lines:
+            await container.stdin.send_all(line + b"\n")
+
+    async def conversation() -> None:
+        await send(probe.start())
+        while not probe.done:
+            data = await container.stdout.receive_some(READ_CHUNK)
+            if not data:
+                raise ProbeFailed("the server ended before it had answered")
+            for line in splitter.feed(bytes(data)):
+                await send(probe.receive(line))
+
+    failure: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_drain, container.stderr)
+        try:
+            await conversation()
+        except (ProbeFailed, FramingError) as exc:
+            failure = exc  # raised below, outside the nursery: not wrapped in a group
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            failure = ProbeFailed(f"the server's stdio closed ({exc.__class__.__name__})")
+        nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    for problem in probe.problems:
+        log.info("catalog_probe_problem", extra={"detail": problem})
+    return probe.catalog()
+
+
+async def _drain(stream: trio.abc.ReceiveStream) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while await stream.receive_some(READ_CHUNK):
+            pass
+
+
+def default_store(environ: Mapping[str, str] | None = None) -> CatalogStore:
+    return CatalogStore(catalog_cache_dir(os.environ if environ is None else environ))

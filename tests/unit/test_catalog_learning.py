@@ -1,0 +1,105 @@
+"""Learning the catalog from the services (in-memory runtime) and keeping it on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from reactor_fabric.config.structs import Service
+from reactor_fabric.policy.container_spec import ContainerIdentity
+from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
+from reactor_fabric.trio.catalog import CatalogStore, learn_catalog
+from tests.fakes import scripted_mcp_server
+
+IDENTITY = ContainerIdentity(
+    instance_id="inst",
+    owner_host="host",
+    owner_pid=1,
+    owner_start="0",
+    default_network="bridge",
+)
+
+
+async def server_by_image(container: MemoryServer) -> None:
+    """The scripted server, except for the images named after how they misbehave."""
+    spec = container.spec
+    if spec.image == "dies":
+        await container.write_stderr(b"fatal\n")
+        await container.exit(1)
+    elif spec.image == "silent":
+        while await container.read_line() is not None:
+            pass  # reads, never answers
+    else:
+        await scripted_mcp_server(container)
+
+
+async def test_a_service_is_learned_by_a_probe_then_kept_and_its_container_removed(
+    tmp_path: Path,
+) -> None:
+    store = CatalogStore(tmp_path / "catalog")
+    services = {"svc": Service(image="fake/svc:1", network="bridge")}
+    async with open_memory_runtime(server_by_image) as runtime:
+        catalog, learned = await learn_catalog(runtime, IDENTITY, services, store)
+        assert learned["svc"].source == "probe"
+        assert [t["name"] for t in catalog.tools_of()] == ["svc__echo"]
+        [spec] = runtime.spawned
+        # No mount, no network, not root, whatever the service's own settings.
+        assert (spec.mounts, spec.network, spec.user) == ((), "none", "65534:65534")
+        assert runtime.alive == []
+        again, learned = await learn_catalog(runtime, IDENTITY, services, store)
+        assert learned["svc"].source == "cache"
+        assert len(runtime.spawned) == 1  # nothing started for the cached one
+        assert again.tools_of() == catalog.tools_of()
+        _, learned = await learn_catalog(runtime, IDENTITY, services, store, refresh=True)
+        assert learned["svc"].source == "probe"
+        assert len(runtime.spawned) == 2
+
+
+async def test_a_changed_service_or_image_is_learned_again(tmp_path: Path) -> None:
+    store = CatalogStore(tmp_path / "catalog")
+    async with open_memory_runtime(server_by_image) as runtime:
+        await learn_catalog(runtime, IDENTITY, {"svc": Service(image="fake/svc:1")}, store)
+        await learn_catalog(
+            runtime, IDENTITY, {"svc": Service(image="fake/svc:1", config={"a": 1})}, store
+        )
+        await learn_catalog(runtime, IDENTITY, {"svc": Service(image="fake/svc:2")}, store)
+        assert len(runtime.spawned) == 3
+
+
+async def test_a_service_that_cannot_be_learned_reports_why_and_the_others_are_learned(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    store = CatalogStore(tmp_path / "catalog")
+    services = {
+        "dies": Service(image="dies"),
+        "silent": Service(image="silent"),
+        "missing": Service(image="missing", pull="never"),
+        "svc": Service(image="fake/svc:1"),
+    }
+    async with open_memory_runtime(server_by_image) as runtime:
+        runtime.missing_images.add("missing")
+        catalog, learned = await learn_catalog(runtime, IDENTITY, services, store)
+        assert {name: item.source for name, item in learned.items()} == {
+            "dies": "error",
+            "silent": "error",
+            "missing": "probe",  # the memory runtime starts it anyway: its image id comes late
+            "svc": "probe",
+        }
+        errors = catalog.errors()
+        assert "ended" in errors["dies"]
+        assert errors["silent"] == "no answer in time"
+        assert [t["name"] for t in catalog.tools_of()] == ["missing__echo", "svc__echo"]
+        assert runtime.alive == []
+        # Failures are not kept: they are tried again next time.
+        _, learned = await learn_catalog(runtime, IDENTITY, services, store)
+        assert learned["dies"].source == "error"
+
+
+def test_a_corrupt_cache_file_is_learned_again_not_trusted(tmp_path: Path) -> None:
+    store = CatalogStore(tmp_path)
+    (tmp_path / "k.json").write_text("{not json")
+    assert store.load("k") is None
+    (tmp_path / "k.json").write_text('{"tools": 3}')
+    assert store.load("k") is None
