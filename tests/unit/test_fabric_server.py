@@ -1,0 +1,319 @@
+"""The fabric endpoint's MCP server, event by event (pure: no container, no socket)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from reactor_fabric._errors import ContainerStartFailure
+from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.protocol.fabric_server import (
+    MAX_QUEUED_PER_BACKEND,
+    META_NAMES,
+    Action,
+    FabricServer,
+    StartBackend,
+    ToBackend,
+    ToClient,
+)
+
+CATALOG = Catalog(
+    {
+        "time": service_catalog(
+            tools=[
+                {"name": "get_current_time", "description": "Current time in a time zone"},
+                {"name": "convert_time", "description": "Convert a time between time zones"},
+            ]
+        ),
+        "git": service_catalog(
+            tools=[{"name": "git_log", "description": "Show the commit log of a repository"}],
+            prompts=[{"name": "review", "description": "Review a change"}],
+            resources=[{"uri": "git://HEAD", "name": "head"}],
+        ),
+    }
+)
+
+
+def msg(**fields: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", **fields}).encode()
+
+
+def to_client(actions: list[Action]) -> list[dict[str, Any]]:
+    return [json.loads(a.data) for a in actions if isinstance(a, ToClient)]
+
+
+def to_backend(actions: list[Action], service: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(a.data) for a in actions if isinstance(a, ToBackend) and a.service == service
+    ]
+
+
+def session(**options: Any) -> FabricServer:
+    capabilities = options.pop("client_capabilities", {})
+    server = FabricServer(CATALOG, session_id="s1", version="9", **options)
+    [answer] = to_client(
+        server.client_message(
+            msg(
+                id=0,
+                method="initialize",
+                params={
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": capabilities,
+                    "clientInfo": {"name": "t", "version": "1"},
+                },
+            )
+        )
+    )
+    assert answer["result"]["protocolVersion"] == "2025-06-18"
+    return server
+
+
+def ready(server: FabricServer, service: str) -> list[Action]:
+    """Report the service's container started and answer its handshake; what then goes out."""
+    [handshake] = to_backend(server.backend_started(service), service)
+    assert handshake["method"] == "initialize"
+    return server.backend_message(
+        service, msg(id=handshake["id"], result={"capabilities": {}, "serverInfo": {}})
+    )
+
+
+def call(server: FabricServer, request_id: object, tool: str, /, **arguments: Any) -> list[Action]:
+    return server.client_message(
+        msg(id=request_id, method="tools/call", params={"name": tool, "arguments": arguments})
+    )
+
+
+def test_initialize_advertises_tools_that_change_and_negotiates_a_known_version() -> None:
+    server = FabricServer(CATALOG, session_id="s", version="9")
+    [answer] = to_client(
+        server.client_message(msg(id=1, method="initialize", params={"protocolVersion": "1999"}))
+    )
+    result = answer["result"]
+    assert result["protocolVersion"] == "2025-11-25"
+    assert result["capabilities"]["tools"] == {"listChanged": True}
+    assert result["serverInfo"] == {"name": "reactor-fabric", "version": "9"}
+
+
+def test_a_stateless_client_discovers_the_server() -> None:
+    server = FabricServer(CATALOG, session_id="s")
+    [answer] = to_client(server.client_message(msg(id="d", method="server/discover")))
+    assert answer["result"]["supportedVersions"] == ["2026-07-28"]
+    assert answer["result"]["capabilities"]["tools"]["listChanged"] is True
+
+
+def test_by_default_only_the_meta_tools_and_the_active_servers_tools_are_listed() -> None:
+    server = session()
+    [listed] = to_client(server.client_message(msg(id=1, method="tools/list")))
+    assert {t["name"] for t in listed["result"]["tools"]} == META_NAMES
+    actions = call(server, 2, "activate_servers", servers=["time", "nope"])
+    [answer, changed] = to_client(actions)
+    assert answer["result"]["structuredContent"]["activated"] == ["time"]
+    assert answer["result"]["structuredContent"]["failed"] == ["nope"]
+    assert answer["result"]["structuredContent"]["reconnect_required"] is False
+    assert changed == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+    [listed] = to_client(server.client_message(msg(id=3, method="tools/list")))
+    names = [t["name"] for t in listed["result"]["tools"]]
+    assert names[len(META_NAMES) :] == ["time__get_current_time", "time__convert_time"]
+    assert not any(isinstance(a, StartBackend) for a in actions)  # listing starts nothing
+
+
+def test_exposure_all_lists_every_tool_of_the_suite() -> None:
+    server = session(exposure="all")
+    [listed] = to_client(server.client_message(msg(id=1, method="tools/list")))
+    assert len(listed["result"]["tools"]) == len(META_NAMES) + 3
+
+
+def test_the_first_call_starts_the_service_and_calls_wait_for_its_handshake() -> None:
+    server = session()
+    assert call(server, "a", "time__get_current_time", timezone="UTC") == [StartBackend("time")]
+    assert call(server, "b", "time__convert_time") == []  # started once, queued
+    out = to_backend(ready(server, "time"), "time")
+    assert [m.get("method") for m in out] == [
+        "notifications/initialized",
+        "tools/call",
+        "tools/call",
+    ]
+    first, second = out[1], out[2]
+    assert first["params"] == {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+    assert second["params"]["name"] == "convert_time"
+    # Answers go back under the client's own ids.
+    [answer] = to_client(server.backend_message("time", msg(id=second["id"], result={"x": 2})))
+    assert answer == {"jsonrpc": "2.0", "id": "b", "result": {"x": 2}}
+    [answer] = to_client(server.backend_message("time", msg(id=first["id"], result={"x": 1})))
+    assert answer["id"] == "a"
+    # A ready service is called directly.
+    [direct] = to_backend(call(server, "c", "time__convert_time"), "time")
+    assert direct["method"] == "tools/call"
+
+
+def test_a_service_that_fails_answers_its_calls_and_the_others_go_on() -> None:
+    server = session()
+    call(server, 1, "time__get_current_time")
+    call(server, 2, "git__git_log")
+    ready(server, "git")
+    error = ContainerStartFailure("the container exited", reason="container_exited")
+    [failed] = to_client(server.backend_failed("time", error))
+    assert failed["id"] == 1
+    assert failed["error"]["code"] == -32002
+    assert failed["error"]["data"]["reason"] == "container_exited"
+    [status] = to_client(call(server, 3, "get_status"))
+    assert status["result"]["structuredContent"]["containers"] == [
+        {"server": "git", "state": "ready"}
+    ]
+    # The next call starts time again.
+    assert call(server, 4, "time__get_current_time") == [StartBackend("time")]
+
+
+def test_a_refused_backend_handshake_fails_its_waiting_calls() -> None:
+    server = session()
+    call(server, 1, "time__get_current_time")
+    [handshake] = to_backend(server.backend_started("time"), "time")
+    refusal = msg(id=handshake["id"], error={"code": -1, "message": "nope"})
+    [answer] = to_client(server.backend_message("time", refusal))
+    assert answer["error"]["data"]["reason"] == "handshake_failed"
+
+
+def test_unknown_tools_and_methods_are_refused_with_their_codes() -> None:
+    server = session()
+    [unknown] = to_client(call(server, 1, "time__nope"))
+    assert unknown["error"]["code"] == -32602
+    [method] = to_client(server.client_message(msg(id=2, method="nope/nope")))
+    assert method["error"]["code"] == -32601
+    [garbage] = to_client(server.client_message(b"{not json"))
+    assert garbage["error"]["code"] == -32700
+    [batch] = to_client(server.client_message(b"[]"))
+    assert batch["error"]["code"] == -32600
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"name": "git__git_log", "arguments": {"repo_path": "/w"}},
+        {"name": "git__git_log", "parameters": {"repo_path": "/w"}},  # as models often nest it
+    ],
+)
+def test_call_tool_reaches_any_tool_of_the_suite_listed_or_not(arguments: dict[str, Any]) -> None:
+    server = session()
+    assert call(server, 1, "call_tool", **arguments) == [StartBackend("git")]
+    [_, forwarded] = to_backend(ready(server, "git"), "git")
+    assert forwarded["params"] == {"name": "git_log", "arguments": {"repo_path": "/w"}}
+    [refused] = to_client(call(server, 2, "call_tool", name="get_status"))
+    assert refused["error"]["code"] == -32602
+
+
+def test_find_tools_ranks_the_suites_tools_by_the_words_of_the_query() -> None:
+    server = session()
+    [answer] = to_client(call(server, 1, "find_tools", query="convert a time zone", limit=1))
+    [found] = answer["result"]["structuredContent"]["tools"]
+    assert found["name"] == "time__convert_time"
+    assert found["server"] == "time"
+    [answer] = to_client(call(server, 2, "find_tools", query="commit log"))
+    assert [t["name"] for t in answer["result"]["structuredContent"]["tools"]] == ["git__git_log"]
+
+
+def test_roots_are_answered_from_the_mounts_and_ping_here() -> None:
+    server = session(mount_targets=["/workspace", "/projects/docs"])
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    [roots] = to_backend(server.backend_message("git", msg(id="r1", method="roots/list")), "git")
+    assert roots == {
+        "jsonrpc": "2.0",
+        "id": "r1",
+        "result": {
+            "roots": [
+                {"uri": "file:///workspace", "name": "/workspace"},
+                {"uri": "file:///projects/docs", "name": "/projects/docs"},
+            ]
+        },
+    }
+    [pong] = to_backend(server.backend_message("git", msg(id=5, method="ping")), "git")
+    assert pong["result"] == {}
+
+
+def test_sampling_reaches_a_client_that_offers_it_and_its_answer_goes_back() -> None:
+    server = session(client_capabilities={"sampling": {}})
+    call(server, 1, "git__git_log")
+    [handshake] = to_backend(server.backend_started("git"), "git")
+    assert handshake["params"]["capabilities"]["sampling"] == {}
+    server.backend_message("git", msg(id=handshake["id"], result={"capabilities": {}}))
+    ask = msg(id="s7", method="sampling/createMessage", params={"messages": []})
+    [asked] = to_client(server.backend_message("git", ask))
+    assert asked["method"] == "sampling/createMessage"
+    assert asked["id"] != "s7"
+    [back] = to_backend(server.client_message(msg(id=asked["id"], result={"ok": 1})), "git")
+    assert back == {"jsonrpc": "2.0", "id": "s7", "result": {"ok": 1}}
+
+
+def test_sampling_is_refused_for_a_client_that_does_not_offer_it() -> None:
+    server = session()
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    ask = msg(id="s7", method="sampling/createMessage", params={})
+    assert to_client(server.backend_message("git", ask)) == []
+    [refused] = to_backend(server.backend_message("git", ask), "git")
+    assert refused["error"]["code"] == -32601
+
+
+def test_a_cancelled_call_is_cancelled_at_its_backend_under_the_backends_id() -> None:
+    server = session()
+    call(server, "a", "time__get_current_time")
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    cancel = msg(method="notifications/cancelled", params={"requestId": "a", "reason": "x"})
+    [note] = to_backend(server.client_message(cancel), "time")
+    assert note["params"] == {"requestId": forwarded["id"], "reason": "x"}
+
+
+def test_a_call_cancelled_before_its_backend_is_ready_is_never_sent() -> None:
+    server = session()
+    call(server, "a", "time__get_current_time")
+    cancel = msg(method="notifications/cancelled", params={"requestId": "a"})
+    assert server.client_message(cancel) == []
+    assert [m.get("method") for m in to_backend(ready(server, "time"), "time")] == [
+        "notifications/initialized"
+    ]
+
+
+def test_progress_and_log_notifications_pass_to_the_client_as_they_are() -> None:
+    server = session()
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    for note in (
+        msg(method="notifications/progress", params={"progressToken": "p", "progress": 1}),
+        msg(method="notifications/message", params={"level": "info", "data": "x"}),
+    ):
+        assert to_client(server.backend_message("git", note)) == [json.loads(note)]
+
+
+def test_prompts_and_resources_are_routed_to_their_service() -> None:
+    server = session(exposure="all")
+    [prompts] = to_client(server.client_message(msg(id=1, method="prompts/list")))
+    assert [p["name"] for p in prompts["result"]["prompts"]] == ["git__review"]
+    server.client_message(msg(id=2, method="prompts/get", params={"name": "git__review"}))
+    server.client_message(msg(id=3, method="resources/read", params={"uri": "git://HEAD"}))
+    forwarded = to_backend(ready(server, "git"), "git")[1:]
+    assert [(m["method"], m["params"]) for m in forwarded] == [
+        ("prompts/get", {"name": "review"}),
+        ("resources/read", {"uri": "git://HEAD"}),
+    ]
+
+
+def test_calls_waiting_for_a_starting_service_are_bounded() -> None:
+    server = session()
+    call(server, 0, "time__get_current_time")
+    for index in range(1, MAX_QUEUED_PER_BACKEND):
+        assert call(server, index, "time__get_current_time") == []
+    [refused] = to_client(call(server, "over", "time__get_current_time"))
+    assert refused["id"] == "over"
+    assert "starting" in refused["error"]["message"]
+
+
+def test_answers_nobody_asked_for_and_stray_output_are_dropped() -> None:
+    server = session()
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    assert server.backend_message("git", b"Starting server on stdio...") == []
+    assert server.backend_message("git", msg(id=999, result={})) == []
+    assert server.backend_message("time", msg(id=1, result={})) == []  # not time's to answer
+    assert server.client_message(msg(id=12345, result={})) == []
