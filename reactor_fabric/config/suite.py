@@ -80,6 +80,10 @@ def format_path(path: KeyPath) -> str:
     return text or "(top level)"
 
 
+# Names a service cannot have: their URLs mean something else.
+RESERVED_SERVICE_NAMES = frozenset({"fabric"})
+
+
 def check_suite_text(text: str, *, source: str) -> SuiteCheck:
     """Validate the text of a suite file named ``source``; never raises for bad content."""
     try:
@@ -175,6 +179,14 @@ class _Collector:
             return
         if "propertyNames" in error.relative_schema_path:
             name = str(instance)
+            if name in RESERVED_SERVICE_NAMES:
+                self.add(
+                    (*path, name),
+                    f"name {name!r} is reserved: /mcp/{name}/… is the suite-level endpoint; "
+                    "choose another name",
+                    at_key=True,
+                )
+                return
             self.add(
                 (*path, name),
                 f"name {name!r} is not allowed: use lowercase letters, digits, '-' and '_' "

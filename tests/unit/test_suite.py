@@ -357,3 +357,9 @@ def test_the_bundled_suite_uses_the_image_versions_pinned_in_images_versions_env
         version = pins[f"MCP_SERVER_{service.upper()}_VERSION"]
         expected = f"{pins['IMAGE_PREFIX']}/mcp-server-{service}:{version}"
         assert suite.mcp_services[service].image == expected
+
+
+def test_fabric_is_a_reserved_service_name() -> None:
+    [problem] = check(MINIMAL.replace("  time:", "  fabric:"))
+    assert "name 'fabric' is reserved" in problem
+    assert "suite-level endpoint" in problem
