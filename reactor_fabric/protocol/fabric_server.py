@@ -167,7 +167,8 @@ class FabricServer:
         self.session_id = session_id
         self.mount_targets = tuple(mount_targets)
         self.exposure: Exposure = exposure
-        self.active: list[str] = [s for s in catalog.services if s in set(active)]
+        wanted = set(active)  # once: ``active`` may be an iterator
+        self.active: list[str] = [s for s in catalog.services if s in wanted]
         self.version = version
         self.client_capabilities: Json = {}
         self.protocol_version: str | None = None

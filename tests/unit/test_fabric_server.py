@@ -119,6 +119,13 @@ def test_by_default_only_the_meta_tools_and_the_active_servers_tools_are_listed(
     assert not any(isinstance(a, StartBackend) for a in actions)  # listing starts nothing
 
 
+def test_servers_active_from_the_start_are_listed_in_the_suites_order() -> None:
+    server = session(active=iter(["time", "git"]))
+    assert server.active == ["time", "git"]
+    [listed] = to_client(server.client_message(msg(id=1, method="tools/list")))
+    assert len(listed["result"]["tools"]) == len(META_NAMES) + 3
+
+
 def test_exposure_all_lists_every_tool_of_the_suite() -> None:
     server = session(exposure="all")
     [listed] = to_client(server.client_message(msg(id=1, method="tools/list")))
