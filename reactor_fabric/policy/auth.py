@@ -60,10 +60,6 @@ class Gate:
     allowed_hosts: frozenset[str] | None
     token: str | None
 
-    @property
-    def auth_required(self) -> bool:
-        return self.token is not None
-
 
 def is_loopback(host: str) -> bool:
     """Whether listening on ``host`` reaches only this machine (authentication may be off)."""

@@ -80,8 +80,6 @@ class Fabric:
     # Set (and replaced) whenever a session, container or busy connection comes or goes.
     changed: trio.Event = field(default_factory=trio.Event)
     mount_policy: MountPolicy = field(init=False)
-    allowed_origins: frozenset[str] = field(init=False)
-    allowed_hosts: frozenset[str] | None = field(init=False)
     gate: Gate = field(init=False)
     _identity: ContainerIdentity = field(init=False)
 
@@ -90,9 +88,11 @@ class Fabric:
             self.suite.orchestrator.allowed_mount_roots,
             allowed_targets=self.suite.orchestrator.allowed_mount_targets,
         )
-        self.allowed_origins = normalise_origins(self.suite.orchestrator.allowed_origins)
-        self.allowed_hosts = allowed_hosts(self.listen_host)
-        self.gate = Gate(self.allowed_origins, self.allowed_hosts, self.token)
+        self.gate = Gate(
+            normalise_origins(self.suite.orchestrator.allowed_origins),
+            allowed_hosts(self.listen_host),
+            self.token,
+        )
         self._identity = process_identity(self.instance_id, self.network)
 
     # --- settings -----------------------------------------------------------------------------
@@ -133,9 +133,7 @@ class Fabric:
             identity=self._identity,
         )
 
-    async def prepare_start(
-        self, service: Service, mounts: tuple[MountSpec, ...]
-    ) -> tuple[PinSet | None, Account]:
+    async def prepare_start(self, mounts: tuple[MountSpec, ...]) -> tuple[PinSet | None, Account]:
         """Validate the session's mounts again and pin them for one container start; choose
         the account the server runs as (see :mod:`reactor_fabric.policy.accounts`).
 
@@ -158,8 +156,7 @@ class Fabric:
                 )
                 made.append((pins, account_named(uid, gid)))
             except BaseException:
-                if pins is not None:
-                    pins.close()
+                pins.close()
                 raise
 
         try:

@@ -439,7 +439,7 @@ class SessionDriver:
         try:
             # Validated again and pinned at every start (respawns too): the container gets the
             # very directories the session was granted, or this start fails with -32004.
-            pins, account = await self.fabric.prepare_start(self.service, self.mounts)
+            pins, account = await self.fabric.prepare_start(self.mounts)
             spec = self.fabric.container_spec(
                 self.service_name,
                 self.service,

@@ -174,7 +174,7 @@ async def serve_streamable_http(
     sessions: HttpSessions, exchange: HttpExchange, *, service: str, key: str | None
 ) -> None:
     """Handle one HTTP request to ``/mcp/{service}[/{key}]``."""
-    if not await _admissible(sessions.fabric, exchange, key):
+    if not await _admissible(exchange, key):
         return
     method = exchange.request.method
     if method == "POST":
@@ -194,7 +194,7 @@ async def serve_streamable_http(
         )
 
 
-async def _admissible(fabric: Fabric, exchange: HttpExchange, key: str | None) -> bool:
+async def _admissible(exchange: HttpExchange, key: str | None) -> bool:
     """The HTTP-level checks every request passes; answers and returns False when one fails."""
     # Origin, Host and the token were checked in front of every route (FabricApp, policy.auth).
     request = exchange.request
