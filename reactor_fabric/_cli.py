@@ -28,6 +28,7 @@ import trio
 
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._version import __version__
+from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .config.token import Token, TokenError, find_token, load_or_create_token
 from .observe.logging import LOG_LEVELS, configure_logging
@@ -226,18 +227,10 @@ def _bridge_token(environ: dict[str, str]) -> str | None:
 
 def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, str]) -> int:
     """``catalog``: 0 when every service was learned, 1 when some could not be (each says
-    why), 2 when the suite cannot be read."""
-    try:
-        text = read_suite_file(path)
-    except SuiteUnreadable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    check = check_suite_text(text, source=path)
-    if check.suite is None:
-        for issue in check.issues:
-            print(issue, file=sys.stderr)
-        return EXIT_INVALID
-    suite = check.suite
+    why) or the suite is invalid, 2 when the suite cannot be read."""
+    suite = _read_suite(path)
+    if isinstance(suite, int):
+        return suite
     store = default_store(environ)
 
     async def learn() -> tuple[Catalog, dict[str, Learned]]:
@@ -277,6 +270,16 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
 
 
 def validate_config(path: str) -> int:
+    suite = _read_suite(path)
+    if isinstance(suite, int):
+        return suite
+    services = ", ".join(suite.mcp_services)
+    print(f"{path}: valid ({len(suite.mcp_services)} service(s): {services})")
+    return EXIT_OK
+
+
+def _read_suite(path: str) -> Suite | int:
+    """The valid suite in ``path``; else the exit code, with every problem printed on stderr."""
     try:
         text = read_suite_file(path)
     except SuiteUnreadable as exc:
@@ -288,9 +291,7 @@ def validate_config(path: str) -> int:
             print(issue, file=sys.stderr)
         print(f"{path}: invalid ({len(check.issues)} problem(s))", file=sys.stderr)
         return EXIT_INVALID
-    services = ", ".join(check.suite.mcp_services)
-    print(f"{path}: valid ({len(check.suite.mcp_services)} service(s): {services})")
-    return EXIT_OK
+    return check.suite
 
 
 def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int:

@@ -23,6 +23,8 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
+from .xdg import xdg_dir
+
 TOKEN_ENV = "REACTOR_FABRIC_TOKEN"  # noqa: S105 - a name, not a secret
 TOKEN_FILE_NAME = "token"  # noqa: S105 - a name, not a secret
 MIN_TOKEN_LENGTH = 16
@@ -44,10 +46,7 @@ class Token:
 
 def user_config_dir(environ: dict[str, str]) -> Path:
     """``${XDG_CONFIG_HOME:-~/.config}/reactor-fabric``: the user's own configuration."""
-    base = environ.get("XDG_CONFIG_HOME") or str(
-        Path(environ.get("HOME") or Path.home()) / ".config"
-    )
-    return Path(base) / "reactor-fabric"
+    return xdg_dir(environ, "XDG_CONFIG_HOME", ".config")
 
 
 def token_file(environ: dict[str, str]) -> Path:

@@ -337,12 +337,9 @@ class DockerRuntime:
                     network_disabled=True,
                     host_config=client.create_host_config(network_mode="none"),
                 )
+                url = f"{client.base_url}/v{client.api_version}/containers/{created['Id']}/archive"
                 try:
                     for path in unknown:
-                        url = (
-                            f"{client.base_url}/v{client.api_version}"
-                            f"/containers/{created['Id']}/archive"
-                        )
                         answer = client.head(url, params={"path": path})
                         if answer.status_code not in (200, 404):
                             answer.raise_for_status()

@@ -32,6 +32,7 @@ import trio
 
 from .._errors import FabricError
 from ..config.structs import Service
+from ..config.xdg import xdg_dir
 from ..policy.accounts import UNPRIVILEGED
 from ..policy.container_spec import ContainerIdentity, container_spec_for
 from ..protocol.catalog import Catalog, ServiceCatalog, service_catalog
@@ -48,8 +49,7 @@ READ_CHUNK = 65536
 
 
 def catalog_cache_dir(environ: Mapping[str, str]) -> Path:
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "reactor-fabric" / "catalog"
+    return xdg_dir(environ, "XDG_CACHE_HOME", ".cache") / "catalog"
 
 
 def cache_key(image_id: str, service: Service) -> str:
