@@ -252,6 +252,16 @@ def orchestrator(
         log_file.close()
 
 
+@contextmanager
+def bundled_orchestrator(home: Path) -> Iterator[Orchestrator]:
+    """The bundled suite, mounts allowed below ``home/projects``, served (for module fixtures
+    that share one orchestrator among their tests)."""
+    (home / "projects").mkdir()
+    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
+    with orchestrator(suite, home / "orchestrator.log") as running:
+        yield running
+
+
 def python_for(account: dict[str, Any]) -> tuple[str, str]:
     """An interpreter of our Python version that ``account`` may run, and the PYTHONPATH that
     gives it our packages: the venv's own interpreter may live in root's home (pyenv)."""

@@ -27,6 +27,7 @@ from tests.integration.harness import (
     REPO,
     LineProcess,
     Orchestrator,
+    bundled_orchestrator,
     containers_of,
     orchestrator,
     python_client,
@@ -43,10 +44,7 @@ WRONG = "wrong-token-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    home = tmp_path_factory.mktemp("auth")
-    (home / "projects").mkdir()
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
-    with orchestrator(suite, home / "orchestrator.log") as running:
+    with bundled_orchestrator(tmp_path_factory.mktemp("auth")) as running:
         yield running
 
 

@@ -24,6 +24,7 @@ import pytest
 from tests.integration.harness import (
     LineProcess,
     Orchestrator,
+    bundled_orchestrator,
     orchestrator,
     python_client,
     ts_client,
@@ -96,10 +97,7 @@ def initialize_error(launch: Launch, running: Orchestrator, service: str, query:
 
 @pytest.fixture(scope="module")
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    home = tmp_path_factory.mktemp("errors")
-    (home / "projects").mkdir()
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
-    with orchestrator(suite, home / "orchestrator.log") as running:
+    with bundled_orchestrator(tmp_path_factory.mktemp("errors")) as running:
         yield running
 
 
