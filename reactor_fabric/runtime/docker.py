@@ -61,20 +61,24 @@ class _NotRun(Exception):
 
 
 class _Operation:
-    """One worker-thread call, and whether trio stopped waiting for it."""
+    """One worker-thread call, whether trio stopped waiting for it, and what it left behind."""
 
-    __slots__ = ("abandoned", "done", "lock", "started")
+    __slots__ = ("abandoned", "client", "done", "lock", "result", "started")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.started = False
         self.done = False
         self.abandoned = False
+        self.client: docker.APIClient | None = None
+        self.result: Any = None
 
-    def finish(self) -> bool:
+    def finish(self, client: docker.APIClient | None, result: object) -> bool:
         """Mark the call done (in its thread); whether trio had stopped waiting for it."""
         with self.lock:
             self.done = True
+            self.client = client
+            self.result = result
             return self.abandoned
 
 
@@ -157,17 +161,8 @@ class DockerRuntime:
             finally:
                 if release is not None:
                     release()
-                if operation.finish():
-                    try:
-                        if if_abandoned is not None and client is not None:
-                            if_abandoned(client, result)
-                    except Exception as exc:  # noqa: BLE001 - a cleanup of last resort
-                        log.error(
-                            "abandoned_cleanup_failed",
-                            extra={"action": action, "detail": str(exc)},
-                        )
-                    finally:
-                        self._abandoned_finished()
+                if operation.finish(client, result):
+                    self._undo(action, operation, if_abandoned)
 
         try:
             with trio.move_on_after(bound):
@@ -178,12 +173,12 @@ class DockerRuntime:
                 except FabricError:
                     raise
                 except trio.Cancelled:
-                    self._abandon(operation)
+                    self._abandon(action, operation, if_abandoned)
                     raise
                 except Exception as exc:
                     raise translate_docker_error(exc, action) from exc
                 return result
-            self._abandon(operation)
+            self._abandon(action, operation, if_abandoned)
         finally:
             if release is not None and self._never_ran(operation):
                 release()
@@ -193,15 +188,48 @@ class DockerRuntime:
             action=action,
         )
 
-    def _abandon(self, operation: _Operation) -> None:
+    def _abandon(
+        self,
+        action: str,
+        operation: _Operation,
+        if_abandoned: Callable[[docker.APIClient, Any], None] | None,
+    ) -> None:
+        """trio stopped waiting for ``operation``: whatever it did must be undone, once.
+
+        Either its thread still runs (it undoes its work when it ends), or it has already
+        ended and trio never took its result (the cancellation won the race with the thread's
+        answer): then nobody else knows the result, so a thread of its own undoes it now.
+        """
         with operation.lock:
-            if operation.done:
-                return
+            if operation.abandoned:
+                return  # already abandoned (a timeout reaches here twice), or never ran
             operation.abandoned = True
-            running = operation.started
-        if running:
+            if not operation.started:
+                return  # the thread will find it abandoned and not run the call
+            ended = operation.done
             with self._abandoned_done:
                 self._abandoned += 1
+        if ended:
+            threading.Thread(
+                target=self._undo,
+                args=(action, operation, if_abandoned),
+                name=f"reactor-fabric-undo-{action}",
+                daemon=True,
+            ).start()
+
+    def _undo(
+        self,
+        action: str,
+        operation: _Operation,
+        if_abandoned: Callable[[docker.APIClient, Any], None] | None,
+    ) -> None:
+        try:
+            if if_abandoned is not None and operation.client is not None:
+                if_abandoned(operation.client, operation.result)
+        except Exception as exc:  # noqa: BLE001 - a cleanup of last resort
+            log.error("abandoned_cleanup_failed", extra={"action": action, "detail": str(exc)})
+        finally:
+            self._abandoned_finished()
 
     @staticmethod
     def _never_ran(operation: _Operation) -> bool:

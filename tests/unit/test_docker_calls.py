@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import trio
 
-from reactor_fabric import ContainerStartFailure
-from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric import ContainerStartFailure, DockerUnavailable
+from reactor_fabric.runtime.docker import DockerRuntime, _Operation
 
 
 def runtime_without_engine(**kwargs: Any) -> DockerRuntime:
@@ -110,3 +110,60 @@ async def test_a_call_cancelled_before_its_thread_began_releases_at_once() -> No
         blocking.set()
     assert await engine.settle()
     assert seen.events == ["release"]  # and the call itself never ran
+
+
+async def test_a_call_whose_answer_lost_the_race_with_its_cancellation_is_undone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The thread ends (the container exists, the socket is open) just as trio cancels the
+    # wait: trio never takes the result, so the undo must run on it all the same, once.
+    engine = runtime_without_engine()
+    seen = Recorder()
+    thread_done = threading.Event()
+    finish = _Operation.finish
+
+    def finish_and_tell(operation: _Operation, *args: Any) -> bool:
+        abandoned = finish(operation, *args)
+        thread_done.set()
+        return abandoned
+
+    monkeypatch.setattr(_Operation, "finish", finish_and_tell)
+    abandon = engine._abandon
+
+    def abandon_after_the_thread_ended(*args: Any) -> None:
+        assert thread_done.wait(30)  # the losing order, made certain
+        abandon(*args)
+
+    monkeypatch.setattr(engine, "_abandon", abandon_after_the_thread_ended)
+    with trio.CancelScope() as scope:
+
+        def create(_client: object) -> str:
+            trio.from_thread.run_sync(scope.cancel)  # delivered while trio waits for us
+            seen.note("created")
+            return "container-1"
+
+        await engine._call(
+            "create", create, if_abandoned=lambda _c, made: seen.note(f"undo {made}")
+        )
+    assert scope.cancelled_caught
+    assert await engine.settle()
+    assert seen.events == ["created", "undo container-1"]
+    assert engine.abandoned_calls == 0
+
+
+async def test_a_call_that_timed_out_counts_as_abandoned_once() -> None:
+    engine = runtime_without_engine(call_timeout=0.05)
+    seen = Recorder()
+    go_on = threading.Event()
+
+    def slow(_client: object) -> str:
+        go_on.wait(30)
+        return "late"
+
+    with pytest.raises(DockerUnavailable, match="did not answer"):
+        await engine._call("list", slow, if_abandoned=lambda _c, late: seen.note(f"undo {late}"))
+    assert engine.abandoned_calls == 1
+    go_on.set()
+    assert await engine.settle(bound=30)
+    assert engine.abandoned_calls == 0
+    assert seen.events == ["undo late"]
