@@ -12,7 +12,13 @@ Feed it events (the methods), carry out the actions it returns, in order:
 - :class:`ToBackend` — one line for a service's container (its stdin);
 - :class:`StartBackend` — start that service's container for this session; then report
   :meth:`FabricServer.backend_started` (the machine does the MCP handshake with it) or
-  :meth:`FabricServer.backend_failed`.
+  :meth:`FabricServer.backend_failed`;
+- :class:`StopBackend` — remove that service's container (idle): the machine has forgotten it,
+  and the next call starts a fresh one (transparent respawn).
+
+Time: the machine reads the clock it is given (never sleeps); :attr:`FabricServer.deadline` says
+when it next needs :meth:`FabricServer.tick` — a service idle for its timeout, or a backend's
+request to the client left unanswered for :data:`ASK_SECONDS`.
 
 Ids. Every request the machine sends — to a backend for the client, to the client for a backend,
 its own handshakes — gets an id of its own (one counter), remembered with where the answer
@@ -33,15 +39,16 @@ mounts) — and the session's other services are not affected.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import msgspec
 
 from .._errors import ContainerStartFailure, FabricError, InvalidRequest, ParseError
-from .catalog import Catalog, Entry
+from .catalog import Catalog, Entry, service_catalog
 from .jsonrpc import peek
 
 Json = dict[str, Any]
@@ -57,6 +64,22 @@ MAX_PENDING = 512
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
+# How long a backend's request to the client (sampling, elicitation) may wait for its answer.
+ASK_SECONDS = 300.0
+REQUEST_TIMEOUT = -32001
+MAX_RECOMMENDED = 3
+SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
+# What a backend's list_changed makes the machine ask it again, and where the answer goes.
+_REFRESH = {
+    "notifications/tools/list_changed": ("tools/list", "tools"),
+    "notifications/prompts/list_changed": ("prompts/list", "prompts"),
+    "notifications/resources/list_changed": ("resources/list", "resources"),
+}
+_LISTEN_KEYS = {
+    "tools": "toolsListChanged",
+    "prompts": "promptsListChanged",
+    "resources": "resourcesListChanged",
+}
 
 _encoder = msgspec.json.Encoder()
 
@@ -77,7 +100,23 @@ class StartBackend:
     service: str
 
 
-Action = ToClient | ToBackend | StartBackend
+@dataclass(frozen=True)
+class StopBackend:
+    service: str
+    reason: str
+
+
+Action = ToClient | ToBackend | StartBackend | StopBackend
+
+
+@dataclass(frozen=True)
+class ServiceFacts:
+    """What the suite says about a service, for ranking and the capability list."""
+
+    description: str = ""
+    categories: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    example_tasks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,12 +134,14 @@ class _Asked:
 
     service: str
     backend_id: object
+    deadline: float
 
 
 @dataclass
 class _Backend:
     state: Literal["starting", "handshaking", "ready"]
     queue: list[Json] = field(default_factory=list)  # requests waiting for the handshake
+    last_active: float = 0.0
 
 
 META_TOOLS: tuple[Json, ...] = (
@@ -146,6 +187,42 @@ META_TOOLS: tuple[Json, ...] = (
         "description": "This session's servers, their containers, and the catalog's problems.",
         "inputSchema": {"type": "object", "properties": {}},
     },
+    {
+        "name": "analyze_task",
+        "description": "Which servers of the suite a task needs, ranked, with the evidence.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "task_description": {"type": "string"},
+                "context_hints": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "more words about the task (files, languages, services)",
+                },
+            },
+            "required": ["task_description"],
+        },
+    },
+    {
+        "name": "list_available_capabilities",
+        "description": "The suite's servers grouped by category, with example tasks.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"category_filter": {"type": "string"}},
+        },
+    },
+    {
+        "name": "switch_context",
+        "description": "Make a profile's servers (or the given ones) the active servers.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "profile": {"type": "string"},
+                "add_servers": {"type": "array", "items": {"type": "string"}},
+                "remove_servers": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    },
 )
 META_NAMES = frozenset(tool["name"] for tool in META_TOOLS)
 
@@ -162,6 +239,10 @@ class FabricServer:
         exposure: Exposure = "discover",
         active: Iterable[str] = (),
         version: str = "0",
+        facts: Mapping[str, ServiceFacts] | None = None,
+        profiles: Mapping[str, Sequence[str]] | None = None,
+        idle_timeouts: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.catalog = catalog
         self.session_id = session_id
@@ -170,12 +251,75 @@ class FabricServer:
         wanted = set(active)  # once: ``active`` may be an iterator
         self.active: list[str] = [s for s in catalog.services if s in wanted]
         self.version = version
+        self.facts = dict(facts or {})
+        self.profiles = {name: list(services) for name, services in (profiles or {}).items()}
+        self.idle_timeouts = dict(idle_timeouts or {})
+        self.clock = clock
+        self.started_at = clock()
         self.client_capabilities: Json = {}
         self.protocol_version: str | None = None
         self.backends: dict[str, _Backend] = {}
         self._forwarded: dict[int, _Forwarded] = {}
         self._asked: dict[int, _Asked] = {}
+        # Open 2026-07-28 subscriptions/listen requests: their id → what they asked for.
+        self._listeners: dict[object, Json] = {}
         self._next_id = 0
+
+    # --- time ---------------------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> float | None:
+        """When :meth:`tick` is next due (None: nothing will come due by itself)."""
+        due = [asked.deadline for asked in self._asked.values()]
+        for service, backend in self.backends.items():
+            if backend.state == "ready" and not self._busy(service):
+                due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
+        finite = [when for when in due if when != math.inf]
+        return min(finite) if finite else None
+
+    def tick(self) -> list[Action]:
+        """Whatever came due: backends' unanswered requests to the client, idle services."""
+        now = self.clock()
+        actions: list[Action] = []
+        for our_id, asked in list(self._asked.items()):
+            if asked.deadline <= now:
+                del self._asked[our_id]
+                error = {"code": REQUEST_TIMEOUT, "message": "the client did not answer in time"}
+                answer = {"jsonrpc": "2.0", "id": asked.backend_id, "error": error}
+                actions.append(ToBackend(asked.service, _encoder.encode(answer)))
+                note = {"requestId": our_id, "reason": "no answer in time"}
+                actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
+        for service, backend in list(self.backends.items()):
+            idle_until = backend.last_active + self.idle_timeouts.get(service, math.inf)
+            if backend.state == "ready" and not self._busy(service) and idle_until <= now:
+                del self.backends[service]
+                actions.append(StopBackend(service, "idle"))
+        return actions
+
+    def _busy(self, service: str) -> bool:
+        return any(f.service == service for f in self._forwarded.values()) or any(
+            a.service == service for a in self._asked.values()
+        )
+
+    def _touch(self, service: str) -> None:
+        backend = self.backends.get(service)
+        if backend is not None:
+            backend.last_active = self.clock()
+
+    def answer_all(self, error: FabricError) -> list[Action]:
+        """The session ends (shutdown, a failure): every request the client waits for gets
+        ``error``, every open subscription its end. Nothing is owed afterwards."""
+        actions: list[Action] = []
+        for forwarded in self._forwarded.values():
+            if forwarded.client_id is not None:
+                actions.append(self._error(forwarded.client_id, error))
+        self._forwarded.clear()
+        self._asked.clear()
+        for request_id in self._listeners:
+            ended = {"resultType": "complete", "_meta": {SUBSCRIPTION_META: request_id}}
+            actions.append(self._result(request_id, ended))
+        self._listeners.clear()
+        return actions
 
     # --- events from the client ---------------------------------------------------------------
 
@@ -210,6 +354,7 @@ class FabricServer:
             "resources/list": self._on_resources_list,
             "resources/templates/list": self._on_templates_list,
             "resources/read": self._on_resources_read,
+            "subscriptions/listen": self._on_listen,
         }.get(method)
         if handler is None:
             return [self._fail(request_id, METHOD_NOT_FOUND, f"method {method!r} is not available")]
@@ -255,6 +400,15 @@ class FabricServer:
         service, uri = route
         return self._forward(service, request_id, "resources/read", {**params, "uri": uri})
 
+    def _on_listen(self, request_id: object, params: Json) -> list[Action]:
+        """A 2026-07-28 client opens its stream of list changes (answered when it ends)."""
+        asked = params.get("notifications")
+        asked = asked if isinstance(asked, dict) else {}
+        honoured = {key: True for key in _LISTEN_KEYS.values() if asked.get(key) is True}
+        self._listeners[request_id] = honoured
+        ack = {"notifications": honoured}
+        return [ToClient(_notification_bytes("notifications/subscriptions/acknowledged", ack))]
+
     def _client_notification(self, method: str, params: Json) -> list[Action]:
         if method == "notifications/cancelled":
             return self._cancel(params)
@@ -288,6 +442,12 @@ class FabricServer:
             return [self._result(request_id, self._status())]
         if name == "activate_servers":
             return self._activate(request_id, arguments)
+        if name == "switch_context":
+            return self._switch(request_id, arguments)
+        if name == "analyze_task":
+            return [self._result(request_id, self._analyze(arguments))]
+        if name == "list_available_capabilities":
+            return [self._result(request_id, self._capability_list(arguments))]
         if name == "call_tool":
             target = arguments.get("name")
             inner = arguments.get("arguments", arguments.get("parameters", {}))
@@ -341,6 +501,7 @@ class FabricServer:
                     for service, backend in self.backends.items()
                 ],
                 "catalog_errors": self.catalog.errors(),
+                "uptime": round(self.clock() - self.started_at, 3),
             }
         )
 
@@ -350,23 +511,131 @@ class FabricServer:
             return [self._fail(request_id, INVALID_PARAMS, "servers must be a list of names")]
         known = [s for s in wanted if isinstance(s, str) and s in self.catalog.services]
         failed = [s for s in wanted if s not in known]
-        before = list(self.active)
         chosen = set(known) | (set() if arguments.get("deactivate_others") else set(self.active))
-        self.active = [s for s in self.catalog.services if s in chosen]
-        stateless = self.protocol_version is None
+        changed = self._make_active(chosen)
         result = _structured(
             {
                 "activated": known,
                 "failed": failed,
-                # 2026-07-28 clients' lists never change within a connection.
-                "reconnect_required": stateless,
+                "reconnect_required": self._stateless,
                 "estimated_tools_count": len(self.listed_tools()),
             }
         )
-        actions: list[Action] = [self._result(request_id, result)]
-        if self.active != before and not stateless and self.exposure == "discover":
-            actions.append(_notification("notifications/tools/list_changed"))
-        return actions
+        return [self._result(request_id, result), *changed]
+
+    def _switch(self, request_id: object, arguments: Json) -> list[Action]:
+        profile = arguments.get("profile")
+        add = arguments.get("add_servers", [])
+        remove = arguments.get("remove_servers", [])
+        if not isinstance(add, list) or not isinstance(remove, list):
+            return [self._fail(request_id, INVALID_PARAMS, "servers must be lists of names")]
+        if profile is not None and profile not in self.profiles:
+            known = ", ".join(sorted(self.profiles)) or "none"
+            unknown = f"unknown profile {profile!r} (profiles: {known})"
+            return [self._fail(request_id, INVALID_PARAMS, unknown)]
+        unknown_servers = [s for s in [*add, *remove] if s not in self.catalog.services]
+        if unknown_servers:
+            return [self._fail(request_id, INVALID_PARAMS, f"unknown servers {unknown_servers}")]
+        chosen = set(self.profiles[profile]) if profile is not None else set(self.active)
+        chosen = (chosen | set(add)) - set(remove)
+        changed = self._make_active(chosen)
+        result = _structured(
+            {
+                "new_configuration": {
+                    "profile": profile,
+                    "active_servers": list(self.active),
+                    "tools_count": len(self.listed_tools()),
+                },
+                "reconnect_required": self._stateless,
+            }
+        )
+        return [self._result(request_id, result), *changed]
+
+    @property
+    def _stateless(self) -> bool:
+        # A 2026-07-28 client never sent initialize: its lists never change within a
+        # connection, so activation shows only after it reconnects.
+        return self.protocol_version is None
+
+    def _make_active(self, chosen: set[str]) -> list[Action]:
+        """Set the active servers; tell a handshake-era client if its tool list changed."""
+        before = self.listed_tools() if not self._stateless else None
+        self.active = [s for s in self.catalog.services if s in chosen]
+        if before is None or before == self.listed_tools():
+            return []
+        return [_notification("notifications/tools/list_changed")]
+
+    def _analyze(self, arguments: Json) -> Json:
+        """Rank the suite's servers for a task: words of the task found in a server's name,
+        the suite's words about it (description, keywords, categories, example tasks) and its
+        tools' names and descriptions, in that order of weight. (Simple; issue 11 makes it
+        excellent.)"""
+        hints = arguments.get("context_hints")
+        hints_text = " ".join(str(h) for h in hints) if isinstance(hints, list) else ""
+        task = _words(f"{arguments.get('task_description', '')} {hints_text}")
+        ranked: list[tuple[float, int, str, list[str]]] = []
+        for position, service in enumerate(self.catalog.services):
+            facts = self.facts.get(service, ServiceFacts())
+            named = _words(service)
+            said = _words(
+                " ".join(
+                    [facts.description, *facts.keywords, *facts.categories, *facts.example_tasks]
+                )
+            )
+            tools = self.catalog.tools_of([service])
+            tool_words = _words(
+                " ".join(f"{t.get('name')} {t.get('description') or ''}" for t in tools)
+            )
+            score = 0.0
+            evidence = []
+            for word in sorted(task):
+                weight = 3.0 * (word in named) + 2.0 * (word in said) + 1.0 * (word in tool_words)
+                if weight:
+                    score += weight
+                    evidence.append(word)
+            if score:
+                ranked.append((-score, position, service, evidence))
+        ranked.sort()
+        if not ranked:
+            return _structured(
+                {
+                    "recommended_servers": [],
+                    "confidence": 0.0,
+                    "reasoning": "no server's name, description or tools match the task",
+                    "alternative_servers": [],
+                }
+            )
+        best = -ranked[0][0]
+        chosen = [r for r in ranked if -r[0] >= best / 2][:MAX_RECOMMENDED]
+        rest = ranked[len(chosen) :]
+        runner_up = -rest[0][0] if rest else 0.0
+        reasoning = "; ".join(
+            f"{service}: matched {', '.join(evidence)}" for _, _, service, evidence in chosen
+        )
+        return _structured(
+            {
+                "recommended_servers": [service for _, _, service, _ in chosen],
+                "confidence": round(best / (best + runner_up + 1.0), 3),
+                "reasoning": reasoning,
+                "alternative_servers": [service for _, _, service, _ in rest],
+            }
+        )
+
+    def _capability_list(self, arguments: Json) -> Json:
+        wanted = arguments.get("category_filter")
+        groups: dict[str, tuple[list[str], list[str]]] = {}
+        for service in self.catalog.services:
+            facts = self.facts.get(service, ServiceFacts())
+            for category in facts.categories or ("other",):
+                servers, tasks = groups.setdefault(category, ([], []))
+                servers.append(service)
+                tasks.extend(facts.example_tasks)
+        listed = [
+            {"category": category, "servers": servers, "example_tasks": tasks}
+            for category, (servers, tasks) in groups.items()
+            if not isinstance(wanted, str) or wanted.lower() in category.lower()
+        ]
+        return _structured({"capabilities": listed})
 
     # --- routing to backends --------------------------------------------------------------------
 
@@ -376,7 +645,7 @@ class FabricServer:
         request = {"jsonrpc": "2.0", "id": None, "method": method, "params": params}
         backend = self.backends.get(service)
         if backend is None:
-            self.backends[service] = _Backend("starting", [request])
+            self.backends[service] = _Backend("starting", [request], self.clock())
             self._remember(request, service, client_id, method)
             return [StartBackend(service)]
         if backend.state != "ready":
@@ -386,6 +655,7 @@ class FabricServer:
             self._remember(request, service, client_id, method)
             return []
         self._remember(request, service, client_id, method)
+        backend.last_active = self.clock()
         return [ToBackend(service, _encoder.encode(request))]
 
     def _remember(self, request: Json, service: str, client_id: object, method: str) -> None:
@@ -402,6 +672,8 @@ class FabricServer:
                     backend.queue = [r for r in backend.queue if r["id"] != our_id]
                     del self._forwarded[our_id]
                     return []
+                # The backend should not answer a cancelled request: nothing waits for one.
+                del self._forwarded[our_id]
                 note = {**params, "requestId": our_id}
                 return [
                     ToBackend(
@@ -418,6 +690,7 @@ class FabricServer:
         if backend is None:
             return []
         backend.state = "handshaking"
+        backend.last_active = self.clock()
         capabilities: Json = {"roots": {"listChanged": False}}
         for capability in ("sampling", "elicitation"):
             if capability in self.client_capabilities:
@@ -444,6 +717,7 @@ class FabricServer:
             message = None  # not a message: a server's stray output
         if not isinstance(message, dict):
             return []
+        self._touch(service)
         if "method" in message:
             if "id" in message:
                 return self._backend_request(service, message)
@@ -459,7 +733,9 @@ class FabricServer:
             return []
         del self._forwarded[our_id]
         if forwarded.client_id is None:
-            return self._handshake_done(service, message)
+            if forwarded.method == "initialize":
+                return self._handshake_done(service, message)
+            return self._refreshed(service, forwarded.method, message)
         reply = {k: v for k, v in message.items() if k != "id"}
         reply["id"] = forwarded.client_id
         return [ToClient(_encoder.encode(reply))]
@@ -496,7 +772,7 @@ class FabricServer:
             answer["result"] = {}
         elif capability.get(method) in self.client_capabilities:
             our_id = self._new_id()
-            self._asked[our_id] = _Asked(service, message.get("id"))
+            self._asked[our_id] = _Asked(service, message.get("id"), self.clock() + ASK_SECONDS)
             return [ToClient(_encoder.encode({**message, "id": our_id}))]
         else:
             answer["error"] = {
@@ -527,12 +803,34 @@ class FabricServer:
                         )
                     ]
             return []
-        if method in (
-            "notifications/tools/list_changed",
-            "notifications/prompts/list_changed",
-            "notifications/resources/list_changed",
-        ):
-            return [ToClient(_encoder.encode(message))]
+        if isinstance(method, str) and method in _REFRESH:
+            # Ask the service what it offers now; the answer updates this session's catalog
+            # and tells the client (see _refreshed).
+            list_method, _kind = _REFRESH[method]
+            our_id = self._new_id()
+            self._forwarded[our_id] = _Forwarded(service, None, list_method)
+            request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
+            return [ToBackend(service, _encoder.encode(request))]
+        return []
+
+    def _refreshed(self, service: str, method: str, message: Json) -> list[Action]:
+        """A service's fresh list (after its list_changed): into the catalog, and the client
+        told — a handshake-era client if it lists that service, a listener if it asked."""
+        result = message.get("result")
+        kind = {list_method: kind for list_method, kind in _REFRESH.values()}.get(method)
+        if not isinstance(result, dict) or kind is None or service not in self.catalog.services:
+            return []
+        entries = result.get(kind)
+        if not isinstance(entries, list):
+            return []
+        fresh = getattr(service_catalog(**{kind: entries}), kind)
+        offer = replace(self.catalog.services[service], **{kind: fresh})
+        self.catalog = Catalog({**self.catalog.services, service: offer})
+        note = _notification(f"notifications/{kind}/list_changed")
+        listening = any(wants.get(_LISTEN_KEYS[kind]) for wants in self._listeners.values())
+        shown = service in self._shown()
+        if listening or (not self._stateless and shown):
+            return [note]
         return []
 
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:

@@ -10,11 +10,14 @@ import pytest
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_server import (
+    ASK_SECONDS,
     MAX_QUEUED_PER_BACKEND,
     META_NAMES,
     Action,
     FabricServer,
+    ServiceFacts,
     StartBackend,
+    StopBackend,
     ToBackend,
     ToClient,
 )
@@ -324,3 +327,235 @@ def test_answers_nobody_asked_for_and_stray_output_are_dropped() -> None:
     assert server.backend_message("git", msg(id=999, result={})) == []
     assert server.backend_message("time", msg(id=1, result={})) == []  # not time's to answer
     assert server.client_message(msg(id=12345, result={})) == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_session(**options: Any) -> tuple[FabricServer, Clock]:
+    clock = Clock()
+    server = session(clock=clock, idle_timeouts={"time": 60.0, "git": 30.0}, **options)
+    return server, clock
+
+
+def answer_call(server: FabricServer, service: str, forwarded: dict[str, Any]) -> list[Action]:
+    return server.backend_message(service, msg(id=forwarded["id"], result={"content": []}))
+
+
+def test_a_service_idle_for_its_timeout_is_stopped_and_the_next_call_starts_a_fresh_one() -> None:
+    server, clock = timed_session()
+    call(server, 1, "time__get_current_time")
+    assert server.deadline is None  # starting: never idle
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    assert server.deadline is None  # a call in flight: not idle
+    clock.now += 5
+    assert to_client(answer_call(server, "time", forwarded))[0]["id"] == 1
+    assert server.deadline == clock.now + 60
+    clock.now += 59.9
+    assert server.tick() == []
+    clock.now += 0.1
+    assert server.tick() == [StopBackend("time", "idle")]
+    assert server.deadline is None
+    assert call(server, 2, "time__get_current_time") == [StartBackend("time")]
+
+
+def test_each_service_idles_on_its_own_timeout() -> None:
+    server, clock = timed_session()
+    for request_id, tool, service in (
+        (1, "time__get_current_time", "time"),
+        (2, "git__git_log", "git"),
+    ):
+        call(server, request_id, tool)
+        [_, forwarded] = to_backend(ready(server, service), service)
+        answer_call(server, service, forwarded)
+    clock.now += 30
+    assert server.tick() == [StopBackend("git", "idle")]
+    assert set(server.backends) == {"time"}
+    clock.now += 30
+    assert server.tick() == [StopBackend("time", "idle")]
+
+
+def test_a_cancelled_call_no_longer_holds_its_service_and_its_late_answer_is_dropped() -> None:
+    server, clock = timed_session()
+    call(server, "a", "time__get_current_time")
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    server.client_message(msg(method="notifications/cancelled", params={"requestId": "a"}))
+    assert server.deadline == clock.now + 60
+    assert answer_call(server, "time", forwarded) == []
+
+
+def test_a_backends_question_the_client_leaves_unanswered_is_answered_with_a_timeout() -> None:
+    server, clock = timed_session(client_capabilities={"elicitation": {}})
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    ask = msg(id="e1", method="elicitation/create", params={"message": "?"})
+    [asked] = to_client(server.backend_message("git", ask))
+    assert server.deadline == clock.now + ASK_SECONDS
+    clock.now += ASK_SECONDS
+    actions = server.tick()
+    [refused] = to_backend(actions, "git")
+    assert refused["id"] == "e1"
+    assert refused["error"]["code"] == -32001
+    [cancelled] = to_client(actions)
+    assert cancelled["method"] == "notifications/cancelled"
+    assert cancelled["params"]["requestId"] == asked["id"]
+    assert server.client_message(msg(id=asked["id"], result={})) == []  # too late: dropped
+
+
+def test_answer_all_answers_every_waiting_call_and_ends_every_subscription() -> None:
+    server = session()
+    call(server, 1, "git__git_log")  # waits for the start
+    call(server, 2, "time__get_current_time")
+    ready(server, "time")  # sent to the backend
+    server.client_message(msg(id="l", method="subscriptions/listen", params={"notifications": {}}))
+    stopping = ContainerStartFailure("stopping", reason="orchestrator_stopping")
+    answers = to_client(server.answer_all(stopping))
+    assert sorted(str(a["id"]) for a in answers if "error" in a) == ["1", "2"]
+    [ended] = [a for a in answers if a["id"] == "l"]
+    assert ended["result"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": "l"}
+    assert server.answer_all(stopping) == []
+
+
+def test_a_backends_list_change_refreshes_the_catalog_and_tells_a_client_that_lists_it() -> None:
+    server = session(active=["time"])
+    call(server, 1, "time__get_current_time")
+    ready(server, "time")
+    [relist] = to_backend(
+        server.backend_message("time", msg(method="notifications/tools/list_changed")), "time"
+    )
+    assert relist["method"] == "tools/list"
+    fresh = {"tools": [{"name": "get_current_time"}, {"name": "sleep", "description": "Wait"}]}
+    [changed] = to_client(server.backend_message("time", msg(id=relist["id"], result=fresh)))
+    assert changed["method"] == "notifications/tools/list_changed"
+    [listed] = to_client(server.client_message(msg(id=2, method="tools/list")))
+    names = [t["name"] for t in listed["result"]["tools"]][len(META_NAMES) :]
+    assert names == ["time__get_current_time", "time__sleep"]
+    assert to_backend(call(server, 3, "time__sleep"), "time")[0]["params"]["name"] == "sleep"
+
+
+def test_a_list_change_of_a_service_the_client_does_not_list_is_not_announced() -> None:
+    server = session()
+    call(server, 1, "time__get_current_time")
+    ready(server, "time")
+    [relist] = to_backend(
+        server.backend_message("time", msg(method="notifications/tools/list_changed")), "time"
+    )
+    fresh = {"tools": [{"name": "sleep"}]}
+    assert server.backend_message("time", msg(id=relist["id"], result=fresh)) == []
+    assert server.catalog.tool("time__sleep") is not None  # find_tools and call_tool see it
+
+
+def test_a_stateless_listener_is_acknowledged_and_told_of_list_changes() -> None:
+    server = FabricServer(CATALOG, session_id="s")
+    listen = msg(
+        id=9,
+        method="subscriptions/listen",
+        params={"notifications": {"toolsListChanged": True, "somethingElse": True}},
+    )
+    [ack] = to_client(server.client_message(listen))
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"] == {"notifications": {"toolsListChanged": True}}
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    [relist] = to_backend(
+        server.backend_message("git", msg(method="notifications/tools/list_changed")), "git"
+    )
+    [changed] = to_client(server.backend_message("git", msg(id=relist["id"], result={"tools": []})))
+    assert changed["method"] == "notifications/tools/list_changed"
+
+
+def test_activation_never_changes_a_stateless_clients_list_within_its_connection() -> None:
+    server = FabricServer(CATALOG, session_id="s")
+    actions = call(server, 1, "activate_servers", servers=["git"])
+    [answer] = to_client(actions)
+    assert answer["result"]["structuredContent"]["reconnect_required"] is True
+    assert len(actions) == 1  # no list_changed
+
+
+FACTS = {
+    "time": ServiceFacts(
+        description="Time and time zone conversions",
+        categories=("time",),
+        example_tasks=("What time is it in Tokyo?",),
+    ),
+    "git": ServiceFacts(
+        description="Read and change git repositories",
+        categories=("code", "vcs"),
+        keywords=("commit", "branch", "history"),
+        example_tasks=("Show the last commits",),
+    ),
+}
+
+
+def test_analyze_task_recommends_the_servers_whose_words_match_and_says_why() -> None:
+    server = session(facts=FACTS)
+    [answer] = to_client(
+        call(server, 1, "analyze_task", task_description="Show the commit history of my branch")
+    )
+    result = answer["result"]["structuredContent"]
+    assert result["recommended_servers"] == ["git"]
+    assert "commit" in result["reasoning"] and "branch" in result["reasoning"]
+    assert 0.5 < result["confidence"] <= 1.0
+    [vague] = to_client(call(server, 2, "analyze_task", task_description="bake a cake"))
+    assert vague["result"]["structuredContent"]["recommended_servers"] == []
+    assert vague["result"]["structuredContent"]["confidence"] == 0.0
+
+
+def test_analyze_task_recommends_several_servers_for_a_task_across_domains() -> None:
+    server = session(facts=FACTS)
+    [answer] = to_client(
+        call(
+            server,
+            1,
+            "analyze_task",
+            task_description="log each commit with the time zone it was made in",
+            context_hints=["repository"],
+        )
+    )
+    assert set(answer["result"]["structuredContent"]["recommended_servers"]) == {"git", "time"}
+
+
+def test_capabilities_are_listed_by_category_and_filtered() -> None:
+    server = session(facts=FACTS)
+    [answer] = to_client(call(server, 1, "list_available_capabilities"))
+    capabilities = answer["result"]["structuredContent"]["capabilities"]
+    assert {c["category"]: c["servers"] for c in capabilities} == {
+        "time": ["time"],
+        "code": ["git"],
+        "vcs": ["git"],
+    }
+    [only] = to_client(call(server, 2, "list_available_capabilities", category_filter="VCS"))
+    [vcs] = only["result"]["structuredContent"]["capabilities"]
+    assert vcs["example_tasks"] == ["Show the last commits"]
+
+
+def test_switch_context_activates_a_profile_and_adjusts_it() -> None:
+    server = session(profiles={"web": ["git"]})
+    actions = call(server, 1, "switch_context", profile="web", add_servers=["time"])
+    [answer, changed] = to_client(actions)
+    configuration = answer["result"]["structuredContent"]["new_configuration"]
+    assert configuration["active_servers"] == ["time", "git"]
+    assert changed["method"] == "notifications/tools/list_changed"
+    actions = call(server, 2, "switch_context", remove_servers=["time"])
+    assert to_client(actions)[0]["result"]["structuredContent"]["new_configuration"][
+        "active_servers"
+    ] == ["git"]
+    [unknown] = to_client(call(server, 3, "switch_context", profile="nope"))
+    assert unknown["error"]["code"] == -32602
+    assert "web" in unknown["error"]["message"]
+
+
+def test_get_status_reports_containers_and_uptime() -> None:
+    server, clock = timed_session()
+    call(server, 1, "git__git_log")
+    clock.now += 12.5
+    [answer] = to_client(call(server, 2, "get_status"))
+    status = answer["result"]["structuredContent"]
+    assert status["containers"] == [{"server": "git", "state": "starting"}]
+    assert status["uptime"] == 12.5
+    assert status["session_id"] == "s1"
