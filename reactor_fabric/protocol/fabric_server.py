@@ -309,10 +309,11 @@ class FabricServer:
     def answer_all(self, error: FabricError) -> list[Action]:
         """The session ends (shutdown, a failure): every request the client waits for gets
         ``error``, every open subscription its end. Nothing is owed afterwards."""
-        actions: list[Action] = []
-        for forwarded in self._forwarded.values():
-            if forwarded.client_id is not None:
-                actions.append(self._error(forwarded.client_id, error))
+        actions: list[Action] = [
+            self._error(forwarded.client_id, error)
+            for forwarded in self._forwarded.values()
+            if forwarded.client_id is not None
+        ]
         self._forwarded.clear()
         self._asked.clear()
         for request_id in self._listeners:
@@ -436,27 +437,34 @@ class FabricServer:
         arguments = params.get("arguments")
         if not isinstance(arguments, dict):
             arguments = {}
-        if name == "find_tools":
-            return [self._result(request_id, self._find_tools(arguments))]
-        if name == "get_status":
-            return [self._result(request_id, self._status())]
-        if name == "activate_servers":
-            return self._activate(request_id, arguments)
-        if name == "switch_context":
-            return self._switch(request_id, arguments)
-        if name == "analyze_task":
-            return [self._result(request_id, self._analyze(arguments))]
-        if name == "list_available_capabilities":
-            return [self._result(request_id, self._capability_list(arguments))]
+        answering: dict[str, Callable[[Json], Json]] = {
+            "find_tools": self._find_tools,
+            "get_status": lambda _arguments: self._status(),
+            "analyze_task": self._analyze,
+            "list_available_capabilities": self._capability_list,
+        }
+        acting: dict[str, Callable[[object, Json], list[Action]]] = {
+            "activate_servers": self._activate,
+            "switch_context": self._switch,
+        }
         if name == "call_tool":
-            target = arguments.get("name")
-            inner = arguments.get("arguments", arguments.get("parameters", {}))
-            if not isinstance(inner, dict):
-                inner = {}
-            if target in META_NAMES:
-                return [self._fail(request_id, INVALID_PARAMS, "call_tool calls a server's tool")]
-            return self._call_entry(request_id, target, {**params, "arguments": inner})
+            return self._call_tool(request_id, params, arguments)
+        if isinstance(name, str) and name in answering:
+            return [self._result(request_id, answering[name](arguments))]
+        if isinstance(name, str) and name in acting:
+            return acting[name](request_id, arguments)
         return self._call_entry(request_id, name, params)
+
+    def _call_tool(self, request_id: object, params: Json, arguments: Json) -> list[Action]:
+        target = arguments.get("name")
+        # Models often nest a tool's arguments as "parameters": both are accepted.
+        inner = arguments.get("arguments", arguments.get("parameters", {}))
+        if not isinstance(inner, dict):
+            inner = {}
+        if target in META_NAMES:
+            return [self._fail(request_id, INVALID_PARAMS, "call_tool calls a server's tool")]
+        # The outer request's _meta (its progressToken) goes along.
+        return self._call_entry(request_id, target, {**params, "arguments": inner})
 
     def _call_entry(self, request_id: object, name: object, params: Json) -> list[Action]:
         entry: Entry | None = self.catalog.tool(name) if isinstance(name, str) else None
@@ -817,7 +825,7 @@ class FabricServer:
         """A service's fresh list (after its list_changed): into the catalog, and the client
         told — a handshake-era client if it lists that service, a listener if it asked."""
         result = message.get("result")
-        kind = {list_method: kind for list_method, kind in _REFRESH.values()}.get(method)
+        kind = dict(_REFRESH.values()).get(method)
         if not isinstance(result, dict) or kind is None or service not in self.catalog.services:
             return []
         entries = result.get(kind)
