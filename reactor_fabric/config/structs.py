@@ -47,6 +47,9 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     user: str | None = None
     security: Security = msgspec.field(default_factory=Security)
     local_command: list[str] | None = None
+    categories: list[str] = msgspec.field(default_factory=list)
+    keywords: list[str] = msgspec.field(default_factory=list)
+    example_tasks: list[str] = msgspec.field(default_factory=list)
 
     @property
     def idle_timeout_seconds(self) -> float:
@@ -88,6 +91,10 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 DEFAULT_MOUNT_TARGETS = ("/workspace", "/projects")
 
 
+class FabricSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    default_exposure: Literal["discover", "all"] = "discover"
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -99,13 +106,20 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
     network: str = "bridge"
     limits: Limits = msgspec.field(default_factory=Limits)
+    fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
 
     @property
     def max_message_bytes(self) -> int:
         return parse_size(self.max_message_size)
 
 
+class Profile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    services: list[str]
+    description: str = ""
+
+
 class Suite(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     version: str
     orchestrator: Orchestrator
     mcp_services: dict[str, Service]
+    profiles: dict[str, Profile] = msgspec.field(default_factory=dict)

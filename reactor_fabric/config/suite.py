@@ -284,6 +284,21 @@ def _check_logic(data: object, collector: _Collector) -> None:
         for name, service in services.items():
             if isinstance(service, dict):
                 _check_service(str(name), service, collector)
+        _check_profiles(data.get("profiles"), set(services), collector)
+
+
+def _check_profiles(profiles: object, services: set[str], collector: _Collector) -> None:
+    if not isinstance(profiles, dict):
+        return
+    for name, profile in profiles.items():
+        members = profile.get("services") if isinstance(profile, dict) else None
+        if not isinstance(members, list):
+            continue
+        for index, member in enumerate(members):
+            path: KeyPath = ("profiles", name, "services", index)
+            if isinstance(member, str) and member not in services and path not in collector.flagged:
+                known = ", ".join(sorted(services))
+                collector.add(path, f"no service named {member!r} in mcp_services ({known})")
 
 
 def _check_roots(roots: object, collector: _Collector) -> None:

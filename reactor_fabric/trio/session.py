@@ -40,6 +40,7 @@ import collections
 import contextlib
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -285,8 +286,8 @@ async def refuse(
 
 
 @dataclass
-class _Live:
-    """A running container of the session and its I/O state."""
+class LiveContainer:
+    """A running container of a session and its I/O state (both endpoints' drivers)."""
 
     seq: int
     container: Container
@@ -330,7 +331,7 @@ class SessionDriver:
             now=trio.current_time(),
         )
         self._fields = {"session": session_id, "service": service_name}
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, LiveContainer] = {}
         self._nursery: trio.Nursery | None = None
         self._timer_scope: trio.CancelScope | None = None
         self._accepting = trio.Event()
@@ -453,7 +454,7 @@ class SessionDriver:
         except FabricError as exc:
             await self._feed(SpawnFailed(seq, exc))
             return
-        live = _Live(seq, container)
+        live = LiveContainer(seq, container)
         self._live[seq] = live
         self.fabric.container_started(container.id, self.session_id)
         log.info(
@@ -478,7 +479,7 @@ class SessionDriver:
         live.queue.append(action.data)
         live.queued.set()
 
-    async def _write_stdin(self, live: _Live) -> None:
+    async def _write_stdin(self, live: LiveContainer) -> None:
         """The one writer of this container's stdin: drains the queue, several lines at once."""
         stdin = live.container.stdin
         while True:
@@ -496,7 +497,7 @@ class SessionDriver:
                 return
             await self._feed(StdinWritten(live.seq, len(data)))
 
-    async def _read_stdout(self, live: _Live) -> None:
+    async def _read_stdout(self, live: LiveContainer) -> None:
         splitter = LineSplitter(max_line=self.fabric.max_message_bytes)
         stdout = live.container.stdout
         try:
@@ -525,43 +526,8 @@ class SessionDriver:
             log.warning("container_inspect_failed", extra={**self._fields, "reason": exc.reason})
         await self._feed(ContainerExited(live.seq, exit_code, oom, tuple(live.stderr_tail)))
 
-    async def _read_stderr(self, live: _Live) -> None:
-        """Container stderr → the log: lines truncated, rate-limited per container."""
-        splitter = TruncatingLineSplitter(max_line=STDERR_LINE_BYTES)
-        bucket = TokenBucket(
-            rate=STDERR_RATE_PER_SECOND, burst=STDERR_BURST, now=trio.current_time()
-        )
-        stderr = live.container.stderr
-        try:
-            while data := await stderr.receive_some(READ_CHUNK):
-                for line, dropped in splitter.feed(bytes(data)):
-                    self._stderr_line(live, bucket, line, dropped)
-            last = splitter.flush()
-            if last is not None:
-                self._stderr_line(live, bucket, *last)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
-            pass
-        finally:
-            live.stderr_done.set()
-            suppressed = bucket.take_suppressed()
-            if suppressed:
-                log.warning(
-                    "container_stderr_suppressed",
-                    extra={**self._fields, "sequence": live.seq, "lines": suppressed},
-                )
-
-    def _stderr_line(self, live: _Live, bucket: TokenBucket, line: bytes, dropped: int) -> None:
-        text = line.decode("utf-8", "replace")
-        live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
-        if not bucket.allow(trio.current_time()):
-            return
-        fields: dict[str, Any] = {**self._fields, "sequence": live.seq, "line": text}
-        if dropped:
-            fields["truncated_bytes"] = dropped
-        suppressed = bucket.take_suppressed()
-        if suppressed:
-            fields["suppressed_before"] = suppressed
-        log.info("container_stderr", extra=fields)
+    async def _read_stderr(self, live: LiveContainer) -> None:
+        await read_stderr(live, self._fields)
 
     def _stop(self, action: StopContainer) -> None:
         live = self._live.get(action.seq)
@@ -571,39 +537,100 @@ class SessionDriver:
         assert self._nursery is not None
         self._nursery.start_soon(self._remove, live)
 
-    async def _remove(self, live: _Live) -> None:
-        """Stop and remove one container (shielded, bounded; runs once per container)."""
-        if live.removing:
-            await live.removed.wait()
-            return
-        live.removing = True
-        container = live.container
-        try:
-            with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
-                scope.shield = True
-                if live.stop_graceful:
-                    with trio.move_on_after(STDIN_CLOSE_GRACE_SECONDS):
-                        await _close_stdin_and_wait(live)
-                await container.aclose()
-                await self.fabric.runtime.remove(
-                    container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
-                )
-        finally:
-            self._live.pop(live.seq, None)
-            self.fabric.container_removed(container.id)
-            live.removed.set()
-            log.info(
-                "container_removed",
-                extra={
-                    **self._fields,
-                    "container": container.id[:12],
-                    "sequence": live.seq,
-                    "why": live.stop_reason,
-                },
+    async def _remove(self, live: LiveContainer) -> None:
+        await remove_container(
+            self.fabric, live, self._fields, forget=lambda: self._live.pop(live.seq, None)
+        )
+
+
+async def read_stderr(live: LiveContainer, fields: dict[str, Any]) -> None:
+    """Container stderr → the log: lines truncated, rate-limited per container; the last lines
+    kept in ``live.stderr_tail`` (they explain an exit)."""
+    splitter = TruncatingLineSplitter(max_line=STDERR_LINE_BYTES)
+    bucket = TokenBucket(rate=STDERR_RATE_PER_SECOND, burst=STDERR_BURST, now=trio.current_time())
+    stderr = live.container.stderr
+    try:
+        while data := await stderr.receive_some(READ_CHUNK):
+            for line, dropped in splitter.feed(bytes(data)):
+                _stderr_line(live, bucket, line, dropped, fields)
+        last = splitter.flush()
+        if last is not None:
+            _stderr_line(live, bucket, *last, fields)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
+        pass
+    finally:
+        live.stderr_done.set()
+        suppressed = bucket.take_suppressed()
+        if suppressed:
+            log.warning(
+                "container_stderr_suppressed",
+                extra={**fields, "sequence": live.seq, "lines": suppressed},
             )
 
 
-async def _close_stdin_and_wait(live: _Live) -> None:
+def _stderr_line(
+    live: LiveContainer,
+    bucket: TokenBucket,
+    line: bytes,
+    dropped: int,
+    fields: dict[str, Any],
+) -> None:
+    text = line.decode("utf-8", "replace")
+    live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
+    if not bucket.allow(trio.current_time()):
+        return
+    logged: dict[str, Any] = {**fields, "sequence": live.seq, "line": text}
+    if dropped:
+        logged["truncated_bytes"] = dropped
+    suppressed = bucket.take_suppressed()
+    if suppressed:
+        logged["suppressed_before"] = suppressed
+    log.info("container_stderr", extra=logged)
+
+
+async def remove_container(
+    fabric: Fabric,
+    live: LiveContainer,
+    fields: dict[str, Any],
+    *,
+    forget: Callable[[], object],
+) -> None:
+    """Stop and remove one container (shielded, bounded; runs once per container).
+
+    ``forget`` drops the driver's reference to it before anyone waiting on ``live.removed``
+    wakes up.
+    """
+    if live.removing:
+        await live.removed.wait()
+        return
+    live.removing = True
+    container = live.container
+    try:
+        with trio.move_on_at(fabric.teardown_deadline()) as scope:
+            scope.shield = True
+            if live.stop_graceful:
+                with trio.move_on_after(STDIN_CLOSE_GRACE_SECONDS):
+                    await _close_stdin_and_wait(live)
+            await container.aclose()
+            await fabric.runtime.remove(
+                container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
+            )
+    finally:
+        forget()
+        fabric.container_removed(container.id)
+        live.removed.set()
+        log.info(
+            "container_removed",
+            extra={
+                **fields,
+                "container": container.id[:12],
+                "sequence": live.seq,
+                "why": live.stop_reason,
+            },
+        )
+
+
+async def _close_stdin_and_wait(live: LiveContainer) -> None:
     """Ask the server to exit (EOF on stdin) and wait until its output ends."""
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         await live.container.stdin.send_eof()

@@ -363,3 +363,27 @@ def test_fabric_is_a_reserved_service_name() -> None:
     [problem] = check(MINIMAL.replace("  time:", "  fabric:"))
     assert "name 'fabric' is reserved" in problem
     assert "suite-level endpoint" in problem
+
+
+def test_profiles_and_discovery_fields_load_and_a_profile_naming_no_service_is_refused() -> None:
+    described = MINIMAL.replace(
+        '    image: "reactor-fabric/mcp-server-time:2026.10.19"\n',
+        '    image: "reactor-fabric/mcp-server-time:2026.10.19"\n'
+        "    categories: [time]\n"
+        "    keywords: [clock, timezone]\n"
+        '    example_tasks: ["What time is it in Tokyo?"]\n',
+    ).replace(
+        "  allowed_mount_roots", "  fabric: {default_exposure: all}\n  allowed_mount_roots"
+    )
+    good = described + "profiles:\n  clock:\n    services: [time]\n"
+    result = check_suite_text(good, source="suite.yaml")
+    assert result.issues == []
+    assert result.suite is not None
+    assert result.suite.profiles["clock"].services == ["time"]
+    assert result.suite.orchestrator.fabric.default_exposure == "all"
+    assert result.suite.mcp_services["time"].keywords == ["clock", "timezone"]
+    [problem] = check(described + "profiles:\n  web:\n    services: [time, git]\n")
+    assert problem.startswith("suite.yaml:13:22: profiles.web.services[1]")
+    assert "no service named 'git' in mcp_services (time)" in problem
+    [exposure] = check(described.replace("default_exposure: all", "default_exposure: some"))
+    assert "default_exposure" in exposure
