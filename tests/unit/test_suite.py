@@ -372,9 +372,7 @@ def test_profiles_and_discovery_fields_load_and_a_profile_naming_no_service_is_r
         "    categories: [time]\n"
         "    keywords: [clock, timezone]\n"
         '    example_tasks: ["What time is it in Tokyo?"]\n',
-    ).replace(
-        "  allowed_mount_roots", "  fabric: {default_exposure: all}\n  allowed_mount_roots"
-    )
+    ).replace("  allowed_mount_roots", "  fabric: {default_exposure: all}\n  allowed_mount_roots")
     good = described + "profiles:\n  clock:\n    services: [time]\n"
     result = check_suite_text(good, source="suite.yaml")
     assert result.issues == []
