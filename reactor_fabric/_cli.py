@@ -347,6 +347,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         network=settings.network or check.suite.orchestrator.network,
         listen_host=settings.host,
         token=token.value if token is not None else None,
+        catalog_store=default_store(environ),
     )
     try:
         trio.run(_serve_until_signalled, fabric, settings, token)

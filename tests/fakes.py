@@ -110,6 +110,9 @@ class MemoryClient:
         await self._to_relay_send.send(None)
 
 
+TOOLS = ("echo", "wait", "flood", "crash", "ask", "hold", "notify", "progress")
+
+
 async def scripted_mcp_server(container: MemoryServer) -> None:
     """A small stdio MCP server with tools that exercise the relay's edges.
 
@@ -156,7 +159,7 @@ async def _handle(
         await _answer(
             container,
             message["id"],
-            {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]},
+            {"tools": [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]},
         )
     elif method == "tools/call":
         await _call_tool(container, message, asks, server_scope)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
 
-from reactor_fabric.config.structs import Limits, Orchestrator, Service, Suite
+from reactor_fabric.config.structs import Limits, Orchestrator, Profile, Service, Suite
 from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
 from reactor_fabric.trio.app import FabricApp
 from reactor_fabric.trio.fabric import Fabric
@@ -118,15 +119,28 @@ async def served(
     http_limits: HttpLimits | None = None,
     stdin_capacity: int = 65536,
     token: str | None = None,
+    learn_catalog: bool = False,
+    services: dict[str, Service] | None = None,
+    profiles: dict[str, Profile] | None = None,
     **orchestrator: Any,
 ) -> AsyncIterator[Served]:
     suite = suite_for(root, idle_timeout=idle_timeout, limits=limits, **orchestrator)
+    if services is not None:
+        suite = msgspec.structs.replace(suite, mcp_services=services)
+    if profiles is not None:
+        suite = msgspec.structs.replace(suite, profiles=profiles)
     async with open_memory_runtime(server, stdin_capacity=stdin_capacity) as runtime:
         fabric = Fabric(suite, runtime=runtime, network="none", token=token)
         sessions = HttpSessions(fabric)
         app = FabricApp(fabric, sessions)
         async with trio.open_nursery() as nursery:
             await nursery.start(sessions.run)
+            if learn_catalog:
+                # As the orchestrator does at start-up; the probes are not the test's business.
+                await nursery.start(fabric.learn_catalog)
+                await fabric.catalog_ready.wait()
+                runtime.spawned.clear()
+                runtime.removals.clear()
             yield Served(fabric, runtime, app, sessions, nursery, http_limits or HttpLimits())
             nursery.cancel_scope.cancel()
         assert runtime.alive == [], "a container was left behind"

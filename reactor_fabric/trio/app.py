@@ -4,8 +4,9 @@
 (every route)                 Origin/Host, then the token (:mod:`reactor_fabric.policy.auth`)
 ``GET /healthz``              the health report (:mod:`reactor_fabric.observe.health`);
                               without the token only its status
-``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`)
-``ws://…/mcp/{service}``      WebSocket (:mod:`.websocket`)
+``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`): the per-service relay
+``/mcp``, ``/mcp/fabric/{key}`` the fabric endpoint (:mod:`.fabric_session`)
+``ws://…/mcp[/{service}]``    WebSocket (:mod:`.websocket`)
 ============================  =========================================================
 """
 
@@ -21,6 +22,7 @@ from .._version import __version__
 from ..observe.health import health_report
 from ..policy.auth import Refusal, admit
 from .fabric import Fabric
+from .fabric_session import FABRIC_ENDPOINT
 from .http_server import HttpExchange, Request
 from .streamable_http import HttpSessions, serve_streamable_http
 from .websocket import serve_websocket
@@ -83,7 +85,10 @@ class FabricApp:
 
 
 def mcp_route(path: str) -> tuple[str, str | None] | None:
-    """``/mcp/{service}`` or ``/mcp/{service}/{key}`` → (service, key); anything else → None."""
+    """``/mcp/{service}`` or ``/mcp/{service}/{key}`` → (service, key); ``/mcp`` → the fabric
+    endpoint (which ``/mcp/fabric[/{key}]`` names too); anything else → None."""
+    if path == "/mcp":
+        return FABRIC_ENDPOINT, None
     if not path.startswith("/mcp/"):
         return None
     parts = path[len("/mcp/") :].split("/")

@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,18 +108,22 @@ async def learn_catalog(
     runtime: Runtime,
     identity: ContainerIdentity,
     services: Mapping[str, Service],
-    store: CatalogStore,
+    store: CatalogStore | None,
     *,
     refresh: bool = False,
     max_line: int = 16 * 1024 * 1024,
+    on_learned: Callable[[str, Learned], None] | None = None,
 ) -> tuple[Catalog, dict[str, Learned]]:
     """Every service's offer: from the cache, else learned by a probe (one at a time, so that
-    a start-up does not compete with the first sessions for the engine)."""
+    a start-up does not compete with the first sessions for the engine). Without a ``store``
+    nothing is cached. ``on_learned`` hears of each service as soon as it is known."""
     learned: dict[str, Learned] = {}
     for name, service in services.items():
         learned[name] = await _learn_one(
             runtime, identity, name, service, store, refresh=refresh, max_line=max_line
         )
+        if on_learned is not None:
+            on_learned(name, learned[name])
     return Catalog({name: item.offer for name, item in learned.items()}), learned
 
 
@@ -128,7 +132,7 @@ async def _learn_one(
     identity: ContainerIdentity,
     name: str,
     service: Service,
-    store: CatalogStore,
+    store: CatalogStore | None,
     *,
     refresh: bool,
     max_line: int,
@@ -138,8 +142,8 @@ async def _learn_one(
     except FabricError as exc:
         image_id = None
         log.debug("catalog_image_unknown", extra={"service": name, "detail": str(exc)})
-    key = cache_key(image_id, service) if image_id is not None else None
-    if key is not None and not refresh:
+    key = cache_key(image_id, service) if image_id is not None and store is not None else None
+    if key is not None and store is not None and not refresh:
         cached = await trio.to_thread.run_sync(store.load, key)
         if cached is not None:
             return Learned(cached, "cache")
@@ -149,6 +153,8 @@ async def _learn_one(
         reason = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
         log.warning("catalog_probe_failed", extra={"service": name, "detail": reason})
         return Learned(ServiceCatalog(error=reason), "error")
+    if store is None:
+        return Learned(offer, "probe")
     if key is None:  # the image appeared with the probe (pulled): key it now
         with contextlib.suppress(FabricError):
             image_id = await runtime.image_id(service.image)

@@ -26,11 +26,16 @@ from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
+from ..protocol.catalog import Catalog, ServiceCatalog
+from ..protocol.fabric_server import ServiceFacts
 from ..protocol.session import SessionLimits
 from ..runtime.base import Runtime
+from .catalog import CatalogStore, Learned, learn_catalog
 
 # How long removing one session's containers may take (a shutdown may allow less).
 TEARDOWN_BOUND_SECONDS = 15.0
+# Until it is learned, a service's entry in the catalog says so (get_status shows it).
+NOT_LEARNED_YET = "not learned yet: the orchestrator is asking the service what it offers"
 
 
 def process_identity(instance_id: str, network: str) -> ContainerIdentity:
@@ -79,6 +84,11 @@ class Fabric:
     hard_deadline: float = math.inf
     # Set (and replaced) whenever a session, container or busy connection comes or goes.
     changed: trio.Event = field(default_factory=trio.Event)
+    # The suite's catalog for the fabric endpoint: learned in the background at start-up
+    # (learn_catalog), services appearing in it one by one; ``catalog_ready`` once all are in.
+    catalog_store: CatalogStore | None = None
+    catalog: Catalog = field(init=False)
+    catalog_ready: trio.Event = field(default_factory=trio.Event)
     mount_policy: MountPolicy = field(init=False)
     gate: Gate = field(init=False)
     _identity: ContainerIdentity = field(init=False)
@@ -94,6 +104,47 @@ class Fabric:
             self.token,
         )
         self._identity = process_identity(self.instance_id, self.network)
+        not_yet = ServiceCatalog(error=NOT_LEARNED_YET)
+        self.catalog = Catalog(dict.fromkeys(self.suite.mcp_services, not_yet))
+
+    # --- the catalog --------------------------------------------------------------------------
+
+    async def learn_catalog(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Learn every service's offer (cache, else a probe), publishing each as it comes.
+
+        Runs in the orchestrator's root nursery; reports started at once (serving does not
+        wait for it). A fabric-endpoint session that starts meanwhile waits for it, bounded
+        (see :mod:`reactor_fabric.trio.fabric_session`).
+        """
+        task_status.started()
+
+        def publish(name: str, learned: Learned) -> None:
+            self.catalog = Catalog({**self.catalog.services, name: learned.offer})
+
+        try:
+            await learn_catalog(
+                self.runtime,
+                self._identity,
+                self.suite.mcp_services,
+                self.catalog_store,
+                max_line=self.max_message_bytes,
+                on_learned=publish,
+            )
+        finally:
+            self.catalog_ready.set()
+
+    def service_facts(self) -> dict[str, ServiceFacts]:
+        return {
+            name: ServiceFacts(
+                description=service.description,
+                categories=tuple(service.categories),
+                keywords=tuple(service.keywords),
+                example_tasks=tuple(service.example_tasks),
+            )
+            for name, service in self.suite.mcp_services.items()
+        }
 
     # --- settings -----------------------------------------------------------------------------
 
@@ -107,6 +158,16 @@ class Fabric:
 
     def service(self, name: str) -> Service | None:
         return self.suite.mcp_services.get(name)
+
+    def session_idle_seconds(self, endpoint: str) -> float:
+        """How long an HTTP session of ``endpoint`` may go without a request: its service's
+        idle timeout; on the fabric endpoint, the longest of them (a session outlives its
+        containers)."""
+        service = self.service(endpoint)
+        if service is not None:
+            return service.idle_timeout_seconds
+        timeouts = [s.idle_timeout_seconds for s in self.suite.mcp_services.values()]
+        return max(timeouts, default=60.0)
 
     def session_limits(self, service: Service) -> SessionLimits:
         return SessionLimits(to_server_bytes=self.limits.buffer_to_server_bytes)

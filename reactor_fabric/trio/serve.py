@@ -4,6 +4,7 @@ Ownership tree::
 
     serve_orchestrator (root nursery)
     ├── run_sweeper            orphan containers: at start-up, then periodically
+    ├── Fabric.learn_catalog   what each service offers (cache, else a probe), for /mcp
     ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
     └── connections (nursery)
         ├── serve_http         the accept loop (HTTP and WebSocket on one port)
@@ -145,6 +146,7 @@ async def serve_orchestrator(
                 )
             )
             await root.start(http_sessions.run)
+            await root.start(fabric.learn_catalog)  # in the background: serving does not wait
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 

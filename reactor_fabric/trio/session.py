@@ -36,24 +36,22 @@ sessions never notice.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
 from ..config.structs import Service
-from ..observe.ratelimit import TokenBucket
 from ..policy.container_spec import MountSpec
 from ..policy.mounts import parse_query_mount
-from ..protocol.framing import FramingError, LineSplitter, TruncatingLineSplitter
+from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, classify_first_message, register_answer
-from ..protocol.jsonrpc import Peek, error_response
+from ..protocol.jsonrpc import error_response
 from ..protocol.session import (
     OUTPUT_INVALID,
     Action,
@@ -77,25 +75,29 @@ from ..protocol.session import (
     Tick,
     WriteStdin,
 )
-from ..runtime.base import Container
+from .channel import ClientChannel
+from .containers import (
+    READ_CHUNK,
+    STDERR_DRAIN_SECONDS,
+    LiveContainer,
+    read_stderr,
+    remove_container,
+)
 from .fabric import Fabric, SessionRecord, new_session_id
+from .fabric_session import (
+    FABRIC_ENDPOINT,
+    FabricDriver,
+    FabricOptions,
+    fabric_options,
+    session_catalog,
+)
+
+__all__ = ["ClientChannel", "refuse", "serve_session"]
 
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
 CLOSE_INTERNAL_ERROR = 1011
-READ_CHUNK = 65536
-# Closing stdin asks a stdio server to exit; after this it is stopped (SIGTERM, then SIGKILL).
-STDIN_CLOSE_GRACE_SECONDS = 0.5
-STOP_GRACE_SECONDS = 2.0
-# After a container's stdout ends, how long its stderr reader may take to log the last lines
-# (they explain the exit, and go into the error the client gets).
-STDERR_DRAIN_SECONDS = 1.0
-STDERR_TAIL_LINES = 20
-STDERR_LINE_BYTES = 8192
-STDERR_TAIL_CHARS = 500
-STDERR_RATE_PER_SECOND = 50.0
-STDERR_BURST = 200
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -103,22 +105,6 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
-
-
-class ClientChannel(Protocol):
-    """A client connection carrying one JSON-RPC message per frame, for one session.
-
-    ``send`` may wait while the transport's buffer for the client is full (backpressure); it
-    raises :class:`trio.BrokenResourceError` or :class:`trio.ClosedResourceError` once the client
-    is gone. ``message`` is the frame's envelope when the relay has peeked at it already.
-    """
-
-    async def receive(self) -> bytes | None:
-        """The next message (UTF-8 bytes), or None once the client has gone."""
-
-    async def send(self, frame: bytes, message: Peek | None = None) -> None: ...
-
-    async def close(self, code: int, reason: str = "") -> None: ...
 
 
 async def serve_session(
@@ -130,6 +116,7 @@ async def serve_session(
     first_frame: bytes | None = None,
     session_id: str | None = None,
     transport: str = "websocket",
+    query: Mapping[str, list[str]] | None = None,
 ) -> None:
     """Run one client session from its first message to its end (see the module docstring).
 
@@ -148,6 +135,7 @@ async def serve_session(
             first_frame=first_frame,
             session_id=session_id,
             transport=transport,
+            query=query,
             progress=progress,
         )
     except* Exception as failure:
@@ -166,7 +154,16 @@ class _Progress:
     """How far a session got, for the answers to give if it crashes."""
 
     first_request_id: object = None
-    driver: SessionDriver | None = None
+    driver: _Driver | None = None
+
+
+class _Driver(Protocol):
+    """What both endpoints' session drivers offer the session's lifecycle."""
+
+    async def run(self, first_frame: bytes, first: object) -> None: ...
+
+    def owed_frames(self, error: FabricError) -> list[bytes]:
+        """The answers the client is owed if the session ends now with ``error``."""
 
 
 async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> None:
@@ -178,8 +175,7 @@ async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> 
     frames = [error_response(progress.first_request_id, error)]
     if progress.driver is not None:
         with contextlib.suppress(Exception):
-            actions = progress.driver.machine.answer_all(error)
-            frames = [a.frame for a in actions if isinstance(a, SendToClient)]
+            frames = progress.driver.owed_frames(error)
     for frame in frames:
         with contextlib.suppress(Exception):
             await channel.send(frame)
@@ -196,6 +192,7 @@ async def _serve_session(
     first_frame: bytes | None,
     session_id: str,
     transport: str,
+    query: Mapping[str, list[str]] | None,
     progress: _Progress,
 ) -> None:
     if first_frame is None:
@@ -210,9 +207,14 @@ async def _serve_session(
     request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
     progress.first_request_id = request_id
     service = fabric.service(service_name)
-    if service is None:
-        not_found = _service_not_found(service_name)
-        await refuse(channel, request_id, not_found, service=service_name)
+    options: FabricOptions | None = None
+    try:
+        if service_name == FABRIC_ENDPOINT:
+            options = fabric_options(fabric.suite, query or {})
+        elif service is None:
+            raise _service_not_found(service_name)
+    except FabricError as exc:
+        await refuse(channel, request_id, exc, service=service_name)
         return
     try:
         requested: object = (
@@ -244,9 +246,22 @@ async def _serve_session(
                 "mounts": [m.target for m in mounts],
             },
         )
-        driver = progress.driver = SessionDriver(
-            fabric, channel, service_name, service, session_id=session_id, mounts=mounts
-        )
+        driver: _Driver
+        if options is not None:
+            driver = FabricDriver(
+                fabric,
+                channel,
+                session_id=session_id,
+                mounts=mounts,
+                options=options,
+                catalog=await session_catalog(fabric),
+            )
+        else:
+            assert service is not None
+            driver = SessionDriver(
+                fabric, channel, service_name, service, session_id=session_id, mounts=mounts
+            )
+        progress.driver = driver
         await driver.run(first_frame, first)
     finally:
         fabric.release(session_id)
@@ -285,26 +300,6 @@ async def refuse(
     await channel.close(CLOSE_NORMAL, error.reason)
 
 
-@dataclass
-class LiveContainer:
-    """A running container of a session and its I/O state (both endpoints' drivers)."""
-
-    seq: int
-    container: Container
-    queue: collections.deque[bytes] = field(default_factory=collections.deque)
-    queued: trio.Event = field(default_factory=trio.Event)
-    stdout_done: trio.Event = field(default_factory=trio.Event)
-    stderr_done: trio.Event = field(default_factory=trio.Event)
-    removed: trio.Event = field(default_factory=trio.Event)
-    stderr_tail: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
-    )
-    removing: bool = False
-    reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
-    stop_reason: str = "session_ended"
-    stop_graceful: bool = True
-
-
 class SessionDriver:
     """Runs one :class:`SessionMachine` against a client channel and a container runtime."""
 
@@ -335,6 +330,10 @@ class SessionDriver:
         self._nursery: trio.Nursery | None = None
         self._timer_scope: trio.CancelScope | None = None
         self._accepting = trio.Event()
+
+    def owed_frames(self, error: FabricError) -> list[bytes]:
+        """What the client is owed if the session must end now with ``error``."""
+        return [a.frame for a in self.machine.answer_all(error) if isinstance(a, SendToClient)]
 
     # --- the machine --------------------------------------------------------------------------
 
@@ -541,103 +540,3 @@ class SessionDriver:
         await remove_container(
             self.fabric, live, self._fields, forget=lambda: self._live.pop(live.seq, None)
         )
-
-
-async def read_stderr(live: LiveContainer, fields: dict[str, Any]) -> None:
-    """Container stderr → the log: lines truncated, rate-limited per container; the last lines
-    kept in ``live.stderr_tail`` (they explain an exit)."""
-    splitter = TruncatingLineSplitter(max_line=STDERR_LINE_BYTES)
-    bucket = TokenBucket(rate=STDERR_RATE_PER_SECOND, burst=STDERR_BURST, now=trio.current_time())
-    stderr = live.container.stderr
-    try:
-        while data := await stderr.receive_some(READ_CHUNK):
-            for line, dropped in splitter.feed(bytes(data)):
-                _stderr_line(live, bucket, line, dropped, fields)
-        last = splitter.flush()
-        if last is not None:
-            _stderr_line(live, bucket, *last, fields)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
-        pass
-    finally:
-        live.stderr_done.set()
-        suppressed = bucket.take_suppressed()
-        if suppressed:
-            log.warning(
-                "container_stderr_suppressed",
-                extra={**fields, "sequence": live.seq, "lines": suppressed},
-            )
-
-
-def _stderr_line(
-    live: LiveContainer,
-    bucket: TokenBucket,
-    line: bytes,
-    dropped: int,
-    fields: dict[str, Any],
-) -> None:
-    text = line.decode("utf-8", "replace")
-    live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
-    if not bucket.allow(trio.current_time()):
-        return
-    logged: dict[str, Any] = {**fields, "sequence": live.seq, "line": text}
-    if dropped:
-        logged["truncated_bytes"] = dropped
-    suppressed = bucket.take_suppressed()
-    if suppressed:
-        logged["suppressed_before"] = suppressed
-    log.info("container_stderr", extra=logged)
-
-
-async def remove_container(
-    fabric: Fabric,
-    live: LiveContainer,
-    fields: dict[str, Any],
-    *,
-    forget: Callable[[], object],
-) -> None:
-    """Stop and remove one container (shielded, bounded; runs once per container).
-
-    ``forget`` drops the driver's reference to it before anyone waiting on ``live.removed``
-    wakes up.
-    """
-    if live.removing:
-        await live.removed.wait()
-        return
-    live.removing = True
-    container = live.container
-    try:
-        with trio.move_on_at(fabric.teardown_deadline()) as scope:
-            scope.shield = True
-            if live.stop_graceful:
-                with trio.move_on_after(STDIN_CLOSE_GRACE_SECONDS):
-                    await _close_stdin_and_wait(live)
-            await container.aclose()
-            await fabric.runtime.remove(
-                container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
-            )
-    finally:
-        forget()
-        fabric.container_removed(container.id)
-        live.removed.set()
-        log.info(
-            "container_removed",
-            extra={
-                **fields,
-                "container": container.id[:12],
-                "sequence": live.seq,
-                "why": live.stop_reason,
-            },
-        )
-
-
-async def _close_stdin_and_wait(live: LiveContainer) -> None:
-    """Ask the server to exit (EOF on stdin) and wait until its output ends."""
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await live.container.stdin.send_eof()
-    if live.reading_stdout:
-        await live.stdout_done.wait()
-        return
-    # The session is over and its reader gone: read the rest of the output ourselves.
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
-        while await live.container.stdout.receive_some(READ_CHUNK):
-            pass

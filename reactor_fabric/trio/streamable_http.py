@@ -49,6 +49,7 @@ from .._errors import (
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import REQUEST, Peek, decode_params, error_response, peek
 from .fabric import Fabric, new_session_id
+from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import HttpChannel, Waiter
 from .http_server import HttpExchange
 from .session import serve_session
@@ -74,6 +75,8 @@ class HttpSession:
     # The ``?mount=`` values the session was created with: a keyed URL belongs to its first
     # client, and a request that asks for other mounts is someone else.
     query_mounts: tuple[str, ...] = ()
+    # The whole query of the request that created it (the fabric endpoint reads its options).
+    query: dict[str, list[str]] = field(default_factory=dict)
     started: bool = False  # the first message has been submitted
     ended: trio.Event = field(default_factory=trio.Event)
 
@@ -98,7 +101,7 @@ class HttpSessions:
             task_status.started()
             await trio.sleep_forever()
 
-    def create(self, service: str, key: str | None, query_mounts: list[str]) -> HttpSession:
+    def create(self, service: str, key: str | None, query: dict[str, list[str]]) -> HttpSession:
         assert self._nursery is not None, "HttpSessions.run must be started first"
         limits = self.fabric.limits
         channel = HttpChannel(
@@ -106,7 +109,10 @@ class HttpSessions:
             buffer_bytes=limits.buffer_to_client_bytes,
             backlog_bytes=limits.buffer_to_client_bytes,
         )
-        session = HttpSession(new_session_id(), service, key, channel, tuple(query_mounts))
+        query_mounts = query.get("mount", [])
+        session = HttpSession(
+            new_session_id(), service, key, channel, tuple(query_mounts), query=query
+        )
         self.by_id[session.id] = session
         if key is not None:
             self.by_key[(service, key)] = session
@@ -124,6 +130,7 @@ class HttpSessions:
                     query_mounts,
                     session_id=session.id,
                     transport="streamable-http",
+                    query=session.query,
                 )
                 nursery.cancel_scope.cancel()
         finally:
@@ -139,8 +146,7 @@ class HttpSessions:
 
     async def _expire(self, session: HttpSession) -> None:
         """End the session once it had no request and no open stream for its idle timeout."""
-        definition = self.fabric.service(session.service)
-        idle = definition.idle_timeout_seconds if definition is not None else 60.0
+        idle = self.fabric.session_idle_seconds(session.service)
         channel = session.channel
         while True:
             deadline = channel.last_activity + idle
@@ -269,7 +275,7 @@ async def _session_for(
         await exchange.respond(404, b'{"error": "unknown or expired session"}')
         return None
     request_id = message.id if message.kind == REQUEST else None
-    if sessions.fabric.service(service) is None:
+    if sessions.fabric.service(service) is None and service != FABRIC_ENDPOINT:
         missing = ServiceNotFound(
             f"no service named {service!r} in the suite",
             reason="service_not_found",
@@ -286,7 +292,7 @@ async def _session_for(
         )
         await exchange.respond(200, error_response(request_id, error))
         return None
-    return sessions.create(service, key, query.get("mount", []))
+    return sessions.create(service, key, query)
 
 
 def _same_owner(session: HttpSession, message: Peek, query: dict[str, list[str]]) -> bool:

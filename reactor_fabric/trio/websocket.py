@@ -50,6 +50,7 @@ from ..protocol.websocket_frames import (
     text_frame,
 )
 from .fabric import Fabric
+from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
 from .session import serve_session
 
@@ -287,8 +288,9 @@ async def serve_websocket(
         write_timeout=limits.client_write_seconds,
     )
     subprotocol = SUBPROTOCOL if SUBPROTOCOL in handshake.subprotocols else None
-    service = request.path[len(MCP_PREFIX) :]
-    mounts = parse_qs(request.query).get("mount", [])
+    service = _websocket_service(request.path) or ""  # refused above when None
+    query = parse_qs(request.query)
+    mounts = query.get("mount", [])
     pending = True  # counted among the connections that have not sent a first message
     try:
         with trio.move_on_after(settings.write_timeout):
@@ -307,7 +309,9 @@ async def serve_websocket(
             fabric.release_pending()
             pending = False
             if first is not None:
-                await serve_session(fabric, channel, service, mounts, first_frame=first)
+                await serve_session(
+                    fabric, channel, service, mounts, first_frame=first, query=query
+                )
                 await channel.finish()
             else:
                 await channel.finish(CLOSE_POLICY, "no message received in time")
@@ -347,10 +351,19 @@ def _refusal(fabric: Fabric, request: Request) -> Refusal | None:
     refusal = admit(fabric.gate, request.headers, request.query, request.path)
     if refusal is not None:
         return refusal
-    service = request.path[len(MCP_PREFIX) :]
-    if not request.path.startswith(MCP_PREFIX) or not service or "/" in service:
+    if _websocket_service(request.path) is None:
         return Refusal(404, "not_found", b'{"error": "not found"}')
     return None
+
+
+def _websocket_service(path: str) -> str | None:
+    """``/mcp/{service}`` → the service; ``/mcp`` → the fabric endpoint; else None."""
+    if path == "/mcp":
+        return FABRIC_ENDPOINT
+    service = path[len(MCP_PREFIX) :]
+    if not path.startswith(MCP_PREFIX) or not service or "/" in service:
+        return None
+    return service
 
 
 async def _reject(

@@ -11,7 +11,7 @@ from reactor_fabric.config.structs import Service
 from reactor_fabric.policy.container_spec import ContainerIdentity
 from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
 from reactor_fabric.trio.catalog import CatalogStore, learn_catalog
-from tests.fakes import scripted_mcp_server
+from tests.fakes import TOOLS, scripted_mcp_server
 
 IDENTITY = ContainerIdentity(
     instance_id="inst",
@@ -43,7 +43,7 @@ async def test_a_service_is_learned_by_a_probe_then_kept_and_its_container_remov
     async with open_memory_runtime(server_by_image) as runtime:
         catalog, learned = await learn_catalog(runtime, IDENTITY, services, store)
         assert learned["svc"].source == "probe"
-        assert [t["name"] for t in catalog.tools_of()] == ["svc__echo"]
+        assert [t["name"] for t in catalog.tools_of()] == [f"svc__{tool}" for tool in TOOLS]
         [spec] = runtime.spawned
         # No mount, no network, not root, whatever the service's own settings.
         assert (spec.mounts, spec.network, spec.user) == ((), "none", "65534:65534")
@@ -90,7 +90,9 @@ async def test_a_service_that_cannot_be_learned_reports_why_and_the_others_are_l
         errors = catalog.errors()
         assert "ended" in errors["dies"]
         assert errors["silent"] == "no answer in time"
-        assert [t["name"] for t in catalog.tools_of()] == ["missing__echo", "svc__echo"]
+        assert [t["name"] for t in catalog.tools_of()] == [
+            f"{service}__{tool}" for service in ("missing", "svc") for tool in TOOLS
+        ]
         assert runtime.alive == []
         # Failures are not kept: they are tried again next time.
         _, learned = await learn_catalog(runtime, IDENTITY, services, store)

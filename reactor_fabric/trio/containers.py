@@ -1,0 +1,158 @@
+"""A session's running container and the I/O both endpoints' drivers do with it the same way:
+its stderr read into the log, and its removal.
+
+Resource handling: :func:`remove_container` is shielded and bounded by the orchestrator's
+teardown deadline, runs once per container (a second caller waits for the first), and always
+unregisters the container, even when the engine could not be reached.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..observe.ratelimit import TokenBucket
+from ..protocol.framing import FramingError, TruncatingLineSplitter
+from ..runtime.base import Container
+from .fabric import Fabric
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 65536
+# Closing stdin asks a stdio server to exit; after this it is stopped (SIGTERM, then SIGKILL).
+STDIN_CLOSE_GRACE_SECONDS = 0.5
+STOP_GRACE_SECONDS = 2.0
+# After a container's stdout ends, how long its stderr reader may take to log the last lines
+# (they explain the exit, and go into the error the client gets).
+STDERR_DRAIN_SECONDS = 1.0
+STDERR_TAIL_LINES = 20
+STDERR_LINE_BYTES = 8192
+STDERR_TAIL_CHARS = 500
+STDERR_RATE_PER_SECOND = 50.0
+STDERR_BURST = 200
+
+
+@dataclass
+class LiveContainer:
+    """A running container of a session and its I/O state (both endpoints' drivers)."""
+
+    seq: int
+    container: Container
+    queue: collections.deque[bytes] = field(default_factory=collections.deque)
+    queued: trio.Event = field(default_factory=trio.Event)
+    stdout_done: trio.Event = field(default_factory=trio.Event)
+    stderr_done: trio.Event = field(default_factory=trio.Event)
+    removed: trio.Event = field(default_factory=trio.Event)
+    stderr_tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
+    )
+    removing: bool = False
+    reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
+    stop_reason: str = "session_ended"
+    stop_graceful: bool = True
+
+
+async def read_stderr(live: LiveContainer, fields: dict[str, Any]) -> None:
+    """Container stderr → the log: lines truncated, rate-limited per container; the last lines
+    kept in ``live.stderr_tail`` (they explain an exit)."""
+    splitter = TruncatingLineSplitter(max_line=STDERR_LINE_BYTES)
+    bucket = TokenBucket(rate=STDERR_RATE_PER_SECOND, burst=STDERR_BURST, now=trio.current_time())
+    stderr = live.container.stderr
+    try:
+        while data := await stderr.receive_some(READ_CHUNK):
+            for line, dropped in splitter.feed(bytes(data)):
+                _stderr_line(live, bucket, line, dropped, fields)
+        last = splitter.flush()
+        if last is not None:
+            _stderr_line(live, bucket, *last, fields)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
+        pass
+    finally:
+        live.stderr_done.set()
+        suppressed = bucket.take_suppressed()
+        if suppressed:
+            log.warning(
+                "container_stderr_suppressed",
+                extra={**fields, "sequence": live.seq, "lines": suppressed},
+            )
+
+
+def _stderr_line(
+    live: LiveContainer,
+    bucket: TokenBucket,
+    line: bytes,
+    dropped: int,
+    fields: dict[str, Any],
+) -> None:
+    text = line.decode("utf-8", "replace")
+    live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
+    if not bucket.allow(trio.current_time()):
+        return
+    logged: dict[str, Any] = {**fields, "sequence": live.seq, "line": text}
+    if dropped:
+        logged["truncated_bytes"] = dropped
+    suppressed = bucket.take_suppressed()
+    if suppressed:
+        logged["suppressed_before"] = suppressed
+    log.info("container_stderr", extra=logged)
+
+
+async def remove_container(
+    fabric: Fabric,
+    live: LiveContainer,
+    fields: dict[str, Any],
+    *,
+    forget: Callable[[], object],
+) -> None:
+    """Stop and remove one container (shielded, bounded; runs once per container).
+
+    ``forget`` drops the driver's reference to it before anyone waiting on ``live.removed``
+    wakes up.
+    """
+    if live.removing:
+        await live.removed.wait()
+        return
+    live.removing = True
+    container = live.container
+    try:
+        with trio.move_on_at(fabric.teardown_deadline()) as scope:
+            scope.shield = True
+            if live.stop_graceful:
+                with trio.move_on_after(STDIN_CLOSE_GRACE_SECONDS):
+                    await _close_stdin_and_wait(live)
+            await container.aclose()
+            await fabric.runtime.remove(
+                container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
+            )
+    finally:
+        forget()
+        fabric.container_removed(container.id)
+        live.removed.set()
+        log.info(
+            "container_removed",
+            extra={
+                **fields,
+                "container": container.id[:12],
+                "sequence": live.seq,
+                "why": live.stop_reason,
+            },
+        )
+
+
+async def _close_stdin_and_wait(live: LiveContainer) -> None:
+    """Ask the server to exit (EOF on stdin) and wait until its output ends."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await live.container.stdin.send_eof()
+    if live.reading_stdout:
+        await live.stdout_done.wait()
+        return
+    # The session is over and its reader gone: read the rest of the output ourselves.
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
+        while await live.container.stdout.receive_some(READ_CHUNK):
+            pass

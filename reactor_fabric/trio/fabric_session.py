@@ -1,0 +1,406 @@
+"""One session of the fabric endpoint ``/mcp`` on trio: the driver of :class:`FabricServer`.
+
+See :class:`~reactor_fabric.protocol.fabric_server.FabricServer` for what the session does; this
+module carries out its actions and moves bytes:
+
+- client → server: the client reader feeds each message to the machine and carries out what it
+  returns; it pauses while any of the session's containers has more than ``buffer_to_server``
+  bytes waiting for its stdin (a slow service stalls only this session);
+- a container per service, started when the machine asks (the first call to one of its tools),
+  with the session's mounts — validated again and pinned at every start, as on the per-service
+  relay; each has one stdin writer, a stdout reader feeding the machine, a stderr reader;
+- a timer runs the machine's :meth:`~FabricServer.tick` at its deadline (a service idle for its
+  ``timeout`` is removed; the next call starts a fresh one).
+
+Ownership tree (all in the session's nursery)::
+
+    FabricDriver.run
+    ├── _read_client, _timer, _watch_shutdown
+    ├── _start(service)             one per container start
+    └── per container: _write_stdin, _read_stdout, _read_stderr, and its removal
+
+Resource handling: leaving the nursery for any reason removes every container of the session
+(shielded, bounded in time); a start in flight is undone by the runtime.
+
+Error handling: a service that cannot start, or that exits, answers the calls it owed with its
+error (-32002 and ``data.reason``), and the session's other services go on; the orchestrator
+stopping answers everything in flight with ``orchestrator_stopping``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import trio
+
+from .._errors import ContainerStartFailure, FabricError, InvalidRequest
+from .._version import __version__
+from ..config.structs import Suite
+from ..policy.container_spec import MountSpec
+from ..protocol.catalog import Catalog
+from ..protocol.fabric_server import (
+    Action,
+    Exposure,
+    FabricServer,
+    StartBackend,
+    StopBackend,
+    ToBackend,
+    ToClient,
+)
+from ..protocol.framing import FramingError, LineSplitter
+from ..protocol.handshake import RegisterClient, register_answer
+from .channel import ClientChannel
+from .containers import (
+    READ_CHUNK,
+    STDERR_DRAIN_SECONDS,
+    LiveContainer,
+    read_stderr,
+    remove_container,
+)
+from .fabric import Fabric
+
+log = logging.getLogger(__name__)
+
+FABRIC_ENDPOINT = "fabric"
+# How long a session that opens while the catalog is still being learned waits for it.
+CATALOG_WAIT_SECONDS = 30.0
+EXPOSURES: tuple[Exposure, ...] = ("discover", "all")
+
+
+@dataclass(frozen=True)
+class FabricOptions:
+    """What the client chose in the endpoint's URL: ``?tools=`` and ``?profile=``."""
+
+    exposure: Exposure
+    active: tuple[str, ...] = ()
+    profile: str | None = None
+
+
+def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOptions:
+    """The session's options from its URL query; InvalidRequest for a value we do not know."""
+    exposure: Exposure = suite.orchestrator.fabric.default_exposure
+    tools = query.get("tools", [])
+    if tools:
+        wanted = tools[-1]
+        if wanted == "discover":
+            exposure = "discover"
+        elif wanted == "all":
+            exposure = "all"
+        else:
+            raise InvalidRequest(
+                f"?tools={wanted!r} is not an exposure: use ?tools=discover or ?tools=all",
+                reason="unknown_exposure",
+                supported=list(EXPOSURES),
+            )
+    profiles = query.get("profile", [])
+    if not profiles:
+        return FabricOptions(exposure)
+    profile = profiles[-1]
+    if profile not in suite.profiles:
+        known = ", ".join(sorted(suite.profiles)) or "none"
+        raise InvalidRequest(
+            f"no profile named {profile!r} in the suite (profiles: {known})",
+            reason="profile_not_found",
+            profile=profile,
+        )
+    return FabricOptions(exposure, tuple(suite.profiles[profile].services), profile)
+
+
+async def session_catalog(fabric: Fabric) -> Catalog:
+    """The catalog a new session serves: wait (bounded) while it is still being learned."""
+    if not fabric.catalog_ready.is_set():
+        with trio.move_on_after(CATALOG_WAIT_SECONDS):
+            await fabric.catalog_ready.wait()
+    return fabric.catalog
+
+
+@dataclass(eq=False)
+class _Backend(LiveContainer):
+    """A running container of one of the session's services."""
+
+    service: str = ""
+    queued_bytes: int = 0
+
+
+class FabricDriver:
+    """Runs one :class:`FabricServer` against a client channel and a container runtime."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        channel: ClientChannel,
+        *,
+        session_id: str,
+        mounts: tuple[MountSpec, ...],
+        options: FabricOptions,
+        catalog: Catalog,
+    ) -> None:
+        self.fabric = fabric
+        self.channel = channel
+        self.session_id = session_id
+        self.mounts = mounts
+        services = fabric.suite.mcp_services
+        self.server = FabricServer(
+            catalog,
+            session_id=session_id,
+            mount_targets=[mount.target for mount in mounts],
+            exposure=options.exposure,
+            active=options.active,
+            version=__version__,
+            facts=fabric.service_facts(),
+            profiles={name: p.services for name, p in fabric.suite.profiles.items()},
+            idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
+            clock=trio.current_time,
+        )
+        self._fields = {"session": session_id, "service": FABRIC_ENDPOINT}
+        self._current: dict[str, _Backend] = {}  # service → its running container
+        self._all: dict[int, _Backend] = {}  # every container not yet removed, by sequence
+        self._sequence = 0
+        self._nursery: trio.Nursery | None = None
+        self._timer_scope: trio.CancelScope | None = None
+        self._room = trio.Event()  # set when a container's stdin queue shrinks
+
+    def owed_frames(self, error: FabricError) -> list[bytes]:
+        """What the client is owed if the session must end now with ``error``."""
+        return [a.data for a in self.server.answer_all(error) if isinstance(a, ToClient)]
+
+    # --- the machine --------------------------------------------------------------------------
+
+    async def _execute(self, actions: list[Action]) -> None:
+        nursery = self._nursery
+        assert nursery is not None
+        for action in actions:
+            match action:
+                case ToClient(data=data):
+                    await self._send_client(data)
+                case ToBackend(service=service, data=data):
+                    self._write(service, data)
+                case StartBackend(service=service):
+                    nursery.start_soon(self._start, service)
+                case StopBackend(service=service, reason=reason):
+                    self._stop(service, reason)
+        self._wake_timer()
+
+    def _wake_timer(self) -> None:
+        # The machine's deadline may have moved earlier (a later one needs no wake-up: the
+        # timer finds nothing due and sleeps again).
+        scope = self._timer_scope
+        deadline = self.server.deadline
+        if scope is not None and deadline is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    async def _timer(self) -> None:
+        while True:
+            deadline = self.server.deadline
+            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            due = self.server.deadline
+            if due is not None and trio.current_time() >= due:
+                await self._execute(self.server.tick())
+
+    # --- client side --------------------------------------------------------------------------
+
+    async def run(self, first_frame: bytes, first: object) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._timer)
+                nursery.start_soon(self._watch_shutdown)
+                if isinstance(first, RegisterClient):
+                    await self._send_client(register_answer(first, self.session_id, self.mounts))
+                else:
+                    await self._execute(self.server.client_message(first_frame))
+                nursery.start_soon(self._read_client)
+        finally:
+            with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
+                scope.shield = True
+                async with trio.open_nursery() as cleanup:
+                    for backend in list(self._all.values()):
+                        cleanup.start_soon(self._remove, backend)
+
+    def _end(self) -> None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+
+    async def _read_client(self) -> None:
+        limit = self.fabric.limits.buffer_to_server_bytes
+        while True:
+            while any(b.queued_bytes > limit for b in self._current.values()):
+                self._room = trio.Event()
+                await self._room.wait()
+            frame = await self.channel.receive()
+            if frame is None:
+                self._end()
+                return
+            await self._execute(self.server.client_message(frame))
+
+    async def _send_client(self, data: bytes) -> None:
+        try:
+            await self.channel.send(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._end()
+
+    async def _watch_shutdown(self) -> None:
+        await self.fabric.stopping.wait()
+        stopping = ContainerStartFailure(
+            "the orchestrator is stopping", reason="orchestrator_stopping"
+        )
+        for frame in self.owed_frames(stopping):
+            await self._send_client(frame)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.channel.close(1001, "orchestrator stopping")
+        self._end()
+
+    # --- container side -----------------------------------------------------------------------
+
+    async def _start(self, service: str) -> None:
+        definition = self.fabric.service(service)
+        self._sequence += 1
+        sequence = self._sequence
+        try:
+            if definition is None:  # the catalog knows it, so the suite does: never happens
+                raise ContainerStartFailure(f"no service {service!r}", reason="service_not_found")
+            # Validated again and pinned at every start: the container gets the very
+            # directories the session was granted, or this start fails with -32004.
+            pins, account = await self.fabric.prepare_start(self.mounts)
+            spec = self.fabric.container_spec(
+                service,
+                definition,
+                session_id=self.session_id,
+                mounts=self.mounts,
+                sequence=sequence,
+                pins=pins,
+                account=account,
+            )
+            container = await self.fabric.runtime.spawn(spec)  # owns the pins from here
+        except FabricError as exc:
+            log.warning(
+                "container_start_failed",
+                extra={**self._fields, "backend": service, "reason": exc.reason},
+            )
+            await self._execute(self.server.backend_failed(service, exc))
+            return
+        backend = _Backend(sequence, container, service=service)
+        self._current[service] = backend
+        self._all[sequence] = backend
+        self.fabric.container_started(container.id, self.session_id)
+        log.info(
+            "container_started",
+            extra={
+                **self._fields,
+                "backend": service,
+                "container": container.id[:12],
+                "container_name": container.name,
+                "sequence": sequence,
+            },
+        )
+        assert self._nursery is not None
+        self._nursery.start_soon(self._write_stdin, backend)
+        self._nursery.start_soon(self._read_stdout, backend)
+        self._nursery.start_soon(read_stderr, backend, {**self._fields, "backend": service})
+        await self._execute(self.server.backend_started(service))
+
+    def _write(self, service: str, data: bytes) -> None:
+        backend = self._current.get(service)
+        if backend is None or backend.removing:
+            return  # it is going away; the machine answers what it was owed
+        line = data + b"\n"
+        backend.queue.append(line)
+        backend.queued_bytes += len(line)
+        backend.queued.set()
+
+    async def _write_stdin(self, backend: _Backend) -> None:
+        """The one writer of this container's stdin: drains the queue, several lines at once."""
+        stdin = backend.container.stdin
+        while True:
+            await backend.queued.wait()
+            backend.queued = trio.Event()
+            data = b"".join(backend.queue)
+            backend.queue.clear()
+            try:
+                await stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # the container is gone: its stdout reader reports the exit
+            finally:
+                backend.queued_bytes -= len(data)
+                self._room.set()
+
+    async def _read_stdout(self, backend: _Backend) -> None:
+        service = backend.service
+        splitter = LineSplitter(max_line=self.fabric.max_message_bytes)
+        stdout = backend.container.stdout
+        failure: FabricError | None = None
+        try:
+            while data := await stdout.receive_some(READ_CHUNK):
+                for line in splitter.feed(bytes(data)):
+                    if self._current.get(service) is backend:
+                        await self._execute(self.server.backend_message(service, line))
+        except FramingError as exc:
+            failure = ContainerStartFailure(
+                f"the {service} server wrote a line the orchestrator cannot relay: {exc}",
+                reason="container_output_invalid",
+            )
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            backend.reading_stdout = False
+            backend.stdout_done.set()
+        if backend.removing:
+            return  # stopped on purpose; the machine knows
+        if failure is None:
+            failure = await self._exit_error(backend)
+        if self._current.get(service) is backend:
+            del self._current[service]
+            log.warning(
+                "backend_failed",
+                extra={**self._fields, "backend": service, "reason": failure.reason},
+            )
+            await self._execute(self.server.backend_failed(service, failure))
+        backend.stop_reason, backend.stop_graceful = "exited", False
+        await self._remove(backend)
+
+    async def _exit_error(self, backend: _Backend) -> FabricError:
+        with trio.move_on_after(STDERR_DRAIN_SECONDS):
+            await backend.stderr_done.wait()
+        exit_code: int | None = None
+        oom = False
+        try:
+            status = await self.fabric.runtime.exit_status(backend.container.id)
+            exit_code, oom = status.exit_code, status.oom_killed
+        except FabricError as exc:
+            log.warning("container_inspect_failed", extra={**self._fields, "reason": exc.reason})
+        how = (f" with code {exit_code}" if exit_code is not None else "") + (
+            " (out of memory)" if oom else ""
+        )
+        return ContainerStartFailure(
+            f"the {backend.service} server exited{how} before answering",
+            reason="container_exited",
+            service=backend.service,
+            exit_code=exit_code,
+            oom_killed=oom,
+            stderr=list(backend.stderr_tail),
+        )
+
+    def _stop(self, service: str, reason: str) -> None:
+        backend = self._current.pop(service, None)
+        if backend is None or backend.removing:
+            return
+        backend.stop_reason = reason
+        assert self._nursery is not None
+        self._nursery.start_soon(self._remove, backend)
+
+    async def _remove(self, backend: _Backend) -> None:
+        def forget() -> None:
+            self._all.pop(backend.seq, None)
+            if self._current.get(backend.service) is backend:
+                del self._current[backend.service]
+
+        await remove_container(
+            self.fabric, backend, {**self._fields, "backend": backend.service}, forget=forget
+        )

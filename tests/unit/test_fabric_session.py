@@ -1,0 +1,306 @@
+"""The fabric endpoint ``/mcp`` over the orchestrator's own server, on memory streams, with the
+in-memory runtime: lazy per-session containers, routing, idle teardown and respawn, failures
+that stay with their service, both transports and the keyed URL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from reactor_fabric import ContainerStartFailure
+from reactor_fabric.config.structs import Profile, Service
+from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
+from tests.fakes import TOOLS
+from tests.http_client import WebSocketClient
+from tests.messages import INITIALIZE, INITIALIZED, request
+from tests.served import Served, served
+
+SERVICES = {
+    "alpha": Service(image="fake/alpha:1", timeout="30s"),
+    "beta": Service(image="fake/beta:1", timeout="2m"),
+}
+META = {
+    "find_tools",
+    "call_tool",
+    "activate_servers",
+    "get_status",
+    "analyze_task",
+    "list_available_capabilities",
+    "switch_context",
+}
+
+
+@asynccontextmanager
+async def fabric_served(root: Path, **options: Any) -> AsyncIterator[Served]:
+    async with served(root, learn_catalog=True, services=SERVICES, **options) as http:
+        yield http
+
+
+async def open_session(http: Served, query: str = "") -> WebSocketClient:
+    ws, _ = await http.websocket(f"/mcp{query}")
+    await ws.send_json(INITIALIZE)
+    assert (await ws.hear())["result"]["serverInfo"]["name"] == "reactor-fabric"
+    await ws.send_json(INITIALIZED)
+    return ws
+
+
+def tool_call(request_id: int | str, name: str, **arguments: Any) -> dict[str, Any]:
+    return request(request_id, "tools/call", {"name": name, "arguments": arguments})
+
+
+def started_services(http: Served) -> list[str]:
+    return [spec.labels[LABEL_SERVICE] for spec in http.runtime.spawned]
+
+
+async def test_a_session_lists_namespaced_tools_and_meta_tools_and_starts_no_container(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http, "?tools=all")
+        await ws.send_json(request(2, "tools/list"))
+        names = {tool["name"] for tool in (await ws.hear())["result"]["tools"]}
+        assert names == META | {f"{s}__{t}" for s in SERVICES for t in TOOLS}
+        assert http.runtime.spawned == []
+        assert (http.fabric.session_count, http.fabric.container_count) == (1, 0)
+        await ws.aclose()
+
+
+async def test_the_first_call_starts_only_that_services_container_for_this_session(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http, f"?mount={tmp_path / 'project'}:/workspace")
+        await ws.send_json(tool_call(2, "alpha__echo", said="hi"))
+        answer = await ws.hear()
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"said": "hi"}
+        await ws.send_json(tool_call(3, "alpha__echo"))
+        assert (await ws.hear())["id"] == 3
+        [spec] = http.runtime.spawned
+        assert spec.labels[LABEL_SERVICE] == "alpha"
+        assert [(m.source, m.target) for m in spec.mounts] == [
+            (str(tmp_path / "project"), "/workspace")
+        ]
+        assert http.fabric.container_count == 1
+        await ws.aclose()
+
+
+async def test_two_sessions_never_share_a_container(tmp_path: Path) -> None:
+    async with fabric_served(tmp_path) as http:
+        first, second = await open_session(http), await open_session(http)
+        for ws in (first, second):
+            await ws.send_json(tool_call(2, "alpha__echo"))
+            assert (await ws.hear())["id"] == 2
+        sessions = {spec.labels[LABEL_SESSION] for spec in http.runtime.spawned}
+        assert len(sessions) == 2
+        assert len(http.runtime.alive) == 2
+        for ws in (first, second):
+            await ws.aclose()
+
+
+async def test_an_idle_service_is_removed_alone_and_the_next_call_starts_a_fresh_one(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__echo"))
+        await ws.send_json(tool_call(3, "beta__echo"))
+        assert {(await ws.hear())["id"], (await ws.hear())["id"]} == {2, 3}
+        await trio.sleep(31)  # alpha's timeout is 30 s, beta's 2 min
+        assert [s.spec.labels[LABEL_SERVICE] for s in http.runtime.alive] == ["beta"]
+        await ws.send_json(tool_call(4, "alpha__echo", again=True))
+        assert json.loads((await ws.hear())["result"]["content"][0]["text"]) == {"again": True}
+        started = started_services(http)
+        assert (sorted(started[:2]), started[2:]) == (["alpha", "beta"], ["alpha"])
+        assert http.fabric.container_count == 2
+        await ws.aclose()
+
+
+async def test_a_call_in_flight_keeps_its_service_from_idling(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__wait", seconds=100))
+        assert (await ws.hear())["id"] == 2  # answered after 100 s: never torn down meanwhile
+        assert started_services(http) == ["alpha"]
+        await ws.aclose()
+
+
+async def test_a_killed_service_answers_its_call_in_flight_and_the_others_go_on(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "beta__echo"))
+        assert (await ws.hear())["id"] == 2
+        await ws.send_json(tool_call(3, "alpha__hold"))
+        assert (await ws.hear())["method"] == "notifications/message"  # it runs
+        [alpha] = [s for s in http.runtime.alive if s.spec.labels[LABEL_SERVICE] == "alpha"]
+        await alpha.exit(137)
+        failed = await ws.hear()
+        assert failed["id"] == 3
+        assert failed["error"]["code"] == -32002
+        assert failed["error"]["data"]["reason"] == "container_exited"
+        assert failed["error"]["data"]["exit_code"] == 137
+        await ws.send_json(tool_call(4, "beta__echo"))
+        assert (await ws.hear())["id"] == 4
+        await ws.send_json(tool_call(5, "alpha__echo"))  # and alpha starts again
+        assert (await ws.hear())["id"] == 5
+        assert started_services(http) == ["beta", "alpha", "alpha"]
+        await ws.aclose()
+
+
+async def test_a_service_that_cannot_start_fails_its_call_and_the_session_goes_on(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        http.runtime.fault(
+            "create",
+            error=ContainerStartFailure("no such image", reason="image_not_found"),
+            only=lambda spec: spec.labels[LABEL_SERVICE] == "alpha",
+        )
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__echo"))
+        failed = await ws.hear()
+        assert failed["error"]["code"] == -32002
+        assert failed["error"]["data"]["reason"] == "image_not_found"
+        await ws.send_json(tool_call(3, "beta__echo"))
+        assert (await ws.hear())["id"] == 3
+        await ws.aclose()
+
+
+async def test_roots_are_answered_from_the_mounts_and_progress_reaches_the_client(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "p").mkdir()
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http, f"?mount={tmp_path / 'p'}:/workspace")
+        await ws.send_json(tool_call(2, "alpha__ask"))
+        roots = json.loads((await ws.hear())["result"]["content"][0]["text"])
+        assert roots == {"roots": [{"uri": "file:///workspace", "name": "/workspace"}]}
+        progress = request(
+            3, "tools/call", {"name": "beta__progress", "_meta": {"progressToken": "t"}}
+        )
+        await ws.send_json(progress)
+        heard = [await ws.hear() for _ in range(3)]
+        assert [m["params"]["progress"] for m in heard[:2]] == [1, 2]
+        assert {m["params"]["progressToken"] for m in heard[:2]} == {"t"}
+        assert heard[2]["id"] == 3
+        await ws.aclose()
+
+
+async def test_find_tools_and_call_tool_reach_a_service_that_is_not_listed(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(request(2, "tools/list"))
+        assert {t["name"] for t in (await ws.hear())["result"]["tools"]} == META
+        await ws.send_json(tool_call(3, "find_tools", query="echo"))
+        found = (await ws.hear())["result"]["structuredContent"]["tools"]
+        assert {"alpha__echo", "beta__echo"} <= {tool["name"] for tool in found}
+        nested = {"name": "beta__echo", "parameters": {"nested": 1}}  # as models often nest
+        await ws.send_json(request(4, "tools/call", {"name": "call_tool", "arguments": nested}))
+        answer = await ws.hear()
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"nested": 1}
+        await ws.aclose()
+
+
+async def test_a_profile_activates_its_services_and_activation_announces_the_change(
+    tmp_path: Path,
+) -> None:
+    profiles = {"one": Profile(services=["beta"])}
+    async with fabric_served(tmp_path, profiles=profiles) as http:
+        ws = await open_session(http, "?profile=one")
+        await ws.send_json(request(2, "tools/list"))
+        listed = {t["name"] for t in (await ws.hear())["result"]["tools"]} - META
+        assert listed == {f"beta__{tool}" for tool in TOOLS}
+        await ws.send_json(tool_call(3, "activate_servers", servers=["alpha"]))
+        answer, changed = await ws.hear(), await ws.hear()
+        assert answer["result"]["structuredContent"]["activated"] == ["alpha"]
+        assert changed["method"] == "notifications/tools/list_changed"
+        assert http.runtime.spawned == []  # activation starts nothing
+        await ws.aclose()
+
+
+async def test_an_unknown_exposure_or_profile_is_refused_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        for query, reason in (
+            ("?tools=some", "unknown_exposure"),
+            ("?profile=x", "profile_not_found"),
+        ):
+            ws, _ = await http.websocket(f"/mcp{query}")
+            await ws.send_json(INITIALIZE)
+            refused = await ws.hear()
+            assert refused["error"]["code"] == -32600
+            assert refused["error"]["data"]["reason"] == reason
+            assert await ws.close_code() == 1000
+            await ws.aclose()
+        assert http.fabric.session_count == 0
+
+
+async def test_the_orchestrator_stopping_answers_calls_in_flight(tmp_path: Path) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__hold"))
+        assert (await ws.hear())["method"] == "notifications/message"
+        http.fabric.stopping.set()
+        stopped = await ws.hear()
+        assert stopped["id"] == 2
+        assert stopped["error"]["data"]["reason"] == "orchestrator_stopping"
+        assert await ws.close_code() == 1001
+        await ws.aclose()
+
+
+async def test_a_client_leaving_with_calls_in_flight_leaves_no_container(tmp_path: Path) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__hold"))
+        await ws.send_json(tool_call(3, "beta__hold"))
+        await ws.hear()
+        await ws.hear()
+        await ws.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert http.runtime.alive == []
+        assert http.fabric.containers == {}
+
+
+async def test_over_streamable_http_a_session_is_kept_by_its_id_and_deleted(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        opened = await http.post(INITIALIZE, path="/mcp")
+        assert opened.json()["result"]["capabilities"]["tools"] == {"listChanged": True}
+        session = opened.session
+        called = await http.post(tool_call(2, "alpha__echo", x=1), session=session, path="/mcp")
+        assert json.loads(called.json()["result"]["content"][0]["text"]) == {"x": 1}
+        assert http.fabric.container_count == 1
+        deleted = await http.http("DELETE", "/mcp", headers={"mcp-session-id": session})
+        assert deleted.status == 204
+        await trio.testing.wait_all_tasks_blocked()
+        assert http.runtime.alive == []
+
+
+async def test_a_stateless_client_uses_the_keyed_url(tmp_path: Path) -> None:
+    async with fabric_served(tmp_path) as http:
+        bare = await http.post(request(1, "server/discover"), path="/mcp")
+        assert bare.json()["error"]["data"]["reason"] == "stateless_needs_session_url"
+        assert "/mcp/fabric/<your-key>" in bare.json()["error"]["data"]["detail"]
+        discovered = await http.post(request(1, "server/discover"), path="/mcp/fabric/k1")
+        assert discovered.json()["result"]["supportedVersions"] == ["2026-07-28"]
+        called = await http.post(tool_call(2, "beta__echo", y=2), path="/mcp/fabric/k1")
+        assert json.loads(called.json()["result"]["content"][0]["text"]) == {"y": 2}
+        again = await http.post(tool_call(3, "beta__echo"), path="/mcp/fabric/k1")
+        assert again.json()["id"] == 3
+        assert started_services(http) == ["beta"]  # one session, one container
+        [session] = http.sessions.by_id.values()
+        await http.sessions.terminate(session)
