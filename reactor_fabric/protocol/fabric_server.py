@@ -69,6 +69,8 @@ ASK_SECONDS = 300.0
 REQUEST_TIMEOUT = -32001
 MAX_RECOMMENDED = 3
 SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
+ENVELOPE = "io.modelcontextprotocol/"
+CACHE_PRIVATE = {"ttlMs": 0, "cacheScope": "private"}
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
 _REFRESH = {
     "notifications/tools/list_changed": ("tools/list", "tools"),
@@ -371,10 +373,11 @@ class FabricServer:
         return [self._result(request_id, {})]
 
     def _on_tools_list(self, request_id: object, _params: Json) -> list[Action]:
-        return [self._result(request_id, {"tools": self.listed_tools()})]
+        return [self._result(request_id, self._listing({"tools": self.listed_tools()}))]
 
     def _on_prompts_list(self, request_id: object, _params: Json) -> list[Action]:
-        return [self._result(request_id, {"prompts": self.catalog.prompts_of(self._shown())})]
+        prompts = self.catalog.prompts_of(self._shown())
+        return [self._result(request_id, self._listing({"prompts": prompts}))]
 
     def _on_prompts_get(self, request_id: object, params: Json) -> list[Action]:
         entry = self.catalog.prompt(str(params.get("name")))
@@ -387,11 +390,12 @@ class FabricServer:
         )
 
     def _on_resources_list(self, request_id: object, _params: Json) -> list[Action]:
-        return [self._result(request_id, {"resources": self.catalog.resources_of(self._shown())})]
+        resources = self.catalog.resources_of(self._shown())
+        return [self._result(request_id, self._listing({"resources": resources}))]
 
     def _on_templates_list(self, request_id: object, _params: Json) -> list[Action]:
         templates = [t for s in self._shown() for t in self.catalog.services[s].resource_templates]
-        return [self._result(request_id, {"resourceTemplates": templates})]
+        return [self._result(request_id, self._listing({"resourceTemplates": templates}))]
 
     def _on_resources_read(self, request_id: object, params: Json) -> list[Action]:
         route = self.catalog.resource(str(params.get("uri")))
@@ -650,7 +654,7 @@ class FabricServer:
     def _forward(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
         if len(self._forwarded) >= MAX_PENDING:
             return [self._fail(client_id, INVALID_PARAMS, "too many requests in flight")]
-        request = {"jsonrpc": "2.0", "id": None, "method": method, "params": params}
+        request = {"jsonrpc": "2.0", "id": None, "method": method, "params": _for_backend(params)}
         backend = self.backends.get(service)
         if backend is None:
             self.backends[service] = _Backend("starting", [request], self.clock())
@@ -746,6 +750,12 @@ class FabricServer:
             return self._refreshed(service, forwarded.method, message)
         reply = {k: v for k, v in message.items() if k != "id"}
         reply["id"] = forwarded.client_id
+        result = reply.get("result")
+        if self._stateless and isinstance(result, dict):
+            result = _complete(result)
+            reply["result"] = (
+                {**CACHE_PRIVATE, **result} if forwarded.method == "resources/read" else result
+            )
         return [ToClient(_encoder.encode(reply))]
 
     def _handshake_done(self, service: str, message: Json) -> list[Action]:
@@ -876,6 +886,7 @@ class FabricServer:
 
     def _discover(self) -> Json:
         return {
+            **CACHE_PRIVATE,
             "supportedVersions": [STATELESS_VERSION],
             "capabilities": self._capabilities(),
             "resultType": "complete",
@@ -895,7 +906,14 @@ class FabricServer:
         self._next_id += 1
         return self._next_id
 
+    def _listing(self, result: Json) -> Json:
+        # 2026-07-28 list results say how long they may be cached; this session's lists are
+        # its own (its mounts, its activation): private, and re-asked each time.
+        return {**CACHE_PRIVATE, **result} if self._stateless else result
+
     def _result(self, request_id: object, result: Json) -> ToClient:
+        if self._stateless:
+            result = _complete(result)
         return ToClient(_encoder.encode({"jsonrpc": "2.0", "id": request_id, "result": result}))
 
     def _fail(self, request_id: object, code: int, message: str) -> ToClient:
@@ -905,6 +923,25 @@ class FabricServer:
     def _error(self, request_id: object, error: FabricError) -> ToClient:
         body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
         return ToClient(_encoder.encode(body))
+
+
+def _complete(result: Json) -> Json:
+    """A result as 2026-07-28 requires it: ``resultType`` says it is the whole answer."""
+    return result if "resultType" in result else {"resultType": "complete", **result}
+
+
+def _for_backend(params: Json) -> Json:
+    """A client's request parameters as a handshake-era server may see them: without the
+    2026-07-28 envelope in ``_meta`` (protocol version, client info and capabilities, which
+    such servers refuse), with everything else — the ``progressToken`` above all."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict) or not any(key.startswith(ENVELOPE) for key in meta):
+        return params
+    kept = {key: value for key, value in meta.items() if not key.startswith(ENVELOPE)}
+    trimmed = {key: value for key, value in params.items() if key != "_meta"}
+    if kept:
+        trimmed["_meta"] = kept
+    return trimmed
 
 
 def _structured(content: Json) -> Json:

@@ -7,9 +7,13 @@ lists its capabilities announce (``tools/list``, ``prompts/list``, ``resources/l
 ``resources/templates/list``), each followed through its ``nextCursor`` pages. Then it is done,
 and the container goes. Feed it the server's stdout lines; send what it returns.
 
-Requests the server makes meanwhile are answered, so that none waits on us: ``roots/list`` with
-no roots (no mount), ``ping`` with ``{}``, anything else (sampling, elicitation) with
-"method not found". Notifications are ignored.
+The probe declares the client capabilities a session's client may have (roots, sampling,
+elicitation): servers offer some tools only to clients that have them (``everything`` registers
+its sampling and elicitation tools when initialized), and the catalog lists everything a service
+may offer. A list-changed notification before the probe is done asks for that list again (at
+most :data:`MAX_RELISTS` times). Requests the server makes meanwhile are answered, so that none
+waits on us: ``roots/list`` with no roots (no mount), ``ping`` with ``{}``, anything else
+(sampling, elicitation) with "method not found". Other notifications are ignored.
 
 Error handling: a refused or malformed ``initialize`` answer fails the probe
 (:class:`ProbeFailed`, which becomes the service's catalog error); an error answering one list
@@ -28,6 +32,15 @@ from .catalog import ServiceCatalog, service_catalog
 
 PROTOCOL_VERSION = "2025-06-18"
 MAX_PAGES = 50
+MAX_RELISTS = 3
+# What a session's client may declare; the session forwards its client's own (see FabricServer).
+PROBE_CAPABILITIES = {"roots": {"listChanged": False}, "sampling": {}, "elicitation": {}}
+# list_changed notification → the lists it concerns
+CHANGED: dict[str, tuple[str, ...]] = {
+    "notifications/tools/list_changed": ("tools/list",),
+    "notifications/prompts/list_changed": ("prompts/list",),
+    "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
+}
 CLIENT_INFO = {"name": "reactor-fabric-catalog", "version": "1"}
 METHOD_NOT_FOUND = -32601
 
@@ -56,6 +69,7 @@ class OfferProbe:
     _started: bool = False
     _pending: dict[int, tuple[str, int]] = field(default_factory=dict)  # id → (method, page)
     _next_id: int = 1
+    _relists: int = 0
 
     @property
     def done(self) -> bool:
@@ -69,7 +83,7 @@ class OfferProbe:
                 "initialize",
                 {
                     "protocolVersion": PROTOCOL_VERSION,
-                    "capabilities": {},
+                    "capabilities": PROBE_CAPABILITIES,
                     "clientInfo": CLIENT_INFO,
                 },
                 page=0,
@@ -141,7 +155,8 @@ class OfferProbe:
 
     def _answer_server_request(self, message: dict[str, Any]) -> list[bytes]:
         if "id" not in message:
-            return []  # a notification: nothing to answer
+            return self._changed(str(message.get("method")))
+
         method = message.get("method")
         answer: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
         if method == "roots/list":
@@ -154,6 +169,19 @@ class OfferProbe:
                 "message": f"{method} is not available while the catalog is learned",
             }
         return [_encoder.encode(answer)]
+
+    def _changed(self, notification: str) -> list[bytes]:
+        """A list changed while we learn it: ask for it again from its first page."""
+        relist = [m for m in CHANGED.get(notification, ()) if m in self.items]
+        if not relist or self.done or self._relists >= MAX_RELISTS:
+            return []
+        self._relists += 1
+        out = []
+        for method in relist:
+            self._pending = {i: p for i, p in self._pending.items() if p[0] != method}
+            self.items[method] = []
+            out.append(self._request(method, {}, page=1))
+        return out
 
     def _request(self, method: str, params: dict[str, Any], *, page: int) -> bytes:
         request_id = self._next_id

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 PROBE_SECONDS = 60.0
 REMOVE_SECONDS = 15.0
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: probes declare roots, sampling and elicitation
 READ_CHUNK = 65536
 
 

@@ -564,3 +564,44 @@ def test_get_status_reports_containers_and_uptime() -> None:
     assert status["containers"] == [{"server": "git", "state": "starting"}]
     assert status["uptime"] == 12.5
     assert status["session_id"] == "s1"
+
+
+ENVELOPE_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "c", "version": "1"},
+    "progressToken": "p1",
+}
+
+
+def test_a_stateless_clients_results_are_complete_and_its_lists_say_how_to_cache_them() -> None:
+    server = FabricServer(CATALOG, session_id="s")
+    [listed] = to_client(
+        server.client_message(msg(id=1, method="tools/list", params={"_meta": ENVELOPE_META}))
+    )
+    assert listed["result"]["resultType"] == "complete"
+    assert (listed["result"]["ttlMs"], listed["result"]["cacheScope"]) == (0, "private")
+    [status] = to_client(call(server, 2, "get_status"))
+    assert status["result"]["resultType"] == "complete"
+
+
+def test_a_stateless_call_reaches_a_handshake_era_server_without_the_envelope() -> None:
+    server = FabricServer(CATALOG, session_id="s")
+    server.client_message(
+        msg(
+            id=7,
+            method="tools/call",
+            params={"name": "time__get_current_time", "arguments": {}, "_meta": ENVELOPE_META},
+        )
+    )
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    assert forwarded["params"]["_meta"] == {"progressToken": "p1"}
+    [answer] = to_client(server.backend_message("time", msg(id=forwarded["id"], result={})))
+    assert answer == {"jsonrpc": "2.0", "id": 7, "result": {"resultType": "complete"}}
+
+
+def test_a_handshake_era_clients_results_are_passed_as_they_are() -> None:
+    server = session()
+    call(server, 1, "time__get_current_time")
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    [answer] = to_client(server.backend_message("time", msg(id=forwarded["id"], result={})))
+    assert answer["result"] == {}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reactor_fabric.protocol.probe import MAX_PAGES, OfferProbe, ProbeFailed
+from reactor_fabric.protocol.probe import MAX_PAGES, MAX_RELISTS, OfferProbe, ProbeFailed
 
 
 def finished(probe: OfferProbe) -> bool:
@@ -26,7 +26,8 @@ def answer(request: dict[str, Any], result: Any) -> bytes:
 def initialized(probe: OfferProbe, capabilities: dict[str, Any]) -> list[dict[str, Any]]:
     [initialize] = sent(probe.start())
     assert initialize["method"] == "initialize"
-    assert initialize["params"]["capabilities"] == {}  # no roots, no sampling: nothing to mount
+    # What a session's client may have: servers offer some tools only to such clients.
+    assert set(initialize["params"]["capabilities"]) == {"roots", "sampling", "elicitation"}
     return sent(
         probe.receive(
             answer(
@@ -125,3 +126,24 @@ def test_an_error_answering_one_list_leaves_it_empty_and_the_others_count() -> N
     assert finished(probe)
     assert probe.catalog().prompts == ()
     assert probe.problems == ["prompts/list: boom"]
+
+
+def test_a_list_that_changes_while_it_is_learned_is_asked_for_again() -> None:
+    probe = OfferProbe()
+    [tools] = [m for m in initialized(probe, {"tools": {}}) if m.get("method") == "tools/list"]
+    changed = b'{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}'
+    [again] = sent(probe.receive(changed))
+    assert again["method"] == "tools/list"
+    assert probe.receive(answer(tools, {"tools": [{"name": "old"}]})) == []  # superseded
+    assert not finished(probe)
+    probe.receive(answer(again, {"tools": [{"name": "old"}, {"name": "sample"}]}))
+    assert finished(probe)
+    assert [t["name"] for t in probe.catalog().tools] == ["old", "sample"]
+
+
+def test_a_server_that_keeps_changing_its_lists_is_asked_again_only_a_few_times() -> None:
+    probe = OfferProbe()
+    initialized(probe, {"tools": {}})
+    changed = b'{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}'
+    asked = [probe.receive(changed) for _ in range(MAX_RELISTS + 2)]
+    assert [len(lines) for lines in asked] == [1] * MAX_RELISTS + [0, 0]
