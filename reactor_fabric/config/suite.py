@@ -81,7 +81,9 @@ def format_path(path: KeyPath) -> str:
 
 
 # Names a service cannot have: their URLs mean something else.
-RESERVED_SERVICE_NAMES = frozenset({"fabric"})
+# The fabric endpoint's name in URLs (/mcp/fabric/{key}); no service may take it.
+FABRIC_ENDPOINT = "fabric"
+RESERVED_SERVICE_NAMES = frozenset({FABRIC_ENDPOINT})
 
 
 def check_suite_text(text: str, *, source: str) -> SuiteCheck:

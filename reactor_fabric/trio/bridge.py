@@ -45,7 +45,7 @@ from trio_websocket import (
 )
 
 from .._errors import CONTAINER_START_FAILURE, SECURITY_VIOLATION, InvalidMessage
-from ..config.suite import SuiteUnreadable, load_suite
+from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
 from ..config.token import TOKEN_ENV, token_file, user_config_dir
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter
@@ -78,7 +78,8 @@ def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
     """The WebSocket URL of ``service`` and the service name, from an endpoint in any form.
 
     Accepted: ``ws://host:port`` (with ``service``), ``ws://host:port/mcp/NAME``, and the same
-    with ``http``/``https`` (turned into ``ws``/``wss``). Pure.
+    with ``http``/``https`` (turned into ``ws``/``wss``). Without a service: the fabric
+    endpoint ``/mcp`` (every service of the suite in one MCP server). Pure.
     """
     parts = urlsplit(endpoint)
     scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
@@ -92,8 +93,8 @@ def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
         service = named
     elif path not in ("", "/mcp"):
         raise BridgeError(f"{endpoint!r}: expected ws://HOST:PORT or ws://HOST:PORT/mcp/SERVICE")
-    if not service:
-        raise BridgeError("which service? give --service NAME or a URL ending in /mcp/NAME")
+    if not service or service == FABRIC_ENDPOINT:
+        return urlunsplit((scheme, parts.netloc, "/mcp", "", "")), FABRIC_ENDPOINT
     return urlunsplit((scheme, parts.netloc, f"/mcp/{quote(service)}", "", "")), service
 
 

@@ -40,6 +40,7 @@ import trio
 from .._errors import ContainerStartFailure, FabricError, InvalidRequest
 from .._version import __version__
 from ..config.structs import Suite
+from ..config.suite import FABRIC_ENDPOINT
 from ..policy.container_spec import MountSpec
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import (
@@ -65,7 +66,8 @@ from .fabric import Fabric
 
 log = logging.getLogger(__name__)
 
-FABRIC_ENDPOINT = "fabric"
+__all__ = ["FABRIC_ENDPOINT", "FabricDriver", "FabricOptions", "fabric_options"]
+
 # How long a session that opens while the catalog is still being learned waits for it.
 CATALOG_WAIT_SECONDS = 30.0
 EXPOSURES: tuple[Exposure, ...] = ("discover", "all")

@@ -5,7 +5,7 @@ the 1.x and 2.x SDKs are the same distribution and cannot share one environment.
 
 Usage::
 
-    python mcp1_client.py URL [--register MOUNTS_JSON] [--roots URI ...]
+    python mcp1_client.py URL [--register MOUNTS_JSON] [--roots URI ...] [--sampling]
 
 A ``ws://`` URL uses the SDK's WebSocket client, an ``http://`` URL its Streamable HTTP client.
 
@@ -22,7 +22,11 @@ Commands on stdin (JSON lines), each answered by one JSON line on stdout:
        (with report_progress, each progress notification is also printed as it comes:
         {"op": "progress", "progress": p})
     {"op": "roots_requests"}                  -> {"ok": true, "count": n}
+    {"op": "heard"}   -> {"ok": true, "sampling": n, "notifications": [methods]}
     {"op": "exit"}
+
+With ``--sampling`` the client declares sampling and answers each request with the text
+"sampled by the test client".
 
 A JSON-RPC error becomes ``{"ok": false, "error": {"code", "message", "data"}}``; anything
 else the SDK raises becomes ``{"ok": false, "exception": TYPE, "message": TEXT}`` (what the
@@ -71,6 +75,7 @@ async def main() -> None:
     parser.add_argument("url")
     parser.add_argument("--register", help="JSON list of mounts for fabric/registerClient")
     parser.add_argument("--roots", nargs="*", default=None, help="root URIs to offer the server")
+    parser.add_argument("--sampling", action="store_true", help="declare and answer sampling")
     args = parser.parse_args()
 
     roots_requests = 0
@@ -81,7 +86,7 @@ async def main() -> None:
         return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in args.roots or []])
 
     try:
-        await session_loop(args, list_roots, lambda: roots_requests)
+        await session_loop(args, list_roots, lambda: roots_requests, Heard())
     except BaseException as exc:
         emit(described(exc))
 
@@ -108,7 +113,29 @@ def transport(url: str) -> Any:
     return websocket_client(url)
 
 
-async def session_loop(args: Any, list_roots: Any, roots: Any) -> None:
+class Heard:
+    """What the server sent the client on its own: sampling requests and notifications."""
+
+    def __init__(self) -> None:
+        self.sampling = 0
+        self.notifications: list[str] = []
+
+    async def sample(
+        self, context: Any, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult:
+        self.sampling += 1
+        return types.CreateMessageResult(
+            role="assistant",
+            content=types.TextContent(type="text", text="sampled by the test client"),
+            model="test-model",
+        )
+
+    async def message(self, message: Any) -> None:
+        if isinstance(message, types.ServerNotification):
+            self.notifications.append(message.root.method)
+
+
+async def session_loop(args: Any, list_roots: Any, roots: Any, heard: Heard) -> None:
     async with transport(args.url) as streams:
         read, write = streams[0], streams[1]
         if args.register is not None:
@@ -117,7 +144,11 @@ async def session_loop(args: Any, list_roots: Any, roots: Any) -> None:
             if not registered["ok"]:
                 return
         async with ClientSession(
-            read, write, list_roots_callback=list_roots if args.roots is not None else None
+            read,
+            write,
+            list_roots_callback=list_roots if args.roots is not None else None,
+            sampling_callback=heard.sample if args.sampling else None,
+            message_handler=heard.message,
         ) as session:
             while True:
                 line = await anyio.to_thread.run_sync(sys.stdin.readline)
@@ -127,6 +158,15 @@ async def session_loop(args: Any, list_roots: Any, roots: Any) -> None:
                 op = command["op"]
                 if op == "exit":
                     return
+                if op == "heard":
+                    emit(
+                        {
+                            "ok": True,
+                            "sampling": heard.sampling,
+                            "notifications": heard.notifications,
+                        }
+                    )
+                    continue
                 try:
                     emit(await run(session, command, roots))
                 except McpError as exc:

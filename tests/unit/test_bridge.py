@@ -33,9 +33,16 @@ def test_the_endpoint_may_be_given_in_any_usual_form(
 
 
 @pytest.mark.parametrize(
+    "endpoint",
+    ["ws://127.0.0.1:8765", "http://127.0.0.1:8765/mcp", "ws://127.0.0.1:8765/mcp/fabric"],
+)
+def test_without_a_service_the_bridge_goes_to_the_fabric_endpoint(endpoint: str) -> None:
+    assert service_url(endpoint, None) == ("ws://127.0.0.1:8765/mcp", "fabric")
+
+
+@pytest.mark.parametrize(
     ("endpoint", "service", "words"),
     [
-        ("ws://127.0.0.1:8765", None, "which service"),
         ("ftp://x:1", "git", "not a ws://"),
         ("ws://x:1/mcp/time", "git", "names service 'time'"),
         ("ws://x:1/other/path", "git", "expected ws://HOST:PORT"),
