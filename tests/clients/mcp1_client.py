@@ -23,6 +23,8 @@ Commands on stdin (JSON lines), each answered by one JSON line on stdout:
         {"op": "progress", "progress": p})
     {"op": "roots_requests"}                  -> {"ok": true, "count": n}
     {"op": "heard"}   -> {"ok": true, "sampling": n, "notifications": [methods]}
+    {"op": "start", "tag": T, <a call>}       -> {"ok": true, "started": T} (the call runs on)
+    {"op": "result", "tag": T}                -> what the started call answered, as "call" does
     {"op": "exit"}
 
 With ``--sampling`` the client declares sampling and answers each request with the text
@@ -150,6 +152,7 @@ async def session_loop(args: Any, list_roots: Any, roots: Any, heard: Heard) -> 
             sampling_callback=heard.sample if args.sampling else None,
             message_handler=heard.message,
         ) as session:
+            running: dict[str, asyncio.Future[dict[str, Any]]] = {}
             while True:
                 line = await anyio.to_thread.run_sync(sys.stdin.readline)
                 if not line:
@@ -158,6 +161,14 @@ async def session_loop(args: Any, list_roots: Any, roots: Any, heard: Heard) -> 
                 op = command["op"]
                 if op == "exit":
                     return
+                if op == "start":
+                    call = {**command, "op": "call"}
+                    running[command["tag"]] = asyncio.ensure_future(outcome(session, call, roots))
+                    emit({"ok": True, "started": command["tag"]})
+                    continue
+                if op == "result":
+                    emit(await running.pop(command["tag"]))
+                    continue
                 if op == "heard":
                     emit(
                         {
@@ -171,6 +182,13 @@ async def session_loop(args: Any, list_roots: Any, roots: Any, heard: Heard) -> 
                     emit(await run(session, command, roots))
                 except McpError as exc:
                     emit({"ok": False, "error": exc.error.model_dump()})
+
+
+async def outcome(session: ClientSession, command: dict[str, Any], roots: Any) -> dict[str, Any]:
+    try:
+        return await run(session, command, roots)
+    except McpError as exc:
+        return {"ok": False, "error": exc.error.model_dump()}
 
 
 async def run(session: ClientSession, command: dict[str, Any], roots: Any) -> dict[str, Any]:

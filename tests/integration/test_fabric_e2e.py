@@ -1,0 +1,379 @@
+"""End to end, the fabric endpoint ``/mcp``: the real orchestrator and engine, the bundled
+servers, and real clients — the Python SDK 2.x (handshake session, and the 2026-07-28 keyed
+URL), the Python SDK 1.x over WebSocket, the TypeScript SDK over HTTP, Claude Code, the bridge.
+
+One orchestrator serves the module (its ``time`` service idles after 3 s, so that teardown and
+respawn can be watched); each test has its own sessions and looks only at their containers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from tests.clients import envs
+from tests.integration import harness
+from tests.integration.harness import (
+    CLIENTS,
+    REPO,
+    LineProcess,
+    Orchestrator,
+    containers_of,
+    git_repo,
+    orchestrator,
+    python_client,
+    text_of,
+    ts_client,
+    wait_until,
+    write_suite,
+)
+
+pytestmark = pytest.mark.integration
+
+META_TOOLS = {
+    "find_tools",
+    "call_tool",
+    "activate_servers",
+    "get_status",
+    "analyze_task",
+    "list_available_capabilities",
+    "switch_context",
+}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("fabric")
+    (home / "projects").mkdir()
+    return home
+
+
+@pytest.fixture(scope="module")
+def fabric(home: Path) -> Iterator[Orchestrator]:
+    suite = write_suite(
+        home / "suite.yaml",
+        [str(home / "projects")],
+        timeouts={"time": "3s", "everything": "5m", "git": "5m"},
+    )
+    with orchestrator(suite, home / "orchestrator.log") as running:
+        yield running
+
+
+def sdk2(url: str, mode: str = "legacy") -> LineProcess:
+    return LineProcess(
+        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode]
+    )
+
+
+def session_of(fabric: Orchestrator, client: LineProcess) -> str:
+    """The session id of a client's fabric session, as get_status tells it."""
+    status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+    assert status["ok"], status
+    return str(status["structured"]["session_id"])
+
+
+def services_started(docker_client: docker.DockerClient, session: str) -> list[str]:
+    return sorted(
+        c.labels["reactor-fabric.service"] for c in containers_of(docker_client, session=session)
+    )
+
+
+def test_a_handshake_client_lists_namespaced_tools_and_a_call_starts_only_that_service(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client = sdk2(f"{fabric.http_url}/mcp?tools=all")
+    try:
+        assert client.ask({"op": "initialize"})["server"] == "reactor-fabric"
+        tools = set(client.ask({"op": "list_tools"})["tools"])
+        assert tools >= META_TOOLS
+        assert {"time__get_current_time", "git__git_log", "everything__echo"} <= tools
+        assert all(len(name) <= 64 for name in tools)
+        session = session_of(fabric, client)
+        assert services_started(docker_client, session) == []  # listing starts nothing
+        answer = client.ask(
+            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        )
+        assert answer["ok"], answer
+        assert '"timezone": "UTC"' in text_of(answer)
+        assert services_started(docker_client, session) == ["time"]
+    finally:
+        client.close()
+
+
+def test_a_stateless_client_finds_and_calls_a_tool_that_is_not_listed(
+    fabric: Orchestrator,
+) -> None:
+    client = sdk2(f"{fabric.http_url}/mcp/fabric/stateless-key", mode="auto")
+    try:
+        assert client.ask({"op": "initialize"})["protocol"] == "2026-07-28"
+        assert set(client.ask({"op": "list_tools"})["tools"]) == META_TOOLS
+        found = client.ask(
+            {"op": "call", "name": "find_tools", "arguments": {"query": "echo a message"}}
+        )
+        assert "everything__echo" in [tool["name"] for tool in found["structured"]["tools"]]
+        echoed = client.ask(
+            {
+                "op": "call",
+                "name": "call_tool",
+                "arguments": {"name": "everything__echo", "arguments": {"message": "hi"}},
+            }
+        )
+        assert echoed["ok"], echoed
+        assert text_of(echoed) == "Echo: hi"
+    finally:
+        client.close()
+
+
+def test_two_sessions_with_different_repos_each_see_only_their_own_git_log(
+    fabric: Orchestrator, home: Path, docker_client: docker.DockerClient
+) -> None:
+    repos = {
+        name: git_repo(home / "projects" / f"fabric-{name}", [f"{name}: the only commit"])
+        for name in ("alpha", "beta")
+    }
+    clients = {
+        name: python_client(f"{fabric.ws_url}/mcp?mount={repo}:/workspace")
+        for name, repo in repos.items()
+    }
+    try:
+        for name, client in clients.items():
+            assert client.ask({"op": "initialize"})["ok"]
+            log = client.ask(
+                {"op": "call", "name": "git__git_log", "arguments": {"repo_path": "/workspace"}}
+            )
+            assert log["ok"], log
+            other = "beta" if name == "alpha" else "alpha"
+            assert f"{name}: the only commit" in text_of(log)
+            assert other not in text_of(log)
+        sessions = {session_of(fabric, client) for client in clients.values()}
+        assert len(sessions) == 2
+        for session in sessions:
+            assert services_started(docker_client, session) == ["git"]
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def test_activation_changes_the_list_and_the_client_hears_list_changed(
+    fabric: Orchestrator,
+) -> None:
+    client = python_client(f"{fabric.ws_url}/mcp")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        assert set(client.ask({"op": "list_tools"})["tools"]) == META_TOOLS
+        activated = client.ask(
+            {"op": "call", "name": "activate_servers", "arguments": {"servers": ["git"]}}
+        )
+        assert activated["structured"]["activated"] == ["git"]
+        assert activated["structured"]["reconnect_required"] is False
+        tools = set(client.ask({"op": "list_tools"})["tools"])
+        assert "git__git_log" in tools
+        assert "time__get_current_time" not in tools
+        heard = client.ask({"op": "heard"})
+        assert "notifications/tools/list_changed" in heard["notifications"]
+    finally:
+        client.close()
+
+
+def test_an_idle_service_is_removed_and_the_next_call_respawns_it(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client = python_client(f"{fabric.ws_url}/mcp")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        call = {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        assert client.ask(call)["ok"]
+        session = session_of(fabric, client)
+        [first] = containers_of(docker_client, session=session)
+        wait_until(
+            lambda: not containers_of(docker_client, session=session),
+            what="the idle time container to be removed",
+        )
+        assert client.ask(call)["ok"]  # transparently started again
+        [second] = containers_of(docker_client, session=session)
+        assert second.id != first.id
+    finally:
+        client.close()
+
+
+def test_progress_roots_and_sampling_pass_between_everything_and_the_client(
+    fabric: Orchestrator, home: Path
+) -> None:
+    project = home / "projects" / "sampling"
+    project.mkdir()
+    client = python_client(f"{fabric.ws_url}/mcp?mount={project}:/workspace", "--sampling")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        progress = client.ask(
+            {
+                "op": "call",
+                "name": "everything__trigger-long-running-operation",
+                "arguments": {"duration": 1, "steps": 2},
+                "progress": True,
+            }
+        )
+        assert progress["ok"], progress
+        assert progress["progress"] == [[1.0, 2.0], [2.0, 2.0]]
+        roots = client.ask({"op": "call", "name": "everything__get-roots-list", "arguments": {}})
+        assert "file:///workspace" in text_of(roots)
+        sampled = client.ask(
+            {
+                "op": "call",
+                "name": "everything__trigger-sampling-request",
+                "arguments": {"prompt": "hello", "maxTokens": 10},
+            }
+        )
+        assert sampled["ok"], sampled
+        assert "sampled by the test client" in text_of(sampled)
+        assert client.ask({"op": "heard"})["sampling"] == 1
+    finally:
+        client.close()
+
+
+def test_a_killed_service_fails_its_call_in_flight_while_another_keeps_working(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client = python_client(f"{fabric.ws_url}/mcp")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        echo = {"op": "call", "name": "everything__echo", "arguments": {"message": "x"}}
+        assert client.ask(echo)["ok"]
+        started = client.ask(
+            {
+                "op": "start",
+                "tag": "long",
+                "name": "everything__trigger-long-running-operation",
+                "arguments": {"duration": 60, "steps": 60},
+            }
+        )
+        assert started["ok"]
+        assert client.ask(
+            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        )["ok"]
+        session = session_of(fabric, client)
+        [everything] = [
+            c
+            for c in containers_of(docker_client, session=session)
+            if c.labels["reactor-fabric.service"] == "everything"
+        ]
+        everything.kill()
+        failed = client.ask({"op": "result", "tag": "long"})
+        assert failed["ok"] is False, failed
+        assert failed["error"]["code"] == -32002
+        assert failed["error"]["data"]["reason"] == "container_exited"
+        still = client.ask(
+            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        )
+        assert still["ok"], still
+    finally:
+        client.close()
+
+
+def test_the_typescript_sdk_lists_and_calls_over_http(fabric: Orchestrator) -> None:
+    client = ts_client(f"{fabric.http_url}/mcp?tools=all")
+    try:
+        assert client.ask({"op": "initialize"})["server"] == "reactor-fabric"
+        assert "git__git_status" in client.ask({"op": "list_tools"})["tools"]
+        converted = client.ask(
+            {
+                "op": "call",
+                "name": "time__convert_time",
+                "arguments": {
+                    "source_timezone": "UTC",
+                    "time": "12:00",
+                    "target_timezone": "Asia/Tokyo",
+                },
+            }
+        )
+        assert converted["ok"], converted
+        assert "Asia/Tokyo" in text_of(converted)
+    finally:
+        client.close()
+
+
+def test_claude_code_shows_the_fabric_endpoint_connected(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    """`claude mcp list` connects to each server and lists its tools (no API key needed)."""
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    project.mkdir()
+    home.mkdir()
+    environ = {
+        "HOME": str(home),
+        "PATH": os.environ["PATH"],
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    claude = str(envs.claude_code())
+    subprocess.run(
+        [
+            claude,
+            "mcp",
+            "add",
+            "--transport",
+            "http",
+            "fabric",
+            f"{fabric.http_url}/mcp",
+            "--header",
+            f"Authorization: Bearer {harness.TEST_TOKEN}",
+        ],
+        cwd=project,
+        env=environ,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    listed = subprocess.run(
+        [claude, "mcp", "list"],
+        cwd=project,
+        env=environ,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    assert f"fabric: {fabric.http_url}/mcp (HTTP) - ✔ Connected" in listed, listed
+
+
+def test_the_bridge_without_a_service_serves_the_whole_suite(
+    fabric: Orchestrator, home: Path
+) -> None:
+    project = home / "projects" / "bridged"
+    project.mkdir()
+    (project / "notes.txt").write_text("bridged and mounted\n")
+    client = LineProcess(
+        [
+            sys.executable,
+            str(CLIENTS / "mcp2_client.py"),
+            "stdio",
+            "--cwd",
+            str(project),
+            "--",
+            sys.executable,
+            "-m",
+            "reactor_fabric",
+            "connect",
+            fabric.ws_url,
+        ],
+        cwd=REPO,
+    )
+    try:
+        assert client.ask({"op": "initialize"})["server"] == "reactor-fabric"
+        read = client.ask(
+            {
+                "op": "call",
+                "name": "filesystem__read_text_file",
+                "arguments": {"path": "/workspace/notes.txt"},
+            }
+        )
+        assert read["ok"], read
+        assert "bridged and mounted" in text_of(read)
+    finally:
+        client.close()
