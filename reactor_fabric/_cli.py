@@ -376,25 +376,26 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
 
 
 def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
-    """What the start-up line adds: the URLs to paste into a client, with the token."""
+    """What the start-up line adds: the URLs to paste into a client, with the token. The fabric
+    endpoint (every service in one MCP server) comes first: it is what most users want."""
     service = next(iter(fabric.suite.mcp_services), "SERVICE")
     if token is None:
         return (
             f"  authentication is OFF: any local process may connect "
-            f"(e.g. {http_url}/mcp/{service})"
+            f"(e.g. {http_url}/mcp, or {http_url}/mcp/{service} for one service)"
         )
     ws_url = "ws" + http_url.removeprefix("http")
     return "\n".join(
         [
             f"  token (from {token.origin}): {token.value}",
-            f"  Streamable HTTP: {http_url}/mcp/{{service}} with the header "
-            f"'Authorization: Bearer {token.value}', or {http_url}/mcp/{{service}}"
-            f"?token={token.value}",
-            f"  WebSocket: {ws_url}/mcp/{{service}}?token={token.value}",
-            f"  Claude Code: claude mcp add --transport http {service} "
-            f"{http_url}/mcp/{service} --header 'Authorization: Bearer {token.value}'",
-            "  stdio bridge (reads the token itself): reactor-fabric connect "
-            f"{ws_url}/mcp/{service}",
+            f"  every service in one MCP server: {http_url}/mcp with the header "
+            f"'Authorization: Bearer {token.value}' (or ?token=…; WebSocket: {ws_url}/mcp)",
+            f"  Claude Code: claude mcp add --transport http reactor-fabric {http_url}/mcp "
+            f"--header 'Authorization: Bearer {token.value}'",
+            f"  one service: {http_url}/mcp/{{service}} (WebSocket: {ws_url}/mcp/{{service}}), "
+            "same token",
+            f"  stdio bridge (reads the token itself): reactor-fabric connect {ws_url} "
+            f"[--service {service}]",
         ]
     )
 
@@ -429,9 +430,8 @@ async def _serve_until_signalled(
             running: Orchestrator = await nursery.start(serve)
             print(
                 f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
-                f"service(s) on {running.http_url} "
-                f"(WebSocket: {running.ws_url}/mcp/{{service}}, health: "
-                f"{running.http_url}/healthz)",
+                f"service(s) on {running.http_url} (all in one: {running.http_url}/mcp; "
+                f"health: {running.http_url}/healthz)",
                 flush=True,
             )
             print(connection_help(running.http_url, fabric, token), flush=True)

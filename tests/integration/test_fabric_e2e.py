@@ -8,11 +8,13 @@ respawn can be watched); each test has its own sessions and looks only at their 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -377,3 +379,60 @@ def test_the_bridge_without_a_service_serves_the_whole_suite(
         assert "bridged and mounted" in text_of(read)
     finally:
         client.close()
+
+
+def inspector(fabric: Orchestrator, url: str, home: Path, *arguments: str) -> Any:
+    """One MCP Inspector CLI command; its JSON output (stdout), asserted to succeed."""
+    done = subprocess.run(
+        [
+            *envs.inspector_cli(),
+            url,
+            "--transport",
+            "http",
+            "--header",
+            f"Authorization: Bearer {harness.TEST_TOKEN}",
+            "--stored-auth-only",
+            *arguments,
+        ],
+        env={**os.environ, "HOME": str(home)},  # it keeps a store in HOME
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
+def test_the_inspector_cli_lists_and_calls_namespaced_tools(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    every = f"{fabric.http_url}/mcp?tools=all"
+    listed = inspector(fabric, every, tmp_path, "--method", "tools/list")
+    names = {tool["name"] for tool in listed["tools"]}
+    assert {"time__get_current_time", "filesystem__read_text_file"} | META_TOOLS <= names
+    called = inspector(
+        fabric,
+        every,
+        tmp_path,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "time__get_current_time",
+        "--tool-arg",
+        "timezone=UTC",
+    )
+    assert called["structuredContent"]["timezone"] == "UTC"
+    # With the default exposure the Inspector (which calls only listed tools) uses call_tool.
+    through = inspector(
+        fabric,
+        f"{fabric.http_url}/mcp",
+        tmp_path,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "call_tool",
+        "--tool-args-json",
+        '{"name": "time__get_current_time", "arguments": {"timezone": "UTC"}}',
+    )
+    assert through["structuredContent"]["timezone"] == "UTC"
