@@ -5,21 +5,28 @@ that stay with their service, both transports and the keyed URL."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import pytest
 import trio
 import trio.testing
 
 from reactor_fabric import ContainerStartFailure
 from reactor_fabric.config.structs import Profile, Service
 from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
-from tests.fakes import TOOLS
+from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.runtime.memory import MemoryRuntime, open_memory_runtime
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.session import serve_session
+from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server
 from tests.http_client import WebSocketClient
+from tests.leaks import CancelAfterSteps, TaskCensus
 from tests.messages import INITIALIZE, INITIALIZED, request
-from tests.served import Served, served
+from tests.served import Served, served, suite_for
 
 SERVICES = {
     "alpha": Service(image="fake/alpha:1", timeout="30s"),
@@ -304,3 +311,79 @@ async def test_a_stateless_client_uses_the_keyed_url(tmp_path: Path) -> None:
         assert started_services(http) == ["beta"]  # one session, one container
         [session] = http.sessions.by_id.values()
         await http.sessions.terminate(session)
+
+
+def learned_fabric(root: Path, engine: MemoryRuntime) -> Fabric:
+    """A Fabric whose catalog is already known (as after the start-up's learning)."""
+    suite = msgspec.structs.replace(suite_for(root), mcp_services=SERVICES)
+    fabric = Fabric(suite, runtime=engine, network="none")
+    tools = [{"name": tool, "inputSchema": {"type": "object"}} for tool in TOOLS]
+    fabric.catalog = Catalog({name: service_catalog(tools=tools) for name in SERVICES})
+    fabric.catalog_ready.set()
+    return fabric
+
+
+async def _fabric_scenario(client: MemoryClient, engine: MemoryRuntime) -> None:
+    await client.say(INITIALIZE)
+    await client.hear()
+    await client.say(tool_call(2, "alpha__echo"))
+    await client.say(tool_call(3, "beta__echo"))
+    await client.hear()
+    await client.hear()
+    await client.say(tool_call(4, "alpha__crash"))
+    await client.hear()
+    await client.say(tool_call(5, "alpha__echo", payload="x" * 5000))  # more than stdin holds
+    await client.hear()
+
+
+async def _slow_fabric_scenario(client: MemoryClient, engine: MemoryRuntime) -> None:
+    engine.fault("create", delay=2.0)
+    engine.fault("remove", delay=1.0)
+    engine.fault("exit_status", delay=0.5)
+    await _fabric_scenario(client, engine)
+
+
+async def _run_fabric_scenario(
+    root: Path, scenario: Callable[[MemoryClient, MemoryRuntime], Awaitable[None]], steps: int
+) -> tuple[int, Fabric, MemoryRuntime]:
+    """Run the scenario, cancelled after ``steps`` task steps; the steps left over."""
+    async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
+        fabric = learned_fabric(root, engine)
+        client = MemoryClient()
+        with trio.CancelScope() as scope:
+            cancel = CancelAfterSteps(steps, scope)
+            trio.lowlevel.add_instrument(cancel)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(serve_session, fabric, client, "fabric", [])
+                    await scenario(client, engine)
+                    await client.leave()
+            finally:
+                trio.lowlevel.remove_instrument(cancel)
+        # A create the cancellation abandoned completes later, then removes itself.
+        await trio.sleep(10)
+        assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
+        assert fabric.sessions == {}
+        assert fabric.containers == {}
+        return cancel.remaining, fabric, engine
+
+
+@pytest.mark.parametrize(
+    "scenario", [_fabric_scenario, _slow_fabric_scenario], ids=["prompt", "slow-engine"]
+)
+async def test_cancelling_a_fabric_session_at_every_step_leaks_no_task_or_container(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    scenario: Callable[[MemoryClient, MemoryRuntime], Awaitable[None]],
+) -> None:
+    left, _, _ = await _run_fabric_scenario(tmp_path, scenario, 10**9)
+    total = 10**9 - left
+    assert total > 100
+    for steps in range(1, total + 1):  # every step, not a sample
+        census = TaskCensus()
+        trio.lowlevel.add_instrument(census)
+        try:
+            await _run_fabric_scenario(tmp_path, scenario, steps)
+        finally:
+            trio.lowlevel.remove_instrument(census)
+        assert not census.live, f"tasks leaked after cancelling at step {steps}: {census.live}"

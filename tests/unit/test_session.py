@@ -28,6 +28,7 @@ from tests.fakes import (
     scripted_mcp_server,
     until,
 )
+from tests.leaks import CancelAfterSteps, TaskCensus
 
 
 def suite(
@@ -475,34 +476,8 @@ async def _slow_scenario(h: Harness) -> None:
     await h.call(5, "echo", payload="x" * 5000)  # more than the stdin pipe holds at once
 
 
-class _CancelAfterSteps(trio.abc.Instrument):
-    """Cancels a scope after the program has taken a given number of task steps."""
-
-    def __init__(self, steps: int, scope: trio.CancelScope) -> None:
-        self.remaining = steps
-        self.scope = scope
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.remaining -= 1
-        if self.remaining == 0:
-            self.scope.cancel()
-
-
-class _TaskCensus(trio.abc.Instrument):
-    """The tasks spawned and not yet exited."""
-
-    def __init__(self) -> None:
-        self.live: set[trio.lowlevel.Task] = set()
-
-    def task_spawned(self, task: trio.lowlevel.Task) -> None:
-        self.live.add(task)
-
-    def task_exited(self, task: trio.lowlevel.Task) -> None:
-        self.live.discard(task)
-
-
 async def _steps_of(scenario: Callable[[Harness], Awaitable[None]], root: Path) -> int:
-    counter = _CancelAfterSteps(10**9, trio.CancelScope())
+    counter = CancelAfterSteps(10**9, trio.CancelScope())
     trio.lowlevel.add_instrument(counter)
     try:
         async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
@@ -528,14 +503,14 @@ async def test_cancelling_a_session_at_every_step_of_its_life_leaks_no_task_or_c
     assert total > 100
     abandoned_creates = 0
     for steps in range(1, total + 1):  # every step, not a sample
-        census = _TaskCensus()
+        census = TaskCensus()
         trio.lowlevel.add_instrument(census)
         try:
             async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
                 fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
                 client = MemoryClient()
                 with trio.CancelScope() as scope:
-                    cancel = _CancelAfterSteps(steps, scope)
+                    cancel = CancelAfterSteps(steps, scope)
                     trio.lowlevel.add_instrument(cancel)
                     try:
                         async with trio.open_nursery() as nursery:
