@@ -22,6 +22,8 @@ Commands on stdin (JSON lines), each answered by one JSON line on stdout:
        (with report_progress, each progress notification is also printed as it comes:
         {"op": "progress", "progress": p})
     {"op": "roots_requests"}                  -> {"ok": true, "count": n}
+    {"op": "list_prompts"} / {"op": "get_prompt", "name", "arguments"}
+    {"op": "list_resources"} / {"op": "read_resource", "uri"}
     {"op": "heard"}   -> {"ok": true, "sampling": n, "notifications": [methods]}
     {"op": "start", "tag": T, <a call>}       -> {"ok": true, "started": T} (the call runs on)
     {"op": "result", "tag": T}                -> what the started call answered, as "call" does
@@ -52,6 +54,7 @@ from mcp.client.websocket import websocket_client
 from mcp.shared.context import RequestContext
 from mcp.shared.exceptions import McpError
 from mcp.shared.message import SessionMessage
+from pydantic import AnyUrl
 
 
 def emit(payload: dict[str, Any]) -> None:
@@ -184,6 +187,34 @@ async def session_loop(args: Any, list_roots: Any, roots: Any, heard: Heard) -> 
                     emit({"ok": False, "error": exc.error.model_dump()})
 
 
+async def list_prompts(session: ClientSession, _command: dict[str, Any]) -> dict[str, Any]:
+    prompts = await session.list_prompts()
+    return {"ok": True, "prompts": [prompt.name for prompt in prompts.prompts]}
+
+
+async def get_prompt(session: ClientSession, command: dict[str, Any]) -> dict[str, Any]:
+    prompt = await session.get_prompt(command["name"], command.get("arguments"))
+    return {"ok": True, "messages": [m.model_dump() for m in prompt.messages]}
+
+
+async def list_resources(session: ClientSession, _command: dict[str, Any]) -> dict[str, Any]:
+    resources = await session.list_resources()
+    return {"ok": True, "resources": [str(r.uri) for r in resources.resources]}
+
+
+async def read_resource(session: ClientSession, command: dict[str, Any]) -> dict[str, Any]:
+    read = await session.read_resource(AnyUrl(command["uri"]))
+    return {"ok": True, "contents": [c.model_dump(mode="json") for c in read.contents]}
+
+
+OFFERS = {
+    "list_prompts": list_prompts,
+    "get_prompt": get_prompt,
+    "list_resources": list_resources,
+    "read_resource": read_resource,
+}
+
+
 async def outcome(session: ClientSession, command: dict[str, Any], roots: Any) -> dict[str, Any]:
     try:
         return await run(session, command, roots)
@@ -220,6 +251,8 @@ async def run(session: ClientSession, command: dict[str, Any], roots: Any) -> di
             "structured": result.structuredContent,
             "progress": progress,
         }
+    if op in OFFERS:
+        return await OFFERS[op](session, command)
     if op == "roots_requests":
         return {"ok": True, "count": roots()}
     raise ValueError(f"unknown op {op!r}")

@@ -436,3 +436,20 @@ def test_the_inspector_cli_lists_and_calls_namespaced_tools(
         '{"name": "time__get_current_time", "arguments": {"timezone": "UTC"}}',
     )
     assert through["structuredContent"]["timezone"] == "UTC"
+
+
+def test_prompts_and_resources_of_a_service_are_listed_and_routed(fabric: Orchestrator) -> None:
+    client = python_client(f"{fabric.ws_url}/mcp?tools=all")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        assert "everything__args-prompt" in client.ask({"op": "list_prompts"})["prompts"]
+        prompt = client.ask(
+            {"op": "get_prompt", "name": "everything__args-prompt", "arguments": {"city": "Paris"}}
+        )
+        assert "Paris" in prompt["messages"][0]["content"]["text"]
+        uri = "demo://resource/static/document/features.md"
+        assert uri in client.ask({"op": "list_resources"})["resources"]
+        read = client.ask({"op": "read_resource", "uri": uri})
+        assert read["contents"][0]["text"].startswith("# Everything Server - Features")
+    finally:
+        client.close()
