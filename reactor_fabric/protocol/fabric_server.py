@@ -61,6 +61,7 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 MAX_QUEUED_PER_BACKEND = 64
 MAX_PENDING = 512
+MAX_LISTENERS = 8
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
@@ -407,11 +408,15 @@ class FabricServer:
 
     def _on_listen(self, request_id: object, params: Json) -> list[Action]:
         """A 2026-07-28 client opens its stream of list changes (answered when it ends)."""
+        if len(self._listeners) >= MAX_LISTENERS:
+            too_many = f"at most {MAX_LISTENERS} subscriptions per session"
+            return [self._fail(request_id, INVALID_PARAMS, too_many)]
         asked = params.get("notifications")
         asked = asked if isinstance(asked, dict) else {}
         honoured = {key: True for key in _LISTEN_KEYS.values() if asked.get(key) is True}
         self._listeners[request_id] = honoured
-        ack = {"notifications": honoured}
+        # Everything on a subscription's stream names it in _meta (how clients demultiplex).
+        ack = {"notifications": honoured, "_meta": {SUBSCRIPTION_META: request_id}}
         return [ToClient(_notification_bytes("notifications/subscriptions/acknowledged", ack))]
 
     def _client_notification(self, method: str, params: Json) -> list[Action]:
@@ -676,6 +681,8 @@ class FabricServer:
 
     def _cancel(self, params: Json) -> list[Action]:
         client_id = params.get("requestId")
+        if self._listeners.pop(client_id, None) is not None:
+            return []  # a subscription the client closed: nothing to answer
         for our_id, forwarded in self._forwarded.items():
             if forwarded.client_id == client_id and forwarded.client_id is not None:
                 backend = self.backends.get(forwarded.service)
@@ -844,12 +851,15 @@ class FabricServer:
         fresh = getattr(service_catalog(**{kind: entries}), kind)
         offer = replace(self.catalog.services[service], **{kind: fresh})
         self.catalog = Catalog({**self.catalog.services, service: offer})
-        note = _notification(f"notifications/{kind}/list_changed")
-        listening = any(wants.get(_LISTEN_KEYS[kind]) for wants in self._listeners.values())
-        shown = service in self._shown()
-        if listening or (not self._stateless and shown):
-            return [note]
-        return []
+        method = f"notifications/{kind}/list_changed"
+        actions: list[Action] = [
+            ToClient(_notification_bytes(method, {"_meta": {SUBSCRIPTION_META: listen_id}}))
+            for listen_id, wants in self._listeners.items()
+            if wants.get(_LISTEN_KEYS[kind])
+        ]
+        if not self._stateless and service in self._shown():
+            actions.append(_notification(method))
+        return actions
 
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it

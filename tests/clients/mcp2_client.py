@@ -14,6 +14,7 @@ Commands (stdin, JSON lines), each answered by one JSON line on stdout:
     {"op": "list_tools"}   -> {"ok": true, "tools": [names]}
     {"op": "call", "name": N, "arguments": A} -> {"ok": bool, "content": [...], "structured": ...}
         (with "report_progress": true, progress is printed as it comes: {"op": "progress", ...})
+    {"op": "listen"}       -> {"ok": true, "honored": filter} (2026-07-28: opens, then closes)
     {"op": "exit"}
 """
 
@@ -87,34 +88,36 @@ async def main() -> None:
                             "protocol": client.protocol_version,
                         }
                     )
-                elif op == "list_tools":
+                elif op in ("list_tools", "call", "listen"):
                     assert client is not None
-                    tools = await client.list_tools()
-                    emit({"ok": True, "tools": [tool.name for tool in tools.tools]})
-                elif op == "call":
-                    assert client is not None
-                    result = await client.call_tool(
-                        command["name"],
-                        command.get("arguments", {}),
-                        progress_callback=report_progress
-                        if command.get("report_progress")
-                        else None,
-                    )
-                    emit(
-                        {
-                            "ok": not result.is_error
-                            if hasattr(result, "is_error")
-                            else not result.isError,  # type: ignore[attr-defined]
-                            "content": [item.model_dump() for item in result.content],
-                            "structured": getattr(result, "structured_content", None),
-                        }
-                    )
+                    emit(await use(client, command))
                 else:
                     emit({"ok": False, "error": {"message": f"unknown op {op!r}"}})
             except BaseException as exc:
                 emit(described(exc))
                 if op == "initialize":
                     return
+
+
+async def use(client: Client, command: dict[str, Any]) -> dict[str, Any]:
+    """One command on an initialized client."""
+    op = command["op"]
+    if op == "list_tools":
+        tools = await client.list_tools()
+        return {"ok": True, "tools": [tool.name for tool in tools.tools]}
+    if op == "listen":
+        async with client.listen(tools_list_changed=True) as subscription:
+            return {"ok": True, "honored": subscription.honored.model_dump(by_alias=True)}
+    result = await client.call_tool(
+        command["name"],
+        command.get("arguments", {}),
+        progress_callback=report_progress if command.get("report_progress") else None,
+    )
+    return {
+        "ok": not result.is_error if hasattr(result, "is_error") else not result.isError,  # type: ignore[attr-defined]
+        "content": [item.model_dump() for item in result.content],
+        "structured": getattr(result, "structured_content", None),
+    }
 
 
 async def report_progress(progress: float, total: float | None, message: str | None) -> None:

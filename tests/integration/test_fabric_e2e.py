@@ -453,3 +453,15 @@ def test_prompts_and_resources_of_a_service_are_listed_and_routed(fabric: Orches
         assert read["contents"][0]["text"].startswith("# Everything Server - Features")
     finally:
         client.close()
+
+
+def test_a_stateless_client_subscribes_to_list_changes(fabric: Orchestrator) -> None:
+    client = sdk2(f"{fabric.http_url}/mcp/fabric/listening", mode="auto")
+    try:
+        assert client.ask({"op": "initialize"})["protocol"] == "2026-07-28"
+        listened = client.ask({"op": "listen"})
+        assert listened["ok"], listened
+        assert listened["honored"]["toolsListChanged"] is True
+        assert client.ask({"op": "call", "name": "get_status", "arguments": {}})["ok"]
+    finally:
+        client.close()

@@ -11,6 +11,7 @@ from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_server import (
     ASK_SECONDS,
+    MAX_LISTENERS,
     MAX_QUEUED_PER_BACKEND,
     META_NAMES,
     Action,
@@ -463,7 +464,10 @@ def test_a_stateless_listener_is_acknowledged_and_told_of_list_changes() -> None
     )
     [ack] = to_client(server.client_message(listen))
     assert ack["method"] == "notifications/subscriptions/acknowledged"
-    assert ack["params"] == {"notifications": {"toolsListChanged": True}}
+    assert ack["params"] == {
+        "notifications": {"toolsListChanged": True},
+        "_meta": {"io.modelcontextprotocol/subscriptionId": 9},
+    }
     call(server, 1, "git__git_log")
     ready(server, "git")
     [relist] = to_backend(
@@ -471,6 +475,7 @@ def test_a_stateless_listener_is_acknowledged_and_told_of_list_changes() -> None
     )
     [changed] = to_client(server.backend_message("git", msg(id=relist["id"], result={"tools": []})))
     assert changed["method"] == "notifications/tools/list_changed"
+    assert changed["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": 9}
 
 
 def test_activation_never_changes_a_stateless_clients_list_within_its_connection() -> None:
@@ -605,3 +610,23 @@ def test_a_handshake_era_clients_results_are_passed_as_they_are() -> None:
     [_, forwarded] = to_backend(ready(server, "time"), "time")
     [answer] = to_client(server.backend_message("time", msg(id=forwarded["id"], result={})))
     assert answer["result"] == {}
+
+
+def test_subscriptions_are_bounded_and_one_the_client_cancels_is_forgotten() -> None:
+    server = FabricServer(CATALOG, session_id="s")
+    listen = {"notifications": {"toolsListChanged": True}}
+    for index in range(MAX_LISTENERS):
+        server.client_message(msg(id=f"l{index}", method="subscriptions/listen", params=listen))
+    [refused] = to_client(
+        server.client_message(msg(id="over", method="subscriptions/listen", params=listen))
+    )
+    assert refused["error"]["code"] == -32602
+    cancel = msg(method="notifications/cancelled", params={"requestId": "l0"})
+    assert server.client_message(cancel) == []
+    [ack] = to_client(
+        server.client_message(msg(id="again", method="subscriptions/listen", params=listen))
+    )
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    ended = to_client(server.answer_all(ContainerStartFailure("x", reason="orchestrator_stopping")))
+    assert "l0" not in [answer["id"] for answer in ended]
+    assert len(ended) == MAX_LISTENERS
