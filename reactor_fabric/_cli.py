@@ -389,11 +389,12 @@ def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
         [
             f"  token (from {token.origin}): {token.value}",
             f"  every service in one MCP server: {http_url}/mcp with the header "
-            f"'Authorization: Bearer {token.value}' (or ?token=…; WebSocket: {ws_url}/mcp)",
+            f"'Authorization: Bearer {token.value}', or {http_url}/mcp?token={token.value} "
+            f"(WebSocket: {ws_url}/mcp?token={token.value})",
             f"  Claude Code: claude mcp add --transport http reactor-fabric {http_url}/mcp "
             f"--header 'Authorization: Bearer {token.value}'",
-            f"  one service: {http_url}/mcp/{{service}} (WebSocket: {ws_url}/mcp/{{service}}), "
-            "same token",
+            f"  one service: {http_url}/mcp/{{service}}?token={token.value} "
+            f"(WebSocket: {ws_url}/mcp/{{service}}?token={token.value}), or the header",
             f"  stdio bridge (reads the token itself): reactor-fabric connect {ws_url} "
             f"[--service {service}]",
         ]

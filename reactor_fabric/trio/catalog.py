@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 PROBE_SECONDS = 60.0
 REMOVE_SECONDS = 15.0
+# The session label of probe containers starts with this (no client session does).
+PROBE_SESSION_PREFIX = "catalog"
 CACHE_FORMAT = 2  # 2: probes declare roots, sampling and elicitation
 READ_CHUNK = 65536
 
@@ -160,7 +162,10 @@ async def _learn_one(
             image_id = await runtime.image_id(service.image)
             key = cache_key(image_id, service) if image_id is not None else None
     if key is not None:
-        await trio.to_thread.run_sync(store.save, key, offer)
+        try:
+            await trio.to_thread.run_sync(store.save, key, offer)
+        except OSError as exc:  # a cache we cannot write: learned all the same, next time again
+            log.warning("catalog_cache_unwritable", extra={"service": name, "detail": str(exc)})
     return Learned(offer, "probe")
 
 
@@ -177,7 +182,7 @@ async def probe_service(
     spec = container_spec_for(
         name,
         service,
-        session_id=f"catalog{secrets.token_hex(8)}",
+        session_id=f"{PROBE_SESSION_PREFIX}{secrets.token_hex(8)}",
         identity=identity,
         account=UNPRIVILEGED,
     )

@@ -11,6 +11,7 @@ drift from what exists.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -31,6 +32,8 @@ from ..protocol.fabric_server import ServiceFacts
 from ..protocol.session import SessionLimits
 from ..runtime.base import Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
+
+log = logging.getLogger(__name__)
 
 # How long removing one session's containers may take (a shutdown may allow less).
 TEARDOWN_BOUND_SECONDS = 15.0
@@ -132,6 +135,10 @@ class Fabric:
                 max_line=self.max_message_bytes,
                 on_learned=publish,
             )
+        except* Exception as failure:
+            # A bug here must not end the orchestrator (this runs in its root nursery): the
+            # services not learned keep saying so in get_status; the relay is not affected.
+            log.error("catalog_failed", exc_info=failure)
         finally:
             self.catalog_ready.set()
 

@@ -56,7 +56,7 @@ def no_container_of_this_test_is_left() -> Iterator[None]:
             if running.process.poll() is None:
                 continue  # still running: the test's own context will stop it
             instance = running.instance
-            left = containers_of(client, instance=instance)
+            left = containers_of(client, instance=instance, include_probes=True)
             assert not left, f"instance {instance} left containers: {[c.name for c in left]}"
     finally:
         STARTED.clear()

@@ -22,6 +22,7 @@ import docker
 import yaml
 
 from reactor_fabric.config.token import TOKEN_ENV
+from reactor_fabric.trio.catalog import PROBE_SESSION_PREFIX
 from tests.clients import envs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -325,19 +326,31 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "
         time.sleep(0.2)
 
 
-def containers_of(client: docker.DockerClient, **labels: str) -> list[Any]:
-    """Containers with these reactor-fabric labels, fully inspected.
+def containers_of(
+    client: docker.DockerClient, *, include_probes: bool = False, **labels: str
+) -> list[Any]:
+    """Containers with these reactor-fabric labels, fully inspected; those of client sessions
+    only, unless ``include_probes`` (an orchestrator's catalog probes run at its start-up).
 
     docker-py lists, then inspects each container: one removed in between (the orchestrator
     removing it right now) raises NotFound, so the listing is simply taken again.
     """
     filters = [f"reactor-fabric.{key.replace('_', '-')}={value}" for key, value in labels.items()]
-    for _ in range(20):
+    found: list[Any] = []
+    for attempt in range(21):
         try:
-            return client.containers.list(all=True, filters={"label": filters})
+            found = client.containers.list(
+                all=True, filters={"label": filters}, sparse=attempt == 20
+            )
+            break
         except docker.errors.NotFound:
             continue
-    return client.containers.list(all=True, filters={"label": filters}, sparse=True)
+    return [
+        c
+        for c in found
+        if include_probes
+        or not c.labels.get("reactor-fabric.session", "").startswith(PROBE_SESSION_PREFIX)
+    ]
 
 
 def mounted_directories(container: Any, candidates: list[Path]) -> list[tuple[str, str]]:

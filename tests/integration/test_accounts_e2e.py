@@ -53,6 +53,8 @@ def scratch() -> Iterator[Path]:
 
 
 def server_user(client: docker.DockerClient, instance: str) -> list[str]:
+    """Who the servers of the instance's client sessions run as (not its catalog probes,
+    which run as nobody by design)."""
     return [c.attrs["Config"]["User"] for c in containers_of(client, instance=instance)]
 
 

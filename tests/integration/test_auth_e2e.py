@@ -206,6 +206,7 @@ def test_the_first_start_makes_a_private_token_that_the_start_up_lines_and_the_b
         assert running.process.stdout is not None
         lines = [running.process.stdout.readline().decode() for _ in range(5)]
         assert f"token (from {token_file}): {token}" in lines[0]
+        assert any(f"/mcp?token={token}" in line for line in lines)
         assert any(f"/mcp/{{service}}?token={token}" in line for line in lines)
         # The bridge needs nothing but the file it finds by itself.
         command = [sys.executable, "-m", "reactor_fabric", "connect", running.ws_url]
