@@ -269,6 +269,8 @@ class MemoryRuntime:
         # What each image holds (paths), for the same-path mount check (see DockerRuntime).
         self.image_files: dict[str, set[str]] = {}
         self.missing_images: set[str] = set()
+        # Image ids other than the default "memory:IMAGE" (an image rebuilt under its name).
+        self.image_ids: dict[str, str] = {}
         # Creates whose spawn was cancelled before they completed (they removed themselves).
         self.abandoned_creates = 0
         self._ids = itertools.count(1)
@@ -318,7 +320,9 @@ class MemoryRuntime:
 
     async def image_id(self, image: str) -> str | None:
         await trio.lowlevel.checkpoint()
-        return None if image in self.missing_images else f"memory:{image}"
+        if image in self.missing_images:
+            return None
+        return self.image_ids.get(image, f"memory:{image}")
 
     async def spawn(self, spec: ContainerSpec) -> MemoryContainer:
         # The runtime owns the spec's pins; nothing here runs in a thread, so once this call

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 TEARDOWN_BOUND_SECONDS = 15.0
 # Until it is learned, a service's entry in the catalog says so (get_status shows it).
 NOT_LEARNED_YET = "not learned yet: the orchestrator is asking the service what it offers"
+# How often the catalog is checked against the images (one inspect per service; a service
+# whose image changed is probed again). Only with a disk cache: without one, every check would
+# probe every service.
+CATALOG_RECHECK_SECONDS = 300.0
 
 
 def process_identity(instance_id: str, network: str) -> ContainerIdentity:
@@ -115,14 +119,23 @@ class Fabric:
     async def learn_catalog(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Learn every service's offer (cache, else a probe), publishing each as it comes.
+        """Learn every service's offer (cache, else a probe), publishing each as it comes;
+        then, with a disk cache, check again every :data:`CATALOG_RECHECK_SECONDS` (an image
+        rebuilt meanwhile is learned again; new sessions see it).
 
         Runs in the orchestrator's root nursery; reports started at once (serving does not
         wait for it). A fabric-endpoint session that starts meanwhile waits for it, bounded
         (see :mod:`reactor_fabric.trio.fabric_session`).
         """
         task_status.started()
+        while True:
+            await self._learn_catalog_once()
+            self.catalog_ready.set()
+            if self.catalog_store is None:
+                return
+            await trio.sleep(CATALOG_RECHECK_SECONDS)
 
+    async def _learn_catalog_once(self) -> None:
         def publish(name: str, learned: Learned) -> None:
             self.catalog = Catalog({**self.catalog.services, name: learned.offer})
 
@@ -141,6 +154,10 @@ class Fabric:
             log.error("catalog_failed", exc_info=failure)
         finally:
             self.catalog_ready.set()
+        # A URI two services offer is shown as "service+uri" for the second one (catalog.py).
+        shared = [shown for shown, (_, uri) in self.catalog.resources.items() if shown != uri]
+        if shared:
+            log.info("catalog_resource_uris_shared", extra={"shown_as": shared})
 
     def service_facts(self) -> dict[str, ServiceFacts]:
         return {
