@@ -96,6 +96,8 @@ class Fabric:
     catalog_store: CatalogStore | None = None
     catalog: Catalog = field(init=False)
     catalog_ready: trio.Event = field(default_factory=trio.Event)
+    catalog_passes: int = 0  # how many times every service was looked at (diagnostics, tests)
+    catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS
     mount_policy: MountPolicy = field(init=False)
     gate: Gate = field(init=False)
     _identity: ContainerIdentity = field(init=False)
@@ -120,7 +122,7 @@ class Fabric:
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Learn every service's offer (cache, else a probe), publishing each as it comes;
-        then, with a disk cache, check again every :data:`CATALOG_RECHECK_SECONDS` (an image
+        then, with a disk cache, check again every ``catalog_recheck_seconds`` (an image
         rebuilt meanwhile is learned again; new sessions see it).
 
         Runs in the orchestrator's root nursery; reports started at once (serving does not
@@ -130,10 +132,12 @@ class Fabric:
         task_status.started()
         while True:
             await self._learn_catalog_once()
+            self.catalog_passes += 1
             self.catalog_ready.set()
+            self.notify_change()
             if self.catalog_store is None:
                 return
-            await trio.sleep(CATALOG_RECHECK_SECONDS)
+            await trio.sleep(self.catalog_recheck_seconds)
 
     async def _learn_catalog_once(self) -> None:
         def publish(name: str, learned: Learned) -> None:

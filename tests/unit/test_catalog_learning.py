@@ -11,7 +11,7 @@ from reactor_fabric.config.structs import Service
 from reactor_fabric.policy.container_spec import ContainerIdentity
 from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
 from reactor_fabric.trio.catalog import CatalogStore, learn_catalog
-from reactor_fabric.trio.fabric import CATALOG_RECHECK_SECONDS, Fabric
+from reactor_fabric.trio.fabric import Fabric
 from tests.fakes import TOOLS, scripted_mcp_server
 from tests.served import suite_for
 
@@ -110,23 +110,32 @@ def test_a_corrupt_cache_file_is_learned_again_not_trusted(tmp_path: Path) -> No
 
 
 async def test_a_running_orchestrator_learns_a_rebuilt_image_again_and_nothing_else(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path,
 ) -> None:
+    # The real clock: the cache is read and written in threads, and an autojump clock would
+    # jump while they run.
     async with open_memory_runtime(scripted_mcp_server) as runtime:
         fabric = Fabric(
             suite_for(tmp_path),
             runtime=runtime,
             network="none",
             catalog_store=CatalogStore(tmp_path / "cache"),
+            catalog_recheck_seconds=0.05,
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(fabric.learn_catalog)
-            await fabric.catalog_ready.wait()
+
+            async def passes(count: int) -> None:
+                with trio.fail_after(30):
+                    while fabric.catalog_passes < count:
+                        await fabric.changed.wait()
+
+            await passes(1)
             assert len(runtime.spawned) == 1  # the first probe
-            await trio.sleep(CATALOG_RECHECK_SECONDS + 1)
+            await passes(2)
             assert len(runtime.spawned) == 1  # same image: from the cache
             runtime.image_ids["fake/svc:1"] = "memory:rebuilt"
-            await trio.sleep(CATALOG_RECHECK_SECONDS + 1)
+            await passes(3)
             assert len(runtime.spawned) == 2  # learned again
             assert fabric.catalog.tool("svc__echo") is not None
             nursery.cancel_scope.cancel()
