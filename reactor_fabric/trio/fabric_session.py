@@ -15,7 +15,7 @@ module carries out its actions and moves bytes:
 Ownership tree (all in the session's nursery)::
 
     FabricDriver.run
-    ├── _read_client, _timer, _watch_shutdown
+    ├── _read_client, DeadlineTimer.run, _watch_shutdown
     ├── _start(service)             one per container start
     └── per container: _write_stdin, _read_stdout, _read_stderr, and its removal
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -63,6 +62,7 @@ from .containers import (
     remove_container,
 )
 from .fabric import Fabric
+from .timer import DeadlineTimer
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class FabricDriver:
         self._all: dict[int, _Backend] = {}  # every container not yet removed, by sequence
         self._sequence = 0
         self._nursery: trio.Nursery | None = None
-        self._timer_scope: trio.CancelScope | None = None
+        self._timer = DeadlineTimer(lambda: self.server.deadline, self._tick)
         self._room = trio.Event()  # set when a container's stdin queue shrinks
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
@@ -185,26 +185,10 @@ class FabricDriver:
                     nursery.start_soon(self._start, service)
                 case StopBackend(service=service, reason=reason):
                     self._stop(service, reason)
-        self._wake_timer()
+        self._timer.wake()
 
-    def _wake_timer(self) -> None:
-        # The machine's deadline may have moved earlier (a later one needs no wake-up: the
-        # timer finds nothing due and sleeps again).
-        scope = self._timer_scope
-        deadline = self.server.deadline
-        if scope is not None and deadline is not None and deadline < scope.deadline:
-            scope.deadline = deadline
-
-    async def _timer(self) -> None:
-        while True:
-            deadline = self.server.deadline
-            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
-                self._timer_scope = scope
-                await trio.sleep_forever()
-            self._timer_scope = None
-            due = self.server.deadline
-            if due is not None and trio.current_time() >= due:
-                await self._execute(self.server.tick())
+    async def _tick(self) -> None:
+        await self._execute(self.server.tick())
 
     # --- client side --------------------------------------------------------------------------
 
@@ -212,7 +196,7 @@ class FabricDriver:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._timer)
+                nursery.start_soon(self._timer.run)
                 nursery.start_soon(self._watch_shutdown)
                 if isinstance(first, RegisterClient):
                     await self._send_client(register_answer(first, self.session_id, self.mounts))

@@ -18,7 +18,7 @@ Ownership tree of a session (all in the session's nursery)::
     └── SessionDriver.run
         ├── _read_client          client frames → machine (paused while the machine's buffer
         │                         for the container is full)
-        ├── _timer                a Tick at the machine's next deadline (idle, expiries)
+        ├── DeadlineTimer.run     a Tick at the machine's next deadline (idle, expiries)
         ├── _watch_shutdown       the orchestrator stopping → Shutdown
         ├── _spawn(seq)           one per container start
         └── per container: _write_stdin, _read_stdout, _read_stderr, and _stop when asked
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -91,6 +90,7 @@ from .fabric_session import (
     fabric_options,
     session_catalog,
 )
+from .timer import DeadlineTimer
 
 __all__ = ["ClientChannel", "refuse", "serve_session"]
 
@@ -328,7 +328,7 @@ class SessionDriver:
         self._fields = {"session": session_id, "service": service_name}
         self._live: dict[int, LiveContainer] = {}
         self._nursery: trio.Nursery | None = None
-        self._timer_scope: trio.CancelScope | None = None
+        self._timer = DeadlineTimer(lambda: self.machine.deadline, lambda: self._feed(Tick()))
         self._accepting = trio.Event()
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
@@ -343,13 +343,7 @@ class SessionDriver:
         await self._execute(actions)
 
     def _after_handle(self) -> None:
-        # Wake the timer if the machine's deadline moved earlier (a later one needs no wake-up:
-        # the timer finds nothing due and sleeps again).
-        scope = self._timer_scope
-        if scope is not None:
-            deadline = self.machine.deadline
-            if deadline is not None and deadline < scope.deadline:
-                scope.deadline = deadline
+        self._timer.wake()
         if self.machine.accepting:
             self._accepting.set()
 
@@ -384,7 +378,7 @@ class SessionDriver:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 now = trio.current_time()
-                nursery.start_soon(self._timer)
+                nursery.start_soon(self._timer.run)
                 nursery.start_soon(self._watch_shutdown)
                 if isinstance(first, RegisterClient):
                     await self._send_client(
@@ -421,17 +415,6 @@ class SessionDriver:
     async def _watch_shutdown(self) -> None:
         await self.fabric.stopping.wait()
         await self._feed(Shutdown())
-
-    async def _timer(self) -> None:
-        while True:
-            deadline = self.machine.deadline
-            with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
-                self._timer_scope = scope
-                await trio.sleep_forever()
-            self._timer_scope = None
-            due = self.machine.deadline
-            if due is not None and trio.current_time() >= due:
-                await self._feed(Tick())
 
     # --- container side -----------------------------------------------------------------------
 
