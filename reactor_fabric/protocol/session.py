@@ -582,16 +582,7 @@ class SessionMachine:
                 exit_code=event.exit_code,
                 stderr=stderr,
             )
-        how = (f" with code {event.exit_code}" if event.exit_code is not None else "") + (
-            " (out of memory)" if event.oom_killed else ""
-        )
-        error = ContainerStartFailure(
-            f"the {self.service_name} server exited{how} before answering",
-            reason="container_exited",
-            exit_code=event.exit_code,
-            oom_killed=event.oom_killed,
-            stderr=stderr,
-        )
+        error = container_exited(self.service_name, event.exit_code, event.oom_killed, stderr)
         return self._retire(slot, error, stop_reason="exited")
 
     def _retire(self, slot: _Slot, error: FabricError, *, stop_reason: str) -> list[Action]:
@@ -675,3 +666,24 @@ class SessionMachine:
 class _ServerRequestExpired(FabricError):
     code = REQUEST_TIMED_OUT
     title = "Request timed out"
+
+
+def container_exited(
+    service_name: str,
+    exit_code: int | None,
+    oom_killed: bool,
+    stderr: list[str],
+    **data: object,
+) -> ContainerStartFailure:
+    """What the requests a container owed get when it exited on its own (-32002)."""
+    how = (f" with code {exit_code}" if exit_code is not None else "") + (
+        " (out of memory)" if oom_killed else ""
+    )
+    return ContainerStartFailure(
+        f"the {service_name} server exited{how} before answering",
+        reason="container_exited",
+        **data,
+        exit_code=exit_code,
+        oom_killed=oom_killed,
+        stderr=stderr,
+    )

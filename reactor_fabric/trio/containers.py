@@ -17,7 +17,10 @@ from typing import Any
 
 import trio
 
+from .._errors import FabricError
+from ..config.structs import Service
 from ..observe.ratelimit import TokenBucket
+from ..policy.container_spec import MountSpec
 from ..protocol.framing import FramingError, TruncatingLineSplitter
 from ..runtime.base import Container
 from .fabric import Fabric
@@ -56,6 +59,62 @@ class LiveContainer:
     reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
     stop_reason: str = "session_ended"
     stop_graceful: bool = True
+
+
+async def start_container(
+    fabric: Fabric,
+    service_name: str,
+    service: Service,
+    *,
+    session_id: str,
+    mounts: tuple[MountSpec, ...],
+    sequence: int,
+    fields: dict[str, Any],
+) -> Container:
+    """Start a container of ``service`` for a session, registered and logged; FabricError if
+    it cannot start.
+
+    The mounts are validated again and pinned at every start (respawns too): the container
+    gets the very directories the session was granted, or this start fails with -32004.
+    """
+    pins, account = await fabric.prepare_start(mounts)
+    spec = fabric.container_spec(
+        service_name,
+        service,
+        session_id=session_id,
+        mounts=mounts,
+        sequence=sequence,
+        pins=pins,
+        account=account,
+    )
+    container = await fabric.runtime.spawn(spec)  # owns the pins from here
+    fabric.container_started(container.id, session_id)
+    log.info(
+        "container_started",
+        extra={
+            **fields,
+            "container": container.id[:12],
+            "container_name": container.name,
+            "sequence": sequence,
+        },
+    )
+    return container
+
+
+async def how_it_exited(
+    fabric: Fabric, live: LiveContainer, fields: dict[str, Any]
+) -> tuple[int | None, bool]:
+    """(exit code, out of memory) of a container whose output ended on its own, once its
+    stderr reader has logged the last lines (bounded: they explain the exit); (None, False) if
+    the engine cannot tell."""
+    with trio.move_on_after(STDERR_DRAIN_SECONDS):
+        await live.stderr_done.wait()
+    try:
+        status = await fabric.runtime.exit_status(live.container.id)
+    except FabricError as exc:
+        log.warning("container_inspect_failed", extra={**fields, "reason": exc.reason})
+        return None, False
+    return status.exit_code, status.oom_killed
 
 
 async def read_stderr(live: LiveContainer, fields: dict[str, Any]) -> None:

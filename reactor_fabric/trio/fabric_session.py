@@ -53,13 +53,15 @@ from ..protocol.fabric_server import (
 )
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
+from ..protocol.session import container_exited
 from .channel import ClientChannel
 from .containers import (
     READ_CHUNK,
-    STDERR_DRAIN_SECONDS,
     LiveContainer,
+    how_it_exited,
     read_stderr,
     remove_container,
+    start_container,
 )
 from .fabric import Fabric
 from .timer import DeadlineTimer
@@ -246,50 +248,31 @@ class FabricDriver:
     # --- container side -----------------------------------------------------------------------
 
     async def _start(self, service: str) -> None:
-        definition = self.fabric.service(service)
         self._sequence += 1
         sequence = self._sequence
+        fields = {**self._fields, "backend": service}
         try:
-            if definition is None:  # the catalog knows it, so the suite does: never happens
-                raise ContainerStartFailure(f"no service {service!r}", reason="service_not_found")
-            # Validated again and pinned at every start: the container gets the very
-            # directories the session was granted, or this start fails with -32004.
-            pins, account = await self.fabric.prepare_start(self.mounts)
-            spec = self.fabric.container_spec(
+            container = await start_container(
+                self.fabric,
                 service,
-                definition,
+                # The catalog's services are the suite's: the machine asks for no other.
+                self.fabric.suite.mcp_services[service],
                 session_id=self.session_id,
                 mounts=self.mounts,
                 sequence=sequence,
-                pins=pins,
-                account=account,
+                fields=fields,
             )
-            container = await self.fabric.runtime.spawn(spec)  # owns the pins from here
         except FabricError as exc:
-            log.warning(
-                "container_start_failed",
-                extra={**self._fields, "backend": service, "reason": exc.reason},
-            )
+            log.warning("container_start_failed", extra={**fields, "reason": exc.reason})
             await self._execute(self.server.backend_failed(service, exc))
             return
         backend = _Backend(sequence, container, service=service)
         self._current[service] = backend
         self._all[sequence] = backend
-        self.fabric.container_started(container.id, self.session_id)
-        log.info(
-            "container_started",
-            extra={
-                **self._fields,
-                "backend": service,
-                "container": container.id[:12],
-                "container_name": container.name,
-                "sequence": sequence,
-            },
-        )
         assert self._nursery is not None
         self._nursery.start_soon(self._write_stdin, backend)
         self._nursery.start_soon(self._read_stdout, backend)
-        self._nursery.start_soon(read_stderr, backend, {**self._fields, "backend": service})
+        self._nursery.start_soon(read_stderr, backend, fields)
         await self._execute(self.server.backend_started(service))
 
     def _write(self, service: str, data: bytes) -> None:
@@ -352,26 +335,9 @@ class FabricDriver:
         await self._remove(backend)
 
     async def _exit_error(self, backend: _Backend) -> FabricError:
-        with trio.move_on_after(STDERR_DRAIN_SECONDS):
-            await backend.stderr_done.wait()
-        exit_code: int | None = None
-        oom = False
-        try:
-            status = await self.fabric.runtime.exit_status(backend.container.id)
-            exit_code, oom = status.exit_code, status.oom_killed
-        except FabricError as exc:
-            log.warning("container_inspect_failed", extra={**self._fields, "reason": exc.reason})
-        how = (f" with code {exit_code}" if exit_code is not None else "") + (
-            " (out of memory)" if oom else ""
-        )
-        return ContainerStartFailure(
-            f"the {backend.service} server exited{how} before answering",
-            reason="container_exited",
-            service=backend.service,
-            exit_code=exit_code,
-            oom_killed=oom,
-            stderr=list(backend.stderr_tail),
-        )
+        exit_code, oom = await how_it_exited(self.fabric, backend, self._fields)
+        stderr = list(backend.stderr_tail)
+        return container_exited(backend.service, exit_code, oom, stderr, service=backend.service)
 
     def _stop(self, service: str, reason: str) -> None:
         backend = self._current.pop(service, None)

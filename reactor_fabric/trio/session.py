@@ -77,10 +77,11 @@ from ..protocol.session import (
 from .channel import ClientChannel
 from .containers import (
     READ_CHUNK,
-    STDERR_DRAIN_SECONDS,
     LiveContainer,
+    how_it_exited,
     read_stderr,
     remove_container,
+    start_container,
 )
 from .fabric import Fabric, SessionRecord, new_session_id
 from .fabric_session import (
@@ -420,34 +421,20 @@ class SessionDriver:
 
     async def _spawn(self, seq: int) -> None:
         try:
-            # Validated again and pinned at every start (respawns too): the container gets the
-            # very directories the session was granted, or this start fails with -32004.
-            pins, account = await self.fabric.prepare_start(self.mounts)
-            spec = self.fabric.container_spec(
+            container = await start_container(
+                self.fabric,
                 self.service_name,
                 self.service,
                 session_id=self.session_id,
                 mounts=self.mounts,
                 sequence=seq,
-                pins=pins,
-                account=account,
+                fields=self._fields,
             )
-            container = await self.fabric.runtime.spawn(spec)  # owns the pins from here
         except FabricError as exc:
             await self._feed(SpawnFailed(seq, exc))
             return
         live = LiveContainer(seq, container)
         self._live[seq] = live
-        self.fabric.container_started(container.id, self.session_id)
-        log.info(
-            "container_started",
-            extra={
-                **self._fields,
-                "container": container.id[:12],
-                "container_name": container.name,
-                "sequence": seq,
-            },
-        )
         assert self._nursery is not None
         self._nursery.start_soon(self._write_stdin, live)
         self._nursery.start_soon(self._read_stdout, live)
@@ -497,15 +484,7 @@ class SessionDriver:
         live.stdout_done.set()
         if live.removing:
             return  # stopped on purpose; the machine knows
-        with trio.move_on_after(STDERR_DRAIN_SECONDS):
-            await live.stderr_done.wait()
-        exit_code: int | None = None
-        oom = False
-        try:
-            status = await self.fabric.runtime.exit_status(live.container.id)
-            exit_code, oom = status.exit_code, status.oom_killed
-        except FabricError as exc:
-            log.warning("container_inspect_failed", extra={**self._fields, "reason": exc.reason})
+        exit_code, oom = await how_it_exited(self.fabric, live, self._fields)
         await self._feed(ContainerExited(live.seq, exit_code, oom, tuple(live.stderr_tail)))
 
     async def _read_stderr(self, live: LiveContainer) -> None:
