@@ -313,6 +313,44 @@ def python_client(url: str, *args: str, env: dict[str, str] | None = None) -> Li
     )
 
 
+def python2_client(url: str, mode: str = "auto") -> LineProcess:
+    """The Python SDK 2.x over Streamable HTTP (``mode``: auto, or legacy: the handshake)."""
+    return LineProcess(
+        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode]
+    )
+
+
+def bridged_client(endpoint: str, *bridge_args: str, cwd: Path | None = None) -> LineProcess:
+    """The Python SDK 2.x with the stdio bridge as its server: it launches
+    ``reactor-fabric connect ENDPOINT BRIDGE_ARGS`` (in ``cwd``: what the bridge mounts)."""
+    command = [sys.executable, "-m", "reactor_fabric", "connect", endpoint, *bridge_args]
+    extra = ["--cwd", str(cwd)] if cwd is not None else []
+    return LineProcess(
+        [sys.executable, str(CLIENTS / "mcp2_client.py"), "stdio", *extra, "--", *command],
+        cwd=REPO,
+    )
+
+
+def claude_mcp(home: Path, project: Path, *arguments: str, timeout: float = 120) -> str:
+    """``claude mcp ARGUMENTS`` as a user whose home is ``home`` runs it in ``project``
+    (Claude Code's ``mcp add/list/get`` need no API key); its stdout, asserted to succeed."""
+    environ = {
+        "HOME": str(home),
+        "PATH": os.environ["PATH"],
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    return subprocess.run(
+        [str(envs.claude_code()), "mcp", *arguments],
+        cwd=project,
+        env=environ,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    ).stdout
+
+
 def ts_client(url: str, *args: str) -> LineProcess:
     transport = "http" if url.startswith("http") else "ws"
     return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])

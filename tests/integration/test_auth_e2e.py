@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,15 +18,13 @@ import trio
 from wsproto.events import RejectConnection
 
 from reactor_fabric.config.token import TOKEN_ENV
-from tests.clients import envs
 from tests.http_client import HttpClient, WebSocketClient
 from tests.integration import harness
 from tests.integration.harness import (
-    CLIENTS,
-    REPO,
-    LineProcess,
     Orchestrator,
+    bridged_client,
     bundled_orchestrator,
+    claude_mcp,
     containers_of,
     orchestrator,
     python_client,
@@ -209,20 +206,7 @@ def test_the_first_start_makes_a_private_token_that_the_start_up_lines_and_the_b
         assert any(f"/mcp?token={token}" in line for line in lines)
         assert any(f"/mcp/{{service}}?token={token}" in line for line in lines)
         # The bridge needs nothing but the file it finds by itself.
-        command = [sys.executable, "-m", "reactor_fabric", "connect", running.ws_url]
-        bridge = LineProcess(
-            [
-                sys.executable,
-                str(CLIENTS / "mcp2_client.py"),
-                "stdio",
-                "--",
-                *command,
-                "--service",
-                "time",
-                "--no-mount",
-            ],
-            cwd=REPO,
-        )
+        bridge = bridged_client(running.ws_url, "--service", "time", "--no-mount")
         try:
             assert bridge.ask({"op": "initialize"}, timeout=60)["ok"]
         finally:
@@ -249,13 +233,6 @@ def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_w
     token_file.parent.mkdir(parents=True, mode=0o700)
     token_file.write_text(f"{harness.TEST_TOKEN}\n")
     token_file.chmod(0o600)
-    claude = str(envs.claude_code())
-    environ = {
-        "HOME": str(home),
-        "PATH": os.environ["PATH"],
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
     url = f"{fabric.http_url}/mcp/time"
     bridge = [sys.executable, "-m", "reactor_fabric", "connect", f"{fabric.ws_url}/mcp/time"]
     for arguments in (
@@ -272,23 +249,8 @@ def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_w
         ["--transport", "http", "wrong", url, "--header", f"Authorization: Bearer {WRONG}"],
         ["bridge", "--", *bridge, "--no-mount"],
     ):
-        subprocess.run(
-            [claude, "mcp", "add", *arguments],
-            cwd=project,
-            env=environ,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    listed = subprocess.run(
-        [claude, "mcp", "list"],
-        cwd=project,
-        env=environ,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    ).stdout
+        claude_mcp(home, project, "add", *arguments)
+    listed = claude_mcp(home, project, "list", timeout=300)
     status = {
         line.split(":", 1)[0]: ("Connected" in line, "Failed to connect" in line)
         for line in listed.splitlines()

@@ -14,7 +14,6 @@ HTTP, and the stdio bridge launched by the Python SDK 2.x stdio client.
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,10 @@ import pytest
 from tests.integration.harness import (
     LineProcess,
     Orchestrator,
+    bridged_client,
     bundled_orchestrator,
     orchestrator,
+    python2_client,
     python_client,
     ts_client,
     write_suite,
@@ -33,8 +34,6 @@ from tests.integration.harness import (
 
 pytestmark = pytest.mark.integration
 
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-REPO = Path(__file__).resolve().parents[2]
 
 Launch = Callable[[Orchestrator, str, str], LineProcess]
 
@@ -48,8 +47,7 @@ def sdk1_http(running: Orchestrator, service: str, query: str) -> LineProcess:
 
 
 def sdk2_http(running: Orchestrator, service: str, query: str) -> LineProcess:
-    url = f"{running.http_url}/mcp/{service}{query}"
-    return LineProcess([sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url])
+    return python2_client(f"{running.http_url}/mcp/{service}{query}")
 
 
 def ts_ws(running: Orchestrator, service: str, query: str) -> LineProcess:
@@ -62,11 +60,7 @@ def ts_http(running: Orchestrator, service: str, query: str) -> LineProcess:
 
 def bridge(running: Orchestrator, service: str, query: str) -> LineProcess:
     mount = ["--mount", query.partition("mount=")[2]] if "mount=" in query else ["--no-mount"]
-    command = [sys.executable, "-m", "reactor_fabric", "connect", running.ws_url]
-    command += ["--service", service, *mount]
-    return LineProcess(
-        [sys.executable, str(CLIENTS / "mcp2_client.py"), "stdio", "--", *command], cwd=REPO
-    )
+    return bridged_client(running.ws_url, "--service", service, *mount)
 
 
 LAUNCHERS: dict[str, Launch] = {

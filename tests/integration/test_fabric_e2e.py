@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,14 @@ import pytest
 from tests.clients import envs
 from tests.integration import harness
 from tests.integration.harness import (
-    CLIENTS,
-    REPO,
     LineProcess,
     Orchestrator,
+    bridged_client,
+    claude_mcp,
     containers_of,
     git_repo,
     orchestrator,
+    python2_client,
     python_client,
     text_of,
     ts_client,
@@ -68,9 +68,7 @@ def fabric(home: Path) -> Iterator[Orchestrator]:
 
 
 def sdk2(url: str, mode: str = "legacy") -> LineProcess:
-    return LineProcess(
-        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode]
-    )
+    return python2_client(url, mode)
 
 
 def session_of(fabric: Orchestrator, client: LineProcess) -> str:
@@ -302,45 +300,23 @@ def test_the_typescript_sdk_lists_and_calls_over_http(fabric: Orchestrator) -> N
 def test_claude_code_shows_the_fabric_endpoint_connected(
     fabric: Orchestrator, tmp_path: Path
 ) -> None:
-    """`claude mcp list` connects to each server and lists its tools (no API key needed)."""
+    """`claude mcp list` connects to each server it has (no API key needed)."""
     home = tmp_path / "home"
     project = tmp_path / "project"
     project.mkdir()
     home.mkdir()
-    environ = {
-        "HOME": str(home),
-        "PATH": os.environ["PATH"],
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    claude = str(envs.claude_code())
-    subprocess.run(
-        [
-            claude,
-            "mcp",
-            "add",
-            "--transport",
-            "http",
-            "fabric",
-            f"{fabric.http_url}/mcp",
-            "--header",
-            f"Authorization: Bearer {harness.TEST_TOKEN}",
-        ],
-        cwd=project,
-        env=environ,
-        check=True,
-        capture_output=True,
-        timeout=120,
+    claude_mcp(
+        home,
+        project,
+        "add",
+        "--transport",
+        "http",
+        "fabric",
+        f"{fabric.http_url}/mcp",
+        "--header",
+        f"Authorization: Bearer {harness.TEST_TOKEN}",
     )
-    listed = subprocess.run(
-        [claude, "mcp", "list"],
-        cwd=project,
-        env=environ,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    ).stdout
+    listed = claude_mcp(home, project, "list", timeout=300)
     assert f"fabric: {fabric.http_url}/mcp (HTTP) - ✔ Connected" in listed, listed
 
 
@@ -350,22 +326,7 @@ def test_the_bridge_without_a_service_serves_the_whole_suite(
     project = home / "projects" / "bridged"
     project.mkdir()
     (project / "notes.txt").write_text("bridged and mounted\n")
-    client = LineProcess(
-        [
-            sys.executable,
-            str(CLIENTS / "mcp2_client.py"),
-            "stdio",
-            "--cwd",
-            str(project),
-            "--",
-            sys.executable,
-            "-m",
-            "reactor_fabric",
-            "connect",
-            fabric.ws_url,
-        ],
-        cwd=REPO,
-    )
+    client = bridged_client(fabric.ws_url, cwd=project)
     try:
         assert client.ask({"op": "initialize"})["server"] == "reactor-fabric"
         read = client.ask(

@@ -14,12 +14,15 @@ import docker
 import pytest
 
 from tests.integration.harness import (
+    REPO,
     LineProcess,
     Orchestrator,
+    bridged_client,
     containers_of,
     git_repo,
     mounted_directories,
     orchestrator,
+    python2_client,
     python_client,
     text_of,
     ts_client,
@@ -29,33 +32,11 @@ from tests.integration.harness import (
 
 pytestmark = pytest.mark.integration
 
-CLIENTS = Path(__file__).resolve().parents[1] / "clients"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def sdk2_http(url: str, mode: str = "auto") -> LineProcess:
-    return LineProcess(
-        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode]
-    )
-
 
 def sdk2_stdio_bridge(
     endpoint: str, service: str, *bridge_args: str, cwd: Path | None = None
 ) -> LineProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "reactor_fabric",
-        "connect",
-        endpoint,
-        "--service",
-        service,
-        *bridge_args,
-    ]
-    extra = ["--cwd", str(cwd)] if cwd is not None else []
-    return LineProcess(
-        [sys.executable, str(CLIENTS / "mcp2_client.py"), "stdio", *extra, "--", *command], cwd=REPO
-    )
+    return bridged_client(endpoint, "--service", service, *bridge_args, cwd=cwd)
 
 
 @pytest.fixture
@@ -73,7 +54,7 @@ def test_the_python_sdk_2_over_streamable_http_works_in_the_handshake_era(
     fabric: Orchestrator, project_root: Path
 ) -> None:
     repo = git_repo(project_root / "hs", ["handshake-era commit"])
-    client = sdk2_http(f"{fabric.http_url}/mcp/git?mount={repo}:/workspace")
+    client = python2_client(f"{fabric.http_url}/mcp/git?mount={repo}:/workspace")
     try:
         hello = client.ask({"op": "initialize"})
         assert hello["ok"], hello
@@ -90,7 +71,7 @@ def test_the_python_sdk_2_over_streamable_http_works_stateless_on_a_keyed_url(
     fabric: Orchestrator, project_root: Path, docker_client: docker.DockerClient
 ) -> None:
     repo = git_repo(project_root / "sl", ["stateless commit"])
-    client = sdk2_http(f"{fabric.http_url}/mcp/git/agent-42?mount={repo}:/workspace")
+    client = python2_client(f"{fabric.http_url}/mcp/git/agent-42?mount={repo}:/workspace")
     try:
         hello = client.ask({"op": "initialize"})
         assert hello["ok"], hello
@@ -101,7 +82,7 @@ def test_the_python_sdk_2_over_streamable_http_works_stateless_on_a_keyed_url(
             assert "stateless commit" in text_of(answer)
         # Three stateless requests, one session, one container.
         assert len(containers_of(docker_client, service="git", instance=fabric.instance)) == 1
-        time_client = sdk2_http(f"{fabric.http_url}/mcp/time/agent-42")
+        time_client = python2_client(f"{fabric.http_url}/mcp/time/agent-42")
         try:
             assert time_client.ask({"op": "initialize"})["ok"]
             answer = time_client.ask(
@@ -167,7 +148,7 @@ def test_clients_of_every_transport_at_once_each_get_their_own_container_and_fil
         "websocket": python_client(
             f"{fabric.ws_url}/mcp/git?mount={repos['websocket']}:/workspace"
         ),
-        "http": sdk2_http(f"{fabric.http_url}/mcp/git?mount={repos['http']}:/workspace"),
+        "http": python2_client(f"{fabric.http_url}/mcp/git?mount={repos['http']}:/workspace"),
         "bridge": sdk2_stdio_bridge(
             fabric.ws_url, "git", "--mount", f"{repos['bridge']}:/workspace"
         ),
