@@ -24,7 +24,7 @@ from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server
 from tests.http_client import WebSocketClient
-from tests.leaks import CancelAfterSteps, TaskCensus
+from tests.leaks import cancel_at_every_step, cancelled_after
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served, suite_for
 
@@ -343,31 +343,6 @@ async def _slow_fabric_scenario(client: MemoryClient, engine: MemoryRuntime) -> 
     await _fabric_scenario(client, engine)
 
 
-async def _run_fabric_scenario(
-    root: Path, scenario: Callable[[MemoryClient, MemoryRuntime], Awaitable[None]], steps: int
-) -> tuple[int, Fabric, MemoryRuntime]:
-    """Run the scenario, cancelled after ``steps`` task steps; the steps left over."""
-    async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
-        fabric = learned_fabric(root, engine)
-        client = MemoryClient()
-        with trio.CancelScope() as scope:
-            cancel = CancelAfterSteps(steps, scope)
-            trio.lowlevel.add_instrument(cancel)
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(serve_session, fabric, client, "fabric", [])
-                    await scenario(client, engine)
-                    await client.leave()
-            finally:
-                trio.lowlevel.remove_instrument(cancel)
-        # A create the cancellation abandoned completes later, then removes itself.
-        await trio.sleep(10)
-        assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
-        assert fabric.sessions == {}
-        assert fabric.containers == {}
-        return cancel.remaining, fabric, engine
-
-
 @pytest.mark.parametrize(
     "scenario", [_fabric_scenario, _slow_fabric_scenario], ids=["prompt", "slow-engine"]
 )
@@ -376,14 +351,23 @@ async def test_cancelling_a_fabric_session_at_every_step_leaks_no_task_or_contai
     autojump_clock: trio.testing.MockClock,
     scenario: Callable[[MemoryClient, MemoryRuntime], Awaitable[None]],
 ) -> None:
-    left, _, _ = await _run_fabric_scenario(tmp_path, scenario, 10**9)
-    total = 10**9 - left
-    assert total > 100
-    for steps in range(1, total + 1):  # every step, not a sample
-        census = TaskCensus()
-        trio.lowlevel.add_instrument(census)
-        try:
-            await _run_fabric_scenario(tmp_path, scenario, steps)
-        finally:
-            trio.lowlevel.remove_instrument(census)
-        assert not census.live, f"tasks leaked after cancelling at step {steps}: {census.live}"
+    async def run(steps: int) -> int:
+        async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
+            fabric = learned_fabric(tmp_path, engine)
+            client = MemoryClient()
+
+            async def work() -> None:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(serve_session, fabric, client, "fabric", [])
+                    await scenario(client, engine)
+                    await client.leave()
+
+            left = await cancelled_after(steps, work)
+            # A create the cancellation abandoned completes later, then removes itself.
+            await trio.sleep(10)
+            assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
+            assert fabric.sessions == {}
+            assert fabric.containers == {}
+        return left
+
+    assert await cancel_at_every_step(run) > 100

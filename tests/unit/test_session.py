@@ -28,7 +28,7 @@ from tests.fakes import (
     scripted_mcp_server,
     until,
 )
-from tests.leaks import CancelAfterSteps, TaskCensus
+from tests.leaks import cancel_at_every_step, cancelled_after
 
 
 def suite(
@@ -476,58 +476,36 @@ async def _slow_scenario(h: Harness) -> None:
     await h.call(5, "echo", payload="x" * 5000)  # more than the stdin pipe holds at once
 
 
-async def _steps_of(scenario: Callable[[Harness], Awaitable[None]], root: Path) -> int:
-    counter = CancelAfterSteps(10**9, trio.CancelScope())
-    trio.lowlevel.add_instrument(counter)
-    try:
-        async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
-            fabric = Fabric(suite(root), runtime=engine, network="none")
-            client = MemoryClient()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(serve_session, fabric, client, "svc", [])
-                await scenario(Harness(client, engine, fabric))
-                await client.leave()
-    finally:
-        trio.lowlevel.remove_instrument(counter)
-    return 10**9 - counter.remaining
-
-
 @pytest.mark.parametrize("scenario", [_scenario, _slow_scenario], ids=["prompt", "slow-engine"])
 async def test_cancelling_a_session_at_every_step_of_its_life_leaks_no_task_or_container(
     tmp_path: Path,
     autojump_clock: trio.testing.MockClock,
     scenario: Callable[[Harness], Awaitable[None]],
 ) -> None:
-    # First learn how many task steps the whole scenario takes, then cancel at each of them.
-    total = await _steps_of(scenario, tmp_path)
-    assert total > 100
     abandoned_creates = 0
-    for steps in range(1, total + 1):  # every step, not a sample
-        census = TaskCensus()
-        trio.lowlevel.add_instrument(census)
-        try:
-            async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
-                fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
-                client = MemoryClient()
-                with trio.CancelScope() as scope:
-                    cancel = CancelAfterSteps(steps, scope)
-                    trio.lowlevel.add_instrument(cancel)
-                    try:
-                        async with trio.open_nursery() as nursery:
-                            nursery.start_soon(serve_session, fabric, client, "svc", [])
-                            await scenario(Harness(client, engine, fabric))
-                            await client.leave()
-                    finally:
-                        trio.lowlevel.remove_instrument(cancel)
-                # A create the cancellation abandoned completes later, then removes itself.
-                await trio.sleep(10)
-                assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
-                assert fabric.sessions == {}
-                assert fabric.containers == {}
-                abandoned_creates += engine.abandoned_creates
-        finally:
-            trio.lowlevel.remove_instrument(census)
-        assert not census.live, f"tasks leaked after cancelling at step {steps}: {census.live}"
+
+    async def run(steps: int) -> int:
+        nonlocal abandoned_creates
+        async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
+            fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+            client = MemoryClient()
+
+            async def work() -> None:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(serve_session, fabric, client, "svc", [])
+                    await scenario(Harness(client, engine, fabric))
+                    await client.leave()
+
+            left = await cancelled_after(steps, work)
+            # A create the cancellation abandoned completes later, then removes itself.
+            await trio.sleep(10)
+            assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
+            assert fabric.sessions == {}
+            assert fabric.containers == {}
+            abandoned_creates += engine.abandoned_creates
+        return left
+
+    assert await cancel_at_every_step(run) > 100
     if scenario is _slow_scenario:
         # Some cancellation did land while a create was in flight.
         assert abandoned_creates > 0
