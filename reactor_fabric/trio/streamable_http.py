@@ -72,13 +72,16 @@ class HttpSession:
     service: str
     key: str | None
     channel: HttpChannel
-    # The ``?mount=`` values the session was created with: a keyed URL belongs to its first
-    # client, and a request that asks for other mounts is someone else.
-    query_mounts: tuple[str, ...] = ()
-    # The whole query of the request that created it (the fabric endpoint reads its options).
+    # The query of the request that created it: its mounts, the fabric endpoint's options.
     query: dict[str, list[str]] = field(default_factory=dict)
     started: bool = False  # the first message has been submitted
     ended: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def query_mounts(self) -> list[str]:
+        """The ``?mount=`` values the session was created with: a keyed URL belongs to its
+        first client, and a request that asks for other mounts is someone else."""
+        return self.query.get("mount", [])
 
 
 class HttpSessions:
@@ -109,17 +112,14 @@ class HttpSessions:
             buffer_bytes=limits.buffer_to_client_bytes,
             backlog_bytes=limits.buffer_to_client_bytes,
         )
-        query_mounts = query.get("mount", [])
-        session = HttpSession(
-            new_session_id(), service, key, channel, tuple(query_mounts), query=query
-        )
+        session = HttpSession(new_session_id(), service, key, channel, query=query)
         self.by_id[session.id] = session
         if key is not None:
             self.by_key[(service, key)] = session
-        self._nursery.start_soon(self._run_session, session, query_mounts)
+        self._nursery.start_soon(self._run_session, session)
         return session
 
-    async def _run_session(self, session: HttpSession, query_mounts: list[str]) -> None:
+    async def _run_session(self, session: HttpSession) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._expire, session)
@@ -127,7 +127,7 @@ class HttpSessions:
                     self.fabric,
                     session.channel,
                     session.service,
-                    query_mounts,
+                    session.query_mounts,
                     session_id=session.id,
                     transport="streamable-http",
                     query=session.query,
@@ -299,7 +299,7 @@ def _same_owner(session: HttpSession, message: Peek, query: dict[str, list[str]]
     """Whether a request on a keyed URL comes from the client that created the session, as
     far as it shows: the same ``?mount=`` values, and no second registration (which would
     declare other mounts the session would silently ignore)."""
-    if tuple(query.get("mount", [])) != session.query_mounts:
+    if query.get("mount", []) != session.query_mounts:
         return False
     registration = _starts_session(message) and message.method != "initialize"
     return not (session.started and registration)
