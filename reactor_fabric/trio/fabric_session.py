@@ -80,8 +80,7 @@ class FabricOptions:
     """What the client chose in the endpoint's URL: ``?tools=`` and ``?profile=``."""
 
     exposure: Exposure
-    active: tuple[str, ...] = ()
-    profile: str | None = None
+    active: tuple[str, ...] = ()  # the servers of the chosen profile
 
 
 def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOptions:
@@ -111,7 +110,7 @@ def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOption
             reason="profile_not_found",
             profile=profile,
         )
-    return FabricOptions(exposure, tuple(suite.profiles[profile].services), profile)
+    return FabricOptions(exposure, tuple(suite.profiles[profile].services))
 
 
 async def session_catalog(fabric: Fabric) -> Catalog:
