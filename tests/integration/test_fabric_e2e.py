@@ -426,3 +426,25 @@ def test_a_stateless_client_subscribes_to_list_changes(fabric: Orchestrator) -> 
         assert client.ask({"op": "call", "name": "get_status", "arguments": {}})["ok"]
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [("?profile=nope", "profile_not_found"), ("?tools=some", "unknown_exposure")],
+)
+def test_an_unknown_profile_or_exposure_is_the_error_the_clients_show(
+    fabric: Orchestrator, query: str, reason: str
+) -> None:
+    for client in (
+        sdk2(f"{fabric.http_url}/mcp{query}"),
+        python_client(f"{fabric.ws_url}/mcp{query}"),
+        ts_client(f"{fabric.http_url}/mcp{query}"),
+    ):
+        try:
+            refused = client.ask({"op": "initialize"})
+            assert refused["ok"] is False, refused
+            assert refused["error"]["code"] == -32600, refused
+            assert refused["error"]["data"]["reason"] == reason, refused
+            assert query.split("=")[1] in refused["error"]["data"]["detail"], refused
+        finally:
+            client.close()
