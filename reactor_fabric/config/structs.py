@@ -50,6 +50,7 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     categories: list[str] = msgspec.field(default_factory=list)
     keywords: list[str] = msgspec.field(default_factory=list)
     example_tasks: list[str] = msgspec.field(default_factory=list)
+    requires: list[str] = msgspec.field(default_factory=list)
 
     @property
     def idle_timeout_seconds(self) -> float:
@@ -91,8 +92,23 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 DEFAULT_MOUNT_TARGETS = ("/workspace", "/projects")
 
 
+class ModelAssist(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """analyze_task may ask the client's own model (sampling) when its confidence is low."""
+
+    enabled: bool = False
+    below_confidence: float = 0.5
+    timeout: str = "20s"
+    candidates: int = 5
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout)
+
+
 class FabricSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     default_exposure: Literal["discover", "all"] = "discover"
+    token_budget: int | None = None
+    model_assist: ModelAssist = msgspec.field(default_factory=ModelAssist)
 
 
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -281,12 +281,35 @@ def _check_logic(data: object, collector: _Collector) -> None:
                 _check_size(limits, ("orchestrator", "limits", key), MIN_MESSAGE_BYTES, collector)
             for key in ("first_message_timeout", "client_write_timeout", "shutdown_timeout"):
                 _check_duration(limits, ("orchestrator", "limits", key), collector)
+        fabric = orchestrator.get("fabric")
+        assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
+        if isinstance(assist, dict):
+            path = ("orchestrator", "fabric", "model_assist", "timeout")
+            _check_duration(assist, path, collector)
     services = data.get("mcp_services")
     if isinstance(services, dict):
         for name, service in services.items():
             if isinstance(service, dict):
                 _check_service(str(name), service, collector)
         _check_profiles(data.get("profiles"), set(services), collector)
+        _check_requires(services, collector)
+
+
+def _check_requires(services: dict[str, Any], collector: _Collector) -> None:
+    """``requires`` names other services of the suite."""
+    for name, service in services.items():
+        required = service.get("requires") if isinstance(service, dict) else None
+        if not isinstance(required, list):
+            continue
+        for index, member in enumerate(required):
+            path: KeyPath = ("mcp_services", name, "requires", index)
+            if not isinstance(member, str) or path in collector.flagged:
+                continue
+            if member == name:
+                collector.add(path, f"{name!r} cannot require itself")
+            elif member not in services:
+                known = ", ".join(sorted(services))
+                collector.add(path, f"no service named {member!r} in mcp_services ({known})")
 
 
 def _check_profiles(profiles: object, services: set[str], collector: _Collector) -> None:

@@ -40,7 +40,6 @@ mounts) — and the session's other services are not affected.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -48,7 +47,21 @@ from typing import Any, Literal
 import msgspec
 
 from .._errors import ContainerStartFailure, FabricError, InvalidRequest, ParseError
+from ..discovery import DiscoveryIndex
+from ..discovery.ranking import ServerRanking, with_choice
+from ..discovery.tokens import count_definition
 from .catalog import Catalog, Entry, service_catalog
+from .fabric_discovery import (
+    AssistSettings,
+    ServiceFacts,
+    analysis,
+    analyze,
+    assist_choice,
+    assist_request,
+    found_tools,
+    index_catalog,
+    tool_tokens,
+)
 from .jsonrpc import peek
 
 Json = dict[str, Any]
@@ -68,7 +81,6 @@ SERVER_NAME = "reactor-fabric"
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
 ASK_SECONDS = 300.0
 REQUEST_TIMEOUT = -32001
-MAX_RECOMMENDED = 3
 SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 ENVELOPE = "io.modelcontextprotocol/"
 CACHE_PRIVATE = {"ttlMs": 0, "cacheScope": "private"}
@@ -113,16 +125,6 @@ Action = ToClient | ToBackend | StartBackend | StopBackend
 
 
 @dataclass(frozen=True)
-class ServiceFacts:
-    """What the suite says about a service, for ranking and the capability list."""
-
-    description: str = ""
-    categories: tuple[str, ...] = ()
-    keywords: tuple[str, ...] = ()
-    example_tasks: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class _Forwarded:
     """A request sent to a backend: whose it is and how to answer it."""
 
@@ -137,6 +139,17 @@ class _Asked:
 
     service: str
     backend_id: object
+    deadline: float
+
+
+@dataclass(frozen=True)
+class _Assist:
+    """An analyze_task waiting for the client's model to choose among candidates."""
+
+    client_id: object
+    ranking: ServerRanking
+    candidates: tuple[str, ...]
+    budget: int | None
     deadline: float
 
 
@@ -187,12 +200,15 @@ META_TOOLS: tuple[Json, ...] = (
     },
     {
         "name": "get_status",
-        "description": "This session's servers, their containers, and the catalog's problems.",
+        "description": "This session's servers, their containers, the catalog's problems, and "
+        "the tokens its tool list costs against every tool of the suite.",
         "inputSchema": {"type": "object", "properties": {}},
     },
     {
         "name": "analyze_task",
-        "description": "Which servers of the suite a task needs, ranked, with the evidence.",
+        "description": "Which servers of the suite a task needs: the set to activate "
+        "(recommended_servers), the others ranked, a calibrated confidence, the evidence, and "
+        "each server's tool-definition tokens, within an optional token budget.",
         "inputSchema": {
             "type": "object",
             "properties": {
@@ -201,6 +217,11 @@ META_TOOLS: tuple[Json, ...] = (
                     "type": "array",
                     "items": {"type": "string"},
                     "description": "more words about the task (files, languages, services)",
+                },
+                "budget": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "at most this many tokens of tool definitions in the set",
                 },
             },
             "required": ["task_description"],
@@ -246,6 +267,10 @@ class FabricServer:
         profiles: Mapping[str, Sequence[str]] | None = None,
         idle_timeouts: Mapping[str, float] | None = None,
         clock: Callable[[], float] = lambda: 0.0,
+        index: DiscoveryIndex | None = None,
+        token_budget: int | None = None,
+        assist: AssistSettings | None = None,
+        count_tokens: Callable[[Json], int] = count_definition,
     ) -> None:
         self.catalog = catalog
         self.session_id = session_id
@@ -258,6 +283,15 @@ class FabricServer:
         self.profiles = {name: list(services) for name, services in (profiles or {}).items()}
         self.idle_timeouts = dict(idle_timeouts or {})
         self.clock = clock
+        self.count_tokens = count_tokens
+        # The ranking index of this session's catalog: the orchestrator's shared one when it
+        # is given (built once per catalog), rebuilt here when a service's tools change.
+        self.index = (
+            index if index is not None else index_catalog(catalog, self.facts, count_tokens)
+        )
+        self.token_budget = token_budget
+        self.assist = assist or AssistSettings()
+        self._assisting: dict[int, _Assist] = {}
         self.started_at = clock()
         self.client_capabilities: Json = {}
         self.protocol_version: str | None = None
@@ -274,6 +308,7 @@ class FabricServer:
     def deadline(self) -> float | None:
         """When :meth:`tick` is next due (None: nothing will come due by itself)."""
         due = [asked.deadline for asked in self._asked.values()]
+        due += [assist.deadline for assist in self._assisting.values()]
         for service, backend in self.backends.items():
             if backend.state == "ready" and not self._busy(service):
                 due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
@@ -292,6 +327,15 @@ class FabricServer:
                 actions.append(ToBackend(asked.service, _encoder.encode(answer)))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
+        for our_id, assist in list(self._assisting.items()):
+            if assist.deadline <= now:
+                # The client's model did not answer in time: the ranking's answer stands.
+                del self._assisting[our_id]
+                note = {"requestId": our_id, "reason": "no answer in time"}
+                actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
+                actions.append(
+                    self._analysis(assist, "ranking (the client's model did not answer in time)")
+                )
         for service, backend in list(self.backends.items()):
             idle_until = backend.last_active + self.idle_timeouts.get(service, math.inf)
             if backend.state == "ready" and not self._busy(service) and idle_until <= now:
@@ -319,6 +363,8 @@ class FabricServer:
         ]
         self._forwarded.clear()
         self._asked.clear()
+        actions += [self._analysis(assist, "ranking") for assist in self._assisting.values()]
+        self._assisting.clear()
         for request_id in self._listeners:
             ended = {"resultType": "complete", "_meta": {SUBSCRIPTION_META: request_id}}
             actions.append(self._result(request_id, ended))
@@ -426,6 +472,9 @@ class FabricServer:
 
     def _client_answer(self, message: Json) -> list[Action]:
         answered = message.get("id")
+        assist = self._assisting.pop(answered, None) if isinstance(answered, int) else None
+        if assist is not None:
+            return [self._assisted(assist, message)]
         asked = self._asked.pop(answered, None) if isinstance(answered, int) else None
         if asked is None:
             return []  # an answer to nothing we asked: dropped
@@ -449,10 +498,10 @@ class FabricServer:
         answering: dict[str, Callable[[Json], Json]] = {
             "find_tools": self._find_tools,
             "get_status": lambda _arguments: self._status(),
-            "analyze_task": self._analyze,
             "list_available_capabilities": self._capability_list,
         }
         acting: dict[str, Callable[[object, Json], list[Action]]] = {
+            "analyze_task": self._analyze,
             "activate_servers": self._activate,
             "switch_context": self._switch,
         }
@@ -484,28 +533,10 @@ class FabricServer:
         )
 
     def _find_tools(self, arguments: Json) -> Json:
-        query = _words(str(arguments.get("query", "")))
+        query = str(arguments.get("query", ""))
         limit = arguments.get("limit", FIND_LIMIT)
         limit = max(1, min(MAX_FIND_LIMIT, limit if isinstance(limit, int) else FIND_LIMIT))
-        scored = []
-        for position, entry in enumerate(self.catalog.tools.values()):
-            # A word in the tool's or service's name counts twice as much as one in its
-            # description. (A simple ranking: issue 11 makes it excellent.)
-            named = _words(f"{entry.service} {entry.name}")
-            described = _words(str(entry.definition.get("description") or ""))
-            score = sum(2 * (word in named) + (word in described) for word in query)
-            if score:
-                scored.append((-score, position, entry))
-        found = [
-            {
-                "name": entry.shown,
-                "server": entry.service,
-                "description": str(entry.definition.get("description") or ""),
-                "inputSchema": entry.definition.get("inputSchema", {"type": "object"}),
-            }
-            for _, _, entry in sorted(scored, key=lambda item: item[:2])[:limit]
-        ]
-        return _structured({"tools": found})
+        return _structured({"tools": found_tools(self.index, query, limit)})
 
     def _status(self) -> Json:
         return _structured(
@@ -519,6 +550,12 @@ class FabricServer:
                 ],
                 "catalog_errors": self.catalog.errors(),
                 "uptime": round(self.clock() - self.started_at, 3),
+                "tool_tokens": tool_tokens(
+                    self.index,
+                    self._shown(),
+                    META_TOOLS if self.exposure == "discover" else (),
+                    self.count_tokens,
+                ),
             }
         )
 
@@ -582,61 +619,47 @@ class FabricServer:
             return []
         return [_notification("notifications/tools/list_changed")]
 
-    def _analyze(self, arguments: Json) -> Json:
-        """Rank the suite's servers for a task: words of the task found in a server's name,
-        the suite's words about it (description, keywords, categories, example tasks) and its
-        tools' names and descriptions, in that order of weight. (Simple; issue 11 makes it
-        excellent.)"""
-        hints = arguments.get("context_hints")
-        hints_text = " ".join(str(h) for h in hints) if isinstance(hints, list) else ""
-        task = _words(f"{arguments.get('task_description', '')} {hints_text}")
-        ranked: list[tuple[float, int, str, list[str]]] = []
-        for position, service in enumerate(self.catalog.services):
-            facts = self.facts.get(service, ServiceFacts())
-            named = _words(service)
-            said = _words(
-                " ".join(
-                    [facts.description, *facts.keywords, *facts.categories, *facts.example_tasks]
-                )
+    def _analyze(self, request_id: object, arguments: Json) -> list[Action]:
+        """Rank the suite's servers for a task (:mod:`reactor_fabric.discovery`); when the
+        ranking is unsure and the suite allows it, ask the client's model to choose."""
+        ranking, budget = analyze(self.index, arguments, self.token_budget)
+        settings = self.assist
+        if (
+            settings.enabled
+            and "sampling" in self.client_capabilities
+            and ranking.confidence < settings.below_confidence
+            and len(ranking.ranked) >= 2
+        ):
+            params, candidates = assist_request(ranking, self.index, settings.candidates)
+            our_id = self._new_id()
+            deadline = self.clock() + settings.timeout
+            self._assisting[our_id] = _Assist(
+                request_id, ranking, tuple(candidates), budget, deadline
             )
-            tools = self.catalog.tools_of([service])
-            tool_words = _words(
-                " ".join(f"{t.get('name')} {t.get('description') or ''}" for t in tools)
-            )
-            score = 0.0
-            evidence = []
-            for word in sorted(task):
-                weight = 3.0 * (word in named) + 2.0 * (word in said) + 1.0 * (word in tool_words)
-                if weight:
-                    score += weight
-                    evidence.append(word)
-            if score:
-                ranked.append((-score, position, service, evidence))
-        ranked.sort()
-        if not ranked:
-            return _structured(
-                {
-                    "recommended_servers": [],
-                    "confidence": 0.0,
-                    "reasoning": "no server's name, description or tools match the task",
-                    "alternative_servers": [],
-                }
-            )
-        best = -ranked[0][0]
-        chosen = [r for r in ranked if -r[0] >= best / 2][:MAX_RECOMMENDED]
-        rest = ranked[len(chosen) :]
-        runner_up = -rest[0][0] if rest else 0.0
-        reasoning = "; ".join(
-            f"{service}: matched {', '.join(evidence)}" for _, _, service, evidence in chosen
-        )
-        return _structured(
-            {
-                "recommended_servers": [service for _, _, service, _ in chosen],
-                "confidence": round(best / (best + runner_up + 1.0), 3),
-                "reasoning": reasoning,
-                "alternative_servers": [service for _, _, service, _ in rest],
+            request = {
+                "jsonrpc": "2.0",
+                "id": our_id,
+                "method": "sampling/createMessage",
+                "params": params,
             }
-        )
+            return [ToClient(_encoder.encode(request))]
+        return [self._result(request_id, _structured(analysis(ranking, budget=budget)))]
+
+    def _assisted(self, assist: _Assist, message: Json) -> ToClient:
+        """The client's model answered (or refused): its choice among the candidates, or the
+        ranking's own when it chose none of them."""
+        chosen = assist_choice(message.get("result"), assist.candidates)
+        if not chosen:
+            refused = "refused" if "error" in message else "chose none of the candidates"
+            return self._analysis(assist, f"ranking (the client's model {refused})")
+        why = f"chosen by the client's model among {', '.join(assist.candidates)}"
+        ranking = with_choice(self.index, assist.ranking, chosen, budget=assist.budget, why=why)
+        result = analysis(ranking, budget=assist.budget, decided_by="client_model")
+        return self._result(assist.client_id, _structured(result))
+
+    def _analysis(self, assist: _Assist, decided_by: str) -> ToClient:
+        result = analysis(assist.ranking, budget=assist.budget, decided_by=decided_by)
+        return self._result(assist.client_id, _structured(result))
 
     def _capability_list(self, arguments: Json) -> Json:
         wanted = arguments.get("category_filter")
@@ -851,6 +874,8 @@ class FabricServer:
         fresh = getattr(service_catalog(**{kind: entries}), kind)
         offer = replace(self.catalog.services[service], **{kind: fresh})
         self.catalog = Catalog({**self.catalog.services, service: offer})
+        if kind == "tools":
+            self.index = index_catalog(self.catalog, self.facts, self.count_tokens)
         method = f"notifications/{kind}/list_changed"
         actions: list[Action] = [
             ToClient(_notification_bytes(method, {"_meta": {SUBSCRIPTION_META: listen_id}}))
@@ -969,13 +994,3 @@ def _notification_bytes(method: str, params: Json | None) -> bytes:
     if params is not None:
         message["params"] = params
     return _encoder.encode(message)
-
-
-_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])")
-
-
-def _words(text: str) -> set[str]:
-    """Lower-case words of ``text``: split on anything not a letter or digit and on camelCase,
-    a plural ``s`` dropped (``zones`` finds ``zone``)."""
-    words = (word.lower() for word in _SPLIT.split(text) if len(word) > 1)
-    return {word[:-1] if len(word) > 3 and word.endswith("s") else word for word in words}

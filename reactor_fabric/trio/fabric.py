@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..config.structs import Limits, Service, Suite
+from ..discovery import DiscoveryIndex, tokens
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.auth import Gate
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
@@ -28,7 +29,7 @@ from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
 from ..protocol.catalog import Catalog, ServiceCatalog
-from ..protocol.fabric_server import ServiceFacts
+from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.session import SessionLimits
 from ..runtime.base import Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
@@ -100,6 +101,7 @@ class Fabric:
     catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS
     mount_policy: MountPolicy = field(init=False)
     gate: Gate = field(init=False)
+    _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
     _identity: ContainerIdentity = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,8 +132,13 @@ class Fabric:
         (see :mod:`reactor_fabric.trio.fabric_session`).
         """
         task_status.started()
+        # The tokenizer's encoding is read from disk once: off the event loop.
+        await trio.to_thread.run_sync(tokens.load)
         while True:
             await self._learn_catalog_once()
+            # Index the catalog now, off the event loop, rather than in a session's first call.
+            catalog = self.catalog
+            await trio.to_thread.run_sync(self.discovery_index, catalog)
             self.catalog_passes += 1
             self.catalog_ready.set()
             self.notify_change()
@@ -170,9 +177,30 @@ class Fabric:
                 categories=tuple(service.categories),
                 keywords=tuple(service.keywords),
                 example_tasks=tuple(service.example_tasks),
+                requires=tuple(service.requires),
             )
             for name, service in self.suite.mcp_services.items()
         }
+
+    def discovery_index(self, catalog: Catalog) -> DiscoveryIndex:
+        """The ranking index of ``catalog``, built once per catalog and shared by sessions
+        (thread-safe enough: two builders build the same index; the last one is kept)."""
+        cached = self._index
+        if cached is not None and cached[0] is catalog:
+            return cached[1]
+        index = index_catalog(catalog, self.service_facts())
+        self._index = (catalog, index)
+        return index
+
+    @property
+    def assist_settings(self) -> AssistSettings:
+        assist = self.suite.orchestrator.fabric.model_assist
+        return AssistSettings(
+            enabled=assist.enabled,
+            below_confidence=assist.below_confidence,
+            timeout=assist.timeout_seconds,
+            candidates=assist.candidates,
+        )
 
     # --- settings -----------------------------------------------------------------------------
 

@@ -158,6 +158,9 @@ class FabricDriver:
             profiles={name: p.services for name, p in fabric.suite.profiles.items()},
             idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
             clock=trio.current_time,
+            index=fabric.discovery_index(catalog),
+            token_budget=fabric.suite.orchestrator.fabric.token_budget,
+            assist=fabric.assist_settings,
         )
         self._fields = {"session": session_id, "service": FABRIC_ENDPOINT}
         self._current: dict[str, _Backend] = {}  # service → its running container

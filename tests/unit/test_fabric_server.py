@@ -9,6 +9,7 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.protocol.fabric_discovery import ServiceFacts
 from reactor_fabric.protocol.fabric_server import (
     ASK_SECONDS,
     MAX_LISTENERS,
@@ -16,7 +17,6 @@ from reactor_fabric.protocol.fabric_server import (
     META_NAMES,
     Action,
     FabricServer,
-    ServiceFacts,
     StartBackend,
     StopBackend,
     ToBackend,

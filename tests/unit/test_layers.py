@@ -30,7 +30,14 @@ def imports_of(path: Path) -> set[str]:
 
 # What each pure layer may import besides the standard library (its own layer included).
 ALLOWED = {
-    "protocol": ("msgspec", "reactor_fabric._errors", "reactor_fabric.protocol"),
+    "protocol": (
+        "msgspec",
+        "reactor_fabric._errors",
+        "reactor_fabric.protocol",
+        "reactor_fabric.discovery",
+    ),
+    # The ranking engine: pure computation over a catalog (its stemmer and tokenizer included).
+    "discovery": ("snowballstemmer", "tiktoken", "reactor_fabric.discovery"),
 }
 IO_MODULES = ("trio", "socket", "threading", "asyncio", "subprocess", "docker", "selectors")
 
@@ -42,6 +49,15 @@ def test_the_protocol_layer_imports_nothing_that_does_io(path: Path) -> None:
         assert top not in IO_MODULES, f"{path.name} imports {module}"
         if top == "reactor_fabric" or top not in _stdlib():
             assert module.startswith(ALLOWED["protocol"]), f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "discovery").glob("*.py")), ids=lambda p: p.name)
+def test_the_discovery_layer_imports_nothing_that_does_io_nor_any_layer_above(path: Path) -> None:
+    for module in imports_of(path):
+        top = module.split(".")[0]
+        assert top not in IO_MODULES, f"{path.name} imports {module}"
+        if top == "reactor_fabric" or top not in _stdlib():
+            assert module.startswith(ALLOWED["discovery"]), f"{path.name} imports {module}"
 
 
 def _stdlib() -> frozenset[str]:

@@ -1,0 +1,325 @@
+"""Ranking services for a task, and tools for a query, over a :class:`.DiscoveryIndex`.
+
+:func:`rank_servers` answers ``analyze_task``:
+
+1. **Score** every service: its BM25F score for the task's terms plus its best tool's score.
+2. **Choose a set**, greedily: the best service first; then another joins when it explains
+   enough of the task that the chosen ones do not (its evidence beyond theirs is at least
+   ``join_share`` of the first one's score) and it is the best, or nearly, at one of those
+   terms (a second domain, not a weaker copy of the first). At most :data:`MAX_SET`.
+3. **Dependencies**: a chosen service brings the services it ``requires`` (transitively).
+4. **Budget**: with a token budget, services are taken in that order while their tools'
+   definitions fit; one that does not fit is left out and said so.
+5. **Confidence**: the probability that the set is exactly right, from a logistic model of
+   the ranking's margins (:mod:`.calibration`, fitted on the evaluation's tuning half).
+
+:func:`find_tools` ranks tools: a tool's own score plus a share of its service's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from .calibration import Calibration, default_calibration
+from .index import DiscoveryIndex, ToolRef
+from .text import terms
+
+MAX_SET = 3
+MAX_EVIDENCE = 4  # terms named in the reasoning per service
+SERVICE_SHARE_IN_TOOLS = 0.3  # find_tools: how much a tool's service's score adds
+
+
+@dataclass(frozen=True)
+class ServerScore:
+    name: str
+    score: float
+    evidence: tuple[str, ...]  # "word (where)" items, strongest first
+    best_tool: str | None
+    tokens: int
+
+
+@dataclass(frozen=True)
+class ServerRanking:
+    task: str
+    recommended: tuple[str, ...]
+    ranked: tuple[ServerScore, ...]  # every service that matched, best first
+    confidence: float
+    reasoning: str
+    estimated_tokens: dict[str, int] = field(default_factory=dict)
+    left_out: tuple[str, ...] = ()  # chosen, but over the budget
+
+    @property
+    def alternatives(self) -> tuple[str, ...]:
+        chosen = set(self.recommended)
+        return tuple(s.name for s in self.ranked if s.name not in chosen)
+
+
+@dataclass(frozen=True)
+class ToolHit:
+    tool: ToolRef
+    service: str
+    score: float
+
+
+@dataclass
+class _Scored:
+    service: float = 0.0
+    per_term: dict[str, float] = field(default_factory=dict)
+
+
+def _score(
+    index: DiscoveryIndex, query: list[str]
+) -> tuple[list[_Scored], list[float], list[dict[str, float]]]:
+    """Per service: its BM25F score and per-term evidence; per tool: its score and terms."""
+    services = [_Scored() for _ in index.services]
+    tool_scores: dict[int, float] = {}
+    tool_terms: dict[int, dict[str, float]] = {}
+    for term in query:
+        for position, value in index.service_postings.get(term, ()):
+            scored = services[position]
+            scored.service += value
+            scored.per_term[term] = scored.per_term.get(term, 0.0) + value
+        for tool, value in index.tool_postings.get(term, ()):
+            tool_scores[tool] = tool_scores.get(tool, 0.0) + value
+            tool_terms.setdefault(tool, {})[term] = value
+    best = [0.0] * len(index.services)
+    best_terms: list[dict[str, float]] = [{} for _ in index.services]
+    best_tool: list[int | None] = [None] * len(index.services)
+    for tool, value in tool_scores.items():
+        position = index.tools[tool].service
+        if value > best[position]:
+            best[position] = value
+            best_terms[position] = tool_terms[tool]
+            best_tool[position] = tool
+    weight = index.weights.best_tool
+    for position, scored in enumerate(services):
+        for term, value in best_terms[position].items():
+            scored.per_term[term] = scored.per_term.get(term, 0.0) + weight * value
+        scored.service += weight * best[position]
+    return services, [float(t) if t is not None else -1.0 for t in best_tool], best_terms
+
+
+def rank_servers(
+    index: DiscoveryIndex,
+    task: str,
+    *,
+    budget: int | None = None,
+    calibration: Calibration | None = None,
+) -> ServerRanking:
+    """The services ``task`` needs (see the module), every matching one ranked."""
+    query = list(dict.fromkeys(terms(task)))
+    scored, best_tool, _ = _score(index, query)
+    order = sorted(
+        (p for p, s in enumerate(scored) if s.service > 0.0),
+        key=lambda p: (-scored[p].service, p),
+    )
+    ranked = tuple(
+        ServerScore(
+            name=index.services[p].name,
+            score=round(scored[p].service, 4),
+            evidence=_evidence(index, p, scored[p].per_term),
+            best_tool=index.tools[int(best_tool[p])].name if best_tool[p] >= 0 else None,
+            tokens=index.service_tokens[p],
+        )
+        for p in order
+    )
+    if not order:
+        return ServerRanking(
+            task, (), (), 0.0, "no server's name, description or tools match the task"
+        )
+    chosen = _choose(index, query, scored, order)
+    with_required = _with_requirements(index, chosen)
+    recommended, left_out = _within_budget(index, with_required, budget)
+    calibration = calibration or default_calibration()
+    confidence = calibration.confidence(_features(index, query, scored, order, chosen))
+    by_name = {s.name: s for s in ranked}
+    reasons = []
+    for name in recommended:
+        if name in by_name:
+            reasons.append(f"{name}: {', '.join(by_name[name].evidence) or 'matched'}")
+        else:
+            required_by = [
+                c for c in recommended if name in index.services[index.positions[c]].requires
+            ]
+            reasons.append(f"{name}: required by {', '.join(required_by) or 'the chosen servers'}")
+    reasons += [
+        f"{name} left out: its tools take {index.tokens_of([name])} tokens, over the budget"
+        for name in left_out
+    ]
+    return ServerRanking(
+        task=task,
+        recommended=tuple(recommended),
+        ranked=ranked,
+        confidence=confidence,
+        reasoning="; ".join(reasons),
+        estimated_tokens={name: index.tokens_of([name]) for name in recommended},
+        left_out=tuple(left_out),
+    )
+
+
+def with_choice(
+    index: DiscoveryIndex, ranking: ServerRanking, names: list[str], *, budget: int | None, why: str
+) -> ServerRanking:
+    """``ranking`` with its set replaced by ``names`` (another judge's choice, e.g. the
+    client's model): their requirements and the budget apply as to the ranking's own."""
+    chosen = [index.positions[n] for n in names if n in index.positions]
+    recommended, left_out = _within_budget(index, _with_requirements(index, chosen), budget)
+    return replace(
+        ranking,
+        recommended=tuple(recommended),
+        reasoning=f"{why}; ranking's evidence: {ranking.reasoning}",
+        estimated_tokens={name: index.tokens_of([name]) for name in recommended},
+        left_out=tuple(left_out),
+    )
+
+
+def _choose(
+    index: DiscoveryIndex, query: list[str], scored: list[_Scored], order: list[int]
+) -> list[int]:
+    weights = index.weights
+    first = order[0]
+    chosen = [first]
+    covered = dict(scored[first].per_term)
+    top = scored[first].service
+    # The strongest evidence any service has for each term.
+    strongest: dict[str, float] = {}
+    for position in order:
+        for term, value in scored[position].per_term.items():
+            strongest[term] = max(strongest.get(term, 0.0), value)
+    while len(chosen) < MAX_SET:
+        best_gain, best_position = 0.0, None
+        for position in order:
+            if position in chosen:
+                continue
+            gain = 0.0
+            leads = False
+            for term, value in scored[position].per_term.items():
+                extra = value - covered.get(term, 0.0)
+                if extra > 0.0:
+                    gain += extra
+                    if (
+                        value >= weights.join_lead * strongest[term]
+                        and covered.get(term, 0.0) < 0.5 * value
+                    ):
+                        leads = True
+            if leads and gain > best_gain:
+                best_gain, best_position = gain, position
+        if best_position is None or best_gain < weights.join_share * top:
+            break
+        chosen.append(best_position)
+        for term, value in scored[best_position].per_term.items():
+            covered[term] = max(covered.get(term, 0.0), value)
+    return chosen
+
+
+def _with_requirements(index: DiscoveryIndex, chosen: list[int]) -> list[str]:
+    """The chosen services' names, each followed by what it requires (transitively, once)."""
+    names: list[str] = []
+
+    def add(name: str, trail: tuple[str, ...]) -> None:
+        if name in names or name in trail or name not in index.positions:
+            return
+        names.append(name)
+        for required in index.services[index.positions[name]].requires:
+            add(required, (*trail, name))
+
+    for position in chosen:
+        add(index.services[position].name, ())
+    return names
+
+
+def _within_budget(
+    index: DiscoveryIndex, names: list[str], budget: int | None
+) -> tuple[list[str], list[str]]:
+    if budget is None:
+        return names, []
+    kept: list[str] = []
+    left_out: list[str] = []
+    spent = 0
+    for name in names:
+        group = [name, *_requirements(index, name)]
+        cost = index.tokens_of(s for s in dict.fromkeys(group) if s not in kept)
+        if spent + cost <= budget:
+            kept.extend(s for s in dict.fromkeys(group) if s not in kept)
+            spent += cost
+        else:
+            left_out.append(name)
+    return kept, [n for n in left_out if n not in kept]
+
+
+def _requirements(index: DiscoveryIndex, name: str) -> list[str]:
+    found: list[str] = []
+    stack = list(index.services[index.positions[name]].requires)
+    while stack:
+        required = stack.pop()
+        if required in found or required == name or required not in index.positions:
+            continue
+        found.append(required)
+        stack.extend(index.services[index.positions[required]].requires)
+    return found
+
+
+def _features(
+    index: DiscoveryIndex,
+    query: list[str],
+    scored: list[_Scored],
+    order: list[int],
+    chosen: list[int],
+) -> tuple[float, ...]:
+    """What the confidence is computed from (see :mod:`.calibration`)."""
+    first = scored[order[0]].service
+    unchosen = [scored[p].service for p in order if p not in chosen]
+    runner_up = unchosen[0] if unchosen else 0.0
+    known = [t for t in query if t in index.idf]
+    mass = sum(index.idf[t] for t in known) or 1.0
+    explained = {t for p in chosen for t in scored[p].per_term}
+    coverage = sum(index.idf[t] for t in known if t in explained) / mass
+    last = scored[chosen[-1]].service
+    return (
+        first / (first + runner_up),  # how far the set stands above the rest
+        last / (last + runner_up),
+        coverage,  # how much of the task's (known) words the set explains
+        len(known) / max(1, len(query)),  # how much of the task the catalog knows at all
+        float(len(chosen) > 1),
+    )
+
+
+def _evidence(index: DiscoveryIndex, position: int, per_term: dict[str, float]) -> tuple[str, ...]:
+    strongest = sorted(per_term.items(), key=lambda item: -item[1])[:MAX_EVIDENCE]
+    described = []
+    for term, _ in strongest:
+        where = index.fields.get(term, {}).get(position, "tool")
+        label = {"name": "name", "about": "description", "tool_text": "tools"}.get(where, "tools")
+        described.append(f"{term} ({label})")
+    return tuple(described)
+
+
+def find_tools(
+    index: DiscoveryIndex,
+    query: str,
+    *,
+    limit: int = 10,
+    services: Iterable[str] | None = None,
+) -> list[ToolHit]:
+    """Tools for ``query``, best first: a tool's own score plus a share of its service's."""
+    wanted = (
+        None if services is None else {index.positions[s] for s in services if s in index.positions}
+    )
+    words = list(dict.fromkeys(terms(query)))
+    scored, _, _ = _score(index, words)
+    tool_scores: dict[int, float] = {}
+    for term in words:
+        for tool, value in index.tool_postings.get(term, ()):
+            tool_scores[tool] = tool_scores.get(tool, 0.0) + value
+    hits = []
+    for tool, value in tool_scores.items():
+        ref = index.tools[tool]
+        if wanted is not None and ref.service not in wanted:
+            continue
+        score = value + SERVICE_SHARE_IN_TOOLS * scored[ref.service].service
+        hits.append((-score, tool, ref))
+    hits.sort(key=lambda item: item[:2])
+    return [
+        ToolHit(ref, index.services[ref.service].name, round(-s, 4)) for s, _, ref in hits[:limit]
+    ]

@@ -1,0 +1,129 @@
+"""Words of a task or of a catalog, as the ranking compares them.
+
+``terms("createPullRequest for my repo")`` → ``["creat", "pull", "request", "repositori"]``:
+
+- split on anything that is not a letter or digit, and inside identifiers on ``snake_case``,
+  ``kebab-case`` and ``camelCase`` / ``PascalCase`` boundaries (``getHTTPResponse`` → get, http,
+  response), so a tool named ``git_create_branch`` meets a task that says "create a branch";
+- lower-cased; English stop words and the filler of requests ("please", "can you") dropped;
+- a few abbreviations developers type expanded to the words catalogs use (``repo`` →
+  repository, ``k8s`` → kubernetes, ``pr`` → pull request);
+- stemmed with the Snowball (Porter 2) English stemmer, so "commits", "committed" and
+  "committing" meet "commit".
+
+The word lists are generic — the Snowball project's English stop words, and abbreviations
+from developer usage — and were written before any evaluation task existed; nothing here is
+fitted to the evaluation set (docs/DISCOVERY.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import snowballstemmer
+
+# Pieces of identifiers and words: runs of letters or digits, split before an upper-case letter
+# that starts a lower-case run (camelCase, HTTPServer → HTTP, Server).
+_PIECES = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+_WORDS = re.compile(r"[^\W_]+", re.UNICODE)
+MAX_TERM = 40  # longer pieces are ids or hashes, not words
+
+# The Snowball English stop word list (snowballstem.org/algorithms/english/stop.txt).
+_SNOWBALL_STOP_WORDS = """
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his
+    himself she her hers herself it its itself they them their theirs themselves what which
+    who whom this that these those am is are was were be been being have has had having do
+    does did doing would should could ought i'm you're he's she's it's we're they're i've
+    you've we've they've i'd you'd he'd she'd we'd they'd i'll you'll he'll she'll we'll
+    they'll isn't aren't wasn't weren't hasn't haven't hadn't doesn't don't didn't won't
+    wouldn't shan't shouldn't can't cannot couldn't mustn't let's that's who's what's here's
+    there's when's where's why's how's a an the and but if or because as until while of at
+    by for with about against between into through during before after above below to from
+    up down in out on off over under again further then once here there when where why how
+    all any both each few more most other some such no nor not only own same so than too
+    very
+"""
+# What people wrap a request in, and letters left by splitting contractions.
+_REQUEST_FILLER = """
+    please can could would will want need needs let lets help me us i'd like kindly just
+    also s t d ll m re ve e g eg ie etc
+"""
+STOP_WORDS = frozenset(_SNOWBALL_STOP_WORDS.split()) | frozenset(_REQUEST_FILLER.split())
+
+# Abbreviations developers type → the words catalogs spell out (generic usage, not fitted).
+ABBREVIATIONS: dict[str, tuple[str, ...]] = {
+    "pr": ("pull", "request"),
+    "prs": ("pull", "request"),
+    "mr": ("merge", "request"),
+    "mrs": ("merge", "request"),
+    "repo": ("repository",),
+    "repos": ("repository",),
+    "k8s": ("kubernetes",),
+    "db": ("database",),
+    "dbs": ("database",),
+    "env": ("environment",),
+    "envs": ("environment",),
+    "dir": ("directory",),
+    "dirs": ("directory",),
+    "docs": ("documentation",),
+    "doc": ("document",),
+    "config": ("configuration",),
+    "msg": ("message",),
+    "msgs": ("message",),
+    "auth": ("authentication",),
+    "js": ("javascript",),
+    "ts": ("typescript",),
+    "py": ("python",),
+    "img": ("image",),
+    "pic": ("image",),
+    "screenshot": ("screenshot",),
+    "vm": ("virtual", "machine"),
+    "url": ("url",),
+    "urls": ("url",),
+    "gh": ("github",),
+    "info": ("information",),
+    "stats": ("statistics",),
+    "admin": ("administration",),
+    "app": ("application",),
+    "apps": ("application",),
+    "calc": ("calculate",),
+    "tz": ("timezone",),
+    "ml": ("machine", "learning"),
+    "llm": ("language", "model"),
+}
+
+_stemmer = snowballstemmer.stemmer("english")
+
+
+@functools.lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    return str(_stemmer.stemWord(word))
+
+
+def pieces(text: str) -> list[str]:
+    """Lower-case words and identifier pieces of ``text``, before stop words and stemming.
+
+    An identifier made of several pieces is kept whole as well (``GitHub`` → github, git, hub;
+    ``k8s`` → k8s, k, 8, s), so that naming it exactly is the strongest match."""
+    found: list[str] = []
+    for word in _WORDS.findall(text):
+        lowered = word.lower()
+        if lowered in ABBREVIATIONS or lowered in STOP_WORDS or not word.isascii():
+            found.append(lowered)
+            continue
+        parts = _PIECES.findall(word)
+        if len(parts) > 1:
+            found.append(lowered)
+        found.extend(part.lower() for part in parts)
+    return found
+
+
+def terms(text: str) -> list[str]:
+    """The stemmed, filtered terms of ``text``, in order, repeats kept (see the module)."""
+    result: list[str] = []
+    for piece in pieces(text):
+        if len(piece) > MAX_TERM or piece in STOP_WORDS:
+            continue
+        result.extend(stem(w) for w in ABBREVIATIONS.get(piece, (piece,)) if len(w) > 1)
+    return result
