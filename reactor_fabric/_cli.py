@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +32,17 @@ from ._version import __version__
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .config.token import Token, TokenError, find_token, load_or_create_token
+from .discovery import build_index, rank_servers
+from .discovery.catalog_file import CatalogFormatError, catalog_json, services_from_json
+from .discovery.tokens import count_definition
 from .observe.logging import LOG_LEVELS, configure_logging
 from .policy.auth import is_loopback
 from .protocol.catalog import Catalog
+from .protocol.fabric_discovery import service_texts
 from .runtime.docker import DockerRuntime
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
 from .trio.catalog import Learned, default_store, learn_catalog
-from .trio.fabric import Fabric, new_instance_id, process_identity
+from .trio.fabric import Fabric, new_instance_id, process_identity, suite_facts
 from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
 
 log = logging.getLogger("reactor_fabric.cli")
@@ -46,6 +51,7 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
 EXIT_CANNOT_LISTEN = 3
+MAX_CATALOG_BYTES = 256 * 1024 * 1024
 
 DEFAULT_CONFIG = "claude-mcp-suite.yaml"
 DEFAULT_HOST = "127.0.0.1"
@@ -167,7 +173,23 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     catalog.add_argument(
         "--refresh", action="store_true", help="learn every service again, ignoring the cache"
     )
-    catalog.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    catalog.add_argument(
+        "--json",
+        action="store_true",
+        help="print the catalog as JSON in the form 'rank --catalog' reads (docs/DISCOVERY.md)",
+    )
+    rank = commands.add_parser(
+        "rank",
+        help="rank a catalog's servers for tasks read from stdin, one per line; writes one "
+        "JSON object per task (offline: no orchestrator, no Docker)",
+    )
+    rank.add_argument("--catalog", required=True, help="a catalog file ('catalog --json')")
+    rank.add_argument(
+        "--top", type=int, default=10, help="how many servers ranked_servers lists (10)"
+    )
+    rank.add_argument(
+        "--budget", type=int, default=None, help="tokens of tool definitions the set may take"
+    )
     return parser
 
 
@@ -184,6 +206,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         return connect_command(args, env)
     if args.command == "catalog":
         return catalog_command(args.catalog_config or args.config, args.refresh, args.json, env)
+    if args.command == "rank":
+        return rank_command(args.catalog, args.top, args.budget)
     settings = ServeSettings(
         config=args.config,
         host=args.host,
@@ -245,17 +269,17 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
 
     catalog, learned = trio.run(learn)
     if as_json:
-        report = {
+        texts = service_texts(catalog, suite_facts(suite))
+        extra = {
             name: {
                 "source": item.source,
                 "error": item.offer.error,
-                "tools": catalog.tools_of([name]),
-                "prompts": catalog.prompts_of([name]),
-                "resources": catalog.resources_of([name]),
+                "prompts": list(item.offer.prompts),
+                "resources": list(item.offer.resources),
             }
             for name, item in learned.items()
         }
-        print(json.dumps({"services": report}, indent=2))
+        print(json.dumps(catalog_json(texts, extra=extra), indent=2))
     else:
         for name, item in learned.items():
             if item.offer.error is not None:
@@ -267,6 +291,36 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
                 f"prompt(s), {len(item.offer.resources)} resource(s): {', '.join(tools)}"
             )
     return EXIT_INVALID if catalog.errors() else EXIT_OK
+
+
+def rank_command(path: str, top: int, budget: int | None) -> int:
+    """``rank``: 0, or 2 when the catalog cannot be read or is not one."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CATALOG_BYTES + 1)
+        if len(data) > MAX_CATALOG_BYTES:
+            raise CatalogFormatError(f"larger than {MAX_CATALOG_BYTES} bytes")
+        services = services_from_json(json.loads(data))
+    except (OSError, ValueError) as exc:
+        print(f"reactor-fabric rank: {path}: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    index = build_index(services, count_tokens=count_definition)
+    for line in sys.stdin:
+        task = line.strip()
+        if not task:
+            continue
+        started = time.perf_counter()
+        ranking = rank_servers(index, task, budget=budget)
+        latency = (time.perf_counter() - started) * 1000.0
+        answer = {
+            "task": task,
+            "recommended_servers": list(ranking.recommended),
+            "ranked_servers": [s.name for s in ranking.ranked[: max(0, top)]],
+            "confidence": ranking.confidence,
+            "latency_ms": round(latency, 4),
+        }
+        print(json.dumps(answer), flush=True)
+    return EXIT_OK
 
 
 def validate_config(path: str) -> int:

@@ -29,7 +29,7 @@ class Calibration:
 
 
 # Until a fitted file exists: a neutral model that only rewards a clear margin.
-UNFITTED = Calibration(bias=-3.0, coefficients=(4.0, 0.0, 1.0, 0.0, 0.0))
+UNFITTED = Calibration(bias=-4.0, coefficients=(0.5, 4.0, 0.0, 1.0, 0.0, 0.0))
 
 
 @functools.cache

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -48,6 +49,7 @@ class ServerRanking:
     reasoning: str
     estimated_tokens: dict[str, int] = field(default_factory=dict)
     left_out: tuple[str, ...] = ()  # chosen, but over the budget
+    features: tuple[float, ...] = ()  # what the confidence was computed from
 
     @property
     def alternatives(self) -> tuple[str, ...]:
@@ -132,11 +134,13 @@ def rank_servers(
     with_required = _with_requirements(index, chosen)
     recommended, left_out = _within_budget(index, with_required, budget)
     calibration = calibration or default_calibration()
-    confidence = calibration.confidence(_features(index, query, scored, order, chosen))
+    features = _features(index, query, scored, order, chosen)
+    confidence = calibration.confidence(features)
     by_name = {s.name: s for s in ranked}
+    ranked_in = {index.services[p].name for p in chosen}
     reasons = []
     for name in recommended:
-        if name in by_name:
+        if name in ranked_in:
             reasons.append(f"{name}: {', '.join(by_name[name].evidence) or 'matched'}")
         else:
             required_by = [
@@ -155,6 +159,7 @@ def rank_servers(
         reasoning="; ".join(reasons),
         estimated_tokens={name: index.tokens_of([name]) for name in recommended},
         left_out=tuple(left_out),
+        features=features,
     )
 
 
@@ -277,6 +282,7 @@ def _features(
     coverage = sum(index.idf[t] for t in known if t in explained) / mass
     last = scored[chosen[-1]].service
     return (
+        math.log1p(first),  # how strong the evidence is at all
         first / (first + runner_up),  # how far the set stands above the rest
         last / (last + runner_up),
         coverage,  # how much of the task's (known) words the set explains

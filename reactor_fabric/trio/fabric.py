@@ -171,16 +171,7 @@ class Fabric:
             log.info("catalog_resource_uris_shared", extra={"shown_as": shared})
 
     def service_facts(self) -> dict[str, ServiceFacts]:
-        return {
-            name: ServiceFacts(
-                description=service.description,
-                categories=tuple(service.categories),
-                keywords=tuple(service.keywords),
-                example_tasks=tuple(service.example_tasks),
-                requires=tuple(service.requires),
-            )
-            for name, service in self.suite.mcp_services.items()
-        }
+        return suite_facts(self.suite)
 
     def discovery_index(self, catalog: Catalog) -> DiscoveryIndex:
         """The ranking index of ``catalog``, built once per catalog and shared by sessions
@@ -338,3 +329,17 @@ class Fabric:
 
     def release_pending(self) -> None:
         self.pending_connections -= 1
+
+
+def suite_facts(suite: Suite) -> dict[str, ServiceFacts]:
+    """What the suite says about each service, as the ranking and meta-tools read it."""
+    return {
+        name: ServiceFacts(
+            description=service.description,
+            categories=tuple(service.categories),
+            keywords=tuple(service.keywords),
+            example_tasks=tuple(service.example_tasks),
+            requires=tuple(service.requires),
+        )
+        for name, service in suite.mcp_services.items()
+    }

@@ -9,7 +9,7 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
-from reactor_fabric.protocol.fabric_discovery import ServiceFacts
+from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
 from reactor_fabric.protocol.fabric_server import (
     ASK_SECONDS,
     MAX_LISTENERS,
@@ -630,3 +630,140 @@ def test_subscriptions_are_bounded_and_one_the_client_cancels_is_forgotten() -> 
     ended = to_client(server.answer_all(ContainerStartFailure("x", reason="orchestrator_stopping")))
     assert "l0" not in [answer["id"] for answer in ended]
     assert len(ended) == MAX_LISTENERS
+
+
+# --- discovery: budgets, tokens, the model assist ------------------------------------------------
+
+ASSIST = AssistSettings(enabled=True, below_confidence=1.01, timeout=20.0, candidates=3)
+
+
+def analyze_result(actions: list[Action]) -> dict[str, Any]:
+    [answer] = to_client(actions)
+    result: dict[str, Any] = answer["result"]["structuredContent"]
+    return result
+
+
+def test_analyze_task_reports_each_recommended_servers_tokens_and_honours_a_budget() -> None:
+    server = session(facts=FACTS)
+    task = "log each commit with the time zone it was made in"
+    full = analyze_result(call(server, 1, "analyze_task", task_description=task))
+    assert set(full["estimated_tokens"]) == set(full["recommended_servers"]) == {"git", "time"}
+    first = full["recommended_servers"][0]
+    budget = full["estimated_tokens"][first]
+    cut = analyze_result(call(server, 2, "analyze_task", task_description=task, budget=budget))
+    assert cut["recommended_servers"] == [first]
+    assert cut["budget"] == budget
+    assert len(cut["left_out_over_budget"]) == 1
+
+
+def test_the_suites_token_budget_applies_unless_the_call_gives_one() -> None:
+    server = session(facts=FACTS, token_budget=1)
+    task = "show the commit history"
+    assert (
+        analyze_result(call(server, 1, "analyze_task", task_description=task))[
+            "recommended_servers"
+        ]
+        == []
+    )
+    wide = analyze_result(call(server, 2, "analyze_task", task_description=task, budget=10**6))
+    assert wide["recommended_servers"] == ["git"]
+
+
+def test_get_status_reports_the_tool_tokens_this_session_is_shown_against_all() -> None:
+    server = session()
+    status = analyze_result(call(server, 1, "get_status"))
+    tokens = status["tool_tokens"]
+    assert tokens["tokenizer"] == "cl100k_base"
+    assert tokens["exposed"] > 0  # the meta-tools
+    assert tokens["saved_ratio"] == round(1 - tokens["exposed"] / tokens["all"], 3)
+    call(server, 2, "activate_servers", servers=["time", "git"])
+    more = analyze_result(call(server, 3, "get_status"))["tool_tokens"]
+    assert more["exposed"] == tokens["exposed"] + tokens["all"]
+    assert more["saved_ratio"] < 0
+
+
+def test_a_backends_new_tools_are_found_by_find_tools_and_analyze_task() -> None:
+    server = session()
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    [refresh] = to_backend(
+        server.backend_message("git", msg(method="notifications/tools/list_changed")), "git"
+    )
+    new_tool = {"name": "git_bisect", "description": "Bisect to find the commit that broke"}
+    server.backend_message("git", msg(id=refresh["id"], result={"tools": [new_tool]}))
+    found = analyze_result(call(server, 2, "find_tools", query="bisect"))["tools"]
+    assert [t["name"] for t in found] == ["git__git_bisect"]
+
+
+def test_a_low_confidence_analysis_asks_the_clients_model_and_takes_its_choice() -> None:
+    server = session(facts=FACTS, assist=ASSIST, client_capabilities={"sampling": {}})
+    [ask] = to_client(call(server, 1, "analyze_task", task_description="show zones and commits"))
+    assert ask["method"] == "sampling/createMessage"
+    prompt = ask["params"]["messages"][0]["content"]["text"]
+    assert "- git:" in prompt
+    assert "- time:" in prompt
+    assert ask["params"]["maxTokens"] > 0
+    reply = {"role": "assistant", "content": {"type": "text", "text": 'Sure: ["time"]'}}
+    result = analyze_result(server.client_message(msg(id=ask["id"], result=reply)))
+    assert result["recommended_servers"] == ["time"]
+    assert result["decided_by"] == "client_model"
+    assert result["reasoning"].startswith("chosen by the client's model")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"error": {"code": -1, "message": "User rejected sampling request"}},
+        {"result": {"role": "assistant", "content": {"type": "text", "text": '["nope"]'}}},
+        {"result": {"role": "assistant", "content": {"type": "image", "data": "x"}}},
+        {"result": "garbage"},
+    ],
+)
+def test_a_refused_or_useless_model_answer_leaves_the_rankings_own(answer: dict[str, Any]) -> None:
+    server = session(facts=FACTS, assist=ASSIST, client_capabilities={"sampling": {}})
+    task = "show zones and commits"
+    [ask] = to_client(call(server, 1, "analyze_task", task_description=task))
+    result = analyze_result(server.client_message(msg(id=ask["id"], **answer)))
+    assert result["decided_by"].startswith("ranking (the client's model")
+    assert set(result["recommended_servers"]) <= {"git", "time"}
+    assert result["recommended_servers"]
+
+
+def test_a_model_that_does_not_answer_in_time_leaves_the_rankings_answer() -> None:
+    server, clock = timed_session(facts=FACTS, assist=ASSIST, client_capabilities={"sampling": {}})
+    [ask] = to_client(call(server, 1, "analyze_task", task_description="show zones and commits"))
+    assert due(server) == clock.now + ASSIST.timeout
+    clock.now += ASSIST.timeout
+    cancelled, answer = to_client(server.tick())
+    assert cancelled["method"] == "notifications/cancelled"
+    assert cancelled["params"]["requestId"] == ask["id"]
+    assert answer["id"] == 1
+    assert "did not answer in time" in answer["result"]["structuredContent"]["decided_by"]
+    assert to_client(server.client_message(msg(id=ask["id"], result={}))) == []  # too late
+
+
+def test_the_model_is_not_asked_without_sampling_without_opting_in_or_when_sure() -> None:
+    task = "show zones and commits"
+    for options in (
+        {"assist": ASSIST},  # the client did not declare sampling
+        {"client_capabilities": {"sampling": {}}},  # the suite did not opt in
+        {
+            "assist": AssistSettings(enabled=True, below_confidence=0.0),
+            "client_capabilities": {"sampling": {}},
+        },
+    ):
+        server = session(facts=FACTS, **options)
+        assert (
+            analyze_result(call(server, 1, "analyze_task", task_description=task))["decided_by"]
+            == "ranking"
+        )
+
+
+def test_the_session_ending_answers_an_analysis_waiting_for_the_model() -> None:
+    server = session(facts=FACTS, assist=ASSIST, client_capabilities={"sampling": {}})
+    to_client(call(server, 7, "analyze_task", task_description="show zones and commits"))
+    [answer] = to_client(
+        server.answer_all(ContainerStartFailure("stopping", reason="orchestrator_stopping"))
+    )
+    assert answer["id"] == 7
+    assert answer["result"]["structuredContent"]["recommended_servers"]

@@ -1,0 +1,261 @@
+"""The discovery engine: terms, ranking, sets, requirements, budgets, tools, confidence."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from reactor_fabric.discovery import ServiceText, build_index, find_tools, rank_servers, terms
+from reactor_fabric.discovery.calibration import Calibration
+from reactor_fabric.discovery.catalog_file import (
+    CatalogFormatError,
+    catalog_json,
+    services_from_json,
+)
+from reactor_fabric.discovery.ranking import with_choice
+from reactor_fabric.discovery.tokens import count_definition, definition_text, estimate, load
+
+
+def tool(name: str, description: str = "", *arguments: str) -> dict[str, Any]:
+    properties = {argument: {"type": "string"} for argument in arguments}
+    return {
+        "name": name,
+        "description": description,
+        "inputSchema": {"type": "object", "properties": properties},
+    }
+
+
+def size(definition: dict[str, Any]) -> int:
+    return estimate(definition_text(definition))
+
+
+GIT = ServiceText(
+    "git",
+    description="Read and change a Git repository",
+    tools=(
+        tool("git_log", "Show the commit history", "repo_path", "max_count"),
+        tool("git_create_branch", "Create a new branch", "repo_path", "branch_name"),
+        tool("git_diff", "Show changes between commits", "repo_path", "target"),
+    ),
+)
+TIME = ServiceText(
+    "time",
+    description="Time and time zone conversion",
+    tools=(
+        tool("get_current_time", "Current time in a time zone", "timezone"),
+        tool("convert_time", "Convert a time between time zones", "source_timezone", "time"),
+    ),
+)
+SENTRY = ServiceText(
+    "sentry",
+    description="",  # says nothing about itself: its tools carry it
+    tools=(
+        tool("list_issues", "List error events and crash reports of a project", "project"),
+        tool("get_stack_trace", "The stack trace of an exception event", "event_id"),
+    ),
+)
+TRACKER = ServiceText(
+    "tracker",
+    description="Issue tracker for teams",
+    requires=("git",),
+    tools=(tool("create_ticket", "Create a ticket in the issue tracker", "title", "body"),),
+)
+SUITE = [GIT, TIME, SENTRY, TRACKER]
+
+
+def index_of(services: list[ServiceText] = SUITE, **weights: Any) -> Any:
+    return build_index(services, count_tokens=size)
+
+
+# --- terms --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("git_create_branch", ["git", "creat", "branch"]),
+        ("createPullRequest", ["createpullrequest", "creat", "pull", "request"]),
+        ("getHTTPResponse", ["gethttprespons", "get", "http", "respons"]),
+        ("brave-search", ["brave", "search"]),
+        ("Can you please list the files?", ["list", "file"]),
+        ("open PRs in my repo", ["open", "pull", "request", "repositori"]),
+        ("k8s pods", ["kubernet", "pod"]),
+        ("commits committed committing", ["commit", "commit", "commit"]),
+    ],
+)
+def test_terms_split_identifiers_drop_stop_words_expand_abbreviations_and_stem(
+    text: str, expected: list[str]
+) -> None:
+    assert terms(text) == expected
+
+
+def test_terms_of_a_huge_identifier_are_dropped_not_indexed() -> None:
+    assert terms("a" * 500 + " branch") == ["branch"]
+
+
+# --- ranking ------------------------------------------------------------------------------------
+
+
+def test_a_task_naming_a_service_ranks_it_first() -> None:
+    ranking = rank_servers(index_of(), "ask sentry what broke")
+    assert ranking.ranked[0].name == "sentry"
+    assert ranking.recommended[0] == "sentry"
+
+
+def test_a_service_with_no_description_is_found_by_its_tools() -> None:
+    ranking = rank_servers(index_of(), "show me the stack trace of that crash")
+    assert ranking.recommended == ("sentry",)
+    assert ranking.ranked[0].best_tool == "get_stack_trace"
+
+
+def test_a_task_spanning_two_domains_recommends_both_services() -> None:
+    ranking = rank_servers(index_of(), "what time is it in Tokyo, and show the git commit history")
+    assert set(ranking.recommended) == {"time", "git"}
+
+
+def test_a_single_domain_task_recommends_one_service() -> None:
+    ranking = rank_servers(index_of(), "convert 9am Paris time to the New York time zone")
+    assert ranking.recommended == ("time",)
+    assert "time" not in ranking.alternatives
+
+
+def test_a_task_matching_nothing_recommends_nothing_with_zero_confidence() -> None:
+    ranking = rank_servers(index_of(), "bake a sourdough loaf")
+    assert ranking.recommended == ()
+    assert ranking.confidence == 0.0
+    assert "no server" in ranking.reasoning
+
+
+def test_the_reasoning_names_the_matched_words_and_where_they_were_found() -> None:
+    ranking = rank_servers(index_of(), "show the git diff")
+    assert ranking.reasoning.startswith("git: ")
+    assert "git (name)" in ranking.reasoning
+
+
+def test_a_service_brings_the_services_it_requires() -> None:
+    ranking = rank_servers(index_of(), "create a ticket in the issue tracker")
+    assert ranking.recommended == ("tracker", "git")
+    assert "git: required by tracker" in ranking.reasoning
+
+
+def test_requirements_that_form_a_cycle_end() -> None:
+    a = ServiceText("alpha", description="alpha things", requires=("beta",))
+    b = ServiceText("beta", description="beta things", requires=("alpha",))
+    ranking = rank_servers(index_of([a, b]), "alpha things")
+    assert ranking.recommended == ("alpha", "beta")
+
+
+def test_a_budget_leaves_out_a_service_whose_tools_do_not_fit_and_says_so() -> None:
+    index = index_of()
+    both = "what time is it in Tokyo, and show the git commit history"
+    full = rank_servers(index, both)
+    first = full.recommended[0]
+    budget = index.tokens_of([first])
+    ranking = rank_servers(index, both, budget=budget)
+    assert ranking.recommended == (first,)
+    assert len(ranking.left_out) == 1
+    assert "over the budget" in ranking.reasoning
+    assert sum(ranking.estimated_tokens.values()) <= budget
+
+
+def test_a_budget_too_small_for_any_service_recommends_none() -> None:
+    ranking = rank_servers(index_of(), "show the git log", budget=1)
+    assert ranking.recommended == ()
+    assert ranking.left_out == ("git",)
+
+
+def test_estimated_tokens_are_the_services_tool_definitions() -> None:
+    ranking = rank_servers(index_of(), "show the git log")
+    assert ranking.estimated_tokens == {"git": sum(size(t) for t in GIT.tools)}
+
+
+def test_another_judges_choice_keeps_requirements_and_the_budget() -> None:
+    index = index_of()
+    ranking = rank_servers(index, "create a ticket")
+    chosen = with_choice(index, ranking, ["tracker"], budget=None, why="the model chose")
+    assert chosen.recommended == ("tracker", "git")
+    assert chosen.reasoning.startswith("the model chose")
+
+
+def test_confidence_is_higher_for_a_clear_task_than_for_a_vague_one() -> None:
+    index = index_of()
+    clear = rank_servers(index, "convert time between time zones").confidence
+    vague = rank_servers(index, "show the project").confidence
+    assert 0.0 <= vague < clear <= 1.0
+
+
+def test_confidence_comes_from_the_calibration_given() -> None:
+    always = Calibration(bias=30.0, coefficients=())
+    assert rank_servers(index_of(), "git log", calibration=always).confidence == 1.0
+
+
+# --- tools --------------------------------------------------------------------------------------
+
+
+def test_find_tools_ranks_the_tool_doing_the_job_first() -> None:
+    hits = find_tools(index_of(), "make a new branch")
+    assert (hits[0].service, hits[0].tool.name) == ("git", "git_create_branch")
+
+
+def test_find_tools_matches_argument_names() -> None:
+    hits = find_tools(index_of(), "event_id")
+    assert hits[0].tool.name == "get_stack_trace"
+
+
+def test_find_tools_honours_the_limit_and_a_service_filter() -> None:
+    index = index_of()
+    assert len(find_tools(index, "time", limit=1)) == 1
+    assert {h.service for h in find_tools(index, "show", services=["git"])} == {"git"}
+
+
+def test_an_empty_catalog_ranks_nothing() -> None:
+    index = index_of([])
+    assert rank_servers(index, "anything").recommended == ()
+    assert find_tools(index, "anything") == []
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+
+def test_the_real_tokenizer_loads_offline_and_counts_a_definition() -> None:
+    method, count = load()
+    assert method == "cl100k_base"  # the encoding file ships in a package: no download
+    assert count("Create a pull request in a GitHub repository") == 8
+    definition = tool("git_log", "Show the commit history", "repo_path")
+    assert 10 < count_definition(definition) < estimate(definition_text(definition)) * 2
+
+
+def test_only_what_a_client_sees_of_a_definition_is_counted() -> None:
+    definition = {**tool("a", "b"), "_meta": {"x": "y" * 1000}, "execution": {"taskSupport": "x"}}
+    assert "_meta" not in definition_text(definition)
+
+
+# --- the catalog file ---------------------------------------------------------------------------
+
+
+def test_a_catalog_file_round_trips() -> None:
+    data = json.loads(json.dumps(catalog_json(SUITE)))
+    assert services_from_json(data) == SUITE
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [],
+        {"services": []},
+        {"services": {"x": []}},
+        {"services": {"x": {"tools": {}}}},
+        {"services": {"x": {"description": 3}}},
+        {"services": {"x": {"keywords": "git"}}},
+    ],
+)
+def test_a_malformed_catalog_file_is_refused_with_where(data: object) -> None:
+    with pytest.raises(CatalogFormatError):
+        services_from_json(data)
+
+
+def test_optional_fields_of_a_catalog_file_may_be_absent_or_null() -> None:
+    services = services_from_json({"services": {"x": {"description": None, "tools": [tool("t")]}}})
+    assert services == [ServiceText("x", tools=(tool("t"),))]
