@@ -744,14 +744,15 @@ def test_a_model_that_does_not_answer_in_time_leaves_the_rankings_answer() -> No
 
 def test_the_model_is_not_asked_without_sampling_without_opting_in_or_when_sure() -> None:
     task = "show zones and commits"
-    for options in (
+    choices: list[dict[str, Any]] = [
         {"assist": ASSIST},  # the client did not declare sampling
         {"client_capabilities": {"sampling": {}}},  # the suite did not opt in
         {
             "assist": AssistSettings(enabled=True, below_confidence=0.0),
             "client_capabilities": {"sampling": {}},
         },
-    ):
+    ]
+    for options in choices:
         server = session(facts=FACTS, **options)
         assert (
             analyze_result(call(server, 1, "analyze_task", task_description=task))["decided_by"]
