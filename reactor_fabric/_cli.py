@@ -310,7 +310,7 @@ def rank_command(path: str, top: int, budget: int | None) -> int:
         if not task:
             continue
         started = time.perf_counter()
-        ranking = rank_servers(index, task, budget=budget)
+        ranking = rank_servers(index, task, budget=budget, top=top)
         latency = (time.perf_counter() - started) * 1000.0
         answer = {
             "task": task,

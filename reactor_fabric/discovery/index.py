@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from .text import terms
 
 Json = dict[str, Any]
@@ -74,17 +77,31 @@ class ToolRef:
     tokens: int
 
 
+Vector = tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]  # (positions, scores)
+
+
 @dataclass
 class DiscoveryIndex:
     """Postings of a catalog's terms, for :func:`.ranking.rank_servers` and
-    :func:`.ranking.find_tools`."""
+    :func:`.ranking.find_tools`.
+
+    Tools live in *slots*, each service's contiguous (a service without tools has one empty
+    slot), so that a service's best tool is one ``maximum.reduceat`` over the slots' scores.
+    Each term's postings are kept twice: as arrays, to add a term's scores to every service
+    or slot at once, and as dictionaries, to read one service's evidence for the reasoning.
+    """
 
     services: tuple[ServiceText, ...]
     tools: tuple[ToolRef, ...]
     weights: Weights
     idf: Mapping[str, float]  # over services
-    service_postings: Mapping[str, tuple[tuple[int, float], ...]]
-    tool_postings: Mapping[str, tuple[tuple[int, float], ...]]
+    service_postings: Mapping[str, Mapping[int, float]]  # term → {service: score}
+    tool_postings: Mapping[str, Mapping[int, float]]  # term → {slot: score}
+    service_vectors: Mapping[str, Vector]
+    tool_vectors: Mapping[str, Vector]
+    slot_starts: npt.NDArray[np.intp]  # each service's first slot
+    slot_tools: npt.NDArray[np.intp]  # each slot's tool (-1: a service's empty slot)
+    slot_services: npt.NDArray[np.intp]  # each slot's service
     # Which of a service's fields hold a term (for the reasoning): term → {service: field}
     fields: Mapping[str, Mapping[int, str]]
     service_tokens: tuple[int, ...]  # tool-definition tokens of each service's tools
@@ -92,6 +109,10 @@ class DiscoveryIndex:
 
     def __post_init__(self) -> None:
         self.positions = {text.name: i for i, text in enumerate(self.services)}
+
+    @property
+    def slot_count(self) -> int:
+        return len(self.slot_tools)
 
     @property
     def all_tokens(self) -> int:
@@ -142,7 +163,27 @@ def build_index(
             }
         )
     service_postings, idf = _bm25f(service_fields, weights)
-    tool_postings, _ = _bm25f(tool_fields, weights)
+    by_tool, _ = _bm25f(tool_fields, weights)
+    # Slots: each service's tools in a row; one empty slot for a service without tools.
+    slot_tools: list[int] = []
+    slot_services: list[int] = []
+    slot_starts: list[int] = []
+    slot_of_tool: dict[int, int] = {}
+    tool_ids = iter(range(len(tools)))
+    for position, service in enumerate(services):
+        slot_starts.append(len(slot_tools))
+        for _ in service.tools:
+            tool_id = next(tool_ids)
+            slot_of_tool[tool_id] = len(slot_tools)
+            slot_tools.append(tool_id)
+            slot_services.append(position)
+        if not service.tools:
+            slot_tools.append(-1)
+            slot_services.append(position)
+    tool_postings = {
+        term: {slot_of_tool[tool]: value for tool, value in hits.items()}
+        for term, hits in by_tool.items()
+    }
     where: dict[str, dict[int, str]] = {}
     for position, fields in enumerate(service_fields):
         for name in ("tool_text", "about", "name"):  # the last one written wins: the strongest
@@ -158,14 +199,29 @@ def build_index(
         idf=idf,
         service_postings=service_postings,
         tool_postings=tool_postings,
+        service_vectors=_vectors(service_postings),
+        tool_vectors=_vectors(tool_postings),
+        slot_starts=np.array(slot_starts, dtype=np.intp),
+        slot_tools=np.array(slot_tools, dtype=np.intp),
+        slot_services=np.array(slot_services, dtype=np.intp),
         fields=where,
         service_tokens=tuple(service_tokens),
     )
 
 
+def _vectors(postings: Mapping[str, Mapping[int, float]]) -> dict[str, Vector]:
+    return {
+        term: (
+            np.fromiter(hits.keys(), dtype=np.intp, count=len(hits)),
+            np.fromiter(hits.values(), dtype=np.float64, count=len(hits)),
+        )
+        for term, hits in postings.items()
+    }
+
+
 def _bm25f(
     documents: Sequence[Mapping[str, Counter[str]]], weights: Weights
-) -> tuple[dict[str, tuple[tuple[int, float], ...]], dict[str, float]]:
+) -> tuple[dict[str, dict[int, float]], dict[str, float]]:
     """Per-term postings of BM25F scores over ``documents`` (each a set of named fields)."""
     count = len(documents)
     if not count:
@@ -179,7 +235,7 @@ def _bm25f(
     for document in documents:
         frequency.update({term for counts in document.values() for term in counts})
     idf = {term: math.log(1.0 + (count - df + 0.5) / (df + 0.5)) for term, df in frequency.items()}
-    postings: dict[str, list[tuple[int, float]]] = {}
+    postings: dict[str, dict[int, float]] = {}
     k1, b = weights.k1, weights.b
     for position, document in enumerate(documents):
         pseudo: dict[str, float] = {}
@@ -190,8 +246,8 @@ def _bm25f(
                 pseudo[term] = pseudo.get(term, 0.0) + weight * tf / norm
         for term, weighted in pseudo.items():
             score = idf[term] * weighted / (k1 + weighted)
-            postings.setdefault(term, []).append((position, score))
-    return {term: tuple(hits) for term, hits in postings.items()}, idf
+            postings.setdefault(term, {})[position] = score
+    return postings, idf
 
 
 def _arguments(tool: Json) -> list[str]:

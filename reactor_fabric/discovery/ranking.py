@@ -22,12 +22,16 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .calibration import Calibration, default_calibration
 from .index import DiscoveryIndex, ToolRef
 from .text import terms
 
 MAX_SET = 3
 MAX_EVIDENCE = 4  # terms named in the reasoning per service
+CANDIDATES = 12  # the set is chosen among the first ones
+MAX_RANKED = 20  # how many matching services a ranking lists by default
 SERVICE_SHARE_IN_TOOLS = 0.3  # find_tools: how much a tool's service's score adds
 
 
@@ -64,42 +68,63 @@ class ToolHit:
     score: float
 
 
-@dataclass
-class _Scored:
-    service: float = 0.0
-    per_term: dict[str, float] = field(default_factory=dict)
+class _Scores:
+    """One query's scores: every service's and every tool slot's, with each candidate's
+    per-term evidence read on demand (only the few services the set is chosen among)."""
 
+    def __init__(self, index: DiscoveryIndex, query: list[str]) -> None:
+        self.index = index
+        self.query = query
+        services = np.zeros(len(index.services))
+        slots = np.zeros(index.slot_count)
+        for term in query:
+            hit = index.service_vectors.get(term)
+            if hit is not None:
+                services[hit[0]] += hit[1]
+            hit = index.tool_vectors.get(term)
+            if hit is not None:
+                slots[hit[0]] += hit[1]
+        self.slots = slots
+        self.best = (
+            np.maximum.reduceat(slots, index.slot_starts) if len(index.services) else services
+        )
+        self.total = services + index.weights.best_tool * self.best
+        matching = np.flatnonzero(self.total > 0.0)
+        # Best first; ties in the suite's order (lexsort's last key is the primary one).
+        self.order: list[int] = matching[np.lexsort((matching, -self.total[matching]))].tolist()
+        self._per_term: dict[int, dict[str, float]] = {}
 
-def _score(
-    index: DiscoveryIndex, query: list[str]
-) -> tuple[list[_Scored], list[float], list[dict[str, float]]]:
-    """Per service: its BM25F score and per-term evidence; per tool: its score and terms."""
-    services = [_Scored() for _ in index.services]
-    tool_scores: dict[int, float] = {}
-    tool_terms: dict[int, dict[str, float]] = {}
-    for term in query:
-        for position, value in index.service_postings.get(term, ()):
-            scored = services[position]
-            scored.service += value
-            scored.per_term[term] = scored.per_term.get(term, 0.0) + value
-        for tool, value in index.tool_postings.get(term, ()):
-            tool_scores[tool] = tool_scores.get(tool, 0.0) + value
-            tool_terms.setdefault(tool, {})[term] = value
-    best = [0.0] * len(index.services)
-    best_terms: list[dict[str, float]] = [{} for _ in index.services]
-    best_tool: list[int | None] = [None] * len(index.services)
-    for tool, value in tool_scores.items():
-        position = index.tools[tool].service
-        if value > best[position]:
-            best[position] = value
-            best_terms[position] = tool_terms[tool]
-            best_tool[position] = tool
-    weight = index.weights.best_tool
-    for position, scored in enumerate(services):
-        for term, value in best_terms[position].items():
-            scored.per_term[term] = scored.per_term.get(term, 0.0) + weight * value
-        scored.service += weight * best[position]
-    return services, [float(t) if t is not None else -1.0 for t in best_tool], best_terms
+    def score(self, position: int) -> float:
+        return float(self.total[position])
+
+    def best_slot(self, position: int) -> int | None:
+        if self.best[position] <= 0.0:
+            return None
+        start = int(self.index.slot_starts[position])
+        end = start + max(1, len(self.index.services[position].tools))
+        return start + int(np.argmax(self.slots[start:end]))
+
+    def best_tool(self, position: int) -> str | None:
+        slot = self.best_slot(position)
+        return None if slot is None else self.index.tools[int(self.index.slot_tools[slot])].name
+
+    def per_term(self, position: int) -> dict[str, float]:
+        """How much each term of the query gave the service (its own text and best tool's)."""
+        cached = self._per_term.get(position)
+        if cached is not None:
+            return cached
+        index = self.index
+        slot = self.best_slot(position)
+        weight = index.weights.best_tool
+        found: dict[str, float] = {}
+        for term in self.query:
+            value = index.service_postings.get(term, {}).get(position, 0.0)
+            if slot is not None:
+                value += weight * index.tool_postings.get(term, {}).get(slot, 0.0)
+            if value > 0.0:
+                found[term] = value
+        self._per_term[position] = found
+        return found
 
 
 def rank_servers(
@@ -108,33 +133,34 @@ def rank_servers(
     *,
     budget: int | None = None,
     calibration: Calibration | None = None,
+    top: int = MAX_RANKED,
 ) -> ServerRanking:
-    """The services ``task`` needs (see the module), every matching one ranked."""
+    """The services ``task`` needs (see the module), and the ``top`` matching ones ranked."""
     query = list(dict.fromkeys(terms(task)))
-    scored, best_tool, _ = _score(index, query)
-    order = sorted(
-        (p for p, s in enumerate(scored) if s.service > 0.0),
-        key=lambda p: (-scored[p].service, p),
-    )
+    scored = _Scores(index, query)
+    order = scored.order
+    totals = scored.total.tolist()
     ranked = tuple(
         ServerScore(
             name=index.services[p].name,
-            score=round(scored[p].service, 4),
-            evidence=_evidence(index, p, scored[p].per_term),
-            best_tool=index.tools[int(best_tool[p])].name if best_tool[p] >= 0 else None,
+            score=round(totals[p], 4),
+            # The evidence of the first few only: nobody reads the twentieth's.
+            evidence=_evidence(index, p, scored.per_term(p)) if rank < CANDIDATES else (),
+            best_tool=scored.best_tool(p) if rank < CANDIDATES else None,
             tokens=index.service_tokens[p],
         )
-        for p in order
+        # Never fewer than the candidates: the chosen set is among them.
+        for rank, p in enumerate(order[: max(top, CANDIDATES)])
     )
     if not order:
         return ServerRanking(
             task, (), (), 0.0, "no server's name, description or tools match the task"
         )
-    chosen = _choose(index, query, scored, order)
+    chosen = _choose(index, scored)
     with_required = _with_requirements(index, chosen)
     recommended, left_out = _within_budget(index, with_required, budget)
     calibration = calibration or default_calibration()
-    features = _features(index, query, scored, order, chosen)
+    features = _features(index, scored, chosen)
     confidence = calibration.confidence(features)
     by_name = {s.name: s for s in ranked}
     ranked_in = {index.services[p].name for p in chosen}
@@ -179,27 +205,26 @@ def with_choice(
     )
 
 
-def _choose(
-    index: DiscoveryIndex, query: list[str], scored: list[_Scored], order: list[int]
-) -> list[int]:
+def _choose(index: DiscoveryIndex, scored: _Scores) -> list[int]:
     weights = index.weights
-    first = order[0]
+    candidates = scored.order[:CANDIDATES]
+    first = candidates[0]
     chosen = [first]
-    covered = dict(scored[first].per_term)
-    top = scored[first].service
-    # The strongest evidence any service has for each term.
+    covered = dict(scored.per_term(first))
+    top = scored.score(first)
+    # The strongest evidence any candidate has for each term.
     strongest: dict[str, float] = {}
-    for position in order:
-        for term, value in scored[position].per_term.items():
+    for position in candidates:
+        for term, value in scored.per_term(position).items():
             strongest[term] = max(strongest.get(term, 0.0), value)
     while len(chosen) < MAX_SET:
         best_gain, best_position = 0.0, None
-        for position in order:
+        for position in candidates:
             if position in chosen:
                 continue
             gain = 0.0
             leads = False
-            for term, value in scored[position].per_term.items():
+            for term, value in scored.per_term(position).items():
                 extra = value - covered.get(term, 0.0)
                 if extra > 0.0:
                     gain += extra
@@ -213,7 +238,7 @@ def _choose(
         if best_position is None or best_gain < weights.join_share * top:
             break
         chosen.append(best_position)
-        for term, value in scored[best_position].per_term.items():
+        for term, value in scored.per_term(best_position).items():
             covered[term] = max(covered.get(term, 0.0), value)
     return chosen
 
@@ -265,22 +290,18 @@ def _requirements(index: DiscoveryIndex, name: str) -> list[str]:
     return found
 
 
-def _features(
-    index: DiscoveryIndex,
-    query: list[str],
-    scored: list[_Scored],
-    order: list[int],
-    chosen: list[int],
-) -> tuple[float, ...]:
+def _features(index: DiscoveryIndex, scored: _Scores, chosen: list[int]) -> tuple[float, ...]:
     """What the confidence is computed from (see :mod:`.calibration`)."""
-    first = scored[order[0]].service
-    unchosen = [scored[p].service for p in order if p not in chosen]
+    order = scored.order
+    first = scored.score(order[0])
+    unchosen = [scored.score(p) for p in order[: CANDIDATES + MAX_SET] if p not in chosen]
     runner_up = unchosen[0] if unchosen else 0.0
+    query = scored.query
     known = [t for t in query if t in index.idf]
     mass = sum(index.idf[t] for t in known) or 1.0
-    explained = {t for p in chosen for t in scored[p].per_term}
+    explained = {t for p in chosen for t in scored.per_term(p)}
     coverage = sum(index.idf[t] for t in known if t in explained) / mass
-    last = scored[chosen[-1]].service
+    last = scored.score(chosen[-1])
     return (
         math.log1p(first),  # how strong the evidence is at all
         first / (first + runner_up),  # how far the set stands above the rest
@@ -312,20 +333,18 @@ def find_tools(
     wanted = (
         None if services is None else {index.positions[s] for s in services if s in index.positions}
     )
-    words = list(dict.fromkeys(terms(query)))
-    scored, _, _ = _score(index, words)
-    tool_scores: dict[int, float] = {}
-    for term in words:
-        for tool, value in index.tool_postings.get(term, ()):
-            tool_scores[tool] = tool_scores.get(tool, 0.0) + value
-    hits = []
-    for tool, value in tool_scores.items():
-        ref = index.tools[tool]
-        if wanted is not None and ref.service not in wanted:
-            continue
-        score = value + SERVICE_SHARE_IN_TOOLS * scored[ref.service].service
-        hits.append((-score, tool, ref))
-    hits.sort(key=lambda item: item[:2])
+    scored = _Scores(index, list(dict.fromkeys(terms(query))))
+    combined = scored.slots + SERVICE_SHARE_IN_TOOLS * scored.total[index.slot_services]
+    usable = (scored.slots > 0.0) & (index.slot_tools >= 0)
+    if wanted is not None:
+        usable &= np.isin(index.slot_services, list(wanted))
+    slots = np.flatnonzero(usable)
+    best = slots[np.lexsort((slots, -combined[slots]))][: max(0, limit)]
     return [
-        ToolHit(ref, index.services[ref.service].name, round(-s, 4)) for s, _, ref in hits[:limit]
+        ToolHit(
+            index.tools[int(index.slot_tools[slot])],
+            index.services[int(index.slot_services[slot])].name,
+            round(float(combined[slot]), 4),
+        )
+        for slot in best
     ]

@@ -24,13 +24,13 @@ Commands on stdin (JSON lines), each answered by one JSON line on stdout:
     {"op": "roots_requests"}                  -> {"ok": true, "count": n}
     {"op": "list_prompts"} / {"op": "get_prompt", "name", "arguments"}
     {"op": "list_resources"} / {"op": "read_resource", "uri"}
-    {"op": "heard"}   -> {"ok": true, "sampling": n, "notifications": [methods]}
+    {"op": "heard"}   -> {"ok": true, "sampling": n, "prompts": [texts], "notifications": [...]}
     {"op": "start", "tag": T, <a call>}       -> {"ok": true, "started": T} (the call runs on)
     {"op": "result", "tag": T}                -> what the started call answered, as "call" does
     {"op": "exit"}
 
 With ``--sampling`` the client declares sampling and answers each request with the text
-"sampled by the test client".
+"sampled by the test client" (``--sampling-reply TEXT``: with TEXT instead, as a model would).
 
 A JSON-RPC error becomes ``{"ok": false, "error": {"code", "message", "data"}}``; anything
 else the SDK raises becomes ``{"ok": false, "exception": TYPE, "message": TEXT}`` (what the
@@ -81,6 +81,7 @@ async def main() -> None:
     parser.add_argument("--register", help="JSON list of mounts for fabric/registerClient")
     parser.add_argument("--roots", nargs="*", default=None, help="root URIs to offer the server")
     parser.add_argument("--sampling", action="store_true", help="declare and answer sampling")
+    parser.add_argument("--sampling-reply", default="sampled by the test client")
     args = parser.parse_args()
 
     roots_requests = 0
@@ -91,7 +92,7 @@ async def main() -> None:
         return types.ListRootsResult(roots=[types.Root(uri=uri) for uri in args.roots or []])
 
     try:
-        await session_loop(args, list_roots, lambda: roots_requests, Heard())
+        await session_loop(args, list_roots, lambda: roots_requests, Heard(args.sampling_reply))
     except BaseException as exc:
         emit(described(exc))
 
@@ -121,17 +122,22 @@ def transport(url: str) -> Any:
 class Heard:
     """What the server sent the client on its own: sampling requests and notifications."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply: str) -> None:
         self.sampling = 0
+        self.reply = reply
+        self.prompts: list[str] = []
         self.notifications: list[str] = []
 
     async def sample(
         self, context: Any, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult:
         self.sampling += 1
+        self.prompts += [
+            m.content.text for m in params.messages if isinstance(m.content, types.TextContent)
+        ]
         return types.CreateMessageResult(
             role="assistant",
-            content=types.TextContent(type="text", text="sampled by the test client"),
+            content=types.TextContent(type="text", text=self.reply),
             model="test-model",
         )
 
@@ -177,6 +183,7 @@ async def session_loop(args: Any, list_roots: Any, roots: Any, heard: Heard) -> 
                         {
                             "ok": True,
                             "sampling": heard.sampling,
+                            "prompts": heard.prompts,
                             "notifications": heard.notifications,
                         }
                     )

@@ -62,6 +62,8 @@ def fabric(home: Path) -> Iterator[Orchestrator]:
         home / "suite.yaml",
         [str(home / "projects")],
         timeouts={"time": "3s", "everything": "5m", "git": "5m"},
+        # analyze_task asks a client that offers sampling whenever it is below certainty.
+        fabric={"model_assist": {"enabled": True, "below_confidence": 1, "timeout": "30s"}},
     )
     with orchestrator(suite, home / "orchestrator.log") as running:
         yield running
@@ -448,3 +450,71 @@ def test_an_unknown_profile_or_exposure_is_the_error_the_clients_show(
             assert query.split("=")[1] in refused["error"]["data"]["detail"], refused
         finally:
             client.close()
+
+
+def test_analyze_task_find_tools_and_get_status_answer_from_the_ranking_engine(
+    fabric: Orchestrator,
+) -> None:
+    client = sdk2(f"{fabric.http_url}/mcp")
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        analysed = client.ask(
+            {
+                "op": "call",
+                "name": "analyze_task",
+                "arguments": {"task_description": "show me the last commits of my repository"},
+            }
+        )
+        assert analysed["ok"], analysed
+        result = analysed["structured"]
+        assert result["recommended_servers"] == ["git"]
+        assert result["decided_by"] == "ranking"  # this client offers no sampling
+        assert result["estimated_tokens"]["git"] > 100
+        assert result["reasoning"].startswith("git: commit (description)")
+        assert 0.0 < result["confidence"] <= 1.0
+        assert "git" not in result["alternative_servers"]
+        found = client.ask(
+            {
+                "op": "call",
+                "name": "find_tools",
+                "arguments": {"query": "current time in a timezone", "limit": 3},
+            }
+        )
+        assert found["structured"]["tools"][0]["name"] == "time__get_current_time"
+        assert len(found["structured"]["tools"]) <= 3
+        tokens = client.ask({"op": "call", "name": "get_status", "arguments": {}})["structured"][
+            "tool_tokens"
+        ]
+        assert tokens["tokenizer"] == "cl100k_base"
+        assert 0 < tokens["exposed"] < tokens["all"]
+        assert tokens["saved_ratio"] > 0.5
+    finally:
+        client.close()
+
+
+def test_an_unsure_analysis_asks_the_clients_own_model_and_takes_its_choice(
+    fabric: Orchestrator,
+) -> None:
+    # The SDK 1.x client's sampling callback plays the model: it answers with a server name.
+    client = python_client(
+        f"{fabric.ws_url}/mcp", "--sampling", "--sampling-reply", 'I would use ["time"].'
+    )
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        task = "what changed in my repository since this morning, in my time zone"
+        analysed = client.ask(
+            {"op": "call", "name": "analyze_task", "arguments": {"task_description": task}}
+        )
+        assert analysed["ok"], analysed
+        result = analysed["structured"]
+        assert result["decided_by"] == "client_model"
+        assert result["recommended_servers"] == ["time"]
+        assert result["reasoning"].startswith("chosen by the client's model among")
+        heard = client.ask({"op": "heard"})
+        assert heard["sampling"] == 1
+        [prompt] = heard["prompts"]
+        assert task in prompt
+        assert "- git:" in prompt
+        assert "- time:" in prompt
+    finally:
+        client.close()

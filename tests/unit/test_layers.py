@@ -37,7 +37,7 @@ ALLOWED = {
         "reactor_fabric.discovery",
     ),
     # The ranking engine: pure computation over a catalog (its stemmer and tokenizer included).
-    "discovery": ("snowballstemmer", "tiktoken", "reactor_fabric.discovery"),
+    "discovery": ("numpy", "snowballstemmer", "tiktoken", "reactor_fabric.discovery"),
 }
 IO_MODULES = ("trio", "socket", "threading", "asyncio", "subprocess", "docker", "selectors")
 
