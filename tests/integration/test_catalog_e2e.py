@@ -39,6 +39,19 @@ def catalog(suite: Path, cache: Path, *extra: str) -> tuple[int, dict[str, Any]]
     return done.returncode, json.loads(done.stdout)["services"]
 
 
+def rank(catalog_file: Path, *tasks: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "reactor_fabric", "rank", "--catalog", str(catalog_file)],
+        input="\n".join(tasks) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
     tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
@@ -58,12 +71,15 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
         "everything": "probe",
         "absent": "error",
     }
+    # The documented catalog form: each service's own tool names, the suite's words about it.
     names = {name: [t["name"] for t in s["tools"]] for name, s in services.items()}
-    assert names["time"] == ["time__get_current_time", "time__convert_time"]
-    assert "git__git_log" in names["git"]
-    assert "filesystem__read_text_file" in names["filesystem"]
-    assert "everything__echo" in names["everything"]
-    assert all(t["description"].startswith("[git]") for t in services["git"]["tools"])
+    assert names["time"] == ["get_current_time", "convert_time"]
+    assert "git_log" in names["git"]
+    assert "read_text_file" in names["filesystem"]
+    assert "echo" in names["everything"]
+    assert "version-control" in services["git"]["categories"]
+    assert services["git"]["example_tasks"]
+    assert services["git"]["requires"] == []
     assert services["everything"]["prompts"]
     assert services["everything"]["resources"]
     assert not docker_client.containers.list(
@@ -79,3 +95,27 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
     assert again["git"]["tools"] == services["git"]["tools"]
     _, refreshed = catalog(suite, tmp_path / "cache", "--refresh")
     assert refreshed["time"]["source"] == "probe"
+
+
+def test_the_printed_catalog_is_what_rank_reads(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "suite.yaml", [str(tmp_path)])
+    code, services = catalog(suite, tmp_path / "cache")
+    assert code == 0
+    catalog_file = tmp_path / "catalog.json"
+    catalog_file.write_text(json.dumps({"services": services}))
+    first, second = rank(
+        catalog_file,
+        "show me the last commits of this repository",
+        "what time is it in Tokyo right now",
+    )
+    assert first["recommended_servers"] == ["git"]
+    assert second["recommended_servers"] == ["time"]
+    assert set(first) == {
+        "task",
+        "recommended_servers",
+        "ranked_servers",
+        "confidence",
+        "latency_ms",
+    }
+    assert 0.0 <= first["confidence"] <= 1.0
+    assert first["latency_ms"] > 0
