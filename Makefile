@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install docker images run test test-unit test-integration lint format \
-        validate-config test-onboarding clean bench bench-smoke lock-images
+        validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ clean: ## remove the virtual environment and caches (images stay; see images/REA
 
 bench: install images ## benchmarks on the real engine (~6 min): bench/results.json, docs/BENCHMARKS.md
 	$(PY) scripts/bench.py $(BENCH_ARGS)
+
+eval-discovery: install ## the discovery ranking on public servers' real tool lists (no Docker; ~1 min): docs/DISCOVERY.md
+	$(PY) eval/discovery/evaluate.py $(EVAL_ARGS)
 
 bench-smoke: install images ## the benchmark harness with tiny counts, no peers (< 1 min; no figure is judged)
 	$(PY) scripts/bench.py --smoke $(BENCH_ARGS)
