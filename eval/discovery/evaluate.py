@@ -274,11 +274,12 @@ def reliability(confidences: list[float], outcomes: list[bool]) -> Json:
 def tune(services: list[ServiceText], tasks: list[Json]) -> None:
     tuning = [t for t in tasks if t["half"] == "tune"]
     grid = {
-        "name": [2.0, 4.0, 6.0],
-        "about": [1.0, 2.0, 3.0],
+        "about": [1.0, 3.0],
         "tool_text": [0.25, 0.5, 1.0],
-        "best_tool": [0.5, 1.0, 1.5],
-        "join_share": [0.25, 0.35, 0.5],
+        "best_tool": [0.25, 0.5],
+        "idf_power": [1.0, 1.5, 2.0],
+        "name_bonus": [3.0, 5.0],
+        "join_share": [0.35, 0.5],
     }
     results = []
     keys = list(grid)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .text import terms
+from .text import pieces, terms
 
 Json = dict[str, Any]
 
@@ -53,14 +53,21 @@ class Weights:
     """The ranking's parameters (chosen on the tuning half of the evaluation set)."""
 
     name: float = 4.0  # the service's name
-    about: float = 2.0  # the suite's description, keywords, categories, example tasks
-    tool_text: float = 0.5  # every tool's text, as one field of the service
+    about: float = 3.0  # the suite's description, keywords, categories, example tasks
+    tool_text: float = 0.25  # every tool's text, as one field of the service
     tool_name: float = 2.0  # within one tool: its name's pieces
     tool_description: float = 1.0
     tool_arguments: float = 0.5
-    best_tool: float = 1.0  # how much a service's best tool adds to its score
+    best_tool: float = 0.5  # how much a service's best tool adds to its score
     k1: float = 1.2
     b: float = 0.75
+    # Rarity counts more than BM25's own idf says: a term's idf is raised to this power, so
+    # one rare word ("gitlab") outweighs several common ones ("open", "project", "file").
+    idf_power: float = 1.5
+    # A task that names a service (or a word of its description that starts with its name,
+    # "PostgreSQL" for postgres) means it: this many times the name's idf, outside BM25's
+    # saturation, on top of the name field.
+    name_bonus: float = 3.0
     # Sets: another service joins the recommended set when what it adds beyond the ones
     # chosen is at least this share of the first one's score…
     join_share: float = 0.35
@@ -97,8 +104,10 @@ class DiscoveryIndex:
     idf: Mapping[str, float]  # over services
     service_postings: Mapping[str, Mapping[int, float]]  # term → {service: score}
     tool_postings: Mapping[str, Mapping[int, float]]  # term → {slot: score}
+    name_postings: Mapping[str, Mapping[int, float]]  # term → {service: its name bonus}
     service_vectors: Mapping[str, Vector]
     tool_vectors: Mapping[str, Vector]
+    name_vectors: Mapping[str, Vector]
     slot_starts: npt.NDArray[np.intp]  # each service's first slot
     slot_tools: npt.NDArray[np.intp]  # each slot's tool (-1: a service's empty slot)
     slot_services: npt.NDArray[np.intp]  # each slot's service
@@ -163,6 +172,12 @@ def build_index(
             }
         )
     service_postings, idf = _bm25f(service_fields, weights)
+    name_postings: dict[str, dict[int, float]] = {}
+    for position, service in enumerate(services):
+        for term in _name_terms(service):
+            bonus = weights.name_bonus * idf.get(term, 0.0)
+            if bonus > 0.0:
+                name_postings.setdefault(term, {})[position] = bonus
     by_tool, _ = _bm25f(tool_fields, weights)
     # Slots: each service's tools in a row; one empty slot for a service without tools.
     slot_tools: list[int] = []
@@ -199,14 +214,30 @@ def build_index(
         idf=idf,
         service_postings=service_postings,
         tool_postings=tool_postings,
+        name_postings=name_postings,
         service_vectors=_vectors(service_postings),
         tool_vectors=_vectors(tool_postings),
+        name_vectors=_vectors(name_postings),
         slot_starts=np.array(slot_starts, dtype=np.intp),
         slot_tools=np.array(slot_tools, dtype=np.intp),
         slot_services=np.array(slot_services, dtype=np.intp),
         fields=where,
         service_tokens=tuple(service_tokens),
     )
+
+
+MIN_NAME_PREFIX = 4
+
+
+def _name_terms(service: ServiceText) -> set[str]:
+    """The service's name's terms, and its description's words that extend a piece of its
+    name ("PostgreSQL" for postgres, "Kubernetes" for kubernetes) — how tasks name it."""
+    named = set(terms(service.name))
+    name_pieces = [p for p in pieces(service.name) if len(p) >= MIN_NAME_PREFIX]
+    for word in pieces(service.description):
+        if any(word.startswith(piece) for piece in name_pieces):
+            named.update(terms(word))
+    return named
 
 
 def _vectors(postings: Mapping[str, Mapping[int, float]]) -> dict[str, Vector]:
@@ -234,7 +265,10 @@ def _bm25f(
     frequency: Counter[str] = Counter()
     for document in documents:
         frequency.update({term for counts in document.values() for term in counts})
-    idf = {term: math.log(1.0 + (count - df + 0.5) / (df + 0.5)) for term, df in frequency.items()}
+    idf = {
+        term: math.log(1.0 + (count - df + 0.5) / (df + 0.5)) ** weights.idf_power
+        for term, df in frequency.items()
+    }
     postings: dict[str, dict[int, float]] = {}
     k1, b = weights.k1, weights.b
     for position, document in enumerate(documents):

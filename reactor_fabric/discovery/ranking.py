@@ -26,7 +26,7 @@ import numpy as np
 
 from .calibration import Calibration, default_calibration
 from .index import DiscoveryIndex, ToolRef
-from .text import terms
+from .text import compounds, query_terms
 
 MAX_SET = 3
 MAX_EVIDENCE = 4  # terms named in the reasoning per service
@@ -68,6 +68,14 @@ class ToolHit:
     score: float
 
 
+def _query(index: DiscoveryIndex, text: str) -> list[str]:
+    """The terms a text is ranked by: its own, and its adjacent words written together where
+    the catalog has that word ("check out" finds git_checkout)."""
+    found = query_terms(text)
+    found += [c for c in compounds(text) if c in index.idf and c not in found]
+    return found
+
+
 class _Scores:
     """One query's scores: every service's and every tool slot's, with each candidate's
     per-term evidence read on demand (only the few services the set is chosen among)."""
@@ -84,6 +92,9 @@ class _Scores:
             hit = index.tool_vectors.get(term)
             if hit is not None:
                 slots[hit[0]] += hit[1]
+            hit = index.name_vectors.get(term)
+            if hit is not None:
+                services[hit[0]] += hit[1]
         self.slots = slots
         self.best = (
             np.maximum.reduceat(slots, index.slot_starts) if len(index.services) else services
@@ -119,6 +130,7 @@ class _Scores:
         found: dict[str, float] = {}
         for term in self.query:
             value = index.service_postings.get(term, {}).get(position, 0.0)
+            value += index.name_postings.get(term, {}).get(position, 0.0)
             if slot is not None:
                 value += weight * index.tool_postings.get(term, {}).get(slot, 0.0)
             if value > 0.0:
@@ -136,8 +148,7 @@ def rank_servers(
     top: int = MAX_RANKED,
 ) -> ServerRanking:
     """The services ``task`` needs (see the module), and the ``top`` matching ones ranked."""
-    query = list(dict.fromkeys(terms(task)))
-    scored = _Scores(index, query)
+    scored = _Scores(index, _query(index, task))
     order = scored.order
     totals = scored.total.tolist()
     ranked = tuple(
@@ -333,7 +344,7 @@ def find_tools(
     wanted = (
         None if services is None else {index.positions[s] for s in services if s in index.positions}
     )
-    scored = _Scores(index, list(dict.fromkeys(terms(query))))
+    scored = _Scores(index, _query(index, query))
     combined = scored.slots + SERVICE_SHARE_IN_TOOLS * scored.total[index.slot_services]
     usable = (scored.slots > 0.0) & (index.slot_tools >= 0)
     if wanted is not None:

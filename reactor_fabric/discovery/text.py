@@ -77,7 +77,11 @@ ABBREVIATIONS: dict[str, tuple[str, ...]] = {
     "py": ("python",),
     "img": ("image",),
     "pic": ("image",),
-    "screenshot": ("screenshot",),
+    # Words for what a server keeps, as people ask for it.
+    "remember": ("remember", "memory"),
+    "remembered": ("remember", "memory"),
+    "recall": ("recall", "memory"),
+    "memorize": ("memorize", "memory"),
     "vm": ("virtual", "machine"),
     "url": ("url",),
     "urls": ("url",),
@@ -117,6 +121,46 @@ def pieces(text: str) -> list[str]:
             found.append(lowered)
         found.extend(part.lower() for part in parts)
     return found
+
+
+# Things a task mentions by their form, not by a word: each adds the word catalogs use for it.
+_MARKS = (
+    (re.compile(r"\b(?:https?://|www\.)\S+|\blocalhost:\d+\S*"), ("url", "web", "page")),
+    (re.compile(r"(?<![\w&])#[A-Za-z][\w-]*"), ("channel",)),  # a chat channel: #deploys
+    (
+        # A path (~/x, ./x, /x/y) or a file name with a common extension (package.json).
+        re.compile(
+            r"(?:^|\s)(?:~|\.{1,2})?/[\w.-]+"
+            r"|\b[\w-]+\.(?:json|ya?ml|toml|ini|cfg|conf|env|md|txt|csv|tsv|log|sql|py|js|"
+            r"mjs|ts|tsx|jsx|go|rs|java|rb|php|sh|html|css|xml|pdf|docx?|xlsx?|pptx?|ipynb|"
+            r"dump|lock|zip|tar|gz|png|jpe?g|svg)\b"
+        ),
+        ("file",),
+    ),
+)
+
+
+def marks(text: str) -> list[str]:
+    """Terms for what ``text`` mentions by its form: a URL (url, web, page), a ``#channel``
+    (channel), a path or file name (file)."""
+    found: list[str] = []
+    for pattern, words in _MARKS:
+        if pattern.search(text):
+            found.extend(stem(word) for word in words)
+            text = pattern.sub(" ", text)  # a URL's parts are not a path too
+    return found
+
+
+def compounds(text: str) -> list[str]:
+    """Adjacent words written together ("check out" → checkout, "sign up" → signup): the
+    caller keeps those its catalog knows."""
+    words = [w for w in _WORDS.findall(text.lower()) if w.isalpha() and w not in STOP_WORDS]
+    return [stem(a + b) for a, b in zip(words, words[1:], strict=False)]
+
+
+def query_terms(text: str) -> list[str]:
+    """A task's or query's terms: :func:`terms`, plus :func:`marks`, once each."""
+    return list(dict.fromkeys([*terms(text), *marks(text)]))
 
 
 def terms(text: str) -> list[str]:
