@@ -179,22 +179,8 @@ def build_index(
             if bonus > 0.0:
                 name_postings.setdefault(term, {})[position] = bonus
     by_tool, _ = _bm25f(tool_fields, weights)
-    # Slots: each service's tools in a row; one empty slot for a service without tools.
-    slot_tools: list[int] = []
-    slot_services: list[int] = []
-    slot_starts: list[int] = []
-    slot_of_tool: dict[int, int] = {}
-    tool_ids = iter(range(len(tools)))
-    for position, service in enumerate(services):
-        slot_starts.append(len(slot_tools))
-        for _ in service.tools:
-            tool_id = next(tool_ids)
-            slot_of_tool[tool_id] = len(slot_tools)
-            slot_tools.append(tool_id)
-            slot_services.append(position)
-        if not service.tools:
-            slot_tools.append(-1)
-            slot_services.append(position)
+    slot_starts, slot_tools, slot_services = _slots(services)
+    slot_of_tool = {tool: slot for slot, tool in enumerate(slot_tools) if tool >= 0}
     tool_postings = {
         term: {slot_of_tool[tool]: value for tool, value in hits.items()}
         for term, hits in by_tool.items()
@@ -227,6 +213,22 @@ def build_index(
 
 
 MIN_NAME_PREFIX = 4
+
+
+def _slots(services: Sequence[ServiceText]) -> tuple[list[int], list[int], list[int]]:
+    """(each service's first slot, each slot's tool or -1, each slot's service): each
+    service's tools in a row, one empty slot for a service without tools."""
+    starts: list[int] = []
+    tools: list[int] = []
+    owners: list[int] = []
+    next_tool = 0
+    for position, service in enumerate(services):
+        starts.append(len(tools))
+        count = len(service.tools)
+        tools.extend(range(next_tool, next_tool + count) if count else [-1])
+        owners.extend([position] * max(1, count))
+        next_tool += count
+    return starts, tools, owners
 
 
 def _name_terms(service: ServiceText) -> set[str]:

@@ -19,6 +19,7 @@ fitted to the evaluation set (docs/DISCOVERY.md).
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 
 import snowballstemmer
@@ -155,7 +156,7 @@ def compounds(text: str) -> list[str]:
     """Adjacent words written together ("check out" → checkout, "sign up" → signup): the
     caller keeps those its catalog knows."""
     words = [w for w in _WORDS.findall(text.lower()) if w.isalpha() and w not in STOP_WORDS]
-    return [stem(a + b) for a, b in zip(words, words[1:], strict=False)]
+    return [stem(a + b) for a, b in itertools.pairwise(words)]
 
 
 def query_terms(text: str) -> list[str]:
