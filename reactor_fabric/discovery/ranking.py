@@ -30,7 +30,8 @@ from .text import compounds, query_terms
 
 MAX_SET = 3
 MAX_EVIDENCE = 4  # terms named in the reasoning per service
-CANDIDATES = 12  # the set is chosen among the first ones
+CANDIDATES = 8  # the set is chosen among the first ones
+WITH_EVIDENCE = 5  # how many of the ranked carry their evidence and best tool
 MAX_RANKED = 20  # how many matching services a ranking lists by default
 SERVICE_SHARE_IN_TOOLS = 0.3  # find_tools: how much a tool's service's score adds
 
@@ -156,8 +157,8 @@ def rank_servers(
             name=index.services[p].name,
             score=round(totals[p], 4),
             # The evidence of the first few only: nobody reads the twentieth's.
-            evidence=_evidence(index, p, scored.per_term(p)) if rank < CANDIDATES else (),
-            best_tool=scored.best_tool(p) if rank < CANDIDATES else None,
+            evidence=_evidence(index, p, scored.per_term(p)) if rank < WITH_EVIDENCE else (),
+            best_tool=scored.best_tool(p) if rank < WITH_EVIDENCE else None,
             tokens=index.service_tokens[p],
         )
         # Never fewer than the candidates: the chosen set is among them.
@@ -173,12 +174,13 @@ def rank_servers(
     calibration = calibration or default_calibration()
     features = _features(index, scored, chosen)
     confidence = calibration.confidence(features)
-    by_name = {s.name: s for s in ranked}
     ranked_in = {index.services[p].name for p in chosen}
     reasons = []
     for name in recommended:
         if name in ranked_in:
-            reasons.append(f"{name}: {', '.join(by_name[name].evidence) or 'matched'}")
+            position = index.positions[name]
+            evidence = _evidence(index, position, scored.per_term(position))
+            reasons.append(f"{name}: {', '.join(evidence) or 'matched'}")
         else:
             required_by = [
                 c for c in recommended if name in index.services[index.positions[c]].requires
