@@ -152,10 +152,18 @@ def marks(text: str) -> list[str]:
     return found
 
 
+# Particles that make compounds with the word before them (checkout, signup, login, setup).
+_PARTICLES = frozenset({"up", "out", "in", "off", "down", "on", "over"})
+
+
 def compounds(text: str) -> list[str]:
     """Adjacent words written together ("check out" → checkout, "sign up" → signup): the
     caller keeps those its catalog knows."""
-    words = [w for w in _WORDS.findall(text.lower()) if w.isalpha() and w not in STOP_WORDS]
+    words = [
+        w
+        for w in _WORDS.findall(text.lower())
+        if w.isalpha() and (w not in STOP_WORDS or w in _PARTICLES)
+    ]
     return [stem(a + b) for a, b in itertools.pairwise(words)]
 
 

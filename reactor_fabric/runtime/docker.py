@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError, SecurityViolation
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec, MountSpec
-from ..policy.pinning import PinSet
+from ..policy.pinning import Pin, PinSet
 from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
@@ -517,31 +518,61 @@ class DockerRuntime:
             await trio.to_thread.run_sync(client.close)
 
 
-def verify_mounts(client: docker.APIClient, container_id: str, pins: PinSet) -> None:
+# A container's first process is briefly not inspectable by its own uid: between the runtime's
+# switch to that user and its exec, the kernel marks it non-dumpable (EACCES on /proc/PID/root).
+# On a loaded machine that window is wide enough to hit; the check is retried through it.
+VERIFY_ATTEMPTS = 20
+VERIFY_RETRY_SECONDS = 0.05
+
+
+def verify_mounts(
+    client: docker.APIClient,
+    container_id: str,
+    pins: PinSet,
+    *,
+    stat: Callable[[str], os.stat_result] = os.stat,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Check, from the host, that each pinned target in the container is the pinned object.
 
     Looks through ``/proc/PID/root`` of the container's first process, so it needs the
     orchestrator and the engine in one PID namespace, and the right to look into that process
     (root, or the container's own uid); otherwise the container is refused as unverifiable.
-    A container that already stopped is not checked: no client message can reach it, and its
-    exit is reported as any other.
+    Permission refused is retried for up to a second (see :data:`VERIFY_ATTEMPTS`): never
+    a mismatch, which is final. A container that already stopped is not checked: no client
+    message can reach it, and its exit is reported as any other.
     """
-    state: dict[str, Any] = client.inspect_container(container_id)["State"]
-    pid = int(state.get("Pid") or 0)
-    if not state.get("Running") or pid <= 0:
-        return
+    for attempt in range(VERIFY_ATTEMPTS):
+        state: dict[str, Any] = client.inspect_container(container_id)["State"]
+        pid = int(state.get("Pid") or 0)
+        if not state.get("Running") or pid <= 0:
+            return
+        try:
+            _verify_pins(pid, pins, stat)
+        except _NotInspectableYet as not_yet:
+            if attempt + 1 == VERIFY_ATTEMPTS:
+                raise _unverifiable(not_yet.pin, not_yet.error) from not_yet.error
+            sleep(VERIFY_RETRY_SECONDS)
+        else:
+            return
+
+
+class _NotInspectableYet(Exception):
+    def __init__(self, pin: Pin, error: OSError) -> None:
+        super().__init__(str(error))
+        self.pin = pin
+        self.error = error
+
+
+def _verify_pins(pid: int, pins: PinSet, stat: Callable[[str], os.stat_result]) -> None:
+    """Raises _NotInspectableYet (permission refused: retry) or SecurityViolation."""
     for pin in pins.pins:
         try:
-            found = os.stat(f"/proc/{pid}/root{pin.target}")
+            found = stat(f"/proc/{pid}/root{pin.target}")
+        except PermissionError as exc:
+            raise _NotInspectableYet(pin, exc) from exc
         except OSError as exc:
-            raise SecurityViolation(
-                f"the mount at {pin.target!r} could not be checked ({exc.strerror}); "
-                "the orchestrator must share the engine's PID namespace and may need to run as "
-                "the container's user",
-                reason="mount_unverifiable",
-                path=pin.path,
-                target=pin.target,
-            ) from exc
+            raise _unverifiable(pin, exc) from exc
         if not pin.matches(found):
             raise SecurityViolation(
                 f"the container did not get the directory that was validated for {pin.target!r}",
@@ -549,6 +580,17 @@ def verify_mounts(client: docker.APIClient, container_id: str, pins: PinSet) -> 
                 path=pin.path,
                 target=pin.target,
             )
+
+
+def _unverifiable(pin: Pin, exc: OSError) -> SecurityViolation:
+    return SecurityViolation(
+        f"the mount at {pin.target!r} could not be checked ({exc.strerror}); "
+        "the orchestrator must share the engine's PID namespace and may need to run as "
+        "the container's user",
+        reason="mount_unverifiable",
+        path=pin.path,
+        target=pin.target,
+    )
 
 
 def _remove_quietly(client: docker.APIClient, container: str) -> None:

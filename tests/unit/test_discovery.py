@@ -15,6 +15,7 @@ from reactor_fabric.discovery.catalog_file import (
     services_from_json,
 )
 from reactor_fabric.discovery.ranking import with_choice
+from reactor_fabric.discovery.text import compounds, marks, query_terms
 from reactor_fabric.discovery.tokens import count_definition, definition_text, estimate, load
 
 
@@ -91,6 +92,29 @@ def test_terms_split_identifiers_drop_stop_words_expand_abbreviations_and_stem(
     assert terms(text) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("post it in #deploys", ["channel"]),
+        ("what does https://example.com/a/b say", ["url", "web", "page"]),
+        ("open localhost:3000/signup", ["url", "web", "page"]),
+        ("compare config/prod.yaml and ~/x", ["file"]),
+        ("PR #77 on GitHub", []),  # a number is not a channel
+        ("plain words only", []),
+    ],
+)
+def test_what_a_task_mentions_by_its_form_adds_the_catalogs_word(
+    text: str, expected: list[str]
+) -> None:
+    assert marks(text) == expected
+
+
+def test_adjacent_words_are_offered_written_together_without_stop_words_between() -> None:
+    assert "checkout" in compounds("check it out")
+    assert "signup" in compounds("users who sign up")
+    assert query_terms("post in #deploys") == ["post", "deploy", "channel"]
+
+
 def test_terms_of_a_huge_identifier_are_dropped_not_indexed() -> None:
     assert terms("a" * 500 + " branch") == ["branch"]
 
@@ -102,6 +126,29 @@ def test_a_task_naming_a_service_ranks_it_first() -> None:
     ranking = rank_servers(index_of(), "ask sentry what broke")
     assert ranking.ranked[0].name == "sentry"
     assert ranking.recommended[0] == "sentry"
+
+
+def test_a_word_of_the_description_extending_the_name_counts_as_naming_it() -> None:
+    postgres = ServiceText(
+        "postgres",
+        description="MCP server for PostgreSQL databases",
+        tools=(tool("query", "Run a read-only SQL query"),),
+    )
+    other = ServiceText(
+        "warehouse",
+        description="Query tables, run SQL, list databases and schemas",
+        tools=(tool("run_query", "Run a SQL query on the warehouse tables", "sql"),),
+    )
+    ranking = rank_servers(index_of([other, postgres]), "run this query on our postgresql db")
+    assert ranking.recommended[0] == "postgres"
+
+
+def test_a_compound_the_catalog_knows_finds_its_tool() -> None:
+    ranking = rank_servers(index_of(), "check out a branch", top=5)
+    assert ranking.recommended == ("git",)
+    git = ServiceText("git", tools=(tool("git_checkout", "Switch branches"),))
+    hits = find_tools(index_of([git, TIME]), "check it out")
+    assert hits[0].tool.name == "git_checkout"
 
 
 def test_a_service_with_no_description_is_found_by_its_tools() -> None:

@@ -8,14 +8,22 @@ in its thread, or at once if the thread never began it — never before, and exa
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 import pytest
 import trio
 
-from reactor_fabric import ContainerStartFailure, DockerUnavailable
-from reactor_fabric.runtime.docker import DockerRuntime, _Operation
+from reactor_fabric import ContainerStartFailure, DockerUnavailable, SecurityViolation
+from reactor_fabric.policy.pinning import Pin, PinSet
+from reactor_fabric.runtime.docker import (
+    VERIFY_ATTEMPTS,
+    VERIFY_RETRY_SECONDS,
+    DockerRuntime,
+    _Operation,
+    verify_mounts,
+)
 
 
 def runtime_without_engine(**kwargs: Any) -> DockerRuntime:
@@ -167,3 +175,67 @@ async def test_a_call_that_timed_out_counts_as_abandoned_once() -> None:
     assert await engine.settle(bound=30)
     assert engine.abandoned_calls == 0
     assert seen.events == ["undo late"]
+
+
+# --- verifying pinned mounts through /proc/PID/root -----------------------------------------------
+
+
+class InspectOnly:
+    """The engine as verify_mounts sees it: a running container with a first process."""
+
+    def inspect_container(self, container_id: str) -> dict[str, Any]:
+        return {"State": {"Running": True, "Pid": 4242}}
+
+
+def pinned(device: int = 7, inode: int = 99) -> PinSet:
+    return PinSet([Pin("/workspace", "/home/u/project", -1, device, inode, (1000, 1000))])
+
+
+def stat_result(device: int, inode: int) -> os.stat_result:
+    return os.stat_result((0o40755, inode, device, 1, 1000, 1000, 0, 0, 0, 0))
+
+
+def test_a_first_process_not_yet_inspectable_is_checked_again_until_it_is() -> None:
+    answers: list[Exception | os.stat_result] = [
+        PermissionError(13, "Permission denied"),
+        PermissionError(13, "Permission denied"),
+        stat_result(7, 99),
+    ]
+    looked: list[str] = []
+    slept: list[float] = []
+
+    def stat(path: str) -> os.stat_result:
+        looked.append(path)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    verify_mounts(InspectOnly(), "c1", pinned(), stat=stat, sleep=slept.append)  # type: ignore[arg-type]
+    assert looked == ["/proc/4242/root/workspace"] * 3
+    assert slept == [VERIFY_RETRY_SECONDS] * 2
+
+
+def test_a_process_never_inspectable_is_refused_as_unverifiable_after_bounded_tries() -> None:
+    def stat(path: str) -> os.stat_result:
+        raise PermissionError(13, "Permission denied")
+
+    slept: list[float] = []
+    with pytest.raises(SecurityViolation) as refused:
+        verify_mounts(InspectOnly(), "c1", pinned(), stat=stat, sleep=slept.append)  # type: ignore[arg-type]
+    assert refused.value.reason == "mount_unverifiable"
+    assert len(slept) == VERIFY_ATTEMPTS - 1
+
+
+def test_another_directory_in_the_container_is_refused_at_once_not_retried() -> None:
+    slept: list[float] = []
+    with pytest.raises(SecurityViolation) as refused:
+        verify_mounts(
+            InspectOnly(),  # type: ignore[arg-type]
+            "c1",
+            pinned(),
+            stat=lambda path: stat_result(7, 100),
+            sleep=slept.append,
+        )
+    assert refused.value.reason == "mount_changed"
+    assert slept == []
