@@ -131,11 +131,6 @@ class DiscoveryIndex:
         return sum(self.service_tokens[self.positions[n]] for n in names if n in self.positions)
 
 
-def tool_document(tool: Json) -> str:
-    """The text of a tool definition that is worth matching: name, description, arguments."""
-    return f"{tool.get('name') or ''} {tool.get('description') or ''} {' '.join(_arguments(tool))}"
-
-
 def build_index(
     services: Sequence[ServiceText],
     *,

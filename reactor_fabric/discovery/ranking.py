@@ -42,14 +42,13 @@ class ServerScore:
     score: float
     evidence: tuple[str, ...]  # "word (where)" items, strongest first
     best_tool: str | None
-    tokens: int
 
 
 @dataclass(frozen=True)
 class ServerRanking:
     task: str
     recommended: tuple[str, ...]
-    ranked: tuple[ServerScore, ...]  # every service that matched, best first
+    ranked: tuple[ServerScore, ...]  # the first matching services, best first
     confidence: float
     reasoning: str
     estimated_tokens: dict[str, int] = field(default_factory=dict)
@@ -159,7 +158,6 @@ def rank_servers(
             # The evidence of the first few only: nobody reads the twentieth's.
             evidence=_evidence(index, p, scored.per_term(p)) if rank < WITH_EVIDENCE else (),
             best_tool=scored.best_tool(p) if rank < WITH_EVIDENCE else None,
-            tokens=index.service_tokens[p],
         )
         # Never fewer than the candidates: the chosen set is among them.
         for rank, p in enumerate(order[: max(top, CANDIDATES)])
@@ -259,16 +257,9 @@ def _choose(index: DiscoveryIndex, scored: _Scores) -> list[int]:
 def _with_requirements(index: DiscoveryIndex, chosen: list[int]) -> list[str]:
     """The chosen services' names, each followed by what it requires (transitively, once)."""
     names: list[str] = []
-
-    def add(name: str, trail: tuple[str, ...]) -> None:
-        if name in names or name in trail or name not in index.positions:
-            return
-        names.append(name)
-        for required in index.services[index.positions[name]].requires:
-            add(required, (*trail, name))
-
     for position in chosen:
-        add(index.services[position].name, ())
+        name = index.services[position].name
+        names += [n for n in (name, *_requirements(index, name)) if n not in names]
     return names
 
 
@@ -292,14 +283,17 @@ def _within_budget(
 
 
 def _requirements(index: DiscoveryIndex, name: str) -> list[str]:
+    """What ``name`` requires, transitively, depth first in the suite's order; each once,
+    never ``name`` itself (requirements may form a cycle)."""
     found: list[str] = []
-    stack = list(index.services[index.positions[name]].requires)
-    while stack:
-        required = stack.pop()
-        if required in found or required == name or required not in index.positions:
-            continue
-        found.append(required)
-        stack.extend(index.services[index.positions[required]].requires)
+
+    def walk(current: str) -> None:
+        for required in index.services[index.positions[current]].requires:
+            if required != name and required not in found and required in index.positions:
+                found.append(required)
+                walk(required)
+
+    walk(name)
     return found
 
 

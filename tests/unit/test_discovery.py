@@ -187,6 +187,14 @@ def test_a_service_brings_the_services_it_requires() -> None:
     assert "git: required by tracker" in ranking.reasoning
 
 
+def test_requirements_come_in_the_order_the_suite_gives_them_with_or_without_a_budget() -> None:
+    deploy = ServiceText("deploy", description="deploy things", requires=("git", "time"))
+    index = index_of([GIT, TIME, deploy])
+    assert rank_servers(index, "deploy things").recommended == ("deploy", "git", "time")
+    wide = rank_servers(index, "deploy things", budget=10**6)
+    assert wide.recommended == ("deploy", "git", "time")
+
+
 def test_requirements_that_form_a_cycle_end() -> None:
     a = ServiceText("alpha", description="alpha things", requires=("beta",))
     b = ServiceText("beta", description="beta things", requires=("alpha",))
