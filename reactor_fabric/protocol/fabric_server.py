@@ -62,7 +62,8 @@ from .fabric_discovery import (
     index_catalog,
     tool_tokens,
 )
-from .jsonrpc import peek
+from .jsonrpc import RequestId, peek
+from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
 Json = dict[str, Any]
 Exposure = Literal["discover", "all"]
@@ -78,6 +79,8 @@ MAX_LISTENERS = 8
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
+# The service the audit names for the endpoint's own meta-tools.
+FABRIC_SERVICE = "fabric"
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
 ASK_SECONDS = 300.0
 REQUEST_TIMEOUT = -32001
@@ -121,7 +124,7 @@ class StopBackend:
     reason: str
 
 
-Action = ToClient | ToBackend | StartBackend | StopBackend
+Action = ToClient | ToBackend | StartBackend | StopBackend | ToolCallDone
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,7 @@ class FabricServer:
         token_budget: int | None = None,
         assist: AssistSettings | None = None,
         count_tokens: Callable[[Json], int] = count_definition,
+        audit_arguments: ArgumentsMode = "hash",
     ) -> None:
         self.catalog = catalog
         self.session_id = session_id
@@ -301,6 +305,11 @@ class FabricServer:
         # Open 2026-07-28 subscriptions/listen requests: their id → what they asked for.
         self._listeners: dict[object, Json] = {}
         self._next_id = 0
+        # The client's tools/call requests without an outcome yet, and those that got one
+        # while handling the current event (returned as ToolCallDone after its actions).
+        self.calls = ToolCalls(audit_arguments)
+        self._done: list[ToolCall] = []
+        self._message_bytes = 0  # the size of the client message being handled
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -317,6 +326,9 @@ class FabricServer:
 
     def tick(self) -> list[Action]:
         """Whatever came due: backends' unanswered requests to the client, idle services."""
+        return self._with_done(self._tick())
+
+    def _tick(self) -> list[Action]:
         now = self.clock()
         actions: list[Action] = []
         for our_id, asked in list(self._asked.items()):
@@ -356,6 +368,29 @@ class FabricServer:
     def answer_all(self, error: FabricError) -> list[Action]:
         """The session ends (shutdown, a failure): every request the client waits for gets
         ``error``, every open subscription its end. Nothing is owed afterwards."""
+        return self._with_done(self._answer_all(error))
+
+    def client_gone(self) -> list[Action]:
+        """The client left: the calls it waits for will never be answered to it."""
+        now = self.clock()
+        return [ToolCallDone(call) for call in self.calls.abandon(now)]
+
+    def _with_done(self, actions: list[Action]) -> list[Action]:
+        """``actions``, then the tool calls that got their outcome meanwhile."""
+        if not self._done:
+            return actions
+        done: list[Action] = [ToolCallDone(call) for call in self._done]
+        self._done.clear()
+        return actions + done
+
+    def _ended(self, request_id: object, data: bytes) -> None:
+        """An answer to the client's ``request_id`` is sent: a tool call may end with it."""
+        if self.calls.open and isinstance(request_id, str | int):
+            call = self.calls.answered(request_id, data, self.clock())
+            if call is not None:
+                self._done.append(call)
+
+    def _answer_all(self, error: FabricError) -> list[Action]:
         actions: list[Action] = [
             self._error(forwarded.client_id, error)
             for forwarded in self._forwarded.values()
@@ -375,6 +410,10 @@ class FabricServer:
 
     def client_message(self, data: bytes) -> list[Action]:
         """One message from the client."""
+        self._message_bytes = len(data)
+        return self._with_done(self._client_message(data))
+
+    def _client_message(self, data: bytes) -> list[Action]:
         try:
             kind = peek(data)
             message = msgspec.json.decode(data)
@@ -493,6 +532,8 @@ class FabricServer:
     def _call(self, request_id: object, params: Json) -> list[Action]:
         name = params.get("name")
         arguments = params.get("arguments")
+        if isinstance(request_id, str | int):
+            self._begin_call(request_id, name, params)
         if not isinstance(arguments, dict):
             arguments = {}
         answering: dict[str, Callable[[Json], Json]] = {
@@ -513,6 +554,24 @@ class FabricServer:
             return acting[name](request_id, arguments)
         return self._call_entry(request_id, name, params)
 
+    def _begin_call(self, request_id: RequestId, name: object, params: Json) -> None:
+        """The audit's view of a call: the tool it names (call_tool: the one it calls)."""
+        arguments = params.get("arguments")
+        if name == "call_tool" and isinstance(arguments, dict):
+            name = arguments.get("name")
+            arguments = arguments.get("arguments", arguments.get("parameters"))
+        meta = params.get("_meta")
+        self.calls.begin(
+            request_id,
+            tool=name,
+            # The endpoint's own until routed to a service's tool (see _call_entry).
+            service=FABRIC_SERVICE,
+            arguments=arguments,
+            traceparent=meta.get("traceparent") if isinstance(meta, dict) else None,
+            nbytes=self._message_bytes,
+            now=self.clock(),
+        )
+
     def _call_tool(self, request_id: object, params: Json, arguments: Json) -> list[Action]:
         target = arguments.get("name")
         # Models often nest a tool's arguments as "parameters": both are accepted.
@@ -528,6 +587,8 @@ class FabricServer:
         entry: Entry | None = self.catalog.tool(name) if isinstance(name, str) else None
         if entry is None:
             return [self._fail(request_id, INVALID_PARAMS, f"unknown tool {name!r}")]
+        if isinstance(request_id, str | int):
+            self.calls.route(request_id, entry.service, entry.name)
         return self._forward(
             entry.service, request_id, "tools/call", {**params, "name": entry.name}
         )
@@ -704,6 +765,10 @@ class FabricServer:
 
     def _cancel(self, params: Json) -> list[Action]:
         client_id = params.get("requestId")
+        if self.calls.open and isinstance(client_id, str | int):
+            call = self.calls.cancelled(client_id, self.clock())
+            if call is not None:
+                self._done.append(call)
         if self._listeners.pop(client_id, None) is not None:
             return []  # a subscription the client closed: nothing to answer
         for our_id, forwarded in self._forwarded.items():
@@ -753,6 +818,9 @@ class FabricServer:
 
     def backend_message(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
+        return self._with_done(self._backend_message(service, data))
+
+    def _backend_message(self, service: str, data: bytes) -> list[Action]:
         try:
             message = msgspec.json.decode(data)
         except (msgspec.DecodeError, RecursionError):
@@ -786,7 +854,9 @@ class FabricServer:
             reply["result"] = (
                 {**CACHE_PRIVATE, **result} if forwarded.method == "resources/read" else result
             )
-        return [ToClient(_encoder.encode(reply))]
+        data = _encoder.encode(reply)
+        self._ended(forwarded.client_id, data)
+        return [ToClient(data)]
 
     def _handshake_done(self, service: str, message: Json) -> list[Action]:
         backend = self.backends.get(service)
@@ -795,7 +865,7 @@ class FabricServer:
         if "result" not in message:
             error = message.get("error")
             detail = error.get("message") if isinstance(error, dict) else "no result"
-            return self.backend_failed(
+            return self._backend_failed(
                 service,
                 ContainerStartFailure(
                     f"{service} refused the handshake: {detail}", reason="handshake_failed"
@@ -889,6 +959,9 @@ class FabricServer:
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it
         (the next call starts a new one). The session's other services go on."""
+        return self._with_done(self._backend_failed(service, error))
+
+    def _backend_failed(self, service: str, error: FabricError) -> list[Action]:
         self.backends.pop(service, None)
         actions: list[Action] = []
         for our_id, forwarded in list(self._forwarded.items()):
@@ -949,15 +1022,20 @@ class FabricServer:
     def _result(self, request_id: object, result: Json) -> ToClient:
         if self._stateless:
             result = _complete(result)
-        return ToClient(_encoder.encode({"jsonrpc": "2.0", "id": request_id, "result": result}))
+        return self._answer(request_id, {"jsonrpc": "2.0", "id": request_id, "result": result})
 
     def _fail(self, request_id: object, code: int, message: str) -> ToClient:
         error = {"code": code, "message": message}
-        return ToClient(_encoder.encode({"jsonrpc": "2.0", "id": request_id, "error": error}))
+        return self._answer(request_id, {"jsonrpc": "2.0", "id": request_id, "error": error})
 
     def _error(self, request_id: object, error: FabricError) -> ToClient:
         body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
-        return ToClient(_encoder.encode(body))
+        return self._answer(request_id, body)
+
+    def _answer(self, request_id: object, body: Json) -> ToClient:
+        data = _encoder.encode(body)
+        self._ended(request_id, data)
+        return ToClient(data)
 
 
 def _complete(result: Json) -> Json:

@@ -70,7 +70,7 @@ class Ledger:
         elif message.method == INITIALIZED:
             self._initialized = frame
         elif message.method == CANCELLED:
-            cancelled = _cancelled_request_id(message)
+            cancelled = cancelled_request_id(message)
             if cancelled is not None:
                 # The server need not answer a cancelled request; stop waiting for it.
                 self.client_requests.pop(cancelled, None)
@@ -126,7 +126,7 @@ class Ledger:
         return lost
 
 
-def _cancelled_request_id(message: Peek) -> RequestId | None:
+def cancelled_request_id(message: Peek) -> RequestId | None:
     params = decode_params(message.params)
     if isinstance(params, dict):
         request_id = params.get("requestId")

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._errors import ContainerStartFailure, FabricError, InvalidMessage, InvalidRequest
-from .jsonrpc import REQUEST, RESPONSE, Peek, error_response, for_stdio, peek
-from .ledger import Ledger
+from .jsonrpc import REQUEST, RESPONSE, Peek, RequestId, error_response, for_stdio, peek
+from .ledger import CANCELLED, Ledger, cancelled_request_id
+from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
 CLOSE_NORMAL: Final = 1000
 
@@ -185,7 +186,16 @@ class EndSession:
     """Nothing is left to do: the driver ends the session (removing what is still running)."""
 
 
-Action = Spawn | WriteStdin | SendToClient | StopContainer | CloseClient | Log | EndSession
+Action = (
+    Spawn
+    | WriteStdin
+    | SendToClient
+    | StopContainer
+    | CloseClient
+    | Log
+    | EndSession
+    | ToolCallDone
+)
 
 
 # --- the machine ------------------------------------------------------------------------------
@@ -246,6 +256,7 @@ class SessionMachine:
         idle_timeout: float,
         limits: SessionLimits,
         now: float,
+        audit_arguments: ArgumentsMode = "hash",
     ) -> None:
         self.service_name = service_name
         self.idle_timeout = idle_timeout
@@ -257,6 +268,8 @@ class SessionMachine:
         )
         self.phase = Phase.OPEN
         self.ledger = Ledger()
+        # The client's tools/call requests without an outcome yet (the audit's view).
+        self.calls = ToolCalls(audit_arguments)
         self._slot: _Slot | None = None
         self._next_seq = 0
         self._waiting: collections.deque[tuple[Peek, bytes]] = collections.deque()
@@ -325,6 +338,7 @@ class SessionMachine:
         """An independent copy of the machine in its current state (for model checking)."""
         twin = copy.copy(self)
         twin.ledger = self.ledger.clone()
+        twin.calls = self.calls.clone()
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
         twin._waiting = collections.deque(self._waiting)
         twin._handlers = {
@@ -353,6 +367,7 @@ class SessionMachine:
             tuple(sorted(ledger.client_requests.items(), key=repr)),
             tuple(sorted(ledger.server_requests.items(), key=repr)),
             ledger.replay_state(),
+            tuple(sorted(self.calls.open, key=repr)),
             self._next_seq,
             self._last_activity,
         )
@@ -376,23 +391,37 @@ class SessionMachine:
                 Log("info", "client_message_refused", {"code": exc.code, "reason": exc.reason}),
                 SendToClient(error_response(exc.request_id, exc)),
             ]
-        if (
-            message.kind == REQUEST
-            and len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight
-        ):
-            refusal = InvalidRequest(
-                f"this session already has {self.limits.max_in_flight} requests in flight",
-                reason="too_many_requests_in_flight",
-            )
-            return [SendToClient(error_response(message.id, refusal))]
+        done: list[Action] = []
+        if message.kind == REQUEST:
+            assert message.id is not None
+            if message.method == TOOLS_CALL:
+                self.calls.begin_frame(message.id, event.frame, now)
+            if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
+                refusal = InvalidRequest(
+                    f"this session already has {self.limits.max_in_flight} requests in flight",
+                    reason="too_many_requests_in_flight",
+                )
+                return self._error_to_client(message.id, refusal)
+        elif self.calls.open and message.method == CANCELLED:
+            call = self.calls.cancelled(cancelled_request_id(message), now)
+            if call is not None:
+                done.append(ToolCallDone(call))
         slot = self._slot
         if slot is not None and slot.state is SlotState.READY and not self._waiting:
-            return [self._write(slot, message, event.frame)]
+            return [self._write(slot, message, event.frame), *done]
         self._waiting.append((message, event.frame))
         self._waiting_bytes += len(event.frame)
         if slot is None:
-            return [self._spawn()]
-        return []
+            return [self._spawn(), *done]
+        return done
+
+    def _error_to_client(self, request_id: RequestId | None, error: FabricError) -> list[Action]:
+        """The orchestrator answers a client request with ``error`` (a tool call ends)."""
+        frame = error_response(request_id, error)
+        call = self.calls.answered(request_id, frame, self._now) if self.calls.open else None
+        if call is None:
+            return [SendToClient(frame)]
+        return [SendToClient(frame), ToolCallDone(call)]
 
     def _write(self, slot: _Slot, message: Peek, frame: bytes) -> WriteStdin:
         self.ledger.from_client(message, frame)
@@ -415,17 +444,17 @@ class SessionMachine:
 
     def _fail_waiting(self, error: FabricError) -> list[Action]:
         """Answer every waiting request with ``error``; waiting notifications are dropped."""
-        actions: list[Action] = [
-            SendToClient(error_response(message.id, error))
-            for message, _frame in self._waiting
-            if message.kind == REQUEST
-        ]
+        actions: list[Action] = []
+        for message, _frame in self._waiting:
+            if message.kind == REQUEST:
+                actions += self._error_to_client(message.id, error)
         self._waiting.clear()
         self._waiting_bytes = 0
         return actions
 
-    def _client_gone(self, _event: ClientGone, _now: float) -> list[Action]:
-        actions: list[Action] = []
+    def _client_gone(self, _event: ClientGone, now: float) -> list[Action]:
+        # The calls still open will never be answered to this client.
+        actions: list[Action] = [ToolCallDone(call) for call in self.calls.abandon(now)]
         if self._slot is not None:
             actions.append(StopContainer(self._slot.seq, "session_ended", graceful=True))
             self._slot = None
@@ -434,10 +463,9 @@ class SessionMachine:
 
     def answer_all(self, error: FabricError) -> list[Action]:
         """Answer every request in flight or waiting with ``error`` and forget them."""
-        actions: list[Action] = [
-            SendToClient(error_response(request_id, error))
-            for request_id in self.ledger.client_requests
-        ]
+        actions: list[Action] = []
+        for request_id in self.ledger.client_requests:
+            actions += self._error_to_client(request_id, error)
         actions += self._fail_waiting(error)
         self.ledger.container_gone()
         return actions
@@ -529,7 +557,12 @@ class SessionMachine:
                 self._write_line(slot, error_response(message.id, refusal)),
             ]
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
-        return [SendToClient(event.line, message)]
+        send = SendToClient(event.line, message)
+        if message.kind == RESPONSE and self.calls.open:
+            call = self.calls.answered(message.id, event.line, now)
+            if call is not None:
+                return [send, ToolCallDone(call)]
+        return [send]
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
         if answer.failed:
@@ -600,7 +633,8 @@ class SessionMachine:
             Log("error", "container_failed", fields),
             StopContainer(slot.seq, stop_reason, graceful=False),
         ]
-        actions += [SendToClient(error_response(request_id, error)) for request_id, _ in lost]
+        for request_id, _method in lost:
+            actions += self._error_to_client(request_id, error)
         actions += self._fail_waiting(error)
         self._slot = None
         return actions

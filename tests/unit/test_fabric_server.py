@@ -22,6 +22,7 @@ from reactor_fabric.protocol.fabric_server import (
     ToBackend,
     ToClient,
 )
+from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
 CATALOG = Catalog(
     {
@@ -280,7 +281,9 @@ def test_a_call_cancelled_before_its_backend_is_ready_is_never_sent() -> None:
     server = session()
     call(server, "a", "time__get_current_time")
     cancel = msg(method="notifications/cancelled", params={"requestId": "a"})
-    assert server.client_message(cancel) == []
+    [done] = server.client_message(cancel)  # nothing to send: only the audit's record
+    assert isinstance(done, ToolCallDone)
+    assert done.call.outcome == "cancelled"
     assert [m.get("method") for m in to_backend(ready(server, "time"), "time")] == [
         "notifications/initialized"
     ]
@@ -483,7 +486,7 @@ def test_activation_never_changes_a_stateless_clients_list_within_its_connection
     actions = call(server, 1, "activate_servers", servers=["git"])
     [answer] = to_client(actions)
     assert answer["result"]["structuredContent"]["reconnect_required"] is True
-    assert len(actions) == 1  # no list_changed
+    assert [type(action) for action in actions] == [ToClient, ToolCallDone]  # no list_changed
 
 
 FACTS = {
@@ -768,3 +771,68 @@ def test_the_session_ending_answers_an_analysis_waiting_for_the_model() -> None:
     )
     assert answer["id"] == 7
     assert answer["result"]["structuredContent"]["recommended_servers"]
+
+
+# --- the audit's records of tool calls ----------------------------------------------------------
+
+
+def records(actions: list[Action]) -> list[ToolCall]:
+    return [action.call for action in actions if isinstance(action, ToolCallDone)]
+
+
+def test_a_routed_call_is_recorded_once_under_its_services_own_tool_name() -> None:
+    server, clock = timed_session()
+    assert records(call(server, 1, "time__get_current_time", timezone="UTC")) == []
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    clock.now += 0.5
+    [done] = records(answer_call(server, "time", forwarded))
+    assert (done.request_id, done.service, done.tool, done.outcome) == (
+        1,
+        "time",
+        "get_current_time",
+        "ok",
+    )
+    assert done.duration == 0.5
+    assert done.arguments.sha256 is not None
+
+
+def test_call_tool_is_recorded_as_the_tool_it_calls() -> None:
+    server = session()
+    call(server, 1, "call_tool", name="git__git_log", arguments={"repo_path": "/w"})
+    [_, forwarded] = to_backend(ready(server, "git"), "git")
+    [done] = records(answer_call(server, "git", forwarded))
+    assert (done.service, done.tool) == ("git", "git_log")
+
+
+def test_meta_tools_and_unknown_tools_are_recorded_as_the_endpoints_own() -> None:
+    server = session()
+    [status] = records(call(server, 1, "get_status"))
+    [unknown] = records(call(server, 2, "nope__nothing"))
+    assert (status.service, status.tool, status.outcome) == ("fabric", "get_status", "ok")
+    assert (unknown.service, unknown.tool, unknown.outcome) == ("fabric", "nope__nothing", "error")
+    assert unknown.error_code == -32602
+
+
+def test_a_call_whose_service_dies_is_recorded_as_its_error() -> None:
+    server = session()
+    call(server, 1, "time__get_current_time")
+    ready(server, "time")
+    died = ContainerStartFailure("the container exited", reason="container_exited")
+    [done] = records(server.backend_failed("time", died))
+    assert (done.outcome, done.error_code, done.error_reason) == (
+        "error",
+        -32002,
+        "container_exited",
+    )
+
+
+def test_calls_in_flight_when_the_client_leaves_had_no_answer_others_answered_are_not() -> None:
+    server = session()
+    call(server, 1, "time__get_current_time")
+    call(server, 2, "git__git_log")
+    stopping = ContainerStartFailure("stopping", reason="orchestrator_stopping")
+    [first] = records(server.backend_failed("git", stopping))
+    assert (first.request_id, first.outcome) == (2, "error")
+    [gone] = records(server.client_gone())
+    assert (gone.request_id, gone.outcome) == (1, "no_answer")
+    assert records(server.client_gone()) == []

@@ -19,7 +19,10 @@ Invariants:
 - nothing is written to a container that has not started or was stopped;
 - every container that started is stopped once the session ends;
 - the machine reads no client frame while its buffer for the container is full, and its buffer
-  never exceeds the bound by more than one frame.
+  never exceeds the bound by more than one frame;
+- every tool call gets one audit record, exactly once in the end, with the outcome the client
+  saw: ``ok`` after a result, ``error`` after an error answer (the server's or the
+  orchestrator's), ``no_answer`` only for a call the client never got an answer to.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from reactor_fabric.protocol.session import (
     Tick,
     WriteStdin,
 )
+from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
 
 SCRIPT = [
@@ -71,6 +75,7 @@ SCRIPT = [
     json.dumps(request(2, "tools/call", {"name": "a"})).encode(),
     json.dumps(request(3, "tools/call", {"name": "b"})).encode(),
 ]
+TOOL_CALL_IDS = (2, 3)
 # Small enough that the initialize and a call cannot both wait: the read gate is exercised.
 BUFFER_BYTES = 200
 # Bounds that keep each exploration finite (set per test): misfortunes per run (deaths, broken
@@ -105,6 +110,8 @@ class World:
     spawning: set[int] = field(default_factory=set)
     sent: list[Any] = field(default_factory=list)  # request ids the client sent
     answers: dict[Any, int] = field(default_factory=dict)
+    answered_with: dict[Any, str] = field(default_factory=dict)  # id → "result" or "error"
+    recorded: dict[Any, str] = field(default_factory=dict)  # tool call id → its outcome
     asks: list[Any] = field(default_factory=list)  # server requests the client has to answer
     ended: str | None = None
     stopping: bool = False
@@ -122,6 +129,8 @@ class World:
         twin.spawning = set(self.spawning)
         twin.sent = list(self.sent)
         twin.answers = dict(self.answers)
+        twin.answered_with = dict(self.answered_with)
+        twin.recorded = dict(self.recorded)
         twin.asks = list(self.asks)
         return twin
 
@@ -138,6 +147,8 @@ class World:
             boxes,
             tuple(sorted(self.spawning)),
             tuple(sorted(self.answers.items(), key=repr)),
+            tuple(sorted(self.answered_with.items(), key=repr)),
+            tuple(sorted(self.recorded.items(), key=repr)),
             tuple(self.asks),
             self.ended,
             self.stopping,
@@ -181,6 +192,15 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
                     check(answer_id in world.sent, f"an answer to unknown id {answer_id}", trail)
                     world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
                     check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
+                    world.answered_with[answer_id] = "error" if "error" in message else "result"
+            case ToolCallDone(call=call):
+                call_id = call.request_id
+                check(call_id in TOOL_CALL_IDS, f"a tool call record for {call_id}", trail)
+                check(call_id not in world.recorded, f"tool call {call_id} recorded twice", trail)
+                world.recorded[call_id] = call.outcome
+                got = world.answered_with.get(call_id)
+                expected = {"result": "ok", "error": "error", None: "no_answer"}[got]
+                check(call.outcome == expected, f"{call_id} recorded {call.outcome} ({got})", trail)
             case StopContainer(seq=seq):
                 box = world.boxes.get(seq)
                 check(box is not None, f"stop of unknown container {seq}", trail)
@@ -348,6 +368,9 @@ def shutdown(world: World) -> Event:
 
 def final_checks(world: World, trail: list[str]) -> None:
     """Once nothing more can happen."""
+    for call_id in TOOL_CALL_IDS:
+        if call_id in world.sent:
+            check(call_id in world.recorded, f"tool call {call_id} never recorded", trail)
     if world.ended == "gone":
         pass  # a client that left cannot be answered
     else:

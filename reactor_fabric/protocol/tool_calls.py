@@ -1,0 +1,305 @@
+"""Tool calls in flight, from request to outcome: what the audit trail records of each.
+
+Both endpoints own a :class:`ToolCalls`: the per-service relay's session machine and the fabric
+endpoint's server. They tell it when a ``tools/call`` request arrives from the client and how it
+ends; it hands back one :class:`ToolCall` per request, exactly once, whichever way it ended:
+
+``ok``         the server answered with a result;
+``error``      a JSON-RPC error (the server's, or the orchestrator's on its behalf: a container
+               that died, a refusal, a shutdown), or a result the tool itself marked
+               ``isError``;
+``cancelled``  the client cancelled it (``notifications/cancelled``) before any answer;
+``no_answer``  the session ended before any answer (the client left mid-call).
+
+Only what the audit needs is read from a frame, and only for ``tools/call``: the tool's name,
+its arguments (hashed, kept with secrets redacted, or ignored, as the suite says) and the W3C
+``traceparent`` a client may put in ``params._meta``. On the relay nothing else about a frame
+changes: it is still forwarded byte for byte.
+
+Pure and synchronous; time is given by the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import msgspec
+
+from .jsonrpc import RequestId
+
+ArgumentsMode = Literal["none", "hash", "full"]
+Outcome = Literal["ok", "error", "cancelled", "no_answer"]
+
+TOOLS_CALL: Final = "tools/call"
+# Arguments kept in full (mode "full") up to this size as JSON; beyond it only their hash.
+FULL_ARGUMENTS_BYTES: Final = 16 * 1024
+# A tool name longer than this is cut (the audit and the metrics' labels stay bounded).
+MAX_TOOL_NAME: Final = 256
+REDACTED: Final = "[redacted]"
+# Keys whose values look like credentials: redacted when arguments are kept in full.
+SECRET_KEY = re.compile(
+    r"pass(word|wd|phrase)?|secret|token|api[-_]?key|apikey|auth|credential|private[-_]?key"
+    r"|cookie|session[-_]?id|bearer|signature|cert",
+    re.IGNORECASE,
+)
+
+
+class _Meta(msgspec.Struct):
+    traceparent: Any = None
+
+
+class _CallParams(msgspec.Struct):
+    name: Any = None
+    arguments: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    meta: _Meta | None = msgspec.field(default=None, name="_meta")
+
+
+class _CallEnvelope(msgspec.Struct):
+    params: _CallParams | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    code: Any = None
+    data: Any = None
+
+
+class _Result(msgspec.Struct):
+    isError: Any = False  # noqa: N815 (the MCP field's name)
+
+
+class _Answer(msgspec.Struct):
+    result: _Result | None = None
+    error: _ErrorBody | None = None
+
+
+_call_decoder = msgspec.json.Decoder(_CallEnvelope)
+_answer_decoder = msgspec.json.Decoder(_Answer)
+_any_decoder = msgspec.json.Decoder()
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+@dataclass(frozen=True, slots=True)
+class Arguments:
+    """What the audit keeps of a call's arguments (see ``orchestrator.audit.arguments``)."""
+
+    sha256: str | None = None  # of their canonical JSON (sorted keys, no spaces)
+    full: Any = None  # mode "full": the arguments, secret-looking values redacted
+    truncated: bool = False  # mode "full", but too large: only the hash is kept
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One finished ``tools/call``, as the audit records it (the driver adds who and where)."""
+
+    request_id: RequestId | None
+    tool: str
+    service: str | None  # the fabric endpoint's backend ("fabric" for its meta-tools)
+    arguments: Arguments
+    outcome: Outcome
+    error_code: int | None
+    error_reason: str | None
+    duration: float  # seconds, from the request's arrival to its outcome
+    bytes_in: int
+    bytes_out: int
+    traceparent: str | None  # the client's, from params._meta, when valid
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDone:
+    """The action: a ``tools/call`` has its outcome (for the audit trail and the metrics)."""
+
+    call: ToolCall
+
+
+@dataclass(slots=True)
+class _Open:
+    tool: str
+    service: str | None
+    arguments: Arguments
+    started: float
+    bytes_in: int
+    traceparent: str | None
+
+
+class ToolCalls:
+    """The ``tools/call`` requests of one session that have no outcome yet."""
+
+    __slots__ = ("mode", "open")
+
+    def __init__(self, mode: ArgumentsMode = "hash") -> None:
+        self.mode: ArgumentsMode = mode
+        self.open: dict[RequestId, _Open] = {}
+
+    def clone(self) -> ToolCalls:
+        twin = ToolCalls(self.mode)
+        twin.open = dict(self.open)
+        return twin
+
+    # --- beginnings ---------------------------------------------------------------------------
+
+    def begin_frame(self, request_id: RequestId, frame: bytes, now: float) -> None:
+        """A ``tools/call`` request as the client sent it (the relay: only its params read)."""
+        try:
+            params = _call_decoder.decode(frame).params
+        except (msgspec.DecodeError, RecursionError):
+            params = None
+        if params is None:
+            params = _CallParams()
+        arguments = self._arguments_raw(params.arguments)
+        self._begin(
+            request_id,
+            _Open(
+                _tool_name(params.name),
+                None,
+                arguments,
+                now,
+                len(frame),
+                _trace(params.meta.traceparent if params.meta is not None else None),
+            ),
+        )
+
+    def begin(
+        self,
+        request_id: RequestId,
+        *,
+        tool: object,
+        service: str | None,
+        arguments: object,
+        traceparent: object,
+        nbytes: int,
+        now: float,
+    ) -> None:
+        """A ``tools/call`` request already decoded (the fabric endpoint)."""
+        call = _Open(
+            _tool_name(tool), service, self._arguments(arguments), now, nbytes, _trace(traceparent)
+        )
+        self._begin(request_id, call)
+
+    def _begin(self, request_id: RequestId, call: _Open) -> None:
+        self.open[request_id] = call
+
+    def route(self, request_id: RequestId, service: str, tool: str) -> None:
+        """The fabric endpoint resolved the call to ``service``'s own ``tool``."""
+        call = self.open.get(request_id)
+        if call is not None:
+            call.service, call.tool = service, tool[:MAX_TOOL_NAME]
+
+    # --- outcomes -----------------------------------------------------------------------------
+
+    def answered(self, request_id: RequestId | None, frame: bytes, now: float) -> ToolCall | None:
+        """The answer (as sent to the client) to ``request_id``, if it is a call in flight."""
+        call = self.open.pop(request_id, None) if request_id is not None else None
+        if call is None:
+            return None
+        try:
+            answer = _answer_decoder.decode(frame)
+        except (msgspec.DecodeError, RecursionError):
+            answer = _Answer()
+        if answer.error is not None:
+            code = answer.error.code if isinstance(answer.error.code, int) else None
+            data = answer.error.data
+            reason = data.get("reason") if isinstance(data, dict) else None
+            reason = reason if isinstance(reason, str) else None
+            return _done(request_id, call, now, "error", code, reason, bytes_out=len(frame))
+        if answer.result is not None and answer.result.isError is True:
+            return _done(request_id, call, now, "error", None, "tool_error", bytes_out=len(frame))
+        return _done(request_id, call, now, "ok", bytes_out=len(frame))
+
+    def cancelled(self, request_id: RequestId | None, now: float) -> ToolCall | None:
+        call = self.open.pop(request_id, None) if request_id is not None else None
+        if call is None:
+            return None
+        return _done(request_id, call, now, "cancelled")
+
+    def abandon(self, now: float) -> list[ToolCall]:
+        """The session ends: every call still open had no answer."""
+        done = [_done(request_id, call, now, "no_answer") for request_id, call in self.open.items()]
+        self.open.clear()
+        return done
+
+    # --- arguments ----------------------------------------------------------------------------
+
+    def _arguments_raw(self, raw: msgspec.Raw | msgspec.UnsetType) -> Arguments:
+        if self.mode == "none" or isinstance(raw, msgspec.UnsetType):
+            return Arguments()
+        try:
+            value = _any_decoder.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            return Arguments()
+        return self._arguments(value)
+
+    def _arguments(self, value: object) -> Arguments:
+        if self.mode == "none" or value is None:
+            return Arguments()
+        try:
+            canonical = _canonical.encode(value)
+        except (TypeError, RecursionError):
+            return Arguments()
+        digest = hashlib.sha256(canonical).hexdigest()
+        if self.mode == "hash":
+            return Arguments(sha256=digest)
+        if len(canonical) > FULL_ARGUMENTS_BYTES:
+            return Arguments(sha256=digest, truncated=True)
+        return Arguments(sha256=digest, full=redact(value))
+
+
+def _done(
+    request_id: RequestId | None,
+    call: _Open,
+    now: float,
+    outcome: Outcome,
+    code: int | None = None,
+    reason: str | None = None,
+    *,
+    bytes_out: int = 0,
+) -> ToolCall:
+    return ToolCall(
+        request_id=request_id,
+        tool=call.tool,
+        service=call.service,
+        arguments=call.arguments,
+        outcome=outcome,
+        error_code=code,
+        error_reason=reason,
+        duration=max(0.0, now - call.started),
+        bytes_in=call.bytes_in,
+        bytes_out=bytes_out,
+        traceparent=call.traceparent,
+    )
+
+
+def _tool_name(tool: object) -> str:
+    return tool[:MAX_TOOL_NAME] if isinstance(tool, str) else ""
+
+
+def _trace(traceparent: object) -> str | None:
+    if isinstance(traceparent, str) and valid_traceparent(traceparent):
+        return traceparent
+    return None
+
+
+def redact(value: object) -> object:
+    """``value`` with the values of secret-looking keys replaced, at any depth."""
+    if isinstance(value, dict):
+        return {
+            key: REDACTED if isinstance(key, str) and SECRET_KEY.search(key) else redact(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(item) for item in value]
+    return value
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+
+
+def valid_traceparent(text: str) -> bool:
+    """A W3C ``traceparent`` we can use: version 00 form, trace and parent ids not all zero."""
+    match = _TRACEPARENT.fullmatch(text)
+    if match is None or text.startswith("ff"):
+        return False
+    trace_id, parent_id = match.groups()
+    return trace_id != "0" * 32 and parent_id != "0" * 16
