@@ -12,7 +12,10 @@ How requests find their session (and container):
 - **Stateless clients** (MCP 2026-07-28) send no session id at all, so the session is named by
   the URL instead: ``/mcp/{service}/{key}``, where ``key`` is any string the client picks
   (``[A-Za-z0-9._~-]``, ≤ 128). All requests to one keyed URL share one session and one
-  container; the first one creates it. On the bare URL a stateless request (including a dual
+  container; the first one creates it, and the key belongs to that client: a later request
+  without the session id must present the same ``?mount=``, ``?tools=`` and ``?profile=``, and a
+  session registered with mounts in a ``fabric/registerClient`` body is reached only with its
+  session id (see :func:`_same_owner`). On the bare URL a stateless request (including a dual
   client's ``server/discover`` probe) is answered with a JSON-RPC error explaining this, which
   makes dual clients fall back to the ``initialize`` handshake.
 
@@ -20,8 +23,9 @@ Errors the way clients show them: a refusal (unknown service, refused mount, too
 stateless request on the bare URL) is the JSON-RPC error with HTTP **200** — clients start OAuth
 on 401/403 and read 404 as "session terminated". HTTP errors are kept for what is wrong at the
 HTTP level: 400 a body that is not one JSON-RPC message, 404 an unknown or expired session id,
-405, 406 ``Accept``, 413 size, 415 ``Content-Type``; and, in front of every route, 403
-``Origin``/``Host`` and 401 a missing or wrong token (:mod:`reactor_fabric.policy.auth`).
+405, 406 ``Accept``, 409 a GET or DELETE on someone else's keyed URL, 413 size, 415
+``Content-Type``; and, in front of every route, 403 ``Origin``/``Host`` and 401 a missing or
+wrong token (:mod:`reactor_fabric.policy.auth`).
 
 POST carries one message: a notification or response is accepted with 202; a request is
 answered with its response as ``application/json`` when the response is the first thing to
@@ -64,6 +68,9 @@ KNOWN_PROTOCOL_VERSIONS = frozenset(
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 SSE_KEEPALIVE_SECONDS = 15.0
 SESSION_END_BOUND_SECONDS = 20.0
+# The query parameters that shape a session (its mounts, the fabric endpoint's options): a
+# request on a keyed URL presenting other values is another client.
+OWNER_PARAMETERS = ("mount", "tools", "profile")
 
 
 @dataclass
@@ -74,13 +81,14 @@ class HttpSession:
     channel: HttpChannel
     # The query of the request that created it: its mounts, the fabric endpoint's options.
     query: dict[str, list[str]] = field(default_factory=dict)
+    # Created by a fabric/registerClient body (its mounts are in no URL): only its id reaches it.
+    registered: bool = False
     started: bool = False  # the first message has been submitted
     ended: trio.Event = field(default_factory=trio.Event)
 
     @property
     def query_mounts(self) -> list[str]:
-        """The ``?mount=`` values the session was created with: a keyed URL belongs to its
-        first client, and a request that asks for other mounts is someone else."""
+        """The ``?mount=`` values the session was created with."""
         return self.query.get("mount", [])
 
 
@@ -104,7 +112,14 @@ class HttpSessions:
             task_status.started()
             await trio.sleep_forever()
 
-    def create(self, service: str, key: str | None, query: dict[str, list[str]]) -> HttpSession:
+    def create(
+        self,
+        service: str,
+        key: str | None,
+        query: dict[str, list[str]],
+        *,
+        registered: bool = False,
+    ) -> HttpSession:
         assert self._nursery is not None, "HttpSessions.run must be started first"
         limits = self.fabric.limits
         channel = HttpChannel(
@@ -112,7 +127,9 @@ class HttpSessions:
             buffer_bytes=limits.buffer_to_client_bytes,
             backlog_bytes=limits.buffer_to_client_bytes,
         )
-        session = HttpSession(new_session_id(), service, key, channel, query=query)
+        session = HttpSession(
+            new_session_id(), service, key, channel, query=query, registered=registered
+        )
         self.by_id[session.id] = session
         if key is not None:
             self.by_key[(service, key)] = session
@@ -192,6 +209,8 @@ async def serve_streamable_http(
         if session is None:
             await exchange.respond(404, b'{"error": "unknown or expired session"}')
             return
+        if not await _owned(exchange, session, None):
+            return
         await sessions.terminate(session)
         await exchange.respond(204)
     else:
@@ -220,7 +239,12 @@ async def _admissible(exchange: HttpExchange, key: str | None) -> bool:
 
 
 def _starts_session(message: Peek) -> bool:
-    if message.method in ("initialize", REGISTER_METHOD):
+    return message.method == "initialize" or _registers(message)
+
+
+def _registers(message: Peek) -> bool:
+    """Whether the message is a ``fabric/registerClient`` (as a method or a tool call)."""
+    if message.method == REGISTER_METHOD:
         return True
     if message.method == "tools/call":
         params = decode_params(message.params)
@@ -260,17 +284,7 @@ async def _session_for(
     query = parse_qs(exchange.request.query)
     session = sessions.lookup(service, key, headers.get(SESSION_HEADER))
     if session is not None:
-        if headers.get(SESSION_HEADER) is None and not _same_owner(session, message, query):
-            request_id = message.id if message.kind == REQUEST else None
-            taken = SecurityViolation(
-                f"the session URL key {key!r} is in use by another client (other mounts, or a "
-                "new registration); pick another key",
-                reason="session_key_in_use",
-                key=key,
-            )
-            await exchange.respond(200, error_response(request_id, taken))
-            return None
-        return session
+        return session if await _owned(exchange, session, message) else None
     if headers.get(SESSION_HEADER) is not None:
         await exchange.respond(404, b'{"error": "unknown or expired session"}')
         return None
@@ -292,17 +306,47 @@ async def _session_for(
         )
         await exchange.respond(200, error_response(request_id, error))
         return None
-    return sessions.create(service, key, query)
+    return sessions.create(service, key, query, registered=_registers(message))
 
 
-def _same_owner(session: HttpSession, message: Peek, query: dict[str, list[str]]) -> bool:
-    """Whether a request on a keyed URL comes from the client that created the session, as
-    far as it shows: the same ``?mount=`` values, and no second registration (which would
-    declare other mounts the session would silently ignore)."""
-    if query.get("mount", []) != session.query_mounts:
+async def _owned(exchange: HttpExchange, session: HttpSession, message: Peek | None) -> bool:
+    """Whether the request may use the session it found; answers and returns False if not.
+
+    A request with the session's id is its client's (the id is a secret only the client that
+    created the session was told). One without it reached the session by its URL key, and is
+    checked by :func:`_same_owner`: another client is refused with -32004
+    ``session_key_in_use`` — HTTP 200 for a POST, as every refusal; 409 for a GET or DELETE,
+    which carry no JSON-RPC request to answer.
+    """
+    request = exchange.request
+    if request.headers.get(SESSION_HEADER) is not None:
+        return True
+    if _same_owner(session, message, parse_qs(request.query)):
+        return True
+    request_id = message.id if message is not None and message.kind == REQUEST else None
+    taken = SecurityViolation(
+        f"the session URL key {session.key!r} is in use by another client (other mounts, tools "
+        "or profile in the URL, a new registration, or a session registered with mounts in its "
+        "body, which only its Mcp-Session-Id reaches); pick another key",
+        reason="session_key_in_use",
+        key=session.key,
+    )
+    await exchange.respond(200 if message is not None else 409, error_response(request_id, taken))
+    return False
+
+
+def _same_owner(session: HttpSession, message: Peek | None, query: dict[str, list[str]]) -> bool:
+    """Whether a request on a keyed URL, without the session's id, comes from the client that
+    created the session, as far as it shows: the same mounts, tools and profile in the URL as
+    the creating request; a session whose mounts came in a registration body is no one else's
+    to reach by its key alone (a request with no ``?mount=`` would look the same as its owner);
+    and no second registration (which would declare other mounts the session would silently
+    ignore)."""
+    if any(query.get(name, []) != session.query.get(name, []) for name in OWNER_PARAMETERS):
         return False
-    registration = _starts_session(message) and message.method != "initialize"
-    return not (session.started and registration)
+    if session.registered:
+        return False
+    return not (message is not None and session.started and _registers(message))
 
 
 async def _post(
@@ -410,6 +454,8 @@ async def _get(
     if session is None:
         status = 404 if headers.get(SESSION_HEADER) or key else 400
         await exchange.respond(status, b'{"error": "unknown or missing session"}')
+        return
+    if not await _owned(exchange, session, None):
         return
     channel = session.channel
     await exchange.start(200, _event_stream_headers(session.id))

@@ -216,3 +216,52 @@ def test_another_users_private_directory_is_not_mountable_through_a_users_orches
             assert not containers_of(docker_client, instance=running.instance)
         finally:
             client.close()
+
+
+@pytest.mark.parametrize(
+    ("orchestrator_user", "repo_owner", "server"),
+    [
+        (None, (0, 0), NOBODY),  # root's orchestrator, root's repo: the server runs as nobody
+        (USER, OTHER_USER, "4000:4000"),  # a user's orchestrator, another user's repo
+    ],
+    ids=["root-repo-nobody-server", "other-users-repo-users-server"],
+)
+def test_git_reads_a_repository_owned_by_another_uid_than_its_server_without_complaining(
+    scratch: Path,
+    tmp_path: Path,
+    docker_client: docker.DockerClient,
+    orchestrator_user: tuple[int, int] | None,
+    repo_owner: tuple[int, int],
+    server: str,
+) -> None:
+    """git refuses a repository owned by someone else ("dubious ownership") unless told it is
+    safe: the git image says so for every repository, since mounts belong to other uids."""
+    repo = git_repo(scratch / "repo", ["first", "second"])
+    (repo / "log.txt").write_text("changed, not committed")
+    give(repo, repo_owner)
+    home = scratch / "home"
+    home.mkdir()
+    give(home, USER)
+    suite = write_suite(scratch / "suite.yaml", [str(scratch)])
+    with orchestrator(
+        suite, tmp_path / "o.log", run_as=orchestrator_user, env={"HOME": str(home)}
+    ) as running:
+        client = python_client(f"{running.ws_url}/mcp/git?mount={repo}:/workspace:ro")
+        try:
+            assert client.ask({"op": "initialize"})["ok"]
+            answers = {
+                name: client.ask(
+                    {"op": "call", "name": name, "arguments": {"repo_path": "/workspace"}}
+                )
+                for name in ("git_status", "git_log")
+            }
+            assert server_user(docker_client, running.instance) == [server]
+        finally:
+            assert client.close() == 0
+    for answer in answers.values():
+        assert answer["ok"], answer
+        assert "dubious" not in text_of(answer).lower(), answer
+    assert "On branch main" in text_of(answers["git_status"]), answers
+    assert "modified:   log.txt" in text_of(answers["git_status"]), answers
+    log = text_of(answers["git_log"])
+    assert log.index("Message: second") < log.index("Message: first"), log

@@ -89,8 +89,21 @@ async def _raw_websocket(running: Orchestrator, target: str, headers: dict[str, 
         ("POST", f"/mcp/time?token={WRONG}", {}),
         ("POST", "/mcp/time", {"authorization": f"Basic {harness.TEST_TOKEN}"}),
         ("GET", "/mcp/time", {}),
+        ("GET", "/mcp/time", {"authorization": f"Bearer {WRONG}"}),
         ("DELETE", "/mcp/time", {"mcp-session-id": "0" * 32}),
+        ("DELETE", "/mcp/time", {"authorization": f"Bearer {WRONG}", "mcp-session-id": "0" * 32}),
         ("POST", "/mcp/time/my-stateless-key", {}),
+        ("POST", "/mcp", {}),
+        ("POST", "/mcp", {"authorization": f"Bearer {WRONG}"}),
+        ("POST", f"/mcp?tools=all&token={WRONG}", {}),
+        ("GET", "/mcp", {}),
+        ("GET", "/mcp", {"authorization": f"Bearer {WRONG}"}),
+        ("DELETE", "/mcp", {"mcp-session-id": "0" * 32}),
+        ("DELETE", "/mcp", {"authorization": f"Bearer {WRONG}", "mcp-session-id": "0" * 32}),
+        ("POST", "/mcp/fabric/my-stateless-key", {}),
+        ("POST", f"/mcp/fabric/my-stateless-key?token={WRONG}", {}),
+        ("GET", "/mcp/fabric/my-stateless-key", {"authorization": f"Bearer {WRONG}"}),
+        ("DELETE", "/mcp/fabric/my-stateless-key", {}),
         ("GET", "/nowhere", {}),
     ],
 )
@@ -116,6 +129,9 @@ def test_an_http_request_without_the_right_token_gets_401_and_starts_nothing(
         ("/mcp/time", {}),
         (f"/mcp/time?token={WRONG}", {}),
         ("/mcp/time", {"authorization": f"Bearer {WRONG}"}),
+        ("/mcp", {}),
+        (f"/mcp?tools=all&token={WRONG}", {}),
+        ("/mcp", {"authorization": f"Bearer {WRONG}"}),
     ],
 )
 def test_a_websocket_without_the_right_token_is_refused_at_the_handshake(
@@ -148,6 +164,11 @@ def test_healthz_tells_a_caller_without_the_token_only_the_status(fabric: Orches
     reply = trio.run(_raw_http, fabric, "GET", "/healthz", bearer)
     assert reply.json()["docker"] == "ok"
     assert "docker_version" in reply.json()
+    # HEAD tells no more: the length of its answer is the status-only one's.
+    for headers in ({}, {"authorization": f"Bearer {WRONG}"}):
+        head = trio.run(_raw_http, fabric, "HEAD", "/healthz", headers)
+        assert (head.status, head.body) == (200, b"")
+        assert head.headers["content-length"] == str(len(b'{"status": "ok"}'))
 
 
 # What each real client shows a user whose token is missing (measured; the assertion is the

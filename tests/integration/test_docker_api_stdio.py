@@ -71,8 +71,24 @@ class StdioPeer:
                 await self.send({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": []}})
 
 
+def assert_confined(inspected: dict[str, Any]) -> None:
+    """The engine's own record of a server's container: a read-only root file system, a user
+    that is not root, no new privileges, every capability dropped."""
+    host = inspected["HostConfig"]
+    assert host["ReadonlyRootfs"] is True, host
+    user = inspected["Config"]["User"]
+    assert user.partition(":")[0] not in ("", "0", "root"), user
+    assert any(
+        option in ("no-new-privileges", "no-new-privileges:true")
+        for option in host["SecurityOpt"] or []
+    ), host["SecurityOpt"]
+    assert "ALL" in (host["CapDrop"] or []), host["CapDrop"]
+    assert not host["CapAdd"], host["CapAdd"]
+    assert host["Privileged"] is False
+
+
 @pytest.mark.parametrize("service_name", sorted(EXPECTED_TOOL))
-async def test_each_bundled_service_started_through_the_docker_api_answers_tools_list(
+async def test_each_bundled_service_answers_tools_list_through_the_docker_api_confined(
     service_name: str, docker_client: docker.DockerClient
 ) -> None:
     session_id = secrets.token_hex(8)
@@ -106,7 +122,7 @@ async def test_each_bundled_service_started_through_the_docker_api_answers_tools
             tools = (await peer.response(2))["result"]["tools"]
             assert EXPECTED_TOOL[service_name] in {tool["name"] for tool in tools}
         inspected = docker_client.api.inspect_container(container.id)
-        assert inspected["HostConfig"]["CapDrop"] == ["ALL"]
+        assert_confined(inspected)
         assert inspected["Config"]["Labels"][LABEL_SESSION] == session_id
     finally:
         with trio.CancelScope(shield=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import os
 import random
 import secrets
@@ -26,22 +27,27 @@ from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
 from reactor_fabric.policy.container_spec import LABEL_SESSION, MountSpec, container_spec_for
 from reactor_fabric.policy.pinning import PinSet, pin_mounts
 from reactor_fabric.runtime.docker import DockerRuntime
+from tests.http_client import HttpClient
 from tests.integration.harness import (
     Orchestrator,
     build_test_image,
     containers_of,
+    mounted_directories,
     orchestrator,
+    python2_client,
+    python_client,
     wait_until,
     write_suite,
 )
-from tests.integration.test_bounds_e2e import websocket
+from tests.integration.test_bounds_e2e import host_port, websocket
 from tests.integration.test_docker_api_stdio import TEST_IDENTITY, StdioPeer
 from tests.leaks import descriptors_of
-from tests.messages import request
+from tests.messages import INITIALIZE, request
 
 pytestmark = pytest.mark.integration
 
 MARKER = "VALIDATED"
+WRONG_TOKEN = "wrong-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -381,3 +387,135 @@ def test_a_same_path_mount_cannot_hide_what_the_image_has_at_that_path(
             assert "result" in trio.run(start, running, elsewhere)
     finally:
         IMAGE_DIRECTORY.rmdir()
+
+
+async def _http_without_the_token(
+    running: Orchestrator, method: str, target: str, headers: dict[str, str]
+) -> Any:
+    client = HttpClient(await trio.open_tcp_stream(*host_port(running)))
+    try:
+        body = request(9, "tools/call", {"name": "get_current_time"}) if method == "POST" else None
+        return await client.request(method, target, body, headers=headers)
+    finally:
+        await client.aclose()
+
+
+def test_a_keyed_url_belongs_to_its_first_client_others_and_tokenless_requests_are_refused(
+    tmp_path: Path, project_root: Path, docker_client: docker.DockerClient
+) -> None:
+    """A foreign key owner: B picks the URL key A uses, with its own project, with no mount, or
+    registering its own mounts; a request on the key without the token or with a wrong one.
+    Each is refused as its client shows it, and A's session and container go on untouched."""
+    mine = project_root / "mine"
+    theirs = project_root / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    (mine / MARKER).write_text("A's project")
+    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+    current_time = {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}}
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        key_url = f"{running.http_url}/mcp/time/agent-k"
+        owner = python2_client(f"{key_url}?mount={mine}:/workspace")
+        try:
+            assert owner.ask({"op": "initialize"})["ok"]
+            assert owner.ask(current_time)["ok"]
+            [container] = containers_of(docker_client, service="time", instance=running.instance)
+            assert mounted_directories(container, [mine, theirs]) == [(str(mine), "/workspace")]
+
+            def container_is_untouched() -> None:
+                [now] = containers_of(docker_client, service="time", instance=running.instance)
+                assert (now.id, now.status) == (container.id, "running")
+                answer = owner.ask(current_time)
+                assert answer["ok"], answer
+
+            shown: list[dict[str, Any]] = []
+            for url in (f"{key_url}?mount={theirs}:/workspace", key_url):
+                other = python2_client(url)
+                try:
+                    shown.append(other.ask({"op": "initialize"}))
+                finally:
+                    other.close()
+            mounts = json.dumps([{"source": str(theirs), "target": "/workspace"}])
+            registering = python_client(f"{key_url}?mount={mine}:/workspace", "--register", mounts)
+            try:
+                registered = registering.read_json()
+                assert registered["op"] == "register", registered
+                shown.append(registered)
+            finally:
+                registering.close()
+            for answer in shown:
+                assert not answer["ok"], answer
+                assert answer["error"]["code"] == -32004, answer
+                assert answer["error"]["data"]["reason"] == "session_key_in_use", answer
+            container_is_untouched()
+
+            # Without the token, or with a wrong one, even on A's very URL: 401, nothing else.
+            for method, query, headers in (
+                ("POST", "", {}),
+                ("POST", f"&token={WRONG_TOKEN}", {}),
+                ("POST", "", {"authorization": f"Bearer {WRONG_TOKEN}"}),
+                ("GET", "", {}),
+                ("DELETE", "", {"authorization": f"Bearer {WRONG_TOKEN}"}),
+                ("DELETE", "", {}),
+            ):
+                target = f"/mcp/time/agent-k?mount={mine}:/workspace{query}"
+                reply = trio.run(_http_without_the_token, running, method, target, headers)
+                assert reply.status == 401, (method, query, headers, reply)
+                assert reply.json()["error"]["data"]["reason"] in ("token_missing", "token_invalid")
+            container_is_untouched()
+        finally:
+            assert owner.close() == 0
+
+
+def test_a_keyed_session_registered_in_its_body_is_not_joined_by_its_key_alone(
+    tmp_path: Path, project_root: Path, docker_client: docker.DockerClient
+) -> None:
+    """Its mounts are in no URL, so a client on the bare key would look like its owner: only
+    the session id its registration was answered with reaches it."""
+    mine = project_root / "mine"
+    mine.mkdir()
+    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+    target = "/mcp/time/agent-r"
+
+    async def as_owner(running: Orchestrator, body: dict[str, Any], session: str = "") -> Any:
+        client = HttpClient(
+            await trio.open_tcp_stream(*host_port(running)), headers=running.auth_header
+        )
+        try:
+            headers = {"mcp-session-id": session} if session else {}
+            return await client.request(
+                "POST", target, body, headers=headers, accept="application/json"
+            )
+        finally:
+            await client.aclose()
+
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        registration = request(1, "fabric/registerClient", mount_of(mine))
+        session = trio.run(as_owner, running, registration).json()["result"]["sessionId"]
+        wait_until(
+            lambda: len(containers_of(docker_client, instance=running.instance)) == 1,
+            what="the registered session's container",
+        )
+        other = python2_client(f"{running.http_url}{target}")
+        try:
+            refused = other.ask({"op": "initialize"})
+        finally:
+            other.close()
+        assert not refused["ok"], refused
+        assert refused["error"]["code"] == -32004, refused
+        assert refused["error"]["data"]["reason"] == "session_key_in_use", refused
+        # The owner, with its session id, goes on in its one container.
+        initialized = trio.run(as_owner, running, INITIALIZE, session)
+        assert "result" in initialized.json(), initialized
+        called = trio.run(
+            as_owner,
+            running,
+            request(
+                2, "tools/call", {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+            ),
+            session,
+        )
+        assert "result" in called.json(), called
+        [container] = containers_of(docker_client, instance=running.instance)
+        assert container.labels[LABEL_SESSION] == session
+        assert mounted_directories(container, [mine]) == [(str(mine), "/workspace")]

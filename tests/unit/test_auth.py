@@ -106,18 +106,37 @@ def test_only_loopback_addresses_count_as_loopback(host: str, loopback: bool) ->
 # --- the app: every route and transport -------------------------------------------------------
 
 
+WRONG_BEARER = {"authorization": "Bearer wrong"}
+
+
 async def test_every_http_route_refuses_a_request_without_the_token(tmp_path: Path) -> None:
-    async with served(tmp_path, token=TOKEN) as http:
-        for method, target in [
-            ("POST", "/mcp/svc"),
-            ("GET", "/mcp/svc"),
-            ("DELETE", "/mcp/svc"),
-            ("POST", "/mcp/svc/some-key-123"),
-            ("POST", "/mcp/svc?token=wrong"),
-            ("GET", "/elsewhere"),
+    # The catalog is learned, so that a request let through on the fabric endpoint would be
+    # served at once (and show here) rather than wait for it.
+    async with served(tmp_path, token=TOKEN, learn_catalog=True) as http:
+        for method, target, headers in [
+            ("POST", "/mcp/svc", {}),
+            ("GET", "/mcp/svc", {}),
+            ("DELETE", "/mcp/svc", {}),
+            ("GET", "/mcp/svc", WRONG_BEARER),
+            ("DELETE", "/mcp/svc", {**WRONG_BEARER, "mcp-session-id": "0" * 32}),
+            ("POST", "/mcp/svc/some-key-123", {}),
+            ("POST", "/mcp/svc?token=wrong", {}),
+            ("POST", "/mcp", {}),
+            ("POST", "/mcp", WRONG_BEARER),
+            ("POST", "/mcp?tools=all&token=wrong", {}),
+            ("GET", "/mcp", {}),
+            ("GET", "/mcp", WRONG_BEARER),
+            ("DELETE", "/mcp", {"mcp-session-id": "0" * 32}),
+            ("DELETE", "/mcp", WRONG_BEARER),
+            ("POST", "/mcp/fabric/some-key-123", {}),
+            ("POST", "/mcp/fabric/some-key-123", WRONG_BEARER),
+            ("GET", "/mcp/fabric/some-key-123", {}),
+            ("DELETE", "/mcp/fabric/some-key-123?token=wrong", {}),
+            ("GET", "/elsewhere", {}),
         ]:
-            reply = await http.http(method, target, INITIALIZE if method == "POST" else None)
-            assert reply.status == 401, (method, target)
+            body = INITIALIZE if method == "POST" else None
+            reply = await http.http(method, target, body, headers=headers)
+            assert reply.status == 401, (method, target, headers)
             assert reply.headers["www-authenticate"].startswith("Bearer")
             assert reply.json()["error"]["data"]["reason"] in ("token_missing", "token_invalid")
         assert http.runtime.alive == []
@@ -130,6 +149,9 @@ async def test_a_websocket_without_the_token_is_refused_at_the_handshake(tmp_pat
             ("/mcp/svc", []),
             ("/mcp/svc?token=wrong", []),
             ("/mcp/svc", [(b"authorization", b"Bearer wrong")]),
+            ("/mcp", []),
+            ("/mcp?tools=all&token=wrong", []),
+            ("/mcp", [(b"authorization", b"Bearer wrong")]),
         ]:
             ws, answer = await http.websocket(target, headers=headers)
             await ws.aclose()
@@ -172,6 +194,15 @@ async def test_healthz_without_the_token_says_only_whether_it_is_up(tmp_path: Pa
         full = await http.http("GET", "/healthz", headers={"authorization": f"Bearer {TOKEN}"})
         assert full.status == 200
         assert {"status", "docker", "sessions", "containers", "version"} <= set(full.json())
+        # HEAD tells no more: its length is the status-only answer's, not the full one's.
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            head = await http.http("HEAD", "/healthz", headers=headers)
+            assert (head.status, head.body) == (200, b"")
+            assert head.headers["content-length"] == str(len(b'{"status": "ok"}'))
+        bearer = {"authorization": f"Bearer {TOKEN}"}
+        head = await http.http("HEAD", "/healthz", headers=bearer)
+        assert head.headers["content-length"] == full.headers["content-length"]
         # The Origin and Host checks hold for healthz too.
-        forged = await http.http("GET", "/healthz", headers={"origin": "https://evil.example"})
-        assert forged.status == 403
+        for method in ("GET", "HEAD"):
+            forged = await http.http(method, "/healthz", headers={"origin": "https://evil.example"})
+            assert forged.status == 403

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from reactor_fabric.config.structs import Limits
+from reactor_fabric.config.structs import Limits, Profile, Service
 from tests.fakes import until
 from tests.http_client import HttpClient, Reply
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -242,11 +242,14 @@ async def test_register_racing_delete_on_one_keyed_url_leaves_the_orchestrator_s
 ) -> None:
     async with served(tmp_path) as http:
         register = request(1, "fabric/registerClient", {"mounts": []})
-        for _ in range(5):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(http.post, register, path="/mcp/svc/raced"))
-                nursery.start_soon(http.http, "DELETE", "/mcp/svc/raced")
-            await trio.testing.wait_all_tasks_blocked()
+        # A registered session is not the key-only DELETE's to end (refused, or not there
+        # yet); an initialized one with the same URL is.
+        for first, path in ((register, "/mcp/svc/raced"), (INITIALIZE, "/mcp/svc/raced-init")):
+            for _ in range(5):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(http.post, first, path=path))
+                    nursery.start_soon(http.http, "DELETE", path)
+                await trio.testing.wait_all_tasks_blocked()
         # Still serving, and every session of the race is over or usable.
         assert (await http.post(call(2, "echo"), path="/mcp/svc/after")).status == 200
 
@@ -398,3 +401,79 @@ async def test_a_keyed_url_belongs_to_its_first_client_other_mounts_are_refused(
         assert "result" in (await http.post(call(4, "echo"), path=mine)).json()
         [spec] = http.runtime.spawned
         assert spec.mounts[0].source == str(tmp_path / "mine")
+
+
+def key_in_use(reply: Reply, status: int = 200) -> bool:
+    """Whether the reply is the -32004 session_key_in_use refusal, with that HTTP status."""
+    error = reply.json().get("error", {})
+    refused = (error.get("code"), error.get("data", {}).get("reason"))
+    return reply.status == status and refused == (-32004, "session_key_in_use")
+
+
+async def test_a_keyed_session_registered_in_its_body_is_reached_by_its_id_not_its_key_alone(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mine").mkdir()
+    async with served(tmp_path) as http:
+        mount = {"source": str(tmp_path / "mine"), "target": "/workspace"}
+        registered = await http.post(
+            request(1, "fabric/registerClient", {"mounts": [mount]}), path="/mcp/svc/agent-7"
+        )
+        session = registered.json()["result"]["sessionId"]
+        # Without ?mount= the URL looks like the owner's (its mounts are in no URL): the key
+        # alone does not reach the session, for any method.
+        assert key_in_use(await http.post(call(2, "echo"), path="/mcp/svc/agent-7"))
+        assert key_in_use(await http.post(INITIALIZE, path="/mcp/svc/agent-7"))
+        listen = await http.http("GET", "/mcp/svc/agent-7", accept="text/event-stream")
+        assert key_in_use(listen, 409)
+        assert key_in_use(await http.http("DELETE", "/mcp/svc/agent-7"), 409)
+        # The owner, with the id its registration was answered with, goes on in its container.
+        owned = await http.post(call(3, "echo", n=3), path="/mcp/svc/agent-7", session=session)
+        assert "result" in owned.json()
+        [spec] = http.runtime.spawned
+        assert spec.mounts[0].source == str(tmp_path / "mine")
+        assert http.fabric.session_count == 1
+        deleted = await http.http("DELETE", "/mcp/svc/agent-7", headers={"mcp-session-id": session})
+        assert deleted.status == 204
+
+
+async def test_get_and_delete_on_a_keyed_url_with_other_mounts_are_refused_and_end_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "theirs").mkdir()
+    async with served(tmp_path) as http:
+        mine = f"/mcp/svc/agent-7?mount={tmp_path / 'mine'}:/workspace"
+        theirs = f"/mcp/svc/agent-7?mount={tmp_path / 'theirs'}:/workspace"
+        assert "result" in (await http.post(call(1, "echo"), path=mine)).json()
+        for path in (theirs, "/mcp/svc/agent-7"):
+            assert key_in_use(await http.http("DELETE", path), 409)
+            listen = await http.http("GET", path, accept="text/event-stream")
+            assert key_in_use(listen, 409)
+        assert len(http.runtime.alive) == 1
+        assert "result" in (await http.post(call(2, "echo"), path=mine)).json()
+        assert (await http.http("DELETE", mine)).status == 204  # the owner's URL ends it
+        assert http.runtime.alive == []
+
+
+async def test_a_keyed_fabric_url_refuses_requests_with_other_tools_or_profile(
+    tmp_path: Path,
+) -> None:
+    services = {"alpha": Service(image="fake/alpha:1"), "beta": Service(image="fake/beta:1")}
+    profiles = {"a": Profile(services=["alpha"]), "b": Profile(services=["beta"])}
+    async with served(tmp_path, learn_catalog=True, services=services, profiles=profiles) as http:
+        owner = "/mcp/fabric/agent-7?tools=all&profile=a"
+        first = await http.post(call(1, "alpha__echo", x=1), path=owner)
+        assert json.loads(first.json()["result"]["content"][0]["text"]) == {"x": 1}
+        for other in (
+            "/mcp/fabric/agent-7",
+            "/mcp/fabric/agent-7?tools=discover&profile=a",
+            "/mcp/fabric/agent-7?tools=all",
+            "/mcp/fabric/agent-7?tools=all&profile=b",
+        ):
+            assert key_in_use(await http.post(call(2, "beta__echo"), path=other)), other
+        again = await http.post(call(3, "alpha__echo", x=3), path=owner)
+        assert json.loads(again.json()["result"]["content"][0]["text"]) == {"x": 3}
+        assert http.fabric.session_count == 1
+        assert [spec.image for spec in http.runtime.spawned] == ["fake/alpha:1"]
+        assert (await http.http("DELETE", owner)).status == 204
