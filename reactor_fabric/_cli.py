@@ -21,13 +21,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
+from ._operator_cli import add_operator_commands, audit_command, open_audit, sessions_command
 from ._version import __version__
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
@@ -35,7 +36,9 @@ from .config.token import Token, TokenError, find_token, load_or_create_token
 from .discovery import build_index, rank_servers
 from .discovery.catalog_file import CatalogFormatError, catalog_json, services_from_json
 from .discovery.tokens import count_definition
+from .observe.audit import now_iso
 from .observe.logging import LOG_LEVELS, configure_logging
+from .observe.observer import Observer
 from .policy.auth import is_loopback
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
@@ -190,6 +193,7 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     rank.add_argument(
         "--budget", type=int, default=None, help="tokens of tool definitions the set may take"
     )
+    add_operator_commands(commands, environ)
     return parser
 
 
@@ -200,14 +204,18 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    if args.command == "validate-config":
-        return validate_config(args.path)
-    if args.command == "connect":
-        return connect_command(args, env)
-    if args.command == "catalog":
-        return catalog_command(args.catalog_config or args.config, args.refresh, args.json, env)
-    if args.command == "rank":
-        return rank_command(args.catalog, args.top, args.budget)
+    commands: dict[str, Callable[[], int]] = {
+        "validate-config": lambda: validate_config(args.path),
+        "connect": lambda: connect_command(args, env),
+        "catalog": lambda: catalog_command(
+            args.catalog_config or args.config, args.refresh, args.json, env
+        ),
+        "rank": lambda: rank_command(args.catalog, args.top, args.budget),
+        "audit": lambda: audit_command(args, _optional_suite(args.config), env),
+        "sessions": lambda: sessions_command(args, env),
+    }
+    if args.command in commands:
+        return commands[args.command]()
     settings = ServeSettings(
         config=args.config,
         host=args.host,
@@ -332,6 +340,15 @@ def validate_config(path: str) -> int:
     return EXIT_OK
 
 
+def _optional_suite(path: str) -> Suite | None:
+    """The valid suite in ``path``, if there is one (quietly None otherwise)."""
+    try:
+        check = check_suite_text(read_suite_file(path), source=path)
+    except SuiteUnreadable:
+        return None
+    return check.suite
+
+
 def _read_suite(path: str) -> Suite | int:
     """The valid suite in ``path``; else the exit code, with every problem printed on stderr."""
     try:
@@ -395,6 +412,28 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         log.error("cannot_authenticate", extra={"reason": "auth_setup", "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
+    try:
+        audit = open_audit(check.suite, environ)
+    except OSError as exc:
+        log.error("audit_unwritable", extra={"reason": "audit_unwritable", "detail": str(exc)})
+        print(
+            f"error: the audit trail cannot be written: {exc}; not starting (set "
+            "orchestrator.audit.path, or orchestrator.audit.enabled: false)",
+            file=sys.stderr,
+        )
+        return EXIT_UNREADABLE
+    observer = Observer(services=check.suite.mcp_services, audit=audit)
+    if audit is not None:
+        log.info("audit_trail", extra={"path": str(audit.path)})
+        audit.submit(
+            {
+                "ts": now_iso(),
+                "event": "orchestrator_start",
+                "version": __version__,
+                "pid": os.getpid(),
+                "listen": f"{settings.host}:{settings.port}",
+            }
+        )
     fabric = Fabric(
         suite=check.suite,
         runtime=DockerRuntime(max_frame_bytes=check.suite.orchestrator.max_message_bytes),
@@ -402,7 +441,19 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         listen_host=settings.host,
         token=token.value if token is not None else None,
         catalog_store=default_store(environ),
+        observer=observer,
     )
+    try:
+        return _serve_fabric(fabric, settings, token)
+    finally:
+        if audit is not None:
+            audit.submit(
+                {"ts": now_iso(), "event": "orchestrator_stop", "instance": fabric.instance_id}
+            )
+        observer.close()
+
+
+def _serve_fabric(fabric: Fabric, settings: ServeSettings, token: Token | None) -> int:
     try:
         trio.run(_serve_until_signalled, fabric, settings, token)
     except OSError as exc:

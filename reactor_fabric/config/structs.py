@@ -111,6 +111,20 @@ class FabricSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     model_assist: ModelAssist = msgspec.field(default_factory=ModelAssist)
 
 
+class Audit(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The audit trail (see :mod:`reactor_fabric.observe.audit`)."""
+
+    enabled: bool = True
+    path: str | None = None
+    arguments: Literal["none", "hash", "full"] = "hash"
+    max_size: str | int = "50m"
+    keep: int = 5
+
+    @property
+    def max_bytes(self) -> int:
+        return parse_size(self.max_size)
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -123,6 +137,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     network: str = "bridge"
     limits: Limits = msgspec.field(default_factory=Limits)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
+    audit: Audit = msgspec.field(default_factory=Audit)
 
     @property
     def max_message_bytes(self) -> int:

@@ -33,6 +33,7 @@ SERVICE_CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
 # Docker refuses memory limits below 6 MiB.
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
 MIN_MESSAGE_BYTES = 1024
+MIN_AUDIT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,10 @@ def _check_logic(data: object, collector: _Collector) -> None:
                 _check_size(limits, ("orchestrator", "limits", key), MIN_MESSAGE_BYTES, collector)
             for key in ("first_message_timeout", "client_write_timeout", "shutdown_timeout"):
                 _check_duration(limits, ("orchestrator", "limits", key), collector)
+        audit = orchestrator.get("audit")
+        if isinstance(audit, dict):
+            # Room for the largest record (a tool call with its arguments in full).
+            _check_size(audit, ("orchestrator", "audit", "max_size"), MIN_AUDIT_BYTES, collector)
         fabric = orchestrator.get("fabric")
         assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
         if isinstance(assist, dict):

@@ -79,6 +79,8 @@ MAX_LISTENERS = 8
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
+# The reason the metrics give errors of the endpoint's own that carry none.
+_REASONS = {METHOD_NOT_FOUND: "method_not_found", INVALID_PARAMS: "invalid_params"}
 # The service the audit names for the endpoint's own meta-tools.
 FABRIC_SERVICE = "fabric"
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
@@ -105,6 +107,8 @@ _encoder = msgspec.json.Encoder()
 @dataclass(frozen=True)
 class ToClient:
     data: bytes
+    # An error the endpoint answers with itself: its code and reason (for the metrics).
+    error: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -1026,16 +1030,19 @@ class FabricServer:
 
     def _fail(self, request_id: object, code: int, message: str) -> ToClient:
         error = {"code": code, "message": message}
-        return self._answer(request_id, {"jsonrpc": "2.0", "id": request_id, "error": error})
+        body = {"jsonrpc": "2.0", "id": request_id, "error": error}
+        return self._answer(request_id, body, (code, _REASONS.get(code, "none")))
 
     def _error(self, request_id: object, error: FabricError) -> ToClient:
         body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
-        return self._answer(request_id, body)
+        return self._answer(request_id, body, (error.code, error.reason))
 
-    def _answer(self, request_id: object, body: Json) -> ToClient:
+    def _answer(
+        self, request_id: object, body: Json, error: tuple[int, str] | None = None
+    ) -> ToClient:
         data = _encoder.encode(body)
         self._ended(request_id, data)
-        return ToClient(data)
+        return ToClient(data, error)
 
 
 def _complete(result: Json) -> Json:

@@ -28,6 +28,7 @@ import collections
 import copy
 import dataclasses
 import enum
+import json
 import math
 import types
 from dataclasses import dataclass, field
@@ -115,9 +116,16 @@ class Tick:
     """Time passed (a deadline the machine announced is due)."""
 
 
+ORCHESTRATOR_STOPPING: Final = "orchestrator_stopping"
+ENDED_BY_OPERATOR: Final = "session_ended_by_operator"
+
+
 @dataclass(frozen=True, slots=True)
 class Shutdown:
-    """The orchestrator is stopping: answer what is in flight and end the session."""
+    """The session must end now — the orchestrator is stopping, or an operator ended it
+    (``reason``): answer what is in flight with that reason and end the session."""
+
+    reason: str = ORCHESTRATOR_STOPPING
 
 
 Event = (
@@ -470,16 +478,16 @@ class SessionMachine:
         self.ledger.container_gone()
         return actions
 
-    def _shutdown(self, _event: Shutdown, _now: float) -> list[Action]:
-        error = ContainerStartFailure(
-            "the orchestrator is stopping; this request will not be answered",
-            reason="orchestrator_stopping",
-        )
+    def _shutdown(self, event: Shutdown, _now: float) -> list[Action]:
+        error = session_ending(event.reason)
         actions = self.answer_all(error)
         if self._slot is not None:
-            actions.append(StopContainer(self._slot.seq, "orchestrator_stopping", graceful=False))
+            actions.append(StopContainer(self._slot.seq, event.reason, graceful=False))
             self._slot = None
-        actions += [CloseClient(CLOSE_NORMAL, "orchestrator stopping"), EndSession()]
+        if event.reason == ENDED_BY_OPERATOR:
+            # Clients show log messages; a request in flight shows the error above.
+            actions.append(SendToClient(log_notification("warning", str(error))))
+        actions += [CloseClient(CLOSE_NORMAL, event.reason.replace("_", " ")), EndSession()]
         self.phase = Phase.ENDED
         return actions
 
@@ -695,6 +703,29 @@ class SessionMachine:
             ]
             self._slot = None
         return actions
+
+
+def session_ending(reason: str) -> ContainerStartFailure:
+    """What requests in flight get when their session must end (see :class:`Shutdown`)."""
+    if reason == ENDED_BY_OPERATOR:
+        return ContainerStartFailure(
+            "an operator of the orchestrator ended this session; its containers were removed "
+            "(reconnect to start again)",
+            reason=ENDED_BY_OPERATOR,
+        )
+    return ContainerStartFailure(
+        "the orchestrator is stopping; this request will not be answered", reason=reason
+    )
+
+
+def log_notification(level: str, text: str) -> bytes:
+    """An MCP ``notifications/message`` from the orchestrator itself."""
+    message = {
+        "jsonrpc": "2.0",
+        "method": "notifications/message",
+        "params": {"level": level, "logger": "reactor-fabric", "data": text},
+    }
+    return json.dumps(message).encode()
 
 
 class _ServerRequestExpired(FabricError):

@@ -246,7 +246,7 @@ class ToolCalls:
         return Arguments(sha256=digest, full=redact(value))
 
 
-def _done(
+def _done(  # noqa: PLR0917 (the outcome's parts, in the order a reader expects)
     request_id: RequestId | None,
     call: _Open,
     now: float,

@@ -7,6 +7,8 @@
 ``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`): the per-service relay
 ``/mcp``, ``/mcp/fabric/{key}`` the fabric endpoint (:mod:`.fabric_session`)
 ``ws://…/mcp[/{service}]``    WebSocket (:mod:`.websocket`)
+``/``, ``/metrics``, ``/api/…`` operators: the status page, Prometheus, sessions and calls
+                              (:mod:`.operator`)
 ============================  =========================================================
 """
 
@@ -17,13 +19,14 @@ from typing import Any
 
 import trio
 
-from .._errors import DockerUnavailable
+from .._errors import DockerUnavailable, SecurityViolation
 from .._version import __version__
 from ..observe.health import health_report
 from ..policy.auth import Refusal, admit
 from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import HttpExchange, Request
+from .operator import is_operator_route, serve_operator
 from .streamable_http import HttpSessions, serve_streamable_http
 from .websocket import serve_websocket
 
@@ -51,10 +54,13 @@ class FabricApp:
                 # version and the session counts are for the token's holder.
                 await self._healthz(exchange, details=False)
             else:
-                await _refuse(exchange, refusal)
+                await self._refuse(exchange, refusal)
             return
         if refusal is not None:
-            await _refuse(exchange, refusal)
+            await self._refuse(exchange, refusal)
+            return
+        if is_operator_route(request.path):
+            await serve_operator(self.fabric, exchange)
             return
         route = mcp_route(request.path)
         if route is not None:
@@ -65,6 +71,10 @@ class FabricApp:
 
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
         await serve_websocket(self.fabric, request, stream, trailing)
+
+    async def _refuse(self, exchange: HttpExchange, refusal: Refusal) -> None:
+        self.fabric.observer.error_sent(SecurityViolation.code, refusal.reason)
+        await exchange.respond(refusal.status, refusal.body, headers=list(refusal.headers))
 
     async def _healthz(self, exchange: HttpExchange, *, details: bool) -> None:
         docker_version: str | None = None
@@ -97,10 +107,6 @@ def mcp_route(path: str) -> tuple[str, str | None] | None:
     if len(parts) == 2 and parts[0] and parts[1]:
         return parts[0], parts[1]
     return None
-
-
-async def _refuse(exchange: HttpExchange, refusal: Refusal) -> None:
-    await exchange.respond(refusal.status, refusal.body, headers=list(refusal.headers))
 
 
 async def _json(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from ..observe.ratelimit import TokenBucket
 from ..policy.container_spec import MountSpec
 from ..protocol.framing import FramingError, TruncatingLineSplitter
 from ..runtime.base import Container
-from .fabric import Fabric
+from .fabric import ContainerRecord, Fabric
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class LiveContainer:
     reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
     stop_reason: str = "session_ended"
     stop_graceful: bool = True
+    exit_code: int | None = None  # when it exited on its own and the engine could tell
 
 
 async def start_container(
@@ -70,13 +72,15 @@ async def start_container(
     mounts: tuple[MountSpec, ...],
     sequence: int,
     fields: dict[str, Any],
+    respawn: bool,
 ) -> Container:
-    """Start a container of ``service`` for a session, registered and logged; FabricError if
-    it cannot start.
+    """Start a container of ``service`` for a session, registered, logged and audited
+    (``respawn``: the session had one of this service before); FabricError if it cannot start.
 
     The mounts are validated again and pinned at every start (respawns too): the container
     gets the very directories the session was granted, or this start fails with -32004.
     """
+    began = trio.current_time()
     pins, account = await fabric.prepare_start(mounts)
     spec = fabric.container_spec(
         service_name,
@@ -88,7 +92,19 @@ async def start_container(
         account=account,
     )
     container = await fabric.runtime.spawn(spec)  # owns the pins from here
-    fabric.container_started(container.id, session_id)
+    seconds = trio.current_time() - began
+    fabric.container_started(
+        container.id,
+        ContainerRecord(session_id, service_name, container.name, service.image, time.time()),
+    )
+    fabric.observer.container_started(
+        session=session_id,
+        service=service_name,
+        container=container.id[:12],
+        image=service.image,
+        seconds=seconds,
+        respawn=respawn,
+    )
     log.info(
         "container_started",
         extra={
@@ -114,6 +130,7 @@ async def how_it_exited(
     except FabricError as exc:
         log.warning("container_inspect_failed", extra={**fields, "reason": exc.reason})
         return None, False
+    live.exit_code = status.exit_code
     return status.exit_code, status.oom_killed
 
 
@@ -191,7 +208,16 @@ async def remove_container(
             )
     finally:
         forget()
+        record = fabric.containers.get(container.id)
         fabric.container_removed(container.id)
+        if record is not None:
+            fabric.observer.container_stopped(
+                session=record.session,
+                service=record.service,
+                container=container.id[:12],
+                reason=live.stop_reason,
+                exit_code=live.exit_code,
+            )
         live.removed.set()
         log.info(
             "container_removed",

@@ -21,6 +21,8 @@ import trio
 
 from ..config.structs import Limits, Service, Suite
 from ..discovery import DiscoveryIndex, tokens
+from ..observe.metrics import LiveFigures
+from ..observe.observer import Client, Observer, token_id
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.auth import Gate
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
@@ -30,6 +32,7 @@ from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
 from ..protocol.catalog import Catalog, ServiceCatalog
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
+from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.session import SessionLimits
 from ..runtime.base import Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
@@ -68,10 +71,35 @@ def new_session_id() -> str:
     return secrets.token_hex(16)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class SessionRecord:
-    service: str
+    """A live session, as operators see it (``sessions``, ``/api/sessions``, the status page)."""
+
+    service: str  # the relay's service, or "fabric" for the fabric endpoint
     transport: str
+    client: Client | None = None
+    mounts: tuple[MountSpec, ...] = ()
+    trace_id: str = ""
+    started_at: float = 0.0  # wall clock
+    # When a message last passed (trio time), kept by the session's driver.
+    last_active: float = 0.0
+    # Set by an operator (sessions --end): the session tells its client why and ends.
+    ended_by_operator: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def endpoint(self) -> str:
+        return "fabric" if self.service == "fabric" else "relay"
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    """A live session container."""
+
+    session: str
+    service: str
+    name: str
+    image: str
+    started_at: float  # wall clock
 
 
 @dataclass
@@ -84,7 +112,9 @@ class Fabric:
     token: str | None = None
     instance_id: str = field(default_factory=new_instance_id)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
-    containers: dict[str, str] = field(default_factory=dict)  # container id → session id
+    containers: dict[str, ContainerRecord] = field(default_factory=dict)  # by container id
+    # The audit trail, the metrics and the recent past (default: metrics only, no trail).
+    observer: Observer = field(default_factory=Observer)
     pending_connections: int = 0  # WebSocket connections before their first message
     # Set when the orchestrator begins to stop: every session answers what is in flight.
     stopping: trio.Event = field(default_factory=trio.Event)
@@ -115,6 +145,11 @@ class Fabric:
             self.token,
         )
         self._identity = process_identity(self.instance_id, self.network)
+        metrics = self.observer.metrics
+        metrics.services = frozenset(self.suite.mcp_services) | {FABRIC_SERVICE}
+        metrics.know_tools({FABRIC_SERVICE: META_NAMES})
+        self.observer.metrics.live = self.live_figures
+        self.token_id = token_id(self.token)
         not_yet = ServiceCatalog(error=NOT_LEARNED_YET)
         self.catalog = Catalog(dict.fromkeys(self.suite.mcp_services, not_yet))
 
@@ -149,6 +184,13 @@ class Fabric:
     async def _learn_catalog_once(self) -> None:
         def publish(name: str, learned: Learned) -> None:
             self.catalog = Catalog({**self.catalog.services, name: learned.offer})
+            # The metrics label a tool call with its tool's name only if the catalog has it.
+            self.observer.metrics.know_tools(
+                {
+                    service: [str(tool.get("name")) for tool in offer.tools]
+                    for service, offer in self.catalog.services.items()
+                }
+            )
 
         try:
             await learn_catalog(
@@ -313,8 +355,25 @@ class Fabric:
         self.sessions.pop(session_id, None)
         self.notify_change()
 
-    def container_started(self, container_id: str, session_id: str) -> None:
-        self.containers[container_id] = session_id
+    def live_figures(self) -> LiveFigures:
+        sessions: dict[str, int] = {}
+        for record in self.sessions.values():
+            sessions[record.endpoint] = sessions.get(record.endpoint, 0) + 1
+        containers: dict[str, int] = {}
+        for container in self.containers.values():
+            containers[container.service] = containers.get(container.service, 0) + 1
+        return LiveFigures(sessions, containers)
+
+    def end_session(self, session_id: str) -> bool:
+        """Ask a live session to end (an operator's request); False if there is none."""
+        record = self.sessions.get(session_id)
+        if record is None:
+            return False
+        record.ended_by_operator.set()
+        return True
+
+    def container_started(self, container_id: str, record: ContainerRecord) -> None:
+        self.containers[container_id] = record
 
     def container_removed(self, container_id: str) -> None:
         self.containers.pop(container_id, None)

@@ -40,7 +40,6 @@ from .._errors import ContainerStartFailure, FabricError, InvalidRequest
 from .._version import __version__
 from ..config.structs import Suite
 from ..config.suite import FABRIC_ENDPOINT
-from ..policy.container_spec import MountSpec
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import (
     Action,
@@ -53,7 +52,14 @@ from ..protocol.fabric_server import (
 )
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
-from ..protocol.session import container_exited
+from ..protocol.session import (
+    ENDED_BY_OPERATOR,
+    ORCHESTRATOR_STOPPING,
+    container_exited,
+    log_notification,
+    session_ending,
+)
+from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .channel import ClientChannel
 from .containers import (
     READ_CHUNK,
@@ -63,7 +69,7 @@ from .containers import (
     remove_container,
     start_container,
 )
-from .fabric import Fabric
+from .fabric import Fabric, SessionRecord
 from .timer import DeadlineTimer
 
 log = logging.getLogger(__name__)
@@ -138,14 +144,19 @@ class FabricDriver:
         channel: ClientChannel,
         *,
         session_id: str,
-        mounts: tuple[MountSpec, ...],
+        record: SessionRecord,
         options: FabricOptions,
         catalog: Catalog,
     ) -> None:
         self.fabric = fabric
         self.channel = channel
         self.session_id = session_id
-        self.mounts = mounts
+        self.record = record
+        self.mounts = mounts = record.mounts
+        self.observer = fabric.observer
+        self.metrics = fabric.observer.metrics
+        self.tool_calls = 0
+        self._started_services: set[str] = set()  # a second start of one is a respawn
         services = fabric.suite.mcp_services
         self.server = FabricServer(
             catalog,
@@ -161,6 +172,7 @@ class FabricDriver:
             index=fabric.discovery_index(catalog),
             token_budget=fabric.suite.orchestrator.fabric.token_budget,
             assist=fabric.assist_settings,
+            audit_arguments=fabric.suite.orchestrator.audit.arguments,
         )
         self._fields = {"session": session_id, "service": FABRIC_ENDPOINT}
         self._current: dict[str, _Backend] = {}  # service → its running container
@@ -181,7 +193,9 @@ class FabricDriver:
         assert nursery is not None
         for action in actions:
             match action:
-                case ToClient(data=data):
+                case ToClient(data=data, error=error):
+                    if error is not None:
+                        self.observer.error_sent(*error)
                     await self._send_client(data)
                 case ToBackend(service=service, data=data):
                     self._write(service, data)
@@ -189,7 +203,23 @@ class FabricDriver:
                     nursery.start_soon(self._start, service)
                 case StopBackend(service=service, reason=reason):
                     self._stop(service, reason)
+                case ToolCallDone(call=call):
+                    self._audit(call)
         self._timer.wake()
+
+    def _audit(self, call: ToolCall) -> None:
+        service = call.service or FABRIC_ENDPOINT
+        backend = self._current.get(service)
+        self.tool_calls += 1
+        self.observer.tool_call(
+            call,
+            session=self.session_id,
+            endpoint="fabric",
+            service=service,
+            container=backend.container.id[:12] if backend is not None else None,
+            client=self.record.client,
+            trace_id=self.record.trace_id,
+        )
 
     async def _tick(self) -> None:
         await self._execute(self.server.tick())
@@ -202,12 +232,17 @@ class FabricDriver:
                 self._nursery = nursery
                 nursery.start_soon(self._timer.run)
                 nursery.start_soon(self._watch_shutdown)
+                nursery.start_soon(self._watch_operator)
                 if isinstance(first, RegisterClient):
                     await self._send_client(register_answer(first, self.session_id, self.mounts))
                 else:
                     await self._execute(self.server.client_message(first_frame))
                 nursery.start_soon(self._read_client)
         finally:
+            # The calls still open will never be answered to this client.
+            for action in self.server.client_gone():
+                if isinstance(action, ToolCallDone):
+                    self._audit(action.call)
             with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
                 scope.shield = True
                 async with trio.open_nursery() as cleanup:
@@ -228,9 +263,12 @@ class FabricDriver:
             if frame is None:
                 self._end()
                 return
+            self.record.last_active = trio.current_time()
+            self.metrics.bytes_to_server += len(frame)
             await self._execute(self.server.client_message(frame))
 
     async def _send_client(self, data: bytes) -> None:
+        self.metrics.bytes_to_client += len(data)
         try:
             await self.channel.send(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -238,13 +276,21 @@ class FabricDriver:
 
     async def _watch_shutdown(self) -> None:
         await self.fabric.stopping.wait()
-        stopping = ContainerStartFailure(
-            "the orchestrator is stopping", reason="orchestrator_stopping"
-        )
-        for frame in self.owed_frames(stopping):
-            await self._send_client(frame)
+        await self._end_now(ORCHESTRATOR_STOPPING, 1001)
+
+    async def _watch_operator(self) -> None:
+        await self.record.ended_by_operator.wait()
+        log.warning("session_ended_by_operator", extra=self._fields)
+        await self._end_now(ENDED_BY_OPERATOR, 1000)
+
+    async def _end_now(self, reason: str, close_code: int) -> None:
+        """Answer everything owed with ``reason``'s error, tell the client, and end."""
+        error = session_ending(reason)
+        await self._execute(self.server.answer_all(error))
+        if reason == ENDED_BY_OPERATOR:
+            await self._send_client(log_notification("warning", str(error)))
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await self.channel.close(1001, "orchestrator stopping")
+            await self.channel.close(close_code, reason.replace("_", " "))
         self._end()
 
     # --- container side -----------------------------------------------------------------------
@@ -263,11 +309,13 @@ class FabricDriver:
                 mounts=self.mounts,
                 sequence=sequence,
                 fields=fields,
+                respawn=service in self._started_services,
             )
         except FabricError as exc:
             log.warning("container_start_failed", extra={**fields, "reason": exc.reason})
             await self._execute(self.server.backend_failed(service, exc))
             return
+        self._started_services.add(service)
         backend = _Backend(sequence, container, service=service)
         self._current[service] = backend
         self._all[sequence] = backend

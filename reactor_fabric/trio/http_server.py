@@ -69,9 +69,10 @@ class Request:
     query: str
     headers: dict[bytes, str]  # lower-case names; the last of repeated headers wins
     raw_headers: list[tuple[bytes, bytes]]
+    peer: str = ""  # the client's address:port
 
     @classmethod
-    def from_h11(cls, event: h11.Request) -> Request:
+    def from_h11(cls, event: h11.Request, peer: str = "") -> Request:
         target = event.target.decode("latin-1")
         raw_path, _, query = target.partition("?")
         raw_headers = [(bytes(name), bytes(value)) for name, value in event.headers]
@@ -82,6 +83,7 @@ class Request:
             query=query,
             headers={name: value.decode("latin-1") for name, value in raw_headers},
             raw_headers=raw_headers,
+            peer=peer,
         )
 
     def header(self, name: bytes, default: str = "") -> str:
@@ -292,6 +294,19 @@ async def serve_http(
         connections.start_soon(connection_task, stream)
 
 
+def peer_of(stream: trio.abc.Stream) -> str:
+    """``address:port`` of the other end of a socket stream ("" when it has no socket)."""
+    sock = getattr(stream, "socket", None)
+    try:
+        address = sock.getpeername() if sock is not None else None
+    except OSError:
+        return ""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = f"[{address[0]}]" if ":" in str(address[0]) else str(address[0])
+        return f"{host}:{address[1]}"
+    return str(address or "")
+
+
 async def _refuse_connection(stream: trio.abc.Stream) -> None:
     body = b'{"error": "too many connections; try again later"}'
     head = (
@@ -315,6 +330,7 @@ async def serve_connection(
 ) -> None:
     """One client connection: requests in turn, until it closes, fails, or upgrades."""
     counts = counts or ConnectionCounts()
+    peer = peer_of(stream)
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
     handed_over = False
     try:
@@ -326,7 +342,7 @@ async def serve_connection(
             if event is None:
                 return
             deadline = limits.keepalive_timeout
-            request = Request.from_h11(event)
+            request = Request.from_h11(event, peer)
             counts.busy += 1
             try:
                 if request.is_websocket_upgrade:

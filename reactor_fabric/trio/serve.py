@@ -143,6 +143,7 @@ async def serve_orchestrator(
                     instance_id=fabric.instance_id,
                     this_host=hostname(),
                     live_sessions=lambda: set(fabric.sessions),
+                    on_removed=fabric.observer.orphans_removed,
                 )
             )
             await root.start(http_sessions.run)

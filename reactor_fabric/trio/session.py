@@ -38,20 +38,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
 from ..config.structs import Service
-from ..policy.container_spec import MountSpec
+from ..observe.observer import Client, Observer, trace_of
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, classify_first_message, register_answer
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import (
+    ENDED_BY_OPERATOR,
     OUTPUT_INVALID,
     Action,
     ClientFrame,
@@ -74,6 +78,7 @@ from ..protocol.session import (
     Tick,
     WriteStdin,
 )
+from ..protocol.tool_calls import ToolCall, ToolCallDone, valid_traceparent
 from .channel import ClientChannel
 from .containers import (
     READ_CHUNK,
@@ -91,9 +96,10 @@ from .fabric_session import (
     fabric_options,
     session_catalog,
 )
+from .http_server import Request
 from .timer import DeadlineTimer
 
-__all__ = ["ClientChannel", "refuse", "serve_session"]
+__all__ = ["ClientChannel", "client_of", "refuse", "serve_session"]
 
 log = logging.getLogger(__name__)
 
@@ -118,12 +124,15 @@ async def serve_session(
     session_id: str | None = None,
     transport: str = "websocket",
     query: Mapping[str, list[str]] | None = None,
+    client: Client | None = None,
+    traceparent: str | None = None,
 ) -> None:
     """Run one client session from its first message to its end (see the module docstring).
 
     ``first_frame`` is the first message when the transport already has it (otherwise it is
     received here); ``session_id`` is chosen here unless the transport needs it beforehand
-    (Streamable HTTP announces it in a header of the first response).
+    (Streamable HTTP announces it in a header of the first response). ``client`` and the W3C
+    ``traceparent`` of the request that opened the session go into the audit trail.
     """
     session_id = session_id or new_session_id()
     progress = _Progress()
@@ -138,6 +147,8 @@ async def serve_session(
             transport=transport,
             query=query,
             progress=progress,
+            client=client,
+            traceparent=traceparent,
         )
     except* Exception as failure:
         log.error(
@@ -160,6 +171,8 @@ class _Progress:
 
 class _Driver(Protocol):
     """What both endpoints' session drivers offer the session's lifecycle."""
+
+    tool_calls: int  # how many ended (the audit's session_end)
 
     async def run(self, first_frame: bytes, first: object) -> None: ...
 
@@ -195,7 +208,17 @@ async def _serve_session(
     transport: str,
     query: Mapping[str, list[str]] | None,
     progress: _Progress,
+    client: Client | None,
+    traceparent: str | None,
 ) -> None:
+    observer = fabric.observer
+
+    async def refused(request_id: object, error: FabricError) -> None:
+        observer.session_refused(
+            service=service_name, client=client, code=error.code, reason=error.reason
+        )
+        await refuse(channel, request_id, error, service=service_name)
+
     if first_frame is None:
         first_frame = await channel.receive()
         if first_frame is None:
@@ -203,7 +226,7 @@ async def _serve_session(
     try:
         first = classify_first_message(first_frame)
     except InvalidMessage as exc:
-        await refuse(channel, exc.request_id, exc, service=service_name)
+        await refused(exc.request_id, exc)
         return
     request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
     progress.first_request_id = request_id
@@ -215,7 +238,7 @@ async def _serve_session(
         elif service is None:
             raise _service_not_found(service_name)
     except FabricError as exc:
-        await refuse(channel, request_id, exc, service=service_name)
+        await refused(request_id, exc)
         return
     try:
         requested: object = (
@@ -225,9 +248,19 @@ async def _serve_session(
         )
         mounts = await fabric.validate_mounts(requested)
     except FabricError as exc:
-        await refuse(channel, request_id, exc, service=service_name)
+        await refused(request_id, exc)
         return
-    if not fabric.admit(session_id, SessionRecord(service_name, transport)):
+    trace_id = trace_of(traceparent) if traceparent and valid_traceparent(traceparent) else None
+    record = SessionRecord(
+        service_name,
+        transport,
+        client=client,
+        mounts=mounts,
+        trace_id=trace_id or secrets.token_hex(16),
+        started_at=time.time(),
+        last_active=trio.current_time(),
+    )
+    if not fabric.admit(session_id, record):
         stopping = fabric.stopping.is_set()
         full = ContainerStartFailure(
             "the orchestrator is stopping"
@@ -235,8 +268,17 @@ async def _serve_session(
             else "the orchestrator has reached its limit of concurrent sessions; try again later",
             reason="orchestrator_stopping" if stopping else "too_many_sessions",
         )
-        await refuse(channel, request_id, full, service=service_name)
+        await refused(request_id, full)
         return
+    observer.session_started(
+        session_id,
+        endpoint=record.endpoint,
+        service=service_name,
+        client=client or Client(fabric.token_id, "", transport),
+        mounts=[{"source": m.source, "target": m.target, "read_only": m.read_only} for m in mounts],
+        trace_id=record.trace_id,
+    )
+    driver: _Driver | None = None
     try:
         log.info(
             "session_started",
@@ -247,26 +289,61 @@ async def _serve_session(
                 "mounts": [m.target for m in mounts],
             },
         )
-        driver: _Driver
         if options is not None:
             driver = FabricDriver(
                 fabric,
                 channel,
                 session_id=session_id,
-                mounts=mounts,
+                record=record,
                 options=options,
                 catalog=await session_catalog(fabric),
             )
         else:
             assert service is not None
             driver = SessionDriver(
-                fabric, channel, service_name, service, session_id=session_id, mounts=mounts
+                fabric, channel, service_name, service, session_id=session_id, record=record
             )
         progress.driver = driver
         await driver.run(first_frame, first)
     finally:
         fabric.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
+        observer.session_ended(
+            session_id,
+            endpoint=record.endpoint,
+            service=service_name,
+            seconds=time.time() - record.started_at,
+            calls=driver.tool_calls if driver is not None else 0,
+        )
+
+
+class _ErrorBody(msgspec.Struct):
+    code: object = None
+    data: object = None
+
+
+class _ErrorAnswer(msgspec.Struct):
+    error: _ErrorBody | None = None
+
+
+_error_decoder = msgspec.json.Decoder(_ErrorAnswer)
+
+
+def count_error(observer: Observer, frame: bytes) -> None:
+    """Count an error answer of the orchestrator's own (code, data.reason) in the metrics."""
+    try:
+        error = _error_decoder.decode(frame).error
+    except msgspec.DecodeError:
+        return
+    if error is None or not isinstance(error.code, int):
+        return
+    reason = error.data.get("reason") if isinstance(error.data, dict) else None
+    observer.error_sent(error.code, reason if isinstance(reason, str) else "none")
+
+
+def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
+    """Who opened a session, for the audit: the token it was admitted with, its address."""
+    return Client(fabric.token_id, request.peer, transport, request.header(b"user-agent"))
 
 
 def _service_not_found(service_name: str) -> FabricError:
@@ -312,19 +389,24 @@ class SessionDriver:
         service: Service,
         *,
         session_id: str,
-        mounts: tuple[MountSpec, ...],
+        record: SessionRecord,
     ) -> None:
         self.fabric = fabric
         self.channel = channel
         self.service_name = service_name
         self.service = service
         self.session_id = session_id
-        self.mounts = mounts
+        self.record = record
+        self.mounts = record.mounts
+        self.observer: Observer = fabric.observer
+        self.metrics = fabric.observer.metrics
+        self.tool_calls = 0
         self.machine = SessionMachine(
             service_name=service_name,
             idle_timeout=service.idle_timeout_seconds,
             limits=fabric.session_limits(service),
             now=trio.current_time(),
+            audit_arguments=fabric.suite.orchestrator.audit.arguments,
         )
         self._fields = {"session": session_id, "service": service_name}
         self._live: dict[int, LiveContainer] = {}
@@ -368,6 +450,22 @@ class SessionDriver:
                         await self.channel.close(code, reason)
                 case EndSession():
                     nursery.cancel_scope.cancel()
+                case ToolCallDone(call=call):
+                    self._audit(call)
+
+    def _audit(self, call: ToolCall) -> None:
+        seq = self.machine.current_seq
+        live = self._live.get(seq) if seq is not None else None
+        self.tool_calls += 1
+        self.observer.tool_call(
+            call,
+            session=self.session_id,
+            endpoint="relay",
+            service=self.service_name,
+            container=live.container.id[:12] if live is not None else None,
+            client=self.record.client,
+            trace_id=self.record.trace_id,
+        )
 
     def _log(self, action: Log) -> None:
         log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})
@@ -381,6 +479,7 @@ class SessionDriver:
                 now = trio.current_time()
                 nursery.start_soon(self._timer.run)
                 nursery.start_soon(self._watch_shutdown)
+                nursery.start_soon(self._watch_operator)
                 if isinstance(first, RegisterClient):
                     await self._send_client(
                         SendToClient(register_answer(first, self.session_id, self.mounts))
@@ -390,6 +489,9 @@ class SessionDriver:
                     await self._feed(ClientFrame(first_frame))
                 nursery.start_soon(self._read_client)
         finally:
+            # Calls the machine never saw end (the session was cancelled): no answer.
+            for call in self.machine.calls.abandon(trio.current_time()):
+                self._audit(call)
             with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
                 scope.shield = True
                 async with trio.open_nursery() as cleanup:
@@ -405,17 +507,27 @@ class SessionDriver:
             if frame is None:
                 await self._feed(ClientGone())
                 return
+            self.record.last_active = trio.current_time()
             await self._feed(ClientFrame(frame))
 
     async def _send_client(self, action: SendToClient) -> None:
+        frame = action.frame
+        self.metrics.bytes_to_client += len(frame)
+        if action.message is None and b'"error"' in frame:
+            count_error(self.observer, frame)  # an answer of the orchestrator's own
         try:
-            await self.channel.send(action.frame, action.message)
+            await self.channel.send(frame, action.message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             await self._feed(ClientGone())
 
     async def _watch_shutdown(self) -> None:
         await self.fabric.stopping.wait()
         await self._feed(Shutdown())
+
+    async def _watch_operator(self) -> None:
+        await self.record.ended_by_operator.wait()
+        log.warning("session_ended_by_operator", extra=self._fields)
+        await self._feed(Shutdown(ENDED_BY_OPERATOR))
 
     # --- container side -----------------------------------------------------------------------
 
@@ -429,6 +541,7 @@ class SessionDriver:
                 mounts=self.mounts,
                 sequence=seq,
                 fields=self._fields,
+                respawn=seq > 0,
             )
         except FabricError as exc:
             await self._feed(SpawnFailed(seq, exc))
@@ -445,6 +558,7 @@ class SessionDriver:
         live = self._live.get(action.seq)
         if live is None or live.removing:
             return  # the container is going away; what it was owed is answered by the machine
+        self.metrics.bytes_to_server += len(action.data)
         live.queue.append(action.data)
         live.queued.set()
 

@@ -88,9 +88,11 @@ async def run_sweeper(
     this_host: str,
     live_sessions: Callable[[], set[str]],
     interval: float = SWEEP_INTERVAL_SECONDS,
+    on_removed: Callable[[int], object] = lambda _count: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Sweep now, report started, then sweep every ``interval`` seconds until cancelled."""
+    """Sweep now, report started, then sweep every ``interval`` seconds until cancelled;
+    ``on_removed`` hears how many orphans each sweep removed (the metrics)."""
     started = False
     while True:
         try:
@@ -102,6 +104,7 @@ async def run_sweeper(
             )
             if removed:
                 log.info("sweep_done", extra={"removed": removed})
+                on_removed(removed)
         except FabricError as exc:
             log.warning("sweep_postponed", extra={"reason": exc.reason, "detail": str(exc)})
         if not started:

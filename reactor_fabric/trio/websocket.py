@@ -34,6 +34,7 @@ import trio
 import wsproto
 from wsproto.events import AcceptConnection, RejectConnection, RejectData
 
+from .._errors import SecurityViolation
 from ..policy.auth import Refusal, admit
 from ..protocol.jsonrpc import Peek
 from ..protocol.websocket_frames import (
@@ -52,7 +53,7 @@ from ..protocol.websocket_frames import (
 from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
-from .session import serve_session
+from .session import client_of, serve_session
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +311,14 @@ async def serve_websocket(
             pending = False
             if first is not None:
                 await serve_session(
-                    fabric, channel, service, mounts, first_frame=first, query=query
+                    fabric,
+                    channel,
+                    service,
+                    mounts,
+                    first_frame=first,
+                    query=query,
+                    client=client_of(fabric, request, "websocket"),
+                    traceparent=request.header(b"traceparent") or None,
                 )
                 await channel.finish()
             else:
@@ -350,6 +358,7 @@ async def _first_message(fabric: Fabric, channel: WebSocketChannel) -> bytes | N
 def _refusal(fabric: Fabric, request: Request) -> Refusal | None:
     refusal = admit(fabric.gate, request.headers, request.query, request.path)
     if refusal is not None:
+        fabric.observer.error_sent(SecurityViolation.code, refusal.reason)
         return refusal
     if _websocket_service(request.path) is None:
         return Refusal(404, "not_found", b'{"error": "not found"}')

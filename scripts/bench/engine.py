@@ -355,6 +355,9 @@ class Orchestrator:
 async def start_orchestrator(suite: Path, log_path: Path) -> Orchestrator:
     """``python -m reactor_fabric --config SUITE --port 0``; ready once it prints its URL."""
     log_file = log_path.open("wb")
+    # A state directory of its own: each orchestrator writes its own audit trail.
+    state = log_path.with_name(log_path.stem + "-state")
+    state.mkdir(exist_ok=True)
     process = await trio.lowlevel.open_process(
         [
             sys.executable,
@@ -365,6 +368,7 @@ async def start_orchestrator(suite: Path, log_path: Path) -> Orchestrator:
         stdout=subprocess.PIPE,
         stderr=log_file,
         cwd=REPO,
+        env={**os.environ, "XDG_STATE_HOME": str(state)},
     )
     try:
         assert process.stdout is not None

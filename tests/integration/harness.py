@@ -140,6 +140,23 @@ class Orchestrator:
         """This orchestrator's instance id (stamped on its containers), from its logs."""
         return str(next(e["instance"] for e in self.logs() if e["event"] == "serving"))
 
+    @property
+    def audit_path(self) -> Path:
+        """Its audit trail (each test orchestrator has a state directory of its own)."""
+        return (
+            self.log_path.with_name(self.log_path.stem + "-state")
+            / "reactor-fabric"
+            / ("audit.jsonl")
+        )
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The records of its audit trail written so far (complete lines only)."""
+        path = self.audit_path
+        if not path.exists():
+            return []
+        complete = path.read_text().rpartition("\n")[0]
+        return [json.loads(line) for line in complete.splitlines()]
+
     def logs(self) -> list[dict[str, Any]]:
         # Only complete lines: the orchestrator may be writing the last one right now.
         complete = self.log_path.read_text().rpartition("\n")[0]
@@ -208,6 +225,12 @@ def orchestrator(
         }
         python, path = python_for(account)
         env = {**(env or {}), "PYTHONPATH": path}
+    # A state directory of its own: the audit trail of one orchestrator per file.
+    state = log_path.with_name(log_path.stem + "-state")
+    state.mkdir(exist_ok=True)
+    if run_as is not None:
+        os.chown(state, *run_as)
+    env = {"XDG_STATE_HOME": str(state), **(env or {})}
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [

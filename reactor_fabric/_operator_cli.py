@@ -1,0 +1,301 @@
+"""The operators' commands: ``audit`` (read, follow, verify the trail) and ``sessions`` (list
+and end the live sessions of a running orchestrator).
+
+``audit`` reads the files directly (no orchestrator needed); ``sessions`` asks the running
+orchestrator's ``/api/sessions`` with the token it finds as the bridge does (``--token``,
+``REACTOR_FABRIC_TOKEN``, else the token file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .config.structs import Suite
+from .config.token import TokenError, find_token
+from .config.units import parse_duration
+from .config.xdg import xdg_dir
+from .observe.audit import AuditWriter, audit_files, read_records, verify
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_UNREADABLE = 2
+AUDIT_FILE = "audit.jsonl"
+FOLLOW_POLL_SECONDS = 0.5
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+
+def audit_path(suite: Suite | None, environ: dict[str, str]) -> Path:
+    """Where the trail is: the suite's ``orchestrator.audit.path``, else
+    ``${XDG_STATE_HOME:-~/.local/state}/reactor-fabric/audit.jsonl``."""
+    configured = suite.orchestrator.audit.path if suite is not None else None
+    if configured:
+        home = environ.get("HOME") or str(Path.home())
+        return Path(configured.replace("~", home, 1) if configured.startswith("~") else configured)
+    return xdg_dir(environ, "XDG_STATE_HOME", ".local/state") / AUDIT_FILE
+
+
+def open_audit(suite: Suite, environ: dict[str, str]) -> AuditWriter | None:
+    """The trail's writer, opened (None when the suite turns the trail off); OSError if it
+    cannot be written."""
+    settings = suite.orchestrator.audit
+    if not settings.enabled:
+        return None
+    writer = AuditWriter(
+        audit_path(suite, environ), max_bytes=settings.max_bytes, keep=settings.keep
+    )
+    writer.open()
+    return writer
+
+
+def add_operator_commands(commands: Any, environ: dict[str, str]) -> None:
+    audit = commands.add_parser(
+        "audit",
+        help="read the audit trail (filters, --follow, --json), or 'audit verify' its chain",
+    )
+    audit.add_argument(
+        "action", nargs="?", choices=["verify"], help="verify: check every line's hash chain"
+    )
+    audit.add_argument(
+        "--path", help="the trail's file (default: the suite's orchestrator.audit.path, else "
+        "${XDG_STATE_HOME:-~/.local/state}/reactor-fabric/audit.jsonl)",
+    )  # fmt: skip
+    audit.add_argument("--session", help="only this session's records")
+    audit.add_argument("--service", help="only this service's records")
+    audit.add_argument("--tool", help="only calls of this tool")
+    audit.add_argument("--since", help="only records of the last DURATION, e.g. 10m, 2h")
+    audit.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    audit.add_argument("--json", action="store_true", help="print records as JSON lines")
+    sessions = commands.add_parser(
+        "sessions", help="list the live sessions of a running orchestrator, or --end one"
+    )
+    sessions.add_argument(
+        "--url",
+        default=environ.get("REACTOR_FABRIC_URL", "http://127.0.0.1:8765"),
+        help="the orchestrator (env REACTOR_FABRIC_URL; default http://127.0.0.1:8765)",
+    )
+    sessions.add_argument("--end", metavar="ID", help="end this session")
+    sessions.add_argument("--json", action="store_true", help="print the JSON answer as it is")
+    sessions.add_argument("--token", default=None, help="the token (default: as the bridge)")
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+
+def audit_command(args: argparse.Namespace, suite: Suite | None, environ: dict[str, str]) -> int:
+    path = Path(args.path) if args.path else audit_path(suite, environ)
+    if args.action == "verify":
+        return _verify(path)
+    try:
+        since = _since(args.since)
+    except ValueError as exc:
+        print(f"error: --since: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if not audit_files(path) and not args.follow:
+        print(f"error: no audit trail at {path}", file=sys.stderr)
+        return EXIT_UNREADABLE
+
+    def wanted(record: dict[str, Any]) -> bool:
+        return (
+            (args.session is None or str(record.get("session", "")).startswith(args.session))
+            and (args.service is None or record.get("service") == args.service)
+            and (args.tool is None or record.get("tool") == args.tool)
+            and (since is None or _when(record) >= since)
+        )
+
+    try:
+        records = _follow(path) if args.follow else read_records(path)
+        for record in records:
+            if wanted(record):
+                line = json.dumps(record) if args.json else _human(record)
+                print(line, flush=args.follow)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except BrokenPipeError:
+        # The reader (e.g. head) went away; nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+def _verify(path: Path) -> int:
+    result = verify(path)
+    if not result.files:
+        print(f"error: no audit trail at {path}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    for problem in result.problems:
+        print(problem)
+    where = ", ".join(str(file) for file in result.files)
+    if result.starts_after is not None:
+        print(f"note: the oldest line follows one rotated away (hash {result.starts_after[:12]}…)")
+    if result.intact:
+        print(f"ok: {result.records} records, chain intact ({where})")
+        return EXIT_OK
+    print(f"FAILED: {len(result.problems)} problem(s) in {result.records} records ({where})")
+    return EXIT_INVALID
+
+
+def _since(text: str | None) -> datetime.datetime | None:
+    if text is None:
+        return None
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=parse_duration(text))
+
+
+def _when(record: dict[str, Any]) -> datetime.datetime:
+    try:
+        return datetime.datetime.fromisoformat(str(record.get("ts")))
+    except ValueError:
+        return datetime.datetime.min.replace(tzinfo=datetime.UTC)
+
+
+def _human(record: dict[str, Any]) -> str:
+    event = str(record.get("event"))
+    parts = [str(record.get("ts")), f"{event:<16}"]
+    if "session" in record:
+        parts.append(f"session={str(record['session'])[:12]}")
+    for key in ("endpoint", "service", "tool", "outcome", "reason", "container", "image"):
+        value = record.get(key)
+        if value not in (None, ""):
+            parts.append(f"{key}={value}")
+    if record.get("error_code") is not None:
+        parts.append(f"error={record['error_code']}")
+    elif record.get("error_reason"):
+        parts.append(f"error={record['error_reason']}")
+    parts.extend(f"{record[key]:.1f} ms" for key in ("duration_ms", "start_ms") if key in record)
+    client = record.get("client")
+    if isinstance(client, dict) and event in ("session_start", "session_refused"):
+        parts.append(f"client={client.get('peer', '')}/{client.get('transport', '')}")
+    if event == "session_start":
+        mounts = record.get("mounts") or []
+        shown = ",".join(f"{m.get('source')}:{m.get('target')}" for m in mounts)
+        parts.append(f"mounts={shown or 'none'}")
+    if event == "audit_dropped":
+        parts.append(f"count={record.get('count')}")
+    return " ".join(parts)
+
+
+def _follow(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record, then new ones as they are written (across rotations) until interrupted."""
+    yield from read_records(path)
+    position, identity = _end_of(path)
+    while True:
+        time.sleep(FOLLOW_POLL_SECONDS)
+        current = _identity(path)
+        if current != identity:
+            # Rotated: the rest of the old file is now audit.jsonl.1; then the new file.
+            if identity is not None:
+                yield from _records_from(path.with_name(path.name + ".1"), position)
+            position, identity = 0, current
+        if identity is None:
+            continue
+        for record, end in _records_with_end(path, position):
+            position = end
+            yield record
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _end_of(path: Path) -> tuple[int, tuple[int, int] | None]:
+    try:
+        return path.stat().st_size, _identity(path)
+    except FileNotFoundError:
+        return 0, None
+
+
+def _records_from(path: Path, position: int) -> Iterator[dict[str, Any]]:
+    for record, _end in _records_with_end(path, position):
+        yield record
+
+
+def _records_with_end(path: Path, position: int) -> Iterator[tuple[dict[str, Any], int]]:
+    try:
+        with path.open("rb") as file:
+            file.seek(position)
+            while True:
+                line = file.readline()
+                if not line.endswith(b"\n"):
+                    return  # nothing more, or a line still being written
+                position += len(line)
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    yield record, position
+    except FileNotFoundError:
+        return
+
+
+# --- sessions ------------------------------------------------------------------------------------
+
+
+def sessions_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
+    try:
+        found = find_token(environ, args.token)
+    except TokenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    headers = {"Authorization": f"Bearer {found.value}"} if found is not None else {}
+    base = args.url.rstrip("/")
+    if args.end:
+        url = f"{base}/api/sessions/{urllib.parse.quote(args.end, safe='')}"
+        status, body = _request(url, "DELETE", headers)
+        if status == 200:
+            print(f"ended {args.end}: its client was told, its containers are being removed")
+            return EXIT_OK
+        print(f"error: {body.get('error', status)} ({args.end})", file=sys.stderr)
+        return EXIT_INVALID
+    status, body = _request(f"{base}/api/sessions", "GET", headers)
+    if status != 200:
+        print(f"error: {body.get('error', status)}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return EXIT_OK
+    sessions = body.get("sessions", [])
+    if not sessions:
+        print("no live sessions")
+    for session in sessions:
+        client = session.get("client") or {}
+        containers = ", ".join(f"{c['service']} {c['id']}" for c in session["containers"])
+        mounts = ", ".join(
+            f"{m['source']}:{m['target']}{':ro' if m['read_only'] else ''}"
+            for m in session["mounts"]
+        )
+        print(
+            f"{session['id']}  {session['endpoint']}/{session['service']}  "
+            f"{client.get('peer', '?')} {session['transport']}  "
+            f"idle {session['idle_seconds']:.0f} s  containers: {containers or 'none'}  "
+            f"mounts: {mounts or 'none'}"
+        )
+    return EXIT_OK
+
+
+def _request(url: str, method: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_SECONDS) as answer:  # noqa: S310
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read() or b"{}")
+        except ValueError:
+            body = {}
+        return exc.code, body if isinstance(body, dict) else {}
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, {"error": f"cannot reach the orchestrator at {url}: {exc}"}

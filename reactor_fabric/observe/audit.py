@@ -1,0 +1,344 @@
+"""The audit trail: JSON lines, each carrying the SHA-256 of the line before it.
+
+Every record is one JSON object on one line, its keys in a fixed order, ending in ``"prev"``:
+the hex SHA-256 of the previous line's bytes (without its newline). The first line ever written
+has 64 zeros there. A line removed or edited breaks the chain at the next line, which
+:func:`verify` finds (``python -m reactor_fabric audit verify``). The chain continues across
+restarts (the writer reads the last line on start) and across rotations (the first line of a
+fresh file names the last line of the rotated one).
+
+What the chain does not do: someone who can rewrite the files can recompute every hash after
+an edit, and the newest line can be removed without a trace. Ship the lines elsewhere as they
+are written (``audit --follow --json``) when that matters.
+
+Writing never blocks the relay. Records are encoded on the trio thread (a few microseconds)
+and queued — bounded in bytes; when the writer thread falls behind, records are dropped and
+counted, and an ``audit_dropped`` record with the count is written as soon as there is room
+again. A thread appends them (``O_APPEND``, mode 0600, its directory 0700), flushes after each
+batch (no fsync: a crash of the machine may lose the last lines), and rotates by size:
+``audit.jsonl`` becomes ``audit.jsonl.1`` and so on, keeping ``keep`` rotated files.
+
+Resource handling: :meth:`AuditWriter.close` writes what is queued and joins the thread, bounded
+by its timeout; the file is closed by the thread itself.
+
+Error handling: a write that fails (disk full, a removed directory) is logged once per batch and
+its records counted as dropped; the writer goes on with the next batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import fcntl
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+GENESIS: Final = "0" * 64
+DEFAULT_QUEUE_BYTES: Final = 8 * 1024 * 1024
+_PREV_KEY: Final = b',"prev":"'
+_encoder = msgspec.json.Encoder()
+
+
+def now_iso(timestamp: float | None = None) -> str:
+    """A UTC timestamp as the audit writes them (ISO 8601, milliseconds)."""
+    moment = (
+        datetime.datetime.now(datetime.UTC)
+        if timestamp is None
+        else datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    )
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def line_hash(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()
+
+
+def chained(record: bytes, prev: str) -> bytes:
+    """The line for an encoded record (a JSON object) that follows a line hashing to ``prev``."""
+    if not record.endswith(b"}") or record == b"{}":
+        raise ValueError("a record is a non-empty JSON object")
+    return record[:-1] + _PREV_KEY + prev.encode() + b'"}'
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+def rotated(path: Path, number: int) -> Path:
+    return path.with_name(f"{path.name}.{number}")
+
+
+def audit_files(path: Path) -> list[Path]:
+    """The trail's files, oldest first: ``audit.jsonl.N`` … ``audit.jsonl.1``, ``audit.jsonl``."""
+    numbered: list[tuple[int, Path]] = []
+    if path.parent.is_dir():
+        prefix = path.name + "."
+        for candidate in path.parent.iterdir():
+            suffix = candidate.name.removeprefix(prefix)
+            if candidate.name.startswith(prefix) and suffix.isdigit():
+                numbered.append((int(suffix), candidate))
+    files = [candidate for _number, candidate in sorted(numbered, reverse=True)]
+    if path.exists():
+        files.append(path)
+    return files
+
+
+def last_line(path: Path) -> bytes | None:
+    """The last complete line of a file (read from its end), or None if it has none."""
+    try:
+        with path.open("rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            block = 65536
+            data = b""
+            position = size
+            while position > 0:
+                step = min(block, position)
+                position -= step
+                file.seek(position)
+                data = file.read(step) + data
+                body = data.rstrip(b"\n")
+                if b"\n" in body or position == 0:
+                    return body.rsplit(b"\n", 1)[-1] or None
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def chain_head(path: Path) -> str:
+    """The hash the next line of the trail at ``path`` must carry (GENESIS for a new trail)."""
+    for candidate in reversed(audit_files(path)):
+        line = last_line(candidate)
+        if line is not None:
+            return line_hash(line)
+    return GENESIS
+
+
+# --- verification -------------------------------------------------------------------------------
+
+
+@dataclass
+class Verification:
+    """What :func:`verify` found."""
+
+    files: list[Path] = field(default_factory=list)
+    records: int = 0
+    problems: list[str] = field(default_factory=list)
+    # The first line's predecessor when it is not the genesis: older files were rotated away.
+    starts_after: str | None = None
+
+    @property
+    def intact(self) -> bool:
+        return not self.problems
+
+
+def verify(path: Path) -> Verification:
+    """Check the chain of every line of the trail at ``path``, across its rotated files."""
+    result = Verification(files=audit_files(path))
+    expected: str | None = None
+    for file in result.files:
+        with file.open("rb") as lines:
+            for number, raw in enumerate(lines, start=1):
+                line = raw.rstrip(b"\n")
+                where = f"{file}:{number}"
+                if not raw.endswith(b"\n"):
+                    result.problems.append(f"{where}: the last line is incomplete")
+                try:
+                    record = msgspec.json.decode(line)
+                except msgspec.DecodeError:
+                    result.problems.append(f"{where}: not a JSON object")
+                    expected = line_hash(line)
+                    continue
+                prev = record.get("prev") if isinstance(record, dict) else None
+                if not isinstance(prev, str):
+                    result.problems.append(f"{where}: no hash of the previous line")
+                elif expected is None:
+                    if prev != GENESIS:
+                        result.starts_after = prev
+                elif prev != expected:
+                    result.problems.append(
+                        f"{where}: the previous line was changed or removed "
+                        f"(it hashes to {expected[:12]}…, this line expects {prev[:12]}…)"
+                    )
+                result.records += 1
+                expected = line_hash(line)
+    return result
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record of the trail, oldest first (lines that are not records are skipped)."""
+    for file in audit_files(path):
+        with file.open("rb") as lines:
+            for raw in lines:
+                try:
+                    record = msgspec.json.decode(raw)
+                except msgspec.DecodeError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+
+
+def _dropped_notice(count: int) -> dict[str, Any]:
+    return {"ts": now_iso(), "event": "audit_dropped", "count": count}
+
+
+# --- the writer ---------------------------------------------------------------------------------
+
+
+class AuditInUse(OSError):
+    """Another orchestrator writes this trail: two writers would break its chain."""
+
+
+class AuditWriter:
+    """Appends records to the trail from a thread of its own (see the module docstring).
+
+    One writer per trail: :meth:`open` takes an exclusive lock (``audit.jsonl.lock``) for as
+    long as the writer lives, and fails with :class:`AuditInUse` when another process holds it.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int,
+        keep: int,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
+    ) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.queue_bytes = queue_bytes
+        self.dropped = 0  # records dropped so far (queue full or a failed write)
+        self.written = 0
+        self._reported = 0  # drops already told in an audit_dropped record
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._queued_bytes = 0
+        self._condition = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._file: Any = None
+        self._lock: int | None = None
+        self._size = 0
+        self._head = GENESIS
+
+    def open(self) -> None:
+        """Create the directory and file (private to the user) and start the writer thread.
+
+        Raises OSError when the trail cannot be written (AuditInUse: another orchestrator
+        writes it): the caller decides whether to go on.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            raise AuditInUse(
+                f"another orchestrator writes the audit trail {self.path}; give this one its "
+                "own (orchestrator.audit.path, or XDG_STATE_HOME)"
+            ) from None
+        self._lock = lock
+        self._head = chain_head(self.path)
+        self._file = self._open_file()
+        self._thread = threading.Thread(target=self._run, name="reactor-fabric-audit", daemon=True)
+        self._thread.start()
+
+    def _open_file(self) -> Any:
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        file = os.fdopen(descriptor, "ab")
+        self._size = file.seek(0, os.SEEK_END)
+        return file
+
+    def submit(self, record: dict[str, Any]) -> bool:
+        """Queue one record (its keys in the order to write them; no ``prev``); False if it
+        was dropped. Never blocks beyond taking a lock the writer holds only to swap queues."""
+        data = _encoder.encode(record)
+        with self._condition:
+            if self._closing or self._thread is None:
+                self.dropped += 1
+                return False
+            if self._queued_bytes + len(data) > self.queue_bytes:
+                self.dropped += 1
+                return False
+            if self.dropped > self._reported:
+                notice = _dropped_notice(self.dropped - self._reported)
+                self._queue.append(_encoder.encode(notice))
+                self._reported = self.dropped
+            self._queue.append(data)
+            self._queued_bytes += len(data)
+            self._condition.notify()
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued, then stop the thread (waits at most ``timeout``)."""
+        with self._condition:
+            if self.dropped > self._reported and self._thread is not None:
+                notice = _dropped_notice(self.dropped - self._reported)
+                self._queue.append(_encoder.encode(notice))
+                self._reported = self.dropped
+            self._closing = True
+            self._condition.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._lock is not None and (self._thread is None or not self._thread.is_alive()):
+            os.close(self._lock)  # releases the lock
+            self._lock = None
+
+    # --- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._condition:
+                    while not self._queue and not self._closing:
+                        self._condition.wait()
+                    batch = list(self._queue)
+                    self._queue.clear()
+                    self._queued_bytes = 0
+                    closing = self._closing
+                if batch:
+                    self._write(batch)
+                if closing and not batch:
+                    return
+        finally:
+            if self._file is not None:
+                self._file.close()
+
+    def _write(self, batch: list[bytes]) -> None:
+        try:
+            for record in batch:
+                line = chained(record, self._head)
+                if self._size and self._size + len(line) + 1 > self.max_bytes:
+                    self._rotate()
+                self._file.write(line + b"\n")
+                self._size += len(line) + 1
+                self._head = line_hash(line)
+                self.written += 1
+            self._file.flush()
+        except (OSError, ValueError) as exc:
+            with self._condition:
+                self.dropped += len(batch)
+            log.error("audit_write_failed", extra={"path": str(self.path), "detail": str(exc)})
+
+    def _rotate(self) -> None:
+        self._file.flush()
+        self._file.close()
+        if self.keep > 0:
+            rotated(self.path, self.keep).unlink(missing_ok=True)
+            for number in range(self.keep - 1, 0, -1):
+                older = rotated(self.path, number)
+                if older.exists():
+                    older.rename(rotated(self.path, number + 1))
+            self.path.rename(rotated(self.path, 1))
+        else:
+            self.path.unlink(missing_ok=True)
+        self._file = self._open_file()

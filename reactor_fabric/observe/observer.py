@@ -1,0 +1,260 @@
+"""What the orchestrator tells about itself: the audit trail, the metrics, and what the status
+page shows — fed from one place.
+
+The session drivers and the orchestrator call an :class:`Observer` when something happens (a
+session starts or ends, a container starts or stops, a tool call ends, an error is answered).
+It turns each event into an audit record (:mod:`.audit`), updates the metrics
+(:mod:`.metrics`) from the very same event — so the counters match the audit by construction —
+and keeps the recent past in memory, bounded, for the status page.
+
+Synchronous and cheap: it runs on the trio thread; the audit file is written by the writer's
+own thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..protocol.tool_calls import ToolCall
+from .audit import AuditWriter, now_iso
+from .metrics import Metrics
+
+RECENT_CALLS: Final = 1000
+# What the status page's charts cover, and at most how many events they keep for it.
+HISTORY_SECONDS: Final = 3600.0
+HISTORY_EVENTS: Final = 50_000
+
+
+def token_id(token: str | None) -> str:
+    """How the audit names a client's token: a short hash, never the token ("none": no auth)."""
+    if token is None:
+        return "none"
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Client:
+    """Who a session's client is, as far as the orchestrator can tell."""
+
+    token: str  # token_id() of the token it presented
+    peer: str  # address:port
+    transport: str  # websocket, streamable-http
+    user_agent: str = ""
+
+    def record(self) -> dict[str, str]:
+        client = {"token": self.token, "peer": self.peer, "transport": self.transport}
+        if self.user_agent:
+            client["user_agent"] = self.user_agent[:200]
+        return client
+
+
+@dataclass(frozen=True)
+class CallEvent:
+    """A finished tool call in the recent past (status page, charts)."""
+
+    at: float  # wall clock, when it ended
+    duration: float
+    service: str
+    outcome: str
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StartEvent:
+    at: float
+    service: str
+    seconds: float
+
+
+class Observer:
+    """The audit trail, the metrics and the recent past of one orchestrator."""
+
+    def __init__(
+        self,
+        *,
+        services: Iterable[str] = (),
+        audit: AuditWriter | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.audit = audit
+        self.metrics = metrics if metrics is not None else Metrics(services)
+        if audit is not None:
+            self.metrics.audit_dropped = lambda: audit.dropped
+        self.calls: collections.deque[CallEvent] = collections.deque(maxlen=HISTORY_EVENTS)
+        self.starts: collections.deque[StartEvent] = collections.deque(maxlen=HISTORY_EVENTS)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.audit is not None:
+            self.audit.submit(record)
+
+    # --- sessions -----------------------------------------------------------------------------
+
+    def session_started(
+        self,
+        session: str,
+        *,
+        endpoint: str,
+        service: str,
+        client: Client,
+        mounts: list[dict[str, Any]],
+        trace_id: str,
+    ) -> None:
+        self._write(
+            {
+                "ts": now_iso(),
+                "event": "session_start",
+                "session": session,
+                "endpoint": endpoint,
+                "service": service,
+                "client": client.record(),
+                "mounts": mounts,
+                "trace_id": trace_id,
+            }
+        )
+
+    def session_ended(
+        self, session: str, *, endpoint: str, service: str, seconds: float, calls: int
+    ) -> None:
+        self._write(
+            {
+                "ts": now_iso(),
+                "event": "session_end",
+                "session": session,
+                "endpoint": endpoint,
+                "service": service,
+                "duration_ms": round(seconds * 1000, 3),
+                "tool_calls": calls,
+            }
+        )
+
+    def session_refused(
+        self, *, service: str, client: Client | None, code: int, reason: str
+    ) -> None:
+        """A session refused at its first message (a forbidden mount, an unknown service…)."""
+        record: dict[str, Any] = {"ts": now_iso(), "event": "session_refused", "service": service}
+        if client is not None:
+            record["client"] = client.record()
+        record |= {"code": code, "reason": reason}
+        self._write(record)
+        self.error_sent(code, reason)
+
+    # --- containers ---------------------------------------------------------------------------
+
+    def container_started(
+        self,
+        *,
+        session: str,
+        service: str,
+        container: str,
+        image: str,
+        seconds: float,
+        respawn: bool,
+    ) -> None:
+        self._write(
+            {
+                "ts": now_iso(),
+                "event": "container_start",
+                "session": session,
+                "service": service,
+                "container": container,
+                "image": image,
+                "start_ms": round(seconds * 1000, 3),
+                "respawn": respawn,
+            }
+        )
+        label = self.metrics.service_label(service)
+        self.metrics.container_start.labels(label).observe(seconds)
+        if respawn:
+            self.metrics.respawns.inc()
+        self.starts.append(StartEvent(time.time(), service, seconds))
+
+    def container_stopped(
+        self,
+        *,
+        session: str,
+        service: str,
+        container: str,
+        reason: str,
+        exit_code: int | None,
+    ) -> None:
+        self._write(
+            {
+                "ts": now_iso(),
+                "event": "container_stop",
+                "session": session,
+                "service": service,
+                "container": container,
+                "reason": reason,
+                "exit_code": exit_code,
+            }
+        )
+        if reason == "idle":
+            self.metrics.idle_teardowns.inc()
+
+    def orphans_removed(self, count: int) -> None:
+        self.metrics.orphans_removed.inc(count)
+
+    # --- calls and errors ---------------------------------------------------------------------
+
+    def tool_call(
+        self,
+        call: ToolCall,
+        *,
+        session: str,
+        endpoint: str,
+        service: str,
+        container: str | None,
+        client: Client | None,
+        trace_id: str,
+    ) -> None:
+        """One finished tools/call: its audit record, its metrics, the status page's view."""
+        now = time.time()
+        record: dict[str, Any] = {
+            "ts": now_iso(now - call.duration),
+            "event": "tool_call",
+            "session": session,
+            "endpoint": endpoint,
+            "client": client.record() if client is not None else None,
+            "service": service,
+            "container": container,
+            "tool": call.tool,
+            "request_id": call.request_id,
+            "arguments_sha256": call.arguments.sha256,
+        }
+        if call.arguments.full is not None:
+            record["arguments"] = call.arguments.full
+        elif call.arguments.truncated:
+            record["arguments_truncated"] = True
+        record |= {
+            "duration_ms": round(call.duration * 1000, 3),
+            "outcome": call.outcome,
+            "error_code": call.error_code,
+            "error_reason": call.error_reason,
+            "bytes_in": call.bytes_in,
+            "bytes_out": call.bytes_out,
+            "trace_id": trace_of(call.traceparent) or trace_id,
+        }
+        self._write(record)
+        metrics = self.metrics
+        label = metrics.service_label(service)
+        metrics.tool_calls.labels(label, metrics.tool_label(service, call.tool), call.outcome).inc()
+        metrics.tool_call_duration.labels(label).observe(call.duration)
+        self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
+
+    def error_sent(self, code: int, reason: str) -> None:
+        """The orchestrator answered a client with an error of its own."""
+        self.metrics.errors.labels(str(code), reason[:64]).inc()
+
+    def close(self) -> None:
+        if self.audit is not None:
+            self.audit.close()
+
+
+def trace_of(traceparent: str | None) -> str | None:
+    """The trace id of a (valid) W3C traceparent."""
+    return traceparent.split("-")[1] if traceparent is not None else None

@@ -1,0 +1,127 @@
+"""The operators' routes: metrics, live sessions (and ending one), recent calls, the status page.
+
+====================================  ==========================================================
+``GET /metrics``                      Prometheus text format (:mod:`..observe.metrics`)
+``GET /api/sessions``                 live sessions with their containers and mounts
+``DELETE /api/sessions/{id}``         end a session: its requests in flight are answered, its
+                                      client told why, its containers removed
+``GET /api/calls``                    recent tool calls, newest first (``?session=``,
+                                      ``?service=``, ``?tool=``, ``?outcome=``, ``?limit=``)
+``GET /api/stats``                    the last hour, per minute (the status page's charts)
+``GET /``                             the status page (:mod:`..observe.page`)
+====================================  ==========================================================
+
+Every route is behind the same gate as the MCP routes (Origin/Host, then the token): the
+caller has already admitted the request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import parse_qs
+
+import trio
+
+from ..observe.audit import now_iso
+from ..observe.metrics import CONTENT_TYPE
+from ..observe.page import PAGE_HEADERS, STATUS_PAGE
+from ..observe.status import SessionView, recent_calls, sessions_json, stats
+from .fabric import Fabric
+from .http_server import HttpExchange
+
+SESSIONS_PREFIX = "/api/sessions/"
+
+
+def is_operator_route(path: str) -> bool:
+    return path in ("/", "/metrics", "/api/sessions", "/api/calls", "/api/stats") or (
+        path.startswith(SESSIONS_PREFIX)
+    )
+
+
+async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
+    """Answer one operator request (see the module docstring)."""
+    request = exchange.request
+    path, method = request.path, request.method
+    if path.startswith(SESSIONS_PREFIX):
+        if method != "DELETE":
+            await _json(exchange, 405, {"error": "method not allowed"}, allow="DELETE")
+            return
+        session_id = path[len(SESSIONS_PREFIX) :]
+        if not fabric.end_session(session_id):
+            await _json(exchange, 404, {"error": "no such session", "session": session_id})
+            return
+        await _json(exchange, 200, {"ended": session_id})
+        return
+    if method not in ("GET", "HEAD"):
+        await _json(exchange, 405, {"error": "method not allowed"}, allow="GET, HEAD")
+        return
+    observer = fabric.observer
+    if path == "/metrics":
+        body = await trio.to_thread.run_sync(observer.metrics.exposition)
+        await exchange.respond(200, body, content_type=CONTENT_TYPE.encode())
+    elif path == "/api/sessions":
+        await _json(exchange, 200, sessions_json(session_views(fabric)))
+    elif path == "/api/calls":
+        query = parse_qs(request.query)
+
+        def one(name: str) -> str | None:
+            values = query.get(name)
+            return values[-1] if values else None
+
+        limit = one("limit")
+        calls = recent_calls(
+            observer.calls,
+            session=one("session"),
+            service=one("service"),
+            tool=one("tool"),
+            outcome=one("outcome"),
+            limit=int(limit) if limit is not None and limit.isdigit() else 100,
+        )
+        await _json(exchange, 200, {"calls": calls})
+    elif path == "/api/stats":
+        await _json(exchange, 200, stats(observer.calls, observer.starts, now=time.time()))
+    else:
+        await exchange.respond(
+            200, STATUS_PAGE, content_type=b"text/html; charset=utf-8", headers=PAGE_HEADERS
+        )
+
+
+def session_views(fabric: Fabric) -> dict[str, SessionView]:
+    now = trio.current_time()
+    containers: dict[str, list[dict[str, Any]]] = {}
+    for container_id, record in fabric.containers.items():
+        containers.setdefault(record.session, []).append(
+            {
+                "id": container_id[:12],
+                "name": record.name,
+                "service": record.service,
+                "image": record.image,
+                "started_at": now_iso(record.started_at),
+            }
+        )
+    return {
+        session_id: SessionView(
+            id=session_id,
+            endpoint=record.endpoint,
+            service=record.service,
+            transport=record.transport,
+            client=record.client,
+            mounts=[
+                {"source": m.source, "target": m.target, "read_only": m.read_only}
+                for m in record.mounts
+            ],
+            started_at=record.started_at,
+            idle_seconds=now - record.last_active,
+            containers=containers.get(session_id, []),
+        )
+        for session_id, record in fabric.sessions.items()
+    }
+
+
+async def _json(
+    exchange: HttpExchange, status: int, body: dict[str, Any], *, allow: str | None = None
+) -> None:
+    headers = [(b"allow", allow.encode())] if allow is not None else []
+    await exchange.respond(status, json.dumps(body).encode(), headers=headers)

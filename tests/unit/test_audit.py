@@ -1,0 +1,182 @@
+"""The audit trail's file: a hash chain across restarts and rotations, bounded, never blocking."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reactor_fabric.observe.audit import (
+    GENESIS,
+    AuditInUse,
+    AuditWriter,
+    audit_files,
+    chain_head,
+    chained,
+    line_hash,
+    read_records,
+    verify,
+)
+
+
+def writer(path: Path, **options: int) -> AuditWriter:
+    audit = AuditWriter(
+        path, max_bytes=options.get("max_bytes", 1 << 20), keep=options.get("keep", 3)
+    )
+    audit.open()
+    return audit
+
+
+def write(path: Path, count: int, **options: int) -> None:
+    audit = writer(path, **options)
+    try:
+        for number in range(count):
+            assert audit.submit({"ts": "t", "event": "tool_call", "n": number})
+    finally:
+        audit.close()
+
+
+def test_each_line_carries_the_hash_of_the_one_before_starting_from_zeros(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 3)
+    lines = path.read_bytes().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["n"] for r in records] == [0, 1, 2]
+    assert records[0]["prev"] == GENESIS
+    assert records[1]["prev"] == line_hash(lines[0])
+    assert records[2]["prev"] == line_hash(lines[1])
+    assert list(records[0]) == ["ts", "event", "n", "prev"]  # the order given, prev last
+    assert verify(path).intact
+
+
+def test_the_chain_continues_across_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 2)
+    write(path, 2)
+    result = verify(path)
+    assert (result.intact, result.records, result.starts_after) == (True, 4, None)
+
+
+def test_rotation_keeps_the_chain_and_at_most_keep_files(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 200, max_bytes=2000, keep=2)
+    files = audit_files(path)
+    assert [f.name for f in files] == ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"]
+    assert all(f.stat().st_size <= 2000 for f in files)
+    result = verify(path)
+    assert result.intact
+    assert result.starts_after is not None  # older files were rotated away
+    numbers = [r["n"] for r in read_records(path)]
+    assert numbers == list(range(200 - len(numbers), 200))  # the newest, in order
+
+
+def test_verify_finds_an_edited_a_removed_and_an_inserted_line(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 5)
+    original = path.read_bytes().splitlines(keepends=True)
+
+    edited = list(original)
+    edited[2] = edited[2].replace(b'"n":2', b'"n":9')
+    path.write_bytes(b"".join(edited))
+    assert verify(path).problems == [
+        f"{path}:4: the previous line was changed or removed "
+        f"(it hashes to {line_hash(edited[2].rstrip())[:12]}…, this line expects "
+        f"{json.loads(original[3])['prev'][:12]}…)"
+    ]
+
+    path.write_bytes(b"".join(original[:2] + original[3:]))
+    [problem] = verify(path).problems
+    assert problem.startswith(f"{path}:3: the previous line was changed or removed")
+
+    forged = chained(b'{"ts":"t","event":"tool_call","n":99}', line_hash(original[1].rstrip()))
+    path.write_bytes(b"".join([*original[:2], forged + b"\n", *original[2:]]))
+    [problem] = verify(path).problems
+    assert problem.startswith(f"{path}:4:")
+
+
+def test_verify_reports_lines_that_are_not_records(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 2)
+    with path.open("ab") as file:
+        file.write(b'not json\n{"no": "prev"}\n{"partial"')
+    problems = verify(path).problems
+    assert any(":3: not a JSON object" in p for p in problems)
+    assert any(":4: no hash of the previous line" in p for p in problems)
+    assert any("the last line is incomplete" in p for p in problems)
+
+
+def test_a_full_queue_drops_records_counts_them_and_says_so_in_the_trail(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditWriter(path, max_bytes=1 << 20, keep=1, queue_bytes=200)
+    audit.open()
+    # Hold the writer's lock: the thread cannot take the queue, so it fills up.
+    with audit._condition:
+        accepted = [audit.submit({"ts": "t", "event": "e", "n": n}) for n in range(20)]
+    assert accepted.count(False) == audit.dropped > 0
+    while audit.written < accepted.count(True):  # the writer catches up
+        time.sleep(0.001)
+    assert audit.submit({"ts": "t", "event": "after"})
+    audit.close()
+    records = list(read_records(path))
+    [notice] = [r for r in records if r["event"] == "audit_dropped"]
+    assert notice["count"] == accepted.count(False)
+    assert verify(path).intact
+
+
+def test_a_second_writer_of_the_same_trail_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    first = writer(path)
+    try:
+        with pytest.raises(AuditInUse, match="another orchestrator writes the audit trail"):
+            writer(path)
+    finally:
+        first.close()
+    writer(path).close()  # free again once the first is closed
+
+
+def test_the_trail_and_its_directory_are_private_to_the_user(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "audit.jsonl"
+    write(path, 1)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_failed_write_counts_its_records_as_dropped_and_the_writer_goes_on(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = writer(path)
+    broken = threading.Event()
+    real_write = audit._file.write
+
+    def failing(data: bytes) -> int:
+        if not broken.is_set():
+            broken.set()
+            raise OSError(28, "No space left on device")
+        written: int = real_write(data)
+        return written
+
+    audit._file.write = failing
+    audit.submit({"ts": "t", "event": "lost"})
+    assert broken.wait(5)
+    audit.close()
+    assert audit.dropped >= 1
+
+
+def test_the_head_of_an_empty_or_missing_trail_is_the_genesis(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    assert chain_head(path) == GENESIS
+    path.write_bytes(b"")
+    assert chain_head(path) == GENESIS
+    os.truncate(path, 0)
+    assert list(read_records(path)) == []
+
+
+def test_a_record_must_be_a_json_object() -> None:
+    with pytest.raises(ValueError, match="non-empty JSON object"):
+        chained(b"[1]", GENESIS)
+    assert chained(b'{"a":1}', GENESIS) == b'{"a":1,"prev":"' + GENESIS.encode() + b'"}'
