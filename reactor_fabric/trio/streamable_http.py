@@ -50,13 +50,14 @@ from .._errors import (
     SecurityViolation,
     ServiceNotFound,
 )
+from ..observe.observer import Client
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import REQUEST, Peek, decode_params, error_response, peek
 from .fabric import Fabric, new_session_id
 from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import HttpChannel, Waiter
 from .http_server import HttpExchange
-from .session import serve_session
+from .session import client_of, serve_session
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class HttpSession:
     query: dict[str, list[str]] = field(default_factory=dict)
     # Created by a fabric/registerClient body (its mounts are in no URL): only its id reaches it.
     registered: bool = False
+    # Who created it, and the W3C traceparent of that request (for the audit trail).
+    client: Client | None = None
+    traceparent: str | None = None
     started: bool = False  # the first message has been submitted
     ended: trio.Event = field(default_factory=trio.Event)
 
@@ -119,6 +123,8 @@ class HttpSessions:
         query: dict[str, list[str]],
         *,
         registered: bool = False,
+        client: Client | None = None,
+        traceparent: str | None = None,
     ) -> HttpSession:
         assert self._nursery is not None, "HttpSessions.run must be started first"
         limits = self.fabric.limits
@@ -128,7 +134,14 @@ class HttpSessions:
             backlog_bytes=limits.buffer_to_client_bytes,
         )
         session = HttpSession(
-            new_session_id(), service, key, channel, query=query, registered=registered
+            new_session_id(),
+            service,
+            key,
+            channel,
+            query=query,
+            registered=registered,
+            client=client,
+            traceparent=traceparent,
         )
         self.by_id[session.id] = session
         if key is not None:
@@ -148,6 +161,8 @@ class HttpSessions:
                     session_id=session.id,
                     transport="streamable-http",
                     query=session.query,
+                    client=session.client,
+                    traceparent=session.traceparent,
                 )
                 nursery.cancel_scope.cancel()
         finally:
@@ -306,7 +321,15 @@ async def _session_for(
         )
         await exchange.respond(200, error_response(request_id, error))
         return None
-    return sessions.create(service, key, query, registered=_registers(message))
+    request = exchange.request
+    return sessions.create(
+        service,
+        key,
+        query,
+        registered=_registers(message),
+        client=client_of(sessions.fabric, request, "streamable-http"),
+        traceparent=request.header(b"traceparent") or None,
+    )
 
 
 async def _owned(exchange: HttpExchange, session: HttpSession, message: Peek | None) -> bool:

@@ -436,3 +436,55 @@ def test_metrics_need_the_token_and_count_what_happened(fabric: Orchestrator) ->
     assert relayed["to_server"] > 0
     assert relayed["to_client"] > 0
     assert figures[("reactor_fabric_audit_dropped_total", ())] == 0
+
+
+def post(fabric: Orchestrator, path: str, message: dict[str, Any], **headers: str) -> Any:
+    body = json.dumps(message).encode()
+    all_headers = {
+        **fabric.auth_header,
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+        **headers,
+    }
+    request_ = urllib.request.Request(f"{fabric.http_url}{path}", body, all_headers)
+    return urllib.request.urlopen(request_, timeout=30)
+
+
+def test_the_trace_context_of_the_opening_request_and_of_each_call_reaches_the_trail(
+    fabric: Orchestrator,
+) -> None:
+    opening = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    per_call = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with post(fabric, "/mcp/time", INITIALIZE, traceparent=opening) as answer:
+        session_header = answer.headers["Mcp-Session-Id"]
+        answer.read()
+    sid = {"Mcp-Session-Id": session_header}
+    post(fabric, "/mcp/time", INITIALIZED, **sid).close()
+    arguments = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+    traced = {**arguments, "_meta": {"traceparent": per_call}}
+    for number, params in [(2, traced), (3, arguments)]:
+        with post(fabric, "/mcp/time", request(number, "tools/call", params), **sid) as answer:
+            assert b'"result"' in answer.read()
+    delete = urllib.request.Request(
+        f"{fabric.http_url}/mcp/time", method="DELETE", headers={**fabric.auth_header, **sid}
+    )
+    urllib.request.urlopen(delete, timeout=30).close()
+
+    def opened() -> list[str]:
+        return [
+            r["session"]
+            for r in fabric.audit()
+            if r["event"] == "session_start" and r["trace_id"] == opening.split("-")[1]
+        ]
+
+    wait_until(lambda: bool(opened()), what="the session's start")
+    [session] = opened()
+    records = ended(fabric, session)
+    [start] = [r for r in records if r["event"] == "session_start"]
+    assert start["client"]["transport"] == "streamable-http"
+    assert start["client"]["peer"].startswith("127.0.0.1:")
+    assert [c["trace_id"] for c in calls_in(records)] == [
+        per_call.split("-")[1],
+        opening.split("-")[1],
+    ]
