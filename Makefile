@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install docker images run test test-unit test-integration lint format \
-        validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery
+        validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery \
+        test-tools
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -38,13 +39,16 @@ lock-images: ## rewrite the images' lock files (Debian, PyPI, npm hashes) after 
 run: install images ## serve the bundled suite on 127.0.0.1:8765 (CONFIG=..., or flags via ARGS=...)
 	$(PY) -m reactor_fabric --config $(CONFIG) $(ARGS)
 
-test: install images ## all tests: unit, and integration against the real engine and images
+test: install images test-tools ## all tests: unit, and integration against the real engine and images
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-tools: ## what the observability tests need: headless Chromium and its driver, promtool (Debian)
+	scripts/ensure-test-tools
 
 test-unit: install ## unit tests only (no Docker needed)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install images ## real-engine tests only
+test-integration: install images test-tools ## real-engine tests only
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install ## ruff (lint + format check) and mypy --strict
