@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -488,3 +492,93 @@ def test_the_trace_context_of_the_opening_request_and_of_each_call_reaches_the_t
         per_call.split("-")[1],
         opening.split("-")[1],
     ]
+
+
+TEST_TOOLS = REPO / ".cache" / "test-tools" / "usr" / "bin"
+
+
+def test_promtool_accepts_the_metrics(fabric: Orchestrator) -> None:
+    request_ = urllib.request.Request(f"{fabric.http_url}/metrics", headers=fabric.auth_header)
+    with urllib.request.urlopen(request_, timeout=10) as answer:
+        text = answer.read()
+    checked = subprocess.run(
+        [str(TEST_TOOLS / "promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def documented_scrape_config() -> str:
+    """The scrape config block of docs/OPERATIONS.md, as a user would copy it."""
+    text = (REPO / "docs" / "OPERATIONS.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    [block] = [b for b in blocks if "job_name: reactor-fabric" in b]
+    return block
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_a_real_prometheus_scrapes_the_documented_config_and_stores_what_the_trail_says(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(f"{fabric.token}\n")
+    port = fabric.http_url.rsplit(":", 1)[1]
+    config = (
+        documented_scrape_config()
+        .replace("/home/me/.config/reactor-fabric/token", str(token_file))
+        .replace("127.0.0.1:8765", f"127.0.0.1:{port}")
+        .replace("scrape_interval: 15s", "scrape_interval: 1s")
+    )
+    (tmp_path / "prometheus.yml").write_text(config)
+    web = free_port()
+    log = (tmp_path / "prometheus.log").open("wb")
+    server = subprocess.Popen(
+        [
+            str(TEST_TOOLS / "prometheus"),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        client = python_client(f"{fabric.ws_url}/mcp/time", "--register", "[]")
+        try:
+            session = client.read_json()["result"]["sessionId"]
+            assert client.ask({"op": "initialize"})["ok"]
+            call = {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}}
+            assert client.ask(call)["ok"]
+        finally:
+            assert client.close() == 0
+        ended(fabric, session)
+        trail = sum(1 for r in fabric.audit() if r["event"] == "tool_call")
+
+        def stored() -> float | None:
+            query = urllib.parse.urlencode({"query": "sum(reactor_fabric_tool_calls_total)"})
+            try:
+                url = f"http://127.0.0.1:{web}/api/v1/query?{query}"
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    result = json.load(answer)["data"]["result"]
+            except (OSError, ValueError):
+                return None
+            return float(result[0]["value"][1]) if result else None
+
+        wait_until(lambda: stored() == trail, what=f"Prometheus to store {trail} calls")
+        url = f"http://127.0.0.1:{web}/api/v1/targets"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            [target] = json.load(answer)["data"]["activeTargets"]
+        assert (target["health"], target["labels"]["job"]) == ("up", "reactor-fabric")
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
