@@ -515,7 +515,7 @@ def documented_scrape_config() -> str:
     """The scrape config block of docs/OPERATIONS.md, as a user would copy it."""
     text = (REPO / "docs" / "OPERATIONS.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
-    [block] = [b for b in blocks if "job_name: reactor-fabric" in b]
+    [block] = [str(b) for b in blocks if "job_name: reactor-fabric" in b]
     return block
 
 
