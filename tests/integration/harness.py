@@ -7,10 +7,12 @@ import os
 import re
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -126,6 +128,7 @@ class Orchestrator:
     http_url: str
     log_path: Path
     token: str | None = TEST_TOKEN
+    state_dir: Path | None = None  # its XDG_STATE_HOME (its audit trail is there)
 
     @property
     def auth_header(self) -> dict[str, str]:
@@ -143,11 +146,8 @@ class Orchestrator:
     @property
     def audit_path(self) -> Path:
         """Its audit trail (each test orchestrator has a state directory of its own)."""
-        return (
-            self.log_path.with_name(self.log_path.stem + "-state")
-            / "reactor-fabric"
-            / ("audit.jsonl")
-        )
+        assert self.state_dir is not None
+        return self.state_dir / "reactor-fabric" / "audit.jsonl"
 
     def audit(self) -> list[dict[str, Any]]:
         """The records of its audit trail written so far (complete lines only)."""
@@ -227,9 +227,11 @@ def orchestrator(
         env = {**(env or {}), "PYTHONPATH": path}
     # A state directory of its own: the audit trail of one orchestrator per file.
     state = log_path.with_name(log_path.stem + "-state")
-    state.mkdir(exist_ok=True)
     if run_as is not None:
+        # Another user cannot reach into pytest's private temporary directory.
+        state = Path(tempfile.mkdtemp(prefix="reactor-fabric-state-"))
         os.chown(state, *run_as)
+    state.mkdir(exist_ok=True)
     env = {"XDG_STATE_HOME": str(state), **(env or {})}
     log_file = log_path.open("wb")
     process = subprocess.Popen(
@@ -257,7 +259,7 @@ def orchestrator(
         first = process.stdout.readline().decode()
         match = re.search(r"on (http://[^ ]+) ", first)
         assert match, f"orchestrator did not start: {first!r}\n{log_path.read_text()[-3000:]}"
-        running = Orchestrator(process, match.group(1), log_path, token)
+        running = Orchestrator(process, match.group(1), log_path, token, state)
         STARTED.append(running)
         yield running
     finally:
@@ -274,6 +276,8 @@ def orchestrator(
         if process.stdout:
             process.stdout.close()
         log_file.close()
+        if run_as is not None:
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @contextmanager
