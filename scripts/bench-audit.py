@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,7 @@ async def flood(rpc: StreamRpc, total: int) -> float:
 
 
 async def measure(calls: int, repeats: int) -> Json:
+    shutil.rmtree(TMP, ignore_errors=True)  # a fresh trail: the check counts its records
     TMP.mkdir(parents=True, exist_ok=True)
     orchestrators: dict[str, engine.Orchestrator] = {}
     try:

@@ -25,6 +25,9 @@ from .audit import AuditWriter, now_iso
 from .metrics import Metrics
 
 RECENT_CALLS: Final = 1000
+# Label sets whose metric children are cached (the tool names a client sends are unbounded; the
+# labels are not, but the cache's keys would be).
+MAX_CACHED_LABELS: Final = 4096
 # What the status page's charts cover, and at most how many events they keep for it.
 HISTORY_SECONDS: Final = 3600.0
 HISTORY_EVENTS: Final = 50_000
@@ -87,6 +90,7 @@ class Observer:
             self.metrics.audit_dropped = lambda: audit.dropped
         self.calls: collections.deque[CallEvent] = collections.deque(maxlen=HISTORY_EVENTS)
         self.starts: collections.deque[StartEvent] = collections.deque(maxlen=HISTORY_EVENTS)
+        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.audit is not None:
@@ -240,11 +244,26 @@ class Observer:
             "trace_id": trace_of(call.traceparent) or trace_id,
         }
         self._write(record)
-        metrics = self.metrics
-        label = metrics.service_label(service)
-        metrics.tool_calls.labels(label, metrics.tool_label(service, call.tool), call.outcome).inc()
-        metrics.tool_call_duration.labels(label).observe(call.duration)
+        counter, histogram = self._call_metrics(service, call.tool, call.outcome)
+        counter.inc()
+        histogram.observe(call.duration)
         self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
+
+    def _call_metrics(self, service: str, tool: str, outcome: str) -> tuple[Any, Any]:
+        """The labelled counter and histogram of a call, looked up once per label set (the
+        library's own lookup takes a lock and builds a key on every call)."""
+        key = (service, tool, outcome)
+        found = self._children.get(key)
+        if found is None:
+            metrics = self.metrics
+            label = metrics.service_label(service)
+            found = (
+                metrics.tool_calls.labels(label, metrics.tool_label(service, tool), outcome),
+                metrics.tool_call_duration.labels(label),
+            )
+            if len(self._children) < MAX_CACHED_LABELS:
+                self._children[key] = found
+        return found
 
     def error_sent(self, code: int, reason: str) -> None:
         """The orchestrator answered a client with an error of its own."""
