@@ -190,10 +190,6 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
                     yield record
 
 
-def _dropped_notice(count: int) -> dict[str, Any]:
-    return {"ts": now_iso(), "event": "audit_dropped", "count": count}
-
-
 # --- the writer ---------------------------------------------------------------------------------
 
 
@@ -274,23 +270,26 @@ class AuditWriter:
                 self.dropped += 1
                 return False
             was_empty = not self._queue
-            if self.dropped > self._reported:
-                notice = _dropped_notice(self.dropped - self._reported)
-                self._queue.append(_encoder.encode(notice))
-                self._reported = self.dropped
+            self._queue_drop_notice()
             self._queue.append(data)
             self._queued_bytes += len(data)
             if was_empty:  # a lingering writer is not woken for each record
                 self._condition.notify()
         return True
 
+    def _queue_drop_notice(self) -> None:
+        """Queue an audit_dropped record for drops not yet told (the lock is held)."""
+        if self.dropped > self._reported:
+            count = self.dropped - self._reported
+            notice = {"ts": now_iso(), "event": "audit_dropped", "count": count}
+            self._queue.append(_encoder.encode(notice))
+            self._reported = self.dropped
+
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued, then stop the thread (waits at most ``timeout``)."""
         with self._condition:
-            if self.dropped > self._reported and self._thread is not None:
-                notice = _dropped_notice(self.dropped - self._reported)
-                self._queue.append(_encoder.encode(notice))
-                self._reported = self.dropped
+            if self._thread is not None:
+                self._queue_drop_notice()
             self._closing = True
             self._condition.notify()
         if self._thread is not None:

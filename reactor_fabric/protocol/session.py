@@ -164,6 +164,8 @@ class WriteStdin:
 class SendToClient:
     frame: bytes
     message: Peek | None = None
+    # An error of the orchestrator's own: its code and reason (for the metrics).
+    error: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,7 +399,7 @@ class SessionMachine:
         except InvalidMessage as exc:
             return [
                 Log("info", "client_message_refused", {"code": exc.code, "reason": exc.reason}),
-                SendToClient(error_response(exc.request_id, exc)),
+                SendToClient(error_response(exc.request_id, exc), error=(exc.code, exc.reason)),
             ]
         done: list[Action] = []
         if message.kind == REQUEST:
@@ -426,10 +428,9 @@ class SessionMachine:
     def _error_to_client(self, request_id: RequestId | None, error: FabricError) -> list[Action]:
         """The orchestrator answers a client request with ``error`` (a tool call ends)."""
         frame = error_response(request_id, error)
+        send = SendToClient(frame, error=(error.code, error.reason))
         call = self.calls.answered(request_id, frame, self._now) if self.calls.open else None
-        if call is None:
-            return [SendToClient(frame)]
-        return [SendToClient(frame), ToolCallDone(call)]
+        return [send] if call is None else [send, ToolCallDone(call)]
 
     def _write(self, slot: _Slot, message: Peek, frame: bytes) -> WriteStdin:
         self.ledger.from_client(message, frame)

@@ -148,17 +148,13 @@ class ToolCalls:
             params = None
         if params is None:
             params = _CallParams()
-        arguments = self._arguments_raw(params.arguments)
-        self._begin(
-            request_id,
-            _Open(
-                _tool_name(params.name),
-                None,
-                arguments,
-                now,
-                len(frame),
-                _trace(params.meta.traceparent if params.meta is not None else None),
-            ),
+        self.open[request_id] = _Open(
+            _tool_name(params.name),
+            None,
+            self._arguments_raw(params.arguments),
+            now,
+            len(frame),
+            _trace(params.meta.traceparent if params.meta is not None else None),
         )
 
     def begin(
@@ -173,13 +169,9 @@ class ToolCalls:
         now: float,
     ) -> None:
         """A ``tools/call`` request already decoded (the fabric endpoint)."""
-        call = _Open(
+        self.open[request_id] = _Open(
             _tool_name(tool), service, self._arguments(arguments), now, nbytes, _trace(traceparent)
         )
-        self._begin(request_id, call)
-
-    def _begin(self, request_id: RequestId, call: _Open) -> None:
-        self.open[request_id] = call
 
     def route(self, request_id: RequestId, service: str, tool: str) -> None:
         """The fabric endpoint resolved the call to ``service``'s own ``tool``."""

@@ -14,9 +14,6 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import trio
 
 from .._errors import DockerUnavailable, SecurityViolation
@@ -45,7 +42,7 @@ class FabricApp:
         refusal = admit(self.fabric.gate, request.headers, request.query, request.path)
         if request.path == "/healthz":
             if request.method not in ("GET", "HEAD"):
-                await _json(exchange, 405, {"error": "method not allowed"}, allow="GET, HEAD")
+                await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
                 return
             if refusal is None:
                 await self._healthz(exchange, details=True)
@@ -67,7 +64,7 @@ class FabricApp:
             service, key = route
             await serve_streamable_http(self.http_sessions, exchange, service=service, key=key)
             return
-        await _json(exchange, 404, {"error": "not found", "path": request.path})
+        await exchange.respond_json(404, {"error": "not found", "path": request.path})
 
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
         await serve_websocket(self.fabric, request, stream, trailing)
@@ -91,7 +88,7 @@ class FabricApp:
             version=__version__,
         )
         body = report.body if details else {"status": report.body["status"]}
-        await _json(exchange, report.status_code, body)
+        await exchange.respond_json(report.status_code, body)
 
 
 def mcp_route(path: str) -> tuple[str, str | None] | None:
@@ -107,10 +104,3 @@ def mcp_route(path: str) -> tuple[str, str | None] | None:
     if len(parts) == 2 and parts[0] and parts[1]:
         return parts[0], parts[1]
     return None
-
-
-async def _json(
-    exchange: HttpExchange, status: int, body: dict[str, Any], *, allow: str | None = None
-) -> None:
-    headers = [(b"allow", allow.encode())] if allow is not None else []
-    await exchange.respond(status, json.dumps(body).encode(), headers=headers)

@@ -23,8 +23,9 @@ from ..config.structs import Service
 from ..observe.ratelimit import TokenBucket
 from ..policy.container_spec import MountSpec
 from ..protocol.framing import FramingError, TruncatingLineSplitter
+from ..protocol.tool_calls import ToolCall
 from ..runtime.base import Container
-from .fabric import ContainerRecord, Fabric
+from .fabric import ContainerRecord, Fabric, SessionRecord
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,28 @@ async def start_container(
         },
     )
     return container
+
+
+def audit_call(
+    fabric: Fabric,
+    record: SessionRecord,
+    call: ToolCall,
+    *,
+    service: str,
+    live: LiveContainer | None,
+) -> None:
+    """One finished tool call of a session (either endpoint's) into the audit trail and the
+    metrics; ``live`` is the container that served it, if one still runs."""
+    record.tool_calls += 1
+    fabric.observer.tool_call(
+        call,
+        session=record.id,
+        endpoint=record.endpoint,
+        service=service,
+        container=live.container.id[:12] if live is not None else None,
+        client=record.client,
+        trace_id=record.trace_id,
+    )
 
 
 async def how_it_exited(

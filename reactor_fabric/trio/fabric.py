@@ -16,6 +16,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -77,6 +78,7 @@ class SessionRecord:
 
     service: str  # the relay's service, or "fabric" for the fabric endpoint
     transport: str
+    id: str = ""
     client: Client | None = None
     mounts: tuple[MountSpec, ...] = ()
     trace_id: str = ""
@@ -85,10 +87,17 @@ class SessionRecord:
     last_active: float = 0.0
     # Set by an operator (sessions --end): the session tells its client why and ends.
     ended_by_operator: trio.Event = field(default_factory=trio.Event)
+    tool_calls: int = 0  # how many ended so far
 
     @property
     def endpoint(self) -> str:
         return "fabric" if self.service == "fabric" else "relay"
+
+    def mount_records(self) -> list[dict[str, Any]]:
+        """The session's mounts as the audit trail and the operators' API show them."""
+        return [
+            {"source": m.source, "target": m.target, "read_only": m.read_only} for m in self.mounts
+        ]
 
 
 @dataclass(frozen=True)

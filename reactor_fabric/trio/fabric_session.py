@@ -64,6 +64,7 @@ from .channel import ClientChannel
 from .containers import (
     READ_CHUNK,
     LiveContainer,
+    audit_call,
     how_it_exited,
     read_stderr,
     remove_container,
@@ -155,7 +156,6 @@ class FabricDriver:
         self.mounts = mounts = record.mounts
         self.observer = fabric.observer
         self.metrics = fabric.observer.metrics
-        self.tool_calls = 0
         self._started_services: set[str] = set()  # a second start of one is a respawn
         services = fabric.suite.mcp_services
         self.server = FabricServer(
@@ -209,17 +209,7 @@ class FabricDriver:
 
     def _audit(self, call: ToolCall) -> None:
         service = call.service or FABRIC_ENDPOINT
-        backend = self._current.get(service)
-        self.tool_calls += 1
-        self.observer.tool_call(
-            call,
-            session=self.session_id,
-            endpoint="fabric",
-            service=service,
-            container=backend.container.id[:12] if backend is not None else None,
-            client=self.record.client,
-            trace_id=self.record.trace_id,
-        )
+        audit_call(self.fabric, self.record, call, service=service, live=self._current.get(service))
 
     async def _tick(self) -> None:
         await self._execute(self.server.tick())

@@ -24,11 +24,12 @@ sends reaches the listener task.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import h11
@@ -182,6 +183,13 @@ class HttpExchange:
         data += connection.send(h11.EndOfMessage()) or b""
         self.started = self.ended = True
         await self._write(data)
+
+    async def respond_json(
+        self, status: int, body: dict[str, Any], *, allow: str | None = None
+    ) -> None:
+        """A JSON answer (``allow``: the ``Allow`` header of a 405)."""
+        headers = [(b"allow", allow.encode())] if allow is not None else []
+        await self.respond(status, json.dumps(body).encode(), headers=headers)
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Start a streamed answer (chunked): then :meth:`send` pieces and :meth:`end`."""

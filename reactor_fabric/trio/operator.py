@@ -17,7 +17,6 @@ caller has already admitted the request.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 from urllib.parse import parse_qs
@@ -46,23 +45,23 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
     path, method = request.path, request.method
     if path.startswith(SESSIONS_PREFIX):
         if method != "DELETE":
-            await _json(exchange, 405, {"error": "method not allowed"}, allow="DELETE")
+            await exchange.respond_json(405, {"error": "method not allowed"}, allow="DELETE")
             return
         session_id = path[len(SESSIONS_PREFIX) :]
         if not fabric.end_session(session_id):
-            await _json(exchange, 404, {"error": "no such session", "session": session_id})
+            await exchange.respond_json(404, {"error": "no such session", "session": session_id})
             return
-        await _json(exchange, 200, {"ended": session_id})
+        await exchange.respond_json(200, {"ended": session_id})
         return
     if method not in ("GET", "HEAD"):
-        await _json(exchange, 405, {"error": "method not allowed"}, allow="GET, HEAD")
+        await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
         return
     observer = fabric.observer
     if path == "/metrics":
         body = await trio.to_thread.run_sync(observer.metrics.exposition)
         await exchange.respond(200, body, content_type=CONTENT_TYPE.encode())
     elif path == "/api/sessions":
-        await _json(exchange, 200, sessions_json(session_views(fabric)))
+        await exchange.respond_json(200, sessions_json(session_views(fabric)))
     elif path == "/api/calls":
         query = parse_qs(request.query)
 
@@ -79,9 +78,9 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
             outcome=one("outcome"),
             limit=int(limit) if limit is not None and limit.isdigit() else 100,
         )
-        await _json(exchange, 200, {"calls": calls})
+        await exchange.respond_json(200, {"calls": calls})
     elif path == "/api/stats":
-        await _json(exchange, 200, stats(observer.calls, observer.starts, now=time.time()))
+        await exchange.respond_json(200, stats(observer.calls, observer.starts, now=time.time()))
     else:
         await exchange.respond(
             200, STATUS_PAGE, content_type=b"text/html; charset=utf-8", headers=PAGE_HEADERS
@@ -108,20 +107,10 @@ def session_views(fabric: Fabric) -> dict[str, SessionView]:
             service=record.service,
             transport=record.transport,
             client=record.client,
-            mounts=[
-                {"source": m.source, "target": m.target, "read_only": m.read_only}
-                for m in record.mounts
-            ],
+            mounts=record.mount_records(),
             started_at=record.started_at,
             idle_seconds=now - record.last_active,
             containers=containers.get(session_id, []),
         )
         for session_id, record in fabric.sessions.items()
     }
-
-
-async def _json(
-    exchange: HttpExchange, status: int, body: dict[str, Any], *, allow: str | None = None
-) -> None:
-    headers = [(b"allow", allow.encode())] if allow is not None else []
-    await exchange.respond(status, json.dumps(body).encode(), headers=headers)

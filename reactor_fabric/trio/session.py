@@ -44,7 +44,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import msgspec
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
@@ -83,6 +82,7 @@ from .channel import ClientChannel
 from .containers import (
     READ_CHUNK,
     LiveContainer,
+    audit_call,
     how_it_exited,
     read_stderr,
     remove_container,
@@ -172,8 +172,6 @@ class _Progress:
 class _Driver(Protocol):
     """What both endpoints' session drivers offer the session's lifecycle."""
 
-    tool_calls: int  # how many ended (the audit's session_end)
-
     async def run(self, first_frame: bytes, first: object) -> None: ...
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
@@ -212,6 +210,7 @@ async def _serve_session(
     traceparent: str | None,
 ) -> None:
     observer = fabric.observer
+    client = client or Client(fabric.token_id, "", transport)
 
     async def refused(request_id: object, error: FabricError) -> None:
         observer.session_refused(
@@ -254,6 +253,7 @@ async def _serve_session(
     record = SessionRecord(
         service_name,
         transport,
+        id=session_id,
         client=client,
         mounts=mounts,
         trace_id=trace_id or secrets.token_hex(16),
@@ -274,11 +274,10 @@ async def _serve_session(
         session_id,
         endpoint=record.endpoint,
         service=service_name,
-        client=client or Client(fabric.token_id, "", transport),
-        mounts=[{"source": m.source, "target": m.target, "read_only": m.read_only} for m in mounts],
+        client=client,
+        mounts=record.mount_records(),
         trace_id=record.trace_id,
     )
-    driver: _Driver | None = None
     try:
         log.info(
             "session_started",
@@ -289,6 +288,7 @@ async def _serve_session(
                 "mounts": [m.target for m in mounts],
             },
         )
+        driver: _Driver
         if options is not None:
             driver = FabricDriver(
                 fabric,
@@ -313,32 +313,8 @@ async def _serve_session(
             endpoint=record.endpoint,
             service=service_name,
             seconds=time.time() - record.started_at,
-            calls=driver.tool_calls if driver is not None else 0,
+            calls=record.tool_calls,
         )
-
-
-class _ErrorBody(msgspec.Struct):
-    code: object = None
-    data: object = None
-
-
-class _ErrorAnswer(msgspec.Struct):
-    error: _ErrorBody | None = None
-
-
-_error_decoder = msgspec.json.Decoder(_ErrorAnswer)
-
-
-def count_error(observer: Observer, frame: bytes) -> None:
-    """Count an error answer of the orchestrator's own (code, data.reason) in the metrics."""
-    try:
-        error = _error_decoder.decode(frame).error
-    except msgspec.DecodeError:
-        return
-    if error is None or not isinstance(error.code, int):
-        return
-    reason = error.data.get("reason") if isinstance(error.data, dict) else None
-    observer.error_sent(error.code, reason if isinstance(reason, str) else "none")
 
 
 def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
@@ -400,7 +376,6 @@ class SessionDriver:
         self.mounts = record.mounts
         self.observer: Observer = fabric.observer
         self.metrics = fabric.observer.metrics
-        self.tool_calls = 0
         self.machine = SessionMachine(
             service_name=service_name,
             idle_timeout=service.idle_timeout_seconds,
@@ -456,16 +431,7 @@ class SessionDriver:
     def _audit(self, call: ToolCall) -> None:
         seq = self.machine.current_seq
         live = self._live.get(seq) if seq is not None else None
-        self.tool_calls += 1
-        self.observer.tool_call(
-            call,
-            session=self.session_id,
-            endpoint="relay",
-            service=self.service_name,
-            container=live.container.id[:12] if live is not None else None,
-            client=self.record.client,
-            trace_id=self.record.trace_id,
-        )
+        audit_call(self.fabric, self.record, call, service=self.service_name, live=live)
 
     def _log(self, action: Log) -> None:
         log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})
@@ -513,8 +479,8 @@ class SessionDriver:
     async def _send_client(self, action: SendToClient) -> None:
         frame = action.frame
         self.metrics.bytes_to_client += len(frame)
-        if action.message is None and b'"error"' in frame:
-            count_error(self.observer, frame)  # an answer of the orchestrator's own
+        if action.error is not None:
+            self.observer.error_sent(*action.error)
         try:
             await self.channel.send(frame, action.message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
