@@ -39,6 +39,7 @@ from .discovery.tokens import count_definition
 from .observe.audit import now_iso
 from .observe.logging import LOG_LEVELS, configure_logging
 from .observe.observer import Observer
+from .observe.otel import tracing_from_environment
 from .policy.auth import is_loopback
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
@@ -422,7 +423,11 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
             file=sys.stderr,
         )
         return EXIT_UNREADABLE
-    observer = Observer(services=check.suite.mcp_services, audit=audit)
+    observer = Observer(
+        services=check.suite.mcp_services,
+        audit=audit,
+        tracing=tracing_from_environment(environ),
+    )
     if audit is not None:
         log.info("audit_trail", extra={"path": str(audit.path)})
         audit.submit(

@@ -85,7 +85,8 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
 
 
 def configure_logging(level: str = "info", stream: TextIO | None = None) -> Callable[[], None]:
-    """Send the ``reactor_fabric`` loggers to ``stream`` (stderr) as JSON lines, via a thread.
+    """Send the ``reactor_fabric`` loggers to ``stream`` (stderr) as JSON lines, via a thread;
+    the OpenTelemetry SDK's warnings too (an unreachable collector), so that every line is JSON.
 
     Returns the function that stops the writer thread after writing what is queued.
     """
@@ -93,9 +94,14 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> Call
     writer.setFormatter(JsonFormatter())
     records: queue.Queue[logging.LogRecord] = queue.Queue(QUEUE_RECORDS)
     listener = logging.handlers.QueueListener(records, writer)
+    handler = DroppingQueueHandler(records)
     root = logging.getLogger("reactor_fabric")
-    root.handlers[:] = [DroppingQueueHandler(records)]
+    root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    otel = logging.getLogger("opentelemetry")
+    otel.handlers[:] = [handler]
+    otel.setLevel(max(logging.WARNING, root.level))
+    otel.propagate = False
     listener.start()
     return listener.stop

@@ -18,11 +18,14 @@ import hashlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ..protocol.tool_calls import ToolCall
 from .audit import AuditWriter, now_iso
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from .tracing import Tracing
 
 RECENT_CALLS: Final = 1000
 # Label sets whose metric children are cached (the tool names a client sends are unbounded; the
@@ -83,8 +86,10 @@ class Observer:
         services: Iterable[str] = (),
         audit: AuditWriter | None = None,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.audit = audit
+        self.tracing = tracing
         self.metrics = metrics if metrics is not None else Metrics(services)
         if audit is not None:
             self.metrics.audit_dropped = lambda: audit.dropped
@@ -107,7 +112,10 @@ class Observer:
         client: Client,
         mounts: list[dict[str, Any]],
         trace_id: str,
+        traceparent: str | None = None,
     ) -> None:
+        """A session admitted (``traceparent``: the valid one of the request that opened it,
+        whose trace ``trace_id`` then is)."""
         self._write(
             {
                 "ts": now_iso(),
@@ -120,6 +128,16 @@ class Observer:
                 "trace_id": trace_id,
             }
         )
+        if self.tracing is not None:
+            self.tracing.session_started(
+                session,
+                endpoint=endpoint,
+                service=service,
+                transport=client.transport,
+                peer=client.peer,
+                trace_id=trace_id,
+                traceparent=traceparent,
+            )
 
     def session_ended(
         self, session: str, *, endpoint: str, service: str, seconds: float, calls: int
@@ -135,6 +153,8 @@ class Observer:
                 "tool_calls": calls,
             }
         )
+        if self.tracing is not None:
+            self.tracing.session_ended(session, calls=calls)
 
     def session_refused(
         self, *, service: str, client: Client | None, code: int, reason: str
@@ -176,6 +196,15 @@ class Observer:
         if respawn:
             self.metrics.respawns.inc()
         self.starts.append(StartEvent(time.time(), service, seconds))
+        if self.tracing is not None:
+            self.tracing.container_started(
+                session=session,
+                service=service,
+                container=container,
+                image=image,
+                seconds=seconds,
+                respawn=respawn,
+            )
 
     def container_stopped(
         self,
@@ -248,6 +277,14 @@ class Observer:
         counter.inc()
         histogram.observe(call.duration)
         self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
+        if self.tracing is not None:
+            self.tracing.tool_call(
+                call,
+                session=session,
+                trace_id=record["trace_id"],
+                service=service,
+                container=container,
+            )
 
     def _call_metrics(self, service: str, tool: str, outcome: str) -> tuple[Any, Any]:
         """The labelled counter and histogram of a call, looked up once per label set (the
@@ -270,6 +307,8 @@ class Observer:
         self.metrics.errors.labels(str(code), reason[:64]).inc()
 
     def close(self) -> None:
+        if self.tracing is not None:
+            self.tracing.close()
         if self.audit is not None:
             self.audit.close()
 

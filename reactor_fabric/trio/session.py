@@ -249,14 +249,14 @@ async def _serve_session(
     except FabricError as exc:
         await refused(request_id, exc)
         return
-    trace_id = trace_of(traceparent) if traceparent and valid_traceparent(traceparent) else None
+    traceparent = traceparent if traceparent and valid_traceparent(traceparent) else None
     record = SessionRecord(
         service_name,
         transport,
         id=session_id,
         client=client,
         mounts=mounts,
-        trace_id=trace_id or secrets.token_hex(16),
+        trace_id=trace_of(traceparent) or secrets.token_hex(16),
         started_at=time.time(),
         last_active=trio.current_time(),
     )
@@ -277,6 +277,7 @@ async def _serve_session(
         client=client,
         mounts=record.mount_records(),
         trace_id=record.trace_id,
+        traceparent=traceparent,
     )
     try:
         log.info(
@@ -286,6 +287,7 @@ async def _serve_session(
                 "service": service_name,
                 "transport": transport,
                 "mounts": [m.target for m in mounts],
+                "trace_id": record.trace_id,
             },
         )
         driver: _Driver

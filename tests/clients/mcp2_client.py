@@ -5,7 +5,7 @@ process because the SDK is asyncio-based and the tests are trio-based.
 
 Usage::
 
-    python mcp2_client.py http URL [--mode auto|legacy]
+    python mcp2_client.py http URL [--mode auto|legacy] [--trace]
     python mcp2_client.py stdio [--cwd DIR] -- COMMAND [ARG...]
 
 Commands (stdin, JSON lines), each answered by one JSON line on stdout:
@@ -16,6 +16,10 @@ Commands (stdin, JSON lines), each answered by one JSON line on stdout:
         (with "report_progress": true, progress is printed as it comes: {"op": "progress", ...})
     {"op": "listen"}       -> {"ok": true, "honored": filter} (2026-07-28: opens, then closes)
     {"op": "exit"}
+
+``--trace`` gives the SDK an OpenTelemetry tracer provider exporting over OTLP/HTTP (to
+``OTEL_EXPORTER_OTLP_ENDPOINT``): the SDK then makes a client span per request and puts its
+``traceparent`` in the request's ``params._meta``, as an instrumented agent would.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ from urllib.parse import urlencode
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import get_default_environment
 from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 
 def emit(payload: dict[str, Any]) -> None:
@@ -44,6 +53,7 @@ async def main() -> None:
     parser.add_argument("target", nargs="*")
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--cwd")
+    parser.add_argument("--trace", action="store_true")
     argv = sys.argv[1:]
     # Everything after "--" is the stdio server's command line, untouched by argparse.
     command = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -68,6 +78,8 @@ async def main() -> None:
 
     loop = asyncio.get_running_loop()
     async with AsyncExitStack() as stack:
+        if args.trace:
+            stack.callback(traced())
         client: Client | None = None
         while True:
             line = await loop.run_in_executor(None, sys.stdin.readline)
@@ -97,6 +109,14 @@ async def main() -> None:
                 emit(described(exc))
                 if op == "initialize":
                     return
+
+
+def traced() -> Any:
+    """Install a tracer provider that exports every span when it ends; its shutdown."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "test-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    return provider.shutdown
 
 
 async def use(client: Client, command: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -203,6 +204,21 @@ def build_test_image(name: str) -> str:
     return tag
 
 
+def post(fabric: Orchestrator, path: str, message: dict[str, Any], **headers: str) -> Any:
+    """A raw Streamable HTTP POST of one JSON-RPC message (for frames and headers no SDK sends
+    on demand); the open response."""
+    body = json.dumps(message).encode()
+    all_headers = {
+        **fabric.auth_header,
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+        **headers,
+    }
+    request_ = urllib.request.Request(f"{fabric.http_url}{path}", body, all_headers)
+    return urllib.request.urlopen(request_, timeout=30)
+
+
 @contextmanager
 def orchestrator(
     suite: Path,
@@ -340,10 +356,14 @@ def python_client(url: str, *args: str, env: dict[str, str] | None = None) -> Li
     )
 
 
-def python2_client(url: str, mode: str = "auto") -> LineProcess:
-    """The Python SDK 2.x over Streamable HTTP (``mode``: auto, or legacy: the handshake)."""
+def python2_client(
+    url: str, mode: str = "auto", *args: str, env: dict[str, str] | None = None
+) -> LineProcess:
+    """The Python SDK 2.x over Streamable HTTP (``mode``: auto, or legacy: the handshake;
+    ``args``: more of mcp2_client.py's options, e.g. --trace)."""
     return LineProcess(
-        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode]
+        [sys.executable, str(CLIENTS / "mcp2_client.py"), "http", url, "--mode", mode, *args],
+        env=env,
     )
 
 

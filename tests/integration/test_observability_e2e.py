@@ -37,6 +37,7 @@ from tests.integration.harness import (
     Orchestrator,
     containers_of,
     orchestrator,
+    post,
     python2_client,
     python_client,
     wait_until,
@@ -440,19 +441,6 @@ def test_metrics_need_the_token_and_count_what_happened(fabric: Orchestrator) ->
     assert relayed["to_server"] > 0
     assert relayed["to_client"] > 0
     assert figures[("reactor_fabric_audit_dropped_total", ())] == 0
-
-
-def post(fabric: Orchestrator, path: str, message: dict[str, Any], **headers: str) -> Any:
-    body = json.dumps(message).encode()
-    all_headers = {
-        **fabric.auth_header,
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": "2025-06-18",
-        **headers,
-    }
-    request_ = urllib.request.Request(f"{fabric.http_url}{path}", body, all_headers)
-    return urllib.request.urlopen(request_, timeout=30)
 
 
 def test_the_trace_context_of_the_opening_request_and_of_each_call_reaches_the_trail(

@@ -30,6 +30,22 @@ def test_records_become_json_lines_with_their_fields_written_by_the_writer_threa
     )
 
 
+def test_the_opentelemetry_sdks_warnings_are_json_lines_too_and_its_chatter_is_not() -> None:
+    out = io.StringIO()
+    stop = configure_logging("debug", out)
+    try:
+        exporter = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        exporter.warning("Transient error %s encountered while exporting spans", "refused")
+        exporter.info("not_shown")
+    finally:
+        stop()
+    [line] = out.getvalue().splitlines()
+    entry = json.loads(line)
+    assert entry["level"] == "warning"
+    assert entry["logger"].startswith("opentelemetry.")
+    assert entry["event"] == "Transient error refused encountered while exporting spans"
+
+
 def test_a_full_queue_drops_records_and_says_how_many_once_there_is_room() -> None:
     records: queue.Queue[logging.LogRecord] = queue.Queue(2)
     handler = DroppingQueueHandler(records)
