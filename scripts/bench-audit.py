@@ -1,26 +1,34 @@
-"""What the audit trail costs the relay: the same flood of tool calls with the trail on and off.
+"""What the audit trail costs the relay: the same flood of tool calls with the trail on and off,
+next to a control that tells the benchmark's own resolution.
 
-Two orchestrators of the working tree serve the bundled suite on the real engine, one with
-``orchestrator.audit`` on (the default), one with it off. One WebSocket session each to the
-``everything`` service, warmed up; then, repeated:
+Three orchestrators of the working tree serve the bundled suite on the real engine: one with
+``orchestrator.audit`` on (the default) and two with it off — ``trail_off`` and
+``trail_off_again``, identical. The second is the control: whatever separates the two "off"
+systems is the machine and the method, not the trail. Every repeat starts three fresh
+orchestrators and opens one WebSocket session each to the ``everything`` service, warmed up,
+all in an order rotating with the repeat (a run of 3 repeats without it showed the first
+system slower by 10-20 us at P50 with the trail off everywhere); then:
 
-- **round trips**: ``tools/call echo`` one at a time, the two systems interleaved call by call
-  in a rotating order (so both meet the same moments of the machine);
+- **round trips**: ``tools/call echo`` one at a time, the three systems interleaved call by call
+  in a rotating order (so all meet the same moments of the machine);
 - **flood**: the same call with 16 in flight on the session, the systems one after the other
   in a rotating order; calls/s = calls answered / wall time.
 
 Over the whole run each system answers ``--calls`` round trips and as many flood calls (10,000
 each by default). Figures per repeat, then the median of the repeats with their range, and paired
-by repeat: trail on minus trail off (P50, P99) and on/off (calls/s). Afterwards the trail is
-checked: one ``tool_call`` record per call, none dropped.
+by repeat: on minus off and, the control, off-again minus off (P50, P99), on/off and
+off-again/off (calls/s). The trail's cost is measurable when the on-off range lies outside the
+control's. Afterwards each trail is checked: one ``tool_call`` record per call, none dropped.
 
-    .venv/bin/python scripts/bench-audit.py [--calls 10000] [--repeats 5] [--json PATH]
+    .venv/bin/python scripts/bench-audit.py [--calls 10000] [--repeats 6] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import shutil
 import sys
 import time
@@ -41,7 +49,15 @@ SERVICE = "everything"
 CALL = {"name": "echo", "arguments": {"message": "audited"}}
 IN_FLIGHT = 16
 WARM_UP = 300
-SYSTEMS = ("trail_on", "trail_off")
+SYSTEMS = ("trail_on", "trail_off", "trail_off_again")
+
+
+FIGURES = ("p50_ms", "p99_ms", "calls_per_s", "cpu_us_per_call", "flood_cpu_us_per_call")
+
+
+def rotated(items: tuple[str, ...], by: int) -> tuple[str, ...]:
+    by %= len(items)
+    return items[by:] + items[:by]
 
 
 def write_suite(path: Path, *, audit: bool) -> Path:
@@ -88,58 +104,77 @@ async def flood(rpc: StreamRpc, total: int) -> float:
 
 
 async def measure(calls: int, repeats: int) -> Json:
-    shutil.rmtree(TMP, ignore_errors=True)  # a fresh trail: the check counts its records
+    shutil.rmtree(TMP, ignore_errors=True)  # fresh trails: the check counts their records
     TMP.mkdir(parents=True, exist_ok=True)
-    orchestrators: dict[str, engine.Orchestrator] = {}
-    try:
-        for system in SYSTEMS:
-            suite = write_suite(TMP / f"{system}.yaml", audit=system == "trail_on")
-            orchestrators[system] = await engine.start_orchestrator(suite, TMP / f"{system}.log")
-        async with (
-            websocket_session(orchestrators["trail_on"].ws_url(SERVICE)) as on,
-            websocket_session(orchestrators["trail_off"].ws_url(SERVICE)) as off,
-        ):
-            rpcs = {"trail_on": on, "trail_off": off}
-            for rpc in rpcs.values():
-                await handshake(rpc)
-                for _ in range(WARM_UP):
-                    check_result((await rpc.call("tools/call", CALL))[1], "tools/call")
-            per_repeat = calls // repeats
-            repeats_out: list[Json] = []
-            for repeat in range(repeats):
-                samples: dict[str, list[int]] = {system: [] for system in SYSTEMS}
-                for index in range(per_repeat):
-                    order = SYSTEMS if (index + repeat) % 2 == 0 else SYSTEMS[::-1]
-                    for system in order:
-                        elapsed, answer = await rpcs[system].call("tools/call", CALL)
-                        check_result(answer, "tools/call")
-                        samples[system].append(elapsed)
-                rates: dict[str, float] = {}
-                for system in SYSTEMS if repeat % 2 == 0 else SYSTEMS[::-1]:
-                    rates[system] = await flood(rpcs[system], per_repeat)
-                repeats_out.append(
-                    {
-                        system: {**summarize(samples[system]), "calls_per_s": round(rates[system])}
-                        for system in SYSTEMS
-                    }
-                )
-                say(f"repeat {repeat + 1}/{repeats}: " + ", ".join(
-                    f"{s} p50 {repeats_out[-1][s]['p50_ms']} p99 {repeats_out[-1][s]['p99_ms']} "
-                    f"{repeats_out[-1][s]['calls_per_s']}/s" for s in SYSTEMS
-                ))  # fmt: skip
-        trail = await trail_check(
-            orchestrators["trail_on"], expected=WARM_UP + 2 * per_repeat * repeats
-        )
-    finally:
-        for orchestrator in orchestrators.values():
-            await orchestrator.stop()
+    per_repeat = math.ceil(calls / repeats)
+    repeats_out: list[Json] = []
+    trails: list[Json] = []
+    for repeat in range(repeats):
+        figures, trail = await one_repeat(repeat, per_repeat)
+        repeats_out.append(figures)
+        trails.append(trail)
+        say(f"repeat {repeat + 1}/{repeats}: " + ", ".join(
+            f"{s} p50 {figures[s]['p50_ms']} p99 {figures[s]['p99_ms']} "
+            f"{figures[s]['calls_per_s']}/s" for s in SYSTEMS
+        ))  # fmt: skip
     return {
         "calls_per_system": 2 * per_repeat * repeats,
         "repeats": repeats_out,
         "summary": summary(repeats_out),
-        "trail": trail,
+        "trail": {
+            key: sum(trail[key] for trail in trails)
+            for key in ("expected_calls", "tool_call_records", "dropped")
+        },
         "machine": engine.machine_info(),
     }
+
+
+async def one_repeat(repeat: int, per_repeat: int) -> tuple[Json, Json]:
+    """Three fresh orchestrators, measured interleaved; their figures and the trail's check."""
+    folder = TMP / f"repeat-{repeat + 1}"
+    folder.mkdir()
+    orchestrators: dict[str, engine.Orchestrator] = {}
+    try:
+        for system in rotated(SYSTEMS, repeat):
+            suite = write_suite(folder / f"{system}.yaml", audit=system == "trail_on")
+            orchestrators[system] = await engine.start_orchestrator(suite, folder / f"{system}.log")
+        async with contextlib.AsyncExitStack() as stack:
+            rpcs: dict[str, StreamRpc] = {}
+            for system in rotated(SYSTEMS, repeat):
+                url = orchestrators[system].ws_url(SERVICE)
+                rpcs[system] = rpc = await stack.enter_async_context(websocket_session(url))
+                await handshake(rpc)
+                for _ in range(WARM_UP):
+                    check_result((await rpc.call("tools/call", CALL))[1], "tools/call")
+            samples: dict[str, list[int]] = {system: [] for system in SYSTEMS}
+            cpu = {s: engine.cpu_seconds(orchestrators[s].process.pid) for s in SYSTEMS}
+            for index in range(per_repeat):
+                for system in rotated(SYSTEMS, index + repeat):
+                    elapsed, answer = await rpcs[system].call("tools/call", CALL)
+                    check_result(answer, "tools/call")
+                    samples[system].append(elapsed)
+            cpu = {s: engine.cpu_seconds(orchestrators[s].process.pid) - cpu[s] for s in SYSTEMS}
+            rates: dict[str, float] = {}
+            flood_cpu: dict[str, float] = {}
+            for system in rotated(SYSTEMS, repeat):
+                before = engine.cpu_seconds(orchestrators[system].process.pid)
+                rates[system] = await flood(rpcs[system], per_repeat)
+                flood_cpu[system] = engine.cpu_seconds(orchestrators[system].process.pid) - before
+        trail = await trail_check(orchestrators["trail_on"], expected=WARM_UP + 2 * per_repeat)
+    finally:
+        for orchestrator in orchestrators.values():
+            await orchestrator.stop()
+    figures = {
+        system: {
+            **summarize(samples[system]),
+            "calls_per_s": round(rates[system]),
+            # The orchestrator process's CPU time (all its threads) per call.
+            "cpu_us_per_call": round(cpu[system] / per_repeat * 1e6, 1),
+            "flood_cpu_us_per_call": round(flood_cpu[system] / per_repeat * 1e6, 1),
+        }
+        for system in SYSTEMS
+    }
+    return figures, trail
 
 
 async def trail_check(orchestrator: engine.Orchestrator, *, expected: int) -> Json:
@@ -167,19 +202,22 @@ def summary(repeats: list[Json]) -> Json:
     def each(system: str, key: str) -> list[float | None]:
         return [r[system][key] for r in repeats]
 
-    paired = {
-        key: spread([r["trail_on"][key] - r["trail_off"][key] for r in repeats])
-        for key in ("p50_ms", "p99_ms")
-    }
-    paired["calls_per_s_ratio"] = spread(
-        [r["trail_on"]["calls_per_s"] / r["trail_off"]["calls_per_s"] for r in repeats]
-    )
+    def paired(system: str) -> Json:
+        figures = {
+            key: spread([r[system][key] - r["trail_off"][key] for r in repeats])
+            for key in ("p50_ms", "p99_ms", "cpu_us_per_call", "flood_cpu_us_per_call")
+        }
+        figures["calls_per_s_ratio"] = spread(
+            [r[system]["calls_per_s"] / r["trail_off"]["calls_per_s"] for r in repeats]
+        )
+        return figures
+
     return {
         "per_system": {
-            system: {key: spread(each(system, key)) for key in ("p50_ms", "p99_ms", "calls_per_s")}
-            for system in SYSTEMS
+            system: {key: spread(each(system, key)) for key in FIGURES} for system in SYSTEMS
         },
-        "on_minus_off": paired,
+        "on_minus_off": paired("trail_on"),
+        "control_off_again_minus_off": paired("trail_off_again"),
     }
 
 
@@ -190,21 +228,32 @@ def say(text: str) -> None:
 def table(results: Json) -> str:
     """The Markdown table docs/BENCHMARKS.md shows."""
     per = results["summary"]["per_system"]
-    paired = results["summary"]["on_minus_off"]
 
     def cell(figure: Json) -> str:
         return f"{figure['median']} [{figure['min']}, {figure['max']}]"
 
+    def signed(figure: Json) -> str:
+        return f"{figure['median']:+} [{figure['min']:+}, {figure['max']:+}]"
+
+    def pair(key: str, name: str) -> str:
+        paired = results["summary"][key]
+        return (
+            f"| {name}, paired by repeat | {signed(paired['p50_ms'])} | "
+            f"{signed(paired['p99_ms'])} | ratio {cell(paired['calls_per_s_ratio'])} | "
+            f"{signed(paired['cpu_us_per_call'])} | {signed(paired['flood_cpu_us_per_call'])} |"
+        )
+
     lines = [
-        "| | P50 (ms) | P99 (ms) | flood, calls/s |",
-        "|---|---|---|---|",
+        "| | P50 (ms) | P99 (ms) | flood, calls/s | CPU µs per call | CPU µs per flood call |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {system.replace('_', ' ')} | {cell(per[system]['p50_ms'])} | "
-            f"{cell(per[system]['p99_ms'])} | {cell(per[system]['calls_per_s'])} |"
+            f"| {system.replace('_', ' ')} | "
+            + " | ".join(cell(per[system][key]) for key in FIGURES)
+            + " |"
             for system in SYSTEMS
         ),
-        f"| on - off, paired by repeat | {cell(paired['p50_ms'])} | {cell(paired['p99_ms'])} | "
-        f"on/off {cell(paired['calls_per_s_ratio'])} |",
+        pair("on_minus_off", "on - off"),
+        pair("control_off_again_minus_off", "control: off again - off"),
     ]
     return "\n".join(lines)
 
@@ -214,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calls", type=int, default=10_000, help="round trips, and flood calls, per system"
     )
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=6,
+        help="a multiple of 3 gives every system every place in every order equally often",
+    )
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "audit-results.json")
     args = parser.parse_args(argv)
     results: Any = trio.run(measure, args.calls, args.repeats)

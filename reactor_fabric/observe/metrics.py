@@ -5,11 +5,13 @@ orchestrators in one process — tests — never mix their figures).
 
 Two kinds of figures:
 
-- events counted when they happen — tool calls, container starts and their time, errors,
-  idle teardowns, respawns, orphans — with the library's counters and histograms;
-- figures read when Prometheus scrapes — live sessions and containers, bytes relayed, audit
-  records dropped — from the orchestrator's own state by a collector, so that the relay's hot
-  path adds only an integer to a field per frame and never takes the library's lock.
+- events counted when they happen — container starts and their time, errors, idle teardowns,
+  respawns, orphans — with the library's counters and histograms;
+- figures kept as plain numbers by the orchestrator and turned into metric families by a
+  collector when Prometheus scrapes — tool calls and their duration, live sessions and
+  containers, bytes relayed, audit records dropped — so that what happens per frame or per call
+  on the relay's thread is an integer added to a field, never the library's lock and child
+  lookup (a few microseconds per call, measured).
 
 Label values stay bounded: a tool's name is used only when the suite's catalog knows it
 (otherwise ``other``), services come from the suite, error reasons from our own code.
@@ -17,12 +19,20 @@ Label values stay bounded: a tool's name is used only when the suite's catalog k
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OTHER = "other"
@@ -30,6 +40,17 @@ OTHER = "other"
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 # Container starts: a few hundred milliseconds to the Docker call bound (30 s).
 START_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+# (service, tool, outcome) as sent → their labels, cached; beyond this many keys (the tool names
+# a client sends are unbounded, the labels are not) they are worked out per call.
+MAX_CACHED_LABELS: Final = 4096
+
+
+@dataclass
+class Durations:
+    """One service's tool call durations, as a histogram of plain numbers."""
+
+    counts: list[int]  # per bucket of CALL_BUCKETS, not cumulative; the last one is +Inf
+    total: float = 0.0
 
 
 @dataclass
@@ -53,20 +74,10 @@ class Metrics:
         self.live: Callable[[], LiveFigures] = LiveFigures
         self.audit_dropped: Callable[[], int] = lambda: 0
         registry = self.registry
-        self.tool_calls = Counter(
-            "reactor_fabric_tool_calls",
-            "Tool calls that ended, by service, tool (the catalog's names, else 'other') and "
-            "outcome (ok, error, cancelled, no_answer).",
-            ["service", "tool", "outcome"],
-            registry=registry,
-        )
-        self.tool_call_duration = Histogram(
-            "reactor_fabric_tool_call_duration_seconds",
-            "Time from a tools/call request's arrival to its outcome.",
-            ["service"],
-            buckets=CALL_BUCKETS,
-            registry=registry,
-        )
+        # Tool calls (see tool_call): counts by labels, durations by service label.
+        self.calls: dict[tuple[str, str, str], int] = {}
+        self.durations: dict[str, Durations] = {}
+        self._call_labels: dict[tuple[str, str, str], tuple[tuple[str, str, str], Durations]] = {}
         self.container_start = Histogram(
             "reactor_fabric_container_start_seconds",
             "Time to start a session's container: mounts pinned, created, attached, started "
@@ -103,6 +114,25 @@ class Metrics:
         """The tool names each service has (from the catalog, or the fabric endpoint's own
         meta-tools): the only ones used as labels."""
         self._tools = {**self._tools, **{s: frozenset(names) for s, names in tools.items()}}
+        self._call_labels.clear()  # a tool counted as "other" so far may be known now
+
+    def tool_call(self, service: str, tool: str, outcome: str, seconds: float) -> None:
+        """Count one finished tool call and its duration (plain numbers, read at scrape)."""
+        key = (service, tool, outcome)
+        found = self._call_labels.get(key)
+        if found is None:
+            label = self.service_label(service)
+            durations = self.durations.get(label)
+            if durations is None:
+                durations = self.durations[label] = Durations([0] * (len(CALL_BUCKETS) + 1))
+            found = ((label, self.tool_label(service, tool), outcome), durations)
+            if len(self._call_labels) < MAX_CACHED_LABELS:
+                self._call_labels[key] = found
+        labels, durations = found
+        self.calls[labels] = self.calls.get(labels, 0) + 1
+        # Prometheus buckets are upper bounds, inclusive: the first bound >= seconds.
+        durations.counts[bisect_left(CALL_BUCKETS, seconds)] += 1
+        durations.total += seconds
 
     def tool_label(self, service: str, tool: str) -> str:
         return tool if tool in self._tools.get(service, ()) else OTHER
@@ -121,6 +151,28 @@ class _LiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         metrics = self.metrics
+        calls = CounterMetricFamily(
+            "reactor_fabric_tool_calls",
+            "Tool calls that ended, by service, tool (the catalog's names, else 'other') and "
+            "outcome (ok, error, cancelled, no_answer).",
+            labels=["service", "tool", "outcome"],
+        )
+        for labels, count in sorted(metrics.calls.items()):
+            calls.add_metric(list(labels), count)
+        yield calls
+        durations = HistogramMetricFamily(
+            "reactor_fabric_tool_call_duration_seconds",
+            "Time from a tools/call request's arrival to its outcome.",
+            labels=["service"],
+        )
+        bounds = [*map(floatToGoString, CALL_BUCKETS), "+Inf"]
+        for service, figures in sorted(metrics.durations.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip(bounds, figures.counts, strict=True):
+                cumulative += count
+                buckets.append((bound, float(cumulative)))
+            durations.add_metric([service], buckets, figures.total)
+        yield durations
         live = metrics.live()
         sessions = GaugeMetricFamily(
             "reactor_fabric_sessions", "Live client sessions, by endpoint.", labels=["endpoint"]

@@ -14,9 +14,10 @@ own thread.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,9 +29,8 @@ if TYPE_CHECKING:
     from .tracing import Tracing
 
 RECENT_CALLS: Final = 1000
-# Label sets whose metric children are cached (the tool names a client sends are unbounded; the
-# labels are not, but the cache's keys would be).
-MAX_CACHED_LABELS: Final = 4096
+# Audit records held for a later batch (see Observer.defer_audit), at most; beyond, handed over.
+MAX_DEFERRED: Final = 10_000
 # What the status page's charts cover, and at most how many events they keep for it.
 HISTORY_SECONDS: Final = 3600.0
 HISTORY_EVENTS: Final = 50_000
@@ -52,11 +52,17 @@ class Client:
     transport: str  # websocket, streamable-http
     user_agent: str = ""
 
-    def record(self) -> dict[str, str]:
+    @functools.cached_property
+    def _record(self) -> dict[str, str]:
         client = {"token": self.token, "peer": self.peer, "transport": self.transport}
         if self.user_agent:
             client["user_agent"] = self.user_agent[:200]
         return client
+
+    def record(self) -> dict[str, str]:
+        """As the audit writes it (made once: every call's record carries it; not to be
+        changed)."""
+        return self._record
 
 
 @dataclass(frozen=True)
@@ -94,12 +100,39 @@ class Observer:
         if audit is not None:
             self.metrics.audit_dropped = lambda: audit.dropped
         self.calls: collections.deque[CallEvent] = collections.deque(maxlen=HISTORY_EVENTS)
+        self._deferred: list[dict[str, Any]] = []
+        self._wake: Callable[[], None] | None = None
         self.starts: collections.deque[StartEvent] = collections.deque(maxlen=HISTORY_EVENTS)
-        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.audit is not None:
+        if self.audit is None:
+            return
+        if self._wake is None:
             self.audit.submit(record)
+            return
+        self._deferred.append(record)
+        if len(self._deferred) == 1:
+            self._wake()
+        elif len(self._deferred) >= MAX_DEFERRED:
+            self.flush()
+
+    def defer_audit(self, wake: Callable[[], None] | None) -> None:
+        """Hold audit records back until :meth:`flush`, calling ``wake`` when the first one
+        of a batch is held (None: hand each over as it comes, the records held so far now).
+
+        Why: a record is made where its event happens — a call's as its answer passes — and
+        handing it to the writer (encoding, chaining, queueing) there would delay that answer
+        on the event loop; see :func:`reactor_fabric.trio.audit_batches.hand_audit_over_later`.
+        Order is kept: every record passes through the same list.
+        """
+        self.flush()
+        self._wake = wake
+
+    def flush(self) -> None:
+        """Hand the records held back to the audit writer, in order."""
+        if self._deferred and self.audit is not None:
+            records, self._deferred = self._deferred, []
+            self.audit.submit_many(records)
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -273,9 +306,7 @@ class Observer:
             "trace_id": trace_of(call.traceparent) or trace_id,
         }
         self._write(record)
-        counter, histogram = self._call_metrics(service, call.tool, call.outcome)
-        counter.inc()
-        histogram.observe(call.duration)
+        self.metrics.tool_call(service, call.tool, call.outcome, call.duration)
         self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
         if self.tracing is not None:
             self.tracing.tool_call(
@@ -286,27 +317,12 @@ class Observer:
                 container=container,
             )
 
-    def _call_metrics(self, service: str, tool: str, outcome: str) -> tuple[Any, Any]:
-        """The labelled counter and histogram of a call, looked up once per label set (the
-        library's own lookup takes a lock and builds a key on every call)."""
-        key = (service, tool, outcome)
-        found = self._children.get(key)
-        if found is None:
-            metrics = self.metrics
-            label = metrics.service_label(service)
-            found = (
-                metrics.tool_calls.labels(label, metrics.tool_label(service, tool), outcome),
-                metrics.tool_call_duration.labels(label),
-            )
-            if len(self._children) < MAX_CACHED_LABELS:
-                self._children[key] = found
-        return found
-
     def error_sent(self, code: int, reason: str) -> None:
         """The orchestrator answered a client with an error of its own."""
         self.metrics.errors.labels(str(code), reason[:64]).inc()
 
     def close(self) -> None:
+        self.defer_audit(None)
         if self.tracing is not None:
             self.tracing.close()
         if self.audit is not None:

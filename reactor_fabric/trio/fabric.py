@@ -35,6 +35,7 @@ from ..protocol.catalog import Catalog, ServiceCatalog
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.session import SessionLimits
+from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
 
@@ -253,6 +254,14 @@ class Fabric:
     @property
     def max_message_bytes(self) -> int:
         return self.suite.orchestrator.max_message_bytes
+
+    @property
+    def audit_arguments(self) -> ArgumentsMode:
+        """What of a call's arguments the sessions keep: as configured, or nothing when no
+        trail is written (nothing else reads them; hashing them would be wasted)."""
+        if self.observer.audit is None:
+            return "none"
+        return self.suite.orchestrator.audit.arguments
 
     def service(self, name: str) -> Service | None:
         return self.suite.mcp_services.get(name)

@@ -172,7 +172,7 @@ class FabricDriver:
             index=fabric.discovery_index(catalog),
             token_budget=fabric.suite.orchestrator.fabric.token_budget,
             assist=fabric.assist_settings,
-            audit_arguments=fabric.suite.orchestrator.audit.arguments,
+            audit_arguments=fabric.audit_arguments,
         )
         self._fields = {"session": session_id, "service": FABRIC_ENDPOINT}
         self._current: dict[str, _Backend] = {}  # service → its running container

@@ -38,6 +38,7 @@ import trio
 from .._errors import FabricError
 from ..policy.owner import hostname
 from .app import FabricApp
+from .audit_batches import hand_audit_over_later
 from .fabric import Fabric
 from .http_server import ConnectionCounts, HttpLimits, serve_http
 from .streamable_http import HttpSessions
@@ -147,6 +148,7 @@ async def serve_orchestrator(
                 )
             )
             await root.start(http_sessions.run)
+            await root.start(hand_audit_over_later, fabric.observer)
             await root.start(fabric.learn_catalog)  # in the background: serving does not wait
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()

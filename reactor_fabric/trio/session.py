@@ -383,7 +383,7 @@ class SessionDriver:
             idle_timeout=service.idle_timeout_seconds,
             limits=fabric.session_limits(service),
             now=trio.current_time(),
-            audit_arguments=fabric.suite.orchestrator.audit.arguments,
+            audit_arguments=fabric.audit_arguments,
         )
         self._fields = {"session": session_id, "service": service_name}
         self._live: dict[int, LiveContainer] = {}

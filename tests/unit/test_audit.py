@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
 import threading
 import time
@@ -18,6 +20,7 @@ from reactor_fabric.observe.audit import (
     chain_head,
     chained,
     line_hash,
+    now_iso,
     read_records,
     verify,
 )
@@ -111,12 +114,24 @@ def test_verify_reports_lines_that_are_not_records(tmp_path: Path) -> None:
 
 def test_a_full_queue_drops_records_counts_them_and_says_so_in_the_trail(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
-    audit = AuditWriter(path, max_bytes=1 << 20, keep=1, queue_bytes=200)
+    audit = AuditWriter(path, max_bytes=1 << 20, keep=1, queue_bytes=400)
+    # A disk that stalls: the writer thread is stuck in its first write until released.
+    stalled, release = threading.Event(), threading.Event()
+    write = audit._write
+
+    def stalling_write(batch: list[bytes]) -> None:
+        stalled.set()
+        release.wait(30)
+        write(batch)
+
+    audit._write = stalling_write  # type: ignore[method-assign]
     audit.open()
-    # Hold the writer's lock: the thread cannot take the queue, so it fills up.
-    with audit._condition:
-        accepted = [audit.submit({"ts": "t", "event": "e", "n": n}) for n in range(20)]
+    assert audit.submit({"ts": "t", "event": "first"})
+    stalled.wait(30)
+    accepted = [audit.submit({"ts": "t", "event": "e", "n": n}) for n in range(20)]
+    release.set()
     assert accepted.count(False) == audit.dropped > 0
+    accepted.append(True)  # the first
     while audit.written < accepted.count(True):  # the writer catches up
         time.sleep(0.001)
     assert audit.submit({"ts": "t", "event": "after"})
@@ -145,11 +160,14 @@ def test_the_trail_and_its_directory_are_private_to_the_user(tmp_path: Path) -> 
     assert path.parent.stat().st_mode & 0o777 == 0o700
 
 
-def test_a_failed_write_counts_its_records_as_dropped_and_the_writer_goes_on(
+def test_a_failed_write_counts_its_records_as_dropped_the_writer_goes_on_and_verify_shows_the_gap(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "audit.jsonl"
     audit = writer(path)
+    audit.submit({"ts": "t", "event": "kept"})
+    while audit.written < 1:
+        time.sleep(0.001)
     broken = threading.Event()
     real_write = audit._file.write
 
@@ -163,8 +181,18 @@ def test_a_failed_write_counts_its_records_as_dropped_and_the_writer_goes_on(
     audit._file.write = failing
     audit.submit({"ts": "t", "event": "lost"})
     assert broken.wait(5)
+    while audit.dropped < 1:
+        time.sleep(0.001)
+    audit.submit({"ts": "t", "event": "after"})
     audit.close()
-    assert audit.dropped >= 1
+    assert audit.dropped == 1
+    records = list(read_records(path))
+    assert [r["event"] for r in records] == ["kept", "audit_dropped", "after"]
+    assert records[1]["count"] == 1
+    # The lost line was chained: the line after it names a line the file does not have.
+    result = verify(path)
+    assert len(result.problems) == 1
+    assert f"{path}:2: the previous line was changed or removed" in result.problems[0]
 
 
 def test_the_head_of_an_empty_or_missing_trail_is_the_genesis(tmp_path: Path) -> None:
@@ -180,3 +208,20 @@ def test_a_record_must_be_a_json_object() -> None:
     with pytest.raises(ValueError, match="non-empty JSON object"):
         chained(b"[1]", GENESIS)
     assert chained(b'{"a":1}', GENESIS) == b'{"a":1,"prev":"' + GENESIS.encode() + b'"}'
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [0.0, 1.0005, 59.999, 1_764_000_000.0, 1_764_000_000.123456, 1_764_003_599.9994],
+)
+def test_timestamps_are_utc_iso_8601_to_the_millisecond_truncated(moment: float) -> None:
+    expected = datetime.datetime.fromtimestamp(math.floor(moment * 1000) / 1000, datetime.UTC)
+    assert now_iso(moment) == expected.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def test_timestamps_of_consecutive_seconds_each_get_their_own_second() -> None:
+    assert [now_iso(t) for t in (10.5, 11.25, 10.75)] == [
+        "1970-01-01T00:00:10.500Z",
+        "1970-01-01T00:00:11.250Z",
+        "1970-01-01T00:00:10.750Z",
+    ]

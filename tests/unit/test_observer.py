@@ -7,6 +7,7 @@ import hashlib
 import re
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reactor_fabric.observe.audit import AuditWriter, read_records
@@ -88,6 +89,40 @@ def test_a_tool_call_becomes_one_record_and_one_count_under_bounded_labels(tmp_p
         (("outcome", "ok"), ("service", "git"), ("tool", "other")): 1,
         (("outcome", "ok"), ("service", "other"), ("tool", "other")): 1,
     }
+
+
+def test_call_durations_are_a_histogram_with_inclusive_upper_bounds_per_service() -> None:
+    metrics = Metrics(["git"])
+    for seconds in [0.001, 0.005, 0.0051, 2.0, 400.0]:
+        metrics.tool_call("git", "git_log", "ok", seconds)
+    metrics.tool_call("made-up", "x", "error", 0.2)
+    figures = samples(metrics)
+    buckets = {
+        dict(labels)["le"]: value
+        for (name, labels), value in figures.items()
+        if name == "reactor_fabric_tool_call_duration_seconds_bucket"
+        and dict(labels)["service"] == "git"
+    }
+    assert buckets["0.005"] == 2  # 0.005 itself is in the le="0.005" bucket
+    assert buckets["0.01"] == 3
+    assert buckets["2.5"] == 4
+    assert buckets["300.0"] == 4
+    assert buckets["+Inf"] == 5
+    git = (("service", "git"),)
+    assert figures[("reactor_fabric_tool_call_duration_seconds_count", git)] == 5
+    assert figures[("reactor_fabric_tool_call_duration_seconds_sum", git)] == pytest.approx(
+        402.0111
+    )
+    other = (("service", "other"),)
+    assert figures[("reactor_fabric_tool_call_duration_seconds_count", other)] == 1
+
+
+def test_a_tool_counted_as_other_before_the_catalog_knew_it_is_counted_by_name_after() -> None:
+    metrics = Metrics(["git"])
+    metrics.tool_call("git", "git_log", "ok", 0.1)
+    metrics.know_tools({"git": ["git_log"]})
+    metrics.tool_call("git", "git_log", "ok", 0.1)
+    assert metrics.calls == {("git", "other", "ok"): 1, ("git", "git_log", "ok"): 1}
 
 
 def test_a_calls_own_traceparent_names_its_trace_else_the_sessions(tmp_path: Path) -> None:

@@ -1,0 +1,139 @@
+"""Audit records reach the writer after the answers they describe left, in order, in batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.observe import observer as observer_module
+from reactor_fabric.observe.audit import AuditWriter
+from reactor_fabric.observe.observer import Observer
+from reactor_fabric.trio.audit_batches import hand_audit_over_later
+from reactor_fabric.trio.fabric import Fabric
+from tests.fakes import AnsweringRuntime
+from tests.unit.test_observer import CLIENT, call
+
+
+class RecordingWriter(AuditWriter):
+    """An audit writer that only notes what it was handed, and in how many batches."""
+
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__(Path("/nonexistent/audit.jsonl"), max_bytes=1 << 20, keep=1)
+        self.seen = seen
+        self.batches = 0
+
+    def submit_many(self, records: list[dict[str, Any]]) -> int:
+        self.batches += 1
+        self.seen.extend(f"{r['event']} {r.get('request_id', '')}".strip() for r in records)
+        return len(records)
+
+
+async def connection_writer(answer_due: trio.Event, seen: list[str]) -> None:
+    """A connection's writer task: it sends an answer once woken."""
+    await answer_due.wait()
+    seen.append("answer sent")
+
+
+def finished_call(observer: Observer, request_id: int) -> None:
+    observer.tool_call(
+        call(request_id=request_id), session="s", endpoint="relay", service="git",
+        container="c1", client=CLIENT, trace_id="f" * 32,
+    )  # fmt: skip
+
+
+async def test_a_calls_record_reaches_the_writer_after_the_task_woken_with_its_answer() -> None:
+    # trio runs a turn's tasks in either order (at random): try both many times.
+    for _ in range(40):
+        seen: list[str] = []
+        observer = Observer(audit=RecordingWriter(seen))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hand_audit_over_later, observer)
+            answer_due = trio.Event()
+
+            nursery.start_soon(connection_writer, answer_due, seen)
+            await trio.testing.wait_all_tasks_blocked()
+            answer_due.set()  # the relay queues the answer, then the call's record is made
+            finished_call(observer, 7)
+            assert seen == []
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == ["answer sent", "tool_call 7"]
+            nursery.cancel_scope.cancel()
+
+
+async def test_records_of_one_moment_go_as_one_batch_in_the_order_they_were_made() -> None:
+    seen: list[str] = []
+    writer = RecordingWriter(seen)
+    observer = Observer(audit=writer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hand_audit_over_later, observer)
+        observer.session_started(
+            "s", endpoint="relay", service="git", client=CLIENT, mounts=[], trace_id="f" * 32
+        )
+        for request_id in (1, 2, 3):
+            finished_call(observer, request_id)
+        observer.session_ended("s", endpoint="relay", service="git", seconds=1.0, calls=3)
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == ["session_start", "tool_call 1", "tool_call 2", "tool_call 3", "session_end"]
+        assert writer.batches == 1
+        finished_call(observer, 4)
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen[-1] == "tool_call 4"
+        assert writer.batches == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_records_held_when_the_task_is_cancelled_are_handed_over_and_later_ones_at_once() -> (
+    None
+):
+    seen: list[str] = []
+    observer = Observer(audit=RecordingWriter(seen))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hand_audit_over_later, observer)
+        finished_call(observer, 1)
+        nursery.cancel_scope.cancel()  # before the task's turn came
+    assert seen == ["tool_call 1"]
+    finished_call(observer, 2)  # nobody batches any more: straight to the writer
+    assert seen == ["tool_call 1", "tool_call 2"]
+
+
+def test_the_records_held_are_bounded_and_handed_over_when_the_bound_is_reached(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(observer_module, "MAX_DEFERRED", 3)
+    seen: list[str] = []
+    wakes: list[bool] = []
+    observer = Observer(audit=RecordingWriter(seen))
+    observer.defer_audit(lambda: wakes.append(True))
+    for request_id in (1, 2):
+        finished_call(observer, request_id)
+    assert (seen, wakes) == ([], [True])
+    finished_call(observer, 3)
+    assert seen == ["tool_call 1", "tool_call 2", "tool_call 3"]
+
+
+def test_closing_the_observer_hands_over_what_it_holds() -> None:
+    seen: list[str] = []
+    observer = Observer(audit=RecordingWriter(seen))
+    observer.defer_audit(lambda: None)
+    finished_call(observer, 1)
+    observer.close()
+    assert seen == ["tool_call 1"]
+
+
+def test_arguments_are_hashed_only_when_a_trail_is_written(tmp_path: Path) -> None:
+    suite = Suite(
+        version="1.0",
+        orchestrator=Orchestrator(allowed_mount_roots=["/tmp"]),
+        mcp_services={"time": Service(image="reactor-fabric/mcp-server-time:x")},
+    )
+    untrailed = Fabric(suite=suite, runtime=AnsweringRuntime(), network="none")
+    assert untrailed.audit_arguments == "none"
+    audit = AuditWriter(tmp_path / "audit.jsonl", max_bytes=1 << 20, keep=1)
+    trailed = Fabric(
+        suite=suite, runtime=AnsweringRuntime(), network="none", observer=Observer(audit=audit)
+    )
+    assert trailed.audit_arguments == suite.orchestrator.audit.arguments == "hash"
