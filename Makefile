@@ -77,5 +77,6 @@ bench: install images ## benchmarks on the real engine (~6 min): bench/results.j
 eval-discovery: install ## the discovery ranking on public servers' real tool lists (no Docker; ~1 min): docs/DISCOVERY.md
 	$(PY) eval/discovery/evaluate.py $(EVAL_ARGS)
 
-bench-smoke: install images ## the benchmark harness with tiny counts, no peers (< 1 min; no figure is judged)
+bench-smoke: install images ## the benchmark harnesses with tiny counts, no peers (< 1.5 min; no figure is judged)
 	$(PY) scripts/bench.py --smoke $(BENCH_ARGS)
+	$(PY) scripts/bench-audit.py --calls 30 --repeats 3 --json bench/tmp/audit-smoke.json
