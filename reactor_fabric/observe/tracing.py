@@ -121,6 +121,10 @@ class Tracing:
         span = self._sessions.get(session)
         if span is not None:
             return trace.set_span_in_context(span)
+        return self._new_trace(trace_id)
+
+    def _new_trace(self, trace_id: str | None) -> Context:
+        """The context of a root span: in the trace ``trace_id`` (the trail's) when given."""
         if trace_id is not None:
             self._ids.next_trace_id = int(trace_id, 16)
         return Context()
@@ -138,11 +142,9 @@ class Tracing:
     ) -> None:
         if len(self._sessions) >= MAX_OPEN_SESSIONS:
             return
-        if traceparent is not None:
-            context = remote_parent(traceparent)
-        else:
-            self._ids.next_trace_id = int(trace_id, 16)
-            context = Context()
+        context = (
+            remote_parent(traceparent) if traceparent is not None else self._new_trace(trace_id)
+        )
         attributes: dict[str, Any] = {
             "mcp.session.id": session,
             "reactor_fabric.endpoint": endpoint,

@@ -367,6 +367,23 @@ def python2_client(
     )
 
 
+def time_call_through_fabric(client: LineProcess) -> str:
+    """On an SDK 2.x client of the fabric endpoint: initialize, learn the session's id from
+    ``get_status``, call ``time__get_current_time`` (asserted ok), close (asserted clean); the
+    session's id."""
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        session = str(status["structured"]["session_id"])
+        answer = client.ask(
+            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        )
+        assert answer["ok"], answer
+    finally:
+        assert client.close() == 0
+    return session
+
+
 def bridged_client(endpoint: str, *bridge_args: str, cwd: Path | None = None) -> LineProcess:
     """The Python SDK 2.x with the stdio bridge as its server: it launches
     ``reactor-fabric connect ENDPOINT BRIDGE_ARGS`` (in ``cwd``: what the bridge mounts)."""

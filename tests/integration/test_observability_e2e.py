@@ -40,6 +40,7 @@ from tests.integration.harness import (
     post,
     python2_client,
     python_client,
+    time_call_through_fabric,
     wait_until,
     write_suite,
 )
@@ -266,16 +267,7 @@ def test_fabric_endpoint_calls_are_audited_under_the_service_and_tool_that_ran_t
     fabric: Orchestrator,
 ) -> None:
     client = python2_client(f"{fabric.http_url}/mcp", "legacy")
-    try:
-        assert client.ask({"op": "initialize"})["ok"]
-        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
-        session = str(status["structured"]["session_id"])
-        answer = client.ask(
-            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
-        )
-        assert answer["ok"], answer
-    finally:
-        assert client.close() == 0
+    session = time_call_through_fabric(client)
     records = ended(fabric, session)
     [start] = [r for r in records if r["event"] == "session_start"]
     assert (start["endpoint"], start["client"]["transport"]) == ("fabric", "streamable-http")

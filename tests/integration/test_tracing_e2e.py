@@ -23,6 +23,7 @@ from tests.integration.harness import (
     orchestrator,
     post,
     python2_client,
+    time_call_through_fabric,
     wait_until,
     write_suite,
 )
@@ -149,16 +150,7 @@ def test_an_instrumented_sdk_clients_call_is_the_parent_of_the_orchestrators_cal
         f"{fabric.http_url}/mcp", "legacy", "--trace",
         env={"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url},
     )  # fmt: skip
-    try:
-        assert client.ask({"op": "initialize"})["ok"]
-        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
-        session = str(status["structured"]["session_id"])
-        answer = client.ask(
-            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
-        )
-        assert answer["ok"], answer
-    finally:
-        assert client.close() == 0
+    session = time_call_through_fabric(client)
     records = session_records(fabric, session)
 
     def complete(spans: list[ReceivedSpan]) -> bool:
