@@ -50,6 +50,9 @@ class UnreachableRuntime:
     async def exit_status(self, container_id: str) -> ContainerExit:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
+    async def main_pid(self, container_id: str) -> int:
+        raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
+
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         return None
 

@@ -39,6 +39,7 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     description: str = ""
     config: dict[str, Any] = msgspec.field(default_factory=dict)
     timeout: str = DEFAULT_TIMEOUT
+    warm: int = 0
     command: list[str] | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
     resources: Resources = msgspec.field(default_factory=Resources)
@@ -125,6 +126,13 @@ class Audit(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tru
         return parse_size(self.max_size)
 
 
+class WarmPool(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Started, idle containers kept ready (see :mod:`reactor_fabric.trio.warm_pool`)."""
+
+    max_containers: int = 16
+    parallel_starts: int = 2
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -138,6 +146,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     limits: Limits = msgspec.field(default_factory=Limits)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
     audit: Audit = msgspec.field(default_factory=Audit)
+    warm_pool: WarmPool = msgspec.field(default_factory=WarmPool)
 
     @property
     def max_message_bytes(self) -> int:

@@ -19,6 +19,7 @@ def health_report(
     sessions: int,
     containers: int,
     version: str,
+    pooled_containers: int = 0,
 ) -> HealthReport:
     """200 with ``"docker": "ok"`` when the engine answers, else 503 with the reason.
 
@@ -31,6 +32,7 @@ def health_report(
         "docker": "ok" if healthy else "unavailable",
         "sessions": sessions,
         "containers": containers,
+        "pooled_containers": pooled_containers,
         "version": version,
     }
     if healthy:

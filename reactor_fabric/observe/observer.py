@@ -211,6 +211,7 @@ class Observer:
         image: str,
         seconds: float,
         respawn: bool,
+        pooled: bool = False,
     ) -> None:
         self._write(
             {
@@ -222,10 +223,12 @@ class Observer:
                 "image": image,
                 "start_ms": round(seconds * 1000, 3),
                 "respawn": respawn,
+                "pooled": pooled,
             }
         )
         label = self.metrics.service_label(service)
-        self.metrics.container_start.labels(label).observe(seconds)
+        source = "pool" if pooled else "fresh"
+        self.metrics.container_start.labels(label, source).observe(seconds)
         if respawn:
             self.metrics.respawns.inc()
         self.starts.append(StartEvent(time.time(), service, seconds))

@@ -8,6 +8,7 @@ the spec into API calls.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ LABEL_MANAGED = "reactor-fabric.managed"
 LABEL_INSTANCE = "reactor-fabric.instance"
 LABEL_SESSION = "reactor-fabric.session"
 LABEL_SERVICE = "reactor-fabric.service"
+# On containers of the warm pool, which are created before any session (see warm_pool).
+LABEL_POOLED = "reactor-fabric.pooled"
 # The host, PID and process start time of the orchestrator that owns a container, so that a
 # later instance can tell whether the owner is gone (crash recovery), even if the PID was reused.
 LABEL_OWNER_HOST = "reactor-fabric.owner-host"
@@ -44,6 +47,9 @@ class MountSpec:
     # The target is allowed only as the source's own path (not under allowed_mount_targets):
     # the runtime refuses it if the image has anything there, which the mount would hide.
     check_in_image: bool = False
+    # A plain bind's propagation ("rslave": mounts made below the source later appear in the
+    # container; the warm pool's staging binds). None: the engine's default (private).
+    propagation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,4 +144,29 @@ def container_spec_for(
         # Otherwise (read-only root off) the image's own /tmp is left as it is.
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
         pins=pins,
+    )
+
+
+def pooled_spec_for(
+    service_name: str,
+    service: Service,
+    *,
+    token: int,
+    identity: ContainerIdentity,
+    staging: tuple[MountSpec, ...] = (),
+    account: Account = UNPRIVILEGED,
+) -> ContainerSpec:
+    """A warm pool container of ``service_name``: what a session's container would be with
+    ``account`` (image, command, environment, limits, network, user), but created before any
+    session, so labelled as pooled rather than with a session, named after its pool ``token``,
+    and with the staging binds (see :mod:`reactor_fabric.runtime.staging`) as its mounts."""
+    spec = container_spec_for(
+        service_name, service, session_id="", identity=identity, mounts=staging, account=account
+    )
+    labels = {key: value for key, value in spec.labels.items() if key != LABEL_SESSION}
+    labels[LABEL_POOLED] = "true"
+    return dataclasses.replace(
+        spec,
+        name=f"rf-{service_name}-pool-{identity.instance_id[:8]}-{token}",
+        labels=labels,
     )

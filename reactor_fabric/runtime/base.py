@@ -94,6 +94,10 @@ class Runtime(Protocol):
 
     async def exit_status(self, container_id: str) -> ContainerExit: ...
 
+    async def main_pid(self, container_id: str) -> int:
+        """The host PID of the container's first process (0 if it does not run, or the runtime
+        has none: the warm pool then checks no mounts through it)."""
+
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         """Stop (SIGTERM, SIGKILL after ``grace``; at once if None) and remove, by id or name.
 

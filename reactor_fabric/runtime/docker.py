@@ -92,6 +92,10 @@ class DockerRuntime:
     """
 
     name = "docker"
+    # A mount made on this host below a bind source with slave propagation appears in the
+    # container (the warm pool's staging area) — when the engine shares our mount namespace,
+    # which the first hand-out checks.
+    mounts_on_host_reach_containers = True
 
     def __init__(
         self,
@@ -435,6 +439,15 @@ class DockerRuntime:
             "pull", lambda c: c.pull(repository, tag=tag), time_bound=DOCKER_PULL_TIMEOUT
         )
 
+    async def main_pid(self, container_id: str) -> int:
+        """The host PID of the container's first process (0 when it does not run)."""
+
+        def inspect(client: docker.APIClient) -> int:
+            state: dict[str, Any] = client.inspect_container(container_id)["State"]
+            return int(state.get("Pid") or 0) if state.get("Running") else 0
+
+        return await self._call("inspect", inspect)
+
     async def exit_status(self, container_id: str) -> ContainerExit:
         """Exit code and OOM flag of a container that has stopped (or None if still running)."""
 
@@ -699,7 +712,11 @@ def _mount(spec: ContainerSpec, mount: MountSpec) -> docker.types.Mount:
     pin = spec.pins.for_target(mount.target) if spec.pins is not None else None
     if pin is None:
         return docker.types.Mount(
-            target=mount.target, source=mount.source, type="bind", read_only=mount.read_only
+            target=mount.target,
+            source=mount.source,
+            type="bind",
+            read_only=mount.read_only,
+            propagation=mount.propagation,
         )
     return docker.types.Mount(
         target=mount.target,

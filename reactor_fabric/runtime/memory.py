@@ -30,7 +30,7 @@ from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
 
 # "verify" is the check, after start, that the container got the pinned mounts (only when pinned).
-STEPS = ("create", "attach", "start", "verify", "exit_status", "remove", "ping", "list")
+STEPS = ("create", "attach", "start", "verify", "exit_status", "pid", "remove", "ping", "list")
 
 
 class Pipe:
@@ -419,6 +419,12 @@ class MemoryRuntime:
         if server is None:
             raise ContainerStartFailure("no such container", reason="inspect_failed")
         return ContainerExit(server.exit_code, server.oom_killed)
+
+    async def main_pid(self, container_id: str) -> int:
+        """In-memory servers are no processes: 0 (nothing to look into)."""
+        server = self._find(container_id)
+        await self._step("pid", server.spec if server is not None else None)
+        return 0
 
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         self.removals.append(container)

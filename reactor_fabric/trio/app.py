@@ -85,6 +85,7 @@ class FabricApp:
             docker_error=docker_error,
             sessions=self.fabric.session_count,
             containers=self.fabric.container_count,
+            pooled_containers=sum(self.fabric.live_figures().pooled.values()),
             version=__version__,
         )
         body = report.body if details else {"status": report.body["status"]}

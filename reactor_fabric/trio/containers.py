@@ -79,20 +79,31 @@ async def start_container(
     (``respawn``: the session had one of this service before); FabricError if it cannot start.
 
     The mounts are validated again and pinned at every start (respawns too): the container
-    gets the very directories the session was granted, or this start fails with -32004.
+    gets the very directories the session was granted, or this start fails with -32004. A
+    service with a warm pool hands over one of its started containers when one fits (see
+    :mod:`.warm_pool`); otherwise a fresh one is started.
     """
     began = trio.current_time()
     pins, account = await fabric.prepare_start(mounts)
-    spec = fabric.container_spec(
-        service_name,
-        service,
-        session_id=session_id,
-        mounts=mounts,
-        sequence=sequence,
-        pins=pins,
-        account=account,
-    )
-    container = await fabric.runtime.spawn(spec)  # owns the pins from here
+    container: Container | None = None
+    if fabric.pool is not None:
+        # A started one from the warm pool, the session's mounts attached (owns the pins
+        # unless it has none that fits).
+        container = await fabric.pool.take(
+            service_name, service, account=account, mounts=mounts, pins=pins, fields=fields
+        )
+    pooled = container is not None
+    if container is None:
+        spec = fabric.container_spec(
+            service_name,
+            service,
+            session_id=session_id,
+            mounts=mounts,
+            sequence=sequence,
+            pins=pins,
+            account=account,
+        )
+        container = await fabric.runtime.spawn(spec)  # owns the pins from here
     seconds = trio.current_time() - began
     fabric.container_started(
         container.id,
@@ -105,6 +116,7 @@ async def start_container(
         image=service.image,
         seconds=seconds,
         respawn=respawn,
+        pooled=pooled,
     )
     log.info(
         "container_started",
@@ -113,6 +125,7 @@ async def start_container(
             "container": container.id[:12],
             "container_name": container.name,
             "sequence": sequence,
+            "pooled": pooled,
         },
     )
     return container

@@ -16,7 +16,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,6 +38,9 @@ from ..protocol.session import SessionLimits
 from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
+
+if TYPE_CHECKING:
+    from .warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +142,9 @@ class Fabric:
     catalog_ready: trio.Event = field(default_factory=trio.Event)
     catalog_passes: int = 0  # how many times every service was looked at (diagnostics, tests)
     catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS
+    # Started, idle containers for services with `warm` (None: no service keeps any, or not
+    # made yet; serve_orchestrator makes and runs it).
+    pool: WarmPool | None = None
     mount_policy: MountPolicy = field(init=False)
     gate: Gate = field(init=False)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
@@ -276,6 +282,10 @@ class Fabric:
         timeouts = [s.idle_timeout_seconds for s in self.suite.mcp_services.values()]
         return max(timeouts, default=60.0)
 
+    @property
+    def container_identity(self) -> ContainerIdentity:
+        return self._identity
+
     def session_limits(self, service: Service) -> SessionLimits:
         return SessionLimits(to_server_bytes=self.limits.buffer_to_server_bytes)
 
@@ -380,7 +390,8 @@ class Fabric:
         containers: dict[str, int] = {}
         for container in self.containers.values():
             containers[container.service] = containers.get(container.service, 0) + 1
-        return LiveFigures(sessions, containers)
+        pooled = self.pool.ready_by_service() if self.pool is not None else {}
+        return LiveFigures(sessions, containers, pooled)
 
     def end_session(self, session_id: str) -> bool:
         """Ask a live session to end (an operator's request); False if there is none."""
@@ -392,6 +403,11 @@ class Fabric:
 
     def container_started(self, container_id: str, record: ContainerRecord) -> None:
         self.containers[container_id] = record
+
+    def live_container_ids(self) -> set[str]:
+        """Every container this orchestrator uses now: sessions' and the warm pool's."""
+        pooled = self.pool.container_ids() if self.pool is not None else set()
+        return set(self.containers) | pooled
 
     def container_removed(self, container_id: str) -> None:
         self.containers.pop(container_id, None)

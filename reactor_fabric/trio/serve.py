@@ -5,6 +5,7 @@ Ownership tree::
     serve_orchestrator (root nursery)
     ├── run_sweeper            orphan containers: at start-up, then periodically
     ├── Fabric.learn_catalog   what each service offers (cache, else a probe), for /mcp
+    ├── WarmPool.run           started, idle containers for services with `warm` (warm_pool)
     ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
     └── connections (nursery)
         ├── serve_http         the accept loop (HTTP and WebSocket on one port)
@@ -43,6 +44,7 @@ from .fabric import Fabric
 from .http_server import ConnectionCounts, HttpLimits, serve_http
 from .streamable_http import HttpSessions
 from .sweeper import remove_instance_containers, run_sweeper
+from .warm_pool import open_warm_pool
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,8 @@ async def serve_orchestrator(
     accepting_socket = listener.dup()  # ours to close; the caller keeps `listener`
     accepting_socket.setblocking(False)
     running = Orchestrator(fabric, Listening(listening_url(listener)), counts)
+    if fabric.pool is None:
+        fabric.pool = await open_warm_pool(fabric)
     try:
         async with trio.open_nursery() as root:
             await root.start(
@@ -144,9 +148,12 @@ async def serve_orchestrator(
                     instance_id=fabric.instance_id,
                     this_host=hostname(),
                     live_sessions=lambda: set(fabric.sessions),
+                    live_containers=fabric.live_container_ids,
                     on_removed=fabric.observer.orphans_removed,
                 )
             )
+            if fabric.pool is not None:
+                await root.start(fabric.pool.run)
             await root.start(http_sessions.run)
             await root.start(hand_audit_over_later, fabric.observer)
             await root.start(fabric.learn_catalog)  # in the background: serving does not wait

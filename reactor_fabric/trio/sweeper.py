@@ -38,16 +38,22 @@ def containers_to_remove(
     this_host: str,
     live_sessions: set[str],
     now: float,
+    live_containers: frozenset[str] | set[str] = frozenset(),
     owner_gone: Callable[..., bool] = owner_is_gone,
 ) -> list[tuple[str, str]]:
-    """(container id, why) for each container that should go. Pure."""
+    """(container id, why) for each container that should go. Pure.
+
+    A container of this instance is kept while its session lives, or while it is in
+    ``live_containers`` (the warm pool's, which belong to no session until handed out).
+    """
     doomed: list[tuple[str, str]] = []
     for container in containers:
         labels = container.labels
         container_id = container.id
         if labels.get(LABEL_INSTANCE) == instance_id:
             age = now - (container.created or now)
-            if labels.get(LABEL_SESSION) not in live_sessions and age > OWN_GRACE_SECONDS:
+            owned = labels.get(LABEL_SESSION) in live_sessions or container_id in live_containers
+            if not owned and age > OWN_GRACE_SECONDS:
                 doomed.append((container_id, "no_live_session"))
         elif owner_gone(labels, this_host=this_host):
             doomed.append((container_id, "owner_gone"))
@@ -55,7 +61,12 @@ def containers_to_remove(
 
 
 async def sweep_once(
-    runtime: Runtime, *, instance_id: str, this_host: str, live_sessions: set[str]
+    runtime: Runtime,
+    *,
+    instance_id: str,
+    this_host: str,
+    live_sessions: set[str],
+    live_containers: Callable[[], set[str]] = set,
 ) -> int:
     """Remove what :func:`containers_to_remove` selects; the number removed."""
     containers = await runtime.list_managed()
@@ -64,6 +75,8 @@ async def sweep_once(
         instance_id=instance_id,
         this_host=this_host,
         live_sessions=live_sessions,
+        # Asked after the listing: a container handed out meanwhile is in one or the other.
+        live_containers=live_containers(),
         now=time.time(),
     )
     for container_id, why in doomed:
@@ -87,6 +100,7 @@ async def run_sweeper(
     instance_id: str,
     this_host: str,
     live_sessions: Callable[[], set[str]],
+    live_containers: Callable[[], set[str]] = set,
     interval: float = SWEEP_INTERVAL_SECONDS,
     on_removed: Callable[[int], object] = lambda _count: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -101,6 +115,7 @@ async def run_sweeper(
                 instance_id=instance_id,
                 this_host=this_host,
                 live_sessions=live_sessions(),
+                live_containers=live_containers,
             )
             if removed:
                 log.info("sweep_done", extra={"removed": removed})

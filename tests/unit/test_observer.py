@@ -173,7 +173,15 @@ def test_container_events_count_respawns_idle_teardowns_and_start_times() -> Non
     figures = samples(observer.metrics)
     assert figures[("reactor_fabric_respawns_total", ())] == 1
     assert figures[("reactor_fabric_idle_teardowns_total", ())] == 1
-    assert figures[("reactor_fabric_container_start_seconds_count", (("service", "git"),))] == 2
+    assert (
+        figures[
+            (
+                "reactor_fabric_container_start_seconds_count",
+                (("service", "git"), ("source", "fresh")),
+            )
+        ]
+        == 2
+    )
 
 
 def test_recent_calls_are_newest_first_and_filtered(tmp_path: Path) -> None:

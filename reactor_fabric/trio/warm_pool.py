@@ -1,0 +1,534 @@
+"""The warm pool: started, idle containers, handed to sessions instead of starting one.
+
+A service with ``warm: N`` keeps N containers started, their MCP server running and waiting on
+stdin with no handshake done: the session's own first message is the first thing the server
+sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
+:func:`~reactor_fabric.trio.containers.start_container`, so speculative starts after
+``fabric/registerClient`` and the fabric endpoint's lazy starts take from it too); the pool
+refills in the background. What to start, hand out and remove is decided by the pure
+:class:`~reactor_fabric.protocol.warm_pool.WarmPoolMachine`; this module only does it.
+
+A pooled container serves one session and is then removed like any other; it is never
+returned. Sessions with mounts get one only where the staging area works
+(:mod:`reactor_fabric.runtime.staging`: the orchestrator runs as root, in the engine's mount
+namespace); elsewhere they get a fresh container, and the log says why once.
+
+Ownership tree::
+
+    serve_orchestrator (root nursery)
+    └── WarmPool.run
+        ├── _watch_stopping        on shutdown: no more starts, pooled containers removed
+        ├── _start(token)          one per pooled start
+        ├── _watch(entry)          one per ready container: reads its output until it is
+        │                          taken (then the session reads) or ends (then it is removed)
+        └── _discard(entry)        one per pooled container removed without serving anyone
+
+Resource handling: every pooled container is in ``_entries`` from the moment its spawn returns
+until it is handed out or removed; when :meth:`WarmPool.run` ends (shutdown, cancellation) it
+removes all of them and closes the staging area, shielded and bounded by the teardown deadline.
+A container handed out belongs to its session: its :meth:`Container.aclose` detaches the
+session's mounts from the staging area, and the session removes it.
+
+Error handling: a failed pooled start is logged and backed off (see the machine); nothing here
+fails a session except what a fresh start would fail it with (a refused mount).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._errors import FabricError
+from ..config.structs import Service
+from ..policy.accounts import UNPRIVILEGED, Account
+from ..policy.container_spec import MountSpec, pooled_spec_for
+from ..policy.owner import hostname
+from ..policy.pinning import PinSet
+from ..protocol.warm_pool import RemovePooled, StartPooled, TakeOutcome, WarmPoolMachine
+from ..runtime.base import Container, StdinStream
+from ..runtime.staging import NotStageable, PropagationMissing, StagingArea, StagingUnavailable
+from .containers import READ_CHUNK, LiveContainer, read_stderr
+
+if TYPE_CHECKING:
+    from .fabric import Fabric
+
+log = logging.getLogger(__name__)
+
+# How often pooled services' images are compared with what the engine has (a rebuilt image
+# retires the pooled containers of the old one).
+IMAGE_CHECK_SECONDS = 30.0
+# Output a pooled server may write to stdout before anyone spoke to it (kept, and given to
+# the session first); more than that and it is not a well-behaved stdio server: removed.
+EARLY_STDOUT_BYTES = 64 * 1024
+
+
+@dataclass(eq=False)
+class _Pooled:
+    token: int
+    service: str
+    container: Container
+    staged: bool
+    pid: int = 0
+    early_stdout: bytearray = field(default_factory=bytearray)
+    watching: trio.CancelScope = field(default_factory=trio.CancelScope)
+    watched: trio.Event = field(default_factory=trio.Event)
+    ended: str = ""  # why its output ended while pooled ("" while it runs)
+    watcher: bool = False  # a _watch task was started for it (it sets `watched` when done)
+
+
+class WarmPool:
+    """The pooled containers of one orchestrator (see the module docstring)."""
+
+    def __init__(self, fabric: Fabric, staging: StagingArea | None) -> None:
+        self._fabric = fabric
+        self._staging = staging
+        settings = fabric.suite.orchestrator.warm_pool
+        self.machine = WarmPoolMachine(
+            {name: service.warm for name, service in fabric.suite.mcp_services.items()},
+            max_containers=settings.max_containers,
+            parallel_starts=settings.parallel_starts,
+            initial_shape=UNPRIVILEGED,
+        )
+        self._entries: dict[int, _Pooled] = {}
+        self._discarding: dict[int, _Pooled] = {}
+        # Taken by a session whose start has not registered it yet (see container_ids).
+        self._handing_out: dict[int, _Pooled] = {}
+        self._image_ids: dict[str, str] = {}
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._said: set[str] = set()
+
+    # --- what exists ------------------------------------------------------------------------
+
+    @property
+    def staging(self) -> StagingArea | None:
+        return self._staging
+
+    def container_ids(self) -> set[str]:
+        """Pooled containers this pool knows (the sweeper leaves them alone): ready, being
+        removed, or being handed to a session (which registers it before its next checkpoint
+        after :meth:`take` returns)."""
+        entries = (*self._entries.values(), *self._discarding.values(), *self._handing_out.values())
+        return {entry.container.id for entry in entries}
+
+    def ready_by_service(self) -> dict[str, int]:
+        return {name: self.machine.ready(name) for name in self.machine.services}
+
+    # --- running ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the pools filled until the orchestrator stops; then remove what is pooled.
+
+        Reports started at once: serving does not wait for the pool to fill.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._watch_stopping)
+                task_status.started()
+                await self._keep_filled()
+        finally:
+            with trio.move_on_at(self._fabric.teardown_deadline()) as scope:
+                scope.shield = True
+                await self._remove_everything()
+
+    async def _keep_filled(self) -> None:
+        machine = self.machine
+        next_image_check = trio.current_time()
+        while not machine.stopping:
+            now = trio.current_time()
+            if now >= next_image_check:
+                await self._check_images()
+                next_image_check = trio.current_time() + IMAGE_CHECK_SECONDS
+            assert self._nursery is not None
+            for action in machine.starts(trio.current_time()):
+                self._nursery.start_soon(self._start, action)
+            wake_at = min(next_image_check, machine.next_start_at(now) or next_image_check)
+            changed = self._changed
+            with trio.move_on_at(wake_at):
+                await changed.wait()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def _watch_stopping(self) -> None:
+        await self._fabric.stopping.wait()
+        for removal in self.machine.stop():
+            self._retire(removal)
+        self._wake()
+
+    async def _check_images(self) -> None:
+        runtime = self._fabric.runtime
+        for name in sorted(self.machine.services):
+            service = self._fabric.suite.mcp_services[name]
+            try:
+                image_id = await runtime.image_id(service.image)
+            except FabricError:
+                continue  # the engine is away: its starts fail and back off meanwhile
+            if image_id is None:
+                continue
+            known = self._image_ids.get(name)
+            self._image_ids[name] = image_id
+            if known is not None and known != image_id:
+                log.info("pool_image_changed", extra={"service": name, "image": service.image})
+                for removal in self.machine.image_changed(name):
+                    self._retire(removal)
+
+    # --- one pooled container ---------------------------------------------------------------
+
+    async def _start(self, action: StartPooled) -> None:
+        fabric = self._fabric
+        name = action.service
+        service = fabric.suite.mcp_services[name]
+        fields: dict[str, Any] = {"service": name, "pool_token": action.token}
+        staging = self._staging
+        account = action.shape if isinstance(action.shape, Account) else UNPRIVILEGED
+        try:
+            binds: tuple[MountSpec, ...] = ()
+            if staging is not None:
+                binds = await trio.to_thread.run_sync(staging.prepare, action.token)
+            spec = pooled_spec_for(
+                name,
+                service,
+                token=action.token,
+                identity=fabric.container_identity,
+                staging=binds,
+                account=account,
+            )
+            began = trio.current_time()
+            container = await fabric.runtime.spawn(spec)
+        except (FabricError, OSError) as exc:
+            await self._release_staging(action.token)
+            self.machine.start_failed(action.token, trio.current_time())
+            log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
+            self._wake()
+            return
+        except BaseException:
+            await self._release_staging(action.token)
+            raise
+        # From here on the container is in _entries: whatever happens, it is removed.
+        entry = _Pooled(action.token, name, container, staged=bool(binds))
+        self._entries[action.token] = entry
+        try:
+            if binds:
+                entry.pid = await fabric.runtime.main_pid(container.id)
+        except FabricError as exc:
+            self.machine.start_failed(action.token, trio.current_time())
+            log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
+            self._discard_soon(entry, "start_failed")
+            return
+        removal = self.machine.start_succeeded(action.token)
+        if removal is not None:
+            self._discard_soon(entry, removal.reason)
+            return
+        log.info(
+            "pooled_container_ready",
+            extra={
+                **fields,
+                "container": container.id[:12],
+                "container_name": container.name,
+                "seconds": round(trio.current_time() - began, 3),
+            },
+        )
+        assert self._nursery is not None
+        entry.watcher = True
+        self._nursery.start_soon(self._watch, entry, fields)
+        self._wake()
+
+    async def _watch(self, entry: _Pooled, fields: dict[str, Any]) -> None:
+        """Read an idle container's output: stderr to the log, stdout kept (bounded) for the
+        session. Ends when the container is taken (cancelled) or its output ends."""
+        live = LiveContainer(0, entry.container)
+        try:
+            with entry.watching:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read_stderr, live, fields)
+                    entry.ended = await self._read_early_stdout(entry)
+                    if entry.ended != "exited":
+                        nursery.cancel_scope.cancel()
+                    # else its stderr ends too: the reader logs the last lines, which say why
+        finally:
+            entry.watched.set()
+        if entry.ended and self._entries.get(entry.token) is entry:
+            self.machine.exited(entry.token, trio.current_time())
+            log.warning(
+                "pooled_container_ended",
+                extra={**fields, "why": entry.ended, "stderr_tail": list(live.stderr_tail)},
+            )
+            self._discard_soon(entry, entry.ended)
+
+    @staticmethod
+    async def _read_early_stdout(entry: _Pooled) -> str:
+        stdout = entry.container.stdout
+        try:
+            while data := await stdout.receive_some(READ_CHUNK):
+                entry.early_stdout += data
+                if len(entry.early_stdout) > EARLY_STDOUT_BYTES:
+                    return "output_before_input"
+        except (trio.BrokenResourceError, trio.ClosedResourceError, FabricError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - broken framing: the container is unusable
+            log.debug("pooled_output_broken", extra={"detail": str(exc)})
+        return "exited"
+
+    def _retire(self, removal: RemovePooled) -> None:
+        entry = self._entries.get(removal.token)
+        if entry is not None:
+            self._discard_soon(entry, removal.reason)
+
+    def _discard_soon(self, entry: _Pooled, reason: str) -> None:
+        self._entries.pop(entry.token, None)
+        self._discarding[entry.token] = entry
+        entry.watching.cancel()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._discard, entry, reason)
+
+    async def _discard(self, entry: _Pooled, reason: str) -> None:
+        """Remove a pooled container nobody was given (shielded, bounded)."""
+        try:
+            with trio.move_on_at(self._fabric.teardown_deadline()) as scope:
+                scope.shield = True
+                if entry.watcher:
+                    await entry.watched.wait()
+                await entry.container.aclose()
+                await self._fabric.runtime.remove(entry.container.id)
+                if entry.staged:
+                    await self._release_staging(entry.token)
+        finally:
+            self._discarding.pop(entry.token, None)
+            log.info(
+                "pooled_container_removed",
+                extra={
+                    "service": entry.service,
+                    "pool_token": entry.token,
+                    "container": entry.container.id[:12],
+                    "why": reason,
+                },
+            )
+            self._wake()
+
+    async def _release_staging(self, token: int) -> None:
+        if self._staging is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._staging.release, token)
+
+    async def _remove_everything(self) -> None:
+        """The pool's last step: every pooled container removed, the staging area closed."""
+        self.machine.stop()
+        entries = [*self._entries.values(), *self._discarding.values()]
+        self._entries.clear()
+        async with trio.open_nursery() as nursery:
+            for entry in entries:
+                nursery.start_soon(entry.container.aclose)
+                nursery.start_soon(self._fabric.runtime.remove, entry.container.id)
+        if self._staging is not None:
+            await trio.to_thread.run_sync(self._staging.close)
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def take(
+        self,
+        service_name: str,
+        service: Service,
+        *,
+        account: Account,
+        mounts: tuple[MountSpec, ...],
+        pins: PinSet | None,
+        fields: dict[str, Any],
+    ) -> Container | None:
+        """A ready pooled container of ``service_name`` for a session, its mounts attached and
+        checked; None when there is none that fits (the caller starts a fresh one).
+
+        Resource handling: ``pins`` stay the caller's when this returns None; otherwise (a
+        container, or an exception) they were released here. A container returned is the
+        caller's, as one from :meth:`Runtime.spawn` would be.
+
+        Error handling: raises only what a fresh start would raise for the same mounts
+        (SecurityViolation ``mount_changed``), the container then removed.
+        """
+        if service_name not in self.machine.services:
+            return None
+        if mounts and not self._mounts_fit(mounts):
+            self._count(service_name, "mounts")
+            return None
+        taken = self.machine.take(service_name, _shape(service, account))
+        for removal in taken.retire:
+            self._retire(removal)
+        self._count(service_name, taken.outcome)
+        if taken.token is None:
+            return None
+        entry = self._entries.pop(taken.token)
+        self._handing_out[entry.token] = entry
+        self._wake()  # a refill
+        try:
+            return await self._hand_out(entry, mounts, pins, fields)
+        finally:
+            del self._handing_out[entry.token]
+
+    async def _hand_out(
+        self,
+        entry: _Pooled,
+        mounts: tuple[MountSpec, ...],
+        pins: PinSet | None,
+        fields: dict[str, Any],
+    ) -> Container | None:
+        try:
+            entry.watching.cancel()
+            await entry.watched.wait()
+            if entry.ended:
+                self._discard_later(entry)
+                return None
+            if mounts:
+                assert self._staging is not None
+                assert pins is not None
+                await trio.to_thread.run_sync(
+                    self._staging.attach, entry.token, mounts, pins, entry.pid
+                )
+        except (NotStageable, OSError) as exc:
+            log.warning("pooled_mounts_failed", extra={**fields, "detail": str(exc)})
+            self._discard_later(entry)
+            return None
+        except PropagationMissing as exc:
+            self._stop_staging(exc)
+            self._discard_later(entry)
+            return None
+        except BaseException:
+            if pins is not None:
+                pins.close()
+            # Inline (shielded, bounded): this may be a cancellation of everything.
+            await self._discard(entry, "not_handed_out")
+            raise
+        if pins is not None:
+            pins.close()  # the mounts hold the directories now
+        return _HandedOut(entry, self._staging if entry.staged else None)
+
+    def _discard_later(self, entry: _Pooled) -> None:
+        """Remove, in the background, a container taken from the pool but not handed out."""
+        self._discarding[entry.token] = entry
+        assert self._nursery is not None
+        self._nursery.start_soon(self._discard, entry, "not_handed_out")
+
+    def _mounts_fit(self, mounts: tuple[MountSpec, ...]) -> bool:
+        if self._staging is None:
+            return False
+        return self._staging.placement(mounts) is not None
+
+    def _stop_staging(self, exc: PropagationMissing) -> None:
+        log.warning(
+            "pool_mounts_unavailable",
+            extra={
+                "reason": exc.reason,
+                "detail": str(exc),
+                "effect": "sessions with mounts get a fresh container",
+            },
+        )
+        self._staging = None
+
+    def _count(self, service: str, outcome: TakeOutcome | str) -> None:
+        self._fabric.observer.metrics.pool_takes.labels(service, outcome).inc()
+
+
+async def open_warm_pool(fabric: Fabric) -> WarmPool | None:
+    """The warm pool of ``fabric``'s suite, None if no service keeps one; with a staging area
+    for sessions' mounts where the runtime and the orchestrator's privileges allow it (else
+    the log says once why sessions with mounts get fresh containers)."""
+    suite = fabric.suite
+    if not any(service.warm for service in suite.mcp_services.values()):
+        return None
+    staging: StagingArea | None = None
+    if getattr(fabric.runtime, "mounts_on_host_reach_containers", False):
+        identity = fabric.container_identity
+        owner = {k: v for k, v in identity.labels().items() if k.startswith("reactor-fabric.owner")}
+        try:
+            staging = await trio.to_thread.run_sync(
+                lambda: StagingArea.open(
+                    fabric.instance_id,
+                    suite.orchestrator.allowed_mount_targets,
+                    owner=owner,
+                    this_host=hostname(),
+                )
+            )
+        except StagingUnavailable as exc:
+            log.warning(
+                "pool_mounts_unavailable",
+                extra={
+                    "reason": exc.reason,
+                    "detail": str(exc),
+                    "effect": "sessions with mounts get a fresh container",
+                },
+            )
+    else:
+        log.info(
+            "pool_mounts_unavailable", extra={"reason": "runtime", "runtime": fabric.runtime.name}
+        )
+    return WarmPool(fabric, staging)
+
+
+def _shape(service: Service, account: Account) -> Hashable:
+    """What of a session's container is fixed at create time and differs between sessions:
+    the account its server runs as, unless the suite names the user (then nothing does)."""
+    return account if service.user is None else None
+
+
+class _Replayed(trio.abc.ReceiveStream):
+    """A stream that first returns bytes read from it before (a pooled server's early output)."""
+
+    def __init__(self, early: bytes, stream: trio.abc.ReceiveStream) -> None:
+        self._early = early
+        self._stream = stream
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._early:
+            await trio.lowlevel.checkpoint()
+            size = len(self._early) if max_bytes is None else max_bytes
+            data, self._early = self._early[:size], self._early[size:]
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class _HandedOut:
+    """A pooled container as its session sees it: the runtime's container, plus the output
+    read while it was pooled, and its staging area released when it is closed."""
+
+    def __init__(self, entry: _Pooled, staging: StagingArea | None) -> None:
+        self._entry = entry
+        self._container = entry.container
+        self._staging = staging
+        early = bytes(entry.early_stdout)
+        self._stdout = _Replayed(early, self._container.stdout) if early else self._container.stdout
+
+    @property
+    def id(self) -> str:
+        return self._container.id
+
+    @property
+    def name(self) -> str:
+        return self._container.name
+
+    @property
+    def stdin(self) -> StdinStream:
+        return self._container.stdin
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream:
+        return self._container.stderr
+
+    async def aclose(self) -> None:
+        try:
+            await self._container.aclose()
+        finally:
+            staging, self._staging = self._staging, None
+            if staging is not None:
+                await trio.to_thread.run_sync(staging.release, self._entry.token)
