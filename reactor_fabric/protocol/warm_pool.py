@@ -14,9 +14,10 @@ within three bounds that keep refills from hurting anyone:
 - a cap on pooled containers of all services together (``max_containers``);
 - at most ``parallel_starts`` starts at once, all services together, so a slow engine sees a
   trickle of refills, never a storm;
-- a back-off per service after a start failed or a pooled container died while idle (1 s,
-  doubling up to 60 s; a start that succeeds resets it), so a server that crashes at start
-  does not crash-loop.
+- a back-off per service after a start failed or a pooled container died soon after it was
+  ready (1 s, doubling up to 60 s), so a server that crashes at start does not crash-loop. A
+  container that served a session, or ran a while (``HEALTHY_SECONDS``), resets it: a start
+  that succeeds does not, since a server may exit right after.
 
 When starts must be rationed, the service with the fewest pooled containers goes first.
 
@@ -39,6 +40,8 @@ from typing import Literal
 
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
+# A pooled container that ran this long before it ended was not crash-looping.
+HEALTHY_SECONDS = 30.0
 
 # Why a session did not get a pooled container (metrics and logs; "hit" when it did).
 TakeOutcome = Literal["hit", "empty", "shape", "stopping", "not_pooled"]
@@ -80,6 +83,7 @@ class _Entry:
     shape: Hashable
     generation: int
     ready: bool = False
+    ready_at: float = 0.0
 
 
 @dataclass
@@ -184,16 +188,15 @@ class WarmPoolMachine:
         ]
         return min(waiting, default=None)
 
-    def start_succeeded(self, token: int) -> RemovePooled | None:
+    def start_succeeded(self, token: int, now: float) -> RemovePooled | None:
         """Pooled container ``token`` is ready; or, if it is no longer wanted, what to remove."""
         entry, service = self._find(token)
         self._starting -= 1
-        service.failures = 0
-        service.retry_at = 0.0
         if self._stopping or entry.generation != service.generation:
             del service.entries[token]
             return RemovePooled(token, entry.service, self._retire_reason())
         entry.ready = True
+        entry.ready_at = now
         return None
 
     def start_failed(self, token: int, now: float) -> None:
@@ -204,13 +207,17 @@ class WarmPoolMachine:
         self._back_off(service, now)
 
     def exited(self, token: int, now: float) -> None:
-        """Ready container ``token`` ended on its own while nobody used it (it is gone)."""
+        """Ready container ``token`` ended on its own while nobody used it (it is gone): soon
+        after it was ready, that is a failure (back-off); after a while, it is not."""
         found = self._lookup(token)
         if found is None:
             return  # already handed out or removed
         entry, service = found
         del service.entries[entry.token]
-        self._back_off(service, now)
+        if now - entry.ready_at < HEALTHY_SECONDS:
+            self._back_off(service, now)
+        else:
+            service.failures = 0
 
     # --- sessions ---------------------------------------------------------------------------
 
@@ -227,6 +234,7 @@ class WarmPoolMachine:
         for entry in ready:
             if entry.shape == shape:
                 del service.entries[entry.token]
+                service.failures = 0  # its server started and waited: it works
                 return Taken(entry.token, "hit")
         if not ready:
             return Taken(None, "empty")

@@ -56,6 +56,7 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .._errors import SecurityViolation
 from ..policy.container_spec import MountSpec
@@ -95,6 +96,22 @@ class StagedMount:
 
     index: int
     below: tuple[str, ...]
+
+
+class Staging(Protocol):
+    """What the warm pool needs of a staging area (the real one: :class:`StagingArea`)."""
+
+    def prepare(self, token: int) -> tuple[MountSpec, ...]: ...
+
+    def placement(
+        self, mounts: Sequence[MountSpec]
+    ) -> list[tuple[MountSpec, StagedMount]] | None: ...
+
+    def attach(self, token: int, mounts: Sequence[MountSpec], pins: PinSet, pid: int) -> None: ...
+
+    def release(self, token: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class StagingArea:

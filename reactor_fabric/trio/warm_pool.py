@@ -50,7 +50,13 @@ from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.warm_pool import RemovePooled, StartPooled, TakeOutcome, WarmPoolMachine
 from ..runtime.base import Container, StdinStream
-from ..runtime.staging import NotStageable, PropagationMissing, StagingArea, StagingUnavailable
+from ..runtime.staging import (
+    NotStageable,
+    PropagationMissing,
+    Staging,
+    StagingArea,
+    StagingUnavailable,
+)
 from .containers import READ_CHUNK, LiveContainer, read_stderr
 
 if TYPE_CHECKING:
@@ -83,7 +89,7 @@ class _Pooled:
 class WarmPool:
     """The pooled containers of one orchestrator (see the module docstring)."""
 
-    def __init__(self, fabric: Fabric, staging: StagingArea | None) -> None:
+    def __init__(self, fabric: Fabric, staging: Staging | None) -> None:
         self._fabric = fabric
         self._staging = staging
         settings = fabric.suite.orchestrator.warm_pool
@@ -105,7 +111,7 @@ class WarmPool:
     # --- what exists ------------------------------------------------------------------------
 
     @property
-    def staging(self) -> StagingArea | None:
+    def staging(self) -> Staging | None:
         return self._staging
 
     def container_ids(self) -> set[str]:
@@ -222,7 +228,7 @@ class WarmPool:
             log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
             self._discard_soon(entry, "start_failed")
             return
-        removal = self.machine.start_succeeded(action.token)
+        removal = self.machine.start_succeeded(action.token, trio.current_time())
         if removal is not None:
             self._discard_soon(entry, removal.reason)
             return
@@ -498,7 +504,7 @@ class _HandedOut:
     """A pooled container as its session sees it: the runtime's container, plus the output
     read while it was pooled, and its staging area released when it is closed."""
 
-    def __init__(self, entry: _Pooled, staging: StagingArea | None) -> None:
+    def __init__(self, entry: _Pooled, staging: Staging | None) -> None:
         self._entry = entry
         self._container = entry.container
         self._staging = staging

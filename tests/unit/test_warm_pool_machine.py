@@ -8,6 +8,7 @@ import pytest
 
 from reactor_fabric.protocol.warm_pool import (
     BACKOFF_MAX_SECONDS,
+    HEALTHY_SECONDS,
     RemovePooled,
     StartPooled,
     WarmPoolMachine,
@@ -33,7 +34,7 @@ def fill(pool: WarmPoolMachine, now: float = 0.0) -> list[StartPooled]:
     started: list[StartPooled] = []
     while actions := pool.starts(now):
         for action in actions:
-            assert pool.start_succeeded(action.token) is None
+            assert pool.start_succeeded(action.token, now) is None
         started += actions
     return started
 
@@ -49,7 +50,7 @@ def test_refills_start_at_most_parallel_starts_at_once() -> None:
     first = pool.starts(0.0)
     assert [a.service for a in first] == ["time", "time"]
     assert pool.starts(0.0) == []  # two in flight: no more until one ends
-    pool.start_succeeded(first[0].token)
+    pool.start_succeeded(first[0].token, 0.0)
     assert len(pool.starts(0.0)) == 1
 
 
@@ -59,7 +60,7 @@ def test_the_global_cap_bounds_starting_and_ready_containers_together() -> None:
     assert len(actions) == 4
     assert pool.total == 4
     for action in actions:
-        pool.start_succeeded(action.token)
+        pool.start_succeeded(action.token, 0.0)
     assert pool.starts(0.0) == []
 
 
@@ -95,7 +96,7 @@ def test_a_miss_for_another_shape_retires_the_oldest_ready_one_and_refills_in_th
     assert taken.retire == (RemovePooled(started[0].token, "git", "shape_changed"),)
     (refill,) = pool.starts(0.0)
     assert refill.shape == USER
-    pool.start_succeeded(refill.token)
+    pool.start_succeeded(refill.token, 0.0)
     assert pool.take("git", USER).token == refill.token
     # The container of the old shape is still there for a session that wants it.
     assert pool.take("git", NOBODY).token == started[1].token
@@ -116,7 +117,7 @@ def test_a_failed_start_backs_off_doubling_up_to_a_minute_and_success_resets_it(
     assert delays[:4] == [1.0, 2.0, 4.0, 8.0]
     assert delays[-1] == BACKOFF_MAX_SECONDS
     (action,) = pool.starts(now)
-    pool.start_succeeded(action.token)
+    pool.start_succeeded(action.token, 0.0)
     pool.take("time", NOBODY)
     (action,) = pool.starts(now)  # no back-off after a success
     pool.start_failed(action.token, now)
@@ -131,7 +132,7 @@ def test_back_off_of_one_service_does_not_hold_back_another() -> None:
     assert second.service != first.service
 
 
-def test_a_ready_container_that_dies_idle_is_forgotten_and_counts_as_a_failure() -> None:
+def test_a_ready_container_that_dies_soon_is_forgotten_and_counts_as_a_failure() -> None:
     pool = machine({"time": 1})
     (started,) = fill(pool)
     pool.exited(started.token, 5.0)
@@ -140,6 +141,28 @@ def test_a_ready_container_that_dies_idle_is_forgotten_and_counts_as_a_failure()
     assert pool.next_start_at(5.0) == 6.0
     pool.exited(started.token, 6.0)  # a second report of the same end changes nothing
     assert len(pool.starts(6.0)) == 1
+
+
+def test_a_server_that_exits_right_after_every_start_backs_off_though_each_start_succeeds() -> None:
+    pool = machine({"time": 1})
+    now = 0.0
+    for expected in (1.0, 2.0, 4.0, 8.0):
+        (action,) = pool.starts(now)
+        assert pool.start_succeeded(action.token, now) is None
+        pool.exited(action.token, now + 0.1)
+        retry = pool.next_start_at(now + 0.1)
+        assert retry == now + 0.1 + expected
+        now = retry
+
+
+def test_a_container_that_ran_a_while_before_it_ended_resets_the_back_off() -> None:
+    pool = machine({"time": 1})
+    (action,) = pool.starts(0.0)
+    pool.start_failed(action.token, 0.0)
+    (action,) = pool.starts(1.0)
+    pool.start_succeeded(action.token, 1.0)
+    pool.exited(action.token, 1.0 + HEALTHY_SECONDS)
+    assert len(pool.starts(1.0 + HEALTHY_SECONDS)) == 1
 
 
 def test_an_exit_reported_after_the_container_was_handed_out_changes_nothing() -> None:
@@ -153,10 +176,10 @@ def test_an_exit_reported_after_the_container_was_handed_out_changes_nothing() -
 def test_an_image_change_retires_ready_containers_now_and_starting_ones_when_they_start() -> None:
     pool = machine({"time": 2}, parallel=1)
     (ready,) = pool.starts(0.0)
-    pool.start_succeeded(ready.token)
+    pool.start_succeeded(ready.token, 0.0)
     (starting,) = pool.starts(0.0)
     assert pool.image_changed("time") == [RemovePooled(ready.token, "time", "image_changed")]
-    assert pool.start_succeeded(starting.token) == RemovePooled(
+    assert pool.start_succeeded(starting.token, 0.0) == RemovePooled(
         starting.token, "time", "image_changed"
     )
     fresh = fill(pool)
@@ -167,15 +190,15 @@ def test_an_image_change_retires_ready_containers_now_and_starting_ones_when_the
 def test_stop_retires_every_ready_container_takes_nothing_and_starts_nothing() -> None:
     pool = machine({"time": 2, "git": 1}, parallel=3)
     actions = pool.starts(0.0)
-    pool.start_succeeded(actions[0].token)
-    pool.start_succeeded(actions[1].token)
+    pool.start_succeeded(actions[0].token, 0.0)
+    pool.start_succeeded(actions[1].token, 0.0)
     retired = pool.stop()
     assert {r.token for r in retired} == {actions[0].token, actions[1].token}
     assert {r.reason for r in retired} == {"stopping"}
     assert pool.take("time", NOBODY).outcome == "stopping"
     assert pool.starts(0.0) == []
     assert pool.next_start_at(0.0) is None
-    assert pool.start_succeeded(actions[2].token) == RemovePooled(
+    assert pool.start_succeeded(actions[2].token, 0.0) == RemovePooled(
         actions[2].token, actions[2].service, "stopping"
     )
     assert pool.total == 0
@@ -185,7 +208,7 @@ def test_reporting_the_end_of_a_start_that_is_not_running_is_a_bug() -> None:
     pool = machine({"time": 1})
     (action,) = fill(pool)
     with pytest.raises(ValueError, match="not starting"):
-        pool.start_succeeded(action.token)
+        pool.start_succeeded(action.token, 0.0)
     with pytest.raises(ValueError, match="not starting"):
         pool.start_failed(99, 0.0)
 
@@ -215,7 +238,7 @@ class _Walk:
         action = self.starting.pop(token)
         if not succeeded:
             self.pool.start_failed(token, now)
-        elif self.pool.start_succeeded(token) is None:
+        elif self.pool.start_succeeded(token, now) is None:
             self.ready[token] = action
         else:
             self.gone.add(token)
@@ -260,5 +283,5 @@ def test_random_event_orders_keep_every_bound_and_hand_out_each_container_once(s
     walk.retire(pool.stop())
     assert not walk.ready
     for token in list(walk.starting):
-        assert pool.start_succeeded(token) is not None
+        assert pool.start_succeeded(token, 0.0) is not None
     assert pool.total == 0

@@ -1,0 +1,415 @@
+"""The warm pool over the in-memory runtime: hand-out, refill, idle deaths, back-off, image
+changes, shutdown, mounts through a staging area that can fail at every step, cancellation.
+
+Deterministic: no sleeps; time-based behaviour runs on trio's autojump clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from reactor_fabric import SecurityViolation
+from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.config.structs import WarmPool as PoolSettings
+from reactor_fabric.policy.container_spec import (
+    LABEL_INSTANCE,
+    LABEL_POOLED,
+    LABEL_SESSION,
+    MountSpec,
+)
+from reactor_fabric.policy.pinning import PinSet
+from reactor_fabric.runtime.base import ManagedContainer
+from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
+from reactor_fabric.runtime.staging import NotStageable, PropagationMissing, StagedMount
+from reactor_fabric.trio.containers import LiveContainer, remove_container, start_container
+from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.session import serve_session
+from reactor_fabric.trio.sweeper import containers_to_remove
+from reactor_fabric.trio.warm_pool import IMAGE_CHECK_SECONDS, WarmPool
+from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, scripted_mcp_server, until
+from tests.leaks import cancel_at_every_step, cancelled_after
+
+IMAGE = "fake/svc:1"
+
+
+def suite(root: Path, *, warm: int = 2, parallel: int = 2, max_containers: int = 16) -> Suite:
+    return Suite(
+        version="1.0",
+        orchestrator=Orchestrator(
+            allowed_mount_roots=[str(root)],
+            warm_pool=PoolSettings(max_containers=max_containers, parallel_starts=parallel),
+        ),
+        mcp_services={
+            "svc": Service(image=IMAGE, warm=warm),
+            "cold": Service(image="fake/cold:1"),
+        },
+    )
+
+
+class FakeStaging:
+    """A staging area whose attach can be made to fail (the real one needs root and an engine:
+    see the integration tests)."""
+
+    def __init__(self) -> None:
+        self.failure: BaseException | None = None
+        self.prepared: list[int] = []
+        self.attached: list[int] = []
+        self.released: list[int] = []
+        self.closed = False
+
+    def prepare(self, token: int) -> tuple[MountSpec, ...]:
+        self.prepared.append(token)
+        return (MountSpec(f"/staging/{token}/0", "/workspace", True, propagation="rslave"),)
+
+    def placement(self, mounts: Sequence[MountSpec]) -> list[tuple[MountSpec, StagedMount]] | None:
+        if any(m.target != "/workspace" for m in mounts):
+            return None
+        return [(m, StagedMount(0, ())) for m in mounts]
+
+    def attach(self, token: int, mounts: Sequence[MountSpec], pins: PinSet, pid: int) -> None:
+        if self.failure is not None:
+            raise self.failure
+        assert not pins.closed
+        self.attached.append(token)
+
+    def release(self, token: int) -> None:
+        self.released.append(token)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Pooled:
+    def __init__(self, engine: MemoryRuntime, fabric: Fabric, pool: WarmPool) -> None:
+        self.engine = engine
+        self.fabric = fabric
+        self.pool = pool
+
+    def pooled(self) -> list[MemoryServer]:
+        return [s for s in self.engine.alive if s.spec.labels.get(LABEL_POOLED) == "true"]
+
+    async def filled(self, count: int = 2) -> None:
+        await until(lambda: self.pool.machine.ready("svc") == count, what=f"{count} ready")
+
+    async def start(self, session: str = "s1", **options: Any) -> Any:
+        return await start_container(
+            self.fabric,
+            "svc",
+            self.fabric.suite.mcp_services["svc"],
+            session_id=session,
+            mounts=options.get("mounts", ()),
+            sequence=0,
+            fields={},
+            respawn=False,
+        )
+
+    async def remove(self, container: Any) -> None:
+        await remove_container(self.fabric, LiveContainer(0, container), {}, forget=lambda: None)
+
+
+@asynccontextmanager
+async def warm_pool(
+    root: Path,
+    *,
+    server: Server = scripted_mcp_server,
+    staging: FakeStaging | None = None,
+    **settings: Any,
+) -> AsyncIterator[Pooled]:
+    async with open_memory_runtime(server) as engine:
+        fabric = Fabric(suite(root, **settings), runtime=engine, network="none")
+        pool = WarmPool(fabric, staging)
+        fabric.pool = pool
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            yield Pooled(engine, fabric, pool)
+            nursery.cancel_scope.cancel()
+        # The pool has stopped: nothing of it may be left.
+        assert engine.alive == []
+        assert pool.container_ids() == set()
+
+
+async def test_a_session_gets_a_pooled_container_whose_server_sees_the_sessions_first_message_first(
+    tmp_path: Path,
+) -> None:
+    async with warm_pool(tmp_path) as h:
+        await h.filled()
+        assert all(LABEL_SESSION not in server.spec.labels for server in h.pooled())
+        oldest = min(h.pooled(), key=lambda server: int(server.name.rsplit("-", 1)[1]))
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, h.fabric, client, "svc", [])
+            await client.say(INITIALIZE)
+            answer = await client.hear()
+            await client.say(INITIALIZED)
+            assert answer["result"]["serverInfo"]["name"] == "scripted"
+            # The oldest pooled container serves the session; the pool did no handshake with it.
+            assert oldest.stdin_lines[0] == json.dumps(INITIALIZE).encode()
+            [record] = h.fabric.containers.values()
+            assert record.name == oldest.name
+            assert record.session in h.fabric.sessions
+            # ...and the pool is refilled behind it.
+            await h.filled()
+            assert len(h.engine.spawned) == 3
+            await client.leave()
+        # The session's container went with the session; it never went back to the pool.
+        assert oldest.removed
+        assert h.fabric.container_count == 0
+        assert len(h.pooled()) == 2
+        metrics = h.fabric.observer.metrics
+        assert metrics.pool_takes.labels("svc", "hit")._value.get() == 1
+
+
+async def test_a_service_without_warm_and_an_empty_pool_start_fresh_containers(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with warm_pool(tmp_path, warm=1) as h:
+        h.engine.fault("create", delay=5.0, only=lambda spec: LABEL_POOLED in spec.labels)
+        container = await h.start()  # the pooled one is still starting
+        assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        await h.remove(container)
+        metrics = h.fabric.observer.metrics
+        assert metrics.pool_takes.labels("svc", "empty")._value.get() == 1
+        cold = await start_container(
+            h.fabric,
+            "cold",
+            h.fabric.suite.mcp_services["cold"],
+            session_id="s2",
+            mounts=(),
+            sequence=0,
+            fields={},
+            respawn=False,
+        )
+        assert cold.name.startswith("rf-cold-s2")
+        await h.remove(cold)
+
+
+async def test_a_pooled_server_that_dies_idle_is_removed_never_handed_out_and_backs_off(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def dies_at_once(container: MemoryServer) -> None:
+        await container.write_stderr(b"cannot start: missing configuration\n")
+        await container.exit(1)
+
+    async with warm_pool(tmp_path, server=dies_at_once, warm=1) as h:
+        await trio.sleep(60)
+        # 1 + 2 + 4 + 8 + 16 seconds of back-off between starts: six in a minute, not thousands.
+        assert 5 <= len(h.engine.spawned) <= 7
+        assert h.pool.machine.ready("svc") == 0
+        container = await h.start()
+        assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        await h.remove(container)
+
+
+async def test_output_a_pooled_server_wrote_before_any_input_reaches_its_session_first(
+    tmp_path: Path,
+) -> None:
+    banner = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "up"}}
+
+    async def talks_first(container: MemoryServer) -> None:
+        await container.write_stdout(json.dumps(banner).encode() + b"\n")
+        await scripted_mcp_server(container)
+
+    async with warm_pool(tmp_path, server=talks_first, warm=1) as h:
+        await h.filled(1)
+        await trio.testing.wait_all_tasks_blocked()
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, h.fabric, client, "svc", [])
+            await client.say(INITIALIZE)
+            heard = [await client.hear(), await client.hear()]
+            assert heard[0] == banner
+            assert heard[1]["result"]["serverInfo"]["name"] == "scripted"
+            await client.leave()
+
+
+async def test_a_rebuilt_image_retires_the_pooled_containers_of_the_old_one(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with warm_pool(tmp_path) as h:
+        await h.filled()
+        old = {server.id for server in h.pooled()}
+        h.engine.image_ids[IMAGE] = "memory:rebuilt"
+        await trio.sleep(IMAGE_CHECK_SECONDS + 1)
+        await h.filled()
+        assert {server.id for server in h.pooled()}.isdisjoint(old)
+
+
+async def test_on_shutdown_pooled_containers_go_and_sessions_start_fresh_ones(
+    tmp_path: Path,
+) -> None:
+    async with warm_pool(tmp_path) as h:
+        await h.filled()
+        h.fabric.stopping.set()
+        await until(lambda: not h.pooled(), what="the pool emptied")
+        spawned = len(h.engine.spawned)
+        container = await h.start()
+        assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        await h.remove(container)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(h.engine.spawned) == spawned + 1  # no refill
+
+
+async def test_a_session_mount_is_attached_to_a_pooled_container_and_released_with_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+    staging = FakeStaging()
+    async with warm_pool(tmp_path, staging=staging) as h:
+        await h.filled()
+        mounts = await h.fabric.validate_mounts(
+            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
+        )
+        container = await h.start(mounts=mounts)
+        [token] = staging.attached
+        assert container.name.endswith(f"-{token}")
+        assert staging.released == []
+        await h.remove(container)
+        assert staging.released == [token]
+    assert staging.closed
+
+
+async def test_mounts_the_staging_area_cannot_take_get_a_fresh_container(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+    staging = FakeStaging()
+    async with warm_pool(tmp_path, staging=staging) as h:
+        await h.filled()
+        mounts = await h.fabric.validate_mounts(
+            [{"source": str(tmp_path / "project"), "target": "/projects/p"}]
+        )
+        container = await h.start(mounts=mounts)
+        assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        await h.remove(container)
+        assert h.pool.machine.ready("svc") == 2  # none was taken
+        assert h.fabric.observer.metrics.pool_takes.labels("svc", "mounts")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [NotStageable("a file where the container has a directory"), OSError(1, "EPERM")],
+)
+async def test_a_pooled_container_whose_mounts_cannot_be_attached_is_removed_and_a_fresh_one_starts(
+    tmp_path: Path, failure: BaseException
+) -> None:
+    (tmp_path / "project").mkdir()
+    staging = FakeStaging()
+    staging.failure = failure
+    async with warm_pool(tmp_path, staging=staging) as h:
+        await h.filled()
+        mounts = await h.fabric.validate_mounts(
+            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
+        )
+        container = await h.start(mounts=mounts)
+        spec = h.engine.servers[container.name].spec
+        assert LABEL_POOLED not in spec.labels
+        assert spec.mounts == mounts  # the fresh container got the session's mounts
+        await until(lambda: len(h.pooled()) == 2, what="the failed one replaced")
+        await h.remove(container)
+        assert h.pool.staging is staging  # still used for the next session
+
+
+async def test_when_mounts_do_not_propagate_the_pool_stops_attaching_them(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+    staging = FakeStaging()
+    staging.failure = PropagationMissing("engine elsewhere", reason="propagation_missing")
+    async with warm_pool(tmp_path, staging=staging) as h:
+        await h.filled()
+        mounts = await h.fabric.validate_mounts(
+            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
+        )
+        container = await h.start(mounts=mounts)
+        assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        await h.remove(container)
+        assert h.pool.staging is None
+        again = await h.start("s2", mounts=mounts)  # not even tried
+        assert LABEL_POOLED not in h.engine.servers[again.name].spec.labels
+        await h.remove(again)
+        assert h.fabric.observer.metrics.pool_takes.labels("svc", "mounts")._value.get() == 1
+
+
+async def test_a_pooled_container_that_did_not_get_the_pinned_directory_is_refused_like_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+    staging = FakeStaging()
+    staging.failure = SecurityViolation("not the pinned one", reason="mount_changed")
+    async with warm_pool(tmp_path, staging=staging) as h:
+        await h.filled()
+        mounts = await h.fabric.validate_mounts(
+            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
+        )
+        before = _open_descriptors()
+        with pytest.raises(SecurityViolation) as refused:
+            await h.start(mounts=mounts)
+        assert refused.value.reason == "mount_changed"
+        await until(lambda: len(h.pooled()) == 2, what="the refused one replaced")
+        assert h.fabric.container_count == 0
+        assert _open_descriptors() <= before  # the pins were closed
+
+
+async def test_cancelling_a_start_that_takes_from_the_pool_at_every_step_leaks_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "project").mkdir()
+
+    async def run(steps: int) -> int:
+        staging = FakeStaging()
+        async with warm_pool(tmp_path, staging=staging) as h:
+            await h.filled()
+            mounts = await h.fabric.validate_mounts(
+                [{"source": str(tmp_path / "project"), "target": "/workspace"}]
+            )
+            started: list[Any] = []
+
+            async def work() -> None:
+                started.append(await h.start(mounts=mounts))
+
+            left = await cancelled_after(steps, work)
+            for container in started:
+                await h.remove(container)
+            await trio.testing.wait_all_tasks_blocked()
+            assert h.fabric.container_count == 0
+            # Whatever was taken is removed, and its staging released.
+            taken = set(staging.prepared) - {int(s.name.rsplit("-", 1)[1]) for s in h.pooled()}
+            assert set(staging.released) >= taken & set(staging.attached)
+            assert len(h.pooled()) == 2 or h.pool.machine.starting
+        return left
+
+    assert await cancel_at_every_step(run) > 5
+
+
+def test_the_sweeper_leaves_pooled_containers_alone_but_not_strays_of_this_instance() -> None:
+
+    containers = [
+        ManagedContainer(
+            "pooled", "rf-svc-pool-1", {LABEL_INSTANCE: "me", LABEL_POOLED: "true"}, 1.0
+        ),
+        ManagedContainer(
+            "stray", "rf-svc-pool-2", {LABEL_INSTANCE: "me", LABEL_POOLED: "true"}, 1.0
+        ),
+    ]
+    doomed = containers_to_remove(
+        containers,
+        instance_id="me",
+        this_host="h",
+        live_sessions=set(),
+        live_containers={"pooled"},
+        now=1000.0,
+    )
+    assert doomed == [("stray", "no_live_session")]
+
+
+def _open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
