@@ -68,6 +68,8 @@ def write_suite(path: Path, *, audit: bool) -> Path:
     }
     for service in suite["mcp_services"].values():
         service["timeout"] = "30m"
+        # No warm pool: its containers would start next to the measured ones, in one system.
+        service["warm"] = 0
     path.write_text(yaml.safe_dump(suite, sort_keys=False))
     return path
 

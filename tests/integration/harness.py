@@ -178,6 +178,10 @@ def write_suite(
     :func:`build_test_image`), e.g. ``{"image": tag, "config": {...}}``."""
     suite = json.loads(json.dumps(BUNDLED))
     suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
+    # No warm pool unless a test asks for one (test_warm_pool_e2e): the others count and
+    # inspect their sessions' containers, and a pool's would be in the way.
+    for service in suite["mcp_services"].values():
+        service.pop("warm", None)
     for name, timeout in (timeouts or {}).items():
         suite["mcp_services"][name]["timeout"] = timeout
     for name, image in (images or {}).items():

@@ -55,9 +55,11 @@ def probe_image() -> str:
     return build_test_image("probe")
 
 
-def probe_suite(path: Path, root: Path, image: str, *, timeout: str = "1m") -> Path:
+def probe_suite(path: Path, root: Path, image: str, *, timeout: str = "1m", warm: int = 0) -> Path:
     return write_suite(
-        path, [str(root)], test_services={"probe": {"image": image, "timeout": timeout}}
+        path,
+        [str(root)],
+        test_services={"probe": {"image": image, "timeout": timeout, "warm": warm}},
     )
 
 
@@ -96,12 +98,14 @@ def mount_of(project: Path) -> dict[str, Any]:
     return {"mounts": [{"source": str(project), "target": "/workspace"}]}
 
 
+@pytest.mark.parametrize("warm", [0, 4], ids=["fresh", "pooled"])
 def test_a_project_swapped_for_symlinks_never_gets_anything_else_mounted(
-    tmp_path: Path, project_root: Path, probe_image: str
+    tmp_path: Path, project_root: Path, probe_image: str, warm: int
 ) -> None:
     """≥ 200 container starts race a loop that swaps the project for links to a directory
     outside the allowed roots and to the Docker socket's directory: every container that
-    answers sees the validated project, or the client is told the mount changed."""
+    answers sees the validated project, or the client is told the mount changed. With a warm
+    pool, the project is attached to containers started before the session (most starts)."""
     project = project_root / "project"
     project.mkdir()
     (project / MARKER).write_text("the directory that was validated")
@@ -110,7 +114,7 @@ def test_a_project_swapped_for_symlinks_never_gets_anything_else_mounted(
     (outside / "DECOY").write_text("not allowed")
     docker_socket_dir = Path("/run")
     assert (docker_socket_dir / "docker.sock").exists()
-    suite = probe_suite(tmp_path / "suite.yaml", project_root, probe_image)
+    suite = probe_suite(tmp_path / "suite.yaml", project_root, probe_image, warm=warm)
 
     seen: collections.Counter[str] = collections.Counter()
     escapes: list[Any] = []
@@ -163,6 +167,11 @@ def test_a_project_swapped_for_symlinks_never_gets_anything_else_mounted(
     assert seen["served the validated project"] > 0, seen
     assert seen["refused at start: mount_changed"] > 0, seen
     assert swapper.swaps > 100, swapper.swaps
+    pooled = sum(1 for start in starts if start["pooled"])
+    if warm:
+        assert pooled >= 20, (pooled, len(starts))
+    else:
+        assert pooled == 0
 
 
 def test_a_respawn_after_idle_teardown_validates_the_mount_again(
