@@ -35,7 +35,14 @@ from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
 from reactor_fabric.trio.sweeper import containers_to_remove
 from reactor_fabric.trio.warm_pool import IMAGE_CHECK_SECONDS, WarmPool
-from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, scripted_mcp_server, until
+from tests.fakes import (
+    INITIALIZE,
+    INITIALIZED,
+    MemoryClient,
+    request,
+    scripted_mcp_server,
+    until,
+)
 from tests.leaks import cancel_at_every_step, cancelled_after
 
 IMAGE = "fake/svc:1"
@@ -166,6 +173,26 @@ async def test_a_session_gets_a_pooled_container_whose_server_sees_the_sessions_
         assert len(h.pooled()) == 2
         metrics = h.fabric.observer.metrics
         assert metrics.pool_takes.labels("svc", "hit")._value.get() == 1
+
+
+async def test_a_session_that_registers_has_its_pooled_container_before_its_first_request(
+    tmp_path: Path,
+) -> None:
+    async with warm_pool(tmp_path) as h:
+        await h.filled()
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, h.fabric, client, "svc", [])
+            await client.say(request(1, "fabric/registerClient", {"mounts": []}))
+            registered = await client.hear()
+            session = registered["result"]["sessionId"]
+            # Speculative start: taken from the pool on registration, no MCP message yet.
+            await until(lambda: h.fabric.container_count == 1, what="the container started")
+            [record] = h.fabric.containers.values()
+            assert record.session == session
+            assert h.engine.servers[record.name].spec.labels[LABEL_POOLED] == "true"
+            assert h.engine.servers[record.name].stdin_lines == []
+            await client.leave()
 
 
 async def test_a_service_without_warm_and_an_empty_pool_start_fresh_containers(
