@@ -30,13 +30,15 @@ A container handed out belongs to its session: its :meth:`Container.aclose` deta
 session's mounts from the staging area, and the session removes it.
 
 Error handling: a failed pooled start is logged and backed off (see the machine); nothing here
-fails a session except what a fresh start would fail it with (a refused mount).
+fails a session except what a fresh start would fail it with (a refused mount). A bug in one
+of the pool's tasks is logged (``pool_task_failed``) and contained: it never reaches the
+orchestrator's root nursery.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -152,11 +154,21 @@ class WarmPool:
                 next_image_check = trio.current_time() + IMAGE_CHECK_SECONDS
             assert self._nursery is not None
             for action in machine.starts(trio.current_time()):
-                self._nursery.start_soon(self._start, action)
+                self._nursery.start_soon(self._contained, self._start, action)
             wake_at = min(next_image_check, machine.next_start_at(now) or next_image_check)
             changed = self._changed
             with trio.move_on_at(wake_at):
                 await changed.wait()
+
+    @staticmethod
+    async def _contained(work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one of the pool's tasks so that a bug in it is logged, not raised into the
+        orchestrator's root nursery (the pool and every session go on; what the task held is
+        removed when the pool stops)."""
+        try:
+            await work(*args)
+        except* Exception as failure:
+            log.error("pool_task_failed", exc_info=failure)
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, trio.Event()
@@ -243,7 +255,7 @@ class WarmPool:
         )
         assert self._nursery is not None
         entry.watcher = True
-        self._nursery.start_soon(self._watch, entry, fields)
+        self._nursery.start_soon(self._contained, self._watch, entry, fields)
         self._wake()
 
     async def _watch(self, entry: _Pooled, fields: dict[str, Any]) -> None:
@@ -292,7 +304,7 @@ class WarmPool:
         self._discarding[entry.token] = entry
         entry.watching.cancel()
         assert self._nursery is not None
-        self._nursery.start_soon(self._discard, entry, reason)
+        self._nursery.start_soon(self._contained, self._discard, entry, reason)
 
     async def _discard(self, entry: _Pooled, reason: str) -> None:
         """Remove a pooled container nobody was given (shielded, bounded)."""
@@ -417,7 +429,7 @@ class WarmPool:
         """Remove, in the background, a container taken from the pool but not handed out."""
         self._discarding[entry.token] = entry
         assert self._nursery is not None
-        self._nursery.start_soon(self._discard, entry, "not_handed_out")
+        self._nursery.start_soon(self._contained, self._discard, entry, "not_handed_out")
 
     def _mounts_fit(self, mounts: tuple[MountSpec, ...]) -> bool:
         if self._staging is None:

@@ -417,6 +417,24 @@ async def test_cancelling_a_start_that_takes_from_the_pool_at_every_step_leaks_n
     assert await cancel_at_every_step(run) > 5
 
 
+async def test_a_bug_in_a_pool_task_is_logged_and_goes_no_further(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with warm_pool(tmp_path, warm=1) as h:
+        await h.filled(1)
+        # Anything but the product's errors (a bug), raised where a pooled start goes on.
+        h.engine.fault("pid", error=RuntimeError("a bug"))
+        h.pool._staging = FakeStaging()  # so that the start asks for the pid
+        container = await h.start()  # takes the ready one; its refill meets the bug
+        await until(
+            lambda: any(r.message == "pool_task_failed" for r in caplog.records),
+            what="the bug logged",
+        )
+        await h.remove(container)
+        second = await h.start("s2")  # sessions go on (a fresh container)
+        await h.remove(second)
+
+
 def test_the_sweeper_leaves_pooled_containers_alone_but_not_strays_of_this_instance() -> None:
 
     containers = [
