@@ -50,6 +50,7 @@ from ..policy.accounts import UNPRIVILEGED, Account
 from ..policy.container_spec import MountSpec, pooled_spec_for
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
+from ..protocol.framing import FramingError
 from ..protocol.warm_pool import RemovePooled, StartPooled, TakeOutcome, WarmPoolMachine
 from ..runtime.base import Container, StdinStream
 from ..runtime.staging import (
@@ -108,7 +109,6 @@ class WarmPool:
         self._image_ids: dict[str, str] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self._said: set[str] = set()
 
     # --- what exists ------------------------------------------------------------------------
 
@@ -288,10 +288,10 @@ class WarmPool:
                 entry.early_stdout += data
                 if len(entry.early_stdout) > EARLY_STDOUT_BYTES:
                     return "output_before_input"
-        except (trio.BrokenResourceError, trio.ClosedResourceError, FabricError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
-        except Exception as exc:  # noqa: BLE001 - broken framing: the container is unusable
-            log.debug("pooled_output_broken", extra={"detail": str(exc)})
+        except FramingError:
+            return "output_invalid"  # its output cannot be trusted: not handed out
         return "exited"
 
     def _retire(self, removal: RemovePooled) -> None:
