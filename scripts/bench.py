@@ -8,10 +8,12 @@ Measures (definitions in docs/BENCHMARKS.md): cold start against ``docker run -i
 round trip of a small ``tools/call`` on a warm container directly (no relay), through
 Reactor-Fabric (WebSocket, and Streamable HTTP once it exists), supergateway and mcp-proxy,
 interleaved; throughput through one session; orchestrator and container memory; bursts of
-concurrent clients. Writes ``bench/results.json`` and regenerates the generated part of
-``docs/BENCHMARKS.md``.
+concurrent clients; the warm pool (a pooled container's first response against a fresh one's
+and the floor's, every bundled service with and without a mount; a burst with a pool; refills
+next to a live session). Parts 1 to 5 run on an orchestrator without a pool. Writes
+``bench/results.json`` and regenerates the generated part of ``docs/BENCHMARKS.md``.
 
-``--smoke`` runs every part with tiny counts and no peers (well under a minute), writes
+``--smoke`` runs every part with tiny counts and no peers (about a minute), writes
 ``bench/tmp/results-smoke.json`` and leaves the docs alone: it exists so the harness cannot rot.
 The exit status is non-zero only when the harness itself could not measure one of our own
 systems (never because a figure is slow).
@@ -26,8 +28,12 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import gc
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -45,6 +51,7 @@ from bench.mcp import (
     ProtocolError,
     Rpc,
     StreamRpc,
+    WebSocketStream,
     check_result,
     encode_request,
     free_port,
@@ -110,6 +117,28 @@ SAME_LIMITS = [
 ]  # fmt: skip
 
 
+# The warm pool part: `time` keeps a pool big enough for the burst, every other service one.
+POOL_SERVICE = "time"
+POOL_MAX_CONTAINERS = 16
+POOL_PARALLEL_STARTS = 2
+POOL_TARGET_MS = 50.0  # the issue's target: pooled first response P95, connect included
+POOL_SYSTEMS = ("pooled", "fresh", "docker_run_floor")
+POOL_QUIET_BOUND = 120.0
+POOL_QUIET_FAILURES = 3  # times the engine did not get quiet before the pool part gives up
+# The pool calls a container ready once it has started; its server (Python's imports, Node's)
+# may still be starting then, for 0.5 to 2 s here. A sample waits until no container of the
+# pool's orchestrator used more than POOL_IDLE_CPU_NS of CPU over POOL_IDLE_SECONDS (cgroup
+# accounting), or, where that cannot be read, until POOL_BOOT_SECONDS after the last ready.
+POOL_IDLE_CPU_NS = 1_000_000
+POOL_IDLE_SECONDS = 0.2
+POOL_BOOT_SECONDS = 3.0
+POOL_PROJECT = TMP / "pool-project"
+POOL_MARKER = "bench-marker.txt"  # untracked in the project: git status and a listing show it
+# The owner of the mounted project when the harness runs as root: an ordinary user, as a
+# user's project would be (the orchestrator runs a server as the owner of its first mount).
+POOL_PROJECT_OWNER = (1000, 1000)
+
+
 @dataclass(frozen=True)
 class Plan:
     smoke: bool
@@ -121,7 +150,23 @@ class Plan:
     bursts: tuple[int, ...]
     peers: bool
     repeats: int  # of the round trip and throughput figures, judged on their medians
-    sections: tuple[str, ...] = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency")
+    # The warm pool part. Cold start: (service, mounted) cases, () = every bundled service with
+    # and without a mount; runs of each system per case. Burst: clients, `time`'s pool.
+    # Refill: calls per phase, repeats of the two phases.
+    pool_cases: tuple[tuple[str, bool], ...]
+    pool_runs: int
+    pool_burst: int
+    pool_burst_warm: int
+    pool_refill_calls: int
+    pool_refill_repeats: int
+    sections: tuple[str, ...] = (
+        "cold_start",
+        "relay_rtt",
+        "throughput",
+        "memory",
+        "concurrency",
+        "pool",
+    )
 
 
 FULL = Plan(
@@ -134,6 +179,12 @@ FULL = Plan(
     bursts=(10, 50),
     peers=True,
     repeats=5,
+    pool_cases=(),
+    pool_runs=7,
+    pool_burst=50,
+    pool_burst_warm=10,
+    pool_refill_calls=600,
+    pool_refill_repeats=6,
 )
 SMOKE = Plan(
     smoke=True,
@@ -145,6 +196,12 @@ SMOKE = Plan(
     bursts=(2,),
     peers=False,
     repeats=2,
+    pool_cases=(("filesystem", True),),
+    pool_runs=1,
+    pool_burst=2,
+    pool_burst_warm=1,
+    pool_refill_calls=10,
+    pool_refill_repeats=1,
 )
 PAYLOADS = {"small": 16, "payload_4k": 4096, "payload_1m": 1024 * 1024}
 
@@ -188,6 +245,7 @@ class Harness:
         self.diagnostics: Json = {}
         # Per throughput run: the extra connections of each HTTP system's session.
         self.http_pools: dict[str, list[HttpRpc]] = {}
+        self.pool_not_quiet = 0  # times the pool part waited for a quiet engine in vain
 
     def problem(self, where: str, exc: BaseException) -> Json:
         """Record that the harness could not measure one of our own figures."""
@@ -664,8 +722,15 @@ class Harness:
         count: int,
         session: Callable[[], contextlib.AbstractAsyncContextManager[Rpc]],
         containers: Callable[[], Awaitable[int]],
+        *,
+        left_bound: float = 60.0,
+        ports: list[tuple[int | None, int]] | None = None,
     ) -> Json:
-        """``count`` clients released at once; each holds its session until all have answered."""
+        """``count`` clients released at once; each holds its session until all have answered.
+
+        ``containers()``: the containers of the system's sessions (``left_bound`` s after the
+        burst it must be 0). ``ports``: filled with each WebSocket client's (local port, first
+        response ns), which the audit trail's ``session_start`` names as the session's peer."""
         gun = trio.Event()
         everyone_done = trio.Event()
         first: list[int] = []
@@ -687,6 +752,8 @@ class Harness:
                     async with session() as rpc:
                         await handshake(rpc)
                         first.append(time.perf_counter_ns() - begin)
+                        if ports is not None:
+                            ports.append((local_port(rpc), first[-1]))
                         _, answer = await rpc.call("tools/call", TOOL)
                         check_result(answer, "tools/call")
                         tool.append(time.perf_counter_ns() - begin)
@@ -711,13 +778,14 @@ class Harness:
                 wall = time.perf_counter_ns() - started
                 peak = await containers()
                 everyone_done.set()
-        left = await engine.wait_for_count(containers, 0, bound=60)
+        left = await engine.wait_for_count(containers, 0, bound=left_bound)
         result = burst(
             ok=len(tool), failed=count - len(tool), first_response_ns=first, containers_left=left
         )
         tool_stats = summarize(tool)
         result.update(
             {
+                "max_first_response_ms": summarize(first).get("max_ms"),
                 "p50_tool_response_ms": tool_stats.get("p50_ms"),
                 "p95_tool_response_ms": tool_stats.get("p95_ms"),
                 "wall_ms": round(wall / 1e6, 1),
@@ -726,6 +794,775 @@ class Harness:
             }
         )
         return result
+
+    # --- 6. warm pool ---------------------------------------------------------------------
+
+    async def pool(self) -> Json:
+        """The warm pool against fresh containers. Cold start: orchestrators ``pooled``
+        (``warm: 1`` for each service of the cases) and ``fresh`` (``warm: 0``: today's cold
+        start) side by side; burst and refill: ``pooled_burst`` (``warm: N`` on POOL_SERVICE
+        only) and the same ``fresh``."""
+        cases = self.plan.pool_cases or tuple(
+            (service, mounted) for service in bundled_services() for mounted in (False, True)
+        )
+        warm = dict.fromkeys([service for service, _ in cases], 1)
+        burst_warm = {POOL_SERVICE: self.plan.pool_burst_warm}
+        out: Json = {
+            "config": {
+                "warm_cold_start": warm,
+                "warm_burst": burst_warm,
+                "max_containers": POOL_MAX_CONTAINERS,
+                "parallel_starts": POOL_PARALLEL_STARTS,
+                "boot_seconds": POOL_BOOT_SECONDS,
+                "project": str(POOL_PROJECT),
+                "cases": [[service, mount_key(mounted)] for service, mounted in cases],
+            }
+        }
+        try:
+            uid, gid = await trio.to_thread.run_sync(make_pool_project)
+            owner = out["config"]["project_owner"] = f"{uid}:{gid}"
+            async with contextlib.AsyncExitStack() as both:
+                async with contextlib.AsyncExitStack() as cold_only:
+                    # All three at once; the burst's pool fills during the cold-start part and
+                    # stays idle (every sample waits for all of them to be quiet).
+                    systems = await self._pool_start(
+                        out,
+                        {
+                            "fresh": (both, {}),
+                            "pooled": (cold_only, warm),
+                            "pooled_burst": (both, burst_warm),
+                        },
+                    )
+                    say(f"waiting for the pools to fill: {warm}; for the burst: {burst_warm}")
+                    await self._pool_quiet(systems)
+                    cold = await self._pool_cold(systems, cases, owner)
+                    out["cold_start"], out["cold_start_all"], out["pool_hits"] = cold
+                systems = {"pooled": systems["pooled_burst"], "fresh": systems["fresh"]}
+                await self._pool_quiet(systems)
+                out["burst"] = await self._pool_bursts(systems)
+                out["refill"] = await self._pool_refill(systems)
+        except (*FAILURES, RuntimeError, subprocess.SubprocessError) as exc:
+            out["error"] = self.problem("pool", exc)["error"]
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(engine.remove_bench_containers)
+        out["not_quiet"] = self.pool_not_quiet
+        return out
+
+    async def _pool_start(
+        self, out: Json, wanted: dict[str, tuple[contextlib.AsyncExitStack, dict[str, int]]]
+    ) -> dict[str, PoolSystem]:
+        """The orchestrators ``wanted`` (name → the stack that stops it, its pool), started
+        side by side."""
+        systems: dict[str, PoolSystem] = {}
+
+        async def start(name: str, stack: contextlib.AsyncExitStack, warm: dict[str, int]) -> None:
+            systems[name] = await stack.enter_async_context(
+                self._pool_orchestrator(name, warm, out)
+            )
+
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                for name, (stack, warm) in wanted.items():
+                    nursery.start_soon(start, name, stack, warm)
+        return systems
+
+    @contextlib.asynccontextmanager
+    async def _pool_orchestrator(
+        self, name: str, warm: dict[str, int], out: Json
+    ) -> AsyncIterator[PoolSystem]:
+        """An orchestrator on the suite with ``warm``, for the block; then stopped, its
+        containers counted and removed, its log summed up into ``out``."""
+        log_path = TMP / f"orchestrator-{name.replace('_', '-')}.log"
+        suite = write_suite(TMP / f"suite-{name.replace('_', '-')}.yaml", warm=warm)
+        orch = await engine.start_orchestrator(suite, log_path)
+        say(f"{name} orchestrator: {orch.banner.splitlines()[0]}")
+        system = PoolSystem(name, orch, warm)
+        try:
+            yield system
+        finally:
+            with trio.CancelScope(shield=True):
+                system.tail.close()
+                code = await orch.stop()
+                left = await trio.to_thread.run_sync(
+                    engine.remove_orchestrator_containers, orch.pid
+                )
+            out.setdefault("orchestrators", {})[name] = {
+                "exit_code": code,
+                "containers_left_after_stop": left,
+            }
+            out.setdefault("log", {})[name] = pool_log_summary(log_path)
+            if code != 0:
+                self.problems.append(f"the {name} orchestrator exited with {code} on SIGTERM")
+
+    def pool_ws(
+        self, system: PoolSystem, service: str, *, mounted: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[StreamRpc]:
+        query = ""
+        if mounted:
+            query = "mount=" + urllib.parse.quote(f"{POOL_PROJECT}:/workspace", safe="")
+        return websocket_session(system.orch.ws_url(service, query), subprotocols=["mcp"])
+
+    async def _pool_quiet(
+        self,
+        systems: dict[str, PoolSystem],
+        *,
+        sessions: dict[str, int] | None = None,
+        bound: float = POOL_QUIET_BOUND,
+        strict: bool = True,
+    ) -> bool:
+        """Until every pool is full and nothing else runs: each orchestrator has its pooled
+        containers (ready) plus ``sessions[name]`` of its sessions', no floor is left, and no
+        container's server is still starting (the pool calls a container ready once it has
+        started, before its server has: see PoolSystem.booting). The POOL_QUIET_FAILURES-th
+        time it is not, ``strict``: PoolStuck (each sample would wait in vain)."""
+        sessions = sessions or {}
+        with trio.move_on_after(bound):
+            # Polling the engine and the metrics: there is no event to wait on.
+            while True:
+                quiet = await engine.bench_container_count() == 0
+                for name, system in systems.items():
+                    if not quiet:
+                        break
+                    expected = system.pooled_total + sessions.get(name, 0)
+                    found = await engine.docker_call(system.orch.containers())
+                    quiet = len(found) == expected
+                    if quiet and system.warm:
+                        ids = [container["Id"] for container in found]
+                        quiet = await system.ready() == system.warm and not system.booting(ids)
+                if quiet:
+                    return True
+                await trio.sleep(0.1)
+        self.pool_not_quiet += 1
+        say(f"warning: the pools did not fill, or containers stayed, within {bound:g} s")
+        if strict and self.pool_not_quiet >= POOL_QUIET_FAILURES:
+            raise PoolStuck(f"not quiet within {bound:g} s, {self.pool_not_quiet} times")
+        return False
+
+    async def _pool_cold(
+        self, systems: dict[str, PoolSystem], cases: tuple[tuple[str, bool], ...], owner: str
+    ) -> tuple[Json, Json, Json]:
+        """The cases without a mount, then those with one (see :meth:`_pool_prime`); in each
+        block, run by run, every case's pooled, fresh and floor sample in a rotating order,
+        each on a quiet engine with the pool full. Pooled samples that were not pool hits
+        (metrics) are set apart as misses."""
+        cold = PoolCold(cases)
+        for mounted in (False, True):
+            block = [case for case in cases if case[1] == mounted]
+            for service in dict.fromkeys(service for service, _ in block):
+                await self._pool_prime(systems, cold, service, mounted)
+            for run in range(self.plan.pool_runs):
+                for index, case in enumerate(block):
+                    shift = (run + index) % len(POOL_SYSTEMS)
+                    for name in POOL_SYSTEMS[shift:] + POOL_SYSTEMS[:shift]:
+                        if (case, name) in cold.failed:
+                            continue
+                        await self._pool_quiet(systems)
+                        try:
+                            await self._pool_sample(systems, cold, case, name, owner=owner, run=run)
+                        except FAILURES as exc:
+                            where = f"pool.cold_start.{case[0]}.{mount_key(case[1])}.{name}"
+                            cold.failed[(case, name)] = self.problem(where, exc)
+                if block:
+                    say(f"pool cold start, {mount_key(mounted)}: {run + 1}/{self.plan.pool_runs}")
+        await self._pool_quiet(systems)
+        say(f"pool cold start: {cold.hits()} pooled samples were hits, {len(cold.misses)} misses")
+        return cold.figures()
+
+    async def _pool_prime(
+        self, systems: dict[str, PoolSystem], cold: PoolCold, service: str, mounted: bool
+    ) -> None:
+        """One session (not a sample) when ``service``'s sessions switch between no mount and
+        a mount: the pool keeps containers of the account its service was last asked for (a
+        mounted session's server runs as the project's owner, an unmounted one's as nobody),
+        and its first session of the other kind misses (outcome ``shape``) and retires one."""
+        pooled = systems["pooled"]
+        if pooled.mounted.get(service, False) == mounted:
+            return
+        await self._pool_quiet(systems)
+        before = await pooled.takes(service)
+        try:
+            first, _, _ = await self._pool_session(pooled, service, mounted)
+        except FAILURES as exc:
+            cold.primes.append({"service": service, "mount": mount_key(mounted), "error": str(exc)})
+            return
+        pooled.mounted[service] = mounted
+        cold.primes.append(
+            {
+                "service": service,
+                "mount": mount_key(mounted),
+                "takes": delta(await pooled.takes(service), before),
+                "first_response_ms": round(first / 1e6, 3),
+            }
+        )
+        say(f"pool shape switch: {cold.primes[-1]}")
+
+    async def _pool_sample(
+        self,
+        systems: dict[str, PoolSystem],
+        cold: PoolCold,
+        case: tuple[str, bool],
+        name: str,
+        *,
+        owner: str,
+        run: int,
+    ) -> None:
+        """One sample of ``name`` on ``case`` into ``cold`` (a pooled one only if a hit)."""
+        service, mounted = case
+        if name == "docker_run_floor":
+            first, request = await self._pool_floor(service, mounted, owner)
+            cold.add(case, name, first, request)
+            return
+        pooled = systems["pooled"]
+        before = await pooled.takes(service) if name == "pooled" else {}
+        first, connect, request = await self._pool_session(systems[name], service, mounted)
+        if name == "pooled":
+            outcomes = delta(await pooled.takes(service), before)
+            if outcomes != {"hit": 1}:
+                cold.miss(case, run, outcomes, first)
+                say(f"pool miss: {cold.misses[-1]}")
+                return
+        cold.add(case, name, first, request, connect)
+
+    async def _pool_session(
+        self, system: PoolSystem, service: str, mounted: bool
+    ) -> tuple[int, int, int]:
+        """(connect → initialize response, connect, the first request's round trip) in ns."""
+        with trio.fail_after(SESSION_BOUND):
+            begin = time.perf_counter_ns()
+            async with self.pool_ws(system, service, mounted=mounted) as rpc:
+                connect = time.perf_counter_ns() - begin
+                await handshake(rpc)
+                first = time.perf_counter_ns() - begin
+                request = await first_request(rpc, service, mounted)
+        return first, connect, request
+
+    async def _pool_floor(self, service: str, mounted: bool, owner: str) -> tuple[int, int]:
+        """``docker run -i --rm [-v PROJECT:/workspace --user OWNER] IMAGE``: spawn →
+        initialize response, and the first request's round trip, in ns."""
+        options = ["-v", f"{POOL_PROJECT}:/workspace", "--user", owner] if mounted else []
+        argv = engine.docker_run_argv(service_image(service), *options)
+        with trio.fail_after(SESSION_BOUND):
+            begin = time.perf_counter_ns()
+            piped = await engine.spawn_piped(argv, self.side_log)
+            try:
+                _, answer = await piped.rpc.call("initialize", initialize_params())
+                first = time.perf_counter_ns() - begin
+                check_result(answer, "initialize")
+                await piped.rpc.notify("notifications/initialized")
+                request = await first_request(piped.rpc, service, mounted)
+            finally:
+                await piped.aclose()
+        return first, request
+
+    async def _pool_bursts(self, systems: dict[str, PoolSystem]) -> Json:
+        """The same burst of `time` clients against the pooled and the fresh orchestrator."""
+        count = self.plan.pool_burst
+        out: Json = {"clients": count, "warm": systems["pooled"].warm.get(POOL_SERVICE, 0)}
+        for name in ("pooled", "fresh"):
+            system = systems[name]
+            await self._pool_quiet(systems)
+            tail = engine.LogTail(system.orch.log_path)
+            ports: list[tuple[int | None, int]] = []
+            try:
+                before = await system.takes(POOL_SERVICE)
+                figures = await self._burst(
+                    count,
+                    functools.partial(self.pool_ws, system, POOL_SERVICE),
+                    system.session_containers,
+                    left_bound=120,
+                    ports=ports,
+                )
+                takes = delta(await system.takes(POOL_SERVICE), before)
+                events = tail.read()
+            except FAILURES as exc:
+                out[name] = self.problem(f"pool.burst.{name}", exc)
+                continue
+            finally:
+                tail.close()
+            figures.update(split_by_pooled(ports, engine.audit_records(system.orch.log_path)))
+            started = [
+                event
+                for event in events
+                if event.get("event") == "container_started"
+                and event.get("service") == POOL_SERVICE
+            ]
+            figures["pool_takes"] = takes
+            figures["pool_hits"] = int(takes.get("hit", 0))
+            figures["log_started_pooled"] = sum(1 for event in started if event.get("pooled"))
+            figures["log_started_fresh"] = sum(1 for event in started if not event.get("pooled"))
+            out[name] = figures
+            say(f"pool burst of {count}, {name}: {figures}")
+        return out
+
+    async def _pool_refill(self, systems: dict[str, PoolSystem]) -> Json:
+        """Round trips on an established `time` session of the pooled orchestrator, one call
+        at a time, in two phases per repeat (order rotating): ``quiet`` (the pool full, nothing
+        starting) and ``refilling`` (POOL_PARALLEL_STARTS refills under way all the time, see
+        :class:`RefillWatch`)."""
+        pooled = systems["pooled"]
+        phases = ("quiet", "refilling")
+        repeats: list[dict[str, list[int]]] = []
+        details: list[Json] = []
+        out: Json = {"service": POOL_SERVICE, "parallel_starts": POOL_PARALLEL_STARTS}
+        try:
+            await self._pool_quiet(systems)
+            async with initialized(self.pool_ws(pooled, POOL_SERVICE)) as rpc:
+                await self._pool_calls(rpc, self.plan.rtt_warmup)
+                for repeat in range(self.plan.pool_refill_repeats):
+                    samples: dict[str, list[int]] = {}
+                    for phase in phases[repeat % 2 :] + phases[: repeat % 2]:
+                        await self._pool_quiet(systems, sessions={"pooled": 1})
+                        samples[phase], detail = await self._pool_phase(
+                            pooled, rpc, refilling=phase == "refilling"
+                        )
+                        details.append({"repeat": repeat, "phase": phase, **detail})
+                    repeats.append(samples)
+                    say(
+                        f"pool refill {repeat + 1}/{self.plan.pool_refill_repeats}: P50 "
+                        + ", ".join(f"{p} {summarize(samples[p]).get('p50_ms')} ms" for p in phases)
+                    )
+        except FAILURES as exc:
+            out["error"] = self.problem("pool.refill", exc)["error"]
+            return out
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._pool_quiet(systems, bound=60, strict=False)
+        everything = {phase: [ns for r in repeats for ns in r[phase]] for phase in phases}
+        for phase in phases:
+            figures = summarize(everything[phase])
+            figures["repeats"] = {
+                key: spread([summarize(r[phase]).get(key) for r in repeats])
+                for key in ("p50_ms", "p99_ms")
+            }
+            out[phase] = figures
+        per_repeat = [{phase: summarize(r[phase]) for phase in phases} for r in repeats]
+        out["ratio_p50"] = spread(
+            [ratio(r["refilling"].get("p50_ms"), r["quiet"].get("p50_ms")) for r in per_repeat]
+        )
+        for key in ("p50", "p99"):
+            out[f"difference_{key}_ms"] = spread(
+                [difference(r["refilling"], r["quiet"], f"{key}_ms") for r in per_repeat]
+            )
+        if everything["quiet"] and everything["refilling"]:
+            for key, fraction in (("p50", 0.50), ("p95", 0.95)):
+                out[f"difference_{key}_all_ms"] = difference(
+                    out["refilling"], out["quiet"], f"{key}_ms"
+                )
+                out[f"difference_{key}_ci_ms"] = list(
+                    bootstrap(everything["refilling"], fraction, against=everything["quiet"])
+                )
+        for key in (
+            "takes",
+            "refills_ready",
+            "refills_booted",
+            "orchestrator_cpu_percent",
+            "seconds",
+        ):
+            out[f"{key}_by_phase"] = {
+                phase: spread([d[key] for d in details if d["phase"] == phase]) for phase in phases
+            }
+        out["pool_takes"] = {
+            phase: sum_takes([d["pool_takes"] for d in details if d["phase"] == phase])
+            for phase in phases
+        }
+        out["take_errors"] = sorted({e for d in details for e in d["take_errors"]})[:5]
+        out["per_repeat"] = per_repeat
+        return out
+
+    async def _pool_calls(self, rpc: Rpc, calls: int) -> list[int]:
+        samples: list[int] = []
+        for _ in range(calls):
+            with trio.fail_after(CALL_BOUND):
+                elapsed, answer = await rpc.call("tools/call", TOOL)
+            check_result(answer, "tools/call")
+            samples.append(elapsed)
+        return samples
+
+    async def _pool_phase(
+        self, pooled: PoolSystem, rpc: Rpc, *, refilling: bool
+    ) -> tuple[list[int], Json]:
+        """One phase: the calls, with a :class:`RefillWatch` beside them (in both phases, so the
+        harness does the same work; it takes pooled containers only when ``refilling``)."""
+        watch = RefillWatch(self, pooled, refilling=refilling)
+        before = await pooled.takes(POOL_SERVICE)
+        try:
+            with unwrapped():
+                async with trio.open_nursery() as holders:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(watch.run, holders)
+                        gc.collect()
+                        gc.disable()
+                        watch.measuring = True
+                        cpu = engine.cpu_seconds(pooled.orch.pid)
+                        begin = time.perf_counter_ns()
+                        try:
+                            samples = await self._pool_calls(rpc, self.plan.pool_refill_calls)
+                        finally:
+                            gc.enable()
+                        seconds = (time.perf_counter_ns() - begin) / 1e9
+                        cpu = engine.cpu_seconds(pooled.orch.pid) - cpu
+                        refills = watch.ready, watch.booted
+                        nursery.cancel_scope.cancel()
+                    watch.release.set()
+        finally:
+            watch.tail.close()
+        detail: Json = {
+            "takes": watch.taken,
+            "refills_ready": refills[0],
+            "refills_booted": refills[1],
+            "seconds": round(seconds, 3),
+            "orchestrator_cpu_percent": round(100 * cpu / seconds, 1),
+            "pool_takes": delta(await pooled.takes(POOL_SERVICE), before),
+            "take_errors": watch.errors,
+        }
+        return samples, detail
+
+
+class PoolStuck(RuntimeError):
+    """The engine did not get quiet for the pool part, again and again."""
+
+
+class PoolCold:
+    """The samples of the pool's cold-start part, and their figures."""
+
+    def __init__(self, cases: tuple[tuple[str, bool], ...]) -> None:
+        self.cases = cases
+        self.samples = {case: {name: list[int]() for name in POOL_SYSTEMS} for case in cases}
+        self.requests = {case: {name: list[int]() for name in POOL_SYSTEMS} for case in cases}
+        self.connects: dict[str, list[int]] = {"pooled": [], "fresh": []}
+        self.missed: dict[tuple[str, bool], list[int]] = {case: [] for case in cases}
+        self.misses: list[Json] = []
+        self.failed: dict[tuple[tuple[str, bool], str], Json] = {}
+        self.primes: list[Json] = []  # the sessions of _pool_prime
+
+    def add(
+        self, case: tuple[str, bool], name: str, first: int, request: int, connect: int = 0
+    ) -> None:
+        self.samples[case][name].append(first)
+        self.requests[case][name].append(request)
+        if name in self.connects:
+            self.connects[name].append(connect)
+
+    def miss(self, case: tuple[str, bool], run: int, outcomes: dict[str, int], first: int) -> None:
+        self.missed[case].append(first)
+        self.misses.append(
+            {
+                "service": case[0],
+                "mount": mount_key(case[1]),
+                "run": run,
+                "takes": outcomes,
+                "first_response_ms": round(first / 1e6, 3),
+            }
+        )
+
+    def hits(self) -> int:
+        return sum(len(self.samples[case]["pooled"]) for case in self.cases)
+
+    def figures(self) -> tuple[Json, Json, Json]:
+        """Per case (by service, then mount), all services together (by mount), and hits."""
+        per_case: Json = {}
+        for case in self.cases:
+            samples = self.samples[case]
+            figures: Json = {
+                name: self.failed.get((case, name)) or with_intervals(samples[name])
+                for name in POOL_SYSTEMS
+            }
+            figures["first_request"] = {
+                name: summarize(values) for name, values in self.requests[case].items()
+            }
+            missed = self.missed[case]
+            figures["pooled_misses"] = summarize(missed) if missed else {"n": 0}
+            figures["pooled_vs_fresh"] = compare(samples, "pooled", "fresh")
+            figures["pooled_vs_floor"] = compare(samples, "pooled", "docker_run_floor")
+            per_case.setdefault(case[0], {})[mount_key(case[1])] = figures
+        together: Json = {}
+        for mounted in sorted({mounted for _, mounted in self.cases}):
+            merged = {
+                name: [
+                    ns
+                    for case in self.cases
+                    if case[1] == mounted
+                    for ns in self.samples[case][name]
+                ]
+                for name in POOL_SYSTEMS
+            }
+            together[mount_key(mounted)] = {
+                **{name: with_intervals(values) for name, values in merged.items()},
+                "pooled_vs_fresh": compare(merged, "pooled", "fresh"),
+            }
+        together["ws_connect"] = {name: summarize(values) for name, values in self.connects.items()}
+        hits = {
+            "hits": self.hits(),
+            "misses": len(self.misses),
+            "missed": self.misses[:20],
+            "shape_switches": self.primes,
+        }
+        return per_case, together, hits
+
+
+class RefillWatch:
+    """Beside the calls of a refill phase, in both phases (so that the harness does the same
+    work): reads the pooled orchestrator's log for POOL_SERVICE containers made ready and
+    follows each until its server has started (its CPU use stops, as in PoolSystem.booting).
+
+    When ``refilling``, it keeps POOL_PARALLEL_STARTS refills under way all the time: a refill
+    is under way from the take that causes it until the new container's server is idle, and
+    whenever fewer are, it takes a pooled container: a session, initialized, held until
+    ``release``, then closed (the removals fall outside the measurement)."""
+
+    def __init__(self, harness: Harness, pooled: PoolSystem, *, refilling: bool) -> None:
+        self.harness = harness
+        self.pooled = pooled
+        self.refilling = refilling
+        self.tail = engine.LogTail(pooled.orch.log_path)
+        self.release = trio.Event()
+        self.takes = 0  # sessions started to take a pooled container
+        self.taken = 0  # of which initialized
+        self.ready = 0  # containers made ready while the calls ran
+        self.booted = 0  # containers whose server finished starting while the calls ran
+        self.measuring = False
+        self._ready_seen = 0
+        # Container (id prefix, as logged) → (made ready, last look, CPU ns at the last look).
+        self._booting: dict[str, tuple[float, float, int | None]] = {}
+        self.errors: list[str] = []
+
+    async def run(
+        self,
+        holders: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        started = False
+        while True:
+            now = trio.current_time()
+            for event in self.tail.read():
+                if (
+                    event.get("event") == "pooled_container_ready"
+                    and event.get("service") == POOL_SERVICE
+                ):
+                    self._ready_seen += 1
+                    self.ready += 1 if self.measuring else 0
+                    container = str(event.get("container"))
+                    self._booting[container] = (now, now, engine.container_cpu_ns(container))
+            self._follow_boots(now)
+            under_way = self.takes - self._ready_seen + len(self._booting)
+            while self.refilling and under_way < POOL_PARALLEL_STARTS:
+                self.takes += 1
+                under_way += 1
+                holders.start_soon(self._hold)
+            if not started:
+                started = True
+                task_status.started()
+            await trio.sleep(0.05)
+
+    def _follow_boots(self, now: float) -> None:
+        for container, (ready, looked, cpu) in list(self._booting.items()):
+            if now - looked < POOL_IDLE_SECONDS:
+                continue
+            current = engine.container_cpu_ns(container)
+            if current is None or cpu is None:  # no cgroup accounting: the time rule
+                done = now - ready >= POOL_BOOT_SECONDS
+            else:
+                done = current - cpu < POOL_IDLE_CPU_NS
+            if done:
+                del self._booting[container]
+                self.booted += 1 if self.measuring else 0
+            else:
+                self._booting[container] = (ready, now, current)
+
+    async def _hold(self) -> None:
+        """A session on POOL_SERVICE (it takes a pooled container), held until ``release``."""
+        try:
+            async with initialized(self.harness.pool_ws(self.pooled, POOL_SERVICE)):
+                self.taken += 1
+                await self.release.wait()
+        except FAILURES as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+
+class PoolSystem:
+    """An orchestrator of the warm pool part and the pool it keeps (``warm``: per service)."""
+
+    def __init__(self, name: str, orch: engine.Orchestrator, warm: dict[str, int]) -> None:
+        self.name = name
+        self.orch = orch
+        self.warm = warm
+        self.tail = engine.LogTail(orch.log_path, from_start=True)
+        self.last_ready = -1e9  # when the harness saw the newest pooled_container_ready
+        self.cpu: tuple[float, dict[str, int]] | None = None  # (when, CPU ns per container)
+        self.mounted: dict[str, bool] = {}  # per service: whether its last session had a mount
+
+    @property
+    def pooled_total(self) -> int:
+        return sum(self.warm.values())
+
+    def booting(self, containers: list[str]) -> bool:
+        """Whether a server of ``containers`` (this orchestrator's) may still be starting: one
+        used CPU since the last look at least POOL_IDLE_SECONDS ago (or is new since), or,
+        where the cgroups cannot be read, a pooled container was made ready less than
+        POOL_BOOT_SECONDS ago."""
+        now = trio.current_time()
+        if any(event.get("event") == "pooled_container_ready" for event in self.tail.read()):
+            self.last_ready = now
+        usage = {container: engine.container_cpu_ns(container) for container in containers}
+        known = {container: ns for container, ns in usage.items() if ns is not None}
+        if len(known) != len(usage):
+            return now - self.last_ready < POOL_BOOT_SECONDS
+        if self.cpu is not None and now - self.cpu[0] < POOL_IDLE_SECONDS:
+            return True  # too soon to tell: compared with that older look next time
+        previous, self.cpu = self.cpu, (now, known)
+        return previous is None or any(
+            ns - previous[1].get(container, -POOL_IDLE_CPU_NS) >= POOL_IDLE_CPU_NS
+            for container, ns in known.items()
+        )
+
+    async def ready(self) -> dict[str, int]:
+        """Ready pooled containers per service of ``warm`` (metrics)."""
+        samples = (await self.orch.metrics()).get("reactor_fabric_pooled_containers", [])
+        found = {labels.get("service", ""): int(value) for labels, value in samples}
+        return {service: found.get(service, 0) for service in self.warm}
+
+    async def takes(self, service: str) -> dict[str, float]:
+        """``reactor_fabric_pool_takes_total`` of ``service`` by outcome."""
+        samples = (await self.orch.metrics()).get("reactor_fabric_pool_takes_total", [])
+        return {
+            labels.get("outcome", "?"): value
+            for labels, value in samples
+            if labels.get("service") == service
+        }
+
+    async def session_containers(self) -> int:
+        """This orchestrator's containers less its ready pooled ones (so a pooled container
+        being started counts until it is ready)."""
+        count = await self.orch.container_count()
+        if not self.warm:
+            return count
+        return count - sum((await self.ready()).values())
+
+
+def local_port(rpc: Rpc) -> int | None:
+    """The local TCP port of a WebSocket client (None for other clients)."""
+    if isinstance(rpc, StreamRpc) and isinstance(rpc.stream, WebSocketStream):
+        port = getattr(rpc.stream.ws.local, "port", None)
+        return port if isinstance(port, int) else None
+    return None
+
+
+def split_by_pooled(ports: list[tuple[int | None, int]], audit: list[Json]) -> Json:
+    """First responses of a burst's clients, split by whether their session got a pooled
+    container: the audit trail's ``session_start`` names each session's peer (the client's
+    port), its ``container_start`` says ``pooled``."""
+    session_of: dict[int, str] = {}
+    pooled_of: dict[str, bool] = {}
+    for record in audit:
+        if record.get("event") == "session_start":
+            peer = str(record.get("client", {}).get("peer", ""))
+            port = peer.rpartition(":")[2]
+            if port.isdigit():
+                session_of[int(port)] = str(record.get("session"))
+        elif record.get("event") == "container_start":
+            pooled_of[str(record.get("session"))] = bool(record.get("pooled"))
+    split: dict[str, list[int]] = {"pooled": [], "fresh": [], "unknown": []}
+    for port, first_ns in ports:
+        pooled = pooled_of.get(session_of.get(port, "")) if port is not None else None
+        split["unknown" if pooled is None else "pooled" if pooled else "fresh"].append(first_ns)
+    return {
+        "first_response_pooled": summarize(split["pooled"]),
+        "first_response_fresh": summarize(split["fresh"]),
+        "first_response_unmatched": len(split["unknown"]),
+    }
+
+
+def mount_key(mounted: bool) -> str:
+    return "mount" if mounted else "no_mount"
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
+    """Counter increments by label (those that moved)."""
+    moved = {key: int(value - before.get(key, 0)) for key, value in after.items()}
+    return {key: value for key, value in moved.items() if value}
+
+
+def sum_takes(counts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for count in counts:
+        for key, value in count.items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def make_pool_project() -> tuple[int, int]:
+    """A small git repository to mount (under the suite's mount root): one commit and one
+    untracked file, POOL_MARKER, that `git status` and a directory listing both show.
+    Returns its owner: POOL_PROJECT_OWNER when the harness runs as root, else the harness."""
+    shutil.rmtree(POOL_PROJECT, ignore_errors=True)
+    POOL_PROJECT.mkdir(parents=True)
+    (POOL_PROJECT / "README.md").write_text("A project mounted by the warm pool benchmark.\n")
+    git = ["git", "-C", str(POOL_PROJECT), "-c", "user.name=bench", "-c", "user.email=b@localhost"]
+    for args in (["init", "-q", "-b", "main"], ["add", "README.md"], ["commit", "-q", "-m", "A"]):
+        subprocess.run([*git, *args], check=True, capture_output=True, timeout=60)
+    (POOL_PROJECT / POOL_MARKER).write_text("untracked\n")
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid()
+    uid, gid = POOL_PROJECT_OWNER
+    for root, dirs, files in os.walk(POOL_PROJECT):
+        for name in [root, *(os.path.join(root, entry) for entry in dirs + files)]:
+            os.lchown(name, uid, gid)
+    return uid, gid
+
+
+async def first_request(rpc: Rpc, service: str, mounted: bool) -> int:
+    """The first request after the handshake (ns), one that shows the server works; with a
+    mount, one that must see the project (POOL_MARKER in `git status` or a listing)."""
+    method, params = "tools/call", TOOL
+    if service == "everything":
+        params = {"name": "echo", "arguments": {"message": "pool"}}
+    elif service == "git" and mounted:
+        params = {"name": "git_status", "arguments": {"repo_path": "/workspace"}}
+    elif service == "filesystem":
+        name = "list_directory" if mounted else "list_allowed_directories"
+        params = {"name": name, "arguments": {"path": "/workspace"} if mounted else {}}
+    elif service != "time":
+        method, params = "tools/list", {}
+    with trio.fail_after(CALL_BOUND):
+        elapsed, answer = await rpc.call(method, params)
+    result = check_result(answer, f"{service} {method}")
+    if mounted and service in ("git", "filesystem") and POOL_MARKER not in json.dumps(result):
+        raise ProtocolError(f"{service} did not see the mounted project: {str(result)[:300]}")
+    return elapsed
+
+
+def pool_log_summary(path: Path) -> Json:
+    """What a pool orchestrator's log says: container starts by service (pooled or not), pooled
+    containers made ready and removed (why), and every warning or error, by event."""
+    events = engine.log_events(path)
+    started: dict[str, dict[str, int]] = {}
+    removed: dict[str, int] = {}
+    problems: dict[str, int] = {}
+    examples: list[str] = []
+    for event in events:
+        kind = event.get("event", "?")
+        if kind == "container_started":
+            by = started.setdefault(str(event.get("service")), {"pooled": 0, "fresh": 0})
+            by["pooled" if event.get("pooled") else "fresh"] += 1
+        elif kind == "pooled_container_removed":
+            why = str(event.get("why"))
+            removed[why] = removed.get(why, 0) + 1
+        if event.get("level") in ("warning", "error", "critical"):
+            key = f"{event.get('level')}: {kind}"
+            problems[key] = problems.get(key, 0) + 1
+            if len(examples) < 5:
+                examples.append(json.dumps(event)[:400])
+    return {
+        "container_started": started,
+        "pooled_container_ready": sum(
+            1 for event in events if event.get("event") == "pooled_container_ready"
+        ),
+        "pooled_container_removed": removed,
+        "warnings_and_errors": problems,
+        "examples": examples,
+    }
 
 
 async def pipelined(rpc: StreamRpc, *, total: int, payload: int) -> Json:
@@ -927,15 +1764,24 @@ def service_image(service: str) -> str:
     return str(bundled()["mcp_services"][service]["image"])
 
 
-def write_suite(path: Path) -> Path:
-    """The bundled services with room for the bursts and no idle teardown during a run."""
+def write_suite(path: Path, *, warm: dict[str, int] | None = None) -> Path:
+    """The bundled services with room for the bursts and no idle teardown during a run, and no
+    warm pool (``warm: 0`` whatever the bundled suite says): parts 1 to 5 measure fresh
+    containers. With ``warm`` (the pool part), each service keeps that many pooled containers
+    (0 if not named) and the pool's global settings are written out."""
     suite = bundled()
     suite["orchestrator"] = {
         "allowed_mount_roots": [f"{TMP}/"],
         "max_sessions": 128,
     }
-    for service in suite["mcp_services"].values():
+    if warm is not None:
+        suite["orchestrator"]["warm_pool"] = {
+            "max_containers": POOL_MAX_CONTAINERS,
+            "parallel_starts": POOL_PARALLEL_STARTS,
+        }
+    for name, service in suite["mcp_services"].items():
         service["timeout"] = "30m"
+        service["warm"] = (warm or {}).get(name, 0)
     path.write_text(yaml.safe_dump(suite, sort_keys=False))
     return path
 
@@ -972,10 +1818,30 @@ DEFINITIONS = {
     "response; each holds its session until all have answered; containers_left = containers of "
     "this orchestrator 60 s after every client closed. docker_run_floor: the same burst of "
     "`docker run -i --rm` processes (spawn → initialize response)",
+    "pool": "orchestrators of the same suite side by side: `fresh` (`warm: 0`, today's cold "
+    "start), `pooled` (`warm: 1` for each service of the cold-start part) and `pooled_burst` "
+    "(`warm: N` on `time` only); max_containers 16, parallel_starts 2. Cold start: connect → "
+    "`initialize` response over WebSocket, each bundled service without and then with a mount "
+    "(`?mount=` of a small git repository at /workspace, owned by an ordinary user); pooled, "
+    "fresh and `docker run -i --rm [-v PROJECT:/workspace --user OWNER]` in an order rotating "
+    "per case and run. Every sample waits until every pool is full, no other container of ours "
+    "is left, and no container's server is still starting (the pool calls a container ready "
+    "once it has started: the harness waits until the containers' cgroup CPU time stops "
+    "growing). A pooled sample counts only if `reactor_fabric_pool_takes_total` moved by exactly "
+    "one hit; a miss is reported apart. The pool keeps containers of the account its service "
+    "was last asked for (with a mount, the project's owner; without, nobody): where a service "
+    "switches, one session that is no sample goes first. The first request after the handshake "
+    "must see the project when mounted. Burst: N `time` clients at once against `pooled_burst` "
+    "and `fresh`; containers left = the orchestrator's containers less its ready pooled ones, "
+    "up to 120 s after. Refill: one established `time` session, `tools/call get_current_time` "
+    "one at a time, in phases `quiet` (nothing starting) and `refilling` (2 refills under way "
+    "all the time: a pooled container is taken whenever fewer are; a refill lasts from the take "
+    "until the new container's server has started; taken sessions are held and closed after "
+    "the phase), order rotating per repeat; the harness watches the log in both phases",
 }
 
 
-SECTIONS = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency")
+SECTIONS = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency", "pool")
 
 
 def not_run(section: str, reason: str) -> Json:
@@ -991,6 +1857,7 @@ def not_run(section: str, reason: str) -> Json:
             "containers": error,
         },
         "concurrency": {"clients_10": error, "clients_50": error},
+        "pool": {"cold_start": error, "burst": error, "refill": error},
     }
     return shapes[section]
 
@@ -1013,6 +1880,12 @@ def new_results(plan: Plan) -> Json:
             "throughput_messages": plan.throughput_messages,
             "memory_sessions": list(plan.memory_sessions),
             "bursts": list(plan.bursts),
+            "pool_cases": [[service, mount_key(mounted)] for service, mounted in plan.pool_cases],
+            "pool_runs": plan.pool_runs,
+            "pool_burst": plan.pool_burst,
+            "pool_burst_warm": plan.pool_burst_warm,
+            "pool_refill_calls": plan.pool_refill_calls,
+            "pool_refill_repeats": plan.pool_refill_repeats,
         },
         "definitions": DEFINITIONS,
         "environment": {"start": engine.load_snapshot()},

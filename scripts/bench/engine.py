@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,6 +174,40 @@ def cpu_seconds(pid: int) -> float:
         fields = stat.read().rpartition(")")[2].split()
     # After the command name: state is field 3, utime 14 and stime 15 (1-based, man proc).
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# Where a container's CPU accounting is (cgroup v1 and v2, cgroupfs and systemd drivers): the
+# directory, the file, and its unit in nanoseconds.
+_CGROUP_CPU = (
+    ("cpuacct/docker/{id}", "cpuacct.usage", 1),
+    ("cpu,cpuacct/docker/{id}", "cpuacct.usage", 1),
+    ("cpuacct/system.slice/docker-{id}.scope", "cpuacct.usage", 1),
+    ("docker/{id}", "cpu.stat", 1000),
+    ("system.slice/docker-{id}.scope", "cpu.stat", 1000),
+)
+
+
+def container_cpu_ns(container: str) -> int | None:
+    """CPU time a running container has used so far, from its cgroup (``container``: its id or
+    a unique prefix of it, as the orchestrator logs it); None where it cannot be read."""
+    root = Path("/sys/fs/cgroup")
+    for pattern, name, unit in _CGROUP_CPU:
+        if len(container) == 64:
+            directories = [root / pattern.format(id=container)]
+        else:
+            directories = list(root.glob(pattern.format(id=container + "*")))
+        for directory in directories:
+            try:
+                text = (directory / name).read_text()
+            except OSError:
+                continue
+            if name == "cpuacct.usage":
+                return int(text)
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) * unit
+    return None
 
 
 def image_exists(image: str) -> bool:
@@ -342,6 +378,26 @@ class Orchestrator:
         """Poll until exactly ``expected`` containers of ours exist (or the time is up)."""
         return await wait_for_count(self.container_count, expected, bound=bound)
 
+    async def get(self, path: str, *, bound: float = 10.0) -> bytes:
+        """``GET path`` with the token (an operator's request: /metrics, /healthz)."""
+        request = urllib.request.Request(self.http_url + path, headers=self.auth_headers)
+
+        def fetch() -> bytes:
+            with urllib.request.urlopen(request, timeout=bound) as response:
+                body: bytes = response.read()
+                return body
+
+        with trio.fail_after(bound + 1):
+            return await trio.to_thread.run_sync(fetch, abandon_on_cancel=True)
+
+    async def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """The Prometheus exposition: each sample's labels and value, by metric name."""
+        return parse_metrics((await self.get("/metrics")).decode())
+
+    async def healthz(self) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(await self.get("/healthz"))
+        return found
+
     async def stop(self) -> int | None:
         try:
             return await reap(self.process, 60, sig=signal.SIGTERM)
@@ -350,6 +406,69 @@ class Orchestrator:
                 if self.process.stdout is not None:
                     await self.process.stdout.aclose()
             self._log_file.close()
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples of the Prometheus text format (comments skipped), by metric name."""
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or line.startswith("#"):
+            continue
+        name, labels, value = match.groups()
+        found.setdefault(name, []).append((dict(_LABEL.findall(labels or "")), float(value)))
+    return found
+
+
+class LogTail:
+    """The JSON lines an orchestrator appends to its log from now on (or from its start),
+    read without waiting."""
+
+    def __init__(self, path: Path, *, from_start: bool = False) -> None:
+        self._file = path.open("rb")
+        if not from_start:
+            self._file.seek(0, os.SEEK_END)
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        data = self._partial + self._file.read()
+        *lines, self._partial = data.split(b"\n")
+        events: list[dict[str, Any]] = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    events.append(event)
+        return events
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def log_events(path: Path) -> list[dict[str, Any]]:
+    """Every JSON line of an orchestrator's log (lines that are not JSON are skipped)."""
+    events: list[dict[str, Any]] = []
+    with path.open("rb") as log:
+        for line in log:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    events.append(event)
+    return events
+
+
+def audit_records(log_path: Path) -> list[dict[str, Any]]:
+    """The audit trail of the orchestrator that logs to ``log_path`` (its ``audit_trail`` event
+    names the file), as written so far; empty when there is none."""
+    for event in log_events(log_path):
+        if event.get("event") == "audit_trail" and isinstance(event.get("path"), str):
+            with contextlib.suppress(OSError):
+                return log_events(Path(event["path"]))
+    return []
 
 
 async def start_orchestrator(suite: Path, log_path: Path) -> Orchestrator:

@@ -117,8 +117,10 @@ def render(results: Json) -> str:
         _throughput(results),
         _memory(results),
         _concurrency(results),
+        _pool(results),
+        _problems(results),
     ]
-    return "\n".join(parts)
+    return "\n".join(part for part in parts if part)
 
 
 def _machine(results: Json) -> str:
@@ -244,6 +246,7 @@ def _bars(results: Json) -> str:
             ),
         ),
     ]
+    rows.append(_pool_bar(results.get("pool", {})))
     lines = [
         "### Against the bars (spec §9)",
         "",
@@ -446,7 +449,10 @@ def _memory(results: Json) -> str:
         "Limit |",
         "|---|---|---:|---:|---:|",
     ]
-    for service, figures in memory.get("containers", {}).items():
+    containers = memory.get("containers", {})
+    if "error" in containers:  # the part was not run
+        containers = {"—": containers}
+    for service, figures in containers.items():
         if "error" in figures:
             lines.append(f"| {service} | not measured: {figures['error']} | | | |")
             continue
@@ -488,7 +494,301 @@ def _concurrency(results: Json) -> str:
     lines.append("")
     if errors:
         lines += ["Errors seen by clients:", "", *(f"- `{error}`" for error in errors), ""]
-    problems = results.get("harness_problems", [])
-    if problems:
-        lines += ["Harness problems in this run:", "", *(f"- {line}" for line in problems), ""]
     return "\n".join(lines)
+
+
+POOL_TARGET_MS = 50.0
+POOL_NAMES = {
+    "pooled": "pooled (warm pool)",
+    "fresh": "fresh container (`warm: 0`)",
+    "docker_run_floor": "`docker run -i --rm` (floor)",
+}
+MOUNTS = {"no_mount": "no", "mount": "yes"}
+
+
+def _pool_cases(pool: Json) -> list[tuple[str, str, Json]]:
+    cold = pool.get("cold_start")
+    if not isinstance(cold, dict) or "error" in cold:
+        return []
+    return [
+        (service, mount, figures)
+        for service, by_mount in cold.items()
+        for mount, figures in by_mount.items()
+    ]
+
+
+def _pool_bar(pool: Json) -> tuple[str, str, str, str, str, str]:
+    """The issue's target: pooled first response P95 ≤ 50 ms, every case."""
+    cases = _pool_cases(pool)
+    worst: dict[str, tuple[float, str]] = {}
+    verdict: bool | None = None
+    for service, mount, figures in cases:
+        stats = figures.get("pooled")
+        if not isinstance(stats, dict) or not measured(stats):
+            verdict = False
+            continue
+        p95 = float(stats["p95_ms"])
+        verdict = (verdict is not False) and p95 <= POOL_TARGET_MS
+        if mount not in worst or p95 > worst[mount][0]:
+            worst[mount] = (p95, service)
+    if not worst:
+        verdict = None
+    together = pool.get("cold_start_all", {})
+    hits = pool.get("pool_hits", {})
+    parts = [
+        f"{'with' if mount == 'mount' else 'without'} a mount: worst P95 {_ms(p95)} ms "
+        f"({service}), all services {_ms(together.get(mount, {}).get('pooled', {}).get('p95_ms'))}"
+        for mount, (p95, service) in sorted(worst.items(), reverse=True)
+    ]
+    reason = pool.get("error") or pool.get("cold_start", {}).get("error", "?")
+    measured_text = "; ".join(parts) or f"not measured: {reason}"
+    if hits:
+        measured_text += f"; {hits.get('hits', 0)} pool hits, {hits.get('misses', 0)} misses"
+    return (
+        "Pooled first response P95 (connect + `initialize`), each bundled service",
+        "—",
+        "≤ 50 ms, with and without a mount (issue)",
+        measured_text,
+        "—",
+        _met(verdict),
+    )
+
+
+def _pool(results: Json) -> str:
+    pool = results.get("pool", {})
+    config = pool.get("config", {})
+    warm = config.get("warm_burst", {})
+    lines = [
+        "### 6. Warm pool: a pooled container against a fresh one",
+        "",
+        f"Pools: `warm: 1` for each service in the cold-start part; `warm: "
+        f"{warm.get('time', '?')}` on `time` for the burst and the refills; max_containers "
+        f"{config.get('max_containers', '?')}, parallel_starts "
+        f"{config.get('parallel_starts', '?')}. Mounted: a small git repository "
+        f"(`?mount=…:/workspace`, owner {config.get('project_owner', '?')}).",
+        "",
+    ]
+    if "config" not in pool:  # not run
+        reason = pool.get("cold_start", {}).get("error", "?")
+        return "\n".join([*lines[:2], f"Not measured: {reason}", ""])
+    if "error" in pool:
+        lines += [f"Stopped by an error: {pool['error']}", ""]
+    lines += _pool_cold(pool)
+    lines += _pool_burst(pool.get("burst", {}))
+    lines += _pool_refill(pool.get("refill", {}))
+    lines += _pool_logs(pool)
+    return "\n".join(lines)
+
+
+def _problems(results: Json) -> str:
+    problems = results.get("harness_problems", [])
+    if not problems:
+        return ""
+    return "\n".join(["Harness problems in this run:", "", *(f"- {line}" for line in problems), ""])
+
+
+def _pool_cold(pool: Json) -> list[str]:
+    cases = _pool_cases(pool)
+    lines = [
+        "Cold start: connect → response to `initialize` over WebSocket (ms); each sample on a "
+        "quiet engine, the pools full and their servers started. The first request after the "
+        "handshake must see the mounted project.",
+        "",
+        "| Service | Mount | System | n | min | P50 | P95 | P99 | max | P95 95 % CI "
+        "| First request P50 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for service, mount, figures in cases:
+        for key, label in POOL_NAMES.items():
+            stats = figures.get(key, {})
+            first = figures.get("first_request", {}).get(key, {})
+            extra = [_interval(stats.get("p95_ci_ms")), _ms(first.get("p50_ms"))]
+            lines.append(
+                _stats_row(f"{service} | {MOUNTS.get(mount, mount)} | {label}", stats, extra)
+            )
+    lines += [
+        "",
+        "| Service | Mount | Pooled minus fresh, P50 (ms) | Pooled minus fresh, P95 (ms) "
+        "| Pooled minus floor, P95 (ms) | Pooled / fresh, P50 | Misses |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for service, mount, figures in cases:
+        fresh, floor = figures.get("pooled_vs_fresh", {}), figures.get("pooled_vs_floor", {})
+        lines.append(
+            f"| {service} | {MOUNTS.get(mount, mount)} | "
+            f"{_signed(fresh.get('difference_p50_ms'))}{_ci(fresh.get('difference_p50_ci_ms'))} | "
+            f"{_signed(fresh.get('difference_p95_ms'))}{_ci(fresh.get('difference_p95_ci_ms'))} | "
+            f"{_signed(floor.get('difference_p95_ms'))} | {_times(fresh.get('ratio_p50'))} | "
+            f"{figures.get('pooled_misses', {}).get('n', '—')} |"
+        )
+    together = pool.get("cold_start_all", {})
+    lines += [
+        "",
+        "All services together (ms):",
+        "",
+        "| Mount | System | n | min | P50 | P95 | P99 | max | P95 95 % CI |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mount in ("no_mount", "mount"):
+        for key, label in POOL_NAMES.items():
+            stats = together.get(mount, {}).get(key)
+            if stats is None:
+                continue
+            extra = [_interval(stats.get("p95_ci_ms"))]
+            lines.append(_stats_row(f"{MOUNTS[mount]} | {label}", stats, extra))
+    lines.append("")
+    connect = together.get("ws_connect", {})
+    if measured(connect.get("pooled")):
+        lines.append(
+            f"- Of which the WebSocket connect, P50: pooled {_ms(connect['pooled']['p50_ms'])} ms,"
+            f" fresh {_ms(connect.get('fresh', {}).get('p50_ms'))} ms."
+        )
+    hits = pool.get("pool_hits", {})
+    if hits:
+        lines.append(
+            f"- Pooled samples: {hits.get('hits', 0)} pool hits, {hits.get('misses', 0)} misses "
+            "(`reactor_fabric_pool_takes_total` moved by one `hit` for the sample, or not); a "
+            "miss is not in the pooled figures."
+        )
+        for miss in hits.get("missed", [])[:5]:
+            lines.append(
+                f"  - miss: {miss.get('service')}, {miss.get('mount')}, run {miss.get('run')}: "
+                f"takes {miss.get('takes')}, first response {_ms(miss.get('first_response_ms'))} ms"
+            )
+        for switch in hits.get("shape_switches", []):
+            lines.append(
+                f"- Switch to {switch.get('mount')} on {switch.get('service')} (one session, not "
+                f"a sample): takes {switch.get('takes', switch.get('error'))}, first response "
+                f"{_ms(switch.get('first_response_ms'))} ms."
+            )
+    lines.append("")
+    return lines
+
+
+def _pool_burst(burst: Json) -> list[str]:
+    lines = [
+        f"Burst: {burst.get('clients', '?')} clients at once on `time` (ms):",
+        "",
+        "| System | OK | Failed | Pool hits | Fresh starts | First response P50 / P95 / max "
+        "| Of which pooled: P50 / max | Of which fresh: P50 / max "
+        "| Tool answer P50 / P95 | Wall | Containers at peak | Left after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    errors: list[str] = []
+    for key, label in (
+        ("pooled", f"pool of {burst.get('warm', '?')}"),
+        ("fresh", "no pool (`warm: 0`)"),
+    ):
+        figures = burst.get(key)
+        if not isinstance(figures, dict) or "ok" not in figures:
+            reason = figures.get("error", "?") if isinstance(figures, dict) else "not run"
+            lines.append(f"| {label} | not measured: {reason} | | | | | | | | | | |")
+            continue
+        hits, fresh = (
+            figures.get("first_response_pooled", {}),
+            figures.get("first_response_fresh", {}),
+        )
+        lines.append(
+            f"| {label} | {figures['ok']} | {figures['failed']} | {figures.get('pool_hits', '—')}"
+            f" | {figures.get('log_started_fresh', '—')} | "
+            f"{_ms(figures['p50_first_response_ms'])} / {_ms(figures['p95_first_response_ms'])}"
+            f" / {_ms(figures.get('max_first_response_ms'))} | "
+            f"{_ms(hits.get('p50_ms'))} / {_ms(hits.get('max_ms'))} | "
+            f"{_ms(fresh.get('p50_ms'))} / {_ms(fresh.get('max_ms'))} | "
+            f"{_ms(figures.get('p50_tool_response_ms'))} / "
+            f"{_ms(figures.get('p95_tool_response_ms'))} | {_ms(figures.get('wall_ms'))} | "
+            f"{figures.get('containers_at_peak', '—')} | {figures['containers_left']} |"
+        )
+        errors += [f"{label}: {error}" for error in figures.get("errors", [])]
+    lines += [
+        "",
+        "Pool hits: `reactor_fabric_pool_takes_total` over the burst; fresh starts: "
+        "`container_started` with `pooled: false` in the log; which client got which: its "
+        "port, the peer of its session in the audit trail. Containers at peak and left after: "
+        "the orchestrator's containers less its ready pooled ones (a refill still starting "
+        "counts).",
+        "",
+    ]
+    if errors:
+        lines += ["Errors seen by clients:", "", *(f"- `{error}`" for error in errors), ""]
+    return lines
+
+
+def _pool_refill(refill: Json) -> list[str]:
+    lines = [
+        "Refills and a live session: `tools/call get_current_time` one at a time on an "
+        f"established `{refill.get('service', 'time')}` session, while "
+        f"{refill.get('parallel_starts', '?')} refills are under way all the time "
+        "(`refilling`) and with none (`quiet`) (ms):",
+        "",
+    ]
+    if "error" in refill:
+        return [*lines, f"Not measured: {refill['error']}", ""]
+    lines += [
+        "| Phase | n | min | P50 | P95 | P99 | max | P50 by repeat | P99 by repeat "
+        "| Refills ready / finished | Orchestrator CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for phase in ("quiet", "refilling"):
+        stats = refill.get(phase, {})
+        spreads = stats.get("repeats", {}) if isinstance(stats, dict) else {}
+        ready = refill.get("refills_ready_by_phase", {}).get(phase, {})
+        booted = refill.get("refills_booted_by_phase", {}).get(phase, {})
+        cpu = refill.get("orchestrator_cpu_percent_by_phase", {}).get(phase, {})
+        extra = [
+            _range(spreads.get("p50_ms")),
+            _range(spreads.get("p99_ms")),
+            f"{_count(ready)} / {_count(booted)}",
+            f"{_range(cpu)} %",
+        ]
+        lines.append(_stats_row(phase, stats, extra))
+    lines += [
+        "",
+        f"- Refilling / quiet, P50, repeat by repeat: {_range(refill.get('ratio_p50'))} "
+        "(median [min, max]).",
+        f"- Refilling minus quiet, repeat by repeat: P50 "
+        f"{_range(refill.get('difference_p50_ms'), signed=True)} ms, P99 "
+        f"{_range(refill.get('difference_p99_ms'), signed=True)} ms; all calls together: P50 "
+        f"{_signed(refill.get('difference_p50_all_ms'))} ms"
+        f"{_ci(refill.get('difference_p50_ci_ms'))}, P95 "
+        f"{_signed(refill.get('difference_p95_all_ms'))} ms"
+        f"{_ci(refill.get('difference_p95_ci_ms'))}.",
+        f"- Pooled containers taken per `refilling` phase (sessions held to the phase's end): "
+        f"{_count(refill.get('takes_by_phase', {}).get('refilling', {}))}; pool takes by "
+        f"outcome: {refill.get('pool_takes', {})}.",
+    ]
+    if refill.get("take_errors"):
+        lines.append(f"- Errors of the taking sessions: {refill['take_errors']}.")
+    lines.append("")
+    return lines
+
+
+def _count(figure: Any) -> str:
+    """A spread of counts: ``median [min, max]``."""
+    if not isinstance(figure, dict) or "median" not in figure:
+        return "—"
+    if figure.get("n", 1) == 1:
+        return f"{figure['median']:g}"
+    return f"{figure['median']:g} [{figure['min']:g}, {figure['max']:g}]"
+
+
+def _pool_logs(pool: Json) -> list[str]:
+    logs = pool.get("log", {})
+    if not logs:
+        return []
+    lines = ["The orchestrators' logs:", ""]
+    for name, summary in logs.items():
+        started = summary.get("container_started", {})
+        starts = ", ".join(
+            f"{service} {counts.get('pooled', 0)} pooled / {counts.get('fresh', 0)} fresh"
+            for service, counts in started.items()
+        )
+        problems = summary.get("warnings_and_errors") or {}
+        lines.append(
+            f"- `{name}`: container starts {starts or 'none'}; pooled containers made ready "
+            f"{summary.get('pooled_container_ready', 0)}, removed unused "
+            f"{summary.get('pooled_container_removed') or {}}; warnings and errors "
+            f"{problems or 'none'}."
+        )
+    lines.append("")
+    return lines
