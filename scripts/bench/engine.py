@@ -481,7 +481,7 @@ async def start_orchestrator(suite: Path, log_path: Path) -> Orchestrator:
         [
             sys.executable,
             *("-m", "reactor_fabric", "--config", str(suite), "--port", "0"),
-            *("--token", BENCH_TOKEN),
+            f"--token={BENCH_TOKEN}",  # one argument: a token may begin with "-"
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

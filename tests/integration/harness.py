@@ -265,7 +265,9 @@ def orchestrator(
             "0",
             "--log-level",
             "debug",
-            *(["--token", token] if token is not None else []),
+            # One argument: a token may begin with "-" (token_urlsafe), which argparse would
+            # take for an option.
+            *([f"--token={token}"] if token is not None else []),
             *extra,
         ],
         cwd=REPO,

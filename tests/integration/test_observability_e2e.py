@@ -362,7 +362,7 @@ def test_an_operator_lists_sessions_and_ends_one_whose_client_is_told_why(
         wait_until(lambda: bool(containers_of(docker_client, session=session)), what="container")
         token = fabric.token
         assert token is not None
-        listed = run_cli("sessions", "--url", fabric.http_url, "--token", token, "--json")
+        listed = run_cli("sessions", "--url", fabric.http_url, f"--token={token}", "--json")
         assert listed.returncode == 0, listed.stderr
         [mine] = [s for s in json.loads(listed.stdout)["sessions"] if s["id"] == session]
         assert (mine["endpoint"], mine["service"], mine["transport"]) == (
@@ -372,12 +372,12 @@ def test_an_operator_lists_sessions_and_ends_one_whose_client_is_told_why(
         )
         [container] = containers_of(docker_client, session=session)
         assert [c["id"] for c in mine["containers"]] == [container.id[:12]]
-        text = run_cli("sessions", "--url", fabric.http_url, "--token", token)
+        text = run_cli("sessions", "--url", fabric.http_url, f"--token={token}")
         assert session in text.stdout
 
         client.send({"op": "call", **LONG_CALL})
         time.sleep(1)
-        end = run_cli("sessions", "--url", fabric.http_url, "--token", token, "--end", session)
+        end = run_cli("sessions", "--url", fabric.http_url, f"--token={token}", "--end", session)
         assert end.returncode == 0, end.stdout + end.stderr
         told = client.read_json()
         assert told["error"]["data"]["reason"] == "session_ended_by_operator", told
@@ -391,7 +391,7 @@ def test_an_operator_lists_sessions_and_ends_one_whose_client_is_told_why(
     }
     assert containers_of(docker_client, session=session) == []
     gone = run_cli(
-        "sessions", "--url", fabric.http_url, "--token", str(fabric.token), "--end", session
+        "sessions", "--url", fabric.http_url, f"--token={fabric.token}", "--end", session
     )
     assert gone.returncode == 1
     assert "no such session" in gone.stderr
