@@ -50,6 +50,9 @@ class UnreachableRuntime:
     async def exit_status(self, container_id: str) -> ContainerExit:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
+    async def set_cpu_shares(self, container_id: str, shares: int) -> None:
+        raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
+
     async def main_pid(self, container_id: str) -> int:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 

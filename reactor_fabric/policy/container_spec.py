@@ -26,6 +26,11 @@ LABEL_SESSION = "reactor-fabric.session"
 LABEL_SERVICE = "reactor-fabric.service"
 # On containers of the warm pool, which are created before any session (see warm_pool).
 LABEL_POOLED = "reactor-fabric.pooled"
+# A pooled container's CPU weight until it is handed out (the engine's minimum; the default is
+# 1024): starting and waiting servers yield the CPU to the sessions' containers whenever it is
+# contended, and take all of it when it is not. Set back to DEFAULT_CPU_SHARES at hand-out.
+POOLED_CPU_SHARES = 2
+DEFAULT_CPU_SHARES = 1024
 # The host, PID and process start time of the orchestrator that owns a container, so that a
 # later instance can tell whether the owner is gone (crash recovery), even if the PID was reused.
 LABEL_OWNER_HOST = "reactor-fabric.owner-host"
@@ -90,6 +95,9 @@ class ContainerSpec:
     user: str | None = None
     pull: str = "missing"
     tmpfs: dict[str, str] = field(default_factory=dict)
+    # The CPU weight against other containers when the CPU is contended (None: the engine's
+    # default, 1024). The warm pool starts its containers at the lowest weight (see below).
+    cpu_shares: int | None = None
     # The mount sources, pinned (see .pinning): the runtime mounts these descriptors, checks the
     # container got them, and releases them. None only where nothing pinned them (unit tests).
     pins: PinSet | None = field(default=None, compare=False)
@@ -159,7 +167,8 @@ def pooled_spec_for(
     """A warm pool container of ``service_name``: what a session's container would be with
     ``account`` (image, command, environment, limits, network, user), but created before any
     session, so labelled as pooled rather than with a session, named after its pool ``token``,
-    and with the staging binds (see :mod:`reactor_fabric.runtime.staging`) as its mounts."""
+    with the staging binds (see :mod:`reactor_fabric.runtime.staging`) as its mounts, and the
+    lowest CPU weight until it is handed out (``POOLED_CPU_SHARES``)."""
     spec = container_spec_for(
         service_name, service, session_id="", identity=identity, mounts=staging, account=account
     )
@@ -169,4 +178,5 @@ def pooled_spec_for(
         spec,
         name=f"rf-{service_name}-pool-{identity.instance_id[:8]}-{token}",
         labels=labels,
+        cpu_shares=POOLED_CPU_SHARES,
     )

@@ -94,6 +94,9 @@ class Runtime(Protocol):
 
     async def exit_status(self, container_id: str) -> ContainerExit: ...
 
+    async def set_cpu_shares(self, container_id: str, shares: int) -> None:
+        """Change a running container's CPU weight (runtimes without one ignore it)."""
+
     async def main_pid(self, container_id: str) -> int:
         """The host PID of the container's first process (0 if it does not run, or the runtime
         has none: the warm pool then checks no mounts through it)."""

@@ -448,6 +448,10 @@ class DockerRuntime:
 
         return await self._call("inspect", inspect)
 
+    async def set_cpu_shares(self, container_id: str, shares: int) -> None:
+        """Change a running container's CPU weight."""
+        await self._call("update", lambda c: c.update_container(container_id, cpu_shares=shares))
+
     async def exit_status(self, container_id: str) -> ContainerExit:
         """Exit code and OOM flag of a container that has stopped (or None if still running)."""
 
@@ -695,6 +699,7 @@ def host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
         "security_opt": security_opt,
         "read_only": spec.read_only_rootfs,
         "tmpfs": spec.tmpfs or None,
+        "cpu_shares": spec.cpu_shares,
         "init": True,  # a real PID 1 that forwards signals and reaps zombies
         "auto_remove": False,  # we remove explicitly, after reading the exit code
     }

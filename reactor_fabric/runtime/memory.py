@@ -30,7 +30,18 @@ from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
 
 # "verify" is the check, after start, that the container got the pinned mounts (only when pinned).
-STEPS = ("create", "attach", "start", "verify", "exit_status", "pid", "remove", "ping", "list")
+STEPS = (
+    "create",
+    "attach",
+    "start",
+    "verify",
+    "exit_status",
+    "pid",
+    "update",
+    "remove",
+    "ping",
+    "list",
+)
 
 
 class Pipe:
@@ -273,6 +284,7 @@ class MemoryRuntime:
         self.image_ids: dict[str, str] = {}
         # Creates whose spawn was cancelled before they completed (they removed themselves).
         self.abandoned_creates = 0
+        self.cpu_shares: dict[str, int] = {}  # set_cpu_shares calls, by container id
         self._ids = itertools.count(1)
 
     def fault(
@@ -419,6 +431,12 @@ class MemoryRuntime:
         if server is None:
             raise ContainerStartFailure("no such container", reason="inspect_failed")
         return ContainerExit(server.exit_code, server.oom_killed)
+
+    async def set_cpu_shares(self, container_id: str, shares: int) -> None:
+        """Recorded (:attr:`cpu_shares`): in-memory servers have no CPU weight."""
+        server = self._find(container_id)
+        await self._step("update", server.spec if server is not None else None)
+        self.cpu_shares[container_id] = shares
 
     async def main_pid(self, container_id: str) -> int:
         """In-memory servers are no processes: 0 (nothing to look into)."""

@@ -47,7 +47,7 @@ import trio
 from .._errors import FabricError
 from ..config.structs import Service
 from ..policy.accounts import UNPRIVILEGED, Account
-from ..policy.container_spec import MountSpec, pooled_spec_for
+from ..policy.container_spec import DEFAULT_CPU_SHARES, MountSpec, pooled_spec_for
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError
@@ -423,7 +423,18 @@ class WarmPool:
             raise
         if pins is not None:
             pins.close()  # the mounts hold the directories now
+        # Its server now works for a session: the CPU weight of any other container (in the
+        # background: an engine call is not worth a session's wait; a few ms at weight 2 are).
+        assert self._nursery is not None
+        self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
         return _HandedOut(entry, self._staging if entry.staged else None)
+
+    async def _restore_cpu_weight(self, entry: _Pooled, fields: dict[str, Any]) -> None:
+        try:
+            await self._fabric.runtime.set_cpu_shares(entry.container.id, DEFAULT_CPU_SHARES)
+        except FabricError as exc:
+            # Gone already (a short session), or the engine away: it only runs at low weight.
+            log.info("pooled_cpu_weight_not_restored", extra={**fields, "reason": exc.reason})
 
     def _discard_later(self, entry: _Pooled) -> None:
         """Remove, in the background, a container taken from the pool but not handed out."""

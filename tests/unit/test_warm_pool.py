@@ -21,9 +21,11 @@ from reactor_fabric import SecurityViolation
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.config.structs import WarmPool as PoolSettings
 from reactor_fabric.policy.container_spec import (
+    DEFAULT_CPU_SHARES,
     LABEL_INSTANCE,
     LABEL_POOLED,
     LABEL_SESSION,
+    POOLED_CPU_SHARES,
     MountSpec,
 )
 from reactor_fabric.policy.pinning import PinSet
@@ -163,6 +165,10 @@ async def test_a_session_gets_a_pooled_container_whose_server_sees_the_sessions_
             [record] = h.fabric.containers.values()
             assert record.name == oldest.name
             assert record.session in h.fabric.sessions
+            # It waited at the lowest CPU weight; now working for a session, it has the usual.
+            assert oldest.spec.cpu_shares == POOLED_CPU_SHARES
+            await until(lambda: oldest.id in h.engine.cpu_shares, what="the weight restored")
+            assert h.engine.cpu_shares[oldest.id] == DEFAULT_CPU_SHARES
             # ...and the pool is refilled behind it.
             await h.filled()
             assert len(h.engine.spawned) == 3
@@ -202,6 +208,7 @@ async def test_a_service_without_warm_and_an_empty_pool_start_fresh_containers(
         h.engine.fault("create", delay=5.0, only=lambda spec: LABEL_POOLED in spec.labels)
         container = await h.start()  # the pooled one is still starting
         assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        assert h.engine.servers[container.name].spec.cpu_shares is None
         await h.remove(container)
         metrics = h.fabric.observer.metrics
         assert metrics.pool_takes.labels("svc", "empty")._value.get() == 1
