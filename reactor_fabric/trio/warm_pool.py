@@ -448,14 +448,7 @@ class WarmPool:
         return self._staging.placement(mounts) is not None
 
     def _stop_staging(self, exc: PropagationMissing) -> None:
-        log.warning(
-            "pool_mounts_unavailable",
-            extra={
-                "reason": exc.reason,
-                "detail": str(exc),
-                "effect": "sessions with mounts get a fresh container",
-            },
-        )
+        _say_mounts_unavailable(exc)
         self._staging = None
 
     def _count(self, service: str, outcome: TakeOutcome | str) -> None:
@@ -483,19 +476,24 @@ async def open_warm_pool(fabric: Fabric) -> WarmPool | None:
                 )
             )
         except StagingUnavailable as exc:
-            log.warning(
-                "pool_mounts_unavailable",
-                extra={
-                    "reason": exc.reason,
-                    "detail": str(exc),
-                    "effect": "sessions with mounts get a fresh container",
-                },
-            )
+            _say_mounts_unavailable(exc)
     else:
         log.info(
             "pool_mounts_unavailable", extra={"reason": "runtime", "runtime": fabric.runtime.name}
         )
     return WarmPool(fabric, staging)
+
+
+def _say_mounts_unavailable(exc: StagingUnavailable) -> None:
+    """The one log line that says why sessions with mounts get fresh containers."""
+    log.warning(
+        "pool_mounts_unavailable",
+        extra={
+            "reason": exc.reason,
+            "detail": str(exc),
+            "effect": "sessions with mounts get a fresh container",
+        },
+    )
 
 
 def _shape(service: Service, account: Account) -> Hashable:

@@ -270,26 +270,14 @@ def test_a_pooled_read_only_mount_is_not_written_and_what_is_written_belongs_to_
         wait_for_pool(running, "filesystem", 2)
         # The project's owner is who the server must run as: the pool's containers (nobody)
         # do not fit; the first session starts fresh, and the pool turns to that account.
-        first = filesystem_client(running, project, ":ro")
-        try:
-            refused = first.ask(write)
-            assert "read-only" in json.dumps(refused).lower(), refused
-        finally:
-            first.close()
-        assert not (project / "note.txt").exists()
+        _write_is_refused(running, project, write)
         assert session_starts(running, "filesystem")[0]["pooled"] is False
         wait_until(
             lambda: _pool_has_account(running, docker_client_(), f"{USER[0]}:{USER[1]}"),
             120,
             "a pooled container for the project's owner",
         )
-        second = filesystem_client(running, project, ":ro")
-        try:
-            refused = second.ask(write)
-            assert "read-only" in json.dumps(refused).lower(), refused
-        finally:
-            second.close()
-        assert not (project / "note.txt").exists()
+        _write_is_refused(running, project, write)
         wait_for_pool(running, "filesystem", 1)
         wait_until(
             lambda: _pool_has_account(running, docker_client_(), f"{USER[0]}:{USER[1]}"),
@@ -307,6 +295,18 @@ def test_a_pooled_read_only_mount_is_not_written_and_what_is_written_belongs_to_
         assert (note.stat().st_uid, note.stat().st_gid) == USER
         pooled = [start["pooled"] for start in session_starts(running, "filesystem")]
         assert pooled == [False, True, True]
+
+
+def _write_is_refused(running: Orchestrator, project: Path, write: dict[str, Any]) -> None:
+    """A session that mounts ``project`` read-only is refused ``write`` (the client shows the
+    file system's error) and nothing is written."""
+    client = filesystem_client(running, project, ":ro")
+    try:
+        refused = client.ask(write)
+        assert "read-only" in json.dumps(refused).lower(), refused
+    finally:
+        client.close()
+    assert not (project / "note.txt").exists()
 
 
 def docker_client_() -> docker.DockerClient:

@@ -125,6 +125,16 @@ class Pooled:
         await remove_container(self.fabric, LiveContainer(0, container), {}, forget=lambda: None)
 
 
+async def project_mounts(
+    h: Pooled, root: Path, target: str = "/workspace"
+) -> tuple[MountSpec, ...]:
+    """A project directory below ``root``, validated as the session's mount at ``target``,
+    once the pool is full."""
+    (root / "project").mkdir(exist_ok=True)
+    await h.filled()
+    return await h.fabric.validate_mounts([{"source": str(root / "project"), "target": target}])
+
+
 @asynccontextmanager
 async def warm_pool(
     root: Path,
@@ -295,13 +305,9 @@ async def test_on_shutdown_pooled_containers_go_and_sessions_start_fresh_ones(
 async def test_a_session_mount_is_attached_to_a_pooled_container_and_released_with_it(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "project").mkdir()
     staging = FakeStaging()
     async with warm_pool(tmp_path, staging=staging) as h:
-        await h.filled()
-        mounts = await h.fabric.validate_mounts(
-            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
-        )
+        mounts = await project_mounts(h, tmp_path)
         container = await h.start(mounts=mounts)
         [token] = staging.attached
         assert container.name.endswith(f"-{token}")
@@ -314,13 +320,9 @@ async def test_a_session_mount_is_attached_to_a_pooled_container_and_released_wi
 async def test_mounts_the_staging_area_cannot_take_get_a_fresh_container(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "project").mkdir()
     staging = FakeStaging()
     async with warm_pool(tmp_path, staging=staging) as h:
-        await h.filled()
-        mounts = await h.fabric.validate_mounts(
-            [{"source": str(tmp_path / "project"), "target": "/projects/p"}]
-        )
+        mounts = await project_mounts(h, tmp_path, "/projects/p")
         container = await h.start(mounts=mounts)
         assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
         await h.remove(container)
@@ -335,14 +337,10 @@ async def test_mounts_the_staging_area_cannot_take_get_a_fresh_container(
 async def test_a_pooled_container_whose_mounts_cannot_be_attached_is_removed_and_a_fresh_one_starts(
     tmp_path: Path, failure: BaseException
 ) -> None:
-    (tmp_path / "project").mkdir()
     staging = FakeStaging()
     staging.failure = failure
     async with warm_pool(tmp_path, staging=staging) as h:
-        await h.filled()
-        mounts = await h.fabric.validate_mounts(
-            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
-        )
+        mounts = await project_mounts(h, tmp_path)
         container = await h.start(mounts=mounts)
         spec = h.engine.servers[container.name].spec
         assert LABEL_POOLED not in spec.labels
@@ -355,14 +353,10 @@ async def test_a_pooled_container_whose_mounts_cannot_be_attached_is_removed_and
 async def test_when_mounts_do_not_propagate_the_pool_stops_attaching_them(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "project").mkdir()
     staging = FakeStaging()
     staging.failure = PropagationMissing("engine elsewhere", reason="propagation_missing")
     async with warm_pool(tmp_path, staging=staging) as h:
-        await h.filled()
-        mounts = await h.fabric.validate_mounts(
-            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
-        )
+        mounts = await project_mounts(h, tmp_path)
         container = await h.start(mounts=mounts)
         assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
         await h.remove(container)
@@ -376,14 +370,10 @@ async def test_when_mounts_do_not_propagate_the_pool_stops_attaching_them(
 async def test_a_pooled_container_that_did_not_get_the_pinned_directory_is_refused_like_a_fresh_one(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "project").mkdir()
     staging = FakeStaging()
     staging.failure = SecurityViolation("not the pinned one", reason="mount_changed")
     async with warm_pool(tmp_path, staging=staging) as h:
-        await h.filled()
-        mounts = await h.fabric.validate_mounts(
-            [{"source": str(tmp_path / "project"), "target": "/workspace"}]
-        )
+        mounts = await project_mounts(h, tmp_path)
         before = _open_descriptors()
         with pytest.raises(SecurityViolation) as refused:
             await h.start(mounts=mounts)
