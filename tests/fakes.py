@@ -37,6 +37,7 @@ class UnreachableRuntime:
     """A runtime whose engine does not answer."""
 
     name = "unreachable"
+    mounts_on_host_reach_containers = False
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")

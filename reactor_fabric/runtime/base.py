@@ -82,6 +82,9 @@ class ManagedContainer:
 
 class Runtime(Protocol):
     name: str
+    # Whether a mount made on this host below a bind source with slave propagation appears in
+    # the runtime's containers (the warm pool's staging area needs it).
+    mounts_on_host_reach_containers: bool
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable when it does not answer."""

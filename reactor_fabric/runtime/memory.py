@@ -260,6 +260,7 @@ class MemoryRuntime:
     """A :class:`~.base.Runtime` whose containers are coroutines in the runtime's nursery."""
 
     name = "memory"
+    mounts_on_host_reach_containers = False  # its containers are coroutines: no mounts at all
 
     def __init__(
         self,

@@ -463,7 +463,7 @@ async def open_warm_pool(fabric: Fabric) -> WarmPool | None:
     if not any(service.warm for service in suite.mcp_services.values()):
         return None
     staging: StagingArea | None = None
-    if getattr(fabric.runtime, "mounts_on_host_reach_containers", False):
+    if fabric.runtime.mounts_on_host_reach_containers:
         identity = fabric.container_identity
         owner = {k: v for k, v in identity.labels().items() if k.startswith("reactor-fabric.owner")}
         try:
