@@ -367,17 +367,13 @@ def inspector(fabric: Orchestrator, url: str, home: Path, *arguments: str) -> An
     return json.loads(done.stdout)
 
 
-def test_the_inspector_cli_lists_and_calls_namespaced_tools(
-    fabric: Orchestrator, tmp_path: Path
-) -> None:
-    every = f"{fabric.http_url}/mcp?tools=all"
-    listed = inspector(fabric, every, tmp_path, "--method", "tools/list")
-    names = {tool["name"] for tool in listed["tools"]}
-    assert {"time__get_current_time", "filesystem__read_text_file"} | META_TOOLS <= names
+def inspector_calls_time(fabric: Orchestrator, url: str, home: Path) -> None:
+    """The Inspector CLI calls ``time__get_current_time`` at ``url`` (tools listed), asserted to
+    answer for UTC."""
     called = inspector(
         fabric,
-        every,
-        tmp_path,
+        url,
+        home,
         "--method",
         "tools/call",
         "--tool-name",
@@ -386,6 +382,16 @@ def test_the_inspector_cli_lists_and_calls_namespaced_tools(
         "timezone=UTC",
     )
     assert called["structuredContent"]["timezone"] == "UTC"
+
+
+def test_the_inspector_cli_lists_and_calls_namespaced_tools(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    every = f"{fabric.http_url}/mcp?tools=all"
+    listed = inspector(fabric, every, tmp_path, "--method", "tools/list")
+    names = {tool["name"] for tool in listed["tools"]}
+    assert {"time__get_current_time", "filesystem__read_text_file"} | META_TOOLS <= names
+    inspector_calls_time(fabric, every, tmp_path)
     # With the default exposure the Inspector (which calls only listed tools) uses call_tool.
     through = inspector(
         fabric,

@@ -40,7 +40,7 @@ from tests.integration.harness import (
     write_suite,
 )
 from tests.integration.test_accounts_e2e import USER, give, scratch  # noqa: F401 - a fixture
-from tests.integration.test_fabric_e2e import inspector
+from tests.integration.test_fabric_e2e import inspector_calls_time
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +119,9 @@ def test_every_real_client_gets_a_pooled_container_on_both_endpoints(
             python2_client(f"{running.http_url}/mcp")
         ),
         "fabric endpoint, TypeScript SDK": lambda: _fabric_ts(running, fabric_call),
-        "fabric endpoint, MCP Inspector": lambda: _fabric_inspector(running, home),
+        "fabric endpoint, MCP Inspector": lambda: inspector_calls_time(
+            running, f"{running.http_url}/mcp?tools=all", home
+        ),
         "Claude Code (mcp list)": lambda: _claude_list(running, tmp_path),
     }
     for name, use in clients.items():
@@ -143,21 +145,6 @@ def _fabric_ts(running: Orchestrator, fabric_call: dict[str, Any]) -> None:
         assert answer["ok"], answer
     finally:
         client.close()
-
-
-def _fabric_inspector(running: Orchestrator, home: Path) -> None:
-    called = inspector(
-        running,
-        f"{running.http_url}/mcp?tools=all",
-        home,
-        "--method",
-        "tools/call",
-        "--tool-name",
-        "time__get_current_time",
-        "--tool-arg",
-        "timezone=UTC",
-    )
-    assert called["structuredContent"]["timezone"] == "UTC"
 
 
 def _claude_list(running: Orchestrator, tmp_path: Path) -> None:
@@ -256,6 +243,7 @@ def running_sessions(running: Orchestrator) -> int:
 def test_a_pooled_read_only_mount_is_not_written_and_what_is_written_belongs_to_the_owner(
     scratch: Path,  # noqa: F811 - the fixture
     tmp_path: Path,
+    docker_client: docker.DockerClient,
 ) -> None:
     project = scratch / "project"
     project.mkdir()
@@ -272,18 +260,11 @@ def test_a_pooled_read_only_mount_is_not_written_and_what_is_written_belongs_to_
         # do not fit; the first session starts fresh, and the pool turns to that account.
         _write_is_refused(running, project, write)
         assert session_starts(running, "filesystem")[0]["pooled"] is False
-        wait_until(
-            lambda: _pool_has_account(running, docker_client_(), f"{USER[0]}:{USER[1]}"),
-            120,
-            "a pooled container for the project's owner",
-        )
+        owners = functools.partial(_pool_has_account, running, docker_client, USER)
+        wait_until(owners, 120, "a pooled container for the project's owner")
         _write_is_refused(running, project, write)
         wait_for_pool(running, "filesystem", 1)
-        wait_until(
-            lambda: _pool_has_account(running, docker_client_(), f"{USER[0]}:{USER[1]}"),
-            120,
-            "a pooled container for the project's owner",
-        )
+        wait_until(owners, 120, "a pooled container for the project's owner")
         third = filesystem_client(running, project)
         try:
             written = third.ask(write)
@@ -309,20 +290,17 @@ def _write_is_refused(running: Orchestrator, project: Path, write: dict[str, Any
     assert not (project / "note.txt").exists()
 
 
-def docker_client_() -> docker.DockerClient:
-    return docker.from_env(version="auto")
-
-
-def _pool_has_account(running: Orchestrator, client: docker.DockerClient, user: str) -> bool:
-    try:
-        idle = containers_of(client, instance=running.instance, pooled="true")
-        handed = {start["container_name"] for start in session_starts(running, "filesystem")}
-        return any(
-            c.attrs["Config"]["User"] == user and c.name not in handed and c.status == "running"
-            for c in idle
-        )
-    finally:
-        client.close()
+def _pool_has_account(
+    running: Orchestrator, client: docker.DockerClient, owner: tuple[int, int]
+) -> bool:
+    """Whether a pooled filesystem container not handed out runs as ``owner``."""
+    idle = containers_of(client, instance=running.instance, pooled="true")
+    handed = {start["container_name"] for start in session_starts(running, "filesystem")}
+    user = f"{owner[0]}:{owner[1]}"
+    return any(
+        c.attrs["Config"]["User"] == user and c.name not in handed and c.status == "running"
+        for c in idle
+    )
 
 
 def test_the_staging_area_is_closed_to_other_users_of_the_host(time_pool: Orchestrator) -> None:
