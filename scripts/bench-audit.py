@@ -99,7 +99,9 @@ async def flood(rpc: StreamRpc, total: int) -> float:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(receive_all)
-        for _ in range(min(IN_FLIGHT, total)):
+        # Counted, not a fixed number of sends: answers that arrive meanwhile have the receiver
+        # send the next calls too, and both together must send exactly ``total``.
+        while sent < min(IN_FLIGHT, total):
             await send_one()
         await done.wait()
     return total / (time.perf_counter() - started)
