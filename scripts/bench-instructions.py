@@ -11,6 +11,7 @@ and the stop cancelling out.
 
     .venv/bin/python scripts/bench-instructions.py                 # the working tree
     .venv/bin/python scripts/bench-instructions.py 3313cac 9af95a6 # revisions, in one sitting
+    .venv/bin/python scripts/bench-instructions.py --no-audit      # the audit trail off
 
 A revision is checked out into a temporary git worktree and imported from there (the venv's
 packages are used for everything else). Needs ``valgrind`` (``apt-get install valgrind``) and
@@ -50,6 +51,11 @@ orchestrator: {{allowed_mount_roots: ["{tempfile.gettempdir()}"]}}
 mcp_services:
   time: {{image: "{IMAGE}", pull: never, network: none, timeout: 30m}}
 """
+
+# The same with the audit trail off (revisions from 3f6b057 on: older ones refuse the key).
+SUITE_WITHOUT_AUDIT = SUITE.replace(
+    "orchestrator: {", "orchestrator: {audit: {enabled: false}, ", 1
+)
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -101,11 +107,11 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the orchestrator did not start listening in time")
 
 
-def count_instructions(source: Path, workdir: Path, calls: int) -> int:
+def count_instructions(source: Path, workdir: Path, calls: int, *, audit: bool) -> int:
     """Total instructions of one orchestrator run serving one session of ``calls`` calls."""
     port = free_port()
     suite = workdir / "suite.yaml"
-    suite.write_text(SUITE)
+    suite.write_text(SUITE if audit else SUITE_WITHOUT_AUDIT)
     log = workdir / f"valgrind-{calls}.log"
     # Authentication on, as users run it (older revisions ignore the variable and the query).
     token = secrets.token_urlsafe(32)
@@ -156,15 +162,23 @@ def checkout(revision: str | None, workdir: Path) -> Iterator[Path]:
         subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False)
 
 
-def measure(revision: str | None, low: int, high: int) -> dict[str, object]:
+def measure(
+    revision: str | None, low: int, high: int, *, audit: bool, keep: Path | None
+) -> dict[str, object]:
     with (
         tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
         checkout(revision, Path(tmp)) as tree,
     ):
-        short = count_instructions(tree, Path(tmp), low)
-        long = count_instructions(tree, Path(tmp), high)
+        short = count_instructions(tree, Path(tmp), low, audit=audit)
+        long = count_instructions(tree, Path(tmp), high, audit=audit)
+        if keep is not None:
+            target = keep / (revision or "working-tree")
+            target.mkdir(parents=True, exist_ok=True)
+            for out in Path(tmp).glob("callgrind-*.out"):
+                shutil.copy(out, target / out.name)
     return {
         "revision": revision or "working tree",
+        "audit": audit,
         f"instructions_{low}_calls": short,
         f"instructions_{high}_calls": long,
         "instructions_per_call": round((long - short) / (high - low)),
@@ -176,6 +190,14 @@ def main() -> int:
     parser.add_argument("revisions", nargs="*", help="git revisions (default: the working tree)")
     parser.add_argument("--low", type=int, default=100, help="calls in the short session")
     parser.add_argument("--high", type=int, default=600, help="calls in the long session")
+    parser.add_argument(
+        "--no-audit", action="store_true", help="the audit trail off (revisions from 3f6b057)"
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="copy callgrind's outputs to KEEP/REVISION/ (for callgrind_annotate)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is needed: apt-get install valgrind", file=sys.stderr)
@@ -183,7 +205,7 @@ def main() -> int:
     if args.high <= args.low:
         parser.error("--high must be greater than --low")
     for revision in args.revisions or [None]:
-        result = measure(revision, args.low, args.high)
+        result = measure(revision, args.low, args.high, audit=not args.no_audit, keep=args.keep)
         print(json.dumps(result), flush=True)
     return 0
 

@@ -908,11 +908,13 @@ class Harness:
         systems: dict[str, PoolSystem],
         *,
         sessions: dict[str, int] | None = None,
+        floors: int = 0,
         bound: float = POOL_QUIET_BOUND,
         strict: bool = True,
     ) -> bool:
         """Until every pool is full and nothing else runs: each orchestrator has its pooled
-        containers (ready) plus ``sessions[name]`` of its sessions', no floor is left, and no
+        containers (ready) plus ``sessions[name]`` of its sessions', ``floors`` floor
+        containers run (the refill part's direct attach; none left by a sample), and no
         container's server is still starting (the pool calls a container ready once it has
         started, before its server has: see PoolSystem.booting). The POOL_QUIET_FAILURES-th
         time it is not, ``strict``: PoolStuck (each sample would wait in vain)."""
@@ -920,7 +922,7 @@ class Harness:
         with trio.move_on_after(bound):
             # Polling the engine and the metrics: there is no event to wait on.
             while True:
-                quiet = await engine.bench_container_count() == 0
+                quiet = await engine.bench_container_count() == floors
                 for name, system in systems.items():
                     if not quiet:
                         break
@@ -1103,24 +1105,37 @@ class Harness:
         pooled = systems["pooled"]
         phases = ("quiet", "refilling")
         repeats: list[dict[str, list[int]]] = []
+        floors: list[dict[str, list[int]]] = []
         details: list[Json] = []
         out: Json = {"service": POOL_SERVICE, "parallel_starts": POOL_PARALLEL_STARTS}
         try:
             await self._pool_quiet(systems)
-            async with initialized(self.pool_ws(pooled, POOL_SERVICE)) as rpc:
+            async with (
+                initialized(self.pool_ws(pooled, POOL_SERVICE)) as rpc,
+                initialized(engine.attached(service_image(POOL_SERVICE))) as direct,
+            ):
                 await self._pool_calls(rpc, self.plan.rtt_warmup)
+                await self._pool_calls(direct, self.plan.rtt_warmup)
                 for repeat in range(self.plan.pool_refill_repeats):
                     samples: dict[str, list[int]] = {}
+                    floor: dict[str, list[int]] = {}
                     for phase in phases[repeat % 2 :] + phases[: repeat % 2]:
-                        await self._pool_quiet(systems, sessions={"pooled": 1})
-                        samples[phase], detail = await self._pool_phase(
-                            pooled, rpc, refilling=phase == "refilling"
+                        await self._pool_quiet(systems, sessions={"pooled": 1}, floors=1)
+                        (samples[phase], floor[phase]), detail = await self._pool_phase(
+                            pooled, rpc, direct, refilling=phase == "refilling"
                         )
                         details.append({"repeat": repeat, "phase": phase, **detail})
                     repeats.append(samples)
+                    floors.append(floor)
                     say(
-                        f"pool refill {repeat + 1}/{self.plan.pool_refill_repeats}: P50 "
-                        + ", ".join(f"{p} {summarize(samples[p]).get('p50_ms')} ms" for p in phases)
+                        f"pool refill {repeat + 1}/{self.plan.pool_refill_repeats}: P50 / P99 "
+                        + ", ".join(
+                            f"{p} {summarize(samples[p]).get('p50_ms')} / "
+                            f"{summarize(samples[p]).get('p99_ms')} ms (direct "
+                            f"{summarize(floor[p]).get('p50_ms')} / "
+                            f"{summarize(floor[p]).get('p99_ms')})"
+                            for p in phases
+                        )
                     )
         except FAILURES as exc:
             out["error"] = self.problem("pool.refill", exc)["error"]
@@ -1137,6 +1152,8 @@ class Harness:
             }
             out[phase] = figures
         per_repeat = [{phase: summarize(r[phase]) for phase in phases} for r in repeats]
+        floor_per_repeat = [{phase: summarize(r[phase]) for phase in phases} for r in floors]
+        out.update(refill_against_floor(per_repeat, floor_per_repeat, floors))
         out["ratio_p50"] = spread(
             [ratio(r["refilling"].get("p50_ms"), r["quiet"].get("p50_ms")) for r in per_repeat]
         )
@@ -1168,6 +1185,7 @@ class Harness:
         }
         out["take_errors"] = sorted({e for d in details for e in d["take_errors"]})[:5]
         out["per_repeat"] = per_repeat
+        out["direct_per_repeat"] = floor_per_repeat
         return out
 
     async def _pool_calls(self, rpc: Rpc, calls: int) -> list[int]:
@@ -1179,11 +1197,27 @@ class Harness:
             samples.append(elapsed)
         return samples
 
+    async def _paired_calls(self, rpc: Rpc, direct: Rpc, calls: int) -> tuple[list[int], list[int]]:
+        """``calls`` round trips on each, interleaved call by call (the first of each pair
+        alternating), so that both meet the same moments of the machine."""
+        ours: list[int] = []
+        floor: list[int] = []
+        for index in range(calls):
+            pair = ((rpc, ours), (direct, floor))
+            for target, samples in pair if index % 2 == 0 else pair[::-1]:
+                with trio.fail_after(CALL_BOUND):
+                    elapsed, answer = await target.call("tools/call", TOOL)
+                check_result(answer, "tools/call")
+                samples.append(elapsed)
+        return ours, floor
+
     async def _pool_phase(
-        self, pooled: PoolSystem, rpc: Rpc, *, refilling: bool
-    ) -> tuple[list[int], Json]:
-        """One phase: the calls, with a :class:`RefillWatch` beside them (in both phases, so the
-        harness does the same work; it takes pooled containers only when ``refilling``)."""
+        self, pooled: PoolSystem, rpc: Rpc, direct: Rpc, *, refilling: bool
+    ) -> tuple[tuple[list[int], list[int]], Json]:
+        """One phase: the calls (through the orchestrator and, interleaved, directly attached to
+        a container of the same image: the floor), with a :class:`RefillWatch` beside them (in
+        both phases, so the harness does the same work; it takes pooled containers only when
+        ``refilling``)."""
         watch = RefillWatch(self, pooled, refilling=refilling)
         before = await pooled.takes(POOL_SERVICE)
         try:
@@ -1197,7 +1231,9 @@ class Harness:
                         cpu = engine.cpu_seconds(pooled.orch.pid)
                         begin = time.perf_counter_ns()
                         try:
-                            samples = await self._pool_calls(rpc, self.plan.pool_refill_calls)
+                            samples = await self._paired_calls(
+                                rpc, direct, self.plan.pool_refill_calls
+                            )
                         finally:
                             gc.enable()
                         seconds = (time.perf_counter_ns() - begin) / 1e9
@@ -1482,6 +1518,44 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
     """Counter increments by label (those that moved)."""
     moved = {key: int(value - before.get(key, 0)) for key, value in after.items()}
     return {key: value for key, value in moved.items() if value}
+
+
+def refill_against_floor(
+    ours: list[Json], floor: list[Json], floor_samples: list[dict[str, list[int]]]
+) -> Json:
+    """The refill part's floor figures: the direct attach's own figures per phase, what the
+    refills did to it, and the orchestrator's overhead (ours minus direct, repeat by repeat, at
+    P50 and P99) per phase and refilling minus quiet. ``ours`` and ``floor`` are the per-repeat
+    summaries by phase; ``floor_samples`` the direct calls by repeat and phase."""
+    phases = ("quiet", "refilling")
+    out: Json = {"direct": {}, "overhead": {}}
+    for phase in phases:
+        figures = summarize([ns for r in floor_samples for ns in r[phase]])
+        figures["repeats"] = {
+            key: spread([r[phase].get(key) for r in floor]) for key in ("p50_ms", "p99_ms")
+        }
+        out["direct"][phase] = figures
+    for key in ("p50", "p99"):
+        out[f"direct_difference_{key}_ms"] = spread(
+            [difference(r["refilling"], r["quiet"], f"{key}_ms") for r in floor]
+        )
+        overheads = [
+            {phase: difference(o[phase], f[phase], f"{key}_ms") for phase in phases}
+            for o, f in zip(ours, floor, strict=True)
+        ]
+        for phase in phases:
+            out["overhead"].setdefault(phase, {})[f"{key}_ms"] = spread(
+                [o[phase] for o in overheads]
+            )
+        out[f"overhead_difference_{key}_ms"] = spread(
+            [
+                None
+                if o["refilling"] is None or o["quiet"] is None
+                else round(o["refilling"] - o["quiet"], 3)
+                for o in overheads
+            ]
+        )
+    return out
 
 
 def sum_takes(counts: list[dict[str, int]]) -> dict[str, int]:
@@ -1837,7 +1911,9 @@ DEFINITIONS = {
     "one at a time, in phases `quiet` (nothing starting) and `refilling` (2 refills under way "
     "all the time: a pooled container is taken whenever fewer are; a refill lasts from the take "
     "until the new container's server has started; taken sessions are held and closed after "
-    "the phase), order rotating per repeat; the harness watches the log in both phases",
+    "the phase), order rotating per repeat; the harness watches the log in both phases; each "
+    "call is paired with the same call on a directly attached container of the same image "
+    "(the floor), the first of each pair alternating",
 }
 
 

@@ -719,7 +719,10 @@ def _pool_refill(refill: Json) -> list[str]:
         "Refills and a live session: `tools/call get_current_time` one at a time on an "
         f"established `{refill.get('service', 'time')}` session, while "
         f"{refill.get('parallel_starts', '?')} refills are under way all the time "
-        "(`refilling`) and with none (`quiet`) (ms):",
+        "(`refilling`) and with none (`quiet`); interleaved call by call with the same call "
+        "on a container of the same image attached directly, no orchestrator on its path (the "
+        "floor), so that what the refills do to the machine and what they do to the "
+        "orchestrator can be told apart (ms):",
         "",
     ]
     if "error" in refill:
@@ -742,8 +745,32 @@ def _pool_refill(refill: Json) -> list[str]:
             f"{_range(cpu)} %",
         ]
         lines.append(_stats_row(phase, stats, extra))
+    for phase in ("quiet", "refilling"):
+        stats = refill.get("direct", {}).get(phase)
+        if stats is None:
+            continue
+        spreads = stats.get("repeats", {}) if isinstance(stats, dict) else {}
+        extra = [_range(spreads.get("p50_ms")), _range(spreads.get("p99_ms")), "", ""]
+        lines.append(_stats_row(f"{phase}, direct attach (floor)", stats, extra))
+    lines += [""]
+    overhead = refill.get("overhead")
+    if overhead:
+        lines += [
+            "- The orchestrator's own share: its overhead (ours minus the direct attach, "
+            "interleaved call by call, repeat by repeat) quiet: P50 "
+            f"{_range(overhead.get('quiet', {}).get('p50_ms'), signed=True)}, P99 "
+            f"{_range(overhead.get('quiet', {}).get('p99_ms'), signed=True)} ms; refilling: P50 "
+            f"{_range(overhead.get('refilling', {}).get('p50_ms'), signed=True)}, P99 "
+            f"{_range(overhead.get('refilling', {}).get('p99_ms'), signed=True)} ms. Refilling "
+            "minus quiet: P50 "
+            f"{_range(refill.get('overhead_difference_p50_ms'), signed=True)}, P99 "
+            f"{_range(refill.get('overhead_difference_p99_ms'), signed=True)} ms.",
+            "- What the refills did to the floor itself (no orchestrator on its path), refilling "
+            "minus quiet: P50 "
+            f"{_range(refill.get('direct_difference_p50_ms'), signed=True)}, P99 "
+            f"{_range(refill.get('direct_difference_p99_ms'), signed=True)} ms.",
+        ]
     lines += [
-        "",
         f"- Refilling / quiet, P50, repeat by repeat: {_range(refill.get('ratio_p50'))} "
         "(median [min, max]).",
         f"- Refilling minus quiet, repeat by repeat: P50 "
