@@ -60,6 +60,8 @@ MAX_CATALOG_BYTES = 256 * 1024 * 1024
 DEFAULT_CONFIG = "claude-mcp-suite.yaml"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+# Seconds a thread may hold the GIL while another waits for it (see _serve_fabric).
+GIL_SWITCH_INTERVAL = 0.0005
 
 
 @dataclass(frozen=True)
@@ -459,6 +461,13 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
 
 
 def _serve_fabric(fabric: Fabric, settings: ServeSettings, token: Token | None) -> int:
+    # The event loop shares the GIL with worker threads (engine calls, the audit writer, the
+    # log writer). A thread busy in Python keeps it until the switch interval ends: 5 ms by
+    # default, which a relayed message then waits on top of its own time. Measured: with
+    # refills' engine calls running, that was the orchestrator's own share of a live session's
+    # P99 (docs/BENCHMARKS.md, the warm pool). A shorter interval bounds the wait; the cost is
+    # more frequent hand-overs while two threads both compute, which is rare here.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     try:
         trio.run(_serve_until_signalled, fabric, settings, token)
     except OSError as exc:
