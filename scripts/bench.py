@@ -304,7 +304,7 @@ class Harness:
                 if name in out:
                     continue
                 try:
-                    init_ns, tool_ns = await self._cold_floor(argv)
+                    init_ns, tool_ns = await self._floor_sample(argv, COLD_SERVICE)
                     samples[name].append(init_ns)
                     tool_samples[name].append(tool_ns)
                 except FAILURES as exc:
@@ -317,21 +317,6 @@ class Harness:
         out["comparison"] = compare(samples, "reactor_fabric", "docker_run_floor")
         out["comparison_same_limits"] = compare(samples, "reactor_fabric", "docker_run_same_limits")
         return out
-
-    async def _cold_floor(self, argv: list[str]) -> tuple[int, int]:
-        with trio.fail_after(SESSION_BOUND):
-            begin = time.perf_counter_ns()
-            piped = await engine.spawn_piped(argv, self.side_log)
-            try:
-                _, answer = await piped.rpc.call("initialize", initialize_params())
-                init_ns = time.perf_counter_ns() - begin
-                check_result(answer, "initialize")
-                await piped.rpc.notify("notifications/initialized")
-                tool_ns, answer = await piped.rpc.call("tools/call", TOOL)
-                check_result(answer, "tools/call")
-            finally:
-                await piped.aclose()
-        return init_ns, tool_ns
 
     # --- 2. relay round trip --------------------------------------------------------------
 
@@ -418,9 +403,7 @@ class Harness:
                 shift = index % len(live) if live else 0
                 for name in live[shift:] + live[:shift]:
                     try:
-                        with trio.fail_after(CALL_BOUND):
-                            elapsed, answer = await systems[name].call("tools/call", TOOL)
-                        check_result(answer, f"{name} tools/call")
+                        elapsed = await timed_tool_call(systems[name], f"{name} tools/call")
                     except FAILURES as exc:
                         if name in OURS:
                             out[name] = self.problem(f"relay_rtt.{name}", exc)
@@ -1040,10 +1023,17 @@ class Harness:
         return first, connect, request
 
     async def _pool_floor(self, service: str, mounted: bool, owner: str) -> tuple[int, int]:
-        """``docker run -i --rm [-v PROJECT:/workspace --user OWNER] IMAGE``: spawn →
-        initialize response, and the first request's round trip, in ns."""
+        """``docker run -i --rm [-v PROJECT:/workspace --user OWNER] IMAGE``: see
+        :meth:`_floor_sample`."""
         options = ["-v", f"{POOL_PROJECT}:/workspace", "--user", owner] if mounted else []
         argv = engine.docker_run_argv(service_image(service), *options)
+        return await self._floor_sample(argv, service, mounted=mounted)
+
+    async def _floor_sample(
+        self, argv: list[str], service: str, *, mounted: bool = False
+    ) -> tuple[int, int]:
+        """A ``docker run -i`` floor (``argv``) of ``service``: spawn → initialize response,
+        and the first request's round trip (:func:`first_request`), in ns."""
         with trio.fail_after(SESSION_BOUND):
             begin = time.perf_counter_ns()
             piped = await engine.spawn_piped(argv, self.side_log)
@@ -1189,13 +1179,7 @@ class Harness:
         return out
 
     async def _pool_calls(self, rpc: Rpc, calls: int) -> list[int]:
-        samples: list[int] = []
-        for _ in range(calls):
-            with trio.fail_after(CALL_BOUND):
-                elapsed, answer = await rpc.call("tools/call", TOOL)
-            check_result(answer, "tools/call")
-            samples.append(elapsed)
-        return samples
+        return [await timed_tool_call(rpc) for _ in range(calls)]
 
     async def _paired_calls(self, rpc: Rpc, direct: Rpc, calls: int) -> tuple[list[int], list[int]]:
         """``calls`` round trips on each, interleaved call by call (the first of each pair
@@ -1205,10 +1189,7 @@ class Harness:
         for index in range(calls):
             pair = ((rpc, ours), (direct, floor))
             for target, samples in pair if index % 2 == 0 else pair[::-1]:
-                with trio.fail_after(CALL_BOUND):
-                    elapsed, answer = await target.call("tools/call", TOOL)
-                check_result(answer, "tools/call")
-                samples.append(elapsed)
+                samples.append(await timed_tool_call(target))
         return ours, floor
 
     async def _pool_phase(
@@ -1584,6 +1565,14 @@ def make_pool_project() -> tuple[int, int]:
         for name in [root, *(os.path.join(root, entry) for entry in dirs + files)]:
             os.lchown(name, uid, gid)
     return uid, gid
+
+
+async def timed_tool_call(rpc: Rpc, what: str = "tools/call") -> int:
+    """One ``tools/call`` of TOOL, bounded and checked: its round trip in ns."""
+    with trio.fail_after(CALL_BOUND):
+        elapsed, answer = await rpc.call("tools/call", TOOL)
+    check_result(answer, what)
+    return elapsed
 
 
 async def first_request(rpc: Rpc, service: str, mounted: bool) -> int:

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -437,13 +437,7 @@ class LogTail:
     def read(self) -> list[dict[str, Any]]:
         data = self._partial + self._file.read()
         *lines, self._partial = data.split(b"\n")
-        events: list[dict[str, Any]] = []
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    events.append(event)
-        return events
+        return json_objects(lines)
 
     def close(self) -> None:
         self._file.close()
@@ -451,14 +445,19 @@ class LogTail:
 
 def log_events(path: Path) -> list[dict[str, Any]]:
     """Every JSON line of an orchestrator's log (lines that are not JSON are skipped)."""
-    events: list[dict[str, Any]] = []
     with path.open("rb") as log:
-        for line in log:
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    events.append(event)
-    return events
+        return json_objects(log)
+
+
+def json_objects(lines: Iterable[bytes]) -> list[dict[str, Any]]:
+    """The lines that are JSON objects, decoded (the others, a traceback say, skipped)."""
+    objects: list[dict[str, Any]] = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                objects.append(value)
+    return objects
 
 
 def audit_records(log_path: Path) -> list[dict[str, Any]]:
