@@ -421,6 +421,19 @@ def claude_mcp(home: Path, project: Path, *arguments: str, timeout: float = 120)
     ).stdout
 
 
+def claude_shows_connected(workdir: Path, name: str, url: str) -> None:
+    """Claude Code, given ``url`` as the HTTP server ``name`` with the test token (a fresh home
+    and project below ``workdir``), lists it as connected."""
+    home = workdir / "claude-home"
+    project = workdir / "claude-project"
+    home.mkdir()
+    project.mkdir()
+    authorization = f"Authorization: Bearer {TEST_TOKEN}"
+    claude_mcp(home, project, "add", "--transport", "http", name, url, "--header", authorization)
+    listed = claude_mcp(home, project, "list", timeout=300)
+    assert f"{name}: {url} (HTTP) - ✔ Connected" in listed, listed
+
+
 def ts_client(url: str, *args: str) -> LineProcess:
     transport = "http" if url.startswith("http") else "ws"
     return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])

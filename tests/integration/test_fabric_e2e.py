@@ -24,7 +24,7 @@ from tests.integration.harness import (
     LineProcess,
     Orchestrator,
     bridged_client,
-    claude_mcp,
+    claude_shows_connected,
     containers_of,
     git_repo,
     orchestrator,
@@ -303,23 +303,7 @@ def test_claude_code_shows_the_fabric_endpoint_connected(
     fabric: Orchestrator, tmp_path: Path
 ) -> None:
     """`claude mcp list` connects to each server it has (no API key needed)."""
-    home = tmp_path / "home"
-    project = tmp_path / "project"
-    project.mkdir()
-    home.mkdir()
-    claude_mcp(
-        home,
-        project,
-        "add",
-        "--transport",
-        "http",
-        "fabric",
-        f"{fabric.http_url}/mcp",
-        "--header",
-        f"Authorization: Bearer {harness.TEST_TOKEN}",
-    )
-    listed = claude_mcp(home, project, "list", timeout=300)
-    assert f"fabric: {fabric.http_url}/mcp (HTTP) - ✔ Connected" in listed, listed
+    claude_shows_connected(tmp_path, "fabric", f"{fabric.http_url}/mcp")
 
 
 def test_the_bridge_without_a_service_serves_the_whole_suite(

@@ -28,7 +28,7 @@ from tests.integration import harness
 from tests.integration.harness import (
     Orchestrator,
     bridged_client,
-    claude_mcp,
+    claude_shows_connected,
     containers_of,
     orchestrator,
     python2_client,
@@ -122,7 +122,9 @@ def test_every_real_client_gets_a_pooled_container_on_both_endpoints(
         "fabric endpoint, MCP Inspector": lambda: inspector_calls_time(
             running, f"{running.http_url}/mcp?tools=all", home
         ),
-        "Claude Code (mcp list)": lambda: _claude_list(running, tmp_path),
+        "Claude Code (mcp list)": lambda: claude_shows_connected(
+            tmp_path, "time", f"{running.http_url}/mcp/time"
+        ),
     }
     for name, use in clients.items():
         wait_for_pool(running, "time", 1)
@@ -145,27 +147,6 @@ def _fabric_ts(running: Orchestrator, fabric_call: dict[str, Any]) -> None:
         assert answer["ok"], answer
     finally:
         client.close()
-
-
-def _claude_list(running: Orchestrator, tmp_path: Path) -> None:
-    home = tmp_path / "claude-home"
-    project = tmp_path / "claude-project"
-    home.mkdir()
-    project.mkdir()
-    url = f"{running.http_url}/mcp/time"
-    claude_mcp(
-        home,
-        project,
-        "add",
-        "--transport",
-        "http",
-        "time",
-        url,
-        "--header",
-        f"Authorization: Bearer {harness.TEST_TOKEN}",
-    )
-    listed = claude_mcp(home, project, "list", timeout=300)
-    assert f"time: {url} (HTTP) - ✔ Connected" in listed, listed
 
 
 def filesystem_client(running: Orchestrator, project: Path, mode: str = "") -> harness.LineProcess:
