@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from ..protocol.tool_calls import ToolCall
+from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .audit import AuditWriter, now_iso
 from .metrics import Metrics
 
@@ -29,8 +29,11 @@ if TYPE_CHECKING:
     from .tracing import Tracing
 
 RECENT_CALLS: Final = 1000
-# Audit records held for a later batch (see Observer.defer_audit), at most; beyond, handed over.
+# Audit records and tool calls held for a later batch (see Observer.defer_audit), at most;
+# beyond, handed over. The answers held with their calls (to read their outcome): at most so
+# many bytes.
 MAX_DEFERRED: Final = 10_000
+MAX_DEFERRED_BYTES: Final = 4 * 1024 * 1024
 # What the status page's charts cover, and at most how many events they keep for it.
 HISTORY_SECONDS: Final = 3600.0
 HISTORY_EVENTS: Final = 50_000
@@ -76,6 +79,19 @@ class CallEvent:
     record: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class _HeldCall:
+    """A finished tool call held back (see :meth:`Observer.defer_audit`), and where it ran."""
+
+    done: ToolCallDone
+    session: str
+    endpoint: str
+    service: str
+    container: str | None
+    client: Client | None
+    trace_id: str
+
+
 @dataclass(frozen=True)
 class StartEvent:
     at: float
@@ -100,7 +116,8 @@ class Observer:
         if audit is not None:
             self.metrics.audit_dropped = lambda: audit.dropped
         self.calls: collections.deque[CallEvent] = collections.deque(maxlen=HISTORY_EVENTS)
-        self._deferred: list[dict[str, Any]] = []
+        self._deferred: list[dict[str, Any] | _HeldCall] = []
+        self._deferred_bytes = 0  # of the answers held with their calls
         self._wake: Callable[[], None] | None = None
         self.starts: collections.deque[StartEvent] = collections.deque(maxlen=HISTORY_EVENTS)
 
@@ -110,28 +127,40 @@ class Observer:
         if self._wake is None:
             self.audit.submit(record)
             return
-        self._deferred.append(record)
+        self._hold(record)
+
+    def _hold(self, item: dict[str, Any] | _HeldCall) -> None:
+        self._deferred.append(item)
+        if isinstance(item, _HeldCall):
+            self._deferred_bytes += item.done.held_bytes
         if len(self._deferred) == 1:
+            assert self._wake is not None
             self._wake()
-        elif len(self._deferred) >= MAX_DEFERRED:
+        elif len(self._deferred) >= MAX_DEFERRED or self._deferred_bytes >= MAX_DEFERRED_BYTES:
             self.flush()
 
     def defer_audit(self, wake: Callable[[], None] | None) -> None:
-        """Hold audit records back until :meth:`flush`, calling ``wake`` when the first one
-        of a batch is held (None: hand each over as it comes, the records held so far now).
+        """Hold audit records and finished tool calls back until :meth:`flush`, calling
+        ``wake`` when the first one of a batch is held (None: take each as it comes, those
+        held so far now).
 
-        Why: a record is made where its event happens — a call's as its answer passes — and
-        handing it to the writer (encoding, chaining, queueing) there would delay that answer
-        on the event loop; see :func:`reactor_fabric.trio.audit_batches.hand_audit_over_later`.
+        Why: a call ends where its answer passes, on the event loop, and everything done
+        there — reading the answer's outcome, making the record, the metrics, the status
+        page, handing the record to the writer (encoding, chaining, queueing) — would delay
+        that answer; see :func:`reactor_fabric.trio.audit_batches.hand_audit_over_later`.
         Order is kept: every record passes through the same list.
         """
         self.flush()
         self._wake = wake
 
     def flush(self) -> None:
-        """Hand the records held back to the audit writer, in order."""
-        if self._deferred and self.audit is not None:
-            records, self._deferred = self._deferred, []
+        """Take the tool calls held back and hand the records to the audit writer, in
+        order."""
+        if not self._deferred:
+            return
+        held, self._deferred, self._deferred_bytes = self._deferred, [], 0
+        records = [item if isinstance(item, dict) else self._record_call(item) for item in held]
+        if self.audit is not None:
             self.audit.submit_many(records)
 
     # --- sessions -----------------------------------------------------------------------------
@@ -272,7 +301,7 @@ class Observer:
 
     def tool_call(
         self,
-        call: ToolCall,
+        call: ToolCall | ToolCallDone,
         *,
         session: str,
         endpoint: str,
@@ -281,14 +310,35 @@ class Observer:
         client: Client | None,
         trace_id: str,
     ) -> None:
-        """One finished tools/call: its audit record, its metrics, the status page's view."""
+        """One finished tools/call: its audit record, its metrics, the status page's view
+        (held back with the audit records while they are, see :meth:`defer_audit`)."""
+        held = _HeldCall(
+            call if isinstance(call, ToolCallDone) else ToolCallDone(call),
+            session,
+            endpoint,
+            service,
+            container,
+            client,
+            trace_id,
+        )
+        if self._wake is not None:
+            self._hold(held)
+            return
+        record = self._record_call(held)
+        if self.audit is not None:
+            self.audit.submit(record)
+
+    def _record_call(self, held: _HeldCall) -> dict[str, Any]:
+        """The call's metrics and status page entry, and its audit record (returned)."""
+        call = held.done.call
+        session, service, container = held.session, held.service, held.container
         now = time.time()
         record: dict[str, Any] = {
             "ts": now_iso(now - call.duration),
             "event": "tool_call",
             "session": session,
-            "endpoint": endpoint,
-            "client": client.record() if client is not None else None,
+            "endpoint": held.endpoint,
+            "client": held.client.record() if held.client is not None else None,
             "service": service,
             "container": container,
             "tool": call.tool,
@@ -306,9 +356,8 @@ class Observer:
             "error_reason": call.error_reason,
             "bytes_in": call.bytes_in,
             "bytes_out": call.bytes_out,
-            "trace_id": trace_of(call.traceparent) or trace_id,
+            "trace_id": trace_of(call.traceparent) or held.trace_id,
         }
-        self._write(record)
         self.metrics.tool_call(service, call.tool, call.outcome, call.duration)
         self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
         if self.tracing is not None:
@@ -319,6 +368,7 @@ class Observer:
                 service=service,
                 container=container,
             )
+        return record
 
     def error_sent(self, code: int, reason: str) -> None:
         """The orchestrator answered a client with an error of its own."""

@@ -405,7 +405,7 @@ class SessionMachine:
         if message.kind == REQUEST:
             assert message.id is not None
             if message.method == TOOLS_CALL:
-                self.calls.begin_frame(message.id, event.frame, now)
+                self.calls.begin_params(message.id, message.params, len(event.frame), now)
             if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
                 refusal = InvalidRequest(
                     f"this session already has {self.limits.max_in_flight} requests in flight",
@@ -429,8 +429,8 @@ class SessionMachine:
         """The orchestrator answers a client request with ``error`` (a tool call ends)."""
         frame = error_response(request_id, error)
         send = SendToClient(frame, error=(error.code, error.reason))
-        call = self.calls.answered(request_id, frame, self._now) if self.calls.open else None
-        return [send] if call is None else [send, ToolCallDone(call)]
+        done = self.calls.answer(request_id, frame, self._now) if self.calls.open else None
+        return [send] if done is None else [send, done]
 
     def _write(self, slot: _Slot, message: Peek, frame: bytes) -> WriteStdin:
         self.ledger.from_client(message, frame)
@@ -568,9 +568,9 @@ class SessionMachine:
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
         send = SendToClient(event.line, message)
         if message.kind == RESPONSE and self.calls.open:
-            call = self.calls.answered(message.id, event.line, now)
-            if call is not None:
-                return [send, ToolCallDone(call)]
+            done = self.calls.answer(message.id, event.line, now)
+            if done is not None:
+                return [send, done]
         return [send]
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:

@@ -57,10 +57,6 @@ class _CallParams(msgspec.Struct):
     meta: _Meta | None = msgspec.field(default=None, name="_meta")
 
 
-class _CallEnvelope(msgspec.Struct):
-    params: _CallParams | None = None
-
-
 class _ErrorBody(msgspec.Struct):
     code: Any = None
     data: Any = None
@@ -75,7 +71,7 @@ class _Answer(msgspec.Struct):
     error: _ErrorBody | None = None
 
 
-_call_decoder = msgspec.json.Decoder(_CallEnvelope)
+_params_decoder = msgspec.json.Decoder(_CallParams)
 _answer_decoder = msgspec.json.Decoder(_Answer)
 _any_decoder = msgspec.json.Decoder()
 _canonical = msgspec.json.Encoder(order="sorted")
@@ -107,11 +103,42 @@ class ToolCall:
     traceparent: str | None  # the client's, from params._meta, when valid
 
 
-@dataclass(frozen=True, slots=True)
 class ToolCallDone:
-    """The action: a ``tools/call`` has its outcome (for the audit trail and the metrics)."""
+    """The action: a ``tools/call`` has its outcome (for the audit trail and the metrics).
 
-    call: ToolCall
+    When the outcome is an answer, what it says (a result, an error and its reason) is read
+    from the answer only when :attr:`call` is first asked for. Why: the action goes out with
+    the answer, and the driver records the call after the answer has left; decoding it here
+    would delay every answer by that decode.
+    """
+
+    __slots__ = ("_answer", "_call")
+    __match_args__ = ("call",)
+
+    def __init__(self, call: ToolCall | None = None, *, answer: _Answered | None = None) -> None:
+        assert (call is None) != (answer is None)
+        self._call = call
+        self._answer = answer
+
+    @property
+    def call(self) -> ToolCall:
+        if self._call is None:
+            assert self._answer is not None
+            self._call, self._answer = self._answer.outcome(), None
+        return self._call
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of an answer still held for reading its outcome (0 once read)."""
+        return len(self._answer.frame) if self._answer is not None else 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ToolCallDone) and self.call == other.call
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable: the outcome is read once)
+
+    def __repr__(self) -> str:
+        return f"ToolCallDone({self.call!r})"
 
 
 @dataclass(slots=True)
@@ -122,6 +149,32 @@ class _Open:
     started: float
     bytes_in: int
     traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    """A call and the answer that ended it, its outcome not read yet."""
+
+    request_id: RequestId
+    call: _Open
+    frame: bytes
+    now: float
+
+    def outcome(self) -> ToolCall:
+        try:
+            answer = _answer_decoder.decode(self.frame)
+        except (msgspec.DecodeError, RecursionError):
+            answer = _Answer()
+        request_id, call, now, size = self.request_id, self.call, self.now, len(self.frame)
+        if answer.error is not None:
+            code = answer.error.code if isinstance(answer.error.code, int) else None
+            data = answer.error.data
+            reason = data.get("reason") if isinstance(data, dict) else None
+            reason = reason if isinstance(reason, str) else None
+            return _done(request_id, call, now, "error", code, reason, bytes_out=size)
+        if answer.result is not None and answer.result.isError is True:
+            return _done(request_id, call, now, "error", None, "tool_error", bytes_out=size)
+        return _done(request_id, call, now, "ok", bytes_out=size)
 
 
 class ToolCalls:
@@ -140,21 +193,26 @@ class ToolCalls:
 
     # --- beginnings ---------------------------------------------------------------------------
 
-    def begin_frame(self, request_id: RequestId, frame: bytes, now: float) -> None:
-        """A ``tools/call`` request as the client sent it (the relay: only its params read)."""
-        try:
-            params = _call_decoder.decode(frame).params
-        except (msgspec.DecodeError, RecursionError):
-            params = None
-        if params is None:
-            params = _CallParams()
+    def begin_params(
+        self, request_id: RequestId, params: msgspec.Raw | None, nbytes: int, now: float
+    ) -> None:
+        """A ``tools/call`` request as the client sent it (the relay): its ``params`` as they
+        are in the frame (read only here), the frame's size."""
+        decoded: _CallParams | None = None
+        if params is not None:
+            try:
+                decoded = _params_decoder.decode(params)
+            except (msgspec.DecodeError, RecursionError):
+                decoded = None
+        if decoded is None:
+            decoded = _CallParams()
         self.open[request_id] = _Open(
-            _tool_name(params.name),
+            _tool_name(decoded.name),
             None,
-            self._arguments_raw(params.arguments),
+            self._arguments_raw(decoded.arguments),
             now,
-            len(frame),
-            _trace(params.meta.traceparent if params.meta is not None else None),
+            nbytes,
+            _trace(decoded.meta.traceparent if decoded.meta is not None else None),
         )
 
     def begin(
@@ -181,24 +239,19 @@ class ToolCalls:
 
     # --- outcomes -----------------------------------------------------------------------------
 
-    def answered(self, request_id: RequestId | None, frame: bytes, now: float) -> ToolCall | None:
-        """The answer (as sent to the client) to ``request_id``, if it is a call in flight."""
+    def answer(self, request_id: RequestId | None, frame: bytes, now: float) -> ToolCallDone | None:
+        """The answer (as sent to the client) to ``request_id``, if it is a call in flight: the
+        call's end, its outcome read from ``frame`` when first asked for."""
         call = self.open.pop(request_id, None) if request_id is not None else None
         if call is None:
             return None
-        try:
-            answer = _answer_decoder.decode(frame)
-        except (msgspec.DecodeError, RecursionError):
-            answer = _Answer()
-        if answer.error is not None:
-            code = answer.error.code if isinstance(answer.error.code, int) else None
-            data = answer.error.data
-            reason = data.get("reason") if isinstance(data, dict) else None
-            reason = reason if isinstance(reason, str) else None
-            return _done(request_id, call, now, "error", code, reason, bytes_out=len(frame))
-        if answer.result is not None and answer.result.isError is True:
-            return _done(request_id, call, now, "error", None, "tool_error", bytes_out=len(frame))
-        return _done(request_id, call, now, "ok", bytes_out=len(frame))
+        assert request_id is not None
+        return ToolCallDone(answer=_Answered(request_id, call, frame, now))
+
+    def answered(self, request_id: RequestId | None, frame: bytes, now: float) -> ToolCall | None:
+        """As :meth:`answer`, the outcome read at once."""
+        done = self.answer(request_id, frame, now)
+        return None if done is None else done.call
 
     def cancelled(self, request_id: RequestId | None, now: float) -> ToolCall | None:
         call = self.open.pop(request_id, None) if request_id is not None else None

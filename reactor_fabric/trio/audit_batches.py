@@ -1,16 +1,21 @@
-"""Audit records go to the writer after the answers of the same moment have gone out.
+"""Tool calls are recorded, and audit records go to the writer, after the answers of the same
+moment have gone out.
 
-A tool call's audit record is made on the event loop when its answer passes through the
-relay. The answer itself only leaves when the connection's writer task runs, at the
-scheduler's next turn; encoding, chaining and queueing the record before that turn (tens of
-microseconds when caches are cold, as they are between round trips) would delay the answer by
-as much. So the observer holds records back and this task hands them over one turn later —
-after every task the same events woke, the writers among them — as one batch (the writer's
-lock taken once). Records keep their order; they wait at most a couple of scheduler turns.
+A tool call ends on the event loop when its answer passes through the relay. The answer itself
+only leaves when the connection's writer task runs, at the scheduler's next turn; whatever the
+relay does before that turn delays the answer by as much: reading the answer's outcome (a
+decode), making the call's audit record, counting it in the metrics and the status page,
+encoding, chaining and queueing the record (tens of microseconds when caches are cold, as
+they are between round trips). So the observer holds finished calls and records back and this
+task has them taken one turn later — after every task the same events woke, the writers among
+them — as one batch (the writer's lock taken once). Records keep their order; they wait at most
+a couple of scheduler turns. With no audit trail configured the task still runs: the calls'
+metrics and status page entries are made the same way.
 
-Resource handling: the records held are bounded (``MAX_DEFERRED``: beyond it the observer hands
-them over at once). When the task ends — cancelled with the orchestrator's root nursery — it
-hands over what is held and the observer goes back to handing each record over as it comes.
+Resource handling: what is held is bounded (``MAX_DEFERRED`` items, ``MAX_DEFERRED_BYTES`` of
+answers held for their outcome: beyond, the observer takes them at once). When the task ends —
+cancelled with the orchestrator's root nursery — it has what is held taken and the observer goes
+back to taking each call and record as it comes.
 """
 
 from __future__ import annotations
@@ -33,11 +38,8 @@ class _Due:
 async def hand_audit_over_later(
     observer: Observer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Run until cancelled: the observer's audit records, handed to the writer in batches one
-    scheduler turn after they were made."""
-    if observer.audit is None:
-        task_status.started()
-        return
+    """Run until cancelled: the observer's finished tool calls and audit records, taken in
+    batches one scheduler turn after they were made."""
     due = _Due()
     observer.defer_audit(due.set)
     task_status.started()

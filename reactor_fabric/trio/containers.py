@@ -23,7 +23,7 @@ from ..config.structs import Service
 from ..observe.ratelimit import TokenBucket
 from ..policy.container_spec import MountSpec
 from ..protocol.framing import FramingError, TruncatingLineSplitter
-from ..protocol.tool_calls import ToolCall
+from ..protocol.tool_calls import ToolCall, ToolCallDone
 from ..runtime.base import Container
 from .fabric import ContainerRecord, Fabric, SessionRecord
 
@@ -134,7 +134,7 @@ async def start_container(
 def audit_call(
     fabric: Fabric,
     record: SessionRecord,
-    call: ToolCall,
+    call: ToolCall | ToolCallDone,
     *,
     service: str,
     live: LiveContainer | None,

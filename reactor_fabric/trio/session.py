@@ -427,10 +427,11 @@ class SessionDriver:
                         await self.channel.close(code, reason)
                 case EndSession():
                     nursery.cancel_scope.cancel()
-                case ToolCallDone(call=call):
-                    self._audit(call)
+                case ToolCallDone():
+                    # The call's outcome is read later, after the answer went out.
+                    self._audit(action)
 
-    def _audit(self, call: ToolCall) -> None:
+    def _audit(self, call: ToolCallDone | ToolCall) -> None:
         seq = self.machine.current_seq
         live = self._live.get(seq) if seq is not None else None
         audit_call(self.fabric, self.record, call, service=self.service_name, live=live)

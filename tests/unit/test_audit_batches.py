@@ -12,10 +12,11 @@ from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.observe import observer as observer_module
 from reactor_fabric.observe.audit import AuditWriter
 from reactor_fabric.observe.observer import Observer
+from reactor_fabric.protocol.tool_calls import ToolCallDone, ToolCalls
 from reactor_fabric.trio.audit_batches import hand_audit_over_later
 from reactor_fabric.trio.fabric import Fabric
 from tests.fakes import AnsweringRuntime
-from tests.unit.test_observer import CLIENT, call
+from tests.unit.test_observer import CLIENT, call, samples
 
 
 class RecordingWriter(AuditWriter):
@@ -38,11 +39,21 @@ async def connection_writer(answer_due: trio.Event, seen: list[str]) -> None:
     seen.append("answer sent")
 
 
-def finished_call(observer: Observer, request_id: int) -> None:
+def finished_call(observer: Observer, finished: int | ToolCallDone) -> None:
+    """A call ends: its request id (a made-up ToolCall), or the relay's own end of it."""
     observer.tool_call(
-        call(request_id=request_id), session="s", endpoint="relay", service="git",
+        call(request_id=finished) if isinstance(finished, int) else finished,
+        session="s", endpoint="relay", service="git",
         container="c1", client=CLIENT, trace_id="f" * 32,
     )  # fmt: skip
+
+
+def tool_calls_counted(observer: Observer) -> float:
+    return sum(
+        value
+        for (name, _), value in samples(observer.metrics).items()
+        if name == "reactor_fabric_tool_calls_total"
+    )
 
 
 async def test_a_calls_record_reaches_the_writer_after_the_task_woken_with_its_answer() -> None:
@@ -113,6 +124,54 @@ def test_the_records_held_are_bounded_and_handed_over_when_the_bound_is_reached(
     assert (seen, wakes) == ([], [True])
     finished_call(observer, 3)
     assert seen == ["tool_call 1", "tool_call 2", "tool_call 3"]
+
+
+async def test_without_an_audit_trail_a_calls_metrics_are_counted_after_its_answer_went() -> None:
+    observer = Observer(services=["git"])
+    observer.metrics.know_tools({"git": ["git_log"]})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hand_audit_over_later, observer)
+        finished_call(observer, 1)
+        assert tool_calls_counted(observer) == 0.0
+        assert list(observer.calls) == []
+        await trio.testing.wait_all_tasks_blocked()
+        assert tool_calls_counted(observer) == 1.0
+        assert [event.record["request_id"] for event in observer.calls] == [1]
+        nursery.cancel_scope.cancel()
+
+
+def test_an_answer_held_for_its_outcome_is_read_only_when_the_batch_is_taken() -> None:
+    seen: list[str] = []
+    observer = Observer(audit=RecordingWriter(seen))
+    observer.defer_audit(lambda: None)
+    calls = ToolCalls()
+    calls.begin_params(5, None, 100, now=0.0)
+    done = calls.answer(5, b'{"jsonrpc":"2.0","id":5,"error":{"code":-32001}}', now=1.0)
+    assert done is not None
+    finished_call(observer, done)
+    assert done.held_bytes > 0  # not read yet: the answer is on its way out
+    observer.flush()
+    assert done.held_bytes == 0
+    assert seen == ["tool_call 5"]
+    assert observer.calls[-1].outcome == "error"
+
+
+def test_the_answers_held_are_bounded_in_bytes(monkeypatch: Any) -> None:
+    monkeypatch.setattr(observer_module, "MAX_DEFERRED_BYTES", 1000)
+    seen: list[str] = []
+    observer = Observer(audit=RecordingWriter(seen))
+    observer.defer_audit(lambda: None)
+    calls = ToolCalls()
+    for request_id in (1, 2):
+        calls.begin_params(request_id, None, 100, now=0.0)
+    small = calls.answer(1, b'{"jsonrpc":"2.0","id":1,"result":{}}', now=1.0)
+    large = calls.answer(2, b'{"jsonrpc":"2.0","id":2,"result":{"x":"%s"}}' % (b"y" * 1000), 1.0)
+    assert small is not None
+    assert large is not None
+    finished_call(observer, small)
+    assert seen == []
+    finished_call(observer, large)
+    assert seen == ["tool_call 1", "tool_call 2"]
 
 
 def test_closing_the_observer_hands_over_what_it_holds() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from reactor_fabric.protocol.jsonrpc import RequestId, peek
 from reactor_fabric.protocol.tool_calls import (
     FULL_ARGUMENTS_BYTES,
     REDACTED,
@@ -27,6 +28,13 @@ def call_frame(request_id: object, name: object, arguments: object = None, **par
     return json.dumps(message).encode()
 
 
+def begin(calls: ToolCalls, request_id: RequestId, frame: bytes, *, now: float) -> None:
+    """The client's request, as the relay's session machine hands it over (peeked)."""
+    message = peek(frame)
+    assert message.id == request_id
+    calls.begin_params(request_id, message.params, len(frame), now)
+
+
 def answer(request_id: object, **body: Any) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": request_id, **body}).encode()
 
@@ -34,7 +42,7 @@ def answer(request_id: object, **body: Any) -> bytes:
 def test_a_call_answered_with_a_result_is_ok_with_its_sizes_and_duration() -> None:
     calls = ToolCalls()
     frame = call_frame(7, "git_commit", {"message": "x"})
-    calls.begin_frame(7, frame, now=10.0)
+    begin(calls, 7, frame, now=10.0)
     reply = answer(7, result={"content": []})
     done = calls.answered(7, reply, now=10.25)
     assert done is not None
@@ -44,9 +52,22 @@ def test_a_call_answered_with_a_result_is_ok_with_its_sizes_and_duration() -> No
     assert calls.open == {}
 
 
+def test_an_answers_outcome_is_read_when_first_asked_for_and_only_once() -> None:
+    calls = ToolCalls()
+    begin(calls, 7, call_frame(7, "t"), now=0.0)
+    reply = answer(7, result={"content": [], "isError": True})
+    done = calls.answer(7, reply, now=1.0)
+    assert done is not None
+    assert calls.open == {}  # the call ended when its answer passed
+    assert done.held_bytes == len(reply)  # ... what it says is read later
+    assert (done.call.outcome, done.call.error_reason) == ("error", "tool_error")
+    assert done.held_bytes == 0
+    assert done.call is done.call
+
+
 def test_a_json_rpc_error_is_an_error_with_its_code_and_reason() -> None:
     calls = ToolCalls()
-    calls.begin_frame("a", call_frame("a", "t"), now=0.0)
+    begin(calls, "a", call_frame("a", "t"), now=0.0)
     error = {"code": -32002, "message": "gone", "data": {"reason": "container_exited"}}
     done = calls.answered("a", answer("a", error=error), now=1.0)
     assert done is not None
@@ -59,7 +80,7 @@ def test_a_json_rpc_error_is_an_error_with_its_code_and_reason() -> None:
 
 def test_a_result_the_tool_marked_as_an_error_is_an_error_without_a_code() -> None:
     calls = ToolCalls()
-    calls.begin_frame(1, call_frame(1, "t"), now=0.0)
+    begin(calls, 1, call_frame(1, "t"), now=0.0)
     done = calls.answered(1, answer(1, result={"content": [], "isError": True}), now=0.0)
     assert done is not None
     assert (done.outcome, done.error_code, done.error_reason) == ("error", None, "tool_error")
@@ -67,7 +88,7 @@ def test_a_result_the_tool_marked_as_an_error_is_an_error_without_a_code() -> No
 
 def test_a_cancelled_call_is_recorded_once_and_its_late_answer_is_not() -> None:
     calls = ToolCalls()
-    calls.begin_frame(1, call_frame(1, "t"), now=0.0)
+    begin(calls, 1, call_frame(1, "t"), now=0.0)
     cancelled = calls.cancelled(1, now=2.0)
     assert cancelled is not None
     assert (cancelled.outcome, cancelled.duration) == ("cancelled", 2.0)
@@ -77,8 +98,8 @@ def test_a_cancelled_call_is_recorded_once_and_its_late_answer_is_not() -> None:
 
 def test_calls_still_open_when_the_session_ends_had_no_answer() -> None:
     calls = ToolCalls()
-    calls.begin_frame(1, call_frame(1, "a"), now=0.0)
-    calls.begin_frame(2, call_frame(2, "b"), now=1.0)
+    begin(calls, 1, call_frame(1, "a"), now=0.0)
+    begin(calls, 2, call_frame(2, "b"), now=1.0)
     done = calls.abandon(now=4.0)
     assert [(c.request_id, c.tool, c.outcome, c.duration) for c in done] == [
         (1, "a", "no_answer", 4.0),
@@ -98,8 +119,8 @@ def test_the_arguments_hash_is_of_their_canonical_json_whatever_the_client_sent(
     compact = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t",'
     compact += b'"arguments":{"b":1,"a":[true,null]}}}'
     spaced = call_frame(2, "t", {"a": [True, None], "b": 1})
-    calls.begin_frame(1, compact, now=0.0)
-    calls.begin_frame(2, spaced, now=0.0)
+    begin(calls, 1, compact, now=0.0)
+    begin(calls, 2, spaced, now=0.0)
     first, second = calls.abandon(now=0.0)
     expected = hashlib.sha256(b'{"a":[true,null],"b":1}').hexdigest()
     assert first.arguments.sha256 == second.arguments.sha256 == expected
@@ -109,7 +130,7 @@ def test_the_arguments_hash_is_of_their_canonical_json_whatever_the_client_sent(
 def test_arguments_kept_in_full_have_secret_looking_values_redacted_at_any_depth() -> None:
     calls = ToolCalls("full")
     arguments = {"path": "/w", "API_KEY": "k", "nested": [{"password": "p", "x": 1}]}
-    calls.begin_frame(1, call_frame(1, "t", arguments), now=0.0)
+    begin(calls, 1, call_frame(1, "t", arguments), now=0.0)
     [done] = calls.abandon(now=0.0)
     assert done.arguments.full == {
         "path": "/w",
@@ -121,7 +142,7 @@ def test_arguments_kept_in_full_have_secret_looking_values_redacted_at_any_depth
 
 def test_arguments_too_large_to_keep_in_full_keep_only_their_hash() -> None:
     calls = ToolCalls("full")
-    calls.begin_frame(1, call_frame(1, "t", {"data": "x" * FULL_ARGUMENTS_BYTES}), now=0.0)
+    begin(calls, 1, call_frame(1, "t", {"data": "x" * FULL_ARGUMENTS_BYTES}), now=0.0)
     [done] = calls.abandon(now=0.0)
     assert (done.arguments.full, done.arguments.truncated) == (None, True)
     assert done.arguments.sha256 is not None
@@ -129,15 +150,15 @@ def test_arguments_too_large_to_keep_in_full_keep_only_their_hash() -> None:
 
 def test_with_arguments_none_nothing_of_them_is_kept() -> None:
     calls = ToolCalls("none")
-    calls.begin_frame(1, call_frame(1, "t", {"password": "p"}), now=0.0)
+    begin(calls, 1, call_frame(1, "t", {"password": "p"}), now=0.0)
     [done] = calls.abandon(now=0.0)
     assert (done.arguments.sha256, done.arguments.full) == (None, None)
 
 
 def test_a_valid_traceparent_in_the_calls_meta_is_kept_and_an_invalid_one_is_not() -> None:
     calls = ToolCalls()
-    calls.begin_frame(1, call_frame(1, "t", _meta={"traceparent": TRACEPARENT}), now=0.0)
-    calls.begin_frame(2, call_frame(2, "t", _meta={"traceparent": "00-zz-yy-01"}), now=0.0)
+    begin(calls, 1, call_frame(1, "t", _meta={"traceparent": TRACEPARENT}), now=0.0)
+    begin(calls, 2, call_frame(2, "t", _meta={"traceparent": "00-zz-yy-01"}), now=0.0)
     first, second = calls.abandon(now=0.0)
     assert (first.traceparent, second.traceparent) == (TRACEPARENT, None)
 
@@ -154,7 +175,7 @@ def test_a_valid_traceparent_in_the_calls_meta_is_kept_and_an_invalid_one_is_not
 )
 def test_a_malformed_call_is_still_recorded_and_never_raises(frame: bytes) -> None:
     calls = ToolCalls("full")
-    calls.begin_frame(1, frame, now=0.0)
+    begin(calls, 1, frame, now=0.0)
     [done] = calls.abandon(now=0.0)
     assert done.request_id == 1
     assert isinstance(done.tool, str)
@@ -162,7 +183,7 @@ def test_a_malformed_call_is_still_recorded_and_never_raises(frame: bytes) -> No
 
 def test_a_very_long_tool_name_is_cut() -> None:
     calls = ToolCalls()
-    calls.begin_frame(1, call_frame(1, "t" * 10_000), now=0.0)
+    begin(calls, 1, call_frame(1, "t" * 10_000), now=0.0)
     [done] = calls.abandon(now=0.0)
     assert len(done.tool) == 256
 
