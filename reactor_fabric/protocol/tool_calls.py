@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -36,6 +37,8 @@ Outcome = Literal["ok", "error", "cancelled", "no_answer"]
 TOOLS_CALL: Final = "tools/call"
 # Arguments kept in full (mode "full") up to this size as JSON; beyond it only their hash.
 FULL_ARGUMENTS_BYTES: Final = 16 * 1024
+# A relayed call's params up to this size are read when the call ends, not as it passes.
+LAZY_PARAMS_BYTES: Final = 4 * 1024
 # A tool name longer than this is cut (the audit and the metrics' labels stay bounded).
 MAX_TOOL_NAME: Final = 256
 REDACTED: Final = "[redacted]"
@@ -149,6 +152,9 @@ class _Open:
     started: float
     bytes_in: int
     traceparent: str | None
+    # The relay's request params not read yet (see ToolCalls.begin_params): read when the call
+    # ends, which then fills in tool, arguments and traceparent.
+    unread: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,13 +165,19 @@ class _Answered:
     call: _Open
     frame: bytes
     now: float
+    read: Callable[[_Open], _Open]  # reads the call's own params, if not yet
 
     def outcome(self) -> ToolCall:
         try:
             answer = _answer_decoder.decode(self.frame)
         except (msgspec.DecodeError, RecursionError):
             answer = _Answer()
-        request_id, call, now, size = self.request_id, self.call, self.now, len(self.frame)
+        request_id, call, now, size = (
+            self.request_id,
+            self.read(self.call),
+            self.now,
+            len(self.frame),
+        )
         if answer.error is not None:
             code = answer.error.code if isinstance(answer.error.code, int) else None
             data = answer.error.data
@@ -197,7 +209,18 @@ class ToolCalls:
         self, request_id: RequestId, params: msgspec.Raw | None, nbytes: int, now: float
     ) -> None:
         """A ``tools/call`` request as the client sent it (the relay): its ``params`` as they
-        are in the frame (read only here), the frame's size."""
+        are in the frame, the frame's size.
+
+        Small params (the usual case) are kept as bytes and read only when the call ends —
+        after the request went on to the server, off its path; larger ones are read now, so
+        that what is kept per call in flight stays small.
+        """
+        if params is not None and len(params) <= LAZY_PARAMS_BYTES:
+            self.open[request_id] = _Open("", None, Arguments(), now, nbytes, None, bytes(params))
+            return
+        self.open[request_id] = self._read_params(params, now, nbytes)
+
+    def _read_params(self, params: msgspec.Raw | bytes | None, now: float, nbytes: int) -> _Open:
         decoded: _CallParams | None = None
         if params is not None:
             try:
@@ -206,7 +229,7 @@ class ToolCalls:
                 decoded = None
         if decoded is None:
             decoded = _CallParams()
-        self.open[request_id] = _Open(
+        return _Open(
             _tool_name(decoded.name),
             None,
             self._arguments_raw(decoded.arguments),
@@ -214,6 +237,18 @@ class ToolCalls:
             nbytes,
             _trace(decoded.meta.traceparent if decoded.meta is not None else None),
         )
+
+    def _read(self, call: _Open) -> _Open:
+        """``call`` with its params read (once: the call is then complete)."""
+        if call.unread is not None:
+            read = self._read_params(call.unread, call.started, call.bytes_in)
+            call.tool, call.arguments, call.traceparent = (
+                read.tool,
+                read.arguments,
+                read.traceparent,
+            )
+            call.unread = None
+        return call
 
     def begin(
         self,
@@ -246,7 +281,7 @@ class ToolCalls:
         if call is None:
             return None
         assert request_id is not None
-        return ToolCallDone(answer=_Answered(request_id, call, frame, now))
+        return ToolCallDone(answer=_Answered(request_id, call, frame, now, self._read))
 
     def answered(self, request_id: RequestId | None, frame: bytes, now: float) -> ToolCall | None:
         """As :meth:`answer`, the outcome read at once."""
@@ -257,11 +292,14 @@ class ToolCalls:
         call = self.open.pop(request_id, None) if request_id is not None else None
         if call is None:
             return None
-        return _done(request_id, call, now, "cancelled")
+        return _done(request_id, self._read(call), now, "cancelled")
 
     def abandon(self, now: float) -> list[ToolCall]:
         """The session ends: every call still open had no answer."""
-        done = [_done(request_id, call, now, "no_answer") for request_id, call in self.open.items()]
+        done = [
+            _done(request_id, self._read(call), now, "no_answer")
+            for request_id, call in self.open.items()
+        ]
         self.open.clear()
         return done
 

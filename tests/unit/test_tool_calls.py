@@ -11,6 +11,7 @@ import pytest
 from reactor_fabric.protocol.jsonrpc import RequestId, peek
 from reactor_fabric.protocol.tool_calls import (
     FULL_ARGUMENTS_BYTES,
+    LAZY_PARAMS_BYTES,
     REDACTED,
     ToolCalls,
     redact,
@@ -63,6 +64,22 @@ def test_an_answers_outcome_is_read_when_first_asked_for_and_only_once() -> None
     assert (done.call.outcome, done.call.error_reason) == ("error", "tool_error")
     assert done.held_bytes == 0
     assert done.call is done.call
+
+
+def test_small_params_are_read_when_the_call_ends_and_large_ones_as_they_pass() -> None:
+    calls = ToolCalls()
+    small = call_frame(1, "git_log", {"path": "."}, _meta={"traceparent": TRACEPARENT})
+    large = call_frame(2, "git_log", {"path": "x" * LAZY_PARAMS_BYTES})
+    begin(calls, 1, small, now=0.0)
+    begin(calls, 2, large, now=0.0)
+    assert calls.open[1].tool == ""  # kept as bytes: nothing read on the request's path
+    assert calls.open[2].tool == "git_log"  # what is kept per call stays small
+    ended = calls.answered(1, answer(1, result={}), now=1.0)
+    assert ended is not None
+    assert (ended.tool, ended.traceparent) == ("git_log", TRACEPARENT)
+    assert ended.arguments.sha256 == hashlib.sha256(b'{"path":"."}').hexdigest()
+    [abandoned] = calls.abandon(now=2.0)
+    assert (abandoned.tool, abandoned.outcome) == ("git_log", "no_answer")
 
 
 def test_a_json_rpc_error_is_an_error_with_its_code_and_reason() -> None:
