@@ -73,7 +73,7 @@ from bench.stats import (
     summarize,
 )
 
-from bench import engine, report
+from bench import engine, report, residency
 
 REPO = engine.REPO
 TMP = REPO / "bench" / "tmp"
@@ -349,9 +349,11 @@ class Harness:
             for repeat in range(self.plan.repeats):
                 repeats.append(await self._interleave(systems, out, self.plan.rtt_calls))
                 say(f"  repeat {repeat + 1}/{self.plan.repeats} done")
-            self.diagnostics["orchestrator_cpu_us_per_call"] = await self._cpu_per_call(
-                {name: rpc for name, rpc in systems.items() if name in RELAYED and name not in out}
-            )
+            ours = {
+                name: rpc for name, rpc in systems.items() if name in RELAYED and name not in out
+            }
+            self.diagnostics["orchestrator_cpu_us_per_call"] = await self._cpu_per_call(ours)
+            out["residency"] = await self._relay_residency(ours)
             say("relay round trips done; closing the systems")
         await trio.to_thread.run_sync(engine.remove_bench_containers)
         for name in RELAY_SYSTEMS:
@@ -414,6 +416,28 @@ class Harness:
         finally:
             gc.enable()
         return samples
+
+    async def _relay_residency(self, systems: dict[str, Rpc]) -> Json:
+        """How long a message stays in the orchestrator (see bench/residency.py): per repeat
+        and system, ``rtt_calls`` calls on that system alone, one in flight, traced."""
+        why = await trio.to_thread.run_sync(residency.unavailable)
+        if why is not None:
+            say(f"residency not measured: {why}")
+            return {"error": why}
+        per_repeat: list[dict[str, Json]] = []
+        for repeat in range(self.plan.repeats):
+            figures: dict[str, Json] = {}
+            for name, rpc in systems.items():
+                try:
+                    async with residency.traced(self.orch.pid) as trace:
+                        await self._pool_calls(rpc, self.plan.rtt_calls)
+                except FAILURES as exc:
+                    figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                    continue
+                figures[name] = trace.figures
+            per_repeat.append(figures)
+            say(f"  residency {repeat + 1}/{self.plan.repeats}: {figures}")
+        return residency.summary(per_repeat)
 
     async def _cpu_per_call(self, systems: dict[str, Rpc]) -> Json:
         """Orchestrator CPU time (user + system, all threads) per relayed call, one system
@@ -1098,6 +1122,8 @@ class Harness:
         floors: list[dict[str, list[int]]] = []
         details: list[Json] = []
         out: Json = {"service": POOL_SERVICE, "parallel_starts": POOL_PARALLEL_STARTS}
+        # The orchestrator's own share of each call, from its syscalls (bench/residency.py).
+        untraced = await trio.to_thread.run_sync(residency.unavailable)
         try:
             await self._pool_quiet(systems)
             async with (
@@ -1112,7 +1138,11 @@ class Harness:
                     for phase in phases[repeat % 2 :] + phases[: repeat % 2]:
                         await self._pool_quiet(systems, sessions={"pooled": 1}, floors=1)
                         (samples[phase], floor[phase]), detail = await self._pool_phase(
-                            pooled, rpc, direct, refilling=phase == "refilling"
+                            pooled,
+                            rpc,
+                            direct,
+                            refilling=phase == "refilling",
+                            trace_calls=untraced is None,
                         )
                         details.append({"repeat": repeat, "phase": phase, **detail})
                     repeats.append(samples)
@@ -1174,6 +1204,17 @@ class Harness:
             for phase in phases
         }
         out["take_errors"] = sorted({e for d in details for e in d["take_errors"]})[:5]
+        if untraced is not None:
+            out["residency"] = {"error": untraced}
+        else:
+            traced = [
+                {d["phase"]: d.get("residency", {}) for d in details if d["repeat"] == repeat}
+                for repeat in range(len(repeats))
+            ]
+            out["residency"] = residency.summary(traced)
+            out["residency_difference"] = residency.differences(
+                traced, minus="quiet", of="refilling"
+            )
         out["per_repeat"] = per_repeat
         out["direct_per_repeat"] = floor_per_repeat
         return out
@@ -1193,7 +1234,7 @@ class Harness:
         return ours, floor
 
     async def _pool_phase(
-        self, pooled: PoolSystem, rpc: Rpc, direct: Rpc, *, refilling: bool
+        self, pooled: PoolSystem, rpc: Rpc, direct: Rpc, *, refilling: bool, trace_calls: bool
     ) -> tuple[tuple[list[int], list[int]], Json]:
         """One phase: the calls (through the orchestrator and, interleaved, directly attached to
         a container of the same image: the floor), with a :class:`RefillWatch` beside them (in
@@ -1212,9 +1253,10 @@ class Harness:
                         cpu = engine.cpu_seconds(pooled.orch.pid)
                         begin = time.perf_counter_ns()
                         try:
-                            samples = await self._paired_calls(
-                                rpc, direct, self.plan.pool_refill_calls
-                            )
+                            async with self._traced_if(trace_calls, pooled.orch.pid) as trace:
+                                samples = await self._paired_calls(
+                                    rpc, direct, self.plan.pool_refill_calls
+                                )
                         finally:
                             gc.enable()
                         seconds = (time.perf_counter_ns() - begin) / 1e9
@@ -1233,7 +1275,17 @@ class Harness:
             "pool_takes": delta(await pooled.takes(POOL_SERVICE), before),
             "take_errors": watch.errors,
         }
+        if trace is not None:
+            detail["residency"] = trace.figures
         return samples, detail
+
+    @contextlib.asynccontextmanager
+    async def _traced_if(self, wanted: bool, pid: int) -> AsyncIterator[residency.Trace | None]:
+        if not wanted:
+            yield None
+            return
+        async with residency.traced(pid) as trace:
+            yield trace
 
 
 class PoolStuck(RuntimeError):

@@ -389,8 +389,29 @@ def _rtt(results: Json) -> str:
             for name, value in cpu.items()
         )
         lines.append(f"- Orchestrator CPU per call, one call in flight: {text}.")
+    lines += _residency_lines(rtt.get("residency"))
     lines.append("")
     return "\n".join(lines)
+
+
+def _residency_lines(figures: Any) -> list[str]:
+    """The relay's own time per message, from its syscalls (bench/residency.py)."""
+    if not isinstance(figures, dict):
+        return []
+    head = (
+        "- Time a message stays in the orchestrator (µs; from the syscall that read it to the "
+        "one that writes it on, perf tracepoints; median [min, max] of the repeats)"
+    )
+    if "error" in figures:
+        return [f"{head}: not measured: {figures['error']}."]
+    parts = [
+        f"{RTT_NAMES.get(key, key)}: request P50 {_range(values.get('request_p50_us'))}, "
+        f"P99 {_range(values.get('request_p99_us'))}; answer P50 "
+        f"{_range(values.get('answer_p50_us'))}, P99 {_range(values.get('answer_p99_us'))}"
+        for key, values in figures.items()
+        if key != "per_repeat" and isinstance(values, dict)
+    ]
+    return [f"{head}: " + "; ".join(parts) + "."]
 
 
 def _throughput(results: Json) -> str:
@@ -786,6 +807,30 @@ def _pool_refill(refill: Json) -> list[str]:
     ]
     if refill.get("take_errors"):
         lines.append(f"- Errors of the taking sessions: {refill['take_errors']}.")
+    traced = refill.get("residency")
+    if isinstance(traced, dict) and "error" in traced:
+        lines.append(
+            f"- The orchestrator's residency per message: not measured: {traced['error']}."
+        )
+    elif isinstance(traced, dict):
+        change = refill.get("residency_difference", {})
+        lines.append(
+            "- The orchestrator's residency per message on the live session (µs, from its "
+            "syscalls: client frame read → line written to the container, the container's "
+            "line read → frame written to the client; median [min, max] of the repeats): "
+            + "; ".join(
+                f"{phase}: request P50 {_range(traced.get(phase, {}).get('request_p50_us'))}, "
+                f"P99 {_range(traced.get(phase, {}).get('request_p99_us'))}, answer P50 "
+                f"{_range(traced.get(phase, {}).get('answer_p50_us'))}, P99 "
+                f"{_range(traced.get(phase, {}).get('answer_p99_us'))}"
+                for phase in ("quiet", "refilling")
+            )
+            + ". Refilling minus quiet, repeat by repeat: request P50 "
+            f"{_range(change.get('request_p50_us'), signed=True)}, P99 "
+            f"{_range(change.get('request_p99_us'), signed=True)}; answer P50 "
+            f"{_range(change.get('answer_p50_us'), signed=True)}, P99 "
+            f"{_range(change.get('answer_p99_us'), signed=True)}."
+        )
     lines.append("")
     return lines
 
