@@ -56,12 +56,15 @@ def unavailable() -> str | None:
     """Why syscalls cannot be traced here (None: they can)."""
     if shutil.which("perf") is None:
         return "perf is not installed (apt-get install linux-perf)"
-    probe = subprocess.run(
-        ["perf", "record", "-q", "-e", "raw_syscalls:sys_enter", "-o", os.devnull, "true"],
-        capture_output=True,
-        check=False,
-        timeout=PERF_START_BOUND,
-    )
+    try:
+        probe = subprocess.run(
+            ["perf", "record", "-q", "-e", "raw_syscalls:sys_enter", "-o", os.devnull, "true"],
+            capture_output=True,
+            check=False,
+            timeout=PERF_START_BOUND,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"perf cannot trace syscalls here: {exc}"
     if probe.returncode != 0:
         return "perf cannot trace syscalls here: " + probe.stderr.decode(errors="replace")[:200]
     return None
