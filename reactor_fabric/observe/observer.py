@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from .metrics import Metrics
 
 if TYPE_CHECKING:
     from .tracing import Tracing
+
+log = logging.getLogger(__name__)
 
 RECENT_CALLS: Final = 1000
 # Audit records and tool calls held for a later batch (see Observer.defer_audit), at most;
@@ -159,7 +162,18 @@ class Observer:
         if not self._deferred:
             return
         held, self._deferred, self._deferred_bytes = self._deferred, [], 0
-        records = [item if isinstance(item, dict) else self._record_call(item) for item in held]
+        records: list[dict[str, Any]] = []
+        for item in held:
+            if isinstance(item, dict):
+                records.append(item)
+                continue
+            try:
+                records.append(self._record_call(item))
+            except Exception:
+                # This runs in the orchestrator's own task, not the session's: a call that
+                # cannot be recorded (a tracing exporter failing, say) is logged and left out,
+                # and the others, and the orchestrator, go on.
+                log.exception("tool_call_not_recorded", extra={"session": item.session})
         if self.audit is not None:
             self.audit.submit_many(records)
 

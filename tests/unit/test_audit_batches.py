@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -172,6 +173,31 @@ def test_the_answers_held_are_bounded_in_bytes(monkeypatch: Any) -> None:
     assert seen == []
     finished_call(observer, large)
     assert seen == ["tool_call 1", "tool_call 2"]
+
+
+def test_a_call_that_cannot_be_recorded_is_logged_and_the_others_are_recorded(
+    monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[str] = []
+    observer = Observer(audit=RecordingWriter(seen))
+    observer.defer_audit(lambda: None)
+    counted = observer.metrics.tool_call
+
+    def failing_for_two(service: str, tool: str, outcome: str, seconds: float) -> None:
+        if tool == "broken":
+            raise RuntimeError("an exporter failed")
+        counted(service, tool, outcome, seconds)
+
+    monkeypatch.setattr(observer.metrics, "tool_call", failing_for_two)
+    finished_call(observer, 1)
+    observer.tool_call(
+        call(tool="broken", request_id=2), session="s", endpoint="relay", service="git",
+        container="c1", client=CLIENT, trace_id="f" * 32,
+    )  # fmt: skip
+    finished_call(observer, 3)
+    observer.flush()  # in the orchestrator's own task: it must not raise
+    assert seen == ["tool_call 1", "tool_call 3"]
+    assert [r.message for r in caplog.records] == ["tool_call_not_recorded"]
 
 
 def test_closing_the_observer_hands_over_what_it_holds() -> None:
