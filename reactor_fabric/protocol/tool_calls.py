@@ -172,12 +172,8 @@ class _Answered:
             answer = _answer_decoder.decode(self.frame)
         except (msgspec.DecodeError, RecursionError):
             answer = _Answer()
-        request_id, call, now, size = (
-            self.request_id,
-            self.read(self.call),
-            self.now,
-            len(self.frame),
-        )
+        request_id, now, size = self.request_id, self.now, len(self.frame)
+        call = self.read(self.call)
         if answer.error is not None:
             code = answer.error.code if isinstance(answer.error.code, int) else None
             data = answer.error.data
@@ -218,9 +214,11 @@ class ToolCalls:
         if params is not None and len(params) <= LAZY_PARAMS_BYTES:
             self.open[request_id] = _Open("", None, Arguments(), now, nbytes, None, bytes(params))
             return
-        self.open[request_id] = self._read_params(params, now, nbytes)
+        tool, arguments, traceparent = self._read_params(params)
+        self.open[request_id] = _Open(tool, None, arguments, now, nbytes, traceparent)
 
-    def _read_params(self, params: msgspec.Raw | bytes | None, now: float, nbytes: int) -> _Open:
+    def _read_params(self, params: msgspec.Raw | bytes | None) -> tuple[str, Arguments, str | None]:
+        """What the audit keeps of a call's params: its tool, arguments and traceparent."""
         decoded: _CallParams | None = None
         if params is not None:
             try:
@@ -229,24 +227,16 @@ class ToolCalls:
                 decoded = None
         if decoded is None:
             decoded = _CallParams()
-        return _Open(
+        return (
             _tool_name(decoded.name),
-            None,
             self._arguments_raw(decoded.arguments),
-            now,
-            nbytes,
             _trace(decoded.meta.traceparent if decoded.meta is not None else None),
         )
 
     def _read(self, call: _Open) -> _Open:
         """``call`` with its params read (once: the call is then complete)."""
         if call.unread is not None:
-            read = self._read_params(call.unread, call.started, call.bytes_in)
-            call.tool, call.arguments, call.traceparent = (
-                read.tool,
-                read.arguments,
-                read.traceparent,
-            )
+            call.tool, call.arguments, call.traceparent = self._read_params(call.unread)
             call.unread = None
         return call
 
