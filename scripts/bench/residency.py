@@ -48,7 +48,7 @@ SYS_SENDTO, SYS_RECVFROM = 44, 45
 
 _LINE = re.compile(
     r"^\s*(?P<tid>\d+)\s+(?P<time>[\d.]+):\s+raw_syscalls:sys_(?P<kind>enter|exit):"
-    r"\s+NR (?P<nr>\d+)(?: \((?P<fd>[0-9a-f]+),)?"
+    r"\s+NR (?P<nr>\d+)(?: \((?P<fd>[0-9a-f]+),| = (?P<ret>-?\d+))?"
 )
 
 
@@ -106,6 +106,8 @@ class Trace:
         }
 
     def _events(self) -> Iterator[tuple[str, int, float, int | None]]:
+        """(enter or exit, syscall number, µs, the fd it was called with at enter / what it
+        returned at exit) of the event loop's thread."""
         script = subprocess.run(
             ["perf", "script", "-i", str(self.path), "-F", "tid,time,event,trace", "--ns"],
             capture_output=True,
@@ -116,23 +118,27 @@ class Trace:
             match = _LINE.match(line)
             if match is None or int(match["tid"]) != self.pid:
                 continue  # only the event loop's thread (its tid is the process id)
-            fd = int(match["fd"], 16) if match["fd"] is not None else None
-            yield match["kind"], int(match["nr"]), float(match["time"]) * 1e6, fd
+            if match["fd"] is not None:
+                value: int | None = int(match["fd"], 16)
+            else:
+                value = int(match["ret"]) if match["ret"] is not None else None
+            yield match["kind"], int(match["nr"]), float(match["time"]) * 1e6, value
 
 
 def _hops(events: Iterator[tuple[str, int, float, int | None]]) -> Iterator[tuple[int, int, float]]:
-    """(fd read, fd written, µs between): each read that returned, to the next write begun,
-    when no other read came between."""
+    """(fd read, fd written, µs between): each read that returned bytes, to the next write
+    begun, when no other read returned bytes between (a read that found nothing, EAGAIN, is
+    not where a message arrived)."""
     read_fd: int | None = None  # the fd of the read in progress
     last_read: tuple[int, float] | None = None
-    for kind, number, micros, fd in events:
+    for kind, number, micros, value in events:
         if kind == "enter":
             if number == SYS_RECVFROM:
-                read_fd = fd
-            elif number == SYS_SENDTO and fd is not None and last_read is not None:
-                yield last_read[0], fd, micros - last_read[1]
+                read_fd = value
+            elif number == SYS_SENDTO and value is not None and last_read is not None:
+                yield last_read[0], value, micros - last_read[1]
                 last_read = None
-        elif number == SYS_RECVFROM and read_fd is not None:
+        elif number == SYS_RECVFROM and read_fd is not None and (value or 0) > 0:
             last_read = (read_fd, micros)
 
 
