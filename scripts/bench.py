@@ -430,7 +430,7 @@ class Harness:
             for name, rpc in systems.items():
                 try:
                     async with residency.traced(self.orch.pid) as trace:
-                        await self._pool_calls(rpc, self.plan.rtt_calls)
+                        await self._timed_calls(rpc, self.plan.rtt_calls)
                 except FAILURES as exc:
                     figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                     continue
@@ -1130,8 +1130,8 @@ class Harness:
                 initialized(self.pool_ws(pooled, POOL_SERVICE)) as rpc,
                 initialized(engine.attached(service_image(POOL_SERVICE))) as direct,
             ):
-                await self._pool_calls(rpc, self.plan.rtt_warmup)
-                await self._pool_calls(direct, self.plan.rtt_warmup)
+                await self._timed_calls(rpc, self.plan.rtt_warmup)
+                await self._timed_calls(direct, self.plan.rtt_warmup)
                 for repeat in range(self.plan.pool_refill_repeats):
                     samples: dict[str, list[int]] = {}
                     floor: dict[str, list[int]] = {}
@@ -1219,7 +1219,7 @@ class Harness:
         out["direct_per_repeat"] = floor_per_repeat
         return out
 
-    async def _pool_calls(self, rpc: Rpc, calls: int) -> list[int]:
+    async def _timed_calls(self, rpc: Rpc, calls: int) -> list[int]:
         return [await timed_tool_call(rpc) for _ in range(calls)]
 
     async def _paired_calls(self, rpc: Rpc, direct: Rpc, calls: int) -> tuple[list[int], list[int]]:
