@@ -93,6 +93,7 @@ class _HeldCall:
     container: str | None
     client: Client | None
     trace_id: str
+    ended: float  # wall clock, when the call ended (it may be recorded a little later)
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,7 @@ class Observer:
             container,
             client,
             trace_id,
+            time.time(),
         )
         if self._wake is not None:
             self._hold(held)
@@ -346,7 +348,7 @@ class Observer:
         """The call's metrics and status page entry, and its audit record (returned)."""
         call = held.done.call
         session, service, container = held.session, held.service, held.container
-        now = time.time()
+        now = held.ended
         record: dict[str, Any] = {
             "ts": now_iso(now - call.duration),
             "event": "tool_call",
@@ -381,6 +383,7 @@ class Observer:
                 trace_id=record["trace_id"],
                 service=service,
                 container=container,
+                ended=now,
             )
         return record
 

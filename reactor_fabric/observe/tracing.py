@@ -200,8 +200,10 @@ class Tracing:
         trace_id: str,
         service: str,
         container: str | None,
+        ended: float | None = None,
     ) -> None:
-        end = time.time_ns()
+        """The call's span, ended at ``ended`` (wall clock, seconds; None: now)."""
+        end = time.time_ns() if ended is None else round(ended * 1e9)
         context = (
             remote_parent(call.traceparent)
             if call.traceparent is not None

@@ -57,6 +57,7 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
         await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
         return
     observer = fabric.observer
+    observer.flush()  # the calls held for the next batch (see .audit_batches) count too
     if path == "/metrics":
         body = await trio.to_thread.run_sync(observer.metrics.exposition)
         await exchange.respond(200, body, content_type=CONTENT_TYPE.encode())

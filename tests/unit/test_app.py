@@ -12,6 +12,7 @@ from reactor_fabric.trio.http_server import HttpLimits, serve_connection
 from reactor_fabric.trio.streamable_http import HttpSessions
 from tests.fakes import AnsweringRuntime, UnreachableRuntime
 from tests.http_client import HttpClient, Reply
+from tests.unit.test_observer import CLIENT, call
 
 SUITE = Suite(
     version="1.0",
@@ -20,8 +21,13 @@ SUITE = Suite(
 )
 
 
-async def get(runtime: Runtime, path: str, method: str = "GET") -> Reply:
-    fabric = Fabric(suite=SUITE, runtime=runtime, network="bridge")
+async def get(runtime: Runtime | Fabric, path: str, method: str = "GET") -> Reply:
+    """One request to the app of ``runtime``'s orchestrator (or of that orchestrator)."""
+    fabric = (
+        runtime
+        if isinstance(runtime, Fabric)
+        else Fabric(suite=SUITE, runtime=runtime, network="bridge")
+    )
     app = FabricApp(fabric, HttpSessions(fabric))
     client_side, server_side = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as nursery:
@@ -65,3 +71,25 @@ async def test_unknown_paths_are_404() -> None:
     reply = await get(AnsweringRuntime(), "/nope")
     assert reply.status == 404
     assert reply.json()["path"] == "/nope"
+
+
+async def test_operator_views_include_the_calls_held_for_the_next_batch() -> None:
+    fabric = Fabric(suite=SUITE, runtime=AnsweringRuntime(), network="bridge")
+    fabric.observer.defer_audit(lambda: None)  # a batch is gathering: nothing taken yet
+    fabric.observer.tool_call(
+        call(request_id=7, service="time"), session="s", endpoint="relay", service="time",
+        container="c1", client=CLIENT, trace_id="f" * 32,
+    )  # fmt: skip
+    reply = await get(fabric, "/api/calls")
+    assert [c["request_id"] for c in reply.json()["calls"]] == [7]
+    fabric.observer.tool_call(
+        call(request_id=8, service="time"), session="s", endpoint="relay", service="time",
+        container="c1", client=CLIENT, trace_id="f" * 32,
+    )  # fmt: skip
+    metrics = (await get(fabric, "/metrics")).body.decode()
+    counted = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("reactor_fabric_tool_calls_total{")
+    ]
+    assert sum(counted) == 2.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ import trio.testing
 
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.observe import observer as observer_module
-from reactor_fabric.observe.audit import AuditWriter
+from reactor_fabric.observe.audit import AuditWriter, now_iso
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.protocol.tool_calls import ToolCallDone, ToolCalls
-from reactor_fabric.trio.audit_batches import hand_audit_over_later
+from reactor_fabric.trio.audit_batches import HAND_OVER_SECONDS, hand_audit_over_later
 from reactor_fabric.trio.fabric import Fabric
 from tests.fakes import AnsweringRuntime
 from tests.unit.test_observer import CLIENT, call, samples
@@ -32,6 +33,18 @@ class RecordingWriter(AuditWriter):
         self.batches += 1
         self.seen.extend(f"{r['event']} {r.get('request_id', '')}".strip() for r in records)
         return len(records)
+
+
+class StepsOf(trio.abc.Instrument):
+    """Counts the steps of the tasks whose name ends with ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.name):
+            self.count += 1
 
 
 async def connection_writer(answer_due: trio.Event, seen: list[str]) -> None:
@@ -57,7 +70,9 @@ def tool_calls_counted(observer: Observer) -> float:
     )
 
 
-async def test_a_calls_record_reaches_the_writer_after_the_task_woken_with_its_answer() -> None:
+async def test_a_calls_record_reaches_the_writer_after_the_task_woken_with_its_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     # trio runs a turn's tasks in either order (at random): try both many times.
     for _ in range(40):
         seen: list[str] = []
@@ -71,12 +86,14 @@ async def test_a_calls_record_reaches_the_writer_after_the_task_woken_with_its_a
             answer_due.set()  # the relay queues the answer, then the call's record is made
             finished_call(observer, 7)
             assert seen == []
-            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(1.5 * HAND_OVER_SECONDS)
             assert seen == ["answer sent", "tool_call 7"]
             nursery.cancel_scope.cancel()
 
 
-async def test_records_of_one_moment_go_as_one_batch_in_the_order_they_were_made() -> None:
+async def test_records_made_while_a_batch_gathers_go_as_one_batch_in_the_order_they_were_made(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     seen: list[str] = []
     writer = RecordingWriter(seen)
     observer = Observer(audit=writer)
@@ -86,15 +103,58 @@ async def test_records_of_one_moment_go_as_one_batch_in_the_order_they_were_made
             "s", endpoint="relay", service="git", client=CLIENT, mounts=[], trace_id="f" * 32
         )
         for request_id in (1, 2, 3):
+            await trio.sleep(HAND_OVER_SECONDS / 4)  # calls ending one after another
             finished_call(observer, request_id)
         observer.session_ended("s", endpoint="relay", service="git", seconds=1.0, calls=3)
-        await trio.testing.wait_all_tasks_blocked()
+        assert seen == []
+        await trio.sleep(HAND_OVER_SECONDS)
         assert seen == ["session_start", "tool_call 1", "tool_call 2", "tool_call 3", "session_end"]
         assert writer.batches == 1
+        await trio.sleep(10 * HAND_OVER_SECONDS)  # nothing held: no empty batches
+        assert writer.batches == 1
         finished_call(observer, 4)
-        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(1.5 * HAND_OVER_SECONDS)
         assert seen[-1] == "tool_call 4"
         assert writer.batches == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_task_wakes_once_per_batch_not_once_per_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    observer = Observer(audit=RecordingWriter([]))
+    steps = StepsOf("hand_audit_over_later")
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hand_audit_over_later, observer)
+            steps.count = 0
+            for request_id in range(20):  # 20 calls within one batch's time
+                await trio.sleep(HAND_OVER_SECONDS / 40)
+                finished_call(observer, request_id)
+            await trio.sleep(HAND_OVER_SECONDS)
+            assert len(observer.calls) == 20
+            assert steps.count == 2  # woken by the first call, then the batch's timer
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+
+
+async def test_a_calls_record_has_the_time_it_ended_not_the_time_its_batch_was_taken(
+    autojump_clock: trio.testing.MockClock, monkeypatch: Any
+) -> None:
+    wall = [1_700_000_000.25]
+    monkeypatch.setattr(time, "time", lambda: wall[0])
+    observer = Observer(audit=RecordingWriter([]))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hand_audit_over_later, observer)
+        finished_call(observer, 1)
+        wall[0] += 5.0  # the batch is taken much later, say
+        await trio.sleep(1.5 * HAND_OVER_SECONDS)
+        (event,) = observer.calls
+        assert event.at == 1_700_000_000.25
+        started = 1_700_000_000.25 - event.duration
+        assert event.record["ts"] == now_iso(started)
         nursery.cancel_scope.cancel()
 
 
@@ -127,7 +187,9 @@ def test_the_records_held_are_bounded_and_handed_over_when_the_bound_is_reached(
     assert seen == ["tool_call 1", "tool_call 2", "tool_call 3"]
 
 
-async def test_without_an_audit_trail_a_calls_metrics_are_counted_after_its_answer_went() -> None:
+async def test_without_an_audit_trail_a_calls_metrics_are_counted_after_its_answer_went(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     observer = Observer(services=["git"])
     observer.metrics.know_tools({"git": ["git_log"]})
     async with trio.open_nursery() as nursery:
@@ -135,7 +197,7 @@ async def test_without_an_audit_trail_a_calls_metrics_are_counted_after_its_answ
         finished_call(observer, 1)
         assert tool_calls_counted(observer) == 0.0
         assert list(observer.calls) == []
-        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(1.5 * HAND_OVER_SECONDS)
         assert tool_calls_counted(observer) == 1.0
         assert [event.record["request_id"] for event in observer.calls] == [1]
         nursery.cancel_scope.cancel()

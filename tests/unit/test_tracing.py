@@ -312,3 +312,21 @@ def test_without_the_otel_extra_the_orchestrator_says_so_and_serves_untraced(
     [record] = caplog.records
     assert record.__dict__["reason"] == "otel_not_installed"
     assert "reactor-fabric[otel]" in record.__dict__["detail"]
+
+
+def test_a_call_recorded_later_in_a_batch_ends_its_span_when_the_call_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    observer, exporter = traced()
+    start(observer, traceparent=OPENING)
+    observer.defer_audit(lambda: None)  # held for a batch, as the orchestrator does
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.5)  # when the call ends
+    observer.tool_call(
+        call("git_log"), session="s1", endpoint="relay", service="git", container="c0ffee",
+        client=CLIENT, trace_id=SESSION_TRACE,
+    )  # fmt: skip
+    monkeypatch.undo()  # the batch is taken later
+    observer.flush()
+    tool = finished(observer, exporter)["tools/call git_log"]
+    assert tool.end_time == 1_700_000_000_500_000_000
+    assert tool.start_time == 1_700_000_000_250_000_000
