@@ -7,7 +7,8 @@ Every path is refused before any work is done with it when it is over 4096 bytes
 
 - ``source``: a string, absolute, no NUL; resolved (symlinks, ``..``) and then inside one of the
   resolved ``allowed_mount_roots``, compared by path components (``/home2`` is not in ``/home``);
-  it must exist; it must not be, or contain, the Docker socket.
+  it must exist; it must not be, or contain, a container engine's socket (Docker's, Podman's,
+  containerd's: whoever reaches one runs containers as the engine's user).
 - ``target``: a string, absolute, no NUL, no ``..``; not ``/`` and not inside a system directory
   (``/proc``, ``/sys``, ``/dev``, ``/etc``, ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/boot``,
   ``/run``, ``/var/run``, …); under one of the ``allowed_mount_targets`` (default ``/workspace``,
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._errors import SecurityViolation
@@ -57,6 +58,14 @@ FORBIDDEN_TARGETS = (
     "/var/lib/docker",
 )
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+# The other engines' sockets on a host: rootful Podman's API service, and containerd (the one
+# dockerd runs, and a standalone one). Any of them is a way to the host as root.
+OTHER_ENGINE_SOCKETS = (
+    "/run/podman/podman.sock",
+    "/var/run/podman/podman.sock",
+    "/run/containerd/containerd.sock",
+    "/var/run/docker/containerd/containerd.sock",
+)
 
 
 def is_within(path: str, root: str) -> bool:
@@ -84,12 +93,20 @@ def parse_query_mount(text: str) -> dict[str, Any]:
     return {"source": parts[0], "target": parts[1], "readOnly": read_only}
 
 
-def docker_socket_paths(environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """Where the Docker socket may live: the defaults plus ``DOCKER_HOST`` if it is a socket."""
+def docker_socket_paths(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Where a container engine's socket may live: the usual places of Docker's, Podman's and
+    containerd's, a rootless Podman's under ``XDG_RUNTIME_DIR``, and ``DOCKER_HOST`` and
+    ``CONTAINER_HOST`` (Podman's variable) when they name a socket."""
     env = os.environ if environ is None else environ
-    host = env.get("DOCKER_HOST", "")
-    extra = (host.removeprefix("unix://"),) if host.startswith("unix://") else ()
-    return DOCKER_SOCKETS + extra
+    extra: list[str] = []
+    for variable in ("DOCKER_HOST", "CONTAINER_HOST"):
+        host = env.get(variable, "")
+        if host.startswith("unix://"):
+            extra.append(host.removeprefix("unix://"))
+    runtime_dir = env.get("XDG_RUNTIME_DIR", "")
+    if runtime_dir.startswith("/"):
+        extra.append(posixpath.join(runtime_dir, "podman", "podman.sock"))
+    return DOCKER_SOCKETS + OTHER_ENGINE_SOCKETS + tuple(extra)
 
 
 class MountPolicy:
@@ -204,7 +221,8 @@ class MountPolicy:
         for socket_path in self._sockets:
             if is_within(socket_path, resolved):
                 raise SecurityViolation(
-                    f"{source!r} is or contains the Docker socket, which is never mountable",
+                    f"{source!r} is or contains a container engine's socket, which is never "
+                    "mountable",
                     reason="docker_socket_forbidden",
                     path=source,
                 )

@@ -179,7 +179,7 @@ def pin_mounts(mounts: Sequence[MountSpec], *, forbidden: Iterable[tuple[int, in
     """Pin every mount's (validated, resolved) source; all of them or none.
 
     ``forbidden`` are (device, inode) pairs that may never be mounted whatever their name: the
-    Docker socket's.
+    container engines' sockets.
     """
     refused = set(forbidden)
     pins = PinSet()
@@ -189,7 +189,7 @@ def pin_mounts(mounts: Sequence[MountSpec], *, forbidden: Iterable[tuple[int, in
             pins.add(pin)
             if (pin.device, pin.inode) in refused:
                 raise SecurityViolation(  # noqa: TRY301 - the pins made so far must be closed
-                    f"{mount.source!r} is the Docker socket, which is never mountable",
+                    f"{mount.source!r} is a container engine's socket, which is never mountable",
                     reason="docker_socket_forbidden",
                     path=mount.source,
                 )

@@ -9,7 +9,12 @@ import pytest
 
 from reactor_fabric import SecurityViolation
 from reactor_fabric.policy.container_spec import MountSpec
-from reactor_fabric.policy.mounts import MountPolicy, is_within, parse_query_mount
+from reactor_fabric.policy.mounts import (
+    MountPolicy,
+    docker_socket_paths,
+    is_within,
+    parse_query_mount,
+)
 
 
 @pytest.fixture
@@ -310,3 +315,25 @@ def test_a_path_over_path_max_is_refused_before_it_is_resolved(tree: Path, field
         policy.validate([mount])
     assert caught.value.reason == "mount_path_too_long"
     assert resolved == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "/run/podman",  # rootful Podman's API socket
+        "/run/containerd",  # containerd's, which dockerd itself drives
+        "/run/user/1000/podman",  # a rootless Podman's, under XDG_RUNTIME_DIR
+        "/srv/engines",  # whatever CONTAINER_HOST names
+    ],
+)
+def test_other_container_engines_sockets_are_never_mountable(source: str) -> None:
+    sockets = docker_socket_paths(
+        {"XDG_RUNTIME_DIR": "/run/user/1000", "CONTAINER_HOST": "unix:///srv/engines/p.sock"}
+    )
+    policy = MountPolicy(
+        ["/"], realpath=os.path.normpath, exists=lambda _: True, docker_sockets=sockets
+    )
+    with pytest.raises(SecurityViolation) as caught:
+        policy.validate([{"source": source, "target": "/workspace"}])
+    assert caught.value.reason == "docker_socket_forbidden"
+    assert "p.sock" not in str(caught.value)  # which engine runs here is not told
