@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from .policy.auth import is_loopback
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
 from .runtime.docker import DockerRuntime
+from .runtime.engines import ENGINE_NAMES, EngineAddressError, EngineName, engine_url
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
 from .trio.catalog import Learned, default_store, learn_catalog
 from .trio.fabric import Fabric, new_instance_id, process_identity, suite_facts
@@ -73,6 +74,7 @@ class ServeSettings:
     log_level: str
     token: str | None = None
     no_auth: bool = False
+    runtime: str | None = None
 
 
 def _port(text: str) -> int:
@@ -107,6 +109,14 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         type=_port,
         default=environ.get("REACTOR_FABRIC_PORT", str(DEFAULT_PORT)),
         help="port to listen on, 0 for any free port (env REACTOR_FABRIC_PORT; default 8765)",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=ENGINE_NAMES,
+        default=environ.get("REACTOR_FABRIC_RUNTIME") or None,
+        help="the container engine: docker (DOCKER_HOST, else the local socket) or podman "
+        "(CONTAINER_HOST, else Podman's socket) (env REACTOR_FABRIC_RUNTIME; default: the "
+        "suite's orchestrator.runtime, else docker)",
     )
     parser.add_argument(
         "--network",
@@ -227,6 +237,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         log_level=args.log_level,
         token=args.token,
         no_auth=args.no_auth,
+        runtime=args.runtime,
     )
     return serve(settings, env)
 
@@ -254,6 +265,18 @@ def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
         return EXIT_INVALID
 
 
+def engine_runtime(suite: Suite, selected: str | None, environ: Mapping[str, str]) -> DockerRuntime:
+    """The runtime for the engine chosen (``--runtime`` or its variable, else the suite's)."""
+    engine: EngineName = (
+        "podman" if (selected or suite.orchestrator.runtime) == "podman" else "docker"
+    )
+    return DockerRuntime(
+        engine_url(engine, environ, os.getuid()),
+        engine=engine,
+        max_frame_bytes=suite.orchestrator.max_message_bytes,
+    )
+
+
 def _bridge_token(environ: dict[str, str]) -> str | None:
     """The orchestrator's token as the bridge finds it (never made here: no file, no token)."""
     found = find_token(environ)
@@ -268,8 +291,13 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
         return suite
     store = default_store(environ)
 
+    try:
+        runtime = engine_runtime(suite, environ.get("REACTOR_FABRIC_RUNTIME") or None, environ)
+    except EngineAddressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+
     async def learn() -> tuple[Catalog, dict[str, Learned]]:
-        runtime = DockerRuntime(max_frame_bytes=suite.orchestrator.max_message_bytes)
         try:
             identity = process_identity(new_instance_id(), suite.orchestrator.network)
             return await learn_catalog(
@@ -416,6 +444,12 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
+        runtime = engine_runtime(check.suite, settings.runtime, environ)
+    except EngineAddressError as exc:
+        log.error("engine_unusable", extra={"reason": "engine_address", "detail": str(exc)})
+        print(f"error: {exc}; not starting", file=sys.stderr)
+        return EXIT_UNREADABLE
+    try:
         audit = open_audit(check.suite, environ)
     except OSError as exc:
         log.error("audit_unwritable", extra={"reason": "audit_unwritable", "detail": str(exc)})
@@ -443,7 +477,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         )
     fabric = Fabric(
         suite=check.suite,
-        runtime=DockerRuntime(max_frame_bytes=check.suite.orchestrator.max_message_bytes),
+        runtime=runtime,
         network=settings.network or check.suite.orchestrator.network,
         listen_host=settings.host,
         token=token.value if token is not None else None,

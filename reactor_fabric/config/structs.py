@@ -143,6 +143,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
     network: str = "bridge"
+    runtime: Literal["docker", "podman"] = "docker"
     limits: Limits = msgspec.field(default_factory=Limits)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
     audit: Audit = msgspec.field(default_factory=Audit)

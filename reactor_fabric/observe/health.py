@@ -14,6 +14,7 @@ class HealthReport:
 
 def health_report(
     *,
+    engine: str = "docker",
     docker_version: str | None,
     docker_error: str | None,
     sessions: int,
@@ -23,6 +24,9 @@ def health_report(
 ) -> HealthReport:
     """200 with ``"docker": "ok"`` when the engine answers, else 503 with the reason.
 
+    ``engine`` names the engine behind the Docker API (``docker`` or ``podman``, as it said
+    last; the key ``docker`` keeps its name whichever it is, for the scripts that read it).
+
     The orchestrator itself is up in both cases (it answered); 503 tells a load balancer or a
     start-up script that it cannot start containers right now.
     """
@@ -30,6 +34,7 @@ def health_report(
     body: dict[str, Any] = {
         "status": "ok" if healthy else "degraded",
         "docker": "ok" if healthy else "unavailable",
+        "engine": engine,
         "sessions": sessions,
         "containers": containers,
         "pooled_containers": pooled_containers,

@@ -43,6 +43,7 @@ from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
+from .engines import EngineIdentity, EngineName, identify
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +89,11 @@ class DockerRuntime:
 
     ``base_url`` defaults to the environment (``DOCKER_HOST``, else the local socket). The client
     is created lazily, so an orchestrator can start (and report an unhealthy engine) while the
-    engine is down, and reconnects once it is back.
+    engine is down, and reconnects once it is back. ``engine`` is the engine the operator chose
+    (see :mod:`.engines`); once it answers, :attr:`identity` and :attr:`name` say which one it
+    is — Podman serves the same API.
     """
 
-    name = "docker"
     # A mount made on this host below a bind source with slave propagation appears in the
     # container (the warm pool's staging area) — when the engine shares our mount namespace,
     # which the first hand-out checks.
@@ -104,8 +106,12 @@ class DockerRuntime:
         call_timeout: float = DOCKER_CALL_TIMEOUT,
         max_parallel_calls: int = 16,
         max_frame_bytes: int = 16 * 1024 * 1024,
+        engine: EngineName = "docker",
     ) -> None:
         self._base_url = base_url
+        self.name: str = engine
+        self.selected: EngineName = engine
+        self.identity: EngineIdentity | None = None
         self._call_timeout = call_timeout
         self._limiter = trio.CapacityLimiter(max_parallel_calls)
         self._client: docker.APIClient | None = None
@@ -128,10 +134,32 @@ class DockerRuntime:
                 kwargs: dict[str, Any] = docker.utils.kwargs_from_env()  # type: ignore[attr-defined]
                 if self._base_url is not None:
                     kwargs["base_url"] = self._base_url
-                self._client = docker.APIClient(
+                client = docker.APIClient(
                     version="auto", timeout=max(1, int(self._call_timeout)), **kwargs
                 )
+                self._identified(identify(client.version()))
+                self._client = client
             return self._client
+
+    def _identified(self, identity: EngineIdentity) -> None:
+        """Note what the engine says it is (logged when first known, or when it changed)."""
+        if identity == self.identity:
+            return
+        self.identity, self.name = identity, identity.name
+        log.info(
+            "container_engine",
+            extra={
+                "engine": identity.name,
+                "engine_version": identity.version,
+                "api_version": identity.api_version,
+                "selected": self.selected,
+            },
+        )
+        if identity.name != self.selected:
+            log.warning(
+                "container_engine_not_as_selected",
+                extra={"selected": self.selected, "engine": identity.name},
+            )
 
     async def _call(
         self,
@@ -262,8 +290,9 @@ class DockerRuntime:
         """The engine's version; raises DockerUnavailable if it does not answer."""
 
         def version(client: docker.APIClient) -> str:
-            info: dict[str, Any] = client.version()
-            return str(info.get("Version", "unknown"))
+            identity = identify(client.version())
+            self._identified(identity)
+            return identity.version
 
         return await self._call("ping", version, time_bound=time_bound)
 

@@ -81,6 +81,7 @@ class FabricApp:
         except DockerUnavailable as exc:
             docker_error = str(exc)
         report = health_report(
+            engine=self.fabric.runtime.name,
             docker_version=docker_version,
             docker_error=docker_error,
             sessions=self.fabric.session_count,
