@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -54,6 +55,10 @@ DOCKER_CALL_TIMEOUT = 30.0
 DOCKER_PULL_TIMEOUT = 600.0
 # How long close() waits for threads that cancellations abandoned.
 ABANDONED_WORK_BOUND = 35.0
+# On Podman, the named volumes of a container's pinned mounts: labelled with its name, and named
+# NAME-mI (see podman_pinned_volumes).
+LABEL_PINNED_VOLUME_OF = "reactor-fabric.pinned-volume-of"
+_PINNED_VOLUME_NAME = re.compile(r"rf-[a-z0-9_.-]+-m[0-9]+")
 # Stdout bytes read on the stderr reader's behalf, and stderr bytes, that may wait in memory.
 OUTPUT_BUFFER_BYTES = 256 * 1024
 
@@ -417,27 +422,25 @@ class DockerRuntime:
 
     async def _create(self, spec: ContainerSpec) -> str:
         def create(client: docker.APIClient) -> str:
-            host_config = client.create_host_config(**host_config_kwargs(spec))
-            result: dict[str, Any] = client.create_container(
-                image=spec.image,
-                command=spec.command,
-                name=spec.name,
-                environment=spec.environment,
-                labels=spec.labels,
-                user=spec.user,
-                # docker-py adds StdinOnce: closing our side of stdin closes the server's
-                # stdin, which is how MCP asks a stdio server to shut down.
-                stdin_open=True,
-                tty=False,
-                network_disabled=spec.network == "none",
-                host_config=host_config,
-            )
-            return str(result["Id"])
+            # Podman ignores a volume's driver options in a container's create: its pinned
+            # mounts are named volumes, made first (see podman_pinned_volumes).
+            volumes = podman_pinned_volumes(spec) if self.name == "podman" else {}
+            try:
+                for volume in volumes.values():
+                    client.create_volume(**volume)
+                host_config = client.create_host_config(
+                    **host_config_kwargs(spec, named_volumes=volumes)
+                )
+                return _create_container(client, spec, host_config)
+            except BaseException:
+                _remove_volumes(client, volumes)
+                raise
 
         def remove_by_name(client: docker.APIClient, _created: str | None) -> None:
             # Whether or not the engine answered, it may have made the container: the name
             # finds it either way.
-            _remove_quietly(client, spec.name)
+            _remove_quietly(client, spec.name, named_volumes=self.name == "podman")
+            _remove_volumes(client, podman_pinned_volumes(spec) if self.name == "podman" else {})
             self.abandoned_creates_removed += 1
             log.info("abandoned_container_removed", extra={"container_name": spec.name})
 
@@ -479,7 +482,23 @@ class DockerRuntime:
 
     async def set_cpu_shares(self, container_id: str, shares: int) -> None:
         """Change a running container's CPU weight."""
-        await self._call("update", lambda c: c.update_container(container_id, cpu_shares=shares))
+
+        def update(client: docker.APIClient) -> None:
+            if self.name != "podman":
+                client.update_container(container_id, cpu_shares=shares)
+                return
+            # Podman 4 has no Docker-style update; its own API has (and changes the cgroup).
+            identity = self.identity
+            version = identity.version if identity is not None else "4.0.0"
+            response = client.post(
+                f"{client.base_url}/v{version}/libpod/containers/{container_id}/update",
+                json={"cpu": {"shares": shares}},
+                timeout=client.timeout,
+            )
+            if response.status_code >= 400:
+                raise docker.errors.APIError(response.text.strip(), response=response)
+
+        await self._call("update", update)
 
     async def exit_status(self, container_id: str) -> ContainerExit:
         """Exit code and OOM flag of a container that has stopped (or None if still running)."""
@@ -510,7 +529,7 @@ class DockerRuntime:
                     return
                 except docker.errors.APIError:
                     pass  # not running, or being removed already: removal below decides
-            _remove_quietly(client, container)
+            _remove_quietly(client, container, named_volumes=self.name == "podman")
 
         try:
             await self._call("remove", stop_and_remove)
@@ -639,16 +658,114 @@ def _unverifiable(pin: Pin, exc: OSError) -> SecurityViolation:
     )
 
 
-def _remove_quietly(client: docker.APIClient, container: str) -> None:
+def _create_container(client: docker.APIClient, spec: ContainerSpec, host_config: Any) -> str:
+    result: dict[str, Any] = client.create_container(
+        image=spec.image,
+        command=spec.command,
+        name=spec.name,
+        environment=spec.environment,
+        labels=spec.labels,
+        user=spec.user,
+        # docker-py adds StdinOnce: closing our side of stdin closes the server's stdin, which
+        # is how MCP asks a stdio server to shut down.
+        stdin_open=True,
+        tty=False,
+        network_disabled=spec.network == "none",
+        host_config=host_config,
+    )
+    return str(result["Id"])
+
+
+# Podman answers a force-remove that meets a container exiting on its own with this (HTTP 500)
+# instead of removing it; asked again a moment later, it does.
+_PODMAN_EXITING = "container state improper"
+REMOVE_RETRIES = 3
+REMOVE_RETRY_PAUSE = 0.1
+
+
+def _remove_quietly(
+    client: docker.APIClient, container: str, *, named_volumes: bool = False
+) -> None:
+    """Remove a container (and, with ``named_volumes``, Podman's volumes that carried its
+    pinned mounts); gone is fine."""
+    volumes = _pinned_volume_names(client, container) if named_volumes else []
+    for attempt in range(REMOVE_RETRIES):
+        try:
+            # v=True: the anonymous volumes that carry pinned mounts go with the container.
+            client.remove_container(container, force=True, v=True)
+        except docker.errors.NotFound:
+            break
+        except docker.errors.APIError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            if status == 409:
+                return  # "removal already in progress": whoever removes it, removes its volumes
+            if status == 500 and _PODMAN_EXITING in str(exc) and attempt + 1 < REMOVE_RETRIES:
+                time.sleep(REMOVE_RETRY_PAUSE)
+                continue
+            raise
+        break
+    for name in volumes:
+        _remove_volume_quietly(client, name)
+
+
+def podman_pinned_volumes(spec: ContainerSpec) -> dict[str, dict[str, Any]]:
+    """The named volumes that carry a spec's pinned mounts on Podman, by target: the
+    ``create_volume`` arguments of each.
+
+    Why named volumes: Podman ignores the driver options of a volume declared in a container's
+    create (the container would get an empty volume; the pin check refuses it). Each is bound
+    to our descriptor like Docker's anonymous one, and named after its container (``NAME-mI``)
+    so that whoever removes the container finds them. ``uid``/``gid`` are the pinned object's
+    own: without them Podman changes the owner of the volume's root — the user's directory —
+    to the container's user on first use. Read-only comes from the container's mount, since
+    Podman drops ``ro`` from the options next to ``uid``.
+    """
+    if spec.pins is None:
+        return {}
+    volumes: dict[str, dict[str, Any]] = {}
+    for index, mount in enumerate(spec.mounts):
+        pin = spec.pins.for_target(mount.target)
+        if pin is None:
+            continue
+        uid, gid = pin.owner
+        volumes[mount.target] = {
+            "name": f"{spec.name}-m{index}",
+            "driver": "local",
+            "driver_opts": {
+                "type": "none",
+                "o": f"bind,uid={uid},gid={gid}",
+                "device": pin.engine_source,
+            },
+            "labels": {**spec.labels, LABEL_PINNED_VOLUME_OF: spec.name},
+        }
+    return volumes
+
+
+def _pinned_volume_names(client: docker.APIClient, container: str) -> list[str]:
+    """The named volumes of ours a container uses (Podman's pinned mounts; none on Docker)."""
     try:
-        # v=True: the anonymous volumes that carry pinned mounts go with the container.
-        client.remove_container(container, force=True, v=True)
+        mounts = client.inspect_container(container).get("Mounts") or []
+    except docker.errors.APIError:
+        return []  # gone (or going): an abandoned create's own cleanup names them
+    return [
+        str(mount["Name"])
+        for mount in mounts
+        if mount.get("Type") == "volume" and _PINNED_VOLUME_NAME.fullmatch(str(mount.get("Name")))
+    ]
+
+
+def _remove_volumes(client: docker.APIClient, volumes: dict[str, dict[str, Any]]) -> None:
+    for volume in volumes.values():
+        _remove_volume_quietly(client, volume["name"])
+
+
+def _remove_volume_quietly(client: docker.APIClient, name: str) -> None:
+    try:
+        client.remove_volume(name, force=True)
     except docker.errors.NotFound:
         return
     except docker.errors.APIError as exc:
-        if exc.response is not None and exc.response.status_code == 409:
-            return  # "removal already in progress"
-        raise
+        log.warning("volume_remove_failed", extra={"volume": name, "detail": _explain(exc)})
 
 
 class _SocketStdin:
@@ -712,11 +829,16 @@ class DockerContainer:
         await self._stream.aclose()
 
 
-def host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
-    """The ``HostConfig`` of a spec: mounts as structured objects, limits and safe defaults."""
+def host_config_kwargs(
+    spec: ContainerSpec, *, named_volumes: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The ``HostConfig`` of a spec: mounts as structured objects, limits and safe defaults
+    (``named_volumes``: the volumes made for pinned mounts, by target; see
+    :func:`podman_pinned_volumes`)."""
     security_opt = ["no-new-privileges:true"] if spec.no_new_privileges else []
+    named = named_volumes or {}
     return {
-        "mounts": [_mount(spec, mount) for mount in spec.mounts],
+        "mounts": [_mount(spec, mount, named.get(mount.target)) for mount in spec.mounts],
         "network_mode": spec.network,
         "mem_limit": spec.memory_bytes,
         # Equal to the memory limit: no swap on top of it, so the limit means what it says.
@@ -734,7 +856,9 @@ def host_config_kwargs(spec: ContainerSpec) -> dict[str, Any]:
     }
 
 
-def _mount(spec: ContainerSpec, mount: MountSpec) -> docker.types.Mount:
+def _mount(
+    spec: ContainerSpec, mount: MountSpec, named: dict[str, Any] | None = None
+) -> docker.types.Mount:
     """A pinned mount as a ``local`` volume bound to our descriptor; else a plain bind.
 
     Why a volume: runc binds mount sources from inside the container's new mount namespace,
@@ -743,6 +867,14 @@ def _mount(spec: ContainerSpec, mount: MountSpec) -> docker.types.Mount:
     /proc/PID/fd/N`` there follows the descriptor, not a path — and the container then gets a
     bind of that volume, whose path under the engine's data root nobody else can change.
     """
+    if named is not None:  # Podman: the volume is made already
+        return docker.types.Mount(
+            target=mount.target,
+            source=named["name"],
+            type="volume",
+            read_only=mount.read_only,
+            no_copy=True,
+        )
     pin = spec.pins.for_target(mount.target) if spec.pins is not None else None
     if pin is None:
         return docker.types.Mount(

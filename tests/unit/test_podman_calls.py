@@ -1,0 +1,211 @@
+"""What the Docker runtime asks of a Podman engine that it asks differently of Docker.
+
+A fake docker-py client records the calls (and fails where told); the real engine runs the same
+paths in ``make test-podman``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import docker.types
+import pytest
+import requests
+
+from reactor_fabric import ContainerStartFailure
+from reactor_fabric.policy.container_spec import ContainerSpec, MountSpec
+from reactor_fabric.policy.pinning import Pin, PinSet
+from reactor_fabric.runtime import docker as docker_runtime
+from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.engines import identify
+from tests.unit.test_engines import PODMAN_VERSION
+
+
+def api_error(status: int, message: str) -> docker.errors.APIError:
+    response = requests.Response()
+    response.status_code = status
+    # As docker-py makes them: the engine's message is the explanation.
+    return docker.errors.APIError(message, response=response, explanation=message)
+
+
+class FakeClient:
+    """docker-py's APIClient, as far as creating and removing containers goes."""
+
+    base_url = "http+docker://localhost"
+    timeout = 30
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.volumes: dict[str, dict[str, Any]] = {}
+        self.fail_create = False
+        self.exiting = 0  # how many force-removes meet a container still exiting
+        self.container_mounts: list[dict[str, Any]] = []
+
+    def create_volume(self, **volume: Any) -> None:
+        self.calls.append(("create_volume", volume["name"]))
+        self.volumes[volume["name"]] = volume
+
+    def create_host_config(self, **kwargs: Any) -> docker.types.HostConfig:
+        return docker.types.HostConfig(version="1.41", **kwargs)
+
+    def create_container(self, **kwargs: Any) -> dict[str, str]:
+        self.calls.append(("create_container", kwargs["name"]))
+        if self.fail_create:
+            raise api_error(500, "no such image")
+        self.created = kwargs
+        return {"Id": "c0ffee"}
+
+    def inspect_container(self, container: str) -> dict[str, Any]:
+        return {"Mounts": self.container_mounts}
+
+    def remove_container(self, container: str, **kwargs: Any) -> None:
+        self.calls.append(("remove_container", container))
+        if self.exiting:
+            self.exiting -= 1
+            raise api_error(500, "cannot remove container: container state improper")
+
+    def remove_volume(self, name: str, force: bool = False) -> None:
+        self.calls.append(("remove_volume", name))
+        if self.volumes.pop(name, None) is None:
+            raise docker.errors.NotFound("no such volume")
+
+    def update_container(self, container: str, **kwargs: Any) -> None:
+        self.calls.append(("update_container", kwargs))
+
+    def post(self, url: str, **kwargs: Any) -> requests.Response:
+        self.calls.append(("post", (url, kwargs["json"])))
+        response = requests.Response()
+        response.status_code = 201
+        return response
+
+
+def on(engine: str, client: FakeClient) -> DockerRuntime:
+    runtime = DockerRuntime(engine="podman" if engine == "podman" else "docker")
+    runtime._connect = lambda: client  # type: ignore[method-assign,assignment,return-value]
+    if engine == "podman":
+        runtime._identified(identify(PODMAN_VERSION))
+    return runtime
+
+
+@pytest.fixture(autouse=True)
+def no_pause_between_removals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(docker_runtime, "REMOVE_RETRY_PAUSE", 0.0)
+
+
+@pytest.fixture
+def pinned(tmp_path: Path) -> Iterator[ContainerSpec]:
+    project = tmp_path / "project"
+    project.mkdir()
+    fd = os.open(project, os.O_PATH)
+    found = os.fstat(fd)
+    pin = Pin("/workspace", str(project), fd, found.st_dev, found.st_ino, (1234, 5678))
+    spec = ContainerSpec(
+        name="rf-git-0123456789ab-0",
+        image="reactor-fabric/mcp-server-git:x",
+        command=None,
+        environment={},
+        labels={"reactor-fabric.managed": "true"},
+        mounts=(MountSpec(source=str(project), target="/workspace", read_only=True),),
+        network="none",
+        memory_bytes=1 << 28,
+        nano_cpus=10**9,
+        pids_limit=64,
+        pins=PinSet([pin]),
+    )
+    yield spec
+    spec.pins.close()  # type: ignore[union-attr]
+
+
+async def test_on_podman_a_pinned_mount_is_a_named_volume_bound_to_the_descriptor(
+    pinned: ContainerSpec,
+) -> None:
+    client = FakeClient()
+    assert await on("podman", client)._create(pinned) == "c0ffee"
+    [(name, volume)] = client.volumes.items()
+    assert name == "rf-git-0123456789ab-0-m0"
+    pin = pinned.pins.for_target("/workspace")  # type: ignore[union-attr]
+    assert pin is not None
+    # The pinned object's owner, so that Podman does not chown the user's directory.
+    assert volume["driver_opts"] == {
+        "type": "none",
+        "o": "bind,uid=1234,gid=5678",
+        "device": pin.engine_source,
+    }
+    assert volume["labels"]["reactor-fabric.pinned-volume-of"] == pinned.name
+    [mount] = client.created["host_config"]["Mounts"]
+    assert (mount["Type"], mount["Source"], mount["Target"]) == ("volume", name, "/workspace")
+    assert mount["ReadOnly"] is True  # from the mount: Podman drops "ro" next to uid=
+    assert client.calls[:2] == [("create_volume", name), ("create_container", pinned.name)]
+
+
+async def test_on_docker_a_pinned_mount_stays_an_anonymous_volume(pinned: ContainerSpec) -> None:
+    client = FakeClient()
+    await on("docker", client)._create(pinned)
+    assert client.volumes == {}
+    [mount] = client.created["host_config"]["Mounts"]
+    assert mount["Source"] is None
+    assert mount["VolumeOptions"]["DriverConfig"]["Options"]["o"] == "bind,ro"
+
+
+async def test_on_podman_a_create_that_fails_removes_the_volumes_it_made(
+    pinned: ContainerSpec,
+) -> None:
+    client = FakeClient()
+    client.fail_create = True
+    with pytest.raises(ContainerStartFailure, match="no such image"):
+        await on("podman", client)._create(pinned)
+    assert client.volumes == {}
+    assert client.calls[-1] == ("remove_volume", "rf-git-0123456789ab-0-m0")
+
+
+async def test_on_podman_removing_retries_a_container_still_exiting_and_removes_its_volumes(
+    pinned: ContainerSpec,
+) -> None:
+    client = FakeClient()
+    runtime = on("podman", client)
+    await runtime._create(pinned)
+    client.container_mounts = [
+        {"Type": "volume", "Name": "rf-git-0123456789ab-0-m0"},
+        {"Type": "volume", "Name": "someone-elses"},  # not ours: left alone
+        {"Type": "bind", "Source": "/tmp"},
+    ]
+    client.exiting = 2
+    await runtime.remove("c0ffee")
+    removals = [call for call in client.calls if call[0].startswith("remove")]
+    assert removals == [
+        ("remove_container", "c0ffee"),
+        ("remove_container", "c0ffee"),
+        ("remove_container", "c0ffee"),
+        ("remove_volume", "rf-git-0123456789ab-0-m0"),
+    ]
+    assert client.volumes == {}
+
+
+async def test_a_container_that_never_stops_exiting_is_reported_not_removed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = FakeClient()
+    client.exiting = 10
+    await on("podman", client).remove("c0ffee")
+    assert [r.message for r in caplog.records] == ["container_remove_failed"]
+
+
+async def test_on_podman_the_cpu_weight_is_changed_through_its_own_api() -> None:
+    client = FakeClient()
+    await on("podman", client).set_cpu_shares("c0ffee", 1024)
+    assert client.calls == [
+        (
+            "post",
+            (
+                "http+docker://localhost/v4.3.1/libpod/containers/c0ffee/update",
+                {"cpu": {"shares": 1024}},
+            ),
+        )
+    ]
+    docker_client = FakeClient()
+    await on("docker", docker_client).set_cpu_shares("c0ffee", 1024)
+    assert docker_client.calls == [("update_container", {"cpu_shares": 1024})]
