@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install docker images run test test-unit test-integration lint format \
         validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery \
-        test-tools
+        test-tools test-podman
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -41,6 +41,11 @@ run: install images ## serve the bundled suite on 127.0.0.1:8765 (CONFIG=..., or
 
 test: install images test-tools ## all tests: unit, and integration against the real engine and images
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+PODMAN_SOCKET ?= /run/podman/podman.sock
+test-podman: install images test-tools ## the real-engine tests again, against rootful Podman's Docker-compatible API (installs and starts it)
+	REACTOR_FABRIC_PODMAN_SOCKET=$(PODMAN_SOCKET) scripts/ensure-podman
+	DOCKER_HOST=unix://$(PODMAN_SOCKET) $(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 test-tools: ## what the observability tests need: headless Chromium and its driver, promtool (Debian)
 	scripts/ensure-test-tools

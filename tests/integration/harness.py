@@ -193,6 +193,14 @@ def write_suite(
 
 
 DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+def engine_socket() -> str:
+    """The socket of the engine the tests use: DOCKER_HOST's (Podman's, say), else Docker's."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else DOCKER_SOCKET
+
+
 TEST_IMAGES = Path(__file__).resolve().parent / "images"
 
 
@@ -241,7 +249,7 @@ def orchestrator(
         account = {
             "user": run_as[0],
             "group": run_as[1],
-            "extra_groups": [os.stat(DOCKER_SOCKET).st_gid],
+            "extra_groups": [os.stat(engine_socket()).st_gid],
         }
         python, path = python_for(account)
         env = {**(env or {}), "PYTHONPATH": path}
@@ -472,6 +480,36 @@ def containers_of(
         if include_probes
         or not c.labels.get("reactor-fabric.session", "").startswith(PROBE_SESSION_PREFIX)
     ]
+
+
+def engine_is_podman(client: Any) -> bool:
+    """Whether the engine the tests use is Podman (its /version lists a Podman component)."""
+    components = client.version().get("Components") or []
+    return any(component.get("Name") == "Podman Engine" for component in components)
+
+
+def assert_confined_by_effect(pid: int) -> None:
+    """A container's init (``pid``, on the host) and the server it runs are confined, as the
+    kernel sees them, not as an engine reports its settings (Docker says ``CapDrop: ["ALL"]``,
+    Podman lists the capabilities it dropped): no capability at all, not even in the bounding
+    set, no new privileges, not root, and a read-only root file system."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert children, "the container's init runs no server"
+    for process in (pid, *map(int, children)):
+        status = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/{process}/status").read_text().splitlines()
+        )
+        for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(status[field], 16) == 0, (process, field, status[field])
+        assert status["NoNewPrivs"].strip() == "1", process
+        assert "0" not in status["Uid"].split(), (process, status["Uid"])
+    root = next(
+        line.split()
+        for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        if line.split()[4] == "/"
+    )
+    assert "ro" in root[5].split(","), root
 
 
 def mounted_directories(container: Any, candidates: list[Path]) -> list[tuple[str, str]]:
