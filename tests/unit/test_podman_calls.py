@@ -6,6 +6,7 @@ paths in ``make test-podman``.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,7 +192,8 @@ async def test_a_container_that_never_stops_exiting_is_reported_not_removed(
     client = FakeClient()
     client.exiting = 10
     await on("podman", client).remove("c0ffee")
-    assert [r.message for r in caplog.records] == ["container_remove_failed"]
+    errors = [r.message for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["container_remove_failed"]
 
 
 async def test_on_podman_the_cpu_weight_is_changed_through_its_own_api() -> None:
