@@ -47,7 +47,13 @@ from .runtime.docker import DockerRuntime
 from .runtime.engines import ENGINE_NAMES, EngineAddressError, EngineName, engine_url
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
 from .trio.catalog import Learned, default_store, learn_catalog
-from .trio.fabric import Fabric, new_instance_id, process_identity, suite_facts
+from .trio.fabric import (
+    REPLICA_NAME,
+    Fabric,
+    new_instance_id,
+    process_identity,
+    suite_facts,
+)
 from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
 
 log = logging.getLogger("reactor_fabric.cli")
@@ -75,6 +81,7 @@ class ServeSettings:
     token: str | None = None
     no_auth: bool = False
     runtime: str | None = None
+    replica: str | None = None
 
 
 def _port(text: str) -> int:
@@ -85,6 +92,14 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
     return value
+
+
+def _replica(text: str) -> str:
+    if not REPLICA_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a replica name (lowercase letters, digits and -, at most 32)"
+        )
+    return text
 
 
 def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
@@ -117,6 +132,14 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         help="the container engine: docker (DOCKER_HOST, else the local socket) or podman "
         "(CONTAINER_HOST, else Podman's socket) (env REACTOR_FABRIC_RUNTIME; default: the "
         "suite's orchestrator.runtime, else docker)",
+    )
+    parser.add_argument(
+        "--replica",
+        type=_replica,
+        default=environ.get("REACTOR_FABRIC_REPLICA") or None,
+        help="this orchestrator's name among several behind one proxy: it ends every session "
+        "id, so the proxy can route by Mcp-Session-Id (see docs/SCALING.md) (env "
+        "REACTOR_FABRIC_REPLICA; lowercase letters, digits and -, at most 32)",
     )
     parser.add_argument(
         "--network",
@@ -238,6 +261,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         token=args.token,
         no_auth=args.no_auth,
         runtime=args.runtime,
+        replica=args.replica,
     )
     return serve(settings, env)
 
@@ -483,6 +507,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         token=token.value if token is not None else None,
         catalog_store=default_store(environ),
         observer=observer,
+        replica=settings.replica,
     )
     try:
         return _serve_fabric(fabric, settings, token)

@@ -21,6 +21,7 @@ def health_report(
     containers: int,
     version: str,
     pooled_containers: int = 0,
+    replica: str | None = None,
 ) -> HealthReport:
     """200 with ``"docker": "ok"`` when the engine answers, else 503 with the reason.
 
@@ -40,6 +41,8 @@ def health_report(
         "pooled_containers": pooled_containers,
         "version": version,
     }
+    if replica is not None:
+        body["replica"] = replica
     if healthy:
         body["docker_version"] = docker_version
     else:

@@ -88,6 +88,7 @@ class FabricApp:
             containers=self.fabric.container_count,
             pooled_containers=sum(self.fabric.live_figures().pooled.values()),
             version=__version__,
+            replica=self.fabric.replica,
         )
         body = report.body if details else {"status": report.body["status"]}
         await exchange.respond_json(report.status_code, body)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -71,9 +72,18 @@ def new_instance_id() -> str:
     return secrets.token_hex(8)
 
 
-def new_session_id() -> str:
-    """A session id: random, 128 bits, safe in URLs, headers and container names."""
-    return secrets.token_hex(16)
+# A replica's name, as it ends the session ids it mints (see new_session_id).
+REPLICA_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+
+
+def new_session_id(replica: str | None = None) -> str:
+    """A session id: random, 128 bits, safe in URLs, headers and container names; with
+    ``replica``, ``HEX.REPLICA``: a proxy in front of several orchestrators routes a Streamable
+    HTTP session's requests (its ``Mcp-Session-Id``) to the one that owns it (docs/SCALING.md).
+    The name goes last so that what container names take from an id (its start) stays random.
+    """
+    random_part = secrets.token_hex(16)
+    return random_part if replica is None else f"{random_part}.{replica}"
 
 
 @dataclass(eq=False)
@@ -124,6 +134,9 @@ class Fabric:
     # The token every request must carry (None: no authentication; the CLI always decides).
     token: str | None = None
     instance_id: str = field(default_factory=new_instance_id)
+    # This orchestrator's name among several behind one proxy (None: it runs alone); it ends
+    # every session id it mints.
+    replica: str | None = None
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
     containers: dict[str, ContainerRecord] = field(default_factory=dict)  # by container id
     # The audit trail, the metrics and the recent past (default: metrics only, no trail).

@@ -134,7 +134,7 @@ async def serve_session(
     (Streamable HTTP announces it in a header of the first response). ``client`` and the W3C
     ``traceparent`` of the request that opened the session go into the audit trail.
     """
-    session_id = session_id or new_session_id()
+    session_id = session_id or new_session_id(fabric.replica)
     progress = _Progress()
     try:
         await _serve_session(

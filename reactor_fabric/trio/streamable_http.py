@@ -134,7 +134,7 @@ class HttpSessions:
             backlog_bytes=limits.buffer_to_client_bytes,
         )
         session = HttpSession(
-            new_session_id(),
+            new_session_id(self.fabric.replica),
             service,
             key,
             channel,
