@@ -425,15 +425,17 @@ class DockerRuntime:
             # Podman ignores a volume's driver options in a container's create: its pinned
             # mounts are named volumes, made first (see podman_pinned_volumes).
             volumes = podman_pinned_volumes(spec) if self.name == "podman" else {}
+            made: dict[str, dict[str, Any]] = {}  # only these are ours to remove on failure
             try:
-                for volume in volumes.values():
+                for target, volume in volumes.items():
                     client.create_volume(**volume)
+                    made[target] = volume
                 host_config = client.create_host_config(
                     **host_config_kwargs(spec, named_volumes=volumes)
                 )
                 return _create_container(client, spec, host_config)
             except BaseException:
-                _remove_volumes(client, volumes)
+                _remove_volumes(client, made)
                 raise
 
         def remove_by_name(client: docker.APIClient, _created: str | None) -> None:

@@ -48,6 +48,8 @@ class FakeClient:
 
     def create_volume(self, **volume: Any) -> None:
         self.calls.append(("create_volume", volume["name"]))
+        if volume["name"] in self.volumes:
+            raise api_error(409, f"volume with name {volume['name']} already exists")
         self.volumes[volume["name"]] = volume
 
     def create_host_config(self, **kwargs: Any) -> docker.types.HostConfig:
@@ -211,3 +213,14 @@ async def test_on_podman_the_cpu_weight_is_changed_through_its_own_api() -> None
     docker_client = FakeClient()
     await on("docker", docker_client).set_cpu_shares("c0ffee", 1024)
     assert docker_client.calls == [("update_container", {"cpu_shares": 1024})]
+
+
+async def test_a_volume_name_taken_already_fails_the_start_and_that_volume_is_left_alone(
+    pinned: ContainerSpec,
+) -> None:
+    client = FakeClient()
+    client.volumes["rf-git-0123456789ab-0-m0"] = {"name": "someone else's"}
+    with pytest.raises(ContainerStartFailure):
+        await on("podman", client)._create(pinned)
+    assert client.volumes == {"rf-git-0123456789ab-0-m0": {"name": "someone else's"}}
+    assert ("create_container", pinned.name) not in client.calls
