@@ -1,0 +1,191 @@
+"""A session's container as a Kubernetes Pod: the manifest, decided without a cluster. Pure.
+
+The first piece of the Kubernetes runtime (a pod per session, attached through the API server):
+the same :class:`~reactor_fabric.policy.container_spec.ContainerSpec` the Docker runtime turns
+into API calls becomes a Pod here. What maps, and how:
+
+- the server runs alone in the pod (``restartPolicy: Never``), its stdin open for the one
+  attach that will ever come (``stdin``, ``stdinOnce``: closing it ends the server's input, as
+  closing a Docker attach does), no TTY;
+- the suite's ``command`` replaces the image's CMD, which Kubernetes calls ``args``
+  (``command`` would replace the ENTRYPOINT);
+- the user is numeric (``runAsUser``/``runAsGroup``, ``runAsNonRoot``); every capability is
+  dropped and the suite's ``cap_add`` added back; ``allowPrivilegeEscalation: false`` is
+  no-new-privileges; the root file system is read-only when the suite says so, with the same
+  bounded ``/tmp`` (a memory ``emptyDir`` with the same size limit);
+- memory and CPU limits are ``resources.limits`` (requests equal to them, so the scheduler
+  reserves what the container may use); the service account token is not mounted, and no
+  service links are injected into the environment;
+- ``pull`` maps to ``imagePullPolicy`` (``never`` → ``Never``, ``missing`` → ``IfNotPresent``,
+  ``always`` → ``Always``);
+- mounts: each allowed root is a PersistentVolumeClaim (``claims``: root → claim name), and the
+  validated path below it becomes the volume's ``subPath``.
+
+What a pod does not enforce that a Docker container does: the pids limit (a kubelet setting,
+``podPidsLimit``, for every pod of a node) and ``network: none`` (a NetworkPolicy denying all
+traffic to and from the pods of the namespace, or of the ``reactor-fabric.service`` label, does
+that). Mounts are not pinned by descriptor either: the kubelet resolves ``subPath`` itself.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ..policy.container_spec import ContainerSpec, MountSpec
+
+PULL_POLICIES: Final = {"never": "Never", "missing": "IfNotPresent", "always": "Always"}
+# The orchestrator's own pod (in-cluster): its pods are its dependents, removed with it.
+OWNER_KIND: Final = "Pod"
+_LABEL_VALUE: Final = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_QUANTITY_PLAIN: Final = re.compile(r"[0-9]+")
+
+
+class ManifestError(ValueError):
+    """The spec cannot be a Pod (a mount outside every claimed root, a name Kubernetes refuses)."""
+
+
+def label_value(value: str) -> str:
+    """``value`` as Kubernetes accepts a label value (at most 63 of ``[A-Za-z0-9-_.]``, starting
+    and ending alphanumeric); other characters become ``_``, the excess is cut."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", value).strip("-_.")[:63].rstrip("-_.")
+    assert _LABEL_VALUE.fullmatch(cleaned)
+    return cleaned
+
+
+def pod_manifest(
+    spec: ContainerSpec,
+    *,
+    namespace: str,
+    claims: Mapping[str, str] | None = None,
+    owner: Mapping[str, str] | None = None,
+    deadline_seconds: int | None = None,
+) -> dict[str, Any]:
+    """The Pod for ``spec`` in ``namespace``.
+
+    ``claims`` maps each allowed mount root (a host path as the suite names it) to the
+    PersistentVolumeClaim that holds it; ``owner`` is the orchestrator's own pod (``name`` and
+    ``uid``) when it runs in the cluster; ``deadline_seconds`` bounds the pod's life
+    (``activeDeadlineSeconds``).
+
+    Error handling: raises :class:`ManifestError` for a mount no claim covers.
+    """
+    volumes, volume_mounts = _volumes(spec, claims or {})
+    security: dict[str, Any] = {
+        "allowPrivilegeEscalation": not spec.no_new_privileges,
+        "privileged": False,
+        "readOnlyRootFilesystem": spec.read_only_rootfs,
+        "capabilities": {"drop": ["ALL"], **({"add": list(spec.cap_add)} if spec.cap_add else {})},
+    }
+    if spec.user is not None:
+        uid, _, gid = spec.user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            raise ManifestError(f"user {spec.user!r}: a pod's user must be numeric (uid[:gid])")
+        security |= {"runAsUser": int(uid), "runAsNonRoot": int(uid) != 0}
+        if gid:
+            security["runAsGroup"] = int(gid)
+    limits = {"memory": str(spec.memory_bytes), "cpu": f"{max(1, spec.nano_cpus // 1_000_000)}m"}
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": spec.image,
+        "imagePullPolicy": PULL_POLICIES.get(spec.pull, "IfNotPresent"),
+        "stdin": True,
+        "stdinOnce": True,
+        "tty": False,
+        "env": [{"name": name, "value": value} for name, value in spec.environment.items()],
+        "resources": {"limits": limits, "requests": dict(limits)},
+        "securityContext": security,
+        "volumeMounts": volume_mounts,
+    }
+    if spec.command is not None:
+        container["args"] = list(spec.command)
+    metadata: dict[str, Any] = {
+        "name": spec.name,
+        "namespace": namespace,
+        "labels": {key: label_value(value) for key, value in spec.labels.items()},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": OWNER_KIND,
+                "name": owner["name"],
+                "uid": owner["uid"],
+                "blockOwnerDeletion": False,
+            }
+        ]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if deadline_seconds is not None:
+        pod_spec["activeDeadlineSeconds"] = deadline_seconds
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _volumes(
+    spec: ContainerSpec, claims: Mapping[str, str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    used: dict[str, str] = {}  # claim name → volume name
+    for mount in spec.mounts:
+        claim, sub_path = _claimed(mount, claims)
+        name = used.get(claim)
+        if name is None:
+            name = used[claim] = f"claim-{len(used)}"
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim}})
+        entry: dict[str, Any] = {
+            "name": name,
+            "mountPath": mount.target,
+            "readOnly": mount.read_only,
+        }
+        if sub_path:
+            entry["subPath"] = sub_path
+        mounts.append(entry)
+    for index, (target, options) in enumerate(sorted(spec.tmpfs.items())):
+        name = f"tmp-{index}"
+        size = _tmpfs_size(options)
+        volumes.append(
+            {
+                "name": name,
+                "emptyDir": {"medium": "Memory", **({"sizeLimit": size} if size else {})},
+            }
+        )
+        mounts.append({"name": name, "mountPath": target})
+    return volumes, mounts
+
+
+def _claimed(mount: MountSpec, claims: Mapping[str, str]) -> tuple[str, str]:
+    """The claim holding ``mount``'s source, and the source's path inside it."""
+    source = posixpath.normpath(mount.source)
+    best: tuple[int, str, str] | None = None  # (depth of the root, claim, path inside it)
+    for given_root, claim in claims.items():
+        root = posixpath.normpath(given_root)
+        if source == root or source.startswith(root.rstrip("/") + "/"):
+            relative = posixpath.relpath(source, root)
+            # The deepest root wins: its claim is the one that holds the directory.
+            if best is None or len(root) > best[0]:
+                best = (len(root), claim, "" if relative == "." else relative)
+    if best is None:
+        raise ManifestError(f"no PersistentVolumeClaim holds {mount.source!r}")
+    return best[1], best[2]
+
+
+def _tmpfs_size(options: str) -> str | None:
+    """A Docker tmpfs ``size=64m`` as a Kubernetes quantity (``64Mi``)."""
+    for option in options.split(","):
+        key, _, value = option.partition("=")
+        if key == "size" and value:
+            number, unit = value[:-1], value[-1].lower()
+            if unit in "kmg" and _QUANTITY_PLAIN.fullmatch(number):
+                return number + {"k": "Ki", "m": "Mi", "g": "Gi"}[unit]
+            if _QUANTITY_PLAIN.fullmatch(value):
+                return value
+    return None
