@@ -527,10 +527,10 @@ class DockerRuntime:
             if grace is not None:
                 try:
                     client.stop(container, timeout=max(0, round(grace)))
-                except docker.errors.NotFound:
-                    return
-                except docker.errors.APIError:
-                    pass  # not running, or being removed already: removal below decides
+                except docker.errors.APIError as exc:
+                    if container_gone(exc):
+                        return
+                    # Not running, or being removed already: removal below decides.
             _remove_quietly(client, container, named_volumes=self.name == "podman")
 
         try:
@@ -695,9 +695,9 @@ def _remove_quietly(
         try:
             # v=True: the anonymous volumes that carry pinned mounts go with the container.
             client.remove_container(container, force=True, v=True)
-        except docker.errors.NotFound:
-            break
         except docker.errors.APIError as exc:
+            if container_gone(exc):
+                break
             status = exc.response.status_code if exc.response is not None else None
             if status == 409:
                 return  # "removal already in progress": whoever removes it, removes its volumes
@@ -708,6 +708,15 @@ def _remove_quietly(
         break
     for name in volumes:
         _remove_volume_quietly(client, name)
+
+
+def container_gone(exc: docker.errors.APIError) -> bool:
+    """Whether the engine said the container does not exist: Docker with 404, Podman also with
+    500 "no such container" when the container went while it looked (a removal racing)."""
+    if isinstance(exc, docker.errors.NotFound):
+        return True
+    status = exc.response.status_code if exc.response is not None else None
+    return status == 500 and "no such container" in str(exc.explanation or "")
 
 
 def podman_pinned_volumes(spec: ContainerSpec) -> dict[str, dict[str, Any]]:

@@ -25,6 +25,7 @@ import docker
 import yaml
 
 from reactor_fabric.config.token import TOKEN_ENV
+from reactor_fabric.runtime.docker import container_gone
 from reactor_fabric.trio.catalog import PROBE_SESSION_PREFIX
 from tests.clients import envs
 
@@ -462,7 +463,8 @@ def containers_of(
     only, unless ``include_probes`` (an orchestrator's catalog probes run at its start-up).
 
     docker-py lists, then inspects each container: one removed in between (the orchestrator
-    removing it right now) raises NotFound, so the listing is simply taken again.
+    removing it right now) raises NotFound (Podman: a 500 "no such container"), so the listing
+    is simply taken again.
     """
     filters = [f"reactor-fabric.{key.replace('_', '-')}={value}" for key, value in labels.items()]
     found: list[Any] = []
@@ -472,8 +474,10 @@ def containers_of(
                 all=True, filters={"label": filters}, sparse=attempt == 20
             )
             break
-        except docker.errors.NotFound:
-            continue
+        except docker.errors.APIError as exc:
+            if container_gone(exc):
+                continue
+            raise
     return [
         c
         for c in found

@@ -8,6 +8,7 @@ stderr has a huge line or never stops talking.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -81,7 +82,11 @@ def test_clients_that_leave_while_their_container_is_created_leave_no_container(
 def test_sigterm_ends_the_orchestrator_while_a_client_does_not_read(
     tmp_path: Path, project_root: Path
 ) -> None:
-    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
+    # The client is cut off by the shutdown's bound, not by the write timeout (which would end
+    # its connection first when the engine buffers less than Docker does: Podman's conmon).
+    suite = write_suite(
+        tmp_path / "suite.yaml", [str(project_root)], limits={"client_write_timeout": "10m"}
+    )
     with orchestrator(suite, tmp_path / "o.log", expect_clean_exit=False) as running:
 
         async def stop_while_stuck() -> int:
@@ -90,17 +95,24 @@ def test_sigterm_ends_the_orchestrator_while_a_client_does_not_read(
             await ws.hear()
             await ws.send_json(INITIALIZED)
             big = "x" * 200_000
-            for request_id in range(2, 60):  # far more than our socket buffers hold
-                await ws.send_json(
-                    request(
-                        request_id, "tools/call", {"name": "echo", "arguments": {"message": big}}
-                    )
-                )
-            await trio.sleep(2)  # the answers pile up: we never read them
-            running.process.send_signal(signal.SIGTERM)
-            # The shutdown bound is 10 s; it used to hang here for minutes.
-            code = await trio.to_thread.run_sync(lambda: running.process.wait(timeout=60))
-            await ws.aclose()
+
+            async def flood() -> None:
+                # Far more than the socket buffers hold: sending blocks once the relay stops
+                # reading us, which is the point; the end of the orchestrator breaks it.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    for request_id in range(2, 60):
+                        arguments = {"name": "echo", "arguments": {"message": big}}
+                        await ws.send_json(request(request_id, "tools/call", arguments))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flood)
+                await trio.sleep(2)  # the answers pile up: we never read them
+                running.process.send_signal(signal.SIGTERM)
+                # The shutdown bound is 10 s; it used to hang here for minutes.
+                code = await trio.to_thread.run_sync(lambda: running.process.wait(timeout=60))
+                nursery.cancel_scope.cancel()
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await ws.aclose()
             return code
 
         assert trio.run(stop_while_stuck) == 0

@@ -21,7 +21,7 @@ from reactor_fabric import ContainerStartFailure
 from reactor_fabric.policy.container_spec import ContainerSpec, MountSpec
 from reactor_fabric.policy.pinning import Pin, PinSet
 from reactor_fabric.runtime import docker as docker_runtime
-from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.docker import DockerRuntime, container_gone
 from reactor_fabric.runtime.engines import identify
 from tests.unit.test_engines import PODMAN_VERSION
 
@@ -224,3 +224,20 @@ async def test_a_volume_name_taken_already_fails_the_start_and_that_volume_is_le
         await on("podman", client)._create(pinned)
     assert client.volumes == {"rf-git-0123456789ab-0-m0": {"name": "someone else's"}}
     assert ("create_container", pinned.name) not in client.calls
+
+
+async def test_a_container_podman_says_does_not_exist_is_gone_not_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = FakeClient()
+
+    def vanished(container: str, **kwargs: Any) -> None:
+        client.calls.append(("remove_container", container))
+        raise api_error(500, "container c0ffee does not exist in database: no such container")
+
+    client.remove_container = vanished  # type: ignore[method-assign]
+    await on("podman", client).remove("c0ffee")
+    assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert client.calls == [("remove_container", "c0ffee")]
+    assert not container_gone(api_error(500, "container state improper"))
+    assert container_gone(docker.errors.NotFound("gone"))
