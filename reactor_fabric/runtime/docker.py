@@ -146,6 +146,11 @@ class DockerRuntime:
                 self._client = client
             return self._client
 
+    @property
+    def on_podman(self) -> bool:
+        """Whether the engine is Podman (as it said, else as chosen): a few calls differ."""
+        return self.name == "podman"
+
     def _identified(self, identity: EngineIdentity) -> None:
         """Note what the engine says it is (logged when first known, or when it changed)."""
         if identity == self.identity:
@@ -424,7 +429,7 @@ class DockerRuntime:
         def create(client: docker.APIClient) -> str:
             # Podman ignores a volume's driver options in a container's create: its pinned
             # mounts are named volumes, made first (see podman_pinned_volumes).
-            volumes = podman_pinned_volumes(spec) if self.name == "podman" else {}
+            volumes = podman_pinned_volumes(spec) if self.on_podman else {}
             made: dict[str, dict[str, Any]] = {}  # only these are ours to remove on failure
             try:
                 for target, volume in volumes.items():
@@ -441,8 +446,8 @@ class DockerRuntime:
         def remove_by_name(client: docker.APIClient, _created: str | None) -> None:
             # Whether or not the engine answered, it may have made the container: the name
             # finds it either way.
-            _remove_quietly(client, spec.name, named_volumes=self.name == "podman")
-            _remove_volumes(client, podman_pinned_volumes(spec) if self.name == "podman" else {})
+            _remove_quietly(client, spec.name, named_volumes=self.on_podman)
+            _remove_volumes(client, podman_pinned_volumes(spec) if self.on_podman else {})
             self.abandoned_creates_removed += 1
             log.info("abandoned_container_removed", extra={"container_name": spec.name})
 
@@ -486,7 +491,7 @@ class DockerRuntime:
         """Change a running container's CPU weight."""
 
         def update(client: docker.APIClient) -> None:
-            if self.name != "podman":
+            if not self.on_podman:
                 client.update_container(container_id, cpu_shares=shares)
                 return
             # Podman 4 has no Docker-style update; its own API has (and changes the cgroup).
@@ -531,7 +536,7 @@ class DockerRuntime:
                     if container_gone(exc):
                         return
                     # Not running, or being removed already: removal below decides.
-            _remove_quietly(client, container, named_volumes=self.name == "podman")
+            _remove_quietly(client, container, named_volumes=self.on_podman)
 
         try:
             await self._call("remove", stop_and_remove)
@@ -698,10 +703,10 @@ def _remove_quietly(
         except docker.errors.APIError as exc:
             if container_gone(exc):
                 break
-            status = exc.response.status_code if exc.response is not None else None
-            if status == 409:
+            if exc.status_code == 409:
                 return  # "removal already in progress": whoever removes it, removes its volumes
-            if status == 500 and _PODMAN_EXITING in str(exc) and attempt + 1 < REMOVE_RETRIES:
+            exiting = _PODMAN_EXITING in str(exc.explanation or "")
+            if exc.status_code == 500 and exiting and attempt + 1 < REMOVE_RETRIES:
                 time.sleep(REMOVE_RETRY_PAUSE)
                 continue
             raise
@@ -715,8 +720,7 @@ def container_gone(exc: docker.errors.APIError) -> bool:
     500 "no such container" when the container went while it looked (a removal racing)."""
     if isinstance(exc, docker.errors.NotFound):
         return True
-    status = exc.response.status_code if exc.response is not None else None
-    return status == 500 and "no such container" in str(exc.explanation or "")
+    return exc.status_code == 500 and "no such container" in str(exc.explanation or "")
 
 
 def podman_pinned_volumes(spec: ContainerSpec) -> dict[str, dict[str, Any]]:
