@@ -58,10 +58,12 @@ FORBIDDEN_TARGETS = (
     "/var/lib/docker",
 )
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
+# Where rootful Podman's API service listens (a rootless one: see rootless_podman_socket).
+PODMAN_ROOTFUL_SOCKET = "/run/podman/podman.sock"
 # The other engines' sockets on a host: rootful Podman's API service, and containerd (the one
 # dockerd runs, and a standalone one). Any of them is a way to the host as root.
 OTHER_ENGINE_SOCKETS = (
-    "/run/podman/podman.sock",
+    PODMAN_ROOTFUL_SOCKET,
     "/var/run/podman/podman.sock",
     "/run/containerd/containerd.sock",
     "/var/run/docker/containerd/containerd.sock",
@@ -93,19 +95,25 @@ def parse_query_mount(text: str) -> dict[str, Any]:
     return {"source": parts[0], "target": parts[1], "readOnly": read_only}
 
 
+def rootless_podman_socket(environ: Mapping[str, str], uid: int) -> str:
+    """Where the rootless Podman API service of user ``uid`` listens."""
+    runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
+    return posixpath.join(runtime_dir, "podman", "podman.sock")
+
+
 def docker_socket_paths(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Where a container engine's socket may live: the usual places of Docker's, Podman's and
-    containerd's, a rootless Podman's under ``XDG_RUNTIME_DIR``, and ``DOCKER_HOST`` and
-    ``CONTAINER_HOST`` (Podman's variable) when they name a socket."""
+    containerd's, this user's rootless Podman's (where ``--runtime podman`` would reach it),
+    and ``DOCKER_HOST`` and ``CONTAINER_HOST`` (Podman's variable) when they name a socket."""
     env = os.environ if environ is None else environ
     extra: list[str] = []
     for variable in ("DOCKER_HOST", "CONTAINER_HOST"):
         host = env.get(variable, "")
         if host.startswith("unix://"):
             extra.append(host.removeprefix("unix://"))
-    runtime_dir = env.get("XDG_RUNTIME_DIR", "")
-    if runtime_dir.startswith("/"):
-        extra.append(posixpath.join(runtime_dir, "podman", "podman.sock"))
+    rootless = rootless_podman_socket(env, os.getuid())
+    if rootless.startswith("/"):
+        extra.append(rootless)
     return DOCKER_SOCKETS + OTHER_ENGINE_SOCKETS + tuple(extra)
 
 

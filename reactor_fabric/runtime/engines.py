@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
+from ..policy.mounts import PODMAN_ROOTFUL_SOCKET, rootless_podman_socket
+
 EngineName = Literal["docker", "podman"]
 ENGINE_NAMES: Final[tuple[str, ...]] = get_args(EngineName)
-PODMAN_ROOTFUL_SOCKET: Final = "/run/podman/podman.sock"
 PODMAN_COMPONENT: Final = "Podman Engine"
 
 
@@ -45,8 +46,7 @@ def engine_url(engine: EngineName, environ: Mapping[str, str], uid: int) -> str 
         return host
     if uid == 0:
         return f"unix://{PODMAN_ROOTFUL_SOCKET}"
-    runtime_dir = environ.get("XDG_RUNTIME_DIR") or f"/run/user/{uid}"
-    return f"unix://{runtime_dir}/podman/podman.sock"
+    return f"unix://{rootless_podman_socket(environ, uid)}"
 
 
 @dataclass(frozen=True)
