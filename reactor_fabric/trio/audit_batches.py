@@ -47,13 +47,10 @@ class _Due:
 
 
 async def hand_audit_over_later(
-    observer: Observer,
-    *,
-    every: float = HAND_OVER_SECONDS,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    observer: Observer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Run until cancelled: the observer's finished tool calls and audit records, taken in
-    batches ``every`` seconds after the first of a batch was made."""
+    batches ``HAND_OVER_SECONDS`` after the first of a batch was made."""
     due = _Due()
     observer.defer_audit(due.set)
     task_status.started()
@@ -64,7 +61,7 @@ async def hand_audit_over_later(
             due.event = trio.Event()
             # At least one turn later: the tasks woken with these records (the writers of the
             # answers they describe) have run.
-            await trio.sleep(every)
+            await trio.sleep(HAND_OVER_SECONDS)
             observer.flush()
     finally:
         observer.defer_audit(None)
