@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import trio
 
@@ -43,6 +44,7 @@ from .observe.otel import tracing_from_environment
 from .policy.auth import is_loopback
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
+from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
 from .runtime.engines import ENGINE_NAMES, EngineAddressError, EngineName, engine_url
 from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
@@ -127,10 +129,11 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--runtime",
-        choices=ENGINE_NAMES,
+        choices=RUNTIME_NAMES,
         default=environ.get("REACTOR_FABRIC_RUNTIME") or None,
-        help="the container engine: docker (DOCKER_HOST, else the local socket) or podman "
-        "(CONTAINER_HOST, else Podman's socket) (env REACTOR_FABRIC_RUNTIME; default: the "
+        help="where session containers run: docker (DOCKER_HOST, else the local socket), "
+        "podman (CONTAINER_HOST, else Podman's socket) or kubernetes (a pod per session; "
+        "orchestrator.kubernetes of the suite) (env REACTOR_FABRIC_RUNTIME; default: the "
         "suite's orchestrator.runtime, else docker)",
     )
     parser.add_argument(
@@ -289,14 +292,54 @@ def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
         return EXIT_INVALID
 
 
-def engine_runtime(suite: Suite, selected: str | None, environ: Mapping[str, str]) -> DockerRuntime:
-    """The runtime for the engine chosen (``--runtime`` or its variable, else the suite's)."""
-    engine: EngineName = (
-        "podman" if (selected or suite.orchestrator.runtime) == "podman" else "docker"
-    )
+RUNTIME_NAMES: Final = (*ENGINE_NAMES, "kubernetes")
+# In the cluster, the orchestrator's own pod (the downward API sets these, see deploy/):
+# session pods name it as their owner, so they are garbage-collected with it.
+POD_NAME_ENV: Final = "REACTOR_FABRIC_POD_NAME"
+POD_UID_ENV: Final = "REACTOR_FABRIC_POD_UID"
+
+
+def engine_runtime(suite: Suite, selected: str | None, environ: Mapping[str, str]) -> Runtime:
+    """The runtime chosen (``--runtime`` or its variable, else the suite's).
+
+    Error handling: EngineAddressError for an engine address or a Kubernetes setting that
+    cannot work (a mount root no claim holds).
+    """
+    chosen = selected or suite.orchestrator.runtime
+    if chosen == "kubernetes":
+        return kubernetes_runtime(suite, environ)
+    engine: EngineName = "podman" if chosen == "podman" else "docker"
     return DockerRuntime(
         engine_url(engine, environ, os.getuid()),
         engine=engine,
+        max_frame_bytes=suite.orchestrator.max_message_bytes,
+    )
+
+
+def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
+    """The Kubernetes runtime of ``suite``'s ``orchestrator.kubernetes`` settings."""
+    try:
+        from .runtime.kubernetes import KubernetesRuntime, PodOwner  # noqa: PLC0415
+    except ImportError as exc:  # the optional dependency is missing
+        raise EngineAddressError(
+            f"the Kubernetes runtime needs kr8s ({exc}): pip install 'reactor-fabric[kubernetes]'"
+        ) from None
+    settings = suite.orchestrator.kubernetes
+    unclaimed = [
+        root for root in suite.orchestrator.allowed_mount_roots if root not in settings.volumes
+    ]
+    if unclaimed:
+        raise EngineAddressError(
+            "with runtime kubernetes every allowed mount root needs its PersistentVolumeClaim "
+            f"in orchestrator.kubernetes.volumes; none for {', '.join(unclaimed)}"
+        )
+    pod_name, pod_uid = environ.get(POD_NAME_ENV, ""), environ.get(POD_UID_ENV, "")
+    return KubernetesRuntime(
+        namespace=settings.namespace,
+        kubeconfig=settings.kubeconfig,
+        claims=settings.volumes,
+        owner=PodOwner(pod_name, pod_uid) if pod_name and pod_uid else None,
+        start_timeout=settings.start_timeout_seconds,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
     )
 

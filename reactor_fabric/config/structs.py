@@ -133,6 +133,19 @@ class WarmPool(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     parallel_starts: int = 2
 
 
+class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The Kubernetes runtime (see :mod:`reactor_fabric.runtime.kubernetes`)."""
+
+    namespace: str | None = None
+    kubeconfig: str | None = None
+    volumes: dict[str, str] = msgspec.field(default_factory=dict)
+    start_timeout: str = "2m"
+
+    @property
+    def start_timeout_seconds(self) -> float:
+        return parse_duration(self.start_timeout)
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -143,11 +156,12 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
     network: str = "bridge"
-    runtime: Literal["docker", "podman"] = "docker"
+    runtime: Literal["docker", "podman", "kubernetes"] = "docker"
     limits: Limits = msgspec.field(default_factory=Limits)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)
     audit: Audit = msgspec.field(default_factory=Audit)
     warm_pool: WarmPool = msgspec.field(default_factory=WarmPool)
+    kubernetes: Kubernetes = msgspec.field(default_factory=Kubernetes)
 
     @property
     def max_message_bytes(self) -> int:

@@ -286,6 +286,9 @@ def _check_logic(data: object, collector: _Collector) -> None:
         if isinstance(audit, dict):
             # Room for the largest record (a tool call with its arguments in full).
             _check_size(audit, ("orchestrator", "audit", "max_size"), MIN_AUDIT_BYTES, collector)
+        kubernetes = orchestrator.get("kubernetes")
+        if isinstance(kubernetes, dict):
+            _check_duration(kubernetes, ("orchestrator", "kubernetes", "start_timeout"), collector)
         fabric = orchestrator.get("fabric")
         assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
         if isinstance(assist, dict):

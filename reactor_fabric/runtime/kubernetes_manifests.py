@@ -29,6 +29,7 @@ that). Mounts are not pinned by descriptor either: the kubelet resolves ``subPat
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from collections.abc import Mapping
@@ -41,6 +42,7 @@ PULL_POLICIES: Final = {"never": "Never", "missing": "IfNotPresent", "always": "
 OWNER_KIND: Final = "Pod"
 _LABEL_VALUE: Final = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _QUANTITY_PLAIN: Final = re.compile(r"[0-9]+")
+_POD_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 class ManifestError(ValueError):
@@ -53,6 +55,17 @@ def label_value(value: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", value).strip("-_.")[:63].rstrip("-_.")
     assert _LABEL_VALUE.fullmatch(cleaned)
     return cleaned
+
+
+def pod_name(name: str) -> str:
+    """``name`` as a pod may be named (a DNS-1123 subdomain): service names may hold ``_``,
+    which becomes ``-``, with a few characters of the original's hash so that two services
+    that differ only there do not collide."""
+    if _POD_NAME.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    cleaned = re.sub(r"[^a-z0-9.-]", "-", name.lower()).strip("-.")[:240]
+    return f"{cleaned}-{digest}"
 
 
 def pod_manifest(
@@ -102,7 +115,7 @@ def pod_manifest(
     if spec.command is not None:
         container["args"] = list(spec.command)
     metadata: dict[str, Any] = {
-        "name": spec.name,
+        "name": pod_name(spec.name),
         "namespace": namespace,
         "labels": {key: label_value(value) for key, value in spec.labels.items()},
     }

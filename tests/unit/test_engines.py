@@ -97,8 +97,10 @@ def suite_with(runtime: str) -> Suite:
 def test_the_flag_or_its_variable_wins_over_the_suites_runtime() -> None:
     environ = {"CONTAINER_HOST": "unix:///srv/podman.sock"}
     from_suite = engine_runtime(suite_with("podman"), None, environ)
+    assert isinstance(from_suite, DockerRuntime)
     assert (from_suite.selected, from_suite._base_url) == ("podman", "unix:///srv/podman.sock")
     overridden = engine_runtime(suite_with("podman"), "docker", environ)
+    assert isinstance(overridden, DockerRuntime)
     assert (overridden.selected, overridden._base_url) == ("docker", None)
     parser = build_parser({"REACTOR_FABRIC_RUNTIME": "podman"})
     assert parser.parse_args([]).runtime == "podman"

@@ -1,0 +1,672 @@
+"""Session containers as Kubernetes Pods, reached through the API server.
+
+``orchestrator.runtime: kubernetes``: each container the product would start on Docker becomes a
+Pod (:func:`~.kubernetes_manifests.pod_manifest`: the same spec, limits and labels) in one
+namespace; the runtime watches it until its server runs (:func:`~reactor_fabric.protocol.
+k8s_pod_state.pod_progress`), then attaches to its stdio through ``pods/attach``
+(:mod:`.kubernetes_attach`, framed by :class:`~reactor_fabric.protocol.k8s_attach.
+AttachChannels`). REST calls go through kr8s, which reads the kubeconfig (or the in-cluster
+service account), including client certificates and exec plugins, and runs on trio (anyio).
+
+What differs from Docker, on purpose or by necessity:
+
+- the server starts before the attach (Kubernetes cannot attach to a container not yet
+  running); its stdin stays open until the first attach (``stdinOnce``), so a stdio server,
+  which speaks only when spoken to, loses nothing;
+- mounts are PersistentVolumeClaims with a ``subPath`` (``orchestrator.kubernetes.volumes``);
+  the orchestrator validates the path below an allowed root on its own mount of the claim, as it
+  does on Docker, but the pins it takes cannot travel to another node: the kubelet resolves the
+  ``subPath`` itself (refusing symlinks that leave the volume), so one claim should hold the
+  directories of one trust domain only;
+- not enforced by a pod: the pids limit (the kubelet's ``podPidsLimit``), ``network`` (a
+  NetworkPolicy does it: ``deploy/kubernetes``), the check that a mount target does not shadow
+  a path of the image, and a CPU weight change (pooled pods keep their request);
+- the image id is not known (the API has no image inspection): the catalog is learned again at
+  each start instead of cached by image, and the warm pool does not notice a retagged image.
+
+Resource handling: :meth:`KubernetesRuntime.spawn` deletes the pod whenever the start fails or
+is cancelled (shielded, bounded); a create whose answer a cancellation lost is deleted by name
+all the same, and the sweeper (labels, as on Docker) is the backstop for one that lands after.
+:meth:`KubernetesRuntime.close` closes the HTTP client.
+
+Error handling: an API server that does not answer, or credentials that cannot be loaded, are
+DockerUnavailable (-32001, ``kubernetes_unavailable`` / ``kubernetes_timeout``); anything
+about one pod is ContainerStartFailure (-32002) with the reasons a Docker start has
+(``image_not_found``, ``start_failed``, ``container_exited``, ``create_failed`` …).
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote, urlencode
+
+import httpx
+import msgspec
+import trio
+
+from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
+from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..protocol.framing import FramingError, LineSplitter, LineTooLong
+from ..protocol.k8s_attach import (
+    AttachChannels,
+    AttachProtocolError,
+    AttachStatus,
+    Output,
+)
+from ..protocol.k8s_pod_state import (
+    CONTAINER,
+    Exited,
+    PodProgress,
+    Running,
+    StartFailed,
+    Starting,
+    pod_progress,
+)
+from .base import ContainerExit, ManagedContainer
+from .demux import Demultiplexer
+from .kubernetes_attach import AttachRefused, AttachSocket, open_attach
+from .kubernetes_manifests import ManifestError, pod_manifest
+
+log = logging.getLogger(__name__)
+
+API_CALL_TIMEOUT: Final = 30.0
+OUTPUT_BUFFER_BYTES: Final = 256 * 1024
+# A watch event is one pod: large ones (many env vars, long messages) stay far below this.
+MAX_WATCH_EVENT_BYTES: Final = 4 * 1024 * 1024
+# How long a delete in a finally block may take before it is left to the sweeper.
+DELETE_BOUND: Final = 10.0
+# A create whose answer was lost may land at the server after our first delete: ask again.
+LATE_CREATE_RECHECK: Final = 1.0
+UNAUTHORIZED: Final = 401
+SERVICE_ACCOUNT_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+@dataclass(frozen=True)
+class PodOwner:
+    """The orchestrator's own pod, when it runs in the cluster (its session pods' owner)."""
+
+    name: str
+    uid: str
+
+
+class KubernetesRuntime:
+    """Pods in one namespace, through the API server named by a kubeconfig or the cluster.
+
+    ``claims`` maps each allowed mount root to its PersistentVolumeClaim; ``owner`` is the
+    orchestrator's own pod (session pods are garbage-collected with it); ``start_timeout``
+    bounds a pod's way from creation to a running server (scheduling and pulls included).
+    ``url`` overrides the kubeconfig's server (tests).
+    """
+
+    mounts_on_host_reach_containers = False
+
+    def __init__(
+        self,
+        *,
+        namespace: str | None = None,
+        kubeconfig: str | None = None,
+        claims: Mapping[str, str] | None = None,
+        owner: PodOwner | None = None,
+        start_timeout: float = 120.0,
+        call_timeout: float = API_CALL_TIMEOUT,
+        max_frame_bytes: int = 16 * 1024 * 1024,
+        url: str | None = None,
+    ) -> None:
+        self.name = "kubernetes"
+        self._namespace = namespace
+        self._kubeconfig = kubeconfig
+        self._url = url
+        self.claims = dict(claims or {})
+        self.owner = owner
+        self.start_timeout = start_timeout
+        self._call_timeout = call_timeout
+        self._max_frame = max_frame_bytes
+        self._api: Any = None
+        self._api_lock = trio.Lock()
+        # How each live pod's attach ended, for exit_status while the kubelet has not yet
+        # reported the container's end (dropped on remove: bounded by the live pods).
+        self._attach_status: dict[str, AttachStatus] = {}
+
+    # --- the API client ---------------------------------------------------------------------
+
+    async def _client(self) -> Any:
+        """kr8s's API object, made once credentials load (again after a failure)."""
+        async with self._api_lock:
+            if self._api is None:
+                import kr8s.asyncio  # noqa: PLC0415  (an optional dependency, imported when chosen)
+
+                try:
+                    with trio.fail_after(self._call_timeout):
+                        # Not kr8s.asyncio.api(): its per-thread cache would share one HTTP
+                        # client between runtimes (and between trio runs); and not awaiting the
+                        # Api itself, whose version check warns on versions it has not seen.
+                        api = kr8s.asyncio.Api(
+                            bypass_factory=True,
+                            url=self._url,
+                            kubeconfig=self._kubeconfig,
+                            namespace=self._namespace,
+                        )
+                        await api.auth
+                except trio.TooSlowError:
+                    raise DockerUnavailable(
+                        "the Kubernetes credentials did not load in time",
+                        reason="kubernetes_timeout",
+                        action="connect",
+                    ) from None
+                except (OSError, ValueError, KeyError, httpx.HTTPError) as exc:
+                    raise DockerUnavailable(
+                        f"cannot load Kubernetes credentials: {exc}",
+                        reason="kubernetes_unavailable",
+                        action="connect",
+                    ) from exc
+                api.timeout = self._call_timeout
+                if self._namespace is None:
+                    self._namespace = await _default_namespace(api)
+                self._api = api
+            return self._api
+
+    @property
+    def namespace(self) -> str:
+        """The session pods' namespace (known once the client is made)."""
+        if self._namespace is not None:
+            return self._namespace
+        if self._api is not None:
+            return str(self._api.auth.namespace)
+        return "default"
+
+    @contextlib.asynccontextmanager
+    async def _request(
+        self,
+        action: str,
+        method: str,
+        url: str,
+        *,
+        time_bound: float | None = None,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> AsyncIterator[httpx.Response]:
+        """One API call in the session namespace; errors become the product's.
+
+        Yields the response whatever its status (the caller decides what a 404 means).
+        """
+        import kr8s  # noqa: PLC0415
+
+        api = await self._client()
+        bound = self._call_timeout if time_bound is None else time_bound
+        with trio.move_on_after(bound) as scope:
+            try:
+                async with api.call_api(
+                    method,
+                    version="v1",
+                    namespace=self.namespace,
+                    url=url,
+                    raise_for_status=False,
+                    stream=stream,
+                    **kwargs,
+                ) as response:
+                    yield response
+            except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
+                raise DockerUnavailable(
+                    f"cannot reach the Kubernetes API server ({action}): {exc}",
+                    reason="kubernetes_unavailable",
+                    action=action,
+                ) from exc
+        if scope.cancelled_caught:
+            raise DockerUnavailable(
+                f"the Kubernetes API server did not answer {action} within {bound:g} s",
+                reason="kubernetes_timeout",
+                action=action,
+            )
+
+    async def _json(
+        self, action: str, method: str, url: str, **kwargs: Any
+    ) -> tuple[int, dict[str, Any]]:
+        async with self._request(action, method, url, **kwargs) as response:
+            status = response.status_code
+            try:
+                body = msgspec.json.decode(response.content)
+            except msgspec.DecodeError:
+                body = {"message": response.text[:500]}
+        return status, body if isinstance(body, dict) else {}
+
+    # --- the Runtime interface --------------------------------------------------------------
+
+    async def ping(self, *, time_bound: float | None = None) -> str:
+        api = await self._client()
+        bound = self._call_timeout if time_bound is None else time_bound
+        with trio.move_on_after(bound):
+            try:
+                async with api.call_api(
+                    "GET", version="", base="/version", raise_for_status=False
+                ) as response:
+                    version = response.json() if response.status_code == 200 else {}
+                    if response.status_code != 200:
+                        raise DockerUnavailable(
+                            f"the Kubernetes API server answered /version with "
+                            f"HTTP {response.status_code}",
+                            reason="kubernetes_unavailable",
+                            action="ping",
+                        )
+                return str(version.get("gitVersion", "unknown"))
+            except httpx.HTTPError as exc:
+                raise DockerUnavailable(
+                    f"cannot reach the Kubernetes API server: {exc}",
+                    reason="kubernetes_unavailable",
+                    action="ping",
+                ) from exc
+        raise DockerUnavailable(
+            f"the Kubernetes API server did not answer within {bound:g} s",
+            reason="kubernetes_timeout",
+            action="ping",
+        )
+
+    async def image_id(self, image: str) -> str | None:
+        """Only a reference by digest names its image for sure; the API inspects no images."""
+        return image.rpartition("@")[2] if "@sha256:" in image else None
+
+    async def spawn(self, spec: ContainerSpec) -> KubernetesContainer:
+        """Create the pod, wait until its server runs, attach (see the module's notes)."""
+        if spec.pins is not None:
+            # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
+            spec.pins.close()
+        try:
+            manifest = pod_manifest(
+                spec,
+                namespace=self.namespace,
+                claims=self.claims,
+                owner={"name": self.owner.name, "uid": self.owner.uid} if self.owner else None,
+            )
+        except ManifestError as exc:
+            raise ContainerStartFailure(
+                f"the session cannot be a pod: {exc}", reason="start_failed", action="create"
+            ) from None
+        name = manifest["metadata"]["name"]
+        try:
+            await self._until_running(name, await self._create(manifest))
+            return await self._attach(name)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._delete_after_failed_start(name)
+            raise
+
+    async def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        status, body = await self._json("create", "POST", "pods", json=manifest)
+        if status not in (200, 201, 202):
+            raise _refused("create", status, body)
+        return body
+
+    async def _until_running(self, name: str, created: dict[str, Any]) -> None:
+        """Watch the pod until its server runs; ContainerStartFailure when it cannot."""
+        last: PodProgress = Starting()
+        with trio.move_on_after(self.start_timeout):
+            pod = created
+            while True:
+                last = pod_progress(pod)
+                if isinstance(last, Running):
+                    return
+                if isinstance(last, StartFailed):
+                    raise ContainerStartFailure(
+                        f"pod {name}: {last.detail}", reason=last.reason, action="start"
+                    )
+                if isinstance(last, Exited):
+                    raise ContainerStartFailure(
+                        f"pod {name} ended before it could be attached: {last.detail}",
+                        reason="container_exited",
+                        action="start",
+                        exit_code=last.exit_code,
+                    )
+                version = str(_mapping(pod.get("metadata")).get("resourceVersion", ""))
+                pod = await self._next_version(name, version)
+        raise ContainerStartFailure(
+            f"pod {name} did not run within {self.start_timeout:g} s"
+            + (f" ({last.detail})" if isinstance(last, Starting) and last.detail else ""),
+            reason="start_failed",
+            action="start",
+        )
+
+    async def _next_version(self, name: str, version: str) -> dict[str, Any]:
+        """The pod's next version after ``version`` (a watch), or its current one when the
+        watch ends without news (re-read, as a watch's end may have lost none or some)."""
+        params = {
+            "watch": "1",
+            "fieldSelector": f"metadata.name={name}",
+            "resourceVersion": version,
+            "timeoutSeconds": str(max(1, math.ceil(self.start_timeout))),
+            "allowWatchBookmarks": "false",
+        }
+        async with self._request(
+            "watch",
+            "GET",
+            "pods",
+            params=params,
+            stream=True,
+            time_bound=self.start_timeout + self._call_timeout,
+        ) as response:
+            if response.status_code == 200:
+                async for event in _watch_events(response):
+                    kind = event.get("type")
+                    pod = _mapping(event.get("object"))
+                    if kind in ("ADDED", "MODIFIED"):
+                        return dict(pod)
+                    if kind == "DELETED":
+                        raise ContainerStartFailure(
+                            f"pod {name} was deleted while it started",
+                            reason="start_failed",
+                            action="start",
+                        )
+                    # ERROR (the version is too old, 410): read the pod again.
+                    break
+        status, body = await self._json("inspect", "GET", f"pods/{quote(name)}")
+        if status != 200:
+            raise _refused("inspect", status, body)
+        return body
+
+    async def _attach(self, name: str) -> KubernetesContainer:
+        api = await self._client()
+        target = (
+            f"/api/v1/namespaces/{quote(self.namespace)}/pods/{quote(name)}/attach?"
+            + urlencode(
+                {"container": CONTAINER, "stdin": "true", "stdout": "true", "stderr": "true"}
+            )
+        )
+        try:
+            with trio.fail_after(self._call_timeout):
+                try:
+                    socket = await self._open_attach(api, target)
+                except AttachRefused as exc:
+                    if exc.status != UNAUTHORIZED:
+                        raise
+                    # A rotated token (in-cluster tokens expire): load it again, once.
+                    await api.auth.reauthenticate()
+                    socket = await self._open_attach(api, target)
+        except trio.TooSlowError:
+            raise DockerUnavailable(
+                f"the Kubernetes API server did not accept the attach to {name} in time",
+                reason="kubernetes_timeout",
+                action="attach",
+            ) from None
+        except AttachRefused as exc:
+            raise ContainerStartFailure(
+                f"the API server refused to attach to pod {name}: {exc}",
+                reason="attach_failed",
+                action="attach",
+                status=exc.status,
+            ) from None
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise DockerUnavailable(
+                f"cannot reach the Kubernetes API server (attach): {exc}",
+                reason="kubernetes_unavailable",
+                action="attach",
+            ) from exc
+        return KubernetesContainer(
+            name,
+            socket,
+            max_buffered=OUTPUT_BUFFER_BYTES,
+            on_status=lambda status: self._attach_status.__setitem__(name, status),
+        )
+
+    async def _open_attach(self, api: Any, target: str) -> AttachSocket:
+        return await open_attach(
+            str(api.auth.server),
+            target,
+            token=api.auth.token or None,
+            ssl_context=await api.auth.ssl_context(),
+            tls_server_name=api.auth.tls_server_name or None,
+            # A stdout message carries at most one frame's worth, plus its channel byte.
+            max_message=self._max_frame + 1,
+        )
+
+    async def _delete_after_failed_start(self, name: str) -> None:
+        """Delete a pod whose start failed; once more shortly after if it was not there yet
+        (its create's answer was lost, and the create may still land)."""
+        with trio.move_on_after(DELETE_BOUND):
+            if not await self._delete(name, grace=None):
+                await trio.sleep(LATE_CREATE_RECHECK)
+                await self._delete(name, grace=None)
+
+    async def _delete(self, name: str, *, grace: float | None) -> bool:
+        """Delete the pod; whether there was one. Logs and swallows errors."""
+        seconds = 0 if grace is None else max(0, math.ceil(grace))
+        try:
+            status, body = await self._json(
+                "remove",
+                "DELETE",
+                f"pods/{quote(name)}",
+                params={"gracePeriodSeconds": str(seconds)},
+                time_bound=DELETE_BOUND,
+            )
+        except FabricError as exc:
+            log.warning("container_remove_failed", extra={"container": name, "detail": str(exc)})
+            return True
+        if status == 404:
+            return False
+        if status >= 300:
+            log.warning(
+                "container_remove_failed",
+                extra={"container": name, "detail": f"HTTP {status}: {body.get('message', '')}"},
+            )
+        return True
+
+    async def exit_status(self, container_id: str) -> ContainerExit:
+        status, body = await self._json("inspect", "GET", f"pods/{quote(container_id)}")
+        if status == 200:
+            progress = pod_progress(body)
+            if isinstance(progress, Exited):
+                return ContainerExit(progress.exit_code, progress.oom_killed, progress.detail)
+        elif status != 404:
+            raise _refused("inspect", status, body)
+        # The kubelet reports an end a moment after the attach saw it: trust the attach then.
+        ended = self._attach_status.get(container_id)
+        if ended is not None and (ended.success or ended.exit_code is not None):
+            return ContainerExit(0 if ended.success else ended.exit_code, False, ended.message)
+        return ContainerExit(None, False)
+
+    async def set_cpu_shares(self, container_id: str, shares: int) -> None:
+        """A pod's CPU request cannot change in place on the clusters this supports."""
+
+    async def main_pid(self, container_id: str) -> int:
+        return 0  # the process runs on a node: nothing to look at through /proc here
+
+    async def remove(self, container: str, *, grace: float | None = None) -> None:
+        self._attach_status.pop(container, None)
+        await self._delete(container, grace=grace)
+
+    async def list_managed(
+        self, extra_labels: dict[str, str] | None = None
+    ) -> list[ManagedContainer]:
+        selector = ",".join(
+            f"{key}={value}"
+            for key, value in {LABEL_MANAGED: "true", **(extra_labels or {})}.items()
+        )
+        status, body = await self._json("list", "GET", "pods", params={"labelSelector": selector})
+        if status != 200:
+            raise _refused("list", status, body)
+        found: list[ManagedContainer] = []
+        for item in body.get("items") or ():
+            metadata = _mapping(_mapping(item).get("metadata"))
+            if metadata.get("deletionTimestamp"):
+                continue  # on its way out already
+            name = str(metadata.get("name", ""))
+            labels = {str(k): str(v) for k, v in _mapping(metadata.get("labels")).items()}
+            found.append(
+                ManagedContainer(name, name, labels, _epoch(metadata.get("creationTimestamp")))
+            )
+        return found
+
+    async def close(self) -> None:
+        api, self._api = self._api, None
+        session = getattr(api, "_session", None) if api is not None else None
+        if session is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(DELETE_BOUND):
+                await session.aclose()
+
+
+class _AttachStdin:
+    __slots__ = ("_channels", "_socket")
+
+    def __init__(self, socket: AttachSocket, channels: AttachChannels) -> None:
+        self._socket = socket
+        self._channels = channels
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._socket.send_message(self._channels.stdin(bytes(data)))
+
+    async def send_eof(self) -> None:
+        message = self._channels.close_stdin()
+        if message is None:
+            await self._socket.close()  # v4: no half-close, the whole attach ends
+        else:
+            await self._socket.send_message(message)
+
+
+class _Messages(trio.abc.ReceiveStream):
+    """The attach's messages as a stream for the demultiplexer: each read returns one whole
+    message (channel byte first), whatever ``max_bytes`` asks, since the channel byte only
+    begins a message; the message bound is the socket's."""
+
+    def __init__(self, socket: AttachSocket) -> None:
+        self._socket = socket
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        message = await self._socket.receive_message()
+        return b"" if message is None else message
+
+    async def aclose(self) -> None:
+        await self._socket.aclose()
+
+
+class KubernetesContainer:
+    """A running session pod: its attach, split into stdin, stdout and stderr."""
+
+    def __init__(
+        self,
+        name: str,
+        socket: AttachSocket,
+        *,
+        max_buffered: int,
+        on_status: Any,
+    ) -> None:
+        self._name = name
+        self._socket = socket
+        self._channels = AttachChannels(socket.subprotocol)
+        self._stdin = _AttachStdin(socket, self._channels)
+        self._on_status = on_status
+        self._demux = Demultiplexer(_Messages(socket), self._decode, max_buffered=max_buffered)
+
+    def _decode(self, message: bytes) -> list[tuple[int, bytes]]:
+        try:
+            event = self._channels.receive(message)
+        except AttachProtocolError as exc:
+            raise FramingError(f"attach: {exc}") from None
+        if isinstance(event, Output):
+            return [(event.channel, event.data)]
+        if isinstance(event, AttachStatus):
+            self._on_status(event)
+        return []
+
+    @property
+    def id(self) -> str:
+        return self._name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def stdin(self) -> _AttachStdin:
+        return self._stdin
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream:
+        return self._demux.stdout
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream:
+        return self._demux.stderr
+
+    @property
+    def stderr_dropped(self) -> int:
+        return self._demux.stderr_dropped
+
+    @property
+    def subprotocol(self) -> str:
+        return self._socket.subprotocol
+
+    async def aclose(self) -> None:
+        self._demux.close()
+        await self._socket.aclose()
+
+
+async def _watch_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """A watch's events, one JSON object per line, each bounded before it is decoded."""
+    splitter = LineSplitter(max_line=MAX_WATCH_EVENT_BYTES)
+    async for chunk in response.aiter_bytes():
+        try:
+            lines = splitter.feed(chunk)
+        except LineTooLong as exc:
+            raise ContainerStartFailure(
+                f"a watch event over the bound: {exc}", reason="start_failed", action="watch"
+            ) from None
+        for line in lines:
+            try:
+                event = msgspec.json.decode(line)
+            except (msgspec.DecodeError, RecursionError):
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def _refused(action: str, status: int, body: Mapping[str, Any]) -> FabricError:
+    """What the API server's refusal of ``action`` means for the product."""
+    message = str(body.get("message") or f"HTTP {status}")[:500]
+    if status in (401, 403):
+        return ContainerStartFailure(
+            f"the Kubernetes API server refused {action} (HTTP {status}): {message}; check the "
+            "orchestrator's credentials and its Role (deploy/kubernetes/role.yaml)",
+            reason=f"{action}_failed",
+            action=action,
+            status=status,
+        )
+    if status >= 500:
+        return DockerUnavailable(
+            f"the Kubernetes API server failed {action} (HTTP {status}): {message}",
+            reason="kubernetes_unavailable",
+            action=action,
+        )
+    return ContainerStartFailure(
+        f"the Kubernetes API server refused {action} (HTTP {status}): {message}",
+        reason=f"{action}_failed",
+        action=action,
+        status=status,
+    )
+
+
+async def _default_namespace(api: Any) -> str:
+    """The kubeconfig context's namespace; in the cluster (no kubeconfig), the orchestrator's
+    own, from its service account (kr8s answers "default" there without reading it)."""
+    if api.auth.active_context:
+        return str(api.auth.namespace)
+    path = trio.Path(SERVICE_ACCOUNT_NAMESPACE)
+    try:
+        return (await path.read_text()).strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _epoch(timestamp: object) -> float:
+    """An RFC 3339 UTC timestamp (``2026-11-23T10:00:00Z``) in seconds since the epoch."""
+    if isinstance(timestamp, str):
+        with contextlib.suppress(ValueError):
+            return float(calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")))
+    return 0.0
