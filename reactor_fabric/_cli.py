@@ -297,6 +297,7 @@ RUNTIME_NAMES: Final = (*ENGINE_NAMES, "kubernetes")
 # session pods name it as their owner, so they are garbage-collected with it.
 POD_NAME_ENV: Final = "REACTOR_FABRIC_POD_NAME"
 POD_UID_ENV: Final = "REACTOR_FABRIC_POD_UID"
+POD_NAMESPACE_ENV: Final = "REACTOR_FABRIC_POD_NAMESPACE"
 
 
 def engine_runtime(suite: Suite, selected: str | None, environ: Mapping[str, str]) -> Runtime:
@@ -338,7 +339,11 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
         namespace=settings.namespace,
         kubeconfig=settings.kubeconfig,
         claims=settings.volumes,
-        owner=PodOwner(pod_name, pod_uid) if pod_name and pod_uid else None,
+        owner=(
+            PodOwner(pod_name, pod_uid, environ.get(POD_NAMESPACE_ENV) or None)
+            if pod_name and pod_uid
+            else None
+        ),
         start_timeout=settings.start_timeout_seconds,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
     )

@@ -90,10 +90,16 @@ SERVICE_ACCOUNT_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccoun
 
 @dataclass(frozen=True)
 class PodOwner:
-    """The orchestrator's own pod, when it runs in the cluster (its session pods' owner)."""
+    """The orchestrator's own pod, when it runs in the cluster (its session pods' owner).
+
+    An owner must be in its dependents' namespace (the garbage collector takes one elsewhere
+    for gone, and deletes the dependents at once): with ``namespace`` known and different from
+    the sessions', pods get no owner and the sweeper alone removes what a crash leaves.
+    """
 
     name: str
     uid: str
+    namespace: str | None = None
 
 
 class KubernetesRuntime:
@@ -281,7 +287,7 @@ class KubernetesRuntime:
                 spec,
                 namespace=self.namespace,
                 claims=self.claims,
-                owner={"name": self.owner.name, "uid": self.owner.uid} if self.owner else None,
+                owner=self._owner_reference(),
             )
         except ManifestError as exc:
             raise ContainerStartFailure(
@@ -295,6 +301,14 @@ class KubernetesRuntime:
             with trio.CancelScope(shield=True):
                 await self._delete_after_failed_start(name)
             raise
+
+    def _owner_reference(self) -> dict[str, str] | None:
+        owner = self.owner
+        if owner is None:
+            return None
+        if owner.namespace is not None and owner.namespace != self.namespace:
+            return None
+        return {"name": owner.name, "uid": owner.uid}
 
     async def _create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         status, body = await self._json("create", "POST", "pods", json=manifest)

@@ -17,7 +17,7 @@ into API calls becomes a Pod here. What maps, and how:
   reserves what the container may use); the service account token is not mounted, and no
   service links are injected into the environment;
 - ``pull`` maps to ``imagePullPolicy`` (``never`` → ``Never``, ``missing`` → ``IfNotPresent``,
-  ``always`` → ``Always``);
+  ``always`` → ``Always``); the runtime's default seccomp profile, as Docker applies its own;
 - mounts: each allowed root is a PersistentVolumeClaim (``claims``: root → claim name), and the
   validated path below it becomes the volume's ``subPath``.
 
@@ -91,6 +91,9 @@ def pod_manifest(
         "privileged": False,
         "readOnlyRootFilesystem": spec.read_only_rootfs,
         "capabilities": {"drop": ["ALL"], **({"add": list(spec.cap_add)} if spec.cap_add else {})},
+        # Docker's default seccomp profile applies to every container it runs; a pod runs
+        # Unconfined unless it asks (or the kubelet's seccompDefault is on).
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
     if spec.user is not None:
         uid, _, gid = spec.user.partition(":")

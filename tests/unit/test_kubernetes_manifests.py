@@ -44,6 +44,7 @@ def test_a_session_pod_runs_one_unprivileged_server_with_stdin_open_for_one_atta
     assert security["privileged"] is False
     assert (security["runAsUser"], security["runAsGroup"]) == (65534, 65534)
     assert security["runAsNonRoot"] is True
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}  # as Docker's default
     assert "args" not in container  # the image's own CMD
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["HOME"] == "/tmp"

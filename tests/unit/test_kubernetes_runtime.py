@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from reactor_fabric._cli import POD_NAME_ENV, POD_UID_ENV, build_parser, engine_runtime
+from reactor_fabric._cli import (
+    POD_NAME_ENV,
+    POD_NAMESPACE_ENV,
+    POD_UID_ENV,
+    build_parser,
+    engine_runtime,
+)
 from reactor_fabric.config.structs import Kubernetes, Orchestrator, Service, Suite
 from reactor_fabric.config.suite import check_suite_text
 from reactor_fabric.runtime.engines import EngineAddressError
@@ -39,6 +45,19 @@ def test_in_the_cluster_the_orchestrators_own_pod_owns_the_session_pods() -> Non
     runtime = engine_runtime(kubernetes_suite([], {}), None, environ)
     assert isinstance(runtime, KubernetesRuntime)
     assert runtime.owner == PodOwner("reactor-fabric-7d9f", "0b6c-uid")
+    assert runtime._owner_reference() == {"name": "reactor-fabric-7d9f", "uid": "0b6c-uid"}
+
+
+def test_an_orchestrator_in_another_namespace_owns_no_session_pod() -> None:
+    # The garbage collector would take an owner in another namespace for gone at once.
+    environ = {POD_NAME_ENV: "rf-1", POD_UID_ENV: "u-1", POD_NAMESPACE_ENV: "platform"}
+    runtime = engine_runtime(kubernetes_suite([], {}), None, environ)  # sessions in "mcp"
+    assert isinstance(runtime, KubernetesRuntime)
+    assert runtime._owner_reference() is None
+    environ[POD_NAMESPACE_ENV] = "mcp"
+    same = engine_runtime(kubernetes_suite([], {}), None, environ)
+    assert isinstance(same, KubernetesRuntime)
+    assert same._owner_reference() == {"name": "rf-1", "uid": "u-1"}
 
 
 def test_an_allowed_mount_root_without_a_claim_refuses_to_start() -> None:
