@@ -85,6 +85,9 @@ DELETE_BOUND: Final = 10.0
 # A create whose answer was lost may land at the server after our first delete: ask again.
 LATE_CREATE_RECHECK: Final = 1.0
 UNAUTHORIZED: Final = 401
+# How long an ended server's pod may take to show its exit (the kubelet relists each second).
+EXIT_REPORT_BOUND: Final = 5.0
+EXIT_REPORT_POLL: Final = 0.5
 SERVICE_ACCOUNT_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -136,8 +139,8 @@ class KubernetesRuntime:
         self._max_frame = max_frame_bytes
         self._api: Any = None
         self._api_lock = trio.Lock()
-        # How each live pod's attach ended, for exit_status while the kubelet has not yet
-        # reported the container's end (dropped on remove: bounded by the live pods).
+        # How each live pod's attach ended, for exit_status if the kubelet does not report the
+        # container's end in time (dropped on remove: bounded by the live pods).
         self._attach_status: dict[str, AttachStatus] = {}
 
     # --- the API client ---------------------------------------------------------------------
@@ -469,17 +472,24 @@ class KubernetesRuntime:
         return True
 
     async def exit_status(self, container_id: str) -> ContainerExit:
-        status, body = await self._json("inspect", "GET", f"pods/{quote(container_id)}")
-        if status == 200:
-            progress = pod_progress(body)
-            if isinstance(progress, Exited):
-                return ContainerExit(progress.exit_code, progress.oom_killed, progress.detail)
-        elif status != 404:
-            raise _refused("inspect", status, body)
-        # The kubelet reports an end a moment after the attach saw it: trust the attach then.
+        """How the pod's server ended, from its container state. Asked once its output ended:
+        the kubelet reports the end a moment later (its relist), so this waits for it, a
+        bounded while, then falls back on what the attach's status said (an exit code only
+        when it failed: an attach's Success says its streams ended, not how)."""
+        with trio.move_on_after(EXIT_REPORT_BOUND):
+            while True:
+                status, body = await self._json("inspect", "GET", f"pods/{quote(container_id)}")
+                if status == 404:
+                    break
+                if status != 200:
+                    raise _refused("inspect", status, body)
+                progress = pod_progress(body)
+                if isinstance(progress, Exited):
+                    return ContainerExit(progress.exit_code, progress.oom_killed, progress.detail)
+                await trio.sleep(EXIT_REPORT_POLL)
         ended = self._attach_status.get(container_id)
-        if ended is not None and (ended.success or ended.exit_code is not None):
-            return ContainerExit(0 if ended.success else ended.exit_code, False, ended.message)
+        if ended is not None and ended.exit_code is not None:
+            return ContainerExit(ended.exit_code, False, ended.message)
         return ContainerExit(None, False)
 
     async def set_cpu_shares(self, container_id: str, shares: int) -> None:
