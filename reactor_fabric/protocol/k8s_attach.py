@@ -9,8 +9,9 @@ starts with a channel byte:
 1     stdout (server → client)
 2     stderr (server → client)
 3     status (server → client): one JSON ``metav1.Status`` when the attach ends — ``Success``,
-      or ``Failure`` with a reason (for a non-zero exit, ``details.causes`` carries
-      ``{"reason": "ExitCode", "message": "<code>"}``)
+      or ``Failure`` with a reason. A kubelet's attach says ``Success`` whatever the exit code
+      (its streams ended); exec, and servers that do more, put a non-zero one in
+      ``details.causes`` as ``{"reason": "ExitCode", "message": "<code>"}``, which is read
 4     terminal resize (never used here: no TTY)
 255   v5 only: a stream's end, ``[255, channel]``. Sent by the client for stdin, it is the
       half-close that tells a stdio server its input ended (how MCP asks it to stop); sent by

@@ -367,19 +367,30 @@ class KubernetesRuntime:
             time_bound=self.start_timeout + self._call_timeout,
         ) as response:
             if response.status_code == 200:
-                async for event in _watch_events(response):
-                    kind = event.get("type")
-                    pod = _mapping(event.get("object"))
-                    if kind in ("ADDED", "MODIFIED"):
-                        return dict(pod)
-                    if kind == "DELETED":
-                        raise ContainerStartFailure(
-                            f"pod {name} was deleted while it started",
-                            reason="start_failed",
-                            action="start",
-                        )
-                    # ERROR (the version is too old, 410): read the pod again.
-                    break
+                found: dict[str, Any] | None = None
+                deleted = False
+                # Leaving the watch early by cancelling, not by returning from inside the loop:
+                # cancelled, each of httpx's stream generators finishes at its checkpoint, where
+                # a return would leave them to the garbage collector (a ResourceWarning each).
+                with trio.CancelScope() as reading:
+                    async for event in _watch_events(response):
+                        if found is not None or deleted:
+                            continue  # cancelled: the stream is ending
+                        kind = event.get("type")
+                        if kind in ("ADDED", "MODIFIED"):
+                            found = dict(_mapping(event.get("object")))
+                        elif kind == "DELETED":
+                            deleted = True
+                        # ERROR (the version is too old, 410): read the pod again, below.
+                        reading.cancel()
+                if deleted:
+                    raise ContainerStartFailure(
+                        f"pod {name} was deleted while it started",
+                        reason="start_failed",
+                        action="start",
+                    )
+                if found is not None:
+                    return found
         status, body = await self._json("inspect", "GET", f"pods/{quote(name)}")
         if status != 200:
             raise _refused("inspect", status, body)

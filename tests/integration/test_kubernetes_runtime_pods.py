@@ -1,0 +1,133 @@
+"""The Kubernetes runtime in process, against the fake API server (pods as containers on the
+real engine): a bundled server answers MCP through a pod's attach, its exit code is read from
+the pod, and nothing is left behind by a start that fails or is cancelled at any point.
+
+In process, so that what the end-to-end tests cannot see fails here: a warning (an unclosed
+stream left to the garbage collector is a ResourceWarning, an error under this suite's
+settings), a pod or a container left behind, an error that is not the product's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from pathlib import Path
+
+import pytest
+import trio
+
+from reactor_fabric import ContainerStartFailure, DockerUnavailable
+from reactor_fabric.policy.container_spec import LABEL_SESSION, ContainerSpec, container_spec_for
+from reactor_fabric.runtime.kubernetes import KubernetesRuntime
+from tests.integration.test_docker_api_stdio import SUITE, TEST_IDENTITY, StdioPeer
+from tests.kube_fake import FakeKubernetes, fake_kubernetes
+
+pytestmark = pytest.mark.integration
+
+
+def time_spec(session: str = "") -> ContainerSpec:
+    return container_spec_for(
+        "time",
+        SUITE.mcp_services["time"],
+        session_id=session or secrets.token_hex(16),
+        identity=TEST_IDENTITY,
+    )
+
+
+async def no_pods_left(api: FakeKubernetes) -> None:
+    """The store empty and the fake's containers gone (a deletion finishes in the background)."""
+    with trio.fail_after(30):
+        while api.pods or await api.docker_containers():  # noqa: ASYNC110 (another process: polled)
+            await trio.sleep(0.1)
+
+
+async def runtime_for(api: FakeKubernetes, tmp_path: Path) -> KubernetesRuntime:
+    return KubernetesRuntime(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+
+
+async def test_a_bundled_server_answers_through_its_pods_attach_and_its_exit_is_read(
+    tmp_path: Path,
+) -> None:
+    async with fake_kubernetes() as api:
+        runtime = await runtime_for(api, tmp_path)
+        try:
+            assert (await runtime.ping()).startswith("v1.")
+            spec = time_spec()
+            container = await runtime.spawn(spec)
+            try:
+                peer = StdioPeer(container)
+                await peer.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "initialize",
+                        "params": {
+                            "protocolVersion": "2025-06-18",
+                            "capabilities": {},
+                            "clientInfo": {"name": "pods", "version": "1"},
+                        },
+                    }
+                )
+                answer = await peer.response(1)
+                assert answer["result"]["serverInfo"]["name"]
+                [listed] = await runtime.list_managed({LABEL_SESSION: spec.labels[LABEL_SESSION]})
+                assert listed.name == container.name
+                await container.stdin.send_eof()  # how MCP asks a stdio server to stop
+                with trio.fail_after(30):
+                    while await container.stdout.receive_some(65536):
+                        pass
+                ended = await runtime.exit_status(container.id)
+                assert ended.exit_code == 0
+            finally:
+                await container.aclose()
+                await runtime.remove(container.id)
+            await no_pods_left(api)
+        finally:
+            await runtime.close()
+
+
+async def test_a_missing_image_fails_the_start_as_image_not_found_and_leaves_no_pod(
+    tmp_path: Path,
+) -> None:
+    async with fake_kubernetes() as api:
+        runtime = await runtime_for(api, tmp_path)
+        try:
+            spec = dataclasses.replace(time_spec(), image="reactor-fabric/no-such-image:0")
+            with pytest.raises(ContainerStartFailure) as failed:
+                await runtime.spawn(spec)
+            assert failed.value.reason == "image_not_found"
+            assert "ErrImageNeverPull" in str(failed.value)
+            await no_pods_left(api)
+        finally:
+            await runtime.close()
+
+
+@pytest.mark.parametrize("after", [0.0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8])
+async def test_a_start_cancelled_at_any_point_leaves_no_pod_behind(
+    tmp_path: Path, after: float
+) -> None:
+    async with fake_kubernetes() as api:
+        runtime = await runtime_for(api, tmp_path)
+        try:
+            with trio.move_on_after(after):
+                container = await runtime.spawn(time_spec())
+                # Started before the cancellation: the caller's to release, as any other.
+                await container.aclose()
+                await runtime.remove(container.id)
+            await no_pods_left(api)
+        finally:
+            await runtime.close()
+
+
+async def test_an_unreachable_api_server_is_kubernetes_unavailable(tmp_path: Path) -> None:
+    async with fake_kubernetes() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    # The fake has stopped: its address answers nothing any more.
+    runtime = KubernetesRuntime(kubeconfig=str(kubeconfig), call_timeout=5)
+    try:
+        with pytest.raises(DockerUnavailable) as failed:
+            await runtime.spawn(time_spec())
+        assert failed.value.reason == "kubernetes_unavailable", failed.value
+        assert failed.value.code == -32001
+    finally:
+        await runtime.close()
