@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 from typing import Any, Final
 
 import trio
@@ -55,22 +53,6 @@ def internal_error(message: str) -> dict[str, Any]:
         "details": {"causes": [{"message": message}]},
         "code": 500,
     }
-
-
-def standalone_socket(raw: Any) -> socket.socket:
-    """The socket of docker-py's hijacked attach connection, as a descriptor of its own (the
-    response objects that wrap it close it when collected)."""
-    inner = getattr(raw, "_sock", raw)
-    if not isinstance(inner, socket.socket):
-        raise TypeError(f"Docker's attach connection is a {type(raw).__name__}, not a socket")
-    duplicate = socket.socket(fileno=os.dup(inner.fileno()))
-    response = getattr(raw, "_response", None)
-    if response is not None:
-        response.close()
-    else:
-        raw.close()
-    duplicate.setblocking(False)
-    return duplicate
 
 
 class ChannelWebSocket:

@@ -41,6 +41,8 @@ import trio
 import yaml
 from wsproto.utilities import generate_accept_token
 
+from reactor_fabric.runtime.docker import detach_socket
+
 from . import attach
 from .api import (
     METHOD_NOT_ALLOWED,
@@ -647,7 +649,7 @@ class FakeKubernetes:
                 raw = client.attach_socket(container_id, params=params)
             except docker.errors.APIError:
                 return None  # stopped or gone meanwhile
-            return attach.standalone_socket(raw)
+            return detach_socket(raw)
 
         return await self._pool.run(attach_socket)
 
