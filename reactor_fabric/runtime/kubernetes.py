@@ -32,7 +32,8 @@ all the same, and the sweeper (labels, as on Docker) is the backstop for one tha
 Error handling: an API server that does not answer, or credentials that cannot be loaded, are
 DockerUnavailable (-32001, ``kubernetes_unavailable`` / ``kubernetes_timeout``); anything
 about one pod is ContainerStartFailure (-32002) with the reasons a Docker start has
-(``image_not_found``, ``start_failed``, ``container_exited``, ``create_failed`` …).
+(``image_not_found``, ``start_failed``, ``container_exited``, ``create_failed`` …). A 401
+makes the runtime load its credentials again and repeat the call once (tokens rotate).
 """
 
 from __future__ import annotations
@@ -199,11 +200,17 @@ class KubernetesRuntime:
         *,
         time_bound: float | None = None,
         stream: bool = False,
+        version: str = "v1",
+        base: str = "",
+        namespaced: bool = True,
         **kwargs: Any,
     ) -> AsyncIterator[httpx.Response]:
-        """One API call in the session namespace; errors become the product's.
+        """One API call (in the session namespace unless ``namespaced`` is false); errors
+        become the product's.
 
-        Yields the response whatever its status (the caller decides what a 404 means).
+        Yields the response whatever its status (the caller decides what a 404 means), except
+        a first 401: the credentials are loaded again and the call made once more, since
+        in-cluster tokens are rotated and a kubeconfig's exec plugin hands out expiring ones.
         """
         import kr8s  # noqa: PLC0415
 
@@ -211,16 +218,21 @@ class KubernetesRuntime:
         bound = self._call_timeout if time_bound is None else time_bound
         with trio.move_on_after(bound) as scope:
             try:
-                async with api.call_api(
-                    method,
-                    version="v1",
-                    namespace=self.namespace,
-                    url=url,
-                    raise_for_status=False,
-                    stream=stream,
-                    **kwargs,
-                ) as response:
-                    yield response
+                for attempt in range(2):
+                    async with api.call_api(
+                        method,
+                        version=version,
+                        base=base,
+                        namespace=self.namespace if namespaced else None,
+                        url=url,
+                        raise_for_status=False,
+                        stream=stream,
+                        **kwargs,
+                    ) as response:
+                        if response.status_code != UNAUTHORIZED or attempt:
+                            yield response
+                            break
+                    await self._reauthenticate(api)
             except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
                 raise DockerUnavailable(
                     f"cannot reach the Kubernetes API server ({action}): {exc}",
@@ -233,6 +245,20 @@ class KubernetesRuntime:
                 reason="kubernetes_timeout",
                 action=action,
             )
+
+    async def _reauthenticate(self, api: Any) -> None:
+        """Load the credentials again and make kr8s's HTTP client carry them (as kr8s does
+        itself on a 401 when it raises for status, which we do not let it do)."""
+        try:
+            await api.auth.reauthenticate()
+            # kr8s's own way to renew the headers its HTTP client sends.
+            await api._create_session()
+        except (OSError, ValueError, KeyError) as exc:
+            raise DockerUnavailable(
+                f"cannot load Kubernetes credentials again: {exc}",
+                reason="kubernetes_unavailable",
+                action="connect",
+            ) from exc
 
     async def _json(
         self, action: str, method: str, url: str, **kwargs: Any
@@ -248,33 +274,20 @@ class KubernetesRuntime:
     # --- the Runtime interface --------------------------------------------------------------
 
     async def ping(self, *, time_bound: float | None = None) -> str:
-        api = await self._client()
-        bound = self._call_timeout if time_bound is None else time_bound
-        with trio.move_on_after(bound):
-            try:
-                async with api.call_api(
-                    "GET", version="", base="/version", raise_for_status=False
-                ) as response:
-                    version = response.json() if response.status_code == 200 else {}
-                    if response.status_code != 200:
-                        raise DockerUnavailable(
-                            f"the Kubernetes API server answered /version with "
-                            f"HTTP {response.status_code}",
-                            reason="kubernetes_unavailable",
-                            action="ping",
-                        )
-                return str(version.get("gitVersion", "unknown"))
-            except httpx.HTTPError as exc:
+        async with self._request(
+            "ping", "GET", "", time_bound=time_bound, version="", base="/version", namespaced=False
+        ) as response:
+            if response.status_code != 200:
                 raise DockerUnavailable(
-                    f"cannot reach the Kubernetes API server: {exc}",
+                    f"the Kubernetes API server answered /version with HTTP {response.status_code}",
                     reason="kubernetes_unavailable",
                     action="ping",
-                ) from exc
-        raise DockerUnavailable(
-            f"the Kubernetes API server did not answer within {bound:g} s",
-            reason="kubernetes_timeout",
-            action="ping",
-        )
+                )
+            try:
+                version = msgspec.json.decode(response.content)
+            except msgspec.DecodeError:
+                version = {}
+        return str(version.get("gitVersion", "unknown") if isinstance(version, dict) else "unknown")
 
     async def image_id(self, image: str) -> str | None:
         """Only a reference by digest names its image for sure; the API inspects no images."""
@@ -412,7 +425,7 @@ class KubernetesRuntime:
                     if exc.status != UNAUTHORIZED:
                         raise
                     # A rotated token (in-cluster tokens expire): load it again, once.
-                    await api.auth.reauthenticate()
+                    await self._reauthenticate(api)
                     socket = await self._open_attach(api, target)
         except trio.TooSlowError:
             raise DockerUnavailable(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import trio
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
 from reactor_fabric.policy.container_spec import LABEL_SESSION, ContainerSpec, container_spec_for
-from reactor_fabric.runtime.kubernetes import KubernetesRuntime
+from reactor_fabric.runtime.kubernetes import KubernetesContainer, KubernetesRuntime
 from tests.integration.test_docker_api_stdio import SUITE, TEST_IDENTITY, StdioPeer
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
 
@@ -131,3 +132,53 @@ async def test_an_unreachable_api_server_is_kubernetes_unavailable(tmp_path: Pat
         assert failed.value.code == -32001
     finally:
         await runtime.close()
+
+
+async def test_a_rotated_token_is_loaded_again_and_each_call_made_once_more(
+    tmp_path: Path,
+) -> None:
+    async with fake_kubernetes() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        runtime = KubernetesRuntime(kubeconfig=str(kubeconfig))
+        try:
+            assert (await runtime.ping()).startswith("v1.")
+            # The token rotates (an in-cluster token expires; an exec plugin hands a new one):
+            # each kind of call meets a 401 first, then succeeds with the token read again.
+
+            async def refusals_on_the_way(call: Awaitable[object]) -> object:
+                api.token = secrets.token_urlsafe(32)
+                api.write_kubeconfig(kubeconfig)
+                before = sum(status == 401 for _, _, status in api.requests)
+                result = await call
+                assert sum(status == 401 for _, _, status in api.requests) - before == 1
+                return result
+
+            assert str(await refusals_on_the_way(runtime.ping())).startswith("v1.")
+            assert await refusals_on_the_way(runtime.list_managed()) == []
+            container = await refusals_on_the_way(runtime.spawn(time_spec()))
+            assert isinstance(container, KubernetesContainer)
+            await container.aclose()
+            await runtime.remove(container.id)
+            await no_pods_left(api)
+        finally:
+            await runtime.close()
+
+
+async def test_a_revoked_token_is_refused_after_one_more_try_and_leaves_no_pod(
+    tmp_path: Path,
+) -> None:
+    async with fake_kubernetes() as api:
+        runtime = await runtime_for(api, tmp_path)
+        try:
+            assert (await runtime.ping()).startswith("v1.")
+            api.token = secrets.token_urlsafe(32)  # revoked: the kubeconfig keeps the old one
+            with pytest.raises(ContainerStartFailure) as failed:
+                await runtime.spawn(time_spec())
+            assert failed.value.reason == "create_failed", failed.value
+            assert "HTTP 401" in str(failed.value)
+            assert "role.yaml" in str(failed.value)  # says where to look
+            creates = [status for method, _, status in api.requests if method == "POST"]
+            assert creates == [401, 401]
+            assert not api.pods
+        finally:
+            await runtime.close()
