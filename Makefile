@@ -11,7 +11,7 @@ CONFIG ?= claude-mcp-suite.yaml
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install docker images run test test-unit test-integration lint format \
+.PHONY: help install docker images image-orchestrator run test test-unit test-integration lint format \
         validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery \
         test-tools test-podman
 
@@ -33,17 +33,20 @@ docker: ## make sure a Docker engine answers (installs and starts Debian's docke
 images: docker ## build the local MCP server images (a no-op when nothing changed)
 	scripts/build-images
 
+image-orchestrator: docker ## build the orchestrator's own image, for a cluster (deploy/kubernetes)
+	scripts/build-images orchestrator
+
 lock-images: ## rewrite the images' lock files (Debian, PyPI, npm hashes) after changing images/versions.env
 	scripts/lock-images
 
 run: install images ## serve the bundled suite on 127.0.0.1:8765 (CONFIG=..., or flags via ARGS=...)
 	$(PY) -m reactor_fabric --config $(CONFIG) $(ARGS)
 
-test: install images test-tools ## all tests: unit, and integration against the real engine and images
+test: install images image-orchestrator test-tools ## all tests: unit, and integration against the real engine and images
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 PODMAN_SOCKET ?= /run/podman/podman.sock
-test-podman: install images test-tools ## the real-engine tests again, against rootful Podman's Docker-compatible API (installs and starts it)
+test-podman: install images image-orchestrator test-tools ## the real-engine tests again, against rootful Podman's Docker-compatible API (installs and starts it)
 	REACTOR_FABRIC_PODMAN_SOCKET=$(PODMAN_SOCKET) scripts/ensure-podman
 	DOCKER_HOST=unix://$(PODMAN_SOCKET) $(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
@@ -53,7 +56,7 @@ test-tools: ## what the observability tests need: headless Chromium and its driv
 test-unit: install ## unit tests only (no Docker needed)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install images test-tools ## real-engine tests only
+test-integration: install images image-orchestrator test-tools ## real-engine tests only
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 lint: install ## ruff (lint + format check) and mypy --strict
