@@ -179,8 +179,12 @@ async def test_a_spawn_cancelled_during_create_leaves_no_container_once_the_crea
             spec = _everything_spec(session_id)
             with trio.move_on_after(delay):
                 container = await engine.spawn(spec)
-                await container.aclose()
-                await engine.remove(container.id)
+                # Started before the cancellation: the caller's to release, and a release
+                # the same deadline could cut short would leave it (shielded, as the
+                # orchestrator's own releases are).
+                with trio.CancelScope(shield=True):
+                    await container.aclose()
+                    await engine.remove(container.id)
             with trio.fail_after(60):
                 assert await engine.settle()  # an abandoned thread cleans up when it ends
             assert (

@@ -9,9 +9,10 @@ settings), a pod or a container left behind, an error that is not the product's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -42,82 +43,81 @@ async def no_pods_left(api: FakeKubernetes) -> None:
             await trio.sleep(0.1)
 
 
-async def runtime_for(api: FakeKubernetes, tmp_path: Path) -> KubernetesRuntime:
-    return KubernetesRuntime(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+@contextlib.asynccontextmanager
+async def runtime_on_fake(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[FakeKubernetes, KubernetesRuntime]]:
+    """A fake API server and a runtime reaching it through a kubeconfig, for the block."""
+    async with fake_kubernetes() as api:
+        runtime = KubernetesRuntime(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            yield api, runtime
+        finally:
+            await runtime.close()
 
 
 async def test_a_bundled_server_answers_through_its_pods_attach_and_its_exit_is_read(
     tmp_path: Path,
 ) -> None:
-    async with fake_kubernetes() as api:
-        runtime = await runtime_for(api, tmp_path)
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+        assert (await runtime.ping()).startswith("v1.")
+        spec = time_spec()
+        container = await runtime.spawn(spec)
         try:
-            assert (await runtime.ping()).startswith("v1.")
-            spec = time_spec()
-            container = await runtime.spawn(spec)
-            try:
-                peer = StdioPeer(container)
-                await peer.send(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": 1,
-                        "method": "initialize",
-                        "params": {
-                            "protocolVersion": "2025-06-18",
-                            "capabilities": {},
-                            "clientInfo": {"name": "pods", "version": "1"},
-                        },
-                    }
-                )
-                answer = await peer.response(1)
-                assert answer["result"]["serverInfo"]["name"]
-                [listed] = await runtime.list_managed({LABEL_SESSION: spec.labels[LABEL_SESSION]})
-                assert listed.name == container.name
-                await container.stdin.send_eof()  # how MCP asks a stdio server to stop
-                with trio.fail_after(30):
-                    while await container.stdout.receive_some(65536):
-                        pass
-                ended = await runtime.exit_status(container.id)
-                assert ended.exit_code == 0
-            finally:
-                await container.aclose()
-                await runtime.remove(container.id)
-            await no_pods_left(api)
+            peer = StdioPeer(container)
+            await peer.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {},
+                        "clientInfo": {"name": "pods", "version": "1"},
+                    },
+                }
+            )
+            answer = await peer.response(1)
+            assert answer["result"]["serverInfo"]["name"]
+            [listed] = await runtime.list_managed({LABEL_SESSION: spec.labels[LABEL_SESSION]})
+            assert listed.name == container.name
+            await container.stdin.send_eof()  # how MCP asks a stdio server to stop
+            with trio.fail_after(30):
+                while await container.stdout.receive_some(65536):
+                    pass
+            ended = await runtime.exit_status(container.id)
+            assert ended.exit_code == 0
         finally:
-            await runtime.close()
+            await container.aclose()
+            await runtime.remove(container.id)
+        await no_pods_left(api)
 
 
 async def test_a_missing_image_fails_the_start_as_image_not_found_and_leaves_no_pod(
     tmp_path: Path,
 ) -> None:
-    async with fake_kubernetes() as api:
-        runtime = await runtime_for(api, tmp_path)
-        try:
-            spec = dataclasses.replace(time_spec(), image="reactor-fabric/no-such-image:0")
-            with pytest.raises(ContainerStartFailure) as failed:
-                await runtime.spawn(spec)
-            assert failed.value.reason == "image_not_found"
-            assert "ErrImageNeverPull" in str(failed.value)
-            await no_pods_left(api)
-        finally:
-            await runtime.close()
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+        spec = dataclasses.replace(time_spec(), image="reactor-fabric/no-such-image:0")
+        with pytest.raises(ContainerStartFailure) as failed:
+            await runtime.spawn(spec)
+        assert failed.value.reason == "image_not_found"
+        assert "ErrImageNeverPull" in str(failed.value)
+        await no_pods_left(api)
 
 
 @pytest.mark.parametrize("after", [0.0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.8])
 async def test_a_start_cancelled_at_any_point_leaves_no_pod_behind(
     tmp_path: Path, after: float
 ) -> None:
-    async with fake_kubernetes() as api:
-        runtime = await runtime_for(api, tmp_path)
-        try:
-            with trio.move_on_after(after):
-                container = await runtime.spawn(time_spec())
-                # Started before the cancellation: the caller's to release, as any other.
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+        with trio.move_on_after(after):
+            container = await runtime.spawn(time_spec())
+            # Started before the cancellation: the caller's to release, as any other
+            # (shielded: the same deadline must not cut the release short).
+            with trio.CancelScope(shield=True):
                 await container.aclose()
                 await runtime.remove(container.id)
-            await no_pods_left(api)
-        finally:
-            await runtime.close()
+        await no_pods_left(api)
 
 
 async def test_an_unreachable_api_server_is_kubernetes_unavailable(tmp_path: Path) -> None:
@@ -137,48 +137,40 @@ async def test_an_unreachable_api_server_is_kubernetes_unavailable(tmp_path: Pat
 async def test_a_rotated_token_is_loaded_again_and_each_call_made_once_more(
     tmp_path: Path,
 ) -> None:
-    async with fake_kubernetes() as api:
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        runtime = KubernetesRuntime(kubeconfig=str(kubeconfig))
-        try:
-            assert (await runtime.ping()).startswith("v1.")
-            # The token rotates (an in-cluster token expires; an exec plugin hands a new one):
-            # each kind of call meets a 401 first, then succeeds with the token read again.
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+        kubeconfig = tmp_path / "kubeconfig"  # the runtime reads it again on a 401
+        assert (await runtime.ping()).startswith("v1.")
+        # The token rotates (an in-cluster token expires; an exec plugin hands a new one):
+        # each kind of call meets a 401 first, then succeeds with the token read again.
 
-            async def refusals_on_the_way(call: Awaitable[object]) -> object:
-                api.token = secrets.token_urlsafe(32)
-                api.write_kubeconfig(kubeconfig)
-                before = sum(status == 401 for _, _, status in api.requests)
-                result = await call
-                assert sum(status == 401 for _, _, status in api.requests) - before == 1
-                return result
+        async def refusals_on_the_way(call: Awaitable[object]) -> object:
+            api.token = secrets.token_urlsafe(32)
+            api.write_kubeconfig(kubeconfig)
+            before = sum(status == 401 for _, _, status in api.requests)
+            result = await call
+            assert sum(status == 401 for _, _, status in api.requests) - before == 1
+            return result
 
-            assert str(await refusals_on_the_way(runtime.ping())).startswith("v1.")
-            assert await refusals_on_the_way(runtime.list_managed()) == []
-            container = await refusals_on_the_way(runtime.spawn(time_spec()))
-            assert isinstance(container, KubernetesContainer)
-            await container.aclose()
-            await runtime.remove(container.id)
-            await no_pods_left(api)
-        finally:
-            await runtime.close()
+        assert str(await refusals_on_the_way(runtime.ping())).startswith("v1.")
+        assert await refusals_on_the_way(runtime.list_managed()) == []
+        container = await refusals_on_the_way(runtime.spawn(time_spec()))
+        assert isinstance(container, KubernetesContainer)
+        await container.aclose()
+        await runtime.remove(container.id)
+        await no_pods_left(api)
 
 
 async def test_a_revoked_token_is_refused_after_one_more_try_and_leaves_no_pod(
     tmp_path: Path,
 ) -> None:
-    async with fake_kubernetes() as api:
-        runtime = await runtime_for(api, tmp_path)
-        try:
-            assert (await runtime.ping()).startswith("v1.")
-            api.token = secrets.token_urlsafe(32)  # revoked: the kubeconfig keeps the old one
-            with pytest.raises(ContainerStartFailure) as failed:
-                await runtime.spawn(time_spec())
-            assert failed.value.reason == "create_failed", failed.value
-            assert "HTTP 401" in str(failed.value)
-            assert "role.yaml" in str(failed.value)  # says where to look
-            creates = [status for method, _, status in api.requests if method == "POST"]
-            assert creates == [401, 401]
-            assert not api.pods
-        finally:
-            await runtime.close()
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+        assert (await runtime.ping()).startswith("v1.")
+        api.token = secrets.token_urlsafe(32)  # revoked: the kubeconfig keeps the old one
+        with pytest.raises(ContainerStartFailure) as failed:
+            await runtime.spawn(time_spec())
+        assert failed.value.reason == "create_failed", failed.value
+        assert "HTTP 401" in str(failed.value)
+        assert "role.yaml" in str(failed.value)  # says where to look
+        creates = [status for method, _, status in api.requests if method == "POST"]
+        assert creates == [401, 401]
+        assert not api.pods
