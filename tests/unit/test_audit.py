@@ -142,6 +142,37 @@ def test_a_full_queue_drops_records_counts_them_and_says_so_in_the_trail(tmp_pat
     assert verify(path).intact
 
 
+def test_a_queue_filling_past_a_quarter_is_written_without_waiting_out_the_linger(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditWriter(path, max_bytes=1 << 20, keep=1, queue_bytes=4000, linger=600)
+    audit.open()
+    try:
+        sent = 0
+        while audit._queued_bytes < 1000 and audit.written == 0:
+            assert audit.submit({"ts": "t", "event": "burst", "n": sent})
+            sent += 1
+        deadline = time.monotonic() + 10  # the linger would be 600 s
+        while audit.written < sent:
+            assert time.monotonic() < deadline, "the burst waited for the linger"
+            time.sleep(0.001)
+        assert audit.dropped == 0
+    finally:
+        audit.close()
+
+
+def test_close_cuts_the_linger_short_and_writes_what_is_queued(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditWriter(path, max_bytes=1 << 20, keep=1, linger=600)
+    audit.open()
+    assert audit.submit({"ts": "t", "event": "last"})
+    started = time.monotonic()
+    audit.close(timeout=10)
+    assert time.monotonic() - started < 10
+    assert [r["event"] for r in read_records(path)] == ["last"]
+
+
 def test_a_second_writer_of_the_same_trail_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     first = writer(path)
