@@ -868,6 +868,12 @@ def host_config_kwargs(
         "cpu_shares": spec.cpu_shares,
         "init": True,  # a real PID 1 that forwards signals and reaps zombies
         "auto_remove": False,  # we remove explicitly, after reading the exit code
+        # The engine keeps no copy of what the server writes: its stdout is the session's
+        # messages (a file's contents, a diff), which the engine's default driver (json-file,
+        # no size limit) would store on the host's disk for the container's life, and encode
+        # and write once more per message while the session waits. The orchestrator reads both
+        # streams over the attach and logs stderr itself, bounded.
+        "log_config": {"type": "none", "config": {}},
     }
 
 

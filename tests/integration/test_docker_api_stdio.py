@@ -27,6 +27,7 @@ from reactor_fabric.protocol.framing import LineSplitter
 from reactor_fabric.runtime.base import Container
 from reactor_fabric.runtime.docker import DockerRuntime
 from tests.integration.harness import assert_confined_by_effect
+from tests.messages import INITIALIZE, request
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = load_suite(REPO / "claude-mcp-suite.yaml")
@@ -82,6 +83,8 @@ def assert_confined(inspected: dict[str, Any]) -> None:
     assert user.partition(":")[0] not in ("", "0", "root"), user
     assert not host["CapAdd"], host["CapAdd"]
     assert host["Privileged"] is False
+    # The session's messages are not stored by the engine (its default json-file log would).
+    assert host["LogConfig"]["Type"] == "none", host["LogConfig"]
     assert_confined_by_effect(inspected["State"]["Pid"])
 
 
@@ -101,17 +104,9 @@ async def test_each_bundled_service_answers_tools_list_through_the_docker_api_co
     try:
         with trio.fail_after(60):
             peer = StdioPeer(container)
+            # Roots offered: the filesystem server asks for them (answered in response()).
             await peer.send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {"roots": {}},
-                        "clientInfo": {"name": "reactor-fabric-tests", "version": "0"},
-                    },
-                }
+                request(1, "initialize", {**INITIALIZE["params"], "capabilities": {"roots": {}}})
             )
             initialized = await peer.response(1)
             assert "serverInfo" in initialized["result"], initialized
@@ -209,18 +204,7 @@ async def test_stdout_and_stderr_arrive_on_their_own_streams(
     try:
         with trio.fail_after(60):
             peer = StdioPeer(container)
-            await peer.send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {},
-                        "clientInfo": {"name": "reactor-fabric-tests", "version": "0"},
-                    },
-                }
-            )
+            await peer.send(INITIALIZE)
             assert "serverInfo" in (await peer.response(1))["result"]
             await container.stdin.send_eof()
             # Both streams read to their end at once (stderr is read along with stdout).

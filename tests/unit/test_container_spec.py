@@ -99,6 +99,11 @@ def test_safe_defaults_drop_every_capability_and_forbid_new_privileges() -> None
     assert host["tmpfs"] == {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}
 
 
+def test_the_engine_keeps_no_log_of_a_servers_output() -> None:
+    host = host_config_kwargs(spec_for(Service(image="img")))
+    assert host["log_config"] == {"type": "none", "config": {}}
+
+
 def test_a_service_may_relax_the_defaults_explicitly() -> None:
     service = Service(
         image="img",
