@@ -241,7 +241,9 @@ async def start_attached(image: str, *, command: list[str] | None = None) -> Att
     """Create (stdin open, no TTY, no network), attach before start, start."""
 
     def create_attach_start(client: docker.APIClient) -> tuple[str, Any]:
-        host_config = client.create_host_config(network_mode="none")
+        host_config = client.create_host_config(
+            network_mode="none", log_config=docker.types.LogConfig(type="none")
+        )
         created: dict[str, Any] = client.create_container(
             image=image,
             command=command,
@@ -282,8 +284,17 @@ async def attached(image: str) -> AsyncIterator[StreamRpc]:
         await container.aclose()
 
 
+# Every container the benchmark starts logs nothing in the engine, as the orchestrator's do
+# (HostConfig LogConfig none): otherwise dockerd would encode and store each message of the
+# floors and the peers and not ours, and the comparisons would be partly of engine logging.
+NO_ENGINE_LOG = ("--log-driver", "none")
+
+
 def docker_run_argv(image: str, *options: str) -> list[str]:
-    return ["docker", "run", "-i", "--rm", "--label", f"{BENCH_LABEL}=1", *options, image]
+    return [
+        "docker", "run", "-i", "--rm", "--label", f"{BENCH_LABEL}=1", *NO_ENGINE_LOG, *options,
+        image,
+    ]  # fmt: skip
 
 
 @dataclass

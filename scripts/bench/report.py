@@ -407,7 +407,10 @@ def _residency_lines(figures: Any) -> list[str]:
     parts = [
         f"{RTT_NAMES.get(key, key)}: request P50 {_range(values.get('request_p50_us'))}, "
         f"P99 {_range(values.get('request_p99_us'))}; answer P50 "
-        f"{_range(values.get('answer_p50_us'))}, P99 {_range(values.get('answer_p99_us'))}"
+        f"{_range(values.get('answer_p50_us'))}, P99 {_range(values.get('answer_p99_us'))}; "
+        f"messages that waited on a lock (the GIL) per repeat, request "
+        f"{_range(values.get('request_lock_waits'))}, "
+        f"answer {_range(values.get('answer_lock_waits'))}"
         for key, values in figures.items()
         if key != "per_repeat" and isinstance(values, dict)
     ]
@@ -822,7 +825,10 @@ def _pool_refill(refill: Json) -> list[str]:
                 f"{phase}: request P50 {_range(traced.get(phase, {}).get('request_p50_us'))}, "
                 f"P99 {_range(traced.get(phase, {}).get('request_p99_us'))}, answer P50 "
                 f"{_range(traced.get(phase, {}).get('answer_p50_us'))}, P99 "
-                f"{_range(traced.get(phase, {}).get('answer_p99_us'))}"
+                f"{_range(traced.get(phase, {}).get('answer_p99_us'))}, messages that waited "
+                f"on a lock (the GIL) per repeat: request "
+                f"{_range(traced.get(phase, {}).get('request_lock_waits'))}, answer "
+                f"{_range(traced.get(phase, {}).get('answer_lock_waits'))}"
                 for phase in ("quiet", "refilling")
             )
             + ". Refilling minus quiet, repeat by repeat: request P50 "

@@ -44,12 +44,19 @@ from .stats import Json, percentile, spread
 
 PERF_START_BOUND = 10.0
 PERF_STOP_BOUND = 30.0
-SYS_SENDTO, SYS_RECVFROM = 44, 45
+SYS_SENDTO, SYS_RECVFROM, SYS_FUTEX = 44, 45, 202
+# futex operations that wait (FUTEX_WAIT, FUTEX_WAIT_BITSET; the private flag masked off): the
+# event loop's thread blocked on a lock another thread of the process holds — the interpreter's
+# (the GIL) or one of ours.
+FUTEX_WAITS = frozenset({0, 9})
+FUTEX_CMD_MASK = 0x7F
 
 _LINE = re.compile(
     r"^\s*(?P<tid>\d+)\s+(?P<time>[\d.]+):\s+raw_syscalls:sys_(?P<kind>enter|exit):"
-    r"\s+NR (?P<nr>\d+)(?: \((?P<fd>[0-9a-f]+),| = (?P<ret>-?\d+))?"
+    r"\s+NR (?P<nr>\d+)(?: \((?P<fd>[0-9a-f]+), (?P<arg2>[0-9a-f]+)?| = (?P<ret>-?\d+))?"
 )
+
+Event = tuple[str, int, float, int | None, int | None]
 
 
 def unavailable() -> str | None:
@@ -96,18 +103,20 @@ class Trace:
         tcp = _tcp_inodes()
         clients = {fd for fd, inode in self.sockets.items() if inode in tcp}
         hops = list(_hops(self._events()))
-        inward = Counter((r, w) for r, w, _ in hops if r in clients and w not in clients)
+        inward = Counter((r, w) for r, w, _, _ in hops if r in clients and w not in clients)
         if not inward:
-            return {"request_us": _figures([]), "answer_us": _figures([])}
+            return {"request_us": _figures([], 0), "answer_us": _figures([], 0)}
         (client, container), _ = inward.most_common(1)[0]
-        return {
-            "request_us": _figures([us for r, w, us in hops if (r, w) == (client, container)]),
-            "answer_us": _figures([us for r, w, us in hops if (r, w) == (container, client)]),
-        }
+        out: Json = {}
+        for path, way in (("request_us", (client, container)), ("answer_us", (container, client))):
+            mine = [(us, waited) for r, w, us, waited in hops if (r, w) == way]
+            out[path] = _figures([us for us, _ in mine], sum(waited for _, waited in mine))
+        return out
 
-    def _events(self) -> Iterator[tuple[str, int, float, int | None]]:
-        """(enter or exit, syscall number, µs, the fd it was called with at enter / what it
-        returned at exit) of the event loop's thread."""
+    def _events(self) -> Iterator[Event]:
+        """(enter or exit, syscall number, µs, the fd (first argument) it was called with at
+        enter / what it returned at exit, its second argument at enter) of the event loop's
+        thread."""
         script = subprocess.run(
             ["perf", "script", "-i", str(self.path), "-F", "tid,time,event,trace", "--ns"],
             capture_output=True,
@@ -122,24 +131,28 @@ class Trace:
                 value: int | None = int(match["fd"], 16)
             else:
                 value = int(match["ret"]) if match["ret"] is not None else None
-            yield match["kind"], int(match["nr"]), float(match["time"]) * 1e6, value
+            second = int(match["arg2"], 16) if match["arg2"] is not None else None
+            yield match["kind"], int(match["nr"]), float(match["time"]) * 1e6, value, second
 
 
-def _hops(events: Iterator[tuple[str, int, float, int | None]]) -> Iterator[tuple[int, int, float]]:
-    """(fd read, fd written, µs between): each read that returned bytes, to the next write
-    begun, when no other read returned bytes between (a read that found nothing, EAGAIN, is
-    not where a message arrived)."""
+def _hops(events: Iterator[Event]) -> Iterator[tuple[int, int, float, bool]]:
+    """(fd read, fd written, µs between, whether the thread waited on a lock between): each
+    read that returned bytes, to the next write begun, when no other read returned bytes
+    between (a read that found nothing, EAGAIN, is not where a message arrived)."""
     read_fd: int | None = None  # the fd of the read in progress
     last_read: tuple[int, float] | None = None
-    for kind, number, micros, value in events:
+    waited = False
+    for kind, number, micros, value, second in events:
         if kind == "enter":
             if number == SYS_RECVFROM:
                 read_fd = value
             elif number == SYS_SENDTO and value is not None and last_read is not None:
-                yield last_read[0], value, micros - last_read[1]
+                yield last_read[0], value, micros - last_read[1], waited
                 last_read = None
+            elif number == SYS_FUTEX and second is not None:
+                waited = waited or (second & FUTEX_CMD_MASK) in FUTEX_WAITS
         elif number == SYS_RECVFROM and read_fd is not None and (value or 0) > 0:
-            last_read = (read_fd, micros)
+            last_read, waited = (read_fd, micros), False
 
 
 def _tcp_inodes() -> set[int]:
@@ -153,12 +166,15 @@ def _tcp_inodes() -> set[int]:
     return inodes
 
 
-def _figures(micros: list[float]) -> Json:
+def _figures(micros: list[float], lock_waits: int) -> Json:
+    """Percentiles of the messages' residency, and ``lock_waits``: how many of them waited
+    on a lock (a futex) between their read and their write."""
     if not micros:
         return {"error": "no message seen"}
     ordered = sorted(micros)
     return {
         "n": len(ordered),
+        "lock_waits": lock_waits,
         "p50": round(percentile(ordered, 0.50), 1),
         "p90": round(percentile(ordered, 0.90), 1),
         "p99": round(percentile(ordered, 0.99), 1),
@@ -195,7 +211,15 @@ async def traced(pid: int) -> AsyncIterator[Trace]:
                 await perf.wait()
             if stopping.cancelled_caught:
                 perf.kill()
-        trace.figures = await trio.to_thread.run_sync(trace.residency)
+        try:
+            trace.figures = await trio.to_thread.run_sync(trace.residency)
+        except (subprocess.SubprocessError, OSError) as exc:
+            # A recording perf could not read back (seen once: `perf script` exiting 255) loses
+            # this figure, not the run.
+            detail = getattr(exc, "stderr", b"") or b""
+            trace.figures = {
+                "error": f"{type(exc).__name__}: {exc} {detail.decode(errors='replace')}"[:300]
+            }
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -213,6 +237,13 @@ def summary(per_repeat: list[dict[str, Json]]) -> Json:
             for path in ("request", "answer")
             for quantile in ("p50", "p99")
         }
+        for path in ("request", "answer"):
+            out[key][f"{path}_lock_waits"] = spread(
+                [
+                    figures.get(key, {}).get(f"{path}_us", {}).get("lock_waits")
+                    for figures in per_repeat
+                ]
+            )
     out["per_repeat"] = per_repeat
     return out
 
