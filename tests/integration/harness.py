@@ -389,6 +389,8 @@ def time_call_through_fabric(client: LineProcess) -> str:
     try:
         assert client.ask({"op": "initialize"})["ok"]
         status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        assert status.get("ok"), status
+        assert "structured" in status, status
         session = str(status["structured"]["session_id"])
         answer = client.ask(
             {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}

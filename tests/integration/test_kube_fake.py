@@ -35,6 +35,7 @@ from wsproto.events import (
 from tests.fakes import RawWebSocket
 from tests.integration.harness import BUNDLED, engine_is_podman
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
+from tests.messages import INITIALIZE
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +43,6 @@ IMAGE = BUNDLED["mcp_services"]["time"]["image"]
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
 SUCCESS = {"metadata": {}, "status": "Success"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "kube-fake-test", "version": "1"},
-    },
-}
 # A user as the product's pods run (UNPRIVILEGED), everything dropped.
 SECURITY = {
     "runAsUser": 65534,

@@ -23,6 +23,7 @@ from reactor_fabric.policy.container_spec import LABEL_SESSION, ContainerSpec, c
 from reactor_fabric.runtime.kubernetes import KubernetesContainer, KubernetesRuntime
 from tests.integration.test_docker_api_stdio import SUITE, TEST_IDENTITY, StdioPeer
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
+from tests.messages import INITIALIZE
 
 pytestmark = pytest.mark.integration
 
@@ -65,18 +66,7 @@ async def test_a_bundled_server_answers_through_its_pods_attach_and_its_exit_is_
         container = await runtime.spawn(spec)
         try:
             peer = StdioPeer(container)
-            await peer.send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-06-18",
-                        "capabilities": {},
-                        "clientInfo": {"name": "pods", "version": "1"},
-                    },
-                }
-            )
+            await peer.send(INITIALIZE)
             answer = await peer.response(1)
             assert answer["result"]["serverInfo"]["name"]
             [listed] = await runtime.list_managed({LABEL_SESSION: spec.labels[LABEL_SESSION]})

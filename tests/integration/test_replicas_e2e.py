@@ -29,6 +29,7 @@ from tests.integration.harness import (
     python2_client,
     write_suite,
 )
+from tests.messages import INITIALIZE
 
 NGINX = REPO / ".cache" / "test-tools" / "usr" / "sbin" / "nginx"
 SCALING = REPO / "docs" / "SCALING.md"
@@ -139,13 +140,7 @@ def session_of(client: LineProcess) -> str:
 async def websocket_call(url: str) -> dict[str, object]:
     """A WebSocket session through the proxy: initialize, then the fabric's get_status."""
     async with open_websocket_url(url, subprotocols=["mcp"]) as ws:
-        await ws.send_message(
-            json.dumps(
-                {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                            "clientInfo": {"name": "replicas-test", "version": "1"}}}
-            )
-        )  # fmt: skip
+        await ws.send_message(json.dumps(INITIALIZE))
         assert "result" in json.loads(await ws.get_message())
         await ws.send_message(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         await ws.send_message(

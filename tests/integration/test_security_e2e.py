@@ -151,14 +151,23 @@ def test_a_project_swapped_for_symlinks_never_gets_anything_else_mounted(
             for _ in range(10):
                 nursery.start_soon(one_session, running, 24)
 
+    def started(running: Orchestrator) -> list[dict[str, Any]]:
+        return [e for e in running.logs() if e["event"] == "container_started"]
+
     swapper = Swapper(project, [outside, docker_socket_dir])
     with orchestrator(suite, tmp_path / "o.log") as running:
         swapper.start()
         try:
-            trio.run(attack, running)
+            # How many starts the pool serves depends on how fast it refills against back-to-back
+            # respawns (18 of 111 once, on a loaded machine): with a pool, attack again until it
+            # served enough of them to judge, at most four times.
+            for _ in range(4):
+                trio.run(attack, running)
+                if not warm or sum(1 for e in started(running) if e["pooled"]) >= 20:
+                    break
         finally:
             swapper.stop()
-        starts = [e for e in running.logs() if e["event"] == "container_started"]
+        starts = started(running)
         refused = [e for e in running.logs() if e["event"] == "container_start_failed"]
 
     assert escapes == [], f"containers saw something else than the project: {escapes[:5]}"

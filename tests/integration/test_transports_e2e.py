@@ -29,6 +29,7 @@ from tests.integration.harness import (
     wait_until,
     write_suite,
 )
+from tests.messages import INITIALIZE
 
 pytestmark = pytest.mark.integration
 
@@ -197,18 +198,7 @@ def test_the_stdio_bridge_exits_cleanly_on_eof_and_on_signals_leaving_no_contain
         cwd=REPO,
     )
     try:
-        bridge.send(
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "0"},
-                },
-            }
-        )
+        bridge.send(INITIALIZE)
         assert bridge.read_json()["result"]["serverInfo"]["name"] == "mcp-time"
         assert containers_of(docker_client, service="time", instance=fabric.instance)
         if how == "eof":
