@@ -22,7 +22,7 @@ import functools
 import itertools
 import re
 
-import snowballstemmer
+from snowballstemmer.english_stemmer import EnglishStemmer
 
 # Pieces of identifiers and words: runs of letters or digits, split before an upper-case letter
 # that starts a lower-case run (camelCase, HTTPServer → HTTP, Server).
@@ -98,12 +98,14 @@ ABBREVIATIONS: dict[str, tuple[str, ...]] = {
     "llm": ("language", "model"),
 }
 
-_stemmer = snowballstemmer.stemmer("english")
-
 
 @functools.lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    return str(_stemmer.stemWord(word))
+    # A snowball stemmer keeps the word it works on in itself, so one shared by two threads
+    # mixes their words up (an IndexError inside it: seen when a session indexed the catalog
+    # while the start-up did the same in a worker thread). A stemmer per word costs under 1 %
+    # of stemming it, and the cache above is thread-safe.
+    return str(EnglishStemmer().stemWord(word))
 
 
 def pieces(text: str) -> list[str]:

@@ -200,9 +200,14 @@ class Fabric:
         await trio.to_thread.run_sync(tokens.load)
         while True:
             await self._learn_catalog_once()
-            # Index the catalog now, off the event loop, rather than in a session's first call.
+            # Index the catalog now, off the event loop, rather than in a session's first call;
+            # sessions wait for it (catalog_ready), so that none indexes it again meanwhile.
             catalog = self.catalog
-            await trio.to_thread.run_sync(self.discovery_index, catalog)
+            try:
+                await trio.to_thread.run_sync(self.discovery_index, catalog)
+            except Exception:
+                # A bug here must not end the orchestrator either; a session indexes it then.
+                log.error("catalog_index_failed", exc_info=True)
             self.catalog_passes += 1
             self.catalog_ready.set()
             self.notify_change()
@@ -234,8 +239,6 @@ class Fabric:
             # A bug here must not end the orchestrator (this runs in its root nursery): the
             # services not learned keep saying so in get_status; the relay is not affected.
             log.error("catalog_failed", exc_info=failure)
-        finally:
-            self.catalog_ready.set()
         # A URI two services offer is shown as "service+uri" for the second one (catalog.py).
         shared = [shown for shown, (_, uri) in self.catalog.resources.items() if shown != uri]
         if shared:
@@ -244,12 +247,18 @@ class Fabric:
     def service_facts(self) -> dict[str, ServiceFacts]:
         return suite_facts(self.suite)
 
-    def discovery_index(self, catalog: Catalog) -> DiscoveryIndex:
-        """The ranking index of ``catalog``, built once per catalog and shared by sessions
-        (thread-safe enough: two builders build the same index; the last one is kept)."""
+    def indexed(self, catalog: Catalog) -> DiscoveryIndex | None:
+        """The ranking index of ``catalog`` if it was built already."""
         cached = self._index
-        if cached is not None and cached[0] is catalog:
-            return cached[1]
+        return cached[1] if cached is not None and cached[0] is catalog else None
+
+    def discovery_index(self, catalog: Catalog) -> DiscoveryIndex:
+        """The ranking index of ``catalog``, built once per catalog and shared by sessions.
+        Seconds of CPU for a large suite: call it in a worker thread (two threads may build the
+        same index at once; the last one is kept)."""
+        index = self.indexed(catalog)
+        if index is not None:
+            return index
         index = index_catalog(catalog, self.service_facts())
         self._index = (catalog, index)
         return index

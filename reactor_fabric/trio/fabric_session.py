@@ -40,6 +40,7 @@ from .._errors import ContainerStartFailure, FabricError, InvalidRequest
 from .._version import __version__
 from ..config.structs import Suite
 from ..config.suite import FABRIC_ENDPOINT
+from ..discovery import DiscoveryIndex
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import (
     Action,
@@ -120,12 +121,39 @@ def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOption
     return FabricOptions(exposure, tuple(suite.profiles[profile].services))
 
 
-async def session_catalog(fabric: Fabric) -> Catalog:
-    """The catalog a new session serves: wait (bounded) while it is still being learned."""
+async def session_catalog(fabric: Fabric) -> tuple[Catalog, DiscoveryIndex]:
+    """The catalog a new session serves, waiting (bounded) while it is still being learned,
+    and its ranking index: the start-up's, or, for a catalog not indexed yet (the wait gave up,
+    or a re-check is publishing), one built in a worker thread, never on the event loop."""
     if not fabric.catalog_ready.is_set():
         with trio.move_on_after(CATALOG_WAIT_SECONDS):
             await fabric.catalog_ready.wait()
-    return fabric.catalog
+    catalog = fabric.catalog
+    index = fabric.indexed(catalog)
+    if index is None:
+        index = await trio.to_thread.run_sync(fabric.discovery_index, catalog)
+    return catalog, index
+
+
+async def fabric_driver(
+    fabric: Fabric,
+    channel: ClientChannel,
+    *,
+    session_id: str,
+    record: SessionRecord,
+    options: FabricOptions,
+) -> FabricDriver:
+    """The driver of a new fabric-endpoint session, with the catalog it serves."""
+    catalog, index = await session_catalog(fabric)
+    return FabricDriver(
+        fabric,
+        channel,
+        session_id=session_id,
+        record=record,
+        options=options,
+        catalog=catalog,
+        index=index,
+    )
 
 
 @dataclass(eq=False)
@@ -148,6 +176,7 @@ class FabricDriver:
         record: SessionRecord,
         options: FabricOptions,
         catalog: Catalog,
+        index: DiscoveryIndex,
     ) -> None:
         self.fabric = fabric
         self.channel = channel
@@ -169,7 +198,7 @@ class FabricDriver:
             profiles={name: p.services for name, p in fabric.suite.profiles.items()},
             idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
             clock=trio.current_time,
-            index=fabric.discovery_index(catalog),
+            index=index,
             token_budget=fabric.suite.orchestrator.fabric.token_budget,
             assist=fabric.assist_settings,
             audit_arguments=fabric.audit_arguments,

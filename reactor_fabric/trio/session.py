@@ -91,10 +91,9 @@ from .containers import (
 from .fabric import Fabric, SessionRecord, new_session_id
 from .fabric_session import (
     FABRIC_ENDPOINT,
-    FabricDriver,
     FabricOptions,
+    fabric_driver,
     fabric_options,
-    session_catalog,
 )
 from .http_server import Request
 from .timer import DeadlineTimer
@@ -292,13 +291,8 @@ async def _serve_session(
         )
         driver: _Driver
         if options is not None:
-            driver = FabricDriver(
-                fabric,
-                channel,
-                session_id=session_id,
-                record=record,
-                options=options,
-                catalog=await session_catalog(fabric),
+            driver = await fabric_driver(
+                fabric, channel, session_id=session_id, record=record, options=options
             )
         else:
             assert service is not None

@@ -387,7 +387,8 @@ def time_call_through_fabric(client: LineProcess) -> str:
     ``get_status``, call ``time__get_current_time`` (asserted ok), close (asserted clean); the
     session's id."""
     try:
-        assert client.ask({"op": "initialize"})["ok"]
+        initialized = client.ask({"op": "initialize"})
+        assert initialized["ok"], initialized
         status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
         assert status.get("ok"), status
         assert "structured" in status, status

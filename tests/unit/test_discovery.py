@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from reactor_fabric.discovery.catalog_file import (
     services_from_json,
 )
 from reactor_fabric.discovery.ranking import with_choice
-from reactor_fabric.discovery.text import compounds, marks, query_terms
+from reactor_fabric.discovery.text import compounds, marks, query_terms, stem
 from reactor_fabric.discovery.tokens import count_definition, definition_text, estimate, load
 
 
@@ -314,3 +316,46 @@ def test_a_malformed_catalog_file_is_refused_with_where(data: object) -> None:
 def test_optional_fields_of_a_catalog_file_may_be_absent_or_null() -> None:
     services = services_from_json({"services": {"x": {"description": None, "tools": [tool("t")]}}})
     assert services == [ServiceText("x", tools=(tool("t"),))]
+
+
+def test_words_stemmed_in_several_threads_at_once_stem_as_in_one() -> None:
+    # Distinct words past the cache (stem.__wrapped__), a switch interval short enough that the
+    # threads interleave inside a word: a stemmer shared between threads mixes their words up.
+    words = [
+        f"{root}{suffix}"
+        for root in ("connect", "relat", "generat", "index")
+        for suffix in (
+            "ional",
+            "izations",
+            "ively",
+            "ements",
+            "fulness",
+            "ications",
+            "ousness",
+            "ing",
+        )
+    ] * 40
+    alone = [stem.__wrapped__(word) for word in words]
+    results: dict[int, list[str] | BaseException] = {}
+
+    def stem_all(n: int) -> None:
+        try:
+            results[n] = [stem.__wrapped__(word) for word in words]
+        except BaseException as exc:
+            results[n] = exc
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=stem_all, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert all(result == alone for result in results.values()), {
+        n: result if isinstance(result, BaseException) else "differs"
+        for n, result in results.items()
+        if result != alone
+    }

@@ -5,6 +5,7 @@ that stay with their service, both transports and the keyed URL."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +20,9 @@ from reactor_fabric import ContainerStartFailure
 from reactor_fabric.config.structs import Profile, Service
 from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.protocol.fabric_discovery import index_catalog
 from reactor_fabric.runtime.memory import MemoryRuntime, open_memory_runtime
+from reactor_fabric.trio import fabric as fabric_module
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server
@@ -319,6 +322,7 @@ def learned_fabric(root: Path, engine: MemoryRuntime) -> Fabric:
     fabric = Fabric(suite, runtime=engine, network="none")
     tools = [{"name": tool, "inputSchema": {"type": "object"}} for tool in TOOLS]
     fabric.catalog = Catalog({name: service_catalog(tools=tools) for name in SERVICES})
+    fabric.discovery_index(fabric.catalog)
     fabric.catalog_ready.set()
     return fabric
 
@@ -371,3 +375,45 @@ async def test_cancelling_a_fabric_session_at_every_step_leaks_no_task_or_contai
         return left
 
     assert await cancel_at_every_step(run) > 100
+
+
+async def test_a_session_opening_while_the_catalog_is_indexed_waits_for_that_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The start-up indexes the catalog in a worker thread; a session that opened meanwhile
+    # built it again on the event loop, at the same time (and the two corrupted a shared
+    # stemmer: the session crashed). Now it waits, and no index is built on the loop.
+    entered, release = threading.Event(), threading.Event()
+    built_in: list[threading.Thread] = []
+
+    def held_index(catalog: Catalog, facts: Any) -> Any:
+        built_in.append(threading.current_thread())
+        if threading.current_thread() is not threading.main_thread():
+            entered.set()
+            release.wait(30)
+        return index_catalog(catalog, facts)
+
+    monkeypatch.setattr(fabric_module, "index_catalog", held_index)
+    async with served(tmp_path, services=SERVICES) as http:
+        try:
+            await http.nursery.start(http.fabric.learn_catalog)
+            assert await trio.to_thread.run_sync(entered.wait, 30)
+            opened: list[WebSocketClient] = []
+
+            async def open_one() -> None:
+                opened.append(await open_session(http))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(open_one)
+                await trio.testing.wait_all_tasks_blocked()
+                assert opened == []
+                assert not http.fabric.catalog_ready.is_set()
+                release.set()
+        finally:
+            release.set()  # also when an assertion failed: the held thread must end
+        [ws] = opened
+        await ws.send_json(tool_call(2, "find_tools", query="echo"))
+        assert "result" in await ws.hear()
+        assert len(built_in) == 1
+        assert built_in[0] is not threading.main_thread()
+        await ws.aclose()
