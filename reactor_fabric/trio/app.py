@@ -3,7 +3,8 @@
 ============================  =========================================================
 (every route)                 Origin/Host, then the token (:mod:`reactor_fabric.policy.auth`)
 ``GET /healthz``              the health report (:mod:`reactor_fabric.observe.health`);
-                              without the token only its status
+                              without the token only its status; the engine pinged at
+                              most once a second (:mod:`.engine_check`)
 ``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`): the per-service relay
 ``/mcp``, ``/mcp/fabric/{key}`` the fabric endpoint (:mod:`.fabric_session`)
 ``ws://…/mcp[/{service}]``    WebSocket (:mod:`.websocket`)
@@ -16,10 +17,11 @@ from __future__ import annotations
 
 import trio
 
-from .._errors import DockerUnavailable, SecurityViolation
+from .._errors import SecurityViolation
 from .._version import __version__
 from ..observe.health import health_report
 from ..policy.auth import Refusal, admit
+from .engine_check import EngineCheck
 from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import HttpExchange, Request
@@ -36,6 +38,7 @@ class FabricApp:
     def __init__(self, fabric: Fabric, http_sessions: HttpSessions) -> None:
         self.fabric = fabric
         self.http_sessions = http_sessions
+        self.engine = EngineCheck(lambda: fabric.runtime.ping(time_bound=HEALTH_PING_TIMEOUT))
 
     async def http(self, exchange: HttpExchange) -> None:
         request = exchange.request
@@ -74,16 +77,11 @@ class FabricApp:
         await exchange.respond(refusal.status, refusal.body, headers=list(refusal.headers))
 
     async def _healthz(self, exchange: HttpExchange, *, details: bool) -> None:
-        docker_version: str | None = None
-        docker_error: str | None = None
-        try:
-            docker_version = await self.fabric.runtime.ping(time_bound=HEALTH_PING_TIMEOUT)
-        except DockerUnavailable as exc:
-            docker_error = str(exc)
+        engine = await self.engine.state()
         report = health_report(
             engine=self.fabric.runtime.name,
-            docker_version=docker_version,
-            docker_error=docker_error,
+            docker_version=engine.version,
+            docker_error=engine.error,
             sessions=self.fabric.session_count,
             containers=self.fabric.container_count,
             pooled_containers=sum(self.fabric.live_figures().pooled.values()),

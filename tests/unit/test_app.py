@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
+import trio.testing
 
+from reactor_fabric._errors import DockerUnavailable
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.runtime.base import Runtime
 from reactor_fabric.trio.app import FabricApp
@@ -65,6 +68,75 @@ async def test_healthz_refuses_other_methods_with_405() -> None:
     reply = await get(AnsweringRuntime(), "/healthz", method="POST")
     assert reply.status == 405
     assert reply.headers["allow"] == "GET, HEAD"
+
+
+class SlowRuntime(AnsweringRuntime):
+    """An engine that takes half a second to answer a ping (or to fail it), counting pings."""
+
+    def __init__(self, *, fails: bool = False) -> None:
+        self.pings = 0
+        self.fails = fails
+
+    async def ping(self, *, time_bound: float | None = None) -> str:
+        self.pings += 1
+        await trio.sleep(0.5)
+        if self.fails:
+            raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
+        return "99.0-fake"
+
+
+async def healthz_many_times(app: FabricApp, count: int) -> list[Reply]:
+    """``count`` GET /healthz at once, each on a connection of its own."""
+    replies: list[Reply] = []
+
+    async def one() -> None:
+        client_side, server_side = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_connection, server_side, app, HttpLimits())
+            client = HttpClient(client_side)
+            replies.append(await client.request("GET", "/healthz"))
+            await client.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            nursery.start_soon(one)
+    return replies
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["answering", "unreachable"])
+async def test_a_flood_of_healthz_requests_pings_the_engine_once_a_second_at_most(
+    autojump_clock: trio.testing.MockClock, fails: bool
+) -> None:
+    # /healthz is open without the token: a loop of requests must not become a loop of
+    # engine calls (each a thread and an API call, the engine's load every session shares).
+    runtime = SlowRuntime(fails=fails)
+    fabric = Fabric(suite=SUITE, runtime=runtime, network="bridge")
+    app = FabricApp(fabric, HttpSessions(fabric))
+    replies = await healthz_many_times(app, 50)  # all while one ping is in flight
+    assert runtime.pings == 1
+    assert {reply.status for reply in replies} == ({503} if fails else {200})
+    assert {reply.json()["docker"] for reply in replies} == ({"unavailable"} if fails else {"ok"})
+    await trio.sleep(0.4)  # 0.9 s after the first ping began, 0.4 s after it answered
+    await healthz_many_times(app, 10)
+    assert runtime.pings == 1
+    await trio.sleep(0.7)  # the answer is 1.1 s old: asked again
+    await healthz_many_times(app, 10)
+    assert runtime.pings == 2
+
+
+async def test_healthz_pings_again_when_the_caller_of_the_ping_in_flight_left(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runtime = SlowRuntime()
+    fabric = Fabric(suite=SUITE, runtime=runtime, network="bridge")
+    app = FabricApp(fabric, HttpSessions(fabric))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(app.engine.state)
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()  # mid-ping: no answer to reuse
+    [reply] = await healthz_many_times(app, 1)
+    assert reply.status == 200
+    assert runtime.pings == 2
 
 
 async def test_unknown_paths_are_404() -> None:
