@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.integration.harness import STARTED, containers_of
+from tests.integration.harness import STARTED, containers_of, engine_is_podman
 
 SKIP = os.environ.get("REACTOR_FABRIC_SKIP_INTEGRATION") == "1"
 
@@ -61,6 +61,15 @@ def no_container_of_this_test_is_left() -> Iterator[None]:
     finally:
         STARTED.clear()
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _docker_only(request: pytest.FixtureRequest) -> None:
+    """``@pytest.mark.docker_only(reason)``: skipped on Podman, here rather than in the test: a
+    skip raised inside an async test reaches pytest through trio without its reason."""
+    marker = request.node.get_closest_marker("docker_only")
+    if marker is not None and engine_is_podman(request.getfixturevalue("docker_client")):
+        pytest.skip(marker.args[0])
 
 
 @pytest.fixture

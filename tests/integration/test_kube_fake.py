@@ -33,7 +33,7 @@ from wsproto.events import (
 )
 
 from tests.fakes import RawWebSocket
-from tests.integration.harness import BUNDLED, engine_is_podman
+from tests.integration.harness import BUNDLED
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
 from tests.messages import INITIALIZE
 
@@ -677,13 +677,12 @@ async def test_deleting_a_pod_ends_its_attach_stops_and_removes_its_container_th
         assert status["code"] == 404
 
 
+@pytest.mark.docker_only(
+    "the fake's mapping is checked on Docker: Podman's inspect does not report StdinOnce"
+)
 async def test_the_pod_spec_is_mapped_onto_the_docker_container(
     tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
-    if engine_is_podman(docker_client):
-        pytest.skip(
-            "the fake's mapping is checked on Docker: Podman's inspect does not report StdinOnce"
-        )
     async with running(tmp_path, docker_client) as (fake, api):
         (tmp_path / "projects" / "repo").mkdir()
         pod = manifest(
@@ -786,14 +785,13 @@ async def test_active_deadline_seconds_kills_the_pod_as_deadline_exceeded(
         assert terminated["exitCode"] in (137, 143)
 
 
+@pytest.mark.docker_only(
+    "the fake's mapping is checked on Docker: Podman 4.3 on cgroupfs does not report "
+    "OOMKilled, so the fake cannot tell an OOM kill from a SIGKILL there"
+)
 async def test_a_container_over_its_memory_limit_ends_oom_killed(
     tmp_path: Path, docker_client: docker.DockerClient
 ) -> None:
-    if engine_is_podman(docker_client):
-        pytest.skip(
-            "the fake's mapping is checked on Docker: Podman 4.3 on cgroupfs does not report "
-            "OOMKilled, so the fake cannot tell an OOM kill from a SIGKILL there"
-        )
     async with running(tmp_path, docker_client) as (_fake, api):
         pod = manifest("greedy", command=["python3", "-c", "b = bytearray(300 * 2**20)"])
         pod["spec"]["containers"][0]["resources"] = {"limits": {"memory": "32Mi"}}
