@@ -23,6 +23,7 @@ from reactor_fabric.policy.container_spec import LABEL_SESSION, ContainerSpec, c
 from reactor_fabric.runtime.kubernetes import KubernetesContainer, KubernetesRuntime
 from tests.integration.test_docker_api_stdio import SUITE, TEST_IDENTITY, StdioPeer
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
+from tests.kube_fake.server import Request
 from tests.messages import INITIALIZE
 
 pytestmark = pytest.mark.integration
@@ -147,6 +148,63 @@ async def test_a_rotated_token_is_loaded_again_and_each_call_made_once_more(
         assert isinstance(container, KubernetesContainer)
         await container.aclose()
         await runtime.remove(container.id)
+        await no_pods_left(api)
+
+
+def attaches(api: FakeKubernetes) -> list[int]:
+    """The status of each attach request the fake answered."""
+    return [status for _, target, status in api.requests if "/attach?" in target]
+
+
+async def test_a_token_rotated_just_before_the_attach_is_loaded_again_and_the_attach_made_once_more(
+    tmp_path: Path,
+) -> None:
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+        kubeconfig = tmp_path / "kubeconfig"
+
+        def rotate_at_the_first_attach(request: Request) -> None:
+            if "/attach" in request.path and not attaches(api):
+                api.token = secrets.token_urlsafe(32)
+                api.write_kubeconfig(kubeconfig)
+
+        api.before_request = rotate_at_the_first_attach
+        container = await runtime.spawn(time_spec())
+        try:
+            peer = StdioPeer(container)
+            await peer.send(INITIALIZE)
+            assert (await peer.response(1))["result"]["serverInfo"]["name"]
+        finally:
+            await container.aclose()
+            await runtime.remove(container.id)
+        await no_pods_left(api)
+        # (an attach is logged when its stream ends)
+        assert attaches(api) == [401, 101]
+
+
+async def test_a_token_revoked_just_before_the_attach_fails_the_start_after_one_more_try(
+    tmp_path: Path,
+) -> None:
+    async with runtime_on_fake(tmp_path) as (api, runtime):
+
+        def revoke_at_the_first_attach(request: Request) -> None:
+            if "/attach" in request.path and not attaches(api):
+                api.token = secrets.token_urlsafe(32)  # the kubeconfig keeps the old one
+
+        api.before_request = revoke_at_the_first_attach
+        with pytest.raises(ContainerStartFailure) as failed:
+            await runtime.spawn(time_spec())
+        assert failed.value.reason == "attach_failed", failed.value
+        assert failed.value.detail["status"] == 401
+        assert attaches(api) == [401, 401]
+        # A revoked token cannot delete the pod either (the runtime logs it): credentials that
+        # work can, an operator's or those of the orphan sweeper of an orchestrator holding them.
+        assert len(api.pods) == 1
+        runtime_again = KubernetesRuntime(kubeconfig=str(api.write_kubeconfig(tmp_path / "k2")))
+        try:
+            [left] = await runtime_again.list_managed()
+            await runtime_again.remove(left.id)
+        finally:
+            await runtime_again.close()
         await no_pods_left(api)
 
 

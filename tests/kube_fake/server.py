@@ -25,7 +25,7 @@ import secrets
 import socket
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -189,7 +189,8 @@ class FakeKubernetes:
     Use :func:`fake_kubernetes`. For tests: :attr:`url`, :attr:`token`, :meth:`write_kubeconfig`,
     :attr:`pods` (the store: name → :class:`~.pods.FakePod`, whose ``object`` is the pod as the
     API shows it and ``container_id`` its Docker container), :attr:`requests` (method, target,
-    status of each request answered), :meth:`docker_containers`.
+    status of each request answered), :meth:`docker_containers`, :attr:`before_request` (called
+    with each request before its token is checked: e.g. to rotate the token at a given call).
     """
 
     def __init__(
@@ -211,6 +212,7 @@ class FakeKubernetes:
         self.store = store
         self.kubelet = kubelet
         self.requests: deque[tuple[str, str, int]] = deque(maxlen=10_000)
+        self.before_request: Callable[[Request], None] | None = None
         self._pool = pool
         self._stream_idle_seconds = stream_idle_seconds
         self._nursery: trio.Nursery | None = None
@@ -332,6 +334,8 @@ class FakeKubernetes:
         return keep
 
     async def _route(self, conn: _Connection, request: Request) -> tuple[int, bool]:
+        if self.before_request is not None:
+            self.before_request(request)
         if not self._authorized(request):
             raise UNAUTHORIZED
         parts = [part for part in request.path.split("/") if part]
