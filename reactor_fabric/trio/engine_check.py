@@ -48,7 +48,6 @@ class EngineCheck:
         self._last: EngineState | None = None
         self._last_at = 0.0
         self._in_flight: trio.Event | None = None
-        self.pings = 0  # how many times the engine was asked (diagnostics, tests)
 
     def _fresh(self) -> EngineState | None:
         if self._last is not None and trio.current_time() - self._last_at < self._fresh_for:
@@ -67,7 +66,6 @@ class EngineCheck:
             await self._in_flight.wait()
         done = self._in_flight = trio.Event()
         try:
-            self.pings += 1
             try:
                 state = EngineState(await self._ping(), None)
             except DockerUnavailable as exc:
