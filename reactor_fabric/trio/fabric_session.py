@@ -121,20 +121,6 @@ def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOption
     return FabricOptions(exposure, tuple(suite.profiles[profile].services))
 
 
-async def session_catalog(fabric: Fabric) -> tuple[Catalog, DiscoveryIndex]:
-    """The catalog a new session serves, waiting (bounded) while it is still being learned,
-    and its ranking index: the start-up's, or, for a catalog not indexed yet (the wait gave up,
-    or a re-check is publishing), one built in a worker thread, never on the event loop."""
-    if not fabric.catalog_ready.is_set():
-        with trio.move_on_after(CATALOG_WAIT_SECONDS):
-            await fabric.catalog_ready.wait()
-    catalog = fabric.catalog
-    index = fabric.indexed(catalog)
-    if index is None:
-        index = await trio.to_thread.run_sync(fabric.discovery_index, catalog)
-    return catalog, index
-
-
 async def fabric_driver(
     fabric: Fabric,
     channel: ClientChannel,
@@ -143,8 +129,17 @@ async def fabric_driver(
     record: SessionRecord,
     options: FabricOptions,
 ) -> FabricDriver:
-    """The driver of a new fabric-endpoint session, with the catalog it serves."""
-    catalog, index = await session_catalog(fabric)
+    """The driver of a new fabric-endpoint session, with the catalog it serves: waited for
+    (bounded) while it is still being learned, and its ranking index: the start-up's, or, for a
+    catalog not indexed yet (the wait gave up, or a re-check is publishing), one built in a
+    worker thread, never on the event loop."""
+    if not fabric.catalog_ready.is_set():
+        with trio.move_on_after(CATALOG_WAIT_SECONDS):
+            await fabric.catalog_ready.wait()
+    catalog = fabric.catalog
+    index = fabric.indexed(catalog)
+    if index is None:
+        index = await trio.to_thread.run_sync(fabric.discovery_index, catalog)
     return FabricDriver(
         fabric,
         channel,
