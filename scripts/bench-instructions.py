@@ -12,6 +12,7 @@ and the stop cancelling out.
     .venv/bin/python scripts/bench-instructions.py                 # the working tree
     .venv/bin/python scripts/bench-instructions.py 3313cac 9af95a6 # revisions, in one sitting
     .venv/bin/python scripts/bench-instructions.py --no-audit      # the audit trail off
+    .venv/bin/python scripts/bench-instructions.py --transport http  # Streamable HTTP POSTs
 
 A revision is checked out into a temporary git worktree and imported from there (the venv's
 packages are used for everything else). Needs ``valgrind`` (``apt-get install valgrind``) and
@@ -39,6 +40,9 @@ from pathlib import Path
 
 import trio
 from trio_websocket import open_websocket_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.mcp import HttpRpc, handshake  # the benchmark's own raw HTTP client
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "reactor-fabric/mcp-server-time:2026.10.19"
@@ -90,6 +94,19 @@ async def drive_session(url: str, calls: int) -> None:
                 raise RuntimeError(f"call {request_id} failed: {answer}")
 
 
+async def drive_http_session(port: int, token: str, calls: int) -> None:
+    """The same over Streamable HTTP: a POST per message on one kept-alive connection."""
+    rpc = HttpRpc("127.0.0.1", port, "/mcp/time", {"Authorization": f"Bearer {token}"})
+    await handshake(rpc)
+    for request_id in range(1, calls + 1):
+        _, answer = await rpc.call(
+            "tools/call", {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+        )
+        if "result" not in answer:
+            raise RuntimeError(f"call {request_id} failed: {answer}")
+    await rpc.aclose()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -107,7 +124,9 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the orchestrator did not start listening in time")
 
 
-def count_instructions(source: Path, workdir: Path, calls: int, *, audit: bool) -> int:
+def count_instructions(
+    source: Path, workdir: Path, calls: int, *, audit: bool, transport: str
+) -> int:
     """Total instructions of one orchestrator run serving one session of ``calls`` calls."""
     port = free_port()
     suite = workdir / "suite.yaml"
@@ -134,7 +153,10 @@ def count_instructions(source: Path, workdir: Path, calls: int, *, audit: bool) 
         )
         try:
             wait_healthy(port, process)
-            trio.run(drive_session, f"ws://127.0.0.1:{port}/mcp/time?token={token}", calls)
+            if transport == "http":
+                trio.run(drive_http_session, port, token, calls)
+            else:
+                trio.run(drive_session, f"ws://127.0.0.1:{port}/mcp/time?token={token}", calls)
             process.send_signal(signal.SIGTERM)
             process.wait(STOP_TIMEOUT_S)
         finally:
@@ -163,14 +185,20 @@ def checkout(revision: str | None, workdir: Path) -> Iterator[Path]:
 
 
 def measure(
-    revision: str | None, low: int, high: int, *, audit: bool, keep: Path | None
+    revision: str | None,
+    low: int,
+    high: int,
+    *,
+    audit: bool,
+    transport: str,
+    keep: Path | None,
 ) -> dict[str, object]:
     with (
         tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
         checkout(revision, Path(tmp)) as tree,
     ):
-        short = count_instructions(tree, Path(tmp), low, audit=audit)
-        long = count_instructions(tree, Path(tmp), high, audit=audit)
+        short = count_instructions(tree, Path(tmp), low, audit=audit, transport=transport)
+        long = count_instructions(tree, Path(tmp), high, audit=audit, transport=transport)
         if keep is not None:
             target = keep / (revision or "working-tree")
             target.mkdir(parents=True, exist_ok=True)
@@ -179,6 +207,7 @@ def measure(
     return {
         "revision": revision or "working tree",
         "audit": audit,
+        "transport": transport,
         f"instructions_{low}_calls": short,
         f"instructions_{high}_calls": long,
         "instructions_per_call": round((long - short) / (high - low)),
@@ -194,6 +223,12 @@ def main() -> int:
         "--no-audit", action="store_true", help="the audit trail off (revisions from 3f6b057)"
     )
     parser.add_argument(
+        "--transport",
+        choices=("websocket", "http"),
+        default="websocket",
+        help="how the session talks to the orchestrator (default: websocket)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         help="copy callgrind's outputs to KEEP/REVISION/ (for callgrind_annotate)",
@@ -205,7 +240,14 @@ def main() -> int:
     if args.high <= args.low:
         parser.error("--high must be greater than --low")
     for revision in args.revisions or [None]:
-        result = measure(revision, args.low, args.high, audit=not args.no_audit, keep=args.keep)
+        result = measure(
+            revision,
+            args.low,
+            args.high,
+            audit=not args.no_audit,
+            transport=args.transport,
+            keep=args.keep,
+        )
         print(json.dumps(result), flush=True)
     return 0
 
