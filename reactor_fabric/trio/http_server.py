@@ -124,9 +124,16 @@ class HttpExchange:
         self.disconnected = trio.Event()
 
     async def _write(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()  # as send_all would
         try:
-            with trio.fail_after(self._limits.write_timeout):
-                await self._stream.send_all(data)
+            # Usually the kernel takes a whole answer at once: no deadline to arm then (a
+            # cancel scope per answer is a good part of a small call's cost). A stream that
+            # cannot write without waiting (not a socket) takes the bounded path.
+            send_nowait = getattr(self._stream, "send_nowait", None)
+            sent = send_nowait(data) if send_nowait is not None else 0
+            if sent < len(data):
+                with trio.fail_after(self._limits.write_timeout):
+                    await self._stream.send_all(memoryview(data)[sent:])
         except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.disconnected.set()
             raise ClientGone(str(exc) or type(exc).__name__) from exc

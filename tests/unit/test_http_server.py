@@ -1,0 +1,73 @@
+"""The orchestrator's HTTP/1.1 server on real socket pairs: how it writes answers (at once when
+the kernel takes them, bounded in time when it does not)."""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+import trio.testing
+
+from reactor_fabric.trio.http_server import HttpExchange, HttpLimits, serve_connection
+from reactor_fabric.trio.sockets import LeanSocketStream
+from tests.http_client import HttpClient
+
+LIMITS = HttpLimits(write_timeout=7.0)
+
+
+class AnswersWith:
+    """An app answering every request with ``body`` (and noting how its answer went)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.answered = trio.Event()
+
+    async def http(self, exchange: HttpExchange) -> None:
+        await exchange.respond(200, self.body)
+        self.answered.set()
+
+    async def websocket(self, *_args: object) -> None:
+        raise AssertionError("no WebSocket here")
+
+
+def socket_streams() -> tuple[trio.SocketStream, LeanSocketStream]:
+    client, server = socket.socketpair()
+    # Small kernel buffers, so that a few hundred kilobytes are more than the kernel takes.
+    for sock in (client, server):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(client)), LeanSocketStream(server)
+
+
+async def test_a_small_answer_on_a_socket_reaches_the_client_whole() -> None:
+    client_side, server_side = socket_streams()
+    app = AnswersWith(b'{"ok": true}')
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, app, LIMITS)
+        client = HttpClient(client_side)
+        reply = await client.request("GET", "/")
+        assert (reply.status, reply.body) == (200, b'{"ok": true}')
+        await client.aclose()
+
+
+async def test_an_answer_the_client_does_not_read_ends_its_connection_at_the_write_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The kernel takes the first part of the answer at once; the rest has to wait for a
+    # client that never reads: the deadline, armed only then, still bounds the wait.
+    client_side, server_side = socket_streams()
+    app = AnswersWith(b"x" * 4 * 1024 * 1024)
+    started = trio.current_time()
+    with trio.fail_after(10 * LIMITS.write_timeout):  # unbounded: fail, do not hang
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_connection, server_side, app, LIMITS)
+            client = HttpClient(client_side)
+            await client.send_request("GET", "/")  # and never reads the answer
+    assert not app.answered.is_set()
+    assert trio.current_time() - started == LIMITS.write_timeout
+    # The server closed its side: the client reads what was sent, then the end.
+    received = 0
+    while data := await client_side.receive_some(1 << 20):
+        received += len(data)
+    assert 0 < received < len(app.body)
+    await client.aclose()
