@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -36,7 +37,7 @@ from ..protocol.jsonrpc import RESPONSE, Peek, RequestId, peek
 log = logging.getLogger(__name__)
 
 
-class _Queue:
+class FrameQueue:
     """Frames for one reader, bounded in bytes: ``put`` waits (or drops) when full."""
 
     def __init__(self, limit: int) -> None:
@@ -45,10 +46,15 @@ class _Queue:
         self.limit = limit
         self.closed = False
         self._changed = trio.Event()
+        # Called on every change, for the queue's one reader when it waits for something else too
+        # (see streamable_http.next_frame).
+        self.wake: Callable[[], None] | None = None
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+        if self.wake is not None:
+            self.wake()
 
     @property
     def full(self) -> bool:
@@ -93,7 +99,7 @@ class Waiter:
 
     request_id: RequestId
     streaming: bool
-    queue: _Queue
+    queue: FrameQueue
     gone: bool = False
     # The frame that answers the request, once delivered (compared by identity by the POST).
     response: bytes | None = None
@@ -117,8 +123,8 @@ class HttpChannel:
     )
 
     def __post_init__(self) -> None:
-        self._inbox = _Queue(self.inbox_bytes)
-        self.backlog = _Queue(self.backlog_bytes)
+        self._inbox = FrameQueue(self.inbox_bytes)
+        self.backlog = FrameQueue(self.backlog_bytes)
 
     # --- the session's side (ClientChannel) -------------------------------------------------
 
@@ -180,7 +186,7 @@ class HttpChannel:
         A waiter whose client left is replaced (its answer will go nowhere anyway); the caller
         refuses an id that a live POST still waits on (:meth:`in_flight`).
         """
-        waiter = Waiter(request_id, streaming, _Queue(self.buffer_bytes))
+        waiter = Waiter(request_id, streaming, FrameQueue(self.buffer_bytes))
         previous = self._waiters.pop(request_id, None)
         if previous is not None:
             previous.queue.close()

@@ -55,8 +55,8 @@ from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import REQUEST, Peek, decode_params, error_response, peek
 from .fabric import Fabric, new_session_id
 from .fabric_session import FABRIC_ENDPOINT
-from .http_channel import HttpChannel, Waiter
-from .http_server import HttpExchange
+from .http_channel import FrameQueue, HttpChannel, Waiter
+from .http_server import ClientGone, HttpExchange
 from .session import client_of, serve_session
 
 log = logging.getLogger(__name__)
@@ -411,15 +411,7 @@ async def _post(
         except trio.ClosedResourceError:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
-        async with trio.open_nursery() as nursery:
-
-            async def watch_disconnect() -> None:
-                await exchange.wait_disconnect()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch_disconnect)
-            await _answer(exchange, waiter, session, request_id=message.id)
-            nursery.cancel_scope.cancel()
+        await _answer(exchange, waiter, session, request_id=message.id)
     finally:
         channel.abandon(waiter)
 
@@ -435,7 +427,7 @@ async def _answer(
     """
     channel = session.channel
     session_header = [(SESSION_HEADER, session.id.encode())]
-    first = await waiter.queue.get()
+    first = await next_frame(exchange, waiter.queue)
     if first is None:
         # The session ended before answering (the machine answers what it can first; this is
         # a session closed under the request: DELETE, expiry).
@@ -448,10 +440,30 @@ async def _answer(
         return
     await exchange.start(200, _event_stream_headers(session.id))
     await exchange.send(sse_event(first))
-    while (frame := await waiter.queue.get()) is not None:
+    while (frame := await next_frame(exchange, waiter.queue)) is not None:
         channel.touch()
         await exchange.send(sse_event(frame))
     await exchange.end()
+
+
+async def next_frame(exchange: HttpExchange, queue: FrameQueue) -> bytes | None:
+    """The next frame for a POST (None once its queue is closed and empty), or ClientGone if
+    the client hangs up first.
+
+    One task waits for both: it watches the connection, and the queue's first change cancels
+    that watch. (A second task per POST to watch the connection — a nursery, a spawn and a
+    cancellation per call — was a good part of a small call's cost.)
+    """
+    if not queue.frames and not queue.closed:
+        with trio.CancelScope() as changed:
+            queue.wake = changed.cancel
+            try:
+                await exchange.wait_disconnect()
+            finally:
+                queue.wake = None
+        if not changed.cancelled_caught:
+            raise ClientGone("the client closed the connection while its request was in flight")
+    return await queue.get()
 
 
 def _event_stream_headers(session_id: str) -> list[tuple[bytes, bytes]]:

@@ -313,6 +313,28 @@ async def test_the_answer_to_a_post_whose_client_left_is_dropped_not_parked(
         await listener.aclose()
 
 
+async def test_a_client_hanging_up_during_a_streamed_answer_ends_that_post_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        channel = http.sessions.by_id[session].channel
+        client = HttpClient(http.connect())
+        await client.send_request(
+            "POST", "/mcp/svc", call(2, "hold"), headers={"mcp-session-id": session}
+        )
+        head = await client.read_head()
+        assert head.headers["content-type"] == "text/event-stream"
+        assert b"holding" in (await client.read_chunk() or b"")
+        assert channel.busy  # the POST waits for the rest of its answer
+        await client.aclose()  # hang up while the tool still runs
+        await until(lambda: not channel.busy, what="the POST noticed its client left")
+        # The session goes on for the client's other requests.
+        reply = await http.post(call(3, "echo", said="still here"), session=session)
+        assert reply.json()["id"] == 3
+        assert "still here" in reply.json()["result"]["content"][0]["text"]
+
+
 async def test_messages_for_a_get_stream_nobody_opened_are_bounded_in_bytes(
     tmp_path: Path,
 ) -> None:
