@@ -146,27 +146,34 @@ class HttpExchange:
                 connection.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
             )
         body = bytearray()
-        with trio.move_on_after(self._limits.body_timeout) as scope:
-            while True:
-                event = connection.next_event()
-                if event is h11.NEED_DATA:
+        # A small body usually came with the head: no deadline to arm until a read must wait.
+        deadline = None
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                if deadline is None:
+                    deadline = trio.current_time() + self._limits.body_timeout
+                data = b""
+                with trio.move_on_at(deadline) as waited:
                     data = await _receive(self._stream)
-                    connection.receive_data(data)
-                    if not data:
-                        self.disconnected.set()
-                        raise ClientGone("the client closed the connection mid-request")
-                    continue
-                if isinstance(event, h11.Data):
-                    body += event.data
-                    if len(body) > limit:
-                        raise BodyTooLarge(f"the body exceeds {limit} bytes")
-                elif isinstance(event, h11.EndOfMessage):
-                    self._body_done = True
-                    return bytes(body)
-                else:
-                    raise ClientGone(f"unexpected {type(event).__name__} in a request body")
-        assert scope.cancelled_caught
-        raise ClientGone(f"the body did not arrive within {self._limits.body_timeout:g} s")
+                if waited.cancelled_caught:
+                    raise ClientGone(
+                        f"the body did not arrive within {self._limits.body_timeout:g} s"
+                    )
+                connection.receive_data(data)
+                if not data:
+                    self.disconnected.set()
+                    raise ClientGone("the client closed the connection mid-request")
+                continue
+            if isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > limit:
+                    raise BodyTooLarge(f"the body exceeds {limit} bytes")
+            elif isinstance(event, h11.EndOfMessage):
+                self._body_done = True
+                return bytes(body)
+            else:
+                raise ClientGone(f"unexpected {type(event).__name__} in a request body")
 
     async def respond(
         self,

@@ -296,7 +296,6 @@ async def _session_for(
 ) -> HttpSession | None:
     """The message's session, created when the message may start one; None once answered."""
     headers = exchange.request.headers
-    query = parse_qs(exchange.request.query)
     session = sessions.lookup(service, key, headers.get(SESSION_HEADER))
     if session is not None:
         return session if await _owned(exchange, session, message) else None
@@ -325,7 +324,7 @@ async def _session_for(
     return sessions.create(
         service,
         key,
-        query,
+        parse_qs(request.query),
         registered=_registers(message),
         client=client_of(sessions.fabric, request, "streamable-http"),
         traceparent=request.header(b"traceparent") or None,

@@ -8,11 +8,16 @@ import socket
 import trio
 import trio.testing
 
-from reactor_fabric.trio.http_server import HttpExchange, HttpLimits, serve_connection
+from reactor_fabric.trio.http_server import (
+    ClientGone,
+    HttpExchange,
+    HttpLimits,
+    serve_connection,
+)
 from reactor_fabric.trio.sockets import LeanSocketStream
 from tests.http_client import HttpClient
 
-LIMITS = HttpLimits(write_timeout=7.0)
+LIMITS = HttpLimits(write_timeout=7.0, body_timeout=5.0)
 
 
 class AnswersWith:
@@ -25,6 +30,25 @@ class AnswersWith:
     async def http(self, exchange: HttpExchange) -> None:
         await exchange.respond(200, self.body)
         self.answered.set()
+
+    async def websocket(self, *_args: object) -> None:
+        raise AssertionError("no WebSocket here")
+
+
+class EchoesBody:
+    """An app answering every request with its body (and noting what happened to it)."""
+
+    def __init__(self) -> None:
+        self.outcome = ""
+
+    async def http(self, exchange: HttpExchange) -> None:
+        try:
+            body = await exchange.read_body(1 << 20)
+        except ClientGone as exc:
+            self.outcome = str(exc)
+            raise
+        await exchange.respond(200, body)
+        self.outcome = "answered"
 
     async def websocket(self, *_args: object) -> None:
         raise AssertionError("no WebSocket here")
@@ -71,3 +95,45 @@ async def test_an_answer_the_client_does_not_read_ends_its_connection_at_the_wri
         received += len(data)
     assert 0 < received < len(app.body)
     await client.aclose()
+
+
+HEAD_OF_A_100_BYTE_POST = (
+    b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+)
+
+
+async def test_a_body_that_stops_arriving_ends_its_connection_at_the_body_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    app = EchoesBody()
+    started = trio.current_time()
+    with trio.fail_after(10 * LIMITS.body_timeout):  # unbounded: fail, do not hang
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_connection, server_side, app, LIMITS)
+            await client_side.send_all(HEAD_OF_A_100_BYTE_POST + b"x" * 10)
+            await trio.sleep(LIMITS.body_timeout - 1)
+            await client_side.send_all(b"x" * 10)  # more, but not all of it in time
+    assert trio.current_time() - started == LIMITS.body_timeout
+    assert app.outcome == "the body did not arrive within 5 s"
+    assert await client_side.receive_some() == b""  # closed, nothing answered
+
+
+async def test_a_body_arriving_in_pieces_within_the_deadline_is_answered() -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    app = EchoesBody()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, app, LIMITS)
+        client = HttpClient(client_side)
+        await client_side.send_all(HEAD_OF_A_100_BYTE_POST)
+        for _ in range(10):
+            await trio.testing.wait_all_tasks_blocked()
+            await client_side.send_all(b"y" * 10)
+        reply = await client.read_head()
+        assert reply.status == 200
+        body = b""
+        while (chunk := await client.read_chunk()) is not None:
+            body += chunk
+        assert body == b"y" * 100
+        assert app.outcome == "answered"
+        await client.aclose()
