@@ -61,6 +61,9 @@ SUITE_WITHOUT_AUDIT = SUITE.replace(
     "orchestrator: {", "orchestrator: {audit: {enabled: false}, ", 1
 )
 
+# The call each session repeats (the same over both transports).
+GET_TIME = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+
 INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 0,
@@ -86,7 +89,7 @@ async def drive_session(url: str, calls: int) -> None:
                 "jsonrpc": "2.0",
                 "id": request_id,
                 "method": "tools/call",
-                "params": {"name": "get_current_time", "arguments": {"timezone": "UTC"}},
+                "params": GET_TIME,
             }
             await ws.send_message(json.dumps(call))
             answer = json.loads(await ws.get_message())
@@ -99,9 +102,7 @@ async def drive_http_session(port: int, token: str, calls: int) -> None:
     rpc = HttpRpc("127.0.0.1", port, "/mcp/time", {"Authorization": f"Bearer {token}"})
     await handshake(rpc)
     for request_id in range(1, calls + 1):
-        _, answer = await rpc.call(
-            "tools/call", {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
-        )
+        _, answer = await rpc.call("tools/call", GET_TIME)
         if "result" not in answer:
             raise RuntimeError(f"call {request_id} failed: {answer}")
     await rpc.aclose()

@@ -35,7 +35,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
-from .sockets import LeanSocketStream
+from .sockets import LeanSocketStream, send_what_fits
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,7 @@ class HttpExchange:
             # Usually the kernel takes a whole answer at once: no deadline to arm then (a
             # cancel scope per answer is a good part of a small call's cost). A stream that
             # cannot write without waiting (not a socket) takes the bounded path.
-            send_nowait = getattr(self._stream, "send_nowait", None)
-            sent = send_nowait(data) if send_nowait is not None else 0
+            sent = send_what_fits(self._stream, data)
             if sent < len(data):
                 with trio.fail_after(self._limits.write_timeout):
                     await self._stream.send_all(memoryview(data)[sent:])

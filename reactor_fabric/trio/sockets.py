@@ -148,3 +148,14 @@ class LeanSocketStream(trio.abc.HalfCloseableStream):
             trio.lowlevel.notify_closing(self._sock)
             self._sock.close()
         await trio.lowlevel.checkpoint()
+
+
+def send_what_fits(stream: trio.abc.SendStream, data: bytes | bytearray | memoryview) -> int:
+    """Write what the kernel takes now of ``data``, without waiting or yielding: the number of
+    bytes (:meth:`LeanSocketStream.send_nowait`); 0 for a stream that cannot write that way.
+
+    For writers that arm a deadline only when a write has to wait: the caller sends the rest
+    with ``send_all`` under its deadline.
+    """
+    send_nowait = getattr(stream, "send_nowait", None)
+    return int(send_nowait(data)) if send_nowait is not None else 0

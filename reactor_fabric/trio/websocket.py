@@ -54,6 +54,7 @@ from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
 from .session import client_of, serve_session
+from .sockets import send_what_fits
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ class WebSocketChannel:
             failure = ""
             try:
                 # Usually the kernel takes it all at once: no deadline to arm then.
-                sent = self._send_nowait(batch)
+                sent = send_what_fits(self._stream, batch)
                 if sent < len(batch):
                     with trio.move_on_after(self._settings.write_timeout) as stall:
                         await self._stream.send_all(memoryview(batch)[sent:])
@@ -235,10 +236,6 @@ class WebSocketChannel:
                 return
             self._outbox_bytes -= data_bytes
             self._room.set()
-
-    def _send_nowait(self, data: bytes) -> int:
-        send_nowait = getattr(self._stream, "send_nowait", None)
-        return int(send_nowait(data)) if send_nowait is not None else 0
 
     async def run_pinger(self) -> None:
         """WebSocket pings, for keepalive (JSON-RPC ping is gone in MCP 2026-07-28)."""
