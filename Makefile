@@ -30,8 +30,9 @@ install: $(VENV)/.installed ## create .venv with the package and its test/dev to
 docker: ## make sure a Docker engine answers (installs and starts Debian's docker.io if needed)
 	scripts/ensure-docker
 
-images: docker ## build the local MCP server images (a no-op when nothing changed)
+images: docker ## build the local MCP server images and the containers' stdio helper (a no-op when nothing changed)
 	scripts/build-images
+	scripts/build-stdio-helper
 
 image-orchestrator: docker ## build the orchestrator's own image, for a cluster (deploy/kubernetes)
 	scripts/build-images orchestrator

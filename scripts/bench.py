@@ -84,6 +84,7 @@ TOOL = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
 THROUGHPUT_SERVICE = "everything"
 PIPELINE_DEPTH = 16
 RELAY_SYSTEMS = (
+    "direct_socket",
     "direct",
     "docker_run_pipe",
     "reactor_fabric_ws",
@@ -91,18 +92,19 @@ RELAY_SYSTEMS = (
     "supergateway",
     "mcp_proxy",
 )
-# The floor each relay is judged against: the same path with the relay taken out. Ours attaches
-# to the container through the Docker API; the peers wrap a `docker run -i` process and pay its
-# extra hop (a CLI process and a pipe) themselves.
+# The floor each relay is judged against: the same path with the relay taken out. Ours talks to
+# the container over the container's own socket (fabric-stdio: no engine process on the path);
+# the peers wrap a `docker run -i` process and pay its hops (a CLI process, a pipe, the engine)
+# themselves. The Docker attach is measured too (our path until socket stdio), as a reference.
 FLOOR_OF = {
-    "reactor_fabric_ws": "direct",
-    "reactor_fabric_http": "direct",
+    "reactor_fabric_ws": "direct_socket",
+    "reactor_fabric_http": "direct_socket",
     "supergateway": "docker_run_pipe",
     "mcp_proxy": "docker_run_pipe",
 }
 PEERS = ("supergateway", "mcp_proxy")
 # Systems whose failure to be measured is a failure of the harness (or the product).
-OURS = ("direct", "docker_run_pipe", "reactor_fabric_ws", "reactor_fabric_http")
+OURS = ("direct_socket", "direct", "docker_run_pipe", "reactor_fabric_ws", "reactor_fabric_http")
 RELAYED = ("reactor_fabric_ws", "reactor_fabric_http")
 # `docker stats` answers without the expected fields, besides what a session can do.
 STATS_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, KeyError, IndexError)
@@ -324,6 +326,7 @@ class Harness:
         image = service_image(COLD_SERVICE)
         pipe_argv = engine.docker_run_argv(image, "--network", "none")
         candidates: list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]] = [
+            ("direct_socket", initialized(engine.socket_stdio(image))),
             ("direct", initialized(engine.attached(image))),
             ("docker_run_pipe", initialized(engine.piped(pipe_argv, self.side_log))),
             ("reactor_fabric_ws", initialized(self.ws(COLD_SERVICE))),
@@ -505,6 +508,7 @@ class Harness:
         pipe_argv = engine.docker_run_argv(image, "--network", "none")
         path = f"/mcp/{THROUGHPUT_SERVICE}"
         candidates: list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]] = [
+            ("direct_socket", initialized(engine.socket_stdio(image))),
             ("direct", initialized(engine.attached(image))),
             ("docker_run_pipe", initialized(engine.piped(pipe_argv, self.side_log))),
             ("reactor_fabric_ws", initialized(self.ws(THROUGHPUT_SERVICE))),
@@ -1128,7 +1132,7 @@ class Harness:
             await self._pool_quiet(systems)
             async with (
                 initialized(self.pool_ws(pooled, POOL_SERVICE)) as rpc,
-                initialized(engine.attached(service_image(POOL_SERVICE))) as direct,
+                initialized(engine.socket_stdio(service_image(POOL_SERVICE))) as direct,
             ):
                 await self._timed_calls(rpc, self.plan.rtt_warmup)
                 await self._timed_calls(direct, self.plan.rtt_warmup)
@@ -1832,9 +1836,11 @@ def overheads(rtt: Json) -> Json:
             "overhead_p99_ms": per_repeat(name, floor, "p99_ms"),
         }
         if name in RELAYED:
-            out[name]["against_docker_run_pipe"] = {
-                key: per_repeat(name, "docker_run_pipe", key) for key in ("p50_ms", "p99_ms")
-            }
+            for reference in ("docker_run_pipe", "direct"):
+                if measured(rtt.get(reference)):
+                    out[name][f"against_{reference}"] = {
+                        key: per_repeat(name, reference, key) for key in ("p50_ms", "p99_ms")
+                    }
     ours = out.get("reactor_fabric_ws", {})
     for name in PEERS:
         figures = out.get(name, {})
@@ -1914,14 +1920,17 @@ DEFINITIONS = {
     "a rotating order, after a warm-up; the whole measurement is repeated and each figure given "
     "as the median of the repeats with their range.",
     "relay_overhead": "per repeat, a relay's percentile minus the same percentile of its floor: "
-    "`direct` (Docker attach to the container's stdio, no relay) for Reactor-Fabric, which "
-    "attaches through the Docker API; `docker_run_pipe` (a `docker run -i` process spoken to "
-    "over its pipes, no relay) for supergateway and mcp-proxy, which wrap `docker run -i` and "
-    "pay that hop themselves. Judged on the median of the repeats. 'Clearly below' a peer: "
-    "paired by repeat, our percentile is below theirs in every repeat (the calls of a repeat "
-    "are interleaved, so both met the same moments of the machine, and the difference of raw "
-    "percentiles is the difference of overheads against one common floor); also shown "
-    "unpaired: our worst repeat's overhead below their best one's, each against its own floor.",
+    "`direct_socket` (the container's stdin and stdout as its own Unix socket, through the "
+    "`fabric-stdio` program the orchestrator starts every container with: no engine process "
+    "and no relay on the path) for Reactor-Fabric, which talks to its containers that way; "
+    "`direct` (the Docker attach, no relay) is shown as a reference; `docker_run_pipe` (a "
+    "`docker run -i` process spoken to over its pipes, no relay) for supergateway and "
+    "mcp-proxy, which wrap `docker run -i` and pay that hop themselves. Judged on the median "
+    "of the repeats. 'Clearly below' a peer: paired by repeat, our percentile is below theirs "
+    "in every repeat (the calls of a repeat are interleaved, so both met the same moments of "
+    "the machine, and the difference of raw percentiles is the difference of overheads "
+    "against one common floor); also shown unpaired: our worst repeat's overhead below their "
+    "best one's, each against its own floor.",
     "percentiles": "nearest rank (an observed sample), over all measured calls",
     "throughput": "one session, `echo` on the everything image, 16 requests in flight "
     "(WebSocket and stdio: pipelined on one connection; Streamable HTTP: one POST at a time on "
@@ -1953,8 +1962,8 @@ DEFINITIONS = {
     "all the time: a pooled container is taken whenever fewer are; a refill lasts from the take "
     "until the new container's server has started; taken sessions are held and closed after "
     "the phase), order rotating per repeat; the harness watches the log in both phases; each "
-    "call is paired with the same call on a directly attached container of the same image "
-    "(the floor), the first of each pair alternating",
+    "call is paired with the same call on a container of the same image spoken to directly over "
+    "its own socket (the floor, `direct_socket`), the first of each pair alternating",
 }
 
 
@@ -1967,7 +1976,12 @@ def not_run(section: str, reason: str) -> Json:
     shapes: dict[str, Json] = {
         "cold_start": {"reactor_fabric": error, "docker_run_floor": error},
         "relay_rtt": dict.fromkeys(RELAY_SYSTEMS, error),
-        "throughput": {"direct": error, "reactor_fabric_ws": error, "reactor_fabric_http": error},
+        "throughput": {
+            "direct_socket": error,
+            "direct": error,
+            "reactor_fabric_ws": error,
+            "reactor_fabric_http": error,
+        },
         "memory": {
             "orchestrator_10_sessions": error,
             "orchestrator_50_sessions": error,

@@ -37,7 +37,12 @@ Decoder = Callable[[bytes], list[tuple[int, bytes]]]
 
 class Demultiplexer:
     def __init__(
-        self, source: trio.abc.ReceiveStream, decode: Decoder, *, max_buffered: int
+        self,
+        source: trio.abc.ReceiveStream,
+        decode: Decoder,
+        *,
+        max_buffered: int,
+        stderr_only: bool = False,
     ) -> None:
         self._source = source
         self._decode = decode
@@ -48,6 +53,8 @@ class Demultiplexer:
         self.stderr_dropped = 0
         self.stdout = _Output(self, STDOUT)
         self.stderr = _Output(self, STDERR)
+        # The source carries only stderr (stdout goes elsewhere): the stderr reader leads.
+        self.stdout.closed = stderr_only
 
     def close(self) -> None:
         """The source was closed by its owner: both streams end (waiting readers get EOF)."""

@@ -28,7 +28,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import docker
@@ -38,13 +38,22 @@ import requests.exceptions
 import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError, SecurityViolation
-from ..policy.container_spec import LABEL_MANAGED, ContainerSpec, MountSpec
+from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, ContainerSpec, MountSpec
+from ..policy.owner import hostname
 from ..policy.pinning import Pin, PinSet
 from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
 from .engines import EngineIdentity, EngineName, identify
+from .stdio_sockets import (
+    HELPER_TARGET,
+    SOCKET_TARGET,
+    PendingStdio,
+    StdioArea,
+    StdioUnavailable,
+    wrapped_command,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ DOCKER_CALL_TIMEOUT = 30.0
 DOCKER_PULL_TIMEOUT = 600.0
 # How long close() waits for threads that cancellations abandoned.
 ABANDONED_WORK_BOUND = 35.0
+# While a container's fabric-stdio has not connected, how often to ask whether it ended.
+STDIO_CONNECT_POLL = 0.5
 # On Podman, the named volumes of a container's pinned mounts: labelled with its name, and named
 # NAME-mI (see podman_pinned_volumes).
 LABEL_PINNED_VOLUME_OF = "reactor-fabric.pinned-volume-of"
@@ -112,6 +123,9 @@ class DockerRuntime:
         max_parallel_calls: int = 16,
         max_frame_bytes: int = 16 * 1024 * 1024,
         engine: EngineName = "docker",
+        socket_stdio: bool = True,
+        stdio_parent: str | None = None,
+        stdio_helper: str | None = None,
     ) -> None:
         self._base_url = base_url
         self.name: str = engine
@@ -128,6 +142,13 @@ class DockerRuntime:
         self._abandoned = 0
         self.abandoned_creates_removed = 0
         self._abandoned_done = threading.Condition()
+        # Socket stdio (see stdio_sockets): wanted, and only where the engine reaches our files.
+        self._want_socket_stdio = socket_stdio and engine_is_local(base_url, os.environ)
+        self._stdio_parent = stdio_parent
+        self._stdio_helper = stdio_helper
+        self._stdio_area: StdioArea | None = None
+        self._stdio_opened = False
+        self._stdio_lock = trio.Lock()
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -328,27 +349,30 @@ class DockerRuntime:
         """
         pins = spec.pins
         handed_to_start = False
+        pending: PendingStdio | None = None
         try:
             if spec.pull == "always":
                 await self._pull(spec.image)
+            pending = await self._listen_for_stdio(spec)
             try:
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec)
+                container_id = await self._create(spec, pending)
             except ContainerStartFailure as exc:
                 if exc.reason != "image_not_found" or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec)
+                container_id = await self._create(spec, pending)
             container: DockerContainer | None = None
             try:
-                stream = await self._attach(container_id)
+                stream = await self._attach(container_id, stderr_only=pending is not None)
                 container = DockerContainer(
                     container_id,
                     spec.name,
                     stream,
                     max_frame=self._max_frame,
                     max_buffered=OUTPUT_BUFFER_BYTES,
+                    socket_stdio=pending is not None,
                 )
                 handed_to_start = True
                 await self._call(
@@ -356,6 +380,8 @@ class DockerRuntime:
                     lambda c: c.start(container_id),
                     release=pins.close if pins is not None else None,
                 )
+                if pending is not None:
+                    container.connected(await self._accept_stdio(pending, container_id))
                 if pins is not None and len(pins):
                     await self._call("verify", lambda c: verify_mounts(c, container_id, pins))
             except BaseException:
@@ -366,8 +392,87 @@ class DockerRuntime:
                 raise
             return container
         finally:
+            if pending is not None:
+                pending.close()  # connected or not, nothing may connect any more
             if pins is not None and not handed_to_start:
                 pins.close()
+
+    async def _listen_for_stdio(self, spec: ContainerSpec) -> PendingStdio | None:
+        """A socket for this container's stdio, or None to relay stdio through the engine.
+
+        The area is opened on the first spawn (it is named after the instance the spec's labels
+        carry); if it cannot be, the log says why once and every container uses the engine.
+        """
+        if not self._want_socket_stdio:
+            return None
+        async with self._stdio_lock:
+            if not self._stdio_opened:
+                self._stdio_opened = True
+                self._stdio_area = await trio.to_thread.run_sync(self._open_stdio_area, spec.labels)
+        area = self._stdio_area
+        if area is None:
+            return None
+        try:
+            return await trio.to_thread.run_sync(area.listen)
+        except OSError as exc:
+            # Our directory is damaged (removed by a cleaner of /tmp, a full disk): this
+            # container's stdio goes through the engine; the next one tries again.
+            log.warning("socket_stdio_failed", extra={"directory": area.root, "detail": str(exc)})
+            return None
+
+    def _open_stdio_area(self, labels: dict[str, str]) -> StdioArea | None:
+        owner = {k: v for k, v in labels.items() if k.startswith("reactor-fabric.owner")}
+        instance = labels.get(LABEL_INSTANCE) or f"pid-{os.getpid()}"
+        try:
+            area = StdioArea.open(
+                instance,
+                owner=owner,
+                this_host=hostname(),
+                helper=self._stdio_helper,
+                parent=self._stdio_parent,
+            )
+        except StdioUnavailable as exc:
+            log.warning(
+                "socket_stdio_unavailable",
+                extra={"reason": exc.reason, "detail": str(exc), "stdio": "engine"},
+            )
+            return None
+        log.info("socket_stdio", extra={"directory": area.root})
+        return area
+
+    async def _accept_stdio(self, pending: PendingStdio, container_id: str) -> LeanSocketStream:
+        """The container's stdio connection, once its ``fabric-stdio`` connected.
+
+        It connects as soon as the container runs; while it has not, the container is asked
+        now and then whether it ended (a program that cannot start) — bounded by the API
+        call time-out in all.
+        """
+        with trio.move_on_after(self._call_timeout):
+            while True:
+                with trio.move_on_after(STDIO_CONNECT_POLL):
+                    await trio.lowlevel.wait_readable(pending.listener)
+                try:
+                    connection, _address = pending.listener.accept()
+                except BlockingIOError:
+                    ended = await self.exit_status(container_id)
+                    if ended.exit_code is not None:
+                        raise ContainerStartFailure(
+                            "the container ended before its stdio connected "
+                            f"(exit code {ended.exit_code}): see its stderr",
+                            reason="stdio_not_connected",
+                            exit_code=ended.exit_code,
+                        ) from None
+                    continue
+                try:
+                    connection.setblocking(False)
+                    return LeanSocketStream(connection)
+                except BaseException:
+                    connection.close()
+                    raise
+        raise ContainerStartFailure(
+            f"the container's stdio did not connect within {self._call_timeout:g} s",
+            reason="stdio_not_connected",
+        )
 
     async def _refuse_targets_in_image(self, spec: ContainerSpec) -> None:
         """A mount allowed only at its source's own path must not land on anything the image
@@ -425,7 +530,9 @@ class DockerRuntime:
 
         return await self._call("probe", probe, if_abandoned=remove_probe)
 
-    async def _create(self, spec: ContainerSpec) -> str:
+    async def _create(self, spec: ContainerSpec, stdio: PendingStdio | None = None) -> str:
+        area = self._stdio_area
+
         def create(client: docker.APIClient) -> str:
             # Podman ignores a volume's driver options in a container's create: its pinned
             # mounts are named volumes, made first (see podman_pinned_volumes).
@@ -435,10 +542,16 @@ class DockerRuntime:
                 for target, volume in volumes.items():
                     client.create_volume(**volume)
                     made[target] = volume
-                host_config = client.create_host_config(
-                    **host_config_kwargs(spec, named_volumes=volumes)
-                )
-                return _create_container(client, spec, host_config)
+                kwargs = host_config_kwargs(spec, named_volumes=volumes)
+                entrypoint: list[str] | None = None
+                if stdio is not None and area is not None:
+                    config = client.inspect_image(spec.image)["Config"] or {}  # type: ignore[no-untyped-call]
+                    entrypoint = wrapped_command(
+                        config.get("Entrypoint"), config.get("Cmd"), spec.command
+                    )
+                    kwargs["mounts"] += stdio_mounts(area.helper, stdio.path)
+                host_config = client.create_host_config(**kwargs)
+                return _create_container(client, spec, host_config, entrypoint=entrypoint)
             except BaseException:
                 _remove_volumes(client, made)
                 raise
@@ -453,11 +566,12 @@ class DockerRuntime:
 
         return await self._call("create", create, if_abandoned=remove_by_name)
 
-    async def _attach(self, container_id: str) -> LeanSocketStream:
+    async def _attach(self, container_id: str, *, stderr_only: bool = False) -> LeanSocketStream:
+        stdio = 0 if stderr_only else 1
+        params = {"stdin": stdio, "stdout": stdio, "stderr": 1, "stream": 1}
+
         def attach(client: docker.APIClient) -> socket.socket:
-            raw = client.attach_socket(
-                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
+            raw = client.attach_socket(container_id, params=params)
             return detach_socket(raw)
 
         def close_socket(_client: docker.APIClient, sock: socket.socket | None) -> None:
@@ -583,11 +697,15 @@ class DockerRuntime:
         return await trio.to_thread.run_sync(wait_for_abandoned, abandon_on_cancel=True)
 
     async def close(self) -> None:
-        """Wait (bounded) for abandoned threads, then close the client."""
+        """Wait (bounded) for abandoned threads, then close the client and remove the socket
+        stdio area."""
         await self.settle()
         client, self._client = self._client, None
         if client is not None:
             await trio.to_thread.run_sync(client.close)
+        area, self._stdio_area = self._stdio_area, None
+        if area is not None:
+            await trio.to_thread.run_sync(area.close)
 
 
 # A container's first process is briefly not inspectable by its own uid: between the runtime's
@@ -665,17 +783,27 @@ def _unverifiable(pin: Pin, exc: OSError) -> SecurityViolation:
     )
 
 
-def _create_container(client: docker.APIClient, spec: ContainerSpec, host_config: Any) -> str:
+def _create_container(
+    client: docker.APIClient,
+    spec: ContainerSpec,
+    host_config: Any,
+    *,
+    entrypoint: list[str] | None = None,
+) -> str:
+    """Create the container; with ``entrypoint`` (socket stdio), that is the whole program
+    (``fabric-stdio`` in front of the image's entrypoint and command) and stdin stays closed
+    on the engine's side."""
     result: dict[str, Any] = client.create_container(
         image=spec.image,
-        command=spec.command,
+        command=spec.command if entrypoint is None else None,
+        entrypoint=entrypoint,
         name=spec.name,
         environment=spec.environment,
         labels=spec.labels,
         user=spec.user,
         # docker-py adds StdinOnce: closing our side of stdin closes the server's stdin, which
-        # is how MCP asks a stdio server to shut down.
-        stdin_open=True,
+        # is how MCP asks a stdio server to shut down. With socket stdio it is our socket's.
+        stdin_open=entrypoint is None,
         tty=False,
         network_disabled=spec.network == "none",
         host_config=host_config,
@@ -797,7 +925,12 @@ class _SocketStdin:
 
 
 class DockerContainer:
-    """A started Docker container: its attach socket, split into stdin, stdout and stderr."""
+    """A started Docker container: stdin, stdout and stderr.
+
+    Attached through the engine, all three share the attach connection, split here. With
+    ``socket_stdio`` the attach carries stderr only, and stdin and stdout are the container's
+    own socket (:meth:`connected`, before the container is handed out).
+    """
 
     def __init__(
         self,
@@ -807,13 +940,24 @@ class DockerContainer:
         *,
         max_frame: int,
         max_buffered: int,
+        socket_stdio: bool = False,
     ) -> None:
         self._id = container_id
         self._name = name
         self._stream = stream
+        self._stdio: LeanSocketStream | None = None
         self._stdin = _SocketStdin(stream)
         decoder = DockerFrameDecoder(max_frame=max_frame)
-        self._demux = Demultiplexer(stream, decoder.feed, max_buffered=max_buffered)
+        self._demux = Demultiplexer(
+            stream, decoder.feed, max_buffered=max_buffered, stderr_only=socket_stdio
+        )
+        self._stdout: trio.abc.ReceiveStream = self._demux.stdout
+
+    def connected(self, stdio: LeanSocketStream) -> None:
+        """The container's stdio socket connected: it is now stdin and stdout."""
+        self._stdio = stdio
+        self._stdin = _SocketStdin(stdio)
+        self._stdout = stdio
 
     @property
     def id(self) -> str:
@@ -824,12 +968,17 @@ class DockerContainer:
         return self._name
 
     @property
+    def socket_stdio(self) -> bool:
+        """Whether stdin and stdout bypass the engine (see :mod:`.stdio_sockets`)."""
+        return self._stdio is not None
+
+    @property
     def stdin(self) -> _SocketStdin:
         return self._stdin
 
     @property
     def stdout(self) -> trio.abc.ReceiveStream:
-        return self._demux.stdout
+        return self._stdout
 
     @property
     def stderr(self) -> trio.abc.ReceiveStream:
@@ -841,7 +990,30 @@ class DockerContainer:
 
     async def aclose(self) -> None:
         self._demux.close()  # readers waiting for the stdout reader get EOF, not a hang
-        await self._stream.aclose()
+        try:
+            if self._stdio is not None:
+                await self._stdio.aclose()
+        finally:
+            await self._stream.aclose()
+
+
+def stdio_mounts(helper: str, socket_path: str) -> list[docker.types.Mount]:
+    """The two binds socket stdio adds: our program and the container's socket, read-only.
+
+    A socket bound read-only can still be connected (connecting is not writing to the file
+    system); nothing in the container can replace either.
+    """
+    return [
+        docker.types.Mount(target=HELPER_TARGET, source=helper, type="bind", read_only=True),
+        docker.types.Mount(target=SOCKET_TARGET, source=socket_path, type="bind", read_only=True),
+    ]
+
+
+def engine_is_local(base_url: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether the engine is on this machine (a Unix socket): only then can a container be
+    given a socket of ours by path."""
+    address = base_url if base_url is not None else environ.get("DOCKER_HOST", "unix://")
+    return address.startswith(("unix://", "/"))
 
 
 def host_config_kwargs(

@@ -31,9 +31,11 @@ import docker
 import docker.errors
 import trio
 
-from reactor_fabric.runtime.docker import detach_socket
+from reactor_fabric.policy.owner import hostname, process_start_time
+from reactor_fabric.runtime.docker import detach_socket, stdio_mounts
+from reactor_fabric.runtime.stdio_sockets import StdioArea, wrapped_command
 
-from .mcp import AttachedStream, PipeStream, StreamRpc, socket_stream
+from .mcp import AttachedStream, PipeStream, SocketStdioStream, StreamRpc, socket_stream
 
 T = TypeVar("T")
 
@@ -278,6 +280,89 @@ async def start_attached(image: str, *, command: list[str] | None = None) -> Att
 async def attached(image: str) -> AsyncIterator[StreamRpc]:
     """:func:`start_attached` for the duration of the block, removed after it."""
     container = await start_attached(image)
+    try:
+        yield container.rpc
+    finally:
+        await container.aclose()
+
+
+@dataclass
+class SocketStdioContainer:
+    """A container whose stdin and stdout are a socket to us, as the orchestrator's are (see
+    reactor_fabric/runtime/stdio_sockets.py): the floor of the orchestrator's own data path."""
+
+    id: str
+    area: StdioArea
+    stream: SocketStdioStream
+    rpc: StreamRpc
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(PROCESS_EXIT_BOUND) as scope:
+            scope.shield = True
+            await self.stream.send_eof()
+            await self.stream.aclose()
+            await docker_call(lambda c: c.remove_container(self.id, force=True))
+            await trio.to_thread.run_sync(self.area.close)
+
+
+def _bench_stdio_area() -> StdioArea:
+    pid = os.getpid()
+    owner = {
+        "reactor-fabric.owner-host": hostname(),
+        "reactor-fabric.owner-pid": str(pid),
+        "reactor-fabric.owner-start": process_start_time(pid) or "",
+    }
+    return StdioArea.open(f"bench-{pid}-{secrets.token_hex(4)}", owner=owner, this_host=hostname())
+
+
+async def start_socket_stdio(image: str) -> SocketStdioContainer:
+    """Create and start (no network, as the attach floor) with ``fabric-stdio`` in front of the
+    image's command, and take its connection. Needs the helper built (make images)."""
+    area = await trio.to_thread.run_sync(_bench_stdio_area)
+    container_id: str | None = None
+    try:
+        pending = await trio.to_thread.run_sync(area.listen)
+        try:
+
+            def create_start(client: docker.APIClient) -> str:
+                config = client.inspect_image(image)["Config"] or {}  # type: ignore[no-untyped-call]
+                host_config = client.create_host_config(
+                    network_mode="none",
+                    log_config=docker.types.LogConfig(type="none"),
+                    mounts=stdio_mounts(area.helper, pending.path),
+                )
+                created: dict[str, Any] = client.create_container(
+                    image=image,
+                    entrypoint=wrapped_command(config.get("Entrypoint"), config.get("Cmd"), None),
+                    labels={BENCH_LABEL: "1"},
+                    network_disabled=True,
+                    host_config=host_config,
+                )
+                client.start(created["Id"])
+                return str(created["Id"])
+
+            container_id = await docker_call(create_start)
+            with trio.fail_after(DOCKER_CALL_BOUND):
+                await trio.lowlevel.wait_readable(pending.listener)
+            connection, _ = pending.listener.accept()
+        finally:
+            pending.close()
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            if container_id is not None:
+                cid = container_id
+                await docker_call(lambda c: c.remove_container(cid, force=True))
+            await trio.to_thread.run_sync(area.close)
+        raise
+    connection.setblocking(False)
+    stream = SocketStdioStream(socket_stream(connection))
+    return SocketStdioContainer(id=container_id, area=area, stream=stream, rpc=StreamRpc(stream))
+
+
+@contextlib.asynccontextmanager
+async def socket_stdio(image: str) -> AsyncIterator[StreamRpc]:
+    """:func:`start_socket_stdio` for the duration of the block, removed after it."""
+    container = await start_socket_stdio(image)
     try:
         yield container.rpc
     finally:

@@ -245,6 +245,33 @@ class AttachedStream:
         await self._stream.aclose()
 
 
+class SocketStdioStream:
+    """A container's stdin and stdout as its own Unix socket (``fabric-stdio``), the way the
+    orchestrator talks to its containers: no engine process, no framing. No relay."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._stdout = _Lines()
+
+    async def send(self, message: bytes) -> None:
+        await self._stream.send_all(message + b"\n")
+
+    async def receive(self) -> bytes:
+        while not self._stdout.ready:
+            data = await self._stream.receive_some(READ_CHUNK)
+            if not data:
+                raise EOFError("the container's stdio socket closed")
+            self._stdout.feed(bytes(data))
+        return self._stdout.ready.popleft()
+
+    async def send_eof(self) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
 def socket_stream(raw: socket.socket) -> trio.SocketStream:
     return trio.SocketStream(trio.socket.from_stdlib_socket(raw))
 

@@ -311,7 +311,8 @@ def _cold(results: Json) -> str:
 
 
 RTT_NAMES = {
-    "direct": "direct stdio (Docker attach, no relay): our floor",
+    "direct_socket": "direct stdio over the container's socket (no engine, no relay): our floor",
+    "direct": "direct stdio (Docker attach, no relay)",
     "docker_run_pipe": "`docker run -i` pipe (no relay): the peers' floor",
     "reactor_fabric_ws": "Reactor-Fabric, WebSocket",
     "reactor_fabric_http": "Reactor-Fabric, Streamable HTTP",
@@ -356,14 +357,19 @@ def _rtt(results: Json) -> str:
             f"{_times(over.get('ratio_to_reactor_fabric_p99'))} |"
         )
     lines.append("")
+    references = {
+        "docker_run_pipe": "the peers' floor (`docker run -i` pipe)",
+        "direct": "the Docker attach",
+    }
     for key in ("reactor_fabric_ws", "reactor_fabric_http"):
-        against = overhead.get(key, {}).get("against_docker_run_pipe", {})
-        if against:
-            lines.append(
-                f"- {RTT_NAMES[key]} against the peers' floor (`docker run -i` pipe): P50 "
-                f"{_range(against.get('p50_ms'), signed=True)}, P99 "
-                f"{_range(against.get('p99_ms'), signed=True)} ms."
-            )
+        for reference, label in references.items():
+            against = overhead.get(key, {}).get(f"against_{reference}", {})
+            if against:
+                lines.append(
+                    f"- {RTT_NAMES[key]} against {label}: P50 "
+                    f"{_range(against.get('p50_ms'), signed=True)}, P99 "
+                    f"{_range(against.get('p99_ms'), signed=True)} ms."
+                )
     for name in ("supergateway", "mcp_proxy"):
         figures = overhead.get(name, {})
         if "paired_difference_p99_ms" not in figures:
@@ -744,8 +750,9 @@ def _pool_refill(refill: Json) -> list[str]:
         f"established `{refill.get('service', 'time')}` session, while "
         f"{refill.get('parallel_starts', '?')} refills are under way all the time "
         "(`refilling`) and with none (`quiet`); interleaved call by call with the same call "
-        "on a container of the same image attached directly, no orchestrator on its path (the "
-        "floor), so that what the refills do to the machine and what they do to the "
+        "on a container of the same image spoken to directly over its own socket, as the "
+        "orchestrator speaks to its containers, no orchestrator on its path (the floor), so "
+        "that what the refills do to the machine and what they do to the "
         "orchestrator can be told apart (ms):",
         "",
     ]
@@ -775,12 +782,12 @@ def _pool_refill(refill: Json) -> list[str]:
             continue
         spreads = stats.get("repeats", {}) if isinstance(stats, dict) else {}
         extra = [_range(spreads.get("p50_ms")), _range(spreads.get("p99_ms")), "", ""]
-        lines.append(_stats_row(f"{phase}, direct attach (floor)", stats, extra))
+        lines.append(_stats_row(f"{phase}, direct socket (floor)", stats, extra))
     lines += [""]
     overhead = refill.get("overhead")
     if overhead:
         lines += [
-            "- The orchestrator's own share: its overhead (ours minus the direct attach, "
+            "- The orchestrator's own share: its overhead (ours minus the direct socket, "
             "interleaved call by call, repeat by repeat) quiet: P50 "
             f"{_range(overhead.get('quiet', {}).get('p50_ms'), signed=True)}, P99 "
             f"{_range(overhead.get('quiet', {}).get('p99_ms'), signed=True)} ms; refilling: P50 "

@@ -26,6 +26,7 @@ import yaml
 
 from reactor_fabric.config.token import TOKEN_ENV
 from reactor_fabric.runtime.docker import container_gone
+from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
 from reactor_fabric.trio.catalog import PROBE_SESSION_PREFIX
 from tests.clients import envs
 
@@ -523,11 +524,15 @@ def mounted_directories(container: Any, candidates: list[Path]) -> list[tuple[st
     """(host directory, target) of each of a running container's mounts, as the container sees
     them: the mount at each target, looked at through /proc/PID/root, matched by device and inode
     against ``candidates`` ("?" when it is none of them). Mounts are pinned volumes, so the
-    engine's own record of the source names a volume, not the directory."""
+    engine's own record of the source names a volume, not the directory. The two binds of the
+    container's socket stdio (our program and its socket, runtime/stdio_sockets.py) are not a
+    session's mounts and are left out."""
     pid = container.attrs["State"]["Pid"]
     known = {(p.stat().st_dev, p.stat().st_ino): str(p) for p in candidates}
     found = []
     for mount in container.attrs["Mounts"]:
+        if mount["Destination"] in (HELPER_TARGET, SOCKET_TARGET):
+            continue
         inside = os.stat(f"/proc/{pid}/root{mount['Destination']}")
         found.append((known.get((inside.st_dev, inside.st_ino), "?"), mount["Destination"]))
     return found

@@ -102,6 +102,8 @@ async def test_each_bundled_service_answers_tools_list_through_the_docker_api_co
     engine = DockerRuntime()
     container = await engine.spawn(spec)
     try:
+        # stdin and stdout are the container's own socket, not the engine's attach.
+        assert container.socket_stdio
         with trio.fail_after(60):
             peer = StdioPeer(container)
             # Roots offered: the filesystem server asks for them (answered in response()).

@@ -2,12 +2,14 @@
 
 Request params (all optional): ``{"path": "/workspace"}``. The result:
 ``{"entries": [...] | null, "error": str | null, "uid": int, "gid": int}``. Notifications are
-ignored; the method ``write`` creates the file at ``path`` instead of listing, and ``exit`` ends
-the server without an answer. One line in, one line out.
+ignored; the method ``write`` creates the file at ``path`` instead of listing, ``connect``
+connects a Unix socket there, and ``exit`` ends the server without an answer. One line in, one
+line out.
 """
 
 import json
 import os
+import socket
 import sys
 
 for line in sys.stdin:
@@ -25,6 +27,10 @@ for line in sys.stdin:
         if message["method"] == "write":
             with open(path, "w") as file:
                 file.write("written by the probe\n")
+            error = None
+        elif message["method"] == "connect":
+            with socket.socket(socket.AF_UNIX) as connection:
+                connection.connect(path)
             error = None
         else:
             entries, error = sorted(os.listdir(path)), None

@@ -1,0 +1,260 @@
+"""Socket stdio: a container's stdin and stdout as one Unix socket to the orchestrator.
+
+Attached through the engine, every message crosses two more processes each way (the engine's
+container shim and the engine itself, which frames stdout for the attach connection). With
+socket stdio the container starts with a small static program of ours (``fabric-stdio``,
+:file:`stdio_helper/fabric-stdio.c`) in front of the image's own entrypoint and command: it
+connects to a socket the orchestrator listens on, makes the connection its stdin and stdout and
+``exec``\\ s the server. From then on the server's messages go to the orchestrator with no
+engine process on the way. stderr still comes through the engine's attach (it is off the
+request path).
+
+Layout and guarantees::
+
+    /run/reactor-fabric/stdio/           0700, ours (root: here; else $XDG_RUNTIME_DIR/...)
+    └── <instance>/                      0700: one per orchestrator
+        ├── owner.json                   who made it; the next orchestrator removes it once
+        │                                that process is gone
+        ├── fabric-stdio                 our copy of the program, 0755; each container gets it
+        │                                read-only at HELPER_TARGET
+        └── <n>.sock                     one container's socket, 0666, read-only at
+                                         SOCKET_TARGET; unlinked once it has connected
+
+- **Only that container can connect.** A socket is reached on the host only through
+  directories that are ours and closed to everyone else (checked component by component, so
+  a directory another user planted or linked is refused), and in a container only through its
+  own bind of that one socket. The first connection is accepted; the orchestrator then closes
+  the listener and unlinks the path, so the socket can never be connected again — not by the
+  server, not by anything it starts.
+- **The server runs as it would without us.** ``fabric-stdio`` replaces itself with the
+  image's entrypoint and command (the container's spec overrides them exactly as the engine
+  would: :func:`wrapped_command`) before the server runs, so PID, user, working directory and
+  environment are unchanged.
+- **Nothing is added to the image**, and no mount of a client's shadows these targets: they
+  are not below any allowed mount target.
+
+Every function here blocks (file system); callers run them in a worker thread.
+
+Resource handling: :meth:`StdioArea.listen` returns a listener whose path the caller unlinks
+(:meth:`PendingStdio.close`) once the container connected or failed; :meth:`StdioArea.close`
+removes the area. An area left by an orchestrator that died is removed by the next one's
+:meth:`StdioArea.open`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import posixpath
+import shutil
+import socket
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..policy.owner import owner_is_gone
+
+log = logging.getLogger(__name__)
+
+HELPER_TARGET = "/.reactor-fabric/fabric-stdio"
+SOCKET_TARGET = "/.reactor-fabric/stdio.sock"
+HELPER_ENV = "REACTOR_FABRIC_STDIO_HELPER"
+BUNDLED_HELPER = Path(__file__).parent / "stdio_helper" / "fabric-stdio"
+_HELPER_NAME = "fabric-stdio"
+_OWNER_FILE = "owner.json"
+# sockaddr_un's sun_path holds 108 bytes, the terminating NUL included.
+_MAX_SOCKET_PATH = 107
+
+
+class StdioUnavailable(Exception):
+    """Socket stdio cannot be used here (``reason`` says why): stdio goes through the engine."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def default_parent(euid: int, environ: Mapping[str, str]) -> str:
+    """Where areas live: ``/run`` for root, else the user's runtime directory (or ``/tmp``)."""
+    if euid == 0:
+        return "/run/reactor-fabric/stdio"
+    runtime = environ.get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return posixpath.join(runtime, "reactor-fabric", "stdio")
+    return f"/tmp/reactor-fabric-{euid}/stdio"  # noqa: S108 - checked: private_directory
+
+
+def wrapped_command(
+    image_entrypoint: Sequence[str] | None,
+    image_command: Sequence[str] | None,
+    spec_command: Sequence[str] | None,
+) -> list[str]:
+    """The container's entrypoint with ``fabric-stdio`` in front of what the engine would run.
+
+    The engine runs the image's entrypoint followed by the spec's command, or by the image's
+    command when the spec gives none. Raises StdioUnavailable when that is nothing (the
+    engine would refuse such a container too, so it is started the usual way and refused).
+    """
+    command = list(spec_command) if spec_command is not None else list(image_command or ())
+    program = [*(image_entrypoint or ()), *command]
+    if not program:
+        raise StdioUnavailable("the image has no command to run", reason="no_command")
+    return [HELPER_TARGET, SOCKET_TARGET, *program]
+
+
+def private_directory(path: str, euid: int) -> None:
+    """Make ``path`` (and missing parents) and check that only ``euid`` (and root) can change
+    what it holds: it is a directory of ``euid``'s, mode 0700, and every directory above it is
+    root's or ``euid``'s and writable by nobody else (unless sticky, like ``/tmp``, where
+    nobody else can replace what is ours). Raises StdioUnavailable otherwise."""
+    try:
+        os.makedirs(path, 0o700, exist_ok=True)
+        real = os.path.realpath(path)
+        parts = [part for part in real.split("/") if part]
+        for depth in range(len(parts) + 1):
+            current = "/" + "/".join(parts[:depth])
+            found = os.lstat(current)
+            if not stat.S_ISDIR(found.st_mode):
+                raise StdioUnavailable(f"{current} is not a directory", reason="stdio_directory")
+            if found.st_uid not in (0, euid):
+                raise StdioUnavailable(
+                    f"{current} belongs to another user (uid {found.st_uid})",
+                    reason="stdio_directory",
+                )
+            last = depth == len(parts)
+            open_to_others = found.st_mode & (0o077 if last else 0o022)
+            if open_to_others and (last or not found.st_mode & stat.S_ISVTX):
+                raise StdioUnavailable(
+                    f"{current} is open to other users (mode {stat.S_IMODE(found.st_mode):04o})",
+                    reason="stdio_directory",
+                )
+        if os.lstat(real).st_uid != euid:
+            raise StdioUnavailable(f"{real} is not ours", reason="stdio_directory")
+    except OSError as exc:
+        raise StdioUnavailable(
+            f"cannot make the stdio directory {path}: {exc}", reason="stdio_directory"
+        ) from exc
+
+
+@dataclass
+class PendingStdio:
+    """A container's socket, listening until its ``fabric-stdio`` connects."""
+
+    listener: socket.socket
+    path: str
+
+    def close(self) -> None:
+        """Stop listening and unlink the path: nothing can connect any more."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self.listener.close()
+
+
+class StdioArea:
+    """One orchestrator's socket stdio directory (see the module docstring)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.helper = posixpath.join(root, _HELPER_NAME)
+        self._tokens = itertools.count(1)
+
+    @classmethod
+    def open(
+        cls,
+        instance_id: str,
+        *,
+        owner: dict[str, str],
+        this_host: str,
+        helper: str | None = None,
+        parent: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> StdioArea:
+        """Make this orchestrator's area (removing areas of orchestrators that died), or raise
+        StdioUnavailable."""
+        euid = os.geteuid()
+        source = helper or environ.get(HELPER_ENV) or str(BUNDLED_HELPER)
+        if not os.access(source, os.X_OK):
+            raise StdioUnavailable(
+                f"{source} is missing (scripts/build-stdio-helper builds it)",
+                reason="helper_missing",
+            )
+        parent = parent or default_parent(euid, environ)
+        private_directory(parent, euid)
+        remove_stale_areas(parent, this_host=this_host)
+        root = posixpath.join(parent, instance_id)
+        if len(posixpath.join(root, "999999999.sock")) > _MAX_SOCKET_PATH:
+            raise StdioUnavailable(f"{root} is too long for a socket path", reason="path_length")
+        try:
+            os.mkdir(root, 0o700)
+        except OSError as exc:
+            raise StdioUnavailable(f"cannot make {root}: {exc}", reason="stdio_directory") from exc
+        area = cls(root)
+        try:
+            with open(posixpath.join(root, _OWNER_FILE), "x", encoding="utf-8") as file:
+                json.dump(owner, file)
+            shutil.copyfile(source, area.helper)
+            os.chmod(area.helper, 0o755)  # noqa: S103 - any uid in a container runs it
+        except OSError as exc:
+            area.close()
+            raise StdioUnavailable(
+                f"cannot copy {source} into {root}: {exc}", reason="stdio_directory"
+            ) from exc
+        return area
+
+    def listen(self) -> PendingStdio:
+        """A new socket for one container, listening for exactly one connection."""
+        path = posixpath.join(self.root, f"{next(self._tokens)}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.bind(path)
+            # Any uid in the container may connect: it is the container's own socket, reached
+            # only through this area (0700) or through the container's bind.
+            os.chmod(path, 0o666)  # noqa: S103
+            listener.listen(1)
+            listener.setblocking(False)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            listener.close()
+            raise
+        return PendingStdio(listener, path)
+
+    def close(self) -> None:
+        """Remove the area (sockets still listening stop being reachable by path)."""
+        _remove_area(self.root)
+
+
+def _remove_area(root: str) -> None:
+    """Remove an area: it holds only files (sockets, our program, owner.json)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(posixpath.join(root, name))
+    try:
+        os.rmdir(root)
+    except OSError as exc:
+        log.warning("stdio_area_not_removed", extra={"directory": root, "detail": str(exc)})
+
+
+def remove_stale_areas(parent: str, *, this_host: str) -> int:
+    """Remove the areas of orchestrators on this host that are gone; how many."""
+    removed = 0
+    for name in os.listdir(parent):
+        root = posixpath.join(parent, name)
+        try:
+            with open(posixpath.join(root, _OWNER_FILE), encoding="utf-8") as file:
+                owner = json.load(file)
+        except (OSError, ValueError):
+            continue  # not an area, or one being made: leave it
+        if isinstance(owner, dict) and owner_is_gone(owner, this_host=this_host):
+            _remove_area(root)
+            removed += 1
+            log.info("stdio_area_removed", extra={"directory": root})
+    return removed

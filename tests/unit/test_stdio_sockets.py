@@ -1,0 +1,254 @@
+"""Socket stdio's area and decisions, without an engine (see runtime/stdio_sockets.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from reactor_fabric.runtime.docker import engine_is_local
+from reactor_fabric.runtime.stdio_sockets import (
+    HELPER_TARGET,
+    SOCKET_TARGET,
+    StdioArea,
+    StdioUnavailable,
+    default_parent,
+    private_directory,
+    wrapped_command,
+)
+
+ALIVE = {"reactor-fabric.owner-host": "here", "reactor-fabric.owner-pid": str(os.getpid())}
+STRANGER = 54321
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
+
+
+def _own_start() -> str:
+    stat_line = Path(f"/proc/{os.getpid()}/stat").read_text()
+    return stat_line.rpartition(")")[2].split()[19]
+
+
+def _owner() -> dict[str, str]:
+    return {**ALIVE, "reactor-fabric.owner-start": _own_start()}
+
+
+@pytest.fixture
+def helper(tmp_path: Path) -> Path:
+    program = tmp_path / "fabric-stdio-build"
+    program.write_bytes(b"\x7fELF not really")
+    program.chmod(0o755)
+    return program
+
+
+# --- what the container runs --------------------------------------------------------------
+
+
+def test_the_helper_goes_in_front_of_the_image_entrypoint_and_command() -> None:
+    assert wrapped_command(["node", "server.js"], ["/workspace"], None) == [
+        HELPER_TARGET,
+        SOCKET_TARGET,
+        "node",
+        "server.js",
+        "/workspace",
+    ]
+
+
+def test_a_spec_command_replaces_the_image_command_but_not_its_entrypoint() -> None:
+    wrapped = wrapped_command(["node", "server.js"], ["/workspace"], ["/projects"])
+    assert wrapped[2:] == ["node", "server.js", "/projects"]
+
+
+def test_an_empty_spec_command_runs_the_entrypoint_alone() -> None:
+    assert wrapped_command(["mcp-server-time"], ["--x"], [])[2:] == ["mcp-server-time"]
+
+
+def test_an_image_with_only_a_command_runs_that_command() -> None:
+    assert wrapped_command(None, ["python", "-m", "srv"], None)[2:] == ["python", "-m", "srv"]
+
+
+def test_nothing_to_run_is_not_wrapped() -> None:
+    with pytest.raises(StdioUnavailable) as caught:
+        wrapped_command(None, None, None)
+    assert caught.value.reason == "no_command"
+
+
+# --- where the area may live ----------------------------------------------------------------
+
+
+def test_root_keeps_its_areas_in_run_and_users_in_their_runtime_directory() -> None:
+    assert default_parent(0, {}) == "/run/reactor-fabric/stdio"
+    assert default_parent(1000, {"XDG_RUNTIME_DIR": "/run/user/1000"}) == (
+        "/run/user/1000/reactor-fabric/stdio"
+    )
+    assert default_parent(1000, {"XDG_RUNTIME_DIR": "relative"}) == (
+        "/tmp/reactor-fabric-1000/stdio"
+    )
+
+
+def test_only_an_engine_on_this_machine_gets_sockets() -> None:
+    assert engine_is_local("unix:///var/run/docker.sock", {})
+    assert engine_is_local(None, {})
+    assert engine_is_local(None, {"DOCKER_HOST": "unix:///run/podman/podman.sock"})
+    assert not engine_is_local(None, {"DOCKER_HOST": "tcp://10.0.0.5:2376"})
+    assert not engine_is_local("ssh://me@there", {})
+
+
+def test_a_private_directory_is_made_0700(tmp_path: Path) -> None:
+    private_directory(str(tmp_path / "a" / "stdio"), os.geteuid())
+    assert stat.S_IMODE((tmp_path / "a" / "stdio").stat().st_mode) == 0o700
+
+
+def test_a_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    opened = tmp_path / "open"
+    opened.mkdir()
+    opened.chmod(0o777)  # not sticky: anyone could swap what is below
+    with pytest.raises(StdioUnavailable) as caught:
+        private_directory(str(opened / "stdio"), os.geteuid())
+    assert caught.value.reason == "stdio_directory"
+
+
+def test_a_sticky_directory_open_to_all_like_tmp_is_fine_above(tmp_path: Path) -> None:
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    private_directory(str(sticky / "stdio"), os.geteuid())
+
+
+def test_a_leaf_left_open_is_refused(tmp_path: Path) -> None:
+    leaf = tmp_path / "stdio"
+    leaf.mkdir(mode=0o755)
+    leaf.chmod(0o755)
+    with pytest.raises(StdioUnavailable):
+        private_directory(str(leaf), os.geteuid())
+
+
+@needs_root
+def test_a_directory_another_user_planted_is_refused(tmp_path: Path) -> None:
+    planted = tmp_path / "reactor-fabric-0"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, STRANGER, STRANGER)
+    with pytest.raises(StdioUnavailable) as caught:
+        private_directory(str(planted / "stdio"), os.geteuid())
+    assert "another user" in str(caught.value)
+
+
+@needs_root
+def test_a_link_to_another_users_directory_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, STRANGER, STRANGER)
+    (tmp_path / "reactor-fabric-0").symlink_to(theirs)
+    with pytest.raises(StdioUnavailable):
+        private_directory(str(tmp_path / "reactor-fabric-0"), os.geteuid())
+
+
+# --- the area -----------------------------------------------------------------------------
+
+
+def test_an_area_holds_our_program_and_its_owner(tmp_path: Path, helper: Path) -> None:
+    area = StdioArea.open(
+        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path / "p")
+    )
+    try:
+        assert stat.S_IMODE(os.stat(area.root).st_mode) == 0o700
+        copied = Path(area.helper)
+        assert copied.read_bytes() == helper.read_bytes()
+        assert stat.S_IMODE(copied.stat().st_mode) == 0o755
+        assert json.loads((Path(area.root) / "owner.json").read_text()) == _owner()
+    finally:
+        area.close()
+    assert not Path(area.root).exists()
+
+
+def test_a_missing_program_means_no_area(tmp_path: Path) -> None:
+    with pytest.raises(StdioUnavailable) as caught:
+        StdioArea.open(
+            "inst",
+            owner=_owner(),
+            this_host="here",
+            helper=str(tmp_path / "none"),
+            parent=str(tmp_path / "p"),
+        )
+    assert caught.value.reason == "helper_missing"
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_program_can_come_from_the_environment(tmp_path: Path, helper: Path) -> None:
+    area = StdioArea.open(
+        "inst",
+        owner=_owner(),
+        this_host="here",
+        parent=str(tmp_path / "p"),
+        environ={"REACTOR_FABRIC_STDIO_HELPER": str(helper)},
+    )
+    area.close()
+
+
+def test_a_socket_takes_one_connection_and_none_once_closed(tmp_path: Path, helper: Path) -> None:
+    area = StdioArea.open(
+        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path / "p")
+    )
+    try:
+        pending = area.listen()
+        assert stat.S_IMODE(os.stat(pending.path).st_mode) == 0o666
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(pending.path)
+            connection, _ = pending.listener.accept()
+            connection.close()
+        pending.close()
+        assert not os.path.exists(pending.path)
+        with socket.socket(socket.AF_UNIX) as late, pytest.raises(FileNotFoundError):
+            late.connect(pending.path)
+        following = area.listen()
+        following.close()
+        assert following.path != pending.path  # never the same socket twice
+    finally:
+        area.close()
+    assert not Path(area.root).exists()
+
+
+def test_a_dead_orchestrators_area_is_removed_and_a_live_ones_kept(
+    tmp_path: Path, helper: Path
+) -> None:
+    parent = tmp_path / "p"
+    live = StdioArea.open(
+        "live", owner=_owner(), this_host="here", helper=str(helper), parent=str(parent)
+    )
+    dead = StdioArea.open(
+        "dead",
+        owner={**_owner(), "reactor-fabric.owner-start": "1"},  # that PID, another process
+        this_host="here",
+        helper=str(helper),
+        parent=str(parent),
+    )
+    dead.listen().listener.close()  # its path left behind, as by a crash
+    elsewhere = StdioArea.open(
+        "elsewhere",
+        owner={**_owner(), "reactor-fabric.owner-host": "other"},
+        this_host="here",
+        helper=str(helper),
+        parent=str(parent),
+    )
+    fresh = StdioArea.open(
+        "fresh", owner=_owner(), this_host="here", helper=str(helper), parent=str(parent)
+    )
+    try:
+        assert sorted(os.listdir(parent)) == ["elsewhere", "fresh", "live"]
+    finally:
+        for area in (live, elsewhere, fresh):
+            area.close()
+
+
+def test_an_area_whose_sockets_would_not_fit_a_socket_address_is_refused(
+    tmp_path: Path, helper: Path
+) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    with pytest.raises(StdioUnavailable) as caught:
+        StdioArea.open(
+            "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(deep)
+        )
+    assert caught.value.reason == "path_length"
