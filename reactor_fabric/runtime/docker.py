@@ -7,11 +7,13 @@ connection problems and time-outs become :class:`~reactor_fabric.DockerUnavailab
 everything about a particular container or image becomes
 :class:`~reactor_fabric.ContainerStartFailure` (-32002).
 
-A spawned container's stdio is a hijacked HTTP connection to the engine, attached *before* the
-container starts (so no early output is lost) and handed to trio as a
-:class:`~reactor_fabric.trio.sockets.LeanSocketStream`: relay I/O never hops to a thread.
-Docker multiplexes stdout and stderr on it; they are split here (:mod:`.docker_framing`,
-:mod:`.demux`), so a container looks like any other runtime's.
+A spawned container's stdin and stdout are a Unix socket of its own to us (:mod:`.stdio_sockets`:
+the engine is not on the relay's path), its stderr a hijacked HTTP connection to the engine,
+attached *before* the container starts (so no early output is lost); both are handed to trio as
+:class:`~reactor_fabric.trio.sockets.LeanSocketStream` objects: relay I/O never hops to a thread.
+Where socket stdio cannot be used, all three go over the attach, on which Docker multiplexes
+stdout and stderr; they are split here (:mod:`.docker_framing`, :mod:`.demux`), so a container
+looks like any other runtime's either way.
 
 Resource handling: a call that is cancelled (or times out) while its thread runs is *abandoned*:
 trio stops waiting, but the thread goes on. Such a thread cleans up after itself when it ends —
@@ -341,6 +343,10 @@ class DockerRuntime:
 
     async def spawn(self, spec: ContainerSpec) -> DockerContainer:
         """Create the container, attach its stdio, start it (see the module's resource notes).
+
+        With socket stdio, the container's socket listens before the create, and the container
+        is handed out only once its ``fabric-stdio`` connected; the socket's path is unlinked
+        whatever happened (ContainerStartFailure ``stdio_not_connected`` if it never did).
 
         Pinned mounts (``spec.pins``) are checked once the container runs: each must be the
         pinned object, by device and inode, or the container is removed and SecurityViolation
@@ -1044,7 +1050,8 @@ def host_config_kwargs(
         # messages (a file's contents, a diff), which the engine's default driver (json-file,
         # no size limit) would store on the host's disk for the container's life, and encode
         # and write once more per message while the session waits. The orchestrator reads both
-        # streams over the attach and logs stderr itself, bounded.
+        # streams itself (stdout over the container's socket or the attach, stderr over the
+        # attach) and logs stderr, bounded.
         "log_config": {"type": "none", "config": {}},
     }
 

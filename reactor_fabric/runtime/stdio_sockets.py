@@ -5,14 +5,14 @@ container shim and the engine itself, which frames stdout for the attach connect
 socket stdio the container starts with a small static program of ours (``fabric-stdio``,
 :file:`stdio_helper/fabric-stdio.c`) in front of the image's own entrypoint and command: it
 connects to a socket the orchestrator listens on, makes the connection its stdin and stdout and
-``exec``\\ s the server. From then on the server's messages go to the orchestrator with no
-engine process on the way. stderr still comes through the engine's attach (it is off the
-request path).
+replaces itself with the server (``exec``). From then on the server's messages go to the
+orchestrator with no engine process on the way. stderr still comes through the engine's attach
+(it is off the request path).
 
 Layout and guarantees::
 
     /run/reactor-fabric/stdio/           0700, ours (root: here; else $XDG_RUNTIME_DIR/...)
-    └── <instance>/                      0700: one per orchestrator
+    └── <instance>-<random>/             0700: one per orchestrator
         ├── owner.json                   who made it; the next orchestrator removes it once
         │                                that process is gone
         ├── fabric-stdio                 our copy of the program, 0755; each container gets it
@@ -49,9 +49,11 @@ import json
 import logging
 import os
 import posixpath
+import secrets
 import shutil
 import socket
 import stat
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,8 @@ _HELPER_NAME = "fabric-stdio"
 _OWNER_FILE = "owner.json"
 # sockaddr_un's sun_path holds 108 bytes, the terminating NUL included.
 _MAX_SOCKET_PATH = 107
+# An area directory with no owner file this long is a leftover, not one being made.
+ORPHAN_AGE = 60.0
 
 
 class StdioUnavailable(Exception):
@@ -185,7 +189,9 @@ class StdioArea:
         parent = parent or default_parent(euid, environ)
         private_directory(parent, euid)
         remove_stale_areas(parent, this_host=this_host)
-        root = posixpath.join(parent, instance_id)
+        # The instance's name, and a random part: two runtimes of one process (or replicas
+        # sharing an instance id) each get an area of their own.
+        root = posixpath.join(parent, f"{instance_id}-{secrets.token_hex(4)}")
         if len(posixpath.join(root, "999999999.sock")) > _MAX_SOCKET_PATH:
             raise StdioUnavailable(f"{root} is too long for a socket path", reason="path_length")
         try:
@@ -229,30 +235,49 @@ class StdioArea:
 
 
 def _remove_area(root: str) -> None:
-    """Remove an area: it holds only files (sockets, our program, owner.json)."""
+    """Remove an area: it holds files (sockets, our program, owner.json) and, at most, empty
+    directories: an engine that (re)starts a container whose socket was already unlinked
+    makes the missing bind source as a directory."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return
     for name in names:
+        path = posixpath.join(root, name)
         with contextlib.suppress(OSError):
-            os.unlink(posixpath.join(root, name))
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)  # only ever empty: never a tree walk in a shared place
+            else:
+                os.unlink(path)
     try:
         os.rmdir(root)
     except OSError as exc:
         log.warning("stdio_area_not_removed", extra={"directory": root, "detail": str(exc)})
 
 
-def remove_stale_areas(parent: str, *, this_host: str) -> int:
-    """Remove the areas of orchestrators on this host that are gone; how many."""
+def remove_stale_areas(parent: str, *, this_host: str, now: float | None = None) -> int:
+    """Remove the areas of orchestrators on this host that are gone; how many.
+
+    An area without a readable owner is being made (for the moment between its ``mkdir`` and
+    the owner file) or was half removed: it is removed once ORPHAN_AGE has passed.
+    """
     removed = 0
+    now = time.time() if now is None else now
     for name in os.listdir(parent):
         root = posixpath.join(parent, name)
         try:
             with open(posixpath.join(root, _OWNER_FILE), encoding="utf-8") as file:
                 owner = json.load(file)
         except (OSError, ValueError):
-            continue  # not an area, or one being made: leave it
+            try:
+                found = os.lstat(root)
+            except OSError:
+                continue
+            if stat.S_ISDIR(found.st_mode) and now - found.st_mtime > ORPHAN_AGE:
+                _remove_area(root)
+                removed += 1
+                log.info("stdio_area_removed", extra={"directory": root, "detail": "no owner"})
+            continue
         if isinstance(owner, dict) and owner_is_gone(owner, this_host=this_host):
             _remove_area(root)
             removed += 1

@@ -13,11 +13,13 @@ import pytest
 from reactor_fabric.runtime.docker import engine_is_local
 from reactor_fabric.runtime.stdio_sockets import (
     HELPER_TARGET,
+    ORPHAN_AGE,
     SOCKET_TARGET,
     StdioArea,
     StdioUnavailable,
     default_parent,
     private_directory,
+    remove_stale_areas,
     wrapped_command,
 )
 
@@ -237,7 +239,8 @@ def test_a_dead_orchestrators_area_is_removed_and_a_live_ones_kept(
         "fresh", owner=_owner(), this_host="here", helper=str(helper), parent=str(parent)
     )
     try:
-        assert sorted(os.listdir(parent)) == ["elsewhere", "fresh", "live"]
+        left = sorted(name.rpartition("-")[0] for name in os.listdir(parent))
+        assert left == ["elsewhere", "fresh", "live"]
     finally:
         for area in (live, elsewhere, fresh):
             area.close()
@@ -252,3 +255,58 @@ def test_an_area_whose_sockets_would_not_fit_a_socket_address_is_refused(
             "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(deep)
         )
     assert caught.value.reason == "path_length"
+
+
+def test_two_areas_of_one_instance_are_apart(tmp_path: Path, helper: Path) -> None:
+    areas = [
+        StdioArea.open(
+            "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path)
+        )
+        for _ in range(2)
+    ]
+    try:
+        assert areas[0].root != areas[1].root
+    finally:
+        for area in areas:
+            area.close()
+
+
+def test_an_area_holding_a_directory_the_engine_made_for_a_missing_socket_is_removed(
+    tmp_path: Path, helper: Path
+) -> None:
+    # An engine (re)starting a container whose socket is gone makes the bind source as an
+    # empty directory; closing the area must not leave it (and the area) behind.
+    area = StdioArea.open(
+        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path)
+    )
+    (Path(area.root) / "1.sock").mkdir()
+    area.close()
+    assert not Path(area.root).exists()
+
+
+def test_an_ownerless_leftover_is_removed_once_old_and_kept_while_it_may_be_in_the_making(
+    tmp_path: Path, helper: Path
+) -> None:
+    leftover = tmp_path / "integration-test"
+    (leftover / "1.sock").mkdir(parents=True)
+    (leftover / "fabric-stdio").write_bytes(b"old")
+    made = leftover.stat().st_mtime
+    assert remove_stale_areas(str(tmp_path), this_host="here", now=made + 1) == 0
+    assert leftover.exists()
+    assert remove_stale_areas(str(tmp_path), this_host="here", now=made + ORPHAN_AGE + 1) == 1
+    assert not leftover.exists()
+
+
+def test_a_leftover_of_an_earlier_run_does_not_keep_the_next_from_its_area(
+    tmp_path: Path, helper: Path
+) -> None:
+    # What CI met: an area of the same instance name, left behind, made every later
+    # runtime of that name fall back to the engine.
+    (tmp_path / "inst" / "1.sock").mkdir(parents=True)
+    area = StdioArea.open(
+        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path)
+    )
+    try:
+        assert Path(area.helper).exists()
+    finally:
+        area.close()
