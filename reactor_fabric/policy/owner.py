@@ -9,6 +9,7 @@ owned from another host (a shared remote engine) cannot be judged and are left a
 from __future__ import annotations
 
 import functools
+import json
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -48,3 +49,14 @@ def owner_is_gone(
 def hostname() -> str:
     """This machine's name, as stamped on the containers an orchestrator here starts."""
     return socket.gethostname()
+
+
+def read_owner_file(path: str) -> dict[str, str] | None:
+    """The owner record an area keeps (``owner.json``), or None: missing, unreadable or not
+    a record (an area being made, or not an area)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            owner = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None

@@ -61,7 +61,7 @@ from typing import Protocol
 from .._errors import SecurityViolation
 from ..policy.container_spec import MountSpec
 from ..policy.mounts import is_within
-from ..policy.owner import owner_is_gone
+from ..policy.owner import owner_is_gone, read_owner_file
 from ..policy.pinning import PinSet
 from . import host_mounts
 
@@ -395,12 +395,10 @@ def remove_stale_areas(parent: str, *, this_host: str) -> int:
     removed = 0
     for name in os.listdir(parent):
         root = posixpath.join(parent, name)
-        try:
-            with open(posixpath.join(root, _OWNER_FILE), encoding="utf-8") as file:
-                owner = json.load(file)
-        except (OSError, ValueError):
+        owner = read_owner_file(posixpath.join(root, _OWNER_FILE))
+        if owner is None:
             continue  # not an area, or one being made: leave it
-        if isinstance(owner, dict) and owner_is_gone(owner, this_host=this_host):
+        if owner_is_gone(owner, this_host=this_host):
             _remove_area(root)
             removed += 1
             log.info("staging_area_removed", extra={"directory": root})

@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..policy.owner import owner_is_gone
+from ..policy.owner import owner_is_gone, read_owner_file
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +265,8 @@ def remove_stale_areas(parent: str, *, this_host: str, now: float | None = None)
     now = time.time() if now is None else now
     for name in os.listdir(parent):
         root = posixpath.join(parent, name)
-        try:
-            with open(posixpath.join(root, _OWNER_FILE), encoding="utf-8") as file:
-                owner = json.load(file)
-        except (OSError, ValueError):
+        owner = read_owner_file(posixpath.join(root, _OWNER_FILE))
+        if owner is None:
             try:
                 found = os.lstat(root)
             except OSError:
@@ -278,7 +276,7 @@ def remove_stale_areas(parent: str, *, this_host: str, now: float | None = None)
                 removed += 1
                 log.info("stdio_area_removed", extra={"directory": root, "detail": "no owner"})
             continue
-        if isinstance(owner, dict) and owner_is_gone(owner, this_host=this_host):
+        if owner_is_gone(owner, this_host=this_host):
             _remove_area(root)
             removed += 1
             log.info("stdio_area_removed", extra={"directory": root})

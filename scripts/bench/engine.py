@@ -228,7 +228,7 @@ class AttachedContainer:
     """A container driven through Docker's attach socket: the relay-free floor."""
 
     id: str
-    stream: AttachedStream
+    stream: AttachedStream | SocketStdioStream
     rpc: StreamRpc
 
     async def aclose(self) -> None:
@@ -287,22 +287,19 @@ async def attached(image: str) -> AsyncIterator[StreamRpc]:
 
 
 @dataclass
-class SocketStdioContainer:
+class SocketStdioContainer(AttachedContainer):
     """A container whose stdin and stdout are a socket to us, as the orchestrator's are (see
     reactor_fabric/runtime/stdio_sockets.py): the floor of the orchestrator's own data path."""
 
-    id: str
     area: StdioArea
-    stream: SocketStdioStream
-    rpc: StreamRpc
 
     async def aclose(self) -> None:
-        with trio.move_on_after(PROCESS_EXIT_BOUND) as scope:
-            scope.shield = True
-            await self.stream.send_eof()
-            await self.stream.aclose()
-            await docker_call(lambda c: c.remove_container(self.id, force=True))
-            await trio.to_thread.run_sync(self.area.close)
+        try:
+            await super().aclose()
+        finally:
+            with trio.move_on_after(PROCESS_EXIT_BOUND) as scope:
+                scope.shield = True
+                await trio.to_thread.run_sync(self.area.close)
 
 
 def _bench_stdio_area() -> StdioArea:
@@ -312,7 +309,7 @@ def _bench_stdio_area() -> StdioArea:
         "reactor-fabric.owner-pid": str(pid),
         "reactor-fabric.owner-start": process_start_time(pid) or "",
     }
-    return StdioArea.open(f"bench-{pid}-{secrets.token_hex(4)}", owner=owner, this_host=hostname())
+    return StdioArea.open(f"bench-{pid}", owner=owner, this_host=hostname())
 
 
 async def start_socket_stdio(image: str) -> SocketStdioContainer:

@@ -213,94 +213,94 @@ class _Lines:
         self.ready.extend(self.splitter.feed(data))
 
 
-class AttachedStream:
+class _LineStdio:
+    """A server's stdin and stdout as byte streams, one message per line: no relay.
+
+    Subclasses say where the bytes go and come from; :meth:`_file` sorts what was read
+    (plain stdout by default).
+    """
+
+    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
+        self._send = send
+        self._receive = receive
+        self._stdout = _Lines()
+
+    def _closed(self) -> str:
+        return "the container's stdio closed"
+
+    def _file(self, data: bytes) -> None:
+        self._stdout.feed(data)
+
+    async def send(self, message: bytes) -> None:
+        await self._send.send_all(message + b"\n")
+
+    async def receive(self) -> bytes:
+        while not self._stdout.ready:
+            data = await self._receive.receive_some(READ_CHUNK)
+            if not data:
+                raise EOFError(self._closed())
+            self._file(bytes(data))
+        return self._stdout.ready.popleft()
+
+
+class _SocketStdio(_LineStdio):
+    """Both directions on one socket: half-closed for EOF, then closed."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__(stream, stream)
+        self._stream = stream
+
+    async def send_eof(self) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class AttachedStream(_SocketStdio):
     """A container's stdio through Docker's attach socket (multiplexed, no TTY): no relay."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
-        self._stream = stream
+        super().__init__(stream)
         self._demuxer = DockerFrameDecoder(max_frame=MAX_MESSAGE)
-        self._stdout = _Lines()
         self.stderr_tail: collections.deque[bytes] = collections.deque(maxlen=20)
 
-    async def send(self, message: bytes) -> None:
-        await self._stream.send_all(message + b"\n")
+    def _closed(self) -> str:
+        return f"the container's stdio closed; stderr: {list(self.stderr_tail)}"
 
-    async def receive(self) -> bytes:
-        while not self._stdout.ready:
-            data = await self._stream.receive_some(READ_CHUNK)
-            if not data:
-                raise EOFError(f"the container's stdio closed; stderr: {list(self.stderr_tail)}")
-            for stream_id, payload in self._demuxer.feed(bytes(data)):
-                if stream_id == STDOUT:
-                    self._stdout.feed(payload)
-                else:
-                    self.stderr_tail.append(payload)
-        return self._stdout.ready.popleft()
-
-    async def send_eof(self) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await self._stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
+    def _file(self, data: bytes) -> None:
+        for stream_id, payload in self._demuxer.feed(data):
+            if stream_id == STDOUT:
+                self._stdout.feed(payload)
+            else:
+                self.stderr_tail.append(payload)
 
 
-class SocketStdioStream:
+class SocketStdioStream(_SocketStdio):
     """A container's stdin and stdout as its own Unix socket (``fabric-stdio``), the way the
     orchestrator talks to its containers: no engine process, no framing. No relay."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self._stream = stream
-        self._stdout = _Lines()
-
-    async def send(self, message: bytes) -> None:
-        await self._stream.send_all(message + b"\n")
-
-    async def receive(self) -> bytes:
-        while not self._stdout.ready:
-            data = await self._stream.receive_some(READ_CHUNK)
-            if not data:
-                raise EOFError("the container's stdio socket closed")
-            self._stdout.feed(bytes(data))
-        return self._stdout.ready.popleft()
-
-    async def send_eof(self) -> None:
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await self._stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 def socket_stream(raw: socket.socket) -> trio.SocketStream:
     return trio.SocketStream(trio.socket.from_stdlib_socket(raw))
 
 
-class PipeStream:
+class PipeStream(_LineStdio):
     """A child process's stdin/stdout (``docker run -i``): one message per line."""
 
     def __init__(self, process: trio.Process) -> None:
         assert process.stdin is not None
         assert process.stdout is not None
+        super().__init__(process.stdin, process.stdout)
         self.process = process
-        self._stdin = process.stdin
-        self._stdout_pipe = process.stdout
-        self._stdout = _Lines()
 
-    async def send(self, message: bytes) -> None:
-        await self._stdin.send_all(message + b"\n")
-
-    async def receive(self) -> bytes:
-        while not self._stdout.ready:
-            data = await self._stdout_pipe.receive_some(READ_CHUNK)
-            if not data:
-                raise EOFError(f"{self.process.args!r} closed its stdout")
-            self._stdout.feed(bytes(data))
-        return self._stdout.ready.popleft()
+    def _closed(self) -> str:
+        return f"{self.process.args!r} closed its stdout"
 
     async def aclose(self) -> None:
         """Close stdin (asks the server to exit) and stdout; the caller reaps the process."""
-        for pipe in (self._stdin, self._stdout_pipe):
+        for pipe in (self._send, self._receive):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await pipe.aclose()
 

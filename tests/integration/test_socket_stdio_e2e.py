@@ -20,7 +20,7 @@ import trio
 
 from reactor_fabric import ContainerStartFailure, Service
 from reactor_fabric.policy.container_spec import LABEL_SESSION, container_spec_for
-from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.docker import DockerContainer, DockerRuntime
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
 from tests.integration.harness import build_test_image, containers_of
 from tests.integration.test_docker_api_stdio import TEST_IDENTITY, StdioPeer
@@ -49,6 +49,14 @@ async def _ask(peer: StdioPeer, number: int, method: str, path: str) -> dict[str
 
 def _area_files(parent: Path) -> list[str]:
     return sorted(str(path.relative_to(parent)) for path in parent.rglob("*"))
+
+
+async def _remove_all(engine: DockerRuntime, containers: list[DockerContainer]) -> None:
+    with trio.CancelScope(shield=True):
+        for container in containers:
+            await container.aclose()
+            await engine.remove(container.id)
+        await engine.close()
 
 
 async def test_a_server_cannot_reconnect_its_stdio_socket_replace_the_helper_or_see_another(
@@ -88,12 +96,7 @@ async def test_a_server_cannot_reconnect_its_stdio_socket_replace_the_helper_or_
             mode = directory.stat().st_mode
             assert stat.S_IMODE(mode) == 0o700, oct(mode)
     finally:
-        with trio.CancelScope(shield=True):
-            for container in (first, second):
-                if container is not None:
-                    await container.aclose()
-                    await engine.remove(container.id)
-            await engine.close()
+        await _remove_all(engine, [c for c in (first, second) if c is not None])
     assert _area_files(parent) == []  # the area goes with the runtime
 
 
@@ -124,7 +127,7 @@ async def test_without_the_helper_stdio_goes_through_the_engine_and_the_log_says
     engine = DockerRuntime(
         stdio_parent=str(tmp_path / "stdio"), stdio_helper=str(tmp_path / "missing")
     )
-    containers = []
+    containers: list[DockerContainer] = []
     try:
         with caplog.at_level(logging.WARNING, logger="reactor_fabric.runtime.docker"):
             for _ in range(2):
@@ -137,11 +140,7 @@ async def test_without_the_helper_stdio_goes_through_the_engine_and_the_log_says
             assert answer["error"] is None
             assert ".reactor-fabric" not in answer["entries"]
     finally:
-        with trio.CancelScope(shield=True):
-            for container in containers:
-                await container.aclose()
-                await engine.remove(container.id)
-            await engine.close()
+        await _remove_all(engine, containers)
     said = [r for r in caplog.records if r.getMessage() == "socket_stdio_unavailable"]
     assert len(said) == 1
     assert said[0].reason == "helper_missing"  # type: ignore[attr-defined]
@@ -152,7 +151,7 @@ async def test_a_container_whose_socket_cannot_be_made_gets_stdio_through_the_en
 ) -> None:
     parent = tmp_path / "stdio"
     engine = DockerRuntime(stdio_parent=str(parent))
-    containers = []
+    containers: list[DockerContainer] = []
     try:
         containers.append(await engine.spawn(_spec(probe_image)))
         # Someone removes the area under the running orchestrator (a cleaner of /tmp).
@@ -167,10 +166,6 @@ async def test_a_container_whose_socket_cannot_be_made_gets_stdio_through_the_en
             with trio.fail_after(60):
                 assert (await _ask(StdioPeer(container), 1, "look", "/"))["error"] is None
     finally:
-        with trio.CancelScope(shield=True):
-            for container in containers:
-                await container.aclose()
-                await engine.remove(container.id)
-            await engine.close()
+        await _remove_all(engine, containers)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("socket_stdio")]
     assert said == ["socket_stdio_failed"]
