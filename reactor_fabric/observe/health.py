@@ -22,11 +22,14 @@ def health_report(
     version: str,
     pooled_containers: int = 0,
     replica: str | None = None,
+    stdio: str = "",
 ) -> HealthReport:
     """200 with ``"docker": "ok"`` when the engine answers, else 503 with the reason.
 
     ``engine`` names the engine behind the Docker API (``docker`` or ``podman``, as it said
     last; the key ``docker`` keeps its name whichever it is, for the scripts that read it).
+    ``stdio`` says how containers' stdio reaches us (``socket`` or ``attach``; left out while
+    not yet known).
 
     The orchestrator itself is up in both cases (it answered); 503 tells a load balancer or a
     start-up script that it cannot start containers right now.
@@ -41,6 +44,8 @@ def health_report(
         "pooled_containers": pooled_containers,
         "version": version,
     }
+    if stdio:
+        body["stdio"] = stdio
     if replica is not None:
         body["replica"] = replica
     if healthy:

@@ -86,6 +86,12 @@ class Runtime(Protocol):
     # the runtime's containers (the warm pool's staging area needs it).
     mounts_on_host_reach_containers: bool
 
+    @property
+    def stdio(self) -> str:
+        """How containers' stdin and stdout reach the orchestrator: ``socket`` (a socket of
+        their own, no engine process on the way), ``attach`` (the engine's or the API server's
+        attach), ``memory``; ``""`` while not yet known (Docker decides on the first start)."""
+
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable when it does not answer."""
 

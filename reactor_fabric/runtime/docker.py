@@ -152,6 +152,16 @@ class DockerRuntime:
         self._stdio_opened = False
         self._stdio_lock = trio.Lock()
 
+    @property
+    def stdio(self) -> str:
+        """``socket`` once the socket stdio area is open, ``attach`` when it is not wanted or
+        could not be opened, ``""`` before the first start (see :class:`~.base.Runtime`)."""
+        if not self._want_socket_stdio:
+            return "attach"
+        if not self._stdio_opened:
+            return ""
+        return "attach" if self._stdio_area is None else "socket"
+
     # --- plumbing -------------------------------------------------------------------------
 
     def _connect(self) -> docker.APIClient:

@@ -116,6 +116,7 @@ class KubernetesRuntime:
     """
 
     mounts_on_host_reach_containers = False
+    stdio = "attach"  # through the API server's attach
 
     def __init__(
         self,

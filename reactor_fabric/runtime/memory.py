@@ -261,6 +261,7 @@ class MemoryRuntime:
 
     name = "memory"
     mounts_on_host_reach_containers = False  # its containers are coroutines: no mounts at all
+    stdio = "memory"
 
     def __init__(
         self,

@@ -87,6 +87,7 @@ class FabricApp:
             pooled_containers=sum(self.fabric.live_figures().pooled.values()),
             version=__version__,
             replica=self.fabric.replica,
+            stdio=self.fabric.runtime.stdio,
         )
         body = report.body if details else {"status": report.body["status"]}
         await exchange.respond_json(report.status_code, body)

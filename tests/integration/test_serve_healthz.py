@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,6 +29,14 @@ def test_the_orchestrator_on_port_0_prints_its_url_serves_healthz_and_exits_0_on
             body = json.loads(response.read())
         assert body["status"] == "ok"
         assert body["docker"] == "ok"
+        # The bundled suite's warm pool starts containers at once: their stdio is a socket of
+        # their own (a fallback to the engine's attach would show here, and in the log).
+        deadline = time.monotonic() + 60
+        while "stdio" not in body and time.monotonic() < deadline:
+            time.sleep(0.2)  # a real process: polled, bounded
+            with urllib.request.urlopen(healthz(running), timeout=30) as response:
+                body = json.loads(response.read())
+        assert body.get("stdio") == "socket", running.logs()
         # Without the token: up or not, nothing more.
         with urllib.request.urlopen(f"{running.http_url}/healthz", timeout=30) as response:
             assert json.loads(response.read()) == {"status": "ok"}

@@ -52,6 +52,15 @@ async def test_healthz_is_200_with_docker_ok_when_the_engine_answers() -> None:
     assert body["version"]
 
 
+async def test_healthz_says_how_containers_stdio_reaches_us_once_it_is_known() -> None:
+    assert "stdio" not in (await get(AnsweringRuntime(), "/healthz")).json()  # no start yet
+
+    class SocketRuntime(AnsweringRuntime):
+        stdio = "socket"
+
+    assert (await get(SocketRuntime(), "/healthz")).json()["stdio"] == "socket"
+
+
 async def test_healthz_is_503_with_the_reason_when_the_engine_is_unreachable() -> None:
     reply = await get(UnreachableRuntime(), "/healthz")
     assert reply.status == 503

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reactor_fabric.runtime.docker import engine_is_local
+from reactor_fabric.runtime.docker import DockerRuntime, engine_is_local
 from reactor_fabric.runtime.stdio_sockets import (
     HELPER_TARGET,
     ORPHAN_AGE,
@@ -97,6 +97,14 @@ def test_only_an_engine_on_this_machine_gets_sockets() -> None:
     assert engine_is_local(None, {"DOCKER_HOST": "unix:///run/podman/podman.sock"})
     assert not engine_is_local(None, {"DOCKER_HOST": "tcp://10.0.0.5:2376"})
     assert not engine_is_local("ssh://me@there", {})
+
+
+def test_the_runtime_says_attach_for_a_remote_engine_and_nothing_before_its_first_start() -> None:
+    assert DockerRuntime(base_url="tcp://10.0.0.2:2375").stdio == "attach"
+    assert DockerRuntime(base_url="unix:///var/run/docker.sock", socket_stdio=False).stdio == (
+        "attach"
+    )
+    assert DockerRuntime(base_url="unix:///var/run/docker.sock").stdio == ""
 
 
 def test_a_private_directory_is_made_0700(tmp_path: Path) -> None:
