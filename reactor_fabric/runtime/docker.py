@@ -469,7 +469,13 @@ class DockerRuntime:
                     await trio.lowlevel.wait_readable(pending.listener)
                 try:
                     connection, _address = pending.listener.accept()
-                except BlockingIOError:
+                except OSError as exc:
+                    if not isinstance(exc, (BlockingIOError, ConnectionAbortedError)):
+                        raise ContainerStartFailure(
+                            f"the container's stdio socket failed: {exc}",
+                            reason="stdio_not_connected",
+                        ) from exc
+                    # Nothing to take yet (or a connection that gave up): did it end?
                     ended = await self.exit_status(container_id)
                     if ended.exit_code is not None:
                         raise ContainerStartFailure(

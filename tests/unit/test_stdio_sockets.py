@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from reactor_fabric import ContainerStartFailure
 from reactor_fabric.runtime.docker import DockerRuntime, engine_is_local
 from reactor_fabric.runtime.stdio_sockets import (
     HELPER_TARGET,
     ORPHAN_AGE,
     SOCKET_TARGET,
+    PendingStdio,
     StdioArea,
     StdioUnavailable,
     default_parent,
@@ -318,3 +322,28 @@ def test_a_leftover_of_an_earlier_run_does_not_keep_the_next_from_its_area(
         assert Path(area.helper).exists()
     finally:
         area.close()
+
+
+class _ListenerOutOfDescriptors(socket.socket):
+    def accept(self) -> tuple[socket.socket, Any]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+async def test_a_socket_that_cannot_take_its_connection_is_a_start_failure_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "1.sock")
+    listener = _ListenerOutOfDescriptors(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.setblocking(False)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(path)  # readable now: the accept is what fails
+    try:
+        with pytest.raises(ContainerStartFailure) as caught:
+            await DockerRuntime()._accept_stdio(PendingStdio(listener, path), "c0ffee")
+        assert caught.value.reason == "stdio_not_connected"
+        assert "Too many open files" in str(caught.value)
+    finally:
+        client.close()
+        listener.close()
