@@ -165,6 +165,12 @@ class StdioArea:
         self.root = root
         self.helper = posixpath.join(root, _HELPER_NAME)
         self._tokens = itertools.count(1)
+        # Sockets are bound through a descriptor of the area (/proc/self/fd/N/…): a bind then
+        # needs no path that fits sockaddr_un's 108 bytes, wherever the area lives, and lands in
+        # the directory this descriptor holds even if the path were swapped meanwhile.
+        self._directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        held = f"/proc/self/fd/{self._directory}"
+        self._bind_base = held if os.path.isdir(held) else root
 
     @classmethod
     def open(
@@ -192,13 +198,16 @@ class StdioArea:
         # The instance's name, and a random part: two runtimes of one process (or replicas
         # sharing an instance id) each get an area of their own.
         root = posixpath.join(parent, f"{instance_id}-{secrets.token_hex(4)}")
-        if len(posixpath.join(root, "999999999.sock")) > _MAX_SOCKET_PATH:
-            raise StdioUnavailable(f"{root} is too long for a socket path", reason="path_length")
         try:
             os.mkdir(root, 0o700)
+            area = cls(root)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(root)
             raise StdioUnavailable(f"cannot make {root}: {exc}", reason="stdio_directory") from exc
-        area = cls(root)
+        if len(posixpath.join(area._bind_base, "999999999.sock")) > _MAX_SOCKET_PATH:
+            area.close()  # no /proc, and too deep a path for a socket address
+            raise StdioUnavailable(f"{root} is too long for a socket path", reason="path_length")
         try:
             with open(posixpath.join(root, _OWNER_FILE), "x", encoding="utf-8") as file:
                 json.dump(owner, file)
@@ -213,13 +222,14 @@ class StdioArea:
 
     def listen(self) -> PendingStdio:
         """A new socket for one container, listening for exactly one connection."""
-        path = posixpath.join(self.root, f"{next(self._tokens)}.sock")
+        name = f"{next(self._tokens)}.sock"
+        path = posixpath.join(self.root, name)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            listener.bind(path)
+            listener.bind(posixpath.join(self._bind_base, name))
             # Any uid in the container may connect: it is the container's own socket, reached
             # only through this area (0700) or through the container's bind.
-            os.chmod(path, 0o666)  # noqa: S103
+            os.chmod(name, 0o666, dir_fd=self._directory)  # noqa: S103
             listener.listen(1)
             listener.setblocking(False)
         except BaseException:
@@ -231,6 +241,9 @@ class StdioArea:
 
     def close(self) -> None:
         """Remove the area (sockets still listening stop being reachable by path)."""
+        if self._directory >= 0:
+            os.close(self._directory)
+            self._directory = -1
         _remove_area(self.root)
 
 
