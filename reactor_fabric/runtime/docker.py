@@ -423,8 +423,9 @@ class DockerRuntime:
             return None
         async with self._stdio_lock:
             if not self._stdio_opened:
-                self._stdio_opened = True
                 self._stdio_area = await trio.to_thread.run_sync(self._open_stdio_area, spec.labels)
+                # Only now: `stdio` must not say "attach" while the area is being made.
+                self._stdio_opened = True
         area = self._stdio_area
         if area is None:
             return None

@@ -7,10 +7,13 @@ import json
 import os
 import socket
 import stat
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trio
 
 from reactor_fabric import ContainerStartFailure
 from reactor_fabric.runtime.docker import DockerRuntime, engine_is_local
@@ -258,15 +261,33 @@ def test_a_dead_orchestrators_area_is_removed_and_a_live_ones_kept(
             area.close()
 
 
-def test_an_area_whose_sockets_would_not_fit_a_socket_address_is_refused(
+def test_an_area_deeper_than_a_socket_address_holds_still_gets_its_sockets(
     tmp_path: Path, helper: Path
 ) -> None:
+    # sockaddr_un holds 108 bytes; the area is bound through a descriptor of its own, and the
+    # container reaches its socket through a bind, by a short path.
     deep = tmp_path / ("d" * 60) / ("e" * 40)
-    with pytest.raises(StdioUnavailable) as caught:
-        StdioArea.open(
-            "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(deep)
-        )
-    assert caught.value.reason == "path_length"
+    area = StdioArea.open(
+        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(deep)
+    )
+    try:
+        pending = area.listen()
+        assert len(pending.path) > 108
+        assert stat.S_ISSOCK(os.stat(pending.path).st_mode)
+        assert stat.S_IMODE(os.stat(pending.path).st_mode) == 0o666
+        directory = os.open(os.path.dirname(pending.path), os.O_PATH | os.O_DIRECTORY)
+        try:
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(f"/proc/self/fd/{directory}/{os.path.basename(pending.path)}")
+                connection, _ = pending.listener.accept()
+                connection.close()
+        finally:
+            os.close(directory)
+        pending.close()
+        assert not os.path.exists(pending.path)
+    finally:
+        area.close()
+    assert not Path(area.root).exists()
 
 
 def test_two_areas_of_one_instance_are_apart(tmp_path: Path, helper: Path) -> None:
@@ -347,3 +368,37 @@ async def test_a_socket_that_cannot_take_its_connection_is_a_start_failure_not_a
     finally:
         client.close()
         listener.close()
+
+
+async def test_the_runtime_says_nothing_while_its_area_is_being_made_then_socket(
+    tmp_path: Path, helper: Path
+) -> None:
+    runtime = DockerRuntime(
+        base_url="unix:///var/run/docker.sock", stdio_parent=str(tmp_path), stdio_helper=str(helper)
+    )
+    opening = threading.Event()
+    go_on = threading.Event()
+    real_open = runtime._open_stdio_area
+
+    def slow_open(labels: dict[str, str]) -> StdioArea | None:
+        opening.set()
+        go_on.wait(10)
+        return real_open(labels)
+
+    runtime._open_stdio_area = slow_open  # type: ignore[method-assign]
+    spec = SimpleNamespace(labels={})
+    listening: list[PendingStdio | None] = []
+
+    async def first_start() -> None:
+        listening.append(await runtime._listen_for_stdio(spec))  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first_start)
+        await trio.to_thread.run_sync(opening.wait, 10)
+        assert runtime.stdio == ""  # not "attach": that would be a false alarm on /healthz
+        go_on.set()
+    assert runtime.stdio == "socket"
+    [pending] = listening
+    assert pending is not None
+    pending.close()
+    await runtime.close()
