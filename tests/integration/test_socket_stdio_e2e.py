@@ -110,13 +110,20 @@ async def test_a_container_whose_stdio_never_connects_is_refused_with_its_exit_a
     parent = tmp_path / "stdio"
     engine = DockerRuntime(stdio_parent=str(parent), stdio_helper=str(never))
     spec = _spec(probe_image)
+    refused: ContainerStartFailure | None = None
     try:
-        with trio.fail_after(60), pytest.raises(ContainerStartFailure) as caught:
-            await engine.spawn(spec)
+        with trio.fail_after(60):
+            try:
+                unexpected = await engine.spawn(spec)
+            except ContainerStartFailure as exc:
+                refused = exc
+            else:  # not refused: the test fails below, leaving nothing behind
+                await _remove_all(engine, [unexpected])
     finally:
         await engine.close()
-    assert caught.value.reason == "stdio_not_connected"
-    assert caught.value.to_jsonrpc_error()["data"]["exit_code"] == 70
+    assert refused is not None, "a container whose stdio never connected was handed out"
+    assert refused.reason == "stdio_not_connected"
+    assert refused.to_jsonrpc_error()["data"]["exit_code"] == 70
     assert not containers_of(docker_client, session=spec.labels[LABEL_SESSION])
     assert _area_files(parent) == []
 
