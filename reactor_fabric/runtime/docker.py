@@ -470,12 +470,7 @@ class DockerRuntime:
                     await trio.lowlevel.wait_readable(pending.listener)
                 try:
                     connection, _address = pending.listener.accept()
-                except OSError as exc:
-                    if not isinstance(exc, (BlockingIOError, ConnectionAbortedError)):
-                        raise ContainerStartFailure(
-                            f"the container's stdio socket failed: {exc}",
-                            reason="stdio_not_connected",
-                        ) from exc
+                except (BlockingIOError, ConnectionAbortedError):
                     # Nothing to take yet (or a connection that gave up): did it end?
                     ended = await self.exit_status(container_id)
                     if ended.exit_code is not None:
@@ -486,6 +481,11 @@ class DockerRuntime:
                             exit_code=ended.exit_code,
                         ) from None
                     continue
+                except OSError as exc:
+                    raise ContainerStartFailure(
+                        f"the container's stdio socket failed: {exc}",
+                        reason="stdio_not_connected",
+                    ) from exc
                 try:
                     connection.setblocking(False)
                     return LeanSocketStream(connection)
