@@ -200,11 +200,14 @@ class StdioArea:
         root = posixpath.join(parent, f"{instance_id}-{secrets.token_hex(4)}")
         try:
             os.mkdir(root, 0o700)
+        except OSError as exc:
+            raise StdioUnavailable(f"cannot make {root}: {exc}", reason="stdio_directory") from exc
+        try:
             area = cls(root)
         except OSError as exc:
             with contextlib.suppress(OSError):
-                os.rmdir(root)
-            raise StdioUnavailable(f"cannot make {root}: {exc}", reason="stdio_directory") from exc
+                os.rmdir(root)  # ours, just made, still empty
+            raise StdioUnavailable(f"cannot open {root}: {exc}", reason="stdio_directory") from exc
         if len(posixpath.join(area._bind_base, "999999999.sock")) > _MAX_SOCKET_PATH:
             area.close()  # no /proc, and too deep a path for a socket address
             raise StdioUnavailable(f"{root} is too long for a socket path", reason="path_length")
@@ -268,6 +271,15 @@ def _remove_area(root: str) -> None:
         log.warning("stdio_area_not_removed", extra={"directory": root, "detail": str(exc)})
 
 
+def _is_leftover(root: str, now: float) -> bool:
+    """A directory older than ORPHAN_AGE (one with no owner file is then not being made)."""
+    try:
+        found = os.lstat(root)
+    except OSError:
+        return False
+    return stat.S_ISDIR(found.st_mode) and now - found.st_mtime > ORPHAN_AGE
+
+
 def remove_stale_areas(parent: str, *, this_host: str, now: float | None = None) -> int:
     """Remove the areas of orchestrators on this host that are gone; how many.
 
@@ -280,17 +292,11 @@ def remove_stale_areas(parent: str, *, this_host: str, now: float | None = None)
         root = posixpath.join(parent, name)
         owner = read_owner_file(posixpath.join(root, _OWNER_FILE))
         if owner is None:
-            try:
-                found = os.lstat(root)
-            except OSError:
-                continue
-            if stat.S_ISDIR(found.st_mode) and now - found.st_mtime > ORPHAN_AGE:
-                _remove_area(root)
-                removed += 1
-                log.info("stdio_area_removed", extra={"directory": root, "detail": "no owner"})
-            continue
-        if owner_is_gone(owner, this_host=this_host):
+            stale, extra = _is_leftover(root, now), {"detail": "no owner"}
+        else:
+            stale, extra = owner_is_gone(owner, this_host=this_host), {}
+        if stale:
             _remove_area(root)
             removed += 1
-            log.info("stdio_area_removed", extra={"directory": root})
+            log.info("stdio_area_removed", extra={"directory": root, **extra})
     return removed
