@@ -44,8 +44,9 @@ from trio_websocket import open_websocket_url
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.mcp import HttpRpc, handshake  # the benchmark's own raw HTTP client
 
+from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER  # the working tree's build
+
 REPO = Path(__file__).resolve().parent.parent
-HELPER = REPO / "reactor_fabric" / "runtime" / "stdio_helper" / "fabric-stdio"
 IMAGE = "reactor-fabric/mcp-server-time:2026.10.19"
 START_TIMEOUT_S = 300.0  # the orchestrator starts slowly under valgrind
 STOP_TIMEOUT_S = 120.0
@@ -139,8 +140,8 @@ def count_instructions(
     env = dict(os.environ, PYTHONPATH=str(source), REACTOR_FABRIC_TOKEN=token)
     # A worktree has no built stdio helper (it is not in git): revisions that use one get the
     # working tree's (make images builds it), so their containers' stdio is what users get.
-    if HELPER.exists():
-        env.setdefault("REACTOR_FABRIC_STDIO_HELPER", str(HELPER))
+    if BUNDLED_HELPER.exists():
+        env.setdefault("REACTOR_FABRIC_STDIO_HELPER", str(BUNDLED_HELPER))
     command = [
         "valgrind",
         "--tool=callgrind",
