@@ -45,6 +45,13 @@ def _owner() -> dict[str, str]:
     return {**ALIVE, "reactor-fabric.owner-start": _own_start()}
 
 
+def _open(helper: Path, parent: Path, name: str = "inst") -> StdioArea:
+    """An area of a live orchestrator on host "here", with the test's program."""
+    return StdioArea.open(
+        name, owner=_owner(), this_host="here", helper=str(helper), parent=str(parent)
+    )
+
+
 @pytest.fixture
 def helper(tmp_path: Path) -> Path:
     program = tmp_path / "fabric-stdio-build"
@@ -167,9 +174,7 @@ def test_a_link_to_another_users_directory_is_refused(tmp_path: Path) -> None:
 
 
 def test_an_area_holds_our_program_and_its_owner(tmp_path: Path, helper: Path) -> None:
-    area = StdioArea.open(
-        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path / "p")
-    )
+    area = _open(helper, tmp_path / "p")
     try:
         assert stat.S_IMODE(os.stat(area.root).st_mode) == 0o700
         copied = Path(area.helper)
@@ -206,9 +211,7 @@ def test_the_program_can_come_from_the_environment(tmp_path: Path, helper: Path)
 
 
 def test_a_socket_takes_one_connection_and_none_once_closed(tmp_path: Path, helper: Path) -> None:
-    area = StdioArea.open(
-        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path / "p")
-    )
+    area = _open(helper, tmp_path / "p")
     try:
         pending = area.listen()
         assert stat.S_IMODE(os.stat(pending.path).st_mode) == 0o666
@@ -232,9 +235,7 @@ def test_a_dead_orchestrators_area_is_removed_and_a_live_ones_kept(
     tmp_path: Path, helper: Path
 ) -> None:
     parent = tmp_path / "p"
-    live = StdioArea.open(
-        "live", owner=_owner(), this_host="here", helper=str(helper), parent=str(parent)
-    )
+    live = _open(helper, parent, "live")
     dead = StdioArea.open(
         "dead",
         owner={**_owner(), "reactor-fabric.owner-start": "1"},  # that PID, another process
@@ -250,9 +251,7 @@ def test_a_dead_orchestrators_area_is_removed_and_a_live_ones_kept(
         helper=str(helper),
         parent=str(parent),
     )
-    fresh = StdioArea.open(
-        "fresh", owner=_owner(), this_host="here", helper=str(helper), parent=str(parent)
-    )
+    fresh = _open(helper, parent, "fresh")
     try:
         left = sorted(name.rpartition("-")[0] for name in os.listdir(parent))
         assert left == ["elsewhere", "fresh", "live"]
@@ -267,9 +266,7 @@ def test_an_area_deeper_than_a_socket_address_holds_still_gets_its_sockets(
     # sockaddr_un holds 108 bytes; the area is bound through a descriptor of its own, and the
     # container reaches its socket through a bind, by a short path.
     deep = tmp_path / ("d" * 60) / ("e" * 40)
-    area = StdioArea.open(
-        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(deep)
-    )
+    area = _open(helper, deep)
     try:
         pending = area.listen()
         assert len(pending.path) > 108
@@ -291,12 +288,7 @@ def test_an_area_deeper_than_a_socket_address_holds_still_gets_its_sockets(
 
 
 def test_two_areas_of_one_instance_are_apart(tmp_path: Path, helper: Path) -> None:
-    areas = [
-        StdioArea.open(
-            "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path)
-        )
-        for _ in range(2)
-    ]
+    areas = [_open(helper, tmp_path) for _ in range(2)]
     try:
         assert areas[0].root != areas[1].root
     finally:
@@ -309,9 +301,7 @@ def test_an_area_holding_a_directory_the_engine_made_for_a_missing_socket_is_rem
 ) -> None:
     # An engine (re)starting a container whose socket is gone makes the bind source as an
     # empty directory; closing the area must not leave it (and the area) behind.
-    area = StdioArea.open(
-        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path)
-    )
+    area = _open(helper, tmp_path)
     (Path(area.root) / "1.sock").mkdir()
     area.close()
     assert not Path(area.root).exists()
@@ -336,9 +326,7 @@ def test_a_leftover_of_an_earlier_run_does_not_keep_the_next_from_its_area(
     # What CI met: an area of the same instance name, left behind, made every later
     # runtime of that name fall back to the engine.
     (tmp_path / "inst" / "1.sock").mkdir(parents=True)
-    area = StdioArea.open(
-        "inst", owner=_owner(), this_host="here", helper=str(helper), parent=str(tmp_path)
-    )
+    area = _open(helper, tmp_path)
     try:
         assert Path(area.helper).exists()
     finally:
