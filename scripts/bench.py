@@ -2,7 +2,8 @@
 
 Usage::
 
-    .venv/bin/python scripts/bench.py [--smoke] [--only SECTIONS] [--out FILE] [--doc FILE]
+    .venv/bin/python scripts/bench.py [--smoke] [--only SECTIONS] [--pool-parts PARTS]
+                                      [--out FILE] [--doc FILE]
 
 Measures (definitions in docs/BENCHMARKS.md): cold start against ``docker run -i --rm``; the
 round trip of a small ``tools/call`` on a warm container directly (no relay), through
@@ -15,8 +16,10 @@ next to a live session). Parts 1 to 5 run on an orchestrator without a pool. Wri
 
 ``--smoke`` runs every part with tiny counts and no peers (about a minute), writes
 ``bench/tmp/results-smoke.json`` and leaves the docs alone: it exists so the harness cannot rot.
-The exit status is non-zero only when the harness itself could not measure one of our own
-systems (never because a figure is slow).
+``--only pool --pool-parts refill`` runs one part of the warm pool's section (here the refills
+next to a live session, about 4 minutes) for a trial of a change. The exit status is non-zero
+only when the harness itself could not measure one of our own systems (never because a figure
+is slow).
 
 Every container started here is removed in ``finally`` blocks: the floors' and peers' carry
 ``reactor-fabric.bench=1``, the orchestrator's carry its PID.
@@ -161,6 +164,7 @@ class Plan:
     pool_burst_warm: int
     pool_refill_calls: int
     pool_refill_repeats: int
+    pool_parts: tuple[str, ...] = ("cold_start", "burst", "refill")
     sections: tuple[str, ...] = (
         "cold_start",
         "relay_rtt",
@@ -832,26 +836,28 @@ class Harness:
         try:
             uid, gid = await trio.to_thread.run_sync(make_pool_project)
             owner = out["config"]["project_owner"] = f"{uid}:{gid}"
+            parts = self.plan.pool_parts
+            for part in {"cold_start", "burst", "refill"} - set(parts):
+                out[part] = {"error": "not run (--pool-parts)"}
             async with contextlib.AsyncExitStack() as both:
                 async with contextlib.AsyncExitStack() as cold_only:
                     # All three at once; the burst's pool fills during the cold-start part and
                     # stays idle (every sample waits for all of them to be quiet).
-                    systems = await self._pool_start(
-                        out,
-                        {
-                            "fresh": (both, {}),
-                            "pooled": (cold_only, warm),
-                            "pooled_burst": (both, burst_warm),
-                        },
-                    )
+                    wanted = {"fresh": (both, {}), "pooled_burst": (both, burst_warm)}
+                    if "cold_start" in parts:
+                        wanted["pooled"] = (cold_only, warm)
+                    systems = await self._pool_start(out, wanted)
                     say(f"waiting for the pools to fill: {warm}; for the burst: {burst_warm}")
                     await self._pool_quiet(systems)
-                    cold = await self._pool_cold(systems, cases, owner)
-                    out["cold_start"], out["cold_start_all"], out["pool_hits"] = cold
+                    if "cold_start" in parts:
+                        cold = await self._pool_cold(systems, cases, owner)
+                        out["cold_start"], out["cold_start_all"], out["pool_hits"] = cold
                 systems = {"pooled": systems["pooled_burst"], "fresh": systems["fresh"]}
                 await self._pool_quiet(systems)
-                out["burst"] = await self._pool_bursts(systems)
-                out["refill"] = await self._pool_refill(systems)
+                if "burst" in parts:
+                    out["burst"] = await self._pool_bursts(systems)
+                if "refill" in parts:
+                    out["refill"] = await self._pool_refill(systems)
         except (*FAILURES, RuntimeError, subprocess.SubprocessError) as exc:
             out["error"] = self.problem("pool", exc)["error"]
         finally:
@@ -2091,6 +2097,19 @@ def write_outputs(results: Json, out_path: Path, doc_path: Path | None) -> int:
     return 1 if results["harness_problems"] else 0
 
 
+def _chosen(
+    parser: argparse.ArgumentParser, what: str, given: str | None, known: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The names in the comma-separated ``given`` (all of ``known`` if not given)."""
+    if not given:
+        return known
+    chosen = tuple(name.strip() for name in given.split(",") if name.strip())
+    unknown = sorted(set(chosen) - set(known))
+    if unknown:
+        parser.error(f"unknown {what}(s): {', '.join(unknown)}")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Reactor-Fabric benchmarks (see docs/BENCHMARKS.md)."
@@ -2111,16 +2130,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}"
     )
+    parser.add_argument(
+        "--pool-parts",
+        help=f"comma-separated parts of the pool section to run, of: {', '.join(FULL.pool_parts)}",
+    )
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
-    partial = False
-    if args.only:
-        chosen = tuple(name.strip() for name in args.only.split(",") if name.strip())
-        unknown = sorted(set(chosen) - set(SECTIONS))
-        if unknown:
-            parser.error(f"unknown section(s): {', '.join(unknown)}")
-        plan = dataclasses.replace(plan, sections=chosen)
-        partial = set(chosen) != set(SECTIONS)
+    sections = _chosen(parser, "section", args.only, SECTIONS)
+    parts = _chosen(parser, "pool part", args.pool_parts, FULL.pool_parts)
+    plan = dataclasses.replace(plan, sections=sections, pool_parts=parts)
+    partial = set(sections) != set(SECTIONS) or set(parts) != set(FULL.pool_parts)
     if args.out:
         out = args.out
     elif args.smoke:

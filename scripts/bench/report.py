@@ -844,8 +844,45 @@ def _pool_refill(refill: Json) -> list[str]:
             f"{_range(change.get('answer_p50_us'), signed=True)}, P99 "
             f"{_range(change.get('answer_p99_us'), signed=True)}."
         )
+        if "answer_own_p99_us" in change:
+            lines.append(
+                "- Of that residency, the orchestrator's own share (less the time its thread "
+                "was ready to run while another process had the CPU; from its context "
+                "switches, same recording): "
+                + "; ".join(
+                    f"{phase}: request P50 "
+                    f"{_range(traced.get(phase, {}).get('request_own_p50_us'))}, P99 "
+                    f"{_range(traced.get(phase, {}).get('request_own_p99_us'))}, answer P50 "
+                    f"{_range(traced.get(phase, {}).get('answer_own_p50_us'))}, P99 "
+                    f"{_range(traced.get(phase, {}).get('answer_own_p99_us'))}, messages "
+                    "that waited for a CPU per repeat: request "
+                    f"{_range(traced.get(phase, {}).get('request_cpu_waits'))}, answer "
+                    f"{_range(traced.get(phase, {}).get('answer_cpu_waits'))} (who had it: "
+                    f"{_who(traced.get(phase, {}))})"
+                    for phase in ("quiet", "refilling")
+                )
+                + ". Refilling minus quiet, repeat by repeat: request P50 "
+                f"{_range(change.get('request_own_p50_us'), signed=True)}, P99 "
+                f"{_range(change.get('request_own_p99_us'), signed=True)}; answer P50 "
+                f"{_range(change.get('answer_own_p50_us'), signed=True)}, P99 "
+                f"{_range(change.get('answer_own_p99_us'), signed=True)}."
+            )
     lines.append("")
     return lines
+
+
+def _who(figures: Any) -> str:
+    """The processes that had the CPU a message waited for, over both paths, most first."""
+    if not isinstance(figures, dict):
+        return "—"
+    who: dict[str, int] = {}
+    for path in ("request", "answer"):
+        for comm, times in (figures.get(f"{path}_preemptors") or {}).items():
+            who[comm] = who.get(comm, 0) + times
+    if not who:
+        return "none"
+    ranked = sorted(who.items(), key=lambda item: -item[1])[:4]
+    return ", ".join(f"`{comm}` {times}" for comm, times in ranked)
 
 
 def _count(figure: Any) -> str:

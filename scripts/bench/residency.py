@@ -19,6 +19,17 @@ makes on the way (``epoll_ctl``, ``epoll_wait``), and any time the kernel gave i
 someone else meanwhile (which is what a refill could add). perf's tracepoints cost about a
 microsecond per syscall; the client's socket is told apart from the container's by being TCP.
 
+The same recording has the thread's context switches (``sched:sched_switch`` as it leaves the
+CPU, with its state and who came next; perf's switch records for when it is back), so each
+message's residency splits into:
+
+``own``            the residency less ``waited for a CPU``: on the CPU, or off it for a reason
+                   of the orchestrator's own (asleep on a lock, the GIL; a thread of its own
+                   given the CPU);
+``waited for a CPU``  runnable, but the CPU given to another process (the engine, ``runc``, a
+                   container's server): the machine's share, which a higher priority for the
+                   orchestrator takes back and no change to its code can.
+
 Needs ``perf`` (Debian: ``apt-get install linux-perf``) and root, or a
 ``kernel.perf_event_paranoid`` that allows tracepoints; without them the figure says why it
 is missing.
@@ -27,6 +38,7 @@ is missing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -37,6 +49,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -44,6 +57,7 @@ from .stats import Json, percentile, spread
 
 PERF_START_BOUND = 10.0
 PERF_STOP_BOUND = 30.0
+PERF_EVENTS = "raw_syscalls:sys_enter,raw_syscalls:sys_exit,sched:sched_switch"
 SYS_SENDTO, SYS_RECVFROM, SYS_FUTEX = 44, 45, 202
 # futex operations that wait (FUTEX_WAIT, FUTEX_WAIT_BITSET; the private flag masked off): the
 # event loop's thread blocked on a lock another thread of the process holds — the interpreter's
@@ -51,12 +65,71 @@ SYS_SENDTO, SYS_RECVFROM, SYS_FUTEX = 44, 45, 202
 FUTEX_WAITS = frozenset({0, 9})
 FUTEX_CMD_MASK = 0x7F
 
-_LINE = re.compile(
-    r"^\s*(?P<tid>\d+)\s+(?P<time>[\d.]+):\s+raw_syscalls:sys_(?P<kind>enter|exit):"
+_HEAD = r"^\s*(?P<tid>\d+)\s+(?P<time>[\d.]+):\s+"
+_SYSCALL = re.compile(
+    _HEAD + r"raw_syscalls:sys_(?P<kind>enter|exit):"
     r"\s+NR (?P<nr>\d+)(?: \((?P<fd>[0-9a-f]+), (?P<arg2>[0-9a-f]+)?| = (?P<ret>-?\d+))?"
 )
+# A thread leaving its CPU: its state (R: it could have run on, the CPU was taken from it) and
+# who got the CPU. A comm may hold spaces, hence the lazy match up to ``next_pid=``.
+_SWITCH_OUT = re.compile(
+    _HEAD + r"sched:sched_switch:.* prev_state=(?P<state>\S+) ==> "
+    r"next_comm=(?P<comm>.*?) next_pid=(?P<next>\d+) "
+)
+_SWITCH_IN = re.compile(_HEAD + r"PERF_RECORD_SWITCH IN\b")
+_ANY = re.compile(_HEAD)
 
-Event = tuple[str, int, float, int | None, int | None]
+
+@dataclass(frozen=True, slots=True)
+class Syscall:
+    """A syscall of the event loop's thread entered or left: the fd (first argument) it was
+    called with at enter, what it returned at exit; its second argument at enter."""
+
+    entering: bool
+    number: int
+    micros: float
+    value: int | None
+    second: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchedOut:
+    """The event loop's thread left its CPU; ``runnable``: taken from it (it could have run
+    on), not given up to sleep."""
+
+    micros: float
+    runnable: bool
+    next_tid: int
+    next_comm: str
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchedIn:
+    """The event loop's thread is back on a CPU."""
+
+    micros: float
+
+
+Event = Syscall | SwitchedOut | SwitchedIn
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One message through the event loop's thread: read on ``read_fd``, written on
+    ``write_fd``, ``micros`` between. ``cpu_wait``: µs of those it was runnable while a CPU ran
+    another process (``preemptors``: their comms); ``lock_wait``: it slept on a lock."""
+
+    read_fd: int
+    write_fd: int
+    micros: float
+    lock_wait: bool = False
+    cpu_wait: float = 0.0
+    preemptors: tuple[str, ...] = ()
+
+    @property
+    def own(self) -> float:
+        """The residency less the time another process had the CPU the thread was ready for."""
+        return self.micros - self.cpu_wait
 
 
 def unavailable() -> str | None:
@@ -65,11 +138,12 @@ def unavailable() -> str | None:
         return "perf is not installed (apt-get install linux-perf)"
     try:
         probe = subprocess.run(
-            ["perf", "record", "-q", "-e", "raw_syscalls:sys_enter", "-o", os.devnull, "true"],
+            ["perf", "record", "-q", "-e", PERF_EVENTS, "--switch-events", "-o", os.devnull,
+             "true"],
             capture_output=True,
             check=False,
             timeout=PERF_START_BOUND,
-        )
+        )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"perf cannot trace syscalls here: {exc}"
     if probe.returncode != 0:
@@ -97,62 +171,113 @@ class Trace:
                     self.sockets[int(entry.name)] = int(target[8:-1])
 
     def residency(self) -> Json:
-        """``{request_us, answer_us}``, each ``{n, p50, p90, p99, max}`` in microseconds, of
-        the busiest session's messages (others opened meanwhile, e.g. to take pooled
-        containers, are left out)."""
-        tcp = _tcp_inodes()
-        clients = {fd for fd, inode in self.sockets.items() if inode in tcp}
-        hops = list(_hops(self._events()))
-        inward = Counter((r, w) for r, w, _, _ in hops if r in clients and w not in clients)
-        if not inward:
-            return {"request_us": _figures([], 0), "answer_us": _figures([], 0)}
-        (client, container), _ = inward.most_common(1)[0]
-        out: Json = {}
-        for path, way in (("request_us", (client, container)), ("answer_us", (container, client))):
-            mine = [(us, waited) for r, w, us, waited in hops if (r, w) == way]
-            out[path] = _figures([us for us, _ in mine], sum(waited for _, waited in mine))
-        return out
-
-    def _events(self) -> Iterator[Event]:
-        """(enter or exit, syscall number, µs, the fd (first argument) it was called with at
-        enter / what it returned at exit, its second argument at enter) of the event loop's
-        thread."""
+        """``{request_us, answer_us}``, each :func:`_figures` in microseconds, of the busiest
+        session's messages (others opened meanwhile, e.g. to take pooled containers, are left
+        out)."""
         script = subprocess.run(
-            ["perf", "script", "-i", str(self.path), "-F", "tid,time,event,trace", "--ns"],
+            ["perf", "script", "-i", str(self.path), "-F", "tid,time,event,trace", "--ns",
+             "--show-switch-events"],
             capture_output=True,
             check=True,
             timeout=300,
-        )
-        for line in script.stdout.decode(errors="replace").splitlines():
-            match = _LINE.match(line)
-            if match is None or int(match["tid"]) != self.pid:
-                continue  # only the event loop's thread (its tid is the process id)
-            if match["fd"] is not None:
-                value: int | None = int(match["fd"], 16)
+        )  # fmt: skip
+        return messages(script.stdout.decode(errors="replace"), self.pid, self._client_fds())
+
+    def _client_fds(self) -> set[int]:
+        tcp = _tcp_inodes()
+        return {fd for fd, inode in self.sockets.items() if inode in tcp}
+
+
+def messages(script: str, pid: int, clients: set[int]) -> Json:
+    """The figures of :meth:`Trace.residency` from ``perf script``'s text (``script``) of a
+    recording of process ``pid``, whose TCP sockets (its clients') are the fds ``clients``."""
+    events, threads = parse(script, pid)
+    hops = list(_hops(events, threads))
+    inward = Counter((h.read_fd, h.write_fd) for h in hops)
+    inward = Counter(
+        {way: n for way, n in inward.items() if way[0] in clients and way[1] not in clients}
+    )
+    if not inward:
+        return {"request_us": _figures([]), "answer_us": _figures([])}
+    (client, container), _ = inward.most_common(1)[0]
+    return {
+        path: _figures([h for h in hops if (h.read_fd, h.write_fd) == way])
+        for path, way in (("request_us", (client, container)), ("answer_us", (container, client)))
+    }
+
+
+def parse(script: str, pid: int) -> tuple[list[Event], set[int]]:
+    """The events of the event loop's thread (its tid is the process id), and every thread of
+    the process the recording saw (``perf record -p`` records only those)."""
+    events: list[Event] = []
+    threads: set[int] = set()
+    for line in script.splitlines():
+        head = _ANY.match(line)
+        if head is None:
+            continue
+        tid = int(head["tid"])
+        threads.add(tid)
+        if tid != pid:
+            continue
+        micros = float(head["time"]) * 1e6
+        if (call := _SYSCALL.match(line)) is not None:
+            if call["fd"] is not None:
+                value: int | None = int(call["fd"], 16)
             else:
-                value = int(match["ret"]) if match["ret"] is not None else None
-            second = int(match["arg2"], 16) if match["arg2"] is not None else None
-            yield match["kind"], int(match["nr"]), float(match["time"]) * 1e6, value, second
+                value = int(call["ret"]) if call["ret"] is not None else None
+            second = int(call["arg2"], 16) if call["arg2"] is not None else None
+            events.append(Syscall(call["kind"] == "enter", int(call["nr"]), micros, value, second))
+        elif (out := _SWITCH_OUT.match(line)) is not None:
+            runnable = out["state"].startswith("R")
+            events.append(SwitchedOut(micros, runnable, int(out["next"]), out["comm"]))
+        elif _SWITCH_IN.match(line) is not None:
+            events.append(SwitchedIn(micros))
+    return events, threads
 
 
-def _hops(events: Iterator[Event]) -> Iterator[tuple[int, int, float, bool]]:
-    """(fd read, fd written, µs between, whether the thread waited on a lock between): each
-    read that returned bytes, to the next write begun, when no other read returned bytes
-    between (a read that found nothing, EAGAIN, is not where a message arrived)."""
+def _hops(events: list[Event], threads: set[int]) -> Iterator[Hop]:
+    """Each read that returned bytes, to the next write begun, when no other read returned
+    bytes between (a read that found nothing, EAGAIN, is not where a message arrived); with
+    what kept the thread off its CPU meanwhile. A thread cannot make a syscall while off its
+    CPU, so every time away that begins after a read has ended before the next write."""
     read_fd: int | None = None  # the fd of the read in progress
-    last_read: tuple[int, float] | None = None
-    waited = False
-    for kind, number, micros, value, second in events:
-        if kind == "enter":
-            if number == SYS_RECVFROM:
-                read_fd = value
-            elif number == SYS_SENDTO and value is not None and last_read is not None:
-                yield last_read[0], value, micros - last_read[1], waited
-                last_read = None
-            elif number == SYS_FUTEX and second is not None:
-                waited = waited or (second & FUTEX_CMD_MASK) in FUTEX_WAITS
-        elif number == SYS_RECVFROM and read_fd is not None and (value or 0) > 0:
-            last_read, waited = (read_fd, micros), False
+    hop: Hop | None = None  # the message in the thread, its residency not yet known
+    left: SwitchedOut | None = None  # the thread's last departure from its CPU, if not back
+    for event in events:
+        match event:
+            case Syscall(entering=True, number=number, value=value, second=second):
+                if number == SYS_RECVFROM:
+                    read_fd = value
+                elif number == SYS_SENDTO and value is not None and hop is not None:
+                    yield dataclasses.replace(hop, write_fd=value, micros=event.micros - hop.micros)
+                    hop = None
+                elif (
+                    number == SYS_FUTEX
+                    and second is not None
+                    and hop is not None
+                    and (second & FUTEX_CMD_MASK) in FUTEX_WAITS
+                ):
+                    hop = dataclasses.replace(hop, lock_wait=True)
+            case Syscall(entering=False, number=number, value=value):
+                if number == SYS_RECVFROM and read_fd is not None and (value or 0) > 0:
+                    hop = Hop(read_fd, -1, event.micros)  # micros: when it arrived, for now
+            case SwitchedOut():
+                left = event
+            case SwitchedIn():
+                # Away because another process had the CPU: the machine's share. Asleep (a
+                # lock), or the CPU given to a thread of ours: the orchestrator's own.
+                if (
+                    hop is not None
+                    and left is not None
+                    and left.runnable
+                    and left.next_tid not in threads
+                ):
+                    hop = dataclasses.replace(
+                        hop,
+                        cpu_wait=hop.cpu_wait + event.micros - left.micros,
+                        preemptors=(*hop.preemptors, left.next_comm),
+                    )
+                left = None
 
 
 def _tcp_inodes() -> set[int]:
@@ -166,15 +291,27 @@ def _tcp_inodes() -> set[int]:
     return inodes
 
 
-def _figures(micros: list[float], lock_waits: int) -> Json:
-    """Percentiles of the messages' residency, and ``lock_waits``: how many of them waited
-    on a lock (a futex) between their read and their write."""
-    if not micros:
+def _figures(hops: list[Hop]) -> Json:
+    """Percentiles of the messages' residency and of their ``own`` share; ``lock_waits``: how
+    many slept on a lock (a futex) between their read and their write; ``cpu_waits``: how
+    many waited for a CPU another process had, ``cpu_wait_us`` how long in all, and
+    ``preemptors`` who had it (comm → times)."""
+    if not hops:
         return {"error": "no message seen"}
+    return {
+        "n": len(hops),
+        "lock_waits": sum(1 for h in hops if h.lock_wait),
+        **_quantiles([h.micros for h in hops]),
+        "own": _quantiles([h.own for h in hops]),
+        "cpu_waits": sum(1 for h in hops if h.cpu_wait > 0),
+        "cpu_wait_us": round(sum(h.cpu_wait for h in hops), 1),
+        "preemptors": dict(Counter(c for h in hops for c in h.preemptors).most_common(5)),
+    }
+
+
+def _quantiles(micros: list[float]) -> Json:
     ordered = sorted(micros)
     return {
-        "n": len(ordered),
-        "lock_waits": lock_waits,
         "p50": round(percentile(ordered, 0.50), 1),
         "p90": round(percentile(ordered, 0.90), 1),
         "p99": round(percentile(ordered, 0.99), 1),
@@ -190,8 +327,8 @@ async def traced(pid: int) -> AsyncIterator[Trace]:
     trace = Trace(pid, directory / "perf.data")
     try:
         perf = await trio.lowlevel.open_process(
-            ["perf", "record", "-q", "-e", "raw_syscalls:sys_enter,raw_syscalls:sys_exit",
-             "-p", str(pid), "-o", str(trace.path)],
+            ["perf", "record", "-q", "-e", PERF_EVENTS, "--switch-events", "-p", str(pid),
+             "-o", str(trace.path)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -224,39 +361,60 @@ async def traced(pid: int) -> AsyncIterator[Trace]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+PATHS = ("request", "answer")
+QUANTILES = ("p50", "p99")
+
+
+def _figure(figures: Json, key: str, path: str, name: str, *, own: bool = False) -> Any:
+    """``figures[key][path + "_us"]`` (its ``own`` part if ``own``)``[name]``, or None."""
+    found = figures.get(key, {}).get(f"{path}_us", {})
+    return (found.get("own", {}) if own else found).get(name)
+
+
 def summary(per_repeat: list[dict[str, Json]]) -> Json:
     """Per key (a system or a phase): the median and spread over repeats of each path's P50
-    and P99, and the repeats themselves."""
+    and P99 (all of it and its own share), how many messages waited on a lock and for a CPU,
+    who had the CPU (over all repeats), and the repeats themselves."""
     keys = sorted({key for figures in per_repeat for key in figures})
     out: Json = {}
     for key in keys:
-        out[key] = {
-            f"{path}_{quantile}_us": spread(
-                [figures.get(key, {}).get(f"{path}_us", {}).get(quantile) for figures in per_repeat]
-            )
-            for path in ("request", "answer")
-            for quantile in ("p50", "p99")
-        }
-        for path in ("request", "answer"):
-            out[key][f"{path}_lock_waits"] = spread(
-                [
-                    figures.get(key, {}).get(f"{path}_us", {}).get("lock_waits")
-                    for figures in per_repeat
-                ]
-            )
+        figures: Json = {}
+        for path in PATHS:
+            for quantile in QUANTILES:
+                for own, name in (
+                    (False, f"{path}_{quantile}_us"),
+                    (True, f"{path}_own_{quantile}_us"),
+                ):
+                    figures[name] = spread(
+                        [_figure(f, key, path, quantile, own=own) for f in per_repeat]
+                    )
+            for count in ("lock_waits", "cpu_waits"):
+                figures[f"{path}_{count}"] = spread(
+                    [_figure(f, key, path, count) for f in per_repeat]
+                )
+            who: Counter[str] = Counter()
+            for f in per_repeat:
+                who.update(_figure(f, key, path, "preemptors") or {})
+            figures[f"{path}_preemptors"] = dict(who.most_common(5))
+        out[key] = figures
     out["per_repeat"] = per_repeat
     return out
 
 
 def differences(per_repeat: list[dict[str, Json]], *, minus: str, of: str) -> Json:
-    """Per path and quantile, the spread over repeats of ``of`` minus ``minus`` (µs)."""
+    """Per path and quantile, of all of the residency and of its own share: the spread over
+    repeats of ``of`` minus ``minus`` (µs)."""
     out: Json = {}
-    for path in ("request", "answer"):
-        for quantile in ("p50", "p99"):
-            values: list[float | None] = []
-            for figures in per_repeat:
-                a = figures.get(of, {}).get(f"{path}_us", {}).get(quantile)
-                b = figures.get(minus, {}).get(f"{path}_us", {}).get(quantile)
-                values.append(None if a is None or b is None else round(a - b, 1))
-            out[f"{path}_{quantile}_us"] = spread(values)
+    for path in PATHS:
+        for quantile in QUANTILES:
+            for own, name in (
+                (False, f"{path}_{quantile}_us"),
+                (True, f"{path}_own_{quantile}_us"),
+            ):
+                values: list[float | None] = []
+                for figures in per_repeat:
+                    a = _figure(figures, of, path, quantile, own=own)
+                    b = _figure(figures, minus, path, quantile, own=own)
+                    values.append(None if a is None or b is None else round(a - b, 1))
+                out[name] = spread(values)
     return out
