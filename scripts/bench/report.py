@@ -867,6 +867,25 @@ def _pool_refill(refill: Json) -> list[str]:
                 f"{_range(change.get('answer_own_p50_us'), signed=True)}, P99 "
                 f"{_range(change.get('answer_own_p99_us'), signed=True)}."
             )
+        if "answer_wake_p99_us" in change:
+            lines.append(
+                "- Before each message, outside its residency: the event loop's wait for a CPU "
+                "from its wake-up (asleep until the message came) to its return to a CPU "
+                "(µs, machine-wide wake-ups in the same run): "
+                + "; ".join(
+                    f"{phase}: request P50 "
+                    f"{_range(traced.get(phase, {}).get('request_wake_p50_us'))}, P99 "
+                    f"{_range(traced.get(phase, {}).get('request_wake_p99_us'))}, answer P50 "
+                    f"{_range(traced.get(phase, {}).get('answer_wake_p50_us'))}, P99 "
+                    f"{_range(traced.get(phase, {}).get('answer_wake_p99_us'))}"
+                    for phase in ("quiet", "refilling")
+                )
+                + ". Refilling minus quiet, repeat by repeat: request P50 "
+                f"{_range(change.get('request_wake_p50_us'), signed=True)}, P99 "
+                f"{_range(change.get('request_wake_p99_us'), signed=True)}; answer P50 "
+                f"{_range(change.get('answer_wake_p50_us'), signed=True)}, P99 "
+                f"{_range(change.get('answer_wake_p99_us'), signed=True)}."
+            )
     lines.append("")
     return lines
 

@@ -30,6 +30,11 @@ message's residency splits into:
                    container's server): the machine's share, which a higher priority for the
                    orchestrator takes back and no change to its code can.
 
+And before each message, outside its residency, ``wake``: how long the thread, asleep until
+the message came, waited for a CPU once woken (``sched:sched_wakeup``, recorded machine-wide
+by a second ``perf``, since a wake-up happens in its waker's context) — the other place a busy
+machine adds to a relayed call, once per hop.
+
 Needs ``perf`` (Debian: ``apt-get install linux-perf``) and root, or a
 ``kernel.perf_event_paranoid`` that allows tracepoints; without them the figure says why it
 is missing.
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import os
 import re
 import shutil
@@ -77,6 +83,7 @@ _SWITCH_OUT = re.compile(
     r"next_comm=(?P<comm>.*?) next_pid=(?P<next>\d+) "
 )
 _SWITCH_IN = re.compile(_HEAD + r"PERF_RECORD_SWITCH IN\b")
+_WAKEUP = re.compile(_HEAD + r"sched:sched_wakeup: comm=.*? pid=(?P<woken>\d+) prio=")
 _ANY = re.compile(_HEAD)
 
 
@@ -104,13 +111,20 @@ class SwitchedOut:
 
 
 @dataclass(frozen=True, slots=True)
+class Woken:
+    """The event loop's thread was woken (made runnable, not yet on a CPU)."""
+
+    micros: float
+
+
+@dataclass(frozen=True, slots=True)
 class SwitchedIn:
     """The event loop's thread is back on a CPU."""
 
     micros: float
 
 
-Event = Syscall | SwitchedOut | SwitchedIn
+Event = Syscall | SwitchedOut | Woken | SwitchedIn
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +139,9 @@ class Hop:
     lock_wait: bool = False
     cpu_wait: float = 0.0
     preemptors: tuple[str, ...] = ()
+    # Before the read, not part of ``micros``: from the wake-up of the thread, asleep waiting
+    # for something to happen (the message), to its return to a CPU.
+    wake_wait: float = 0.0
 
     @property
     def own(self) -> float:
@@ -136,18 +153,21 @@ def unavailable() -> str | None:
     """Why syscalls cannot be traced here (None: they can)."""
     if shutil.which("perf") is None:
         return "perf is not installed (apt-get install linux-perf)"
-    try:
-        probe = subprocess.run(
-            ["perf", "record", "-q", "-e", PERF_EVENTS, "--switch-events", "-o", os.devnull,
-             "true"],
-            capture_output=True,
-            check=False,
-            timeout=PERF_START_BOUND,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"perf cannot trace syscalls here: {exc}"
-    if probe.returncode != 0:
-        return "perf cannot trace syscalls here: " + probe.stderr.decode(errors="replace")[:200]
+    for what in (
+        ["-e", PERF_EVENTS, "--switch-events"],
+        ["-a", "-e", "sched:sched_wakeup"],  # the whole machine's: root, or a low paranoia
+    ):
+        try:
+            probe = subprocess.run(
+                ["perf", "record", "-q", *what, "-o", os.devnull, "true"],
+                capture_output=True,
+                check=False,
+                timeout=PERF_START_BOUND,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"perf cannot trace syscalls here: {exc}"
+        if probe.returncode != 0:
+            return "perf cannot trace here: " + probe.stderr.decode(errors="replace")[:200]
     return None
 
 
@@ -156,7 +176,8 @@ class Trace:
     """The syscalls of one recording, and where they came from."""
 
     pid: int
-    path: Path
+    path: Path  # the process's syscalls and context switches
+    wakeups: Path  # the machine's wake-ups
     # fd → socket inode of the orchestrator's sockets, read while the session is still open.
     sockets: dict[int, int] = field(default_factory=dict)
     figures: Json = field(default_factory=dict)  # residency(), once the recording ended
@@ -174,24 +195,30 @@ class Trace:
         """``{request_us, answer_us}``, each :func:`_figures` in microseconds, of the busiest
         session's messages (others opened meanwhile, e.g. to take pooled containers, are left
         out)."""
-        script = subprocess.run(
-            ["perf", "script", "-i", str(self.path), "-F", "tid,time,event,trace", "--ns",
-             "--show-switch-events"],
-            capture_output=True,
-            check=True,
-            timeout=300,
-        )  # fmt: skip
-        return messages(script.stdout.decode(errors="replace"), self.pid, self._client_fds())
+        script = _script(self.path, "--show-switch-events")
+        return messages(script, self.pid, self._client_fds(), _script(self.wakeups))
 
     def _client_fds(self) -> set[int]:
         tcp = _tcp_inodes()
         return {fd for fd, inode in self.sockets.items() if inode in tcp}
 
 
-def messages(script: str, pid: int, clients: set[int]) -> Json:
+def _script(path: Path, *options: str) -> str:
+    done = subprocess.run(
+        ["perf", "script", "-i", str(path), "-F", "tid,time,event,trace", "--ns", *options],
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
+    return done.stdout.decode(errors="replace")
+
+
+def messages(script: str, pid: int, clients: set[int], wakeups: str = "") -> Json:
     """The figures of :meth:`Trace.residency` from ``perf script``'s text (``script``) of a
-    recording of process ``pid``, whose TCP sockets (its clients') are the fds ``clients``."""
+    recording of process ``pid``, whose TCP sockets (its clients') are the fds ``clients``,
+    and of the machine's wake-ups meanwhile (``wakeups``)."""
     events, threads = parse(script, pid)
+    events = list(heapq.merge(events, woken(wakeups, pid), key=lambda event: event.micros))
     hops = list(_hops(events, threads))
     inward = Counter((h.read_fd, h.write_fd) for h in hops)
     inward = Counter(
@@ -235,49 +262,93 @@ def parse(script: str, pid: int) -> tuple[list[Event], set[int]]:
     return events, threads
 
 
+def woken(script: str, tid: int) -> list[Woken]:
+    """The wake-ups of thread ``tid`` in ``perf script``'s text of ``sched:sched_wakeup``."""
+    found: list[Woken] = []
+    for line in script.splitlines():
+        wakeup = _WAKEUP.match(line)
+        if wakeup is not None and int(wakeup["woken"]) == tid:
+            found.append(Woken(float(wakeup["time"]) * 1e6))
+    return found
+
+
 def _hops(events: list[Event], threads: set[int]) -> Iterator[Hop]:
     """Each read that returned bytes, to the next write begun, when no other read returned
     bytes between (a read that found nothing, EAGAIN, is not where a message arrived); with
     what kept the thread off its CPU meanwhile. A thread cannot make a syscall while off its
     CPU, so every time away that begins after a read has ended before the next write."""
+    walk = _Walk(threads)
+    for event in events:
+        match event:
+            case Syscall(entering=True):
+                if (hop := walk.entered(event)) is not None:
+                    yield hop
+            case Syscall(entering=False):
+                walk.left_syscall(event)
+            case SwitchedOut():
+                walk.left, walk.woke = event, None
+            case Woken():
+                if walk.left is not None and not walk.left.runnable and walk.woke is None:
+                    walk.woke = event.micros
+            case SwitchedIn():
+                walk.back(event)
+
+
+@dataclass
+class _Walk:
+    """Where :func:`_hops` is in the event loop thread's events."""
+
+    threads: set[int]  # the process's threads
     read_fd: int | None = None  # the fd of the read in progress
     hop: Hop | None = None  # the message in the thread, its residency not yet known
     left: SwitchedOut | None = None  # the thread's last departure from its CPU, if not back
-    for event in events:
-        match event:
-            case Syscall(entering=True, number=number, value=value, second=second):
-                if number == SYS_RECVFROM:
-                    read_fd = value
-                elif number == SYS_SENDTO and value is not None and hop is not None:
-                    yield dataclasses.replace(hop, write_fd=value, micros=event.micros - hop.micros)
-                    hop = None
-                elif (
-                    number == SYS_FUTEX
-                    and second is not None
-                    and hop is not None
-                    and (second & FUTEX_CMD_MASK) in FUTEX_WAITS
-                ):
-                    hop = dataclasses.replace(hop, lock_wait=True)
-            case Syscall(entering=False, number=number, value=value):
-                if number == SYS_RECVFROM and read_fd is not None and (value or 0) > 0:
-                    hop = Hop(read_fd, -1, event.micros)  # micros: when it arrived, for now
-            case SwitchedOut():
-                left = event
-            case SwitchedIn():
-                # Away because another process had the CPU: the machine's share. Asleep (a
-                # lock), or the CPU given to a thread of ours: the orchestrator's own.
-                if (
-                    hop is not None
-                    and left is not None
-                    and left.runnable
-                    and left.next_tid not in threads
-                ):
-                    hop = dataclasses.replace(
-                        hop,
-                        cpu_wait=hop.cpu_wait + event.micros - left.micros,
-                        preemptors=(*hop.preemptors, left.next_comm),
-                    )
-                left = None
+    woke: float | None = None  # when the thread, asleep, was woken (not yet back on a CPU)
+    wake_wait: float = 0.0  # its last wait for a CPU once woken, for the next message
+
+    def entered(self, call: Syscall) -> Hop | None:
+        """A syscall begun; the message, if it is the write that ends one."""
+        if call.number == SYS_RECVFROM:
+            self.read_fd = call.value
+        elif call.number == SYS_SENDTO and call.value is not None and self.hop is not None:
+            done = dataclasses.replace(
+                self.hop, write_fd=call.value, micros=call.micros - self.hop.micros
+            )
+            self.hop, self.wake_wait = None, 0.0
+            return done
+        elif (
+            call.number == SYS_FUTEX
+            and call.second is not None
+            and self.hop is not None
+            and (call.second & FUTEX_CMD_MASK) in FUTEX_WAITS
+        ):
+            self.hop = dataclasses.replace(self.hop, lock_wait=True)
+        return None
+
+    def left_syscall(self, call: Syscall) -> None:
+        if call.number == SYS_RECVFROM and self.read_fd is not None and (call.value or 0) > 0:
+            # A message arrived; its ``micros`` is when, until its write.
+            self.hop = Hop(self.read_fd, -1, call.micros, wake_wait=self.wake_wait)
+            self.wake_wait = 0.0
+
+    def back(self, event: SwitchedIn) -> None:
+        """The thread is on a CPU again."""
+        if self.woke is not None:
+            self.wake_wait, self.woke = event.micros - self.woke, None
+        # Away because another process had the CPU: the machine's share. Asleep (a lock), or
+        # the CPU given to a thread of ours: the orchestrator's own.
+        left = self.left
+        if (
+            self.hop is not None
+            and left is not None
+            and left.runnable
+            and left.next_tid not in self.threads
+        ):
+            self.hop = dataclasses.replace(
+                self.hop,
+                cpu_wait=self.hop.cpu_wait + event.micros - left.micros,
+                preemptors=(*self.hop.preemptors, left.next_comm),
+            )
+        self.left = None
 
 
 def _tcp_inodes() -> set[int]:
@@ -303,6 +374,7 @@ def _figures(hops: list[Hop]) -> Json:
         "lock_waits": sum(1 for h in hops if h.lock_wait),
         **_quantiles([h.micros for h in hops]),
         "own": _quantiles([h.own for h in hops]),
+        "wake": _quantiles([h.wake_wait for h in hops]),
         "cpu_waits": sum(1 for h in hops if h.cpu_wait > 0),
         "cpu_wait_us": round(sum(h.cpu_wait for h in hops), 1),
         "preemptors": dict(Counter(c for h in hops for c in h.preemptors).most_common(5)),
@@ -321,33 +393,24 @@ def _quantiles(micros: list[float]) -> Json:
 
 @contextlib.asynccontextmanager
 async def traced(pid: int) -> AsyncIterator[Trace]:
-    """Record ``pid``'s syscalls while the body runs (with the session already open: its
-    sockets are looked up as the body ends); the figures are in ``trace.figures`` after it."""
+    """Record ``pid``'s syscalls and context switches, and every wake-up on the machine, while
+    the body runs (with the session already open: its sockets are looked up as the body ends);
+    the figures are in ``trace.figures`` after it."""
     directory = Path(tempfile.mkdtemp(prefix="bench-residency-"))
-    trace = Trace(pid, directory / "perf.data")
+    trace = Trace(pid, directory / "perf.data", directory / "wakeups.data")
     try:
-        perf = await trio.lowlevel.open_process(
-            ["perf", "record", "-q", "-e", PERF_EVENTS, "--switch-events", "-p", str(pid),
-             "-o", str(trace.path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            with trio.fail_after(PERF_START_BOUND):
-                while not (trace.path.exists() and trace.path.stat().st_size > 0):
-                    if perf.poll() is not None:
-                        raise RuntimeError(f"perf record ended at once ({perf.returncode})")
-                    await trio.sleep(0.05)
-            await trio.sleep(0.2)  # attached to every thread
+        async with (
+            # A wake-up is recorded in its waker's context (another process, the kernel), so
+            # not by ``-p``: the whole machine's, the thread's picked out when read. Started
+            # first: perf's file is begun before every CPU records, and the next one's settling
+            # time covers that.
+            _recording(["-a", "-e", "sched:sched_wakeup"], trace.wakeups, settle=0.0),
+            _recording(
+                ["-e", PERF_EVENTS, "--switch-events", "-p", str(pid)], trace.path, settle=0.2
+            ),
+        ):
             yield trace
             trace.note_sockets()
-        finally:
-            with trio.move_on_after(PERF_STOP_BOUND) as stopping, trio.CancelScope(shield=True):
-                if perf.poll() is None:
-                    perf.send_signal(signal.SIGINT)
-                await perf.wait()
-            if stopping.cancelled_caught:
-                perf.kill()
         try:
             trace.figures = await trio.to_thread.run_sync(trace.residency)
         except (subprocess.SubprocessError, OSError) as exc:
@@ -361,32 +424,64 @@ async def traced(pid: int) -> AsyncIterator[Trace]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def _recording(what: list[str], path: Path, *, settle: float) -> AsyncIterator[None]:
+    """``perf record`` of ``what`` into ``path`` while the body runs (started: its file begun,
+    then ``settle`` s more, e.g. to attach to every thread); stopped as ``perf`` is, by SIGINT,
+    within PERF_STOP_BOUND."""
+    perf = await trio.lowlevel.open_process(
+        ["perf", "record", "-q", *what, "-o", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with trio.fail_after(PERF_START_BOUND):
+            while not (await trio.Path(path).exists() and (await trio.Path(path).stat()).st_size):
+                if perf.poll() is not None:
+                    raise RuntimeError(f"perf record ended at once ({perf.returncode})")
+                await trio.sleep(0.05)
+        await trio.sleep(settle)
+        yield
+    finally:
+        with trio.move_on_after(PERF_STOP_BOUND) as stopping, trio.CancelScope(shield=True):
+            if perf.poll() is None:
+                perf.send_signal(signal.SIGINT)
+            await perf.wait()
+        if stopping.cancelled_caught:
+            perf.kill()
+
+
 PATHS = ("request", "answer")
 QUANTILES = ("p50", "p99")
+# The figures of a path with quantiles: all of the residency (""), its own share, and the wait
+# for a CPU once woken before it (not part of the residency).
+PARTS = ("", "own", "wake")
 
 
-def _figure(figures: Json, key: str, path: str, name: str, *, own: bool = False) -> Any:
-    """``figures[key][path + "_us"]`` (its ``own`` part if ``own``)``[name]``, or None."""
+def _figure(figures: Json, key: str, path: str, name: str, part: str = "") -> Any:
+    """``figures[key][path + "_us"]`` (its ``part`` if given)``[name]``, or None."""
     found = figures.get(key, {}).get(f"{path}_us", {})
-    return (found.get("own", {}) if own else found).get(name)
+    return (found.get(part, {}) if part else found).get(name)
+
+
+def _name(path: str, part: str, quantile: str) -> str:
+    """``request_p99_us``, ``request_own_p99_us``, ``request_wake_p99_us``…"""
+    return "_".join(word for word in (path, part, quantile, "us") if word)
 
 
 def summary(per_repeat: list[dict[str, Json]]) -> Json:
     """Per key (a system or a phase): the median and spread over repeats of each path's P50
-    and P99 (all of it and its own share), how many messages waited on a lock and for a CPU,
-    who had the CPU (over all repeats), and the repeats themselves."""
+    and P99 (of each of PARTS), how many messages waited on a lock and for a CPU, who had the
+    CPU (over all repeats), and the repeats themselves."""
     keys = sorted({key for figures in per_repeat for key in figures})
     out: Json = {}
     for key in keys:
         figures: Json = {}
         for path in PATHS:
             for quantile in QUANTILES:
-                for own, name in (
-                    (False, f"{path}_{quantile}_us"),
-                    (True, f"{path}_own_{quantile}_us"),
-                ):
-                    figures[name] = spread(
-                        [_figure(f, key, path, quantile, own=own) for f in per_repeat]
+                for part in PARTS:
+                    figures[_name(path, part, quantile)] = spread(
+                        [_figure(f, key, path, quantile, part) for f in per_repeat]
                     )
             for count in ("lock_waits", "cpu_waits"):
                 figures[f"{path}_{count}"] = spread(
@@ -402,19 +497,16 @@ def summary(per_repeat: list[dict[str, Json]]) -> Json:
 
 
 def differences(per_repeat: list[dict[str, Json]], *, minus: str, of: str) -> Json:
-    """Per path and quantile, of all of the residency and of its own share: the spread over
-    repeats of ``of`` minus ``minus`` (µs)."""
+    """Per path, quantile and part (PARTS): the spread over repeats of ``of`` minus ``minus``
+    (µs)."""
     out: Json = {}
     for path in PATHS:
         for quantile in QUANTILES:
-            for own, name in (
-                (False, f"{path}_{quantile}_us"),
-                (True, f"{path}_own_{quantile}_us"),
-            ):
+            for part in PARTS:
                 values: list[float | None] = []
                 for figures in per_repeat:
-                    a = _figure(figures, of, path, quantile, own=own)
-                    b = _figure(figures, minus, path, quantile, own=own)
+                    a = _figure(figures, of, path, quantile, part)
+                    b = _figure(figures, minus, path, quantile, part)
                     values.append(None if a is None or b is None else round(a - b, 1))
-                out[name] = spread(values)
+                out[_name(path, part, quantile)] = spread(values)
     return out

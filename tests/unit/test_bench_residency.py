@@ -66,10 +66,18 @@ def request(arrives: float, *extra: list[str], leaves: float) -> list[str]:
     return lines + write(leaves, CONTAINER_FD)
 
 
-def figures(*parts: list[str]) -> dict[str, object]:
+def woken(micros: float, tid: int = LOOP, by: int = DOCKERD) -> str:
+    """A wake-up, as the machine-wide recording has it (in its waker's context)."""
+    return (
+        f"{by:>6} {_at(micros)}: sched:sched_wakeup: comm=python3 pid={tid} prio=120 target_cpu=001"
+    )
+
+
+def figures(*parts: list[str], wakeups: tuple[str, ...] = ()) -> dict[str, object]:
     script = "\n".join(line for part in parts for line in part)
-    found: dict[str, object] = residency.messages(script, LOOP, {CLIENT_FD})["request_us"]
-    return found
+    found = residency.messages(script, LOOP, {CLIENT_FD}, "\n".join(wakeups))
+    request: dict[str, object] = found["request_us"]
+    return request
 
 
 def test_a_message_the_machine_took_the_cpu_from_has_that_wait_taken_out_of_its_own_share() -> None:
@@ -128,6 +136,40 @@ def test_time_away_before_a_message_arrives_or_after_it_left_is_not_counted() ->
     assert found["p50"] == 100.0
     assert found["own"] == {"p50": 100.0, "p90": 100.0, "p99": 100.0, "max": 100.0}
     assert found["cpu_waits"] == 0
+
+
+def test_the_wait_for_a_cpu_once_woken_by_a_message_is_its_wake_wait_outside_its_residency() -> (
+    None
+):
+    found = figures(
+        worker_was_seen(),
+        away(500, 1000, state="S", to_comm="swapper/1", to_tid=0),
+        request(1010, leaves=1100),
+        wakeups=(woken(700), woken(750, tid=WORKER), woken(800, tid=DOCKERD)),
+    )
+    assert found["p50"] == 90.0
+    assert found["wake"] == {"p50": 300.0, "p90": 300.0, "p99": 300.0, "max": 300.0}
+    assert found["own"] == {"p50": 90.0, "p90": 90.0, "p99": 90.0, "max": 90.0}
+
+
+def test_a_wake_up_inside_one_message_is_not_the_next_messages_wake_wait() -> None:
+    script = "\n".join(
+        [
+            *worker_was_seen(),
+            *request(
+                1000,
+                [enter(1010, FUTEX, 0x7F00, 0x80)],
+                away(1020, 1520, state="S", to_comm="python3", to_tid=WORKER),
+                [leave(1521, FUTEX, 0)],
+                leaves=1600,
+            ),
+            *request(2000, leaves=2050),
+        ]
+    )
+    found = residency.messages(script, LOOP, {CLIENT_FD}, woken(1200))
+    assert found["request_us"]["n"] == 2
+    assert found["request_us"]["wake"]["max"] == 0.0
+    assert found["request_us"]["p99"] == 600.0  # the sleep on the lock is in the residency
 
 
 def test_a_preemptor_whose_name_has_spaces_is_named_whole() -> None:
