@@ -30,6 +30,7 @@ import trio
 
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._operator_cli import add_operator_commands, audit_command, open_audit, sessions_command
+from ._scheduling import shorten_slice
 from ._version import __version__
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
@@ -575,6 +576,15 @@ def _serve_fabric(fabric: Fabric, settings: ServeSettings, token: Token | None) 
     # P99 (docs/BENCHMARKS.md, the warm pool). A shorter interval bounds the wait; the cost is
     # more frequent hand-overs while two threads both compute, which is rare here.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    # Before trio starts its threads, which inherit it: see _scheduling.
+    cpu_slice = shorten_slice()
+    if cpu_slice.shortened:
+        log.info("cpu_slice_shortened", extra={"slice_us": (cpu_slice.ns or 0) / 1000})
+    else:
+        log.info(
+            "cpu_slice_unchanged",
+            extra={"reason": cpu_slice.reason, "slice_us": (cpu_slice.ns or 0) / 1000 or None},
+        )
     try:
         trio.run(_serve_until_signalled, fabric, settings, token)
     except OSError as exc:

@@ -787,7 +787,7 @@ def _pool_refill(refill: Json) -> list[str]:
     overhead = refill.get("overhead")
     if overhead:
         lines += [
-            "- The orchestrator's own share: its overhead (ours minus the direct socket, "
+            "- The orchestrator's overhead (ours minus the direct socket, "
             "interleaved call by call, repeat by repeat) quiet: P50 "
             f"{_range(overhead.get('quiet', {}).get('p50_ms'), signed=True)}, P99 "
             f"{_range(overhead.get('quiet', {}).get('p99_ms'), signed=True)} ms; refilling: P50 "
@@ -846,7 +846,7 @@ def _pool_refill(refill: Json) -> list[str]:
         )
         if "answer_own_p99_us" in change:
             lines.append(
-                "- Of that residency, the orchestrator's own share (less the time its thread "
+                "- Of that residency, the orchestrator's own time (less the time its thread "
                 "was ready to run while another process had the CPU; from its context "
                 "switches, same recording): "
                 + "; ".join(

@@ -363,7 +363,7 @@ def _tcp_inodes() -> set[int]:
 
 
 def _figures(hops: list[Hop]) -> Json:
-    """Percentiles of the messages' residency and of their ``own`` share; ``lock_waits``: how
+    """Percentiles of the messages' residency and of their ``own`` time; ``lock_waits``: how
     many slept on a lock (a futex) between their read and their write; ``cpu_waits``: how
     many waited for a CPU another process had, ``cpu_wait_us`` how long in all, and
     ``preemptors`` who had it (comm → times)."""
@@ -453,7 +453,7 @@ async def _recording(what: list[str], path: Path, *, settle: float) -> AsyncIter
 
 PATHS = ("request", "answer")
 QUANTILES = ("p50", "p99")
-# The figures of a path with quantiles: all of the residency (""), its own share, and the wait
+# The figures of a path with quantiles: all of the residency (""), its own time, and the wait
 # for a CPU once woken before it (not part of the residency).
 PARTS = ("", "own", "wake")
 

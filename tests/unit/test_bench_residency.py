@@ -1,6 +1,6 @@
 """The benchmark's residency figures (scripts/bench/residency.py) from ``perf script`` text.
 
-The split of a message's time in the orchestrator into its own share and the time another
+The split of a message's time in the orchestrator into its own time and the time another
 process had the CPU is what issue 13's refill question is judged by, so it is pinned here on
 hand-made recordings in perf's own line format (perf 6.1, ``-F tid,time,event,trace --ns
 --show-switch-events``).
