@@ -866,6 +866,7 @@ def _pool_refill(refill: Json) -> list[str]:
                 f"{_range(change.get('request_own_p99_us'), signed=True)}; answer P50 "
                 f"{_range(change.get('answer_own_p50_us'), signed=True)}, P99 "
                 f"{_range(change.get('answer_own_p99_us'), signed=True)}."
+                + _on_cpu_phrase(traced, change)
             )
         if "answer_wake_p99_us" in change:
             lines.append(
@@ -888,6 +889,27 @@ def _pool_refill(refill: Json) -> list[str]:
             )
     lines.append("")
     return lines
+
+
+def _on_cpu_phrase(traced: Json, change: Json) -> str:
+    """Of the own time, the part on a CPU, and how many messages were off it for a reason of
+    the orchestrator's own (a lock, a thread of its own)."""
+    if "answer_on_cpu_p99_us" not in change:
+        return ""
+    return (
+        " Of the own time, on a CPU, refilling minus quiet: request P50 "
+        f"{_range(change.get('request_on_cpu_p50_us'), signed=True)}, P99 "
+        f"{_range(change.get('request_on_cpu_p99_us'), signed=True)}; answer P50 "
+        f"{_range(change.get('answer_on_cpu_p50_us'), signed=True)}, P99 "
+        f"{_range(change.get('answer_on_cpu_p99_us'), signed=True)}; messages off their CPU "
+        "for a reason of the orchestrator's own (a lock, a thread of its own) per repeat: "
+        + "; ".join(
+            f"{phase} request {_range(traced.get(phase, {}).get('request_own_waits'))}, "
+            f"answer {_range(traced.get(phase, {}).get('answer_own_waits'))}"
+            for phase in ("quiet", "refilling")
+        )
+        + "."
+    )
 
 
 def _who(figures: Any) -> str:

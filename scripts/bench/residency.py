@@ -23,9 +23,9 @@ The same recording has the thread's context switches (``sched:sched_switch`` as 
 CPU, with its state and who came next; perf's switch records for when it is back), so each
 message's residency splits into:
 
-``own``            the residency less ``waited for a CPU``: on the CPU, or off it for a reason
-                   of the orchestrator's own (asleep on a lock, the GIL; a thread of its own
-                   given the CPU);
+``own``            the residency less ``waited for a CPU``: on the CPU (``on_cpu``), or off it
+                   for a reason of the orchestrator's own (asleep on a lock, the GIL; a thread
+                   of its own given the CPU);
 ``waited for a CPU``  runnable, but the CPU given to another process (the engine, ``runc``, a
                    container's server): the machine's share, which a higher priority for the
                    orchestrator takes back and no change to its code can.
@@ -139,6 +139,9 @@ class Hop:
     lock_wait: bool = False
     cpu_wait: float = 0.0
     preemptors: tuple[str, ...] = ()
+    # Off its CPU for a reason of the orchestrator's own: asleep (a lock), or the CPU given to
+    # a thread of its own.
+    own_wait: float = 0.0
     # Before the read, not part of ``micros``: from the wake-up of the thread, asleep waiting
     # for something to happen (the message), to its return to a CPU.
     wake_wait: float = 0.0
@@ -147,6 +150,11 @@ class Hop:
     def own(self) -> float:
         """The residency less the time another process had the CPU the thread was ready for."""
         return self.micros - self.cpu_wait
+
+    @property
+    def on_cpu(self) -> float:
+        """The part of the residency the thread was on a CPU."""
+        return self.micros - self.cpu_wait - self.own_wait
 
 
 def unavailable() -> str | None:
@@ -337,17 +345,16 @@ class _Walk:
         # Away because another process had the CPU: the machine's share. Asleep (a lock), or
         # the CPU given to a thread of ours: the orchestrator's own.
         left = self.left
-        if (
-            self.hop is not None
-            and left is not None
-            and left.runnable
-            and left.next_tid not in self.threads
-        ):
-            self.hop = dataclasses.replace(
-                self.hop,
-                cpu_wait=self.hop.cpu_wait + event.micros - left.micros,
-                preemptors=(*self.hop.preemptors, left.next_comm),
-            )
+        if self.hop is not None and left is not None:
+            away = event.micros - left.micros
+            if left.runnable and left.next_tid not in self.threads:
+                self.hop = dataclasses.replace(
+                    self.hop,
+                    cpu_wait=self.hop.cpu_wait + away,
+                    preemptors=(*self.hop.preemptors, left.next_comm),
+                )
+            else:
+                self.hop = dataclasses.replace(self.hop, own_wait=self.hop.own_wait + away)
         self.left = None
 
 
@@ -363,10 +370,11 @@ def _tcp_inodes() -> set[int]:
 
 
 def _figures(hops: list[Hop]) -> Json:
-    """Percentiles of the messages' residency and of their ``own`` time; ``lock_waits``: how
-    many slept on a lock (a futex) between their read and their write; ``cpu_waits``: how
-    many waited for a CPU another process had, ``cpu_wait_us`` how long in all, and
-    ``preemptors`` who had it (comm → times)."""
+    """Percentiles of the messages' residency, of their ``own`` time and of their time
+    ``on_cpu``; ``lock_waits``: how many slept on a lock (a futex) between their read and
+    their write; ``cpu_waits``: how many waited for a CPU another process had, ``cpu_wait_us``
+    how long in all, and ``preemptors`` who had it (comm → times); ``own_waits``: how many
+    were off their CPU for a reason of the orchestrator's own."""
     if not hops:
         return {"error": "no message seen"}
     return {
@@ -374,8 +382,10 @@ def _figures(hops: list[Hop]) -> Json:
         "lock_waits": sum(1 for h in hops if h.lock_wait),
         **_quantiles([h.micros for h in hops]),
         "own": _quantiles([h.own for h in hops]),
+        "on_cpu": _quantiles([h.on_cpu for h in hops]),
         "wake": _quantiles([h.wake_wait for h in hops]),
         "cpu_waits": sum(1 for h in hops if h.cpu_wait > 0),
+        "own_waits": sum(1 for h in hops if h.own_wait > 0),
         "cpu_wait_us": round(sum(h.cpu_wait for h in hops), 1),
         "preemptors": dict(Counter(c for h in hops for c in h.preemptors).most_common(5)),
     }
@@ -453,9 +463,9 @@ async def _recording(what: list[str], path: Path, *, settle: float) -> AsyncIter
 
 PATHS = ("request", "answer")
 QUANTILES = ("p50", "p99")
-# The figures of a path with quantiles: all of the residency (""), its own time, and the wait
-# for a CPU once woken before it (not part of the residency).
-PARTS = ("", "own", "wake")
+# The figures of a path with quantiles: all of the residency (""), its own time, the part of
+# it on a CPU, and the wait for a CPU once woken before it (not part of the residency).
+PARTS = ("", "own", "on_cpu", "wake")
 
 
 def _figure(figures: Json, key: str, path: str, name: str, part: str = "") -> Any:
@@ -483,7 +493,7 @@ def summary(per_repeat: list[dict[str, Json]]) -> Json:
                     figures[_name(path, part, quantile)] = spread(
                         [_figure(f, key, path, quantile, part) for f in per_repeat]
                     )
-            for count in ("lock_waits", "cpu_waits"):
+            for count in ("lock_waits", "cpu_waits", "own_waits"):
                 figures[f"{path}_{count}"] = spread(
                     [_figure(f, key, path, count) for f in per_repeat]
                 )

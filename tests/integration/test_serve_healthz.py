@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reactor_fabric._scheduling import SHORT_SLICE_NS, thread_slice
 from tests.integration.harness import REPO, Orchestrator, orchestrator
 
 
@@ -37,12 +38,21 @@ def test_the_orchestrator_on_port_0_prints_its_url_serves_healthz_and_exits_0_on
             with urllib.request.urlopen(healthz(running), timeout=30) as response:
                 body = json.loads(response.read())
         assert body.get("stdio") == "socket", running.logs()
+        # Every thread of the orchestrator (the event loop's and the workers trio made since)
+        # has the short CPU slice, on a kernel that has slices of a thread's choosing (one
+        # that reports a slice for this thread).
+        if thread_slice() is not None:
+            threads = list(Path(f"/proc/{running.process.pid}/task").iterdir())
+            assert len(threads) > 1
+            assert {thread_slice(int(t.name)) for t in threads} == {SHORT_SLICE_NS}
         # Without the token: up or not, nothing more.
         with urllib.request.urlopen(f"{running.http_url}/healthz", timeout=30) as response:
             assert json.loads(response.read()) == {"status": "ok"}
     events = [entry["event"] for entry in running.logs()]
     assert "serving" in events
     assert "shutting_down" in events
+    if thread_slice() is not None:
+        assert "cpu_slice_shortened" in events
 
 
 def test_healthz_is_503_when_the_docker_engine_is_unreachable(tmp_path: Path) -> None:

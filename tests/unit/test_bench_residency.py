@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -73,10 +74,10 @@ def woken(micros: float, tid: int = LOOP, by: int = DOCKERD) -> str:
     )
 
 
-def figures(*parts: list[str], wakeups: tuple[str, ...] = ()) -> dict[str, object]:
+def figures(*parts: list[str], wakeups: tuple[str, ...] = ()) -> dict[str, Any]:
     script = "\n".join(line for part in parts for line in part)
     found = residency.messages(script, LOOP, {CLIENT_FD}, "\n".join(wakeups))
-    request: dict[str, object] = found["request_us"]
+    request: dict[str, Any] = found["request_us"]
     return request
 
 
@@ -94,6 +95,8 @@ def test_a_message_the_machine_took_the_cpu_from_has_that_wait_taken_out_of_its_
     assert found["cpu_waits"] == 1
     assert found["cpu_wait_us"] == 500.0
     assert found["preemptors"] == {"dockerd": 1}
+    assert found["on_cpu"] == {"p50": 100.0, "p90": 100.0, "p99": 100.0, "max": 100.0}
+    assert found["own_waits"] == 0
 
 
 def test_a_message_a_thread_of_the_orchestrator_took_the_cpu_from_keeps_it_as_its_own() -> None:
@@ -108,6 +111,9 @@ def test_a_message_a_thread_of_the_orchestrator_took_the_cpu_from_keeps_it_as_it
     assert found["own"] == {"p50": 600.0, "p90": 600.0, "p99": 600.0, "max": 600.0}
     assert found["cpu_waits"] == 0
     assert found["preemptors"] == {}
+    # Of its own 600 µs, 500 were off the CPU (its thread had it), 100 on it.
+    assert found["own_waits"] == 1
+    assert found["on_cpu"] == {"p50": 100.0, "p90": 100.0, "p99": 100.0, "max": 100.0}
 
 
 def test_a_message_asleep_on_a_lock_keeps_the_sleep_as_its_own_and_counts_a_lock_wait() -> None:
@@ -124,6 +130,8 @@ def test_a_message_asleep_on_a_lock_keeps_the_sleep_as_its_own_and_counts_a_lock
     assert found["own"] == {"p50": 600.0, "p90": 600.0, "p99": 600.0, "max": 600.0}
     assert found["lock_waits"] == 1
     assert found["cpu_waits"] == 0
+    assert found["own_waits"] == 1
+    assert found["on_cpu"]["p50"] == 100.0
 
 
 def test_time_away_before_a_message_arrives_or_after_it_left_is_not_counted() -> None:

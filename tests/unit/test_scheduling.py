@@ -1,0 +1,114 @@
+"""The orchestrator's short CPU slice (reactor_fabric/_scheduling.py), on the real kernel.
+
+Each test works in a thread of its own, so the test runner's thread keeps the kernel's slice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+from reactor_fabric import _scheduling
+from reactor_fabric._scheduling import SHORT_SLICE_NS, Slice, shorten_slice, thread_slice
+
+T = TypeVar("T")
+
+
+needs_custom_slices = pytest.mark.skipif(
+    thread_slice() is None,
+    reason="the kernel reports no slice for a thread: custom slices need Linux 6.12 or later",
+)
+
+
+def in_a_thread(work: Callable[[], T]) -> T:
+    results: list[T] = []
+    thread = threading.Thread(target=lambda: results.append(work()))
+    thread.start()
+    thread.join(timeout=30)
+    assert results, "the thread did not finish"
+    return results[0]
+
+
+@needs_custom_slices
+def test_the_calling_thread_gets_the_short_slice_and_keeps_its_nice_value() -> None:
+    def work() -> tuple[int | None, Slice, int | None, int]:
+        before = thread_slice()
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 1)
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        outcome = shorten_slice()
+        assert os.getpriority(os.PRIO_PROCESS, 0) == nice
+        return before, outcome, thread_slice(), nice
+
+    before, outcome, after, _ = in_a_thread(work)
+    assert before is not None
+    assert before > SHORT_SLICE_NS  # the kernel's own: 0.7 ms times 1 + log2(CPUs)
+    assert outcome == Slice(SHORT_SLICE_NS, True)
+    assert after == SHORT_SLICE_NS
+    assert thread_slice() == before  # this thread is untouched
+
+
+@needs_custom_slices
+def test_threads_made_after_inherit_the_short_slice() -> None:
+    def work() -> int | None:
+        shorten_slice()
+        return in_a_thread(thread_slice)
+
+    assert in_a_thread(work) == SHORT_SLICE_NS
+
+
+@needs_custom_slices
+def test_another_threads_slice_is_read_by_its_id() -> None:
+    ready = threading.Event()
+    leave = threading.Event()
+    seen: list[int] = []
+
+    def hold() -> None:
+        shorten_slice()
+        seen.append(threading.get_native_id())
+        ready.set()
+        leave.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert ready.wait(30)
+        assert thread_slice(seen[0]) == SHORT_SLICE_NS
+        assert thread_slice() != SHORT_SLICE_NS
+    finally:
+        leave.set()
+        holder.join(30)
+
+
+@needs_custom_slices
+def test_a_thread_under_another_policy_is_left_alone_and_told_why() -> None:
+    def work() -> tuple[Slice, int]:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        return shorten_slice(), os.sched_getscheduler(0)
+
+    outcome, policy = in_a_thread(work)
+    assert policy == os.SCHED_BATCH
+    assert not outcome.shortened
+    assert "policy is 3" in outcome.reason
+
+
+def test_an_unknown_machine_keeps_the_kernels_slice_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("platform.machine", lambda: "riscv64")
+    outcome = shorten_slice()
+    assert outcome == Slice(None, False, f"not supported on {sys.platform} riscv64")
+    assert thread_slice() is None
+
+
+def test_a_kernel_that_ignores_the_slice_is_reported_as_before_6_12(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What Linux before 6.12 does: sched_setattr succeeds, sched_getattr's runtime stays 0.
+    monkeypatch.setattr(_scheduling, "_set", lambda slice_ns, *_: 0)
+    outcome = shorten_slice()
+    assert outcome == Slice(0, False, "the kernel keeps its own slice (Linux before 6.12)")
