@@ -71,6 +71,19 @@ def shorten_slice(slice_ns: int = SHORT_SLICE_NS) -> Slice:
     return Slice(applied, True)
 
 
+def thread_slice(tid: int = 0) -> int | None:
+    """The slice (ns) the kernel applies to thread ``tid`` (0: the calling one); None where it
+    cannot say (another OS, a kernel before 6.12: 0 there, which is no slice)."""
+    numbers = _SYSCALLS.get(platform.machine())
+    if not sys.platform.startswith("linux") or numbers is None:
+        return None
+    try:
+        runtime = _get(ctypes.CDLL(None, use_errno=True), numbers[1], tid)[1]
+    except (_Refused, OSError, AttributeError):
+        return None
+    return runtime or None
+
+
 class _Refused(Exception):
     def __init__(self, reason: str, ns: int | None = None) -> None:
         super().__init__(reason)
@@ -91,11 +104,11 @@ def _set(slice_ns: int, set_number: int, get_number: int) -> int:
     return _get(libc, get_number)[1]
 
 
-def _get(libc: ctypes.CDLL, number: int) -> tuple[int, int]:
-    """(policy, runtime: the slice in ns on Linux 6.12 and later, else 0) of the calling
-    thread."""
+def _get(libc: ctypes.CDLL, number: int, tid: int = 0) -> tuple[int, int]:
+    """(policy, runtime: the slice in ns on Linux 6.12 and later, else 0) of thread ``tid``
+    (0: the calling one)."""
     buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
-    if libc.syscall(number, 0, buffer, _SCHED_ATTR.size, 0) != 0:
+    if libc.syscall(number, tid, buffer, _SCHED_ATTR.size, 0) != 0:
         raise _Refused(f"sched_getattr: {os.strerror(ctypes.get_errno())}")
     _size, policy, _flags, _nice, _priority, runtime, _deadline, _period = _SCHED_ATTR.unpack(
         buffer.raw
