@@ -5,13 +5,16 @@ Why: the event loop sleeps until a message arrives, then needs a CPU for about 6
 it on. On a host with few cores, while containers start (the warm pool's refills, fresh
 sessions), ``dockerd``, ``containerd``, ``runc`` and the starting servers hold the CPUs, and
 the woken event loop waited up to milliseconds for one: measured on two cores, the P99 of
-that wait on the request's way grew from about 0.05 to 0.09 ms when quiet to 1.8 to 2.8 ms
-(docs/BENCHMARKS.md, the warm pool). Linux's fair scheduler (EEVDF) since 6.12 lets a thread
-choose a shorter slice (``sched_attr.sched_runtime`` with ``SCHED_OTHER``), and a woken
-thread whose slice is shorter than the running one's takes the CPU at once ("wakeup
-preemption"). That is the latency a relay wants, and it needs no privilege: the thread's
-weight (its share of the CPU over time) is unchanged, only how that share is cut up. A thread
-made later inherits the slice, so every thread of the orchestrator has it.
+that wait on the request's way grew from 0.04 to 0.08 ms when quiet to 1.8 to 3.3 ms while
+containers started (docs/BENCHMARKS.md, "Where a refill's cost to a live session goes"); with
+the short slice, its P50 fell by a third and its quiet P99 by half.
+
+Linux's fair scheduler (EEVDF) since 6.12 lets a thread choose a shorter slice
+(``sched_attr.sched_runtime`` with ``SCHED_OTHER``), and a woken thread whose slice is
+shorter than the running one's takes the CPU at once ("wakeup preemption"). That is the
+latency a relay wants, and it needs no privilege: the thread's weight (its share of the CPU
+over time) is unchanged, only how that share is cut up. A thread made later inherits the
+slice, so every thread of the orchestrator has it.
 
 Resource handling: none; one syscall on the calling thread.
 

@@ -27,8 +27,9 @@ message's residency splits into:
                    for a reason of the orchestrator's own (asleep on a lock, the GIL; a thread
                    of its own given the CPU);
 ``waited for a CPU``  runnable, but the CPU given to another process (the engine, ``runc``, a
-                   container's server): the machine's share, which a higher priority for the
-                   orchestrator takes back and no change to its code can.
+                   container's server): the machine's share, which no change to the
+                   orchestrator's code removes (a higher priority, or the short slice it asks
+                   for, reactor_fabric/_scheduling.py, shortens it).
 
 And before each message, outside its residency, ``wake``: how long the thread, asleep until
 the message came, waited for a CPU once woken (``sched:sched_wakeup``, recorded machine-wide
@@ -36,8 +37,8 @@ by a second ``perf``, since a wake-up happens in its waker's context) — the ot
 machine adds to a relayed call, once per hop.
 
 Needs ``perf`` (Debian: ``apt-get install linux-perf``) and root, or a
-``kernel.perf_event_paranoid`` that allows tracepoints; without them the figure says why it
-is missing.
+``kernel.perf_event_paranoid`` that allows tracepoints and machine-wide recording; without
+them the figure says why it is missing.
 """
 
 from __future__ import annotations
