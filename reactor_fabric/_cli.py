@@ -30,7 +30,7 @@ import trio
 
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._operator_cli import add_operator_commands, audit_command, open_audit, sessions_command
-from ._scheduling import shorten_slice
+from ._scheduling import Slice, shorten_slice
 from ._version import __version__
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
@@ -470,14 +470,17 @@ def _read_suite(path: str) -> Suite | int:
 
 
 def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int:
+    # First, before the orchestrator makes threads (the log writer is the first): they
+    # inherit it. Those a library made on import get it here.
+    cpu_slice = shorten_slice(whole_process=True)
     stop_logging = configure_logging(settings.log_level)
     try:
-        return _serve(settings, dict(os.environ if environ is None else environ))
+        return _serve(settings, dict(os.environ if environ is None else environ), cpu_slice)
     finally:
         stop_logging()  # writes what is still queued
 
 
-def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
+def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -> int:
     try:
         text = read_suite_file(settings.config)
     except SuiteUnreadable as exc:
@@ -559,7 +562,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         replica=settings.replica,
     )
     try:
-        return _serve_fabric(fabric, settings, token)
+        return _serve_fabric(fabric, settings, token, cpu_slice)
     finally:
         if audit is not None:
             audit.submit(
@@ -568,7 +571,19 @@ def _serve(settings: ServeSettings, environ: dict[str, str]) -> int:
         observer.close()
 
 
-def _serve_fabric(fabric: Fabric, settings: ServeSettings, token: Token | None) -> int:
+def _serve_fabric(
+    fabric: Fabric, settings: ServeSettings, token: Token | None, cpu_slice: Slice
+) -> int:
+    if cpu_slice.shortened:
+        log.info(
+            "cpu_slice_shortened",
+            extra={"slice_us": (cpu_slice.ns or 0) / 1000, "threads": cpu_slice.threads},
+        )
+    else:
+        log.info(
+            "cpu_slice_unchanged",
+            extra={"reason": cpu_slice.reason, "slice_us": (cpu_slice.ns or 0) / 1000 or None},
+        )
     # The event loop shares the GIL with worker threads (engine calls, the audit writer, the
     # log writer). A thread busy in Python keeps it until the switch interval ends: 5 ms by
     # default, which a relayed message then waits on top of its own time. Measured: with
@@ -576,15 +591,6 @@ def _serve_fabric(fabric: Fabric, settings: ServeSettings, token: Token | None) 
     # P99 (docs/BENCHMARKS.md, the warm pool). A shorter interval bounds the wait; the cost is
     # more frequent hand-overs while two threads both compute, which is rare here.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    # Before trio starts its threads, which inherit it: see _scheduling.
-    cpu_slice = shorten_slice()
-    if cpu_slice.shortened:
-        log.info("cpu_slice_shortened", extra={"slice_us": (cpu_slice.ns or 0) / 1000})
-    else:
-        log.info(
-            "cpu_slice_unchanged",
-            extra={"reason": cpu_slice.reason, "slice_us": (cpu_slice.ns or 0) / 1000 or None},
-        )
     try:
         trio.run(_serve_until_signalled, fabric, settings, token)
     except OSError as exc:

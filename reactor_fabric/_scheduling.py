@@ -14,7 +14,8 @@ Linux's fair scheduler (EEVDF) since 6.12 lets a thread choose a shorter slice
 shorter than the running one's takes the CPU at once ("wakeup preemption"). That is the
 latency a relay wants, and it needs no privilege: the thread's weight (its share of the CPU
 over time) is unchanged, only how that share is cut up. A thread made later inherits the
-slice, so every thread of the orchestrator has it.
+slice; the orchestrator asks for it for the threads it already has too (numpy's OpenBLAS
+starts one on import): every thread of it has the slice.
 
 Resource handling: none; one syscall on the calling thread.
 
@@ -25,11 +26,13 @@ thread keeps the kernel's slice and :func:`shorten_slice` says why.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 import struct
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Final
 
@@ -48,17 +51,21 @@ _SCHED_OTHER: Final = 0
 @dataclass(frozen=True)
 class Slice:
     """The calling thread's slice after :func:`shorten_slice`: ``ns`` as the kernel reports
-    it (None: unknown), ``shortened`` whether it is now the short one, ``reason`` why not."""
+    it (None: unknown), ``shortened`` whether it is now the short one, ``reason`` why not;
+    ``threads``: how many of the process's threads have it now."""
 
     ns: int | None
     shortened: bool
     reason: str = ""
+    threads: int = 0
 
 
-def shorten_slice(slice_ns: int = SHORT_SLICE_NS) -> Slice:
+def shorten_slice(slice_ns: int = SHORT_SLICE_NS, *, whole_process: bool = False) -> Slice:
     """Ask for a slice of ``slice_ns`` for the calling thread (and the threads it makes
     later), keeping its policy (``SCHED_OTHER`` only) and nice value; read back what the
-    kernel now applies."""
+    kernel now applies. ``whole_process``: for every other thread of the process too (those
+    a library started on import, such as numpy's OpenBLAS workers), each keeping its own nice
+    value; one that refuses, or has ended meanwhile, is left as it is."""
     numbers = _SYSCALLS.get(platform.machine())
     if not sys.platform.startswith("linux") or numbers is None:
         return Slice(None, False, f"not supported on {sys.platform} {platform.machine()}")
@@ -71,7 +78,22 @@ def shorten_slice(slice_ns: int = SHORT_SLICE_NS) -> Slice:
     if applied != slice_ns:
         # A kernel before 6.12 takes the call and ignores the runtime of a normal thread.
         return Slice(applied, False, "the kernel keeps its own slice (Linux before 6.12)")
-    return Slice(applied, True)
+    threads = 1
+    if whole_process:
+        me = threading.get_native_id()
+        for tid in _threads_of_this_process():
+            if tid != me:
+                with contextlib.suppress(_Refused, OSError):
+                    if _set(slice_ns, *numbers, tid=tid) == slice_ns:
+                        threads += 1
+    return Slice(applied, True, threads=threads)
+
+
+def _threads_of_this_process() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the calling thread only
+        return []
 
 
 def thread_slice(tid: int = 0) -> int | None:
@@ -93,18 +115,19 @@ class _Refused(Exception):
         self.reason, self.ns = reason, ns
 
 
-def _set(slice_ns: int, set_number: int, get_number: int) -> int:
-    """Set the calling thread's slice; the slice the kernel reports after."""
+def _set(slice_ns: int, set_number: int, get_number: int, tid: int = 0) -> int:
+    """Set thread ``tid``'s slice (0: the calling thread's); the slice the kernel reports
+    after."""
     libc = ctypes.CDLL(None, use_errno=True)
-    policy, runtime = _get(libc, get_number)
+    policy, runtime = _get(libc, get_number, tid)
     if policy != _SCHED_OTHER:
         raise _Refused(f"the thread's scheduling policy is {policy}, not normal", runtime)
-    nice = os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's, kept
+    nice = os.getpriority(os.PRIO_PROCESS, tid)  # the thread's own, kept
     attr = _SCHED_ATTR.pack(_SCHED_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0)
     buffer = ctypes.create_string_buffer(attr, _SCHED_ATTR.size)
-    if libc.syscall(set_number, 0, buffer, 0) != 0:
+    if libc.syscall(set_number, tid, buffer, 0) != 0:
         raise _Refused(f"sched_setattr: {os.strerror(ctypes.get_errno())}", runtime)
-    return _get(libc, get_number)[1]
+    return _get(libc, get_number, tid)[1]
 
 
 def _get(libc: ctypes.CDLL, number: int, tid: int = 0) -> tuple[int, int]:

@@ -60,8 +60,38 @@ def test_the_calling_thread_gets_the_short_slice_and_keeps_its_nice_value() -> N
     before, outcome, after, _ = in_a_thread(work)
     assert before is not None
     assert before > SHORT_SLICE_NS  # the kernel's own: 0.7 ms times 1 + log2(CPUs)
-    assert outcome == Slice(SHORT_SLICE_NS, True)
+    assert outcome == Slice(SHORT_SLICE_NS, True, threads=1)
     assert after == SHORT_SLICE_NS
+
+
+@needs_custom_slices
+def test_the_whole_process_gives_threads_made_before_the_short_slice_with_their_own_nice() -> None:
+    ready = threading.Event()
+    leave = threading.Event()
+    seen: dict[str, int] = {}
+
+    def earlier() -> None:  # like a library's worker, started before the orchestrator asks
+        seen["kernel's"] = kernels_slice()
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 2)
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+        seen["tid"] = threading.get_native_id()
+        ready.set()
+        leave.wait(30)
+        seen["nice after"] = os.getpriority(os.PRIO_PROCESS, 0)
+
+    worker = threading.Thread(target=earlier)
+    worker.start()
+    try:
+        assert ready.wait(30)
+        assert thread_slice(seen["tid"]) == seen["kernel's"] > SHORT_SLICE_NS
+        outcome = in_a_thread(lambda: shorten_slice(whole_process=True))
+        assert outcome.shortened
+        assert outcome.threads >= 3  # the caller, the worker, this test's thread at least
+        assert thread_slice(seen["tid"]) == SHORT_SLICE_NS
+    finally:
+        leave.set()
+        worker.join(30)
+    assert seen["nice after"] == seen["nice"]
 
 
 @needs_custom_slices
