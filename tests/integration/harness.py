@@ -212,7 +212,15 @@ def build_test_image(name: str) -> str:
     client = docker.from_env(version="auto", timeout=120)
     try:
         base = BUNDLED["mcp_services"]["time"]["image"]
-        client.images.build(path=str(TEST_IMAGES / name), tag=tag, buildargs={"BASE": base})
+        # rm/forcerm: the build's intermediate containers go too (docker-py keeps them by
+        # default, and each run of the tests left some on the engine).
+        client.images.build(
+            path=str(TEST_IMAGES / name),
+            tag=tag,
+            buildargs={"BASE": base},
+            rm=True,
+            forcerm=True,
+        )
     finally:
         client.close()
     return tag
