@@ -17,7 +17,7 @@ next to a live session). Parts 1 to 5 run on an orchestrator without a pool. Wri
 ``--smoke`` runs every part with tiny counts and no peers (about a minute), writes
 ``bench/tmp/results-smoke.json`` and leaves the docs alone: it exists so the harness cannot rot.
 ``--only pool --pool-parts refill`` runs one part of the warm pool's section (here the refills
-next to a live session, about 4 minutes) for a trial of a change. The exit status is non-zero
+next to a live session, about 70 seconds) for a trial of a change. The exit status is non-zero
 only when the harness itself could not measure one of our own systems (never because a figure
 is slow).
 
@@ -142,6 +142,8 @@ POOL_MARKER = "bench-marker.txt"  # untracked in the project: git status and a l
 # The owner of the mounted project when the harness runs as root: an ordinary user, as a
 # user's project would be (the orchestrator runs a server as the owner of its first mount).
 POOL_PROJECT_OWNER = (1000, 1000)
+# The parts of the pool section, in the order they run (--pool-parts picks some).
+POOL_PARTS = ("cold_start", "burst", "refill")
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ class Plan:
     pool_burst_warm: int
     pool_refill_calls: int
     pool_refill_repeats: int
-    pool_parts: tuple[str, ...] = ("cold_start", "burst", "refill")
+    pool_parts: tuple[str, ...] = POOL_PARTS
     sections: tuple[str, ...] = (
         "cold_start",
         "relay_rtt",
@@ -837,7 +839,7 @@ class Harness:
             uid, gid = await trio.to_thread.run_sync(make_pool_project)
             owner = out["config"]["project_owner"] = f"{uid}:{gid}"
             parts = self.plan.pool_parts
-            for part in {"cold_start", "burst", "refill"} - set(parts):
+            for part in set(POOL_PARTS) - set(parts):
                 out[part] = {"error": "not run (--pool-parts)"}
             async with contextlib.AsyncExitStack() as both:
                 async with contextlib.AsyncExitStack() as cold_only:
@@ -2132,14 +2134,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--pool-parts",
-        help=f"comma-separated parts of the pool section to run, of: {', '.join(FULL.pool_parts)}",
+        help=f"comma-separated parts of the pool section to run, of: {', '.join(POOL_PARTS)}",
     )
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
     sections = _chosen(parser, "section", args.only, SECTIONS)
-    parts = _chosen(parser, "pool part", args.pool_parts, FULL.pool_parts)
+    parts = _chosen(parser, "pool part", args.pool_parts, POOL_PARTS)
     plan = dataclasses.replace(plan, sections=sections, pool_parts=parts)
-    partial = set(sections) != set(SECTIONS) or set(parts) != set(FULL.pool_parts)
+    partial = set(sections) != set(SECTIONS) or set(parts) != set(POOL_PARTS)
     if args.out:
         out = args.out
     elif args.smoke:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .residency import figure_name
 from .stats import Json, measured
 
 BEGIN = "<!-- bench:begin -->"
@@ -829,20 +830,13 @@ def _pool_refill(refill: Json) -> list[str]:
             "syscalls: client frame read → line written to the container, the container's "
             "line read → frame written to the client; median [min, max] of the repeats): "
             + "; ".join(
-                f"{phase}: request P50 {_range(traced.get(phase, {}).get('request_p50_us'))}, "
-                f"P99 {_range(traced.get(phase, {}).get('request_p99_us'))}, answer P50 "
-                f"{_range(traced.get(phase, {}).get('answer_p50_us'))}, P99 "
-                f"{_range(traced.get(phase, {}).get('answer_p99_us'))}, messages that waited "
-                f"on a lock (the GIL) per repeat: request "
+                f"{phase}: {_by_path(traced.get(phase, {}), between=', ')}, messages that "
+                f"waited on a lock (the GIL) per repeat: request "
                 f"{_range(traced.get(phase, {}).get('request_lock_waits'))}, answer "
                 f"{_range(traced.get(phase, {}).get('answer_lock_waits'))}"
                 for phase in ("quiet", "refilling")
             )
-            + ". Refilling minus quiet, repeat by repeat: request P50 "
-            f"{_range(change.get('request_p50_us'), signed=True)}, P99 "
-            f"{_range(change.get('request_p99_us'), signed=True)}; answer P50 "
-            f"{_range(change.get('answer_p50_us'), signed=True)}, P99 "
-            f"{_range(change.get('answer_p99_us'), signed=True)}."
+            + f". Refilling minus quiet, repeat by repeat: {_by_path(change, signed=True)}."
         )
         if "answer_own_p99_us" in change:
             lines.append(
@@ -850,23 +844,15 @@ def _pool_refill(refill: Json) -> list[str]:
                 "was ready to run while another process had the CPU; from its context "
                 "switches, same recording): "
                 + "; ".join(
-                    f"{phase}: request P50 "
-                    f"{_range(traced.get(phase, {}).get('request_own_p50_us'))}, P99 "
-                    f"{_range(traced.get(phase, {}).get('request_own_p99_us'))}, answer P50 "
-                    f"{_range(traced.get(phase, {}).get('answer_own_p50_us'))}, P99 "
-                    f"{_range(traced.get(phase, {}).get('answer_own_p99_us'))}, messages "
-                    "that waited for a CPU per repeat: request "
+                    f"{phase}: {_by_path(traced.get(phase, {}), 'own', between=', ')}, "
+                    "messages that waited for a CPU per repeat: request "
                     f"{_range(traced.get(phase, {}).get('request_cpu_waits'))}, answer "
                     f"{_range(traced.get(phase, {}).get('answer_cpu_waits'))} (who had it: "
                     f"{_who(traced.get(phase, {}))})"
                     for phase in ("quiet", "refilling")
                 )
-                + ". Refilling minus quiet, repeat by repeat: request P50 "
-                f"{_range(change.get('request_own_p50_us'), signed=True)}, P99 "
-                f"{_range(change.get('request_own_p99_us'), signed=True)}; answer P50 "
-                f"{_range(change.get('answer_own_p50_us'), signed=True)}, P99 "
-                f"{_range(change.get('answer_own_p99_us'), signed=True)}."
-                + _on_cpu_phrase(traced, change)
+                + ". Refilling minus quiet, repeat by repeat: "
+                f"{_by_path(change, 'own', signed=True)}." + _on_cpu_phrase(traced, change)
             )
         if "answer_wake_p99_us" in change:
             lines.append(
@@ -874,21 +860,25 @@ def _pool_refill(refill: Json) -> list[str]:
                 "from its wake-up (asleep until the message came) to its return to a CPU "
                 "(µs, machine-wide wake-ups in the same run): "
                 + "; ".join(
-                    f"{phase}: request P50 "
-                    f"{_range(traced.get(phase, {}).get('request_wake_p50_us'))}, P99 "
-                    f"{_range(traced.get(phase, {}).get('request_wake_p99_us'))}, answer P50 "
-                    f"{_range(traced.get(phase, {}).get('answer_wake_p50_us'))}, P99 "
-                    f"{_range(traced.get(phase, {}).get('answer_wake_p99_us'))}"
+                    f"{phase}: {_by_path(traced.get(phase, {}), 'wake', between=', ')}"
                     for phase in ("quiet", "refilling")
                 )
-                + ". Refilling minus quiet, repeat by repeat: request P50 "
-                f"{_range(change.get('request_wake_p50_us'), signed=True)}, P99 "
-                f"{_range(change.get('request_wake_p99_us'), signed=True)}; answer P50 "
-                f"{_range(change.get('answer_wake_p50_us'), signed=True)}, P99 "
-                f"{_range(change.get('answer_wake_p99_us'), signed=True)}."
+                + ". Refilling minus quiet, repeat by repeat: "
+                f"{_by_path(change, 'wake', signed=True)}."
             )
     lines.append("")
     return lines
+
+
+def _by_path(figures: Any, part: str = "", *, signed: bool = False, between: str = "; ") -> str:
+    """``request P50 …, P99 …; answer P50 …, P99 …`` of a residency summary or difference
+    (``part``: "", "own", "on_cpu", "wake"; see bench/residency.py)."""
+    found = figures if isinstance(figures, dict) else {}
+    return between.join(
+        f"{path} P50 {_range(found.get(figure_name(path, part, 'p50')), signed=signed)}, "
+        f"P99 {_range(found.get(figure_name(path, part, 'p99')), signed=signed)}"
+        for path in ("request", "answer")
+    )
 
 
 def _on_cpu_phrase(traced: Json, change: Json) -> str:
@@ -897,11 +887,8 @@ def _on_cpu_phrase(traced: Json, change: Json) -> str:
     if "answer_on_cpu_p99_us" not in change:
         return ""
     return (
-        " Of the own time, on a CPU, refilling minus quiet: request P50 "
-        f"{_range(change.get('request_on_cpu_p50_us'), signed=True)}, P99 "
-        f"{_range(change.get('request_on_cpu_p99_us'), signed=True)}; answer P50 "
-        f"{_range(change.get('answer_on_cpu_p50_us'), signed=True)}, P99 "
-        f"{_range(change.get('answer_on_cpu_p99_us'), signed=True)}; messages off their CPU "
+        " Of the own time, on a CPU, refilling minus quiet: "
+        f"{_by_path(change, 'on_cpu', signed=True)}; messages off their CPU "
         "for a reason of the orchestrator's own (a lock, a thread of its own) per repeat: "
         + "; ".join(
             f"{phase} request {_range(traced.get(phase, {}).get('request_own_waits'))}, "

@@ -65,6 +65,11 @@ from .stats import Json, percentile, spread
 PERF_START_BOUND = 10.0
 PERF_STOP_BOUND = 30.0
 PERF_EVENTS = "raw_syscalls:sys_enter,raw_syscalls:sys_exit,sched:sched_switch"
+# What the two recordings take (the probe in unavailable() tries the same): the process's
+# syscalls and context switches (``-p PID`` added), and the whole machine's wake-ups (a
+# wake-up is recorded in its waker's context, another process or the kernel, so not by ``-p``).
+THREAD_RECORDING = ("-e", PERF_EVENTS, "--switch-events")
+WAKEUP_RECORDING = ("-a", "-e", "sched:sched_wakeup")
 SYS_SENDTO, SYS_RECVFROM, SYS_FUTEX = 44, 45, 202
 # futex operations that wait (FUTEX_WAIT, FUTEX_WAIT_BITSET; the private flag masked off): the
 # event loop's thread blocked on a lock another thread of the process holds — the interpreter's
@@ -162,10 +167,7 @@ def unavailable() -> str | None:
     """Why syscalls cannot be traced here (None: they can)."""
     if shutil.which("perf") is None:
         return "perf is not installed (apt-get install linux-perf)"
-    for what in (
-        ["-e", PERF_EVENTS, "--switch-events"],
-        ["-a", "-e", "sched:sched_wakeup"],  # the whole machine's: root, or a low paranoia
-    ):
+    for what in (THREAD_RECORDING, WAKEUP_RECORDING):  # the latter: root, or a low paranoia
         try:
             probe = subprocess.run(
                 ["perf", "record", "-q", *what, "-o", os.devnull, "true"],
@@ -229,9 +231,8 @@ def messages(script: str, pid: int, clients: set[int], wakeups: str = "") -> Jso
     events, threads = parse(script, pid)
     events = list(heapq.merge(events, woken(wakeups, pid), key=lambda event: event.micros))
     hops = list(_hops(events, threads))
-    inward = Counter((h.read_fd, h.write_fd) for h in hops)
     inward = Counter(
-        {way: n for way, n in inward.items() if way[0] in clients and way[1] not in clients}
+        (h.read_fd, h.write_fd) for h in hops if h.read_fd in clients and h.write_fd not in clients
     )
     if not inward:
         return {"request_us": _figures([]), "answer_us": _figures([])}
@@ -295,10 +296,9 @@ def _hops(events: list[Event], threads: set[int]) -> Iterator[Hop]:
             case Syscall(entering=False):
                 walk.left_syscall(event)
             case SwitchedOut():
-                walk.left, walk.woke = event, None
+                walk.away(event)
             case Woken():
-                if walk.left is not None and not walk.left.runnable and walk.woke is None:
-                    walk.woke = event.micros
+                walk.woken(event)
             case SwitchedIn():
                 walk.back(event)
 
@@ -338,6 +338,15 @@ class _Walk:
             # A message arrived; its ``micros`` is when, until its write.
             self.hop = Hop(self.read_fd, -1, call.micros, wake_wait=self.wake_wait)
             self.wake_wait = 0.0
+
+    def away(self, event: SwitchedOut) -> None:
+        """The thread left its CPU."""
+        self.left, self.woke = event, None
+
+    def woken(self, event: Woken) -> None:
+        """The thread was woken: counted from the first wake-up while it sleeps."""
+        if self.left is not None and not self.left.runnable and self.woke is None:
+            self.woke = event.micros
 
     def back(self, event: SwitchedIn) -> None:
         """The thread is on a CPU again."""
@@ -411,14 +420,11 @@ async def traced(pid: int) -> AsyncIterator[Trace]:
     trace = Trace(pid, directory / "perf.data", directory / "wakeups.data")
     try:
         async with (
-            # A wake-up is recorded in its waker's context (another process, the kernel), so
-            # not by ``-p``: the whole machine's, the thread's picked out when read. Started
-            # first: perf's file is begun before every CPU records, and the next one's settling
-            # time covers that.
-            _recording(["-a", "-e", "sched:sched_wakeup"], trace.wakeups, settle=0.0),
-            _recording(
-                ["-e", PERF_EVENTS, "--switch-events", "-p", str(pid)], trace.path, settle=0.2
-            ),
+            # The machine's wake-ups (the thread's picked out when read) are started first:
+            # perf's file is begun before every CPU records, and the next one's settling time
+            # covers that.
+            _recording(WAKEUP_RECORDING, trace.wakeups, settle=0.0),
+            _recording((*THREAD_RECORDING, "-p", str(pid)), trace.path, settle=0.2),
         ):
             yield trace
             trace.note_sockets()
@@ -436,7 +442,7 @@ async def traced(pid: int) -> AsyncIterator[Trace]:
 
 
 @contextlib.asynccontextmanager
-async def _recording(what: list[str], path: Path, *, settle: float) -> AsyncIterator[None]:
+async def _recording(what: tuple[str, ...], path: Path, *, settle: float) -> AsyncIterator[None]:
     """``perf record`` of ``what`` into ``path`` while the body runs (started: its file begun,
     then ``settle`` s more, e.g. to attach to every thread); stopped as ``perf`` is, by SIGINT,
     within PERF_STOP_BOUND."""
@@ -475,7 +481,7 @@ def _figure(figures: Json, key: str, path: str, name: str, part: str = "") -> An
     return (found.get(part, {}) if part else found).get(name)
 
 
-def _name(path: str, part: str, quantile: str) -> str:
+def figure_name(path: str, part: str, quantile: str) -> str:
     """``request_p99_us``, ``request_own_p99_us``, ``request_wake_p99_us``…"""
     return "_".join(word for word in (path, part, quantile, "us") if word)
 
@@ -491,7 +497,7 @@ def summary(per_repeat: list[dict[str, Json]]) -> Json:
         for path in PATHS:
             for quantile in QUANTILES:
                 for part in PARTS:
-                    figures[_name(path, part, quantile)] = spread(
+                    figures[figure_name(path, part, quantile)] = spread(
                         [_figure(f, key, path, quantile, part) for f in per_repeat]
                     )
             for count in ("lock_waits", "cpu_waits", "own_waits"):
@@ -519,5 +525,5 @@ def differences(per_repeat: list[dict[str, Json]], *, minus: str, of: str) -> Js
                     a = _figure(figures, of, path, quantile, part)
                     b = _figure(figures, minus, path, quantile, part)
                     values.append(None if a is None or b is None else round(a - b, 1))
-                out[_name(path, part, quantile)] = spread(values)
+                out[figure_name(path, part, quantile)] = spread(values)
     return out
