@@ -17,7 +17,7 @@ over time) is unchanged, only how that share is cut up. A thread made later inhe
 slice; the orchestrator asks for it for the threads it already has too (numpy's OpenBLAS
 starts one on import): every thread of it has the slice.
 
-Resource handling: none; one syscall on the calling thread.
+Resource handling: none; two or three syscalls per thread, once at start.
 
 Error handling: nothing here raises. On another OS or architecture, on a kernel before 6.12
 (which accepts the call and keeps its own slice), or where a security policy refuses it, the
@@ -66,11 +66,9 @@ def shorten_slice(slice_ns: int = SHORT_SLICE_NS, *, whole_process: bool = False
     kernel now applies. ``whole_process``: for every other thread of the process too (those
     a library started on import, such as numpy's OpenBLAS workers), each keeping its own nice
     value; one that refuses, or has ended meanwhile, is left as it is."""
-    numbers = _SYSCALLS.get(platform.machine())
-    if not sys.platform.startswith("linux") or numbers is None:
-        return Slice(None, False, f"not supported on {sys.platform} {platform.machine()}")
     try:
-        applied = _set(slice_ns, *numbers)
+        kernel = _Kernel.here()
+        applied = kernel.set(slice_ns)
     except _Refused as refused:
         return Slice(refused.ns, False, refused.reason)
     except (OSError, AttributeError) as exc:  # no libc to load, no syscall()
@@ -84,7 +82,7 @@ def shorten_slice(slice_ns: int = SHORT_SLICE_NS, *, whole_process: bool = False
         for tid in _threads_of_this_process():
             if tid != me:
                 with contextlib.suppress(_Refused, OSError):
-                    if _set(slice_ns, *numbers, tid=tid) == slice_ns:
+                    if kernel.set(slice_ns, tid) == slice_ns:
                         threads += 1
     return Slice(applied, True, threads=threads)
 
@@ -99,11 +97,8 @@ def _threads_of_this_process() -> list[int]:
 def thread_slice(tid: int = 0) -> int | None:
     """The slice (ns) the kernel applies to thread ``tid`` (0: the calling one); None where it
     cannot say (another OS, a kernel before 6.12: 0 there, which is no slice)."""
-    numbers = _SYSCALLS.get(platform.machine())
-    if not sys.platform.startswith("linux") or numbers is None:
-        return None
     try:
-        runtime = _get(ctypes.CDLL(None, use_errno=True), numbers[1], tid)[1]
+        runtime = _Kernel.here().get(tid)[1]
     except (_Refused, OSError, AttributeError):
         return None
     return runtime or None
@@ -115,28 +110,42 @@ class _Refused(Exception):
         self.reason, self.ns = reason, ns
 
 
-def _set(slice_ns: int, set_number: int, get_number: int, tid: int = 0) -> int:
-    """Set thread ``tid``'s slice (0: the calling thread's); the slice the kernel reports
-    after."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    policy, runtime = _get(libc, get_number, tid)
-    if policy != _SCHED_OTHER:
-        raise _Refused(f"the thread's scheduling policy is {policy}, not normal", runtime)
-    nice = os.getpriority(os.PRIO_PROCESS, tid)  # the thread's own, kept
-    attr = _SCHED_ATTR.pack(_SCHED_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0)
-    buffer = ctypes.create_string_buffer(attr, _SCHED_ATTR.size)
-    if libc.syscall(set_number, tid, buffer, 0) != 0:
-        raise _Refused(f"sched_setattr: {os.strerror(ctypes.get_errno())}", runtime)
-    return _get(libc, get_number, tid)[1]
+@dataclass(frozen=True)
+class _Kernel:
+    """The two syscalls, on this machine."""
 
+    libc: ctypes.CDLL
+    set_number: int  # sched_setattr
+    get_number: int  # sched_getattr
 
-def _get(libc: ctypes.CDLL, number: int, tid: int = 0) -> tuple[int, int]:
-    """(policy, runtime: the slice in ns on Linux 6.12 and later, else 0) of thread ``tid``
-    (0: the calling one)."""
-    buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
-    if libc.syscall(number, tid, buffer, _SCHED_ATTR.size, 0) != 0:
-        raise _Refused(f"sched_getattr: {os.strerror(ctypes.get_errno())}")
-    _size, policy, _flags, _nice, _priority, runtime, _deadline, _period = _SCHED_ATTR.unpack(
-        buffer.raw
-    )
-    return policy, runtime
+    @classmethod
+    def here(cls) -> _Kernel:
+        """Raises _Refused on another OS or machine; OSError without a libc to load."""
+        numbers = _SYSCALLS.get(platform.machine())
+        if not sys.platform.startswith("linux") or numbers is None:
+            raise _Refused(f"not supported on {sys.platform} {platform.machine()}")
+        return cls(ctypes.CDLL(None, use_errno=True), *numbers)
+
+    def set(self, slice_ns: int, tid: int = 0) -> int:
+        """Set thread ``tid``'s slice (0: the calling thread's), keeping its policy (normal
+        only) and nice value; the slice the kernel reports after."""
+        policy, runtime = self.get(tid)
+        if policy != _SCHED_OTHER:
+            raise _Refused(f"the thread's scheduling policy is {policy}, not normal", runtime)
+        nice = os.getpriority(os.PRIO_PROCESS, tid)  # the thread's own, kept
+        attr = _SCHED_ATTR.pack(_SCHED_ATTR.size, _SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0)
+        buffer = ctypes.create_string_buffer(attr, _SCHED_ATTR.size)
+        if self.libc.syscall(self.set_number, tid, buffer, 0) != 0:
+            raise _Refused(f"sched_setattr: {os.strerror(ctypes.get_errno())}", runtime)
+        return self.get(tid)[1]
+
+    def get(self, tid: int = 0) -> tuple[int, int]:
+        """(policy, runtime: the slice in ns on Linux 6.12 and later, else 0) of thread
+        ``tid`` (0: the calling one)."""
+        buffer = ctypes.create_string_buffer(_SCHED_ATTR.size)
+        if self.libc.syscall(self.get_number, tid, buffer, _SCHED_ATTR.size, 0) != 0:
+            raise _Refused(f"sched_getattr: {os.strerror(ctypes.get_errno())}")
+        _size, policy, _flags, _nice, _priority, runtime, _deadline, _period = _SCHED_ATTR.unpack(
+            buffer.raw
+        )
+        return policy, runtime

@@ -7,7 +7,6 @@ in-process (test_cli) shortens the test runner's own thread, and threads inherit
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import threading
 from collections.abc import Callable
@@ -44,7 +43,7 @@ def in_a_thread(work: Callable[[], T]) -> T:
 
 def kernels_slice() -> int:
     """Give the calling thread the kernel's default slice back (a runtime of 0); return it."""
-    return _scheduling._set(0, *_scheduling._SYSCALLS[platform.machine()])
+    return _scheduling._Kernel.here().set(0)
 
 
 @needs_custom_slices
@@ -164,6 +163,6 @@ def test_a_kernel_that_ignores_the_slice_is_reported_as_before_6_12(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # What Linux before 6.12 does: sched_setattr succeeds, sched_getattr's runtime stays 0.
-    monkeypatch.setattr(_scheduling, "_set", lambda slice_ns, *_: 0)
+    monkeypatch.setattr(_scheduling._Kernel, "set", lambda self, slice_ns, tid=0: 0)
     outcome = shorten_slice()
     assert outcome == Slice(0, False, "the kernel keeps its own slice (Linux before 6.12)")
