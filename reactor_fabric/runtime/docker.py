@@ -619,7 +619,7 @@ class DockerRuntime:
         """The host PID of the container's first process (0 when it does not run)."""
 
         def inspect(client: docker.APIClient) -> int:
-            state: dict[str, Any] = client.inspect_container(container_id)["State"]
+            state: dict[str, Any] = inspect_container(client, container_id)["State"]
             return int(state.get("Pid") or 0) if state.get("Running") else 0
 
         return await self._call("inspect", inspect)
@@ -648,7 +648,7 @@ class DockerRuntime:
         """Exit code and OOM flag of a container that has stopped (or None if still running)."""
 
         def inspect(client: docker.APIClient) -> ContainerExit:
-            state: dict[str, Any] = client.inspect_container(container_id)["State"]
+            state: dict[str, Any] = inspect_container(client, container_id)["State"]
             running = bool(state.get("Running"))
             return ContainerExit(
                 exit_code=None if running else int(state.get("ExitCode", -1)),
@@ -756,7 +756,7 @@ def verify_mounts(
     message can reach it, and its exit is reported as any other.
     """
     for attempt in range(VERIFY_ATTEMPTS):
-        state: dict[str, Any] = client.inspect_container(container_id)["State"]
+        state: dict[str, Any] = inspect_container(client, container_id)["State"]
         pid = int(state.get("Pid") or 0)
         if not state.get("Running") or pid <= 0:
             return
@@ -864,6 +864,29 @@ def _remove_quietly(
         break
     for name in volumes:
         _remove_volume_quietly(client, name)
+
+
+# Podman 4 answers an inspect that meets the container's process exiting with this (HTTP 500:
+# "read /proc/PID/cgroup: no such process") instead of its state; asked again, it reports the
+# exit. Seen in the integration tests, at a session's end.
+_PODMAN_PROCESS_GONE = "no such process"
+INSPECT_RETRIES = 3
+
+
+def inspect_container(client: docker.APIClient, container_id: str) -> dict[str, Any]:
+    """The engine's inspect of a container, asked again when Podman trips over the container's
+    process ending at that moment (REMOVE_RETRY_PAUSE apart, INSPECT_RETRIES in all)."""
+    for attempt in range(INSPECT_RETRIES):
+        try:
+            found: dict[str, Any] = client.inspect_container(container_id)
+        except docker.errors.APIError as exc:
+            exiting = _PODMAN_PROCESS_GONE in str(exc.explanation or "")
+            if exc.status_code == 500 and exiting and attempt + 1 < INSPECT_RETRIES:
+                time.sleep(REMOVE_RETRY_PAUSE)
+                continue
+            raise
+        return found
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def container_gone(exc: docker.errors.APIError) -> bool:

@@ -24,6 +24,8 @@ import docker.types
 import requests
 import trio
 
+from reactor_fabric.runtime.docker import inspect_container
+
 from .api import ceil_int, docker_time, parse_quantity, timestamp
 from .engine import CALL_TIMEOUT, DockerPool
 from .pods import FakePod, PodStore
@@ -676,10 +678,10 @@ def _inspect_image(client: docker.APIClient, image: str) -> dict[str, Any] | Non
 
 def _inspect_container(client: docker.APIClient, container_id: str) -> dict[str, Any] | None:
     try:
-        found: dict[str, Any] = client.inspect_container(container_id)
+        # The runtime's inspect: asked again when Podman trips over the process ending.
+        return inspect_container(client, container_id)
     except docker.errors.NotFound:
         return None
-    return found
 
 
 def _wait_round(client: docker.APIClient, container_id: str) -> bool:
