@@ -110,38 +110,87 @@ def wrapped_command(
     return [HELPER_TARGET, SOCKET_TARGET, *program]
 
 
-def private_directory(path: str, euid: int) -> None:
+def private_directory(path: str, euid: int) -> str:
     """Make ``path`` (and missing parents) and check that only ``euid`` (and root) can change
-    what it holds: it is a directory of ``euid``'s, mode 0700, and every directory above it is
+    what it holds; return its real path, which callers use from then on.
+
+    Walked component by component from ``/`` without following a link: every directory is
     root's or ``euid``'s and writable by nobody else (unless sticky, like ``/tmp``, where
-    nobody else can replace what is ours). Raises StdioUnavailable otherwise."""
+    nobody else can replace what is ours), and the last is ``euid``'s, mode 0700. A link is
+    followed only where root alone can have made it or can change it (owned by root, in a
+    directory of root's that nobody else can write: ``/var/run`` → ``/run``); any other link is
+    refused. Checking the resolved path is not enough: a path kept *through* a link is looked up
+    again by everyone who uses it later (the engine binds by path at every container create),
+    and the link's owner can repoint it between our check and their lookup. The real path
+    returned holds no link, and nobody else can replace any of its components. Raises
+    StdioUnavailable otherwise."""
+    if not path.startswith("/"):
+        raise StdioUnavailable(f"{path} is not an absolute path", reason="stdio_directory")
     try:
-        os.makedirs(path, 0o700, exist_ok=True)
-        real = os.path.realpath(path)
-        parts = [part for part in real.split("/") if part]
-        for depth in range(len(parts) + 1):
-            current = "/" + "/".join(parts[:depth])
-            found = os.lstat(current)
-            if not stat.S_ISDIR(found.st_mode):
-                raise StdioUnavailable(f"{current} is not a directory", reason="stdio_directory")
-            if found.st_uid not in (0, euid):
-                raise StdioUnavailable(
-                    f"{current} belongs to another user (uid {found.st_uid})",
-                    reason="stdio_directory",
-                )
-            last = depth == len(parts)
-            open_to_others = found.st_mode & (0o077 if last else 0o022)
-            if open_to_others and (last or not found.st_mode & stat.S_ISVTX):
-                raise StdioUnavailable(
-                    f"{current} is open to other users (mode {stat.S_IMODE(found.st_mode):04o})",
-                    reason="stdio_directory",
-                )
-        if os.lstat(real).st_uid != euid:
-            raise StdioUnavailable(f"{real} is not ours", reason="stdio_directory")
+        return _walk_private(path, euid)
     except OSError as exc:
         raise StdioUnavailable(
             f"cannot make the stdio directory {path}: {exc}", reason="stdio_directory"
         ) from exc
+
+
+# Links followed in one walk at most (the kernel's own limit for a path lookup).
+_MAX_LINKS = 40
+
+
+def _walk_private(path: str, euid: int) -> str:
+    pending = [part for part in path.split("/") if part not in ("", ".")]
+    current = "/"
+    _check_directory(current, os.lstat(current), euid, last=not pending)
+    links = 0
+    while pending:
+        name = pending.pop(0)
+        if name == "..":
+            # ``current`` is a checked real directory: its parent is checked already too.
+            current = posixpath.dirname(current)
+            continue
+        candidate = posixpath.join(current, name)
+        try:
+            found = os.lstat(candidate)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
+                os.mkdir(candidate, 0o700)
+            found = os.lstat(candidate)
+        if stat.S_ISLNK(found.st_mode):
+            holder = os.lstat(current)
+            if found.st_uid != 0 or holder.st_uid != 0 or holder.st_mode & 0o022:
+                raise StdioUnavailable(
+                    f"{candidate} is a link (uid {found.st_uid}) that someone other than root "
+                    "could change; only a real directory is used for the stdio sockets",
+                    reason="stdio_directory",
+                )
+            links += 1
+            if links > _MAX_LINKS:
+                raise StdioUnavailable(f"too many links in {path}", reason="stdio_directory")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                current = "/"
+            pending[:0] = [part for part in target.split("/") if part not in ("", ".")]
+            continue
+        _check_directory(candidate, found, euid, last=not pending)
+        current = candidate
+    return current
+
+
+def _check_directory(path: str, found: os.stat_result, euid: int, *, last: bool) -> None:
+    """A directory of root's or ``euid``'s that nobody else can change (the last: ours, 0700)."""
+    if not stat.S_ISDIR(found.st_mode):
+        raise StdioUnavailable(f"{path} is not a directory", reason="stdio_directory")
+    if found.st_uid not in (0, euid) or (last and found.st_uid != euid):
+        raise StdioUnavailable(
+            f"{path} belongs to another user (uid {found.st_uid})", reason="stdio_directory"
+        )
+    open_to_others = found.st_mode & (0o077 if last else 0o022)
+    if open_to_others and (last or not found.st_mode & stat.S_ISVTX):
+        raise StdioUnavailable(
+            f"{path} is open to other users (mode {stat.S_IMODE(found.st_mode):04o})",
+            reason="stdio_directory",
+        )
 
 
 @dataclass
@@ -192,8 +241,8 @@ class StdioArea:
                 f"{source} is missing (scripts/build-stdio-helper builds it)",
                 reason="helper_missing",
             )
-        parent = parent or default_parent(euid, environ)
-        private_directory(parent, euid)
+        # From here on only the real path: one kept through a link could be repointed.
+        parent = private_directory(parent or default_parent(euid, environ), euid)
         remove_stale_areas(parent, this_host=this_host)
         # The instance's name, and a random part: two runtimes of one process (or replicas
         # sharing an instance id) each get an area of their own.

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import pwd
+import secrets
+import shutil
 import socket
 import stat
+import subprocess
+import tempfile
 import threading
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -168,6 +176,151 @@ def test_a_link_to_another_users_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "reactor-fabric-0").symlink_to(theirs)
     with pytest.raises(StdioUnavailable):
         private_directory(str(tmp_path / "reactor-fabric-0"), os.geteuid())
+
+
+@needs_root
+def test_a_link_another_user_planted_is_refused_even_when_it_leads_to_a_directory_of_ours(
+    tmp_path: Path,
+) -> None:
+    # The attack: a link of a stranger's, in a sticky directory, to a place where our private
+    # directory is made. Its resolved path checks out; the link can be repointed later.
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / "reactor-fabric-0"
+    planted.symlink_to(shared)
+    os.lchown(planted, STRANGER, STRANGER)
+    with pytest.raises(StdioUnavailable) as caught:
+        private_directory(str(planted / "stdio"), os.geteuid())
+    assert caught.value.reason == "stdio_directory"
+    assert "is a link" in str(caught.value)
+
+
+def test_a_link_only_root_could_have_made_is_followed_and_the_real_path_returned(
+    tmp_path: Path, helper: Path
+) -> None:
+    # Like /var/run -> /run: a link in a directory nobody else can write (here: this user's
+    # tmp_path, 0700; the test runs as root in CI, and a non-root run needs the link to be
+    # root's, so it only checks the plain case).
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "alias").symlink_to(real)
+    if os.geteuid() == 0:
+        assert private_directory(str(tmp_path / "alias" / "stdio"), 0) == str(real / "stdio")
+        area = _open(helper, tmp_path / "alias" / "p")
+        try:
+            assert area.root.startswith(str(real / "p") + "/")
+            assert os.path.realpath(area.helper) == area.helper
+        finally:
+            area.close()
+    else:
+        with pytest.raises(StdioUnavailable):
+            private_directory(str(tmp_path / "alias" / "stdio"), os.geteuid())
+    assert private_directory(str(real / "a" / ".." / "b"), os.geteuid()) == str(real / "b")
+
+
+def test_a_relative_directory_is_refused() -> None:
+    with pytest.raises(StdioUnavailable) as caught:
+        private_directory("relative/stdio", os.geteuid())
+    assert caught.value.reason == "stdio_directory"
+
+
+@pytest.fixture
+def two_local_users() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
+    """A victim and an attacker: local users made for the test, removed after it."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("making local users needs root and useradd")
+    names = [f"rf-victim-{secrets.token_hex(3)}", f"rf-attacker-{secrets.token_hex(3)}"]
+    made: list[str] = []
+    try:
+        for name in names:
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                check=True,
+                capture_output=True,
+            )
+            made.append(name)
+        yield pwd.getpwnam(names[0]), pwd.getpwnam(names[1])
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def unprotected_symlinks() -> Iterator[None]:
+    """fs.protected_symlinks at 0 for the test, where the machine lets us; restored after.
+    Where it cannot be changed and is 1, the kernel refuses the link itself: the area must
+    be refused all the same."""
+    knob = Path("/proc/sys/fs/protected_symlinks")
+    before = knob.read_text() if knob.exists() else None
+    with contextlib.suppress(OSError):
+        knob.write_text("0")
+    try:
+        yield
+    finally:
+        if before is not None:
+            with contextlib.suppress(OSError):
+                knob.write_text(before)
+
+
+def _as_user(user: pwd.struct_passwd, action: Callable[[], str]) -> str:
+    """Run ``action`` in a child process with ``user``'s uid and gid; what it returned."""
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child execs
+        pid = os.fork()  # nothing, calls os functions only, and ends with _exit
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            result = action()
+        except BaseException as exc:
+            result = f"{type(exc).__name__}: {getattr(exc, 'reason', '')}: {exc}"
+        os.write(write, result.encode()[:60_000])
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        text = answer.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
+def test_another_local_user_cannot_plant_a_link_where_a_users_orchestrator_keeps_its_sockets(
+    two_local_users: tuple[pwd.struct_passwd, pwd.struct_passwd],
+    unprotected_symlinks: None,
+) -> None:
+    # The issue's attack, as it happens: a user's orchestrator with no XDG_RUNTIME_DIR (cron,
+    # su, a unit with User=) keeps its area below /tmp/reactor-fabric-UID. Another user plants
+    # that name first, as a link to a sticky directory where the victim's own private
+    # directory then gets made. Before the fix the area was kept through the link; the engine
+    # would bind fabric-stdio by that path at every container create, after the attacker had
+    # repointed it to a program of theirs.
+    victim, attacker = two_local_users
+    shared = Path(tempfile.mkdtemp(prefix="rf-shared-", dir="/tmp"))
+    planted = Path(f"/tmp/reactor-fabric-{victim.pw_uid}")
+    try:
+        shared.chmod(0o1777)
+        program = shared / "fabric-stdio-build"
+        program.write_bytes(b"\x7fELF not really")
+        program.chmod(0o755)
+        assert default_parent(victim.pw_uid, {}) == f"{planted}/stdio"
+        planted.symlink_to(shared)
+        os.lchown(planted, attacker.pw_uid, attacker.pw_gid)
+
+        def open_area() -> str:
+            area = StdioArea.open(
+                "victim", owner=_owner(), this_host="here", helper=str(program), environ={}
+            )
+            return f"opened: {area.helper}"
+
+        outcome = _as_user(victim, open_area)
+        assert outcome.startswith("StdioUnavailable: stdio_directory:"), outcome
+    finally:
+        with contextlib.suppress(OSError):
+            planted.unlink()
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 # --- the area -----------------------------------------------------------------------------
