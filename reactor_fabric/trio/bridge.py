@@ -17,16 +17,18 @@ code and reason; the bridge prints one plain line on stderr and exits 1 once the
 up. When the orchestrator cannot be reached, the bridge prints
 the documented warning and runs the service's ``local_command`` in its place (``exec``: the
 client then talks to that command directly) — taken only from the user's own configuration
-(``connect --config FILE``, or ``${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/``), never from a
-suite in the working directory, which is the client's possibly untrusted project. With no such
-command the client's requests are answered with -32002 ``orchestrator_unreachable``. No
-traceback ever reaches stderr: unexpected failures are one line too.
+(``connect --config FILE``, or ``~/.config/reactor-fabric/`` with ``~`` from the password
+database), never from a suite in the working directory, which is the client's possibly untrusted
+project, nor from a place the environment names (its client configuration can set that). With
+no such command the client's requests are answered with -32002 ``orchestrator_unreachable``.
+No traceback ever reaches stderr: unexpected failures are one line too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import sys
 from collections.abc import Sequence
@@ -46,7 +48,7 @@ from trio_websocket import (
 
 from .._errors import CONTAINER_START_FAILURE, SECURITY_VIOLATION, InvalidMessage
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
-from ..config.token import TOKEN_ENV, token_file, user_config_dir
+from ..config.token import TOKEN_ENV, token_file
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter
 from ..protocol.jsonrpc import REQUEST, peek
@@ -308,23 +310,29 @@ async def _relay(
     return outcome
 
 
-def fallback_suite(settings: BridgeSettings, environ: dict[str, str] | None = None) -> Path:
+def own_config_dir() -> Path:
+    """``~/.config/reactor-fabric`` of the user running the bridge, with ``~`` from the password
+    database: not ``HOME`` nor ``XDG_CONFIG_HOME``, which a project's client configuration can
+    set (a relative value even lands inside the project, whose cloned files are the user's)."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".config" / "reactor-fabric"
+
+
+def fallback_suite(settings: BridgeSettings, home: Path | None = None) -> Path:
     """Where a ``local_command`` may come from: ``connect --config FILE``, else the suite in the
-    user's configuration directory. Never a suite found in the working directory — that is the
-    client's project, possibly a freshly cloned, untrusted one — nor one named by the
-    environment, which a project's client configuration can set."""
+    user's own configuration directory (:func:`own_config_dir`, or ``home`` in tests). Never a
+    suite found in the working directory — that is the client's project, possibly a freshly
+    cloned, untrusted one — nor one the environment leads to (``REACTOR_FABRIC_CONFIG``,
+    ``HOME``, ``XDG_CONFIG_HOME``), which a project's client configuration can set."""
     if settings.config is not None:
         return Path(settings.config)
-    return user_config_dir(dict(os.environ if environ is None else environ)) / (
-        "claude-mcp-suite.yaml"
-    )
+    return (home or own_config_dir()) / "claude-mcp-suite.yaml"
 
 
 def fallback_command(
-    settings: BridgeSettings, environ: dict[str, str] | None = None
+    settings: BridgeSettings, home: Path | None = None
 ) -> tuple[list[str] | None, str]:
     """The service's trusted ``local_command`` and where it came from, or None and why not."""
-    path = fallback_suite(settings, environ)
+    path = fallback_suite(settings, home)
     try:
         info = path.stat()
     except OSError:

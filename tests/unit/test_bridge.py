@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from reactor_fabric.trio.bridge import BridgeError, mounts_from, service_url
+from reactor_fabric.trio.bridge import (
+    BridgeError,
+    BridgeSettings,
+    fallback_command,
+    fallback_suite,
+    mounts_from,
+    own_config_dir,
+    service_url,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 UPPERCASE_ECHO = "import sys; print(sys.stdin.read().upper())"
@@ -201,25 +210,67 @@ def test_a_suite_in_the_working_directory_never_runs_its_local_command(tmp_path:
         assert json.loads(done.stdout)["error"]["data"]["reason"] == "orchestrator_unreachable"
 
 
-def test_the_users_own_configuration_gives_the_local_fallback_and_says_so(tmp_path: Path) -> None:
-    config = tmp_path / "config" / "reactor-fabric"
+def test_the_users_own_configuration_gives_the_local_fallback(tmp_path: Path) -> None:
+    config = tmp_path / "home" / ".config" / "reactor-fabric"
     config.mkdir(parents=True)
-    marker = tmp_path / "ran"
-    (config / "claude-mcp-suite.yaml").write_text(_suite_running(marker))
+    (config / "claude-mcp-suite.yaml").write_text(_suite_running(tmp_path / "ran"))
     (config / "claude-mcp-suite.yaml").chmod(0o644)
-    done = _connect_unreachable(tmp_path, tmp_path / "config")
-    assert done.returncode == 0, done.stderr
-    assert marker.read_text() == "ran"
-    assert f"as {config / 'claude-mcp-suite.yaml'} says" in done.stderr
+    settings = BridgeSettings("ws://127.0.0.1:9", "echo", [], config=None)
+    command, origin = fallback_command(settings, home=config)
+    assert command is not None
+    assert command[0] == sys.executable
+    assert origin == str(config / "claude-mcp-suite.yaml")
+
+
+def test_the_own_configuration_is_found_through_the_password_database_not_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", "project")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/elsewhere")
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    assert own_config_dir() == home / ".config" / "reactor-fabric"
+    settings = BridgeSettings("ws://127.0.0.1:9", "echo", [], config=None)
+    assert fallback_suite(settings) == home / ".config" / "reactor-fabric" / "claude-mcp-suite.yaml"
+
+
+@pytest.mark.parametrize(
+    ("home", "config_home"),
+    [
+        (".", ".config"),  # relative: resolved inside the project, the bridge's directory
+        ("{project}", "{project}/.config"),  # absolute, into the project
+        ("/nonexistent", "{project}/.config"),
+    ],
+)
+def test_a_projects_client_configuration_cannot_move_the_users_own_suite_into_the_project(
+    tmp_path: Path, home: str, config_home: str
+) -> None:
+    # The attack: the project's client configuration sets HOME or XDG_CONFIG_HOME so that
+    # "your own" suite is the project's, a cloned file of the user's that passes the owner
+    # and mode check; its local_command would run on the host.
+    project = tmp_path / "project"
+    planted = project / ".config" / "reactor-fabric"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    (planted / "claude-mcp-suite.yaml").write_text(_suite_running(marker))
+    (planted / "claude-mcp-suite.yaml").chmod(0o644)
+    env = {
+        "HOME": home.format(project=project),
+        "XDG_CONFIG_HOME": config_home.format(project=project),
+    }
+    done = _connect_unreachable(project, project, env=env)
+    assert not marker.exists()
+    assert done.returncode == 1
+    assert "has no local fallback" in done.stderr
+    real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    assert str(real_home / ".config" / "reactor-fabric" / "claude-mcp-suite.yaml") in done.stderr
 
 
 def test_a_fallback_suite_others_may_write_is_not_trusted(tmp_path: Path) -> None:
     config = tmp_path / "config" / "reactor-fabric"
     config.mkdir(parents=True)
-    marker = tmp_path / "ran"
-    (config / "claude-mcp-suite.yaml").write_text(_suite_running(marker))
+    (config / "claude-mcp-suite.yaml").write_text(_suite_running(tmp_path / "ran"))
     (config / "claude-mcp-suite.yaml").chmod(0o664)
-    done = _connect_unreachable(tmp_path, tmp_path / "config")
-    assert done.returncode == 1
-    assert not marker.exists()
-    assert "writable by others" in done.stderr
+    settings = BridgeSettings("ws://127.0.0.1:9", "echo", [], config=None)
+    command, why = fallback_command(settings, home=config)
+    assert command is None
+    assert "writable by others" in why
