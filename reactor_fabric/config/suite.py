@@ -23,6 +23,7 @@ import jsonschema
 import msgspec
 
 from .._errors import InvalidSuiteConfiguration
+from ..protocol.catalog import SEPARATOR
 from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
 from .structs import Suite
 from .units import parse_duration, parse_size
@@ -187,6 +188,17 @@ class _Collector:
                     (*path, name),
                     f"name {name!r} is reserved: /mcp/{name}/… is the suite-level endpoint; "
                     "choose another name",
+                    at_key=True,
+                )
+                return
+            if SEPARATOR in name:
+                service, _, tool = name.partition(SEPARATOR)
+                self.add(
+                    (*path, name),
+                    f"name {name!r} is not allowed: '{SEPARATOR}' separates a service from its "
+                    f"tool on the fabric endpoint (service{SEPARATOR}tool), so a service "
+                    f"{service!r} with a tool '{tool}{SEPARATOR}…' would show the same names; "
+                    "use a single '_' or '-'",
                     at_key=True,
                 )
                 return

@@ -83,10 +83,17 @@ class Catalog:
     prompts: Mapping[str, Entry] = field(init=False)
     resources: Mapping[str, tuple[str, str]] = field(init=False)  # shown URI → (service, URI)
 
+    # Shown names two services would share, refused for both: service → why, naming both.
+    conflicts: Mapping[str, tuple[str, ...]] = field(init=False)
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tools", _entries(self.services, "tools"))
-        object.__setattr__(self, "prompts", _entries(self.services, "prompts"))
+        conflicts: dict[str, list[str]] = {}
+        object.__setattr__(self, "tools", _entries(self.services, "tools", conflicts))
+        object.__setattr__(self, "prompts", _entries(self.services, "prompts", conflicts))
         object.__setattr__(self, "resources", _resource_table(self.services))
+        object.__setattr__(
+            self, "conflicts", {service: tuple(why) for service, why in conflicts.items()}
+        )
 
     @classmethod
     def empty(cls) -> Catalog:
@@ -124,22 +131,43 @@ class Catalog:
         return self.resources.get(uri)
 
     def errors(self) -> dict[str, str]:
-        return {name: s.error for name, s in self.services.items() if s.error is not None}
+        """Why each service's offer is missing or partial: not learned, or names refused."""
+        errors = {name: s.error for name, s in self.services.items() if s.error is not None}
+        for service, why in self.conflicts.items():
+            errors[service] = "; ".join([*filter(None, [errors.get(service)]), *why])
+        return errors
 
 
-def _entries(services: Mapping[str, ServiceCatalog], kind: str) -> dict[str, Entry]:
+def _entries(
+    services: Mapping[str, ServiceCatalog], kind: str, conflicts: dict[str, list[str]]
+) -> dict[str, Entry]:
+    """Every service's ``kind`` by shown name. A shown name two services would share (only a
+    hashed form can: service names hold no ``__``) is refused for both, and the conflict
+    recorded for each, naming both: keeping the first would let one server shadow another's
+    tool by choosing its names."""
     table: dict[str, Entry] = {}
+    refused: set[str] = set()
     for service, offer in services.items():
         for definition in getattr(offer, kind):
             name = definition.get("name")
             if not isinstance(name, str) or not name:
                 continue  # a service's malformed entry is left out, not fatal
             shown = shown_name(service, name)
-            if shown in table:
-                # Only a service listing the same name twice gets here (the hash covers the
-                # service): the first one stands.
+            if shown in refused:
                 continue
-            table[shown] = Entry(service, name, shown, definition)
+            first = table.get(shown)
+            if first is None:
+                table[shown] = Entry(service, name, shown, definition)
+            elif first.service != service:
+                del table[shown]
+                refused.add(shown)
+                why = (
+                    f"{kind[:-1]} name {shown!r} refused: both {first.service!r}'s "
+                    f"{first.name!r} and {service!r}'s {name!r} would be shown by it"
+                )
+                for party in (first.service, service):
+                    conflicts.setdefault(party, []).append(why)
+            # else: one service listing the same name twice; its first one stands.
     return table
 
 

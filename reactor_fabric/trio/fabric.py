@@ -243,6 +243,9 @@ class Fabric:
         shared = [shown for shown, (_, uri) in self.catalog.resources.items() if shown != uri]
         if shared:
             log.info("catalog_resource_uris_shared", extra={"shown_as": shared})
+        # A shown name two services would share is refused for both (catalog.py): say so once.
+        for service, why in self.catalog.conflicts.items():
+            log.warning("catalog_names_refused", extra={"service": service, "detail": list(why)})
 
     def service_facts(self) -> dict[str, ServiceFacts]:
         return suite_facts(self.suite)

@@ -114,3 +114,30 @@ def test_a_service_whose_offer_could_not_be_learned_reports_why_and_the_rest_wor
     )
     assert catalog.errors() == {"broken": "probe timed out"}
     assert [t["name"] for t in catalog.tools_of()] == ["time__now"]
+
+
+def test_a_shown_name_two_services_would_share_is_refused_for_both_and_names_both() -> None:
+    # A suite that gets past validate-config (or a hashed form two services' names meet in)
+    # must not let one service's tool silently stand in for the other's.
+    catalog = Catalog(
+        {
+            "a": service_catalog(tools=[{"name": "b__c"}, {"name": "d"}]),
+            "a__b": service_catalog(tools=[{"name": "c"}]),
+        }
+    )
+    assert [t["name"] for t in catalog.tools_of()] == ["a__d"]
+    assert catalog.tool("a__b__c") is None
+    errors = catalog.errors()
+    assert set(errors) == {"a", "a__b"}
+    for why in errors.values():
+        assert "'a__b__c' refused" in why
+        assert "'a''s 'b__c'" in why
+        assert "'a__b''s 'c'" in why
+
+
+def test_one_service_listing_a_name_twice_keeps_its_first_and_reports_no_conflict() -> None:
+    catalog = Catalog(
+        {"a": service_catalog(tools=[{"name": "x", "description": "1"}, {"name": "x"}])}
+    )
+    assert catalog.tool("a__x") is not None
+    assert catalog.errors() == {}

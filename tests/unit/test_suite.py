@@ -385,3 +385,13 @@ def test_profiles_and_discovery_fields_load_and_a_profile_naming_no_service_is_r
     assert "no service named 'git' in mcp_services (time)" in problem
     [exposure] = check(described.replace("default_exposure: all", "default_exposure: some"))
     assert "default_exposure" in exposure
+
+
+def test_a_service_name_holding_the_tool_separator_is_refused_with_the_reason() -> None:
+    # Service 'a' with a tool 'b__c' and service 'a__b' with a tool 'c' would both be shown as
+    # 'a__b__c' on the fabric endpoint: one of them silently dropped.
+    [problem] = check(MINIMAL.replace("  time:", "  time__zone:"))
+    assert "name 'time__zone' is not allowed" in problem
+    assert "separates a service from its tool" in problem
+    assert "'time'" in problem
+    assert check(MINIMAL.replace("  time:", "  time_zone:")) == []
