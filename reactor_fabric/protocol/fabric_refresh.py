@@ -31,10 +31,10 @@ from .fabric_discovery import ServiceFacts, index_catalog
 
 Json = dict[str, Any]
 
-# The largest list a service may answer a session's refresh with (tools/list, prompts/list, …),
-# in bytes: beyond it, the backend is treated as broken. The largest real tools/list we know is
-# ~150 KB (eval/discovery/servers); indexing half a megabyte takes seconds of CPU, and each
-# answer is held until it is indexed.
+# The largest list a service may answer (tools/list, prompts/list, …; its pages together), in
+# bytes: a session's refresh refuses more (the backend is treated as broken), and so does the
+# catalog probe. The largest real tools/list we know is ~150 KB (eval/discovery/servers);
+# indexing half a megabyte takes seconds of CPU, and each answer is held until it is indexed.
 MAX_LIST_BYTES = 1024 * 1024
 # The record names at most this many tools per list (added, removed, changed), each cut to
 # MAX_NAME_CHARS: a server's hostile list must not make a hostile record. The counts are whole.
