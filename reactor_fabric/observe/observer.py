@@ -312,6 +312,32 @@ class Observer:
     def orphans_removed(self, count: int) -> None:
         self.metrics.orphans_removed.inc(count)
 
+    # --- what servers offer -------------------------------------------------------------------
+
+    def tools_changed(
+        self,
+        *,
+        session: str,
+        endpoint: str,
+        service: str,
+        container: str | None,
+        changes: dict[str, Any],
+    ) -> None:
+        """A session's backend listed other tools than before (after its list_changed):
+        ``changes`` names what was added, removed or changed (fields and hashes, no text) —
+        a server that rewrites its descriptions mid-session leaves this trace."""
+        self._write(
+            {
+                "ts": now_iso(),
+                "event": "tools_changed",
+                "session": session,
+                "endpoint": endpoint,
+                "service": service,
+                "container": container,
+                **changes,
+            }
+        )
+
     # --- calls and errors ---------------------------------------------------------------------
 
     def tool_call(

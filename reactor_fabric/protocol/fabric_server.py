@@ -13,8 +13,11 @@ Feed it events (the methods), carry out the actions it returns, in order:
 - :class:`StartBackend` — start that service's container for this session; then report
   :meth:`FabricServer.backend_started` (the machine does the MCP handshake with it) or
   :meth:`FabricServer.backend_failed`;
-- :class:`StopBackend` — remove that service's container (idle): the machine has forgotten it,
-  and the next call starts a fresh one (transparent respawn).
+- :class:`StopBackend` — remove that service's container (idle, or broken: ``reason``): the
+  machine has forgotten it, and the next call starts a fresh one (transparent respawn);
+- :class:`~.fabric_refresh.Refresh` — run it in a worker thread, never on the event loop, then
+  report :meth:`FabricServer.refreshed` (also when it failed: ``None``);
+- :class:`ToolsChanged` — a service's tools changed: log it and write its audit record.
 
 Time: the machine reads the clock it is given (never sleeps); :attr:`FabricServer.deadline` says
 when it next needs :meth:`FabricServer.tick` — a service idle for its timeout, or a backend's
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -50,7 +53,7 @@ from .._errors import ContainerStartFailure, FabricError, InvalidRequest, ParseE
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from ..discovery.tokens import count_definition
-from .catalog import Catalog, Entry, service_catalog
+from .catalog import Catalog, Entry
 from .fabric_discovery import (
     AssistSettings,
     ServiceFacts,
@@ -62,6 +65,7 @@ from .fabric_discovery import (
     index_catalog,
     tool_tokens,
 )
+from .fabric_refresh import MAX_LIST_BYTES, Refresh, Refreshed, ToolChanges
 from .jsonrpc import RequestId, peek
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
@@ -95,6 +99,8 @@ _REFRESH = {
     "notifications/prompts/list_changed": ("prompts/list", "prompts"),
     "notifications/resources/list_changed": ("resources/list", "resources"),
 }
+# A backend's fresh list over MAX_LIST_BYTES (after its list_changed): it is treated as broken.
+BACKEND_LIST_TOO_LARGE = "backend_list_too_large"
 _LISTEN_KEYS = {
     "tools": "toolsListChanged",
     "prompts": "promptsListChanged",
@@ -128,7 +134,14 @@ class StopBackend:
     reason: str
 
 
-Action = ToClient | ToBackend | StartBackend | StopBackend | ToolCallDone
+@dataclass(frozen=True)
+class ToolsChanged:
+    """A service's tools changed on a refresh (what changed: names and hashes, no text)."""
+
+    changes: ToolChanges
+
+
+Action = ToClient | ToBackend | StartBackend | StopBackend | ToolCallDone | Refresh | ToolsChanged
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,13 @@ class _Assist:
     candidates: tuple[str, ...]
     budget: int | None
     deadline: float
+
+
+@dataclass(eq=False)
+class _Relist:
+    """A backend's list asked for after its list_changed, until it is in the catalog."""
+
+    again: bool = False  # it sent list_changed again meanwhile: asked once more after
 
 
 @dataclass
@@ -314,6 +334,14 @@ class FabricServer:
         self.calls = ToolCalls(audit_arguments)
         self._done: list[ToolCall] = []
         self._message_bytes = 0  # the size of the client message being handled
+        self._backend_bytes = 0  # the size of the backend message being handled
+        # Refreshes (see fabric_refresh): each backend's list asked for or in the works, by
+        # (service, kind); the answers waiting for the next Refresh; the one running (one at
+        # most) and the lists it holds.
+        self._refreshing: dict[tuple[str, str], _Relist] = {}
+        self._fresh: dict[tuple[str, str], tuple[_Relist, tuple[Any, ...]]] = {}
+        self._refresh: Refresh | None = None
+        self._running: dict[tuple[str, str], _Relist] = {}
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -356,6 +384,7 @@ class FabricServer:
             idle_until = backend.last_active + self.idle_timeouts.get(service, math.inf)
             if backend.state == "ready" and not self._busy(service) and idle_until <= now:
                 del self.backends[service]
+                self._forget_refreshes(service)
                 actions.append(StopBackend(service, "idle"))
         return actions
 
@@ -822,6 +851,7 @@ class FabricServer:
 
     def backend_message(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
+        self._backend_bytes = len(data)
         return self._with_done(self._backend_message(service, data))
 
     def _backend_message(self, service: str, data: bytes) -> list[Action]:
@@ -926,39 +956,110 @@ class FabricServer:
                     ]
             return []
         if isinstance(method, str) and method in _REFRESH:
-            # Ask the service what it offers now; the answer updates this session's catalog
-            # and tells the client (see _refreshed).
-            list_method, _kind = _REFRESH[method]
-            our_id = self._new_id()
-            self._forwarded[our_id] = _Forwarded(service, None, list_method)
-            request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
-            return [ToBackend(service, _encoder.encode(request))]
+            # Ask the service what it offers now (see _refreshed); unless its list is asked for
+            # or in the works already: then once more after that one, however often it repeats.
+            _list_method, kind = _REFRESH[method]
+            relist = self._refreshing.get((service, kind))
+            if relist is not None:
+                relist.again = True
+                return []
+            return [self._ask_list(service, kind)]
         return []
 
+    def _ask_list(self, service: str, kind: str) -> ToBackend:
+        self._refreshing[service, kind] = _Relist()
+        list_method = next(m for m, k in _REFRESH.values() if k == kind)
+        our_id = self._new_id()
+        self._forwarded[our_id] = _Forwarded(service, None, list_method)
+        request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
+        return ToBackend(service, _encoder.encode(request))
+
     def _refreshed(self, service: str, method: str, message: Json) -> list[Action]:
-        """A service's fresh list (after its list_changed): into the catalog, and the client
-        told — a handshake-era client if it lists that service, a listener if it asked."""
-        result = message.get("result")
+        """A service's fresh list (after its list_changed): kept for the next :class:`Refresh`,
+        which makes the catalog and index from it off the event loop (see :meth:`refreshed`).
+        A list over :data:`MAX_LIST_BYTES` is refused: the backend is treated as broken."""
         kind = dict(_REFRESH.values()).get(method)
-        if not isinstance(result, dict) or kind is None or service not in self.catalog.services:
+        if kind is None:
             return []
-        entries = result.get(kind)
-        if not isinstance(entries, list):
+        result = message.get("result")
+        entries = result.get(kind) if isinstance(result, dict) else None
+        relist = self._refreshing.get((service, kind))
+        if relist is None:
+            return []  # asked of a container that is gone since
+        if not isinstance(entries, list) or service not in self.catalog.services:
+            return self._list_done(service, kind, relist)  # no list: the catalog stays
+        if self._backend_bytes > MAX_LIST_BYTES:
+            error = ContainerStartFailure(
+                f"the {service} server answered {method} with {self._backend_bytes} bytes, more "
+                f"than the {MAX_LIST_BYTES} the fabric endpoint takes: it is treated as broken",
+                reason=BACKEND_LIST_TOO_LARGE,
+            )
+            actions = self._backend_failed(service, error)
+            return [*actions, StopBackend(service, BACKEND_LIST_TOO_LARGE)]
+        self._fresh[service, kind] = (relist, tuple(entries))
+        return self._next_refresh()
+
+    def _next_refresh(self) -> list[Action]:
+        """The next :class:`Refresh`, with every list that came meanwhile, if none runs."""
+        if self._refresh is not None or not self._fresh:
             return []
-        fresh = getattr(service_catalog(**{kind: entries}), kind)
-        offer = replace(self.catalog.services[service], **{kind: fresh})
-        self.catalog = Catalog({**self.catalog.services, service: offer})
-        if kind == "tools":
-            self.index = index_catalog(self.catalog, self.facts, self.count_tokens)
+        fresh = self._fresh.items()
+        lists = tuple((service, kind, entries) for (service, kind), (_, entries) in fresh)
+        self._running = {key: relist for key, (relist, _) in self._fresh.items()}
+        self._fresh = {}
+        self._refresh = Refresh(self.catalog, lists, self.facts, self.count_tokens)
+        return [self._refresh]
+
+    def refreshed(self, refresh: Refresh, result: Refreshed | None) -> list[Action]:
+        """``refresh`` ran (``None``: it failed or was given up; the catalog stays as it was):
+        its catalog and index are this session's now, its tool changes are recorded, the
+        client is told — a handshake-era client if it lists a refreshed service, a listener if
+        it asked — and a backend that repeated list_changed meanwhile is asked again."""
+        if refresh is not self._refresh:
+            return []
+        self._refresh = None
+        running, self._running = self._running, {}
+        actions: list[Action] = []
+        if result is not None:
+            self.catalog = result.catalog
+            if result.index is not None:
+                self.index = result.index
+            actions += [ToolsChanged(changes) for changes in result.changes]
+            for kind in _LISTEN_KEYS:
+                refreshed = [service for service, k, _entries in refresh.lists if k == kind]
+                if refreshed:
+                    actions += self._announce(kind, refreshed)
+        for (service, kind), relist in running.items():
+            actions += self._list_done(service, kind, relist)
+        actions += self._next_refresh()
+        return self._with_done(actions)
+
+    def _announce(self, kind: str, services: list[str]) -> list[Action]:
         method = f"notifications/{kind}/list_changed"
         actions: list[Action] = [
             ToClient(_notification_bytes(method, {"_meta": {SUBSCRIPTION_META: listen_id}}))
             for listen_id, wants in self._listeners.items()
             if wants.get(_LISTEN_KEYS[kind])
         ]
-        if not self._stateless and service in self._shown():
+        shown = self._shown()
+        if not self._stateless and any(service in shown for service in services):
             actions.append(_notification(method))
         return actions
+
+    def _list_done(self, service: str, kind: str, relist: _Relist) -> list[Action]:
+        """A backend's list is in the catalog (or came to nothing): asked again if it sent
+        list_changed meanwhile. (A container gone since forgot its lists: nothing to do.)"""
+        if self._refreshing.get((service, kind)) is not relist:
+            return []
+        del self._refreshing[service, kind]
+        return [self._ask_list(service, kind)] if relist.again else []
+
+    def _forget_refreshes(self, service: str) -> None:
+        """The service's container is gone: the next one's list_changed is asked at once."""
+        for key in [key for key in self._refreshing if key[0] == service]:
+            del self._refreshing[key]
+        for key in [key for key in self._fresh if key[0] == service]:
+            del self._fresh[key]
 
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it
@@ -967,6 +1068,7 @@ class FabricServer:
 
     def _backend_failed(self, service: str, error: FabricError) -> list[Action]:
         self.backends.pop(service, None)
+        self._forget_refreshes(service)
         actions: list[Action] = []
         for our_id, forwarded in list(self._forwarded.items()):
             if forwarded.service != service:

@@ -18,7 +18,10 @@ waits on us: ``roots/list`` with no roots (no mount), ``ping`` with ``{}``, anyt
 Error handling: a refused or malformed ``initialize`` answer fails the probe
 (:class:`ProbeFailed`, which becomes the service's catalog error); an error answering one list
 leaves that list empty and is noted in :attr:`OfferProbe.problems`; pages beyond
-:data:`MAX_PAGES` per list are not asked for (a server that always answers with a cursor).
+:data:`MAX_PAGES` per list are not asked for (a server that always answers with a cursor). A
+list whose pages together are larger than :data:`~.fabric_refresh.MAX_LIST_BYTES` fails the
+probe: a server's catalog is made and indexed from it, which would cost CPU and memory in
+proportion (the same bound as a session's refresh of it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import msgspec
 
 from .catalog import ServiceCatalog, service_catalog
+from .fabric_refresh import MAX_LIST_BYTES
 
 PROTOCOL_VERSION = "2025-06-18"
 MAX_PAGES = 50
@@ -70,6 +74,8 @@ class OfferProbe:
     _pending: dict[int, tuple[str, int]] = field(default_factory=dict)  # id → (method, page)
     _next_id: int = 1
     _relists: int = 0
+    _list_bytes: dict[str, int] = field(default_factory=dict)  # list method → its pages' bytes
+    _line_bytes: int = 0  # the size of the line being taken
 
     @property
     def done(self) -> bool:
@@ -92,6 +98,7 @@ class OfferProbe:
 
     def receive(self, line: bytes) -> list[bytes]:
         """Take one line of the server's stdout; the lines to send back."""
+        self._line_bytes = len(line)
         try:
             message = msgspec.json.decode(line)
         except (msgspec.DecodeError, RecursionError):
@@ -145,6 +152,12 @@ class OfferProbe:
             detail = error.get("message") if isinstance(error, dict) else "a malformed answer"
             self.problems.append(f"{method}: {detail}")
             return []
+        size = self._list_bytes[method] = self._list_bytes.get(method, 0) + self._line_bytes
+        if size > MAX_LIST_BYTES:
+            raise ProbeFailed(
+                f"{method}: more than {MAX_LIST_BYTES} bytes (the largest list the fabric "
+                "endpoint takes)"
+            )
         self.items[method].extend(result[key])
         cursor = result.get("nextCursor")
         if isinstance(cursor, str) and cursor:
@@ -180,6 +193,7 @@ class OfferProbe:
         for method in relist:
             self._pending = {i: p for i, p in self._pending.items() if p[0] != method}
             self.items[method] = []
+            self._list_bytes[method] = 0
             out.append(self._request(method, {}, page=1))
         return out
 

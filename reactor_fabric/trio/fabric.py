@@ -53,6 +53,8 @@ NOT_LEARNED_YET = "not learned yet: the orchestrator is asking the service what 
 # whose image changed is probed again). Only with a disk cache: without one, every check would
 # probe every service.
 CATALOG_RECHECK_SECONDS = 300.0
+# How many sessions' catalog refreshes may run at once (each in a worker thread).
+REFRESH_THREADS = 2
 
 
 def process_identity(instance_id: str, network: str) -> ContainerIdentity:
@@ -155,6 +157,12 @@ class Fabric:
     catalog_ready: trio.Event = field(default_factory=trio.Event)
     catalog_passes: int = 0  # how many times every service was looked at (diagnostics, tests)
     catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS
+    # The worker threads in which fabric-endpoint sessions refresh their catalogs (after a
+    # backend's list_changed, see fabric_session): so many at once at most, whichever sessions
+    # they are for, so that backends flooding refreshes take at most that much of the host.
+    refresh_limiter: trio.CapacityLimiter = field(
+        default_factory=lambda: trio.CapacityLimiter(REFRESH_THREADS)
+    )
     # Started, idle containers for services with `warm` (None: no service keeps any, or not
     # made yet; serve_orchestrator makes and runs it).
     pool: WarmPool | None = None

@@ -10,13 +10,18 @@ module carries out its actions and moves bytes:
   with the session's mounts — validated again and pinned at every start, as on the per-service
   relay; each has one stdin writer, a stdout reader feeding the machine, a stderr reader;
 - a timer runs the machine's :meth:`~FabricServer.tick` at its deadline (a service idle for its
-  ``timeout`` is removed; the next call starts a fresh one).
+  ``timeout`` is removed; the next call starts a fresh one);
+- a backend's fresh list (its list_changed) is made into the session's catalog and ranking
+  index in a worker thread (:class:`~reactor_fabric.protocol.fabric_refresh.Refresh`, one at
+  a time per session, :attr:`Fabric.refresh_limiter` across sessions): that CPU work is in
+  proportion to what the backend sent, and on the event loop it held up every other session.
 
 Ownership tree (all in the session's nursery)::
 
     FabricDriver.run
     ├── _read_client, DeadlineTimer.run, _watch_shutdown
     ├── _start(service)             one per container start
+    ├── _refresh(refresh)           at most one: a catalog refresh in a worker thread
     └── per container: _write_stdin, _read_stdout, _read_stderr, and its removal
 
 Resource handling: leaving the nursery for any reason removes every container of the session
@@ -42,6 +47,7 @@ from ..config.structs import Suite
 from ..config.suite import FABRIC_ENDPOINT
 from ..discovery import DiscoveryIndex
 from ..protocol.catalog import Catalog
+from ..protocol.fabric_refresh import Refresh, Refreshed, ToolChanges
 from ..protocol.fabric_server import (
     Action,
     Exposure,
@@ -50,6 +56,7 @@ from ..protocol.fabric_server import (
     StopBackend,
     ToBackend,
     ToClient,
+    ToolsChanged,
 )
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
@@ -80,6 +87,9 @@ __all__ = ["FABRIC_ENDPOINT", "FabricDriver", "FabricOptions", "fabric_options"]
 
 # How long a session that opens while the catalog is still being learned waits for it.
 CATALOG_WAIT_SECONDS = 30.0
+# How long a catalog refresh may take in its thread (its input is bounded: MAX_LIST_BYTES);
+# beyond, it is given up and the session's catalog stays as it was.
+REFRESH_SECONDS = 60.0
 EXPOSURES: tuple[Exposure, ...] = ("discover", "all")
 
 
@@ -226,9 +236,18 @@ class FabricDriver:
                 case StartBackend(service=service):
                     nursery.start_soon(self._start, service)
                 case StopBackend(service=service, reason=reason):
+                    if reason != "idle":  # the machine found it broken
+                        log.warning(
+                            "backend_failed",
+                            extra={**self._fields, "backend": service, "reason": reason},
+                        )
                     self._stop(service, reason)
                 case ToolCallDone(call=call):
                     self._audit(call)
+                case Refresh() as refresh:
+                    nursery.start_soon(self._refresh, refresh)
+                case ToolsChanged(changes=changes):
+                    self._tools_changed(changes)
         self._timer.wake()
 
     def _audit(self, call: ToolCall) -> None:
@@ -237,6 +256,41 @@ class FabricDriver:
 
     async def _tick(self) -> None:
         await self._execute(self.server.tick())
+
+    async def _refresh(self, refresh: Refresh) -> None:
+        """Run a catalog refresh in a worker thread and report it to the machine. The thread
+        is abandoned when the session ends or :data:`REFRESH_SECONDS` pass: it is pure
+        computation with nothing to undo, and finishes on its own, holding its limiter token
+        until then (so abandoned ones cannot pile up either)."""
+        result: Refreshed | None = None
+        with trio.move_on_after(REFRESH_SECONDS) as bound:
+            try:
+                result = await trio.to_thread.run_sync(
+                    refresh.run, abandon_on_cancel=True, limiter=self.fabric.refresh_limiter
+                )
+            except Exception:
+                # A bug, or a list it cannot digest: this session's catalog stays as it was.
+                log.error("catalog_refresh_failed", exc_info=True, extra=self._fields)
+        if bound.cancelled_caught:
+            log.warning("catalog_refresh_failed", extra={**self._fields, "reason": "timeout"})
+        await self._execute(self.server.refreshed(refresh, result))
+
+    def _tools_changed(self, changes: ToolChanges) -> None:
+        """A backend's tools changed (after its list_changed): logged and audited."""
+        live = self._current.get(changes.service)
+        container = live.container.id[:12] if live is not None else None
+        record = changes.record()
+        log.warning(
+            "tools_changed",
+            extra={**self._fields, "backend": changes.service, "container": container, **record},
+        )
+        self.observer.tools_changed(
+            session=self.session_id,
+            endpoint=self.record.endpoint,
+            service=changes.service,
+            container=container,
+            changes=record,
+        )
 
     # --- client side --------------------------------------------------------------------------
 

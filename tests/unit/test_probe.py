@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from reactor_fabric.protocol.fabric_refresh import MAX_LIST_BYTES
 from reactor_fabric.protocol.probe import MAX_PAGES, MAX_RELISTS, OfferProbe, ProbeFailed
 
 
@@ -147,3 +148,27 @@ def test_a_server_that_keeps_changing_its_lists_is_asked_again_only_a_few_times(
     changed = b'{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}'
     asked = [probe.receive(changed) for _ in range(MAX_RELISTS + 2)]
     assert [len(lines) for lines in asked] == [1] * MAX_RELISTS + [0, 0]
+
+
+def test_a_list_larger_than_the_fabric_endpoint_takes_fails_the_probe_whatever_its_pages() -> None:
+    # A server's list is made into the catalog and indexed, in proportion to its size: one
+    # over the bound (in one answer, or in pages that add up) is refused, as a session's
+    # refresh refuses it, not learned.
+    page = {"tools": [{"name": "t", "description": "word " * (MAX_LIST_BYTES // 10)}]}
+    probe = OfferProbe()
+    [_, tools] = initialized(probe, {"tools": {}})
+    [page2] = sent(probe.receive(answer(tools, {**page, "nextCursor": "c2"})))
+    with pytest.raises(ProbeFailed, match=f"tools/list: more than {MAX_LIST_BYTES} bytes"):
+        probe.receive(answer(page2, {**page, "nextCursor": "c3"}))
+
+
+def test_a_list_asked_again_counts_its_bytes_from_nothing() -> None:
+    page = {"tools": [{"name": "t", "description": "word " * (MAX_LIST_BYTES // 10)}]}
+    probe = OfferProbe()
+    [_, tools] = initialized(probe, {"tools": {}})
+    probe.receive(answer(tools, {**page, "nextCursor": "c2"}))  # its page 2 is asked for
+    changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+    [again] = sent(probe.receive(json.dumps(changed).encode()))
+    probe.receive(answer(again, page))
+    assert finished(probe)
+    assert len(probe.catalog().tools) == 1

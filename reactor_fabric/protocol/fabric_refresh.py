@@ -1,0 +1,174 @@
+"""A fabric-endpoint session's catalog refreshed from its backends' fresh lists, without I/O.
+
+After a backend's ``notifications/*/list_changed`` the session asks it again
+(:mod:`.fabric_server`); what it answers is the backend's to choose, and everything made from
+it costs CPU in proportion: the catalog's routing tables, the ranking index (seconds for half a
+megabyte of words), what changed in its tools. None of that may run on the event loop, where it
+would hold up every other session: :class:`Refresh` is that work as one value, which the
+driver runs in a worker thread (:meth:`Refresh.run`), and whose :class:`Refreshed` it reports
+back to the machine. The machine runs at most one per session at a time and lets each backend
+have at most one list in the works (see ``FabricServer``), so a backend that repeats
+``list_changed`` costs one refresh after another, never a pile of them.
+
+What changed in a service's tools (:func:`tool_changes`) is kept for the audit trail and the
+log — names, and for a tool whose definition changed, which fields and their hashes — never
+their text: a rewritten description is a server trying its luck with the client's model, and
+the record shows that it happened without repeating it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+
+from ..discovery import DiscoveryIndex
+from .catalog import Catalog, ServiceCatalog, service_catalog
+from .fabric_discovery import ServiceFacts, index_catalog
+
+Json = dict[str, Any]
+
+# The largest list a service may answer (tools/list, prompts/list, …; its pages together), in
+# bytes: a session's refresh refuses more (the backend is treated as broken), and so does the
+# catalog probe. The largest real tools/list we know is ~150 KB (eval/discovery/servers);
+# indexing half a megabyte takes seconds of CPU, and each answer is held until it is indexed.
+MAX_LIST_BYTES = 1024 * 1024
+# The record names at most this many tools per list (added, removed, changed), each cut to
+# MAX_NAME_CHARS: a server's hostile list must not make a hostile record. The counts are whole.
+MAX_NAMES = 100
+MAX_NAME_CHARS = 128
+
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+@dataclass(frozen=True)
+class ToolChanges:
+    """What changed in one service's tools: names (and counts), never the text."""
+
+    service: str
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    # Each changed tool: {"tool": name, "fields": [...], "sha256": {field: {before, after}}}.
+    changed: tuple[Json, ...] = ()
+    counts: tuple[int, int, int] = (0, 0, 0)  # added, removed, changed, before any cut
+    tools: int = 0  # how many tools the service lists now
+
+    @property
+    def truncated(self) -> bool:
+        return self.counts != (len(self.added), len(self.removed), len(self.changed))
+
+    def record(self) -> Json:
+        """As the audit trail and the log write it."""
+        added, removed, changed = self.counts
+        fields: Json = {
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "changed": list(self.changed),
+            "counts": {"added": added, "removed": removed, "changed": changed},
+            "tools": self.tools,
+        }
+        if self.truncated:
+            fields["truncated"] = True
+        return fields
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """What a :class:`Refresh` made: the new catalog, its index (None: no tools changed, the
+    old one stands), and what changed in each refreshed service's tools."""
+
+    catalog: Catalog
+    index: DiscoveryIndex | None
+    changes: tuple[ToolChanges, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Refresh:
+    """Fresh lists of some services to put into ``base``: run :meth:`run` off the event loop.
+
+    ``lists``: (service, kind, entries), kind one of ``tools``, ``prompts``, ``resources``.
+    Nothing here is shared with the machine while it runs: the catalog is immutable and the
+    entries were decoded for this refresh alone.
+    """
+
+    base: Catalog
+    lists: tuple[tuple[str, str, tuple[Any, ...]], ...]
+    facts: Mapping[str, ServiceFacts]
+    count_tokens: Callable[[Json], int]
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        return frozenset(kind for _service, kind, _entries in self.lists)
+
+    def run(self) -> Refreshed:
+        services = dict(self.base.services)
+        changes: list[ToolChanges] = []
+        for service, kind, entries in self.lists:
+            before = services.get(service)
+            if before is None:
+                continue  # not a service of the suite: nothing to refresh
+            fresh: ServiceCatalog = service_catalog(**{kind: entries})
+            services[service] = replace(before, **{kind: getattr(fresh, kind)})
+            if kind == "tools":
+                change = tool_changes(service, before.tools, fresh.tools)
+                if change is not None:
+                    changes.append(change)
+        catalog = Catalog(services)
+        index = None
+        if "tools" in self.kinds:
+            index = index_catalog(catalog, self.facts, self.count_tokens)
+        return Refreshed(catalog, index, tuple(changes))
+
+
+def tool_changes(service: str, before: Sequence[Json], after: Sequence[Json]) -> ToolChanges | None:
+    """What changed from ``before`` to ``after`` (None: nothing), tools matched by name."""
+    old, new = _by_name(before), _by_name(after)
+    added = [name for name in new if name not in old]
+    removed = [name for name in old if name not in new]
+    changed: list[Json] = []
+    for name, definition in new.items():
+        previous = old.get(name)
+        if previous is None or previous == definition:
+            continue
+        fields = sorted(
+            key
+            for key in previous.keys() | definition.keys()
+            if previous.get(key) != definition.get(key)
+        )
+        hashes = {
+            key: {"before": _hash(previous, key), "after": _hash(definition, key)} for key in fields
+        }
+        changed.append({"tool": _cut(name), "fields": fields, "sha256": hashes})
+    if not (added or removed or changed):
+        return None
+    return ToolChanges(
+        service,
+        added=tuple(_cut(name) for name in added[:MAX_NAMES]),
+        removed=tuple(_cut(name) for name in removed[:MAX_NAMES]),
+        changed=tuple(changed[:MAX_NAMES]),
+        counts=(len(added), len(removed), len(changed)),
+        tools=len(new),
+    )
+
+
+def _by_name(tools: Sequence[Json]) -> dict[str, Json]:
+    named: dict[str, Json] = {}
+    for tool in tools:
+        name = tool.get("name")
+        if isinstance(name, str) and name:
+            named.setdefault(name, tool)  # as the catalog: a repeated name, the first one
+    return named
+
+
+def _hash(definition: Json, key: str) -> str | None:
+    """The SHA-256 of a field's canonical JSON (sorted keys, no spaces); None: absent."""
+    if key not in definition:
+        return None
+    return hashlib.sha256(_canonical.encode(definition[key])).hexdigest()
+
+
+def _cut(name: str) -> str:
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "…"
