@@ -27,7 +27,10 @@ Ids. Every request the machine sends — to a backend for the client, to the cli
 its own handshakes — gets an id of its own (one counter), remembered with where the answer
 goes; an answer comes back under the id its asker used. So the client's ids and each backend's
 ids never meet. Cancellation (``notifications/cancelled``) is mapped the same way; progress
-notifications pass as they are (the client's ``progressToken`` travels with the request).
+notifications pass as they are (the client's ``progressToken`` travels with the request). A
+client request under an id the client still waits on, or a backend request under an id that
+backend still waits on, is refused (-32600 ``duplicate_request_id``) before it goes anywhere:
+one id, one answer, one audit record.
 
 Requests from a backend: ``roots/list`` is answered here from the session's mounts (``file://``
 URIs of their targets); ``ping`` here too; sampling and elicitation go to the client when it
@@ -66,7 +69,7 @@ from .fabric_discovery import (
     tool_tokens,
 )
 from .fabric_refresh import MAX_LIST_BYTES, Refresh, Refreshed, ToolChanges
-from .jsonrpc import RequestId, peek
+from .jsonrpc import RequestId, duplicate_request, peek
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
 Json = dict[str, Any]
@@ -462,7 +465,40 @@ class FabricServer:
             params = {}
         if not kind.is_request:
             return self._client_notification(method, params)
+        if self._client_waits_on(message["id"]):
+            return self._refuse_duplicate(message["id"], method, params)
         return self._client_request(message["id"], method, params)
+
+    def _client_waits_on(self, request_id: RequestId) -> bool:
+        """Whether a request of the client's under this id is still to be answered."""
+        return (
+            request_id in self.calls.open
+            or request_id in self._listeners
+            or any(f.client_id == request_id for f in self._forwarded.values())
+            or any(a.client_id == request_id for a in self._assisting.values())
+        )
+
+    def _refuse_duplicate(self, request_id: RequestId, method: str, params: Json) -> list[Action]:
+        """Answer a request under an id in flight without touching what is in flight: the
+        first request keeps its answer to come, and a tools/call its one record (the refused
+        one gets its own)."""
+        error = duplicate_request(request_id)
+        body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
+        data = _encoder.encode(body)
+        if method == "tools/call":
+            tool, arguments, traceparent = _audited(params)
+            refused = self.calls.refused(
+                request_id,
+                tool=tool,
+                service=FABRIC_SERVICE,
+                arguments=arguments,
+                traceparent=traceparent,
+                nbytes=self._message_bytes,
+                answer=data,
+                now=self.clock(),
+            )
+            self._done.append(refused)
+        return [ToClient(data, (error.code, error.reason))]
 
     def _client_request(self, request_id: object, method: str, params: Json) -> list[Action]:
         handler = {
@@ -566,7 +602,7 @@ class FabricServer:
         name = params.get("name")
         arguments = params.get("arguments")
         if isinstance(request_id, str | int):
-            self._begin_call(request_id, name, params)
+            self._begin_call(request_id, params)
         if not isinstance(arguments, dict):
             arguments = {}
         answering: dict[str, Callable[[Json], Json]] = {
@@ -587,20 +623,16 @@ class FabricServer:
             return acting[name](request_id, arguments)
         return self._call_entry(request_id, name, params)
 
-    def _begin_call(self, request_id: RequestId, name: object, params: Json) -> None:
-        """The audit's view of a call: the tool it names (call_tool: the one it calls)."""
-        arguments = params.get("arguments")
-        if name == "call_tool" and isinstance(arguments, dict):
-            name = arguments.get("name")
-            arguments = arguments.get("arguments", arguments.get("parameters"))
-        meta = params.get("_meta")
+    def _begin_call(self, request_id: RequestId, params: Json) -> None:
+        """The audit's view of a call (see :func:`_audited`)."""
+        tool, arguments, traceparent = _audited(params)
         self.calls.begin(
             request_id,
-            tool=name,
+            tool=tool,
             # The endpoint's own until routed to a service's tool (see _call_entry).
             service=FABRIC_SERVICE,
             arguments=arguments,
-            traceparent=meta.get("traceparent") if isinstance(meta, dict) else None,
+            traceparent=traceparent,
             nbytes=self._message_bytes,
             now=self.clock(),
         )
@@ -916,6 +948,10 @@ class FabricServer:
     def _backend_request(self, service: str, message: Json) -> list[Action]:
         method = str(message.get("method"))
         answer: Json = {"jsonrpc": "2.0", "id": message.get("id")}
+        if any(a.service == service and a.backend_id == answer["id"] for a in self._asked.values()):
+            # The client's answer could not be told from the first's: refused, as the relay does.
+            answer["error"] = duplicate_request(answer["id"]).to_jsonrpc_error()
+            return [ToBackend(service, _encoder.encode(answer))]
         capability = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
         if method == "roots/list":
             roots = [{"uri": f"file://{target}", "name": target} for target in self.mount_targets]
@@ -1145,6 +1181,18 @@ class FabricServer:
         data = _encoder.encode(body)
         self._ended(request_id, data)
         return ToClient(data, error)
+
+
+def _audited(params: Json) -> tuple[object, object, object]:
+    """What the audit keeps of a tools/call's params: the tool it names (call_tool: the one it
+    calls), its arguments and the client's traceparent."""
+    name = params.get("name")
+    arguments = params.get("arguments")
+    if name == "call_tool" and isinstance(arguments, dict):
+        name = arguments.get("name")
+        arguments = arguments.get("arguments", arguments.get("parameters"))
+    meta = params.get("_meta")
+    return name, arguments, meta.get("traceparent") if isinstance(meta, dict) else None
 
 
 def _complete(result: Json) -> Json:

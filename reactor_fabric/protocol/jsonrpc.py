@@ -141,6 +141,31 @@ def _valid_id(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+DUPLICATE_REQUEST_ID: Final = "duplicate_request_id"
+
+
+def duplicate_request(request_id: RequestId) -> InvalidRequest:
+    """The answer to a request whose id is already in flight in the same direction.
+
+    JSON-RPC ids must be unique among a peer's requests in flight: a second request under one
+    id would leave its answer ambiguous, and the books kept per id (what the container owes,
+    the audit's open calls) would lose the first. Refused before it goes anywhere, on every
+    transport.
+    """
+    return InvalidRequest(
+        f"request id {request_id!r} is already in flight in this session",
+        reason=DUPLICATE_REQUEST_ID,
+        request_id=request_id,
+    )
+
+
+class IdInFlight(AssertionError):
+    """A second request under an id already in flight reached the books kept per id (the
+    ledger, the open tool calls). The machines refuse such a request first
+    (:func:`duplicate_request`); this is the books' own guard, kept under ``python -O`` too,
+    so that one id can never stand for two requests there."""
+
+
 def decode_params(params: msgspec.Raw | None) -> Any:
     """The params of a peeked message as Python data (only for the few messages we handle)."""
     if params is None:

@@ -7,6 +7,9 @@ The session tells the ledger about every frame it relays (as peeked by
 - which server→client requests (sampling, roots, elicitation) await the client, and until when:
   a container is not torn down for idleness while a human may be answering one, but one the
   client never answers expires, so it cannot hold the container forever;
+- that an id stands for one request in flight per direction: recording a second one under an
+  id still in flight raises :class:`~reactor_fabric.protocol.jsonrpc.IdInFlight` (the session
+  machine refuses it first, ``duplicate_request_id``), so no request is silently forgotten;
 - the client's ``initialize`` request and ``notifications/initialized``, so that a fresh
   container (after idle teardown or a crash) can be brought to the same state transparently.
   The replayed ``initialize`` gets an id of the orchestrator's own, and its response is
@@ -20,7 +23,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .jsonrpc import NOTIFICATION, REQUEST, RESPONSE, Peek, RequestId, decode_params, with_id
+from .jsonrpc import (
+    NOTIFICATION,
+    REQUEST,
+    RESPONSE,
+    IdInFlight,
+    Peek,
+    RequestId,
+    decode_params,
+    with_id,
+)
 
 INITIALIZE = "initialize"
 INITIALIZED = "notifications/initialized"
@@ -60,6 +72,8 @@ class Ledger:
         if kind == REQUEST:
             assert message.id is not None
             assert message.method is not None
+            if message.id in self.client_requests:
+                raise IdInFlight(f"client request id {message.id!r} is already in flight")
             self.client_requests[message.id] = message.method
             if message.method == INITIALIZE:
                 # A client that initializes again starts over: the newest handshake is replayed.
@@ -82,6 +96,8 @@ class Ledger:
                 self.client_requests.pop(message.id, None)
         elif message.kind == REQUEST:
             assert message.id is not None
+            if message.id in self.server_requests:
+                raise IdInFlight(f"server request id {message.id!r} is already in flight")
             self.server_requests[message.id] = expires_at
         else:
             assert message.kind == NOTIFICATION

@@ -18,6 +18,11 @@ ignored. The current container is in one of three states::
 Client frames go straight to stdin only when a container is READY and nothing waits before
 them; otherwise they wait, in order, bounded in bytes (:attr:`SessionMachine.accepting`).
 
+A request id stands for one request in flight per direction. A client request under an id that
+is still waiting or owed an answer, and a server request under an id still awaiting the client,
+is refused (-32600 ``duplicate_request_id``) and goes no further: the server never runs it, and
+the call in flight keeps its own answer and its one audit record.
+
 Time is given with every event (``now``, any monotonic clock); :attr:`SessionMachine.deadline`
 says when the machine next needs a :class:`Tick`.
 """
@@ -35,7 +40,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._errors import ContainerStartFailure, FabricError, InvalidMessage, InvalidRequest
-from .jsonrpc import REQUEST, RESPONSE, Peek, RequestId, error_response, for_stdio, peek
+from .jsonrpc import (
+    REQUEST,
+    RESPONSE,
+    Peek,
+    RequestId,
+    duplicate_request,
+    error_response,
+    for_stdio,
+    peek,
+)
 from .ledger import CANCELLED, Ledger, cancelled_request_id
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
@@ -284,6 +298,8 @@ class SessionMachine:
         self._next_seq = 0
         self._waiting: collections.deque[tuple[Peek, bytes]] = collections.deque()
         self._waiting_bytes = 0
+        # The ids of the requests among them (for refusing a duplicate without a scan).
+        self._waiting_requests: set[RequestId] = set()
         self._last_activity = now
         self._now = now
         self._handlers: dict[type[Any], Any] = {
@@ -351,6 +367,7 @@ class SessionMachine:
         twin.calls = self.calls.clone()
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
         twin._waiting = collections.deque(self._waiting)
+        twin._waiting_requests = set(self._waiting_requests)
         twin._handlers = {
             kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
         }
@@ -404,6 +421,8 @@ class SessionMachine:
         done: list[Action] = []
         if message.kind == REQUEST:
             assert message.id is not None
+            if message.id in self.ledger.client_requests or message.id in self._waiting_requests:
+                return self._refuse_duplicate(message, event.frame, now)
             if message.method == TOOLS_CALL:
                 self.calls.begin_params(message.id, message.params, len(event.frame), now)
             if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
@@ -421,9 +440,29 @@ class SessionMachine:
             return [self._write(slot, message, event.frame), *done]
         self._waiting.append((message, event.frame))
         self._waiting_bytes += len(event.frame)
+        if message.kind == REQUEST:
+            assert message.id is not None
+            self._waiting_requests.add(message.id)
         if slot is None:
             return [self._spawn(), *done]
         return done
+
+    def _refuse_duplicate(self, message: Peek, frame: bytes, now: float) -> list[Action]:
+        """A client request under an id already in flight: answered with the refusal, never
+        written to the container. A tools/call gets a record of its own; the call open under
+        that id is not touched (its answer and its record are still to come)."""
+        assert message.id is not None
+        error = duplicate_request(message.id)
+        answer = error_response(message.id, error)
+        actions: list[Action] = [
+            Log("info", "client_message_refused", {"code": error.code, "reason": error.reason}),
+            SendToClient(answer, error=(error.code, error.reason)),
+        ]
+        if message.method == TOOLS_CALL:
+            actions.append(
+                self.calls.refused_params(message.id, message.params, len(frame), answer, now)
+            )
+        return actions
 
     def _error_to_client(self, request_id: RequestId | None, error: FabricError) -> list[Action]:
         """The orchestrator answers a client request with ``error`` (a tool call ends)."""
@@ -449,6 +488,7 @@ class SessionMachine:
         ]
         self._waiting.clear()
         self._waiting_bytes = 0
+        self._waiting_requests.clear()
         return actions
 
     def _fail_waiting(self, error: FabricError) -> list[Action]:
@@ -459,6 +499,7 @@ class SessionMachine:
                 actions += self._error_to_client(message.id, error)
         self._waiting.clear()
         self._waiting_bytes = 0
+        self._waiting_requests.clear()
         return actions
 
     def _client_gone(self, _event: ClientGone, now: float) -> list[Action]:
@@ -553,16 +594,14 @@ class SessionMachine:
             and message.id == slot.replay_id
         ):
             return self._replay_answered(slot, message)
-        if (
-            message.kind == REQUEST
-            and len(self.ledger.server_requests) >= self.limits.max_server_requests
-        ):
-            refusal = _ServerRequestExpired(
-                f"{self.limits.max_server_requests} requests to the client are already waiting",
-                reason="too_many_requests_to_client",
-            )
+        refusal = self._server_request_refusal(message) if message.kind == REQUEST else None
+        if refusal is not None:
             return [
-                Log("warning", "server_request_refused", {"id": message.id}),
+                Log(
+                    "warning",
+                    "server_request_refused",
+                    {"id": message.id, "reason": refusal.reason},
+                ),
                 self._write_line(slot, error_response(message.id, refusal)),
             ]
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
@@ -572,6 +611,19 @@ class SessionMachine:
             if done is not None:
                 return [send, done]
         return [send]
+
+    def _server_request_refusal(self, request: Peek) -> FabricError | None:
+        """Why a server's request is answered here instead of going to the client, if it is."""
+        assert request.id is not None
+        if request.id in self.ledger.server_requests:
+            # Its answer could not be told from the first's: refused like a client's duplicate.
+            return duplicate_request(request.id)
+        if len(self.ledger.server_requests) >= self.limits.max_server_requests:
+            return _ServerRequestExpired(
+                f"{self.limits.max_server_requests} requests to the client are already waiting",
+                reason="too_many_requests_to_client",
+            )
+        return None
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
         if answer.failed:

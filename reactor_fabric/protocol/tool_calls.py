@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from .jsonrpc import RequestId
+from .jsonrpc import IdInFlight, RequestId
 
 ArgumentsMode = Literal["none", "hash", "full"]
 Outcome = Literal["ok", "error", "cancelled", "no_answer"]
@@ -211,11 +211,21 @@ class ToolCalls:
         after the request went on to the server, off its path; larger ones are read now, so
         that what is kept per call in flight stays small.
         """
+        self._begin(request_id, self._opened(params, nbytes, now))
+
+    def _opened(self, params: msgspec.Raw | None, nbytes: int, now: float) -> _Open:
         if params is not None and len(params) <= LAZY_PARAMS_BYTES:
-            self.open[request_id] = _Open("", None, Arguments(), now, nbytes, None, bytes(params))
-            return
+            return _Open("", None, Arguments(), now, nbytes, None, bytes(params))
         tool, arguments, traceparent = self._read_params(params)
-        self.open[request_id] = _Open(tool, None, arguments, now, nbytes, traceparent)
+        return _Open(tool, None, arguments, now, nbytes, traceparent)
+
+    def _begin(self, request_id: RequestId, call: _Open) -> None:
+        # One id, one call: a second call under an id in flight would replace the first, which
+        # would then never be recorded. The machines refuse it before (duplicate_request_id,
+        # recorded on its own: see refused_params); this guard holds even if one did not.
+        if request_id in self.open:
+            raise IdInFlight(f"tool call id {request_id!r} is already in flight")
+        self.open[request_id] = call
 
     def _read_params(self, params: msgspec.Raw | bytes | None) -> tuple[str, Arguments, str | None]:
         """What the audit keeps of a call's params: its tool, arguments and traceparent."""
@@ -252,9 +262,53 @@ class ToolCalls:
         now: float,
     ) -> None:
         """A ``tools/call`` request already decoded (the fabric endpoint)."""
-        self.open[request_id] = _Open(
+        self._begin(
+            request_id,
+            _Open(
+                _tool_name(tool),
+                service,
+                self._arguments(arguments),
+                now,
+                nbytes,
+                _trace(traceparent),
+            ),
+        )
+
+    def refused_params(
+        self,
+        request_id: RequestId,
+        params: msgspec.Raw | None,
+        nbytes: int,
+        answer: bytes,
+        now: float,
+    ) -> ToolCallDone:
+        """A ``tools/call`` the orchestrator refused before it began, because its id is already
+        in flight (as :meth:`begin_params`, and ``answer``: the refusal sent to the client).
+
+        It gets a record of its own, as every call does; the call open under that id is left
+        as it is, to be recorded once when it ends.
+        """
+        return ToolCallDone(
+            answer=_Answered(request_id, self._opened(params, nbytes, now), answer, now, self._read)
+        )
+
+    def refused(
+        self,
+        request_id: RequestId,
+        *,
+        tool: object,
+        service: str | None,
+        arguments: object,
+        traceparent: object,
+        nbytes: int,
+        answer: bytes,
+        now: float,
+    ) -> ToolCall:
+        """As :meth:`refused_params`, for a request already decoded (the fabric endpoint)."""
+        call = _Open(
             _tool_name(tool), service, self._arguments(arguments), now, nbytes, _trace(traceparent)
         )
+        return _Answered(request_id, call, answer, now, self._read).outcome()
 
     def route(self, request_id: RequestId, service: str, tool: str) -> None:
         """The fabric endpoint resolved the call to ``service``'s own ``tool``."""

@@ -52,7 +52,14 @@ from .._errors import (
 )
 from ..observe.observer import Client
 from ..protocol.handshake import REGISTER_METHOD
-from ..protocol.jsonrpc import REQUEST, Peek, decode_params, error_response, peek
+from ..protocol.jsonrpc import (
+    REQUEST,
+    Peek,
+    decode_params,
+    duplicate_request,
+    error_response,
+    peek,
+)
 from .fabric import Fabric, new_session_id
 from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import FrameQueue, HttpChannel, Waiter
@@ -395,11 +402,10 @@ async def _post(
         return
     assert message.id is not None
     if channel.in_flight(message.id):
-        duplicate = InvalidRequest(
-            f"request id {message.id!r} is already in flight in this session",
-            reason="duplicate_request_id",
-            request_id=message.id,
-        )
+        # The first line: a live POST waits on this id. (One whose client left is no longer
+        # waited on here, but the session's machine still has the request in flight, and
+        # refuses the duplicate itself, with the same error.)
+        duplicate = duplicate_request(message.id)
         await exchange.respond(400, error_response(message.id, duplicate), headers=session_header)
         return
     accept = exchange.request.headers.get(b"accept", "")

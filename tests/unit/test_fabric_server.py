@@ -1017,3 +1017,72 @@ def test_calls_in_flight_when_the_client_leaves_had_no_answer_others_answered_ar
     [gone] = records(server.client_gone())
     assert (gone.request_id, gone.outcome) == (1, "no_answer")
     assert records(server.client_gone()) == []
+
+
+# --- request ids in flight ----------------------------------------------------------------------
+
+
+def refused_as_duplicate(actions: list[Action], request_id: object) -> bool:
+    [answer] = to_client(actions)
+    reason = answer.get("error", {}).get("data", {}).get("reason")
+    return bool(answer["id"] == request_id and reason == "duplicate_request_id")
+
+
+def test_a_call_under_an_id_in_flight_is_refused_never_reaches_a_backend_first_recorded_once() -> (
+    None
+):
+    server, clock = timed_session()
+    call(server, 1, "time__get_current_time", timezone="UTC")
+    [_, forwarded] = to_backend(ready(server, "time"), "time")
+    duplicate = call(server, 1, "time__convert_time", time="12:00")
+    assert refused_as_duplicate(duplicate, 1)
+    assert [a for a in duplicate if isinstance(a, ToBackend | StartBackend)] == []
+    [refused] = records(duplicate)
+    assert (refused.request_id, refused.tool, refused.outcome, refused.error_code) == (
+        1,
+        "time__convert_time",
+        "error",
+        -32600,
+    )
+    clock.now += 1
+    actions = answer_call(server, "time", forwarded)
+    assert to_client(actions)[0]["result"] == {"content": []}
+    [first] = records(actions)
+    assert (first.request_id, first.tool, first.outcome) == (1, "get_current_time", "ok")
+    assert server.calls.open == {}
+    # Answered, the id may be used again.
+    assert records(call(server, 1, "get_status"))[0].outcome == "ok"
+
+
+@pytest.mark.parametrize("waiting", ["starting backend", "subscription", "model assist"])
+def test_any_request_under_the_id_of_one_still_to_be_answered_is_refused(waiting: str) -> None:
+    server = session(facts=FACTS, assist=ASSIST, client_capabilities={"sampling": {}})
+    if waiting == "starting backend":
+        assert StartBackend("git") in call(server, "x", "git__git_log")
+    elif waiting == "subscription":
+        listen = msg(id="x", method="subscriptions/listen", params={"notifications": {}})
+        server.client_message(listen)
+    else:
+        [ask] = to_client(call(server, "x", "analyze_task", task_description="zones and commits"))
+        assert ask["method"] == "sampling/createMessage"
+    assert refused_as_duplicate(server.client_message(msg(id="x", method="ping")), "x")
+    assert refused_as_duplicate(call(server, "x", "get_status"), "x")
+    if waiting == "starting backend":
+        [_, forwarded] = to_backend(ready(server, "git"), "git")  # the first, and only it
+        assert forwarded["params"]["name"] == "git_log"
+
+
+def test_a_backends_request_under_an_id_awaiting_the_client_is_refused_to_that_backend() -> None:
+    server = session(client_capabilities={"sampling": {}})
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    [asked] = to_client(
+        server.backend_message("git", msg(id="s7", method="sampling/createMessage"))
+    )
+    again = server.backend_message("git", msg(id="s7", method="sampling/createMessage"))
+    assert to_client(again) == []
+    [refused] = to_backend(again, "git")
+    assert (refused["id"], refused["error"]["code"]) == ("s7", -32600)
+    assert refused["error"]["data"]["reason"] == "duplicate_request_id"
+    [back] = to_backend(server.client_message(msg(id=asked["id"], result={"ok": 1})), "git")
+    assert back == {"jsonrpc": "2.0", "id": "s7", "result": {"ok": 1}}

@@ -574,3 +574,28 @@ async def test_a_backends_rewritten_tool_descriptions_are_logged_and_audited(
     assert logged.levelno == logging.WARNING
     assert (logged.session, logged.backend) == (session_id, "alpha")  # type: ignore[attr-defined]
     assert logged.changed == record["changed"]  # type: ignore[attr-defined]
+
+
+async def test_a_call_under_an_id_in_flight_never_reaches_its_backend_and_the_first_is_audited_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__wait", seconds=10))
+        await ws.send_json(tool_call(2, "alpha__echo", x=1))
+        refusal = await ws.hear()  # at once: the first call takes 10 s
+        assert (refusal["id"], refusal["error"]["code"]) == (2, -32600)
+        assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
+        assert await ws.hear() == {"jsonrpc": "2.0", "id": 2, "result": {"content": []}}
+        [alpha] = http.runtime.alive
+        calls = [json.loads(line) for line in alpha.stdin_lines if b'"tools/call"' in line]
+        assert [call["params"]["name"] for call in calls] == ["wait"]  # echo never reached it
+        records = [event.record for event in http.fabric.observer.calls]
+        assert [
+            (r["request_id"], r["service"], r["tool"], r["outcome"], r["error_reason"])
+            for r in records
+        ] == [
+            (2, "fabric", "alpha__echo", "error", "duplicate_request_id"),
+            (2, "alpha", "wait", "ok", None),
+        ]
+        await ws.aclose()

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 
-from reactor_fabric.protocol.jsonrpc import peek
+import pytest
+
+from reactor_fabric.protocol.jsonrpc import IdInFlight, peek
 from reactor_fabric.protocol.ledger import Ledger
 
 
@@ -86,3 +88,23 @@ def test_a_dead_container_loses_every_pending_request() -> None:
     server(ledger, {"jsonrpc": "2.0", "id": 5, "method": "roots/list"})
     assert ledger.container_gone() == [(1, "a"), ("b", "b")]
     assert not ledger.busy
+
+
+def test_the_ledger_never_holds_two_requests_in_flight_under_one_id_in_either_direction() -> None:
+    # The session machine refuses such a request first (duplicate_request_id); were one to get
+    # here, the first request must not be silently replaced (it would never be answered).
+    ledger = Ledger()
+    client(ledger, {"jsonrpc": "2.0", "id": 7, "method": "tools/call"})
+    with pytest.raises(IdInFlight):
+        client(ledger, {"jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+    assert ledger.client_requests == {7: "tools/call"}
+    server(ledger, {"jsonrpc": "2.0", "id": "s", "method": "roots/list"}, expires_at=10.0)
+    with pytest.raises(IdInFlight):
+        server(ledger, {"jsonrpc": "2.0", "id": "s", "method": "roots/list"}, expires_at=99.0)
+    assert ledger.server_requests == {"s": 10.0}
+    # Once answered, an id is free again.
+    server(ledger, {"jsonrpc": "2.0", "id": 7, "result": {}})
+    client(ledger, {"jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+    client(ledger, {"jsonrpc": "2.0", "id": "s", "result": {}})
+    server(ledger, {"jsonrpc": "2.0", "id": "s", "method": "roots/list"}, expires_at=20.0)
+    assert (ledger.client_requests, ledger.server_requests) == ({7: "tools/list"}, {"s": 20.0})

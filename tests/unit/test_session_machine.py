@@ -463,6 +463,57 @@ def test_a_request_beyond_the_in_flight_cap_is_refused_at_once() -> None:
     assert isinstance(run.client(request(5, "tools/list"))[0], WriteStdin)
 
 
+def test_a_call_under_an_id_in_flight_is_refused_never_written_and_the_first_is_recorded_once() -> (
+    None
+):
+    run = Run()
+    run.handshake()
+    run.client(request(2, "tools/call", {"name": "first"}))
+    refused = run.client(request(2, "tools/call", {"name": "second"}))
+    assert not [a for a in refused if isinstance(a, WriteStdin)]
+    [refusal] = [a for a in run.sent() if a.get("id") == 2]
+    assert refusal["error"]["code"] == -32600
+    assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
+    assert [m["params"]["name"] for m in run.written(0) if m.get("id") == 2] == ["first"]
+    # The refused call has its record; the first one is still open, with its own.
+    [refused_call] = [a.call for a in refused if isinstance(a, ToolCallDone)]
+    assert (refused_call.tool, refused_call.outcome) == ("second", "error")
+    assert refused_call.error_reason == "duplicate_request_id"
+    run.server(0, response(2))
+    records = [a.call for a in run.of(ToolCallDone)]
+    assert [(c.request_id, c.tool, c.outcome) for c in records] == [
+        (2, "second", "error"),
+        (2, "first", "ok"),
+    ]
+    # Answered, the id is free again.
+    assert isinstance(run.client(request(2, "tools/list"))[0], WriteStdin)
+
+
+def test_a_request_under_the_id_of_one_waiting_for_the_container_is_refused() -> None:
+    run = Run()
+    run.client(INITIALIZE)
+    run.client(request(2, "tools/list"))
+    run.client(request(2, "tools/call", {"name": "x"}))
+    [refusal] = run.sent()
+    assert (refusal["id"], refusal["error"]["data"]["reason"]) == (2, "duplicate_request_id")
+    run.do(SpawnSucceeded(0))
+    assert [m.get("method") for m in run.written(0)] == ["initialize", "tools/list"]
+
+
+def test_a_server_request_under_an_id_awaiting_the_client_is_refused_to_the_server() -> None:
+    run = Run()
+    run.handshake()
+    run.server(0, request("ask", "sampling/createMessage", {"n": 1}))
+    actions = run.server(0, request("ask", "sampling/createMessage", {"n": 2}))
+    assert not [a for a in actions if isinstance(a, SendToClient)]
+    [refusal] = [m for m in run.written(0) if m.get("id") == "ask"]
+    assert refusal["error"]["code"] == -32600
+    assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
+    assert [m["params"] for m in run.sent() if m.get("id") == "ask"] == [{"n": 1}]
+    run.client(response("ask"))  # the client answers the one it got
+    assert not run.machine.ledger.busy
+
+
 def test_shutdown_answers_everything_in_flight_then_closes_the_client_normally() -> None:
     run = Run()
     run.handshake()

@@ -1,7 +1,8 @@
 """Every ordering of the events a relay session can see, explored exhaustively.
 
 A model world surrounds the pure session machine: a client with a short script (initialize,
-initialized, two tool calls) that answers the server's requests, model containers that start or
+initialized, two tool calls) that answers the server's requests and may send its first call
+again while it is in flight (under the same id), model containers that start or
 fail to start, take their stdin, answer in order, ask the client something, die, break, or exit
 late after being stopped, a clock that jumps to the machine's next deadline, the client leaving,
 and the orchestrator stopping. From every reachable state every enabled event is tried (states
@@ -22,7 +23,10 @@ Invariants:
   never exceeds the bound by more than one frame;
 - every tool call gets one audit record, exactly once in the end, with the outcome the client
   saw: ``ok`` after a result, ``error`` after an error answer (the server's or the
-  orchestrator's), ``no_answer`` only for a call the client never got an answer to.
+  orchestrator's), ``no_answer`` only for a call the client never got an answer to;
+- a request sent again under an id in flight is refused at once (``duplicate_request_id``),
+  never reaches a container, gets a record of its own, and leaves the first request's answer
+  and record as they would have been.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ from reactor_fabric.protocol.session import (
     Tick,
     WriteStdin,
 )
-from reactor_fabric.protocol.tool_calls import ToolCallDone
+from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
 
 SCRIPT = [
@@ -76,6 +80,7 @@ SCRIPT = [
     json.dumps(request(3, "tools/call", {"name": "b"})).encode(),
 ]
 TOOL_CALL_IDS = (2, 3)
+AGAIN = 2  # the script's first tool call (id 2), which the client may send again
 # Small enough that the initialize and a call cannot both wait: the read gate is exercised.
 BUFFER_BYTES = 200
 # Bounds that keep each exploration finite (set per test): misfortunes per run (deaths, broken
@@ -83,6 +88,9 @@ BUFFER_BYTES = 200
 # the client multiplies the space by ~90, so the configurations below split the work.
 MISFORTUNES = 2
 ASKS = 1
+# Whether the client may send its first tool call again while it is in flight.
+DUPLICATES = False
+DUPLICATE = "duplicate_request_id"
 MAX_STATES = 1_000_000
 
 
@@ -118,6 +126,10 @@ class World:
     left: bool = False
     misfortunes: int = 0
     asked: int = 0
+    # The first tool call sent again under its id; that one refused; its record.
+    duplicated: bool = False
+    duplicate_refused: bool = False
+    duplicate_recorded: bool = False
 
     def clone(self) -> World:
         twin = copy.copy(self)
@@ -155,6 +167,9 @@ class World:
             self.left,
             self.misfortunes,
             self.asked,
+            self.duplicated,
+            self.duplicate_refused,
+            self.duplicate_recorded,
         )
 
 
@@ -184,23 +199,9 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
                 for line in data.splitlines():
                     receive_line(box, line, trail)
             case SendToClient(frame=frame):
-                message = json.loads(frame)
-                if "method" in message and "id" in message:
-                    world.asks.append(message["id"])
-                elif "id" in message and "method" not in message:
-                    answer_id = message["id"]
-                    check(answer_id in world.sent, f"an answer to unknown id {answer_id}", trail)
-                    world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
-                    check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
-                    world.answered_with[answer_id] = "error" if "error" in message else "result"
+                client_receives(world, json.loads(frame), trail)
             case ToolCallDone(call=call):
-                call_id = call.request_id
-                check(call_id in TOOL_CALL_IDS, f"a tool call record for {call_id}", trail)
-                check(call_id not in world.recorded, f"tool call {call_id} recorded twice", trail)
-                world.recorded[call_id] = call.outcome
-                got = world.answered_with.get(call_id)
-                expected = {"result": "ok", "error": "error", None: "no_answer"}[got]
-                check(call.outcome == expected, f"{call_id} recorded {call.outcome} ({got})", trail)
+                recorded(world, call, trail)
             case StopContainer(seq=seq):
                 box = world.boxes.get(seq)
                 check(box is not None, f"stop of unknown container {seq}", trail)
@@ -211,6 +212,36 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
                 world.ended = "shutdown" if world.stopping else "gone"
             case CloseClient() | Log():
                 pass
+
+
+def client_receives(world: World, message: dict[str, Any], trail: list[str]) -> None:
+    if message.get("error", {}).get("data", {}).get("reason") == DUPLICATE:
+        refused = world.duplicated and not world.duplicate_refused
+        check(refused, f"{message['id']} refused as a duplicate it was not", trail)
+        world.duplicate_refused = True
+    elif "method" in message and "id" in message:
+        world.asks.append(message["id"])
+    elif "id" in message and "method" not in message:
+        answer_id = message["id"]
+        check(answer_id in world.sent, f"an answer to unknown id {answer_id}", trail)
+        world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
+        check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
+        world.answered_with[answer_id] = "error" if "error" in message else "result"
+
+
+def recorded(world: World, call: ToolCall, trail: list[str]) -> None:
+    if call.error_reason == DUPLICATE:
+        check(world.duplicate_refused, "a duplicate recorded before its refusal", trail)
+        check(not world.duplicate_recorded, "a duplicate recorded twice", trail)
+        world.duplicate_recorded = True
+        return
+    call_id = call.request_id
+    check(call_id in TOOL_CALL_IDS, f"a tool call record for {call_id}", trail)
+    check(call_id not in world.recorded, f"tool call {call_id} recorded twice", trail)
+    world.recorded[call_id] = call.outcome
+    got = world.answered_with.get(call_id)
+    expected = {"result": "ok", "error": "error", None: "no_answer"}[got]
+    check(call.outcome == expected, f"{call_id} recorded {call.outcome} ({got})", trail)
 
 
 def receive_line(box: Box, line: bytes, trail: list[str]) -> None:
@@ -244,6 +275,15 @@ def enabled(world: World) -> list[Step]:
         steps.append(("send", send_next))
     if world.asks and machine.accepting:
         steps.append(("answer-server", answer_server))
+    again = json.loads(SCRIPT[AGAIN])["id"] if len(SCRIPT) > AGAIN else None
+    if (
+        DUPLICATES
+        and not world.duplicated
+        and again in world.sent
+        and again not in world.answers
+        and machine.accepting
+    ):
+        steps.append(("send-again", send_again))
     unlucky = world.misfortunes < MISFORTUNES
     for seq in sorted(world.spawning):
         steps.append((f"spawned-{seq}", partial(started, seq=seq)))
@@ -288,6 +328,12 @@ def send_next(world: World) -> Event:
     if "id" in message:
         world.sent.append(message["id"])
     return ClientFrame(frame)
+
+
+def send_again(world: World) -> Event:
+    """The client sends its first tool call again, under the same id, while it is in flight."""
+    world.duplicated = True
+    return ClientFrame(SCRIPT[AGAIN])
 
 
 def answer_server(world: World) -> Event:
@@ -417,6 +463,8 @@ def explore(*, stall_timeout: float = math.inf) -> int:
             apply(successor, actions, step_trail)
             buffered = successor.machine.buffered_to_server
             check(buffered <= allowed, f"{buffered} bytes buffered", step_trail)
+            refused = successor.duplicate_refused and successor.duplicate_recorded
+            check(successor.duplicated == refused, "a duplicate not refused at once", step_trail)
             key = successor.key()
             if key not in seen:
                 seen.add(key)
@@ -476,6 +524,26 @@ def test_every_reachable_state_keeps_the_invariants_when_a_container_stops_takin
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
     assert explore(stall_timeout=45.0) >= 5_000
+
+
+@pytest.mark.parametrize(
+    ("frames", "misfortunes", "asks", "at_least"),
+    [
+        (3, 2, 0, 35_000),  # starts, deaths, broken output, replays, idle, racing the repeat
+        (4, 0, 0, 12_000),  # both calls in flight, answered in any order around the repeat
+    ],
+    ids=["misfortunes", "both-calls"],
+)
+def test_every_reachable_state_keeps_the_invariants_when_the_client_repeats_an_id_in_flight(
+    monkeypatch: pytest.MonkeyPatch, frames: int, misfortunes: int, asks: int, at_least: int
+) -> None:
+    # The first call sent again at any moment it is in flight: waiting for a container that
+    # starts, is replayed to or dies, written, racing its answer, idle teardown, stop, leaving.
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:frames])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", misfortunes)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
+    monkeypatch.setattr(sys.modules[__name__], "DUPLICATES", True)
+    assert explore() >= at_least
 
 
 def test_the_checker_catches_a_machine_that_answers_a_request_twice(

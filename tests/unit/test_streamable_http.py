@@ -210,6 +210,33 @@ async def test_a_request_reusing_the_id_of_one_in_flight_is_refused_and_the_firs
         await first.aclose()
 
 
+async def test_an_id_still_in_flight_after_its_post_hung_up_is_refused_by_the_session_too(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # No POST waits on the id any more, but the server still runs the call: the session's
+    # machine refuses the second one, with the same error.
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        first = HttpClient(http.connect())
+        await first.send_request(
+            "POST", "/mcp/svc", call(5, "wait", seconds=10), headers={"mcp-session-id": session}
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        await first.aclose()  # hang up before the answer
+        again = await http.post(call(5, "echo"), session=session)
+        assert again.json()["id"] == 5
+        assert again.json()["error"]["data"]["reason"] == "duplicate_request_id"
+        await trio.sleep(11)  # the first call's answer has come
+        [server] = http.runtime.alive
+        calls = [json.loads(line) for line in server.stdin_lines if b'"tools/call"' in line]
+        assert [c["params"]["name"] for c in calls] == ["wait"]
+        records = [event.record for event in http.fabric.observer.calls]
+        assert [(r["request_id"], r["tool"], r["outcome"]) for r in records] == [
+            (5, "echo", "error"),
+            (5, "wait", "ok"),
+        ]
+
+
 async def test_an_unknown_session_id_is_404(tmp_path: Path) -> None:
     async with served(tmp_path) as http:
         reply = await http.post(request(2, "tools/list"), session="0" * 32)

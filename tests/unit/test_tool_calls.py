@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reactor_fabric.protocol.jsonrpc import RequestId, peek
+from reactor_fabric.protocol.jsonrpc import IdInFlight, RequestId, peek
 from reactor_fabric.protocol.tool_calls import (
     FULL_ARGUMENTS_BYTES,
     LAZY_PARAMS_BYTES,
@@ -123,6 +123,42 @@ def test_calls_still_open_when_the_session_ends_had_no_answer() -> None:
         (2, "b", "no_answer", 3.0),
     ]
     assert calls.abandon(now=5.0) == []
+
+
+def test_two_calls_can_never_be_open_under_one_id() -> None:
+    # The second would replace the first, which would then end with no record at all.
+    calls = ToolCalls()
+    begin(calls, 7, call_frame(7, "first"), now=0.0)
+    with pytest.raises(IdInFlight):
+        begin(calls, 7, call_frame(7, "second"), now=1.0)
+    with pytest.raises(IdInFlight):
+        calls.begin(
+            7, tool="third", service="s", arguments=None, traceparent=None, nbytes=1, now=1.0
+        )
+    done = calls.answered(7, answer(7, result={}), now=2.0)
+    assert done is not None
+    assert (done.tool, done.outcome) == ("first", "ok")
+
+
+def test_a_call_refused_for_its_id_in_flight_is_recorded_alone_and_the_open_one_is_untouched() -> (
+    None
+):
+    calls = ToolCalls()
+    begin(calls, 7, call_frame(7, "first", {"a": 1}), now=0.0)
+    duplicate = call_frame(7, "second", {"b": 2})
+    refusal = answer(7, error={"code": -32600, "data": {"reason": "duplicate_request_id"}})
+    refused = calls.refused_params(7, peek(duplicate).params, len(duplicate), refusal, now=1.0)
+    assert (refused.call.request_id, refused.call.tool, refused.call.outcome) == (
+        7,
+        "second",
+        "error",
+    )
+    assert (refused.call.error_code, refused.call.error_reason) == (-32600, "duplicate_request_id")
+    assert refused.call.arguments.sha256 == hashlib.sha256(b'{"b":2}').hexdigest()
+    assert list(calls.open) == [7]
+    first = calls.answered(7, answer(7, result={}), now=3.0)
+    assert first is not None
+    assert (first.tool, first.outcome, first.duration) == ("first", "ok", 3.0)
 
 
 def test_answers_to_anything_but_a_call_in_flight_are_not_calls() -> None:

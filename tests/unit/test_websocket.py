@@ -3,6 +3,7 @@ in-memory runtime: handshake rules, frame rules, the close handshake, bounds and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -277,4 +278,28 @@ async def test_a_same_path_mount_onto_something_the_image_has_is_refused_at_its_
         ws, _ = await http.websocket(f"/mcp/svc?mount={project}:/workspace")
         await ws.send_json(INITIALIZE)
         assert (await ws.hear())["result"]
+        await ws.aclose()
+
+
+async def test_a_call_under_an_id_in_flight_is_refused_never_runs_and_the_first_is_audited_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        await ws.hear()
+        await ws.send_json(request(2, "tools/call", {"name": "wait", "arguments": {"seconds": 10}}))
+        await ws.send_json(request(2, "tools/call", {"name": "echo", "arguments": {"x": 1}}))
+        refusal = await ws.hear()  # at once: the first call takes 10 s
+        assert (refusal["id"], refusal["error"]["code"]) == (2, -32600)
+        assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
+        assert await ws.hear() == {"jsonrpc": "2.0", "id": 2, "result": {"content": []}}
+        [server] = http.runtime.alive
+        calls = [json.loads(line) for line in server.stdin_lines if b'"tools/call"' in line]
+        assert [call["params"]["name"] for call in calls] == ["wait"]  # echo never reached it
+        records = [event.record for event in http.fabric.observer.calls]
+        assert [(r["request_id"], r["tool"], r["outcome"], r["error_reason"]) for r in records] == [
+            (2, "echo", "error", "duplicate_request_id"),
+            (2, "wait", "ok", None),
+        ]
         await ws.aclose()
