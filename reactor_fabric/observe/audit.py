@@ -338,6 +338,12 @@ class AuditWriter:
                 self._condition.notify()
         return queued
 
+    def count_dropped(self, count: int) -> None:
+        """Records that were never submitted (they could not be made) count as dropped: the
+        next record queued is preceded by an audit_dropped record that says so."""
+        with self._condition:
+            self.dropped += count
+
     def _filling(self) -> bool:
         return self._queued_bytes >= self._wake_bytes
 

@@ -16,6 +16,12 @@ its arguments (hashed, kept with secrets redacted, or ignored, as the suite says
 ``traceparent`` a client may put in ``params._meta``. On the relay nothing else about a frame
 changes: it is still forwarded byte for byte.
 
+Arguments nested as deep as the decoder accepts never make a call go unrecorded: hashing and
+redaction walk them with a stack of their own, not Python's (msgspec's decoder and encoder
+stop at Python's recursion limit less the caller's stack, so a value the session's decoder
+took may be too deep for them further down the stack), and arguments nested deeper than
+:data:`FULL_ARGUMENTS_DEPTH` keep only their hash, flagged, in mode ``full``.
+
 Pure and synchronous; time is given by the caller.
 """
 
@@ -37,6 +43,11 @@ Outcome = Literal["ok", "error", "cancelled", "no_answer"]
 TOOLS_CALL: Final = "tools/call"
 # Arguments kept in full (mode "full") up to this size as JSON; beyond it only their hash.
 FULL_ARGUMENTS_BYTES: Final = 16 * 1024
+# Arguments kept in full (mode "full") up to this depth of nesting; deeper, only their hash
+# (Arguments.too_deep). Why a bound: what reads the record after it (the audit writer's
+# encoder, the status page's JSON) recurses per level, further down the stack; MCP arguments
+# are a few levels deep.
+FULL_ARGUMENTS_DEPTH: Final = 64
 # A relayed call's params up to this size are read when the call ends, not as it passes.
 LAZY_PARAMS_BYTES: Final = 4 * 1024
 # A tool name longer than this is cut (the audit and the metrics' labels stay bounded).
@@ -87,6 +98,7 @@ class Arguments:
     sha256: str | None = None  # of their canonical JSON (sorted keys, no spaces)
     full: Any = None  # mode "full": the arguments, secret-looking values redacted
     truncated: bool = False  # mode "full", but too large: only the hash is kept
+    too_deep: bool = False  # mode "full", but nested too deep: only the hash is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +235,9 @@ class ToolCalls:
         if params is not None:
             try:
                 decoded = _params_decoder.decode(params)
-            except (msgspec.DecodeError, RecursionError):
+            except RecursionError:
+                return self._read_deep_params(params)
+            except msgspec.DecodeError:
                 decoded = None
         if decoded is None:
             decoded = _CallParams()
@@ -231,6 +245,22 @@ class ToolCalls:
             _tool_name(decoded.name),
             self._arguments_raw(decoded.arguments),
             _trace(decoded.meta.traceparent if decoded.meta is not None else None),
+        )
+
+    def _read_deep_params(self, params: msgspec.Raw | bytes) -> tuple[str, Arguments, str | None]:
+        """:meth:`_read_params` for params too deep for msgspec at this point of the stack (the
+        session's decoder took them higher up): decoded with a stack of their own."""
+        try:
+            value = decode_deep(bytes(params))
+        except msgspec.DecodeError:
+            value = None
+        if not isinstance(value, dict):
+            return "", Arguments(), None
+        meta = value.get("_meta")
+        return (
+            _tool_name(value.get("name")),
+            self._arguments(value["arguments"]) if "arguments" in value else Arguments(),
+            _trace(meta.get("traceparent") if isinstance(meta, dict) else None),
         )
 
     def _read(self, call: _Open) -> _Open:
@@ -300,7 +330,12 @@ class ToolCalls:
             return Arguments()
         try:
             value = _any_decoder.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
+        except RecursionError:
+            try:
+                value = decode_deep(bytes(raw))
+            except msgspec.DecodeError:
+                return Arguments()
+        except msgspec.DecodeError:
             return Arguments()
         return self._arguments(value)
 
@@ -308,14 +343,16 @@ class ToolCalls:
         if self.mode == "none" or value is None:
             return Arguments()
         try:
-            canonical = _canonical.encode(value)
-        except (TypeError, RecursionError):
+            canonical = canonical_json(value)
+        except TypeError:
             return Arguments()
         digest = hashlib.sha256(canonical).hexdigest()
         if self.mode == "hash":
             return Arguments(sha256=digest)
         if len(canonical) > FULL_ARGUMENTS_BYTES:
             return Arguments(sha256=digest, truncated=True)
+        if nested_deeper_than(value, FULL_ARGUMENTS_DEPTH):
+            return Arguments(sha256=digest, too_deep=True)
         return Arguments(sha256=digest, full=redact(value))
 
 
@@ -355,15 +392,193 @@ def _trace(traceparent: object) -> str | None:
 
 
 def redact(value: object) -> object:
-    """``value`` with the values of secret-looking keys replaced, at any depth."""
+    """``value`` with the values of secret-looking keys replaced, at any depth.
+
+    A copy made with a stack of its own (a list), not Python's: no depth of nesting makes it
+    fail (a recursive copy failed at about 500 levels, half the decoder's limit).
+    """
+    copy = _shell(value)
+    pending: list[tuple[Any, Any]] = [(value, copy)] if copy is not value else []
+    while pending:
+        original, shell = pending.pop()
+        if isinstance(original, dict):
+            for key, item in original.items():
+                if isinstance(key, str) and SECRET_KEY.search(key):
+                    shell[key] = REDACTED
+                    continue
+                shell[key] = child = _shell(item)
+                if child is not item:
+                    pending.append((item, child))
+        else:
+            for item in original:
+                child = _shell(item)
+                shell.append(child)
+                if child is not item:
+                    pending.append((item, child))
+    return copy
+
+
+def _shell(value: object) -> Any:
+    """An empty container of ``value``'s kind, to be filled; any other value itself."""
     if isinstance(value, dict):
-        return {
-            key: REDACTED if isinstance(key, str) and SECRET_KEY.search(key) else redact(item)
-            for key, item in value.items()
-        }
+        return {}
     if isinstance(value, list):
-        return [redact(item) for item in value]
+        return []
     return value
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` has objects or arrays nested more than ``limit`` levels (walked with
+    a stack of its own)."""
+    pending: list[tuple[object, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
+class _Text(bytes):
+    """Bytes to emit as they are (see :func:`canonical_json`), told apart from values."""
+
+    __slots__ = ()
+
+
+_OPEN: Final = {dict: _Text(b"{"), list: _Text(b"[")}
+_CLOSE: Final = {dict: _Text(b"}"), list: _Text(b"]")}
+_COMMA: Final = _Text(b",")
+
+
+def canonical_json(value: object) -> bytes:
+    """``value`` as canonical JSON (keys sorted, no spaces), what the audit hashes.
+
+    msgspec makes it, unless the value is nested too deep for it at this point of the stack;
+    then the same bytes are made with a stack of its own: containers here, every other value
+    by msgspec itself. Raises TypeError for a value JSON cannot hold.
+    """
+    try:
+        return _canonical.encode(value)
+    except RecursionError:
+        pass
+    out: list[bytes] = []
+    pending: list[object] = [value]  # what is left to emit, the next last
+    while pending:
+        item = pending.pop()
+        if isinstance(item, _Text):
+            out.append(item)
+        elif isinstance(item, dict):
+            parts: list[object] = [_OPEN[dict]]
+            for index, key in enumerate(sorted(item)):
+                if not isinstance(key, str):
+                    raise TypeError("object keys must be strings")
+                if index:
+                    parts.append(_COMMA)
+                parts += [_Text(_canonical.encode(key) + b":"), item[key]]
+            parts.append(_CLOSE[dict])
+            pending += reversed(parts)
+        elif isinstance(item, list):
+            parts = [_OPEN[list]]
+            for index, element in enumerate(item):
+                if index:
+                    parts.append(_COMMA)
+                parts.append(element)
+            parts.append(_CLOSE[list])
+            pending += reversed(parts)
+        else:
+            out.append(_canonical.encode(item))
+    return b"".join(out)
+
+
+# A JSON text's tokens: punctuation, strings, and the other scalars (numbers, true, false,
+# null), with the whitespace before each.
+_TOKEN = re.compile(
+    rb'[ \t\n\r]*(?:([\[\]{}:,])|("(?:[^"\\]|\\.)*")|([-+.0-9A-Za-z]+))',
+    re.DOTALL,
+)
+_WHITESPACE: Final = b" \t\n\r"
+
+
+def decode_deep(data: bytes) -> object:
+    """JSON decoded with a stack of its own, for a value nested too deep for msgspec at this
+    point of the stack: containers here, every string and scalar by msgspec itself, so the
+    value is the one msgspec would make. Raises msgspec.DecodeError if it is not JSON."""
+    decoder = _DeepDecoder()
+    position = 0
+    while not decoder.done:
+        match = _TOKEN.match(data, position)
+        if match is None:
+            raise msgspec.DecodeError(f"not JSON at byte {position}")
+        mark, string, scalar = match.groups()
+        decoder.take(mark, string, scalar, match.start())
+        position = match.end()
+    if data[position:].strip(_WHITESPACE):
+        raise msgspec.DecodeError(f"trailing data at byte {position}")
+    return decoder.result
+
+
+class _DeepDecoder:
+    """The state of :func:`decode_deep`: the open containers and what may come next."""
+
+    def __init__(self) -> None:
+        self.containers: list[Any] = []  # open arrays and objects, innermost last
+        self.keys: list[Any] = []  # per open container: an object's key awaiting its value
+        # value | value-or-end (of an array) | key (or the end of an object) | colon | after
+        # (a value: a comma or the end)
+        self.expecting = "value"
+        self.done = False
+        self.result: object = None
+
+    def take(self, mark: bytes | None, string: bytes | None, scalar: bytes | None, at: int) -> None:
+        """One token: punctuation, a string, or another scalar."""
+        if mark is not None:
+            self._mark(mark, at)
+        elif string is not None and self.expecting == "key":
+            self.keys[-1] = msgspec.json.decode(string)
+            self.expecting = "colon"
+        elif self.expecting in ("value", "value-or-end"):
+            self._value(msgspec.json.decode(string or scalar or b""))
+        else:
+            raise msgspec.DecodeError(f"unexpected {(string or scalar)!r} at byte {at}")
+
+    def _mark(self, mark: bytes, at: int) -> None:
+        expecting = self.expecting
+        if mark in b"{[" and expecting in ("value", "value-or-end"):
+            self.containers.append({} if mark == b"{" else [])
+            self.keys.append(None)
+            self.expecting = "key" if mark == b"{" else "value-or-end"
+        elif mark in b"}]" and expecting in ("key", "value-or-end", "after"):
+            container = self.containers[-1]
+            # The right bracket, and no comma just before it (the container then has items).
+            if (mark == b"}") != isinstance(container, dict) or (
+                expecting != "after" and container
+            ):
+                raise msgspec.DecodeError(f"unexpected {mark.decode()} at byte {at}")
+            self.containers.pop()
+            self.keys.pop()
+            self._value(container)
+        elif mark == b"," and expecting == "after":
+            self.expecting = "key" if isinstance(self.containers[-1], dict) else "value-or-end"
+        elif mark == b":" and expecting == "colon":
+            self.expecting = "value"
+        else:
+            raise msgspec.DecodeError(f"unexpected {mark.decode()} at byte {at}")
+
+    def _value(self, value: object) -> None:
+        """A complete value: into its container, or the whole text."""
+        if not self.containers:
+            self.result, self.done = value, True
+            return
+        container = self.containers[-1]
+        if isinstance(container, dict):
+            container[self.keys[-1]] = value
+            self.keys[-1] = None
+        else:
+            container.append(value)
+        self.expecting = "after"
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
