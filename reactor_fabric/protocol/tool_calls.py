@@ -35,6 +35,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from .deep_json import DeepEncoder, decode_deep
 from .jsonrpc import RequestId
 
 ArgumentsMode = Literal["none", "hash", "full"]
@@ -88,7 +89,7 @@ class _Answer(msgspec.Struct):
 _params_decoder = msgspec.json.Decoder(_CallParams)
 _answer_decoder = msgspec.json.Decoder(_Answer)
 _any_decoder = msgspec.json.Decoder()
-_canonical = msgspec.json.Encoder(order="sorted")
+_canonical = DeepEncoder(order="sorted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,143 +443,11 @@ def nested_deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-class _Text(bytes):
-    """Bytes to emit as they are (see :func:`canonical_json`), told apart from values."""
-
-    __slots__ = ()
-
-
-_OPEN: Final = {dict: _Text(b"{"), list: _Text(b"[")}
-_CLOSE: Final = {dict: _Text(b"}"), list: _Text(b"]")}
-_COMMA: Final = _Text(b",")
-
-
 def canonical_json(value: object) -> bytes:
-    """``value`` as canonical JSON (keys sorted, no spaces), what the audit hashes.
-
-    msgspec makes it, unless the value is nested too deep for it at this point of the stack;
-    then the same bytes are made with a stack of its own: containers here, every other value
-    by msgspec itself. Raises TypeError for a value JSON cannot hold.
-    """
-    try:
-        return _canonical.encode(value)
-    except RecursionError:
-        pass
-    out: list[bytes] = []
-    pending: list[object] = [value]  # what is left to emit, the next last
-    while pending:
-        item = pending.pop()
-        if isinstance(item, _Text):
-            out.append(item)
-        elif isinstance(item, dict):
-            parts: list[object] = [_OPEN[dict]]
-            for index, key in enumerate(sorted(item)):
-                if not isinstance(key, str):
-                    raise TypeError("object keys must be strings")
-                if index:
-                    parts.append(_COMMA)
-                parts += [_Text(_canonical.encode(key) + b":"), item[key]]
-            parts.append(_CLOSE[dict])
-            pending += reversed(parts)
-        elif isinstance(item, list):
-            parts = [_OPEN[list]]
-            for index, element in enumerate(item):
-                if index:
-                    parts.append(_COMMA)
-                parts.append(element)
-            parts.append(_CLOSE[list])
-            pending += reversed(parts)
-        else:
-            out.append(_canonical.encode(item))
-    return b"".join(out)
-
-
-# A JSON text's tokens: punctuation, strings, and the other scalars (numbers, true, false,
-# null), with the whitespace before each.
-_TOKEN = re.compile(
-    rb'[ \t\n\r]*(?:([\[\]{}:,])|("(?:[^"\\]|\\.)*")|([-+.0-9A-Za-z]+))',
-    re.DOTALL,
-)
-_WHITESPACE: Final = b" \t\n\r"
-
-
-def decode_deep(data: bytes) -> object:
-    """JSON decoded with a stack of its own, for a value nested too deep for msgspec at this
-    point of the stack: containers here, every string and scalar by msgspec itself, so the
-    value is the one msgspec would make. Raises msgspec.DecodeError if it is not JSON."""
-    decoder = _DeepDecoder()
-    position = 0
-    while not decoder.done:
-        match = _TOKEN.match(data, position)
-        if match is None:
-            raise msgspec.DecodeError(f"not JSON at byte {position}")
-        mark, string, scalar = match.groups()
-        decoder.take(mark, string, scalar, match.start())
-        position = match.end()
-    if data[position:].strip(_WHITESPACE):
-        raise msgspec.DecodeError(f"trailing data at byte {position}")
-    return decoder.result
-
-
-class _DeepDecoder:
-    """The state of :func:`decode_deep`: the open containers and what may come next."""
-
-    def __init__(self) -> None:
-        self.containers: list[Any] = []  # open arrays and objects, innermost last
-        self.keys: list[Any] = []  # per open container: an object's key awaiting its value
-        # value | value-or-end (of an array) | key (or the end of an object) | colon | after
-        # (a value: a comma or the end)
-        self.expecting = "value"
-        self.done = False
-        self.result: object = None
-
-    def take(self, mark: bytes | None, string: bytes | None, scalar: bytes | None, at: int) -> None:
-        """One token: punctuation, a string, or another scalar."""
-        if mark is not None:
-            self._mark(mark, at)
-        elif string is not None and self.expecting == "key":
-            self.keys[-1] = msgspec.json.decode(string)
-            self.expecting = "colon"
-        elif self.expecting in ("value", "value-or-end"):
-            self._value(msgspec.json.decode(string or scalar or b""))
-        else:
-            raise msgspec.DecodeError(f"unexpected {(string or scalar)!r} at byte {at}")
-
-    def _mark(self, mark: bytes, at: int) -> None:
-        expecting = self.expecting
-        if mark in b"{[" and expecting in ("value", "value-or-end"):
-            self.containers.append({} if mark == b"{" else [])
-            self.keys.append(None)
-            self.expecting = "key" if mark == b"{" else "value-or-end"
-        elif mark in b"}]" and expecting in ("key", "value-or-end", "after"):
-            container = self.containers[-1]
-            # The right bracket, and no comma just before it (the container then has items).
-            if (mark == b"}") != isinstance(container, dict) or (
-                expecting != "after" and container
-            ):
-                raise msgspec.DecodeError(f"unexpected {mark.decode()} at byte {at}")
-            self.containers.pop()
-            self.keys.pop()
-            self._value(container)
-        elif mark == b"," and expecting == "after":
-            self.expecting = "key" if isinstance(self.containers[-1], dict) else "value-or-end"
-        elif mark == b":" and expecting == "colon":
-            self.expecting = "value"
-        else:
-            raise msgspec.DecodeError(f"unexpected {mark.decode()} at byte {at}")
-
-    def _value(self, value: object) -> None:
-        """A complete value: into its container, or the whole text."""
-        if not self.containers:
-            self.result, self.done = value, True
-            return
-        container = self.containers[-1]
-        if isinstance(container, dict):
-            container[self.keys[-1]] = value
-            self.keys[-1] = None
-        else:
-            container.append(value)
-        self.expecting = "after"
+    """``value`` as canonical JSON (keys sorted, no spaces), what the audit hashes; made at
+    any depth of nesting (see :mod:`.deep_json`). Raises TypeError for a value JSON cannot
+    hold."""
+    return _canonical.encode(value)
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")

@@ -17,13 +17,15 @@ from reactor_fabric.config.structs import Audit, Orchestrator, Service, Suite
 from reactor_fabric.observe import observer as observer_module
 from reactor_fabric.observe.audit import AuditWriter, read_records
 from reactor_fabric.observe.observer import Observer
+from reactor_fabric.protocol.deep_json import DeepEncoder, decode_deep
+from reactor_fabric.protocol.fabric_server import StartBackend, ToBackend, ToClient
 from reactor_fabric.protocol.jsonrpc import peek
 from reactor_fabric.protocol.tool_calls import (
     FULL_ARGUMENTS_DEPTH,
     REDACTED,
+    ToolCallDone,
     ToolCalls,
     canonical_json,
-    decode_deep,
     redact,
 )
 from reactor_fabric.runtime.memory import open_memory_runtime
@@ -32,6 +34,7 @@ from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, scripted_mcp_server
 from tests.served import served
+from tests.unit.test_fabric_server import session
 from tests.unit.test_observer import CLIENT, call
 
 T = TypeVar("T")
@@ -141,6 +144,50 @@ def test_the_deep_decoder_and_encoder_make_what_msgspec_makes(text: bytes) -> No
 def test_the_deep_decoder_refuses_what_is_not_json(text: bytes) -> None:
     with pytest.raises(msgspec.DecodeError):
         decode_deep(text)
+
+
+@pytest.mark.parametrize(
+    "text", [b'{"b":1,"a":[{"z":null,"y":"\\u00e9"}]}', b"[]", b'{"":{"":[]}}']
+)
+def test_the_deep_encoder_keeps_the_order_of_keys_as_msgspec_does(text: bytes) -> None:
+    value = msgspec.json.decode(text)
+    assert (
+        DeepEncoder()._encode_deep(value)
+        == msgspec.json.encode(value)
+        == text.replace(b"\\u00e9", "\u00e9".encode())
+    )
+
+
+@pytest.mark.parametrize("mode", ["hash", "full"])
+def test_the_fabric_server_forwards_and_records_a_deep_call_queued_until_its_backend_is_ready(
+    mode: Any,
+) -> None:
+    server = session(audit_arguments=mode)
+    frame = call_frame(5, "git__git_log", 900)
+    actions = server.client_message(frame)  # near the top of the stack, as a session reads it
+    assert [type(action) for action in actions] == [StartBackend]
+    [handshake] = [
+        json.loads(a.data) for a in server.backend_started("git") if isinstance(a, ToBackend)
+    ]
+    ready = (
+        b'{"jsonrpc":"2.0","id":%d,"result":{"capabilities":{},"serverInfo":{}}}'
+        % (handshake["id"])
+    )
+    # The backend's reader takes its answer far down the stack; the queued call goes out then.
+    sent = deep_in_the_stack(300, lambda: server.backend_message("git", ready))
+    forwarded: Any = decode_deep([a.data for a in sent if isinstance(a, ToBackend)][-1])
+    assert forwarded["method"] == "tools/call"
+    assert forwarded["params"]["name"] == "git_log"
+    arguments = canonical_json(forwarded["params"]["arguments"])
+    assert hashlib.sha256(arguments).hexdigest() == expected_hash(900)  # all of it, unchanged
+    answered = server.backend_message(
+        "git", msgspec.json.encode({"jsonrpc": "2.0", "id": forwarded["id"], "result": {}})
+    )
+    [answer] = [json.loads(a.data) for a in answered if isinstance(a, ToClient)]
+    assert (answer["id"], answer["result"]) == (5, {})
+    [done] = [a.call for a in answered if isinstance(a, ToolCallDone)]
+    assert (done.tool, done.arguments.sha256) == ("git_log", expected_hash(900))
+    assert done.arguments.too_deep is (mode == "full")
 
 
 # --- the record ---------------------------------------------------------------------------------
