@@ -14,12 +14,13 @@ import json
 import os
 import sys
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .config.structs import Suite
 from .config.token import TokenError, find_token
@@ -158,29 +159,63 @@ def _when(record: dict[str, Any]) -> datetime.datetime:
 
 
 def _human(record: dict[str, Any]) -> str:
-    event = str(record.get("event"))
-    parts = [str(record.get("ts")), f"{event:<16}"]
+    """One record as a line for a terminal, every field escaped (see :func:`_printable`)."""
+    event = _printable(record.get("event"))
+    parts = [_printable(record.get("ts")), f"{event:<16}"]
     if "session" in record:
-        parts.append(f"session={str(record['session'])[:12]}")
+        parts.append(f"session={_printable(str(record['session'])[:12])}")
     for key in ("endpoint", "service", "tool", "outcome", "reason", "container", "image"):
         value = record.get(key)
         if value not in (None, ""):
-            parts.append(f"{key}={value}")
+            parts.append(f"{key}={_printable(value)}")
     if record.get("error_code") is not None:
-        parts.append(f"error={record['error_code']}")
+        parts.append(f"error={_printable(record['error_code'])}")
     elif record.get("error_reason"):
-        parts.append(f"error={record['error_reason']}")
-    parts.extend(f"{record[key]:.1f} ms" for key in ("duration_ms", "start_ms") if key in record)
+        parts.append(f"error={_printable(record['error_reason'])}")
+    parts.extend(
+        f"{record[key]:.1f} ms" if isinstance(record[key], int | float) else _printable(record[key])
+        for key in ("duration_ms", "start_ms")
+        if key in record
+    )
     client = record.get("client")
     if isinstance(client, dict) and event in ("session_start", "session_refused"):
-        parts.append(f"client={client.get('peer', '')}/{client.get('transport', '')}")
+        peer, transport = client.get("peer", ""), client.get("transport", "")
+        parts.append(f"client={_printable(peer)}/{_printable(transport)}")
     if event == "session_start":
-        mounts = record.get("mounts") or []
-        shown = ",".join(f"{m.get('source')}:{m.get('target')}" for m in mounts)
+        mounts = record.get("mounts")
+        shown = ",".join(
+            f"{_printable(m.get('source'))}:{_printable(m.get('target'))}"
+            for m in (mounts if isinstance(mounts, list) else [])
+            if isinstance(m, dict)
+        )
         parts.append(f"mounts={shown or 'none'}")
     if event == "audit_dropped":
-        parts.append(f"count={record.get('count')}")
+        parts.append(f"count={_printable(record.get('count'))}")
     return " ".join(parts)
+
+
+# What a terminal would act on or show as a line break, rather than print: C0 and C1 controls
+# (newlines, ESC sequences), format characters (bidirectional overrides, zero-width), line
+# and paragraph separators, and lone surrogates (JSON may carry them; a terminal cannot take
+# them). Backslashes are escaped too, so that an escape seen is one made.
+_UNPRINTABLE: Final = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+
+
+def _printable(value: object) -> str:
+    """``value`` as text a terminal shows as it is: a client chooses tool names, request ids,
+    peers' user agents…, and must not forge a line or send the terminal a command."""
+    text = str(value)
+    if text.isprintable() and "\\" not in text:
+        return text  # the usual case, at C speed
+    escaped = []
+    for character in text:
+        if character == "\\":
+            escaped.append("\\\\")
+        elif unicodedata.category(character) in _UNPRINTABLE:
+            escaped.append(character.encode("unicode_escape").decode("ascii"))
+        else:
+            escaped.append(character)
+    return "".join(escaped)
 
 
 def _follow(path: Path) -> Iterator[dict[str, Any]]:
@@ -233,8 +268,8 @@ def _records_with_end(path: Path, position: int) -> Iterator[tuple[dict[str, Any
                 position += len(line)
                 try:
                     record = json.loads(line)
-                except ValueError:
-                    continue
+                except (ValueError, RecursionError):
+                    continue  # not a record, or nested too deep to read (verify reports it)
                 if isinstance(record, dict):
                     yield record, position
     except FileNotFoundError:

@@ -3,7 +3,8 @@
 Every record is one JSON object on one line, its keys in a fixed order, ending in ``"prev"``:
 the hex SHA-256 of the previous line's bytes (without its newline). The first line ever written
 has 64 zeros there. A line removed or edited breaks the chain at the next line, which
-:func:`verify` finds (``python -m reactor_fabric audit verify``). The chain continues across
+:func:`verify` finds (``python -m reactor_fabric audit verify``); so does removing the first
+lines of a trail whose oldest file is not a rotated one. The chain continues across
 restarts (the writer reads the last line on start) and across rotations (the first line of a
 fresh file names the last line of the rotated one).
 
@@ -165,7 +166,12 @@ class Verification:
 
 
 def verify(path: Path) -> Verification:
-    """Check the chain of every line of the trail at ``path``, across its rotated files."""
+    """Check the chain of every line of the trail at ``path``, across its rotated files.
+
+    The trail's first record must start the chain (64 zeros), unless its file is a rotated one
+    (``audit.jsonl.N``): older files were rotated away, which the numbering shows. Anything
+    else would let the first lines of a trail be deleted without a trace.
+    """
     result = Verification(files=audit_files(path))
     expected: str | None = None
     for file in result.files:
@@ -175,18 +181,29 @@ def verify(path: Path) -> Verification:
                 where = f"{file}:{number}"
                 if not raw.endswith(b"\n"):
                     result.problems.append(f"{where}: the last line is incomplete")
-                try:
-                    record = msgspec.json.decode(line)
-                except msgspec.DecodeError:
-                    result.problems.append(f"{where}: not a JSON object")
+                record = _decoded(line)
+                if record is None:
+                    # Never a traceback: a line nested beyond the decoder's limit is tampering
+                    # like any other line that is not a record (the writer writes neither).
+                    result.problems.append(
+                        f"{where}: not a JSON object (unparseable, or nested too deep to read)"
+                    )
                     expected = line_hash(line)
                     continue
                 prev = record.get("prev") if isinstance(record, dict) else None
                 if not isinstance(prev, str):
                     result.problems.append(f"{where}: no hash of the previous line")
                 elif expected is None:
-                    if prev != GENESIS:
+                    if prev == GENESIS:
+                        pass
+                    elif file != path:
                         result.starts_after = prev
+                    else:
+                        result.problems.append(
+                            f"{where}: the first record does not start the chain (it follows a "
+                            f"line hashing to {prev[:12]}…, and no rotated file precedes it): "
+                            "the lines before it were removed"
+                        )
                 elif prev != expected:
                     result.problems.append(
                         f"{where}: the previous line was changed or removed "
@@ -197,15 +214,22 @@ def verify(path: Path) -> Verification:
     return result
 
 
+def _decoded(line: bytes) -> object | None:
+    """A line's JSON value; None when it is not JSON or is nested beyond the decoder's limit."""
+    try:
+        value: object = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return value
+
+
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every record of the trail, oldest first (lines that are not records are skipped)."""
+    """Every record of the trail, oldest first (lines that are not records, or nested too deep
+    to read, are skipped)."""
     for file in audit_files(path):
         with file.open("rb") as lines:
             for raw in lines:
-                try:
-                    record = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
+                record = _decoded(raw)
                 if isinstance(record, dict):
                     yield record
 
@@ -313,6 +337,12 @@ class AuditWriter:
             if self._queue and (was_empty or (was_below and self._filling())):
                 self._condition.notify()
         return queued
+
+    def count_dropped(self, count: int) -> None:
+        """Records that were never submitted (they could not be made) count as dropped: the
+        next record queued is preceded by an audit_dropped record that says so."""
+        with self._condition:
+            self.dropped += count
 
     def _filling(self) -> bool:
         return self._queued_bytes >= self._wake_bytes

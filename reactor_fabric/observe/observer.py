@@ -173,8 +173,11 @@ class Observer:
             except Exception:
                 # This runs in the orchestrator's own task, not the session's: a call that
                 # cannot be recorded (a tracing exporter failing, say) is logged and left out,
-                # and the others, and the orchestrator, go on.
+                # and the others, and the orchestrator, go on. It counts as dropped, so that
+                # the trail says so (audit_dropped), not only the log.
                 log.exception("tool_call_not_recorded", extra={"session": item.session})
+                if self.audit is not None:
+                    self.audit.count_dropped(1)
         if self.audit is not None:
             self.audit.submit_many(records)
 
@@ -391,6 +394,8 @@ class Observer:
             record["arguments"] = call.arguments.full
         elif call.arguments.truncated:
             record["arguments_truncated"] = True
+        elif call.arguments.too_deep:
+            record["arguments_too_deep"] = True
         record |= {
             "duration_ms": round(call.duration * 1000, 3),
             "outcome": call.outcome,

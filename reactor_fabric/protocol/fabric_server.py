@@ -57,6 +57,7 @@ from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from ..discovery.tokens import count_definition
 from .catalog import Catalog, Entry
+from .deep_json import DeepEncoder
 from .fabric_discovery import (
     AssistSettings,
     ServiceFacts,
@@ -110,7 +111,10 @@ _LISTEN_KEYS = {
     "resources": "resourcesListChanged",
 }
 
-_encoder = msgspec.json.Encoder()
+# What the client sent was decoded near the top of the stack; it may be encoded further down
+# it (a call queued until its backend is ready goes out from the backend's reader), where
+# msgspec alone would fail on what it decoded (see .deep_json).
+_encoder = DeepEncoder()
 
 
 @dataclass(frozen=True)

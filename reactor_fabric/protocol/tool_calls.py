@@ -16,6 +16,12 @@ its arguments (hashed, kept with secrets redacted, or ignored, as the suite says
 ``traceparent`` a client may put in ``params._meta``. On the relay nothing else about a frame
 changes: it is still forwarded byte for byte.
 
+Arguments nested as deep as the decoder accepts never make a call go unrecorded: hashing and
+redaction walk them with a stack of their own, not Python's (msgspec's decoder and encoder
+stop at Python's recursion limit less the caller's stack, so a value the session's decoder
+took may be too deep for them further down the stack), and arguments nested deeper than
+:data:`FULL_ARGUMENTS_DEPTH` keep only their hash, flagged, in mode ``full``.
+
 Pure and synchronous; time is given by the caller.
 """
 
@@ -29,6 +35,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from .deep_json import DeepEncoder, decode_deep
 from .jsonrpc import IdInFlight, RequestId
 
 ArgumentsMode = Literal["none", "hash", "full"]
@@ -37,6 +44,11 @@ Outcome = Literal["ok", "error", "cancelled", "no_answer"]
 TOOLS_CALL: Final = "tools/call"
 # Arguments kept in full (mode "full") up to this size as JSON; beyond it only their hash.
 FULL_ARGUMENTS_BYTES: Final = 16 * 1024
+# Arguments kept in full (mode "full") up to this depth of nesting; deeper, only their hash
+# (Arguments.too_deep). Why a bound: what reads the record after it (the audit writer's
+# encoder, the status page's JSON) recurses per level, further down the stack; MCP arguments
+# are a few levels deep.
+FULL_ARGUMENTS_DEPTH: Final = 64
 # A relayed call's params up to this size are read when the call ends, not as it passes.
 LAZY_PARAMS_BYTES: Final = 4 * 1024
 # A tool name longer than this is cut (the audit and the metrics' labels stay bounded).
@@ -77,7 +89,7 @@ class _Answer(msgspec.Struct):
 _params_decoder = msgspec.json.Decoder(_CallParams)
 _answer_decoder = msgspec.json.Decoder(_Answer)
 _any_decoder = msgspec.json.Decoder()
-_canonical = msgspec.json.Encoder(order="sorted")
+_canonical = DeepEncoder(order="sorted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +99,7 @@ class Arguments:
     sha256: str | None = None  # of their canonical JSON (sorted keys, no spaces)
     full: Any = None  # mode "full": the arguments, secret-looking values redacted
     truncated: bool = False  # mode "full", but too large: only the hash is kept
+    too_deep: bool = False  # mode "full", but nested too deep: only the hash is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +246,9 @@ class ToolCalls:
         if params is not None:
             try:
                 decoded = _params_decoder.decode(params)
-            except (msgspec.DecodeError, RecursionError):
+            except RecursionError:
+                return self._read_deep_params(params)
+            except msgspec.DecodeError:
                 decoded = None
         if decoded is None:
             decoded = _CallParams()
@@ -241,6 +256,22 @@ class ToolCalls:
             _tool_name(decoded.name),
             self._arguments_raw(decoded.arguments),
             _trace(decoded.meta.traceparent if decoded.meta is not None else None),
+        )
+
+    def _read_deep_params(self, params: msgspec.Raw | bytes) -> tuple[str, Arguments, str | None]:
+        """:meth:`_read_params` for params too deep for msgspec at this point of the stack (the
+        session's decoder took them higher up): decoded with a stack of their own."""
+        try:
+            value = decode_deep(bytes(params))
+        except msgspec.DecodeError:
+            value = None
+        if not isinstance(value, dict):
+            return "", Arguments(), None
+        meta = value.get("_meta")
+        return (
+            _tool_name(value.get("name")),
+            self._arguments(value["arguments"]) if "arguments" in value else Arguments(),
+            _trace(meta.get("traceparent") if isinstance(meta, dict) else None),
         )
 
     def _read(self, call: _Open) -> _Open:
@@ -354,7 +385,12 @@ class ToolCalls:
             return Arguments()
         try:
             value = _any_decoder.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
+        except RecursionError:
+            try:
+                value = decode_deep(bytes(raw))
+            except msgspec.DecodeError:
+                return Arguments()
+        except msgspec.DecodeError:
             return Arguments()
         return self._arguments(value)
 
@@ -362,14 +398,16 @@ class ToolCalls:
         if self.mode == "none" or value is None:
             return Arguments()
         try:
-            canonical = _canonical.encode(value)
-        except (TypeError, RecursionError):
+            canonical = canonical_json(value)
+        except TypeError:
             return Arguments()
         digest = hashlib.sha256(canonical).hexdigest()
         if self.mode == "hash":
             return Arguments(sha256=digest)
         if len(canonical) > FULL_ARGUMENTS_BYTES:
             return Arguments(sha256=digest, truncated=True)
+        if nested_deeper_than(value, FULL_ARGUMENTS_DEPTH):
+            return Arguments(sha256=digest, too_deep=True)
         return Arguments(sha256=digest, full=redact(value))
 
 
@@ -409,15 +447,61 @@ def _trace(traceparent: object) -> str | None:
 
 
 def redact(value: object) -> object:
-    """``value`` with the values of secret-looking keys replaced, at any depth."""
+    """``value`` with the values of secret-looking keys replaced, at any depth.
+
+    A copy made with a stack of its own (a list), not Python's: no depth of nesting makes it
+    fail (a recursive copy failed at about 500 levels, half the decoder's limit).
+    """
+    copy = _shell(value)
+    pending: list[tuple[Any, Any]] = [(value, copy)] if copy is not value else []
+    while pending:
+        original, shell = pending.pop()
+        if isinstance(original, dict):
+            for key, item in original.items():
+                if isinstance(key, str) and SECRET_KEY.search(key):
+                    shell[key] = REDACTED
+                    continue
+                shell[key] = child = _shell(item)
+                if child is not item:
+                    pending.append((item, child))
+        else:
+            for item in original:
+                child = _shell(item)
+                shell.append(child)
+                if child is not item:
+                    pending.append((item, child))
+    return copy
+
+
+def _shell(value: object) -> Any:
+    """An empty container of ``value``'s kind, to be filled; any other value itself."""
     if isinstance(value, dict):
-        return {
-            key: REDACTED if isinstance(key, str) and SECRET_KEY.search(key) else redact(item)
-            for key, item in value.items()
-        }
+        return {}
     if isinstance(value, list):
-        return [redact(item) for item in value]
+        return []
     return value
+
+
+def nested_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` has objects or arrays nested more than ``limit`` levels (walked with
+    a stack of its own)."""
+    pending: list[tuple[object, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
+def canonical_json(value: object) -> bytes:
+    """``value`` as canonical JSON (keys sorted, no spaces), what the audit hashes; made at
+    any depth of nesting (see :mod:`.deep_json`). Raises TypeError for a value JSON cannot
+    hold."""
+    return _canonical.encode(value)
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")

@@ -112,6 +112,45 @@ def test_verify_reports_lines_that_are_not_records(tmp_path: Path) -> None:
     assert any("the last line is incomplete" in p for p in problems)
 
 
+def test_verify_fails_when_the_first_lines_of_a_trail_with_no_rotated_file_were_deleted(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 5)
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[2:]))
+    result = verify(path)
+    [problem] = result.problems
+    assert problem.startswith(f"{path}:1: the first record does not start the chain")
+    assert result.starts_after is None
+
+
+def test_verify_accepts_a_trail_whose_oldest_rotated_file_follows_one_rotated_away(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 200, max_bytes=2000, keep=1)
+    assert [f.name for f in audit_files(path)] == ["audit.jsonl.1", "audit.jsonl"]
+    result = verify(path)
+    assert (result.intact, result.starts_after is not None) == (True, True)
+    # Without the rotated file, the current one starts after a line nothing shows was rotated.
+    audit_files(path)[0].unlink()
+    assert "the first record does not start the chain" in verify(path).problems[0]
+
+
+def test_verify_reports_a_line_nested_beyond_the_decoders_limit_with_its_number(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    write(path, 2)
+    lines = path.read_bytes().splitlines(keepends=True)
+    deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    path.write_bytes(b"".join([lines[0], deep + b"\n", lines[1]]))
+    problems = verify(path).problems
+    assert problems[0] == f"{path}:2: not a JSON object (unparseable, or nested too deep to read)"
+    assert problems[1].startswith(f"{path}:3: the previous line was changed or removed")
+    assert [r["event"] for r in read_records(path)] == ["tool_call", "tool_call"]
+
+
 def test_a_full_queue_drops_records_counts_them_and_says_so_in_the_trail(tmp_path: Path) -> None:
     path = tmp_path / "audit.jsonl"
     audit = AuditWriter(path, max_bytes=1 << 20, keep=1, queue_bytes=400)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric._cli import main
+from reactor_fabric.observe.audit import AuditWriter
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "claude-mcp-suite.yaml"
@@ -157,3 +158,77 @@ def test_every_documented_validate_command_tells_valid_invalid_and_unreadable_ap
         assert (invalid_code, unreadable_code) == (2, 2)
     else:
         assert (invalid_code, unreadable_code) == (1, 2)
+
+
+def _trail(path: Path, *records: dict[str, object]) -> None:
+    audit = AuditWriter(path, max_bytes=1 << 20, keep=1)
+    audit.open()
+    try:
+        assert audit.submit_many(list(records)) == len(records)
+    finally:
+        audit.close()
+
+
+def test_audit_escapes_control_characters_and_newlines_in_every_field_of_its_human_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    forged = "x\n2026-11-22T14:02:03.120Z tool_call        session=aaaa outcome=ok\x1b[2J\x1b[H"
+    _trail(
+        path,
+        {
+            "ts": "2026-11-22T14:02:03.120Z\r",
+            "event": "session_start",
+            "session": "s\x1b]0;t\x07",
+            "endpoint": "relay",
+            "service": "git",
+            "client": {"peer": "1.2.3.4:5\n", "transport": "websocket\x9b"},
+            "mounts": [{"source": "/src\u2028", "target": "/dst\u202e"}],
+        },
+        {
+            "ts": "2026-11-22T14:02:04.000Z",
+            "event": "tool_call",
+            "session": "s",
+            "service": "git",
+            "tool": forged,
+            "outcome": "error\\x1b",
+            "error_reason": "r\x00",
+            "duration_ms": 1.0,
+        },
+    )
+    assert main(["audit", "--path", str(path)], environ={}) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines(keepends=False)
+    assert len(lines) == 2  # no line forged
+    assert all(character.isprintable() for character in out.replace("\n", ""))
+    assert "tool=x\\n2026-11-22T14:02:03.120Z tool_call" in lines[1]
+    assert "\\x1b[2J\\x1b[H" in lines[1]
+    assert "outcome=error\\\\x1b" in lines[1]  # a backslash sent is not an escape made
+    assert "client=1.2.3.4:5\\n/websocket\\x9b" in lines[0]
+    assert "mounts=/src\\u2028:/dst\\u202e" in lines[0]
+
+
+def test_audit_verify_exits_1_when_the_first_lines_of_the_trail_were_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    _trail(path, *({"ts": "t", "event": "tool_call", "n": n} for n in range(4)))
+    assert main(["audit", "verify", "--path", str(path)], environ={}) == 0
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[2:]))
+    assert main(["audit", "verify", "--path", str(path)], environ={}) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:1: the first record does not start the chain" in out
+    assert "FAILED: 1 problem(s) in 2 records" in out
+
+
+def test_audit_verify_reports_an_over_deep_line_as_tampering_with_its_number_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    _trail(path, *({"ts": "t", "event": "tool_call", "n": n} for n in range(2)))
+    first, second = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(first + b"[" * 100_000 + b"]" * 100_000 + b"\n" + second)
+    assert main(["audit", "verify", "--path", str(path)], environ={}) == 1
+    assert f"{path}:2: not a JSON object" in capsys.readouterr().out
+    assert main(["audit", "--path", str(path)], environ={}) == 0  # reading skips it
+    assert len(capsys.readouterr().out.splitlines()) == 2
