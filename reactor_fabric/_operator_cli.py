@@ -191,7 +191,23 @@ def _human(record: dict[str, Any]) -> str:
         parts.append(f"mounts={shown or 'none'}")
     if event == "audit_dropped":
         parts.append(f"count={_printable(record.get('count'))}")
+    if event == "tools_changed":
+        parts.extend(_tool_changes(record))
     return " ".join(parts)
+
+
+def _tool_changes(record: dict[str, Any]) -> list[str]:
+    """A tools_changed record's names, per kind of change (each escaped): what to look at."""
+    shown = []
+    for kind in ("added", "removed", "changed"):
+        names = record.get(kind)
+        if not isinstance(names, list) or not names:
+            continue
+        labels = [
+            _printable(name.get("tool") if isinstance(name, dict) else name) for name in names
+        ]
+        shown.append(f"{kind}={','.join(labels)}")
+    return shown
 
 
 # What a terminal would act on or show as a line break, rather than print: C0 and C1 controls

@@ -208,6 +208,29 @@ def test_audit_escapes_control_characters_and_newlines_in_every_field_of_its_hum
     assert "mounts=/src\\u2028:/dst\\u202e" in lines[0]
 
 
+def test_audit_shows_what_a_tools_changed_record_names_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    _trail(
+        path,
+        {
+            "ts": "2026-11-22T14:02:04.000Z",
+            "event": "tools_changed",
+            "session": "s",
+            "service": "git",
+            "added": ["new\x1b[2J"],
+            "removed": [],
+            "changed": [{"tool": "log", "fields": ["description"], "sha256": {}}],
+        },
+    )
+    assert main(["audit", "--path", str(path)], environ={}) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert "tools_changed" in line
+    assert "added=new\\x1b[2J changed=log" in line
+    assert "removed=" not in line
+
+
 def test_audit_verify_exits_1_when_the_first_lines_of_the_trail_were_deleted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
