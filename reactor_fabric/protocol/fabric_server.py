@@ -31,6 +31,13 @@ URIs of their targets); ``ping`` here too; sampling and elicitation go to the cl
 declared the capability, else are refused (-32601). Logging and list-changed notifications go to
 the client.
 
+Bounds. What the machine sends a backend on its own (answers to its ``ping`` and ``roots/list``,
+refusals, refreshes, the handshake: :attr:`ToBackend.own`) is counted until the driver reports
+it written (:meth:`FabricServer.backend_read`): a backend that leaves more than
+``own_backlog_bytes`` of it unread has stopped reading its stdin, and is treated as broken
+(``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory. The
+client's own messages are bounded by the driver (it stops reading the client).
+
 Error handling: a message that is not JSON-RPC gets -32700 / -32600 (never raises); a call to an
 unknown tool -32602; a call whose backend cannot start, or whose backend dies, gets the backend's
 error (-32002 ``ContainerStartFailure``, ``DockerUnavailable``, a ``SecurityViolation`` of its
@@ -63,6 +70,7 @@ from .fabric_discovery import (
     tool_tokens,
 )
 from .jsonrpc import RequestId, peek
+from .session import UNRESPONSIVE, SessionLimits
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
 Json = dict[str, Any]
@@ -76,6 +84,9 @@ INVALID_PARAMS = -32602
 MAX_QUEUED_PER_BACKEND = 64
 MAX_PENDING = 512
 MAX_LISTENERS = 8
+# Bytes of the endpoint's own messages a backend may leave unread on its stdin: by default the
+# relay's bound on what waits for a server (the driver passes the suite's buffer_to_server).
+OWN_BACKLOG_BYTES = SessionLimits().to_server_bytes
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
@@ -115,6 +126,9 @@ class ToClient:
 class ToBackend:
     service: str
     data: bytes
+    # The endpoint's own message (not the client's): the driver reports it written with
+    # FabricServer.backend_read, which the machine's bound on them counts on.
+    own: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +179,7 @@ class _Backend:
     state: Literal["starting", "handshaking", "ready"]
     queue: list[Json] = field(default_factory=list)  # requests waiting for the handshake
     last_active: float = 0.0
+    unread: int = 0  # bytes of our own messages (lines) sent and not yet reported written
 
 
 META_TOOLS: tuple[Json, ...] = (
@@ -279,8 +294,10 @@ class FabricServer:
         assist: AssistSettings | None = None,
         count_tokens: Callable[[Json], int] = count_definition,
         audit_arguments: ArgumentsMode = "hash",
+        own_backlog_bytes: int = OWN_BACKLOG_BYTES,
     ) -> None:
         self.catalog = catalog
+        self.own_backlog_bytes = own_backlog_bytes
         self.session_id = session_id
         self.mount_targets = tuple(mount_targets)
         self.exposure: Exposure = exposure
@@ -336,11 +353,12 @@ class FabricServer:
         now = self.clock()
         actions: list[Action] = []
         for our_id, asked in list(self._asked.items()):
-            if asked.deadline <= now:
+            # (still asked: a backend found broken meanwhile took its questions along)
+            if asked.deadline <= now and our_id in self._asked:
                 del self._asked[our_id]
                 error = {"code": REQUEST_TIMEOUT, "message": "the client did not answer in time"}
                 answer = {"jsonrpc": "2.0", "id": asked.backend_id, "error": error}
-                actions.append(ToBackend(asked.service, _encoder.encode(answer)))
+                actions += self._own(asked.service, _encoder.encode(answer))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
         for our_id, assist in list(self._assisting.items()):
@@ -818,7 +836,7 @@ class FabricServer:
             },
         }
         self._forwarded[handshake_id] = _Forwarded(service, None, "initialize")
-        return [ToBackend(service, _encoder.encode(handshake))]
+        return self._own(service, _encoder.encode(handshake))
 
     def backend_message(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
@@ -876,9 +894,9 @@ class FabricServer:
                 ),
             )
         backend.state = "ready"
-        actions: list[Action] = [
-            ToBackend(service, _notification_bytes("notifications/initialized", None))
-        ]
+        actions = self._own(service, _notification_bytes("notifications/initialized", None))
+        if service not in self.backends:
+            return actions  # it was found broken
         actions += [ToBackend(service, _encoder.encode(request)) for request in backend.queue]
         backend.queue = []
         return actions
@@ -901,7 +919,7 @@ class FabricServer:
                 "code": METHOD_NOT_FOUND,
                 "message": f"the client does not offer {method}",
             }
-        return [ToBackend(service, _encoder.encode(answer))]
+        return self._own(service, _encoder.encode(answer))
 
     def _backend_notification(self, service: str, message: Json) -> list[Action]:
         method = message.get("method")
@@ -932,7 +950,7 @@ class FabricServer:
             our_id = self._new_id()
             self._forwarded[our_id] = _Forwarded(service, None, list_method)
             request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
-            return [ToBackend(service, _encoder.encode(request))]
+            return self._own(service, _encoder.encode(request))
         return []
 
     def _refreshed(self, service: str, method: str, message: Json) -> list[Action]:
@@ -959,6 +977,37 @@ class FabricServer:
         if not self._stateless and service in self._shown():
             actions.append(_notification(method))
         return actions
+
+    def backend_read(self, service: str, nbytes: int) -> None:
+        """``nbytes`` of the endpoint's own messages (:attr:`ToBackend.own`, with their newline)
+        were written to the service's container's stdin."""
+        backend = self.backends.get(service)
+        if backend is not None:
+            backend.unread = max(0, backend.unread - nbytes)
+
+    def _own(self, service: str, data: bytes) -> list[Action]:
+        """A message of the endpoint's own for ``service``'s container, within the bound on
+        what it leaves unread. Past it the backend has stopped reading its stdin while asking
+        (pings, roots, refreshes…): it is broken, not the orchestrator's memory (one message
+        alone may exceed the bound, as a client's may)."""
+        backend = self.backends.get(service)
+        if backend is None:
+            return []  # forgotten (broken, stopped): nothing is owed to it any more
+        size = len(data) + 1  # the driver ends each line with a newline
+        if backend.unread and backend.unread + size > self.own_backlog_bytes:
+            return self._unresponsive(service, backend.unread)
+        backend.unread += size
+        return [ToBackend(service, data, own=True)]
+
+    def _unresponsive(self, service: str, unread: int) -> list[Action]:
+        error = ContainerStartFailure(
+            f"the {service} server stopped reading its input ({unread} bytes of the "
+            "orchestrator's own messages to it unread); its container was removed, the next "
+            "call starts a fresh one",
+            reason=UNRESPONSIVE,
+        )
+        # Stopped first: the driver drops what waits for its stdin before the answers go out.
+        return [StopBackend(service, UNRESPONSIVE), *self._backend_failed(service, error)]
 
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it
