@@ -36,7 +36,9 @@ refusals, refreshes, the handshake: :attr:`ToBackend.own`) is counted until the 
 it written (:meth:`FabricServer.backend_read`): a backend that leaves more than
 ``own_backlog_bytes`` of it unread has stopped reading its stdin, and is treated as broken
 (``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory. The
-client's own messages are bounded by the driver (it stops reading the client).
+client's own messages are bounded by the driver (it stops reading the client). At most
+:data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on the
+relay; one more is answered to its backend -32001 ``too_many_requests_to_client``.
 
 Error handling: a message that is not JSON-RPC gets -32700 / -32600 (never raises); a call to an
 unknown tool -32602; a call whose backend cannot start, or whose backend dies, gets the backend's
@@ -69,8 +71,13 @@ from .fabric_discovery import (
     index_catalog,
     tool_tokens,
 )
-from .jsonrpc import RequestId, peek
-from .session import UNRESPONSIVE, SessionLimits
+from .jsonrpc import RequestId, error_response, peek
+from .session import (
+    MAX_SERVER_REQUESTS,
+    UNRESPONSIVE,
+    SessionLimits,
+    too_many_requests_to_client,
+)
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
 Json = dict[str, Any]
@@ -911,6 +918,11 @@ class FabricServer:
         elif method == "ping":
             answer["result"] = {}
         elif capability.get(method) in self.client_capabilities:
+            if len(self._asked) >= MAX_SERVER_REQUESTS:
+                # As on the relay: the client is not asked more than this at once; the
+                # backend is told at once (and never waits for the expiry of each).
+                refusal = too_many_requests_to_client(MAX_SERVER_REQUESTS)
+                return self._own(service, error_response(message.get("id"), refusal))
             our_id = self._new_id()
             self._asked[our_id] = _Asked(service, message.get("id"), self.clock() + ASK_SECONDS)
             return [ToClient(_encoder.encode({**message, "id": our_id}))]

@@ -325,6 +325,29 @@ def test_one_answer_over_the_bound_goes_out_when_nothing_else_waits() -> None:
     assert StopBackend("git", "container_unresponsive") in pinged(server, "git", 1, 10)
 
 
+def test_backend_requests_waiting_for_the_client_are_bounded_as_on_the_relay() -> None:
+    # 2,000 sampling requests of one backend all reached the client, and were held there.
+    limit = SessionLimits().max_server_requests
+    server = session(client_capabilities={"sampling": {}, "elicitation": {}})
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    asked: list[dict[str, Any]] = []
+    for n in range(limit):
+        method = "sampling/createMessage" if n % 2 else "elicitation/create"
+        asked += to_client(server.backend_message("git", msg(id=f"a{n}", method=method)))
+    assert len(asked) == limit
+    one_more = server.backend_message("git", msg(id="over", method="sampling/createMessage"))
+    assert to_client(one_more) == []
+    [refused] = to_backend(one_more, "git")
+    assert refused["id"] == "over"
+    assert refused["error"]["code"] == -32001
+    assert refused["error"]["data"]["reason"] == "too_many_requests_to_client"
+    # An answer makes room for one more.
+    server.client_message(msg(id=asked[0]["id"], result={}))
+    again = server.backend_message("git", msg(id="again", method="sampling/createMessage"))
+    assert len(to_client(again)) == 1
+
+
 def test_a_cancelled_call_is_cancelled_at_its_backend_under_the_backends_id() -> None:
     server = session()
     call(server, "a", "time__get_current_time")

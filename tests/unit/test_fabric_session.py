@@ -22,6 +22,7 @@ from reactor_fabric.config.structs import Profile, Service
 from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import index_catalog
+from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, open_memory_runtime
 from reactor_fabric.trio import fabric as fabric_module
 from reactor_fabric.trio.containers import LiveContainer
@@ -268,6 +269,54 @@ async def test_a_backend_that_does_not_read_its_stdin_is_broken_before_it_grows_
         await ws.send_json(tool_call(4, "alpha__echo"))
         assert (await ws.hear())["id"] == 4
         assert started_services(http) == ["alpha", "beta", "alpha"]
+        await ws.aclose()
+
+
+ASKS = 300
+
+
+async def asking_server(container: MemoryServer) -> None:
+    """A server whose ``flood`` sends the client ASKS sampling requests at once, and answers
+    with the refusals it got for them from the orchestrator."""
+    refusals: list[dict[str, Any]] = []
+    call_id = None
+    while (line := await container.read_line()) is not None:
+        message = json.loads(line)
+        if await _offer(container, message):
+            continue
+        if message.get("method") == "tools/call":
+            call_id = message["id"]
+            for n in range(ASKS):
+                ask = request(f"ask-{n}", "sampling/createMessage", {"messages": []})
+                await container.write_stdout(json.dumps(ask).encode() + b"\n")
+        elif "error" in message:
+            refusals.append(message["error"])
+            if len(refusals) == ASKS - SessionLimits().max_server_requests:
+                await _answer(container, call_id, {"content": [], "refusals": refusals})
+
+
+async def test_a_backends_requests_to_the_client_are_bounded_as_on_the_relay(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # All 2,000 of a backend's sampling requests reached the client, held for 5 minutes each.
+    limit = SessionLimits().max_server_requests  # the relay's
+    async with fabric_served(tmp_path, server=asking_server) as http:
+        ws, _ = await http.websocket("/mcp")
+        sampling = {**INITIALIZE["params"], "capabilities": {"sampling": {}}}
+        await ws.send_json({**INITIALIZE, "params": sampling})
+        await ws.hear()
+        await ws.send_json(INITIALIZED)
+        await ws.send_json(tool_call(2, "alpha__flood"))
+        with trio.fail_after(60):
+            heard = [await ws.hear() for _ in range(limit + 1)]
+        assert [m.get("method") for m in heard[:limit]] == ["sampling/createMessage"] * limit
+        answer = heard[limit]
+        assert answer["id"] == 2
+        refusals = answer["result"]["refusals"]
+        assert len(refusals) == ASKS - limit
+        assert {(r["code"], r["data"]["reason"]) for r in refusals} == {
+            (-32001, "too_many_requests_to_client")
+        }
         await ws.aclose()
 
 
