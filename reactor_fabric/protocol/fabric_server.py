@@ -37,6 +37,15 @@ URIs of their targets); ``ping`` here too; sampling and elicitation go to the cl
 declared the capability, else are refused (-32601). Logging and list-changed notifications go to
 the client.
 
+Bounds. What the machine sends a backend on its own (answers to its ``ping`` and ``roots/list``,
+refusals, refreshes, the handshake: :attr:`ToBackend.own`) is counted until the driver reports
+it written (:meth:`FabricServer.backend_read`): a backend that leaves more than
+``own_backlog_bytes`` of it unread has stopped reading its stdin, and is treated as broken
+(``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory. The
+client's own messages are bounded by the driver (it stops reading the client). At most
+:data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on the
+relay; one more is answered to its backend -32001 ``too_many_requests_to_client``.
+
 Error handling: a message that is not JSON-RPC gets -32700 / -32600 (never raises); a call to an
 unknown tool -32602; a call whose backend cannot start, or whose backend dies, gets the backend's
 error (-32002 ``ContainerStartFailure``, ``DockerUnavailable``, a ``SecurityViolation`` of its
@@ -70,7 +79,13 @@ from .fabric_discovery import (
     tool_tokens,
 )
 from .fabric_refresh import MAX_LIST_BYTES, Refresh, Refreshed, ToolChanges
-from .jsonrpc import RequestId, duplicate_request, peek
+from .jsonrpc import RequestId, duplicate_request, error_response, peek
+from .session import (
+    MAX_SERVER_REQUESTS,
+    UNRESPONSIVE,
+    SessionLimits,
+    too_many_requests_to_client,
+)
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
 Json = dict[str, Any]
@@ -84,6 +99,9 @@ INVALID_PARAMS = -32602
 MAX_QUEUED_PER_BACKEND = 64
 MAX_PENDING = 512
 MAX_LISTENERS = 8
+# Bytes of the endpoint's own messages a backend may leave unread on its stdin: by default the
+# relay's bound on what waits for a server (the driver passes the suite's buffer_to_server).
+OWN_BACKLOG_BYTES = SessionLimits().to_server_bytes
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
@@ -128,6 +146,9 @@ class ToClient:
 class ToBackend:
     service: str
     data: bytes
+    # The endpoint's own message (not the client's): the driver reports it written with
+    # FabricServer.backend_read, which the machine's bound on them counts on.
+    own: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,6 +213,7 @@ class _Backend:
     state: Literal["starting", "handshaking", "ready"]
     queue: list[Json] = field(default_factory=list)  # requests waiting for the handshake
     last_active: float = 0.0
+    unread: int = 0  # bytes of our own messages (lines) sent and not yet reported written
 
 
 META_TOOLS: tuple[Json, ...] = (
@@ -306,8 +328,10 @@ class FabricServer:
         assist: AssistSettings | None = None,
         count_tokens: Callable[[Json], int] = count_definition,
         audit_arguments: ArgumentsMode = "hash",
+        own_backlog_bytes: int = OWN_BACKLOG_BYTES,
     ) -> None:
         self.catalog = catalog
+        self.own_backlog_bytes = own_backlog_bytes
         self.session_id = session_id
         self.mount_targets = tuple(mount_targets)
         self.exposure: Exposure = exposure
@@ -371,11 +395,12 @@ class FabricServer:
         now = self.clock()
         actions: list[Action] = []
         for our_id, asked in list(self._asked.items()):
-            if asked.deadline <= now:
+            # (still asked: a backend found broken meanwhile took its questions along)
+            if asked.deadline <= now and our_id in self._asked:
                 del self._asked[our_id]
                 error = {"code": REQUEST_TIMEOUT, "message": "the client did not answer in time"}
                 answer = {"jsonrpc": "2.0", "id": asked.backend_id, "error": error}
-                actions.append(ToBackend(asked.service, _encoder.encode(answer)))
+                actions += self._own(asked.service, _encoder.encode(answer))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
         for our_id, assist in list(self._assisting.items()):
@@ -883,7 +908,7 @@ class FabricServer:
             },
         }
         self._forwarded[handshake_id] = _Forwarded(service, None, "initialize")
-        return [ToBackend(service, _encoder.encode(handshake))]
+        return self._own(service, _encoder.encode(handshake))
 
     def backend_message(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
@@ -942,9 +967,9 @@ class FabricServer:
                 ),
             )
         backend.state = "ready"
-        actions: list[Action] = [
-            ToBackend(service, _notification_bytes("notifications/initialized", None))
-        ]
+        actions = self._own(service, _notification_bytes("notifications/initialized", None))
+        if service not in self.backends:
+            return actions  # it was found broken
         actions += [ToBackend(service, _encoder.encode(request)) for request in backend.queue]
         backend.queue = []
         return actions
@@ -955,7 +980,7 @@ class FabricServer:
         if any(a.service == service and a.backend_id == answer["id"] for a in self._asked.values()):
             # The client's answer could not be told from the first's: refused, as the relay does.
             answer["error"] = duplicate_request(answer["id"]).to_jsonrpc_error()
-            return [ToBackend(service, _encoder.encode(answer))]
+            return self._own(service, _encoder.encode(answer))
         capability = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
         if method == "roots/list":
             roots = [{"uri": f"file://{target}", "name": target} for target in self.mount_targets]
@@ -963,6 +988,11 @@ class FabricServer:
         elif method == "ping":
             answer["result"] = {}
         elif capability.get(method) in self.client_capabilities:
+            if len(self._asked) >= MAX_SERVER_REQUESTS:
+                # As on the relay: the client is not asked more than this at once; the
+                # backend is told at once (and never waits for the expiry of each).
+                refusal = too_many_requests_to_client(MAX_SERVER_REQUESTS)
+                return self._own(service, error_response(message.get("id"), refusal))
             our_id = self._new_id()
             self._asked[our_id] = _Asked(service, message.get("id"), self.clock() + ASK_SECONDS)
             return [ToClient(_encoder.encode({**message, "id": our_id}))]
@@ -971,7 +1001,7 @@ class FabricServer:
                 "code": METHOD_NOT_FOUND,
                 "message": f"the client does not offer {method}",
             }
-        return [ToBackend(service, _encoder.encode(answer))]
+        return self._own(service, _encoder.encode(answer))
 
     def _backend_notification(self, service: str, message: Json) -> list[Action]:
         method = message.get("method")
@@ -1003,16 +1033,16 @@ class FabricServer:
             if relist is not None:
                 relist.again = True
                 return []
-            return [self._ask_list(service, kind)]
+            return self._ask_list(service, kind)
         return []
 
-    def _ask_list(self, service: str, kind: str) -> ToBackend:
+    def _ask_list(self, service: str, kind: str) -> list[Action]:
         self._refreshing[service, kind] = _Relist()
         list_method = next(m for m, k in _REFRESH.values() if k == kind)
         our_id = self._new_id()
         self._forwarded[our_id] = _Forwarded(service, None, list_method)
         request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
-        return ToBackend(service, _encoder.encode(request))
+        return self._own(service, _encoder.encode(request))
 
     def _refreshed(self, service: str, method: str, message: Json) -> list[Action]:
         """A service's fresh list (after its list_changed): kept for the next :class:`Refresh`,
@@ -1092,7 +1122,7 @@ class FabricServer:
         if self._refreshing.get((service, kind)) is not relist:
             return []
         del self._refreshing[service, kind]
-        return [self._ask_list(service, kind)] if relist.again else []
+        return self._ask_list(service, kind) if relist.again else []
 
     def _forget_refreshes(self, service: str) -> None:
         """The service's container is gone: the next one's list_changed is asked at once."""
@@ -1100,6 +1130,37 @@ class FabricServer:
             del self._refreshing[key]
         for key in [key for key in self._fresh if key[0] == service]:
             del self._fresh[key]
+
+    def backend_read(self, service: str, nbytes: int) -> None:
+        """``nbytes`` of the endpoint's own messages (:attr:`ToBackend.own`, with their newline)
+        were written to the service's container's stdin."""
+        backend = self.backends.get(service)
+        if backend is not None:
+            backend.unread = max(0, backend.unread - nbytes)
+
+    def _own(self, service: str, data: bytes) -> list[Action]:
+        """A message of the endpoint's own for ``service``'s container, within the bound on
+        what it leaves unread. Past it the backend has stopped reading its stdin while asking
+        (pings, roots, refreshes…): it is broken, not the orchestrator's memory (one message
+        alone may exceed the bound, as a client's may)."""
+        backend = self.backends.get(service)
+        if backend is None:
+            return []  # forgotten (broken, stopped): nothing is owed to it any more
+        size = len(data) + 1  # the driver ends each line with a newline
+        if backend.unread and backend.unread + size > self.own_backlog_bytes:
+            return self._unresponsive(service, backend.unread)
+        backend.unread += size
+        return [ToBackend(service, data, own=True)]
+
+    def _unresponsive(self, service: str, unread: int) -> list[Action]:
+        error = ContainerStartFailure(
+            f"the {service} server stopped reading its input ({unread} bytes of the "
+            "orchestrator's own messages to it unread); its container was removed, the next "
+            "call starts a fresh one",
+            reason=UNRESPONSIVE,
+        )
+        # Stopped first: the driver drops what waits for its stdin before the answers go out.
+        return [StopBackend(service, UNRESPONSIVE), *self._backend_failed(service, error)]
 
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it

@@ -59,6 +59,11 @@ CLOSE_NORMAL: Final = 1000
 # answered: the MCP SDKs' own "request timed out". It goes to the server, never to a client.
 REQUEST_TIMED_OUT: Final = -32001
 
+# Server→client requests (sampling, roots, elicitation) awaiting the client at once, per client
+# session — the relay's and the fabric endpoint's: beyond it the server is answered at once
+# (:func:`too_many_requests_to_client`), never the client asked.
+MAX_SERVER_REQUESTS: Final = 256
+
 
 # --- events -----------------------------------------------------------------------------------
 
@@ -241,7 +246,7 @@ class SessionLimits:
     max_in_flight: int = 1024
     # Server→client requests awaiting the client at once; beyond it the server is answered at
     # once (they are tracked, and each may have to be answered when it expires).
-    max_server_requests: int = 256
+    max_server_requests: int = MAX_SERVER_REQUESTS
     # A container that takes none of the bytes written to its stdin for this long is replaced.
     stdin_stall_timeout: float = 120.0
 
@@ -619,10 +624,7 @@ class SessionMachine:
             # Its answer could not be told from the first's: refused like a client's duplicate.
             return duplicate_request(request.id)
         if len(self.ledger.server_requests) >= self.limits.max_server_requests:
-            return _ServerRequestExpired(
-                f"{self.limits.max_server_requests} requests to the client are already waiting",
-                reason="too_many_requests_to_client",
-            )
+            return too_many_requests_to_client(self.limits.max_server_requests)
         return None
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
@@ -784,6 +786,15 @@ def log_notification(level: str, text: str) -> bytes:
 class _ServerRequestExpired(FabricError):
     code = REQUEST_TIMED_OUT
     title = "Request timed out"
+
+
+def too_many_requests_to_client(limit: int) -> FabricError:
+    """What a server gets for one request to the client too many (-32001, to the server only):
+    ``limit`` of its session's already wait for the client."""
+    return _ServerRequestExpired(
+        f"{limit} requests to the client are already waiting",
+        reason="too_many_requests_to_client",
+    )
 
 
 def container_exited(

@@ -63,6 +63,7 @@ from ..protocol.handshake import RegisterClient, register_answer
 from ..protocol.session import (
     ENDED_BY_OPERATOR,
     ORCHESTRATOR_STOPPING,
+    UNRESPONSIVE,
     container_exited,
     log_notification,
     session_ending,
@@ -167,6 +168,7 @@ class _Backend(LiveContainer):
 
     service: str = ""
     queued_bytes: int = 0
+    own_bytes: int = 0  # of queued_bytes, the machine's own messages (ToBackend.own)
 
 
 class FabricDriver:
@@ -207,6 +209,7 @@ class FabricDriver:
             token_budget=fabric.suite.orchestrator.fabric.token_budget,
             assist=fabric.assist_settings,
             audit_arguments=fabric.audit_arguments,
+            own_backlog_bytes=fabric.limits.buffer_to_server_bytes,
         )
         self._fields = {"session": session_id, "service": FABRIC_ENDPOINT}
         self._current: dict[str, _Backend] = {}  # service → its running container
@@ -231,8 +234,8 @@ class FabricDriver:
                     if error is not None:
                         self.observer.error_sent(*error)
                     await self._send_client(data)
-                case ToBackend(service=service, data=data):
-                    self._write(service, data)
+                case ToBackend(service=service, data=data, own=own):
+                    self._write(service, data, own=own)
                 case StartBackend(service=service):
                     nursery.start_soon(self._start, service)
                 case StopBackend(service=service, reason=reason):
@@ -393,13 +396,15 @@ class FabricDriver:
         self._nursery.start_soon(read_stderr, backend, fields)
         await self._execute(self.server.backend_started(service))
 
-    def _write(self, service: str, data: bytes) -> None:
+    def _write(self, service: str, data: bytes, *, own: bool) -> None:
         backend = self._current.get(service)
         if backend is None or backend.removing:
             return  # it is going away; the machine answers what it was owed
         line = data + b"\n"
         backend.queue.append(line)
         backend.queued_bytes += len(line)
+        if own:
+            backend.own_bytes += len(line)
         backend.queued.set()
 
     async def _write_stdin(self, backend: _Backend) -> None:
@@ -410,6 +415,7 @@ class FabricDriver:
             backend.queued = trio.Event()
             data = b"".join(backend.queue)
             backend.queue.clear()
+            own, backend.own_bytes = backend.own_bytes, 0
             try:
                 await stdin.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -417,6 +423,9 @@ class FabricDriver:
             finally:
                 backend.queued_bytes -= len(data)
                 self._room.set()
+            if own and self._current.get(backend.service) is backend:
+                # (not a former container's: the machine's count is of the current one)
+                self.server.backend_read(backend.service, own)
 
     async def _read_stdout(self, backend: _Backend) -> None:
         service = backend.service
@@ -462,10 +471,28 @@ class FabricDriver:
         if backend is None or backend.removing:
             return
         backend.stop_reason = reason
+        if reason == UNRESPONSIVE:
+            # The machine found it broken: not asked to exit through the stdin it leaves
+            # unread. What waits for that stdin is dropped now, not when the removal ends.
+            log.warning(
+                "backend_failed", extra={**self._fields, "backend": service, "reason": reason}
+            )
+            backend.stop_graceful = False
+            self._drop_queue(backend)
         assert self._nursery is not None
         self._nursery.start_soon(self._remove, backend)
 
+    def _drop_queue(self, backend: _Backend) -> None:
+        """Forget what waits for a container's stdin (it is going away); the client may be
+        read again if that was what held it."""
+        backend.queued_bytes -= sum(map(len, backend.queue))  # (not a write in progress)
+        backend.queue.clear()
+        backend.own_bytes = 0
+        self._room.set()
+
     async def _remove(self, backend: _Backend) -> None:
+        self._drop_queue(backend)
+
         def forget() -> None:
             self._all.pop(backend.seq, None)
             if self._current.get(backend.service) is backend:

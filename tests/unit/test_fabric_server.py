@@ -31,6 +31,7 @@ from reactor_fabric.protocol.fabric_server import (
     ToClient,
     ToolsChanged,
 )
+from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
 CATALOG = Catalog(
@@ -287,6 +288,103 @@ def test_sampling_is_refused_for_a_client_that_does_not_offer_it() -> None:
     assert to_client(server.backend_message("git", ask)) == []
     [refused] = to_backend(server.backend_message("git", ask), "git")
     assert refused["error"]["code"] == -32601
+
+
+def pinged(server: FabricServer, service: str, count: int, size: int) -> list[Action]:
+    """The actions of ``count`` pings of ``service`` whose ids are ``size`` characters long."""
+    actions: list[Action] = []
+    for n in range(count):
+        actions += server.backend_message(service, msg(id=f"{n}:" + "x" * size, method="ping"))
+    return actions
+
+
+def test_a_backend_that_leaves_the_endpoints_own_answers_unread_is_broken() -> None:
+    # 300 pings with 1 MB ids grew the orchestrator by ~300 MB: the pongs waited for a stdin
+    # the server never read. Now they are bounded, and past the bound the backend is broken.
+    server = session(client_capabilities={"sampling": {}})
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    asked = server.backend_message("git", msg(id="s1", method="sampling/createMessage"))
+    assert len(to_client(asked)) == 1
+    actions = pinged(server, "git", 40, 100_000)
+    pongs = [a for a in actions if isinstance(a, ToBackend)]
+    assert sum(len(a.data) + 1 for a in pongs) <= SessionLimits().to_server_bytes  # the relay's
+    assert all(a.own for a in pongs)
+    assert StopBackend("git", "container_unresponsive") in actions
+    [failed] = to_client(actions)
+    assert failed["id"] == 1
+    assert failed["error"]["code"] == -32002
+    assert failed["error"]["data"]["reason"] == "container_unresponsive"
+    # Forgotten with what it asked the client; the next call starts a fresh one.
+    assert "git" not in server.backends
+    assert to_backend(server.client_message(msg(id="late", result={})), "git") == []
+    assert call(server, 2, "git__git_log") == [StartBackend("git")]
+
+
+def test_refusals_of_a_backends_duplicate_requests_count_against_the_same_bound() -> None:
+    # A refused duplicate is answered to the backend as the endpoint's own message: a server
+    # repeating one waiting id without reading the refusals is broken like one that pings.
+    server = session(client_capabilities={"sampling": {}}, own_backlog_bytes=10_000)
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    big = "x" * 1000
+    first = server.backend_message("git", msg(id=big, method="sampling/createMessage"))
+    assert len(to_client(first)) == 1
+    actions: list[Any] = []
+    for _ in range(20):
+        actions += server.backend_message("git", msg(id=big, method="sampling/createMessage"))
+    refusals = [a for a in actions if isinstance(a, ToBackend)]
+    assert refusals
+    assert all(a.own for a in refusals)
+    assert StopBackend("git", "container_unresponsive") in actions
+
+
+def test_a_backend_that_reads_the_endpoints_answers_may_ask_without_end() -> None:
+    server = session()
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    for _ in range(30):
+        pongs = [a for a in pinged(server, "git", 5, 100_000) if isinstance(a, ToBackend)]
+        assert len(pongs) == 5
+        server.backend_read("git", sum(len(a.data) + 1 for a in pongs))
+    assert "git" in server.backends
+
+
+def test_one_answer_over_the_bound_goes_out_when_nothing_else_waits() -> None:
+    server = session(own_backlog_bytes=1000)
+    call(server, 1, "git__git_log")
+    [handshake] = [a for a in server.backend_started("git") if isinstance(a, ToBackend)]
+    server.backend_read("git", len(handshake.data) + 1)
+    answer = msg(id=json.loads(handshake.data)["id"], result={"capabilities": {}})
+    greeted = server.backend_message("git", answer)
+    [initialized, _call] = [a for a in greeted if isinstance(a, ToBackend)]
+    server.backend_read("git", len(initialized.data) + 1)
+    [pong] = to_backend(pinged(server, "git", 1, 5000), "git")
+    assert pong["result"] == {}
+    assert StopBackend("git", "container_unresponsive") in pinged(server, "git", 1, 10)
+
+
+def test_backend_requests_waiting_for_the_client_are_bounded_as_on_the_relay() -> None:
+    # 2,000 sampling requests of one backend all reached the client, and were held there.
+    limit = SessionLimits().max_server_requests
+    server = session(client_capabilities={"sampling": {}, "elicitation": {}})
+    call(server, 1, "git__git_log")
+    ready(server, "git")
+    asked: list[dict[str, Any]] = []
+    for n in range(limit):
+        method = "sampling/createMessage" if n % 2 else "elicitation/create"
+        asked += to_client(server.backend_message("git", msg(id=f"a{n}", method=method)))
+    assert len(asked) == limit
+    one_more = server.backend_message("git", msg(id="over", method="sampling/createMessage"))
+    assert to_client(one_more) == []
+    [refused] = to_backend(one_more, "git")
+    assert refused["id"] == "over"
+    assert refused["error"]["code"] == -32001
+    assert refused["error"]["data"]["reason"] == "too_many_requests_to_client"
+    # An answer makes room for one more.
+    server.client_message(msg(id=asked[0]["id"], result={}))
+    again = server.backend_message("git", msg(id="again", method="sampling/createMessage"))
+    assert len(to_client(again)) == 1
 
 
 def test_a_cancelled_call_is_cancelled_at_its_backend_under_the_backends_id() -> None:

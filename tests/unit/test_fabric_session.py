@@ -4,6 +4,7 @@ that stay with their service, both transports and the keyed URL."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -25,11 +26,13 @@ from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
 from reactor_fabric.protocol import fabric_discovery
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import index_catalog
+from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.trio import fabric as fabric_module
+from reactor_fabric.trio.containers import LiveContainer
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
-from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server
+from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server, until
 from tests.http_client import WebSocketClient
 from tests.leaks import cancel_at_every_step, cancelled_after
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -207,6 +210,117 @@ async def test_roots_are_answered_from_the_mounts_and_progress_reaches_the_clien
         assert [m["params"]["progress"] for m in heard[:2]] == [1, 2]
         assert {m["params"]["progressToken"] for m in heard[:2]} == {"t"}
         assert heard[2]["id"] == 3
+        await ws.aclose()
+
+
+async def _answer(container: MemoryServer, request_id: Any, result: Any) -> None:
+    frame = {"jsonrpc": "2.0", "id": request_id, "result": result}
+    await container.write_stdout(json.dumps(frame).encode() + b"\n")
+
+
+async def _offer(container: MemoryServer, message: dict[str, Any]) -> bool:
+    """Answer the catalog probe's and the endpoint's handshake and tools/list; whether it did."""
+    if message.get("method") == "initialize":
+        version = message["params"]["protocolVersion"]
+        offer = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": {}}
+        await _answer(container, message["id"], offer)
+    elif message.get("method") == "tools/list":
+        tools = [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]
+        await _answer(container, message["id"], {"tools": tools})
+    else:
+        return False
+    return True
+
+
+PING_ID_BYTES = 65536
+PINGS = 64  # 4 MiB of pongs: more than limits.buffer_to_server (1 MiB)
+
+
+async def deaf_server(container: MemoryServer) -> None:
+    """A server whose ``hold`` makes it stop reading its stdin and send PINGS pings, each with
+    a 64 KiB id, then wait (its other tools echo)."""
+    while (line := await container.read_line()) is not None:
+        message = json.loads(line)
+        if await _offer(container, message) or message.get("method") != "tools/call":
+            continue
+        if message["params"]["name"] != "hold":
+            await _answer(container, message["id"], {"content": []})
+            continue
+        for n in range(PINGS):
+            ping = request(f"{n}:" + "x" * PING_ID_BYTES, "ping")
+            await container.write_stdout(json.dumps(ping).encode() + b"\n")
+        await trio.sleep_forever()
+
+
+async def test_a_backend_that_does_not_read_its_stdin_is_broken_before_it_grows_the_memory(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Its pongs waited for it without bound (300 pings with 1 MB ids: +300 MB, kept after the
+    # session closed). Now beyond limits.buffer_to_server of them it is broken, and removed.
+    async with fabric_served(tmp_path, server=deaf_server) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__hold"))
+        with trio.fail_after(60):
+            failed = await ws.hear()
+        assert failed["id"] == 2
+        assert failed["error"]["code"] == -32002
+        assert failed["error"]["data"]["reason"] == "container_unresponsive"
+        await until(lambda: http.runtime.alive == [], what="the deaf backend removed")
+        # What waited for its stdin went with it; the session and its other services go on.
+        assert [b for b in gc.get_objects() if isinstance(b, LiveContainer) and b.queue] == []
+        await ws.send_json(tool_call(3, "beta__echo"))
+        assert (await ws.hear())["id"] == 3
+        await ws.send_json(tool_call(4, "alpha__echo"))
+        assert (await ws.hear())["id"] == 4
+        assert started_services(http) == ["alpha", "beta", "alpha"]
+        await ws.aclose()
+
+
+ASKS = 300
+
+
+async def asking_server(container: MemoryServer) -> None:
+    """A server whose ``flood`` sends the client ASKS sampling requests at once, and answers
+    with the refusals it got for them from the orchestrator."""
+    refusals: list[dict[str, Any]] = []
+    call_id = None
+    while (line := await container.read_line()) is not None:
+        message = json.loads(line)
+        if await _offer(container, message):
+            continue
+        if message.get("method") == "tools/call":
+            call_id = message["id"]
+            for n in range(ASKS):
+                ask = request(f"ask-{n}", "sampling/createMessage", {"messages": []})
+                await container.write_stdout(json.dumps(ask).encode() + b"\n")
+        elif "error" in message:
+            refusals.append(message["error"])
+            if len(refusals) == ASKS - SessionLimits().max_server_requests:
+                await _answer(container, call_id, {"content": [], "refusals": refusals})
+
+
+async def test_a_backends_requests_to_the_client_are_bounded_as_on_the_relay(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # All 2,000 of a backend's sampling requests reached the client, held for 5 minutes each.
+    limit = SessionLimits().max_server_requests  # the relay's
+    async with fabric_served(tmp_path, server=asking_server) as http:
+        ws, _ = await http.websocket("/mcp")
+        sampling = {**INITIALIZE["params"], "capabilities": {"sampling": {}}}
+        await ws.send_json({**INITIALIZE, "params": sampling})
+        await ws.hear()
+        await ws.send_json(INITIALIZED)
+        await ws.send_json(tool_call(2, "alpha__flood"))
+        with trio.fail_after(60):
+            heard = [await ws.hear() for _ in range(limit + 1)]
+        assert [m.get("method") for m in heard[:limit]] == ["sampling/createMessage"] * limit
+        answer = heard[limit]
+        assert answer["id"] == 2
+        refusals = answer["result"]["refusals"]
+        assert len(refusals) == ASKS - limit
+        assert {(r["code"], r["data"]["reason"]) for r in refusals} == {
+            (-32001, "too_many_requests_to_client")
+        }
         await ws.aclose()
 
 
