@@ -15,9 +15,12 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+import zoneinfo
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from datetime import time as clock_time
 from pathlib import Path
 from typing import Any
 
@@ -548,3 +551,17 @@ def mounted_directories(container: Any, candidates: list[Path]) -> list[tuple[st
 
 def text_of(answer: dict[str, Any]) -> str:
     return "\n".join(item.get("text", "") for item in answer["content"])
+
+
+def converted_time(utc_time: str, zone: str) -> set[str]:
+    """How mcp-server-time writes ``utc_time`` (HH:MM, today in UTC) in ``zone``: the local
+    time with its offset (``T09:00:00+01:00``), for today and tomorrow — the server takes its
+    own date, which may be the next one if the call crosses midnight. Across most of the year
+    both days give the same answer; a zone's offset (summer time) is never assumed."""
+    hours, minutes = (int(part) for part in utc_time.split(":"))
+    today = datetime.now(UTC).date()
+    shown = set()
+    for day in (today, today + timedelta(days=1)):
+        moment = datetime.combine(day, clock_time(hours, minutes), tzinfo=UTC)
+        shown.add(moment.astimezone(zoneinfo.ZoneInfo(zone)).isoformat()[10:])
+    return shown

@@ -26,6 +26,7 @@ from tests.integration.harness import (
     bridged_client,
     claude_shows_connected,
     containers_of,
+    converted_time,
     git_repo,
     orchestrator,
     python2_client,
@@ -294,7 +295,10 @@ def test_the_typescript_sdk_lists_and_calls_over_http(fabric: Orchestrator) -> N
             }
         )
         assert converted["ok"], converted
-        assert "Asia/Tokyo" in text_of(converted)
+        # The converted time itself (Tokyo is UTC+9 all year), not the zone the request echoes.
+        target = json.loads(text_of(converted))["target"]["datetime"]
+        assert converted_time("12:00", "Asia/Tokyo") == {"T21:00:00+09:00"}
+        assert target[10:] == "T21:00:00+09:00"
     finally:
         client.close()
 

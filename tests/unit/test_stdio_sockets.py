@@ -360,7 +360,11 @@ def test_the_program_can_come_from_the_environment(tmp_path: Path, helper: Path)
         parent=str(tmp_path / "p"),
         environ={"REACTOR_FABRIC_STDIO_HELPER": str(helper)},
     )
-    area.close()
+    try:
+        # The variable's program, not the bundled one (which the checkout may have built).
+        assert Path(area.helper).read_bytes() == helper.read_bytes()
+    finally:
+        area.close()
 
 
 def test_a_socket_takes_one_connection_and_none_once_closed(tmp_path: Path, helper: Path) -> None:
