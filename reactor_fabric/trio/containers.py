@@ -21,7 +21,7 @@ import trio
 from .._errors import FabricError
 from ..config.structs import Service
 from ..observe.ratelimit import TokenBucket
-from ..policy.container_spec import MountSpec
+from ..policy.mount_spec import MountSpec
 from ..protocol.framing import FramingError, TruncatingLineSplitter
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from ..runtime.base import Container
@@ -100,10 +100,9 @@ async def start_container(
             session_id=session_id,
             mounts=mounts,
             sequence=sequence,
-            pins=pins,
             account=account,
         )
-        container = await fabric.runtime.spawn(spec)  # owns the pins from here
+        container = await fabric.runtime.spawn(spec, pins)  # owns the pins from here
     seconds = trio.current_time() - began
     fabric.container_started(
         container.id,

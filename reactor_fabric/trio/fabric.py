@@ -27,7 +27,8 @@ from ..observe.metrics import LiveFigures
 from ..observe.observer import Client, Observer, token_id
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.auth import Gate
-from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
+from ..policy.container_spec import ContainerIdentity, ContainerSpec, container_spec_for
+from ..policy.mount_spec import MountSpec
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
@@ -330,7 +331,6 @@ class Fabric:
         session_id: str,
         mounts: tuple[MountSpec, ...],
         sequence: int,
-        pins: PinSet | None = None,
         account: Account = UNPRIVILEGED,
     ) -> ContainerSpec:
         return container_spec_for(
@@ -338,7 +338,6 @@ class Fabric:
             service,
             session_id=session_id,
             mounts=mounts,
-            pins=pins,
             account=account,
             sequence=sequence,
             identity=self._identity,

@@ -47,7 +47,8 @@ import trio
 from .._errors import FabricError
 from ..config.structs import Service
 from ..policy.accounts import UNPRIVILEGED, Account
-from ..policy.container_spec import DEFAULT_CPU_SHARES, MountSpec, pooled_spec_for
+from ..policy.container_spec import DEFAULT_CPU_SHARES, pooled_spec_for
+from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError

@@ -26,8 +26,8 @@ from reactor_fabric.policy.container_spec import (
     LABEL_POOLED,
     LABEL_SESSION,
     POOLED_CPU_SHARES,
-    MountSpec,
 )
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
