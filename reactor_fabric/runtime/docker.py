@@ -10,7 +10,7 @@ everything about a particular container or image becomes
 A spawned container's stdin and stdout are a Unix socket of its own to us (:mod:`.stdio_sockets`:
 the engine is not on the relay's path), its stderr a hijacked HTTP connection to the engine,
 attached *before* the container starts (so no early output is lost); both are handed to trio as
-:class:`~reactor_fabric.trio.sockets.LeanSocketStream` objects: relay I/O never hops to a thread.
+:class:`~reactor_fabric._sockets.LeanSocketStream` objects: relay I/O never hops to a thread.
 Where socket stdio cannot be used, all three go over the attach, on which Docker multiplexes
 stdout and stderr; they are split here (:mod:`.docker_framing`, :mod:`.demux`), so a container
 looks like any other runtime's either way.
@@ -40,11 +40,11 @@ import requests.exceptions
 import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError, SecurityViolation
+from .._sockets import LeanSocketStream
 from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, ContainerSpec
 from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import Pin, PinSet
-from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
