@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -61,10 +61,8 @@ from ..runtime.staging import (
     StagingArea,
     StagingUnavailable,
 )
-from .containers import READ_CHUNK, LiveContainer, read_stderr
-
-if TYPE_CHECKING:
-    from .fabric import Fabric
+from .fabric import Fabric
+from .live_container import READ_CHUNK, LiveContainer, read_stderr
 
 log = logging.getLogger(__name__)
 
