@@ -15,6 +15,7 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMes
 
 from reactor_fabric._errors import DockerUnavailable
 from reactor_fabric.policy.container_spec import ContainerSpec
+from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.protocol.jsonrpc import Peek
 from reactor_fabric.runtime.base import Container, ContainerExit, ManagedContainer
 from reactor_fabric.runtime.memory import MemoryServer
@@ -46,7 +47,7 @@ class UnreachableRuntime:
     async def image_id(self, image: str) -> str | None:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
-    async def spawn(self, spec: ContainerSpec) -> Container:
+    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> Container:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
     async def exit_status(self, container_id: str) -> ContainerExit:

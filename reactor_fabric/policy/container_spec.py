@@ -11,14 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..config.structs import Service
 from ..config.suite import SERVICE_CONFIG_ENV
 from .accounts import UNPRIVILEGED, Account
-
-if TYPE_CHECKING:
-    from .pinning import PinSet
+from .mount_spec import MountSpec
 
 LABEL_MANAGED = "reactor-fabric.managed"
 LABEL_INSTANCE = "reactor-fabric.instance"
@@ -40,21 +37,6 @@ LABEL_OWNER_START = "reactor-fabric.owner-start"
 # against the container's memory limit, writable by whichever user the server runs as.
 READ_ONLY_ROOT_TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}  # noqa: S108 - in the container
 SERVER_HOME = "/tmp"  # noqa: S108 - inside the container
-
-
-@dataclass(frozen=True)
-class MountSpec:
-    """A bind mount that already passed validation: source is resolved and allowed."""
-
-    source: str
-    target: str
-    read_only: bool = False
-    # The target is allowed only as the source's own path (not under allowed_mount_targets):
-    # the runtime refuses it if the image has anything there, which the mount would hide.
-    check_in_image: bool = False
-    # A plain bind's propagation ("rslave": mounts made below the source later appear in the
-    # container; the warm pool's staging binds). None: the engine's default (private).
-    propagation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,9 +80,6 @@ class ContainerSpec:
     # The CPU weight against other containers when the CPU is contended (None: the engine's
     # default, 1024). The warm pool starts its containers at the lowest weight (see below).
     cpu_shares: int | None = None
-    # The mount sources, pinned (see .pinning): the runtime mounts these descriptors, checks the
-    # container got them, and releases them. None only where nothing pinned them (unit tests).
-    pins: PinSet | None = field(default=None, compare=False)
 
 
 def container_spec_for(
@@ -110,7 +89,6 @@ def container_spec_for(
     session_id: str,
     identity: ContainerIdentity,
     mounts: tuple[MountSpec, ...] = (),
-    pins: PinSet | None = None,
     account: Account = UNPRIVILEGED,
     sequence: int = 0,
 ) -> ContainerSpec:
@@ -151,7 +129,6 @@ def container_spec_for(
         pull=service.pull,
         # Otherwise (read-only root off) the image's own /tmp is left as it is.
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
-        pins=pins,
     )
 
 

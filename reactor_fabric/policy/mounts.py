@@ -33,7 +33,7 @@ from typing import Any
 
 from .._errors import SecurityViolation
 from ..config.structs import DEFAULT_MOUNT_TARGETS
-from .container_spec import MountSpec
+from .mount_spec import MountSpec
 from .pinning import PinSet, identities, pin_mounts
 
 MAX_MOUNTS = 32

@@ -19,11 +19,11 @@ the Docker socket, another user's home. A pin closes that window:
    the container's mount with the pin's (:meth:`Pin.matches`) before any client message is
    relayed; on a mismatch the container is removed and the session gets ``mount_changed``.
 
-Resource handling: a :class:`PinSet` owns its descriptors. It is handed to the runtime with the
-container spec, which releases it once no engine call can resolve ``/proc/PID/fd/N`` any more —
-also when a cancelled start still runs in a worker thread, because a descriptor number closed
-too early could be reused by another session's pin. :meth:`PinSet.close` is idempotent and
-thread-safe.
+Resource handling: a :class:`PinSet` owns its descriptors. It is handed to the runtime beside
+the container spec (``Runtime.spawn(spec, pins)``: the spec is plain data), which releases it
+once no engine call can resolve ``/proc/PID/fd/N`` any more — also when a cancelled start still
+runs in a worker thread, because a descriptor number closed too early could be reused by
+another session's pin. :meth:`PinSet.close` is idempotent and thread-safe.
 
 Error handling: every refusal is a :class:`~reactor_fabric.SecurityViolation` (-32004):
 ``mount_changed`` (a component became a symlink or vanished), ``mount_not_permitted`` (the
@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .._errors import SecurityViolation
-from .container_spec import MountSpec
+from .mount_spec import MountSpec
 
 # O_PATH: a descriptor that names an object without opening it for I/O (no read permission on
 # the object needed, no side effects such as a FIFO blocking), which is all a mount needs.

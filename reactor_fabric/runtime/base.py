@@ -10,12 +10,14 @@ Implementations: :class:`~reactor_fabric.runtime.docker.DockerRuntime` (the real
 Docker-compatible API too) and :class:`~reactor_fabric.runtime.memory.MemoryRuntime` (unit
 tests: coroutines as servers, with backpressure and faults at every step).
 
-Resource handling, the contract every runtime keeps: :meth:`Runtime.spawn` either returns a
-started container — whose streams the caller closes (:meth:`Container.aclose`) and which the
-caller removes (:meth:`Runtime.remove`) — or raises having removed whatever it created, also
-when it is cancelled half-way (a create still running in a worker thread is removed, by the name
-the spec gave it, once it completes). :meth:`Runtime.close` waits, bounded, for such abandoned
-work.
+Resource handling, the contract every runtime keeps: :meth:`Runtime.spawn` owns the pins it is
+given (the spec's mount sources, pinned by descriptor: :mod:`reactor_fabric.policy.pinning`;
+they travel beside the spec, which is plain data) and releases them once no engine call can
+resolve them any more, whatever happens. It either returns a started container — whose streams
+the caller closes (:meth:`Container.aclose`) and which the caller removes
+(:meth:`Runtime.remove`) — or raises having removed whatever it created, also when it is
+cancelled half-way (a create still running in a worker thread is removed, by the name the spec
+gave it, once it completes). :meth:`Runtime.close` waits, bounded, for such abandoned work.
 
 Error handling: every failure is one of the product's errors — DockerUnavailable (-32001) when
 the engine does not answer, ContainerStartFailure (-32002) for anything about one container.
@@ -29,6 +31,7 @@ from typing import Protocol
 import trio
 
 from ..policy.container_spec import ContainerSpec
+from ..policy.pinning import PinSet
 
 
 class StdinStream(Protocol):
@@ -98,8 +101,13 @@ class Runtime(Protocol):
     async def image_id(self, image: str) -> str | None:
         """The id of ``image`` as the engine has it now; None when it does not have it."""
 
-    async def spawn(self, spec: ContainerSpec) -> Container:
-        """Create, attach and start; on failure or cancellation nothing is left behind."""
+    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> Container:
+        """Create, attach and start; on failure or cancellation nothing is left behind.
+
+        ``pins``: the spec's mount sources pinned (None where nothing pinned them: no mounts,
+        the warm pool's staging binds, the catalog's probe); the container gets these
+        descriptors, checked, and they are released here (see the module's notes).
+        """
 
     async def exit_status(self, container_id: str) -> ContainerExit: ...
 

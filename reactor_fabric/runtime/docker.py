@@ -10,7 +10,7 @@ everything about a particular container or image becomes
 A spawned container's stdin and stdout are a Unix socket of its own to us (:mod:`.stdio_sockets`:
 the engine is not on the relay's path), its stderr a hijacked HTTP connection to the engine,
 attached *before* the container starts (so no early output is lost); both are handed to trio as
-:class:`~reactor_fabric.trio.sockets.LeanSocketStream` objects: relay I/O never hops to a thread.
+:class:`~reactor_fabric._sockets.LeanSocketStream` objects: relay I/O never hops to a thread.
 Where socket stdio cannot be used, all three go over the attach, on which Docker multiplexes
 stdout and stderr; they are split here (:mod:`.docker_framing`, :mod:`.demux`), so a container
 looks like any other runtime's either way.
@@ -40,10 +40,11 @@ import requests.exceptions
 import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError, SecurityViolation
-from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, ContainerSpec, MountSpec
+from .._sockets import LeanSocketStream
+from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, ContainerSpec
+from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import Pin, PinSet
-from ..trio.sockets import LeanSocketStream
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
@@ -351,19 +352,18 @@ class DockerRuntime:
 
         return await self._call("inspect", inspect)
 
-    async def spawn(self, spec: ContainerSpec) -> DockerContainer:
+    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> DockerContainer:
         """Create the container, attach its stdio, start it (see the module's resource notes).
 
         With socket stdio, the container's socket listens before the create, and the container
         is handed out only once its ``fabric-stdio`` connected; the socket's path is unlinked
         whatever happened (ContainerStartFailure ``stdio_not_connected`` if it never did).
 
-        Pinned mounts (``spec.pins``) are checked once the container runs: each must be the
+        Pinned mounts (``pins``) are checked once the container runs: each must be the
         pinned object, by device and inode, or the container is removed and SecurityViolation
         (``mount_changed``) raised. The pins are released once the start can no longer use
         them — by the start's own thread if a cancellation abandoned it.
         """
-        pins = spec.pins
         handed_to_start = False
         pending: PendingStdio | None = None
         try:
@@ -372,13 +372,13 @@ class DockerRuntime:
             pending = await self._listen_for_stdio(spec)
             try:
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pending)
+                container_id = await self._create(spec, pins, pending)
             except ContainerStartFailure as exc:
                 if exc.reason != "image_not_found" or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pending)
+                container_id = await self._create(spec, pins, pending)
             container: DockerContainer | None = None
             try:
                 stream = await self._attach(container_id, stderr_only=pending is not None)
@@ -553,19 +553,21 @@ class DockerRuntime:
 
         return await self._call("probe", probe, if_abandoned=remove_probe)
 
-    async def _create(self, spec: ContainerSpec, stdio: PendingStdio | None = None) -> str:
+    async def _create(
+        self, spec: ContainerSpec, pins: PinSet | None = None, stdio: PendingStdio | None = None
+    ) -> str:
         area = self._stdio_area
 
         def create(client: docker.APIClient) -> str:
             # Podman ignores a volume's driver options in a container's create: its pinned
             # mounts are named volumes, made first (see podman_pinned_volumes).
-            volumes = podman_pinned_volumes(spec) if self.on_podman else {}
+            volumes = podman_pinned_volumes(spec, pins) if self.on_podman else {}
             made: dict[str, dict[str, Any]] = {}  # only these are ours to remove on failure
             try:
                 for target, volume in volumes.items():
                     client.create_volume(**volume)
                     made[target] = volume
-                kwargs = host_config_kwargs(spec, named_volumes=volumes)
+                kwargs = host_config_kwargs(spec, pins, named_volumes=volumes)
                 entrypoint: list[str] | None = None
                 if stdio is not None and area is not None:
                     config = client.inspect_image(spec.image)["Config"] or {}  # type: ignore[no-untyped-call]
@@ -583,7 +585,7 @@ class DockerRuntime:
             # Whether or not the engine answered, it may have made the container: the name
             # finds it either way.
             _remove_quietly(client, spec.name, named_volumes=self.on_podman)
-            _remove_volumes(client, podman_pinned_volumes(spec) if self.on_podman else {})
+            _remove_volumes(client, podman_pinned_volumes(spec, pins) if self.on_podman else {})
             self.abandoned_creates_removed += 1
             log.info("abandoned_container_removed", extra={"container_name": spec.name})
 
@@ -897,8 +899,8 @@ def container_gone(exc: docker.errors.APIError) -> bool:
     return exc.status_code == 500 and "no such container" in str(exc.explanation or "")
 
 
-def podman_pinned_volumes(spec: ContainerSpec) -> dict[str, dict[str, Any]]:
-    """The named volumes that carry a spec's pinned mounts on Podman, by target: the
+def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str, dict[str, Any]]:
+    """The named volumes that carry a spec's pinned mounts (``pins``) on Podman, by target: the
     ``create_volume`` arguments of each.
 
     Why named volumes: Podman ignores the driver options of a volume declared in a container's
@@ -909,11 +911,11 @@ def podman_pinned_volumes(spec: ContainerSpec) -> dict[str, dict[str, Any]]:
     to the container's user on first use. Read-only comes from the container's mount, since
     Podman drops ``ro`` from the options next to ``uid``.
     """
-    if spec.pins is None:
+    if pins is None:
         return {}
     volumes: dict[str, dict[str, Any]] = {}
     for index, mount in enumerate(spec.mounts):
-        pin = spec.pins.for_target(mount.target)
+        pin = pins.for_target(mount.target)
         if pin is None:
             continue
         uid, gid = pin.owner
@@ -1063,15 +1065,18 @@ def engine_is_local(base_url: str | None, environ: Mapping[str, str]) -> bool:
 
 
 def host_config_kwargs(
-    spec: ContainerSpec, *, named_volumes: dict[str, dict[str, Any]] | None = None
+    spec: ContainerSpec,
+    pins: PinSet | None = None,
+    *,
+    named_volumes: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The ``HostConfig`` of a spec: mounts as structured objects, limits and safe defaults
-    (``named_volumes``: the volumes made for pinned mounts, by target; see
-    :func:`podman_pinned_volumes`)."""
+    """The ``HostConfig`` of a spec: mounts as structured objects (``pins``: the mounts'
+    sources pinned), limits and safe defaults (``named_volumes``: the volumes made for pinned
+    mounts, by target; see :func:`podman_pinned_volumes`)."""
     security_opt = ["no-new-privileges:true"] if spec.no_new_privileges else []
     named = named_volumes or {}
     return {
-        "mounts": [_mount(spec, mount, named.get(mount.target)) for mount in spec.mounts],
+        "mounts": [_mount(spec, mount, pins, named.get(mount.target)) for mount in spec.mounts],
         "network_mode": spec.network,
         "mem_limit": spec.memory_bytes,
         # Equal to the memory limit: no swap on top of it, so the limit means what it says.
@@ -1097,7 +1102,10 @@ def host_config_kwargs(
 
 
 def _mount(
-    spec: ContainerSpec, mount: MountSpec, named: dict[str, Any] | None = None
+    spec: ContainerSpec,
+    mount: MountSpec,
+    pins: PinSet | None,
+    named: dict[str, Any] | None = None,
 ) -> docker.types.Mount:
     """A pinned mount as a ``local`` volume bound to our descriptor; else a plain bind.
 
@@ -1115,7 +1123,7 @@ def _mount(
             read_only=mount.read_only,
             no_copy=True,
         )
-    pin = spec.pins.for_target(mount.target) if spec.pins is not None else None
+    pin = pins.for_target(mount.target) if pins is not None else None
     if pin is None:
         return docker.types.Mount(
             target=mount.target,

@@ -54,6 +54,7 @@ import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError, LineSplitter, LineTooLong
 from ..protocol.k8s_attach import (
     AttachChannels,
@@ -294,11 +295,11 @@ class KubernetesRuntime:
         """Only a reference by digest names its image for sure; the API inspects no images."""
         return image.rpartition("@")[2] if "@sha256:" in image else None
 
-    async def spawn(self, spec: ContainerSpec) -> KubernetesContainer:
+    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> KubernetesContainer:
         """Create the pod, wait until its server runs, attach (see the module's notes)."""
-        if spec.pins is not None:
+        if pins is not None:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
-            spec.pins.close()
+            pins.close()
         try:
             manifest = pod_manifest(
                 spec,

@@ -35,7 +35,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..policy.container_spec import ContainerSpec, MountSpec
+from ..policy.container_spec import ContainerSpec
+from ..policy.mount_spec import MountSpec
 
 PULL_POLICIES: Final = {"never": "Never", "missing": "IfNotPresent", "always": "Always"}
 # The orchestrator's own pod (in-cluster): its pods are its dependents, removed with it.

@@ -11,8 +11,9 @@ never returns.
 Like the Docker runtime's worker threads, a create runs on its own: when the spawn that asked for
 it is cancelled, the create still completes, and then removes its container by name.
 
-It keeps the books a leak test needs: every spec spawned, every removal, and the containers that
-were created and never removed (:attr:`MemoryRuntime.alive`).
+It keeps the books a leak test needs: every spec spawned (and the pins each spawn was given),
+every removal, and the containers that were created and never removed
+(:attr:`MemoryRuntime.alive`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import trio
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..policy.pinning import PinSet
 from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
 
@@ -277,6 +279,7 @@ class MemoryRuntime:
         self.output_capacity = output_capacity
         self.faults: dict[str, Fault] = {}
         self.spawned: list[ContainerSpec] = []
+        self.pins_given: list[PinSet | None] = []  # to every spawn, in order, failed ones too
         self.servers: dict[str, MemoryServer] = {}  # by name
         self.removals: list[str] = []
         # What each image holds (paths), for the same-path mount check (see DockerRuntime).
@@ -338,16 +341,17 @@ class MemoryRuntime:
             return None
         return self.image_ids.get(image, f"memory:{image}")
 
-    async def spawn(self, spec: ContainerSpec) -> MemoryContainer:
-        # The runtime owns the spec's pins; nothing here runs in a thread, so once this call
-        # ends no engine can resolve them any more.
+    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> MemoryContainer:
+        # The runtime owns the pins; nothing here runs in a thread, so once this call ends no
+        # engine can resolve them any more.
+        self.pins_given.append(pins)
         try:
-            return await self._spawn(spec)
+            return await self._spawn(spec, pins)
         finally:
-            if spec.pins is not None:
-                spec.pins.close()
+            if pins is not None:
+                pins.close()
 
-    async def _spawn(self, spec: ContainerSpec) -> MemoryContainer:
+    async def _spawn(self, spec: ContainerSpec, pins: PinSet | None) -> MemoryContainer:
         files = self.image_files.get(spec.image, set())
         shadowed = sorted(m.target for m in spec.mounts if m.check_in_image and m.target in files)
         if shadowed:
@@ -375,7 +379,7 @@ class MemoryRuntime:
         try:
             await self._step("attach", spec)
             await self._step("start", spec)
-            if spec.pins is not None:
+            if pins is not None:
                 await self._step("verify", spec)
         except BaseException:
             with trio.CancelScope(shield=True):

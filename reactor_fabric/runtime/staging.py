@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import SecurityViolation
-from ..policy.container_spec import MountSpec
+from ..policy.mount_spec import MountSpec
 from ..policy.mounts import is_within
 from ..policy.owner import owner_is_gone, read_owner_file
 from ..policy.pinning import PinSet

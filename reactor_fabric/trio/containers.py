@@ -1,5 +1,6 @@
-"""A session's running container and the I/O both endpoints' drivers do with it the same way:
-its stderr read into the log, and its removal.
+"""A session's container and the I/O both endpoints' drivers do with it the same way: its start
+(from the warm pool when one fits), its audit, how it exited, and its removal. The running
+container's own state and its stderr reading are in :mod:`.live_container`.
 
 Resource handling: :func:`remove_container` is shielded and bounded by the orchestrator's
 teardown deadline, runs once per container (a second caller waits for the first), and always
@@ -8,60 +9,31 @@ unregisters the container, even when the engine could not be reached.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from .._errors import FabricError
 from ..config.structs import Service
-from ..observe.ratelimit import TokenBucket
-from ..policy.container_spec import MountSpec
-from ..protocol.framing import FramingError, TruncatingLineSplitter
+from ..policy.mount_spec import MountSpec
+from ..protocol.framing import FramingError
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from ..runtime.base import Container
 from .fabric import ContainerRecord, Fabric, SessionRecord
+from .live_container import READ_CHUNK, LiveContainer
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 65536
 # Closing stdin asks a stdio server to exit; after this it is stopped (SIGTERM, then SIGKILL).
 STDIN_CLOSE_GRACE_SECONDS = 0.5
 STOP_GRACE_SECONDS = 2.0
 # After a container's stdout ends, how long its stderr reader may take to log the last lines
 # (they explain the exit, and go into the error the client gets).
 STDERR_DRAIN_SECONDS = 1.0
-STDERR_TAIL_LINES = 20
-STDERR_LINE_BYTES = 8192
-STDERR_TAIL_CHARS = 500
-STDERR_RATE_PER_SECOND = 50.0
-STDERR_BURST = 200
-
-
-@dataclass
-class LiveContainer:
-    """A running container of a session and its I/O state (both endpoints' drivers)."""
-
-    seq: int
-    container: Container
-    queue: collections.deque[bytes] = field(default_factory=collections.deque)
-    queued: trio.Event = field(default_factory=trio.Event)
-    stdout_done: trio.Event = field(default_factory=trio.Event)
-    stderr_done: trio.Event = field(default_factory=trio.Event)
-    removed: trio.Event = field(default_factory=trio.Event)
-    stderr_tail: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES)
-    )
-    removing: bool = False
-    reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
-    stop_reason: str = "session_ended"
-    stop_graceful: bool = True
-    exit_code: int | None = None  # when it exited on its own and the engine could tell
 
 
 async def start_container(
@@ -100,10 +72,9 @@ async def start_container(
             session_id=session_id,
             mounts=mounts,
             sequence=sequence,
-            pins=pins,
             account=account,
         )
-        container = await fabric.runtime.spawn(spec)  # owns the pins from here
+        container = await fabric.runtime.spawn(spec, pins)  # owns the pins from here
     seconds = trio.current_time() - began
     fabric.container_started(
         container.id,
@@ -168,51 +139,6 @@ async def how_it_exited(
         return None, False
     live.exit_code = status.exit_code
     return status.exit_code, status.oom_killed
-
-
-async def read_stderr(live: LiveContainer, fields: dict[str, Any]) -> None:
-    """Container stderr → the log: lines truncated, rate-limited per container; the last lines
-    kept in ``live.stderr_tail`` (they explain an exit)."""
-    splitter = TruncatingLineSplitter(max_line=STDERR_LINE_BYTES)
-    bucket = TokenBucket(rate=STDERR_RATE_PER_SECOND, burst=STDERR_BURST, now=trio.current_time())
-    stderr = live.container.stderr
-    try:
-        while data := await stderr.receive_some(READ_CHUNK):
-            for line, dropped in splitter.feed(bytes(data)):
-                _stderr_line(live, bucket, line, dropped, fields)
-        last = splitter.flush()
-        if last is not None:
-            _stderr_line(live, bucket, *last, fields)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
-        pass
-    finally:
-        live.stderr_done.set()
-        suppressed = bucket.take_suppressed()
-        if suppressed:
-            log.warning(
-                "container_stderr_suppressed",
-                extra={**fields, "sequence": live.seq, "lines": suppressed},
-            )
-
-
-def _stderr_line(
-    live: LiveContainer,
-    bucket: TokenBucket,
-    line: bytes,
-    dropped: int,
-    fields: dict[str, Any],
-) -> None:
-    text = line.decode("utf-8", "replace")
-    live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
-    if not bucket.allow(trio.current_time()):
-        return
-    logged: dict[str, Any] = {**fields, "sequence": live.seq, "line": text}
-    if dropped:
-        logged["truncated_bytes"] = dropped
-    suppressed = bucket.take_suppressed()
-    if suppressed:
-        logged["suppressed_before"] = suppressed
-    log.info("container_stderr", extra=logged)
 
 
 async def remove_container(

@@ -17,7 +17,7 @@ import os
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
@@ -27,7 +27,8 @@ from ..observe.metrics import LiveFigures
 from ..observe.observer import Client, Observer, token_id
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.auth import Gate
-from ..policy.container_spec import ContainerIdentity, ContainerSpec, MountSpec, container_spec_for
+from ..policy.container_spec import ContainerIdentity, ContainerSpec, container_spec_for
+from ..policy.mount_spec import MountSpec
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
@@ -37,11 +38,8 @@ from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_cata
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.session import SessionLimits
 from ..protocol.tool_calls import ArgumentsMode
-from ..runtime.base import Runtime
+from ..runtime.base import Container, Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
-
-if TYPE_CHECKING:
-    from .warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +84,33 @@ def new_session_id(replica: str | None = None) -> str:
     """
     random_part = secrets.token_hex(16)
     return random_part if replica is None else f"{random_part}.{replica}"
+
+
+class ContainerPool(Protocol):
+    """What the orchestrator sees of its warm pool (:class:`~.warm_pool.WarmPool`). A protocol,
+    so that this module, which the pool uses, does not import the pool back."""
+
+    def container_ids(self) -> set[str]:
+        """The pooled containers it knows (the sweeper leaves them alone)."""
+
+    def ready_by_service(self) -> dict[str, int]:
+        """How many started containers wait, per service (the metrics)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the pools filled until the orchestrator stops; then remove what is pooled."""
+
+    async def take(
+        self,
+        service_name: str,
+        service: Service,
+        *,
+        account: Account,
+        mounts: tuple[MountSpec, ...],
+        pins: PinSet | None,
+        fields: dict[str, Any],
+    ) -> Container | None:
+        """A started container of ``service_name`` for a session, its mounts attached (and
+        ``pins`` released); None when none fits (``pins`` then stay the caller's)."""
 
 
 @dataclass(eq=False)
@@ -165,7 +190,7 @@ class Fabric:
     )
     # Started, idle containers for services with `warm` (None: no service keeps any, or not
     # made yet; serve_orchestrator makes and runs it).
-    pool: WarmPool | None = None
+    pool: ContainerPool | None = None
     mount_policy: MountPolicy = field(init=False)
     gate: Gate = field(init=False)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
@@ -330,7 +355,6 @@ class Fabric:
         session_id: str,
         mounts: tuple[MountSpec, ...],
         sequence: int,
-        pins: PinSet | None = None,
         account: Account = UNPRIVILEGED,
     ) -> ContainerSpec:
         return container_spec_for(
@@ -338,7 +362,6 @@ class Fabric:
             service,
             session_id=session_id,
             mounts=mounts,
-            pins=pins,
             account=account,
             sequence=sequence,
             identity=self._identity,

@@ -70,16 +70,9 @@ from ..protocol.session import (
 )
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .channel import ClientChannel
-from .containers import (
-    READ_CHUNK,
-    LiveContainer,
-    audit_call,
-    how_it_exited,
-    read_stderr,
-    remove_container,
-    start_container,
-)
+from .containers import audit_call, how_it_exited, remove_container, start_container
 from .fabric import Fabric, SessionRecord
+from .live_container import READ_CHUNK, LiveContainer, read_stderr
 from .timer import DeadlineTimer
 
 log = logging.getLogger(__name__)

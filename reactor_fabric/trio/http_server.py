@@ -35,7 +35,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
-from .sockets import LeanSocketStream, send_what_fits
+from .._sockets import LeanSocketStream, send_what_fits
 
 log = logging.getLogger(__name__)
 

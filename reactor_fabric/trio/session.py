@@ -79,15 +79,7 @@ from ..protocol.session import (
 )
 from ..protocol.tool_calls import ToolCall, ToolCallDone, valid_traceparent
 from .channel import ClientChannel
-from .containers import (
-    READ_CHUNK,
-    LiveContainer,
-    audit_call,
-    how_it_exited,
-    read_stderr,
-    remove_container,
-    start_container,
-)
+from .containers import audit_call, how_it_exited, remove_container, start_container
 from .fabric import Fabric, SessionRecord, new_session_id
 from .fabric_session import (
     FABRIC_ENDPOINT,
@@ -96,6 +88,7 @@ from .fabric_session import (
     fabric_options,
 )
 from .http_server import Request
+from .live_container import READ_CHUNK, LiveContainer, read_stderr
 from .timer import DeadlineTimer
 
 __all__ = ["ClientChannel", "client_of", "refuse", "serve_session"]

@@ -40,14 +40,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from .._errors import FabricError
 from ..config.structs import Service
 from ..policy.accounts import UNPRIVILEGED, Account
-from ..policy.container_spec import DEFAULT_CPU_SHARES, MountSpec, pooled_spec_for
+from ..policy.container_spec import DEFAULT_CPU_SHARES, pooled_spec_for
+from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError
@@ -60,10 +61,8 @@ from ..runtime.staging import (
     StagingArea,
     StagingUnavailable,
 )
-from .containers import READ_CHUNK, LiveContainer, read_stderr
-
-if TYPE_CHECKING:
-    from .fabric import Fabric
+from .fabric import Fabric
+from .live_container import READ_CHUNK, LiveContainer, read_stderr
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ import wsproto
 from wsproto.events import AcceptConnection, RejectConnection, RejectData
 
 from .._errors import SecurityViolation
+from .._sockets import send_what_fits
 from ..policy.auth import Refusal, admit
 from ..protocol.jsonrpc import Peek
 from ..protocol.websocket_frames import (
@@ -54,7 +55,6 @@ from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
 from .session import client_of, serve_session
-from .sockets import send_what_fits
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ import trio
 
 from reactor_fabric import SecurityViolation, Service
 from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
-from reactor_fabric.policy.container_spec import LABEL_SESSION, MountSpec, container_spec_for
+from reactor_fabric.policy.container_spec import LABEL_SESSION, container_spec_for
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet, pin_mounts
 from reactor_fabric.runtime.docker import DockerRuntime
 from tests.http_client import HttpClient
@@ -257,14 +258,13 @@ async def test_the_engine_mounts_the_pinned_directory_not_what_the_path_names_la
     (outside / "DECOY").write_text("not this")
     spec = _probe_spec(project, probe_image)
     pins = pin_mounts(spec.mounts)
-    spec = dataclasses.replace(spec, pins=pins)
     # The path now names something else: what was pinned is what gets mounted.
     project.rename(tmp_path / "aside")
     project.symlink_to(outside)
     assert len(descriptors_of(tmp_path / "aside")) == 1  # the pin
     engine = DockerRuntime()
     try:
-        container = await engine.spawn(spec)
+        container = await engine.spawn(spec, pins)
         try:
             with trio.fail_after(60):
                 assert (await _ask(container, "look", "/workspace"))["entries"] == [MARKER]
@@ -292,7 +292,7 @@ async def test_a_container_that_did_not_get_the_pinned_directory_is_refused_and_
     engine = DockerRuntime()
     try:
         with pytest.raises(SecurityViolation) as caught:
-            await engine.spawn(dataclasses.replace(spec, pins=wrong))
+            await engine.spawn(spec, wrong)
     finally:
         await engine.close()
     assert caught.value.reason == "mount_changed"
@@ -314,8 +314,7 @@ async def test_a_read_only_pinned_mount_cannot_be_written_and_a_writable_one_can
     try:
         for read_only in (True, False):
             spec = _probe_spec(project, probe_image, read_only=read_only, account=account)
-            spec = dataclasses.replace(spec, pins=pin_mounts(spec.mounts))
-            container = await engine.spawn(spec)
+            container = await engine.spawn(spec, pin_mounts(spec.mounts))
             try:
                 with trio.fail_after(60):
                     answer = await _ask(container, "write", f"/workspace/{read_only}")

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -12,9 +11,9 @@ from reactor_fabric.policy.container_spec import (
     LABEL_SESSION,
     ContainerIdentity,
     ContainerSpec,
-    MountSpec,
     container_spec_for,
 )
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.docker import host_config_kwargs
 
@@ -137,8 +136,8 @@ def test_pinned_mounts_are_local_volumes_bound_to_the_pins_descriptor(tmp_path: 
         MountSpec(str(tmp_path / "docs"), "/docs", True),
     )
     pins = pin_mounts(mounts)
-    spec = dataclasses.replace(spec_for(Service(image="img"), mounts=mounts), pins=pins)
-    host = host_config_kwargs(spec)
+    spec = spec_for(Service(image="img"), mounts=mounts)
+    host = host_config_kwargs(spec, pins)
     try:
         for mount, pin in zip(host["mounts"], pins.pins, strict=True):
             assert (mount["Type"], mount["Source"]) == ("volume", None)  # anonymous

@@ -23,10 +23,10 @@ from reactor_fabric.config.suite import check_suite_text
 from reactor_fabric.policy.accounts import Account
 from reactor_fabric.policy.container_spec import (
     ContainerIdentity,
-    MountSpec,
     container_spec_for,
     pooled_spec_for,
 )
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.runtime.kubernetes import KubernetesRuntime, PodOwner
 from reactor_fabric.runtime.kubernetes_manifests import pod_manifest
 

@@ -29,8 +29,8 @@ from reactor_fabric.protocol.fabric_discovery import index_catalog
 from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.trio import fabric as fabric_module
-from reactor_fabric.trio.containers import LiveContainer
 from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.live_container import LiveContainer
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server, until
 from tests.http_client import WebSocketClient

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from reactor_fabric import InvalidRequest
-from reactor_fabric.policy.container_spec import MountSpec
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.protocol.handshake import (
     ForwardFirst,
     RegisterClient,

@@ -8,13 +8,13 @@ import socket
 import trio
 import trio.testing
 
+from reactor_fabric._sockets import LeanSocketStream
 from reactor_fabric.trio.http_server import (
     ClientGone,
     HttpExchange,
     HttpLimits,
     serve_connection,
 )
-from reactor_fabric.trio.sockets import LeanSocketStream
 from tests.http_client import HttpClient
 
 LIMITS = HttpLimits(write_timeout=7.0, body_timeout=5.0)

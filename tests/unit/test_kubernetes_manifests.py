@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from reactor_fabric.config.structs import Security, Service
-from reactor_fabric.policy.container_spec import MountSpec
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.runtime.kubernetes_manifests import ManifestError, label_value, pod_manifest
 from tests.unit.test_container_spec import spec_for
 

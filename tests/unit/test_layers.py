@@ -1,9 +1,12 @@
-"""The package's layers, enforced: the protocol core does no I/O and knows nothing above it."""
+"""The package's layers, enforced: the protocol core does no I/O and knows nothing above it,
+policy/ does only the I/O listed here, runtime/ knows nothing of trio/, and no module imports
+itself back through others (no import cycle, not even one closed through TYPE_CHECKING)."""
 
 from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,20 +14,38 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "reactor_fabric"
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module a source file imports, absolute (relative imports resolved)."""
-    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
-    found: set[str] = set()
+def import_statements(path: Path, root: Path = PACKAGE.parent) -> Iterator[tuple[str, list[str]]]:
+    """Each import of a source file below ``root`` as (module, names), the module absolute
+    (relative imports resolved): ``import a.b`` is ("a.b", []), ``from .x import y`` in package
+    p is ("p.x", ["y"]). Every import statement counts, those under ``if TYPE_CHECKING:`` and
+    inside functions too."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            for alias in node.names:
+                yield alias.name, []
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                found.add(".".join([*base, *([node.module] if node.module else [])]))
+                module = ".".join([*base, *([node.module] if node.module else [])])
             else:
                 assert node.module is not None
-                found.add(node.module)
+                module = node.module
+            yield module, [alias.name for alias in node.names]
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a source file imports, absolute (relative imports resolved)."""
+    return {module for module, _names in import_statements(path)}
+
+
+def imported_modules(path: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """What a source file may import: each module, and for ``from a import b`` also ``a.b``
+    (a submodule when there is one, else a name of ``a``)."""
+    found: set[str] = set()
+    for module, names in import_statements(path, root):
+        found.add(module)
+        found.update(f"{module}.{name}" for name in names)
     return found
 
 
@@ -72,3 +93,243 @@ def test_the_import_reader_sees_a_trio_import_when_there_is_one(tmp_path: Path) 
         assert {"trio", "reactor_fabric.runtime"} <= imports_of(fake)
     finally:
         fake.unlink()
+
+
+# --- policy/: rules, and exactly this much I/O ------------------------------------------------
+
+# What policy/ may import of the package: nothing that runs containers, serves clients or keeps
+# the orchestrator's state (runtime/, trio/, observe/), so that its rules hold whoever calls them.
+ALLOWED["policy"] = (
+    "reactor_fabric._errors",
+    "reactor_fabric.config",
+    "reactor_fabric.policy",
+    "reactor_fabric.protocol",
+)
+# The standard library's ways out of the process (files and descriptors, users, the network,
+# threads, other processes), whose uses in policy/ are checked name by name below.
+SYSTEM_MODULES = (
+    *IO_MODULES,
+    "os",
+    "posixpath",
+    "pathlib",
+    "io",
+    "pwd",
+    "grp",
+    "shutil",
+    "tempfile",
+    "fcntl",
+    "select",
+    "signal",
+    "mmap",
+    "ctypes",
+    "multiprocessing",
+    "urllib.request",
+    "http.client",
+    "ssl",
+)
+# Names in those modules that reach nothing: constants (in capitals, e.g. os.O_PATH), path
+# arithmetic on strings, an errno's text, a stat result's type.
+HARMLESS = frozenset({"join", "normpath", "basename", "dirname", "split", "isabs", "sep"})
+HARMLESS |= {"strerror", "stat_result"}
+
+# The I/O each module of policy/ does, exactly: the test fails on a use not listed here, and on
+# a listed one no longer used (so this stays the truth). A module not named does none.
+POLICY_IO: dict[str, frozenset[str]] = {
+    # Pinning a mount source: the validated path walked one component at a time by descriptor
+    # (O_PATH, never following a link), what it holds stat'ed, read access checked through
+    # /proc/self/fd, named to the engine as /proc/PID/fd/N, the descriptors closed once under
+    # a lock (a cancelled start releases its pins from a worker thread); the engines' sockets
+    # are recognised by stat.
+    "pinning.py": frozenset(
+        {"os.open", "os.fstat", "os.access", "os.getpid", "os.close", "os.stat", "threading.Lock"}
+    ),
+    # Validation resolves a source (symlinks followed) and checks it exists, through
+    # injectables (the tests use real symlinks); where the engines' sockets may be comes from
+    # the environment and this process's uid.
+    "mounts.py": frozenset({"os.path.realpath", "os.path.exists", "os.environ", "os.getuid"}),
+    # Who a server runs as: a uid's user name (NSS) and this process's own ids.
+    "accounts.py": frozenset({"pwd.getpwuid", "os.getuid", "os.getgid"}),
+    # Whether a container's owner still lives: this host's name, a process's start time from
+    # /proc/PID/stat (a Path), an area's owner.json (open).
+    "owner.py": frozenset({"socket.gethostname", "pathlib.Path", "open"}),
+}
+
+
+def system_uses(path: Path) -> set[str]:
+    """The names a source file uses from SYSTEM_MODULES (``os.open``, ``pathlib.Path``), and
+    ``open`` for the builtin, referenced anywhere (called or passed on), HARMLESS ones left out."""
+    tree = ast.parse(path.read_text())
+    bound: dict[str, str] = {}  # local name → what it is, e.g. "Path" → "pathlib.Path"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname is not None:
+                    bound[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    bound[top] = top
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module is not None:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    found: set[str] = set()
+
+    def dotted(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        if isinstance(node, ast.Attribute):
+            base = dotted(node.value)
+            return None if base is None else f"{base}.{node.attr}"
+        return None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Attribute | ast.Name):
+            name = dotted(node)
+            if name is not None:
+                found.add(name)
+                return  # the longest name wins: os.path.realpath, not os
+            if isinstance(node, ast.Name) and node.id == "open":
+                found.add("open")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+
+    def is_system(name: str) -> bool:
+        if name == "open":
+            return True
+        return any(name == m or name.startswith(m + ".") for m in SYSTEM_MODULES)
+
+    def harmless(name: str) -> bool:
+        last = name.rsplit(".", 1)[-1]
+        return last.isupper() or last in HARMLESS
+
+    return {name for name in found if is_system(name) and not harmless(name)}
+
+
+POLICY_MODULES = sorted((PACKAGE / "policy").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", POLICY_MODULES, ids=lambda p: p.name)
+def test_the_policy_layer_imports_nothing_above_it(path: Path) -> None:
+    # trio, docker and the like are not in the standard library: refused here. What it uses of
+    # the standard library's I/O is checked name by name (below).
+    for module in imports_of(path):
+        top = module.split(".")[0]
+        if top == "reactor_fabric" or top not in _stdlib():
+            assert module.startswith(ALLOWED["policy"]), f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("path", POLICY_MODULES, ids=lambda p: p.name)
+def test_the_policy_layer_does_exactly_the_io_listed_for_it(path: Path) -> None:
+    assert system_uses(path) == POLICY_IO.get(path.name, frozenset())
+
+
+def test_every_module_with_listed_io_exists() -> None:
+    assert set(POLICY_IO) <= {path.name for path in POLICY_MODULES}
+
+
+def test_the_io_reader_sees_what_a_module_does_with_the_system(tmp_path: Path) -> None:
+    # The check above must be able to fail, however a module reaches the system.
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import os\n"
+        "import os.path as osp\n"
+        "from pathlib import Path\n"
+        "from socket import socket as make_socket\n"
+        "\n"
+        "def f(p: str, flags: int = os.O_RDONLY) -> object:\n"
+        "    os.unlink(os.path.join(p, 'x'))\n"
+        "    make_socket()\n"
+        "    return Path(p).read_text(), open(p), osp.exists, os.strerror(1)\n"
+    )
+    assert system_uses(planted) == {
+        "os.unlink",
+        "socket.socket",
+        "pathlib.Path",
+        "open",
+        "os.path.exists",
+    }
+
+
+# --- runtime/ below trio/ ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "runtime").rglob("*.py")), ids=lambda p: p.name)
+def test_the_runtime_layer_imports_nothing_from_the_trio_layer(path: Path) -> None:
+    # trio the library is fine; the package's trio/ layer uses runtime/, never the reverse.
+    for module in imported_modules(path):
+        assert not module.startswith("reactor_fabric.trio"), f"{path.name} imports {module}"
+
+
+# --- no import cycle ----------------------------------------------------------------------------
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Each module of ``package`` → the modules of it that it imports (TYPE_CHECKING imports
+    and imports inside functions included: a cycle closed through them is still a cycle of the
+    design, one moved import away from an ImportError)."""
+    root = package.parent
+    modules = {module_name(path, root): path for path in package.rglob("*.py")}
+    return {
+        name: {m for m in imported_modules(path, root) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's cycles, as its strongly connected components of more than one module
+    (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = lowest[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                lowest[module] = min(lowest[module], lowest[imported])
+            elif imported in on_stack:
+                lowest[module] = min(lowest[module], index[imported])
+        if lowest[module] == index[module]:
+            component: list[str] = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(components)
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    assert import_cycles(import_graph(PACKAGE)) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_closed_through_type_checking(tmp_path: Path) -> None:
+    # The check above must be able to fail: a → c only for the type checker, c → b, b → a,
+    # each written another way; d imports into the cycle without being part of it.
+    package = tmp_path / "planted"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .c import C\n"
+    )
+    (package / "b.py").write_text("from . import a\n")
+    (package / "c.py").write_text("import planted.b\n")
+    (package / "d.py").write_text("from .a import A\nfrom planted import c\n")
+    graph = import_graph(package)
+    assert graph["planted.d"] == {"planted", "planted.a", "planted.c"}  # the package's too
+    assert import_cycles(graph) == [["planted.a", "planted.b", "planted.c"]]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric import SecurityViolation
-from reactor_fabric.policy.container_spec import MountSpec
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.mounts import (
     MountPolicy,
     docker_socket_paths,

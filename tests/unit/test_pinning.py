@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric import SecurityViolation
-from reactor_fabric.policy.container_spec import MountSpec
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.mounts import MountPolicy
 from reactor_fabric.policy.pinning import PinSet, identities, open_beneath_root, pin_mounts
 from tests.leaks import descriptors_of

@@ -18,7 +18,8 @@ import pytest
 import requests
 
 from reactor_fabric import ContainerStartFailure
-from reactor_fabric.policy.container_spec import ContainerSpec, MountSpec
+from reactor_fabric.policy.container_spec import ContainerSpec
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import Pin, PinSet
 from reactor_fabric.runtime import docker as docker_runtime
 from reactor_fabric.runtime.docker import DockerRuntime, container_gone
@@ -113,7 +114,8 @@ def no_pause_between_removals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def pinned(tmp_path: Path) -> Iterator[ContainerSpec]:
+def pinned(tmp_path: Path) -> Iterator[tuple[ContainerSpec, PinSet]]:
+    """A spec with one mount, and its pin (a descriptor of a real directory)."""
     project = tmp_path / "project"
     project.mkdir()
     fd = os.open(project, os.O_PATH)
@@ -130,20 +132,21 @@ def pinned(tmp_path: Path) -> Iterator[ContainerSpec]:
         memory_bytes=1 << 28,
         nano_cpus=10**9,
         pids_limit=64,
-        pins=PinSet([pin]),
     )
-    yield spec
-    spec.pins.close()  # type: ignore[union-attr]
+    pins = PinSet([pin])
+    yield spec, pins
+    pins.close()
 
 
 async def test_on_podman_a_pinned_mount_is_a_named_volume_bound_to_the_descriptor(
-    pinned: ContainerSpec,
+    pinned: tuple[ContainerSpec, PinSet],
 ) -> None:
+    spec, pins = pinned
     client = FakeClient()
-    assert await on("podman", client)._create(pinned) == "c0ffee"
+    assert await on("podman", client)._create(spec, pins) == "c0ffee"
     [(name, volume)] = client.volumes.items()
     assert name == "rf-git-0123456789ab-0-m0"
-    pin = pinned.pins.for_target("/workspace")  # type: ignore[union-attr]
+    pin = pins.for_target("/workspace")
     assert pin is not None
     # The pinned object's owner, so that Podman does not chown the user's directory.
     assert volume["driver_opts"] == {
@@ -151,16 +154,18 @@ async def test_on_podman_a_pinned_mount_is_a_named_volume_bound_to_the_descripto
         "o": "bind,uid=1234,gid=5678",
         "device": pin.engine_source,
     }
-    assert volume["labels"]["reactor-fabric.pinned-volume-of"] == pinned.name
+    assert volume["labels"]["reactor-fabric.pinned-volume-of"] == spec.name
     [mount] = client.created["host_config"]["Mounts"]
     assert (mount["Type"], mount["Source"], mount["Target"]) == ("volume", name, "/workspace")
     assert mount["ReadOnly"] is True  # from the mount: Podman drops "ro" next to uid=
-    assert client.calls[:2] == [("create_volume", name), ("create_container", pinned.name)]
+    assert client.calls[:2] == [("create_volume", name), ("create_container", spec.name)]
 
 
-async def test_on_docker_a_pinned_mount_stays_an_anonymous_volume(pinned: ContainerSpec) -> None:
+async def test_on_docker_a_pinned_mount_stays_an_anonymous_volume(
+    pinned: tuple[ContainerSpec, PinSet],
+) -> None:
     client = FakeClient()
-    await on("docker", client)._create(pinned)
+    await on("docker", client)._create(*pinned)
     assert client.volumes == {}
     [mount] = client.created["host_config"]["Mounts"]
     assert mount["Source"] is None
@@ -168,22 +173,22 @@ async def test_on_docker_a_pinned_mount_stays_an_anonymous_volume(pinned: Contai
 
 
 async def test_on_podman_a_create_that_fails_removes_the_volumes_it_made(
-    pinned: ContainerSpec,
+    pinned: tuple[ContainerSpec, PinSet],
 ) -> None:
     client = FakeClient()
     client.fail_create = True
     with pytest.raises(ContainerStartFailure, match="no such image"):
-        await on("podman", client)._create(pinned)
+        await on("podman", client)._create(*pinned)
     assert client.volumes == {}
     assert client.calls[-1] == ("remove_volume", "rf-git-0123456789ab-0-m0")
 
 
 async def test_on_podman_removing_retries_a_container_still_exiting_and_removes_its_volumes(
-    pinned: ContainerSpec,
+    pinned: tuple[ContainerSpec, PinSet],
 ) -> None:
     client = FakeClient()
     runtime = on("podman", client)
-    await runtime._create(pinned)
+    await runtime._create(*pinned)
     client.container_mounts = [
         {"Type": "volume", "Name": "rf-git-0123456789ab-0-m0"},
         {"Type": "volume", "Name": "someone-elses"},  # not ours: left alone
@@ -229,14 +234,15 @@ async def test_on_podman_the_cpu_weight_is_changed_through_its_own_api() -> None
 
 
 async def test_a_volume_name_taken_already_fails_the_start_and_that_volume_is_left_alone(
-    pinned: ContainerSpec,
+    pinned: tuple[ContainerSpec, PinSet],
 ) -> None:
+    spec, pins = pinned
     client = FakeClient()
     client.volumes["rf-git-0123456789ab-0-m0"] = {"name": "someone else's"}
     with pytest.raises(ContainerStartFailure):
-        await on("podman", client)._create(pinned)
+        await on("podman", client)._create(spec, pins)
     assert client.volumes == {"rf-git-0123456789ab-0-m0": {"name": "someone else's"}}
-    assert ("create_container", pinned.name) not in client.calls
+    assert ("create_container", spec.name) not in client.calls
 
 
 async def test_a_container_podman_says_does_not_exist_is_gone_not_a_failure(

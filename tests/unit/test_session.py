@@ -533,7 +533,7 @@ async def test_a_respawn_refuses_a_project_that_became_a_symlink_and_the_session
         (tmp_path / "aside").rename(project)
         assert (await h.call(3, "echo", a=3))["id"] == 3
         # Every start had its own pins, and each was released after its start.
-        pins = [spec.pins for spec in h.engine.spawned]
+        pins = h.engine.pins_given
         assert len(pins) == 2
         assert all(p is not None and p.closed for p in pins)
 

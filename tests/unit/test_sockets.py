@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from reactor_fabric.trio.sockets import LeanSocketStream
+from reactor_fabric._sockets import LeanSocketStream
 
 
 def pair() -> tuple[LeanSocketStream, LeanSocketStream]:

@@ -26,14 +26,15 @@ from reactor_fabric.policy.container_spec import (
     LABEL_POOLED,
     LABEL_SESSION,
     POOLED_CPU_SHARES,
-    MountSpec,
 )
+from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.runtime.staging import NotStageable, PropagationMissing, StagedMount
-from reactor_fabric.trio.containers import LiveContainer, remove_container, start_container
+from reactor_fabric.trio.containers import remove_container, start_container
 from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.live_container import LiveContainer
 from reactor_fabric.trio.session import serve_session
 from reactor_fabric.trio.sweeper import containers_to_remove
 from reactor_fabric.trio.warm_pool import IMAGE_CHECK_SECONDS, WarmPool

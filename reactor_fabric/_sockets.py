@@ -1,9 +1,14 @@
 """A socket stream for the relay's hot paths: trio's semantics, fewer trips through the scheduler.
 
+Used by both sides of the relay: the HTTP server's client connections (``trio/``) and the
+containers' stdio and attach sockets (``runtime/docker.py``); here, outside both, so that
+``runtime/`` needs nothing of ``trio/`` (a test enforces it).
+
 Every relayed message is one write by a writer task that then waits on its queue (one writer per
-stream, see :mod:`.session` and :mod:`.websocket`). trio's :class:`trio.SocketStream` yields to
-the scheduler after a write that completed at once — a fairness checkpoint — and on a 2-core
-machine each trip through trio's scheduler costs more than the relay's own work on a message.
+stream, see :mod:`.trio.session` and :mod:`.trio.websocket`). trio's :class:`trio.SocketStream`
+yields to the scheduler after a write that completed at once — a fairness checkpoint — and on a
+2-core machine each trip through trio's scheduler costs more than the relay's own work on a
+message.
 Since those writers yield at their queue right after, that checkpoint buys nothing there:
 :meth:`LeanSocketStream.send_all` only yields when the kernel cannot take the bytes yet. It
 still notices a cancellation before it starts.
