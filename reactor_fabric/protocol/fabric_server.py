@@ -960,12 +960,13 @@ class FabricServer:
         if "result" not in message:
             error = message.get("error")
             detail = error.get("message") if isinstance(error, dict) else "no result"
-            return self._backend_failed(
-                service,
-                ContainerStartFailure(
-                    f"{service} refused the handshake: {detail}", reason="handshake_failed"
-                ),
+            refused = ContainerStartFailure(
+                f"{service} refused the handshake: {detail}", reason="handshake_failed"
             )
+            # Removed as well as forgotten: the next call starts a fresh one, and this one
+            # would otherwise run beside it until the session ends.
+            stop = StopBackend(service, refused.reason)
+            return [stop, *self._backend_failed(service, refused)]
         backend.state = "ready"
         actions = self._own(service, _notification_bytes("notifications/initialized", None))
         if service not in self.backends:

@@ -209,6 +209,18 @@ def test_a_refused_backend_handshake_fails_its_waiting_calls() -> None:
     assert answer["error"]["data"]["reason"] == "handshake_failed"
 
 
+def test_a_backend_that_refused_the_handshake_is_stopped_before_a_next_call_starts_one() -> None:
+    # The machine forgets a backend whose handshake failed: its container must go too, or
+    # every later call starts one more beside it, each running until the session ends.
+    server = session()
+    call(server, 1, "time__get_current_time")
+    [handshake] = to_backend(server.backend_started("time"), "time")
+    refusal = msg(id=handshake["id"], error={"code": -1, "message": "nope"})
+    actions = server.backend_message("time", refusal)
+    assert actions[0] == StopBackend("time", "handshake_failed")
+    assert call(server, 2, "time__get_current_time") == [StartBackend("time")]
+
+
 def test_unknown_tools_and_methods_are_refused_with_their_codes() -> None:
     server = session()
     [unknown] = to_client(call(server, 1, "time__nope"))
