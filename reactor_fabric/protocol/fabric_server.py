@@ -373,12 +373,16 @@ class FabricServer:
         self._fresh: dict[tuple[str, str], tuple[_Relist, tuple[Any, ...]]] = {}
         self._refresh: Refresh | None = None
         self._running: dict[tuple[str, str], _Relist] = {}
+        # The session is ending (see answer_all): what everything coming meanwhile is told.
+        self._ending: FabricError | None = None
 
     # --- time ---------------------------------------------------------------------------------
 
     @property
     def deadline(self) -> float | None:
         """When :meth:`tick` is next due (None: nothing will come due by itself)."""
+        if self._ending is not None:
+            return None
         due = [asked.deadline for asked in self._asked.values()]
         due += [assist.deadline for assist in self._assisting.values()]
         for service, backend in self.backends.items():
@@ -389,6 +393,8 @@ class FabricServer:
 
     def tick(self) -> list[Action]:
         """Whatever came due: backends' unanswered requests to the client, idle services."""
+        if self._ending is not None:
+            return []
         return self._with_done(self._tick())
 
     def _tick(self) -> list[Action]:
@@ -432,7 +438,14 @@ class FabricServer:
 
     def answer_all(self, error: FabricError) -> list[Action]:
         """The session ends (shutdown, a failure): every request the client waits for gets
-        ``error``, every open subscription its end. Nothing is owed afterwards."""
+        ``error``, every open subscription its end. Nothing is owed afterwards.
+
+        The driver ends the session next, but feeds what comes until then: a client request
+        gets ``error`` too, and the backends hear nothing more (a start that completes is not
+        greeted, a call that waited for it is not sent: its client was told it failed)."""
+        self._ending = error
+        for backend in self.backends.values():
+            backend.queue = []  # (their requests are answered below)
         return self._with_done(self._answer_all(error))
 
     def client_gone(self) -> list[Action]:
@@ -530,6 +543,12 @@ class FabricServer:
         return [ToClient(data, (error.code, error.reason))]
 
     def _client_request(self, request_id: object, method: str, params: Json) -> list[Action]:
+        if self._ending is not None:
+            # The session ends: the request starts nothing, and gets the ending's error (a
+            # tools/call its record, as every call).
+            if method == "tools/call" and isinstance(request_id, str | int):
+                self._begin_call(request_id, params)
+            return [self._error(request_id, self._ending)]
         handler = {
             "initialize": self._on_initialize,
             "server/discover": self._on_discover,
@@ -888,7 +907,7 @@ class FabricServer:
     def backend_started(self, service: str) -> list[Action]:
         """The service's container runs: greet it as a client would."""
         backend = self.backends.get(service)
-        if backend is None:
+        if backend is None or self._ending is not None:
             return []
         backend.state = "handshaking"
         backend.last_active = self.clock()
@@ -912,6 +931,8 @@ class FabricServer:
 
     def backend_message(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
+        if self._ending is not None:
+            return []  # nothing is owed any more, nor asked of the client
         self._backend_bytes = len(data)
         return self._with_done(self._backend_message(service, data))
 
@@ -1089,6 +1110,8 @@ class FabricServer:
         if refresh is not self._refresh:
             return []
         self._refresh = None
+        if self._ending is not None:
+            return []
         running, self._running = self._running, {}
         actions: list[Action] = []
         if result is not None:
@@ -1166,6 +1189,8 @@ class FabricServer:
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it
         (the next call starts a new one). The session's other services go on."""
+        if self._ending is not None:
+            return []  # it owes nothing any more
         return self._with_done(self._backend_failed(service, error))
 
     def _backend_failed(self, service: str, error: FabricError) -> list[Action]:

@@ -560,6 +560,36 @@ def test_answer_all_answers_every_waiting_call_and_ends_every_subscription() -> 
     assert server.answer_all(stopping) == []
 
 
+def test_a_call_answered_by_the_session_ending_never_reaches_a_backend_started_meanwhile() -> None:
+    # The driver feeds what comes until it ends the session: a start that completes then must
+    # not run the call its client was told failed (the queue was sent after the handshake).
+    server = session()
+    call(server, 1, "time__get_current_time")  # waits for the start
+    stopping = ContainerStartFailure("stopping", reason="orchestrator_stopping")
+    [answer] = to_client(server.answer_all(stopping))
+    assert answer["error"]["data"]["reason"] == "orchestrator_stopping"
+    sent = to_backend(server.backend_started("time"), "time")
+    for request in [r for r in sent if r.get("method") == "initialize"]:
+        reply = msg(id=request["id"], result={"capabilities": {}, "serverInfo": {}})
+        sent += to_backend(server.backend_message("time", reply), "time")
+    assert [r for r in sent if r.get("method") == "tools/call"] == []
+
+
+def test_a_request_that_comes_while_the_session_ends_gets_its_error_and_starts_nothing() -> None:
+    server = session()
+    server.answer_all(ContainerStartFailure("stopping", reason="orchestrator_stopping"))
+    actions = call(server, 2, "time__get_current_time")
+    assert not [a for a in actions if isinstance(a, StartBackend)]
+    [answer] = to_client(actions)
+    assert answer["error"]["data"]["reason"] == "orchestrator_stopping"
+    [record] = records(actions)
+    assert (record.request_id, record.outcome, record.error_reason) == (
+        2,
+        "error",
+        "orchestrator_stopping",
+    )
+
+
 def test_a_backends_list_change_refreshes_the_catalog_and_tells_a_client_that_lists_it() -> None:
     server = session(active=["time"])
     call(server, 1, "time__get_current_time")
