@@ -54,6 +54,8 @@ mounts) — and the session's other services are not affected.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -375,6 +377,74 @@ class FabricServer:
         self._running: dict[tuple[str, str], _Relist] = {}
         # The session is ending (see answer_all): what everything coming meanwhile is told.
         self._ending: FabricError | None = None
+
+    # --- model checking -----------------------------------------------------------------------
+
+    def clone(self) -> FabricServer:
+        """An independent copy of the machine in its current state (for model checking). What
+        is never changed in place is shared: the catalog and its index (replaced whole by a
+        refresh), the settings, a running :class:`Refresh`, the requests waiting in a queue."""
+        twin = copy.copy(self)
+        twin.active = list(self.active)
+        twin._assisting = dict(self._assisting)
+        twin.backends = {
+            service: dataclasses.replace(backend, queue=list(backend.queue))
+            for service, backend in self.backends.items()
+        }
+        twin._forwarded = dict(self._forwarded)
+        twin._asked = dict(self._asked)
+        twin._listeners = dict(self._listeners)
+        twin.calls = self.calls.clone()
+        twin._done = list(self._done)
+        # A refresh's lists are told apart by identity (see _list_done): one twin per original.
+        twins: dict[int, _Relist] = {}
+
+        def twin_of(relist: _Relist) -> _Relist:
+            return twins.setdefault(id(relist), dataclasses.replace(relist))
+
+        twin._refreshing = {key: twin_of(relist) for key, relist in self._refreshing.items()}
+        twin._fresh = {key: (twin_of(r), entries) for key, (r, entries) in self._fresh.items()}
+        twin._running = {key: twin_of(relist) for key, relist in self._running.items()}
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """A hashable summary of the whole state: equal fingerprints behave alike (used to
+        explore every reachable state once when model-checking the machine). The ranking index
+        is left out: it is made from the catalog, which is in."""
+        numbers: dict[int, int] = {}
+
+        def relist(r: _Relist) -> tuple[int, bool]:
+            # Which lists are the same one matters (see _list_done), not where they live.
+            return numbers.setdefault(id(r), len(numbers)), r.again
+
+        def encoded(value: object) -> bytes:
+            return _encoder.encode(value)
+
+        refresh = self._refresh
+        return (
+            encoded(self.catalog.services),
+            tuple(self.active),
+            self.exposure,
+            encoded(self.client_capabilities),
+            self.protocol_version,
+            tuple(
+                (s, b.state, encoded(b.queue), b.last_active, b.unread)
+                for s, b in sorted(self.backends.items())
+            ),
+            tuple(sorted(((i, repr(f)) for i, f in self._forwarded.items()))),
+            tuple(sorted(((i, repr(a)) for i, a in self._asked.items()))),
+            tuple(sorted(((i, repr(a)) for i, a in self._assisting.items()))),
+            tuple(sorted((repr(i), encoded(w)) for i, w in self._listeners.items())),
+            self._next_id,
+            tuple(sorted((repr(i), repr(c)) for i, c in self.calls.open.items())),
+            len(self._done),
+            tuple((k, relist(r)) for k, r in sorted(self._refreshing.items())),
+            tuple((k, relist(r), encoded(e)) for k, (r, e) in sorted(self._fresh.items())),
+            # (its base is the catalog: that changes only when it is reported done)
+            None if refresh is None else encoded(refresh.lists),
+            tuple((k, relist(r)) for k, r in sorted(self._running.items())),
+            None if self._ending is None else self._ending.reason,
+        )
 
     # --- time ---------------------------------------------------------------------------------
 
