@@ -54,6 +54,8 @@ mounts) — and the session's other services are not affected.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -373,12 +375,84 @@ class FabricServer:
         self._fresh: dict[tuple[str, str], tuple[_Relist, tuple[Any, ...]]] = {}
         self._refresh: Refresh | None = None
         self._running: dict[tuple[str, str], _Relist] = {}
+        # The session is ending (see answer_all): what everything coming meanwhile is told.
+        self._ending: FabricError | None = None
+
+    # --- model checking -----------------------------------------------------------------------
+
+    def clone(self) -> FabricServer:
+        """An independent copy of the machine in its current state (for model checking). What
+        is never changed in place is shared: the catalog and its index (replaced whole by a
+        refresh), the settings, a running :class:`Refresh`, the requests waiting in a queue."""
+        twin = copy.copy(self)
+        twin.active = list(self.active)
+        twin._assisting = dict(self._assisting)
+        twin.backends = {
+            service: dataclasses.replace(backend, queue=list(backend.queue))
+            for service, backend in self.backends.items()
+        }
+        twin._forwarded = dict(self._forwarded)
+        twin._asked = dict(self._asked)
+        twin._listeners = dict(self._listeners)
+        twin.calls = self.calls.clone()
+        twin._done = list(self._done)
+        # A refresh's lists are told apart by identity (see _list_done): one twin per original.
+        twins: dict[int, _Relist] = {}
+
+        def twin_of(relist: _Relist) -> _Relist:
+            return twins.setdefault(id(relist), dataclasses.replace(relist))
+
+        twin._refreshing = {key: twin_of(relist) for key, relist in self._refreshing.items()}
+        twin._fresh = {key: (twin_of(r), entries) for key, (r, entries) in self._fresh.items()}
+        twin._running = {key: twin_of(relist) for key, relist in self._running.items()}
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """A hashable summary of the whole state: equal fingerprints behave alike (used to
+        explore every reachable state once when model-checking the machine). The ranking index
+        is left out: it is made from the catalog, which is in."""
+        numbers: dict[int, int] = {}
+
+        def relist(r: _Relist) -> tuple[int, bool]:
+            # Which lists are the same one matters (see _list_done), not where they live.
+            return numbers.setdefault(id(r), len(numbers)), r.again
+
+        def encoded(value: object) -> bytes:
+            return _encoder.encode(value)
+
+        refresh = self._refresh
+        return (
+            encoded(self.catalog.services),
+            tuple(self.active),
+            self.exposure,
+            encoded(self.client_capabilities),
+            self.protocol_version,
+            tuple(
+                (s, b.state, encoded(b.queue), b.last_active, b.unread)
+                for s, b in sorted(self.backends.items())
+            ),
+            tuple(sorted(((i, repr(f)) for i, f in self._forwarded.items()))),
+            tuple(sorted(((i, repr(a)) for i, a in self._asked.items()))),
+            tuple(sorted(((i, repr(a)) for i, a in self._assisting.items()))),
+            tuple(sorted((repr(i), encoded(w)) for i, w in self._listeners.items())),
+            self._next_id,
+            tuple(sorted((repr(i), repr(c)) for i, c in self.calls.open.items())),
+            len(self._done),
+            tuple((k, relist(r)) for k, r in sorted(self._refreshing.items())),
+            tuple((k, relist(r), encoded(e)) for k, (r, e) in sorted(self._fresh.items())),
+            # (its base is the catalog: that changes only when it is reported done)
+            None if refresh is None else encoded(refresh.lists),
+            tuple((k, relist(r)) for k, r in sorted(self._running.items())),
+            None if self._ending is None else self._ending.reason,
+        )
 
     # --- time ---------------------------------------------------------------------------------
 
     @property
     def deadline(self) -> float | None:
         """When :meth:`tick` is next due (None: nothing will come due by itself)."""
+        if self._ending is not None:
+            return None
         due = [asked.deadline for asked in self._asked.values()]
         due += [assist.deadline for assist in self._assisting.values()]
         for service, backend in self.backends.items():
@@ -389,6 +463,8 @@ class FabricServer:
 
     def tick(self) -> list[Action]:
         """Whatever came due: backends' unanswered requests to the client, idle services."""
+        if self._ending is not None:
+            return []
         return self._with_done(self._tick())
 
     def _tick(self) -> list[Action]:
@@ -432,7 +508,14 @@ class FabricServer:
 
     def answer_all(self, error: FabricError) -> list[Action]:
         """The session ends (shutdown, a failure): every request the client waits for gets
-        ``error``, every open subscription its end. Nothing is owed afterwards."""
+        ``error``, every open subscription its end. Nothing is owed afterwards.
+
+        The driver ends the session next, but feeds what comes until then: a client request
+        gets ``error`` too, and the backends hear nothing more (a start that completes is not
+        greeted, a call that waited for it is not sent: its client was told it failed)."""
+        self._ending = error
+        for backend in self.backends.values():
+            backend.queue = []  # (their requests are answered below)
         return self._with_done(self._answer_all(error))
 
     def client_gone(self) -> list[Action]:
@@ -530,6 +613,12 @@ class FabricServer:
         return [ToClient(data, (error.code, error.reason))]
 
     def _client_request(self, request_id: object, method: str, params: Json) -> list[Action]:
+        if self._ending is not None:
+            # The session ends: the request starts nothing, and gets the ending's error (a
+            # tools/call its record, as every call).
+            if method == "tools/call" and isinstance(request_id, str | int):
+                self._begin_call(request_id, params)
+            return [self._error(request_id, self._ending)]
         handler = {
             "initialize": self._on_initialize,
             "server/discover": self._on_discover,
@@ -888,7 +977,7 @@ class FabricServer:
     def backend_started(self, service: str) -> list[Action]:
         """The service's container runs: greet it as a client would."""
         backend = self.backends.get(service)
-        if backend is None:
+        if backend is None or self._ending is not None:
             return []
         backend.state = "handshaking"
         backend.last_active = self.clock()
@@ -912,6 +1001,8 @@ class FabricServer:
 
     def backend_message(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
+        if self._ending is not None:
+            return []  # nothing is owed any more, nor asked of the client
         self._backend_bytes = len(data)
         return self._with_done(self._backend_message(service, data))
 
@@ -960,12 +1051,13 @@ class FabricServer:
         if "result" not in message:
             error = message.get("error")
             detail = error.get("message") if isinstance(error, dict) else "no result"
-            return self._backend_failed(
-                service,
-                ContainerStartFailure(
-                    f"{service} refused the handshake: {detail}", reason="handshake_failed"
-                ),
+            refused = ContainerStartFailure(
+                f"{service} refused the handshake: {detail}", reason="handshake_failed"
             )
+            # Removed as well as forgotten: the next call starts a fresh one, and this one
+            # would otherwise run beside it until the session ends.
+            stop = StopBackend(service, refused.reason)
+            return [stop, *self._backend_failed(service, refused)]
         backend.state = "ready"
         actions = self._own(service, _notification_bytes("notifications/initialized", None))
         if service not in self.backends:
@@ -1088,6 +1180,8 @@ class FabricServer:
         if refresh is not self._refresh:
             return []
         self._refresh = None
+        if self._ending is not None:
+            return []
         running, self._running = self._running, {}
         actions: list[Action] = []
         if result is not None:
@@ -1165,6 +1259,8 @@ class FabricServer:
     def backend_failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it
         (the next call starts a new one). The session's other services go on."""
+        if self._ending is not None:
+            return []  # it owes nothing any more
         return self._with_done(self._backend_failed(service, error))
 
     def _backend_failed(self, service: str, error: FabricError) -> list[Action]:

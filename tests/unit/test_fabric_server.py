@@ -209,6 +209,18 @@ def test_a_refused_backend_handshake_fails_its_waiting_calls() -> None:
     assert answer["error"]["data"]["reason"] == "handshake_failed"
 
 
+def test_a_backend_that_refused_the_handshake_is_stopped_before_a_next_call_starts_one() -> None:
+    # The machine forgets a backend whose handshake failed: its container must go too, or
+    # every later call starts one more beside it, each running until the session ends.
+    server = session()
+    call(server, 1, "time__get_current_time")
+    [handshake] = to_backend(server.backend_started("time"), "time")
+    refusal = msg(id=handshake["id"], error={"code": -1, "message": "nope"})
+    actions = server.backend_message("time", refusal)
+    assert actions[0] == StopBackend("time", "handshake_failed")
+    assert call(server, 2, "time__get_current_time") == [StartBackend("time")]
+
+
 def test_unknown_tools_and_methods_are_refused_with_their_codes() -> None:
     server = session()
     [unknown] = to_client(call(server, 1, "time__nope"))
@@ -546,6 +558,36 @@ def test_answer_all_answers_every_waiting_call_and_ends_every_subscription() -> 
     [ended] = [a for a in answers if a["id"] == "l"]
     assert ended["result"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": "l"}
     assert server.answer_all(stopping) == []
+
+
+def test_a_call_answered_by_the_session_ending_never_reaches_a_backend_started_meanwhile() -> None:
+    # The driver feeds what comes until it ends the session: a start that completes then must
+    # not run the call its client was told failed (the queue was sent after the handshake).
+    server = session()
+    call(server, 1, "time__get_current_time")  # waits for the start
+    stopping = ContainerStartFailure("stopping", reason="orchestrator_stopping")
+    [answer] = to_client(server.answer_all(stopping))
+    assert answer["error"]["data"]["reason"] == "orchestrator_stopping"
+    sent = to_backend(server.backend_started("time"), "time")
+    for request in [r for r in sent if r.get("method") == "initialize"]:
+        reply = msg(id=request["id"], result={"capabilities": {}, "serverInfo": {}})
+        sent += to_backend(server.backend_message("time", reply), "time")
+    assert [r for r in sent if r.get("method") == "tools/call"] == []
+
+
+def test_a_request_that_comes_while_the_session_ends_gets_its_error_and_starts_nothing() -> None:
+    server = session()
+    server.answer_all(ContainerStartFailure("stopping", reason="orchestrator_stopping"))
+    actions = call(server, 2, "time__get_current_time")
+    assert not [a for a in actions if isinstance(a, StartBackend)]
+    [answer] = to_client(actions)
+    assert answer["error"]["data"]["reason"] == "orchestrator_stopping"
+    [record] = records(actions)
+    assert (record.request_id, record.outcome, record.error_reason) == (
+        2,
+        "error",
+        "orchestrator_stopping",
+    )
 
 
 def test_a_backends_list_change_refreshes_the_catalog_and_tells_a_client_that_lists_it() -> None:
