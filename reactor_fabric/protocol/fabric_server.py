@@ -62,6 +62,15 @@ from typing import Any, Literal
 import msgspec
 
 from .._errors import ContainerStartFailure, FabricError, InvalidRequest, ParseError
+from .._reasons import (
+    BACKEND_LIST_TOO_LARGE,
+    HANDSHAKE_FAILED,
+    IDLE,
+    INVALID_JSON,
+    NONE,
+)
+from .._reasons import INVALID_PARAMS as INVALID_PARAMS_REASON
+from .._reasons import METHOD_NOT_FOUND as METHOD_NOT_FOUND_REASON
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from ..discovery.tokens import count_definition
@@ -106,7 +115,7 @@ FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
 # The reason the metrics give errors of the endpoint's own that carry none.
-_REASONS = {METHOD_NOT_FOUND: "method_not_found", INVALID_PARAMS: "invalid_params"}
+_REASONS = {METHOD_NOT_FOUND: METHOD_NOT_FOUND_REASON, INVALID_PARAMS: INVALID_PARAMS_REASON}
 # The service the audit names for the endpoint's own meta-tools.
 FABRIC_SERVICE = "fabric"
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
@@ -121,8 +130,6 @@ _REFRESH = {
     "notifications/prompts/list_changed": ("prompts/list", "prompts"),
     "notifications/resources/list_changed": ("resources/list", "resources"),
 }
-# A backend's fresh list over MAX_LIST_BYTES (after its list_changed): it is treated as broken.
-BACKEND_LIST_TOO_LARGE = "backend_list_too_large"
 _LISTEN_KEYS = {
     "tools": "toolsListChanged",
     "prompts": "promptsListChanged",
@@ -417,7 +424,7 @@ class FabricServer:
             if backend.state == "ready" and not self._busy(service) and idle_until <= now:
                 del self.backends[service]
                 self._forget_refreshes(service)
-                actions.append(StopBackend(service, "idle"))
+                actions.append(StopBackend(service, IDLE))
         return actions
 
     def _busy(self, service: str) -> bool:
@@ -485,7 +492,7 @@ class FabricServer:
         except (ParseError, InvalidRequest) as exc:
             return [self._error(exc.request_id, exc)]
         except (msgspec.DecodeError, RecursionError):
-            return [self._error(None, ParseError("not valid JSON", reason="invalid_json"))]
+            return [self._error(None, ParseError("not valid JSON", reason=INVALID_JSON))]
         if kind.is_response:
             return self._client_answer(message)
         method = str(message["method"])
@@ -963,7 +970,7 @@ class FabricServer:
             return self._backend_failed(
                 service,
                 ContainerStartFailure(
-                    f"{service} refused the handshake: {detail}", reason="handshake_failed"
+                    f"{service} refused the handshake: {detail}", reason=HANDSHAKE_FAILED
                 ),
             )
         backend.state = "ready"
@@ -1234,7 +1241,7 @@ class FabricServer:
     def _fail(self, request_id: object, code: int, message: str) -> ToClient:
         error = {"code": code, "message": message}
         body = {"jsonrpc": "2.0", "id": request_id, "error": error}
-        return self._answer(request_id, body, (code, _REASONS.get(code, "none")))
+        return self._answer(request_id, body, (code, _REASONS.get(code, NONE)))
 
     def _error(self, request_id: object, error: FabricError) -> ToClient:
         body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}

@@ -47,6 +47,7 @@ from typing import Protocol
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
+from .._reasons import INTERNAL_ERROR, ORCHESTRATOR_STOPPING, SERVICE_NOT_FOUND, TOO_MANY_SESSIONS
 from ..config.structs import Service
 from ..observe.observer import Client, Observer, trace_of
 from ..policy.mounts import parse_query_mount
@@ -181,7 +182,7 @@ async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> 
     """Every request the crashed session owed gets the error; then the connection closes."""
     error = ContainerStartFailure(
         "the orchestrator failed while serving this session; see its log",
-        reason="internal_error",
+        reason=INTERNAL_ERROR,
     )
     frames = [error_response(progress.first_request_id, error)]
     if progress.driver is not None:
@@ -265,7 +266,7 @@ async def _serve_session(
             "the orchestrator is stopping"
             if stopping
             else "the orchestrator has reached its limit of concurrent sessions; try again later",
-            reason="orchestrator_stopping" if stopping else "too_many_sessions",
+            reason=ORCHESTRATOR_STOPPING if stopping else TOO_MANY_SESSIONS,
         )
         await refused(request_id, full)
         return
@@ -321,7 +322,7 @@ def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
 def _service_not_found(service_name: str) -> FabricError:
     return ServiceNotFound(
         f"no service named {service_name!r} in the suite",
-        reason="service_not_found",
+        reason=SERVICE_NOT_FOUND,
         service=service_name,
     )
 

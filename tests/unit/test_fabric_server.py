@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
+from reactor_fabric._reasons import BACKEND_LIST_TOO_LARGE
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
 from reactor_fabric.protocol.fabric_refresh import (
@@ -19,7 +20,6 @@ from reactor_fabric.protocol.fabric_refresh import (
 )
 from reactor_fabric.protocol.fabric_server import (
     ASK_SECONDS,
-    BACKEND_LIST_TOO_LARGE,
     MAX_LISTENERS,
     MAX_QUEUED_PER_BACKEND,
     META_NAMES,

@@ -33,6 +33,7 @@ ALLOWED = {
     "protocol": (
         "msgspec",
         "reactor_fabric._errors",
+        "reactor_fabric._reasons",
         "reactor_fabric.protocol",
         "reactor_fabric.discovery",
     ),
