@@ -4,6 +4,7 @@ The public API is re-exported here; the private modules each hold one concept.
 """
 
 from ._errors import (
+    ClientDidNotAnswer,
     ContainerStartFailure,
     DockerUnavailable,
     FabricError,
@@ -19,6 +20,7 @@ from .config.structs import Orchestrator, Resources, Security, Service, Suite
 from .config.suite import SuiteIssue, SuiteUnreadable, check_suite_text, load_suite
 
 __all__ = [
+    "ClientDidNotAnswer",
     "ContainerStartFailure",
     "DockerUnavailable",
     "FabricError",

@@ -40,7 +40,7 @@ KUBERNETES_UNAVAILABLE: Final = "kubernetes_unavailable"
 KUBERNETES_TIMEOUT: Final = "kubernetes_timeout"
 
 # ============================================================================================
-# Answered: -32001 "Request timed out" (to a *server*, never to a client)
+# Answered: -32006 ClientDidNotAnswer (to a *server*, never to a client)
 # ============================================================================================
 
 # A server's request to the client (sampling, elicitation, roots) got no answer in time.

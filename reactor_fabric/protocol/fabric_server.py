@@ -44,7 +44,9 @@ it written (:meth:`FabricServer.backend_read`): a backend that leaves more than
 (``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory. The
 client's own messages are bounded by the driver (it stops reading the client). At most
 :data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on the
-relay; one more is answered to its backend -32001 ``too_many_requests_to_client``.
+relay; one more is answered to its backend -32006 ``too_many_requests_to_client``. A request
+the client does not answer within ASK_SECONDS is answered to its backend -32006
+``client_did_not_answer``, as on the relay.
 
 Error handling: a message that is not JSON-RPC gets -32700 / -32600 (never raises); a call to an
 unknown tool -32602; a call whose backend cannot start, or whose backend dies, gets the backend's
@@ -61,9 +63,16 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._errors import ContainerStartFailure, FabricError, InvalidRequest, ParseError
+from .._errors import (
+    ClientDidNotAnswer,
+    ContainerStartFailure,
+    FabricError,
+    InvalidRequest,
+    ParseError,
+)
 from .._reasons import (
     BACKEND_LIST_TOO_LARGE,
+    CLIENT_DID_NOT_ANSWER,
     HANDSHAKE_FAILED,
     IDLE,
     INVALID_JSON,
@@ -120,7 +129,6 @@ _REASONS = {METHOD_NOT_FOUND: METHOD_NOT_FOUND_REASON, INVALID_PARAMS: INVALID_P
 FABRIC_SERVICE = "fabric"
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
 ASK_SECONDS = 300.0
-REQUEST_TIMEOUT = -32001
 SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 ENVELOPE = "io.modelcontextprotocol/"
 CACHE_PRIVATE = {"ttlMs": 0, "cacheScope": "private"}
@@ -405,9 +413,10 @@ class FabricServer:
             # (still asked: a backend found broken meanwhile took its questions along)
             if asked.deadline <= now and our_id in self._asked:
                 del self._asked[our_id]
-                error = {"code": REQUEST_TIMEOUT, "message": "the client did not answer in time"}
-                answer = {"jsonrpc": "2.0", "id": asked.backend_id, "error": error}
-                actions += self._own(asked.service, _encoder.encode(answer))
+                error = ClientDidNotAnswer(
+                    "the client did not answer this request in time", reason=CLIENT_DID_NOT_ANSWER
+                )
+                actions += self._own(asked.service, error_response(asked.backend_id, error))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
         for our_id, assist in list(self._assisting.items()):

@@ -39,7 +39,13 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._errors import ContainerStartFailure, FabricError, InvalidMessage, InvalidRequest
+from .._errors import (
+    ClientDidNotAnswer,
+    ContainerStartFailure,
+    FabricError,
+    InvalidMessage,
+    InvalidRequest,
+)
 from .._reasons import (
     CLIENT_DID_NOT_ANSWER,
     CONTAINER_EXITED,
@@ -69,10 +75,6 @@ from .ledger import CANCELLED, Ledger, cancelled_request_id
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
 CLOSE_NORMAL: Final = 1000
-
-# JSON-RPC code of the orchestrator's answer to a server→client request that the client never
-# answered: the MCP SDKs' own "request timed out". It goes to the server, never to a client.
-REQUEST_TIMED_OUT: Final = -32001
 
 # Server→client requests (sampling, roots, elicitation) awaiting the client at once, per client
 # session — the relay's and the fabric endpoint's: beyond it the server is answered at once
@@ -756,7 +758,7 @@ class SessionMachine:
             if slot is not None and slot.state is not SlotState.SPAWNING:
                 answer = error_response(
                     request_id,
-                    _ServerRequestExpired(
+                    ClientDidNotAnswer(
                         "the client did not answer this request in time",
                         reason=CLIENT_DID_NOT_ANSWER,
                     ),
@@ -799,15 +801,10 @@ def log_notification(level: str, text: str) -> bytes:
     return json.dumps(message).encode()
 
 
-class _ServerRequestExpired(FabricError):
-    code = REQUEST_TIMED_OUT
-    title = "Request timed out"
-
-
-def too_many_requests_to_client(limit: int) -> FabricError:
-    """What a server gets for one request to the client too many (-32001, to the server only):
+def too_many_requests_to_client(limit: int) -> ClientDidNotAnswer:
+    """What a server gets for one request to the client too many (-32006, to the server only):
     ``limit`` of its session's already wait for the client."""
-    return _ServerRequestExpired(
+    return ClientDidNotAnswer(
         f"{limit} requests to the client are already waiting",
         reason=TOO_MANY_REQUESTS_TO_CLIENT,
     )
