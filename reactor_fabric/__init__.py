@@ -14,6 +14,9 @@ from ._errors import (
     ParseError,
     SecurityViolation,
     ServiceNotFound,
+    SessionCrashed,
+    SessionEnding,
+    SessionRefused,
 )
 from ._version import __version__
 from .config.structs import Orchestrator, Resources, Security, Service, Suite
@@ -34,6 +37,9 @@ __all__ = [
     "SecurityViolation",
     "Service",
     "ServiceNotFound",
+    "SessionCrashed",
+    "SessionEnding",
+    "SessionRefused",
     "Suite",
     "SuiteIssue",
     "SuiteUnreadable",

@@ -5,6 +5,9 @@ Every error the orchestrator raises on purpose derives from :class:`FabricError`
     FabricError
     ├── DockerUnavailable          -32001  the engine cannot be reached or timed out
     ├── ContainerStartFailure      -32002  image missing, create/start failed, the server died
+    ├── SessionRefused             -32002  no session now: at the session limit, or stopping
+    ├── SessionEnding              -32002  the session is ended: the orchestrator stops, an operator
+    ├── SessionCrashed             -32002  a bug in the orchestrator ended the session (logged)
     ├── InvalidSuiteConfiguration  -32003  the suite file is malformed or logically invalid
     ├── SecurityViolation          -32004  a refused mount, target or origin
     ├── ServiceNotFound            -32005  the requested service is not in the suite
@@ -15,7 +18,9 @@ Every error the orchestrator raises on purpose derives from :class:`FabricError`
 
 -32001 has one meaning: the engine (or the Kubernetes API) cannot be reached. A server's request
 that the client never answered has its own code, -32006; it goes to the server, never to a
-client.
+client. SessionRefused, SessionEnding and SessionCrashed answer -32002 "Container Start Failure"
+on the wire, as the contract has always said for a refused, ended or crashed session, but their
+names say what they are: no container failed.
 
 Backend errors (docker-py, sockets, YAML) are translated into these at the boundary where they
 happen, so the rest of the code only ever sees this tree. Each carries a stable, machine-readable
@@ -69,6 +74,40 @@ class DockerUnavailable(FabricError):
 
 
 class ContainerStartFailure(FabricError):
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class SessionRefused(FabricError):
+    """No session now: the orchestrator is at its limit of concurrent sessions
+    (``too_many_sessions``) or stopping (``orchestrator_stopping``). Nothing was started.
+
+    -32002 on the wire, with the message "Container Start Failure": the documented contract for a
+    refused session, which clients may already test for.
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class SessionEnding(FabricError):
+    """What the requests in flight of a session that must end get: the orchestrator is stopping
+    (``orchestrator_stopping``) or an operator ended it (``session_ended_by_operator``).
+
+    -32002 "Container Start Failure" on the wire, as documented (see :class:`SessionRefused`).
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class SessionCrashed(FabricError):
+    """A bug in the orchestrator ended this session (``internal_error``); it is logged with its
+    traceback, and the orchestrator's other sessions go on.
+
+    -32002 "Container Start Failure" on the wire, as documented (see :class:`SessionRefused`).
+    """
+
     code = CONTAINER_START_FAILURE
     title = "Container Start Failure"
 

@@ -94,15 +94,15 @@ ORCHESTRATOR_UNREACHABLE: Final = "orchestrator_unreachable"
 # The stdio bridge: the orchestrator closed the WebSocket before answering the first message.
 CONNECTION_CLOSED: Final = "connection_closed"
 
-# --- -32002 too, by the contract's code, but not a start failure --------------------------------
+# --- -32002 too, by the contract's code, but not a start failure: SessionRefused/SessionEnding -
 
-# The orchestrator is at its limit of concurrent sessions (max_sessions).
+# SessionRefused: the orchestrator is at its limit of concurrent sessions (max_sessions).
 TOO_MANY_SESSIONS: Final = "too_many_sessions"
-# The orchestrator is stopping: a new session is refused, one in progress ended. Also a
-# container's stop reason in the audit.
+# SessionRefused (a new session) or SessionEnding (one in progress): the orchestrator is
+# stopping. Also a container's stop reason in the audit.
 ORCHESTRATOR_STOPPING: Final = "orchestrator_stopping"
-# An operator ended the session (``reactor-fabric sessions end``). Also a container's stop
-# reason in the audit.
+# SessionEnding: an operator ended the session (``reactor-fabric sessions end``). Also a
+# container's stop reason in the audit.
 SESSION_ENDED_BY_OPERATOR: Final = "session_ended_by_operator"
 
 # ============================================================================================

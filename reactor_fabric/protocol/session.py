@@ -45,6 +45,7 @@ from .._errors import (
     FabricError,
     InvalidMessage,
     InvalidRequest,
+    SessionEnding,
 )
 from .._reasons import (
     CLIENT_DID_NOT_ANSWER,
@@ -778,15 +779,15 @@ class SessionMachine:
         return actions
 
 
-def session_ending(reason: str) -> ContainerStartFailure:
+def session_ending(reason: str) -> SessionEnding:
     """What requests in flight get when their session must end (see :class:`Shutdown`)."""
     if reason == ENDED_BY_OPERATOR:
-        return ContainerStartFailure(
+        return SessionEnding(
             "an operator of the orchestrator ended this session; its containers were removed "
             "(reconnect to start again)",
             reason=ENDED_BY_OPERATOR,
         )
-    return ContainerStartFailure(
+    return SessionEnding(
         "the orchestrator is stopping; this request will not be answered", reason=reason
     )
 

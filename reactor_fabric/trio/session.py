@@ -46,7 +46,13 @@ from typing import Protocol
 
 import trio
 
-from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
+from .._errors import (
+    FabricError,
+    InvalidMessage,
+    ServiceNotFound,
+    SessionCrashed,
+    SessionRefused,
+)
 from .._reasons import INTERNAL_ERROR, ORCHESTRATOR_STOPPING, SERVICE_NOT_FOUND, TOO_MANY_SESSIONS
 from ..config.structs import Service
 from ..observe.observer import Client, Observer, trace_of
@@ -180,7 +186,7 @@ class _Driver(Protocol):
 
 async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> None:
     """Every request the crashed session owed gets the error; then the connection closes."""
-    error = ContainerStartFailure(
+    error = SessionCrashed(
         "the orchestrator failed while serving this session; see its log",
         reason=INTERNAL_ERROR,
     )
@@ -262,7 +268,7 @@ async def _serve_session(
     )
     if not fabric.admit(session_id, record):
         stopping = fabric.stopping.is_set()
-        full = ContainerStartFailure(
+        full = SessionRefused(
             "the orchestrator is stopping"
             if stopping
             else "the orchestrator has reached its limit of concurrent sessions; try again later",

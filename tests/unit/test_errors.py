@@ -11,8 +11,17 @@ from reactor_fabric import (
     ContainerStartFailure,
     DockerUnavailable,
     FabricError,
+    SessionCrashed,
+    SessionEnding,
+    SessionRefused,
 )
-from reactor_fabric.protocol.session import too_many_requests_to_client
+from reactor_fabric._reasons import (
+    INTERNAL_ERROR,
+    ORCHESTRATOR_STOPPING,
+    SESSION_ENDED_BY_OPERATOR,
+    TOO_MANY_SESSIONS,
+)
+from reactor_fabric.protocol.session import session_ending, too_many_requests_to_client
 from reactor_fabric.runtime.docker import translate_docker_error
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "USAGE.md"
@@ -83,6 +92,24 @@ def test_a_request_the_client_never_answered_has_a_code_of_its_own() -> None:
             "detail": "256 requests to the client are already waiting",
         },
     }
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (SessionRefused("full", reason=TOO_MANY_SESSIONS), SessionRefused),
+        (SessionCrashed("a bug", reason=INTERNAL_ERROR), SessionCrashed),
+        (session_ending(ORCHESTRATOR_STOPPING), SessionEnding),
+        (session_ending(SESSION_ENDED_BY_OPERATOR), SessionEnding),
+    ],
+)
+def test_a_refused_or_ended_session_is_not_a_start_failure_but_keeps_its_wire_code(
+    error: FabricError, kind: type[FabricError]
+) -> None:
+    assert isinstance(error, kind)
+    assert not isinstance(error, ContainerStartFailure)
+    wire = error.to_jsonrpc_error()
+    assert (wire["code"], wire["message"]) == (-32002, "Container Start Failure")
 
 
 def test_every_error_class_has_its_code_and_message_in_the_error_table() -> None:
