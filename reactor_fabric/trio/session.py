@@ -164,7 +164,7 @@ async def serve_session(
         )
         with trio.move_on_after(5) as cleanup:
             cleanup.shield = True
-            await _tell_client_of_crash(channel, progress)
+            await _tell_client_of_crash(channel, progress, session_id)
 
 
 @dataclass
@@ -184,21 +184,39 @@ class _Driver(Protocol):
         """The answers the client is owed if the session ends now with ``error``."""
 
 
-async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> None:
-    """Every request the crashed session owed gets the error; then the connection closes."""
+async def _tell_client_of_crash(
+    channel: ClientChannel, progress: _Progress, session_id: str
+) -> None:
+    """Every request the crashed session owed gets the error; then the connection closes.
+
+    Contained, not silent: what fails here too (a second bug, a channel that breaks) is logged
+    with its traceback, and the steps after it still run.
+    """
+    fields = {"session": session_id}
     error = SessionCrashed(
         "the orchestrator failed while serving this session; see its log",
         reason=INTERNAL_ERROR,
     )
     frames = [error_response(progress.first_request_id, error)]
     if progress.driver is not None:
-        with contextlib.suppress(Exception):
+        try:
             frames = progress.driver.owed_frames(error)
-    for frame in frames:
-        with contextlib.suppress(Exception):
+        except Exception:
+            # The first request is still answered; the others are not known.
+            log.exception("session_crash_answers_failed", extra=fields)
+    try:
+        for frame in frames:
             await channel.send(frame)
-    with contextlib.suppress(Exception):
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        log.info("session_crash_untold", extra={**fields, "detail": "the client is gone"})
+    except Exception:
+        log.exception("session_crash_untold", extra=fields)
+    try:
         await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client is gone: there is nothing left to close
+    except Exception:
+        log.exception("session_crash_close_failed", extra=fields)
 
 
 async def _serve_session(
