@@ -4,6 +4,7 @@ The public API is re-exported here; the private modules each hold one concept.
 """
 
 from ._errors import (
+    ClientDidNotAnswer,
     ContainerStartFailure,
     DockerUnavailable,
     FabricError,
@@ -13,12 +14,16 @@ from ._errors import (
     ParseError,
     SecurityViolation,
     ServiceNotFound,
+    SessionCrashed,
+    SessionEnding,
+    SessionRefused,
 )
 from ._version import __version__
 from .config.structs import Orchestrator, Resources, Security, Service, Suite
 from .config.suite import SuiteIssue, SuiteUnreadable, check_suite_text, load_suite
 
 __all__ = [
+    "ClientDidNotAnswer",
     "ContainerStartFailure",
     "DockerUnavailable",
     "FabricError",
@@ -32,6 +37,9 @@ __all__ = [
     "SecurityViolation",
     "Service",
     "ServiceNotFound",
+    "SessionCrashed",
+    "SessionEnding",
+    "SessionRefused",
     "Suite",
     "SuiteIssue",
     "SuiteUnreadable",

@@ -28,6 +28,7 @@ from typing import Final
 
 import trio
 
+from . import _reasons
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._operator_cli import add_operator_commands, audit_command, open_audit, sessions_command
 from ._scheduling import Slice, shorten_slice
@@ -488,7 +489,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
             "suite_unreadable",
             extra={
                 "code": INVALID_SUITE_CONFIGURATION,
-                "reason": "suite_unreadable",
+                "reason": _reasons.SUITE_UNREADABLE,
                 "detail": str(exc),
             },
         )
@@ -501,7 +502,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
                 "invalid_suite_configuration",
                 extra={
                     "code": INVALID_SUITE_CONFIGURATION,
-                    "reason": "invalid_suite_configuration",
+                    "reason": _reasons.INVALID_SUITE_CONFIGURATION,
                     "file": issue.file,
                     "line": issue.line,
                     "column": issue.column,
@@ -516,19 +517,21 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
     try:
         token = _token(settings, check.suite.orchestrator.auth, environ)
     except TokenError as exc:
-        log.error("cannot_authenticate", extra={"reason": "auth_setup", "detail": str(exc)})
+        log.error("cannot_authenticate", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
         runtime = engine_runtime(check.suite, settings.runtime, environ)
     except EngineAddressError as exc:
-        log.error("engine_unusable", extra={"reason": "engine_address", "detail": str(exc)})
+        log.error("engine_unusable", extra={"reason": _reasons.ENGINE_ADDRESS, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
         audit = open_audit(check.suite, environ)
     except OSError as exc:
-        log.error("audit_unwritable", extra={"reason": "audit_unwritable", "detail": str(exc)})
+        log.error(
+            "audit_unwritable", extra={"reason": _reasons.AUDIT_UNWRITABLE, "detail": str(exc)}
+        )
         print(
             f"error: the audit trail cannot be written: {exc}; not starting (set "
             "orchestrator.audit.path, or orchestrator.audit.enabled: false)",
@@ -594,7 +597,7 @@ def _serve_fabric(
     try:
         trio.run(_serve_until_signalled, fabric, settings, token)
     except OSError as exc:
-        reason = "port_in_use" if exc.errno == errno.EADDRINUSE else "cannot_listen"
+        reason = _reasons.PORT_IN_USE if exc.errno == errno.EADDRINUSE else _reasons.CANNOT_LISTEN
         log.error(
             "cannot_listen",
             extra={
@@ -608,7 +611,7 @@ def _serve_fabric(
             f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
             + (
                 " (choose another with --port or REACTOR_FABRIC_PORT)"
-                if reason == "port_in_use"
+                if reason == _reasons.PORT_IN_USE
                 else ""
             ),
             file=sys.stderr,

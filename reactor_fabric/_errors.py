@@ -5,17 +5,27 @@ Every error the orchestrator raises on purpose derives from :class:`FabricError`
     FabricError
     ├── DockerUnavailable          -32001  the engine cannot be reached or timed out
     ├── ContainerStartFailure      -32002  image missing, create/start failed, the server died
+    ├── SessionRefused             -32002  no session now: at the session limit, or stopping
+    ├── SessionEnding              -32002  the session is ended: the orchestrator stops, an operator
+    ├── SessionCrashed             -32002  a bug in the orchestrator ended the session (logged)
     ├── InvalidSuiteConfiguration  -32003  the suite file is malformed or logically invalid
     ├── SecurityViolation          -32004  a refused mount, target or origin
     ├── ServiceNotFound            -32005  the requested service is not in the suite
+    ├── ClientDidNotAnswer         -32006  (to a server) its request to the client got no answer
     └── InvalidMessage                     a first message that is not usable JSON-RPC
         ├── ParseError             -32700  not JSON
         └── InvalidRequest         -32600  JSON, but not a single request object
 
+-32001 has one meaning: the engine (or the Kubernetes API) cannot be reached. A server's request
+that the client never answered has its own code, -32006; it goes to the server, never to a
+client. SessionRefused, SessionEnding and SessionCrashed answer -32002 "Container Start Failure"
+on the wire, as the contract has always said for a refused, ended or crashed session, but their
+names say what they are: no container failed.
+
 Backend errors (docker-py, sockets, YAML) are translated into these at the boundary where they
 happen, so the rest of the code only ever sees this tree. Each carries a stable, machine-readable
-``reason`` (documented in ``docs/USAGE.md``) and optional ``detail`` fields that end up in the
-JSON-RPC error's ``data``.
+``reason`` (a constant of :mod:`reactor_fabric._reasons`, documented in ``docs/USAGE.md``) and
+optional ``detail`` fields that end up in the JSON-RPC error's ``data``.
 """
 
 from __future__ import annotations
@@ -28,6 +38,9 @@ CONTAINER_START_FAILURE = -32002
 INVALID_SUITE_CONFIGURATION = -32003
 SECURITY_VIOLATION = -32004
 SERVICE_NOT_FOUND = -32005
+# The product's own, in the JSON-RPC server-error range (-32000..-32099), unused by the MCP
+# specification and the SDKs: a server→client request the client did not answer.
+NO_ANSWER_FROM_CLIENT = -32006
 # JSON-RPC 2.0 standard codes.
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -65,6 +78,40 @@ class ContainerStartFailure(FabricError):
     title = "Container Start Failure"
 
 
+class SessionRefused(FabricError):
+    """No session now: the orchestrator is at its limit of concurrent sessions
+    (``too_many_sessions``) or stopping (``orchestrator_stopping``). Nothing was started.
+
+    -32002 on the wire, with the message "Container Start Failure": the documented contract for a
+    refused session, which clients may already test for.
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class SessionEnding(FabricError):
+    """What the requests in flight of a session that must end get: the orchestrator is stopping
+    (``orchestrator_stopping``) or an operator ended it (``session_ended_by_operator``).
+
+    -32002 "Container Start Failure" on the wire, as documented (see :class:`SessionRefused`).
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class SessionCrashed(FabricError):
+    """A bug in the orchestrator ended this session (``internal_error``); it is logged with its
+    traceback, and the orchestrator's other sessions go on.
+
+    -32002 "Container Start Failure" on the wire, as documented (see :class:`SessionRefused`).
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
 class InvalidSuiteConfiguration(FabricError):
     code = INVALID_SUITE_CONFIGURATION
     title = "Invalid Suite Configuration"
@@ -78,6 +125,16 @@ class SecurityViolation(FabricError):
 class ServiceNotFound(FabricError):
     code = SERVICE_NOT_FOUND
     title = "Service Not Found"
+
+
+class ClientDidNotAnswer(FabricError):
+    """A server's request to the client (sampling, elicitation, roots) that the client will not
+    answer: none came in time (``client_did_not_answer``), or too many of its session's already
+    wait for the client (``too_many_requests_to_client``). Sent to the server, never to a client.
+    """
+
+    code = NO_ANSWER_FROM_CLIENT
+    title = "Client Did Not Answer"
 
 
 class InvalidMessage(FabricError):

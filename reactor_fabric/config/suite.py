@@ -23,6 +23,7 @@ import jsonschema
 import msgspec
 
 from .._errors import InvalidSuiteConfiguration
+from .._reasons import INVALID_SUITE_CONFIGURATION
 from ..protocol.catalog import SEPARATOR
 from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
 from .structs import Suite
@@ -126,7 +127,7 @@ def load_suite(path: str | Path) -> Suite:
     if check.suite is None:
         raise InvalidSuiteConfiguration(
             f"{path}: {len(check.issues)} problem(s) in the suite file",
-            reason="invalid_suite_configuration",
+            reason=INVALID_SUITE_CONFIGURATION,
             issues=[str(issue) for issue in check.issues],
         )
     return check.suite

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from .._reasons import IDLE
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .audit import AuditWriter, now_iso
 from .metrics import Metrics
@@ -309,7 +310,7 @@ class Observer:
                 "exit_code": exit_code,
             }
         )
-        if reason == "idle":
+        if reason == IDLE:
             self.metrics.idle_teardowns.inc()
 
     def orphans_removed(self, count: int) -> None:

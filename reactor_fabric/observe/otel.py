@@ -13,6 +13,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .._reasons import OTEL_NOT_INSTALLED, OTLP_PROTOCOL_UNSUPPORTED
+
 if TYPE_CHECKING:
     from .tracing import Tracing
 
@@ -39,7 +41,7 @@ def tracing_from_environment(environ: Mapping[str, str]) -> Tracing | None:
         log.error(
             "tracing_unavailable",
             extra={
-                "reason": "otlp_protocol_unsupported",
+                "reason": OTLP_PROTOCOL_UNSUPPORTED,
                 "protocol": protocol,
                 "detail": "only OTLP over http/protobuf is exported; spans are not sent",
             },
@@ -56,7 +58,7 @@ def tracing_from_environment(environ: Mapping[str, str]) -> Tracing | None:
         log.warning(
             "tracing_unavailable",
             extra={
-                "reason": "otel_not_installed",
+                "reason": OTEL_NOT_INSTALLED,
                 "detail": f"{exc}; install reactor-fabric[otel] to export spans",
             },
         )

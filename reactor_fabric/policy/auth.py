@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from .._errors import SecurityViolation
+from .._reasons import TOKEN_INVALID, TOKEN_MISSING
 from ..protocol.jsonrpc import error_response
 from .origins import request_allowed
 
@@ -112,7 +113,7 @@ def admit(gate: Gate, headers: dict[bytes, str], query: str, path: str) -> Refus
         presented = None
     if token_matches(presented, gate.token):
         return None
-    reason = "token_missing" if presented is None else "token_invalid"
+    reason = TOKEN_MISSING if presented is None else TOKEN_INVALID
     # Never the presented value: a near-miss token in a log is a leak.
     log.warning("request_refused", extra={"path": path, "status": 401, "reason": reason})
     return unauthorized(reason)
@@ -121,12 +122,12 @@ def admit(gate: Gate, headers: dict[bytes, str], query: str, path: str) -> Refus
 def unauthorized(reason: str) -> Refusal:
     """401, its body a JSON-RPC error (id null): what a client that reads error bodies shows
     (the MCP SDKs surface a JSON-RPC error found in a non-2xx answer), and readable as it is."""
-    message = "no token" if reason == "token_missing" else "wrong token"
+    message = "no token" if reason == TOKEN_MISSING else "wrong token"
     error = SecurityViolation(f"{message}. {HOW_TO_AUTHENTICATE}", reason=reason)
     # RFC 6750: no error code when no credentials came; invalid_token for wrong ones (OAuth
     # clients such as Claude Code read these attributes).
     challenge = f'{AUTH_SCHEME} realm="reactor-fabric"'
-    if reason == "token_invalid":
+    if reason == TOKEN_INVALID:
         challenge += ', error="invalid_token", error_description="wrong token"'
     return Refusal(
         401,

@@ -32,6 +32,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._errors import SecurityViolation
+from .._reasons import (
+    DOCKER_SOCKET_FORBIDDEN,
+    MOUNT_MALFORMED,
+    MOUNT_OUTSIDE_ALLOWED_ROOTS,
+    MOUNT_PATH_TOO_LONG,
+    MOUNT_SOURCE_INVALID,
+    MOUNT_SOURCE_MISSING,
+    MOUNT_SOURCE_NOT_ABSOLUTE,
+    MOUNT_TARGET_DUPLICATE,
+    MOUNT_TARGET_FORBIDDEN,
+    MOUNT_TARGET_INVALID,
+    MOUNT_TARGET_NOT_ABSOLUTE,
+    MOUNT_TARGET_NOT_ALLOWED,
+    TOO_MANY_MOUNTS,
+)
 from ..config.structs import DEFAULT_MOUNT_TARGETS
 from .mount_spec import MountSpec
 from .pinning import PinSet, identities, pin_mounts
@@ -89,7 +104,7 @@ def parse_query_mount(text: str) -> dict[str, Any]:
     if len(parts) != 2 or not parts[0] or not parts[1]:
         raise SecurityViolation(
             f"mount {value!r} is not SOURCE:TARGET[:ro]",
-            reason="mount_malformed",
+            reason=MOUNT_MALFORMED,
             mount=value,
         )
     return {"source": parts[0], "target": parts[1], "readOnly": read_only}
@@ -145,12 +160,12 @@ class MountPolicy:
         if not isinstance(mounts, list):
             raise SecurityViolation(
                 "mounts must be a list of {source, target, readOnly} objects",
-                reason="mount_malformed",
+                reason=MOUNT_MALFORMED,
             )
         if len(mounts) > MAX_MOUNTS:
             raise SecurityViolation(
                 f"at most {MAX_MOUNTS} mounts are allowed, got {len(mounts)}",
-                reason="too_many_mounts",
+                reason=TOO_MANY_MOUNTS,
             )
         checked: list[MountSpec] = []
         for index, mount in enumerate(mounts):
@@ -160,7 +175,7 @@ class MountPolicy:
             if targets.count(target) > 1:
                 raise SecurityViolation(
                     f"two mounts share the target {target!r}",
-                    reason="mount_target_duplicate",
+                    reason=MOUNT_TARGET_DUPLICATE,
                     path=target,
                 )
         return tuple(checked)
@@ -180,7 +195,7 @@ class MountPolicy:
         if not isinstance(mount, dict):
             raise SecurityViolation(
                 f"mount #{index} must be an object with source and target",
-                reason="mount_malformed",
+                reason=MOUNT_MALFORMED,
                 index=index,
             )
         source = _path_field(mount, "source", index)
@@ -189,14 +204,14 @@ class MountPolicy:
         if not isinstance(read_only, bool):
             raise SecurityViolation(
                 f"mount #{index}: readOnly must be true or false",
-                reason="mount_malformed",
+                reason=MOUNT_MALFORMED,
                 index=index,
             )
         unknown = set(mount) - {"source", "target", "readOnly"}
         if unknown:
             raise SecurityViolation(
                 f"mount #{index}: unknown field(s) {', '.join(sorted(unknown))}",
-                reason="mount_malformed",
+                reason=MOUNT_MALFORMED,
                 index=index,
             )
         resolved = self._check_source(source)
@@ -209,7 +224,7 @@ class MountPolicy:
             raise SecurityViolation(
                 f"target {target!r} is not under the allowed mount targets "
                 f"({', '.join(self.allowed_targets) or 'none'}) nor the source's own path",
-                reason="mount_target_not_allowed",
+                reason=MOUNT_TARGET_NOT_ALLOWED,
                 path=target,
                 allowed_targets=list(self.allowed_targets),
             )
@@ -223,7 +238,7 @@ class MountPolicy:
             # realpath itself fail: a client racing us, not our failure.
             raise SecurityViolation(
                 f"{source!r} changed while it was being resolved ({exc.strerror})",
-                reason="mount_source_missing",
+                reason=MOUNT_SOURCE_MISSING,
                 path=source,
             ) from exc
         for socket_path in self._sockets:
@@ -231,13 +246,13 @@ class MountPolicy:
                 raise SecurityViolation(
                     f"{source!r} is or contains a container engine's socket, which is never "
                     "mountable",
-                    reason="docker_socket_forbidden",
+                    reason=DOCKER_SOCKET_FORBIDDEN,
                     path=source,
                 )
         if not any(is_within(resolved, root) for root in self.allowed_roots):
             raise SecurityViolation(
                 f"{source!r} (resolved: {resolved!r}) is outside the allowed mount roots",
-                reason="mount_outside_allowed_roots",
+                reason=MOUNT_OUTSIDE_ALLOWED_ROOTS,
                 path=source,
                 resolved=resolved,
                 allowed_roots=list(self.allowed_roots),
@@ -245,7 +260,7 @@ class MountPolicy:
         if not self._exists(resolved):
             raise SecurityViolation(
                 f"{source!r} does not exist on the host",
-                reason="mount_source_missing",
+                reason=MOUNT_SOURCE_MISSING,
                 path=source,
             )
         return resolved
@@ -256,25 +271,25 @@ def _path_field(mount: dict[str, Any], field: str, index: int) -> str:
     if not isinstance(value, str) or not value:
         raise SecurityViolation(
             f"mount #{index}: {field} must be a non-empty string",
-            reason="mount_malformed",
+            reason=MOUNT_MALFORMED,
             index=index,
         )
     if len(value.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise SecurityViolation(
             f"mount #{index}: {field} is longer than {MAX_PATH_BYTES} bytes",
-            reason="mount_path_too_long",
+            reason=MOUNT_PATH_TOO_LONG,
             path=value[:256] + "…",
         )
     if "\0" in value:
         raise SecurityViolation(
             f"mount #{index}: {field} contains a NUL character",
-            reason=f"mount_{field}_invalid",
+            reason=MOUNT_SOURCE_INVALID if field == "source" else MOUNT_TARGET_INVALID,
             path=value.replace("\0", "\\0"),
         )
     if not value.startswith("/"):
         raise SecurityViolation(
             f"mount #{index}: {field} {value!r} is not an absolute path",
-            reason=f"mount_{field}_not_absolute",
+            reason=MOUNT_SOURCE_NOT_ABSOLUTE if field == "source" else MOUNT_TARGET_NOT_ABSOLUTE,
             path=value,
         )
     return value
@@ -284,21 +299,21 @@ def _check_target(target: str) -> str:
     if ".." in target.split("/"):
         raise SecurityViolation(
             f"target {target!r} must not contain '..'",
-            reason="mount_target_forbidden",
+            reason=MOUNT_TARGET_FORBIDDEN,
             path=target,
         )
     normalised = posixpath.normpath(target)
     if normalised == "/" or normalised.startswith("//"):
         raise SecurityViolation(
             "the container's root '/' cannot be a mount target",
-            reason="mount_target_forbidden",
+            reason=MOUNT_TARGET_FORBIDDEN,
             path=target,
         )
     for forbidden in FORBIDDEN_TARGETS:
         if is_within(normalised, forbidden):
             raise SecurityViolation(
                 f"target {target!r} is inside the system directory {forbidden!r}",
-                reason="mount_target_forbidden",
+                reason=MOUNT_TARGET_FORBIDDEN,
                 path=target,
             )
     return normalised

@@ -15,6 +15,8 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._reasons import ORIGIN_OR_HOST_NOT_ALLOWED
+
 log = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -85,7 +87,7 @@ def request_allowed(
             "host": host,
             "path": path,
             "code": -32004,
-            "reason": "origin_or_host_not_allowed",
+            "reason": ORIGIN_OR_HOST_NOT_ALLOWED,
         },
     )
     return False

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .._errors import SecurityViolation
+from .._reasons import DOCKER_SOCKET_FORBIDDEN, MOUNT_CHANGED, MOUNT_NOT_PERMITTED
 from .mount_spec import MountSpec
 
 # O_PATH: a descriptor that names an object without opening it for I/O (no read permission on
@@ -120,9 +121,7 @@ def open_beneath_root(path: str) -> int:
     """
     components = [part for part in path.split("/") if part]
     if path != "/" + "/".join(components) or any(part in (".", "..") for part in components):
-        raise SecurityViolation(
-            f"{path!r} is not a resolved path", reason="mount_changed", path=path
-        )
+        raise SecurityViolation(f"{path!r} is not a resolved path", reason=MOUNT_CHANGED, path=path)
     current = os.open("/", _WALK_FLAGS | os.O_DIRECTORY)
     for depth in range(1, len(components) + 1):
         try:
@@ -154,7 +153,7 @@ def _open_component(directory: int, path: str, components: list[str], depth: int
     os.close(opened)
     raise SecurityViolation(
         f"{path!r} changed after it was validated: {problem}",
-        reason="mount_changed",
+        reason=MOUNT_CHANGED,
         path=path,
         component=component,
     )
@@ -164,13 +163,13 @@ def _refusal(path: str, component: str, exc: OSError) -> SecurityViolation:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return SecurityViolation(
             f"the orchestrator's user may not open {component!r}",
-            reason="mount_not_permitted",
+            reason=MOUNT_NOT_PERMITTED,
             path=path,
             component=component,
         )
     return SecurityViolation(
         f"{path!r} changed after it was validated ({os.strerror(exc.errno or 0)} at {component!r})",
-        reason="mount_changed",
+        reason=MOUNT_CHANGED,
         path=path,
     )
 
@@ -190,7 +189,7 @@ def pin_mounts(mounts: Sequence[MountSpec], *, forbidden: Iterable[tuple[int, in
             if (pin.device, pin.inode) in refused:
                 raise SecurityViolation(  # noqa: TRY301 - the pins made so far must be closed
                     f"{mount.source!r} is a container engine's socket, which is never mountable",
-                    reason="docker_socket_forbidden",
+                    reason=DOCKER_SOCKET_FORBIDDEN,
                     path=mount.source,
                 )
     except BaseException:
@@ -223,7 +222,7 @@ def _check_readable(path: str, fd: int, found: os.stat_result) -> None:
     if not os.access(f"/proc/self/fd/{fd}", wanted):
         raise SecurityViolation(
             f"the orchestrator's user may not read {path!r}",
-            reason="mount_not_permitted",
+            reason=MOUNT_NOT_PERMITTED,
             path=path,
         )
 

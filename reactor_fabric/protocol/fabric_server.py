@@ -44,7 +44,9 @@ it written (:meth:`FabricServer.backend_read`): a backend that leaves more than
 (``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory. The
 client's own messages are bounded by the driver (it stops reading the client). At most
 :data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on the
-relay; one more is answered to its backend -32001 ``too_many_requests_to_client``.
+relay; one more is answered to its backend -32006 ``too_many_requests_to_client``. A request
+the client does not answer within ASK_SECONDS is answered to its backend -32006
+``client_did_not_answer``, as on the relay.
 
 Error handling: a message that is not JSON-RPC gets -32700 / -32600 (never raises); a call to an
 unknown tool -32602; a call whose backend cannot start, or whose backend dies, gets the backend's
@@ -63,7 +65,23 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._errors import ContainerStartFailure, FabricError, InvalidRequest, ParseError
+from .._errors import (
+    ClientDidNotAnswer,
+    ContainerStartFailure,
+    FabricError,
+    InvalidRequest,
+    ParseError,
+)
+from .._reasons import (
+    BACKEND_LIST_TOO_LARGE,
+    CLIENT_DID_NOT_ANSWER,
+    HANDSHAKE_FAILED,
+    IDLE,
+    INVALID_JSON,
+    NONE,
+)
+from .._reasons import INVALID_PARAMS as INVALID_PARAMS_REASON
+from .._reasons import METHOD_NOT_FOUND as METHOD_NOT_FOUND_REASON
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from ..discovery.tokens import count_definition
@@ -108,12 +126,11 @@ FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 SERVER_NAME = "reactor-fabric"
 # The reason the metrics give errors of the endpoint's own that carry none.
-_REASONS = {METHOD_NOT_FOUND: "method_not_found", INVALID_PARAMS: "invalid_params"}
+_REASONS = {METHOD_NOT_FOUND: METHOD_NOT_FOUND_REASON, INVALID_PARAMS: INVALID_PARAMS_REASON}
 # The service the audit names for the endpoint's own meta-tools.
 FABRIC_SERVICE = "fabric"
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
 ASK_SECONDS = 300.0
-REQUEST_TIMEOUT = -32001
 SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 ENVELOPE = "io.modelcontextprotocol/"
 CACHE_PRIVATE = {"ttlMs": 0, "cacheScope": "private"}
@@ -123,8 +140,6 @@ _REFRESH = {
     "notifications/prompts/list_changed": ("prompts/list", "prompts"),
     "notifications/resources/list_changed": ("resources/list", "resources"),
 }
-# A backend's fresh list over MAX_LIST_BYTES (after its list_changed): it is treated as broken.
-BACKEND_LIST_TOO_LARGE = "backend_list_too_large"
 _LISTEN_KEYS = {
     "tools": "toolsListChanged",
     "prompts": "promptsListChanged",
@@ -474,9 +489,10 @@ class FabricServer:
             # (still asked: a backend found broken meanwhile took its questions along)
             if asked.deadline <= now and our_id in self._asked:
                 del self._asked[our_id]
-                error = {"code": REQUEST_TIMEOUT, "message": "the client did not answer in time"}
-                answer = {"jsonrpc": "2.0", "id": asked.backend_id, "error": error}
-                actions += self._own(asked.service, _encoder.encode(answer))
+                error = ClientDidNotAnswer(
+                    "the client did not answer this request in time", reason=CLIENT_DID_NOT_ANSWER
+                )
+                actions += self._own(asked.service, error_response(asked.backend_id, error))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(_notification_bytes("notifications/cancelled", note)))
         for our_id, assist in list(self._assisting.items()):
@@ -493,7 +509,7 @@ class FabricServer:
             if backend.state == "ready" and not self._busy(service) and idle_until <= now:
                 del self.backends[service]
                 self._forget_refreshes(service)
-                actions.append(StopBackend(service, "idle"))
+                actions.append(StopBackend(service, IDLE))
         return actions
 
     def _busy(self, service: str) -> bool:
@@ -568,7 +584,7 @@ class FabricServer:
         except (ParseError, InvalidRequest) as exc:
             return [self._error(exc.request_id, exc)]
         except (msgspec.DecodeError, RecursionError):
-            return [self._error(None, ParseError("not valid JSON", reason="invalid_json"))]
+            return [self._error(None, ParseError("not valid JSON", reason=INVALID_JSON))]
         if kind.is_response:
             return self._client_answer(message)
         method = str(message["method"])
@@ -1052,7 +1068,7 @@ class FabricServer:
             error = message.get("error")
             detail = error.get("message") if isinstance(error, dict) else "no result"
             refused = ContainerStartFailure(
-                f"{service} refused the handshake: {detail}", reason="handshake_failed"
+                f"{service} refused the handshake: {detail}", reason=HANDSHAKE_FAILED
             )
             # Removed as well as forgotten: the next call starts a fresh one, and this one
             # would otherwise run beside it until the session ends.
@@ -1330,7 +1346,7 @@ class FabricServer:
     def _fail(self, request_id: object, code: int, message: str) -> ToClient:
         error = {"code": code, "message": message}
         body = {"jsonrpc": "2.0", "id": request_id, "error": error}
-        return self._answer(request_id, body, (code, _REASONS.get(code, "none")))
+        return self._answer(request_id, body, (code, _REASONS.get(code, NONE)))
 
     def _error(self, request_id: object, error: FabricError) -> ToClient:
         body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}

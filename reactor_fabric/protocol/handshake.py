@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from .._errors import InvalidRequest
+from .._reasons import REGISTER_WITHOUT_ID, REGISTER_WITHOUT_MOUNTS, UNEXPECTED_RESPONSE
 from .jsonrpc import Peek, RequestId, decode_params, peek, result_response
 
 REGISTER_METHOD = "fabric/registerClient"
@@ -49,7 +50,7 @@ def classify_first_message(frame: bytes) -> FirstMessage:
     if message.kind == "response":
         raise InvalidRequest(
             "the first message must be a request or notification, not a response",
-            reason="unexpected_response",
+            reason=UNEXPECTED_RESPONSE,
         )
     params = decode_params(message.params) if message.method in _REGISTER_CARRIERS else None
     if message.method == REGISTER_METHOD:
@@ -71,7 +72,7 @@ def _require_id(message: Peek) -> RequestId:
     if message.id is None:
         raise InvalidRequest(
             f"{REGISTER_METHOD} must be a request (with an id), not a notification",
-            reason="register_without_id",
+            reason=REGISTER_WITHOUT_ID,
         )
     return message.id
 
@@ -80,7 +81,7 @@ def _mounts_of(params: Any, message: Peek) -> object:
     if not isinstance(params, dict) or "mounts" not in params:
         raise InvalidRequest(
             f'{REGISTER_METHOD} needs params {{"mounts": [...]}}',
-            reason="register_without_mounts",
+            reason=REGISTER_WITHOUT_MOUNTS,
             request_id=message.id,
         )
     return params["mounts"]

@@ -22,6 +22,17 @@ from typing import Any, Final
 import msgspec
 
 from .._errors import FabricError, InvalidRequest, ParseError
+from .._reasons import (
+    BATCH_NOT_SUPPORTED,
+    DUPLICATE_REQUEST_ID,
+    INVALID_ID,
+    INVALID_JSON,
+    INVALID_METHOD,
+    INVALID_UTF8,
+    JSON_TOO_DEEP,
+    NOT_AN_OBJECT,
+    NOT_JSONRPC,
+)
 
 RequestId = str | int
 
@@ -88,15 +99,15 @@ def peek(frame: bytes | str) -> Peek:
         if data.lstrip().startswith(b"["):
             raise InvalidRequest(
                 "JSON-RPC batches are not supported (they were removed from MCP in 2025-06-18)",
-                reason="batch_not_supported",
+                reason=BATCH_NOT_SUPPORTED,
             ) from exc
         raise InvalidRequest(
-            f"a JSON-RPC message must be a JSON object: {exc}", reason="not_an_object"
+            f"a JSON-RPC message must be a JSON object: {exc}", reason=NOT_AN_OBJECT
         ) from exc
     except msgspec.DecodeError as exc:
-        raise ParseError(f"not valid JSON: {exc}", reason="invalid_json") from exc
+        raise ParseError(f"not valid JSON: {exc}", reason=INVALID_JSON) from exc
     except UnicodeDecodeError as exc:
-        raise ParseError(f"not valid UTF-8: {exc.reason}", reason="invalid_utf8") from exc
+        raise ParseError(f"not valid UTF-8: {exc.reason}", reason=INVALID_UTF8) from exc
     except RecursionError as exc:
         raise _too_deep() from exc
 
@@ -107,14 +118,14 @@ def peek(frame: bytes | str) -> Peek:
         # An error answering a message the peer could not parse has a null id.
         return Peek(RESPONSE, None, None, None, failed=True)
     if has_id and not _valid_id(message_id):
-        raise InvalidRequest("a request id must be a string or an integer", reason="invalid_id")
+        raise InvalidRequest("a request id must be a string or an integer", reason=INVALID_ID)
     method = envelope.method
     params = envelope.params if isinstance(envelope.params, msgspec.Raw) else None
     if method is not msgspec.UNSET:
         if not isinstance(method, str) or not method:
             raise InvalidRequest(
                 "method must be a non-empty string",
-                reason="invalid_method",
+                reason=INVALID_METHOD,
                 request_id=message_id if has_id else None,
             )
         if has_id:
@@ -124,7 +135,7 @@ def peek(frame: bytes | str) -> Peek:
         return Peek(RESPONSE, message_id, None, None, failed=is_error)
     raise InvalidRequest(
         "not a JSON-RPC request, notification or response",
-        reason="not_jsonrpc",
+        reason=NOT_JSONRPC,
         request_id=message_id if has_id else None,
     )
 
@@ -132,16 +143,13 @@ def peek(frame: bytes | str) -> Peek:
 def _too_deep() -> ParseError:
     return ParseError(
         f"JSON nested deeper than the decoder's limit (about {sys.getrecursionlimit()} levels)",
-        reason="json_too_deep",
+        reason=JSON_TOO_DEEP,
     )
 
 
 def _valid_id(value: object) -> bool:
     # JSON-RPC allows null ids only in error responses to unparseable requests; MCP forbids null.
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-
-
-DUPLICATE_REQUEST_ID: Final = "duplicate_request_id"
 
 
 def duplicate_request(request_id: RequestId) -> InvalidRequest:

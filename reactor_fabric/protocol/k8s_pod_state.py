@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .._reasons import IMAGE_NOT_FOUND, START_FAILED
+
 CONTAINER: Final = "server"
 IMAGE_REASONS: Final = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"}
@@ -100,9 +102,9 @@ def _from_container(state: Mapping[str, Any]) -> PodProgress | None:
     waiting = _mapping(state.get("waiting"))
     reason = str(waiting.get("reason") or "")
     if reason in IMAGE_REASONS:
-        return StartFailed("image_not_found", _detail(reason, waiting.get("message")))
+        return StartFailed(IMAGE_NOT_FOUND, _detail(reason, waiting.get("message")))
     if reason in START_REASONS:
-        return StartFailed("start_failed", _detail(reason, waiting.get("message")))
+        return StartFailed(START_FAILED, _detail(reason, waiting.get("message")))
     return None
 
 

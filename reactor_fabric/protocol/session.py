@@ -39,7 +39,29 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .._errors import ContainerStartFailure, FabricError, InvalidMessage, InvalidRequest
+from .._errors import (
+    ClientDidNotAnswer,
+    ContainerStartFailure,
+    FabricError,
+    InvalidMessage,
+    InvalidRequest,
+    SessionEnding,
+)
+from .._reasons import (
+    CLIENT_DID_NOT_ANSWER,
+    CONTAINER_EXITED,
+    CONTAINER_OUTPUT_INVALID,
+    CONTAINER_UNRESPONSIVE,
+    EXITED,
+    IDLE,
+    NOT_NEEDED,
+    ORCHESTRATOR_STOPPING,
+    REPLAY_FAILED,
+    SESSION_ENDED,
+    SESSION_ENDED_BY_OPERATOR,
+    TOO_MANY_REQUESTS_IN_FLIGHT,
+    TOO_MANY_REQUESTS_TO_CLIENT,
+)
 from .jsonrpc import (
     REQUEST,
     RESPONSE,
@@ -54,10 +76,6 @@ from .ledger import CANCELLED, Ledger, cancelled_request_id
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
 CLOSE_NORMAL: Final = 1000
-
-# JSON-RPC code of the orchestrator's answer to a server→client request that the client never
-# answered: the MCP SDKs' own "request timed out". It goes to the server, never to a client.
-REQUEST_TIMED_OUT: Final = -32001
 
 # Server→client requests (sampling, roots, elicitation) awaiting the client at once, per client
 # session — the relay's and the fabric endpoint's: beyond it the server is answered at once
@@ -97,8 +115,9 @@ class StdoutLine:
     line: bytes
 
 
-OUTPUT_INVALID: Final = "container_output_invalid"
-UNRESPONSIVE: Final = "container_unresponsive"
+# The reasons of ContainerBroken (names kept for the drivers that use them).
+OUTPUT_INVALID: Final = CONTAINER_OUTPUT_INVALID
+UNRESPONSIVE: Final = CONTAINER_UNRESPONSIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +154,8 @@ class Tick:
     """Time passed (a deadline the machine announced is due)."""
 
 
-ORCHESTRATOR_STOPPING: Final = "orchestrator_stopping"
-ENDED_BY_OPERATOR: Final = "session_ended_by_operator"
+# The reasons of Shutdown (ORCHESTRATOR_STOPPING is the _reasons constant itself).
+ENDED_BY_OPERATOR: Final = SESSION_ENDED_BY_OPERATOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +452,7 @@ class SessionMachine:
             if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
                 refusal = InvalidRequest(
                     f"this session already has {self.limits.max_in_flight} requests in flight",
-                    reason="too_many_requests_in_flight",
+                    reason=TOO_MANY_REQUESTS_IN_FLIGHT,
                 )
                 return self._error_to_client(message.id, refusal)
         elif self.calls.open and message.method == CANCELLED:
@@ -511,7 +530,7 @@ class SessionMachine:
         # The calls still open will never be answered to this client.
         actions: list[Action] = [ToolCallDone(call) for call in self.calls.abandon(now)]
         if self._slot is not None:
-            actions.append(StopContainer(self._slot.seq, "session_ended", graceful=True))
+            actions.append(StopContainer(self._slot.seq, SESSION_ENDED, graceful=True))
             self._slot = None
         self.phase = Phase.ENDED
         return [*actions, EndSession()]
@@ -554,7 +573,7 @@ class SessionMachine:
         slot = self._is_current(event.seq)
         if slot is None or slot.state is not SlotState.SPAWNING:
             # Started after the session stopped needing it.
-            return [StopContainer(event.seq, "not_needed", graceful=False)]
+            return [StopContainer(event.seq, NOT_NEEDED, graceful=False)]
         replay = self.ledger.replay()
         if replay is None:
             slot.state = SlotState.READY
@@ -639,10 +658,10 @@ class SessionMachine:
     def _replay_failed(self, slot: _Slot, detail: str, **extra: Any) -> list[Action]:
         error = ContainerStartFailure(
             f"{detail}; the {self.service_name} session could not be restored",
-            reason="replay_failed",
+            reason=REPLAY_FAILED,
             **extra,
         )
-        return self._retire(slot, error, stop_reason="replay_failed")
+        return self._retire(slot, error, stop_reason=REPLAY_FAILED)
 
     def _container_broken(self, event: ContainerBroken, _now: float) -> list[Action]:
         slot = self._is_current(event.seq)
@@ -679,7 +698,7 @@ class SessionMachine:
                 stderr=stderr,
             )
         error = container_exited(self.service_name, event.exit_code, event.oom_killed, stderr)
-        return self._retire(slot, error, stop_reason="exited")
+        return self._retire(slot, error, stop_reason=EXITED)
 
     def _retire(self, slot: _Slot, error: FabricError, *, stop_reason: str) -> list[Action]:
         """The current container is done for: answer what it owed, fail what waited, stop it."""
@@ -740,9 +759,9 @@ class SessionMachine:
             if slot is not None and slot.state is not SlotState.SPAWNING:
                 answer = error_response(
                     request_id,
-                    _ServerRequestExpired(
+                    ClientDidNotAnswer(
                         "the client did not answer this request in time",
-                        reason="client_did_not_answer",
+                        reason=CLIENT_DID_NOT_ANSWER,
                     ),
                 )
                 actions.append(self._write_line(slot, answer))
@@ -754,21 +773,21 @@ class SessionMachine:
         ):
             actions += [
                 Log("info", "container_idle", {"sequence": slot.seq}),
-                StopContainer(slot.seq, "idle", graceful=True),
+                StopContainer(slot.seq, IDLE, graceful=True),
             ]
             self._slot = None
         return actions
 
 
-def session_ending(reason: str) -> ContainerStartFailure:
+def session_ending(reason: str) -> SessionEnding:
     """What requests in flight get when their session must end (see :class:`Shutdown`)."""
     if reason == ENDED_BY_OPERATOR:
-        return ContainerStartFailure(
+        return SessionEnding(
             "an operator of the orchestrator ended this session; its containers were removed "
             "(reconnect to start again)",
             reason=ENDED_BY_OPERATOR,
         )
-    return ContainerStartFailure(
+    return SessionEnding(
         "the orchestrator is stopping; this request will not be answered", reason=reason
     )
 
@@ -783,17 +802,12 @@ def log_notification(level: str, text: str) -> bytes:
     return json.dumps(message).encode()
 
 
-class _ServerRequestExpired(FabricError):
-    code = REQUEST_TIMED_OUT
-    title = "Request timed out"
-
-
-def too_many_requests_to_client(limit: int) -> FabricError:
-    """What a server gets for one request to the client too many (-32001, to the server only):
+def too_many_requests_to_client(limit: int) -> ClientDidNotAnswer:
+    """What a server gets for one request to the client too many (-32006, to the server only):
     ``limit`` of its session's already wait for the client."""
-    return _ServerRequestExpired(
+    return ClientDidNotAnswer(
         f"{limit} requests to the client are already waiting",
-        reason="too_many_requests_to_client",
+        reason=TOO_MANY_REQUESTS_TO_CLIENT,
     )
 
 
@@ -810,7 +824,7 @@ def container_exited(
     )
     return ContainerStartFailure(
         f"the {service_name} server exited{how} before answering",
-        reason="container_exited",
+        reason=CONTAINER_EXITED,
         **data,
         exit_code=exit_code,
         oom_killed=oom_killed,

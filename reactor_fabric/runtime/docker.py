@@ -40,6 +40,17 @@ import requests.exceptions
 import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError, SecurityViolation
+from .._reasons import (
+    ATTACH_UNSUPPORTED,
+    DOCKER_TIMEOUT,
+    DOCKER_UNAVAILABLE,
+    IMAGE_NOT_FOUND,
+    MOUNT_CHANGED,
+    MOUNT_TARGET_IN_IMAGE,
+    MOUNT_UNVERIFIABLE,
+    STDIO_NOT_CONNECTED,
+    engine_call_failed,
+)
 from .._sockets import LeanSocketStream
 from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, ContainerSpec
 from ..policy.mount_spec import MountSpec
@@ -261,7 +272,7 @@ class DockerRuntime:
                 release()
         raise DockerUnavailable(
             f"the Docker engine did not answer {action} within {bound:g} s",
-            reason="docker_timeout",
+            reason=DOCKER_TIMEOUT,
             action=action,
         )
 
@@ -374,7 +385,7 @@ class DockerRuntime:
                 await self._refuse_targets_in_image(spec)
                 container_id = await self._create(spec, pins, pending)
             except ContainerStartFailure as exc:
-                if exc.reason != "image_not_found" or spec.pull != "missing":
+                if exc.reason != IMAGE_NOT_FOUND or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
                 await self._refuse_targets_in_image(spec)
@@ -477,14 +488,14 @@ class DockerRuntime:
                         raise ContainerStartFailure(
                             "the container ended before its stdio connected "
                             f"(exit code {ended.exit_code}): see its stderr",
-                            reason="stdio_not_connected",
+                            reason=STDIO_NOT_CONNECTED,
                             exit_code=ended.exit_code,
                         ) from None
                     continue
                 except OSError as exc:
                     raise ContainerStartFailure(
                         f"the container's stdio socket failed: {exc}",
-                        reason="stdio_not_connected",
+                        reason=STDIO_NOT_CONNECTED,
                     ) from exc
                 try:
                     connection.setblocking(False)
@@ -494,7 +505,7 @@ class DockerRuntime:
                     raise
         raise ContainerStartFailure(
             f"the container's stdio did not connect within {self._call_timeout:g} s",
-            reason="stdio_not_connected",
+            reason=STDIO_NOT_CONNECTED,
         )
 
     async def _refuse_targets_in_image(self, spec: ContainerSpec) -> None:
@@ -511,7 +522,7 @@ class DockerRuntime:
                 f"mount target {target!r} exists in the image {spec.image}: a mount there "
                 "would hide the service's own files; mount under an allowed mount target "
                 "(e.g. /workspace) instead",
-                reason="mount_target_in_image",
+                reason=MOUNT_TARGET_IN_IMAGE,
                 path=target,
             )
 
@@ -791,7 +802,7 @@ def _verify_pins(pid: int, pins: PinSet, stat: Callable[[str], os.stat_result]) 
         if not pin.matches(found):
             raise SecurityViolation(
                 f"the container did not get the directory that was validated for {pin.target!r}",
-                reason="mount_changed",
+                reason=MOUNT_CHANGED,
                 path=pin.path,
                 target=pin.target,
             )
@@ -802,7 +813,7 @@ def _unverifiable(pin: Pin, exc: OSError) -> SecurityViolation:
         f"the mount at {pin.target!r} could not be checked ({exc.strerror}); "
         "the orchestrator must share the engine's PID namespace and may need to run as "
         "the container's user",
-        reason="mount_unverifiable",
+        reason=MOUNT_UNVERIFIABLE,
         path=pin.path,
         target=pin.target,
     )
@@ -1162,7 +1173,7 @@ def detach_socket(raw: Any) -> socket.socket:
     if not isinstance(inner, socket.socket):
         raise ContainerStartFailure(
             "the Docker connection is not a socket that can be relayed",
-            reason="attach_unsupported",
+            reason=ATTACH_UNSUPPORTED,
             kind=type(raw).__name__,
         )
     duplicate = socket.socket(fileno=os.dup(inner.fileno()))
@@ -1190,12 +1201,12 @@ def translate_docker_error(exc: BaseException, action: str) -> FabricError:
         isinstance(exc, docker.errors.NotFound) and action in ("create", "pull")
     ):
         return ContainerStartFailure(
-            f"image not found: {_explain(exc)}", reason="image_not_found", action=action
+            f"image not found: {_explain(exc)}", reason=IMAGE_NOT_FOUND, action=action
         )
     if isinstance(exc, docker.errors.APIError):
         return ContainerStartFailure(
             f"Docker refused to {action}: {_explain(exc)}",
-            reason=f"{action}_failed",
+            reason=engine_call_failed(action),
             action=action,
             status=exc.status_code,
         )
@@ -1204,11 +1215,11 @@ def translate_docker_error(exc: BaseException, action: str) -> FabricError:
     ):
         return DockerUnavailable(
             f"cannot reach the Docker engine ({action}): {exc}",
-            reason="docker_unavailable",
+            reason=DOCKER_UNAVAILABLE,
             action=action,
         )
     return ContainerStartFailure(
-        f"Docker {action} failed: {exc}", reason=f"{action}_failed", action=action
+        f"Docker {action} failed: {exc}", reason=engine_call_failed(action), action=action
     )
 
 

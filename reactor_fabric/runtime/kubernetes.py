@@ -53,6 +53,14 @@ import msgspec
 import trio
 
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
+from .._reasons import (
+    ATTACH_FAILED,
+    CONTAINER_EXITED,
+    KUBERNETES_TIMEOUT,
+    KUBERNETES_UNAVAILABLE,
+    START_FAILED,
+    engine_call_failed,
+)
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError, LineSplitter, LineTooLong
@@ -169,13 +177,13 @@ class KubernetesRuntime:
                 except trio.TooSlowError:
                     raise DockerUnavailable(
                         "the Kubernetes credentials did not load in time",
-                        reason="kubernetes_timeout",
+                        reason=KUBERNETES_TIMEOUT,
                         action="connect",
                     ) from None
                 except (OSError, ValueError, KeyError, httpx.HTTPError) as exc:
                     raise DockerUnavailable(
                         f"cannot load Kubernetes credentials: {exc}",
-                        reason="kubernetes_unavailable",
+                        reason=KUBERNETES_UNAVAILABLE,
                         action="connect",
                     ) from exc
                 api.timeout = self._call_timeout
@@ -238,13 +246,13 @@ class KubernetesRuntime:
             except (httpx.TransportError, kr8s.APITimeoutError, OSError) as exc:
                 raise DockerUnavailable(
                     f"cannot reach the Kubernetes API server ({action}): {exc}",
-                    reason="kubernetes_unavailable",
+                    reason=KUBERNETES_UNAVAILABLE,
                     action=action,
                 ) from exc
         if scope.cancelled_caught:
             raise DockerUnavailable(
                 f"the Kubernetes API server did not answer {action} within {bound:g} s",
-                reason="kubernetes_timeout",
+                reason=KUBERNETES_TIMEOUT,
                 action=action,
             )
 
@@ -258,7 +266,7 @@ class KubernetesRuntime:
         except (OSError, ValueError, KeyError) as exc:
             raise DockerUnavailable(
                 f"cannot load Kubernetes credentials again: {exc}",
-                reason="kubernetes_unavailable",
+                reason=KUBERNETES_UNAVAILABLE,
                 action="connect",
             ) from exc
 
@@ -282,7 +290,7 @@ class KubernetesRuntime:
             if response.status_code != 200:
                 raise DockerUnavailable(
                     f"the Kubernetes API server answered /version with HTTP {response.status_code}",
-                    reason="kubernetes_unavailable",
+                    reason=KUBERNETES_UNAVAILABLE,
                     action="ping",
                 )
             try:
@@ -309,7 +317,7 @@ class KubernetesRuntime:
             )
         except ManifestError as exc:
             raise ContainerStartFailure(
-                f"the session cannot be a pod: {exc}", reason="start_failed", action="create"
+                f"the session cannot be a pod: {exc}", reason=START_FAILED, action="create"
             ) from None
         name = manifest["metadata"]["name"]
         try:
@@ -350,7 +358,7 @@ class KubernetesRuntime:
                 if isinstance(last, Exited):
                     raise ContainerStartFailure(
                         f"pod {name} ended before it could be attached: {last.detail}",
-                        reason="container_exited",
+                        reason=CONTAINER_EXITED,
                         action="start",
                         exit_code=last.exit_code,
                     )
@@ -359,7 +367,7 @@ class KubernetesRuntime:
         raise ContainerStartFailure(
             f"pod {name} did not run within {self.start_timeout:g} s"
             + (f" ({last.detail})" if isinstance(last, Starting) and last.detail else ""),
-            reason="start_failed",
+            reason=START_FAILED,
             action="start",
         )
 
@@ -401,7 +409,7 @@ class KubernetesRuntime:
                 if deleted:
                     raise ContainerStartFailure(
                         f"pod {name} was deleted while it started",
-                        reason="start_failed",
+                        reason=START_FAILED,
                         action="start",
                     )
                 if found is not None:
@@ -432,20 +440,20 @@ class KubernetesRuntime:
         except trio.TooSlowError:
             raise DockerUnavailable(
                 f"the Kubernetes API server did not accept the attach to {name} in time",
-                reason="kubernetes_timeout",
+                reason=KUBERNETES_TIMEOUT,
                 action="attach",
             ) from None
         except AttachRefused as exc:
             raise ContainerStartFailure(
                 f"the API server refused to attach to pod {name}: {exc}",
-                reason="attach_failed",
+                reason=ATTACH_FAILED,
                 action="attach",
                 status=exc.status,
             ) from None
         except (OSError, trio.BrokenResourceError) as exc:
             raise DockerUnavailable(
                 f"cannot reach the Kubernetes API server (attach): {exc}",
-                reason="kubernetes_unavailable",
+                reason=KUBERNETES_UNAVAILABLE,
                 action="attach",
             ) from exc
         return KubernetesContainer(
@@ -662,7 +670,7 @@ async def _watch_events(response: httpx.Response) -> AsyncIterator[dict[str, Any
             lines = splitter.feed(chunk)
         except LineTooLong as exc:
             raise ContainerStartFailure(
-                f"a watch event over the bound: {exc}", reason="start_failed", action="watch"
+                f"a watch event over the bound: {exc}", reason=START_FAILED, action="watch"
             ) from None
         for line in lines:
             try:
@@ -680,19 +688,19 @@ def _refused(action: str, status: int, body: Mapping[str, Any]) -> FabricError:
         return ContainerStartFailure(
             f"the Kubernetes API server refused {action} (HTTP {status}): {message}; check the "
             "orchestrator's credentials and its Role (deploy/kubernetes/role.yaml)",
-            reason=f"{action}_failed",
+            reason=engine_call_failed(action),
             action=action,
             status=status,
         )
     if status >= 500:
         return DockerUnavailable(
             f"the Kubernetes API server failed {action} (HTTP {status}): {message}",
-            reason="kubernetes_unavailable",
+            reason=KUBERNETES_UNAVAILABLE,
             action=action,
         )
     return ContainerStartFailure(
         f"the Kubernetes API server refused {action} (HTTP {status}): {message}",
-        reason=f"{action}_failed",
+        reason=engine_call_failed(action),
         action=action,
         status=status,
     )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
+from .._reasons import CREATE_FAILED, INSPECT_FAILED, MOUNT_TARGET_IN_IMAGE
 from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
 from ..policy.pinning import PinSet
 from ..protocol.framing import LineSplitter
@@ -358,7 +359,7 @@ class MemoryRuntime:
             await trio.lowlevel.checkpoint()
             raise SecurityViolation(
                 f"mount target {shadowed[0]!r} exists in the image {spec.image}",
-                reason="mount_target_in_image",
+                reason=MOUNT_TARGET_IN_IMAGE,
                 path=shadowed[0],
             )
         create = _Create()
@@ -405,7 +406,7 @@ class MemoryRuntime:
         existing = self.servers.get(spec.name)
         if existing is not None and not existing.removed:
             raise ContainerStartFailure(
-                f"the name {spec.name!r} is already in use", reason="create_failed"
+                f"the name {spec.name!r} is already in use", reason=CREATE_FAILED
             )
         server = MemoryServer(
             id=f"mem{next(self._ids):061d}",
@@ -435,7 +436,7 @@ class MemoryRuntime:
         server = self._find(container_id)
         await self._step("exit_status", server.spec if server is not None else None)
         if server is None:
-            raise ContainerStartFailure("no such container", reason="inspect_failed")
+            raise ContainerStartFailure("no such container", reason=INSPECT_FAILED)
         return ContainerExit(server.exit_code, server.oom_killed)
 
     async def set_cpu_shares(self, container_id: str, shares: int) -> None:

@@ -59,6 +59,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import SecurityViolation
+from .._reasons import (
+    MOUNT_CHANGED,
+    MOUNT_NOT_PERMITTED,
+    NOT_ROOT,
+    PROPAGATION_MISSING,
+    STAGING_DIRECTORY,
+)
 from ..policy.mount_spec import MountSpec
 from ..policy.mounts import is_within
 from ..policy.owner import owner_is_gone, read_owner_file
@@ -145,7 +152,7 @@ class StagingArea:
         if os.geteuid() != 0:
             raise StagingUnavailable(
                 "mounting into started containers needs the orchestrator to run as root",
-                reason="not_root",
+                reason=NOT_ROOT,
             )
         try:
             _make_private_directory(parent)
@@ -154,7 +161,7 @@ class StagingArea:
             os.mkdir(root, 0o700)
         except OSError as exc:
             raise StagingUnavailable(
-                f"cannot make the staging directory: {exc}", reason="staging_directory"
+                f"cannot make the staging directory: {exc}", reason=STAGING_DIRECTORY
             ) from exc
         try:
             with open(posixpath.join(root, _OWNER_FILE), "x", encoding="utf-8") as file:
@@ -169,7 +176,7 @@ class StagingArea:
         except OSError as exc:
             _remove_area(root)
             raise StagingUnavailable(
-                f"cannot mount in the staging area: {exc}", reason="mount_not_permitted"
+                f"cannot mount in the staging area: {exc}", reason=MOUNT_NOT_PERMITTED
             ) from exc
         return cls(root, targets)
 
@@ -340,11 +347,11 @@ class StagingArea:
                 raise PropagationMissing(
                     "a mount made on the host does not reach the container (is the engine in "
                     "another mount namespace?)",
-                    reason="propagation_missing",
+                    reason=PROPAGATION_MISSING,
                 )
             raise SecurityViolation(
                 f"the container did not get the directory that was validated for {mount.target!r}",
-                reason="mount_changed",
+                reason=MOUNT_CHANGED,
                 path=pin.path,
                 target=mount.target,
             )
@@ -357,7 +364,7 @@ def _make_private_directory(path: str) -> None:
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != 0 or found.st_mode & 0o077:
         raise StagingUnavailable(
             f"{path} must be a directory owned by root with mode 0700",
-            reason="staging_directory",
+            reason=STAGING_DIRECTORY,
         )
 
 

@@ -58,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._reasons import HELPER_MISSING, NO_COMMAND, PATH_LENGTH, STDIO_DIRECTORY
 from ..policy.owner import owner_is_gone, read_owner_file
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def wrapped_command(
     command = list(spec_command) if spec_command is not None else list(image_command or ())
     program = [*(image_entrypoint or ()), *command]
     if not program:
-        raise StdioUnavailable("the image has no command to run", reason="no_command")
+        raise StdioUnavailable("the image has no command to run", reason=NO_COMMAND)
     return [HELPER_TARGET, SOCKET_TARGET, *program]
 
 
@@ -125,12 +126,12 @@ def private_directory(path: str, euid: int) -> str:
     returned holds no link, and nobody else can replace any of its components. Raises
     StdioUnavailable otherwise."""
     if not path.startswith("/"):
-        raise StdioUnavailable(f"{path} is not an absolute path", reason="stdio_directory")
+        raise StdioUnavailable(f"{path} is not an absolute path", reason=STDIO_DIRECTORY)
     try:
         return _walk_private(path, euid)
     except OSError as exc:
         raise StdioUnavailable(
-            f"cannot make the stdio directory {path}: {exc}", reason="stdio_directory"
+            f"cannot make the stdio directory {path}: {exc}", reason=STDIO_DIRECTORY
         ) from exc
 
 
@@ -162,11 +163,11 @@ def _walk_private(path: str, euid: int) -> str:
                 raise StdioUnavailable(
                     f"{candidate} is a link (uid {found.st_uid}) that someone other than root "
                     "could change; only a real directory is used for the stdio sockets",
-                    reason="stdio_directory",
+                    reason=STDIO_DIRECTORY,
                 )
             links += 1
             if links > _MAX_LINKS:
-                raise StdioUnavailable(f"too many links in {path}", reason="stdio_directory")
+                raise StdioUnavailable(f"too many links in {path}", reason=STDIO_DIRECTORY)
             target = os.readlink(candidate)
             if target.startswith("/"):
                 current = "/"
@@ -180,16 +181,16 @@ def _walk_private(path: str, euid: int) -> str:
 def _check_directory(path: str, found: os.stat_result, euid: int, *, last: bool) -> None:
     """A directory of root's or ``euid``'s that nobody else can change (the last: ours, 0700)."""
     if not stat.S_ISDIR(found.st_mode):
-        raise StdioUnavailable(f"{path} is not a directory", reason="stdio_directory")
+        raise StdioUnavailable(f"{path} is not a directory", reason=STDIO_DIRECTORY)
     if found.st_uid not in (0, euid) or (last and found.st_uid != euid):
         raise StdioUnavailable(
-            f"{path} belongs to another user (uid {found.st_uid})", reason="stdio_directory"
+            f"{path} belongs to another user (uid {found.st_uid})", reason=STDIO_DIRECTORY
         )
     open_to_others = found.st_mode & (0o077 if last else 0o022)
     if open_to_others and (last or not found.st_mode & stat.S_ISVTX):
         raise StdioUnavailable(
             f"{path} is open to other users (mode {stat.S_IMODE(found.st_mode):04o})",
-            reason="stdio_directory",
+            reason=STDIO_DIRECTORY,
         )
 
 
@@ -239,7 +240,7 @@ class StdioArea:
         if not os.access(source, os.X_OK):
             raise StdioUnavailable(
                 f"{source} is missing (scripts/build-stdio-helper builds it)",
-                reason="helper_missing",
+                reason=HELPER_MISSING,
             )
         # From here on only the real path: one kept through a link could be repointed.
         parent = private_directory(parent or default_parent(euid, environ), euid)
@@ -250,16 +251,16 @@ class StdioArea:
         try:
             os.mkdir(root, 0o700)
         except OSError as exc:
-            raise StdioUnavailable(f"cannot make {root}: {exc}", reason="stdio_directory") from exc
+            raise StdioUnavailable(f"cannot make {root}: {exc}", reason=STDIO_DIRECTORY) from exc
         try:
             area = cls(root)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.rmdir(root)  # ours, just made, still empty
-            raise StdioUnavailable(f"cannot open {root}: {exc}", reason="stdio_directory") from exc
+            raise StdioUnavailable(f"cannot open {root}: {exc}", reason=STDIO_DIRECTORY) from exc
         if len(posixpath.join(area._bind_base, "999999999.sock")) > _MAX_SOCKET_PATH:
             area.close()  # no /proc, and too deep a path for a socket address
-            raise StdioUnavailable(f"{root} is too long for a socket path", reason="path_length")
+            raise StdioUnavailable(f"{root} is too long for a socket path", reason=PATH_LENGTH)
         try:
             with open(posixpath.join(root, _OWNER_FILE), "x", encoding="utf-8") as file:
                 json.dump(owner, file)
@@ -268,7 +269,7 @@ class StdioArea:
         except OSError as exc:
             area.close()
             raise StdioUnavailable(
-                f"cannot copy {source} into {root}: {exc}", reason="stdio_directory"
+                f"cannot copy {source} into {root}: {exc}", reason=STDIO_DIRECTORY
             ) from exc
         return area
 

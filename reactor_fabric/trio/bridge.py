@@ -47,6 +47,7 @@ from trio_websocket import (
 )
 
 from .._errors import CONTAINER_START_FAILURE, SECURITY_VIOLATION, InvalidMessage
+from .._reasons import CONNECTION_CLOSED, ORCHESTRATOR_UNREACHABLE, http_status
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
 from ..config.token import TOKEN_ENV, token_file
 from ..policy.mounts import parse_query_mount
@@ -200,7 +201,7 @@ async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
     except ConnectionClosed as exc:
         raise Refused(
             _bridge_error(
-                f"the orchestrator closed the connection ({exc.reason})", "connection_closed"
+                f"the orchestrator closed the connection ({exc.reason})", CONNECTION_CLOSED
             )
         ) from exc
     if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
@@ -220,7 +221,7 @@ def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
         error = {
             "code": SECURITY_VIOLATION,
             "message": "Security Violation",
-            "data": {"reason": f"http_{rejected.status_code}", "detail": detail},
+            "data": {"reason": http_status(rejected.status_code), "detail": detail},
         }
     if rejected.status_code == 401:
         error["data"]["detail"] = (
@@ -382,7 +383,7 @@ def connect(settings: BridgeSettings) -> int:
         f"the orchestrator at {settings.endpoint} is not reachable and service "
         f"{settings.service!r} has {origin}; start the orchestrator with `make run`"
     )
-    trio.run(_answer_from_stdio, _bridge_error(detail, "orchestrator_unreachable"))
+    trio.run(_answer_from_stdio, _bridge_error(detail, ORCHESTRATOR_UNREACHABLE))
     raise BridgeError(detail)
 
 

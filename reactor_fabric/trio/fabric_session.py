@@ -42,6 +42,15 @@ from dataclasses import dataclass
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, InvalidRequest
+from .._reasons import (
+    CONTAINER_OUTPUT_INVALID,
+    EXITED,
+    IDLE,
+    ORCHESTRATOR_STOPPING,
+    PROFILE_NOT_FOUND,
+    TIMEOUT,
+    UNKNOWN_EXPOSURE,
+)
 from .._version import __version__
 from ..config.structs import Suite
 from ..config.suite import FABRIC_ENDPOINT
@@ -62,7 +71,6 @@ from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
 from ..protocol.session import (
     ENDED_BY_OPERATOR,
-    ORCHESTRATOR_STOPPING,
     UNRESPONSIVE,
     container_exited,
     log_notification,
@@ -108,7 +116,7 @@ def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOption
         else:
             raise InvalidRequest(
                 f"?tools={wanted!r} is not an exposure: use ?tools=discover or ?tools=all",
-                reason="unknown_exposure",
+                reason=UNKNOWN_EXPOSURE,
                 supported=list(EXPOSURES),
             )
     profiles = query.get("profile", [])
@@ -119,7 +127,7 @@ def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOption
         known = ", ".join(sorted(suite.profiles)) or "none"
         raise InvalidRequest(
             f"no profile named {profile!r} in the suite (profiles: {known})",
-            reason="profile_not_found",
+            reason=PROFILE_NOT_FOUND,
             profile=profile,
         )
     return FabricOptions(exposure, tuple(suite.profiles[profile].services))
@@ -232,7 +240,7 @@ class FabricDriver:
                 case StartBackend(service=service):
                     nursery.start_soon(self._start, service)
                 case StopBackend(service=service, reason=reason):
-                    if reason != "idle":  # the machine found it broken
+                    if reason != IDLE:  # the machine found it broken
                         log.warning(
                             "backend_failed",
                             extra={**self._fields, "backend": service, "reason": reason},
@@ -268,7 +276,7 @@ class FabricDriver:
                 # A bug, or a list it cannot digest: this session's catalog stays as it was.
                 log.error("catalog_refresh_failed", exc_info=True, extra=self._fields)
         if bound.cancelled_caught:
-            log.warning("catalog_refresh_failed", extra={**self._fields, "reason": "timeout"})
+            log.warning("catalog_refresh_failed", extra={**self._fields, "reason": TIMEOUT})
         await self._execute(self.server.refreshed(refresh, result))
 
     def _tools_changed(self, changes: ToolChanges) -> None:
@@ -433,7 +441,7 @@ class FabricDriver:
         except FramingError as exc:
             failure = ContainerStartFailure(
                 f"the {service} server wrote a line the orchestrator cannot relay: {exc}",
-                reason="container_output_invalid",
+                reason=CONTAINER_OUTPUT_INVALID,
             )
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -451,7 +459,7 @@ class FabricDriver:
                 extra={**self._fields, "backend": service, "reason": failure.reason},
             )
             await self._execute(self.server.backend_failed(service, failure))
-        backend.stop_reason, backend.stop_graceful = "exited", False
+        backend.stop_reason, backend.stop_graceful = EXITED, False
         await self._remove(backend)
 
     async def _exit_error(self, backend: _Backend) -> FabricError:

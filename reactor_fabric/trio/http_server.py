@@ -35,6 +35,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
+from .._reasons import TOO_MANY_CONNECTIONS
 from .._sockets import LeanSocketStream, send_what_fits
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ async def _refuse_connection(stream: trio.abc.Stream) -> None:
     with trio.move_on_after(1) as scope:
         scope.shield = True
         await stream.aclose()
-    log.warning("connection_refused", extra={"reason": "too_many_connections"})
+    log.warning("connection_refused", extra={"reason": TOO_MANY_CONNECTIONS})
 
 
 async def serve_connection(

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from .._reasons import SESSION_ENDED
 from ..observe.ratelimit import TokenBucket
 from ..protocol.framing import FramingError, TruncatingLineSplitter
 from ..runtime.base import Container
@@ -46,7 +47,7 @@ class LiveContainer:
     )
     removing: bool = False
     reading_stdout: bool = True  # the stdout reader runs (it was not cancelled)
-    stop_reason: str = "session_ended"
+    stop_reason: str = SESSION_ENDED
     stop_graceful: bool = True
     exit_code: int | None = None  # when it exited on its own and the engine could tell
 

@@ -46,7 +46,14 @@ from typing import Protocol
 
 import trio
 
-from .._errors import ContainerStartFailure, FabricError, InvalidMessage, ServiceNotFound
+from .._errors import (
+    FabricError,
+    InvalidMessage,
+    ServiceNotFound,
+    SessionCrashed,
+    SessionRefused,
+)
+from .._reasons import INTERNAL_ERROR, ORCHESTRATOR_STOPPING, SERVICE_NOT_FOUND, TOO_MANY_SESSIONS
 from ..config.structs import Service
 from ..observe.observer import Client, Observer, trace_of
 from ..policy.mounts import parse_query_mount
@@ -150,7 +157,7 @@ async def serve_session(
         )
         with trio.move_on_after(5) as cleanup:
             cleanup.shield = True
-            await _tell_client_of_crash(channel, progress)
+            await _tell_client_of_crash(channel, progress, session_id)
 
 
 @dataclass
@@ -170,21 +177,39 @@ class _Driver(Protocol):
         """The answers the client is owed if the session ends now with ``error``."""
 
 
-async def _tell_client_of_crash(channel: ClientChannel, progress: _Progress) -> None:
-    """Every request the crashed session owed gets the error; then the connection closes."""
-    error = ContainerStartFailure(
+async def _tell_client_of_crash(
+    channel: ClientChannel, progress: _Progress, session_id: str
+) -> None:
+    """Every request the crashed session owed gets the error; then the connection closes.
+
+    Contained, not silent: what fails here too (a second bug, a channel that breaks) is logged
+    with its traceback, and the steps after it still run.
+    """
+    fields = {"session": session_id}
+    error = SessionCrashed(
         "the orchestrator failed while serving this session; see its log",
-        reason="internal_error",
+        reason=INTERNAL_ERROR,
     )
     frames = [error_response(progress.first_request_id, error)]
     if progress.driver is not None:
-        with contextlib.suppress(Exception):
+        try:
             frames = progress.driver.owed_frames(error)
-    for frame in frames:
-        with contextlib.suppress(Exception):
+        except Exception:
+            # The first request is still answered; the others are not known.
+            log.exception("session_crash_answers_failed", extra=fields)
+    try:
+        for frame in frames:
             await channel.send(frame)
-    with contextlib.suppress(Exception):
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        log.info("session_crash_untold", extra={**fields, "detail": "the client is gone"})
+    except Exception:
+        log.exception("session_crash_untold", extra=fields)
+    try:
         await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the client is gone: there is nothing left to close
+    except Exception:
+        log.exception("session_crash_close_failed", extra=fields)
 
 
 async def _serve_session(
@@ -254,11 +279,11 @@ async def _serve_session(
     )
     if not fabric.admit(session_id, record):
         stopping = fabric.stopping.is_set()
-        full = ContainerStartFailure(
+        full = SessionRefused(
             "the orchestrator is stopping"
             if stopping
             else "the orchestrator has reached its limit of concurrent sessions; try again later",
-            reason="orchestrator_stopping" if stopping else "too_many_sessions",
+            reason=ORCHESTRATOR_STOPPING if stopping else TOO_MANY_SESSIONS,
         )
         await refused(request_id, full)
         return
@@ -314,7 +339,7 @@ def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
 def _service_not_found(service_name: str) -> FabricError:
     return ServiceNotFound(
         f"no service named {service_name!r} in the suite",
-        reason="service_not_found",
+        reason=SERVICE_NOT_FOUND,
         service=service_name,
     )
 

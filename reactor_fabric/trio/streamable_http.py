@@ -50,6 +50,15 @@ from .._errors import (
     SecurityViolation,
     ServiceNotFound,
 )
+from .._reasons import (
+    INVALID_UTF8,
+    SERVICE_NOT_FOUND,
+    SESSION_ENDED,
+    SESSION_KEY_IN_USE,
+    SESSION_REQUIRED,
+    STATELESS_NEEDS_SESSION_URL,
+    UNSUPPORTED_PROTOCOL_VERSION,
+)
 from ..observe.observer import Client
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import (
@@ -249,7 +258,7 @@ async def _admissible(exchange: HttpExchange, key: str | None) -> bool:
     if version is not None and version not in KNOWN_PROTOCOL_VERSIONS:
         error = InvalidRequest(
             f"unsupported MCP-Protocol-Version {version!r}",
-            reason="unsupported_protocol_version",
+            reason=UNSUPPORTED_PROTOCOL_VERSION,
             supported=sorted(KNOWN_PROTOCOL_VERSIONS),
         )
         await exchange.respond(400, error_response(None, error))
@@ -289,9 +298,7 @@ async def _read_message(fabric: Fabric, exchange: HttpExchange) -> tuple[bytes, 
         body.decode("utf-8")  # the relay forwards bytes: they must be text for the server
         return body, peek(body)
     except UnicodeDecodeError as exc:
-        refusal: InvalidMessage = ParseError(
-            f"not valid UTF-8: {exc.reason}", reason="invalid_utf8"
-        )
+        refusal: InvalidMessage = ParseError(f"not valid UTF-8: {exc.reason}", reason=INVALID_UTF8)
     except InvalidMessage as exc:
         refusal = exc
     await exchange.respond(400, error_response(refusal.request_id, refusal))
@@ -313,7 +320,7 @@ async def _session_for(
     if sessions.fabric.service(service) is None and service != FABRIC_ENDPOINT:
         missing = ServiceNotFound(
             f"no service named {service!r} in the suite",
-            reason="service_not_found",
+            reason=SERVICE_NOT_FOUND,
             service=service,
         )
         await exchange.respond(200, error_response(request_id, missing))
@@ -323,7 +330,7 @@ async def _session_for(
         error = InvalidRequest(
             "no Mcp-Session-Id: start a session with initialize (or fabric/registerClient), "
             f"or, for a stateless client, use a session URL: /mcp/{service}/<your-key>",
-            reason="stateless_needs_session_url" if stateless_probe else "session_required",
+            reason=STATELESS_NEEDS_SESSION_URL if stateless_probe else SESSION_REQUIRED,
         )
         await exchange.respond(200, error_response(request_id, error))
         return None
@@ -357,7 +364,7 @@ async def _owned(exchange: HttpExchange, session: HttpSession, message: Peek | N
         f"the session URL key {session.key!r} is in use by another client (other mounts, tools "
         "or profile in the URL, a new registration, or a session registered with mounts in its "
         "body, which only its Mcp-Session-Id reaches); pick another key",
-        reason="session_key_in_use",
+        reason=SESSION_KEY_IN_USE,
         key=session.key,
     )
     await exchange.respond(200 if message is not None else 409, error_response(request_id, taken))
@@ -436,7 +443,7 @@ async def _answer(
     if first is None:
         # The session ended before answering (the machine answers what it can first; this is
         # a session closed under the request: DELETE, expiry).
-        error = InvalidRequest("the session ended before answering", reason="session_ended")
+        error = InvalidRequest("the session ended before answering", reason=SESSION_ENDED)
         await exchange.respond(404, error_response(request_id, error), headers=session_header)
         return
     channel.touch()

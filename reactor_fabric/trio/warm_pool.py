@@ -45,6 +45,7 @@ from typing import Any
 import trio
 
 from .._errors import FabricError
+from .._reasons import RUNTIME
 from ..config.structs import Service
 from ..policy.accounts import UNPRIVILEGED, Account
 from ..policy.container_spec import DEFAULT_CPU_SHARES, pooled_spec_for
@@ -478,7 +479,7 @@ async def open_warm_pool(fabric: Fabric) -> WarmPool | None:
             _say_mounts_unavailable(exc)
     else:
         log.info(
-            "pool_mounts_unavailable", extra={"reason": "runtime", "runtime": fabric.runtime.name}
+            "pool_mounts_unavailable", extra={"reason": RUNTIME, "runtime": fabric.runtime.name}
         )
     return WarmPool(fabric, staging)
 

@@ -35,6 +35,7 @@ import wsproto
 from wsproto.events import AcceptConnection, RejectConnection, RejectData
 
 from .._errors import SecurityViolation
+from .._reasons import TOO_MANY_PENDING_CONNECTIONS
 from .._sockets import send_what_fits
 from ..policy.auth import Refusal, admit
 from ..protocol.jsonrpc import Peek
@@ -276,7 +277,7 @@ async def serve_websocket(
         await _reject(stream, ws, refusal.status, refusal.body, refusal.headers)
         return
     if not fabric.reserve_pending():
-        log.warning("websocket_refused", extra={"reason": "too_many_pending_connections"})
+        log.warning("websocket_refused", extra={"reason": TOO_MANY_PENDING_CONNECTIONS})
         await _reject(stream, ws, 503, b'{"error": "too many connections waiting; try again"}')
         return
     limits = fabric.limits

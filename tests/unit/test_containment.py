@@ -8,6 +8,7 @@ running goes on, and a new one starts; nothing leaks.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ import trio
 import trio.testing
 from wsproto.events import CloseConnection
 
+from reactor_fabric import FabricError
 from reactor_fabric.policy.container_spec import ContainerSpec
-from reactor_fabric.trio.session import serve_session
+from reactor_fabric.protocol.jsonrpc import Peek
+from reactor_fabric.trio.session import _Progress, _tell_client_of_crash, serve_session
 from tests.fakes import MemoryClient
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
@@ -132,3 +135,61 @@ async def test_a_bug_in_a_session_over_a_plain_channel_ends_only_that_session(
             answer = await client.hear()
             assert answer["error"]["data"]["reason"] == "internal_error"
         assert client.closed_with == (1011, "internal error")
+
+
+class _OwedFramesBug:
+    """A session driver with a second bug: listing what it owes fails too."""
+
+    async def run(self, first_frame: bytes, first: object) -> None:
+        raise NotImplementedError
+
+    def owed_frames(self, error: FabricError) -> list[bytes]:
+        raise InjectedBug("a second bug")
+
+
+class _BrokenChannel(MemoryClient):
+    """A channel whose send fails with something no transport should raise."""
+
+    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+        raise InjectedBug("the channel broke")
+
+
+async def test_a_second_bug_while_telling_the_client_of_a_crash_is_logged_not_hidden(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = MemoryClient()
+    progress = _Progress(first_request_id=1, driver=_OwedFramesBug())
+    with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
+        await _tell_client_of_crash(client, progress, "s-1")
+    [logged] = [r for r in caplog.records if r.getMessage() == "session_crash_answers_failed"]
+    assert logged.levelno == logging.ERROR
+    assert logged.exc_info is not None
+    assert str(logged.exc_info[1]) == "a second bug"
+    # Still contained: the first request is answered, and the connection closes.
+    answer = await client.hear()
+    assert (answer["id"], answer["error"]["data"]["reason"]) == (1, "internal_error")
+    assert client.closed_with == (1011, "internal error")
+
+
+async def test_a_channel_that_fails_to_take_a_crash_answer_is_logged_and_still_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = _BrokenChannel()
+    with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
+        await _tell_client_of_crash(client, _Progress(first_request_id=1), "s-1")
+    [logged] = [r for r in caplog.records if r.getMessage() == "session_crash_untold"]
+    assert logged.levelno == logging.ERROR
+    assert logged.exc_info is not None
+    assert str(logged.exc_info[1]) == "the channel broke"
+    assert client.closed_with == (1011, "internal error")
+
+
+async def test_a_client_gone_before_the_crash_answer_is_only_noted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = MemoryClient()
+    await client.close(1000)
+    with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
+        await _tell_client_of_crash(client, _Progress(first_request_id=1), "s-1")
+    [logged] = [r for r in caplog.records if r.getMessage() == "session_crash_untold"]
+    assert (logged.levelno, logged.exc_info) == (logging.INFO, None)

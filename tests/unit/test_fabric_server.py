@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
+from reactor_fabric._reasons import BACKEND_LIST_TOO_LARGE
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
 from reactor_fabric.protocol.fabric_refresh import (
@@ -19,7 +20,6 @@ from reactor_fabric.protocol.fabric_refresh import (
 )
 from reactor_fabric.protocol.fabric_server import (
     ASK_SECONDS,
-    BACKEND_LIST_TOO_LARGE,
     MAX_LISTENERS,
     MAX_QUEUED_PER_BACKEND,
     META_NAMES,
@@ -391,7 +391,8 @@ def test_backend_requests_waiting_for_the_client_are_bounded_as_on_the_relay() -
     assert to_client(one_more) == []
     [refused] = to_backend(one_more, "git")
     assert refused["id"] == "over"
-    assert refused["error"]["code"] == -32001
+    # -32006, not -32001 (the engine cannot be reached): the code of its own.
+    assert refused["error"]["code"] == -32006
     assert refused["error"]["data"]["reason"] == "too_many_requests_to_client"
     # An answer makes room for one more.
     server.client_message(msg(id=asked[0]["id"], result={}))
@@ -539,7 +540,9 @@ def test_a_backends_question_the_client_leaves_unanswered_is_answered_with_a_tim
     actions = server.tick()
     [refused] = to_backend(actions, "git")
     assert refused["id"] == "e1"
-    assert refused["error"]["code"] == -32001
+    # The relay's answer (-32006 client_did_not_answer), not -32001 (the engine) without a reason.
+    assert refused["error"]["code"] == -32006
+    assert refused["error"]["data"]["reason"] == "client_did_not_answer"
     [cancelled] = to_client(actions)
     assert cancelled["method"] == "notifications/cancelled"
     assert cancelled["params"]["requestId"] == asked["id"]

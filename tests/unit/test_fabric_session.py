@@ -319,7 +319,7 @@ async def test_a_backends_requests_to_the_client_are_bounded_as_on_the_relay(
         refusals = answer["result"]["refusals"]
         assert len(refusals) == ASKS - limit
         assert {(r["code"], r["data"]["reason"]) for r in refusals} == {
-            (-32001, "too_many_requests_to_client")
+            (-32006, "too_many_requests_to_client")
         }
         await ws.aclose()
 

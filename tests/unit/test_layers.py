@@ -54,6 +54,7 @@ ALLOWED = {
     "protocol": (
         "msgspec",
         "reactor_fabric._errors",
+        "reactor_fabric._reasons",
         "reactor_fabric.protocol",
         "reactor_fabric.discovery",
     ),
@@ -101,6 +102,7 @@ def test_the_import_reader_sees_a_trio_import_when_there_is_one(tmp_path: Path) 
 # the orchestrator's state (runtime/, trio/, observe/), so that its rules hold whoever calls them.
 ALLOWED["policy"] = (
     "reactor_fabric._errors",
+    "reactor_fabric._reasons",
     "reactor_fabric.config",
     "reactor_fabric.policy",
     "reactor_fabric.protocol",

@@ -366,11 +366,29 @@ def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_t
     [write] = [a for a in actions if isinstance(a, WriteStdin)]
     answer = json.loads(write.data)
     assert answer["id"] == "roots-1"
+    # Its own code: -32001 means the engine cannot be reached.
+    assert answer["error"]["code"] == -32006
     assert answer["error"]["data"]["reason"] == "client_did_not_answer"
     assert not run.machine.ledger.busy
     run.drain(0)
     # Idle teardown follows at the usual time after that last activity.
     assert StopContainer(0, "idle", graceful=True) in run.at(65 + 60)
+
+
+def test_a_server_request_one_too_many_for_the_client_is_answered_with_its_own_code() -> None:
+    run = Run()
+    run.handshake()
+    limit = run.machine.limits.max_server_requests
+    for n in range(limit):
+        run.server(0, request(f"ask-{n}", "roots/list"))
+    run.server(0, request("over", "roots/list"))
+    [refused] = [m for m in run.written(0) if m.get("id") == "over"]
+    # -32006, not -32001: that code means the engine cannot be reached.
+    assert (refused["error"]["code"], refused["error"]["data"]["reason"]) == (
+        -32006,
+        "too_many_requests_to_client",
+    )
+    assert "over" not in [m.get("id") for m in run.sent()]
 
 
 def test_a_cancelled_request_no_longer_holds_the_container() -> None:
