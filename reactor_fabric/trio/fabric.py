@@ -2,7 +2,8 @@
 
 One :class:`Fabric` exists per running orchestrator. It is owned by
 :func:`~reactor_fabric.trio.serve.serve_orchestrator`, whose nursery owns every task that uses
-it, and it is what a session sees of the orchestrator (:class:`SessionHost`).
+it, and it is what a session sees of the orchestrator: for now the whole object, which the
+session drivers reach into.
 
 Live sessions and containers are kept as registries (id → owner), not counters: a session adds
 and removes its own entries in ``finally`` blocks, so the figures ``/healthz`` reports cannot

@@ -12,7 +12,7 @@ DEVELOPMENT = REPO / "docs" / "DEVELOPMENT.md"
 # Modules that are not a layer's concept, only Python's plumbing.
 PLUMBING = {"__main__.py", "_version.py"}
 _DIRECTORY = re.compile(r"^  ([a-z_]+)/\s")
-_FILES = re.compile(r"^( {2}| {4})((?:[A-Za-z_][\w.]*\.py)(?:, [A-Za-z_][\w.]*\.py)*)\s")
+_FILES = re.compile(r"^( {2}| {4})((?:[A-Za-z_][\w.]*\.py)(?:, [A-Za-z_][\w.-]*)*)\s")
 
 
 def mapped_modules(text: str) -> set[str]:
@@ -32,6 +32,8 @@ def mapped_modules(text: str) -> set[str]:
             continue
         indent, names = files.groups()
         for name in names.split(", "):
+            if not name.endswith(".py"):
+                continue  # a data file beside its module (status.html)
             found.add(f"{directory}/{name}" if len(indent) == 4 else name)
     return found
 
@@ -54,11 +56,13 @@ def test_the_map_reader_finds_directories_files_and_shared_lines() -> None:
     text = (
         "## The layers\n\n```text\nreactor_fabric/\n  protocol/     pure\n"
         "    jsonrpc.py            peeking\n                          more words.py\n"
-        "    otel.py, tracing.py   spans\n  _errors.py    the tree\n```\n"
+        "    otel.py, tracing.py   spans\n    page.py, status.html  the page\n"
+        "  _errors.py    the tree\n```\n"
     )
     assert mapped_modules(text) == {
         "protocol/jsonrpc.py",
         "protocol/otel.py",
         "protocol/tracing.py",
+        "protocol/page.py",
         "_errors.py",
     }
