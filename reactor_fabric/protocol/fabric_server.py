@@ -100,6 +100,15 @@ from .fabric_discovery import (
 )
 from .fabric_refresh import MAX_LIST_BYTES, Refresh, Refreshed, ToolChanges
 from .jsonrpc import RequestId, duplicate_request, error_response, peek
+from .mcp import (
+    CLIENT_VERSION,
+    HANDSHAKE_VERSIONS,
+    INVALID_PARAMS,
+    LIST_CHANGED,
+    LIST_METHOD,
+    METHOD_NOT_FOUND,
+    STATELESS_VERSION,
+)
 from .session import (
     MAX_SERVER_REQUESTS,
     UNRESPONSIVE,
@@ -111,11 +120,7 @@ from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 Json = dict[str, Any]
 Exposure = Literal["discover", "all"]
 
-HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-STATELESS_VERSION = "2026-07-28"
-BACKEND_PROTOCOL = "2025-06-18"
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
+BACKEND_PROTOCOL = CLIENT_VERSION
 MAX_QUEUED_PER_BACKEND = 64
 MAX_PENDING = 512
 MAX_LISTENERS = 8
@@ -135,11 +140,7 @@ SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 ENVELOPE = "io.modelcontextprotocol/"
 CACHE_PRIVATE = {"ttlMs": 0, "cacheScope": "private"}
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
-_REFRESH = {
-    "notifications/tools/list_changed": ("tools/list", "tools"),
-    "notifications/prompts/list_changed": ("prompts/list", "prompts"),
-    "notifications/resources/list_changed": ("resources/list", "resources"),
-}
+_REFRESH = {notification: (LIST_METHOD[kind], kind) for notification, kind in LIST_CHANGED.items()}
 _LISTEN_KEYS = {
     "tools": "toolsListChanged",
     "prompts": "promptsListChanged",

@@ -33,20 +33,25 @@ import msgspec
 
 from .catalog import ServiceCatalog, service_catalog
 from .fabric_refresh import MAX_LIST_BYTES
+from .mcp import (
+    CLIENT_VERSION,
+    LIST_CHANGED,
+    LIST_METHOD,
+    METHOD_NOT_FOUND,
+    RESOURCE_TEMPLATES_METHOD,
+)
 
-PROTOCOL_VERSION = "2025-06-18"
+PROTOCOL_VERSION = CLIENT_VERSION
 MAX_PAGES = 50
 MAX_RELISTS = 3
 # What a session's client may declare; the session forwards its client's own (see FabricServer).
 PROBE_CAPABILITIES = {"roots": {"listChanged": False}, "sampling": {}, "elicitation": {}}
 # list_changed notification → the lists it concerns
 CHANGED: dict[str, tuple[str, ...]] = {
-    "notifications/tools/list_changed": ("tools/list",),
-    "notifications/prompts/list_changed": ("prompts/list",),
-    "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
+    notification: (LIST_METHOD[kind], *([RESOURCE_TEMPLATES_METHOD] if kind == "resources" else []))
+    for notification, kind in LIST_CHANGED.items()
 }
 CLIENT_INFO = {"name": "reactor-fabric-catalog", "version": "1"}
-METHOD_NOT_FOUND = -32601
 
 # list method → (capability that announces it, key of the items in its result)
 LISTS: dict[str, tuple[str, str]] = {

@@ -69,6 +69,7 @@ from ..protocol.jsonrpc import (
     error_response,
     peek,
 )
+from ..protocol.mcp import KNOWN_VERSIONS
 from .fabric import Fabric, new_session_id
 from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import FrameQueue, HttpChannel, Waiter
@@ -79,9 +80,7 @@ log = logging.getLogger(__name__)
 
 SESSION_HEADER = b"mcp-session-id"
 PROTOCOL_HEADER = b"mcp-protocol-version"
-KNOWN_PROTOCOL_VERSIONS = frozenset(
-    {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"}
-)
+KNOWN_PROTOCOL_VERSIONS = KNOWN_VERSIONS
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 SSE_KEEPALIVE_SECONDS = 15.0
 SESSION_END_BOUND_SECONDS = 20.0
