@@ -52,7 +52,7 @@ from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError
 from ..protocol.warm_pool import RemovePooled, StartPooled, TakeOutcome, WarmPoolMachine
-from ..runtime.base import Container, StdinStream
+from ..runtime.base import Container
 from ..runtime.staging import (
     NotStageable,
     PropagationMissing,
@@ -61,6 +61,7 @@ from ..runtime.staging import (
     StagingUnavailable,
 )
 from .containers import READ_CHUNK, LiveContainer, read_stderr
+from .pooled import HandedOut
 
 if TYPE_CHECKING:
     from .fabric import Fabric
@@ -427,7 +428,8 @@ class WarmPool:
         # background: an engine call is not worth a session's wait; a few ms at weight 2 are).
         assert self._nursery is not None
         self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
-        return _HandedOut(entry, self._staging if entry.staged else None)
+        staging = self._staging if entry.staged else None
+        return HandedOut(entry.token, entry.container, bytes(entry.early_stdout), staging)
 
     async def _restore_cpu_weight(self, entry: _Pooled, fields: dict[str, Any]) -> None:
         try:
@@ -500,62 +502,3 @@ def _shape(service: Service, account: Account) -> Hashable:
     """What of a session's container is fixed at create time and differs between sessions:
     the account its server runs as, unless the suite names the user (then nothing does)."""
     return account if service.user is None else None
-
-
-class _Replayed(trio.abc.ReceiveStream):
-    """A stream that first returns bytes read from it before (a pooled server's early output)."""
-
-    def __init__(self, early: bytes, stream: trio.abc.ReceiveStream) -> None:
-        self._early = early
-        self._stream = stream
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._early:
-            await trio.lowlevel.checkpoint()
-            size = len(self._early) if max_bytes is None else max_bytes
-            data, self._early = self._early[:size], self._early[size:]
-            return data
-        return await self._stream.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-class _HandedOut:
-    """A pooled container as its session sees it: the runtime's container, plus the output
-    read while it was pooled, and its staging area released when it is closed."""
-
-    def __init__(self, entry: _Pooled, staging: Staging | None) -> None:
-        self._entry = entry
-        self._container = entry.container
-        self._staging = staging
-        early = bytes(entry.early_stdout)
-        self._stdout = _Replayed(early, self._container.stdout) if early else self._container.stdout
-
-    @property
-    def id(self) -> str:
-        return self._container.id
-
-    @property
-    def name(self) -> str:
-        return self._container.name
-
-    @property
-    def stdin(self) -> StdinStream:
-        return self._container.stdin
-
-    @property
-    def stdout(self) -> trio.abc.ReceiveStream:
-        return self._stdout
-
-    @property
-    def stderr(self) -> trio.abc.ReceiveStream:
-        return self._container.stderr
-
-    async def aclose(self) -> None:
-        try:
-            await self._container.aclose()
-        finally:
-            staging, self._staging = self._staging, None
-            if staging is not None:
-                await trio.to_thread.run_sync(staging.release, self._entry.token)
