@@ -47,7 +47,6 @@ retires the ready containers at once and the starting ones as their start comple
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -261,7 +260,16 @@ class _Entry:
     spoiled: EndedReason | None = None  # claimed, but its output ended or overflowed
 
     def key(self) -> tuple[object, ...]:
-        return dataclasses.astuple(self)
+        return (
+            self.token,
+            self.shape,
+            self.generation,
+            self.staged,
+            self.state,
+            self.ready_at,
+            self.early,
+            self.spoiled,
+        )
 
 
 @dataclass
@@ -552,14 +560,11 @@ class WarmPoolMachine:
     def clone(self) -> WarmPoolMachine:
         """An independent copy of the machine in its current state (for model checking)."""
         twin = copy.copy(self)
-        twin._services = {
-            name: dataclasses.replace(
-                service,
-                entries={t: dataclasses.replace(e) for t, e in service.entries.items()},
-            )
-            for name, service in self._services.items()
-        }
-        twin._claimed = {t: dataclasses.replace(e) for t, e in self._claimed.items()}
+        twin._services = {}
+        for name, service in self._services.items():
+            twin._services[name] = copy.copy(service)
+            twin._services[name].entries = {t: copy.copy(e) for t, e in service.entries.items()}
+        twin._claimed = {t: copy.copy(e) for t, e in self._claimed.items()}
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
