@@ -46,11 +46,12 @@ retires the ready containers at once and the starting ones as their start comple
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
+
+_T = TypeVar("_T")
 
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
@@ -559,12 +560,12 @@ class WarmPoolMachine:
 
     def clone(self) -> WarmPoolMachine:
         """An independent copy of the machine in its current state (for model checking)."""
-        twin = copy.copy(self)
+        twin = _shallow(self)
         twin._services = {}
         for name, service in self._services.items():
-            twin._services[name] = copy.copy(service)
-            twin._services[name].entries = {t: copy.copy(e) for t, e in service.entries.items()}
-        twin._claimed = {t: copy.copy(e) for t, e in self._claimed.items()}
+            twin._services[name] = _shallow(service)
+            twin._services[name].entries = {t: _shallow(e) for t, e in service.entries.items()}
+        twin._claimed = {t: _shallow(e) for t, e in self._claimed.items()}
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -622,3 +623,10 @@ class WarmPoolMachine:
         service.failures += 1
         delay = BACKOFF_FIRST_SECONDS * 2 ** min(service.failures - 1, 16)
         service.retry_at = now + min(delay, BACKOFF_MAX_SECONDS)
+
+
+def _shallow(obj: _T) -> _T:
+    """A shallow copy of a plain object (copy.copy's general path is most of a model check)."""
+    twin = object.__new__(type(obj))
+    twin.__dict__.update(obj.__dict__)
+    return twin
