@@ -57,6 +57,9 @@ from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError
 from ..protocol.warm_pool import (
+    WarmPoolMachine,
+)
+from ..protocol.warm_pool_events import (
     ENDED_REASONS,
     Action,
     CheckImages,
@@ -78,7 +81,6 @@ from ..protocol.warm_pool import (
     Take,
     TakeOutcome,
     Tick,
-    WarmPoolMachine,
     Watched,
 )
 from ..runtime.base import Container

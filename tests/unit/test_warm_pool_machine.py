@@ -13,6 +13,9 @@ from reactor_fabric.protocol.warm_pool import (
     EARLY_STDOUT_BYTES,
     HEALTHY_SECONDS,
     IMAGE_CHECK_SECONDS,
+    WarmPoolMachine,
+)
+from reactor_fabric.protocol.warm_pool_events import (
     Action,
     CheckImages,
     Claim,
@@ -31,7 +34,6 @@ from reactor_fabric.protocol.warm_pool import (
     StartSucceeded,
     Take,
     Tick,
-    WarmPoolMachine,
     Watched,
 )
 

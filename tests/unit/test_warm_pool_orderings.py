@@ -44,8 +44,12 @@ import pytest
 
 from reactor_fabric.protocol.warm_pool import (
     EARLY_STDOUT_BYTES,
-    ENDED_REASONS,
     IMAGE_CHECK_SECONDS,
+    WarmPoolMachine,
+    _shallow,
+)
+from reactor_fabric.protocol.warm_pool_events import (
+    ENDED_REASONS,
     Action,
     CheckImages,
     Claim,
@@ -64,9 +68,7 @@ from reactor_fabric.protocol.warm_pool import (
     StartSucceeded,
     Take,
     Tick,
-    WarmPoolMachine,
     Watched,
-    _shallow,
 )
 
 TARGETS = {"a": 2, "b": 1}  # together more than the cap: rationing is exercised
