@@ -1,12 +1,15 @@
 """The warm pool's decisions: which pooled containers to start, which to hand out, which to remove.
 
-Pure: events in, actions out, the time passed in; no trio, no engine. The trio layer
+Pure: events in, actions out (their vocabulary: :mod:`.warm_pool_events`), the time passed in
+(:meth:`WarmPoolMachine.handle`), and a :attr:`~WarmPoolMachine.deadline` at which the machine
+next wants a :class:`Tick`; no trio, no engine. The trio layer
 (:mod:`reactor_fabric.trio.warm_pool`) does what the actions say and reports what happened.
 
-A pooled container is *starting* (its start was asked for, the outcome is not known yet) or
-*ready* (started, idle, its MCP server waiting on stdin with no handshake done). A ready one
-is handed to exactly one session (:meth:`WarmPoolMachine.take`) and leaves the pool: it serves
-that session and is then removed, never returned.
+A pooled container is *starting* (its start was asked for, the outcome is not known yet),
+*ready* (started, idle, its MCP server waiting on stdin with no handshake done) or *claimed*
+(a session asked for it: the driver stops watching it, then the machine hands it out unless
+its output ended or overflowed meanwhile). A container is handed to exactly one session and
+leaves the pool when it is claimed: it serves that session and is then removed, never returned.
 
 How many: each service has a target (its ``warm``); the pool keeps ready + starting at it,
 within three bounds that keep refills from hurting anyone:
@@ -14,66 +17,78 @@ within three bounds that keep refills from hurting anyone:
 - a cap on pooled containers of all services together (``max_containers``);
 - at most ``parallel_starts`` starts at once, all services together, so a slow engine sees a
   trickle of refills, never a storm;
-- a back-off per service after a start failed or a pooled container died soon after it was
+- a back-off per service after a start failed or a pooled container ended soon after it was
   ready (1 s, doubling up to 60 s), so a server that crashes at start does not crash-loop. A
   container that served a session, or ran a while (``HEALTHY_SECONDS``), resets it: a start
   that succeeds does not, since a server may exit right after.
 
 When starts must be rationed, the service with the fewest pooled containers goes first.
 
-**Shapes.** Some of a container is fixed when it is created and differs between sessions: the
-account its server runs as (see :mod:`reactor_fabric.policy.accounts`). The pool follows demand:
-refills take the shape a service was last asked for, and a miss for a shape the pool lacks
-retires the oldest ready container of another shape, so a pool never sits on containers that
-nobody can take.
+**Early output.** A stdio server speaks when spoken to. What a pooled one writes before any
+session spoke to it is kept for the session (up to ``EARLY_STDOUT_BYTES``); more than that, an
+output that is not JSON-RPC lines, or an end of its output, and it is removed (a failure, for
+the back-off, if it came soon after it was ready).
 
-**Generations.** When a service's image changes, its pooled containers run the old one:
-:meth:`WarmPoolMachine.image_changed` retires the ready ones at once and the starting ones as
-their start completes.
+**Shapes.** Some of a container is fixed when it is created and differs between sessions: the
+account its server runs as (see :mod:`reactor_fabric.policy.accounts`), unless the suite names
+the service's user (then every container of it is alike). The pool follows demand: refills
+take the shape a service was last asked for, and a miss for a shape the pool lacks retires the
+oldest ready container of another shape, so a pool never sits on containers nobody can take.
+
+**Mounts.** A session with mounts gets a pooled container only through the staging area
+(pooled containers started with its binds), and only for mounts it can place; once the
+driver reports that mounts do not reach containers (:class:`StagingLost`), never again.
+
+**Generations.** When a service's image changes, its pooled containers run the old one. The
+machine asks for the images every ``IMAGE_CHECK_SECONDS`` (:class:`CheckImages`); a changed one
+retires the ready containers at once and the starting ones as their start completes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+import math
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
+
+from .warm_pool_events import (
+    Action,
+    CheckImages,
+    Claim,
+    EarlyOutput,
+    EndedReason,
+    Event,
+    HandOut,
+    ImageChanged,
+    ImagesChecked,
+    Missed,
+    OutputEnded,
+    RemovePooled,
+    RetireReason,
+    Shutdown,
+    StagingLost,
+    StartFailed,
+    StartPooled,
+    StartSucceeded,
+    Take,
+    Tick,
+    Watched,
+)
+
+_T = TypeVar("_T")
 
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
 # A pooled container that ran this long before it ended was not crash-looping.
 HEALTHY_SECONDS = 30.0
+# How often pooled services' images are compared with what the engine has (a rebuilt image
+# retires the pooled containers of the old one).
+IMAGE_CHECK_SECONDS = 30.0
+# Output a pooled server may write to stdout before anyone spoke to it (kept, and given to
+# the session first); more than that and it is not a well-behaved stdio server: removed.
+EARLY_STDOUT_BYTES = 64 * 1024
 
-# Why a session did not get a pooled container (metrics and logs; "hit" when it did).
-TakeOutcome = Literal["hit", "empty", "shape", "stopping", "not_pooled"]
-# Why a pooled container is removed without serving anyone.
-RetireReason = Literal["shape_changed", "image_changed", "stopping"]
-
-
-@dataclass(frozen=True)
-class StartPooled:
-    """Start pooled container ``token`` of ``service`` in ``shape``."""
-
-    token: int
-    service: str
-    shape: Hashable
-
-
-@dataclass(frozen=True)
-class RemovePooled:
-    """Remove pooled container ``token`` (started, never handed out)."""
-
-    token: int
-    service: str
-    reason: RetireReason
-
-
-@dataclass(frozen=True)
-class Taken:
-    """The answer to a session asking for a container: ``token`` or None, and what to remove."""
-
-    token: int | None
-    outcome: TakeOutcome
-    retire: tuple[RemovePooled, ...] = ()
+# --- the machine ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -82,25 +97,42 @@ class _Entry:
     service: str
     shape: Hashable
     generation: int
-    ready: bool = False
+    staged: bool
+    state: Literal["starting", "ready", "claimed"] = "starting"
     ready_at: float = 0.0
+    early: int = 0  # stdout bytes written while it waited
+    spoiled: EndedReason | None = None  # claimed, but its output ended or overflowed
+
+    def key(self) -> tuple[object, ...]:
+        return (
+            self.token,
+            self.shape,
+            self.generation,
+            self.staged,
+            self.state,
+            self.ready_at,
+            self.early,
+            self.spoiled,
+        )
 
 
 @dataclass
 class _Service:
     target: int
     shape: Hashable
+    fixed_shape: bool  # the suite names its user: every container of it is alike
     generation: int = 0
     failures: int = 0
-    retry_at: float = 0.0
-    # token → entry, in the order they were asked for (oldest first).
+    retry_at: float = -math.inf
+    image: str | None = None  # the image id seen at the last check
+    # token → entry, starting and ready, in the order they were asked for (oldest first).
     entries: dict[int, _Entry] = field(default_factory=dict)
 
     def count(self) -> int:
         return len(self.entries)
 
     def ready(self) -> list[_Entry]:
-        return [entry for entry in self.entries.values() if entry.ready]
+        return [entry for entry in self.entries.values() if entry.state == "ready"]
 
 
 class WarmPoolMachine:
@@ -113,15 +145,30 @@ class WarmPoolMachine:
         max_containers: int,
         parallel_starts: int,
         initial_shape: Hashable,
+        fixed_shape: Iterable[str] = (),
+        stages_mounts: bool = False,
     ) -> None:
+        """``fixed_shape``: services whose suite names the user (their containers have no
+        shape); ``stages_mounts``: pooled containers are started with the staging binds."""
+        fixed = frozenset(fixed_shape)
         self._services = {
-            name: _Service(target, initial_shape) for name, target in targets.items() if target > 0
+            name: _Service(
+                target,
+                None if name in fixed else initial_shape,
+                fixed_shape=name in fixed,
+            )
+            for name, target in targets.items()
+            if target > 0
         }
         self._max_containers = max_containers
         self._parallel_starts = parallel_starts
+        self._stages_mounts = stages_mounts
         self._next_token = 0
         self._starting = 0
         self._stopping = False
+        self._claimed: dict[int, _Entry] = {}
+        self._now = -math.inf  # the time of the last event
+        self._images_at: float | None = -math.inf  # the next image check (None: one runs)
 
     # --- what exists ------------------------------------------------------------------------
 
@@ -148,16 +195,72 @@ class WarmPoolMachine:
         return self._starting
 
     @property
+    def claimed(self) -> int:
+        """Containers claimed by a session, not yet handed out or removed."""
+        return len(self._claimed)
+
+    @property
     def stopping(self) -> bool:
         return self._stopping
 
+    @property
+    def stages_mounts(self) -> bool:
+        return self._stages_mounts
+
+    @property
+    def deadline(self) -> float | None:
+        """When the machine next needs a :class:`Tick` (None: no time-based work is due):
+        the next image check, or the end of a back-off that holds a service's refill."""
+        if self._stopping:
+            return None
+        waiting = [
+            service.retry_at
+            for service in self._services.values()
+            if service.count() < service.target and service.retry_at > self._now
+        ]
+        if self._images_at is not None:
+            waiting.append(self._images_at)
+        return min(waiting, default=None)
+
+    # --- events -----------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """What to do after ``event`` at ``now``: its answer, then any image check that is
+        due and the refills it allows (every event may change what is allowed)."""
+        self._now = max(self._now, now)
+        match event:
+            case Tick():
+                actions: list[Action] = []
+            case StartSucceeded(token=token):
+                actions = self._start_succeeded(token, now)
+            case StartFailed(token=token, created=created):
+                actions = self._start_failed(token, created, now)
+            case EarlyOutput(token=token, nbytes=nbytes):
+                actions = self._early_output(token, nbytes, now)
+            case OutputEnded(token=token, why=why):
+                actions = self._ended(token, why, now)
+            case Take():
+                actions = self._take(event)
+            case Watched(token=token):
+                actions = self._watched(token)
+            case ImagesChecked(images=images):
+                actions = self._images_checked(images, now)
+            case StagingLost():
+                self._stages_mounts = False
+                actions = []
+            case Shutdown():
+                actions = self._stop()
+        if not self._stopping:
+            if self._images_at is not None and self._images_at <= now:
+                self._images_at = None
+                actions.append(CheckImages(tuple(sorted(self._services))))
+            actions += self._starts(now)
+        return actions
+
     # --- refills ----------------------------------------------------------------------------
 
-    def starts(self, now: float) -> list[StartPooled]:
-        """The starts to begin now (ask after every event: they change what is allowed)."""
-        if self._stopping:
-            return []
-        actions: list[StartPooled] = []
+    def _starts(self, now: float) -> list[Action]:
+        actions: list[Action] = []
         total = self.total
         while self._starting < self._parallel_starts and total < self._max_containers:
             wanting = [
@@ -171,122 +274,202 @@ class WarmPoolMachine:
             service = self._services[name]
             token = self._next_token
             self._next_token += 1
-            service.entries[token] = _Entry(token, name, service.shape, service.generation)
+            staged = self._stages_mounts
+            service.entries[token] = _Entry(
+                token, name, service.shape, service.generation, staged=staged
+            )
             self._starting += 1
             total += 1
-            actions.append(StartPooled(token, name, service.shape))
+            actions.append(StartPooled(token, name, service.shape, staged))
         return actions
 
-    def next_start_at(self, now: float) -> float | None:
-        """When a service now held back by its back-off may start again (None: nobody is)."""
-        if self._stopping:
-            return None
-        waiting = [
-            service.retry_at
-            for service in self._services.values()
-            if service.count() < service.target and service.retry_at > now
-        ]
-        return min(waiting, default=None)
-
-    def start_succeeded(self, token: int, now: float) -> RemovePooled | None:
-        """Pooled container ``token`` is ready; or, if it is no longer wanted, what to remove."""
-        entry, service = self._find(token)
+    def _start_succeeded(self, token: int, now: float) -> list[Action]:
+        entry, service = self._find_starting(token)
         self._starting -= 1
         if self._stopping or entry.generation != service.generation:
             del service.entries[token]
-            return RemovePooled(token, entry.service, self._retire_reason())
-        entry.ready = True
+            return [RemovePooled(token, entry.service, self._retire_reason())]
+        entry.state = "ready"
         entry.ready_at = now
-        return None
+        return []
 
-    def start_failed(self, token: int, now: float) -> None:
-        """The start of ``token`` failed (the runtime left nothing behind)."""
-        entry, service = self._find(token)
+    def _start_failed(self, token: int, created: bool, now: float) -> list[Action]:
+        entry, service = self._find_starting(token)
         self._starting -= 1
-        del service.entries[entry.token]
+        del service.entries[token]
         self._back_off(service, now)
+        return [RemovePooled(token, entry.service, "start_failed")] if created else []
 
-    def exited(self, token: int, now: float) -> None:
-        """Ready container ``token`` ended on its own while nobody used it (it is gone): soon
-        after it was ready, that is a failure (back-off); after a while, it is not."""
-        found = self._lookup(token)
-        if found is None:
-            return  # already handed out or removed
-        entry, service = found
-        del service.entries[entry.token]
+    def _early_output(self, token: int, nbytes: int, now: float) -> list[Action]:
+        entry = self._watched_entry(token)
+        if entry is None:
+            return []
+        entry.early += nbytes
+        if entry.early <= EARLY_STDOUT_BYTES:
+            return []
+        return self._ended(token, "output_before_input", now)
+
+    def _ended(self, token: int, why: EndedReason, now: float) -> list[Action]:
+        """Ready container ``token`` ended on its own while nobody used it: soon after it was
+        ready, that is a failure (back-off); after a while, it is not."""
+        entry = self._watched_entry(token)
+        if entry is None:
+            return []  # already removed
+        if entry.state == "claimed":
+            entry.spoiled = entry.spoiled or why  # not handed out (see _watched)
+            return []
+        service = self._services[entry.service]
+        del service.entries[token]
         if now - entry.ready_at < HEALTHY_SECONDS:
             self._back_off(service, now)
         else:
             service.failures = 0
+        return [RemovePooled(token, entry.service, why)]
 
     # --- sessions ---------------------------------------------------------------------------
 
-    def take(self, service_name: str, shape: Hashable) -> Taken:
-        """A session wants a container of ``service_name`` in ``shape``: the oldest ready one
-        that fits, or None (the session starts a fresh one) and what that miss retires."""
-        service = self._services.get(service_name)
+    def _take(self, event: Take) -> list[Action]:
+        """The oldest ready container that fits the session, claimed; or a miss (the session
+        starts a fresh one) and what that miss retires."""
+        name = event.service
+        service = self._services.get(name)
         if service is None:
-            return Taken(None, "not_pooled")
+            return [Missed(name, "not_pooled")]
+        if event.mounts and not (self._stages_mounts and event.placeable):
+            return [Missed(name, "mounts")]
         if self._stopping:
-            return Taken(None, "stopping")
+            return [Missed(name, "stopping")]
+        shape = None if service.fixed_shape else event.account
         service.shape = shape
         ready = service.ready()
+        # With mounts, any one fits: every container was started with the staging binds
+        # while the staging area is in use (it is given up for good, never taken up later).
         for entry in ready:
             if entry.shape == shape:
                 del service.entries[entry.token]
+                entry.state = "claimed"
+                self._claimed[entry.token] = entry
                 service.failures = 0  # its server started and waited: it works
-                return Taken(entry.token, "hit")
+                return [Claim(entry.token, name)]
         if not ready:
-            return Taken(None, "empty")
+            return [Missed(name, "empty")]
         # Only other shapes are ready: make room for the one asked for.
         oldest = ready[0]
         del service.entries[oldest.token]
-        return Taken(None, "shape", (RemovePooled(oldest.token, service_name, "shape_changed"),))
+        return [Missed(name, "shape"), RemovePooled(oldest.token, name, "shape_changed")]
+
+    def _watched(self, token: int) -> list[Action]:
+        entry = self._claimed.pop(token, None)
+        if entry is None:
+            raise ValueError(f"pooled container {token} is not claimed")
+        if entry.spoiled is not None:
+            return [RemovePooled(token, entry.service, "not_handed_out")]
+        return [HandOut(token, entry.service)]
 
     # --- changes ----------------------------------------------------------------------------
 
-    def image_changed(self, service_name: str) -> list[RemovePooled]:
-        """``service_name``'s image is not the one its pooled containers run: retire them."""
-        service = self._services.get(service_name)
-        if service is None:
-            return []
-        service.generation += 1
-        retired = service.ready()
-        for entry in retired:
-            del service.entries[entry.token]
-        return [RemovePooled(entry.token, service_name, "image_changed") for entry in retired]
+    def _images_checked(
+        self, images: tuple[tuple[str, str | None], ...], now: float
+    ) -> list[Action]:
+        """A service whose image is not the one its pooled containers run: retire them."""
+        self._images_at = now + IMAGE_CHECK_SECONDS
+        actions: list[Action] = []
+        for name, image in images:
+            service = self._services.get(name)
+            if service is None or image is None:
+                continue
+            known, service.image = service.image, image
+            if known is None or known == image:
+                continue
+            actions.append(ImageChanged(name))
+            service.generation += 1
+            for entry in service.ready():
+                del service.entries[entry.token]
+                actions.append(RemovePooled(entry.token, name, "image_changed"))
+        return actions
 
-    def stop(self) -> list[RemovePooled]:
+    def _stop(self) -> list[Action]:
         """No more starts or takes; every ready container is to be removed (starting ones are
-        removed as their start completes, see :meth:`start_succeeded`)."""
+        removed as their start completes; claimed ones are their sessions')."""
         self._stopping = True
-        retired: list[RemovePooled] = []
+        retired: list[Action] = []
         for name, service in self._services.items():
             for entry in service.ready():
                 del service.entries[entry.token]
                 retired.append(RemovePooled(entry.token, name, "stopping"))
         return retired
 
+    # --- model checking ---------------------------------------------------------------------
+
+    def clone(self) -> WarmPoolMachine:
+        """An independent copy of the machine in its current state (for model checking)."""
+        twin = _shallow(self)
+        twin._services = {}
+        for name, service in self._services.items():
+            twin._services[name] = _shallow(service)
+            twin._services[name].entries = {t: _shallow(e) for t, e in service.entries.items()}
+        twin._claimed = {t: _shallow(e) for t, e in self._claimed.items()}
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """A hashable summary of the whole state: equal fingerprints behave alike."""
+        services = tuple(
+            (
+                name,
+                s.target,
+                s.shape,
+                s.generation,
+                s.failures,
+                s.retry_at,
+                s.image,
+                tuple(entry.key() for entry in s.entries.values()),
+            )
+            for name, s in self._services.items()
+        )
+        claimed = tuple(entry.key() for entry in self._claimed.values())
+        return (
+            services,
+            claimed,
+            self._next_token,
+            self._starting,
+            self._stopping,
+            self._stages_mounts,
+            self._now,
+            self._images_at,
+        )
+
     # --- helpers ----------------------------------------------------------------------------
 
     def _retire_reason(self) -> RetireReason:
         return "stopping" if self._stopping else "image_changed"
 
-    def _lookup(self, token: int) -> tuple[_Entry, _Service] | None:
+    def _watched_entry(self, token: int) -> _Entry | None:
+        """Ready or claimed entry ``token`` (its output is watched), None once it is gone."""
+        claimed = self._claimed.get(token)
+        if claimed is not None:
+            return claimed
         for service in self._services.values():
             entry = service.entries.get(token)
-            if entry is not None:
-                return entry, service
+            if entry is not None and entry.state == "ready":
+                return entry
         return None
 
-    def _find(self, token: int) -> tuple[_Entry, _Service]:
-        found = self._lookup(token)
-        if found is None or found[0].ready:
-            raise ValueError(f"pooled container {token} is not starting")
-        return found
+    def _find_starting(self, token: int) -> tuple[_Entry, _Service]:
+        for service in self._services.values():
+            entry = service.entries.get(token)
+            if entry is not None and entry.state == "starting":
+                return entry, service
+        raise ValueError(f"pooled container {token} is not starting")
 
     @staticmethod
     def _back_off(service: _Service, now: float) -> None:
         service.failures += 1
         delay = BACKOFF_FIRST_SECONDS * 2 ** min(service.failures - 1, 16)
         service.retry_at = now + min(delay, BACKOFF_MAX_SECONDS)
+
+
+def _shallow(obj: _T) -> _T:
+    """A shallow copy of a plain object (copy.copy's general path is most of a model check)."""
+    twin = object.__new__(type(obj))
+    twin.__dict__.update(obj.__dict__)
+    return twin

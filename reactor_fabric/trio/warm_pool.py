@@ -5,8 +5,10 @@ stdin with no handshake done: the session's own first message is the first thing
 sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
 :func:`~reactor_fabric.trio.containers.start_container`, so speculative starts after
 ``fabric/registerClient`` and the fabric endpoint's lazy starts take from it too); the pool
-refills in the background. What to start, hand out and remove is decided by the pure
-:class:`~reactor_fabric.protocol.warm_pool.WarmPoolMachine`; this module only does it.
+refills in the background. What to start, hand out and remove — refills and their back-off,
+early output, image changes, which mounts fit, the account of a container — is decided by the
+pure :class:`~reactor_fabric.protocol.warm_pool.WarmPoolMachine`: this module feeds it what
+happens (:meth:`WarmPool._handle`), a Tick at its deadline, and does what it says.
 
 A pooled container serves one session and is then removed like any other; it is never
 returned. Sessions with mounts get one only where the staging area works
@@ -18,9 +20,10 @@ Ownership tree::
     serve_orchestrator (root nursery)
     └── WarmPool.run
         ├── _watch_stopping        on shutdown: no more starts, pooled containers removed
+        ├── _check_images          one per image check the machine asks for
         ├── _start(token)          one per pooled start
         ├── _watch(entry)          one per ready container: reads its output until it is
-        │                          taken (then the session reads) or ends (then it is removed)
+        │                          claimed (then the session reads) or removed
         └── _discard(entry)        one per pooled container removed without serving anyone
 
 Resource handling: every pooled container is in ``_entries`` from the moment its spawn returns
@@ -37,8 +40,10 @@ orchestrator's root nursery.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +58,34 @@ from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError
-from ..protocol.warm_pool import RemovePooled, StartPooled, TakeOutcome, WarmPoolMachine
-from ..runtime.base import Container, StdinStream
+from ..protocol.warm_pool import (
+    WarmPoolMachine,
+)
+from ..protocol.warm_pool_events import (
+    ENDED_REASONS,
+    Action,
+    CheckImages,
+    Claim,
+    EarlyOutput,
+    Event,
+    HandOut,
+    ImageChanged,
+    ImagesChecked,
+    Missed,
+    OutputEnd,
+    OutputEnded,
+    RemovePooled,
+    Shutdown,
+    StagingLost,
+    StartFailed,
+    StartPooled,
+    StartSucceeded,
+    Take,
+    TakeOutcome,
+    Tick,
+    Watched,
+)
+from ..runtime.base import Container
 from ..runtime.staging import (
     NotStageable,
     PropagationMissing,
@@ -64,15 +95,9 @@ from ..runtime.staging import (
 )
 from .fabric import Fabric
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
+from .pooled import HandedOut
 
 log = logging.getLogger(__name__)
-
-# How often pooled services' images are compared with what the engine has (a rebuilt image
-# retires the pooled containers of the old one).
-IMAGE_CHECK_SECONDS = 30.0
-# Output a pooled server may write to stdout before anyone spoke to it (kept, and given to
-# the session first); more than that and it is not a well-behaved stdio server: removed.
-EARLY_STDOUT_BYTES = 64 * 1024
 
 
 @dataclass(eq=False)
@@ -81,12 +106,13 @@ class _Pooled:
     service: str
     container: Container
     staged: bool
+    fields: dict[str, Any]
     pid: int = 0
     early_stdout: bytearray = field(default_factory=bytearray)
     watching: trio.CancelScope = field(default_factory=trio.CancelScope)
     watched: trio.Event = field(default_factory=trio.Event)
-    ended: str = ""  # why its output ended while pooled ("" while it runs)
     watcher: bool = False  # a _watch task was started for it (it sets `watched` when done)
+    live: LiveContainer | None = None  # while watched: its stderr's last lines
 
 
 class WarmPool:
@@ -96,17 +122,19 @@ class WarmPool:
         self._fabric = fabric
         self._staging = staging
         settings = fabric.suite.orchestrator.warm_pool
+        services = fabric.suite.mcp_services
         self.machine = WarmPoolMachine(
-            {name: service.warm for name, service in fabric.suite.mcp_services.items()},
+            {name: service.warm for name, service in services.items()},
             max_containers=settings.max_containers,
             parallel_starts=settings.parallel_starts,
             initial_shape=UNPRIVILEGED,
+            fixed_shape=[name for name, service in services.items() if service.user is not None],
+            stages_mounts=staging is not None,
         )
         self._entries: dict[int, _Pooled] = {}
         self._discarding: dict[int, _Pooled] = {}
         # Taken by a session whose start has not registered it yet (see container_ids).
         self._handing_out: dict[int, _Pooled] = {}
-        self._image_ids: dict[str, str] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -145,20 +173,42 @@ class WarmPool:
                 await self._remove_everything()
 
     async def _keep_filled(self) -> None:
+        """Feed the machine a Tick at its deadline (image checks, back-offs ending) until it
+        stops; every other event is fed where it happens (see :meth:`_handle`)."""
         machine = self.machine
-        next_image_check = trio.current_time()
+        self._handle(Tick())  # the first image check and the first starts
         while not machine.stopping:
-            now = trio.current_time()
-            if now >= next_image_check:
-                await self._check_images()
-                next_image_check = trio.current_time() + IMAGE_CHECK_SECONDS
-            assert self._nursery is not None
-            for action in machine.starts(trio.current_time()):
-                self._nursery.start_soon(self._contained, self._start, action)
-            wake_at = min(next_image_check, machine.next_start_at(now) or next_image_check)
+            deadline = machine.deadline
+            if deadline is not None and trio.current_time() >= deadline:
+                self._handle(Tick())
+                continue
             changed = self._changed
-            with trio.move_on_at(wake_at):
+            with trio.move_on_at(math.inf if deadline is None else deadline):
                 await changed.wait()
+
+    def _handle(self, event: Event) -> list[Action]:
+        """Feed ``event`` to the machine and do what it says about pooled containers; the
+        answers to a session (Claim, HandOut, Missed) are returned to the caller with the rest."""
+        actions = self.machine.handle(event, trio.current_time())
+        for action in actions:
+            match action:
+                case StartPooled():
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._contained, self._start, action)
+                case RemovePooled(token=token, reason=reason):
+                    entry = self._entries.get(token)
+                    if entry is not None:
+                        self._discard_soon(entry, reason)
+                case CheckImages(services=services):
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._contained, self._check_images, services)
+                case ImageChanged(service=name):
+                    image = self._fabric.suite.mcp_services[name].image
+                    log.info("pool_image_changed", extra={"service": name, "image": image})
+                case Claim() | HandOut() | Missed():
+                    pass  # the session's (see take)
+        self._wake()  # the deadline may have moved
+        return actions
 
     @staticmethod
     async def _contained(work: Callable[..., Awaitable[None]], *args: Any) -> None:
@@ -176,26 +226,22 @@ class WarmPool:
 
     async def _watch_stopping(self) -> None:
         await self._fabric.stopping.wait()
-        for removal in self.machine.stop():
-            self._retire(removal)
-        self._wake()
+        self._handle(Shutdown())
 
-    async def _check_images(self) -> None:
+    async def _check_images(self, services: tuple[str, ...]) -> None:
+        """The engine's image id of each service (None when it cannot tell now: the engine is
+        away, and its starts fail and back off meanwhile), reported to the machine."""
         runtime = self._fabric.runtime
-        for name in sorted(self.machine.services):
-            service = self._fabric.suite.mcp_services[name]
-            try:
-                image_id = await runtime.image_id(service.image)
-            except FabricError:
-                continue  # the engine is away: its starts fail and back off meanwhile
-            if image_id is None:
-                continue
-            known = self._image_ids.get(name)
-            self._image_ids[name] = image_id
-            if known is not None and known != image_id:
-                log.info("pool_image_changed", extra={"service": name, "image": service.image})
-                for removal in self.machine.image_changed(name):
-                    self._retire(removal)
+        images: list[tuple[str, str | None]] = []
+        try:
+            for name in services:
+                image_id: str | None = None
+                with contextlib.suppress(FabricError):
+                    image_id = await runtime.image_id(self._fabric.suite.mcp_services[name].image)
+                images.append((name, image_id))
+        finally:
+            # Even when cancelled half-way: the machine schedules the next check.
+            self._handle(ImagesChecked(tuple(images)))
 
     # --- one pooled container ---------------------------------------------------------------
 
@@ -204,7 +250,7 @@ class WarmPool:
         name = action.service
         service = fabric.suite.mcp_services[name]
         fields: dict[str, Any] = {"service": name, "pool_token": action.token}
-        staging = self._staging
+        staging = self._staging if action.staged else None
         account = action.shape if isinstance(action.shape, Account) else UNPRIVILEGED
         try:
             binds: tuple[MountSpec, ...] = ()
@@ -222,28 +268,25 @@ class WarmPool:
             container = await fabric.runtime.spawn(spec)
         except (FabricError, OSError) as exc:
             await self._release_staging(action.token)
-            self.machine.start_failed(action.token, trio.current_time())
             log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
-            self._wake()
+            self._handle(StartFailed(action.token))
             return
         except BaseException:
             await self._release_staging(action.token)
             raise
         # From here on the container is in _entries: whatever happens, it is removed.
-        entry = _Pooled(action.token, name, container, staged=bool(binds))
+        entry = _Pooled(action.token, name, container, staged=bool(binds), fields=fields)
         self._entries[action.token] = entry
         try:
             if binds:
                 entry.pid = await fabric.runtime.main_pid(container.id)
         except FabricError as exc:
-            self.machine.start_failed(action.token, trio.current_time())
             log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
-            self._discard_soon(entry, "start_failed")
+            self._handle(StartFailed(action.token, created=True))
             return
-        removal = self.machine.start_succeeded(action.token, trio.current_time())
-        if removal is not None:
-            self._discard_soon(entry, removal.reason)
-            return
+        self._handle(StartSucceeded(action.token))
+        if action.token not in self._entries:
+            return  # no longer wanted (an image change, a stop): being removed
         log.info(
             "pooled_container_ready",
             extra={
@@ -255,49 +298,44 @@ class WarmPool:
         )
         assert self._nursery is not None
         entry.watcher = True
-        self._nursery.start_soon(self._contained, self._watch, entry, fields)
-        self._wake()
+        self._nursery.start_soon(self._contained, self._watch, entry)
 
-    async def _watch(self, entry: _Pooled, fields: dict[str, Any]) -> None:
-        """Read an idle container's output: stderr to the log, stdout kept (bounded) for the
-        session. Ends when the container is taken (cancelled) or its output ends."""
-        live = LiveContainer(0, entry.container)
+    async def _watch(self, entry: _Pooled) -> None:
+        """Read an idle container's output: stderr to the log, stdout kept for the session
+        and reported to the machine. Ends when the container is claimed or removed
+        (cancelled) or its output ends."""
+        live = entry.live = LiveContainer(0, entry.container)
+        ended: OutputEnd | None = None
         try:
             with entry.watching:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(read_stderr, live, fields)
-                    entry.ended = await self._read_early_stdout(entry)
-                    if entry.ended != "exited":
+                    nursery.start_soon(read_stderr, live, entry.fields)
+                    ended = await self._read_early_stdout(entry)
+                    if ended != "exited":
                         nursery.cancel_scope.cancel()
                     # else its stderr ends too: the reader logs the last lines, which say why
+            if ended is not None:
+                self._handle(OutputEnded(entry.token, ended))
         finally:
             entry.watched.set()
-        if entry.ended and self._entries.get(entry.token) is entry:
-            self.machine.exited(entry.token, trio.current_time())
-            log.warning(
-                "pooled_container_ended",
-                extra={**fields, "why": entry.ended, "stderr_tail": list(live.stderr_tail)},
-            )
-            self._discard_soon(entry, entry.ended)
 
-    @staticmethod
-    async def _read_early_stdout(entry: _Pooled) -> str:
+    async def _read_early_stdout(self, entry: _Pooled) -> OutputEnd | None:
+        """How its output ended; None when the machine removed it for what it wrote."""
         stdout = entry.container.stdout
         try:
             while data := await stdout.receive_some(READ_CHUNK):
                 entry.early_stdout += data
-                if len(entry.early_stdout) > EARLY_STDOUT_BYTES:
-                    return "output_before_input"
+                if entry.token in self._removed(EarlyOutput(entry.token, len(data))):
+                    return None
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except FramingError:
             return "output_invalid"  # its output cannot be trusted: not handed out
         return "exited"
 
-    def _retire(self, removal: RemovePooled) -> None:
-        entry = self._entries.get(removal.token)
-        if entry is not None:
-            self._discard_soon(entry, removal.reason)
+    def _removed(self, event: Event) -> set[int]:
+        """Feed ``event``; the pooled containers the machine removed for it."""
+        return {a.token for a in self._handle(event) if isinstance(a, RemovePooled)}
 
     def _discard_soon(self, entry: _Pooled, reason: str) -> None:
         self._entries.pop(entry.token, None)
@@ -313,6 +351,12 @@ class WarmPool:
                 scope.shield = True
                 if entry.watcher:
                     await entry.watched.wait()
+                if reason in ENDED_REASONS:
+                    tail = list(entry.live.stderr_tail) if entry.live is not None else []
+                    log.warning(
+                        "pooled_container_ended",
+                        extra={**entry.fields, "why": reason, "stderr_tail": tail},
+                    )
                 await entry.container.aclose()
                 await self._fabric.runtime.remove(entry.container.id)
                 if entry.staged:
@@ -328,7 +372,6 @@ class WarmPool:
                     "why": reason,
                 },
             )
-            self._wake()
 
     async def _release_staging(self, token: int) -> None:
         if self._staging is not None:
@@ -337,7 +380,7 @@ class WarmPool:
 
     async def _remove_everything(self) -> None:
         """The pool's last step: every pooled container removed, the staging area closed."""
-        self.machine.stop()
+        self.machine.handle(Shutdown(), trio.current_time())
         entries = [*self._entries.values(), *self._discarding.values()]
         self._entries.clear()
         async with trio.open_nursery() as nursery:
@@ -369,20 +412,22 @@ class WarmPool:
         Error handling: raises only what a fresh start would raise for the same mounts
         (SecurityViolation ``mount_changed``), the container then removed.
         """
-        if service_name not in self.machine.services:
+        placeable = bool(mounts) and self._staging is not None
+        if placeable:
+            assert self._staging is not None
+            placeable = self._staging.placement(mounts) is not None
+        claim: Claim | None = None
+        for action in self._handle(Take(service_name, account, bool(mounts), placeable)):
+            match action:
+                case Claim():
+                    claim = action
+                    self._count(service_name, "hit")
+                case Missed(outcome=outcome) if outcome != "not_pooled":
+                    self._count(service_name, outcome)
+        if claim is None:
             return None
-        if mounts and not self._mounts_fit(mounts):
-            self._count(service_name, "mounts")
-            return None
-        taken = self.machine.take(service_name, _shape(service, account))
-        for removal in taken.retire:
-            self._retire(removal)
-        self._count(service_name, taken.outcome)
-        if taken.token is None:
-            return None
-        entry = self._entries.pop(taken.token)
+        entry = self._entries.pop(claim.token)
         self._handing_out[entry.token] = entry
-        self._wake()  # a refill
         try:
             return await self._hand_out(entry, mounts, pins, fields)
         finally:
@@ -397,8 +442,12 @@ class WarmPool:
     ) -> Container | None:
         try:
             entry.watching.cancel()
-            await entry.watched.wait()
-            if entry.ended:
+            try:
+                await entry.watched.wait()
+            finally:
+                # Its output is all reported: the machine says whether it may serve.
+                handed = any(isinstance(a, HandOut) for a in self._handle(Watched(entry.token)))
+            if not handed:
                 self._discard_later(entry)
                 return None
             if mounts:
@@ -427,7 +476,8 @@ class WarmPool:
         # background: an engine call is not worth a session's wait; a few ms at weight 2 are).
         assert self._nursery is not None
         self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
-        return _HandedOut(entry, self._staging if entry.staged else None)
+        staging = self._staging if entry.staged else None
+        return HandedOut(entry.token, entry.container, bytes(entry.early_stdout), staging)
 
     async def _restore_cpu_weight(self, entry: _Pooled, fields: dict[str, Any]) -> None:
         try:
@@ -442,16 +492,12 @@ class WarmPool:
         assert self._nursery is not None
         self._nursery.start_soon(self._contained, self._discard, entry, "not_handed_out")
 
-    def _mounts_fit(self, mounts: tuple[MountSpec, ...]) -> bool:
-        if self._staging is None:
-            return False
-        return self._staging.placement(mounts) is not None
-
     def _stop_staging(self, exc: PropagationMissing) -> None:
         _say_mounts_unavailable(exc)
         self._staging = None
+        self._handle(StagingLost())
 
-    def _count(self, service: str, outcome: TakeOutcome | str) -> None:
+    def _count(self, service: str, outcome: TakeOutcome) -> None:
         self._fabric.observer.metrics.pool_takes.labels(service, outcome).inc()
 
 
@@ -494,68 +540,3 @@ def _say_mounts_unavailable(exc: StagingUnavailable) -> None:
             "effect": "sessions with mounts get a fresh container",
         },
     )
-
-
-def _shape(service: Service, account: Account) -> Hashable:
-    """What of a session's container is fixed at create time and differs between sessions:
-    the account its server runs as, unless the suite names the user (then nothing does)."""
-    return account if service.user is None else None
-
-
-class _Replayed(trio.abc.ReceiveStream):
-    """A stream that first returns bytes read from it before (a pooled server's early output)."""
-
-    def __init__(self, early: bytes, stream: trio.abc.ReceiveStream) -> None:
-        self._early = early
-        self._stream = stream
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._early:
-            await trio.lowlevel.checkpoint()
-            size = len(self._early) if max_bytes is None else max_bytes
-            data, self._early = self._early[:size], self._early[size:]
-            return data
-        return await self._stream.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-class _HandedOut:
-    """A pooled container as its session sees it: the runtime's container, plus the output
-    read while it was pooled, and its staging area released when it is closed."""
-
-    def __init__(self, entry: _Pooled, staging: Staging | None) -> None:
-        self._entry = entry
-        self._container = entry.container
-        self._staging = staging
-        early = bytes(entry.early_stdout)
-        self._stdout = _Replayed(early, self._container.stdout) if early else self._container.stdout
-
-    @property
-    def id(self) -> str:
-        return self._container.id
-
-    @property
-    def name(self) -> str:
-        return self._container.name
-
-    @property
-    def stdin(self) -> StdinStream:
-        return self._container.stdin
-
-    @property
-    def stdout(self) -> trio.abc.ReceiveStream:
-        return self._stdout
-
-    @property
-    def stderr(self) -> trio.abc.ReceiveStream:
-        return self._container.stderr
-
-    async def aclose(self) -> None:
-        try:
-            await self._container.aclose()
-        finally:
-            staging, self._staging = self._staging, None
-            if staging is not None:
-                await trio.to_thread.run_sync(staging.release, self._entry.token)

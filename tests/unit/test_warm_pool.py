@@ -29,6 +29,10 @@ from reactor_fabric.policy.container_spec import (
 )
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet
+from reactor_fabric.protocol.warm_pool import (
+    EARLY_STDOUT_BYTES,
+    IMAGE_CHECK_SECONDS,
+)
 from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.runtime.staging import NotStageable, PropagationMissing, StagedMount
@@ -37,7 +41,7 @@ from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.live_container import LiveContainer
 from reactor_fabric.trio.session import serve_session
 from reactor_fabric.trio.sweeper import containers_to_remove
-from reactor_fabric.trio.warm_pool import IMAGE_CHECK_SECONDS, WarmPool
+from reactor_fabric.trio.warm_pool import WarmPool
 from tests.fakes import (
     INITIALIZE,
     INITIALIZED,
@@ -51,7 +55,14 @@ from tests.leaks import cancel_at_every_step, cancelled_after
 IMAGE = "fake/svc:1"
 
 
-def suite(root: Path, *, warm: int = 2, parallel: int = 2, max_containers: int = 16) -> Suite:
+def suite(
+    root: Path,
+    *,
+    warm: int = 2,
+    parallel: int = 2,
+    max_containers: int = 16,
+    user: str | None = None,
+) -> Suite:
     return Suite(
         version="1.0",
         orchestrator=Orchestrator(
@@ -59,7 +70,7 @@ def suite(root: Path, *, warm: int = 2, parallel: int = 2, max_containers: int =
             warm_pool=PoolSettings(max_containers=max_containers, parallel_starts=parallel),
         ),
         mcp_services={
-            "svc": Service(image=IMAGE, warm=warm),
+            "svc": Service(image=IMAGE, warm=warm, user=user),
             "cold": Service(image="fake/cold:1"),
         },
     )
@@ -276,6 +287,47 @@ async def test_output_a_pooled_server_wrote_before_any_input_reaches_its_session
             await client.leave()
 
 
+async def test_a_service_whose_suite_names_the_user_hands_its_first_pooled_container_out(
+    tmp_path: Path,
+) -> None:
+    # Its containers are alike whatever the session's account: none is retired for another.
+    async with warm_pool(tmp_path, user="1000:1000") as h:
+        await h.filled()
+        container = await h.start()
+        spec = h.engine.servers[container.name].spec
+        assert spec.labels.get(LABEL_POOLED) == "true"
+        assert spec.user == "1000:1000"
+        await h.remove(container)
+        metrics = h.fabric.observer.metrics
+        assert metrics.pool_takes.labels("svc", "hit")._value.get() == 1
+        assert metrics.pool_takes.labels("svc", "shape")._value.get() == 0
+
+
+async def test_a_pooled_server_that_writes_too_much_before_any_input_is_removed_not_handed_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def chatters(container: MemoryServer) -> None:
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "x" * 900}}
+        for _ in range(EARLY_STDOUT_BYTES // 900 + 2):
+            await container.write_stdout(json.dumps(note).encode() + b"\n")
+        await scripted_mcp_server(container)
+
+    async with warm_pool(tmp_path, server=chatters, warm=1) as h:
+        await until(
+            lambda: any(
+                r.message == "pooled_container_ended"
+                and getattr(r, "why", None) == "output_before_input"
+                for r in caplog.records
+            ),
+            what="the chatty one removed",
+        )
+        first = h.engine.servers[h.engine.spawned[0].name]
+        await until(lambda: first.removed, what="removed")
+        container = await h.start()
+        assert container.name != first.name
+        await h.remove(container)
+
+
 async def test_a_rebuilt_image_retires_the_pooled_containers_of_the_old_one(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -418,11 +470,11 @@ async def test_cancelling_a_start_that_takes_from_the_pool_at_every_step_leaks_n
 async def test_a_bug_in_a_pool_task_is_logged_and_goes_no_further(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with warm_pool(tmp_path, warm=1) as h:
+    # With a staging area, so that a pooled start asks for the container's pid.
+    async with warm_pool(tmp_path, warm=1, staging=FakeStaging()) as h:
         await h.filled(1)
         # Anything but the product's errors (a bug), raised where a pooled start goes on.
         h.engine.fault("pid", error=RuntimeError("a bug"))
-        h.pool._staging = FakeStaging()  # so that the start asks for the pid
         container = await h.start()  # takes the ready one; its refill meets the bug
         await until(
             lambda: any(r.message == "pool_task_failed" for r in caplog.records),

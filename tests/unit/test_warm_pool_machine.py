@@ -1,17 +1,40 @@
-"""The warm pool's decisions (pure): refills within bounds, takes, back-off, shapes, stop."""
+"""The warm pool's decisions (pure): refills within bounds, takes, back-off, shapes, early
+output, mounts, image checks, stop — one event at a time."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Hashable
 
 import pytest
 
 from reactor_fabric.protocol.warm_pool import (
     BACKOFF_MAX_SECONDS,
+    EARLY_STDOUT_BYTES,
     HEALTHY_SECONDS,
-    RemovePooled,
-    StartPooled,
+    IMAGE_CHECK_SECONDS,
     WarmPoolMachine,
+)
+from reactor_fabric.protocol.warm_pool_events import (
+    Action,
+    CheckImages,
+    Claim,
+    EarlyOutput,
+    Event,
+    HandOut,
+    ImageChanged,
+    ImagesChecked,
+    Missed,
+    OutputEnded,
+    RemovePooled,
+    Shutdown,
+    StagingLost,
+    StartFailed,
+    StartPooled,
+    StartSucceeded,
+    Take,
+    Tick,
+    Watched,
 )
 
 NOBODY = "65534:65534"
@@ -19,188 +42,316 @@ USER = "1000:1000"
 
 
 def machine(
-    targets: dict[str, int] | None = None, *, max_containers: int = 16, parallel: int = 2
+    targets: dict[str, int] | None = None,
+    *,
+    max_containers: int = 16,
+    parallel: int = 2,
+    fixed_shape: tuple[str, ...] = (),
+    stages_mounts: bool = False,
 ) -> WarmPoolMachine:
     return WarmPoolMachine(
         targets if targets is not None else {"time": 2},
         max_containers=max_containers,
         parallel_starts=parallel,
         initial_shape=NOBODY,
+        fixed_shape=fixed_shape,
+        stages_mounts=stages_mounts,
     )
+
+
+def feed(pool: WarmPoolMachine, event: Event, now: float = 0.0) -> list[Action]:
+    """``event`` at ``now``, an image check it asks for answered at once (image not known)."""
+    actions = pool.handle(event, now)
+    if any(isinstance(a, CheckImages) for a in actions):
+        actions = [a for a in actions if not isinstance(a, CheckImages)]
+        actions += pool.handle(ImagesChecked(), now)
+    return actions
+
+
+def started(actions: list[Action]) -> list[int]:
+    return [a.token for a in actions if isinstance(a, StartPooled)]
+
+
+def starts(pool: WarmPoolMachine, now: float) -> list[StartPooled]:
+    return [a for a in feed(pool, Tick(), now) if isinstance(a, StartPooled)]
+
+
+def next_start(pool: WarmPoolMachine) -> tuple[float, StartPooled]:
+    """Ticks at the machine's deadlines until it starts one: when, and which."""
+    while True:
+        deadline = pool.deadline
+        assert deadline is not None
+        actions = starts(pool, deadline)
+        if actions:
+            (action,) = actions
+            return deadline, action
+
+
+def removals(actions: list[Action]) -> list[RemovePooled]:
+    return [a for a in actions if isinstance(a, RemovePooled)]
 
 
 def fill(pool: WarmPoolMachine, now: float = 0.0) -> list[StartPooled]:
     """Start and complete starts until the pool asks for no more."""
-    started: list[StartPooled] = []
-    while actions := pool.starts(now):
-        for action in actions:
-            assert pool.start_succeeded(action.token, now) is None
-        started += actions
-    return started
+    done: list[StartPooled] = []
+    pending = starts(pool, now)
+    while pending:
+        action = pending.pop(0)
+        actions = feed(pool, StartSucceeded(action.token), now)
+        assert removals(actions) == []
+        done.append(action)
+        pending += [a for a in actions if isinstance(a, StartPooled)]
+    return done
+
+
+def take(
+    pool: WarmPoolMachine, service: str, shape: Hashable, now: float = 0.0, **mounts: bool
+) -> tuple[int | None, str, list[RemovePooled]]:
+    """A session's take, its claim watched at once: (token handed out, outcome, removals)."""
+    actions = feed(pool, Take(service, shape, **mounts), now)
+    claims = [a for a in actions if isinstance(a, Claim)]
+    if not claims:
+        (missed,) = [a for a in actions if isinstance(a, Missed)]
+        return None, missed.outcome, removals(actions)
+    (claim,) = claims
+    handed = feed(pool, Watched(claim.token), now)
+    if any(isinstance(a, HandOut) for a in handed):
+        return claim.token, "hit", removals(actions)
+    return None, "hit", removals(actions + handed)
 
 
 def test_a_service_without_warm_keeps_no_pool_and_its_sessions_are_not_pooled() -> None:
     pool = machine({"time": 0, "git": 1})
     assert pool.services == {"git"}
-    assert pool.take("time", NOBODY).outcome == "not_pooled"
+    assert take(pool, "time", NOBODY)[1] == "not_pooled"
 
 
 def test_refills_start_at_most_parallel_starts_at_once() -> None:
     pool = machine({"time": 5}, parallel=2)
-    first = pool.starts(0.0)
+    first = starts(pool, 0.0)
     assert [a.service for a in first] == ["time", "time"]
-    assert pool.starts(0.0) == []  # two in flight: no more until one ends
-    pool.start_succeeded(first[0].token, 0.0)
-    assert len(pool.starts(0.0)) == 1
+    assert starts(pool, 0.0) == []  # two in flight: no more until one ends
+    assert len(started(feed(pool, StartSucceeded(first[0].token)))) == 1
 
 
 def test_the_global_cap_bounds_starting_and_ready_containers_together() -> None:
     pool = machine({"time": 3, "git": 3}, max_containers=4, parallel=8)
-    actions = pool.starts(0.0)
+    actions = starts(pool, 0.0)
     assert len(actions) == 4
     assert pool.total == 4
     for action in actions:
-        pool.start_succeeded(action.token, 0.0)
-    assert pool.starts(0.0) == []
+        assert started(feed(pool, StartSucceeded(action.token))) == []
+    assert starts(pool, 0.0) == []
 
 
 def test_rationed_starts_go_to_the_service_with_fewest_pooled_first() -> None:
     pool = machine({"time": 2, "git": 2, "filesystem": 2}, parallel=3)
-    assert sorted(a.service for a in pool.starts(0.0)) == ["filesystem", "git", "time"]
+    assert sorted(a.service for a in starts(pool, 0.0)) == ["filesystem", "git", "time"]
 
 
 def test_a_take_hands_out_the_oldest_ready_container_once_and_the_pool_refills() -> None:
     pool = machine({"time": 2})
-    started = fill(pool)
-    taken = pool.take("time", NOBODY)
-    assert (taken.token, taken.outcome) == (started[0].token, "hit")
+    done = fill(pool)
+    actions = feed(pool, Take("time", NOBODY))
+    assert actions[0] == Claim(done[0].token, "time")
+    (refill,) = [a for a in actions if isinstance(a, StartPooled)]  # at once
+    assert refill.token not in {a.token for a in done}  # never reused
     assert pool.ready("time") == 1
-    (refill,) = pool.starts(0.0)
-    assert refill.token not in {a.token for a in started}  # never reused
-    second = pool.take("time", NOBODY)
-    assert second.token == started[1].token
+    assert feed(pool, Watched(done[0].token)) == [HandOut(done[0].token, "time")]
+    assert take(pool, "time", NOBODY)[0] == done[1].token
+    with pytest.raises(ValueError, match="not claimed"):
+        feed(pool, Watched(done[0].token))
 
 
 def test_a_container_still_starting_is_not_handed_out() -> None:
     pool = machine({"time": 1})
-    pool.starts(0.0)
-    assert pool.take("time", NOBODY).outcome == "empty"
+    starts(pool, 0.0)
+    assert take(pool, "time", NOBODY)[1] == "empty"
 
 
 def test_a_miss_for_another_shape_retires_the_oldest_ready_one_and_refills_in_that_shape() -> None:
     pool = machine({"git": 2})
-    started = fill(pool)
-    taken = pool.take("git", USER)
-    assert taken.token is None
-    assert taken.outcome == "shape"
-    assert taken.retire == (RemovePooled(started[0].token, "git", "shape_changed"),)
-    (refill,) = pool.starts(0.0)
+    done = fill(pool)
+    actions = feed(pool, Take("git", USER))
+    assert actions[:2] == [
+        Missed("git", "shape"),
+        RemovePooled(done[0].token, "git", "shape_changed"),
+    ]
+    (refill,) = [a for a in actions if isinstance(a, StartPooled)]
     assert refill.shape == USER
-    pool.start_succeeded(refill.token, 0.0)
-    assert pool.take("git", USER).token == refill.token
+    feed(pool, StartSucceeded(refill.token))
+    assert take(pool, "git", USER)[0] == refill.token
     # The container of the old shape is still there for a session that wants it.
-    assert pool.take("git", NOBODY).token == started[1].token
+    assert take(pool, "git", NOBODY)[0] == done[1].token
+
+
+def test_a_service_whose_suite_names_the_user_has_one_shape_whatever_the_sessions_account() -> None:
+    pool = machine({"git": 2}, fixed_shape=("git",))
+    done = fill(pool)
+    assert {a.shape for a in done} == {None}
+    assert take(pool, "git", USER)[0] == done[0].token
+    assert take(pool, "git", NOBODY)[0] == done[1].token
 
 
 def test_a_failed_start_backs_off_doubling_up_to_a_minute_and_success_resets_it() -> None:
     pool = machine({"time": 1})
     now = 100.0
+    (action,) = starts(pool, now)
     delays = []
     for _ in range(9):
-        (action,) = pool.starts(now)
-        pool.start_failed(action.token, now)
-        assert pool.starts(now) == []  # held back
-        retry = pool.next_start_at(now)
-        assert retry is not None
+        assert started(feed(pool, StartFailed(action.token), now)) == []  # held back
+        retry, action = next_start(pool)
         delays.append(retry - now)
         now = retry
     assert delays[:4] == [1.0, 2.0, 4.0, 8.0]
     assert delays[-1] == BACKOFF_MAX_SECONDS
-    (action,) = pool.starts(now)
-    pool.start_succeeded(action.token, 0.0)
-    pool.take("time", NOBODY)
-    (action,) = pool.starts(now)  # no back-off after a success
-    pool.start_failed(action.token, now)
-    assert pool.next_start_at(now) == now + 1.0
+    feed(pool, StartSucceeded(action.token), now)
+    (refill,) = started(feed(pool, Take("time", NOBODY), now))  # no back-off after a success
+    feed(pool, StartFailed(refill), now)
+    assert next_start(pool)[0] == now + 1.0
+
+
+def test_a_start_that_failed_after_its_container_was_created_has_it_removed() -> None:
+    pool = machine({"time": 1})
+    (action,) = starts(pool, 0.0)
+    assert feed(pool, StartFailed(action.token, created=True)) == [
+        RemovePooled(action.token, "time", "start_failed")
+    ]
 
 
 def test_back_off_of_one_service_does_not_hold_back_another() -> None:
     pool = machine({"time": 1, "git": 1}, parallel=1)
-    (first,) = pool.starts(0.0)
-    pool.start_failed(first.token, 0.0)
-    (second,) = pool.starts(0.0)
-    assert second.service != first.service
+    (first,) = starts(pool, 0.0)
+    (second,) = started(feed(pool, StartFailed(first.token)))
+    assert pool.starting == 1
+    assert second != first.token
 
 
-def test_a_ready_container_that_dies_soon_is_forgotten_and_counts_as_a_failure() -> None:
+def test_a_ready_container_that_ends_soon_is_removed_and_counts_as_a_failure() -> None:
     pool = machine({"time": 1})
-    (started,) = fill(pool)
-    pool.exited(started.token, 5.0)
+    (action,) = fill(pool)
+    assert feed(pool, OutputEnded(action.token, "exited"), 5.0) == [
+        RemovePooled(action.token, "time", "exited")
+    ]
     assert pool.pooled("time") == 0
-    assert pool.starts(5.0) == []
-    assert pool.next_start_at(5.0) == 6.0
-    pool.exited(started.token, 6.0)  # a second report of the same end changes nothing
-    assert len(pool.starts(6.0)) == 1
+    assert pool.deadline == 6.0
+    assert feed(pool, OutputEnded(action.token, "exited"), 5.5) == []  # reported twice
+    assert len(starts(pool, 6.0)) == 1
 
 
 def test_a_server_that_exits_right_after_every_start_backs_off_though_each_start_succeeds() -> None:
     pool = machine({"time": 1})
     now = 0.0
+    (action,) = starts(pool, now)
     for expected in (1.0, 2.0, 4.0, 8.0):
-        (action,) = pool.starts(now)
-        assert pool.start_succeeded(action.token, now) is None
-        pool.exited(action.token, now + 0.1)
-        retry = pool.next_start_at(now + 0.1)
+        assert feed(pool, StartSucceeded(action.token), now) == []
+        feed(pool, OutputEnded(action.token, "exited"), now + 0.1)
+        retry, action = next_start(pool)
         assert retry == now + 0.1 + expected
         now = retry
 
 
 def test_a_container_that_ran_a_while_before_it_ended_resets_the_back_off() -> None:
     pool = machine({"time": 1})
-    (action,) = pool.starts(0.0)
-    pool.start_failed(action.token, 0.0)
-    (action,) = pool.starts(1.0)
-    pool.start_succeeded(action.token, 1.0)
-    pool.exited(action.token, 1.0 + HEALTHY_SECONDS)
-    assert len(pool.starts(1.0 + HEALTHY_SECONDS)) == 1
+    (action,) = starts(pool, 0.0)
+    feed(pool, StartFailed(action.token), 0.0)
+    (action,) = starts(pool, 1.0)
+    feed(pool, StartSucceeded(action.token), 1.0)
+    assert len(started(feed(pool, OutputEnded(action.token, "exited"), 1.0 + HEALTHY_SECONDS))) == 1
 
 
-def test_an_exit_reported_after_the_container_was_handed_out_changes_nothing() -> None:
+def test_output_before_any_input_is_kept_up_to_its_bound_and_past_it_the_container_goes() -> None:
     pool = machine({"time": 1})
-    (started,) = fill(pool)
-    assert pool.take("time", NOBODY).token == started.token
-    pool.exited(started.token, 1.0)
-    assert len(pool.starts(1.0)) == 1  # no back-off
-
-
-def test_an_image_change_retires_ready_containers_now_and_starting_ones_when_they_start() -> None:
-    pool = machine({"time": 2}, parallel=1)
-    (ready,) = pool.starts(0.0)
-    pool.start_succeeded(ready.token, 0.0)
-    (starting,) = pool.starts(0.0)
-    assert pool.image_changed("time") == [RemovePooled(ready.token, "time", "image_changed")]
-    assert pool.start_succeeded(starting.token, 0.0) == RemovePooled(
-        starting.token, "time", "image_changed"
+    (action,) = fill(pool)
+    assert feed(pool, EarlyOutput(action.token, EARLY_STDOUT_BYTES)) == []
+    assert feed(pool, EarlyOutput(action.token, 1))[0] == RemovePooled(
+        action.token, "time", "output_before_input"
     )
-    fresh = fill(pool)
-    assert len(fresh) == 2
-    assert pool.image_changed("unknown") == []
+    (action,) = starts(pool, 10.0)
+    feed(pool, StartSucceeded(action.token), 10.0)
+    assert feed(pool, OutputEnded(action.token, "output_invalid"), 10.0)[0] == RemovePooled(
+        action.token, "time", "output_invalid"
+    )
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        lambda token: OutputEnded(token, "exited"),
+        lambda token: OutputEnded(token, "output_invalid"),
+        lambda token: EarlyOutput(token, EARLY_STDOUT_BYTES + 1),
+    ],
+    ids=["exited", "invalid", "too-much"],
+)
+def test_a_claimed_container_whose_output_ended_before_its_watch_stopped_is_not_handed_out(
+    late: Callable[[int], Event],
+) -> None:
+    pool = machine({"time": 1})
+    fill(pool)
+    (claim,) = [a for a in feed(pool, Take("time", NOBODY)) if isinstance(a, Claim)]
+    assert removals(feed(pool, late(claim.token), 1.0)) == []  # not the pool's any more
+    assert feed(pool, Watched(claim.token), 1.0) == [
+        RemovePooled(claim.token, "time", "not_handed_out")
+    ]
+    assert pool.deadline == IMAGE_CHECK_SECONDS  # no back-off: only the next image check
+
+
+def test_mounts_get_a_pooled_container_only_through_the_staging_area_and_where_it_places_them() -> (
+    None
+):
+    pool = machine({"git": 3}, stages_mounts=True)
+    done = fill(pool)
+    assert all(a.staged for a in done)
+    assert take(pool, "git", NOBODY, mounts=True, placeable=False)[1] == "mounts"
+    assert take(pool, "git", NOBODY, mounts=True, placeable=True)[0] == done[0].token
+    feed(pool, StagingLost())
+    assert take(pool, "git", NOBODY, mounts=True, placeable=True)[1] == "mounts"
+    assert take(pool, "git", NOBODY)[0] == done[1].token  # without mounts: as before
+    assert not any(a.staged for a in starts(pool, 0.0))
+    unstaged = machine({"git": 1})
+    fill(unstaged)
+    assert take(unstaged, "git", NOBODY, mounts=True, placeable=True)[1] == "mounts"
+
+
+def test_images_are_checked_at_a_deadline_of_their_own_a_rebuilt_one_retires_old_ones() -> None:
+    pool = machine({"time": 2}, parallel=1)
+    first = pool.handle(Tick(), 0.0)
+    assert first[0] == CheckImages(("time",))  # at once, beside the first start
+    (ready,) = [a for a in first if isinstance(a, StartPooled)]
+    checking = pool.deadline
+    assert checking is None  # the check runs: the next one is due after its answer
+    assert pool.handle(ImagesChecked((("time", "sha256:a"),)), 1.0) == []
+    assert pool.deadline == 1.0 + IMAGE_CHECK_SECONDS
+    (starting,) = started(pool.handle(StartSucceeded(ready.token), 1.0))
+    assert pool.handle(Tick(), 20.0) == []  # nothing due yet
+    assert pool.handle(Tick(), 31.0) == [CheckImages(("time",))]
+    assert pool.handle(ImagesChecked((("time", "sha256:a"),)), 32.0) == []  # unchanged
+    assert pool.handle(Tick(), 62.0) == [CheckImages(("time",))]
+    changed = pool.handle(ImagesChecked((("time", "sha256:b"), ("gone", "x"))), 63.0)
+    assert changed == [ImageChanged("time"), RemovePooled(ready.token, "time", "image_changed")]
+    # The one starting meanwhile runs the old image too: removed as it starts, replaced.
+    actions = pool.handle(StartSucceeded(starting), 63.0)
+    assert removals(actions) == [RemovePooled(starting, "time", "image_changed")]
+    assert len(started(actions)) == 1
+    pool.handle(Tick(), 93.0)
+    assert pool.handle(ImagesChecked((("time", None),)), 93.0) == []  # not known: kept
 
 
 def test_stop_retires_every_ready_container_takes_nothing_and_starts_nothing() -> None:
     pool = machine({"time": 2, "git": 1}, parallel=3)
-    actions = pool.starts(0.0)
-    pool.start_succeeded(actions[0].token, 0.0)
-    pool.start_succeeded(actions[1].token, 0.0)
-    retired = pool.stop()
-    assert {r.token for r in retired} == {actions[0].token, actions[1].token}
-    assert {r.reason for r in retired} == {"stopping"}
-    assert pool.take("time", NOBODY).outcome == "stopping"
-    assert pool.starts(0.0) == []
-    assert pool.next_start_at(0.0) is None
-    assert pool.start_succeeded(actions[2].token, 0.0) == RemovePooled(
-        actions[2].token, actions[2].service, "stopping"
-    )
+    actions = starts(pool, 0.0)
+    feed(pool, StartSucceeded(actions[0].token))
+    feed(pool, StartSucceeded(actions[1].token))
+    retired = feed(pool, Shutdown())
+    assert all(isinstance(r, RemovePooled) for r in retired)
+    assert {r.token for r in removals(retired)} == {actions[0].token, actions[1].token}
+    assert {r.reason for r in removals(retired)} == {"stopping"}
+    assert take(pool, "time", NOBODY)[1] == "stopping"
+    assert starts(pool, 100.0) == []
+    assert pool.deadline is None
+    assert feed(pool, StartSucceeded(actions[2].token)) == [
+        RemovePooled(actions[2].token, actions[2].service, "stopping")
+    ]
     assert pool.total == 0
 
 
@@ -208,80 +359,68 @@ def test_reporting_the_end_of_a_start_that_is_not_running_is_a_bug() -> None:
     pool = machine({"time": 1})
     (action,) = fill(pool)
     with pytest.raises(ValueError, match="not starting"):
-        pool.start_succeeded(action.token, 0.0)
+        feed(pool, StartSucceeded(action.token))
     with pytest.raises(ValueError, match="not starting"):
-        pool.start_failed(99, 0.0)
-
-
-class _Walk:
-    """A model of what the pool should hold, checked against it after every event."""
-
-    def __init__(self, pool: WarmPoolMachine) -> None:
-        self.pool = pool
-        self.starting: dict[int, StartPooled] = {}
-        self.ready: dict[int, StartPooled] = {}
-        self.gone: set[int] = set()  # handed out or removed: never seen again
-
-    def begin_starts(self, now: float) -> None:
-        for action in self.pool.starts(now):
-            assert action.token not in self.starting | self.ready
-            assert action.token not in self.gone
-            self.starting[action.token] = action
-
-    def retire(self, actions: list[RemovePooled] | tuple[RemovePooled, ...]) -> None:
-        for action in actions:
-            assert action.token in self.ready
-            del self.ready[action.token]
-            self.gone.add(action.token)
-
-    def end_start(self, token: int, *, succeeded: bool, now: float) -> None:
-        action = self.starting.pop(token)
-        if not succeeded:
-            self.pool.start_failed(token, now)
-        elif self.pool.start_succeeded(token, now) is None:
-            self.ready[token] = action
-        else:
-            self.gone.add(token)
-
-    def take(self, name: str, shape: str) -> None:
-        taken = self.pool.take(name, shape)
-        self.retire(taken.retire)
-        if taken.token is not None:
-            assert self.ready.pop(taken.token).service == name
-            self.gone.add(taken.token)
+        feed(pool, StartFailed(99))
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_event_orders_keep_every_bound_and_hand_out_each_container_once(seed: int) -> None:
-    """Any order of starts ending, takes, deaths, image changes and a stop keeps the bounds."""
+    """Any order of starts ending, takes, deaths, image changes and a stop keeps the bounds
+    (tests/unit/test_warm_pool_orderings.py explores every order of a smaller world)."""
     rng = random.Random(seed)
     targets = {"time": rng.randint(0, 4), "git": rng.randint(1, 4), "fs": rng.randint(0, 3)}
     max_containers = rng.randint(1, 8)
     parallel = rng.randint(1, 3)
-    walk = _Walk(machine(targets, max_containers=max_containers, parallel=parallel))
-    pool = walk.pool
+    pool = machine(targets, max_containers=max_containers, parallel=parallel)
+    starting: set[int] = set()
+    ready: set[int] = set()
+    gone: set[int] = set()  # handed out or removed: never seen again
     now = 0.0
+
+    def apply(actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, StartPooled):
+                assert action.token not in starting | ready | gone
+                starting.add(action.token)
+            elif isinstance(action, RemovePooled):
+                assert action.token in ready | starting
+                ready.discard(action.token)
+                gone.add(action.token)
+            elif isinstance(action, Claim):
+                ready.remove(action.token)
+                gone.add(action.token)
+                apply(pool.handle(Watched(action.token), now))
+            elif isinstance(action, CheckImages):
+                images = tuple((name, rng.choice(["a", "b"])) for name in action.services)
+                apply(pool.handle(ImagesChecked(images), now))
+
     for _ in range(300):
-        walk.begin_starts(now)
-        assert len(walk.starting) == pool.starting <= parallel
-        assert pool.total == len(walk.starting) + len(walk.ready) <= max_containers
+        apply(pool.handle(Tick(), now))
+        assert len(starting) == pool.starting <= parallel
+        assert pool.total == len(starting) + len(ready) <= max_containers
         assert all(pool.pooled(name) <= target for name, target in targets.items())
-        event = rng.choice(["succeed", "fail", "take", "die", "time", "image"])
-        if event in ("succeed", "fail") and walk.starting:
-            token = rng.choice(sorted(walk.starting))
-            walk.end_start(token, succeeded=event == "succeed", now=now)
+        event = rng.choice(["succeed", "fail", "take", "die", "time"])
+        if event in ("succeed", "fail") and starting:
+            token = rng.choice(sorted(starting))
+            starting.remove(token)
+            done = StartSucceeded(token) if event == "succeed" else StartFailed(token)
+            actions = pool.handle(done, now)
+            if event == "succeed" and token not in {
+                a.token for a in actions if isinstance(a, RemovePooled)
+            }:
+                ready.add(token)
+            else:
+                gone.add(token)
+            apply([a for a in actions if not (isinstance(a, RemovePooled) and a.token == token)])
         elif event == "take":
-            walk.take(rng.choice(sorted(targets)), rng.choice([NOBODY, USER]))
-        elif event == "die" and walk.ready:
-            token = rng.choice(sorted(walk.ready))
-            del walk.ready[token]
-            pool.exited(token, now)
+            apply(pool.handle(Take(rng.choice(sorted(targets)), rng.choice([NOBODY, USER])), now))
+        elif event == "die" and ready:
+            apply(pool.handle(OutputEnded(rng.choice(sorted(ready)), "exited"), now))
         elif event == "time":
             now += rng.choice([0.5, 2.0, 30.0])
-        elif event == "image":
-            walk.retire(pool.image_changed(rng.choice(sorted(targets))))
-    walk.retire(pool.stop())
-    assert not walk.ready
-    for token in list(walk.starting):
-        assert pool.start_succeeded(token, 0.0) is not None
+    apply(pool.handle(Shutdown(), now))
+    assert not ready
+    for token in list(starting):
+        assert removals(pool.handle(StartSucceeded(token), now))[0].token == token
     assert pool.total == 0
