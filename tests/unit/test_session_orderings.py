@@ -72,6 +72,7 @@ from reactor_fabric.protocol.session import (
 )
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
+from tests.orderings import LazyTrail, Trail, unwind
 
 SCRIPT = [
     json.dumps(INITIALIZE).encode(),
@@ -471,28 +472,6 @@ def explore(*, stall_timeout: float = math.inf) -> int:
                 assert len(seen) < MAX_STATES, "the state space is larger than expected"
                 stack.append((successor, successor_trail))
     return len(seen)
-
-
-Trail = tuple[str, "Trail"] | None
-
-
-def unwind(node: Trail) -> list[str]:
-    names: list[str] = []
-    while node is not None:
-        names.append(node[0])
-        node = node[1]
-    return names[::-1]
-
-
-class LazyTrail(list[str]):
-    """The steps that led here, spelled out only when a check fails."""
-
-    def __init__(self, node: Trail) -> None:
-        super().__init__()
-        self._node = node
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(unwind(self._node))
 
 
 @pytest.mark.parametrize(

@@ -70,6 +70,7 @@ from reactor_fabric.protocol.warm_pool_events import (
     Tick,
     Watched,
 )
+from tests.orderings import LazyTrail, Trail
 
 TARGETS = {"a": 2, "b": 1}  # together more than the cap: rationing is exercised
 FIXED = ("b",)  # b's suite names its user: its containers have one shape
@@ -474,28 +475,6 @@ def explore() -> int:
                 assert len(seen) < MAX_STATES, "the state space is larger than expected"
                 stack.append((successor, successor_trail))
     return len(seen)
-
-
-Trail = tuple[str, "Trail"] | None
-
-
-def unwind(node: Trail) -> list[str]:
-    names: list[str] = []
-    while node is not None:
-        names.append(node[0])
-        node = node[1]
-    return names[::-1]
-
-
-class LazyTrail(list[str]):
-    """The steps that led here, spelled out only when a check fails."""
-
-    def __init__(self, node: Trail) -> None:
-        super().__init__()
-        self._node = node
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(unwind(self._node))
 
 
 @pytest.mark.parametrize(
