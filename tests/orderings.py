@@ -1,10 +1,20 @@
-"""What the exhaustive ordering checkers share: the trail of steps that led to a state, kept
-as a linked list (one node per step, shared by every state below it) and spelled out only when
-a check fails, so that millions of states cost no list copies."""
+"""What the exhaustive ordering checkers share: an invariant's failure (:class:`Violation`, with
+the steps that led to it), and the trail of those steps, kept as a linked list (one node per
+step, shared by every state below it) and spelled out only when a check fails, so that
+millions of states cost no list copies."""
 
 from __future__ import annotations
 
 Trail = tuple[str, "Trail"] | None
+
+
+class Violation(AssertionError):
+    """An invariant that did not hold."""
+
+
+def check(condition: bool, message: str, trail: list[str]) -> None:
+    if not condition:
+        raise Violation(f"{message}\n  after: {' → '.join(trail)}")
 
 
 def unwind(node: Trail) -> list[str]:

@@ -64,7 +64,7 @@ from reactor_fabric.protocol.fabric_server import (
 from reactor_fabric.protocol.session import container_exited, session_ending
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZED, request
-from tests.orderings import LazyTrail, Trail
+from tests.orderings import LazyTrail, Trail, Violation, check
 
 SERVICES = ("alpha", "beta")
 CATALOG = Catalog(
@@ -224,15 +224,6 @@ class World:
         """The service's container as the driver knows it (started, not gone)."""
         box = self.boxes.get(self.current.get(service, -1))
         return box if box is not None and box.state == "running" else None
-
-
-class Violation(AssertionError):
-    pass
-
-
-def check(condition: bool, message: str, trail: list[str]) -> None:
-    if not condition:
-        raise Violation(f"{message}\n  after: {' → '.join(trail)}")
 
 
 def apply(world: World, actions: list[Action], trail: list[str]) -> None:

@@ -72,7 +72,7 @@ from reactor_fabric.protocol.session import (
 )
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
-from tests.orderings import LazyTrail, Trail, unwind
+from tests.orderings import LazyTrail, Trail, Violation, check, unwind
 
 SCRIPT = [
     json.dumps(INITIALIZE).encode(),
@@ -172,15 +172,6 @@ class World:
             self.duplicate_refused,
             self.duplicate_recorded,
         )
-
-
-class Violation(AssertionError):
-    pass
-
-
-def check(condition: bool, message: str, trail: list[str]) -> None:
-    if not condition:
-        raise Violation(f"{message}\n  after: {' → '.join(trail)}")
 
 
 def apply(world: World, actions: list[Action], trail: list[str]) -> None:

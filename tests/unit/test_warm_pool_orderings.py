@@ -70,7 +70,7 @@ from reactor_fabric.protocol.warm_pool_events import (
     Tick,
     Watched,
 )
-from tests.orderings import LazyTrail, Trail
+from tests.orderings import LazyTrail, Trail, Violation, check
 
 TARGETS = {"a": 2, "b": 1}  # together more than the cap: rationing is exercised
 FIXED = ("b",)  # b's suite names its user: its containers have one shape
@@ -167,15 +167,6 @@ class World:
 
     def in_pool(self, *states: str) -> list[Box]:
         return [box for box in self.boxes.values() if box.state in states]
-
-
-class Violation(AssertionError):
-    pass
-
-
-def check(condition: bool, message: str, trail: list[str]) -> None:
-    if not condition:
-        raise Violation(f"{message}\n  after: {' → '.join(trail)}")
 
 
 def fits(box: Box, service: str, account: Any) -> bool:
