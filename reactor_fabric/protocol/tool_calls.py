@@ -293,16 +293,29 @@ class ToolCalls:
         now: float,
     ) -> None:
         """A ``tools/call`` request already decoded (the fabric endpoint)."""
-        self._begin(
-            request_id,
-            _Open(
-                _tool_name(tool),
-                service,
-                self._arguments(arguments),
-                now,
-                nbytes,
-                _trace(traceparent),
-            ),
+        call = self._decoded(
+            tool=tool,
+            service=service,
+            arguments=arguments,
+            traceparent=traceparent,
+            nbytes=nbytes,
+            now=now,
+        )
+        self._begin(request_id, call)
+
+    def _decoded(
+        self,
+        *,
+        tool: object,
+        service: str | None,
+        arguments: object,
+        traceparent: object,
+        nbytes: int,
+        now: float,
+    ) -> _Open:
+        """A call's open entry from params already decoded (see :meth:`_opened` for raw ones)."""
+        return _Open(
+            _tool_name(tool), service, self._arguments(arguments), now, nbytes, _trace(traceparent)
         )
 
     def refused_params(
@@ -336,8 +349,13 @@ class ToolCalls:
         now: float,
     ) -> ToolCall:
         """As :meth:`refused_params`, for a request already decoded (the fabric endpoint)."""
-        call = _Open(
-            _tool_name(tool), service, self._arguments(arguments), now, nbytes, _trace(traceparent)
+        call = self._decoded(
+            tool=tool,
+            service=service,
+            arguments=arguments,
+            traceparent=traceparent,
+            nbytes=nbytes,
+            now=now,
         )
         return _Answered(request_id, call, answer, now, self._read).outcome()
 
