@@ -473,11 +473,9 @@ class FabricDriver:
             return
         backend.stop_reason = reason
         if reason == UNRESPONSIVE:
-            # The machine found it broken: not asked to exit through the stdin it leaves
-            # unread. What waits for that stdin is dropped now, not when the removal ends.
-            log.warning(
-                "backend_failed", extra={**self._fields, "backend": service, "reason": reason}
-            )
+            # The machine found it broken (logged with every non-idle stop, in _execute): not
+            # asked to exit through the stdin it leaves unread. What waits for that stdin is
+            # dropped now, not when the removal ends.
             backend.stop_graceful = False
             self._drop_queue(backend)
         assert self._nursery is not None

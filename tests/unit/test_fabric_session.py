@@ -253,7 +253,7 @@ async def deaf_server(container: MemoryServer) -> None:
 
 
 async def test_a_backend_that_does_not_read_its_stdin_is_broken_before_it_grows_the_memory(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Its pongs waited for it without bound (300 pings with 1 MB ids: +300 MB, kept after the
     # session closed). Now beyond limits.buffer_to_server of them it is broken, and removed.
@@ -265,6 +265,8 @@ async def test_a_backend_that_does_not_read_its_stdin_is_broken_before_it_grows_
         assert failed["id"] == 2
         assert failed["error"]["code"] == -32002
         assert failed["error"]["data"]["reason"] == "container_unresponsive"
+        failures = [r for r in caplog.records if r.getMessage() == "backend_failed"]
+        assert len(failures) == 1  # one line for one broken backend
         await until(lambda: http.runtime.alive == [], what="the deaf backend removed")
         # What waited for its stdin went with it; the session and its other services go on.
         assert [b for b in gc.get_objects() if isinstance(b, LiveContainer) and b.queue] == []
