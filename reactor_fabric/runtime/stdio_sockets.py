@@ -142,7 +142,7 @@ _MAX_LINKS = 40
 def _walk_private(path: str, euid: int) -> str:
     pending = [part for part in path.split("/") if part not in ("", ".")]
     current = "/"
-    _check_directory(current, os.lstat(current), euid, last=not pending)
+    _check_directory(current, os.lstat(current), euid, last=False)
     links = 0
     while pending:
         name = pending.pop(0)
@@ -173,8 +173,10 @@ def _walk_private(path: str, euid: int) -> str:
                 current = "/"
             pending[:0] = [part for part in target.split("/") if part not in ("", ".")]
             continue
-        _check_directory(candidate, found, euid, last=not pending)
+        _check_directory(candidate, found, euid, last=False)
         current = candidate
+    # Where the walk ended (after a "..", a directory checked only as one above): ours, 0700.
+    _check_directory(current, os.lstat(current), euid, last=True)
     return current
 
 

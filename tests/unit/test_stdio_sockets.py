@@ -219,6 +219,17 @@ def test_a_link_only_root_could_have_made_is_followed_and_the_real_path_returned
     assert private_directory(str(real / "a" / ".." / "b"), os.geteuid()) == str(real / "b")
 
 
+def test_a_path_that_ends_going_back_up_is_checked_where_it_ends(tmp_path: Path) -> None:
+    # "open/sub/.." ends in "open": checked as the directory itself (ours, 0700), not only as
+    # one above it.
+    opened = tmp_path / "open"
+    (opened / "sub").mkdir(parents=True, mode=0o700)
+    opened.chmod(0o750)
+    with pytest.raises(StdioUnavailable) as caught:
+        private_directory(str(opened / "sub" / ".."), os.geteuid())
+    assert "open to other users" in str(caught.value)
+
+
 def test_a_relative_directory_is_refused() -> None:
     with pytest.raises(StdioUnavailable) as caught:
         private_directory("relative/stdio", os.geteuid())
