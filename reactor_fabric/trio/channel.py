@@ -11,6 +11,12 @@ from typing import Protocol
 from ..protocol.jsonrpc import Peek
 
 
+class ChannelClosed(Exception):
+    """The client is gone (its connection broke or closed): what every channel raises from
+    :meth:`ClientChannel.send` and :meth:`ClientChannel.close`, whatever its transport raised
+    (translated at the channel, as httpcore's ``map_exceptions`` does)."""
+
+
 class ClientChannel(Protocol):
     """A client connection carrying one JSON-RPC message per frame, for one session.
 

@@ -1,0 +1,289 @@
+"""The one vocabulary of a client session: the events a session machine is fed and the actions
+it returns, for the per-service relay and the fabric endpoint alike.
+
+A session machine (:class:`SessionMachineContract`) makes every decision of one client session;
+the one trio driver (:mod:`reactor_fabric.trio.driver`) feeds it events and carries out its
+actions, in order. A session has *backends* — containers of the suite's services — each named
+by a :class:`BackendKey` the machine chooses when it asks for it. The relay is the case of one
+service with at most one current backend; the fabric endpoint has one per service (and, with a
+fresh container per call, one per call). Events about a backend the machine no longer counts on
+(one it stopped) are ignored by the machine, so the driver never has to know which is current.
+
+Time is given with every event (``now``, any monotonic clock); :attr:`deadline` says when the
+machine next needs a :class:`Tick`; :attr:`accepting` says whether the driver may read the
+client's next message (bytes waiting for backends are under the session's bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .._errors import FabricError
+from .fabric_refresh import ToolChanges
+from .jsonrpc import Peek
+from .tool_calls import ToolCallDone
+
+__all__ = [
+    "Action",
+    "BackendBroken",
+    "BackendExited",
+    "BackendKey",
+    "BackendLine",
+    "BackendStartFailed",
+    "BackendStarted",
+    "ClientFrame",
+    "ClientGone",
+    "ClientRegistered",
+    "CloseClient",
+    "Compute",
+    "Computed",
+    "EndSession",
+    "Event",
+    "Job",
+    "Log",
+    "SessionMachineContract",
+    "Shutdown",
+    "StartBackend",
+    "StdinWritten",
+    "StopBackend",
+    "Tick",
+    "ToBackend",
+    "ToClient",
+    "ToolCallDone",
+    "ToolsChanged",
+]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BackendKey:
+    """One backend of a session: a container of ``service``, the session's ``seq``-th start
+    (its sequence in the container's name; a later one of the same service is a respawn)."""
+
+    service: str
+    seq: int
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFrame:
+    """One message from the client (size already checked by the transport)."""
+
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRegistered:
+    """The client registered with ``registerClient`` (the stdio bridge) and was answered: a
+    machine may start its backend before the first message needs it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientGone:
+    """The client left (connection closed, session deleted or expired)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStarted:
+    key: BackendKey
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStartFailed:
+    key: BackendKey
+    error: FabricError
+
+
+@dataclass(frozen=True, slots=True)
+class BackendLine:
+    """One line of a backend's stdout (at most the message size limit)."""
+
+    key: BackendKey
+    line: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BackendBroken:
+    """A backend cannot be relayed to any more: its output broke the framing (a message over
+    the size limit: ``container_output_invalid``)."""
+
+    key: BackendKey
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class BackendExited:
+    """A backend's output ended on its own; how it exited, when the runtime could tell."""
+
+    key: BackendKey
+    exit_code: int | None = None
+    oom_killed: bool = False
+    stderr: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StdinWritten:
+    """The driver wrote ``nbytes`` of what the machine asked (whole :class:`ToBackend` lines,
+    oldest first) to the backend's stdin."""
+
+    key: BackendKey
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (a deadline the machine announced is due)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The session must end now — the orchestrator is stopping (``orchestrator_stopping``), or
+    an operator ended it (``session_ended_by_operator``)."""
+
+    reason: str
+
+
+class Job(Protocol):
+    """Pure computation a machine hands out to be run off the event loop (it shares nothing
+    with the machine while it runs, and has nothing to undo if abandoned)."""
+
+    def run(self) -> object: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Computed:
+    """A :class:`Compute`'s job finished: its result, or None when it failed or took too long."""
+
+    job: Job
+    result: object
+
+
+Event = (
+    ClientFrame
+    | ClientRegistered
+    | ClientGone
+    | BackendStarted
+    | BackendStartFailed
+    | BackendLine
+    | BackendBroken
+    | BackendExited
+    | StdinWritten
+    | Tick
+    | Shutdown
+    | Computed
+)
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToClient:
+    """Send ``frame`` to the client. ``message``: the frame decoded as far as the machine did
+    (a transport may use it to route the frame); ``error``: the code and reason of an error the
+    orchestrator answers with itself (for the metrics)."""
+
+    frame: bytes
+    message: Peek | None = None
+    error: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToBackend:
+    """Write ``data`` (whole lines, each ending in a newline) to the backend's stdin, in order,
+    and report :class:`StdinWritten`. Dropped when the backend is going away."""
+
+    key: BackendKey
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartBackend:
+    """Start a container of ``key.service`` (create, attach, start) and report
+    :class:`BackendStarted` or :class:`BackendStartFailed`. ``respawn``: the session had a
+    container of this service before (logged and audited as such)."""
+
+    key: BackendKey
+    respawn: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopBackend:
+    """Stop and remove the backend: with ``graceful``, close its stdin and give it a moment to
+    exit first. What still waits for its stdin is dropped."""
+
+    key: BackendKey
+    reason: str
+    graceful: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloseClient:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndSession:
+    """Nothing is left to do: the driver ends the session (removing what is still running)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    level: str  # "debug", "info", "warning" or "error"
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Compute:
+    """Run ``job`` off the event loop (bounded in time) and report :class:`Computed`."""
+
+    job: Job
+
+
+@dataclass(frozen=True, slots=True)
+class ToolsChanged:
+    """A service's tools changed on a refresh: logged and audited (what changed: names and
+    hashes, never the text)."""
+
+    changes: ToolChanges
+
+
+Action = (
+    ToClient
+    | ToBackend
+    | StartBackend
+    | StopBackend
+    | CloseClient
+    | EndSession
+    | Log
+    | Compute
+    | ToolsChanged
+    | ToolCallDone
+)
+
+
+class SessionMachineContract(Protocol):
+    """What the driver asks of a session machine."""
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Apply one event; the actions to carry out, in order."""
+
+    @property
+    def deadline(self) -> float | None:
+        """When the machine next needs a :class:`Tick` (None: not before another event)."""
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the driver may read the client's next message."""
+
+    def answer_all(self, error: FabricError) -> list[Action]:
+        """Answer everything the client is owed with ``error`` (the session cannot go on)."""
+
+    def abandon(self, now: float) -> list[Action]:
+        """The session is over without the machine ending it (cancelled): the audit records
+        of the calls that will never be answered."""
