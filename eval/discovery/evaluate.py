@@ -56,7 +56,7 @@ from reactor_fabric.discovery import (  # noqa: E402
 from reactor_fabric.discovery.calibration import Calibration  # noqa: E402
 from reactor_fabric.discovery.catalog_file import catalog_json  # noqa: E402
 from reactor_fabric.discovery.index import ServiceText  # noqa: E402
-from reactor_fabric.protocol.fabric_server import META_TOOLS  # noqa: E402
+from reactor_fabric.protocol.fabric_meta_tools import META_DEFINITIONS  # noqa: E402
 
 CATALOG = HERE / "catalog.json"
 TASKS = HERE / "tasks.jsonl"
@@ -341,7 +341,7 @@ def accuracy(index: DiscoveryIndex, tasks: list[Json], misses_of: str | None) ->
                 f"got {answer['recommended_servers']} ranked {answer['ranked_servers'][:4]} "
                 f"confidence {answer['confidence']}"
             )
-    meta_tokens = sum(tokens.count_definition(t) for t in META_TOOLS)
+    meta_tokens = sum(tokens.count_definition(t) for t in META_DEFINITIONS)
     return {
         "tune": summary(rows["tune"]),
         "test": summary(rows["test"]),
