@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from .catalog import Catalog
+from .events import Action, ToClient
 from .fabric_discovery import (
     AssistSettings,
     ServiceFacts,
@@ -29,7 +30,7 @@ from .fabric_discovery import (
     found_tools,
     tool_tokens,
 )
-from .fabric_messages import Action, ToClient, encoder, notification
+from .fabric_messages import encoder, notification
 from .fabric_router import _Backend
 from .mcp import INVALID_PARAMS
 
@@ -81,7 +82,7 @@ class MetaToolHost(Protocol):
     @property
     def count_tokens(self) -> Callable[[Json], int]: ...
     @property
-    def clock(self) -> Callable[[], float]: ...
+    def now(self) -> float: ...
 
     @property
     def _stateless(self) -> bool: ...
@@ -223,7 +224,7 @@ def _status(
             for service, backend in host.backends.items()
         ],
         "catalog_errors": host.catalog.errors(),
-        "uptime": round(host.clock() - host.started_at, 3),
+        "uptime": round(host.now - host.started_at, 3),
         "tool_tokens": tool_tokens(
             host.index,
             host._shown(),
@@ -274,7 +275,7 @@ def _analyze(
     ):
         params, candidates = assist_request(ranking, host.index, settings.candidates)
         our_id = host._new_id()
-        deadline = host.clock() + settings.timeout
+        deadline = host.now + settings.timeout
         host._assisting[our_id] = _Assist(request_id, ranking, tuple(candidates), budget, deadline)
         request = {
             "jsonrpc": "2.0",

@@ -172,3 +172,110 @@ def _hash(definition: Json, key: str) -> str | None:
 
 def _cut(name: str) -> str:
     return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "…"
+
+
+@dataclass(eq=False)
+class _Relist:
+    """A backend's list asked for after its list_changed, until it is in the catalog (told apart
+    by identity: a list asked again is another one)."""
+
+    again: bool = False  # it sent list_changed again meanwhile: asked once more after
+
+
+Key = tuple[str, str]  # (service, kind)
+
+
+class Relists:
+    """A session's refreshes, kept by its router: each backend's list asked for or in the works
+    (by service and kind), the lists that came and wait for the next :class:`Refresh`, the one
+    running (one at most) and the lists it holds. A backend that repeats list_changed while its
+    list is asked for or in the works is asked once more after, however often it repeats."""
+
+    def __init__(self) -> None:
+        self.asked: dict[Key, _Relist] = {}
+        self.fresh: dict[Key, tuple[_Relist, tuple[Any, ...]]] = {}
+        self.running: Refresh | None = None
+        self.held: dict[Key, _Relist] = {}
+
+    def changed(self, service: str, kind: str) -> bool:
+        """The backend said its list changed: whether to ask it now (else once more after)."""
+        relist = self.asked.get((service, kind))
+        if relist is not None:
+            relist.again = True
+            return False
+        self.asked[service, kind] = _Relist()
+        return True
+
+    def keep(self, service: str, kind: str, relist: _Relist, entries: list[Any]) -> None:
+        """The list came: it waits for the next refresh."""
+        self.fresh[service, kind] = (relist, tuple(entries))
+
+    def done(self, service: str, kind: str, relist: _Relist) -> bool:
+        """The list is in the catalog (or came to nothing): whether to ask it again (it said
+        list_changed meanwhile). A container gone since forgot its lists: nothing to do."""
+        if self.asked.get((service, kind)) is not relist:
+            return False
+        del self.asked[service, kind]
+        if not relist.again:
+            return False
+        self.asked[service, kind] = _Relist()
+        return True
+
+    def next(
+        self, base: Catalog, facts: Mapping[str, ServiceFacts], count: Callable[[Json], int]
+    ) -> Refresh | None:
+        """The next refresh, with every list that came meanwhile, if none runs."""
+        if self.running is not None or not self.fresh:
+            return None
+        lists = tuple(
+            (service, kind, entries) for (service, kind), (_, entries) in self.fresh.items()
+        )
+        self.held = {key: relist for key, (relist, _) in self.fresh.items()}
+        self.fresh = {}
+        self.running = Refresh(base, lists, facts, count)
+        return self.running
+
+    def finished(self, job: object) -> tuple[Refresh, dict[Key, _Relist]] | None:
+        """``job`` ran: the refresh and the lists it held (None: not the one running)."""
+        refresh = self.running
+        if refresh is None or job is not refresh:
+            return None
+        held, self.running, self.held = self.held, None, {}
+        return refresh, held
+
+    def forget(self, service: str) -> None:
+        """The service's container is gone: the next one's list_changed is asked at once."""
+        for key in [key for key in self.asked if key[0] == service]:
+            del self.asked[key]
+        for key in [key for key in self.fresh if key[0] == service]:
+            del self.fresh[key]
+
+    def clone(self) -> Relists:
+        twin = Relists()
+        twins: dict[int, _Relist] = {}  # one twin per list (see done: told apart by identity)
+
+        def twin_of(relist: _Relist) -> _Relist:
+            return twins.setdefault(id(relist), replace(relist))
+
+        twin.asked = {key: twin_of(relist) for key, relist in self.asked.items()}
+        twin.fresh = {key: (twin_of(r), entries) for key, (r, entries) in self.fresh.items()}
+        twin.running = self.running  # (never changed in place)
+        twin.held = {key: twin_of(relist) for key, relist in self.held.items()}
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        numbers: dict[int, int] = {}
+
+        def relist(r: _Relist) -> tuple[int, bool]:
+            # Which lists are the same one matters (see done), not where they live.
+            return numbers.setdefault(id(r), len(numbers)), r.again
+
+        encode = msgspec.json.encode
+        running = self.running
+        return (
+            tuple((k, relist(r)) for k, r in sorted(self.asked.items())),
+            tuple((k, relist(r), encode(e)) for k, (r, e) in sorted(self.fresh.items())),
+            # (its base is the session's catalog: that changes only when it is reported done)
+            None if running is None else encode(running.lists),
+            tuple((k, relist(r)) for k, r in sorted(self.held.items())),
+        )

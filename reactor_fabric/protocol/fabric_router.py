@@ -2,12 +2,16 @@
 :class:`~.fabric_server.FabricServer` (its base class).
 
 Each service the session calls gets a backend — a container of that service for this session,
-started on first use (:class:`StartBackend`) and spoken to as a client: ``starting`` until
-the driver reports it running, ``handshaking`` while the router greets it (``initialize``),
-``ready`` once it answered; requests for it wait in its queue until then (at most
-:data:`MAX_QUEUED_PER_BACKEND`). A backend that fails, refuses the handshake or stops reading is
-forgotten and, when it still runs, stopped (:class:`StopBackend`): the next call starts a fresh
-one (transparent respawn), and the session's other services are not affected.
+started on first use (:class:`~.events.StartBackend`, keyed by a :class:`~.events.BackendKey`
+whose ``seq`` counts the session's starts and names the container; a respawn when its service
+ran one before) and spoken to as a client: ``starting`` until the driver reports it started,
+``handshaking`` while the router greets it (``initialize``), ``ready`` once it answered;
+requests for it wait in its queue until then (at most :data:`MAX_QUEUED_PER_BACKEND`). A
+backend that fails to start, exits, breaks its output (``container_output_invalid``), refuses
+the handshake or stops reading is forgotten and, when it still runs, stopped at once
+(:class:`~.events.StopBackend`, logged ``backend_failed``); an idle one is stopped gracefully.
+The next call starts a fresh one (transparent respawn), and the session's other services are
+not affected. Events of a backend the router no longer counts on are ignored.
 
 Ids. Every request the machine sends — to a backend for the client, to the client for a backend,
 its own handshakes — gets an id of its own (one counter), remembered with where the answer
@@ -23,19 +27,23 @@ notifications go to the client; a list_changed makes the router ask the backend 
 again, kept for the session's next catalog refresh (:mod:`.fabric_refresh`, one at a time, at
 most one more list in the works per backend however often it repeats).
 
-Bounds. What the machine sends a backend on its own (answers to its ``ping`` and ``roots/list``,
-refusals, refreshes, the handshake: :attr:`ToBackend.own`) is counted until the driver reports
-it written (:meth:`FabricRouter.backend_read`): a backend that leaves more than
-``own_backlog_bytes`` of it unread has stopped reading its stdin, and is treated as broken
-(``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory. At
+Bounds. Every line sent to a backend (:class:`~.events.ToBackend`, ending in its newline) is
+counted until the driver reports it written (:class:`~.events.StdinWritten`): the client is not
+read while a backend has more than ``buffer_to_server_bytes`` waiting (:attr:`accepting`: a
+slow service stalls only its session), and a backend that leaves more than
+``own_backlog_bytes`` of the machine's own messages unread (answers to its ``ping`` and
+``roots/list``, refusals, refreshes, the handshake) has stopped reading its stdin, and is
+treated as broken (``container_unresponsive``, as on the relay) rather than grow the
+orchestrator's memory. A stopped backend's counts are forgotten with it. At
 most :data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on
 the relay; one more is answered to its backend -32006 ``too_many_requests_to_client``. A request
 the client does not answer within :data:`ASK_SECONDS` is answered to its backend -32006
-``client_did_not_answer`` (see ``FabricServer.tick``).
+``client_did_not_answer``.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,48 +55,63 @@ from .._errors import ClientDidNotAnswer, ContainerStartFailure, FabricError
 from .._reasons import (
     BACKEND_LIST_TOO_LARGE,
     CLIENT_DID_NOT_ANSWER,
+    CONTAINER_OUTPUT_INVALID,
+    EXITED,
     HANDSHAKE_FAILED,
     IDLE,
-    NONE,
 )
-from .._reasons import INVALID_PARAMS as INVALID_PARAMS_REASON
-from .._reasons import METHOD_NOT_FOUND as METHOD_NOT_FOUND_REASON
 from .catalog import Catalog
-from .fabric_discovery import ServiceFacts
-from .fabric_messages import (
-    CACHE_PRIVATE,
+from .events import (
     Action,
+    BackendBroken,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    BackendStartFailed,
+    Compute,
+    Log,
     StartBackend,
+    StdinWritten,
     StopBackend,
     ToBackend,
     ToClient,
+)
+from .fabric_discovery import ServiceFacts
+from .fabric_messages import (
+    CACHE_PRIVATE,
+    SERVER_NAME,
+    Answers,
     complete,
     encoder,
     for_backend,
     notification_bytes,
 )
-from .fabric_refresh import MAX_LIST_BYTES, Refresh
+from .fabric_refresh import MAX_LIST_BYTES, Relists, _Relist
 from .jsonrpc import duplicate_request, error_response
 from .mcp import CLIENT_VERSION, INVALID_PARAMS, LIST_CHANGED, LIST_METHOD, METHOD_NOT_FOUND
 from .session import (
     MAX_SERVER_REQUESTS,
     UNRESPONSIVE,
     SessionLimits,
+    container_exited,
     too_many_requests_to_client,
 )
-from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
+from .tool_calls import ArgumentsMode
+
+BackendEvent = (
+    BackendStarted | BackendStartFailed | BackendLine | BackendBroken | BackendExited | StdinWritten
+)
 
 Json = dict[str, Any]
 
 BACKEND_PROTOCOL = CLIENT_VERSION
 MAX_QUEUED_PER_BACKEND = 64
 MAX_PENDING = 512
-# Bytes of the endpoint's own messages a backend may leave unread on its stdin: by default the
-# relay's bound on what waits for a server (the driver passes the suite's buffer_to_server).
+# Bytes of the endpoint's own messages a backend may leave unread on its stdin, and bytes that
+# may wait for a backend's stdin before the client is no longer read (the session's bound):
+# by default the relay's bound on what waits for a server (the driver passes buffer_to_server).
 OWN_BACKLOG_BYTES = SessionLimits().to_server_bytes
-SERVER_NAME = "reactor-fabric"
-# The reason the metrics give errors of the endpoint's own that carry none.
-_REASONS = {METHOD_NOT_FOUND: METHOD_NOT_FOUND_REASON, INVALID_PARAMS: INVALID_PARAMS_REASON}
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
 ASK_SECONDS = 300.0
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
@@ -113,22 +136,20 @@ class _Asked:
     deadline: float
 
 
-@dataclass(eq=False)
-class _Relist:
-    """A backend's list asked for after its list_changed, until it is in the catalog."""
-
-    again: bool = False  # it sent list_changed again meanwhile: asked once more after
-
-
 @dataclass
 class _Backend:
+    key: BackendKey  # the container the router counts on (events of any other are ignored)
     state: Literal["starting", "handshaking", "ready"]
     queue: list[Json] = field(default_factory=list)  # requests waiting for the handshake
     last_active: float = 0.0
-    unread: int = 0  # bytes of our own messages (lines) sent and not yet reported written
+    # Lines sent (ToBackend) not yet reported written (StdinWritten), oldest first: their
+    # sizes and whether each is the machine's own; all their bytes, and the own ones'.
+    writes: collections.deque[tuple[int, bool]] = field(default_factory=collections.deque)
+    queued: int = 0
+    unread: int = 0
 
 
-class FabricRouter:
+class FabricRouter(Answers):
     """A session's backends: their lifecycle, the ids both ways, what waits for them (see the
     module's docs). :class:`~.fabric_server.FabricServer` is the session's MCP server on top."""
 
@@ -138,48 +159,34 @@ class FabricRouter:
         *,
         mount_targets: Iterable[str],
         version: str,
-        clock: Callable[[], float],
+        now: float,
         audit_arguments: ArgumentsMode,
         own_backlog_bytes: int,
+        buffer_to_server_bytes: int,
         facts: Mapping[str, ServiceFacts],
         count_tokens: Callable[[Json], int],
         idle_timeouts: Mapping[str, float],
     ) -> None:
+        super().__init__(now=now, audit_arguments=audit_arguments)
         self.catalog = catalog
         # What a refresh makes the session's catalog and index with.
         self.facts = dict(facts)
         self.count_tokens = count_tokens
         self.mount_targets = tuple(mount_targets)
         self.version = version
-        self.clock = clock
         self.own_backlog_bytes = own_backlog_bytes
+        self.buffer_to_server_bytes = buffer_to_server_bytes
         self.idle_timeouts = dict(idle_timeouts)
         self.client_capabilities: Json = {}
-        self.protocol_version: str | None = None
-        self.backends: dict[str, _Backend] = {}
+        self.backends: dict[str, _Backend] = {}  # each service's current backend
+        self._seq = 0  # the last backend's sequence (it names its container)
+        self._had: set[str] = set()  # services that had a container (the next is a respawn)
         self._forwarded: dict[int, _Forwarded] = {}
         self._asked: dict[int, _Asked] = {}
-        self._next_id = 0
-        # The client's tools/call requests without an outcome yet, and those that got one
-        # while handling the current event (returned as ToolCallDone after its actions).
-        self.calls = ToolCalls(audit_arguments)
-        self._done: list[ToolCall] = []
         self._backend_bytes = 0  # the size of the backend message being handled
-        # Refreshes (see fabric_refresh): each backend's list asked for or in the works, by
-        # (service, kind); the answers waiting for the next Refresh; the one running (one at
-        # most) and the lists it holds.
-        self._refreshing: dict[tuple[str, str], _Relist] = {}
-        self._fresh: dict[tuple[str, str], tuple[_Relist, tuple[Any, ...]]] = {}
-        self._refresh: Refresh | None = None
-        self._running: dict[tuple[str, str], _Relist] = {}
+        self.relists = Relists()  # refreshes after backends' list_changed
         # The session is ending (see answer_all): what everything coming meanwhile is told.
         self._ending: FabricError | None = None
-
-    @property
-    def _stateless(self) -> bool:
-        # A 2026-07-28 client never sent initialize: its lists never change within a
-        # connection, so activation shows only after it reconnects.
-        return self.protocol_version is None
 
     # --- routing to backends --------------------------------------------------------------------
 
@@ -189,9 +196,11 @@ class FabricRouter:
         request = {"jsonrpc": "2.0", "id": None, "method": method, "params": for_backend(params)}
         backend = self.backends.get(service)
         if backend is None:
-            self.backends[service] = _Backend("starting", [request], self.clock())
+            self._seq += 1
+            key = BackendKey(service, self._seq)
+            self.backends[service] = _Backend(key, "starting", [request], self.now)
             self._remember(request, service, client_id, method)
-            return [StartBackend(service)]
+            return [StartBackend(key, respawn=service in self._had)]
         if backend.state != "ready":
             if len(backend.queue) >= MAX_QUEUED_PER_BACKEND:
                 return [self._fail(client_id, INVALID_PARAMS, f"{service} is still starting")]
@@ -199,8 +208,8 @@ class FabricRouter:
             self._remember(request, service, client_id, method)
             return []
         self._remember(request, service, client_id, method)
-        backend.last_active = self.clock()
-        return [ToBackend(service, encoder.encode(request))]
+        backend.last_active = self.now
+        return self._send(service, encoder.encode(request))
 
     def _remember(self, request: Json, service: str, client_id: object, method: str) -> None:
         request["id"] = self._new_id()
@@ -219,22 +228,78 @@ class FabricRouter:
                 # The backend should not answer a cancelled request: nothing waits for one.
                 del self._forwarded[our_id]
                 note = {**params, "requestId": our_id}
-                return [
-                    ToBackend(
-                        forwarded.service, notification_bytes("notifications/cancelled", note)
-                    )
-                ]
+                return self._send(
+                    forwarded.service, notification_bytes("notifications/cancelled", note)
+                )
         return []
 
     # --- events from backends -------------------------------------------------------------------
 
-    def backend_started(self, service: str) -> list[Action]:
+    def _backend_event(self, event: BackendEvent) -> list[Action]:
+        """An event of a backend: ignored unless it is of the service's current one."""
+        service = event.key.service
+        backend = self.backends.get(service)
+        if backend is None or backend.key != event.key:
+            return []  # a backend stopped (or failed) since: nothing is owed to it
+        actions: list[Action] = []
+        match event:
+            case StdinWritten(nbytes=nbytes):
+                self._written(backend, nbytes)
+            case BackendStarted():
+                self._had.add(service)
+                actions = self._backend_started(service)
+            case BackendLine(line=line):
+                actions = self._backend_line(service, line)
+            case BackendStartFailed(error=error):
+                fields = {"backend": service, "reason": error.reason}
+                failed = self._failed(service, error)
+                actions = [Log("warning", "container_start_failed", fields), *failed]
+            case BackendBroken(detail=detail):
+                broken = ContainerStartFailure(
+                    f"the {service} server wrote a line the orchestrator cannot relay: {detail}",
+                    reason=CONTAINER_OUTPUT_INVALID,
+                )
+                actions = self._output_ended(backend, broken)
+            case BackendExited(exit_code=code, oom_killed=oom, stderr=stderr):
+                exited = container_exited(service, code, oom, list(stderr), service=service)
+                actions = self._output_ended(backend, exited)
+        return actions
+
+    def _output_ended(self, backend: _Backend, error: FabricError) -> list[Action]:
+        """A backend's output ended (it exited, or broke the framing): removed at once, logged
+        as the failure it is, and what it owed answered with ``error``."""
+        stop = self._stop(backend.key, EXITED, logged=error.reason)
+        self.backends.pop(backend.key.service)  # (also while the session ends)
+        return [*stop, *self._failed(backend.key.service, error)]
+
+    def _written(self, backend: _Backend, nbytes: int) -> None:
+        """``nbytes`` of what was sent to ``backend`` (whole lines, oldest first) are written."""
+        while nbytes > 0 and backend.writes:
+            size, own = backend.writes.popleft()
+            nbytes -= size
+            backend.queued -= size
+            if own:
+                backend.unread -= size
+
+    def _stop(self, key: BackendKey, reason: str, logged: str | None = None) -> list[Action]:
+        """Stop a backend the router forgot, logged as failed (``backend_failed``, with
+        ``logged`` or ``reason``) unless idle. Gracefully (its stdin closed, a moment to exit)
+        unless it no longer reads its stdin or has exited: those are removed at once."""
+        stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
+        if reason == IDLE:
+            return [stop]
+        return [
+            Log("warning", "backend_failed", {"backend": key.service, "reason": logged or reason}),
+            stop,
+        ]
+
+    def _backend_started(self, service: str) -> list[Action]:
         """The service's container runs: greet it as a client would."""
         backend = self.backends.get(service)
         if backend is None or self._ending is not None:
             return []
         backend.state = "handshaking"
-        backend.last_active = self.clock()
+        backend.last_active = self.now
         capabilities: Json = {"roots": {"listChanged": False}}
         for capability in ("sampling", "elicitation"):
             if capability in self.client_capabilities:
@@ -253,7 +318,7 @@ class FabricRouter:
         self._forwarded[handshake_id] = _Forwarded(service, None, "initialize")
         return self._own(service, encoder.encode(handshake))
 
-    def backend_message(self, service: str, data: bytes) -> list[Action]:
+    def _backend_line(self, service: str, data: bytes) -> list[Action]:
         """One line from a service's container."""
         if self._ending is not None:
             return []  # nothing is owed any more, nor asked of the client
@@ -271,7 +336,7 @@ class FabricRouter:
         if "method" in message:
             if "id" in message:
                 return self._backend_request(service, message)
-            return self._backendnotification(service, message)
+            return self._backend_notification(service, message)
         return self._backend_answer(service, message)
 
     def _backend_answer(self, service: str, message: Json) -> list[Action]:
@@ -310,13 +375,14 @@ class FabricRouter:
             )
             # Removed as well as forgotten: the next call starts a fresh one, and this one
             # would otherwise run beside it until the session ends.
-            stop = StopBackend(service, refused.reason)
-            return [stop, *self._backend_failed(service, refused)]
+            stop = self._stop(backend.key, refused.reason)
+            return [*stop, *self._backend_failed(service, refused)]
         backend.state = "ready"
         actions = self._own(service, notification_bytes("notifications/initialized", None))
         if service not in self.backends:
             return actions  # it was found broken
-        actions += [ToBackend(service, encoder.encode(request)) for request in backend.queue]
+        for request in backend.queue:
+            actions += self._send(service, encoder.encode(request))
         backend.queue = []
         return actions
 
@@ -340,7 +406,7 @@ class FabricRouter:
                 refusal = too_many_requests_to_client(MAX_SERVER_REQUESTS)
                 return self._own(service, error_response(message.get("id"), refusal))
             our_id = self._new_id()
-            self._asked[our_id] = _Asked(service, message.get("id"), self.clock() + ASK_SECONDS)
+            self._asked[our_id] = _Asked(service, message.get("id"), self.now + ASK_SECONDS)
             return [ToClient(encoder.encode({**message, "id": our_id}))]
         else:
             answer["error"] = {
@@ -349,7 +415,7 @@ class FabricRouter:
             }
         return self._own(service, encoder.encode(answer))
 
-    def _backendnotification(self, service: str, message: Json) -> list[Action]:
+    def _backend_notification(self, service: str, message: Json) -> list[Action]:
         method = message.get("method")
         if method in ("notifications/progress", "notifications/message"):
             return [ToClient(encoder.encode(message))]
@@ -375,16 +441,11 @@ class FabricRouter:
             # Ask the service what it offers now (see _refreshed); unless its list is asked for
             # or in the works already: then once more after that one, however often it repeats.
             _list_method, kind = _REFRESH[method]
-            relist = self._refreshing.get((service, kind))
-            if relist is not None:
-                relist.again = True
-                return []
-            return self._ask_list(service, kind)
+            return self._ask_list(service, kind) if self.relists.changed(service, kind) else []
         return []
 
     def _ask_list(self, service: str, kind: str) -> list[Action]:
-        self._refreshing[service, kind] = _Relist()
-        list_method = next(m for m, k in _REFRESH.values() if k == kind)
+        list_method = LIST_METHOD[kind]
         our_id = self._new_id()
         self._forwarded[our_id] = _Forwarded(service, None, list_method)
         request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
@@ -399,7 +460,7 @@ class FabricRouter:
             return []
         result = message.get("result")
         entries = result.get(kind) if isinstance(result, dict) else None
-        relist = self._refreshing.get((service, kind))
+        relist = self.relists.asked.get((service, kind))
         if relist is None:
             return []  # asked of a container that is gone since
         if not isinstance(entries, list) or service not in self.catalog.services:
@@ -410,57 +471,46 @@ class FabricRouter:
                 f"than the {MAX_LIST_BYTES} the fabric endpoint takes: it is treated as broken",
                 reason=BACKEND_LIST_TOO_LARGE,
             )
-            actions = self._backend_failed(service, error)
-            return [*actions, StopBackend(service, BACKEND_LIST_TOO_LARGE)]
-        self._fresh[service, kind] = (relist, tuple(entries))
+            stop = self._stop(self.backends[service].key, BACKEND_LIST_TOO_LARGE)
+            return [*self._backend_failed(service, error), *stop]
+        self.relists.keep(service, kind, relist, entries)
         return self._next_refresh()
 
     def _next_refresh(self) -> list[Action]:
-        """The next :class:`Refresh`, with every list that came meanwhile, if none runs."""
-        if self._refresh is not None or not self._fresh:
-            return []
-        fresh = self._fresh.items()
-        lists = tuple((service, kind, entries) for (service, kind), (_, entries) in fresh)
-        self._running = {key: relist for key, (relist, _) in self._fresh.items()}
-        self._fresh = {}
-        self._refresh = Refresh(self.catalog, lists, self.facts, self.count_tokens)
-        return [self._refresh]
+        refresh = self.relists.next(self.catalog, self.facts, self.count_tokens)
+        return [] if refresh is None else [Compute(refresh)]
 
     def _list_done(self, service: str, kind: str, relist: _Relist) -> list[Action]:
-        """A backend's list is in the catalog (or came to nothing): asked again if it sent
-        list_changed meanwhile. (A container gone since forgot its lists: nothing to do.)"""
-        if self._refreshing.get((service, kind)) is not relist:
-            return []
-        del self._refreshing[service, kind]
-        return self._ask_list(service, kind) if relist.again else []
+        again = self.relists.done(service, kind, relist)
+        return self._ask_list(service, kind) if again else []
 
-    def _forget_refreshes(self, service: str) -> None:
-        """The service's container is gone: the next one's list_changed is asked at once."""
-        for key in [key for key in self._refreshing if key[0] == service]:
-            del self._refreshing[key]
-        for key in [key for key in self._fresh if key[0] == service]:
-            del self._fresh[key]
+    @property
+    def accepting(self) -> bool:
+        """Whether the client may be read: no backend has more than the session's bound
+        waiting for its stdin (a slow service stalls only this session)."""
+        return all(b.queued <= self.buffer_to_server_bytes for b in self.backends.values())
 
-    def backend_read(self, service: str, nbytes: int) -> None:
-        """``nbytes`` of the endpoint's own messages (:attr:`ToBackend.own`, with their newline)
-        were written to the service's container's stdin."""
-        backend = self.backends.get(service)
-        if backend is not None:
-            backend.unread = max(0, backend.unread - nbytes)
-
-    def _own(self, service: str, data: bytes) -> list[Action]:
-        """A message of the endpoint's own for ``service``'s container, within the bound on
-        what it leaves unread. Past it the backend has stopped reading its stdin while asking
-        (pings, roots, refreshes…): it is broken, not the orchestrator's memory (one message
-        alone may exceed the bound, as a client's may)."""
+    def _send(self, service: str, data: bytes, *, own: bool = False) -> list[Action]:
+        """One line for ``service``'s current backend, counted until reported written. A
+        message of the endpoint's own (``own``) is within the bound on what it leaves unread:
+        past it the backend has stopped reading its stdin while asking (pings, roots,
+        refreshes…): it is broken, not the orchestrator's memory (one message alone may exceed
+        the bound, as a client's may)."""
         backend = self.backends.get(service)
         if backend is None:
             return []  # forgotten (broken, stopped): nothing is owed to it any more
-        size = len(data) + 1  # the driver ends each line with a newline
-        if backend.unread and backend.unread + size > self.own_backlog_bytes:
-            return self._unresponsive(service, backend.unread)
-        backend.unread += size
-        return [ToBackend(service, data, own=True)]
+        line = data + b"\n"
+        size = len(line)
+        if own:
+            if backend.unread and backend.unread + size > self.own_backlog_bytes:
+                return self._unresponsive(service, backend.unread)
+            backend.unread += size
+        backend.queued += size
+        backend.writes.append((size, own))
+        return [ToBackend(backend.key, line)]
+
+    def _own(self, service: str, data: bytes) -> list[Action]:
+        return self._send(service, data, own=True)
 
     def _unresponsive(self, service: str, unread: int) -> list[Action]:
         error = ContainerStartFailure(
@@ -470,18 +520,20 @@ class FabricRouter:
             reason=UNRESPONSIVE,
         )
         # Stopped first: the driver drops what waits for its stdin before the answers go out.
-        return [StopBackend(service, UNRESPONSIVE), *self._backend_failed(service, error)]
+        stop = self._stop(self.backends[service].key, UNRESPONSIVE)
+        return [*stop, *self._backend_failed(service, error)]
 
-    def backend_failed(self, service: str, error: FabricError) -> list[Action]:
+    def _failed(self, service: str, error: FabricError) -> list[Action]:
         """The service's container could not start, or ended: answer what it owed, forget it
         (the next call starts a new one). The session's other services go on."""
         if self._ending is not None:
+            self.backends.pop(service, None)
             return []  # it owes nothing any more
         return self._with_done(self._backend_failed(service, error))
 
     def _backend_failed(self, service: str, error: FabricError) -> list[Action]:
         self.backends.pop(service, None)
-        self._forget_refreshes(service)
+        self.relists.forget(service)
         actions: list[Action] = []
         for our_id, forwarded in list(self._forwarded.items()):
             if forwarded.service != service:
@@ -524,8 +576,8 @@ class FabricRouter:
             idle_until = backend.last_active + self.idle_timeouts.get(service, math.inf)
             if backend.state == "ready" and not self._busy(service) and idle_until <= now:
                 del self.backends[service]
-                self._forget_refreshes(service)
-                actions.append(StopBackend(service, IDLE))
+                self.relists.forget(service)
+                actions += self._stop(backend.key, IDLE)
         return actions
 
     def _busy(self, service: str) -> bool:
@@ -536,46 +588,4 @@ class FabricRouter:
     def _touch(self, service: str) -> None:
         backend = self.backends.get(service)
         if backend is not None:
-            backend.last_active = self.clock()
-
-    # --- answers --------------------------------------------------------------------------------
-
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
-
-    def _with_done(self, actions: list[Action]) -> list[Action]:
-        """``actions``, then the tool calls that got their outcome meanwhile."""
-        if not self._done:
-            return actions
-        done: list[Action] = [ToolCallDone(call) for call in self._done]
-        self._done.clear()
-        return actions + done
-
-    def _ended(self, request_id: object, data: bytes) -> None:
-        """An answer to the client's ``request_id`` is sent: a tool call may end with it."""
-        if self.calls.open and isinstance(request_id, str | int):
-            call = self.calls.answered(request_id, data, self.clock())
-            if call is not None:
-                self._done.append(call)
-
-    def _result(self, request_id: object, result: Json) -> ToClient:
-        if self._stateless:
-            result = complete(result)
-        return self._answer(request_id, {"jsonrpc": "2.0", "id": request_id, "result": result})
-
-    def _fail(self, request_id: object, code: int, message: str) -> ToClient:
-        error = {"code": code, "message": message}
-        body = {"jsonrpc": "2.0", "id": request_id, "error": error}
-        return self._answer(request_id, body, (code, _REASONS.get(code, NONE)))
-
-    def _error(self, request_id: object, error: FabricError) -> ToClient:
-        body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
-        return self._answer(request_id, body, (error.code, error.reason))
-
-    def _answer(
-        self, request_id: object, body: Json, error: tuple[int, str] | None = None
-    ) -> ToClient:
-        data = encoder.encode(body)
-        self._ended(request_id, data)
-        return ToClient(data, error)
+            backend.last_active = self.now

@@ -7,16 +7,12 @@ shown names with the endpoint's own tools first (:mod:`.fabric_meta_tools`), and
 call to its service's backend (:mod:`.fabric_router`, its base class: backends, ids both ways,
 queueing, cancellation, backends' requests, refreshes).
 
-Feed it events (the methods), carry out the actions it returns, in order: :class:`ToClient`
-(a message for the client), :class:`ToBackend` (a line for a service's container),
-:class:`StartBackend` (start that service's container; then report :meth:`backend_started` —
-the machine does the MCP handshake — or :meth:`backend_failed`), :class:`StopBackend` (remove
-it: idle, or broken, ``reason``; the next call starts a fresh one),
-:class:`~.fabric_refresh.Refresh` (run it in a worker thread, never on the event loop, then
-report :meth:`refreshed`, ``None`` when it failed), :class:`ToolsChanged` (log and audit it).
-Time: the machine reads the clock it is given; :attr:`deadline` says when it next needs
-:meth:`tick` (a service idle for its timeout, a backend's question to the client unanswered for
-:data:`ASK_SECONDS`, the client's model not choosing in time).
+It keeps the one session contract (:class:`~.events.SessionMachineContract`): the driver feeds
+it :mod:`.events` with their time and carries out the actions it returns, in order (what it
+decides of backends: see :mod:`.fabric_router`). A catalog refresh is a :class:`~.events.Compute`.
+:attr:`deadline` says when it next needs a :class:`~.events.Tick` (also when the client's model
+does not choose in time). :class:`~.events.Shutdown` answers everything owed, tells the client
+and ends the session; :class:`~.events.ClientGone` records its calls, stops every backend, ends.
 
 A client request under an id the client still waits on is refused (-32600
 ``duplicate_request_id``) before it goes anywhere: one id, one answer, one audit record.
@@ -29,6 +25,7 @@ mounts) — and the session's other services are not affected.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import math
@@ -38,27 +35,41 @@ from typing import Any, Literal
 import msgspec
 
 from .._errors import FabricError, InvalidRequest, ParseError
-from .._reasons import INVALID_JSON
+from .._reasons import INVALID_JSON, ORCHESTRATOR_STOPPING, SESSION_ENDED
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
 from .catalog import Catalog, Entry
+from .events import (
+    Action,
+    ClientFrame,
+    ClientGone,
+    ClientRegistered,
+    CloseClient,
+    Computed,
+    EndSession,
+    Event,
+    Job,
+    Shutdown,
+    StartBackend,
+    StopBackend,
+    Tick,
+    ToBackend,
+    ToClient,
+    ToolCallDone,
+    ToolsChanged,
+)
 from .fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from .fabric_messages import (
     CACHE_PRIVATE,
-    Action,
-    StartBackend,
-    StopBackend,
-    ToBackend,
-    ToClient,
-    ToolsChanged,
-    audited,
+    FABRIC_SERVICE,
+    discover_result,
     encoder,
+    initialize_result,
+    negotiated,
     notification,
     notification_bytes,
 )
 from .fabric_meta_tools import (
-    FIND_LIMIT,
-    MAX_FIND_LIMIT,
     META_DEFINITIONS,
     META_NAMES,
     META_TOOLS,
@@ -66,30 +77,25 @@ from .fabric_meta_tools import (
     assist_analysis,
     assisted,
 )
-from .fabric_refresh import Refresh, Refreshed
+from .fabric_refresh import Refreshed
 from .fabric_router import (
     ASK_SECONDS,
-    MAX_PENDING,
     MAX_QUEUED_PER_BACKEND,
     OWN_BACKLOG_BYTES,
-    SERVER_NAME,
     FabricRouter,
-    _Relist,
 )
-from .jsonrpc import RequestId, duplicate_request, peek
-from .mcp import HANDSHAKE_VERSIONS, INVALID_PARAMS, METHOD_NOT_FOUND, STATELESS_VERSION
-from .tool_calls import ArgumentsMode, ToolCallDone
+from .jsonrpc import RequestId, peek
+from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
+from .session import ENDED_BY_OPERATOR, log_notification, session_ending
+from .tool_calls import ArgumentsMode
 
+# (the actions' names, for the former driver trio/fabric_session.py until the one driver runs /mcp)
 __all__ = [
     "ASK_SECONDS",
     "FABRIC_SERVICE",
-    "FIND_LIMIT",
-    "MAX_FIND_LIMIT",
     "MAX_LISTENERS",
-    "MAX_PENDING",
     "MAX_QUEUED_PER_BACKEND",
     "META_NAMES",
-    "META_TOOLS",
     "Action",
     "Exposure",
     "FabricServer",
@@ -104,8 +110,6 @@ Json = dict[str, Any]
 Exposure = Literal["discover", "all"]
 
 MAX_LISTENERS = 8
-# The service the audit names for the endpoint's own meta-tools.
-FABRIC_SERVICE = "fabric"
 SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 _LISTEN_KEYS = {
     "tools": "toolsListChanged",
@@ -129,21 +133,23 @@ class FabricServer(FabricRouter):
         facts: Mapping[str, ServiceFacts] | None = None,
         profiles: Mapping[str, Sequence[str]] | None = None,
         idle_timeouts: Mapping[str, float] | None = None,
-        clock: Callable[[], float] = lambda: 0.0,
+        now: float = 0.0,
         index: DiscoveryIndex | None = None,
         token_budget: int | None = None,
         assist: AssistSettings | None = None,
         count_tokens: Callable[[Json], int] = count_definition,
         audit_arguments: ArgumentsMode = "hash",
         own_backlog_bytes: int = OWN_BACKLOG_BYTES,
+        buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
     ) -> None:
         super().__init__(
             catalog,
             mount_targets=mount_targets,
             version=version,
-            clock=clock,
+            now=now,
             audit_arguments=audit_arguments,
             own_backlog_bytes=own_backlog_bytes,
+            buffer_to_server_bytes=buffer_to_server_bytes,
             facts=facts or {},
             count_tokens=count_tokens,
             idle_timeouts=idle_timeouts or {},
@@ -161,10 +167,67 @@ class FabricServer(FabricRouter):
         self.token_budget = token_budget
         self.assist = assist or AssistSettings()
         self._assisting: dict[int, _Assist] = {}
-        self.started_at = clock()
+        self.started_at = now
         # Open 2026-07-28 subscriptions/listen requests: their id → what they asked for.
         self._listeners: dict[object, Json] = {}
-        self._message_bytes = 0  # the size of the client message being handled
+        self._closed = False  # the session was ended (Shutdown, ClientGone): EndSession sent
+        self._gone = False  # the client left: nothing more to do
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Action]:
+        """Apply one event at ``now``; the actions to carry out, in order."""
+        self.now = now
+        if self._gone:
+            return []
+        actions: list[Action] = []
+        match event:
+            case ClientFrame(frame=frame):
+                actions = self._client_frame(frame)
+            case ClientRegistered():
+                pass  # backends start when a call needs them
+            case ClientGone():
+                actions = self._client_gone()
+            case Tick():
+                actions = self._on_tick()
+            case Shutdown(reason=reason):
+                actions = self._shutdown(reason)
+            case Computed(job=job, result=result):
+                refreshed = result if isinstance(result, Refreshed) else None
+                actions = self._computed(job, refreshed)
+            case _:
+                actions = self._backend_event(event)
+        return actions
+
+    def abandon(self, now: float) -> list[Action]:
+        """The session is over without the machine ending it: the calls still open will never
+        be answered (their records, ``no_answer``)."""
+        return [ToolCallDone(call) for call in self.calls.abandon(now)]
+
+    def _client_gone(self) -> list[Action]:
+        """The client left: its open calls are recorded, every backend stopped."""
+        actions = self.abandon(self.now)
+        self._gone = True
+        if self._closed:
+            return actions
+        self._closed = True
+        stops = [StopBackend(b.key, SESSION_ENDED, graceful=True) for b in self.backends.values()]
+        self.backends.clear()
+        return [*actions, *stops, EndSession()]
+
+    def _shutdown(self, reason: str) -> list[Action]:
+        """The orchestrator stops, or an operator ended the session: everything owed is
+        answered, the client told, and the session ends (nothing starts after)."""
+        if self._closed:
+            return []
+        self._closed = True
+        error = session_ending(reason)
+        actions = self.answer_all(error)
+        if reason == ENDED_BY_OPERATOR:
+            # Clients show log messages; a request in flight shows the error above.
+            actions.append(ToClient(log_notification("warning", str(error))))
+        code = 1001 if reason == ORCHESTRATOR_STOPPING else 1000
+        return [*actions, CloseClient(code, reason.replace("_", " ")), EndSession()]
 
     # --- model checking -----------------------------------------------------------------------
 
@@ -176,39 +239,28 @@ class FabricServer(FabricRouter):
         twin.active = list(self.active)
         twin._assisting = dict(self._assisting)
         twin.backends = {
-            service: dataclasses.replace(backend, queue=list(backend.queue))
+            service: dataclasses.replace(
+                backend, queue=list(backend.queue), writes=collections.deque(backend.writes)
+            )
             for service, backend in self.backends.items()
         }
+        twin._had = set(self._had)
         twin._forwarded = dict(self._forwarded)
         twin._asked = dict(self._asked)
         twin._listeners = dict(self._listeners)
         twin.calls = self.calls.clone()
         twin._done = list(self._done)
-        # A refresh's lists are told apart by identity (see _list_done): one twin per original.
-        twins: dict[int, _Relist] = {}
-
-        def twin_of(relist: _Relist) -> _Relist:
-            return twins.setdefault(id(relist), dataclasses.replace(relist))
-
-        twin._refreshing = {key: twin_of(relist) for key, relist in self._refreshing.items()}
-        twin._fresh = {key: (twin_of(r), entries) for key, (r, entries) in self._fresh.items()}
-        twin._running = {key: twin_of(relist) for key, relist in self._running.items()}
+        twin.relists = self.relists.clone()
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
         """A hashable summary of the whole state: equal fingerprints behave alike (used to
         explore every reachable state once when model-checking the machine). The ranking index
         is left out: it is made from the catalog, which is in."""
-        numbers: dict[int, int] = {}
-
-        def relist(r: _Relist) -> tuple[int, bool]:
-            # Which lists are the same one matters (see _list_done), not where they live.
-            return numbers.setdefault(id(r), len(numbers)), r.again
 
         def encoded(value: object) -> bytes:
             return encoder.encode(value)
 
-        refresh = self._refresh
         return (
             encoded(self.catalog.services),
             tuple(self.active),
@@ -216,9 +268,13 @@ class FabricServer(FabricRouter):
             encoded(self.client_capabilities),
             self.protocol_version,
             tuple(
-                (s, b.state, encoded(b.queue), b.last_active, b.unread)
-                for s, b in sorted(self.backends.items())
+                (b.key, b.state, encoded(b.queue), b.last_active, tuple(b.writes))
+                for _s, b in sorted(self.backends.items())
             ),
+            self._seq,
+            tuple(sorted(self._had)),
+            self._closed,
+            self._gone,
             tuple(sorted(((i, repr(f)) for i, f in self._forwarded.items()))),
             tuple(sorted(((i, repr(a)) for i, a in self._asked.items()))),
             tuple(sorted(((i, repr(a)) for i, a in self._assisting.items()))),
@@ -226,11 +282,7 @@ class FabricServer(FabricRouter):
             self._next_id,
             tuple(sorted((repr(i), repr(c)) for i, c in self.calls.open.items())),
             len(self._done),
-            tuple((k, relist(r)) for k, r in sorted(self._refreshing.items())),
-            tuple((k, relist(r), encoded(e)) for k, (r, e) in sorted(self._fresh.items())),
-            # (its base is the catalog: that changes only when it is reported done)
-            None if refresh is None else encoded(refresh.lists),
-            tuple((k, relist(r)) for k, r in sorted(self._running.items())),
+            self.relists.fingerprint(),
             None if self._ending is None else self._ending.reason,
         )
 
@@ -246,14 +298,14 @@ class FabricServer(FabricRouter):
         finite = [when for when in due if when != math.inf]
         return min(finite) if finite else None
 
-    def tick(self) -> list[Action]:
+    def _on_tick(self) -> list[Action]:
         """Whatever came due: backends' unanswered requests to the client, idle services."""
         if self._ending is not None:
             return []
         return self._with_done(self._tick())
 
     def _tick(self) -> list[Action]:
-        now = self.clock()
+        now = self.now
         actions = self._expire_asked(now)
         for our_id, assist in list(self._assisting.items()):
             if assist.deadline <= now:
@@ -277,11 +329,6 @@ class FabricServer(FabricRouter):
             backend.queue = []  # (their requests are answered below)
         return self._with_done(self._answer_all(error))
 
-    def client_gone(self) -> list[Action]:
-        """The client left: the calls it waits for will never be answered to it."""
-        now = self.clock()
-        return [ToolCallDone(call) for call in self.calls.abandon(now)]
-
     def _answer_all(self, error: FabricError) -> list[Action]:
         actions: list[Action] = [
             self._error(forwarded.client_id, error)
@@ -300,7 +347,7 @@ class FabricServer(FabricRouter):
 
     # --- events from the client ---------------------------------------------------------------
 
-    def client_message(self, data: bytes) -> list[Action]:
+    def _client_frame(self, data: bytes) -> list[Action]:
         """One message from the client."""
         self._message_bytes = len(data)
         return self._with_done(self._client_message(data))
@@ -320,7 +367,7 @@ class FabricServer(FabricRouter):
         if not isinstance(params, dict):
             params = {}
         if not kind.is_request:
-            return self._clientnotification(method, params)
+            return self._client_notification(method, params)
         if self._client_waits_on(message["id"]):
             return self._refuse_duplicate(message["id"], method, params)
         return self._client_request(message["id"], method, params)
@@ -333,28 +380,6 @@ class FabricServer(FabricRouter):
             or any(f.client_id == request_id for f in self._forwarded.values())
             or any(a.client_id == request_id for a in self._assisting.values())
         )
-
-    def _refuse_duplicate(self, request_id: RequestId, method: str, params: Json) -> list[Action]:
-        """Answer a request under an id in flight without touching what is in flight: the
-        first request keeps its answer to come, and a tools/call its one record (the refused
-        one gets its own)."""
-        error = duplicate_request(request_id)
-        body = {"jsonrpc": "2.0", "id": request_id, "error": error.to_jsonrpc_error()}
-        data = encoder.encode(body)
-        if method == "tools/call":
-            tool, arguments, traceparent = audited(params)
-            refused = self.calls.refused(
-                request_id,
-                tool=tool,
-                service=FABRIC_SERVICE,
-                arguments=arguments,
-                traceparent=traceparent,
-                nbytes=self._message_bytes,
-                answer=data,
-                now=self.clock(),
-            )
-            self._done.append(refused)
-        return [ToClient(data, (error.code, error.reason))]
 
     def _client_request(self, request_id: object, method: str, params: Json) -> list[Action]:
         if self._ending is not None:
@@ -381,10 +406,14 @@ class FabricServer(FabricRouter):
         return handler(request_id, params)
 
     def _on_initialize(self, request_id: object, params: Json) -> list[Action]:
-        return [self._result(request_id, self._initialize(params))]
+        self.protocol_version = negotiated(params.get("protocolVersion"))
+        capabilities = params.get("capabilities")
+        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
+        result = initialize_result(self.protocol_version, self.version)
+        return [self._result(request_id, result)]
 
     def _on_discover(self, request_id: object, _params: Json) -> list[Action]:
-        return [self._result(request_id, self._discover())]
+        return [self._result(request_id, discover_result(self.version))]
 
     def _on_ping(self, request_id: object, _params: Json) -> list[Action]:
         return [self._result(request_id, {})]
@@ -435,7 +464,7 @@ class FabricServer(FabricRouter):
         ack = {"notifications": honoured, "_meta": {SUBSCRIPTION_META: request_id}}
         return [ToClient(notification_bytes("notifications/subscriptions/acknowledged", ack))]
 
-    def _clientnotification(self, method: str, params: Json) -> list[Action]:
+    def _client_notification(self, method: str, params: Json) -> list[Action]:
         if method == "notifications/cancelled":
             return self._cancel(params)
         return []  # initialized, roots/list_changed (roots come from the mounts), …
@@ -443,7 +472,7 @@ class FabricServer(FabricRouter):
     def _cancel(self, params: Json) -> list[Action]:
         client_id = params.get("requestId")
         if self.calls.open and isinstance(client_id, str | int):
-            call = self.calls.cancelled(client_id, self.clock())
+            call = self.calls.cancelled(client_id, self.now)
             if call is not None:
                 self._done.append(call)
         if self._listeners.pop(client_id, None) is not None:
@@ -460,7 +489,7 @@ class FabricServer(FabricRouter):
             return []  # an answer to nothing we asked: dropped
         reply = {k: v for k, v in message.items() if k != "id"}
         reply["id"] = asked.backend_id
-        return [ToBackend(asked.service, encoder.encode(reply))]
+        return self._send(asked.service, encoder.encode(reply))
 
     # --- tools ----------------------------------------------------------------------------------
 
@@ -482,20 +511,6 @@ class FabricServer(FabricRouter):
             return meta.handler(self, request_id, arguments, params)
         return self._call_entry(request_id, name, params)
 
-    def _begin_call(self, request_id: RequestId, params: Json) -> None:
-        """The audit's view of a call (see :func:`_audited`)."""
-        tool, arguments, traceparent = audited(params)
-        self.calls.begin(
-            request_id,
-            tool=tool,
-            # The endpoint's own until routed to a service's tool (see _call_entry).
-            service=FABRIC_SERVICE,
-            arguments=arguments,
-            traceparent=traceparent,
-            nbytes=self._message_bytes,
-            now=self.clock(),
-        )
-
     def _call_entry(self, request_id: object, name: object, params: Json) -> list[Action]:
         entry: Entry | None = self.catalog.tool(name) if isinstance(name, str) else None
         if entry is None:
@@ -508,17 +523,15 @@ class FabricServer(FabricRouter):
 
     # --- refreshes and answers ------------------------------------------------------------------
 
-    def refreshed(self, refresh: Refresh, result: Refreshed | None) -> list[Action]:
-        """``refresh`` ran (``None``: it failed or was given up; the catalog stays as it was):
+    def _computed(self, job: Job, result: Refreshed | None) -> list[Action]:
+        """The refresh ran (``None``: it failed or was given up; the catalog stays as it was):
         its catalog and index are this session's now, its tool changes are recorded, the
         client is told — a handshake-era client if it lists a refreshed service, a listener if
         it asked — and a backend that repeated list_changed meanwhile is asked again."""
-        if refresh is not self._refresh:
+        finished = self.relists.finished(job)
+        if finished is None or self._ending is not None:
             return []
-        self._refresh = None
-        if self._ending is not None:
-            return []
-        running, self._running = self._running, {}
+        refresh, held = finished
         actions: list[Action] = []
         if result is not None:
             self.catalog = result.catalog
@@ -529,7 +542,7 @@ class FabricServer(FabricRouter):
                 refreshed = [service for service, k, _entries in refresh.lists if k == kind]
                 if refreshed:
                     actions += self._announce(kind, refreshed)
-        for (service, kind), relist in running.items():
+        for (service, kind), relist in held.items():
             actions += self._list_done(service, kind, relist)
         actions += self._next_refresh()
         return self._with_done(actions)
@@ -545,39 +558,6 @@ class FabricServer(FabricRouter):
         if not self._stateless and any(service in shown for service in services):
             actions.append(notification(method))
         return actions
-
-    def _initialize(self, params: Json) -> Json:
-        requested = params.get("protocolVersion")
-        self.protocol_version = (
-            requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]
-        )
-        capabilities = params.get("capabilities")
-        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
-        return {
-            "protocolVersion": self.protocol_version,
-            "capabilities": self._capabilities(),
-            "serverInfo": {"name": SERVER_NAME, "version": self.version},
-            "instructions": "Tools are named server__tool. Use find_tools to find one for a "
-            "task among every server of the suite, and call_tool to call it.",
-        }
-
-    def _discover(self) -> Json:
-        return {
-            **CACHE_PRIVATE,
-            "supportedVersions": [STATELESS_VERSION],
-            "capabilities": self._capabilities(),
-            "resultType": "complete",
-            "_meta": {
-                "io.modelcontextprotocol/serverInfo": {"name": SERVER_NAME, "version": self.version}
-            },
-        }
-
-    def _capabilities(self) -> Json:
-        return {
-            "tools": {"listChanged": True},
-            "prompts": {"listChanged": False},
-            "resources": {"listChanged": False, "subscribe": False},
-        }
 
     def _listing(self, result: Json) -> Json:
         # 2026-07-28 list results say how long they may be cached; this session's lists are

@@ -18,7 +18,7 @@ from reactor_fabric.observe import observer as observer_module
 from reactor_fabric.observe.audit import AuditWriter, read_records
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.protocol.deep_json import DeepEncoder, decode_deep
-from reactor_fabric.protocol.fabric_server import StartBackend, ToBackend, ToClient
+from reactor_fabric.protocol.events import StartBackend, ToBackend, ToClient
 from reactor_fabric.protocol.jsonrpc import peek
 from reactor_fabric.protocol.tool_calls import (
     FULL_ARGUMENTS_DEPTH,
@@ -34,7 +34,7 @@ from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, scripted_mcp_server
 from tests.served import served
-from tests.unit.test_fabric_server import session
+from tests.unit.test_fabric_server import client, line, session, started
 from tests.unit.test_observer import CLIENT, call
 
 T = TypeVar("T")
@@ -164,26 +164,24 @@ def test_the_fabric_server_forwards_and_records_a_deep_call_queued_until_its_bac
 ) -> None:
     server = session(audit_arguments=mode)
     frame = call_frame(5, "git__git_log", 900)
-    actions = server.client_message(frame)  # near the top of the stack, as a session reads it
+    actions = client(server, frame)  # near the top of the stack, as a session reads it
     assert [type(action) for action in actions] == [StartBackend]
-    [handshake] = [
-        json.loads(a.data) for a in server.backend_started("git") if isinstance(a, ToBackend)
-    ]
+    [handshake] = [json.loads(a.data) for a in started(server, "git") if isinstance(a, ToBackend)]
     ready = (
         b'{"jsonrpc":"2.0","id":%d,"result":{"capabilities":{},"serverInfo":{}}}'
         % (handshake["id"])
     )
     # The backend's reader takes its answer far down the stack; the queued call goes out then.
-    sent = deep_in_the_stack(300, lambda: server.backend_message("git", ready))
+    sent = deep_in_the_stack(300, lambda: line(server, "git", ready))
     forwarded: Any = decode_deep([a.data for a in sent if isinstance(a, ToBackend)][-1])
     assert forwarded["method"] == "tools/call"
     assert forwarded["params"]["name"] == "git_log"
     arguments = canonical_json(forwarded["params"]["arguments"])
     assert hashlib.sha256(arguments).hexdigest() == expected_hash(900)  # all of it, unchanged
-    answered = server.backend_message(
-        "git", msgspec.json.encode({"jsonrpc": "2.0", "id": forwarded["id"], "result": {}})
+    answered = line(
+        server, "git", msgspec.json.encode({"jsonrpc": "2.0", "id": forwarded["id"], "result": {}})
     )
-    [answer] = [json.loads(a.data) for a in answered if isinstance(a, ToClient)]
+    [answer] = [json.loads(a.frame) for a in answered if isinstance(a, ToClient)]
     assert (answer["id"], answer["result"]) == (5, {})
     [done] = [a.call for a in answered if isinstance(a, ToolCallDone)]
     assert (done.tool, done.arguments.sha256) == ("git_log", expected_hash(900))

@@ -1,19 +1,20 @@
 """Every ordering of the events a fabric-endpoint session can see, explored exhaustively.
 
-A model world surrounds the pure machine (:class:`FabricServer`) as its driver does
-(``trio/fabric_session.py``): a client with a short script (initialize, initialized, a call to
-each of two services' tools) that answers the requests it is sent, may cancel a call and may
-send its first call again while it is in flight (under the same id); a model container per
-service, started when the machine asks, that starts or fails to start, takes the handshake the
-machine drives, answers in order, refuses the handshake, asks something of its own (roots,
-which the machine answers, or sampling, which goes to the client), says its tools changed (the
-machine asks for its list, and the world runs the catalog refresh it is given, or fails it),
-dies mid-call, and takes its stdin (the machine's own bytes reported written); a clock that
-jumps to the machine's next deadline; the client leaving (the driver's last word); and the
-orchestrator stopping (``answer_all`` with ``orchestrator_stopping``, as the driver does), after
-which the driver still feeds what comes until it ends the session. From every reachable state
-every enabled event is tried (states seen before are not explored again: they behave alike),
-and after every step the invariants below must hold.
+A model world surrounds the pure machine (:class:`FabricServer`) as the driver does (it feeds
+:mod:`~reactor_fabric.protocol.events` with the world's time and carries out the actions): a
+client with a short script (initialize, initialized, a call to each of two services' tools) that
+answers the requests it is sent, may cancel a call and may send its first call again while it is
+in flight (under the same id); a model container per service, started when the machine asks,
+that starts or fails to start, takes the handshake the machine drives, answers in order, refuses
+the handshake, asks something of its own (roots, which the machine answers, or sampling, which
+goes to the client), says its tools changed (the machine asks for its list, and the world runs
+the catalog refresh it is given, or fails it), dies mid-call or breaks its output, and takes its
+stdin (what the machine sent it reported written); a container the machine stopped may still
+report its exit (the driver's reader racing the stop); a clock that jumps to the machine's next
+deadline; the client leaving (``ClientGone``); and the orchestrator stopping (``Shutdown``),
+after which events still come (they may be on their way) and the machine must start nothing.
+From every reachable state every enabled event is tried (states seen before are not explored
+again: they behave alike), and after every step the invariants below must hold.
 
 Invariants:
 
@@ -24,10 +25,16 @@ Invariants:
   saw: ``ok`` after a result, ``error`` after an error, ``cancelled`` when it cancelled first,
   ``no_answer`` only when it left first;
 - a container is started only for a service that has none running, and never once the
-  orchestrator is stopping or the client gone; nothing is written to a container that has not
-  started or is gone; it is greeted (initialize) before anything else, and gets no request
+  orchestrator is stopping or the client gone (``Shutdown`` closes the client and ends the
+  session once, ``ClientGone`` stops every container and ends it); a respawn is announced as
+  one exactly when its service had a container before; nothing is written to a container that
+  has not started or is gone; it is greeted (initialize) before anything else, and gets no request
   before the handshake is done; each of its own requests is answered at most once; a container
-  the machine forgets (refused handshake, unread stdin, idle) is removed, never left running;
+  the machine forgets (refused handshake, unread stdin, idle) is removed, never left running,
+  gracefully only when idle or at the session's end; every other stop and every exit is logged
+  ``backend_failed`` exactly once; events of a container the machine stopped change nothing;
+- the machine accepts the client's messages exactly while no container has more than the
+  session's bound waiting for its stdin;
 - a client request reaches a container only while the client waits on it (not answered, not
   cancelled), and at most once;
 - a request sent again under an id in flight is refused at once (``duplicate_request_id``), never
@@ -39,6 +46,7 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -49,19 +57,42 @@ from typing import Any
 import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
-from reactor_fabric._reasons import ORCHESTRATOR_STOPPING
+from reactor_fabric._reasons import (
+    CONTAINER_OUTPUT_INVALID,
+    CONTAINER_UNRESPONSIVE,
+    EXITED,
+    IDLE,
+    ORCHESTRATOR_STOPPING,
+    SESSION_ENDED,
+)
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
-from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
-from reactor_fabric.protocol.fabric_server import (
+from reactor_fabric.protocol.events import (
     Action,
-    FabricServer,
+    BackendBroken,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    BackendStartFailed,
+    ClientFrame,
+    ClientGone,
+    CloseClient,
+    Compute,
+    Computed,
+    EndSession,
+    Event,
+    Log,
+    Shutdown,
     StartBackend,
+    StdinWritten,
     StopBackend,
+    Tick,
     ToBackend,
     ToClient,
     ToolsChanged,
 )
-from reactor_fabric.protocol.session import container_exited, session_ending
+from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
+from reactor_fabric.protocol.fabric_server import FabricServer
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZED, request
 from tests.orderings import LazyTrail, Trail, Violation, check
@@ -111,21 +142,15 @@ ASK_METHODS: tuple[str, ...] = ("roots/list",)
 CHANGES = 0
 DUPLICATES = False
 # The machine's bound on its own bytes a container leaves unread (None: one too large to reach,
-# and the driver's reports of them written are not modelled).
+# and the driver's reports of them written are not modelled); its bound on all the bytes that
+# wait for a container's stdin (None: one too large to reach); whether a container may break
+# its output (a line over the size limit).
 OWN_BACKLOG: int | None = None
+BUFFER: int | None = None
+BREAKS = False
 MAX_STATES = 1_000_000
 # Each refresh's result, computed once (the same Refresh is shared by the worlds that hold it).
 RESULTS: dict[Refresh, Refreshed] = {}
-
-
-class Clock:
-    """The machine's clock: the world's time."""
-
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -134,7 +159,7 @@ class Box:
 
     seq: int
     service: str
-    state: str = "starting"  # starting → running → gone (failed, stopped, dead)
+    state: str = "starting"  # starting → running → gone (failed, dead) or stopped
     received: list[tuple[Any, str]] = field(default_factory=list)  # (id, method) to answer
     greeted: bool = False  # got the machine's initialize
     initialized: bool = False  # got notifications/initialized
@@ -142,20 +167,23 @@ class Box:
     ask: str | None = None  # its own request, once sent
     ask_answers: int = 0
     changed: bool = False  # sent its list_changed
+    ran: bool = False  # it started (a later container of its service is a respawn)
+    logged: int = 0  # its backend_failed log lines
+    late: bool = False  # reported an exit after the machine stopped it
 
     def key(self) -> tuple[object, ...]:
         return (
             self.seq, self.service, self.state, tuple(self.received), self.greeted,
             self.initialized, self.unreported, self.ask, self.ask_answers, self.changed,
+            self.ran, self.logged, self.late,
         )  # fmt: skip
 
 
 @dataclass
 class World:
     machine: FabricServer
-    clock: Clock
+    now: float = 0.0
     next_frame: int = 0
-    next_seq: int = 0
     boxes: dict[int, Box] = field(default_factory=dict)
     current: dict[str, int] = field(default_factory=dict)  # the driver's running container
     sent: list[Any] = field(default_factory=list)  # request ids the client sent
@@ -174,12 +202,12 @@ class World:
     duplicated: bool = False
     duplicate_refused: bool = False
     duplicate_recorded: bool = False
+    closed: bool = False  # the machine closed the client
+    ended: bool = False  # the machine ended the session
 
     def clone(self) -> World:
         twin = copy.copy(self)
-        twin.clock = Clock(self.clock.now)
         twin.machine = self.machine.clone()
-        twin.machine.clock = twin.clock
         twin.boxes = {
             seq: Box(**{**vars(box), "received": list(box.received)})
             for seq, box in self.boxes.items()
@@ -197,9 +225,8 @@ class World:
     def key(self) -> tuple[object, ...]:
         return (
             self.machine.fingerprint(),
-            self.clock.now,
+            self.now,
             self.next_frame,
-            self.next_seq,
             tuple(box.key() for box in self.boxes.values()),
             tuple(sorted(self.current.items())),
             tuple(self.sent),
@@ -218,6 +245,8 @@ class World:
             self.duplicated,
             self.duplicate_refused,
             self.duplicate_recorded,
+            self.closed,
+            self.ended,
         )
 
     def running(self, service: str) -> Box | None:
@@ -225,42 +254,88 @@ class World:
         box = self.boxes.get(self.current.get(service, -1))
         return box if box is not None and box.state == "running" else None
 
+    def feed(self, event: Event) -> list[Action]:
+        return self.machine.handle(event, self.now)
+
 
 def apply(world: World, actions: list[Action], trail: list[str]) -> None:
     """What the driver does with the machine's actions, checking them as it goes."""
+    logged: list[str] = []  # backend_failed lines of these actions, not yet matched by a stop
     for action in actions:
+        # (what still comes after the end may be answered, never acted on)
+        moves = isinstance(action, StartBackend | ToBackend | CloseClient | EndSession)
+        check(not (world.ended and moves), f"{action!r} after the session ended", trail)
         match action:
-            case StartBackend(service=service):
-                check(not world.stopping, f"{service} started after shutdown", trail)
-                check(not world.left, f"{service} started after the client left", trail)
-                alive = [
-                    b for b in world.boxes.values() if b.service == service and b.state != "gone"
-                ]
-                check(not alive, f"{service} started while it has a container", trail)
-                world.boxes[world.next_seq] = Box(world.next_seq, service)
-                world.next_seq += 1
-            case ToBackend(service=service, data=data, own=own):
-                box = world.running(service)
-                check(box is not None, f"a write to {service}, which has no container", trail)
+            case StartBackend(key=key, respawn=respawn):
+                start(world, key, respawn=respawn, trail=trail)
+            case ToBackend(key=key, data=data):
+                box = world.boxes.get(key.seq)
+                running = box is not None and box.state == "running"
+                check(running, f"a write to {key}, which is not running", trail)
                 assert box is not None
-                if own:
-                    box.unreported += len(data) + 1
+                check(data.endswith(b"\n") and data.count(b"\n") == 1, "not one line", trail)
+                box.unreported += len(data)
                 receive_line(world, box, json.loads(data), trail)
-            case StopBackend(service=service):
-                box = world.running(service)
-                check(box is not None, f"a stop of {service}, which has no container", trail)
-                assert box is not None
-                box.state = "gone"
-                del world.current[service]
-            case ToClient(data=data):
-                client_receives(world, json.loads(data), trail)
+            case StopBackend():
+                stop(world, action, logged, trail)
+            case Log(event="backend_failed", fields=fields):
+                logged.append(fields["backend"])
+            case ToClient(frame=frame):
+                client_receives(world, json.loads(frame), trail)
             case ToolCallDone(call=call):
                 recorded(world, call, trail)
-            case Refresh() as refresh:
+            case Compute(job=job):
                 check(world.refresh is None, "a refresh while one runs", trail)
-                world.refresh = refresh
-            case ToolsChanged():
+                assert isinstance(job, Refresh)
+                world.refresh = job
+            case CloseClient(code=code):
+                check(world.stopping and not world.closed, f"the client closed ({code})", trail)
+                world.closed = True
+            case EndSession():
+                check(world.stopping or world.left, "the session ended on its own", trail)
+                world.ended = True
+            case Log() | ToolsChanged():
                 pass
+    check(not logged, f"backend_failed logged without a stop: {logged}", trail)
+
+
+def start(world: World, key: BackendKey, *, respawn: bool, trail: list[str]) -> None:
+    service = key.service
+    check(not world.stopping, f"{service} started after shutdown", trail)
+    check(not world.left, f"{service} started after the client left", trail)
+    alive = [
+        b
+        for b in world.boxes.values()
+        if b.service == service and b.state in ("starting", "running")
+    ]
+    check(not alive, f"{service} started while it has a container", trail)
+    check(key.seq not in world.boxes, f"{key} started twice", trail)
+    had = any(b.service == service and b.ran for b in world.boxes.values())
+    check(respawn == had, f"{service} started, respawn={respawn}, had={had}", trail)
+    world.boxes[key.seq] = Box(key.seq, service)
+
+
+def stop(world: World, action: StopBackend, logged: list[str], trail: list[str]) -> None:
+    key, reason = action.key, action.reason
+    box = world.boxes.get(key.seq)
+    check(box is not None, f"a stop of {key}, which never started", trail)
+    assert box is not None
+    if reason == EXITED:
+        check(box.state == "gone", f"{key} stopped as exited, still running", trail)
+    else:
+        check(box.state in ("starting", "running"), f"a stop of {key}, {box.state}", trail)
+    # (removed at once when it stopped reading or exited; else given a moment to exit)
+    graceful = reason not in (CONTAINER_UNRESPONSIVE, EXITED)
+    check(action.graceful == graceful, f"{key} {reason}, graceful={action.graceful}", trail)
+    if reason not in (IDLE, SESSION_ENDED):
+        check(key.service in logged, f"{key} stopped ({reason}), not logged", trail)
+        logged.remove(key.service)
+        box.logged += 1
+        check(box.logged == 1, f"{key} logged backend_failed twice", trail)
+    if box.state != "gone":
+        box.state = "stopped"
+    if world.current.get(key.service) == key.seq:
+        del world.current[key.service]
 
 
 def client_receives(world: World, message: dict[str, Any], trail: list[str]) -> None:
@@ -342,13 +417,15 @@ def enabled(world: World) -> list[Step]:
     if world.left:
         return []
     steps: list[Step] = []
-    if world.next_frame < len(SCRIPT):
+    # The driver reads the client only while the machine accepts (no stdin over the bound).
+    reading = world.machine.accepting
+    if world.next_frame < len(SCRIPT) and reading:
         steps.append(("send", send_next))
-    if world.asks:
+    if world.asks and reading:
         steps.append(("answer-server", answer_server))
-    if DUPLICATES and not world.duplicated and in_flight(world, AGAIN):
+    if DUPLICATES and not world.duplicated and in_flight(world, AGAIN) and reading:
         steps.append(("send-again", send_again))
-    if len(world.cancelled) < CANCELS:
+    if len(world.cancelled) < CANCELS and reading:
         steps += [
             (f"cancel-{call_id}", partial(cancel, call_id=call_id))
             for call_id in TOOL_CALL_IDS
@@ -379,6 +456,9 @@ def box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
         if unlucky:
             steps.append((f"start-fails-{seq}", partial(start_fails, seq=seq)))
         return steps
+    if box.state == "stopped" and not box.late:
+        # Its reader saw it end before the driver's stop took effect: the machine ignores it.
+        return [(f"late-exit-{seq}", partial(late_exit, seq=seq))]
     if box.state != "running" or world.current.get(box.service) != seq:
         return []  # gone: the driver feeds nothing more of it
     steps = []
@@ -395,6 +475,8 @@ def box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
         steps.append((f"tools-changed-{seq}", partial(tools_changed, seq=seq)))
     if unlucky:
         steps.append((f"dies-{seq}", partial(dies, seq=seq)))
+        if BREAKS:
+            steps.append((f"breaks-{seq}", partial(dies, seq=seq, broken=True)))
     return steps
 
 
@@ -407,37 +489,36 @@ def send_next(world: World) -> list[Action]:
     message = json.loads(frame)
     if "id" in message:
         world.sent.append(message["id"])
-    return world.machine.client_message(frame)
+    return world.feed(ClientFrame(frame))
 
 
 def send_again(world: World) -> list[Action]:
     """The client sends its first tool call again, under the same id, while it is in flight."""
     world.duplicated = True
-    return world.machine.client_message(SCRIPT[AGAIN])
+    return world.feed(ClientFrame(SCRIPT[AGAIN]))
 
 
 def cancel(world: World, call_id: int) -> list[Action]:
     world.cancelled.append(call_id)
     note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": call_id}}
-    return world.machine.client_message(json.dumps(note).encode())
+    return world.feed(ClientFrame(json.dumps(note).encode()))
 
 
 def answer_server(world: World) -> list[Action]:
     ask_id = world.asks.pop(0)
     answer = {"role": "assistant", "content": {"type": "text", "text": "yes"}, "model": "m"}
-    return world.machine.client_message(
-        json.dumps({"jsonrpc": "2.0", "id": ask_id, "result": answer}).encode()
-    )
+    frame = json.dumps({"jsonrpc": "2.0", "id": ask_id, "result": answer}).encode()
+    return world.feed(ClientFrame(frame))
 
 
 def leave(world: World) -> list[Action]:
     world.left = True
-    return world.machine.client_gone()
+    return world.feed(ClientGone())
 
 
 def shutdown(world: World) -> list[Action]:
     world.stopping = True
-    return world.machine.answer_all(session_ending(ORCHESTRATOR_STOPPING))
+    return world.feed(Shutdown(ORCHESTRATOR_STOPPING))
 
 
 # --- the containers ---------------------------------------------------------------------------
@@ -446,8 +527,9 @@ def shutdown(world: World) -> list[Action]:
 def started(world: World, seq: int) -> list[Action]:
     box = world.boxes[seq]
     box.state = "running"
+    box.ran = True
     world.current[box.service] = seq
-    return world.machine.backend_started(box.service)
+    return world.feed(BackendStarted(BackendKey(box.service, seq)))
 
 
 def start_fails(world: World, seq: int) -> list[Action]:
@@ -455,14 +537,13 @@ def start_fails(world: World, seq: int) -> list[Action]:
     box = world.boxes[seq]
     box.state = "gone"
     error = ContainerStartFailure("no", reason="image_not_found")
-    return world.machine.backend_failed(box.service, error)
+    return world.feed(BackendStartFailed(BackendKey(box.service, seq), error))
 
 
 def written(world: World, seq: int) -> list[Action]:
     box = world.boxes[seq]
     nbytes, box.unreported = box.unreported, 0
-    world.machine.backend_read(box.service, nbytes)
-    return []
+    return world.feed(StdinWritten(BackendKey(box.service, seq), nbytes))
 
 
 def answers(world: World, seq: int, *, error: bool) -> list[Action]:
@@ -483,7 +564,7 @@ def answers(world: World, seq: int, *, error: bool) -> list[Action]:
     else:
         body = {"result": {"content": [{"type": "text", "text": "echo"}]}}
     line = json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode()
-    return world.machine.backend_message(box.service, line)
+    return world.feed(BackendLine(BackendKey(box.service, seq), line))
 
 
 def asks(world: World, seq: int, method: str) -> list[Action]:
@@ -492,7 +573,7 @@ def asks(world: World, seq: int, method: str) -> list[Action]:
     world.asked += 1
     params = {"messages": [], "maxTokens": 1} if method.startswith("sampling") else None
     line = json.dumps(request(box.ask, method, params)).encode()
-    return world.machine.backend_message(box.service, line)
+    return world.feed(BackendLine(BackendKey(box.service, seq), line))
 
 
 def tools_changed(world: World, seq: int) -> list[Action]:
@@ -500,16 +581,26 @@ def tools_changed(world: World, seq: int) -> list[Action]:
     box.changed = True
     world.changes += 1
     line = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).encode()
-    return world.machine.backend_message(box.service, line)
+    return world.feed(BackendLine(BackendKey(box.service, seq), line))
 
 
-def dies(world: World, seq: int) -> list[Action]:
+def dies(world: World, seq: int, *, broken: bool = False) -> list[Action]:
+    """The container exits (or writes a line too long to relay: the driver's reader ends)."""
     world.misfortunes += 1
     box = world.boxes[seq]
     box.state = "gone"
     del world.current[box.service]
-    error = container_exited(box.service, 1, False, [], service=box.service)
-    return world.machine.backend_failed(box.service, error)
+    key = BackendKey(box.service, seq)
+    if broken:
+        return world.feed(BackendBroken(key, CONTAINER_OUTPUT_INVALID, "a line over the limit"))
+    return world.feed(BackendExited(key, 1))
+
+
+def late_exit(world: World, seq: int) -> list[Action]:
+    """A container the machine stopped reports its end: nothing is owed to it, nothing done."""
+    box = world.boxes[seq]
+    box.late = True
+    return world.feed(BackendExited(BackendKey(box.service, seq), 137))
 
 
 def refreshed(world: World, *, ran: bool) -> list[Action]:
@@ -522,14 +613,14 @@ def refreshed(world: World, *, ran: bool) -> list[Action]:
         result = RESULTS.get(refresh)
         if result is None:
             result = RESULTS[refresh] = refresh.run()
-    return world.machine.refreshed(refresh, result)
+    return world.feed(Computed(refresh, result))
 
 
 def tick(world: World) -> list[Action]:
     deadline = world.machine.deadline
     assert deadline is not None
-    world.clock.now = max(world.clock.now, deadline)
-    return world.machine.tick()
+    world.now = max(world.now, deadline)
+    return world.feed(Tick())
 
 
 # --- exploring --------------------------------------------------------------------------------
@@ -553,8 +644,18 @@ def state_checks(world: World, trail: list[str]) -> None:
     check(world.duplicated == refused, "a duplicate not refused at once", trail)
     if not world.stopping and not world.left:
         for service in SERVICES:
-            forgotten = world.running(service) is not None and service not in world.machine.backends
+            box = world.running(service)
+            backend = world.machine.backends.get(service)
+            forgotten = box is not None and (backend is None or backend.key.seq != box.seq)
             check(not forgotten, f"{service}'s container left running, forgotten", trail)
+        # The client is read exactly while no container has more than the bound waiting.
+        bound = BUFFER if BUFFER is not None else 1 << 40
+        room = all(
+            box.unreported <= bound for box in world.boxes.values() if box.state == "running"
+        )
+        check(world.machine.accepting == room, f"accepting={not room} wrongly", trail)
+    if world.stopping:
+        check(world.closed and world.ended, "a shutdown that did not end the session", trail)
     if world.left:
         for call_id in TOOL_CALL_IDS:
             if call_id in world.sent:
@@ -571,7 +672,6 @@ def state_checks(world: World, trail: list[str]) -> None:
 
 def explore() -> int:
     """Visit every reachable state once; the number visited."""
-    clock = Clock()
     own_backlog = OWN_BACKLOG if OWN_BACKLOG is not None else 1 << 40
     machine = FabricServer(
         CATALOG,
@@ -579,11 +679,11 @@ def explore() -> int:
         version="0",
         exposure="all",
         idle_timeouts=dict.fromkeys(SERVICES, IDLE_SECONDS),
-        clock=clock,
         count_tokens=lambda _definition: 1,
         own_backlog_bytes=own_backlog,
+        buffer_to_server_bytes=BUFFER if BUFFER is not None else 1 << 40,
     )
-    start = World(machine, clock)
+    start = World(machine)
     stack: list[tuple[World, Trail]] = [(start, None)]
     seen: set[tuple[object, ...]] = {start.key()}
     while stack:
@@ -624,6 +724,10 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
          22_000),
         # roots answered by the machine, to a container that may leave its stdin unread
         ({"MISFORTUNES": 1, "ASKS": 1, "OWN_BACKLOG": 300}, 15_000),
+        # the same with a bound on all that waits for a stdin (the client not read past it),
+        # and containers that break their output
+        ({"MISFORTUNES": 1, "ASKS": 1, "OWN_BACKLOG": 300, "BUFFER": 300, "BREAKS": True},
+         15_000),
         # tools/list_changed: the list asked, the refresh run or failed, racing everything
         ({"MISFORTUNES": 1, "CANCELS": 1, "CHANGES": 1}, 19_000),
         ({"CHANGES": 2}, 3_000),  # both services' refreshes, one at a time
@@ -631,7 +735,7 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
         ({"SCRIPT": ONE_SERVICE, "MISFORTUNES": 2, "CANCELS": 1, "DUPLICATES": True, "ASKS": 1},
          5_000),
     ],
-    ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "tools-changed",
+    ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "stdin-bound", "tools-changed",
          "two-refreshes", "one-service"],
 )  # fmt: skip
 def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
@@ -668,19 +772,72 @@ def keeping_a_refused_backend(original: Callable[..., list[Action]]) -> Callable
     """The machine before the fix: a backend that refused the handshake was forgotten only."""
 
     def handshake_done(self: FabricServer, service: str, message: dict[str, Any]) -> list[Action]:
-        return [a for a in original(self, service, message) if not isinstance(a, StopBackend)]
+        actions = original(self, service, message)
+        return [a for a in actions if not isinstance(a, StopBackend | Log)]
 
     return handshake_done
+
+
+def heeding_stale_backends(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """The driver's check moved into the machine, left out: an event of any container of a
+    service is taken as one of its current container."""
+
+    def backend_event(self: FabricServer, event: Any) -> list[Action]:
+        backend = self.backends.get(event.key.service)
+        if backend is not None:
+            event = dataclasses.replace(event, key=backend.key)
+        return original(self, event)
+
+    return backend_event
+
+
+def counting_no_writes(_original: Callable[..., Any]) -> Callable[..., Any]:
+    """What the driver wrote is never taken off the machine's count."""
+
+    def written(self: FabricServer, backend: Any, nbytes: int) -> None:
+        pass
+
+    return written
+
+
+def logging_twice(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """The driver logged an unresponsive backend's stop a second time (fixed in 1e92e1c): here,
+    the machine logs each failure twice."""
+
+    def stop(self: FabricServer, key: BackendKey, reason: str, logged: str | None = None) -> Any:
+        actions = original(self, key, reason, logged)
+        return [*[a for a in actions if isinstance(a, Log)], *actions]
+
+    return stop
+
+
+def starting_after_shutdown(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """A shutdown that closes the client but leaves the machine serving."""
+
+    def shutdown(self: FabricServer, reason: str) -> list[Action]:
+        actions = original(self, reason)
+        self._ending = None
+        return actions
+
+    return shutdown
 
 
 @pytest.mark.parametrize(
     ("method", "planted", "caught"),
     [
         ("_backend_failed", answering_twice, "answered twice"),
-        ("answer_all", ending_as_before, "after shutdown|after the client's wait ended"),
+        ("answer_all", ending_as_before, "after shutdown|after the client.s wait ended|ended"),
         ("_handshake_done", keeping_a_refused_backend, "left running, forgotten"),
+        ("_stop", logging_twice, "logged backend_failed twice|logged without a stop"),
+        ("_shutdown", starting_after_shutdown, "started after shutdown|after the session ended"),
     ],
-    ids=["answers-twice", "goes-on-after-shutdown", "keeps-a-refused-backend"],
+    ids=[
+        "answers-twice",
+        "goes-on-after-shutdown",
+        "keeps-a-refused-backend",
+        "logs-twice",
+        "starts-after-shutdown",
+    ],
 )
 def test_the_checker_catches_a_broken_fabric_machine(
     monkeypatch: pytest.MonkeyPatch,
@@ -695,16 +852,38 @@ def test_the_checker_catches_a_broken_fabric_machine(
         explore()
 
 
+def test_the_checker_catches_a_machine_that_heeds_a_stopped_containers_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (both calls to one service: a container stopped, and the next one started meanwhile)
+    planted = heeding_stale_backends(FabricServer._backend_event)
+    monkeypatch.setattr(FabricServer, "_backend_event", planted)
+    configure(monkeypatch, SCRIPT=ONE_SERVICE, MISFORTUNES=1)
+    with pytest.raises(Violation, match=r"stop of|stopped as exited|not running"):
+        explore()
+
+
+def test_the_checker_catches_a_machine_that_never_takes_written_bytes_off_its_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(FabricServer, "_written", counting_no_writes(FabricServer._written))
+    configure(monkeypatch, MISFORTUNES=0, ASKS=1, OWN_BACKLOG=300, BUFFER=300)
+    with pytest.raises(Violation, match="accepting"):
+        explore()
+
+
 def test_a_clone_of_the_machine_is_independent_and_fingerprinted_alike() -> None:
-    clock = Clock()
-    machine = FabricServer(CATALOG, session_id="s", clock=clock, count_tokens=lambda _d: 1)
+    machine = FabricServer(CATALOG, session_id="s", count_tokens=lambda _d: 1)
     for frame in SCRIPT:
-        machine.client_message(frame)
+        machine.handle(ClientFrame(frame), 0.0)
     twin = machine.clone()
     assert twin.fingerprint() == machine.fingerprint()
-    [handshake] = [a for a in twin.backend_started("alpha") if isinstance(a, ToBackend)]
+    alpha = machine.backends["alpha"].key
+    [handshake] = [a for a in twin.handle(BackendStarted(alpha), 1.0) if isinstance(a, ToBackend)]
     assert twin.fingerprint() != machine.fingerprint()
     assert machine.backends["alpha"].state == "starting"
     assert len(machine.backends["alpha"].queue) == 1
+    assert machine.backends["alpha"].queued == 0
     assert twin.backends["alpha"].state == "handshaking"
+    assert twin.backends["alpha"].queued == len(handshake.data)
     assert json.loads(handshake.data)["method"] == "initialize"
