@@ -85,6 +85,12 @@ from .._reasons import METHOD_NOT_FOUND as METHOD_NOT_FOUND_REASON
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from ..discovery.tokens import count_definition
+from .answers import (
+    MAX_SERVER_REQUESTS,
+    UNRESPONSIVE,
+    SessionLimits,
+    too_many_requests_to_client,
+)
 from .catalog import Catalog, Entry
 from .deep_json import DeepEncoder
 from .fabric_discovery import (
@@ -108,12 +114,6 @@ from .mcp import (
     LIST_METHOD,
     METHOD_NOT_FOUND,
     STATELESS_VERSION,
-)
-from .session import (
-    MAX_SERVER_REQUESTS,
-    UNRESPONSIVE,
-    SessionLimits,
-    too_many_requests_to_client,
 )
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 

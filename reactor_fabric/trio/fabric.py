@@ -34,10 +34,10 @@ from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
+from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
-from ..protocol.session import SessionLimits
 from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Container, Runtime
 from .catalog import CatalogStore, Learned, learn_catalog

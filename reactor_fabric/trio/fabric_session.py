@@ -55,6 +55,13 @@ from .._version import __version__
 from ..config.structs import Suite
 from ..config.suite import FABRIC_ENDPOINT
 from ..discovery import DiscoveryIndex
+from ..protocol.answers import (
+    ENDED_BY_OPERATOR,
+    UNRESPONSIVE,
+    container_exited,
+    log_notification,
+    session_ending,
+)
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_refresh import Refresh, Refreshed, ToolChanges
 from ..protocol.fabric_server import (
@@ -69,13 +76,6 @@ from ..protocol.fabric_server import (
 )
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
-from ..protocol.session import (
-    ENDED_BY_OPERATOR,
-    UNRESPONSIVE,
-    container_exited,
-    log_notification,
-    session_ending,
-)
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .channel import ClientChannel
 from .containers import audit_call, how_it_exited, remove_container, start_container

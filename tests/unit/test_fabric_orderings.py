@@ -50,6 +50,7 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import ORCHESTRATOR_STOPPING
+from reactor_fabric.protocol.answers import container_exited, session_ending
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
 from reactor_fabric.protocol.fabric_server import (
@@ -61,7 +62,6 @@ from reactor_fabric.protocol.fabric_server import (
     ToClient,
     ToolsChanged,
 )
-from reactor_fabric.protocol.session import container_exited, session_ending
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZED, request
 from tests.orderings import LazyTrail, Trail, Violation, check

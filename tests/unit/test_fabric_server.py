@@ -10,6 +10,7 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import BACKEND_LIST_TOO_LARGE
+from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
 from reactor_fabric.protocol.fabric_refresh import (
@@ -31,7 +32,6 @@ from reactor_fabric.protocol.fabric_server import (
     ToClient,
     ToolsChanged,
 )
-from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
 CATALOG = Catalog(

@@ -24,9 +24,9 @@ from reactor_fabric.discovery import build_index
 from reactor_fabric.observe.audit import AuditWriter
 from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
 from reactor_fabric.protocol import fabric_discovery
+from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import index_catalog
-from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.trio import fabric as fabric_module
 from reactor_fabric.trio.fabric import Fabric
