@@ -48,11 +48,9 @@ from .._errors import (
     InvalidRequest,
     ParseError,
     SecurityViolation,
-    ServiceNotFound,
 )
 from .._reasons import (
     INVALID_UTF8,
-    SERVICE_NOT_FOUND,
     SESSION_ENDED,
     SESSION_KEY_IN_USE,
     SESSION_REQUIRED,
@@ -60,6 +58,7 @@ from .._reasons import (
     UNSUPPORTED_PROTOCOL_VERSION,
 )
 from ..observe.observer import Client
+from ..policy.admission import service_not_found
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import (
     REQUEST,
@@ -317,12 +316,7 @@ async def _session_for(
         return None
     request_id = message.id if message.kind == REQUEST else None
     if sessions.fabric.service(service) is None and service != FABRIC_ENDPOINT:
-        missing = ServiceNotFound(
-            f"no service named {service!r} in the suite",
-            reason=SERVICE_NOT_FOUND,
-            service=service,
-        )
-        await exchange.respond(200, error_response(request_id, missing))
+        await exchange.respond(200, error_response(request_id, service_not_found(service)))
         return None
     if key is None and not _starts_session(message):
         stateless_probe = message.method == "server/discover"
