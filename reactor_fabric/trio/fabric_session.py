@@ -73,7 +73,7 @@ from ..protocol.session import (
     session_ending,
 )
 from ..protocol.tool_calls import ToolCall, ToolCallDone
-from .channel import ClientChannel
+from .channel import ChannelClosed, ClientChannel
 from .containers import audit_call, how_it_exited, remove_container, start_container
 from .fabric import Fabric, SessionRecord
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
@@ -300,7 +300,7 @@ class FabricDriver:
         self.metrics.bytes_to_client += len(data)
         try:
             await self.channel.send(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except ChannelClosed:
             self._end()
 
     async def _watch_shutdown(self) -> None:
@@ -318,7 +318,7 @@ class FabricDriver:
         await self._execute(self.server.answer_all(error))
         if reason == ENDED_BY_OPERATOR:
             await self._send_client(log_notification("warning", str(error)))
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        with contextlib.suppress(ChannelClosed):
             await self.channel.close(close_code, reason.replace("_", " "))
         self._end()
 

@@ -82,7 +82,7 @@ from ..protocol.session import (
     WriteStdin,
 )
 from ..protocol.tool_calls import ToolCall, ToolCallDone, valid_traceparent
-from .channel import ClientChannel
+from .channel import ChannelClosed, ClientChannel
 from .containers import audit_call, how_it_exited, remove_container, start_container
 from .fabric import Fabric, SessionRecord, new_session_id
 from .fabric_session import fabric_driver
@@ -192,13 +192,13 @@ async def _tell_client_of_crash(
     try:
         for frame in frames:
             await channel.send(frame)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except ChannelClosed:
         log.info("session_crash_untold", extra={**fields, "detail": "the client is gone"})
     except Exception:
         log.exception("session_crash_untold", extra=fields)
     try:
         await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except ChannelClosed:
         pass  # the client is gone: there is nothing left to close
     except Exception:
         log.exception("session_crash_close_failed", extra=fields)
@@ -337,9 +337,9 @@ async def refuse(
     )
     try:
         await channel.send(error_response(request_id, error))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return
-    await channel.close(CLOSE_NORMAL, error.reason)
+        await channel.close(CLOSE_NORMAL, error.reason)
+    except ChannelClosed:
+        return  # the client is gone: nobody to tell
 
 
 class SessionDriver:
@@ -409,7 +409,7 @@ class SessionDriver:
                 case StopContainer():
                     self._stop(action)
                 case CloseClient(code=code, reason=reason):
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    with contextlib.suppress(ChannelClosed):
                         await self.channel.close(code, reason)
                 case EndSession():
                     nursery.cancel_scope.cancel()
@@ -472,7 +472,7 @@ class SessionDriver:
             self.observer.error_sent(*action.error)
         try:
             await self.channel.send(frame, action.message)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except ChannelClosed:
             await self._feed(ClientGone())
 
     async def _watch_shutdown(self) -> None:

@@ -69,6 +69,7 @@ from ..protocol.jsonrpc import (
     peek,
 )
 from ..protocol.mcp import KNOWN_VERSIONS
+from .channel import ChannelClosed
 from .fabric import Fabric, new_session_id
 from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import FrameQueue, HttpChannel, Waiter
@@ -395,7 +396,7 @@ async def _post(
     if message.kind != REQUEST:
         try:
             await channel.submit(body)
-        except trio.ClosedResourceError:
+        except ChannelClosed:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
         await exchange.respond(202, headers=session_header)
@@ -413,7 +414,7 @@ async def _post(
     try:
         try:
             await channel.submit(body)
-        except trio.ClosedResourceError:
+        except ChannelClosed:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
         await _answer(exchange, waiter, session, request_id=message.id)
