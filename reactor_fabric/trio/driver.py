@@ -98,9 +98,6 @@ log = logging.getLogger(__name__)
 # made it); beyond, it is given up and reported as failed.
 COMPUTE_SECONDS = 60.0
 
-# The client is gone: what a channel raises (and, from transports not yet translating, trio's).
-_GONE = (ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError)
-
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -205,7 +202,7 @@ class SessionDriver:
                     self._stop(action)
                 case CloseClient(code=code, reason=reason):
                     # (the client may be gone: there is nothing left to close then)
-                    with contextlib.suppress(*_GONE):
+                    with contextlib.suppress(ChannelClosed):
                         await self.channel.close(code, reason)
                 case EndSession():
                     nursery.cancel_scope.cancel()
@@ -311,7 +308,7 @@ class SessionDriver:
             self.observer.error_sent(*action.error)
         try:
             await self.channel.send(frame, action.message)
-        except _GONE:
+        except ChannelClosed:
             await self._feed(ClientGone())
 
     async def _watch_shutdown(self) -> None:

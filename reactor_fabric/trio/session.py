@@ -47,29 +47,20 @@ import trio
 
 from .._errors import (
     FabricError,
-    InvalidMessage,
-    ServiceNotFound,
     SessionCrashed,
-    SessionRefused,
 )
-from .._reasons import INTERNAL_ERROR, ORCHESTRATOR_STOPPING, SERVICE_NOT_FOUND, TOO_MANY_SESSIONS
+from .._reasons import INTERNAL_ERROR
 from ..config.structs import Service
 from ..observe.observer import Client, trace_of
-from ..policy.mounts import parse_query_mount
-from ..protocol.handshake import RegisterClient, classify_first_message
+from ..policy.admission import Refusal, admission
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import SessionMachine
 from ..protocol.tool_calls import valid_traceparent
-from .channel import ClientChannel
+from .channel import ChannelClosed, ClientChannel
 from .containers import ContainerHost
 from .driver import SessionDriver
 from .fabric import Fabric, SessionRecord, new_session_id
-from .fabric_session import (
-    FABRIC_ENDPOINT,
-    FabricOptions,
-    fabric_driver,
-    fabric_options,
-)
+from .fabric_session import fabric_driver
 from .http_server import Request
 
 __all__ = ["ClientChannel", "client_of", "refuse", "serve_session"]
@@ -174,13 +165,13 @@ async def _tell_client_of_crash(
     try:
         for frame in frames:
             await channel.send(frame)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except ChannelClosed:
         log.info("session_crash_untold", extra={**fields, "detail": "the client is gone"})
     except Exception:
         log.exception("session_crash_untold", extra=fields)
     try:
         await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except ChannelClosed:
         pass  # the client is gone: there is nothing left to close
     except Exception:
         log.exception("session_crash_close_failed", extra=fields)
@@ -213,30 +204,21 @@ async def _serve_session(
         first_frame = await channel.receive()
         if first_frame is None:
             return
-    try:
-        first = classify_first_message(first_frame)
-    except InvalidMessage as exc:
-        await refused(exc.request_id, exc)
-        return
-    request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
-    progress.first_request_id = request_id
-    service = fabric.service(service_name)
-    options: FabricOptions | None = None
-    try:
-        if service_name == FABRIC_ENDPOINT:
-            options = fabric_options(fabric.suite, query or {})
-        elif service is None:
-            raise _service_not_found(service_name)
-    except FabricError as exc:
-        await refused(request_id, exc)
+    # What the session is and asks for: decided in policy.admission, steps 1-4.
+    decision = admission(
+        first_frame,
+        endpoint=service_name,
+        suite=fabric.suite,
+        query=query or {},
+        query_mounts=query_mounts,
+    )
+    request_id = progress.first_request_id = decision.request_id
+    if isinstance(decision, Refusal):
+        await refused(request_id, decision.error)
         return
     try:
-        requested: object = (
-            first.mounts
-            if isinstance(first, RegisterClient)
-            else [parse_query_mount(text) for text in query_mounts]
-        )
-        mounts = await fabric.validate_mounts(requested)
+        # The mount policy resolves paths on the file system: the one step that does I/O.
+        mounts = await fabric.validate_mounts(decision.mounts)
     except FabricError as exc:
         await refused(request_id, exc)
         return
@@ -251,14 +233,8 @@ async def _serve_session(
         started_at=time.time(),
         last_active=trio.current_time(),
     )
-    if not fabric.admit(session_id, record):
-        stopping = fabric.stopping.is_set()
-        full = SessionRefused(
-            "the orchestrator is stopping"
-            if stopping
-            else "the orchestrator has reached its limit of concurrent sessions; try again later",
-            reason=ORCHESTRATOR_STOPPING if stopping else TOO_MANY_SESSIONS,
-        )
+    full = fabric.admit(session_id, record)  # step 5, and the session counted if admitted
+    if full is not None:
         await refused(request_id, full)
         return
     observer.session_started(
@@ -282,15 +258,15 @@ async def _serve_session(
             },
         )
         driver: _Driver
-        if options is not None:
+        if decision.options is not None:
             driver = await fabric_driver(
-                fabric, channel, session_id=session_id, record=record, options=options
+                fabric, channel, session_id=session_id, record=record, options=decision.options
             )
         else:
-            assert service is not None
-            driver = _relay_driver(fabric, channel, service_name, service, record)
+            assert decision.service is not None
+            driver = _relay_driver(fabric, channel, service_name, decision.service, record)
         progress.driver = driver
-        await driver.run(first_frame, first)
+        await driver.run(first_frame, decision.first)
     finally:
         fabric.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
@@ -325,14 +301,6 @@ def _relay_driver(
 def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
     """Who opened a session, for the audit: the token it was admitted with, its address."""
     return Client(fabric.token_id, request.peer, transport, request.header(b"user-agent"))
-
-
-def _service_not_found(service_name: str) -> FabricError:
-    return ServiceNotFound(
-        f"no service named {service_name!r} in the suite",
-        reason=SERVICE_NOT_FOUND,
-        service=service_name,
-    )
 
 
 async def refuse(

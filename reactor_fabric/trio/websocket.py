@@ -52,6 +52,7 @@ from ..protocol.websocket_frames import (
     control_frame,
     text_frame,
 )
+from .channel import ChannelClosed, channel_boundary
 from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
@@ -170,11 +171,13 @@ class WebSocketChannel:
         self._written = trio.Event()
         self._wake_writer.set()
 
+    @channel_boundary
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
-        """Queue one message for the client; waits while ``buffer_bytes`` are queued already."""
+        """Queue one message for the client; waits while ``buffer_bytes`` are queued already.
+        The writer task owns the stream: its failure reaches here as the connection lost."""
         while True:
             if self.gone or self.close_queued:
-                raise trio.ClosedResourceError("the WebSocket is closed")
+                raise ChannelClosed("the WebSocket is closed")
             if self._outbox_bytes < self._settings.buffer_bytes:
                 break
             self._room = trio.Event()
@@ -191,6 +194,7 @@ class WebSocketChannel:
         self._wake_writer.set()
         await trio.lowlevel.checkpoint_if_cancelled()
 
+    @channel_boundary
     async def close(self, code: int, reason: str = "") -> None:
         """Queue a close frame; the handshake completes in :meth:`finish`."""
         if self.close_queued or self.gone:
