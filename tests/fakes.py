@@ -19,6 +19,7 @@ from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.protocol.jsonrpc import Peek
 from reactor_fabric.runtime.base import Container, ContainerExit, ManagedContainer
 from reactor_fabric.runtime.memory import MemoryServer
+from reactor_fabric.trio.channel import ChannelClosed, channel_boundary
 from tests.messages import INITIALIZE, INITIALIZED, request
 
 __all__ = ["INITIALIZE", "INITIALIZED", "request"]
@@ -95,11 +96,14 @@ class MemoryClient:
         except trio.EndOfChannel:
             return None
 
+    @channel_boundary
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
         if self.closed_with is not None:
-            raise trio.ClosedResourceError("closed")
+            raise ChannelClosed("closed")
+        # BrokenResourceError once the test closed its end (from_relay): the client is gone.
         await self._from_relay_send.send(frame)
 
+    @channel_boundary
     async def close(self, code: int, reason: str = "") -> None:
         if self.closed_with is None:
             self.closed_with = (code, reason)
@@ -117,6 +121,22 @@ class MemoryClient:
 
     async def leave(self) -> None:
         await self._to_relay_send.send(None)
+
+
+class GoneMidAnswer(MemoryClient):
+    """A client whose connection goes away once it is told to: every send then fails as every
+    channel fails once its client is gone, with ChannelClosed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gone = False
+        self.failed_sends = 0
+
+    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+        if self.gone:
+            self.failed_sends += 1
+            raise ChannelClosed("the client went away")
+        await super().send(frame, message)
 
 
 TOOLS = ("echo", "wait", "flood", "crash", "ask", "hold", "notify", "progress")

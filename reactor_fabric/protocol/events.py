@@ -240,9 +240,11 @@ class Log:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Compute:
-    """Run ``job`` off the event loop (bounded in time) and report :class:`Computed`."""
+    """Run ``job`` off the event loop (bounded in time) and report :class:`Computed`;
+    ``failure_event`` is the log line when it fails or takes too long."""
 
     job: Job
+    failure_event: str = "compute_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,13 @@ from .._reasons import (
     HANDSHAKE_FAILED,
     IDLE,
 )
+from .answers import (
+    MAX_SERVER_REQUESTS,
+    UNRESPONSIVE,
+    SessionLimits,
+    container_exited,
+    too_many_requests_to_client,
+)
 from .catalog import Catalog
 from .events import (
     Action,
@@ -90,13 +97,6 @@ from .fabric_messages import (
 from .fabric_refresh import MAX_LIST_BYTES, Relists, _Relist
 from .jsonrpc import duplicate_request, error_response
 from .mcp import CLIENT_VERSION, INVALID_PARAMS, LIST_CHANGED, LIST_METHOD, METHOD_NOT_FOUND
-from .session import (
-    MAX_SERVER_REQUESTS,
-    UNRESPONSIVE,
-    SessionLimits,
-    container_exited,
-    too_many_requests_to_client,
-)
 from .tool_calls import ArgumentsMode
 
 BackendEvent = (
@@ -478,7 +478,10 @@ class FabricRouter(Answers):
 
     def _next_refresh(self) -> list[Action]:
         refresh = self.relists.next(self.catalog, self.facts, self.count_tokens)
-        return [] if refresh is None else [Compute(refresh)]
+        if refresh is None:
+            return []
+        # (a refresh that fails leaves the catalog as it was: logged, not the session's end)
+        return [Compute(refresh, failure_event="catalog_refresh_failed")]
 
     def _list_done(self, service: str, kind: str, relist: _Relist) -> list[Action]:
         again = self.relists.done(service, kind, relist)

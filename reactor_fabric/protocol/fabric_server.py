@@ -38,6 +38,13 @@ from .._errors import FabricError, InvalidRequest, ParseError
 from .._reasons import INVALID_JSON, ORCHESTRATOR_STOPPING, SESSION_ENDED
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
+from .answers import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    ENDED_BY_OPERATOR,
+    log_notification,
+    session_ending,
+)
 from .catalog import Catalog, Entry
 from .events import (
     Action,
@@ -86,7 +93,6 @@ from .fabric_router import (
 )
 from .jsonrpc import RequestId, peek
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
-from .session import ENDED_BY_OPERATOR, log_notification, session_ending
 from .tool_calls import ArgumentsMode
 
 # (the actions' names, for the former driver trio/fabric_session.py until the one driver runs /mcp)
@@ -226,7 +232,7 @@ class FabricServer(FabricRouter):
         if reason == ENDED_BY_OPERATOR:
             # Clients show log messages; a request in flight shows the error above.
             actions.append(ToClient(log_notification("warning", str(error))))
-        code = 1001 if reason == ORCHESTRATOR_STOPPING else 1000
+        code = CLOSE_GOING_AWAY if reason == ORCHESTRATOR_STOPPING else CLOSE_NORMAL
         return [*actions, CloseClient(code, reason.replace("_", " ")), EndSession()]
 
     # --- model checking -----------------------------------------------------------------------

@@ -4,63 +4,87 @@ One :class:`SessionMachine` exists per client session of the per-service relay. 
 decision of the session — whether a client frame is written to the container now or waits,
 when a container is spawned, replaying the MCP handshake to a fresh one, idle teardown, what
 happens when a container dies, what each request in flight is answered with, shutdown — from
-the events the trio driver (:mod:`reactor_fabric.trio.session`) feeds it. The driver only moves
-bytes and runs the actions it is given, in order.
+the events the one trio driver (:mod:`reactor_fabric.trio.driver`) feeds it, in the vocabulary
+of :mod:`.events` (the fabric endpoint's machine speaks it too). The driver only moves bytes and
+runs the actions it is given, in order.
 
-Containers are numbered (``seq``) in the order the machine asks for them. At most one is
-*current*; events about any other (one being stopped: idle, broken, no longer needed) are
-ignored. The current container is in one of three states::
+Its backends are containers of its one service, numbered (``BackendKey.seq``) in the order the
+machine asks for them. At most one is *current*; events about any other (one being stopped:
+idle, broken, no longer needed) are ignored. The current one is in one of three states::
 
-    SPAWNING ──SpawnSucceeded──► REPLAYING ──initialize answered──► READY
+    SPAWNING ──BackendStarted──► REPLAYING ──initialize answered──► READY
         │            └──────────(no handshake to replay)──────────────┘
-        └──SpawnFailed──► (none)        any state ──died / broken / idle──► (none)
+        └──BackendStartFailed──► (none)    any state ──died / broken / idle──► (none)
 
 Client frames go straight to stdin only when a container is READY and nothing waits before
 them; otherwise they wait, in order, bounded in bytes (:attr:`SessionMachine.accepting`).
 
-A request id stands for one request in flight per direction. A client request under an id that
-is still waiting or owed an answer, and a server request under an id still awaiting the client,
-is refused (-32600 ``duplicate_request_id``) and goes no further: the server never runs it, and
-the call in flight keeps its own answer and its one audit record.
-
-Time is given with every event (``now``, any monotonic clock); :attr:`SessionMachine.deadline`
-says when the machine next needs a :class:`Tick`.
+A request id stands for one request in flight per direction: a client request under an id still
+waiting or owed an answer, or a server request under an id still awaiting the client, is refused
+(-32600 ``duplicate_request_id``) and goes no further (the call in flight keeps its own answer
+and its one audit record).
 """
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import enum
-import json
 import math
 import types
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any
 
 from .._errors import (
-    ClientDidNotAnswer,
     ContainerStartFailure,
     FabricError,
     InvalidMessage,
     InvalidRequest,
-    SessionEnding,
 )
 from .._reasons import (
-    CLIENT_DID_NOT_ANSWER,
-    CONTAINER_EXITED,
-    CONTAINER_OUTPUT_INVALID,
-    CONTAINER_UNRESPONSIVE,
     EXITED,
     IDLE,
     NOT_NEEDED,
-    ORCHESTRATOR_STOPPING,
     REPLAY_FAILED,
     SESSION_ENDED,
-    SESSION_ENDED_BY_OPERATOR,
     TOO_MANY_REQUESTS_IN_FLIGHT,
-    TOO_MANY_REQUESTS_TO_CLIENT,
+)
+from .answers import (
+    CLOSE_NORMAL,
+    ENDED_BY_OPERATOR,
+    OUTPUT_INVALID,
+    UNRESPONSIVE,
+    SessionLimits,
+    client_did_not_answer,
+    container_exited,
+    log_notification,
+    session_ending,
+    too_many_requests_to_client,
+)
+from .backlog import Backlog
+from .events import (
+    Action,
+    BackendBroken,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    BackendStartFailed,
+    ClientFrame,
+    ClientGone,
+    ClientRegistered,
+    CloseClient,
+    Computed,
+    EndSession,
+    Event,
+    Log,
+    Shutdown,
+    StartBackend,
+    StdinWritten,
+    StopBackend,
+    Tick,
+    ToBackend,
+    ToClient,
 )
 from .jsonrpc import (
     REQUEST,
@@ -75,199 +99,7 @@ from .jsonrpc import (
 from .ledger import CANCELLED, Ledger, cancelled_request_id
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
-CLOSE_NORMAL: Final = 1000
-
-# Server→client requests (sampling, roots, elicitation) awaiting the client at once, per client
-# session — the relay's and the fabric endpoint's: beyond it the server is answered at once
-# (:func:`too_many_requests_to_client`), never the client asked.
-MAX_SERVER_REQUESTS: Final = 256
-
-
-# --- events -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ClientFrame:
-    """One message from the client (size already checked by the transport)."""
-
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ClientGone:
-    """The client left (connection closed, session deleted or expired)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SpawnSucceeded:
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class SpawnFailed:
-    seq: int
-    error: FabricError
-
-
-@dataclass(frozen=True, slots=True)
-class StdoutLine:
-    seq: int
-    line: bytes
-
-
-# The reasons of ContainerBroken (names kept for the drivers that use them).
-OUTPUT_INVALID: Final = CONTAINER_OUTPUT_INVALID
-UNRESPONSIVE: Final = CONTAINER_UNRESPONSIVE
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerBroken:
-    """The container cannot be relayed to any more: its output broke the framing (a message
-    over the size limit: ``container_output_invalid``), or it stopped reading its stdin
-    (``container_unresponsive``)."""
-
-    seq: int
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class StdinWritten:
-    """The driver wrote ``nbytes`` of what the machine asked to the container's stdin."""
-
-    seq: int
-    nbytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerExited:
-    """The container's output ended; how it exited, when the runtime could tell."""
-
-    seq: int
-    exit_code: int | None = None
-    oom_killed: bool = False
-    stderr: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """Time passed (a deadline the machine announced is due)."""
-
-
-# The reasons of Shutdown (ORCHESTRATOR_STOPPING is the _reasons constant itself).
-ENDED_BY_OPERATOR: Final = SESSION_ENDED_BY_OPERATOR
-
-
-@dataclass(frozen=True, slots=True)
-class Shutdown:
-    """The session must end now — the orchestrator is stopping, or an operator ended it
-    (``reason``): answer what is in flight with that reason and end the session."""
-
-    reason: str = ORCHESTRATOR_STOPPING
-
-
-Event = (
-    ClientFrame
-    | ClientGone
-    | SpawnSucceeded
-    | SpawnFailed
-    | StdoutLine
-    | ContainerBroken
-    | StdinWritten
-    | ContainerExited
-    | Tick
-    | Shutdown
-)
-
-
-# --- actions ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Spawn:
-    """Start container ``seq`` (create, attach, start); report SpawnSucceeded or SpawnFailed."""
-
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class WriteStdin:
-    """Write ``data`` (whole lines) to container ``seq``'s stdin, in order; report StdinWritten."""
-
-    seq: int
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class SendToClient:
-    frame: bytes
-    message: Peek | None = None
-    # An error of the orchestrator's own: its code and reason (for the metrics).
-    error: tuple[int, str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StopContainer:
-    """Stop and remove container ``seq``: with ``graceful``, close its stdin and give it a
-    moment to exit first."""
-
-    seq: int
-    reason: str
-    graceful: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CloseClient:
-    code: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Log:
-    level: str  # "debug", "info", "warning" or "error"
-    event: str
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class EndSession:
-    """Nothing is left to do: the driver ends the session (removing what is still running)."""
-
-
-Action = (
-    Spawn
-    | WriteStdin
-    | SendToClient
-    | StopContainer
-    | CloseClient
-    | Log
-    | EndSession
-    | ToolCallDone
-)
-
-
 # --- the machine ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    """Bounds of one session (see ``orchestrator.limits`` in the suite)."""
-
-    # Client bytes waiting for the container or not yet written to its stdin: beyond this the
-    # client is not read from (a fast client stalls only itself).
-    to_server_bytes: int = 1024 * 1024
-    # How long a fresh container may take to answer the replayed `initialize`.
-    replay_timeout: float = 30.0
-    # How long a server→client request (sampling, roots, elicitation) may wait for the client.
-    # Defaults to the service's idle timeout, so it never holds a container past it.
-    server_request_timeout: float | None = None
-    # Client requests awaiting an answer at once; beyond it a request is refused at once.
-    max_in_flight: int = 1024
-    # Server→client requests awaiting the client at once; beyond it the server is answered at
-    # once (they are tracked, and each may have to be answered when it expires).
-    max_server_requests: int = MAX_SERVER_REQUESTS
-    # A container that takes none of the bytes written to its stdin for this long is replaced.
-    stdin_stall_timeout: float = 120.0
 
 
 class SlotState(enum.Enum):
@@ -285,7 +117,7 @@ class Phase(enum.Enum):
 class _Slot:
     """The current container and what the machine knows about it."""
 
-    seq: int
+    key: BackendKey
     state: SlotState = SlotState.SPAWNING
     stdin_pending: int = 0  # bytes asked to be written and not yet reported written
     stdin_progress: float = 0.0  # when stdin last went from nothing pending, or moved
@@ -320,23 +152,22 @@ class SessionMachine:
         self.calls = ToolCalls(audit_arguments)
         self._slot: _Slot | None = None
         self._next_seq = 0
-        self._waiting: collections.deque[tuple[Peek, bytes]] = collections.deque()
-        self._waiting_bytes = 0
-        # The ids of the requests among them (for refusing a duplicate without a scan).
-        self._waiting_requests: set[RequestId] = set()
+        self._waiting = Backlog()  # client messages waiting for the container to be ready
         self._last_activity = now
         self._now = now
         self._handlers: dict[type[Any], Any] = {
             ClientFrame: self._client_frame,
+            ClientRegistered: self._client_registered,
             ClientGone: self._client_gone,
-            SpawnSucceeded: self._spawn_succeeded,
-            SpawnFailed: self._spawn_failed,
-            StdoutLine: self._stdout_line,
-            ContainerBroken: self._container_broken,
+            BackendStarted: self._backend_started,
+            BackendStartFailed: self._backend_start_failed,
+            BackendLine: self._backend_line,
+            BackendBroken: self._backend_broken,
             StdinWritten: self._stdin_written,
-            ContainerExited: self._container_exited,
+            BackendExited: self._backend_exited,
             Tick: self._tick,
             Shutdown: self._shutdown,
+            Computed: self._computed,
         }
 
     # --- what the driver asks ---------------------------------------------------------------
@@ -346,21 +177,17 @@ class SessionMachine:
         if self.phase is Phase.ENDED:
             return []
         self._now = now
-        handler: Any = self._handlers[type(event)]
-        actions: list[Action] = handler(event, now)
-        return actions
+        return self._handlers[type(event)](event, now)  # type: ignore[no-any-return]
 
-    def start_container(self, now: float) -> list[Action]:
-        """Start a container before any client message needs it (after registerClient)."""
-        if self._slot is not None or self.phase is not Phase.OPEN:
-            return []
-        return [self._spawn()]
+    def abandon(self, now: float) -> list[Action]:
+        """The session is over without the machine ending it: the calls never answered."""
+        return [ToolCallDone(call) for call in self.calls.abandon(now)]
 
     @property
     def buffered_to_server(self) -> int:
         """Bytes waiting for the container, or written to its stdin and not yet reported done."""
         pending = self._slot.stdin_pending if self._slot is not None else 0
-        return self._waiting_bytes + pending
+        return self._waiting.bytes + pending
 
     @property
     def accepting(self) -> bool:
@@ -390,8 +217,7 @@ class SessionMachine:
         twin.ledger = self.ledger.clone()
         twin.calls = self.calls.clone()
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
-        twin._waiting = collections.deque(self._waiting)
-        twin._waiting_requests = set(self._waiting_requests)
+        twin._waiting = self._waiting.clone()
         twin._handlers = {
             kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
         }
@@ -407,14 +233,14 @@ class SessionMachine:
             None
             if slot is None
             else (
-                slot.seq,
+                slot.key,
                 slot.state,
                 slot.stdin_pending,
                 slot.replay_id,
                 slot.replay_initialized,
                 slot.replay_deadline,
             ),
-            tuple(frame for _message, frame in self._waiting),
+            self._waiting.frames(),
             tuple(sorted(ledger.client_requests.items(), key=repr)),
             tuple(sorted(ledger.server_requests.items(), key=repr)),
             ledger.replay_state(),
@@ -424,8 +250,8 @@ class SessionMachine:
         )
 
     @property
-    def current_seq(self) -> int | None:
-        return self._slot.seq if self._slot is not None else None
+    def current(self) -> BackendKey | None:
+        return self._slot.key if self._slot is not None else None
 
     @property
     def container_state(self) -> SlotState | None:
@@ -440,12 +266,12 @@ class SessionMachine:
         except InvalidMessage as exc:
             return [
                 Log("info", "client_message_refused", {"code": exc.code, "reason": exc.reason}),
-                SendToClient(error_response(exc.request_id, exc), error=(exc.code, exc.reason)),
+                ToClient(error_response(exc.request_id, exc), error=(exc.code, exc.reason)),
             ]
         done: list[Action] = []
         if message.kind == REQUEST:
             assert message.id is not None
-            if message.id in self.ledger.client_requests or message.id in self._waiting_requests:
+            if message.id in self.ledger.client_requests or self._waiting.has_request(message.id):
                 return self._refuse_duplicate(message, event.frame, now)
             if message.method == TOOLS_CALL:
                 self.calls.begin_params(message.id, message.params, len(event.frame), now)
@@ -462,11 +288,7 @@ class SessionMachine:
         slot = self._slot
         if slot is not None and slot.state is SlotState.READY and not self._waiting:
             return [self._write(slot, message, event.frame), *done]
-        self._waiting.append((message, event.frame))
-        self._waiting_bytes += len(event.frame)
-        if message.kind == REQUEST:
-            assert message.id is not None
-            self._waiting_requests.add(message.id)
+        self._waiting.append(message, event.frame)
         if slot is None:
             return [self._spawn(), *done]
         return done
@@ -480,7 +302,7 @@ class SessionMachine:
         answer = error_response(message.id, error)
         actions: list[Action] = [
             Log("info", "client_message_refused", {"code": error.code, "reason": error.reason}),
-            SendToClient(answer, error=(error.code, error.reason)),
+            ToClient(answer, error=(error.code, error.reason)),
         ]
         if message.method == TOOLS_CALL:
             actions.append(
@@ -491,46 +313,46 @@ class SessionMachine:
     def _error_to_client(self, request_id: RequestId | None, error: FabricError) -> list[Action]:
         """The orchestrator answers a client request with ``error`` (a tool call ends)."""
         frame = error_response(request_id, error)
-        send = SendToClient(frame, error=(error.code, error.reason))
+        send = ToClient(frame, error=(error.code, error.reason))
         done = self.calls.answer(request_id, frame, self._now) if self.calls.open else None
         return [send] if done is None else [send, done]
 
-    def _write(self, slot: _Slot, message: Peek, frame: bytes) -> WriteStdin:
+    def _write(self, slot: _Slot, message: Peek, frame: bytes) -> ToBackend:
         self.ledger.from_client(message, frame)
         return self._write_line(slot, for_stdio(frame))
 
-    def _write_line(self, slot: _Slot, line: bytes) -> WriteStdin:
+    def _write_line(self, slot: _Slot, line: bytes) -> ToBackend:
         data = line + b"\n"
         if not slot.stdin_pending:
             slot.stdin_progress = self._now
         slot.stdin_pending += len(data)
-        return WriteStdin(slot.seq, data)
+        return ToBackend(slot.key, data)
 
     def _flush_waiting(self, slot: _Slot) -> list[Action]:
-        actions: list[Action] = [
-            self._write(slot, message, frame) for message, frame in self._waiting
-        ]
-        self._waiting.clear()
-        self._waiting_bytes = 0
-        self._waiting_requests.clear()
-        return actions
+        return [self._write(slot, message, frame) for message, frame in self._waiting.drain()]
 
     def _fail_waiting(self, error: FabricError) -> list[Action]:
         """Answer every waiting request with ``error``; waiting notifications are dropped."""
         actions: list[Action] = []
-        for message, _frame in self._waiting:
+        for message, _frame in self._waiting.drain():
             if message.kind == REQUEST:
                 actions += self._error_to_client(message.id, error)
-        self._waiting.clear()
-        self._waiting_bytes = 0
-        self._waiting_requests.clear()
         return actions
+
+    def _client_registered(self, _event: ClientRegistered, _now: float) -> list[Action]:
+        """The bridge registered: its container starts before any message needs it."""
+        if self._slot is not None or self.phase is not Phase.OPEN:
+            return []
+        return [self._spawn()]
+
+    def _computed(self, _event: Computed, _now: float) -> list[Action]:
+        return []  # the relay hands out no work
 
     def _client_gone(self, _event: ClientGone, now: float) -> list[Action]:
         # The calls still open will never be answered to this client.
         actions: list[Action] = [ToolCallDone(call) for call in self.calls.abandon(now)]
         if self._slot is not None:
-            actions.append(StopContainer(self._slot.seq, SESSION_ENDED, graceful=True))
+            actions.append(StopBackend(self._slot.key, SESSION_ENDED, graceful=True))
             self._slot = None
         self.phase = Phase.ENDED
         return [*actions, EndSession()]
@@ -548,32 +370,33 @@ class SessionMachine:
         error = session_ending(event.reason)
         actions = self.answer_all(error)
         if self._slot is not None:
-            actions.append(StopContainer(self._slot.seq, event.reason, graceful=False))
+            actions.append(StopBackend(self._slot.key, event.reason, graceful=False))
             self._slot = None
         if event.reason == ENDED_BY_OPERATOR:
             # Clients show log messages; a request in flight shows the error above.
-            actions.append(SendToClient(log_notification("warning", str(error))))
+            actions.append(ToClient(log_notification("warning", str(error))))
         actions += [CloseClient(CLOSE_NORMAL, event.reason.replace("_", " ")), EndSession()]
         self.phase = Phase.ENDED
         return actions
 
     # --- container side -----------------------------------------------------------------------
 
-    def _spawn(self) -> Spawn:
+    def _spawn(self) -> StartBackend:
         seq = self._next_seq
         self._next_seq += 1
-        self._slot = _Slot(seq)
-        return Spawn(seq)
+        key = BackendKey(self.service_name, seq)
+        self._slot = _Slot(key)
+        return StartBackend(key, respawn=seq > 0)
 
-    def _is_current(self, seq: int) -> _Slot | None:
+    def _is_current(self, key: BackendKey) -> _Slot | None:
         slot = self._slot
-        return slot if slot is not None and slot.seq == seq else None
+        return slot if slot is not None and slot.key == key else None
 
-    def _spawn_succeeded(self, event: SpawnSucceeded, now: float) -> list[Action]:
-        slot = self._is_current(event.seq)
+    def _backend_started(self, event: BackendStarted, now: float) -> list[Action]:
+        slot = self._is_current(event.key)
         if slot is None or slot.state is not SlotState.SPAWNING:
             # Started after the session stopped needing it.
-            return [StopContainer(event.seq, NOT_NEEDED, graceful=False)]
+            return [StopBackend(event.key, NOT_NEEDED, graceful=False)]
         replay = self.ledger.replay()
         if replay is None:
             slot.state = SlotState.READY
@@ -583,23 +406,23 @@ class SessionMachine:
         slot.replay_initialized = replay.initialized
         slot.replay_deadline = now + self.limits.replay_timeout
         return [
-            Log("info", "session_replaying", {"sequence": slot.seq}),
+            Log("info", "session_replaying", {"sequence": slot.key.seq}),
             self._write_line(slot, replay.initialize),
         ]
 
-    def _spawn_failed(self, event: SpawnFailed, _now: float) -> list[Action]:
-        if self._is_current(event.seq) is None:
+    def _backend_start_failed(self, event: BackendStartFailed, _now: float) -> list[Action]:
+        if self._is_current(event.key) is None:
             return []
         self._slot = None
         error = event.error
-        fields = {"sequence": event.seq, "code": error.code, "reason": error.reason}
+        fields = {"sequence": event.key.seq, "code": error.code, "reason": error.reason}
         return [
             Log("error", "container_start_failed", {**fields, "detail": str(error)}),
             *self._fail_waiting(error),
         ]
 
-    def _stdout_line(self, event: StdoutLine, now: float) -> list[Action]:
-        slot = self._is_current(event.seq)
+    def _backend_line(self, event: BackendLine, now: float) -> list[Action]:
+        slot = self._is_current(event.key)
         if slot is None:
             return []  # output of a container that is being stopped
         try:
@@ -629,7 +452,7 @@ class SessionMachine:
                 self._write_line(slot, error_response(message.id, refusal)),
             ]
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
-        send = SendToClient(event.line, message)
+        send = ToClient(event.line, message)
         if message.kind == RESPONSE and self.calls.open:
             done = self.calls.answer(message.id, event.line, now)
             if done is not None:
@@ -650,7 +473,7 @@ class SessionMachine:
         if answer.failed:
             return self._replay_failed(slot, "the new container refused the replayed initialize")
         slot.state = SlotState.READY
-        actions: list[Action] = [Log("info", "session_restored", {"sequence": slot.seq})]
+        actions: list[Action] = [Log("info", "session_restored", {"sequence": slot.key.seq})]
         if slot.replay_initialized is not None:
             actions.append(self._write_line(slot, for_stdio(slot.replay_initialized)))
         return actions + self._flush_waiting(slot)
@@ -663,8 +486,8 @@ class SessionMachine:
         )
         return self._retire(slot, error, stop_reason=REPLAY_FAILED)
 
-    def _container_broken(self, event: ContainerBroken, _now: float) -> list[Action]:
-        slot = self._is_current(event.seq)
+    def _backend_broken(self, event: BackendBroken, _now: float) -> list[Action]:
+        slot = self._is_current(event.key)
         if slot is None:
             return []
         what = (
@@ -679,14 +502,14 @@ class SessionMachine:
         return self._retire(slot, error, stop_reason=event.reason)
 
     def _stdin_written(self, event: StdinWritten, now: float) -> list[Action]:
-        slot = self._is_current(event.seq)
+        slot = self._is_current(event.key)
         if slot is not None:
             slot.stdin_pending = max(0, slot.stdin_pending - event.nbytes)
             slot.stdin_progress = now
         return []
 
-    def _container_exited(self, event: ContainerExited, _now: float) -> list[Action]:
-        slot = self._is_current(event.seq)
+    def _backend_exited(self, event: BackendExited, _now: float) -> list[Action]:
+        slot = self._is_current(event.key)
         if slot is None:
             return []
         stderr = list(event.stderr)
@@ -704,7 +527,7 @@ class SessionMachine:
         """The current container is done for: answer what it owed, fail what waited, stop it."""
         lost = self.ledger.container_gone()
         fields: dict[str, Any] = {
-            "sequence": slot.seq,
+            "sequence": slot.key.seq,
             "code": error.code,
             "reason": error.reason,
             "in_flight": len(lost),
@@ -713,7 +536,7 @@ class SessionMachine:
         }
         actions: list[Action] = [
             Log("error", "container_failed", fields),
-            StopContainer(slot.seq, stop_reason, graceful=False),
+            StopBackend(slot.key, stop_reason, graceful=False),
         ]
         for request_id, _method in lost:
             actions += self._error_to_client(request_id, error)
@@ -740,12 +563,12 @@ class SessionMachine:
             and slot.stdin_pending
             and now >= slot.stdin_progress + self.limits.stdin_stall_timeout
         ):
-            stalled = ContainerBroken(
-                slot.seq,
+            stalled = BackendBroken(
+                slot.key,
                 UNRESPONSIVE,
                 f"its input did not move for {self.limits.stdin_stall_timeout:g} s",
             )
-            return self._container_broken(stalled, now)
+            return self._backend_broken(stalled, now)
         slot = self._slot
         if slot is not None and slot.state is SlotState.REPLAYING and now >= slot.replay_deadline:
             actions += self._replay_failed(
@@ -757,13 +580,7 @@ class SessionMachine:
             actions.append(Log("warning", "server_request_expired", {"id": request_id}))
             slot = self._slot
             if slot is not None and slot.state is not SlotState.SPAWNING:
-                answer = error_response(
-                    request_id,
-                    ClientDidNotAnswer(
-                        "the client did not answer this request in time",
-                        reason=CLIENT_DID_NOT_ANSWER,
-                    ),
-                )
+                answer = error_response(request_id, client_did_not_answer())
                 actions.append(self._write_line(slot, answer))
         slot = self._slot
         if (
@@ -772,61 +589,8 @@ class SessionMachine:
             and now >= self._last_activity + self.idle_timeout
         ):
             actions += [
-                Log("info", "container_idle", {"sequence": slot.seq}),
-                StopContainer(slot.seq, IDLE, graceful=True),
+                Log("info", "container_idle", {"sequence": slot.key.seq}),
+                StopBackend(slot.key, IDLE, graceful=True),
             ]
             self._slot = None
         return actions
-
-
-def session_ending(reason: str) -> SessionEnding:
-    """What requests in flight get when their session must end (see :class:`Shutdown`)."""
-    if reason == ENDED_BY_OPERATOR:
-        return SessionEnding(
-            "an operator of the orchestrator ended this session; its containers were removed "
-            "(reconnect to start again)",
-            reason=ENDED_BY_OPERATOR,
-        )
-    return SessionEnding(
-        "the orchestrator is stopping; this request will not be answered", reason=reason
-    )
-
-
-def log_notification(level: str, text: str) -> bytes:
-    """An MCP ``notifications/message`` from the orchestrator itself."""
-    message = {
-        "jsonrpc": "2.0",
-        "method": "notifications/message",
-        "params": {"level": level, "logger": "reactor-fabric", "data": text},
-    }
-    return json.dumps(message).encode()
-
-
-def too_many_requests_to_client(limit: int) -> ClientDidNotAnswer:
-    """What a server gets for one request to the client too many (-32006, to the server only):
-    ``limit`` of its session's already wait for the client."""
-    return ClientDidNotAnswer(
-        f"{limit} requests to the client are already waiting",
-        reason=TOO_MANY_REQUESTS_TO_CLIENT,
-    )
-
-
-def container_exited(
-    service_name: str,
-    exit_code: int | None,
-    oom_killed: bool,
-    stderr: list[str],
-    **data: object,
-) -> ContainerStartFailure:
-    """What the requests a container owed get when it exited on its own (-32002)."""
-    how = (f" with code {exit_code}" if exit_code is not None else "") + (
-        " (out of memory)" if oom_killed else ""
-    )
-    return ContainerStartFailure(
-        f"the {service_name} server exited{how} before answering",
-        reason=CONTAINER_EXITED,
-        **data,
-        exit_code=exit_code,
-        oom_killed=oom_killed,
-        stderr=stderr,
-    )

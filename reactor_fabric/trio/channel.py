@@ -6,7 +6,12 @@ implement it; both endpoints' session drivers (:mod:`.session`, :mod:`.fabric_se
 
 from __future__ import annotations
 
-from typing import Protocol
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+import trio
 
 from ..protocol.jsonrpc import Peek
 
@@ -17,12 +22,54 @@ class ChannelClosed(Exception):
     (translated at the channel, as httpcore's ``map_exceptions`` does)."""
 
 
+# What trio raises from a stream whose other end is gone, or that was closed.
+_CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+@contextmanager
+def client_gone_as_channel_closed() -> Iterator[None]:
+    """Around a channel's ``send`` and ``close``: trio's exceptions for a broken or closed
+    stream become :class:`ChannelClosed`, so that what a session catches does not depend on
+    the transport (nor on trio's names for it). Anything else goes through unchanged: it is a
+    bug, for the session's crash path to report."""
+    try:
+        yield
+    except _CLIENT_GONE as exc:
+        raise ChannelClosed(str(exc) or type(exc).__name__) from exc
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_Self = TypeVar("_Self")
+
+
+def channel_boundary(
+    method: Callable[Concatenate[_Self, _P], Awaitable[_T]],
+) -> Callable[Concatenate[_Self, _P], Coroutine[Any, Any, _T]]:
+    """A channel's ``send`` or ``close`` run inside :func:`client_gone_as_channel_closed`."""
+
+    @functools.wraps(method)
+    async def translated(self: _Self, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        # The same translation as client_gone_as_channel_closed, spelled out: this is every
+        # message's path, and a try costs nothing until it catches (a generator-based context
+        # manager costs a generator per message).
+        try:
+            return await method(self, *args, **kwargs)
+        except _CLIENT_GONE as exc:
+            raise ChannelClosed(str(exc) or type(exc).__name__) from exc
+
+    return translated
+
+
 class ClientChannel(Protocol):
     """A client connection carrying one JSON-RPC message per frame, for one session.
 
     ``send`` may wait while the transport's buffer for the client is full (backpressure); it
-    raises :class:`trio.BrokenResourceError` or :class:`trio.ClosedResourceError` once the client
-    is gone. ``message`` is the frame's envelope when the relay has peeked at it already.
+    raises :class:`ChannelClosed` once the client is gone, and so may ``close`` (closing a
+    channel closed already is no error). No other exception of the transport's comes out of
+    either: implementations translate them at this boundary
+    (:func:`client_gone_as_channel_closed`). ``message`` is the frame's envelope when the relay
+    has peeked at it already.
     """
 
     async def receive(self) -> bytes | None:

@@ -19,7 +19,9 @@ import trio
 
 from .._errors import FabricError
 from ..config.structs import Service
+from ..observe.observer import Observer
 from ..policy.mount_spec import MountSpec
+from ..protocol.events import BackendKey
 from ..protocol.framing import FramingError
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from ..runtime.base import Container
@@ -203,3 +205,59 @@ async def _close_stdin_and_wait(live: LiveContainer) -> None:
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, FramingError):
         while await live.container.stdout.receive_some(READ_CHUNK):
             pass
+
+
+class ContainerHost:
+    """The orchestrator as one session's driver sees it (:class:`.driver.SessionHost`): the
+    session's containers started with its mounts, audited under its record."""
+
+    def __init__(self, fabric: Fabric, record: SessionRecord) -> None:
+        self._fabric = fabric
+        self._record = record
+
+    @property
+    def observer(self) -> Observer:
+        return self._fabric.observer
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self._fabric.max_message_bytes
+
+    @property
+    def stopping(self) -> trio.Event:
+        return self._fabric.stopping
+
+    @property
+    def compute_limiter(self) -> trio.CapacityLimiter:
+        return self._fabric.refresh_limiter
+
+    def teardown_deadline(self) -> float:
+        return self._fabric.teardown_deadline()
+
+    async def start(self, key: BackendKey, *, respawn: bool, fields: dict[str, Any]) -> Container:
+        service = self._fabric.service(key.service)
+        # The machines ask only for services of the suite (admission checked the relay's).
+        assert service is not None, key
+        return await start_container(
+            self._fabric,
+            key.service,
+            service,
+            session_id=self._record.id,
+            mounts=self._record.mounts,
+            sequence=key.seq,
+            fields=fields,
+            respawn=respawn,
+        )
+
+    async def exit_status(
+        self, live: LiveContainer, fields: dict[str, Any]
+    ) -> tuple[int | None, bool]:
+        return await how_it_exited(self._fabric, live, fields)
+
+    async def remove(
+        self, live: LiveContainer, fields: dict[str, Any], forget: Callable[[], object]
+    ) -> None:
+        await remove_container(self._fabric, live, fields, forget=forget)
+
+    def audit(self, call: ToolCall, *, service: str, live: LiveContainer | None) -> None:
+        audit_call(self._fabric, self._record, call, service=service, live=live)

@@ -22,11 +22,13 @@ from typing import Any, Protocol
 
 import trio
 
+from .._errors import SessionRefused
 from ..config.structs import Limits, Service, Suite
 from ..discovery import DiscoveryIndex, tokens
 from ..observe.metrics import LiveFigures
 from ..observe.observer import Client, Observer, token_id
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
+from ..policy.admission import Capacity, capacity
 from ..policy.auth import Gate
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, container_spec_for
 from ..policy.mount_spec import MountSpec
@@ -34,10 +36,10 @@ from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
+from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
-from ..protocol.session import SessionLimits
 from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Container, Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
@@ -429,12 +431,20 @@ class Fabric:
         """When a teardown starting now must be over: ``bound`` from now, or the hard deadline."""
         return min(trio.current_time() + bound, self.hard_deadline)
 
-    def admit(self, session_id: str, record: SessionRecord) -> bool:
-        """Register a session, unless the orchestrator is full or stopping."""
-        if self.stopping.is_set() or len(self.sessions) >= self.suite.orchestrator.max_sessions:
-            return False
-        self.sessions[session_id] = record
-        return True
+    def admit(self, session_id: str, record: SessionRecord) -> SessionRefused | None:
+        """Register a session, unless the orchestrator is full or stopping: then the error
+        that refuses it (the decision is :func:`~reactor_fabric.policy.admission.capacity`'s;
+        the count it reads is this one)."""
+        full = capacity(
+            Capacity(
+                sessions=len(self.sessions),
+                limit=self.suite.orchestrator.max_sessions,
+                stopping=self.stopping.is_set(),
+            )
+        )
+        if full is None:
+            self.sessions[session_id] = record
+        return full
 
     def release(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

@@ -36,30 +36,33 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import trio
 
-from .._errors import ContainerStartFailure, FabricError, InvalidRequest
+from .._errors import ContainerStartFailure, FabricError
 from .._reasons import (
     CONTAINER_OUTPUT_INVALID,
     EXITED,
     IDLE,
     ORCHESTRATOR_STOPPING,
-    PROFILE_NOT_FOUND,
     TIMEOUT,
-    UNKNOWN_EXPOSURE,
 )
 from .._version import __version__
-from ..config.structs import Suite
 from ..config.suite import FABRIC_ENDPOINT
 from ..discovery import DiscoveryIndex
+from ..policy.admission import FabricOptions
+from ..protocol.answers import (
+    ENDED_BY_OPERATOR,
+    UNRESPONSIVE,
+    container_exited,
+    log_notification,
+    session_ending,
+)
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_refresh import Refresh, Refreshed, ToolChanges
 from ..protocol.fabric_server import (
     Action,
-    Exposure,
     FabricServer,
     StartBackend,
     StopBackend,
@@ -69,15 +72,8 @@ from ..protocol.fabric_server import (
 )
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
-from ..protocol.session import (
-    ENDED_BY_OPERATOR,
-    UNRESPONSIVE,
-    container_exited,
-    log_notification,
-    session_ending,
-)
 from ..protocol.tool_calls import ToolCall, ToolCallDone
-from .channel import ClientChannel
+from .channel import ChannelClosed, ClientChannel
 from .containers import audit_call, how_it_exited, remove_container, start_container
 from .fabric import Fabric, SessionRecord
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
@@ -85,52 +81,13 @@ from .timer import DeadlineTimer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FABRIC_ENDPOINT", "FabricDriver", "FabricOptions", "fabric_options"]
+__all__ = ["FABRIC_ENDPOINT", "FabricDriver", "fabric_driver"]
 
 # How long a session that opens while the catalog is still being learned waits for it.
 CATALOG_WAIT_SECONDS = 30.0
 # How long a catalog refresh may take in its thread (its input is bounded: MAX_LIST_BYTES);
 # beyond, it is given up and the session's catalog stays as it was.
 REFRESH_SECONDS = 60.0
-EXPOSURES: tuple[Exposure, ...] = ("discover", "all")
-
-
-@dataclass(frozen=True)
-class FabricOptions:
-    """What the client chose in the endpoint's URL: ``?tools=`` and ``?profile=``."""
-
-    exposure: Exposure
-    active: tuple[str, ...] = ()  # the servers of the chosen profile
-
-
-def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOptions:
-    """The session's options from its URL query; InvalidRequest for a value we do not know."""
-    exposure: Exposure = suite.orchestrator.fabric.default_exposure
-    tools = query.get("tools", [])
-    if tools:
-        wanted = tools[-1]
-        if wanted == "discover":
-            exposure = "discover"
-        elif wanted == "all":
-            exposure = "all"
-        else:
-            raise InvalidRequest(
-                f"?tools={wanted!r} is not an exposure: use ?tools=discover or ?tools=all",
-                reason=UNKNOWN_EXPOSURE,
-                supported=list(EXPOSURES),
-            )
-    profiles = query.get("profile", [])
-    if not profiles:
-        return FabricOptions(exposure)
-    profile = profiles[-1]
-    if profile not in suite.profiles:
-        known = ", ".join(sorted(suite.profiles)) or "none"
-        raise InvalidRequest(
-            f"no profile named {profile!r} in the suite (profiles: {known})",
-            reason=PROFILE_NOT_FOUND,
-            profile=profile,
-        )
-    return FabricOptions(exposure, tuple(suite.profiles[profile].services))
 
 
 async def fabric_driver(
@@ -343,7 +300,7 @@ class FabricDriver:
         self.metrics.bytes_to_client += len(data)
         try:
             await self.channel.send(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except ChannelClosed:
             self._end()
 
     async def _watch_shutdown(self) -> None:
@@ -361,7 +318,7 @@ class FabricDriver:
         await self._execute(self.server.answer_all(error))
         if reason == ENDED_BY_OPERATOR:
             await self._send_client(log_notification("warning", str(error)))
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        with contextlib.suppress(ChannelClosed):
             await self.channel.close(close_code, reason.replace("_", " "))
         self._end()
 

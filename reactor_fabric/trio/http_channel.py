@@ -33,6 +33,7 @@ import trio
 
 from .._errors import InvalidMessage
 from ..protocol.jsonrpc import RESPONSE, Peek, RequestId, peek
+from .channel import ChannelClosed, channel_boundary
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +132,10 @@ class HttpChannel:
     async def receive(self) -> bytes | None:
         return await self._inbox.get()
 
+    @channel_boundary
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
         if self.closed.is_set():
-            raise trio.ClosedResourceError("the HTTP session is closed")
+            raise ChannelClosed("the HTTP session is closed")
         if message is None:
             try:
                 message = peek(frame)
@@ -161,6 +163,7 @@ class HttpChannel:
         self.backlog.put_nowait(frame)
         await trio.lowlevel.checkpoint()
 
+    @channel_boundary
     async def close(self, code: int, reason: str = "") -> None:
         if self.closed.is_set():
             return
@@ -204,10 +207,11 @@ class HttpChannel:
         waiter.queue.close()
 
     async def submit(self, frame: bytes) -> None:
-        """Hand a client message to the session (waits while the session's inbox is full)."""
+        """Hand a client message to the session (waits while the session's inbox is full);
+        :class:`ChannelClosed` once the session has ended."""
         self.touch()
         if not await self._inbox.put(frame):
-            raise trio.ClosedResourceError("the HTTP session is closed")
+            raise ChannelClosed("the HTTP session is closed")
 
     def touch(self) -> None:
         self.last_activity = trio.current_time()

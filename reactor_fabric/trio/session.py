@@ -36,7 +36,6 @@ sessions never notice.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import time
@@ -48,55 +47,21 @@ import trio
 
 from .._errors import (
     FabricError,
-    InvalidMessage,
-    ServiceNotFound,
     SessionCrashed,
-    SessionRefused,
 )
-from .._reasons import INTERNAL_ERROR, ORCHESTRATOR_STOPPING, SERVICE_NOT_FOUND, TOO_MANY_SESSIONS
+from .._reasons import INTERNAL_ERROR
 from ..config.structs import Service
-from ..observe.observer import Client, Observer, trace_of
-from ..policy.mounts import parse_query_mount
-from ..protocol.framing import FramingError, LineSplitter
-from ..protocol.handshake import RegisterClient, classify_first_message, register_answer
+from ..observe.observer import Client, trace_of
+from ..policy.admission import Refusal, admission
 from ..protocol.jsonrpc import error_response
-from ..protocol.session import (
-    ENDED_BY_OPERATOR,
-    OUTPUT_INVALID,
-    Action,
-    ClientFrame,
-    ClientGone,
-    CloseClient,
-    ContainerBroken,
-    ContainerExited,
-    EndSession,
-    Event,
-    Log,
-    SendToClient,
-    SessionMachine,
-    Shutdown,
-    Spawn,
-    SpawnFailed,
-    SpawnSucceeded,
-    StdinWritten,
-    StdoutLine,
-    StopContainer,
-    Tick,
-    WriteStdin,
-)
-from ..protocol.tool_calls import ToolCall, ToolCallDone, valid_traceparent
-from .channel import ClientChannel
-from .containers import audit_call, how_it_exited, remove_container, start_container
+from ..protocol.session import SessionMachine
+from ..protocol.tool_calls import valid_traceparent
+from .channel import ChannelClosed, ClientChannel
+from .containers import ContainerHost
+from .driver import SessionDriver
 from .fabric import Fabric, SessionRecord, new_session_id
-from .fabric_session import (
-    FABRIC_ENDPOINT,
-    FabricOptions,
-    fabric_driver,
-    fabric_options,
-)
+from .fabric_session import fabric_driver
 from .http_server import Request
-from .live_container import READ_CHUNK, LiveContainer, read_stderr
-from .timer import DeadlineTimer
 
 __all__ = ["ClientChannel", "client_of", "refuse", "serve_session"]
 
@@ -200,13 +165,13 @@ async def _tell_client_of_crash(
     try:
         for frame in frames:
             await channel.send(frame)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except ChannelClosed:
         log.info("session_crash_untold", extra={**fields, "detail": "the client is gone"})
     except Exception:
         log.exception("session_crash_untold", extra=fields)
     try:
         await channel.close(CLOSE_INTERNAL_ERROR, "internal error")
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+    except ChannelClosed:
         pass  # the client is gone: there is nothing left to close
     except Exception:
         log.exception("session_crash_close_failed", extra=fields)
@@ -239,30 +204,21 @@ async def _serve_session(
         first_frame = await channel.receive()
         if first_frame is None:
             return
-    try:
-        first = classify_first_message(first_frame)
-    except InvalidMessage as exc:
-        await refused(exc.request_id, exc)
-        return
-    request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
-    progress.first_request_id = request_id
-    service = fabric.service(service_name)
-    options: FabricOptions | None = None
-    try:
-        if service_name == FABRIC_ENDPOINT:
-            options = fabric_options(fabric.suite, query or {})
-        elif service is None:
-            raise _service_not_found(service_name)
-    except FabricError as exc:
-        await refused(request_id, exc)
+    # What the session is and asks for: decided in policy.admission, steps 1-4.
+    decision = admission(
+        first_frame,
+        endpoint=service_name,
+        suite=fabric.suite,
+        query=query or {},
+        query_mounts=query_mounts,
+    )
+    request_id = progress.first_request_id = decision.request_id
+    if isinstance(decision, Refusal):
+        await refused(request_id, decision.error)
         return
     try:
-        requested: object = (
-            first.mounts
-            if isinstance(first, RegisterClient)
-            else [parse_query_mount(text) for text in query_mounts]
-        )
-        mounts = await fabric.validate_mounts(requested)
+        # The mount policy resolves paths on the file system: the one step that does I/O.
+        mounts = await fabric.validate_mounts(decision.mounts)
     except FabricError as exc:
         await refused(request_id, exc)
         return
@@ -277,14 +233,8 @@ async def _serve_session(
         started_at=time.time(),
         last_active=trio.current_time(),
     )
-    if not fabric.admit(session_id, record):
-        stopping = fabric.stopping.is_set()
-        full = SessionRefused(
-            "the orchestrator is stopping"
-            if stopping
-            else "the orchestrator has reached its limit of concurrent sessions; try again later",
-            reason=ORCHESTRATOR_STOPPING if stopping else TOO_MANY_SESSIONS,
-        )
+    full = fabric.admit(session_id, record)  # step 5, and the session counted if admitted
+    if full is not None:
         await refused(request_id, full)
         return
     observer.session_started(
@@ -308,17 +258,15 @@ async def _serve_session(
             },
         )
         driver: _Driver
-        if options is not None:
+        if decision.options is not None:
             driver = await fabric_driver(
-                fabric, channel, session_id=session_id, record=record, options=options
+                fabric, channel, session_id=session_id, record=record, options=decision.options
             )
         else:
-            assert service is not None
-            driver = SessionDriver(
-                fabric, channel, service_name, service, session_id=session_id, record=record
-            )
+            assert decision.service is not None
+            driver = _relay_driver(fabric, channel, service_name, decision.service, record)
         progress.driver = driver
-        await driver.run(first_frame, first)
+        await driver.run(first_frame, decision.first)
     finally:
         fabric.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
@@ -331,17 +279,28 @@ async def _serve_session(
         )
 
 
+def _relay_driver(
+    fabric: Fabric,
+    channel: ClientChannel,
+    service_name: str,
+    service: Service,
+    record: SessionRecord,
+) -> SessionDriver:
+    """The driver of a new relay session: its machine, run against the session's host."""
+    machine = SessionMachine(
+        service_name=service_name,
+        idle_timeout=service.idle_timeout_seconds,
+        limits=fabric.session_limits(service),
+        now=trio.current_time(),
+        audit_arguments=fabric.audit_arguments,
+    )
+    host = ContainerHost(fabric, record)
+    return SessionDriver(machine, channel, host, record=record, endpoint=service_name)
+
+
 def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
     """Who opened a session, for the audit: the token it was admitted with, its address."""
     return Client(fabric.token_id, request.peer, transport, request.header(b"user-agent"))
-
-
-def _service_not_found(service_name: str) -> FabricError:
-    return ServiceNotFound(
-        f"no service named {service_name!r} in the suite",
-        reason=SERVICE_NOT_FOUND,
-        service=service_name,
-    )
 
 
 async def refuse(
@@ -366,234 +325,3 @@ async def refuse(
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         return
     await channel.close(CLOSE_NORMAL, error.reason)
-
-
-class SessionDriver:
-    """Runs one :class:`SessionMachine` against a client channel and a container runtime."""
-
-    def __init__(
-        self,
-        fabric: Fabric,
-        channel: ClientChannel,
-        service_name: str,
-        service: Service,
-        *,
-        session_id: str,
-        record: SessionRecord,
-    ) -> None:
-        self.fabric = fabric
-        self.channel = channel
-        self.service_name = service_name
-        self.service = service
-        self.session_id = session_id
-        self.record = record
-        self.mounts = record.mounts
-        self.observer: Observer = fabric.observer
-        self.metrics = fabric.observer.metrics
-        self.machine = SessionMachine(
-            service_name=service_name,
-            idle_timeout=service.idle_timeout_seconds,
-            limits=fabric.session_limits(service),
-            now=trio.current_time(),
-            audit_arguments=fabric.audit_arguments,
-        )
-        self._fields = {"session": session_id, "service": service_name}
-        self._live: dict[int, LiveContainer] = {}
-        self._nursery: trio.Nursery | None = None
-        self._timer = DeadlineTimer(lambda: self.machine.deadline, lambda: self._feed(Tick()))
-        self._accepting = trio.Event()
-
-    def owed_frames(self, error: FabricError) -> list[bytes]:
-        """What the client is owed if the session must end now with ``error``."""
-        return [a.frame for a in self.machine.answer_all(error) if isinstance(a, SendToClient)]
-
-    # --- the machine --------------------------------------------------------------------------
-
-    async def _feed(self, event: Event) -> None:
-        actions = self.machine.handle(event, trio.current_time())
-        self._after_handle()
-        await self._execute(actions)
-
-    def _after_handle(self) -> None:
-        self._timer.wake()
-        if self.machine.accepting:
-            self._accepting.set()
-
-    async def _execute(self, actions: list[Action]) -> None:
-        nursery = self._nursery
-        assert nursery is not None
-        for action in actions:
-            match action:
-                case WriteStdin():
-                    self._write(action)
-                case SendToClient():
-                    await self._send_client(action)
-                case Log():
-                    self._log(action)
-                case Spawn(seq=seq):
-                    nursery.start_soon(self._spawn, seq)
-                case StopContainer():
-                    self._stop(action)
-                case CloseClient(code=code, reason=reason):
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                        await self.channel.close(code, reason)
-                case EndSession():
-                    nursery.cancel_scope.cancel()
-                case ToolCallDone():
-                    # The call's outcome is read later, after the answer went out.
-                    self._audit(action)
-
-    def _audit(self, call: ToolCallDone | ToolCall) -> None:
-        seq = self.machine.current_seq
-        live = self._live.get(seq) if seq is not None else None
-        audit_call(self.fabric, self.record, call, service=self.service_name, live=live)
-
-    def _log(self, action: Log) -> None:
-        log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})
-
-    # --- client side --------------------------------------------------------------------------
-
-    async def run(self, first_frame: bytes, first: object) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                now = trio.current_time()
-                nursery.start_soon(self._timer.run)
-                nursery.start_soon(self._watch_shutdown)
-                nursery.start_soon(self._watch_operator)
-                if isinstance(first, RegisterClient):
-                    await self._send_client(
-                        SendToClient(register_answer(first, self.session_id, self.mounts))
-                    )
-                    await self._execute(self.machine.start_container(now))
-                else:
-                    await self._feed(ClientFrame(first_frame))
-                nursery.start_soon(self._read_client)
-        finally:
-            # Calls the machine never saw end (the session was cancelled): no answer.
-            for call in self.machine.calls.abandon(trio.current_time()):
-                self._audit(call)
-            with trio.move_on_at(self.fabric.teardown_deadline()) as scope:
-                scope.shield = True
-                async with trio.open_nursery() as cleanup:
-                    for live in list(self._live.values()):
-                        cleanup.start_soon(self._remove, live)
-
-    async def _read_client(self) -> None:
-        while True:
-            while not self.machine.accepting:
-                self._accepting = trio.Event()
-                await self._accepting.wait()
-            frame = await self.channel.receive()
-            if frame is None:
-                await self._feed(ClientGone())
-                return
-            self.record.last_active = trio.current_time()
-            await self._feed(ClientFrame(frame))
-
-    async def _send_client(self, action: SendToClient) -> None:
-        frame = action.frame
-        self.metrics.bytes_to_client += len(frame)
-        if action.error is not None:
-            self.observer.error_sent(*action.error)
-        try:
-            await self.channel.send(frame, action.message)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await self._feed(ClientGone())
-
-    async def _watch_shutdown(self) -> None:
-        await self.fabric.stopping.wait()
-        await self._feed(Shutdown())
-
-    async def _watch_operator(self) -> None:
-        await self.record.ended_by_operator.wait()
-        log.warning("session_ended_by_operator", extra=self._fields)
-        await self._feed(Shutdown(ENDED_BY_OPERATOR))
-
-    # --- container side -----------------------------------------------------------------------
-
-    async def _spawn(self, seq: int) -> None:
-        try:
-            container = await start_container(
-                self.fabric,
-                self.service_name,
-                self.service,
-                session_id=self.session_id,
-                mounts=self.mounts,
-                sequence=seq,
-                fields=self._fields,
-                respawn=seq > 0,
-            )
-        except FabricError as exc:
-            await self._feed(SpawnFailed(seq, exc))
-            return
-        live = LiveContainer(seq, container)
-        self._live[seq] = live
-        assert self._nursery is not None
-        self._nursery.start_soon(self._write_stdin, live)
-        self._nursery.start_soon(self._read_stdout, live)
-        self._nursery.start_soon(self._read_stderr, live)
-        await self._feed(SpawnSucceeded(seq))
-
-    def _write(self, action: WriteStdin) -> None:
-        live = self._live.get(action.seq)
-        if live is None or live.removing:
-            return  # the container is going away; what it was owed is answered by the machine
-        self.metrics.bytes_to_server += len(action.data)
-        live.queue.append(action.data)
-        live.queued.set()
-
-    async def _write_stdin(self, live: LiveContainer) -> None:
-        """The one writer of this container's stdin: drains the queue, several lines at once."""
-        stdin = live.container.stdin
-        while True:
-            await live.queued.wait()
-            live.queued = trio.Event()
-            data = live.queue[0] if len(live.queue) == 1 else b"".join(live.queue)
-            live.queue.clear()
-            # No deadline here: a container that stops taking its input is the machine's call
-            # (its deadline), which stops it — and that ends this write.
-            try:
-                await stdin.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                # The container is gone: its stdout reader reports the exit.
-                log.info("stdin_closed", extra=self._fields)
-                return
-            await self._feed(StdinWritten(live.seq, len(data)))
-
-    async def _read_stdout(self, live: LiveContainer) -> None:
-        splitter = LineSplitter(max_line=self.fabric.max_message_bytes)
-        stdout = live.container.stdout
-        try:
-            while data := await stdout.receive_some(READ_CHUNK):
-                for line in splitter.feed(bytes(data)):
-                    await self._feed(StdoutLine(live.seq, line))
-        except FramingError as exc:
-            live.stdout_done.set()
-            await self._feed(ContainerBroken(live.seq, OUTPUT_INVALID, str(exc)))
-            return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            live.reading_stdout = False
-        live.stdout_done.set()
-        if live.removing:
-            return  # stopped on purpose; the machine knows
-        exit_code, oom = await how_it_exited(self.fabric, live, self._fields)
-        await self._feed(ContainerExited(live.seq, exit_code, oom, tuple(live.stderr_tail)))
-
-    async def _read_stderr(self, live: LiveContainer) -> None:
-        await read_stderr(live, self._fields)
-
-    def _stop(self, action: StopContainer) -> None:
-        live = self._live.get(action.seq)
-        if live is None or live.removing:
-            return
-        live.stop_reason, live.stop_graceful = action.reason, action.graceful
-        assert self._nursery is not None
-        self._nursery.start_soon(self._remove, live)
-
-    async def _remove(self, live: LiveContainer) -> None:
-        await remove_container(
-            self.fabric, live, self._fields, forget=lambda: self._live.pop(live.seq, None)
-        )

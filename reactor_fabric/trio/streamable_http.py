@@ -48,11 +48,9 @@ from .._errors import (
     InvalidRequest,
     ParseError,
     SecurityViolation,
-    ServiceNotFound,
 )
 from .._reasons import (
     INVALID_UTF8,
-    SERVICE_NOT_FOUND,
     SESSION_ENDED,
     SESSION_KEY_IN_USE,
     SESSION_REQUIRED,
@@ -60,6 +58,7 @@ from .._reasons import (
     UNSUPPORTED_PROTOCOL_VERSION,
 )
 from ..observe.observer import Client
+from ..policy.admission import service_not_found
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import (
     REQUEST,
@@ -70,6 +69,7 @@ from ..protocol.jsonrpc import (
     peek,
 )
 from ..protocol.mcp import KNOWN_VERSIONS
+from .channel import ChannelClosed
 from .fabric import Fabric, new_session_id
 from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import FrameQueue, HttpChannel, Waiter
@@ -317,12 +317,7 @@ async def _session_for(
         return None
     request_id = message.id if message.kind == REQUEST else None
     if sessions.fabric.service(service) is None and service != FABRIC_ENDPOINT:
-        missing = ServiceNotFound(
-            f"no service named {service!r} in the suite",
-            reason=SERVICE_NOT_FOUND,
-            service=service,
-        )
-        await exchange.respond(200, error_response(request_id, missing))
+        await exchange.respond(200, error_response(request_id, service_not_found(service)))
         return None
     if key is None and not _starts_session(message):
         stateless_probe = message.method == "server/discover"
@@ -401,7 +396,7 @@ async def _post(
     if message.kind != REQUEST:
         try:
             await channel.submit(body)
-        except trio.ClosedResourceError:
+        except ChannelClosed:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
         await exchange.respond(202, headers=session_header)
@@ -419,7 +414,7 @@ async def _post(
     try:
         try:
             await channel.submit(body)
-        except trio.ClosedResourceError:
+        except ChannelClosed:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
         await _answer(exchange, waiter, session, request_id=message.id)

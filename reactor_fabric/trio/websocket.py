@@ -19,7 +19,9 @@ session sending to a client that does not read waits, and a write that does not 
 Closing: when the session ends, :meth:`WebSocketChannel.finish` sends a close frame (if none was
 sent) *and waits for the client's*, bounded in time, before TCP is closed — a client must be able
 to read the last frames (a refusal's error) instead of seeing the connection reset under the
-close handshake.
+close handshake. The connection's state and these decisions are
+:class:`~reactor_fabric.protocol.websocket_connection.WebSocketConnection`'s; this module moves
+the bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -38,20 +41,34 @@ from .._errors import SecurityViolation
 from .._reasons import TOO_MANY_PENDING_CONNECTIONS
 from .._sockets import send_what_fits
 from ..policy.auth import Refusal, admit
+from ..protocol.events import Tick
 from ..protocol.jsonrpc import Peek
+from ..protocol.websocket_connection import (
+    CLOSE_NORMAL,
+    CloseRequested,
+    Deliver,
+    Drained,
+    Finish,
+    Lost,
+    PingDue,
+    SendClose,
+    SendPing,
+    SendPong,
+    Violation,
+    WebSocketConnection,
+)
+from ..protocol.websocket_connection import Event as ConnectionEvent
 from ..protocol.websocket_frames import (
     PING,
     PONG,
-    BinaryMessage,
-    Close,
     FrameDecoder,
     FrameError,
-    Ping,
     TextMessage,
     close_frame,
     control_frame,
     text_frame,
 )
+from .channel import ChannelClosed, channel_boundary
 from .fabric import Fabric
 from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
@@ -61,12 +78,15 @@ log = logging.getLogger(__name__)
 
 SUBPROTOCOL = "mcp"
 MCP_PREFIX = "/mcp/"
-CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_TOO_BIG = 1009
 READ_CHUNK = 65536
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 @dataclass(frozen=True)
@@ -81,14 +101,17 @@ class WebSocketSettings:
 class WebSocketChannel:
     """One accepted WebSocket as a session's :class:`~reactor_fabric.trio.session.ClientChannel`.
 
-    Frames are read and written with :mod:`reactor_fabric.protocol.websocket_frames`; this class
-    only moves them and keeps the close handshake's state.
+    Frames are read and written with :mod:`reactor_fabric.protocol.websocket_frames`; the
+    connection's state and every close-handshake decision are
+    :class:`~reactor_fabric.protocol.websocket_connection.WebSocketConnection`'s: this class
+    feeds it what happens and moves the bytes it asks for.
     """
 
     def __init__(self, stream: trio.abc.Stream, settings: WebSocketSettings) -> None:
         self._stream = stream
         self._settings = settings
         self._decoder = FrameDecoder(max_message=settings.max_message_bytes)
+        self._connection = WebSocketConnection(close_timeout=settings.close_timeout)
         self._messages: collections.deque[bytes] = collections.deque()
         self._control: collections.deque[bytes] = collections.deque()
         self._outbox: collections.deque[bytes] = collections.deque()
@@ -97,10 +120,27 @@ class WebSocketChannel:
         self._room = trio.Event()
         self._written = trio.Event()  # set whenever the writer has nothing left to write
         self._written.set()
-        self.close_queued = False  # our close frame is queued (or sent)
-        self.peer_closed = False  # the client's close frame arrived
-        self.gone = False  # the TCP connection is dead (EOF, failed or stalled write)
-        self.close_code: int | None = None
+
+    @property
+    def close_code(self) -> int | None:
+        """The code of our close frame, once there is one."""
+        return self._connection.close_code
+
+    def _handle(self, event: ConnectionEvent) -> bool:
+        """Feed the connection one event and do what it answers; whether it answered at all."""
+        actions = self._connection.handle(event, trio.current_time())
+        for action in actions:
+            if isinstance(action, Deliver):
+                self._messages.append(action.message)
+            elif isinstance(action, SendPong):
+                self._queue_control(control_frame(PONG, action.payload))
+            elif isinstance(action, SendPing):
+                self._queue_control(control_frame(PING, action.payload))
+            elif isinstance(action, SendClose):
+                self._queue_close(action.code, action.reason)
+            else:
+                log.log(_LEVELS[action.level], action.event, extra=action.fields)
+        return bool(actions)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -109,46 +149,40 @@ class WebSocketChannel:
         try:
             events = self._decoder.feed(data)
         except FrameError as exc:
-            self._fail(exc.code, exc.reason)
+            self._handle(Violation(exc.code, exc.reason))
             return
         for event in events:
-            if type(event) is TextMessage:
+            # The hot path, without a call into the machine: a text message is delivered
+            # exactly while the connection is receiving (handle() answers the same).
+            if type(event) is TextMessage and self._connection.receiving:
                 self._messages.append(event.data)
-            elif isinstance(event, Ping):
-                self._queue_control(control_frame(PONG, event.payload))
-            elif isinstance(event, Close):
-                self._closed_by_client(event)
-                return
-            elif isinstance(event, BinaryMessage):
-                self._fail(CLOSE_UNSUPPORTED_DATA, "binary frames are not supported")
-                return
+            else:
+                self._handle(event)
 
     async def receive(self) -> bytes | None:
         """The next message, or None once the client closed (or must be closed)."""
         while True:
             if self._messages:
                 return self._messages.popleft()
-            if self.peer_closed or self.gone or self.close_queued:
+            if not self._connection.receiving:
                 return None
-            try:
-                data = await self._stream.receive_some(READ_CHUNK)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                self._lost()
+            if not await self._read():
                 return None
-            self.feed(bytes(data))
 
-    def _closed_by_client(self, event: Close) -> None:
-        self.peer_closed = True
-        if not self.close_queued:
-            # The client closes: answer with its code (the handshake completes).
-            code = event.code if event.code is not None else CLOSE_NORMAL
-            self.close_code = code
-            self._queue_close(code, "")
+    async def _read(self) -> bool:
+        """Read once and feed what came; False once the connection is lost."""
+        try:
+            data = await self._stream.receive_some(READ_CHUNK)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self._lost()
+            return False
+        self.feed(bytes(data))
+        return True
 
     def _lost(self) -> None:
-        self.gone = True
+        self._handle(Lost())
         self._wake_writer.set()
         self._room.set()
 
@@ -161,20 +195,20 @@ class WebSocketChannel:
         self._wake_writer.set()
 
     def _queue_close(self, code: int, reason: str) -> None:
-        """The close frame: written after everything queued before it (the last frames a client
-        reads before the close, e.g. a refusal's error, must reach it)."""
-        self.close_queued = True
+        """The close frame: written after everything queued before it."""
         frame = close_frame(code, reason)
         self._outbox.append(frame)
         self._outbox_bytes += len(frame)
         self._written = trio.Event()
         self._wake_writer.set()
 
+    @channel_boundary
     async def send(self, frame: bytes, message: Peek | None = None) -> None:
-        """Queue one message for the client; waits while ``buffer_bytes`` are queued already."""
+        """Queue one message for the client; waits while ``buffer_bytes`` are queued already.
+        The writer task owns the stream: its failure reaches here as the connection lost."""
         while True:
-            if self.gone or self.close_queued:
-                raise trio.ClosedResourceError("the WebSocket is closed")
+            if not self._connection.sending:
+                raise ChannelClosed("the WebSocket is closed")
             if self._outbox_bytes < self._settings.buffer_bytes:
                 break
             self._room = trio.Event()
@@ -191,25 +225,17 @@ class WebSocketChannel:
         self._wake_writer.set()
         await trio.lowlevel.checkpoint_if_cancelled()
 
+    @channel_boundary
     async def close(self, code: int, reason: str = "") -> None:
         """Queue a close frame; the handshake completes in :meth:`finish`."""
-        if self.close_queued or self.gone:
-            return
-        self.close_code = code
-        self._queue_close(code, reason)
-        await trio.lowlevel.checkpoint()
-
-    def _fail(self, code: int, reason: str) -> None:
-        log.info("websocket_closing", extra={"code": code, "detail": reason})
-        if self.close_queued or self.gone:
-            return
-        self.close_code = code
-        self._queue_close(code, reason)
+        if self._handle(CloseRequested(code, reason)):
+            await trio.lowlevel.checkpoint()  # (a second close is nothing, not even that)
 
     async def run_writer(self) -> None:
         """The one task that writes this connection (see the module docstring)."""
-        while not self.gone:
+        while self._connection.connected:
             if not self._control and not self._outbox:
+                self._handle(Drained())
                 self._written.set()
                 await self._wake_writer.wait()
                 self._wake_writer = trio.Event()
@@ -242,25 +268,22 @@ class WebSocketChannel:
         """WebSocket pings, for keepalive (JSON-RPC ping is gone in MCP 2026-07-28)."""
         while True:
             await trio.sleep(self._settings.ping_interval)
-            if not self.close_queued and not self.gone:
-                self._queue_control(control_frame(PING, b"reactor-fabric"))
+            self._handle(PingDue())
 
     async def finish(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
-        """End the connection cleanly: our close frame written, the client's awaited (bounded)."""
-        with trio.move_on_after(self._settings.close_timeout):
-            if not self.close_queued and not self.gone:
-                await self.close(code, reason)
+        """End the connection cleanly: our close frame written, the client's awaited (bounded
+        by the connection's deadline), before the caller closes TCP."""
+        self._handle(Finish(code, reason))
+        deadline = self._connection.deadline
+        with trio.move_on_at(math.inf if deadline is None else deadline) as bound:
             await self._written.wait()
-            while not self.peer_closed and not self.gone:
-                try:
-                    data = await self._stream.receive_some(READ_CHUNK)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                if not data:
-                    self._lost()
-                    break
-                self.feed(bytes(data))
-            await self._written.wait()
+            while not self._connection.done:
+                if self._connection.awaiting_close and self._written.is_set():
+                    await self._read()
+                else:
+                    await self._written.wait()
+        if bound.cancelled_caught:
+            self._handle(Tick())
 
 
 async def serve_websocket(

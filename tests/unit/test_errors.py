@@ -21,7 +21,7 @@ from reactor_fabric._reasons import (
     SESSION_ENDED_BY_OPERATOR,
     TOO_MANY_SESSIONS,
 )
-from reactor_fabric.protocol.session import session_ending, too_many_requests_to_client
+from reactor_fabric.protocol.answers import session_ending, too_many_requests_to_client
 from reactor_fabric.runtime.docker import translate_docker_error
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "USAGE.md"
@@ -63,8 +63,6 @@ def test_backend_errors_are_translated_at_the_boundary(
 
 def _error_classes() -> list[type[FabricError]]:
     """Every concrete error class (one with a code), wherever it is defined."""
-    import reactor_fabric.protocol.fabric_server  # noqa: PLC0415 - defines its errors too
-    import reactor_fabric.protocol.session  # noqa: F401, PLC0415
 
     found: list[type[FabricError]] = []
     todo: list[type[FabricError]] = [FabricError]

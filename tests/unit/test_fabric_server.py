@@ -11,6 +11,7 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure, FabricError
 from reactor_fabric._reasons import BACKEND_LIST_TOO_LARGE
+from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.events import (
     Action,
@@ -52,7 +53,6 @@ from reactor_fabric.protocol.fabric_server import (
     META_NAMES,
     FabricServer,
 )
-from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
 CATALOG = Catalog(

@@ -24,15 +24,15 @@ from reactor_fabric.discovery import build_index
 from reactor_fabric.observe.audit import AuditWriter
 from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
 from reactor_fabric.protocol import fabric_discovery
+from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import index_catalog
-from reactor_fabric.protocol.session import SessionLimits
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.trio import fabric as fabric_module
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.live_container import LiveContainer
 from reactor_fabric.trio.session import serve_session
-from tests.fakes import TOOLS, MemoryClient, scripted_mcp_server, until
+from tests.fakes import TOOLS, GoneMidAnswer, MemoryClient, scripted_mcp_server, until
 from tests.http_client import WebSocketClient
 from tests.leaks import cancel_at_every_step, cancelled_after
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -715,3 +715,28 @@ async def test_a_call_under_an_id_in_flight_never_reaches_its_backend_and_the_fi
             (2, "alpha", "wait", "ok", None),
         ]
         await ws.aclose()
+
+
+async def test_a_client_gone_mid_answer_ends_the_fabric_session_cleanly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_memory_runtime(scripted_mcp_server) as engine:
+        fabric = learned_fabric(tmp_path, engine)
+        client = GoneMidAnswer()
+        with caplog.at_level(logging.INFO, logger="reactor_fabric.trio"):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_session, fabric, client, "fabric", [])
+                await client.say(INITIALIZE)
+                await client.hear()
+                await client.say(INITIALIZED)
+                await client.say(tool_call(2, "alpha__echo"))
+                await client.hear()  # alpha is running
+                client.gone = True
+                await client.say(tool_call(3, "alpha__echo"))
+            # serve_session returned on its own: the answer it could not deliver ended it.
+        assert client.failed_sends == 1
+        assert engine.alive == []
+        assert fabric.sessions == {}
+        events = [record.getMessage() for record in caplog.records]
+        assert "session_ended" in events
+        assert "session_crashed" not in events

@@ -6,6 +6,7 @@ Deterministic: no sleeps; time-based behaviour runs on trio's autojump clock.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from reactor_fabric.trio.session import serve_session
 from tests.fakes import (
     INITIALIZE,
     INITIALIZED,
+    GoneMidAnswer,
     MemoryClient,
     request,
     scripted_mcp_server,
@@ -455,6 +457,46 @@ async def test_a_client_leaving_removes_its_container(tmp_path: Path) -> None:
         await h.handshake()
         [container] = h.engine.alive
     assert container.removed
+
+
+async def test_a_client_gone_mid_answer_ends_the_relay_session_cleanly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_memory_runtime(scripted_mcp_server) as engine:
+        fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+        client = GoneMidAnswer()
+        with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve_session, fabric, client, "svc", [])
+                await client.say(INITIALIZE)
+                await client.hear()
+                await client.say(INITIALIZED)
+                client.gone = True
+                await client.say(request(2, "tools/call", {"name": "echo", "arguments": {}}))
+            # serve_session returned on its own: the answer it could not deliver ended it.
+        assert client.failed_sends == 1
+        assert engine.alive == []
+        assert fabric.sessions == {}
+        events = [record.getMessage() for record in caplog.records]
+        assert "session_ended" in events
+        assert "session_crashed" not in events
+
+
+async def test_a_client_gone_before_its_refusal_ends_the_session_without_a_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_memory_runtime(scripted_mcp_server) as engine:
+        fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+        client = GoneMidAnswer()
+        client.gone = True
+        with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
+            await serve_session(
+                fabric, client, "nope", [], first_frame=json.dumps(INITIALIZE).encode()
+            )
+        assert client.failed_sends == 1
+        events = [record.getMessage() for record in caplog.records]
+        assert "session_refused" in events
+        assert "session_crashed" not in events
 
 
 async def _scenario(h: Harness) -> None:

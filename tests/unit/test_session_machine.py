@@ -9,31 +9,38 @@ from typing import Any
 import pytest
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
-from reactor_fabric.protocol.session import (
+from reactor_fabric._reasons import ORCHESTRATOR_STOPPING
+from reactor_fabric.protocol.answers import SessionLimits
+from reactor_fabric.protocol.events import (
     Action,
+    BackendBroken,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    BackendStartFailed,
     ClientFrame,
     ClientGone,
+    ClientRegistered,
     CloseClient,
-    ContainerBroken,
-    ContainerExited,
     EndSession,
     Event,
-    SendToClient,
-    SessionLimits,
-    SessionMachine,
     Shutdown,
-    SlotState,
-    Spawn,
-    SpawnFailed,
-    SpawnSucceeded,
+    StartBackend,
     StdinWritten,
-    StdoutLine,
-    StopContainer,
+    StopBackend,
     Tick,
-    WriteStdin,
+    ToBackend,
+    ToClient,
 )
+from reactor_fabric.protocol.session import SessionMachine, SlotState
 from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
+
+
+def K(seq: int) -> BackendKey:  # noqa: N802 - a key, as short as the seq it wraps
+    """Backend ``seq`` of the relay session under test."""
+    return BackendKey("svc", seq)
 
 
 def frame(message: dict[str, Any]) -> bytes:
@@ -67,32 +74,34 @@ class Run:
         return self.do(ClientFrame(message if isinstance(message, bytes) else frame(message)))
 
     def server(self, seq: int, message: dict[str, Any]) -> list[Action]:
-        return self.do(StdoutLine(seq, frame(message)))
+        return self.do(BackendLine(K(seq), frame(message)))
 
     def at(self, when: float) -> list[Action]:
         self.now = when
         return self.do(Tick())
 
     def sent(self) -> list[dict[str, Any]]:
-        return [json.loads(a.frame) for a in self.actions if isinstance(a, SendToClient)]
+        return [json.loads(a.frame) for a in self.actions if isinstance(a, ToClient)]
 
     def written(self, seq: int) -> list[dict[str, Any]]:
-        lines = b"".join(a.data for a in self.actions if isinstance(a, WriteStdin) and a.seq == seq)
+        lines = b"".join(
+            a.data for a in self.actions if isinstance(a, ToBackend) and a.key.seq == seq
+        )
         return [json.loads(line) for line in lines.splitlines()]
 
     def of(self, kind: type[Any]) -> list[Any]:
         return [a for a in self.actions if isinstance(a, kind)]
 
     def ready(self, seq: int = 0) -> None:
-        """Spawn container ``seq`` and let it start (after a first client frame)."""
-        self.do(SpawnSucceeded(seq))
+        """StartBackend container ``seq`` and let it start (after a first client frame)."""
+        self.do(BackendStarted(K(seq)))
         self.drain(seq)
 
     def drain(self, seq: int) -> None:
         """The driver reports everything asked of container ``seq`` as written."""
-        asked = sum(len(a.data) for a in self.of(WriteStdin) if a.seq == seq)
+        asked = sum(len(a.data) for a in self.of(ToBackend) if a.key.seq == seq)
         if asked > self.reported.get(seq, 0):
-            self.do(StdinWritten(seq, asked - self.reported.get(seq, 0)))
+            self.do(StdinWritten(K(seq), asked - self.reported.get(seq, 0)))
             self.reported[seq] = asked
 
     def handshake(self) -> None:
@@ -105,7 +114,7 @@ class Run:
 
 def test_a_first_frame_waits_for_the_container_it_asks_for() -> None:
     run = Run()
-    assert run.client(INITIALIZE) == [Spawn(0)]
+    assert run.client(INITIALIZE) == [StartBackend(K(0))]
     assert run.machine.container_state is SlotState.SPAWNING
     assert run.written(0) == []
 
@@ -115,8 +124,8 @@ def test_frames_that_arrive_while_the_container_starts_are_written_in_order_once
     run.client(INITIALIZE)
     run.client(INITIALIZED)
     run.client(request(2, "tools/list"))
-    assert run.of(Spawn) == [Spawn(0)]  # one spawn, however many frames wait
-    run.do(SpawnSucceeded(0))
+    assert run.of(StartBackend) == [StartBackend(K(0))]  # one spawn, however many frames wait
+    run.do(BackendStarted(K(0)))
     assert [m.get("method") for m in run.written(0)] == [
         "initialize",
         "notifications/initialized",
@@ -128,24 +137,24 @@ def test_a_running_container_gets_each_frame_straight_away_byte_for_byte() -> No
     run = Run()
     run.handshake()
     raw = b'{"id": 5,  "jsonrpc":"2.0", "method":"tools/list"}'
-    assert run.client(raw) == [WriteStdin(0, raw + b"\n")]
+    assert run.client(raw) == [ToBackend(K(0), raw + b"\n")]
 
 
 def test_a_frame_with_raw_newlines_becomes_one_compact_stdin_line() -> None:
     run = Run()
     run.handshake()
     [write] = run.client(b'{"jsonrpc": "2.0",\n "id": 5,\r\n "method": "tools/list"}')
-    assert isinstance(write, WriteStdin)
+    assert isinstance(write, ToBackend)
     assert write.data == b'{"jsonrpc":"2.0","id":5,"method":"tools/list"}\n'
 
 
 def test_registering_starts_a_container_before_any_message_needs_it() -> None:
     run = Run()
-    assert run.machine.start_container(0.0) == [Spawn(0)]
-    assert run.machine.start_container(0.0) == []  # once
-    run.do(SpawnSucceeded(0))
+    assert run.machine.handle(ClientRegistered(), 0.0) == [StartBackend(K(0))]
+    assert run.machine.handle(ClientRegistered(), 0.0) == []  # once
+    run.do(BackendStarted(K(0)))
     assert run.machine.container_state is SlotState.READY
-    assert run.client(INITIALIZE) == [WriteStdin(0, frame(INITIALIZE) + b"\n")]
+    assert run.client(INITIALIZE) == [ToBackend(K(0), frame(INITIALIZE) + b"\n")]
 
 
 @pytest.mark.parametrize(
@@ -162,14 +171,14 @@ def test_a_failed_spawn_answers_each_waiting_request_and_the_next_frame_tries_ag
     run.client(INITIALIZE)
     run.client(INITIALIZED)  # a notification: dropped, nobody to answer
     run.client(request(2, "tools/list"))
-    run.do(SpawnFailed(0, error))
+    run.do(BackendStartFailed(K(0), error))
     answers = run.sent()
     assert [(a["id"], a["error"]["code"], a["error"]["data"]["reason"]) for a in answers] == [
         (1, error.code, error.reason),
         (2, error.code, error.reason),
     ]
     assert run.machine.container_state is None
-    assert run.client(INITIALIZE) == [Spawn(1)]
+    assert run.client(INITIALIZE) == [StartBackend(K(1), respawn=True)]
 
 
 def test_responses_and_notifications_from_the_server_reach_the_client_unchanged() -> None:
@@ -178,7 +187,7 @@ def test_responses_and_notifications_from_the_server_reach_the_client_unchanged(
     run.client(request(2, "tools/call", {"name": "x"}))
     note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
     [to_client] = run.server(0, note)
-    assert to_client == SendToClient(frame(note), to_client.message)  # type: ignore[union-attr]
+    assert to_client == ToClient(frame(note), to_client.message)  # type: ignore[union-attr]
     assert run.machine.ledger.busy
     run.server(0, response(2))
     assert not run.machine.ledger.busy
@@ -188,7 +197,7 @@ def test_stdout_that_is_not_json_rpc_is_logged_and_never_reaches_the_client() ->
     run = Run()
     run.handshake()
     before = len(run.sent())
-    actions = run.do(StdoutLine(0, b"Server listening on stdio"))
+    actions = run.do(BackendLine(K(0), b"Server listening on stdio"))
     assert [type(a).__name__ for a in actions] == ["Log"]
     assert len(run.sent()) == before
 
@@ -223,7 +232,7 @@ def test_a_bad_frame_is_answered_and_the_session_goes_on(
         reason,
     )
     assert run.client(request(5, "tools/list")) == [
-        WriteStdin(0, frame(request(5, "tools/list")) + b"\n")
+        ToBackend(K(0), frame(request(5, "tools/list")) + b"\n")
     ]
 
 
@@ -234,7 +243,7 @@ def test_a_container_that_dies_answers_every_request_in_flight_and_the_next_fram
     run.handshake()
     run.client(request(2, "tools/call", {"name": "a"}))
     run.client(request("b", "tools/call", {"name": "b"}))
-    run.do(ContainerExited(0, exit_code=3, oom_killed=False, stderr=("fatal: boom",)))
+    run.do(BackendExited(K(0), exit_code=3, oom_killed=False, stderr=("fatal: boom",)))
     errors = {a["id"]: a["error"] for a in run.sent() if "error" in a}
     assert set(errors) == {2, "b"}
     data = errors[2]["data"]
@@ -242,16 +251,16 @@ def test_a_container_that_dies_answers_every_request_in_flight_and_the_next_fram
     assert (data["reason"], data["exit_code"], data["oom_killed"]) == ("container_exited", 3, False)
     assert data["stderr"] == ["fatal: boom"]
     assert "exited with code 3" in data["detail"]
-    assert run.of(StopContainer)[-1] == StopContainer(0, "exited", graceful=False)
+    assert run.of(StopBackend)[-1] == StopBackend(K(0), "exited", graceful=False)
     assert not run.machine.ledger.busy
-    assert run.client(request(4, "tools/list")) == [Spawn(1)]
+    assert run.client(request(4, "tools/list")) == [StartBackend(K(1), respawn=True)]
 
 
 def test_an_out_of_memory_death_says_so() -> None:
     run = Run()
     run.handshake()
     run.client(request(2, "tools/call", {"name": "a"}))
-    run.do(ContainerExited(0, exit_code=137, oom_killed=True))
+    run.do(BackendExited(K(0), exit_code=137, oom_killed=True))
     [error] = [a["error"] for a in run.sent() if "error" in a]
     assert error["data"]["oom_killed"] is True
     assert "out of memory" in error["data"]["detail"]
@@ -262,25 +271,25 @@ def test_output_that_cannot_be_relayed_replaces_the_container_with_a_reason() ->
     run.handshake()
     run.client(request(2, "tools/call", {"name": "flood"}))
     actions = run.do(
-        ContainerBroken(0, "container_output_invalid", "a line of 70000 bytes exceeds 65536")
+        BackendBroken(K(0), "container_output_invalid", "a line of 70000 bytes exceeds 65536")
     )
-    assert StopContainer(0, "container_output_invalid", graceful=False) in actions
+    assert StopBackend(K(0), "container_output_invalid", graceful=False) in actions
     [error] = [a["error"] for a in run.sent() if "error" in a]
     assert error["data"]["reason"] == "container_output_invalid"
     assert "65536" in error["data"]["detail"]
     # Its exit, reported later, is not a second failure.
-    assert run.do(ContainerExited(0, exit_code=137)) == []
-    assert run.client(request(3, "tools/list")) == [Spawn(1)]
+    assert run.do(BackendExited(K(0), exit_code=137)) == []
+    assert run.client(request(3, "tools/list")) == [StartBackend(K(1), respawn=True)]
 
 
 def test_events_about_an_earlier_container_are_ignored() -> None:
     run = Run()
     run.handshake()
-    run.do(ContainerExited(0, exit_code=1))
+    run.do(BackendExited(K(0), exit_code=1))
     run.client(request(2, "tools/list"))
     assert run.server(0, response(2)) == []  # container 0 is gone
-    assert run.do(ContainerBroken(0, "container_output_invalid", "x")) == []
-    assert run.do(SpawnFailed(0, ContainerStartFailure("x", reason="x"))) == []
+    assert run.do(BackendBroken(K(0), "container_output_invalid", "x")) == []
+    assert run.do(BackendStartFailed(K(0), ContainerStartFailure("x", reason="x"))) == []
     assert run.machine.container_state is SlotState.SPAWNING
 
 
@@ -290,8 +299,8 @@ def test_a_spawn_that_succeeds_after_it_stopped_mattering_is_stopped() -> None:
     run.do(ClientGone())
     run2 = Run()
     run2.client(INITIALIZE)
-    run2.do(SpawnFailed(0, ContainerStartFailure("x", reason="x")))
-    assert run2.do(SpawnSucceeded(0)) == [StopContainer(0, "not_needed", graceful=False)]
+    run2.do(BackendStartFailed(K(0), ContainerStartFailure("x", reason="x")))
+    assert run2.do(BackendStarted(K(0))) == [StopBackend(K(0), "not_needed", graceful=False)]
 
 
 def test_an_idle_container_is_stopped_gracefully_at_its_deadline_and_the_client_stays() -> None:
@@ -301,12 +310,12 @@ def test_an_idle_container_is_stopped_gracefully_at_its_deadline_and_the_client_
     assert deadline_before == 30
     assert run.at(29.9) == []
     actions = run.at(30)
-    assert StopContainer(0, "idle", graceful=True) in actions
+    assert StopBackend(K(0), "idle", graceful=True) in actions
     assert not any(isinstance(a, CloseClient | EndSession) for a in actions)
     assert run.machine.container_state is None
     deadline_after = run.machine.deadline
     assert deadline_after is None
-    assert run.do(ContainerExited(0, exit_code=0)) == []  # the stop's own exit: no error
+    assert run.do(BackendExited(K(0), exit_code=0)) == []  # the stop's own exit: no error
 
 
 def test_activity_pushes_the_idle_deadline_back() -> None:
@@ -333,7 +342,7 @@ def test_a_container_is_not_idle_while_anything_is_pending(busy_with: str) -> No
     else:
         run.client({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
     assert run.at(9.5) == []
-    stops = [a for a in run.at(10) if isinstance(a, StopContainer)]
+    stops = [a for a in run.at(10) if isinstance(a, StopBackend)]
     assert stops == []
 
 
@@ -349,7 +358,7 @@ def test_a_container_that_stops_taking_its_input_is_replaced_and_what_it_owed_an
     run.client(request(3, "tools/call", {"name": "y"}))
     assert run.machine.deadline == 220
     actions = run.at(220)
-    assert StopContainer(0, "container_unresponsive", graceful=False) in actions
+    assert StopBackend(K(0), "container_unresponsive", graceful=False) in actions
     errors = {a["id"]: a["error"]["data"]["reason"] for a in run.sent() if "error" in a}
     assert errors == {2: "container_unresponsive", 3: "container_unresponsive"}
 
@@ -363,7 +372,7 @@ def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_t
     run.server(0, request("roots-1", "roots/list"))
     assert run.machine.deadline == 65  # expires after the idle timeout
     actions = run.at(65)
-    [write] = [a for a in actions if isinstance(a, WriteStdin)]
+    [write] = [a for a in actions if isinstance(a, ToBackend)]
     answer = json.loads(write.data)
     assert answer["id"] == "roots-1"
     # Its own code: -32001 means the engine cannot be reached.
@@ -372,7 +381,7 @@ def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_t
     assert not run.machine.ledger.busy
     run.drain(0)
     # Idle teardown follows at the usual time after that last activity.
-    assert StopContainer(0, "idle", graceful=True) in run.at(65 + 60)
+    assert StopBackend(K(0), "idle", graceful=True) in run.at(65 + 60)
 
 
 def test_a_server_request_one_too_many_for_the_client_is_answered_with_its_own_code() -> None:
@@ -398,7 +407,7 @@ def test_a_cancelled_request_no_longer_holds_the_container() -> None:
     run.client({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
     run.drain(0)
     assert not run.machine.ledger.busy
-    assert StopContainer(0, "idle", graceful=True) in run.at(10)
+    assert StopBackend(K(0), "idle", graceful=True) in run.at(10)
 
 
 def test_after_idle_the_next_frame_respawns_and_replays_the_handshake_first() -> None:
@@ -406,8 +415,8 @@ def test_after_idle_the_next_frame_respawns_and_replays_the_handshake_first() ->
     run.handshake()
     run.at(30)
     run.now = 100
-    assert run.client(request(7, "tools/list")) == [Spawn(1)]
-    run.do(SpawnSucceeded(1))
+    assert run.client(request(7, "tools/list")) == [StartBackend(K(1), respawn=True)]
+    run.do(BackendStarted(K(1)))
     replayed = run.written(1)
     assert len(replayed) == 1  # the initialize, and nothing else until it is answered
     assert replayed[0]["method"] == "initialize"
@@ -415,7 +424,7 @@ def test_after_idle_the_next_frame_respawns_and_replays_the_handshake_first() ->
     assert replayed[0]["params"] == INITIALIZE["params"]
     # The answer to the replay is swallowed; then initialized, then the waiting frame.
     assert [
-        a for a in run.server(1, response("reactor-fabric-replay-1")) if isinstance(a, SendToClient)
+        a for a in run.server(1, response("reactor-fabric-replay-1")) if isinstance(a, ToClient)
     ] == []
     assert run.written(1)[1:] == [INITIALIZED, request(7, "tools/list")]
     assert run.machine.container_state is SlotState.READY
@@ -428,7 +437,7 @@ def test_a_stateless_client_gets_a_fresh_container_with_nothing_replayed() -> No
     run.server(0, response(1))
     run.at(10)
     run.client(request(2, "tools/list"))
-    run.do(SpawnSucceeded(1))
+    run.do(BackendStarted(K(1)))
     assert run.written(1) == [request(2, "tools/list")]
 
 
@@ -439,7 +448,7 @@ def test_a_replay_that_fails_stops_the_new_container_and_answers_what_waited(how
     run.at(30)
     run.now = 40
     run.client(request(7, "tools/list"))
-    run.do(SpawnSucceeded(1))
+    run.do(BackendStarted(K(1)))
     if how == "refused":
         error = {"code": -32602, "message": "bad"}
         actions = run.server(1, {"jsonrpc": "2.0", "id": "reactor-fabric-replay-1", "error": error})
@@ -447,21 +456,21 @@ def test_a_replay_that_fails_stops_the_new_container_and_answers_what_waited(how
         assert run.machine.deadline == 70
         actions = run.at(70)
     else:
-        actions = run.do(ContainerExited(1, exit_code=1))
+        actions = run.do(BackendExited(K(1), exit_code=1))
     [answer] = [a for a in run.sent() if a.get("id") == 7]
     assert answer["error"]["data"]["reason"] == "replay_failed"
-    assert [a for a in actions if isinstance(a, StopContainer)] == [
-        StopContainer(1, "replay_failed", graceful=False)
+    assert [a for a in actions if isinstance(a, StopBackend)] == [
+        StopBackend(K(1), "replay_failed", graceful=False)
     ]
     assert run.machine.container_state is None  # never left running uninitialised
-    assert run.client(request(8, "tools/list")) == [Spawn(2)]
+    assert run.client(request(8, "tools/list")) == [StartBackend(K(2), respawn=True)]
 
 
 def test_reading_the_client_pauses_while_too_many_bytes_wait_for_the_container() -> None:
     run = Run(to_server_bytes=100)
     run.client(INITIALIZE)
     assert not run.machine.accepting  # the initialize alone is over 100 bytes
-    run.do(SpawnSucceeded(0))
+    run.do(BackendStarted(K(0)))
     assert not run.machine.accepting  # written, but not yet drained
     run.drain(0)
     assert run.machine.accepting
@@ -474,11 +483,11 @@ def test_a_request_beyond_the_in_flight_cap_is_refused_at_once() -> None:
     run.client(request(2, "tools/call", {"name": "slow"}))
     run.client(request(3, "tools/call", {"name": "slow"}))
     refused = run.client(request(4, "tools/call", {"name": "slow"}))
-    assert [type(action) for action in refused] == [SendToClient, ToolCallDone]
+    assert [type(action) for action in refused] == [ToClient, ToolCallDone]
     [refusal] = [a for a in run.sent() if a.get("id") == 4]
     assert refusal["error"]["data"]["reason"] == "too_many_requests_in_flight"
     run.server(0, response(2))
-    assert isinstance(run.client(request(5, "tools/list"))[0], WriteStdin)
+    assert isinstance(run.client(request(5, "tools/list"))[0], ToBackend)
 
 
 def test_a_call_under_an_id_in_flight_is_refused_never_written_and_the_first_is_recorded_once() -> (
@@ -488,7 +497,7 @@ def test_a_call_under_an_id_in_flight_is_refused_never_written_and_the_first_is_
     run.handshake()
     run.client(request(2, "tools/call", {"name": "first"}))
     refused = run.client(request(2, "tools/call", {"name": "second"}))
-    assert not [a for a in refused if isinstance(a, WriteStdin)]
+    assert not [a for a in refused if isinstance(a, ToBackend)]
     [refusal] = [a for a in run.sent() if a.get("id") == 2]
     assert refusal["error"]["code"] == -32600
     assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
@@ -504,7 +513,7 @@ def test_a_call_under_an_id_in_flight_is_refused_never_written_and_the_first_is_
         (2, "first", "ok"),
     ]
     # Answered, the id is free again.
-    assert isinstance(run.client(request(2, "tools/list"))[0], WriteStdin)
+    assert isinstance(run.client(request(2, "tools/list"))[0], ToBackend)
 
 
 def test_a_request_under_the_id_of_one_waiting_for_the_container_is_refused() -> None:
@@ -514,7 +523,7 @@ def test_a_request_under_the_id_of_one_waiting_for_the_container_is_refused() ->
     run.client(request(2, "tools/call", {"name": "x"}))
     [refusal] = run.sent()
     assert (refusal["id"], refusal["error"]["data"]["reason"]) == (2, "duplicate_request_id")
-    run.do(SpawnSucceeded(0))
+    run.do(BackendStarted(K(0)))
     assert [m.get("method") for m in run.written(0)] == ["initialize", "tools/list"]
 
 
@@ -523,7 +532,7 @@ def test_a_server_request_under_an_id_awaiting_the_client_is_refused_to_the_serv
     run.handshake()
     run.server(0, request("ask", "sampling/createMessage", {"n": 1}))
     actions = run.server(0, request("ask", "sampling/createMessage", {"n": 2}))
-    assert not [a for a in actions if isinstance(a, SendToClient)]
+    assert not [a for a in actions if isinstance(a, ToClient)]
     [refusal] = [m for m in run.written(0) if m.get("id") == "ask"]
     assert refusal["error"]["code"] == -32600
     assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
@@ -536,30 +545,30 @@ def test_shutdown_answers_everything_in_flight_then_closes_the_client_normally()
     run = Run()
     run.handshake()
     run.client(request(2, "tools/call", {"name": "slow"}))
-    actions = run.do(Shutdown())
+    actions = run.do(Shutdown(ORCHESTRATOR_STOPPING))
     [answer] = [a for a in run.sent() if a.get("id") == 2]
     assert answer["error"]["code"] == -32002
     assert answer["error"]["data"]["reason"] == "orchestrator_stopping"
     kinds = [type(a).__name__ for a in actions]
-    assert kinds.index("SendToClient") < kinds.index("CloseClient") < kinds.index("EndSession")
+    assert kinds.index("ToClient") < kinds.index("CloseClient") < kinds.index("EndSession")
     assert CloseClient(1000, "orchestrator stopping") in actions
-    assert StopContainer(0, "orchestrator_stopping", graceful=False) in actions
+    assert StopBackend(K(0), "orchestrator_stopping", graceful=False) in actions
     assert run.client(request(3, "tools/list")) == []  # nothing after the end
 
 
 def test_shutdown_while_the_container_starts_answers_the_waiting_requests() -> None:
     run = Run()
     run.client(INITIALIZE)
-    run.do(Shutdown())
+    run.do(Shutdown(ORCHESTRATOR_STOPPING))
     [answer] = run.sent()
     assert (answer["id"], answer["error"]["data"]["reason"]) == (1, "orchestrator_stopping")
-    assert run.do(SpawnSucceeded(0)) == []  # the session is over; the driver removes it
+    assert run.do(BackendStarted(K(0))) == []  # the session is over; the driver removes it
 
 
 def test_a_client_leaving_stops_its_container_gracefully_and_ends_the_session() -> None:
     run = Run()
     run.handshake()
-    assert run.do(ClientGone()) == [StopContainer(0, "session_ended", graceful=True), EndSession()]
+    assert run.do(ClientGone()) == [StopBackend(K(0), "session_ended", graceful=True), EndSession()]
 
 
 def test_the_deadline_is_none_without_an_idle_timeout() -> None:

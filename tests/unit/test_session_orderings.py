@@ -44,32 +44,33 @@ from typing import Any
 import pytest
 
 from reactor_fabric import ContainerStartFailure
-from reactor_fabric.protocol.jsonrpc import error_response
-from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX
-from reactor_fabric.protocol.session import (
-    OUTPUT_INVALID,
+from reactor_fabric._reasons import ORCHESTRATOR_STOPPING
+from reactor_fabric.protocol.answers import OUTPUT_INVALID, SessionLimits
+from reactor_fabric.protocol.events import (
     Action,
+    BackendBroken,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    BackendStartFailed,
     ClientFrame,
     ClientGone,
     CloseClient,
-    ContainerBroken,
-    ContainerExited,
     EndSession,
     Event,
     Log,
-    SendToClient,
-    SessionLimits,
-    SessionMachine,
     Shutdown,
-    Spawn,
-    SpawnFailed,
-    SpawnSucceeded,
+    StartBackend,
     StdinWritten,
-    StdoutLine,
-    StopContainer,
+    StopBackend,
     Tick,
-    WriteStdin,
+    ToBackend,
+    ToClient,
 )
+from reactor_fabric.protocol.jsonrpc import error_response
+from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX
+from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.orderings import LazyTrail, Trail, Violation, check, unwind
@@ -93,6 +94,11 @@ ASKS = 1
 DUPLICATES = False
 DUPLICATE = "duplicate_request_id"
 MAX_STATES = 1_000_000
+
+
+def K(seq: int) -> BackendKey:  # noqa: N802 - a key, as short as the seq it wraps
+    """Backend ``seq`` of the relay session under test."""
+    return BackendKey("svc", seq)
 
 
 @dataclass
@@ -178,23 +184,23 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
     """What the world does with the machine's actions, checking them as it goes."""
     for action in actions:
         match action:
-            case Spawn(seq=seq):
+            case StartBackend(key=BackendKey(seq=seq)):
                 check(seq not in world.boxes, f"container {seq} spawned twice", trail)
                 check(not world.ended, "a spawn after the session ended", trail)
                 world.boxes[seq] = Box(seq)
                 world.spawning.add(seq)
-            case WriteStdin(seq=seq, data=data):
+            case ToBackend(key=BackendKey(seq=seq), data=data):
                 box = world.boxes.get(seq)
                 check(box is not None and box.running, f"a write to container {seq}", trail)
                 assert box is not None
                 box.unreported += len(data)
                 for line in data.splitlines():
                     receive_line(box, line, trail)
-            case SendToClient(frame=frame):
+            case ToClient(frame=frame):
                 client_receives(world, json.loads(frame), trail)
             case ToolCallDone(call=call):
                 recorded(world, call, trail)
-            case StopContainer(seq=seq):
+            case StopBackend(key=BackendKey(seq=seq)):
                 box = world.boxes.get(seq)
                 check(box is not None, f"stop of unknown container {seq}", trail)
                 assert box is not None
@@ -336,19 +342,19 @@ def answer_server(world: World) -> Event:
 def started(world: World, seq: int) -> Event:
     world.spawning.discard(seq)
     world.boxes[seq].running = True
-    return SpawnSucceeded(seq)
+    return BackendStarted(K(seq))
 
 
 def failed(world: World, seq: int) -> Event:
     world.misfortunes += 1
     world.spawning.discard(seq)
-    return SpawnFailed(seq, ContainerStartFailure("no", reason="image_not_found"))
+    return BackendStartFailed(K(seq), ContainerStartFailure("no", reason="image_not_found"))
 
 
 def written(world: World, seq: int) -> Event:
     box = world.boxes[seq]
     nbytes, box.unreported = box.unreported, 0
-    return StdinWritten(seq, nbytes)
+    return StdinWritten(K(seq), nbytes)
 
 
 def answers(world: World, seq: int, *, error: bool) -> Event:
@@ -359,13 +365,13 @@ def answers(world: World, seq: int, *, error: bool) -> Event:
     if error:
         world.misfortunes += 1
     body: dict[str, Any] = {"error": {"code": -32602, "message": "no"}} if error else {"result": {}}
-    return StdoutLine(seq, json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode())
+    return BackendLine(K(seq), json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode())
 
 
 def asks(world: World, seq: int) -> Event:
     world.boxes[seq].asked = True
     world.asked += 1
-    return StdoutLine(seq, json.dumps(request(f"ask-{seq}", "roots/list")).encode())
+    return BackendLine(K(seq), json.dumps(request(f"ask-{seq}", "roots/list")).encode())
 
 
 def dies(world: World, seq: int) -> Event:
@@ -374,17 +380,17 @@ def dies(world: World, seq: int) -> Event:
     box.running = False
     box.exit_reported = True
     box.stopped = True  # nothing more comes from it; its removal is asked for by the machine
-    return ContainerExited(seq, exit_code=1)
+    return BackendExited(K(seq), exit_code=1)
 
 
 def breaks(world: World, seq: int) -> Event:
     world.misfortunes += 1
-    return ContainerBroken(seq, OUTPUT_INVALID, "a line too long")
+    return BackendBroken(K(seq), OUTPUT_INVALID, "a line too long")
 
 
 def late_exit(world: World, seq: int) -> Event:
     world.boxes[seq].exit_reported = True
-    return ContainerExited(seq, exit_code=137)
+    return BackendExited(K(seq), exit_code=137)
 
 
 def tick(world: World) -> Event:
@@ -401,7 +407,7 @@ def leave(world: World) -> Event:
 
 def shutdown(world: World) -> Event:
     world.stopping = True
-    return Shutdown()
+    return Shutdown(ORCHESTRATOR_STOPPING)
 
 
 def final_checks(world: World, trail: list[str]) -> None:
@@ -520,15 +526,15 @@ def test_the_checker_catches_a_machine_that_answers_a_request_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The invariants must be able to fail: break the machine, and exploring finds it.
-    original = SessionMachine._container_exited
+    original = SessionMachine._backend_exited
 
-    def answer_twice(self: SessionMachine, event: ContainerExited, now: float) -> list[Action]:
+    def answer_twice(self: SessionMachine, event: BackendExited, now: float) -> list[Action]:
         in_flight = list(self.ledger.client_requests)
         actions = original(self, event, now)
         error = ContainerStartFailure("again", reason="container_exited")
-        return actions + [SendToClient(error_response(rid, error)) for rid in in_flight]
+        return actions + [ToClient(error_response(rid, error)) for rid in in_flight]
 
-    monkeypatch.setattr(SessionMachine, "_container_exited", answer_twice)
+    monkeypatch.setattr(SessionMachine, "_backend_exited", answer_twice)
     monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)

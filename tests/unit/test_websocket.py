@@ -176,6 +176,21 @@ async def test_a_refusal_is_an_error_frame_then_a_normal_close_that_waits_for_th
         assert http.runtime.spawned == []
 
 
+async def test_a_client_that_never_answers_our_close_is_cut_once_the_handshake_bound_passed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket("/mcp/nope")
+        await ws.send_json(INITIALIZE)
+        assert (await ws.hear())["error"]["data"]["reason"] == "service_not_found"
+        assert isinstance(await ws.next_event(), CloseConnection)
+        # The client never answers the close: the server gives up and closes TCP (without the
+        # bound this read would never end: fail_after only keeps a broken build from hanging).
+        with trio.fail_after(3600):
+            assert await ws.stream.receive_some(1) == b""
+        await ws.aclose()
+
+
 async def test_the_server_pings_for_keepalive(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:

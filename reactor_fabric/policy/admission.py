@@ -1,0 +1,179 @@
+"""Whether a new session is admitted, and with what: a pure decision, in the order it is made.
+
+A session's first message is judged in five steps; the first that fails refuses the session
+with its error, answered to the first message's id (or none) and nothing started:
+
+1. **classify** the first message
+   (:func:`~reactor_fabric.protocol.handshake.classify_first_message`): unusable → its
+   ``InvalidMessage`` (parse error, a response, a registerClient without id or mounts);
+2. **service**: the endpoint names a service of the suite, or is the fabric endpoint →
+   ``service_not_found``;
+3. **options** of the fabric endpoint from its URL query (``?tools=``, ``?profile=``) →
+   ``unknown_exposure``, ``profile_not_found``;
+4. **mounts** requested: registerClient's, else the ``?mount=`` values parsed →
+   ``mount_malformed``; then validated against the mount policy, which resolves paths on the
+   file system: that I/O is the caller's (in a worker thread), between :func:`admission` (steps
+   1-4) and :func:`capacity` (step 5);
+5. **capacity**: the orchestrator stopping → ``orchestrator_stopping``; as many sessions live as
+   its limit → ``too_many_sessions``. The check is on numbers; the count it reads and updates is
+   :class:`~reactor_fabric.trio.fabric.Fabric`'s (``Fabric.admit``).
+
+Pure: no I/O, no trio; the caller does the validation and answers the refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .._errors import FabricError, InvalidMessage, InvalidRequest, ServiceNotFound, SessionRefused
+from .._reasons import (
+    ORCHESTRATOR_STOPPING,
+    PROFILE_NOT_FOUND,
+    SERVICE_NOT_FOUND,
+    TOO_MANY_SESSIONS,
+    UNKNOWN_EXPOSURE,
+)
+from ..config.structs import Service, Suite
+from ..config.suite import FABRIC_ENDPOINT
+from ..protocol.fabric_server import Exposure
+from ..protocol.handshake import FirstMessage, RegisterClient, classify_first_message
+from .mounts import parse_query_mount
+
+__all__ = [
+    "EXPOSURES",
+    "Admission",
+    "Capacity",
+    "FabricOptions",
+    "Refusal",
+    "admission",
+    "capacity",
+    "fabric_options",
+    "service_not_found",
+]
+
+EXPOSURES: tuple[Exposure, ...] = ("discover", "all")
+
+
+@dataclass(frozen=True)
+class FabricOptions:
+    """What the client chose in the endpoint's URL: ``?tools=`` and ``?profile=``."""
+
+    exposure: Exposure
+    active: tuple[str, ...] = ()  # the servers of the chosen profile
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The session is refused: ``error`` answers the first message, whose id is ``request_id``
+    (None when it had none, or could not be read)."""
+
+    request_id: object
+    error: FabricError
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Steps 1-4 passed: the first message classified, what the session serves (a service of
+    the suite, or the fabric endpoint with its options), and the mounts it asks for, still to
+    be validated (registerClient's as sent, or the ``?mount=`` values in the same shape)."""
+
+    first: FirstMessage
+    request_id: object
+    service: Service | None  # None on the fabric endpoint
+    options: FabricOptions | None  # on the fabric endpoint only
+    mounts: object
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What step 5 reads: the sessions live now, the most there may be, and whether the
+    orchestrator is stopping."""
+
+    sessions: int
+    limit: int
+    stopping: bool
+
+
+def admission(
+    first_frame: bytes,
+    *,
+    endpoint: str,
+    suite: Suite,
+    query: Mapping[str, list[str]],
+    query_mounts: list[str],
+) -> Admission | Refusal:
+    """Steps 1-4 for a session of ``endpoint`` (a service's name, or the fabric endpoint) whose
+    first message is ``first_frame`` (see the module docstring)."""
+    try:
+        first = classify_first_message(first_frame)
+    except InvalidMessage as exc:
+        return Refusal(exc.request_id, exc)
+    request_id = first.id if isinstance(first, RegisterClient) else first.peek.id
+    service: Service | None = None
+    options: FabricOptions | None = None
+    try:
+        if endpoint == FABRIC_ENDPOINT:
+            options = fabric_options(suite, query)
+        else:
+            service = suite.mcp_services.get(endpoint)
+            if service is None:
+                raise service_not_found(endpoint)
+        mounts: object = (
+            first.mounts
+            if isinstance(first, RegisterClient)
+            else [parse_query_mount(text) for text in query_mounts]
+        )
+    except FabricError as exc:
+        return Refusal(request_id, exc)
+    return Admission(first, request_id, service, options, mounts)
+
+
+def capacity(state: Capacity) -> SessionRefused | None:
+    """Step 5: why a new session has no room (stopping first: no session may start then,
+    whatever the count), or None when it has."""
+    if state.stopping:
+        return SessionRefused("the orchestrator is stopping", reason=ORCHESTRATOR_STOPPING)
+    if state.sessions >= state.limit:
+        return SessionRefused(
+            "the orchestrator has reached its limit of concurrent sessions; try again later",
+            reason=TOO_MANY_SESSIONS,
+        )
+    return None
+
+
+def service_not_found(name: str) -> ServiceNotFound:
+    """The error for an endpoint that names no service of the suite."""
+    return ServiceNotFound(
+        f"no service named {name!r} in the suite", reason=SERVICE_NOT_FOUND, service=name
+    )
+
+
+def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOptions:
+    """The session's options from its URL query; InvalidRequest for a value we do not know."""
+    exposure: Exposure = suite.orchestrator.fabric.default_exposure
+    tools = query.get("tools", [])
+    if tools:
+        wanted = tools[-1]
+        if wanted == "discover":
+            exposure = "discover"
+        elif wanted == "all":
+            exposure = "all"
+        else:
+            raise InvalidRequest(
+                f"?tools={wanted!r} is not an exposure: use ?tools=discover or ?tools=all",
+                reason=UNKNOWN_EXPOSURE,
+                supported=list(EXPOSURES),
+            )
+    profiles = query.get("profile", [])
+    if not profiles:
+        return FabricOptions(exposure)
+    profile = profiles[-1]
+    if profile not in suite.profiles:
+        known = ", ".join(sorted(suite.profiles)) or "none"
+        raise InvalidRequest(
+            f"no profile named {profile!r} in the suite (profiles: {known})",
+            reason=PROFILE_NOT_FOUND,
+            profile=profile,
+        )
+    return FabricOptions(exposure, tuple(suite.profiles[profile].services))

@@ -1,0 +1,52 @@
+"""Client messages waiting for a backend that is not ready yet: in order, counted in bytes, the
+ids of the requests among them indexed (a duplicate is refused without a scan). Pure."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+
+from .jsonrpc import REQUEST, Peek, RequestId
+
+
+class Backlog:
+    """The messages waiting, oldest first, with their frames."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[tuple[Peek, bytes]] = collections.deque()
+        self.bytes = 0
+        self._requests: set[RequestId] = set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[tuple[Peek, bytes]]:
+        return iter(self._items)
+
+    def has_request(self, request_id: RequestId) -> bool:
+        return request_id in self._requests
+
+    def append(self, message: Peek, frame: bytes) -> None:
+        self._items.append((message, frame))
+        self.bytes += len(frame)
+        if message.kind == REQUEST:
+            assert message.id is not None
+            self._requests.add(message.id)
+
+    def drain(self) -> list[tuple[Peek, bytes]]:
+        """Every message waiting, oldest first; the backlog is empty after."""
+        items = list(self._items)
+        self._items.clear()
+        self.bytes = 0
+        self._requests.clear()
+        return items
+
+    def clone(self) -> Backlog:
+        twin = Backlog()
+        twin._items = collections.deque(self._items)
+        twin.bytes = self.bytes
+        twin._requests = set(self._requests)
+        return twin
+
+    def frames(self) -> tuple[bytes, ...]:
+        return tuple(frame for _message, frame in self._items)

@@ -1,0 +1,412 @@
+"""The one trio driver of a client session, for the relay and the fabric endpoint alike.
+
+A session machine (:class:`~reactor_fabric.protocol.events.SessionMachineContract`: the relay's
+:class:`~reactor_fabric.protocol.session.SessionMachine` or the fabric endpoint's
+:class:`~reactor_fabric.protocol.fabric_server.FabricServer`) decides; this module moves bytes
+and carries out its actions, in order:
+
+- client → backends: the client reader feeds each message to the machine (paused while the
+  machine is not :attr:`accepting`: its bytes for backends are over the session's bound); a
+  :class:`ToBackend` lands in that backend's stdin queue, which exactly one writer task drains
+  (several queued lines leave in one write) and reports :class:`StdinWritten`;
+- backends → client: each backend's stdout reader splits lines and feeds them to the machine;
+  what the machine sends to the client goes to the channel (whose transport has its own single
+  writer);
+- one :class:`DeadlineTimer` feeds a :class:`Tick` at the machine's deadline; the orchestrator
+  stopping and an operator ending the session are :class:`Shutdown` events;
+- a :class:`Compute` runs in a worker thread (bounded, abandoned safely: pure computation).
+
+Ownership tree (all in the session's nursery)::
+
+    SessionDriver.run
+    ├── _read_client, DeadlineTimer.run, _watch_shutdown, _watch_operator
+    ├── _start(key)                     one per backend start
+    ├── _compute(action)                one per Compute
+    └── per backend: _write_stdin, _read_stdout, read_stderr, and its removal
+
+The driver runs against a narrow :class:`SessionHost` (start and remove a container, its exit
+status, the audit, the observer, limits, the stopping event), never the whole orchestrator.
+
+Resource handling: leaving the nursery for any reason (client gone, error, cancellation,
+shutdown) removes every backend still there, in a ``finally`` that is shielded and bounded by
+the host's teardown deadline; a start in flight is undone by the runtime (see
+:mod:`reactor_fabric.runtime.base`); a backend whose output ended is removed even when the
+machine no longer counted on it.
+
+Error handling: what a client or a backend does is answered as the machine decides; the
+client leaving (:class:`ChannelClosed`) is the :class:`ClientGone` event. Anything else
+propagates to :func:`~reactor_fabric.trio.session.serve_session`, which logs it and answers
+what the session owed (:meth:`SessionDriver.owed_frames`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from .._errors import FabricError
+from .._reasons import EXITED, ORCHESTRATOR_STOPPING, TIMEOUT
+from ..observe.observer import Observer
+from ..protocol.answers import ENDED_BY_OPERATOR, OUTPUT_INVALID
+from ..protocol.events import (
+    Action,
+    BackendBroken,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    BackendStartFailed,
+    ClientFrame,
+    ClientGone,
+    ClientRegistered,
+    CloseClient,
+    Compute,
+    Computed,
+    EndSession,
+    Event,
+    Log,
+    SessionMachineContract,
+    Shutdown,
+    StartBackend,
+    StdinWritten,
+    StopBackend,
+    Tick,
+    ToBackend,
+    ToClient,
+    ToolCallDone,
+    ToolsChanged,
+)
+from ..protocol.fabric_refresh import ToolChanges
+from ..protocol.framing import FramingError, LineSplitter
+from ..protocol.handshake import RegisterClient, register_answer
+from ..protocol.tool_calls import ToolCall
+from ..runtime.base import Container
+from .channel import ChannelClosed, ClientChannel
+from .fabric import SessionRecord
+from .live_container import READ_CHUNK, LiveContainer, read_stderr
+from .timer import DeadlineTimer
+
+__all__ = ["SessionDriver", "SessionHost"]
+
+log = logging.getLogger(__name__)
+
+# How long a Compute's job may take in its thread (its input is bounded by the machine that
+# made it); beyond, it is given up and reported as failed.
+COMPUTE_SECONDS = 60.0
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+class SessionHost(Protocol):
+    """What a session's driver needs of the orchestrator, for one session."""
+
+    @property
+    def observer(self) -> Observer: ...
+
+    @property
+    def max_message_bytes(self) -> int: ...
+
+    @property
+    def stopping(self) -> trio.Event: ...
+
+    @property
+    def compute_limiter(self) -> trio.CapacityLimiter: ...
+
+    def teardown_deadline(self) -> float:
+        """When a session's removal of its containers must be done (shielded until then)."""
+
+    async def start(self, key: BackendKey, *, respawn: bool, fields: dict[str, Any]) -> Container:
+        """A started container of ``key.service`` for this session; FabricError if not."""
+
+    async def exit_status(
+        self, live: LiveContainer, fields: dict[str, Any]
+    ) -> tuple[int | None, bool]:
+        """(exit code, out of memory) of a container whose output ended on its own."""
+
+    async def remove(
+        self, live: LiveContainer, fields: dict[str, Any], forget: Callable[[], object]
+    ) -> None:
+        """Stop and remove it (shielded, bounded, once); ``forget`` runs before waiters wake."""
+
+    def audit(self, call: ToolCall, *, service: str, live: LiveContainer | None) -> None:
+        """One finished tool call into the audit trail and the metrics."""
+
+
+class SessionDriver:
+    """Runs one session machine against a client channel and a :class:`SessionHost`.
+
+    ``endpoint`` is the session's service on the relay, or the fabric endpoint's name; a
+    backend of another service is logged with ``backend`` besides it.
+    """
+
+    def __init__(
+        self,
+        machine: SessionMachineContract,
+        channel: ClientChannel,
+        host: SessionHost,
+        *,
+        record: SessionRecord,
+        endpoint: str,
+    ) -> None:
+        self.machine = machine
+        self.channel = channel
+        self.host = host
+        self.record = record
+        self.endpoint = endpoint
+        self.observer = host.observer
+        self.metrics = host.observer.metrics
+        self._fields: dict[str, Any] = {"session": record.id, "service": endpoint}
+        self._live: dict[BackendKey, LiveContainer] = {}
+        # The latest container of each service, while it runs: whom a call's record names.
+        self._latest: dict[str, LiveContainer] = {}
+        self._nursery: trio.Nursery | None = None
+        self._timer = DeadlineTimer(lambda: machine.deadline, lambda: self._feed(Tick()))
+        self._accepting = trio.Event()
+
+    def owed_frames(self, error: FabricError) -> list[bytes]:
+        """What the client is owed if the session must end now with ``error``."""
+        return [a.frame for a in self.machine.answer_all(error) if isinstance(a, ToClient)]
+
+    # --- the machine --------------------------------------------------------------------------
+
+    async def _feed(self, event: Event) -> None:
+        actions = self.machine.handle(event, trio.current_time())
+        self._timer.wake()
+        if self.machine.accepting:
+            self._accepting.set()
+        await self._execute(actions)
+
+    async def _execute(self, actions: list[Action]) -> None:
+        nursery = self._nursery
+        assert nursery is not None
+        for action in actions:
+            match action:
+                case ToBackend():
+                    self._write(action)
+                case ToClient():
+                    await self._send_client(action)
+                case Log():
+                    self._log(action)
+                case StartBackend(key=key, respawn=respawn):
+                    nursery.start_soon(self._start, key, respawn)
+                case StopBackend():
+                    self._stop(action)
+                case CloseClient(code=code, reason=reason):
+                    # (the client may be gone: there is nothing left to close then)
+                    with contextlib.suppress(ChannelClosed):
+                        await self.channel.close(code, reason)
+                case EndSession():
+                    nursery.cancel_scope.cancel()
+                case ToolCallDone():
+                    # The call's outcome is read now, after its answer went out.
+                    self._audit(action.call)
+                case Compute():
+                    nursery.start_soon(self._compute, action)
+                case ToolsChanged(changes=changes):
+                    self._tools_changed(changes)
+
+    def _fields_of(self, service: str) -> dict[str, Any]:
+        if service == self.endpoint:
+            return self._fields
+        return {**self._fields, "backend": service}
+
+    def _audit(self, call: ToolCall) -> None:
+        service = call.service or self.endpoint
+        self.host.audit(call, service=service, live=self._latest.get(service))
+
+    def _log(self, action: Log) -> None:
+        log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})
+
+    async def _compute(self, action: Compute) -> None:
+        """Run a job in a worker thread and report it. The thread is abandoned when the session
+        ends or :data:`COMPUTE_SECONDS` pass: it is pure computation with nothing to undo, and
+        finishes on its own, holding its limiter token until then (so abandoned ones cannot
+        pile up either)."""
+        result: object = None
+        with trio.move_on_after(COMPUTE_SECONDS) as bound:
+            try:
+                result = await trio.to_thread.run_sync(
+                    action.job.run, abandon_on_cancel=True, limiter=self.host.compute_limiter
+                )
+            except Exception:
+                # A bug, or input it cannot digest: the machine is told it failed.
+                log.error(action.failure_event, exc_info=True, extra=self._fields)
+        if bound.cancelled_caught:
+            log.warning(action.failure_event, extra={**self._fields, "reason": TIMEOUT})
+        await self._feed(Computed(action.job, result))
+
+    def _tools_changed(self, changes: ToolChanges) -> None:
+        """A backend's tools changed (after its list_changed): logged and audited."""
+        live = self._latest.get(changes.service)
+        container = live.container.id[:12] if live is not None else None
+        record = changes.record()
+        log.warning(
+            "tools_changed",
+            extra={**self._fields, "backend": changes.service, "container": container, **record},
+        )
+        self.observer.tools_changed(
+            session=self.record.id,
+            endpoint=self.record.endpoint,
+            service=changes.service,
+            container=container,
+            changes=record,
+        )
+
+    # --- client side --------------------------------------------------------------------------
+
+    async def run(self, first_frame: bytes, first: object) -> None:
+        """Serve the session from its first message (``first``: as classified) to its end."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._timer.run)
+                nursery.start_soon(self._watch_shutdown)
+                nursery.start_soon(self._watch_operator)
+                if isinstance(first, RegisterClient):
+                    answer = register_answer(first, self.record.id, self.record.mounts)
+                    await self._send_client(ToClient(answer))
+                    await self._feed(ClientRegistered())
+                else:
+                    await self._feed(ClientFrame(first_frame))
+                nursery.start_soon(self._read_client)
+        finally:
+            # Calls the machine never saw end (the session was cancelled): no answer.
+            for action in self.machine.abandon(trio.current_time()):
+                if isinstance(action, ToolCallDone):
+                    self._audit(action.call)
+            with trio.move_on_at(self.host.teardown_deadline()) as scope:
+                scope.shield = True
+                async with trio.open_nursery() as cleanup:
+                    for key, live in list(self._live.items()):
+                        cleanup.start_soon(self._remove, key, live)
+
+    async def _read_client(self) -> None:
+        while True:
+            while not self.machine.accepting:
+                self._accepting = trio.Event()
+                await self._accepting.wait()
+            frame = await self.channel.receive()
+            if frame is None:
+                await self._feed(ClientGone())
+                return
+            self.record.last_active = trio.current_time()
+            await self._feed(ClientFrame(frame))
+
+    async def _send_client(self, action: ToClient) -> None:
+        frame = action.frame
+        self.metrics.bytes_to_client += len(frame)
+        if action.error is not None:
+            self.observer.error_sent(*action.error)
+        try:
+            await self.channel.send(frame, action.message)
+        except ChannelClosed:
+            await self._feed(ClientGone())
+
+    async def _watch_shutdown(self) -> None:
+        await self.host.stopping.wait()
+        await self._feed(Shutdown(ORCHESTRATOR_STOPPING))
+
+    async def _watch_operator(self) -> None:
+        await self.record.ended_by_operator.wait()
+        log.warning("session_ended_by_operator", extra=self._fields)
+        await self._feed(Shutdown(ENDED_BY_OPERATOR))
+
+    # --- backends -----------------------------------------------------------------------------
+
+    async def _start(self, key: BackendKey, respawn: bool) -> None:
+        fields = self._fields_of(key.service)
+        try:
+            container = await self.host.start(key, respawn=respawn, fields=fields)
+        except FabricError as exc:
+            await self._feed(BackendStartFailed(key, exc))
+            return
+        live = LiveContainer(key.seq, container)
+        self._live[key] = live
+        self._latest[key.service] = live
+        assert self._nursery is not None
+        self._nursery.start_soon(self._write_stdin, key, live)
+        self._nursery.start_soon(self._read_stdout, key, live)
+        self._nursery.start_soon(read_stderr, live, fields)
+        await self._feed(BackendStarted(key))
+
+    def _write(self, action: ToBackend) -> None:
+        live = self._live.get(action.key)
+        if live is None or live.removing:
+            return  # it is going away; the machine answers what it was owed
+        self.metrics.bytes_to_server += len(action.data)
+        live.queue.append(action.data)
+        live.queued.set()
+
+    async def _write_stdin(self, key: BackendKey, live: LiveContainer) -> None:
+        """The one writer of this container's stdin: drains the queue, several lines at once."""
+        stdin = live.container.stdin
+        while True:
+            await live.queued.wait()
+            live.queued = trio.Event()
+            if not live.queue:
+                continue  # dropped while we waited
+            data = live.queue[0] if len(live.queue) == 1 else b"".join(live.queue)
+            live.queue.clear()
+            # No deadline here: a backend that stops taking its input is the machine's call
+            # (its deadline), which stops it — and that ends this write.
+            try:
+                await stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # The container is gone: its stdout reader reports the exit.
+                log.info("stdin_closed", extra=self._fields_of(key.service))
+                return
+            await self._feed(StdinWritten(key, len(data)))
+
+    async def _read_stdout(self, key: BackendKey, live: LiveContainer) -> None:
+        splitter = LineSplitter(max_line=self.host.max_message_bytes)
+        stdout = live.container.stdout
+        broken: str | None = None
+        try:
+            while data := await stdout.receive_some(READ_CHUNK):
+                for line in splitter.feed(bytes(data)):
+                    await self._feed(BackendLine(key, line))
+        except FramingError as exc:
+            broken = str(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            live.reading_stdout = False
+            live.stdout_done.set()
+        if live.removing:
+            return  # stopped on purpose; the machine knows
+        if broken is not None:
+            await self._feed(BackendBroken(key, OUTPUT_INVALID, broken))
+        else:
+            exit_code, oom = await self.host.exit_status(live, self._fields_of(key.service))
+            await self._feed(BackendExited(key, exit_code, oom, tuple(live.stderr_tail)))
+        if not live.removing:
+            # A backend the machine no longer counted on: done all the same.
+            self._stop(StopBackend(key, EXITED, graceful=False))
+
+    def _stop(self, action: StopBackend) -> None:
+        live = self._live.get(action.key)
+        if live is None or live.removing:
+            return
+        live.stop_reason, live.stop_graceful = action.reason, action.graceful
+        live.queue.clear()  # what waits for its stdin is dropped now, not when removal ends
+        if self._latest.get(action.key.service) is live:
+            del self._latest[action.key.service]
+        assert self._nursery is not None
+        self._nursery.start_soon(self._remove, action.key, live)
+
+    async def _remove(self, key: BackendKey, live: LiveContainer) -> None:
+        def forget() -> None:
+            self._live.pop(key, None)
+            if self._latest.get(key.service) is live:
+                del self._latest[key.service]
+
+        await self.host.remove(live, self._fields_of(key.service), forget)
