@@ -57,10 +57,8 @@ from .events import (
     Event,
     Job,
     Shutdown,
-    StartBackend,
     StopBackend,
     Tick,
-    ToBackend,
     ToClient,
     ToolCallDone,
     ToolsChanged,
@@ -95,21 +93,14 @@ from .jsonrpc import RequestId, peek
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
 from .tool_calls import ArgumentsMode
 
-# (the actions' names, for the former driver trio/fabric_session.py until the one driver runs /mcp)
 __all__ = [
     "ASK_SECONDS",
     "FABRIC_SERVICE",
     "MAX_LISTENERS",
     "MAX_QUEUED_PER_BACKEND",
     "META_NAMES",
-    "Action",
     "Exposure",
     "FabricServer",
-    "StartBackend",
-    "StopBackend",
-    "ToBackend",
-    "ToClient",
-    "ToolsChanged",
 ]
 
 Json = dict[str, Any]

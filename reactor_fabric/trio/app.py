@@ -6,7 +6,7 @@
                               without the token only its status; the engine pinged at
                               most once a second (:mod:`.engine_check`)
 ``/mcp/{service}[/{key}]``    Streamable HTTP (:mod:`.streamable_http`): the per-service relay
-``/mcp``, ``/mcp/fabric/{key}`` the fabric endpoint (:mod:`.fabric_session`)
+``/mcp``, ``/mcp/fabric/{key}`` the fabric endpoint (:mod:`.session`, FabricServer on the driver)
 ``ws://…/mcp[/{service}]``    WebSocket (:mod:`.websocket`)
 ``/``, ``/metrics``, ``/api/…`` operators: the status page, Prometheus, sessions and calls
                               (:mod:`.operator`)
@@ -19,11 +19,11 @@ import trio
 
 from .._errors import SecurityViolation
 from .._version import __version__
+from ..config.suite import FABRIC_ENDPOINT
 from ..observe.health import health_report
 from ..policy.auth import Refusal, admit
 from .engine_check import EngineCheck
 from .fabric import Fabric
-from .fabric_session import FABRIC_ENDPOINT
 from .http_server import HttpExchange, Request
 from .operator import is_operator_route, serve_operator
 from .streamable_http import HttpSessions, serve_streamable_http

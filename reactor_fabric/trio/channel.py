@@ -1,7 +1,7 @@
 """What a session sees of its client: one JSON-RPC message per frame, whatever the transport.
 
 WebSocket (:mod:`.websocket`), Streamable HTTP (:mod:`.http_channel`) and the tests' fakes
-implement it; both endpoints' session drivers (:mod:`.session`, :mod:`.fabric_session`) use it.
+implement it; the one session driver (:mod:`.driver`) uses it, for both endpoints.
 """
 
 from __future__ import annotations

@@ -186,8 +186,9 @@ class Fabric:
     catalog_passes: int = 0  # how many times every service was looked at (diagnostics, tests)
     catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS
     # The worker threads in which fabric-endpoint sessions refresh their catalogs (after a
-    # backend's list_changed, see fabric_session): so many at once at most, whichever sessions
-    # they are for, so that backends flooding refreshes take at most that much of the host.
+    # backend's list_changed: the machine's Compute, run by trio/driver.py): so many at once
+    # at most, whichever sessions they are for, so that backends flooding refreshes take at
+    # most that much of the host.
     refresh_limiter: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(REFRESH_THREADS)
     )
@@ -229,7 +230,7 @@ class Fabric:
 
         Runs in the orchestrator's root nursery; reports started at once (serving does not
         wait for it). A fabric-endpoint session that starts meanwhile waits for it, bounded
-        (see :mod:`reactor_fabric.trio.fabric_session`).
+        (see :mod:`reactor_fabric.trio.session`).
         """
         task_status.started()
         # The tokenizer's encoding is read from disk once: off the event loop.

@@ -50,9 +50,12 @@ from .._errors import (
     SessionCrashed,
 )
 from .._reasons import INTERNAL_ERROR
+from .._version import __version__
 from ..config.structs import Service
+from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client, trace_of
-from ..policy.admission import Refusal, admission
+from ..policy.admission import FabricOptions, Refusal, admission
+from ..protocol.fabric_server import FabricServer
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import SessionMachine
 from ..protocol.tool_calls import valid_traceparent
@@ -60,7 +63,6 @@ from .channel import ChannelClosed, ClientChannel
 from .containers import ContainerHost
 from .driver import SessionDriver
 from .fabric import Fabric, SessionRecord, new_session_id
-from .fabric_session import fabric_driver
 from .http_server import Request
 
 __all__ = ["ClientChannel", "client_of", "refuse", "serve_session"]
@@ -69,6 +71,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
 CLOSE_INTERNAL_ERROR = 1011
+# How long a fabric-endpoint session that opens while the catalog is still being learned waits.
+CATALOG_WAIT_SECONDS = 30.0
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -259,9 +263,7 @@ async def _serve_session(
         )
         driver: _Driver
         if decision.options is not None:
-            driver = await fabric_driver(
-                fabric, channel, session_id=session_id, record=record, options=decision.options
-            )
+            driver = await _fabric_driver(fabric, channel, record, decision.options)
         else:
             assert decision.service is not None
             driver = _relay_driver(fabric, channel, service_name, decision.service, record)
@@ -296,6 +298,44 @@ def _relay_driver(
     )
     host = ContainerHost(fabric, record)
     return SessionDriver(machine, channel, host, record=record, endpoint=service_name)
+
+
+async def _fabric_driver(
+    fabric: Fabric, channel: ClientChannel, record: SessionRecord, options: FabricOptions
+) -> SessionDriver:
+    """The driver of a new fabric-endpoint session: its machine, with the catalog it serves —
+    waited for (bounded) while it is still being learned — and its ranking index: the
+    start-up's, or, for a catalog not indexed yet (the wait gave up, or a re-check is
+    publishing), one built in a worker thread, never on the event loop."""
+    if not fabric.catalog_ready.is_set():
+        with trio.move_on_after(CATALOG_WAIT_SECONDS):
+            await fabric.catalog_ready.wait()
+    catalog = fabric.catalog
+    index = fabric.indexed(catalog)
+    if index is None:
+        index = await trio.to_thread.run_sync(fabric.discovery_index, catalog)
+    services = fabric.suite.mcp_services
+    buffer_to_server = fabric.limits.buffer_to_server_bytes
+    machine = FabricServer(
+        catalog,
+        session_id=record.id,
+        mount_targets=[mount.target for mount in record.mounts],
+        exposure=options.exposure,
+        active=options.active,
+        version=__version__,
+        facts=fabric.service_facts(),
+        profiles={name: p.services for name, p in fabric.suite.profiles.items()},
+        idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
+        now=trio.current_time(),
+        index=index,
+        token_budget=fabric.suite.orchestrator.fabric.token_budget,
+        assist=fabric.assist_settings,
+        audit_arguments=fabric.audit_arguments,
+        own_backlog_bytes=buffer_to_server,
+        buffer_to_server_bytes=buffer_to_server,
+    )
+    host = ContainerHost(fabric, record)
+    return SessionDriver(machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT)
 
 
 def client_of(fabric: Fabric, request: Request, transport: str) -> Client:

@@ -57,6 +57,7 @@ from .._reasons import (
     STATELESS_NEEDS_SESSION_URL,
     UNSUPPORTED_PROTOCOL_VERSION,
 )
+from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client
 from ..policy.admission import service_not_found
 from ..protocol.handshake import REGISTER_METHOD
@@ -71,7 +72,6 @@ from ..protocol.jsonrpc import (
 from ..protocol.mcp import KNOWN_VERSIONS
 from .channel import ChannelClosed
 from .fabric import Fabric, new_session_id
-from .fabric_session import FABRIC_ENDPOINT
 from .http_channel import FrameQueue, HttpChannel, Waiter
 from .http_server import ClientGone, HttpExchange
 from .session import client_of, serve_session

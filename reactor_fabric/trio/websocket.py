@@ -40,6 +40,7 @@ from wsproto.events import AcceptConnection, RejectConnection, RejectData
 from .._errors import SecurityViolation
 from .._reasons import TOO_MANY_PENDING_CONNECTIONS
 from .._sockets import send_what_fits
+from ..config.suite import FABRIC_ENDPOINT
 from ..policy.auth import Refusal, admit
 from ..protocol.events import Tick
 from ..protocol.jsonrpc import Peek
@@ -70,7 +71,6 @@ from ..protocol.websocket_frames import (
 )
 from .channel import ChannelClosed, channel_boundary
 from .fabric import Fabric
-from .fabric_session import FABRIC_ENDPOINT
 from .http_server import Request
 from .session import client_of, serve_session
 

@@ -1318,7 +1318,7 @@ def test_a_backends_request_under_an_id_awaiting_the_client_is_refused_to_that_b
     assert back == {"jsonrpc": "2.0", "id": "s7", "result": {"ok": 1}}
 
 
-# --- decisions the fabric driver (trio/fabric_session.py) made, now the machine's -------------
+# --- decisions the former fabric driver (trio/fabric_session.py) made, now the machine's ------
 
 
 def accepting(server: FabricServer) -> bool:

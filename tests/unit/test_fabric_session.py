@@ -669,7 +669,7 @@ async def test_a_backends_rewritten_tool_descriptions_are_logged_and_audited(
         http.fabric.observer.audit = RecordingAudit(records)
         ws = await open_session(http, "?tools=all")
         [session_id] = http.fabric.sessions
-        with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.fabric_session"):
+        with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.driver"):
             await ws.send_json(tool_call(2, "alpha__change"))
             assert (await ws.hear())["id"] == 2
             assert (await ws.hear())["method"] == "notifications/tools/list_changed"
