@@ -5,9 +5,10 @@ After a backend's ``notifications/*/list_changed`` the session asks it again
 it costs CPU in proportion: the catalog's routing tables, the ranking index (seconds for half a
 megabyte of words), what changed in its tools. None of that may run on the event loop, where it
 would hold up every other session: :class:`Refresh` is that work as one value, which the
-driver runs in a worker thread (:meth:`Refresh.run`), and whose :class:`Refreshed` it reports
-back to the machine. The machine runs at most one per session at a time and lets each backend
-have at most one list in the works (see ``FabricServer``), so a backend that repeats
+driver runs in a worker thread (:meth:`Refresh.run`, asked by a ``Compute``), and whose
+:class:`Refreshed` it reports back to the machine (``Computed``). The machine runs at most one
+per session at a time and lets each backend have at most one list in the works
+(:class:`Relists`), so a backend that repeats
 ``list_changed`` costs one refresh after another, never a pile of them.
 
 What changed in a service's tools (:func:`tool_changes`) is kept for the audit trail and the

@@ -452,9 +452,10 @@ class FabricRouter(Answers):
         return self._own(service, encoder.encode(request))
 
     def _refreshed(self, service: str, method: str, message: Json) -> list[Action]:
-        """A service's fresh list (after its list_changed): kept for the next :class:`Refresh`,
-        which makes the catalog and index from it off the event loop (see :meth:`refreshed`).
-        A list over :data:`MAX_LIST_BYTES` is refused: the backend is treated as broken."""
+        """A service's fresh list (after its list_changed): kept for the next refresh, which
+        makes the catalog and index from it off the event loop (a Compute; its Computed: see
+        ``FabricServer._computed``). A list over :data:`MAX_LIST_BYTES` is refused: the backend
+        is treated as broken."""
         kind = dict(_REFRESH.values()).get(method)
         if kind is None:
             return []
