@@ -32,6 +32,7 @@ __all__ = [
     "BackendLine",
     "BackendStartFailed",
     "BackendStarted",
+    "ClientActivity",
     "ClientFrame",
     "ClientGone",
     "ClientRegistered",
@@ -78,6 +79,14 @@ class ClientFrame:
 class ClientRegistered:
     """The client registered with ``registerClient`` (the stdio bridge) and was answered: a
     machine may start its backend before the first message needs it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientActivity:
+    """The transport's view of a client that may leave without saying so (Streamable HTTP)
+    changed, now: whether a request or a stream of the client's is still open (``busy``)."""
+
+    busy: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +173,7 @@ class Computed:
 Event = (
     ClientFrame
     | ClientRegistered
+    | ClientActivity
     | ClientGone
     | BackendStarted
     | BackendStartFailed

@@ -46,8 +46,11 @@ from .answers import (
     session_ending,
 )
 from .catalog import Catalog, Entry
+from .client_lease import ClientLease
 from .events import (
     Action,
+    BackendLine,
+    ClientActivity,
     ClientFrame,
     ClientGone,
     ClientRegistered,
@@ -138,6 +141,7 @@ class FabricServer(FabricRouter):
         audit_arguments: ArgumentsMode = "hash",
         own_backlog_bytes: int = OWN_BACKLOG_BYTES,
         buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
+        client_lease: float | None = None,
     ) -> None:
         super().__init__(
             catalog,
@@ -167,6 +171,7 @@ class FabricServer(FabricRouter):
         self.started_at = now
         # Open 2026-07-28 subscriptions/listen requests: their id → what they asked for.
         self._listeners: dict[object, Json] = {}
+        self.lease = ClientLease(client_lease, now)  # (see .client_lease)
         self._closed = False  # the session was ended (Shutdown, ClientGone): EndSession sent
         self._gone = False  # the client left: nothing more to do
 
@@ -180,7 +185,10 @@ class FabricServer(FabricRouter):
         actions: list[Action] = []
         match event:
             case ClientFrame(frame=frame):
+                self.lease.touch(now)
                 actions = self._client_frame(frame)
+            case ClientActivity(busy=busy):
+                self.lease.activity(busy, now)
             case ClientRegistered():
                 pass  # backends start when a call needs them
             case ClientGone():
@@ -193,6 +201,8 @@ class FabricServer(FabricRouter):
                 refreshed = result if isinstance(result, Refreshed) else None
                 actions = self._computed(job, refreshed)
             case _:
+                if isinstance(event, BackendLine):
+                    self.lease.touch(now)
                 actions = self._backend_event(event)
         return actions
 
@@ -248,6 +258,7 @@ class FabricServer(FabricRouter):
         twin.calls = self.calls.clone()
         twin._done = list(self._done)
         twin.relists = self.relists.clone()
+        twin.lease = dataclasses.replace(self.lease)
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -281,6 +292,7 @@ class FabricServer(FabricRouter):
             len(self._done),
             self.relists.fingerprint(),
             None if self._ending is None else self._ending.reason,
+            self.lease.state(),
         )
 
     # --- time ---------------------------------------------------------------------------------
@@ -292,6 +304,7 @@ class FabricServer(FabricRouter):
             return None
         due = self._backend_deadlines()
         due += [assist.deadline for assist in self._assisting.values()]
+        due.append(math.inf if self.lease.deadline is None else self.lease.deadline)
         finite = [when for when in due if when != math.inf]
         return min(finite) if finite else None
 
@@ -299,7 +312,7 @@ class FabricServer(FabricRouter):
         """Whatever came due: backends' unanswered requests to the client, idle services."""
         if self._ending is not None:
             return []
-        return self._with_done(self._tick())
+        return self._with_done(self._tick()) + self.lease.expire_if_due(self.now)
 
     def _tick(self) -> list[Action]:
         now = self.now

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from .._errors import FabricError
+from .answers import too_many_requests_to_client
 from .jsonrpc import (
     NOTIFICATION,
     REQUEST,
@@ -31,6 +33,7 @@ from .jsonrpc import (
     Peek,
     RequestId,
     decode_params,
+    duplicate_request,
     with_id,
 )
 
@@ -101,6 +104,17 @@ class Ledger:
             self.server_requests[message.id] = expires_at
         else:
             assert message.kind == NOTIFICATION
+
+    def refusal(self, request: Peek, limit: int) -> FabricError | None:
+        """Why a server's request is answered at once instead of going to the client, if it
+        is: its id still awaits the client (its answer could not be told from the first's:
+        refused like a client's duplicate), or ``limit`` of them already do."""
+        assert request.id is not None
+        if request.id in self.server_requests:
+            return duplicate_request(request.id)
+        if len(self.server_requests) >= limit:
+            return too_many_requests_to_client(limit)
+        return None
 
     def next_expiry(self) -> float | None:
         if not self.server_requests:  # the usual case, on every event: answer at once

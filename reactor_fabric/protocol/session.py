@@ -59,9 +59,9 @@ from .answers import (
     container_exited,
     log_notification,
     session_ending,
-    too_many_requests_to_client,
 )
 from .backlog import Backlog
+from .client_lease import ClientLease
 from .events import (
     Action,
     BackendBroken,
@@ -70,6 +70,7 @@ from .events import (
     BackendLine,
     BackendStarted,
     BackendStartFailed,
+    ClientActivity,
     ClientFrame,
     ClientGone,
     ClientRegistered,
@@ -137,6 +138,7 @@ class SessionMachine:
         limits: SessionLimits,
         now: float,
         audit_arguments: ArgumentsMode = "hash",
+        client_lease: float | None = None,
     ) -> None:
         self.service_name = service_name
         self.idle_timeout = idle_timeout
@@ -154,10 +156,12 @@ class SessionMachine:
         self._next_seq = 0
         self._waiting = Backlog()  # client messages waiting for the container to be ready
         self._last_activity = now
+        self.lease = ClientLease(client_lease, now)  # (see .client_lease)
         self._now = now
         self._handlers: dict[type[Any], Any] = {
             ClientFrame: self._client_frame,
             ClientRegistered: self._client_registered,
+            ClientActivity: self._client_activity,
             ClientGone: self._client_gone,
             BackendStarted: self._backend_started,
             BackendStartFailed: self._backend_start_failed,
@@ -206,9 +210,9 @@ class SessionMachine:
                 deadline = self._last_activity + self.idle_timeout
             if slot.stdin_pending:
                 deadline = min(deadline, slot.stdin_progress + self.limits.stdin_stall_timeout)
-        expiry = self.ledger.next_expiry()
-        if expiry is not None:
-            deadline = min(deadline, expiry)
+        for other in (self.ledger.next_expiry(), self.lease.deadline):
+            if other is not None:
+                deadline = min(deadline, other)
         return None if deadline == math.inf else deadline
 
     def clone(self) -> SessionMachine:
@@ -216,6 +220,7 @@ class SessionMachine:
         twin = copy.copy(self)
         twin.ledger = self.ledger.clone()
         twin.calls = self.calls.clone()
+        twin.lease = dataclasses.replace(self.lease)
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
         twin._waiting = self._waiting.clone()
         twin._handlers = {
@@ -247,6 +252,7 @@ class SessionMachine:
             tuple(sorted(self.calls.open, key=repr)),
             self._next_seq,
             self._last_activity,
+            self.lease.state(),
         )
 
     @property
@@ -261,6 +267,7 @@ class SessionMachine:
 
     def _client_frame(self, event: ClientFrame, now: float) -> list[Action]:
         self._last_activity = now
+        self.lease.touch(now)
         try:
             message = peek(event.frame)
         except InvalidMessage as exc:
@@ -344,6 +351,10 @@ class SessionMachine:
         if self._slot is not None or self.phase is not Phase.OPEN:
             return []
         return [self._spawn()]
+
+    def _client_activity(self, event: ClientActivity, now: float) -> list[Action]:
+        self.lease.activity(event.busy, now)
+        return []
 
     def _computed(self, _event: Computed, _now: float) -> list[Action]:
         return []  # the relay hands out no work
@@ -435,20 +446,22 @@ class SessionMachine:
                 Log("warning", "server_stdout_not_jsonrpc", {"reason": exc.reason, "line": line})
             ]
         self._last_activity = now
+        self.lease.touch(now)
         if (
             slot.state is SlotState.REPLAYING
             and message.kind == RESPONSE
             and message.id == slot.replay_id
         ):
             return self._replay_answered(slot, message)
-        refusal = self._server_request_refusal(message) if message.kind == REQUEST else None
+        refusal = (
+            self.ledger.refusal(message, self.limits.max_server_requests)
+            if message.kind == REQUEST
+            else None
+        )
         if refusal is not None:
+            fields = {"id": message.id, "reason": refusal.reason}
             return [
-                Log(
-                    "warning",
-                    "server_request_refused",
-                    {"id": message.id, "reason": refusal.reason},
-                ),
+                Log("warning", "server_request_refused", fields),
                 self._write_line(slot, error_response(message.id, refusal)),
             ]
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
@@ -458,16 +471,6 @@ class SessionMachine:
             if done is not None:
                 return [send, done]
         return [send]
-
-    def _server_request_refusal(self, request: Peek) -> FabricError | None:
-        """Why a server's request is answered here instead of going to the client, if it is."""
-        assert request.id is not None
-        if request.id in self.ledger.server_requests:
-            # Its answer could not be told from the first's: refused like a client's duplicate.
-            return duplicate_request(request.id)
-        if len(self.ledger.server_requests) >= self.limits.max_server_requests:
-            return too_many_requests_to_client(self.limits.max_server_requests)
-        return None
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
         if answer.failed:
@@ -593,4 +596,4 @@ class SessionMachine:
                 StopBackend(slot.key, IDLE, graceful=True),
             ]
             self._slot = None
-        return actions
+        return actions + self.lease.expire_if_due(now)

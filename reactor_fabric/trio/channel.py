@@ -78,3 +78,17 @@ class ClientChannel(Protocol):
     async def send(self, frame: bytes, message: Peek | None = None) -> None: ...
 
     async def close(self, code: int, reason: str = "") -> None: ...
+
+
+class LeasedClient(Protocol):
+    """A transport whose client may leave without saying so (Streamable HTTP: nothing is
+    connected between requests). Its session keeps the client's lease (see
+    :mod:`reactor_fabric.protocol.client_lease`) from what this tells."""
+
+    @property
+    def lease_seconds(self) -> float | None:
+        """How long the client may stay away with nothing open (None: for ever)."""
+
+    async def activity_changed(self) -> bool:
+        """Wait until a request or stream of the client's opened or closed; whether any is
+        open now."""

@@ -19,7 +19,7 @@ and carries out its actions, in order:
 Ownership tree (all in the session's nursery)::
 
     SessionDriver.run
-    ├── _read_client, DeadlineTimer.run, _watch_shutdown, _watch_operator
+    ├── _read_client, DeadlineTimer.run, _watch_shutdown, _watch_operator, _watch_lease
     ├── _start(key)                     one per backend start
     ├── _compute(action)                one per Compute
     └── per backend: _write_stdin, _read_stdout, read_stderr, and its removal
@@ -60,6 +60,7 @@ from ..protocol.events import (
     BackendLine,
     BackendStarted,
     BackendStartFailed,
+    ClientActivity,
     ClientFrame,
     ClientGone,
     ClientRegistered,
@@ -85,7 +86,7 @@ from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
 from ..protocol.tool_calls import ToolCall
 from ..runtime.base import Container
-from .channel import ChannelClosed, ClientChannel
+from .channel import ChannelClosed, ClientChannel, LeasedClient
 from .fabric import SessionRecord
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
 from .timer import DeadlineTimer
@@ -156,8 +157,10 @@ class SessionDriver:
         *,
         record: SessionRecord,
         endpoint: str,
+        lease: LeasedClient | None = None,
     ) -> None:
         self.machine = machine
+        self.lease = lease
         self.channel = channel
         self.host = host
         self.record = record
@@ -271,6 +274,8 @@ class SessionDriver:
                 nursery.start_soon(self._timer.run)
                 nursery.start_soon(self._watch_shutdown)
                 nursery.start_soon(self._watch_operator)
+                if self.lease is not None:
+                    nursery.start_soon(self._watch_lease, self.lease)
                 if isinstance(first, RegisterClient):
                     answer = register_answer(first, self.record.id, self.record.mounts)
                     await self._send_client(ToClient(answer))
@@ -319,6 +324,11 @@ class SessionDriver:
         await self.record.ended_by_operator.wait()
         log.warning("session_ended_by_operator", extra=self._fields)
         await self._feed(Shutdown(ENDED_BY_OPERATOR))
+
+    async def _watch_lease(self, lease: LeasedClient) -> None:
+        while True:
+            busy = await lease.activity_changed()
+            await self._feed(ClientActivity(busy))
 
     # --- backends -----------------------------------------------------------------------------
 

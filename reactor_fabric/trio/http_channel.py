@@ -116,7 +116,9 @@ class HttpChannel:
     close_code: int | None = None
     close_reason: str = ""
     closed: trio.Event = field(default_factory=trio.Event)
-    last_activity: float = field(default_factory=trio.current_time)
+    # How long the client may stay away with nothing open before its session ends (the
+    # session's machine keeps that clock: see protocol/client_lease.py).
+    lease_seconds: float | None = None
     open_streams: int = 0
     dropped: int = 0  # server messages dropped because no stream could take them
     _waiters: collections.OrderedDict[RequestId, Waiter] = field(
@@ -126,6 +128,9 @@ class HttpChannel:
     def __post_init__(self) -> None:
         self._inbox = FrameQueue(self.inbox_bytes)
         self.backlog = FrameQueue(self.backlog_bytes)
+        self._activity = trio.Event()
+        self._was_busy = False
+        self._live_waiters = 0  # POSTs registered and still waiting (their client is there)
 
     # --- the session's side (ClientChannel) -------------------------------------------------
 
@@ -145,6 +150,8 @@ class HttpChannel:
             waiter = self._waiters.pop(message.id, None)
             if waiter is not None:
                 if not waiter.gone:  # else its client hung up: nobody can read this answer
+                    self._live_waiters -= 1
+                    self._note_activity()
                     waiter.response = frame
                     await waiter.queue.put(frame)
                     waiter.queue.close()
@@ -173,6 +180,7 @@ class HttpChannel:
         for waiter in self._waiters.values():
             waiter.queue.close()
         self._waiters.clear()
+        self._live_waiters = 0
         self.backlog.close()
         await trio.lowlevel.checkpoint()
 
@@ -193,7 +201,10 @@ class HttpChannel:
         previous = self._waiters.pop(request_id, None)
         if previous is not None:
             previous.queue.close()
+            self._live_waiters -= not previous.gone
         self._waiters[request_id] = waiter
+        self._live_waiters += 1
+        self._note_activity()
         return waiter
 
     def abandon(self, waiter: Waiter) -> None:
@@ -203,20 +214,42 @@ class HttpChannel:
         answer is recognised and dropped instead of being parked for nobody (there are at most
         as many as the session has requests in flight).
         """
+        if not waiter.gone and self._waiters.get(waiter.request_id) is waiter:
+            self._live_waiters -= 1
         waiter.gone = True
         waiter.queue.close()
+        self._note_activity()
 
     async def submit(self, frame: bytes) -> None:
         """Hand a client message to the session (waits while the session's inbox is full);
         :class:`ChannelClosed` once the session has ended."""
-        self.touch()
         if not await self._inbox.put(frame):
             raise ChannelClosed("the HTTP session is closed")
-
-    def touch(self) -> None:
-        self.last_activity = trio.current_time()
 
     @property
     def busy(self) -> bool:
         """Whether a POST or GET is still being served (the session must not expire)."""
-        return self.open_streams > 0 or any(not w.gone for w in self._waiters.values())
+        return self.open_streams > 0 or self._live_waiters > 0
+
+    def stream_opened(self) -> None:
+        self.open_streams += 1
+        self._note_activity(always=True)
+
+    def stream_closed(self) -> None:
+        self.open_streams -= 1
+        self._note_activity(always=True)
+
+    def _note_activity(self, *, always: bool = False) -> None:
+        """Tell the session (:meth:`activity_changed`) when the client's business changed:
+        whenever it went from busy to not or back, and when a stream opened or closed."""
+        busy = self.busy
+        if always or busy != self._was_busy:
+            self._was_busy = busy
+            self._activity.set()
+
+    async def activity_changed(self) -> bool:
+        """Wait until the client's business changed (several changes are told as one);
+        whether a request or stream of the client's is open now."""
+        await self._activity.wait()
+        self._activity = trio.Event()
+        return self.busy

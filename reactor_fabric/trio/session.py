@@ -59,7 +59,7 @@ from ..protocol.fabric_server import FabricServer
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import SessionMachine
 from ..protocol.tool_calls import valid_traceparent
-from .channel import ChannelClosed, ClientChannel
+from .channel import ChannelClosed, ClientChannel, LeasedClient
 from .containers import ContainerHost
 from .driver import SessionDriver
 from .fabric import Fabric, SessionRecord, new_session_id
@@ -94,6 +94,7 @@ async def serve_session(
     query: Mapping[str, list[str]] | None = None,
     client: Client | None = None,
     traceparent: str | None = None,
+    lease: LeasedClient | None = None,
 ) -> None:
     """Run one client session from its first message to its end (see the module docstring).
 
@@ -117,6 +118,7 @@ async def serve_session(
             progress=progress,
             client=client,
             traceparent=traceparent,
+            lease=lease,
         )
     except* Exception as failure:
         log.error(
@@ -194,6 +196,7 @@ async def _serve_session(
     progress: _Progress,
     client: Client | None,
     traceparent: str | None,
+    lease: LeasedClient | None,
 ) -> None:
     observer = fabric.observer
     client = client or Client(fabric.token_id, "", transport)
@@ -263,10 +266,12 @@ async def _serve_session(
         )
         driver: _Driver
         if decision.options is not None:
-            driver = await _fabric_driver(fabric, channel, record, decision.options)
+            driver = await _fabric_driver(fabric, channel, record, decision.options, lease=lease)
         else:
             assert decision.service is not None
-            driver = _relay_driver(fabric, channel, service_name, decision.service, record)
+            driver = _relay_driver(
+                fabric, channel, service_name, decision.service, record, lease=lease
+            )
         progress.driver = driver
         await driver.run(first_frame, decision.first)
     finally:
@@ -287,6 +292,8 @@ def _relay_driver(
     service_name: str,
     service: Service,
     record: SessionRecord,
+    *,
+    lease: LeasedClient | None,
 ) -> SessionDriver:
     """The driver of a new relay session: its machine, run against the session's host."""
     machine = SessionMachine(
@@ -295,13 +302,19 @@ def _relay_driver(
         limits=fabric.session_limits(service),
         now=trio.current_time(),
         audit_arguments=fabric.audit_arguments,
+        client_lease=lease.lease_seconds if lease is not None else None,
     )
     host = ContainerHost(fabric, record)
-    return SessionDriver(machine, channel, host, record=record, endpoint=service_name)
+    return SessionDriver(machine, channel, host, record=record, endpoint=service_name, lease=lease)
 
 
 async def _fabric_driver(
-    fabric: Fabric, channel: ClientChannel, record: SessionRecord, options: FabricOptions
+    fabric: Fabric,
+    channel: ClientChannel,
+    record: SessionRecord,
+    options: FabricOptions,
+    *,
+    lease: LeasedClient | None,
 ) -> SessionDriver:
     """The driver of a new fabric-endpoint session: its machine, with the catalog it serves —
     waited for (bounded) while it is still being learned — and its ranking index: the
@@ -333,9 +346,12 @@ async def _fabric_driver(
         audit_arguments=fabric.audit_arguments,
         own_backlog_bytes=buffer_to_server,
         buffer_to_server_bytes=buffer_to_server,
+        client_lease=lease.lease_seconds if lease is not None else None,
     )
     host = ContainerHost(fabric, record)
-    return SessionDriver(machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT)
+    return SessionDriver(
+        machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT, lease=lease
+    )
 
 
 def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
@@ -362,6 +378,6 @@ async def refuse(
     )
     try:
         await channel.send(error_response(request_id, error))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return
-    await channel.close(CLOSE_NORMAL, error.reason)
+        await channel.close(CLOSE_NORMAL, error.reason)
+    except ChannelClosed:
+        return  # the client is gone: nobody to tell

@@ -31,7 +31,9 @@ POST carries one message: a notification or response is accepted with 202; a req
 answered with its response as ``application/json`` when the response is the first thing to
 come, or as an SSE stream when something (progress, a server→client request) comes first.
 GET opens the session's stream of server-initiated messages. DELETE ends the session. A session
-with no request and no open stream for its service's idle timeout ends, with its container.
+with no request and no open stream for its service's idle timeout ends, with its container: the
+session's machine keeps that clock (the client's lease, protocol/client_lease.py), told by the
+channel when requests and streams open and close.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class HttpSessions:
             inbox_bytes=limits.buffer_to_server_bytes,
             buffer_bytes=limits.buffer_to_client_bytes,
             backlog_bytes=limits.buffer_to_client_bytes,
+            lease_seconds=self.fabric.session_idle_seconds(service),
         )
         session = HttpSession(
             new_session_id(self.fabric.replica),
@@ -166,20 +169,21 @@ class HttpSessions:
 
     async def _run_session(self, session: HttpSession) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._expire, session)
-                await serve_session(
-                    self.fabric,
-                    session.channel,
-                    session.service,
-                    session.query_mounts,
-                    session_id=session.id,
-                    transport="streamable-http",
-                    query=session.query,
-                    client=session.client,
-                    traceparent=session.traceparent,
-                )
-                nursery.cancel_scope.cancel()
+            # The session's machine ends it when its client stays away too long (its lease:
+            # protocol/client_lease.py), told by the channel when requests and streams open
+            # and close.
+            await serve_session(
+                self.fabric,
+                session.channel,
+                session.service,
+                session.query_mounts,
+                session_id=session.id,
+                transport="streamable-http",
+                query=session.query,
+                client=session.client,
+                traceparent=session.traceparent,
+                lease=session.channel,
+            )
         finally:
             self.by_id.pop(session.id, None)
             if (
@@ -190,24 +194,6 @@ class HttpSessions:
             with trio.CancelScope(shield=True):
                 await session.channel.close(1000, "session ended")
             session.ended.set()
-
-    async def _expire(self, session: HttpSession) -> None:
-        """End the session once it had no request and no open stream for its idle timeout."""
-        idle = self.fabric.session_idle_seconds(session.service)
-        channel = session.channel
-        while True:
-            deadline = channel.last_activity + idle
-            if trio.current_time() < deadline:
-                await trio.sleep_until(deadline)
-                continue
-            if channel.busy:
-                channel.touch()
-                continue
-            log.info(
-                "http_session_expired", extra={"session": session.id, "service": session.service}
-            )
-            await channel.close(1000, "expired")
-            return
 
     async def terminate(self, session: HttpSession) -> None:
         await session.channel.close(1000, "deleted by the client")
@@ -431,7 +417,6 @@ async def _answer(
     the stream's extra writes (the client accepts both; the choice is the server's, per
     request).
     """
-    channel = session.channel
     session_header = [(SESSION_HEADER, session.id.encode())]
     first = await next_frame(exchange, waiter.queue)
     if first is None:
@@ -440,14 +425,12 @@ async def _answer(
         error = InvalidRequest("the session ended before answering", reason=SESSION_ENDED)
         await exchange.respond(404, error_response(request_id, error), headers=session_header)
         return
-    channel.touch()
     if first is waiter.response:
         await exchange.respond(200, first, headers=session_header)
         return
     await exchange.start(200, _event_stream_headers(session.id))
     await exchange.send(sse_event(first))
     while (frame := await next_frame(exchange, waiter.queue)) is not None:
-        channel.touch()
         await exchange.send(sse_event(frame))
     await exchange.end()
 
@@ -500,7 +483,7 @@ async def _get(
         return
     channel = session.channel
     await exchange.start(200, _event_stream_headers(session.id))
-    channel.open_streams += 1
+    channel.stream_opened()
     try:
         async with trio.open_nursery() as nursery:
 
@@ -512,8 +495,7 @@ async def _get(
             await _pump_backlog(exchange, channel)
             nursery.cancel_scope.cancel()
     finally:
-        channel.open_streams -= 1
-        channel.touch()
+        channel.stream_closed()
     if not exchange.disconnected.is_set():
         await exchange.end()
 
@@ -531,5 +513,4 @@ async def _pump_backlog(exchange: HttpExchange, channel: HttpChannel) -> None:
             await exchange.send(b": keepalive\n\n")
             continue
         assert frame is not None
-        channel.touch()
         await exchange.send(sse_event(frame))

@@ -21,6 +21,7 @@ from reactor_fabric.protocol.events import (
     BackendLine,
     BackendStarted,
     BackendStartFailed,
+    ClientActivity,
     ClientFrame,
     ClientGone,
     ClientRegistered,
@@ -1531,3 +1532,31 @@ def test_a_refresh_is_a_compute_and_its_result_comes_back_as_computed() -> None:
     assert isinstance(compute, Compute)
     assert feed(server, Computed(compute.job, "not a refresh's result")) == []  # failed: kept
     assert server.catalog.tool("time__get_current_time") is not None
+
+
+def test_a_client_with_nothing_open_is_closed_when_its_lease_runs_out() -> None:
+    clock = Clock()  # at 100
+    server = session(clock=clock, client_lease=120.0)
+    feed(server, ClientActivity(busy=False))  # the initialize's POST was answered, at 100
+    assert server.deadline == 220.0
+    clock.now = 219.0
+    assert tick(server) == []
+    clock.now = 220.0
+    assert tick(server) == [
+        Log("info", "http_session_expired", {"idle_seconds": 120.0}),
+        CloseClient(1000, "expired"),
+    ]
+    clock.now = 500.0
+    assert tick(server) == []  # once: the close ends the session as a client gone does
+
+
+def test_a_client_with_a_stream_open_keeps_its_session_and_backend_lines_push_the_lease() -> None:
+    clock = Clock()
+    server = session(clock=clock, client_lease=120.0)
+    feed(server, ClientActivity(busy=True))  # a GET stream is open
+    assert server.deadline is None
+    feed(server, ClientActivity(busy=False))
+    clock.now = 150.0
+    call(server, 2, "time__get_current_time")
+    ready(server, "time")  # the backend's line at 150
+    assert server.lease.deadline == 270.0

@@ -420,6 +420,24 @@ async def test_over_streamable_http_a_session_is_kept_by_its_id_and_deleted(
         assert http.runtime.alive == []
 
 
+async def test_over_streamable_http_a_session_left_alone_ends_after_its_longest_idle_timeout(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        opened = await http.post(INITIALIZE, path="/mcp")
+        session = opened.session
+        await http.post(INITIALIZED, session=session, path="/mcp")
+        called = await http.post(tool_call(2, "alpha__echo", x=1), session=session, path="/mcp")
+        assert called.json()["id"] == 2
+        await trio.sleep(119)  # beta's two minutes are the fabric session's: alpha's 30 s not
+        assert http.fabric.session_count == 1
+        assert http.runtime.alive == []  # alpha's container went at its own idle timeout
+        await trio.sleep(2)
+        assert http.fabric.session_count == 0
+        gone = await http.post(tool_call(3, "alpha__echo"), session=session, path="/mcp")
+        assert gone.status == 404
+
+
 async def test_a_stateless_client_uses_the_keyed_url(tmp_path: Path) -> None:
     async with fabric_served(tmp_path) as http:
         bare = await http.post(request(1, "server/discover"), path="/mcp")

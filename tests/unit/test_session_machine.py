@@ -19,12 +19,14 @@ from reactor_fabric.protocol.events import (
     BackendLine,
     BackendStarted,
     BackendStartFailed,
+    ClientActivity,
     ClientFrame,
     ClientGone,
     ClientRegistered,
     CloseClient,
     EndSession,
     Event,
+    Log,
     Shutdown,
     StartBackend,
     StdinWritten,
@@ -54,13 +56,16 @@ def response(request_id: Any, result: Any = None) -> dict[str, Any]:
 class Run:
     """A machine, the test's clock, and every action it asked for."""
 
-    def __init__(self, *, idle: float = 60.0, to_server_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self, *, idle: float = 60.0, to_server_bytes: int = 1 << 20, lease: float | None = None
+    ) -> None:
         self.now = 0.0
         self.machine = SessionMachine(
             service_name="svc",
             idle_timeout=idle,
             limits=SessionLimits(to_server_bytes=to_server_bytes, replay_timeout=30.0),
             now=0.0,
+            client_lease=lease,
         )
         self.actions: list[Action] = []
         self.reported: dict[int, int] = {}  # bytes reported written, per container
@@ -575,3 +580,48 @@ def test_the_deadline_is_none_without_an_idle_timeout() -> None:
     run = Run(idle=math.inf)
     run.handshake()
     assert run.machine.deadline is None
+
+
+EXPIRED = [
+    Log("info", "http_session_expired", {"idle_seconds": 30.0}),
+    CloseClient(1000, "expired"),
+]
+
+
+def test_a_client_with_nothing_open_is_closed_when_its_lease_runs_out() -> None:
+    run = Run(lease=30.0, idle=math.inf)
+    run.handshake()
+    run.do(ClientActivity(busy=False))  # its last POST was answered, at 0
+    assert run.machine.deadline == 30.0
+    assert run.at(29.9) == []
+    assert run.at(30.0) == EXPIRED
+    assert run.at(90.0) == []  # once: the close ends the session as a client gone does
+
+
+def test_a_client_with_a_request_or_stream_open_keeps_its_session_however_long() -> None:
+    run = Run(lease=30.0, idle=math.inf)
+    run.handshake()
+    run.do(ClientActivity(busy=True))  # a GET stream is open
+    assert run.machine.deadline is None
+    assert run.at(1000.0) == []
+    run.do(ClientActivity(busy=False))  # the stream closed, at 1000: the lease starts again
+    assert run.at(1029.0) == []
+    assert run.at(1030.0) == EXPIRED
+
+
+def test_messages_either_way_push_the_lease_back() -> None:
+    run = Run(lease=30.0, idle=math.inf)
+    run.handshake()
+    run.now = 20.0
+    run.client(request(2, "tools/list"))
+    run.now = 25.0
+    run.server(0, response(2))  # answered at 25
+    assert run.machine.deadline == 55.0
+
+
+def test_a_client_without_a_lease_is_never_closed_for_staying_away() -> None:
+    run = Run(idle=math.inf)  # a WebSocket: the connection is the lease
+    run.handshake()
+    run.do(ClientActivity(busy=False))
+    assert run.machine.deadline is None
+    assert run.at(10_000.0) == []
