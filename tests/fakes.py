@@ -212,14 +212,12 @@ async def _call_tool(
         await trio.sleep(arguments.get("seconds", 3600))
         await _answer(container, message["id"], {"content": []})
     elif name == "flood":
-        # One line longer than any sane limit, written in pieces like a real process would.
-        piece = b"x" * 65536
-        await container.write_stdout(
-            b'{"jsonrpc":"2.0","id":' + json.dumps(message["id"]).encode() + b',"result":{"text":"'
+        await _flood(
+            container,
+            message["id"],
+            pieces=arguments.get("pieces", 4),
+            late=bool(arguments.get("late")),
         )
-        for _ in range(arguments.get("pieces", 4)):
-            await container.write_stdout(piece)
-        await container.write_stdout(b'"}}\n')
     elif name == "crash":
         await container.write_stderr(b"fatal: asked to crash\n")
         await container.exit(3)
@@ -255,6 +253,21 @@ async def _call_tool(
             }
             await container.write_stdout(json.dumps(note).encode() + b"\n")
         await _answer(container, message["id"], {"content": []})
+
+
+async def _flood(container: MemoryServer, request_id: Any, *, pieces: int, late: bool) -> None:
+    """One line longer than any sane limit, written in pieces like a real process would; with
+    ``late``, after answering the call (a notification nobody waits for)."""
+    piece = b"x" * 65536
+    if late:
+        await _answer(container, request_id, {"content": []})
+        await container.write_stdout(b'{"jsonrpc":"2.0","method":"x","params":{"text":"')
+    else:
+        head = b'{"jsonrpc":"2.0","id":' + json.dumps(request_id).encode()
+        await container.write_stdout(head + b',"result":{"text":"')
+    for _ in range(pieces):
+        await container.write_stdout(piece)
+    await container.write_stdout(b'"}}\n')
 
 
 def _text(text: str) -> dict[str, Any]:

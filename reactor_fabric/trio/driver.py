@@ -169,6 +169,7 @@ class SessionDriver:
         self.metrics = host.observer.metrics
         self._fields: dict[str, Any] = {"session": record.id, "service": endpoint}
         self._live: dict[BackendKey, LiveContainer] = {}
+        self._stopping: set[BackendKey] = set()  # asked to stop; their removal may not run yet
         # The latest container of each service, while it runs: whom a call's record names.
         self._latest: dict[str, LiveContainer] = {}
         self._nursery: trio.Nursery | None = None
@@ -391,21 +392,21 @@ class SessionDriver:
         finally:
             live.reading_stdout = False
             live.stdout_done.set()
-        if live.removing:
+        if live.removing or key in self._stopping:
             return  # stopped on purpose; the machine knows
         if broken is not None:
             await self._feed(BackendBroken(key, OUTPUT_INVALID, broken))
         else:
             exit_code, oom = await self.host.exit_status(live, self._fields_of(key.service))
             await self._feed(BackendExited(key, exit_code, oom, tuple(live.stderr_tail)))
-        if not live.removing:
-            # A backend the machine no longer counted on: done all the same.
-            self._stop(StopBackend(key, EXITED, graceful=False))
+        # A backend the machine no longer counted on: done all the same.
+        self._stop(StopBackend(key, EXITED, graceful=False))
 
     def _stop(self, action: StopBackend) -> None:
         live = self._live.get(action.key)
-        if live is None or live.removing:
-            return
+        if live is None or action.key in self._stopping:
+            return  # the first stop's reason is the one recorded
+        self._stopping.add(action.key)
         live.stop_reason, live.stop_graceful = action.reason, action.graceful
         live.queue.clear()  # what waits for its stdin is dropped now, not when removal ends
         if self._latest.get(action.key.service) is live:
@@ -416,6 +417,7 @@ class SessionDriver:
     async def _remove(self, key: BackendKey, live: LiveContainer) -> None:
         def forget() -> None:
             self._live.pop(key, None)
+            self._stopping.discard(key)
             if self._latest.get(key.service) is live:
                 del self._latest[key.service]
 

@@ -1,39 +1,24 @@
-"""One relay session on trio: the driver of the pure session state machine.
+"""A client session on trio, for both endpoints: its first message, its admission, its
+machine, and a crash contained.
 
-See :class:`~reactor_fabric.protocol.session.SessionMachine`.
-
-The machine decides; this module moves bytes and runs the machine's actions. The data path is a
-straight walk:
-
-- client → container: the client reader receives a frame, feeds it to the machine, and the
-  machine's ``WriteStdin`` lands in the container's stdin queue, which exactly one writer task
-  drains (several queued lines leave in one write);
-- container → client: the container's stdout reader splits lines, feeds each to the machine, and
-  sends what the machine returns to the client channel (whose transport has its own single
-  writer).
-
-Ownership tree of a session (all in the session's nursery)::
+:func:`serve_session` runs the admission's steps (:mod:`reactor_fabric.policy.admission`
+decides; the mounts' validation and the capacity's count are the I/O done here), answers a
+refusal and closes, or builds the session's machine — the relay's
+:class:`~reactor_fabric.protocol.session.SessionMachine` or the fabric endpoint's
+:class:`~reactor_fabric.protocol.fabric_server.FabricServer` — and hands it to the one driver
+(:class:`~reactor_fabric.trio.driver.SessionDriver`), which moves the bytes::
 
     serve_session
-    └── SessionDriver.run
-        ├── _read_client          client frames → machine (paused while the machine's buffer
-        │                         for the container is full)
-        ├── DeadlineTimer.run     a Tick at the machine's next deadline (idle, expiries)
-        ├── _watch_shutdown       the orchestrator stopping → Shutdown
-        ├── _spawn(seq)           one per container start
-        └── per container: _write_stdin, _read_stdout, _read_stderr, and _stop when asked
+    └── SessionDriver.run       (see trio/driver.py for its tasks)
 
-Resource handling: leaving the session's nursery for any reason (client gone, error,
-cancellation, shutdown) removes every container the session still has, in a ``finally`` that is
-shielded and bounded in time; a container whose start was in flight is removed by the runtime
-(see :mod:`reactor_fabric.runtime.base`).
+Resource handling: the session is registered with the orchestrator from its admission to its
+end (``finally``); the driver removes its containers, shielded and bounded.
 
 Error handling: :func:`serve_session` never raises except :class:`trio.Cancelled`. What a client
 or a container does is answered as the machine decides; anything unexpected (a bug) is logged
-with its traceback, the client is told with a JSON-RPC error and the connection closed — other
-sessions never notice.
+with its traceback, every request the session owed is answered with a JSON-RPC error and the
+connection closed — other sessions never notice.
 """
-
 from __future__ import annotations
 
 import logging
@@ -73,14 +58,6 @@ CLOSE_NORMAL = 1000
 CLOSE_INTERNAL_ERROR = 1011
 # How long a fabric-endpoint session that opens while the catalog is still being learned waits.
 CATALOG_WAIT_SECONDS = 30.0
-
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-
 
 async def serve_session(
     fabric: Fabric,

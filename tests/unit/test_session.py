@@ -377,6 +377,20 @@ async def test_a_server_message_over_the_size_limit_replaces_the_container_with_
         assert (await h.call(3, "echo"))["id"] == 3  # a fresh container serves the next one
 
 
+async def test_a_container_replaced_for_its_output_is_recorded_as_removed_for_that_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with running_session(tmp_path, max_message="64k") as h:
+        await h.handshake()
+        with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.containers"):
+            # (answered first: when the line breaks nothing is owed, so no answer goes out
+            # between the machine's stop and the driver noticing the output ended)
+            assert (await h.call(2, "flood", pieces=2, late=True))["result"] == {"content": []}
+            await trio.testing.wait_all_tasks_blocked()
+        removed = [r for r in caplog.records if r.getMessage() == "container_removed"]
+        assert [r.__dict__["why"] for r in removed] == ["container_output_invalid"]
+
+
 @pytest.mark.parametrize(
     ("error", "code", "reason"),
     [
