@@ -144,6 +144,15 @@ class ToolCallDone:
         return self._call
 
     @property
+    def service(self) -> str | None:
+        """The call's service on the fabric endpoint (None on the relay), without reading
+        its outcome."""
+        if self._call is not None:
+            return self._call.service
+        assert self._answer is not None
+        return self._answer.call.service
+
+    @property
     def held_bytes(self) -> int:
         """The bytes of an answer still held for reading its outcome (0 once read)."""
         return len(self._answer.frame) if self._answer is not None else 0

@@ -259,5 +259,5 @@ class ContainerHost:
     ) -> None:
         await remove_container(self._fabric, live, fields, forget=forget)
 
-    def audit(self, call: ToolCall, *, service: str, live: LiveContainer | None) -> None:
+    def audit(self, call: ToolCallDone, *, service: str, live: LiveContainer | None) -> None:
         audit_call(self._fabric, self._record, call, service=service, live=live)

@@ -84,7 +84,6 @@ from ..protocol.events import (
 from ..protocol.fabric_refresh import ToolChanges
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
-from ..protocol.tool_calls import ToolCall
 from ..runtime.base import Container
 from .channel import ChannelClosed, ClientChannel, LeasedClient
 from .fabric import SessionRecord
@@ -138,8 +137,9 @@ class SessionHost(Protocol):
     ) -> None:
         """Stop and remove it (shielded, bounded, once); ``forget`` runs before waiters wake."""
 
-    def audit(self, call: ToolCall, *, service: str, live: LiveContainer | None) -> None:
-        """One finished tool call into the audit trail and the metrics."""
+    def audit(self, call: ToolCallDone, *, service: str, live: LiveContainer | None) -> None:
+        """One finished tool call into the audit trail and the metrics (its outcome read
+        when the record is made, not before)."""
 
 
 class SessionDriver:
@@ -211,8 +211,8 @@ class SessionDriver:
                 case EndSession():
                     nursery.cancel_scope.cancel()
                 case ToolCallDone():
-                    # The call's outcome is read now, after its answer went out.
-                    self._audit(action.call)
+                    # Its outcome is read later, off this path (see ToolCallDone).
+                    self._audit(action)
                 case Compute():
                     nursery.start_soon(self._compute, action)
                 case ToolsChanged(changes=changes):
@@ -223,9 +223,9 @@ class SessionDriver:
             return self._fields
         return {**self._fields, "backend": service}
 
-    def _audit(self, call: ToolCall) -> None:
-        service = call.service or self.endpoint
-        self.host.audit(call, service=service, live=self._latest.get(service))
+    def _audit(self, done: ToolCallDone) -> None:
+        service = done.service or self.endpoint
+        self.host.audit(done, service=service, live=self._latest.get(service))
 
     def _log(self, action: Log) -> None:
         log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})
@@ -288,7 +288,7 @@ class SessionDriver:
             # Calls the machine never saw end (the session was cancelled): no answer.
             for action in self.machine.abandon(trio.current_time()):
                 if isinstance(action, ToolCallDone):
-                    self._audit(action.call)
+                    self._audit(action)
             with trio.move_on_at(self.host.teardown_deadline()) as scope:
                 scope.shield = True
                 async with trio.open_nursery() as cleanup:

@@ -19,6 +19,7 @@ import trio.testing
 from reactor_fabric import ContainerStartFailure, DockerUnavailable, SecurityViolation
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
+from reactor_fabric.trio import containers as containers_module
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import (
@@ -375,6 +376,25 @@ async def test_a_server_message_over_the_size_limit_replaces_the_container_with_
         await trio.testing.wait_all_tasks_blocked()
         assert h.engine.alive == []
         assert (await h.call(3, "echo"))["id"] == 3  # a fresh container serves the next one
+
+
+async def test_a_relayed_calls_outcome_is_handed_to_the_audit_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The answer goes out first; reading what it says is left to the audit's own time (with
+    # the audit batched, off the answer's path), never done by the driver on the way.
+    handed: list[int] = []
+
+    def audit_call(*args: Any, **_kwargs: Any) -> None:
+        handed.append(args[2].held_bytes)
+
+    monkeypatch.setattr(containers_module, "audit_call", audit_call)
+    async with running_session(tmp_path) as h:
+        await h.handshake()
+        assert "result" in await h.call(2, "echo")
+        await trio.testing.wait_all_tasks_blocked()
+    assert len(handed) == 1
+    assert handed[0] > 0  # the answer's bytes, still held: its outcome not read yet
 
 
 async def test_a_container_replaced_for_its_output_is_recorded_as_removed_for_that_reason(
