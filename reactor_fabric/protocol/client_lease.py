@@ -2,9 +2,10 @@
 
 Over Streamable HTTP nothing is connected between requests: a client that stops sending simply
 never comes back. Its session holds its containers until the lease runs out — ``seconds`` with
-no message either way, no request awaiting its answer and no stream open (``busy``, as the
-transport tells with :class:`~.events.ClientActivity`). A WebSocket's connection is its own
-lease (``seconds`` None): its session ends when the connection does.
+no message either way and nothing else from the client (:class:`~.events.ClientActivity`: a
+stream opened or closed, or a request or stream still open when the lease comes due, which the
+driver asks the transport then, so that no call pays for telling it). A WebSocket's connection
+is its own lease (``seconds`` None): its session ends when the connection does.
 
 Both session machines keep one and take its deadline into theirs; when it runs out they close
 the client (which ends the session as a client gone does).
@@ -25,20 +26,15 @@ EXPIRED_EVENT = "http_session_expired"
 class ClientLease:
     seconds: float | None
     active_at: float
-    busy: bool = False
     expired: bool = False
 
     def touch(self, now: float) -> None:
-        """A message went either way."""
-        self.active_at = now
-
-    def activity(self, busy: bool, now: float) -> None:
-        self.busy = busy
+        """A message went either way, or the client showed it is there."""
         self.active_at = now
 
     @property
     def deadline(self) -> float | None:
-        if self.seconds is None or self.busy or self.expired:
+        if self.seconds is None or self.expired:
             return None
         return self.active_at + self.seconds
 
@@ -55,4 +51,4 @@ class ClientLease:
 
     def state(self) -> tuple[object, ...]:
         """For a machine's fingerprint."""
-        return (self.seconds, self.active_at, self.busy, self.expired)
+        return (self.seconds, self.active_at, self.expired)

@@ -83,10 +83,9 @@ class ClientRegistered:
 
 @dataclass(frozen=True, slots=True)
 class ClientActivity:
-    """The transport's view of a client that may leave without saying so (Streamable HTTP)
-    changed, now: whether a request or a stream of the client's is still open (``busy``)."""
-
-    busy: bool
+    """A client that may leave without saying so (Streamable HTTP) did something the machine
+    does not see, now: a stream opened or closed, or a request or stream of its is still open
+    when its lease comes due."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,8 +187,8 @@ class FabricServer(FabricRouter):
             case ClientFrame(frame=frame):
                 self.lease.touch(now)
                 actions = self._client_frame(frame)
-            case ClientActivity(busy=busy):
-                self.lease.activity(busy, now)
+            case ClientActivity():
+                self.lease.touch(now)
             case ClientRegistered():
                 pass  # backends start when a call needs them
             case ClientGone():

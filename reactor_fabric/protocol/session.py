@@ -352,8 +352,8 @@ class SessionMachine:
             return []
         return [self._spawn()]
 
-    def _client_activity(self, event: ClientActivity, now: float) -> list[Action]:
-        self.lease.activity(event.busy, now)
+    def _client_activity(self, _event: ClientActivity, now: float) -> list[Action]:
+        self.lease.touch(now)
         return []
 
     def _computed(self, _event: Computed, _now: float) -> list[Action]:

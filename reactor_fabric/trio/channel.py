@@ -89,6 +89,10 @@ class LeasedClient(Protocol):
     def lease_seconds(self) -> float | None:
         """How long the client may stay away with nothing open (None: for ever)."""
 
-    async def activity_changed(self) -> bool:
-        """Wait until a request or stream of the client's opened or closed; whether any is
-        open now."""
+    @property
+    def busy(self) -> bool:
+        """Whether a request or a stream of the client's is open now."""
+
+    async def streams_changed(self) -> None:
+        """Wait until a stream of the client's opened or closed (several changes are told as
+        one)."""

@@ -173,7 +173,7 @@ class SessionDriver:
         # The latest container of each service, while it runs: whom a call's record names.
         self._latest: dict[str, LiveContainer] = {}
         self._nursery: trio.Nursery | None = None
-        self._timer = DeadlineTimer(lambda: machine.deadline, lambda: self._feed(Tick()))
+        self._timer = DeadlineTimer(lambda: machine.deadline, self._tick)
         self._accepting = trio.Event()
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
@@ -328,8 +328,14 @@ class SessionDriver:
 
     async def _watch_lease(self, lease: LeasedClient) -> None:
         while True:
-            busy = await lease.activity_changed()
-            await self._feed(ClientActivity(busy))
+            await lease.streams_changed()
+            await self._feed(ClientActivity())
+
+    async def _tick(self) -> None:
+        if self.lease is not None and self.lease.busy:
+            # (asked now rather than told at every request: a lease comes due rarely)
+            await self._feed(ClientActivity())
+        await self._feed(Tick())
 
     # --- backends -----------------------------------------------------------------------------
 

@@ -128,8 +128,7 @@ class HttpChannel:
     def __post_init__(self) -> None:
         self._inbox = FrameQueue(self.inbox_bytes)
         self.backlog = FrameQueue(self.backlog_bytes)
-        self._activity = trio.Event()
-        self._was_busy = False
+        self._streams_changed = trio.Event()
         self._live_waiters = 0  # POSTs registered and still waiting (their client is there)
 
     # --- the session's side (ClientChannel) -------------------------------------------------
@@ -151,7 +150,6 @@ class HttpChannel:
             if waiter is not None:
                 if not waiter.gone:  # else its client hung up: nobody can read this answer
                     self._live_waiters -= 1
-                    self._note_activity()
                     waiter.response = frame
                     await waiter.queue.put(frame)
                     waiter.queue.close()
@@ -204,7 +202,6 @@ class HttpChannel:
             self._live_waiters -= not previous.gone
         self._waiters[request_id] = waiter
         self._live_waiters += 1
-        self._note_activity()
         return waiter
 
     def abandon(self, waiter: Waiter) -> None:
@@ -218,7 +215,6 @@ class HttpChannel:
             self._live_waiters -= 1
         waiter.gone = True
         waiter.queue.close()
-        self._note_activity()
 
     async def submit(self, frame: bytes) -> None:
         """Hand a client message to the session (waits while the session's inbox is full);
@@ -233,23 +229,15 @@ class HttpChannel:
 
     def stream_opened(self) -> None:
         self.open_streams += 1
-        self._note_activity(always=True)
+        self._streams_changed.set()
 
     def stream_closed(self) -> None:
         self.open_streams -= 1
-        self._note_activity(always=True)
+        self._streams_changed.set()
 
-    def _note_activity(self, *, always: bool = False) -> None:
-        """Tell the session (:meth:`activity_changed`) when the client's business changed:
-        whenever it went from busy to not or back, and when a stream opened or closed."""
-        busy = self.busy
-        if always or busy != self._was_busy:
-            self._was_busy = busy
-            self._activity.set()
-
-    async def activity_changed(self) -> bool:
-        """Wait until the client's business changed (several changes are told as one);
-        whether a request or stream of the client's is open now."""
-        await self._activity.wait()
-        self._activity = trio.Event()
-        return self.busy
+    async def streams_changed(self) -> None:
+        """Wait until a stream opened or closed (several changes are told as one). Requests
+        are not told: the session sees their messages, and asks :attr:`busy` when the
+        client's lease comes due."""
+        await self._streams_changed.wait()
+        self._streams_changed = trio.Event()

@@ -19,6 +19,7 @@ or a container does is answered as the machine decides; anything unexpected (a b
 with its traceback, every request the session owed is answered with a JSON-RPC error and the
 connection closed — other sessions never notice.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,6 +59,7 @@ CLOSE_NORMAL = 1000
 CLOSE_INTERNAL_ERROR = 1011
 # How long a fabric-endpoint session that opens while the catalog is still being learned waits.
 CATALOG_WAIT_SECONDS = 30.0
+
 
 async def serve_session(
     fabric: Fabric,

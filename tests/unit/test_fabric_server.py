@@ -1536,8 +1536,7 @@ def test_a_refresh_is_a_compute_and_its_result_comes_back_as_computed() -> None:
 
 def test_a_client_with_nothing_open_is_closed_when_its_lease_runs_out() -> None:
     clock = Clock()  # at 100
-    server = session(clock=clock, client_lease=120.0)
-    feed(server, ClientActivity(busy=False))  # the initialize's POST was answered, at 100
+    server = session(clock=clock, client_lease=120.0)  # initialized at 100
     assert server.deadline == 220.0
     clock.now = 219.0
     assert tick(server) == []
@@ -1550,12 +1549,12 @@ def test_a_client_with_nothing_open_is_closed_when_its_lease_runs_out() -> None:
     assert tick(server) == []  # once: the close ends the session as a client gone does
 
 
-def test_a_client_with_a_stream_open_keeps_its_session_and_backend_lines_push_the_lease() -> None:
+def test_a_client_showing_it_is_there_and_backend_lines_push_the_lease_back() -> None:
     clock = Clock()
     server = session(clock=clock, client_lease=120.0)
-    feed(server, ClientActivity(busy=True))  # a GET stream is open
-    assert server.deadline is None
-    feed(server, ClientActivity(busy=False))
+    clock.now = 140.0
+    feed(server, ClientActivity())  # a stream opened, at 140
+    assert server.deadline == 260.0
     clock.now = 150.0
     call(server, 2, "time__get_current_time")
     ready(server, "time")  # the backend's line at 150

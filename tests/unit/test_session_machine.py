@@ -590,23 +590,25 @@ EXPIRED = [
 
 def test_a_client_with_nothing_open_is_closed_when_its_lease_runs_out() -> None:
     run = Run(lease=30.0, idle=math.inf)
-    run.handshake()
-    run.do(ClientActivity(busy=False))  # its last POST was answered, at 0
+    run.handshake()  # its last message, at 0
     assert run.machine.deadline == 30.0
     assert run.at(29.9) == []
     assert run.at(30.0) == EXPIRED
     assert run.at(90.0) == []  # once: the close ends the session as a client gone does
 
 
-def test_a_client_with_a_request_or_stream_open_keeps_its_session_however_long() -> None:
+def test_a_client_that_shows_it_is_there_keeps_its_session_however_long() -> None:
     run = Run(lease=30.0, idle=math.inf)
     run.handshake()
-    run.do(ClientActivity(busy=True))  # a GET stream is open
-    assert run.machine.deadline is None
-    assert run.at(1000.0) == []
-    run.do(ClientActivity(busy=False))  # the stream closed, at 1000: the lease starts again
-    assert run.at(1029.0) == []
-    assert run.at(1030.0) == EXPIRED
+    for due in (30.0, 60.0, 90.0):  # at each due time a stream of its is still open
+        assert run.machine.deadline == due
+        run.now = due
+        run.do(ClientActivity())  # (the driver asks the transport before the Tick)
+        assert run.at(due) == []
+    run.now = 100.0
+    run.do(ClientActivity())  # the stream closed, at 100: the lease starts again
+    assert run.at(129.0) == []
+    assert run.at(130.0) == EXPIRED
 
 
 def test_messages_either_way_push_the_lease_back() -> None:
@@ -622,6 +624,6 @@ def test_messages_either_way_push_the_lease_back() -> None:
 def test_a_client_without_a_lease_is_never_closed_for_staying_away() -> None:
     run = Run(idle=math.inf)  # a WebSocket: the connection is the lease
     run.handshake()
-    run.do(ClientActivity(busy=False))
+    run.do(ClientActivity())
     assert run.machine.deadline is None
     assert run.at(10_000.0) == []

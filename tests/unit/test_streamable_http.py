@@ -408,6 +408,19 @@ async def test_an_http_session_without_traffic_ends_at_its_services_idle_timeout
         assert (await http.post(request(2, "tools/list"), session=session)).status == 404
 
 
+async def test_a_request_longer_than_the_idle_timeout_keeps_its_http_session(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with served(tmp_path, idle_timeout="30s") as http:
+        session = await open_session(http)
+        answer = await http.post(call(2, "wait", seconds=100), session=session)
+        assert answer.status == 200
+        assert answer.json()["result"] == {"content": []}
+        assert http.fabric.session_count == 1
+        await trio.sleep(31)  # then, left alone, it ends
+        assert http.fabric.session_count == 0
+
+
 async def test_an_open_get_stream_keeps_the_http_session_but_not_its_idle_container(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
