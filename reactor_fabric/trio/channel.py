@@ -7,8 +7,7 @@ implement it; the one session driver (:mod:`.driver`) uses it, for both endpoint
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import trio
@@ -26,18 +25,6 @@ class ChannelClosed(Exception):
 _CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
 
 
-@contextmanager
-def client_gone_as_channel_closed() -> Iterator[None]:
-    """Around a channel's ``send`` and ``close``: trio's exceptions for a broken or closed
-    stream become :class:`ChannelClosed`, so that what a session catches does not depend on
-    the transport (nor on trio's names for it). Anything else goes through unchanged: it is a
-    bug, for the session's crash path to report."""
-    try:
-        yield
-    except _CLIENT_GONE as exc:
-        raise ChannelClosed(str(exc) or type(exc).__name__) from exc
-
-
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _Self = TypeVar("_Self")
@@ -46,13 +33,15 @@ _Self = TypeVar("_Self")
 def channel_boundary(
     method: Callable[Concatenate[_Self, _P], Awaitable[_T]],
 ) -> Callable[Concatenate[_Self, _P], Coroutine[Any, Any, _T]]:
-    """A channel's ``send`` or ``close`` run inside :func:`client_gone_as_channel_closed`."""
+    """Around a channel's ``send`` or ``close``: trio's exceptions for a broken or closed
+    stream become :class:`ChannelClosed`, so that what a session catches does not depend on the
+    transport (nor on trio's names for it). Anything else goes through unchanged: it is a bug,
+    for the session's crash path to report."""
 
     @functools.wraps(method)
     async def translated(self: _Self, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        # The same translation as client_gone_as_channel_closed, spelled out: this is every
-        # message's path, and a try costs nothing until it catches (a generator-based context
-        # manager costs a generator per message).
+        # A plain try: this is every message's path, and a try costs nothing until it catches
+        # (a generator-based context manager would cost a generator per message).
         try:
             return await method(self, *args, **kwargs)
         except _CLIENT_GONE as exc:
@@ -68,7 +57,7 @@ class ClientChannel(Protocol):
     raises :class:`ChannelClosed` once the client is gone, and so may ``close`` (closing a
     channel closed already is no error). No other exception of the transport's comes out of
     either: implementations translate them at this boundary
-    (:func:`client_gone_as_channel_closed`). ``message`` is the frame's envelope when the relay
+    (:func:`channel_boundary`). ``message`` is the frame's envelope when the relay
     has peeked at it already.
     """
 

@@ -129,7 +129,6 @@ class HttpChannel:
         self._inbox = FrameQueue(self.inbox_bytes)
         self.backlog = FrameQueue(self.backlog_bytes)
         self._streams_changed = trio.Event()
-        self._live_waiters = 0  # POSTs registered and still waiting (their client is there)
 
     # --- the session's side (ClientChannel) -------------------------------------------------
 
@@ -149,7 +148,6 @@ class HttpChannel:
             waiter = self._waiters.pop(message.id, None)
             if waiter is not None:
                 if not waiter.gone:  # else its client hung up: nobody can read this answer
-                    self._live_waiters -= 1
                     waiter.response = frame
                     await waiter.queue.put(frame)
                     waiter.queue.close()
@@ -178,7 +176,6 @@ class HttpChannel:
         for waiter in self._waiters.values():
             waiter.queue.close()
         self._waiters.clear()
-        self._live_waiters = 0
         self.backlog.close()
         await trio.lowlevel.checkpoint()
 
@@ -199,9 +196,7 @@ class HttpChannel:
         previous = self._waiters.pop(request_id, None)
         if previous is not None:
             previous.queue.close()
-            self._live_waiters -= not previous.gone
         self._waiters[request_id] = waiter
-        self._live_waiters += 1
         return waiter
 
     def abandon(self, waiter: Waiter) -> None:
@@ -211,8 +206,6 @@ class HttpChannel:
         answer is recognised and dropped instead of being parked for nobody (there are at most
         as many as the session has requests in flight).
         """
-        if not waiter.gone and self._waiters.get(waiter.request_id) is waiter:
-            self._live_waiters -= 1
         waiter.gone = True
         waiter.queue.close()
 
@@ -224,8 +217,10 @@ class HttpChannel:
 
     @property
     def busy(self) -> bool:
-        """Whether a POST or GET is still being served (the session must not expire)."""
-        return self.open_streams > 0 or self._live_waiters > 0
+        """Whether a POST or GET is still being served (the session must not expire). Asked
+        only when the client's lease comes due: a scan of the POSTs waiting is cheaper then
+        than a count kept on every POST."""
+        return self.open_streams > 0 or any(not w.gone for w in self._waiters.values())
 
     def stream_opened(self) -> None:
         self.open_streams += 1

@@ -119,7 +119,7 @@ class _Progress:
 
 
 class _Driver(Protocol):
-    """What both endpoints' session drivers offer the session's lifecycle."""
+    """What the crash path needs of a session's driver (the tests give it one that fails)."""
 
     async def run(self, first_frame: bytes, first: object) -> None: ...
 

@@ -32,8 +32,9 @@ answered with its response as ``application/json`` when the response is the firs
 come, or as an SSE stream when something (progress, a server→client request) comes first.
 GET opens the session's stream of server-initiated messages. DELETE ends the session. A session
 with no request and no open stream for its service's idle timeout ends, with its container: the
-session's machine keeps that clock (the client's lease, protocol/client_lease.py), told by the
-channel when requests and streams open and close.
+session's machine keeps that clock (the client's lease, protocol/client_lease.py): messages
+renew it, the channel tells when a stream opens or closes, and whether anything is still open
+is asked when the lease comes due.
 """
 
 from __future__ import annotations
@@ -170,8 +171,7 @@ class HttpSessions:
     async def _run_session(self, session: HttpSession) -> None:
         try:
             # The session's machine ends it when its client stays away too long (its lease:
-            # protocol/client_lease.py), told by the channel when requests and streams open
-            # and close.
+            # protocol/client_lease.py; see the module docs).
             await serve_session(
                 self.fabric,
                 session.channel,
