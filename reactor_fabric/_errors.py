@@ -18,9 +18,16 @@ Every error the orchestrator raises on purpose derives from :class:`FabricError`
 
 -32001 has one meaning: the engine (or the Kubernetes API) cannot be reached. A server's request
 that the client never answered has its own code, -32006; it goes to the server, never to a
-client. SessionRefused, SessionEnding and SessionCrashed answer -32002 "Container Start Failure"
-on the wire, as the contract has always said for a refused, ended or crashed session, but their
-names say what they are: no container failed.
+client. SessionRefused, SessionEnding and SessionCrashed answer -32002 on the wire, as the
+contract has always said for a refused, ended or crashed session, but their names say what they
+are: no container failed.
+
+**The message is what people read.** Many clients print only an error's ``message`` (Python's
+``str(exc)``, the Inspector, Claude Code), never ``data``. So the message is the title, then the
+reason in words: ``Security Violation: mount '/etc' resolves outside the allowed mount roots``.
+The title is the code's (the founding document's titles), except for the events that title would
+misname (:data:`TITLE_BY_REASON`: a container that started and later died, a shutdown); the code
+stays, since clients test it. ``data.reason`` and ``data.detail`` are what they always were.
 
 Backend errors (docker-py, sockets, YAML) are translated into these at the boundary where they
 happen, so the rest of the code only ever sees this tree. Each carries a stable, machine-readable
@@ -30,7 +37,25 @@ optional ``detail`` fields that end up in the JSON-RPC error's ``data``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+from ._reasons import (
+    BACKEND_LIST_TOO_LARGE,
+    CONNECTION_CLOSED,
+    CONTAINER_EXITED,
+    CONTAINER_OUTPUT_INVALID,
+    CONTAINER_UNRESPONSIVE,
+    INTERNAL_ERROR,
+    KUBERNETES_TIMEOUT,
+    KUBERNETES_UNAVAILABLE,
+    ORCHESTRATOR_STOPPING,
+    ORCHESTRATOR_UNREACHABLE,
+    SESSION_ENDED,
+    SESSION_ENDED_BY_OPERATOR,
+    TOO_MANY_REQUESTS_IN_FLIGHT,
+    TOO_MANY_SESSIONS,
+)
 
 # JSON-RPC 2.0 codes of the product's contract (spec §6).
 DOCKER_UNAVAILABLE = -32001
@@ -44,6 +69,37 @@ NO_ANSWER_FROM_CLIENT = -32006
 # JSON-RPC 2.0 standard codes.
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+
+# The events whose code's title would tell the user something that did not happen: a container
+# that served and then died is no start failure, nor is a refused or ended session, nor a bug.
+# docs/USAGE.md's error table shows the title of every reason (tests/unit/test_errors.py).
+TITLE_BY_REASON: Final[Mapping[str, str]] = {
+    KUBERNETES_UNAVAILABLE: "Kubernetes API Unreachable",
+    KUBERNETES_TIMEOUT: "Kubernetes API Unresponsive",
+    CONTAINER_EXITED: "Container Exited",
+    CONTAINER_OUTPUT_INVALID: "Container Output Invalid",
+    BACKEND_LIST_TOO_LARGE: "Container Output Invalid",
+    CONTAINER_UNRESPONSIVE: "Container Unresponsive",
+    TOO_MANY_SESSIONS: "Too Many Sessions",
+    ORCHESTRATOR_STOPPING: "Orchestrator Stopping",
+    SESSION_ENDED_BY_OPERATOR: "Session Ended by Operator",
+    INTERNAL_ERROR: "Internal Error",
+    ORCHESTRATOR_UNREACHABLE: "Orchestrator Unreachable",
+    CONNECTION_CLOSED: "Connection Closed",
+    SESSION_ENDED: "Session Ended",
+    TOO_MANY_REQUESTS_IN_FLIGHT: "Too Many Requests",
+}
+
+# A message is one line a client prints; the whole sentence stays in data.detail.
+MAX_MESSAGE_CHARS: Final = 400
+
+
+def titled(title: str, text: str) -> str:
+    """``Title: text`` on one line, at most :data:`MAX_MESSAGE_CHARS` characters."""
+    message = f"{title}: {' '.join(text.split())}" if text else title
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 1].rstrip() + "…"
+    return message
 
 
 class FabricError(Exception):
@@ -61,11 +117,17 @@ class FabricError(Exception):
         self.reason = reason
         self.detail = detail
 
+    @property
+    def heading(self) -> str:
+        """The title this error's message starts with (see :data:`TITLE_BY_REASON`)."""
+        return TITLE_BY_REASON.get(self.reason, self.title)
+
     def to_jsonrpc_error(self) -> dict[str, Any]:
-        """The JSON-RPC ``error`` object: documented code and title, reason and detail in data."""
+        """The JSON-RPC ``error`` object: the documented code; the message ``Title: what
+        happened``, read by people; reason and detail in data, read by programs."""
         data: dict[str, Any] = {"reason": self.reason, "detail": str(self)}
         data.update(self.detail)
-        return {"code": self.code, "message": self.title, "data": data}
+        return {"code": self.code, "message": titled(self.heading, str(self)), "data": data}
 
 
 class DockerUnavailable(FabricError):
@@ -82,8 +144,8 @@ class SessionRefused(FabricError):
     """No session now: the orchestrator is at its limit of concurrent sessions
     (``too_many_sessions``) or stopping (``orchestrator_stopping``). Nothing was started.
 
-    -32002 on the wire, with the message "Container Start Failure": the documented contract for a
-    refused session, which clients may already test for.
+    -32002 on the wire: the documented contract for a refused session, which clients may
+    already test for; the message's title says what happened ("Too Many Sessions: …").
     """
 
     code = CONTAINER_START_FAILURE
@@ -94,7 +156,7 @@ class SessionEnding(FabricError):
     """What the requests in flight of a session that must end get: the orchestrator is stopping
     (``orchestrator_stopping``) or an operator ended it (``session_ended_by_operator``).
 
-    -32002 "Container Start Failure" on the wire, as documented (see :class:`SessionRefused`).
+    -32002 on the wire, as documented, with a title of its own (see :class:`SessionRefused`).
     """
 
     code = CONTAINER_START_FAILURE
@@ -105,7 +167,7 @@ class SessionCrashed(FabricError):
     """A bug in the orchestrator ended this session (``internal_error``); it is logged with its
     traceback, and the orchestrator's other sessions go on.
 
-    -32002 "Container Start Failure" on the wire, as documented (see :class:`SessionRefused`).
+    -32002 on the wire, as documented, with a title of its own (see :class:`SessionRefused`).
     """
 
     code = CONTAINER_START_FAILURE

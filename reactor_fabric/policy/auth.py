@@ -121,17 +121,38 @@ def admit(gate: Gate, headers: dict[bytes, str], query: str, path: str) -> Refus
 
 def unauthorized(reason: str) -> Refusal:
     """401, its body a JSON-RPC error (id null): what a client that reads error bodies shows
-    (the MCP SDKs surface a JSON-RPC error found in a non-2xx answer), and readable as it is."""
-    message = "no token" if reason == TOKEN_MISSING else "wrong token"
+    (the MCP SDKs surface a JSON-RPC error found in a non-2xx answer), and readable as it is;
+    its ``WWW-Authenticate`` challenge for the clients that read only that (see
+    :func:`challenge`)."""
+    message = "no token was sent" if reason == TOKEN_MISSING else "the token is wrong"
     error = SecurityViolation(f"{message}. {HOW_TO_AUTHENTICATE}", reason=reason)
-    # RFC 6750: no error code when no credentials came; invalid_token for wrong ones (OAuth
-    # clients such as Claude Code read these attributes).
-    challenge = f'{AUTH_SCHEME} realm="reactor-fabric"'
-    if reason == TOKEN_INVALID:
-        challenge += ', error="invalid_token", error_description="wrong token"'
     return Refusal(
         401,
         reason,
         error_response(None, error),
-        headers=((b"www-authenticate", challenge.encode()),),
+        headers=((b"www-authenticate", challenge(reason).encode()),),
     )
+
+
+# What a 401's challenge tells a client that shows only it (an OAuth-aware client prints the
+# description). A quoted-string of RFC 6750's error_description: printable ASCII without a
+# double quote or a backslash.
+CHALLENGE_DESCRIPTION = (
+    "send the orchestrator's token as Authorization: Bearer TOKEN or ?token=TOKEN; it prints it "
+    "at start-up and keeps it in ~/.config/reactor-fabric/token (or it was given by --token or "
+    "REACTOR_FABRIC_TOKEN)"
+)
+
+
+def challenge(reason: str) -> str:
+    """The ``WWW-Authenticate`` value of a 401 for ``reason``.
+
+    RFC 6750 §3.1: a wrong token gets ``error="invalid_token"``; a request without one gets no
+    error code, so a client does not report an error it did not make. Both get the
+    ``error_description`` saying where the token comes from: it is the only text some clients
+    show of a 401.
+    """
+    value = f'{AUTH_SCHEME} realm="reactor-fabric"'
+    if reason == TOKEN_INVALID:
+        value += ', error="invalid_token"'
+    return f'{value}, error_description="{CHALLENGE_DESCRIPTION}"'

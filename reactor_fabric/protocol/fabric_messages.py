@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import FabricError
+from .._errors import FabricError, titled
 from .._reasons import INVALID_PARAMS as INVALID_PARAMS_REASON
 from .._reasons import METHOD_NOT_FOUND as METHOD_NOT_FOUND_REASON
 from .._reasons import NONE
 from .deep_json import DeepEncoder
 from .events import Action, ToClient
 from .jsonrpc import RequestId, duplicate_request
-from .mcp import HANDSHAKE_VERSIONS, INVALID_PARAMS, METHOD_NOT_FOUND, STATELESS_VERSION
+from .mcp import HANDSHAKE_VERSIONS, INVALID_PARAMS, METHOD_NOT_FOUND, STATELESS_VERSION, TITLES
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
 
 Json = dict[str, Any]
@@ -154,7 +154,7 @@ class Answers:
         return self._answer(request_id, {"jsonrpc": "2.0", "id": request_id, "result": result})
 
     def _fail(self, request_id: object, code: int, message: str) -> ToClient:
-        error = {"code": code, "message": message}
+        error = {"code": code, "message": titled(TITLES[code], message)}
         body = {"jsonrpc": "2.0", "id": request_id, "error": error}
         return self._answer(request_id, body, (code, _REASONS.get(code, NONE)))
 

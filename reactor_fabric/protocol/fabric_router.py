@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._errors import ClientDidNotAnswer, ContainerStartFailure, FabricError
+from .._errors import ClientDidNotAnswer, ContainerStartFailure, FabricError, titled
 from .._reasons import (
     BACKEND_LIST_TOO_LARGE,
     CLIENT_DID_NOT_ANSWER,
@@ -96,7 +96,14 @@ from .fabric_messages import (
 )
 from .fabric_refresh import MAX_LIST_BYTES, Relists, _Relist
 from .jsonrpc import duplicate_request, error_response
-from .mcp import CLIENT_VERSION, INVALID_PARAMS, LIST_CHANGED, LIST_METHOD, METHOD_NOT_FOUND
+from .mcp import (
+    CLIENT_VERSION,
+    INVALID_PARAMS,
+    LIST_CHANGED,
+    LIST_METHOD,
+    METHOD_NOT_FOUND,
+    TITLES,
+)
 from .tool_calls import ArgumentsMode
 
 BackendEvent = (
@@ -411,7 +418,7 @@ class FabricRouter(Answers):
         else:
             answer["error"] = {
                 "code": METHOD_NOT_FOUND,
-                "message": f"the client does not offer {method}",
+                "message": titled(TITLES[METHOD_NOT_FOUND], f"the client does not offer {method}"),
             }
         return self._own(service, encoder.encode(answer))
 

@@ -19,9 +19,11 @@ KNOWN_VERSIONS: Final = frozenset({*HANDSHAKE_VERSIONS, STATELESS_VERSION})
 # What the orchestrator asks for when it is a server's client (the probe, /mcp's backends).
 CLIENT_VERSION: Final = "2025-06-18"
 
-# JSON-RPC 2.0's codes the orchestrator answers with itself.
+# JSON-RPC 2.0's codes the orchestrator answers with itself, and the title its message starts
+# with (as the product's own errors do: see reactor_fabric._errors).
 METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
+TITLES: Final = {METHOD_NOT_FOUND: "Method Not Found", INVALID_PARAMS: "Invalid Params"}
 
 # A server's list_changed notification → the kind of entries it concerns.
 LIST_CHANGED: Final = {

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from .._errors import titled
 from .catalog import ServiceCatalog, service_catalog
 from .fabric_refresh import MAX_LIST_BYTES
 from .mcp import (
@@ -39,6 +40,7 @@ from .mcp import (
     LIST_METHOD,
     METHOD_NOT_FOUND,
     RESOURCE_TEMPLATES_METHOD,
+    TITLES,
 )
 
 PROTOCOL_VERSION = CLIENT_VERSION
@@ -184,7 +186,10 @@ class OfferProbe:
         else:
             answer["error"] = {
                 "code": METHOD_NOT_FOUND,
-                "message": f"{method} is not available while the catalog is learned",
+                "message": titled(
+                    TITLES[METHOD_NOT_FOUND],
+                    f"{method} is not available while the catalog is learned",
+                ),
             }
         return [_encoder.encode(answer)]
 

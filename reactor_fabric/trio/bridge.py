@@ -46,7 +46,7 @@ from trio_websocket import (
     connect_websocket_url,
 )
 
-from .._errors import CONTAINER_START_FAILURE, SECURITY_VIOLATION, InvalidMessage
+from .._errors import ContainerStartFailure, InvalidMessage, SecurityViolation
 from .._reasons import CONNECTION_CLOSED, ORCHESTRATOR_UNREACHABLE, http_status
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
 from ..config.token import TOKEN_ENV, token_file
@@ -122,9 +122,9 @@ class Refused(Exception):
     def __init__(self, error: dict[str, Any]) -> None:
         raw = error.get("data")
         data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        # The message already says what happened in words (see reactor_fabric._errors).
         super().__init__(
-            f"the orchestrator refused the session: {error.get('message')} "
-            f"({data.get('reason')}): {data.get('detail')}"
+            f"the orchestrator refused the session: {error.get('message')} ({data.get('reason')})"
         )
         self.error = error
 
@@ -218,11 +218,11 @@ def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or not isinstance(error.get("data"), dict):
         detail = f"the orchestrator refused the connection (HTTP {rejected.status_code})"
-        error = {
-            "code": SECURITY_VIOLATION,
-            "message": "Security Violation",
-            "data": {"reason": http_status(rejected.status_code), "detail": detail},
-        }
+        if rejected.status_code == 403:
+            detail += ": its Origin or Host is not allowed (see orchestrator.allowed_origins)"
+        error = SecurityViolation(
+            detail, reason=http_status(rejected.status_code)
+        ).to_jsonrpc_error()
     if rejected.status_code == 401:
         error["data"]["detail"] = (
             f"{error['data'].get('detail')} (the bridge looked in {TOKEN_ENV}, then in "
@@ -232,11 +232,7 @@ def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
 
 
 def _bridge_error(detail: str, reason: str) -> dict[str, Any]:
-    return {
-        "code": CONTAINER_START_FAILURE,
-        "message": "Container Start Failure",
-        "data": {"reason": reason, "detail": detail},
-    }
+    return ContainerStartFailure(detail, reason=reason).to_jsonrpc_error()
 
 
 async def answer_requests(

@@ -102,7 +102,8 @@ def described(exc: BaseException) -> dict[str, Any]:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, McpError):
-        return {"ok": False, "error": exc.error.model_dump()}
+        # "message" is what the user is shown: str(exc), all that many programs print.
+        return {"ok": False, "error": {**exc.error.model_dump(), "message": str(exc)}}
     return {"ok": False, "exception": type(exc).__name__, "message": str(exc)}
 
 

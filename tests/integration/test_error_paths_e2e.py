@@ -4,7 +4,8 @@ Every refusal the orchestrator makes (a refused mount, an unknown service, no ro
 session) and its shutdown with a call in flight must reach each client as the JSON-RPC error
 with the documented code and ``data.reason`` — the error of the request the client made, not a
 closed connection, an HTTP status the client takes for an auth prompt, or a 45 s timeout. The
-assertions are on what each client *reports*: its driver prints what its SDK raised.
+assertions are on what each client *reports*: its driver prints what its SDK raised. The
+error's message must say what happened in words, since many clients print nothing else.
 
 Clients: the Python SDK 1.x over WebSocket and over Streamable HTTP, the Python SDK 2.x over
 Streamable HTTP, the TypeScript SDK over WebSocket (Node's own WebSocket) and over Streamable
@@ -81,10 +82,20 @@ def reported(answer: dict[str, Any]) -> tuple[int, str | None]:
     return error["code"], (error.get("data") or {}).get("reason")
 
 
-def initialize_error(launch: Launch, running: Orchestrator, service: str, query: str) -> Any:
+def shown(answer: dict[str, Any]) -> str:
+    """The one line a user of the client reads: the error's message as its SDK gives it
+    (Python's ``str(exc)``, the TypeScript SDK's ``error.message``), never its data."""
+    return str(answer["error"]["message"])
+
+
+def initialize_error(
+    launch: Launch, running: Orchestrator, service: str, query: str
+) -> tuple[int, str | None, str]:
+    """The code, reason and message line of the error the client reports for initialize."""
     client = launch(running, service, query)
     try:
-        return reported(client.ask({"op": "initialize"}, timeout=60))
+        answer = client.ask({"op": "initialize"}, timeout=60)
+        return (*reported(answer), shown(answer))
     finally:
         client.close()
 
@@ -99,20 +110,22 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 def test_a_refused_mount_is_reported_by_the_client_as_32004_with_its_reason(
     fabric: Orchestrator, client: str
 ) -> None:
-    assert initialize_error(LAUNCHERS[client], fabric, "time", "?mount=/etc:/workspace") == (
-        -32004,
-        "mount_outside_allowed_roots",
+    code, reason, line = initialize_error(
+        LAUNCHERS[client], fabric, "time", "?mount=/etc:/workspace"
     )
+    assert (code, reason) == (-32004, "mount_outside_allowed_roots")
+    # What was refused, and why, on the line a message-only client prints.
+    assert "Security Violation: '/etc'" in line, line
+    assert "is outside the allowed mount roots" in line, line
 
 
 @pytest.mark.parametrize("client", sorted(LAUNCHERS))
 def test_an_unknown_service_is_reported_by_the_client_as_32005(
     fabric: Orchestrator, client: str
 ) -> None:
-    assert initialize_error(LAUNCHERS[client], fabric, "no-such-service", "") == (
-        -32005,
-        "service_not_found",
-    )
+    code, reason, line = initialize_error(LAUNCHERS[client], fabric, "no-such-service", "")
+    assert (code, reason) == (-32005, "service_not_found")
+    assert "Service Not Found: no service named 'no-such-service'" in line, line
 
 
 @pytest.mark.parametrize("client", sorted(LAUNCHERS))
@@ -124,10 +137,10 @@ def test_a_full_orchestrator_is_reported_by_the_client_as_too_many_sessions(
         holder = python_client(f"{running.ws_url}/mcp/time")
         try:
             assert holder.ask({"op": "initialize"})["ok"]
-            assert initialize_error(LAUNCHERS[client], running, "time", "") == (
-                -32002,
-                "too_many_sessions",
-            )
+            code, reason, line = initialize_error(LAUNCHERS[client], running, "time", "")
+            assert (code, reason) == (-32002, "too_many_sessions")
+            assert "Too Many Sessions: " in line, line
+            assert "Container Start Failure" not in line, line
         finally:
             holder.close()
 
@@ -156,6 +169,7 @@ def test_a_call_in_flight_when_the_orchestrator_stops_is_answered_orchestrator_s
             while answer.get("op") == "progress":
                 answer = caller.read_json(timeout=30)
             assert reported(answer) == (-32002, "orchestrator_stopping")
+            assert "Orchestrator Stopping: the orchestrator is stopping" in shown(answer)
             assert running.process.wait(timeout=30) == 0
         finally:
             caller.close()

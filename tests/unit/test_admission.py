@@ -122,7 +122,7 @@ def test_an_unknown_service_is_refused_with_the_first_requests_id_and_its_name()
     assert isinstance(refused.error, ServiceNotFound)
     assert refused.error.to_jsonrpc_error() == {
         "code": -32005,
-        "message": ServiceNotFound.title,
+        "message": "Service Not Found: no service named 'nope' in the suite",
         "data": {
             "reason": "service_not_found",
             "detail": "no service named 'nope' in the suite",

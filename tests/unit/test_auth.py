@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,11 @@ def test_a_missing_token_and_a_wrong_one_are_refused_with_401_and_a_bearer_chall
         challenge = dict(refusal.headers)[b"www-authenticate"]
         assert challenge.startswith(b'Bearer realm="reactor-fabric"')
         assert (b'error="invalid_token"' in challenge) == (reason == "token_invalid")
+        # The one text some clients show of a 401: where the token comes from.
+        description = re.search(rb'error_description="([ !#-\[\]-~]*)"', challenge)
+        assert description is not None, challenge
+        assert b"reactor-fabric/token" in description.group(1)
+        assert b"REACTOR_FABRIC_TOKEN" in description.group(1)
         error = json.loads(refusal.body)["error"]  # a JSON-RPC error, which SDKs surface
         assert error["code"] == -32004
         assert error["data"]["reason"] == reason

@@ -78,7 +78,7 @@ def test_error_responses_carry_code_message_and_reason() -> None:
         "id": 3,
         "error": {
             "code": -32005,
-            "message": "Service Not Found",
+            "message": "Service Not Found: no service named 'x'",
             "data": {
                 "reason": "service_not_found",
                 "detail": "no service named 'x'",

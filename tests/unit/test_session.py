@@ -201,7 +201,7 @@ async def test_an_unknown_service_is_answered_with_32005_then_closed(tmp_path: P
         answer = await h.client.hear()
         assert answer["id"] == 1
         assert answer["error"]["code"] == -32005
-        assert answer["error"]["message"] == "Service Not Found"
+        assert answer["error"]["message"].startswith("Service Not Found: ")
         assert answer["error"]["data"]["reason"] == "service_not_found"
         assert h.engine.spawned == []
 
