@@ -66,9 +66,9 @@ _encoder = msgspec.json.Encoder()
 
 
 class ProbeFailed(Exception):
-    """The service cannot be learned (its ``initialize`` failed); the message says why, and
-    ``reason`` says it as a session's start of the service would (the catalog marks the
-    service unavailable with it)."""
+    """The service cannot be learned (its ``initialize`` failed, it ended before answering, a
+    list over the bound); the message says why, and ``reason`` says it as a session's start of
+    the service would (the catalog marks the service unavailable with it)."""
 
     def __init__(self, message: str, *, reason: str = HANDSHAKE_FAILED) -> None:
         super().__init__(message)
