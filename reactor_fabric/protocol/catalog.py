@@ -11,7 +11,13 @@ broken tool search for a whole Claude Code session), so a name that would be lon
 deterministically: a readable prefix, ``_``, and 8 hex digits of the SHA-256 of the full
 name. The same service and tool always give the same name, whatever else the suite holds; a
 shown name is never looked up by splitting it, only through the catalog's table, so a
-shortened one routes as well as any.
+shortened one routes as well as any. The one exception: a service whose offer could not be
+learned (its image missing, its probe failed) has no table to look in, yet stays addressable —
+``{service}__{tool}`` routes to it (:meth:`Catalog.addressed`), so that a call starts it like any
+call and answers why it cannot run rather than "unknown tool".
+
+A service that could not be learned again keeps the offer it was last learned with
+(:func:`relearned`): an image removed after start-up must not turn its tools into unknown ones.
 
 Prompts are named the same way. Resource URIs keep their form (clients open them as they
 are); they are routed by a table, and a URI two services both offer goes to the first one in
@@ -23,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SEPARATOR = "__"
@@ -65,13 +71,18 @@ class Entry:
 
 @dataclass(frozen=True)
 class ServiceCatalog:
-    """What one service offers; ``error`` when it could not be learned (the rest still work)."""
+    """What one service offers; ``error`` when it could not be learned (the rest still work),
+    and ``reason`` when that learning *failed* (a reason of :mod:`reactor_fabric._reasons`,
+    e.g. ``image_not_found``): the service is then shown as unavailable. An ``error`` without a
+    reason is a service not learned yet. The offer may be the one last learned (see
+    :func:`relearned`)."""
 
     tools: tuple[Json, ...] = ()
     prompts: tuple[Json, ...] = ()
     resources: tuple[Json, ...] = ()
     resource_templates: tuple[Json, ...] = ()
     error: str | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,26 @@ class Catalog:
         """(service, the service's own URI) for a shown resource URI."""
         return self.resources.get(uri)
 
+    def addressed(self, name: str) -> tuple[str, str] | None:
+        """(service, tool) for a name that is not in the table but addresses, as
+        ``{service}__{tool}``, a service whose offer could not be learned (or not yet): the
+        call goes to it, and its start says whether it can run. None for any other name (a
+        learned service's unknown tool stays unknown; service names hold no ``__``)."""
+        service, separator, tool = name.partition(SEPARATOR)
+        offer = self.services.get(service)
+        if not separator or not tool or offer is None or offer.error is None:
+            return None
+        return service, tool
+
+    def unavailable(self) -> dict[str, Json]:
+        """The services whose learning failed, each with why: ``{"reason", "detail"}`` (what
+        the meta-tools mark them with; a service not learned yet is not among them)."""
+        return {
+            name: {"reason": offer.reason, "detail": offer.error or ""}
+            for name, offer in self.services.items()
+            if offer.reason is not None
+        }
+
     def errors(self) -> dict[str, str]:
         """Why each service's offer is missing or partial: not learned, or names refused."""
         errors = {name: s.error for name, s in self.services.items() if s.error is not None}
@@ -186,6 +217,16 @@ def _resource_table(services: Mapping[str, ServiceCatalog]) -> dict[str, tuple[s
 def _shown(entries: Iterable[Entry], services: Iterable[str] | None) -> list[Json]:
     wanted = None if services is None else set(services)
     return [entry.as_shown() for entry in entries if wanted is None or entry.service in wanted]
+
+
+def relearned(before: ServiceCatalog | None, after: ServiceCatalog) -> ServiceCatalog:
+    """A service's offer after it was learned again: ``after`` when that worked; when it
+    failed, the offer it had (``before``: learned earlier, or nothing yet) with the new
+    failure's ``error`` and ``reason`` — so that its tools stay known and callable (a call
+    answers why the service cannot run) instead of vanishing until it is learned again."""
+    if after.error is None or before is None:
+        return after
+    return replace(before, error=after.error, reason=after.reason)
 
 
 def service_catalog(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._reasons import SERVICE_NOT_FOUND
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from .catalog import Catalog
@@ -138,7 +139,14 @@ def _find_tools(
     query = str(arguments.get("query", ""))
     limit = arguments.get("limit", FIND_LIMIT)
     limit = max(1, min(MAX_FIND_LIMIT, limit if isinstance(limit, int) else FIND_LIMIT))
-    return [host._result(request_id, _structured({"tools": found_tools(host.index, query, limit)}))]
+    unavailable = host.catalog.unavailable()
+    tools = found_tools(host.index, query, limit)
+    for tool in tools:
+        # A tool known from its service's last learning, but the service cannot run now.
+        if tool["server"] in unavailable:
+            tool["unavailable"] = unavailable[tool["server"]]
+    result = {"tools": tools, "unavailable": unavailable}
+    return [host._result(request_id, _structured(result))]
 
 
 @meta_tool(
@@ -189,8 +197,15 @@ def _activate(
     wanted = arguments.get("servers")
     if not isinstance(wanted, list):
         return [host._fail(request_id, INVALID_PARAMS, "servers must be a list of names")]
-    known = [s for s in wanted if isinstance(s, str) and s in host.catalog.services]
-    failed = [s for s in wanted if s not in known]
+    # A service of the suite whose learning failed (its image missing, say) is not activated:
+    # it is answered in failed with why, as an unknown name is, rather than shown as working.
+    unavailable = host.catalog.unavailable()
+    known = [
+        s
+        for s in wanted
+        if isinstance(s, str) and s in host.catalog.services and s not in unavailable
+    ]
+    failed = [_not_activated(s, unavailable) for s in wanted if s not in known]
     chosen = set(known) | (set() if arguments.get("deactivate_others") else set(host.active))
     changed = _make_active(host, chosen)
     result = _structured(
@@ -202,6 +217,17 @@ def _activate(
         }
     )
     return [host._result(request_id, result), *changed]
+
+
+def _not_activated(server: object, unavailable: Mapping[str, Json]) -> Json:
+    """activate_servers' ``failed`` entry for ``server``: its name, reason and detail."""
+    if isinstance(server, str) and server in unavailable:
+        return {"server": server, **unavailable[server]}
+    return {
+        "server": server,
+        "reason": SERVICE_NOT_FOUND,
+        "detail": f"the suite has no service {server!r}",
+    }
 
 
 @meta_tool(
@@ -284,7 +310,7 @@ def _analyze(
             "params": params,
         }
         return [ToClient(encoder.encode(request))]
-    return [host._result(request_id, _structured(analysis(ranking, budget=budget)))]
+    return [host._result(request_id, _analysis(host, analysis(ranking, budget=budget)))]
 
 
 @meta_tool(
@@ -313,7 +339,8 @@ def _capability_list(
         for category, (servers, tasks) in groups.items()
         if not isinstance(wanted, str) or wanted.lower() in category.lower()
     ]
-    return [host._result(request_id, _structured({"capabilities": listed}))]
+    result = {"capabilities": listed, "unavailable": host.catalog.unavailable()}
+    return [host._result(request_id, _structured(result))]
 
 
 @meta_tool(
@@ -383,13 +410,19 @@ def assisted(host: MetaToolHost, assist: _Assist, message: Json) -> ToClient:
     why = f"chosen by the client's model among {', '.join(assist.candidates)}"
     ranking = with_choice(host.index, assist.ranking, chosen, budget=assist.budget, why=why)
     result = analysis(ranking, budget=assist.budget, decided_by="client_model")
-    return host._result(assist.client_id, _structured(result))
+    return host._result(assist.client_id, _analysis(host, result))
 
 
 def assist_analysis(host: MetaToolHost, assist: _Assist, decided_by: str) -> ToClient:
     """An analyze_task answered with the ranking's own choice (the model did not choose)."""
     result = analysis(assist.ranking, budget=assist.budget, decided_by=decided_by)
-    return host._result(assist.client_id, _structured(result))
+    return host._result(assist.client_id, _analysis(host, result))
+
+
+def _analysis(host: MetaToolHost, result: Json) -> Json:
+    """analyze_task's result, with the suite's services that cannot run marked (the ranking
+    reads their words, and may recommend one: the client is told it is unavailable, and why)."""
+    return _structured({**result, "unavailable": host.catalog.unavailable()})
 
 
 def _structured(content: Json) -> Json:

@@ -18,9 +18,11 @@ A client request under an id the client still waits on is refused (-32600
 ``duplicate_request_id``) before it goes anywhere: one id, one answer, one audit record.
 
 Error handling: a message that is not JSON-RPC gets -32700 / -32600 (never raises); a call to an
-unknown tool -32602; a call whose backend cannot start, or whose backend dies, gets the backend's
-error (-32002 ``ContainerStartFailure``, ``DockerUnavailable``, a ``SecurityViolation`` of its
-mounts) — and the session's other services are not affected.
+unknown tool -32602 (but ``{service}__{tool}`` of a service whose offer could not be learned goes
+to that service: see :meth:`.catalog.Catalog.addressed`); a call whose backend cannot start, or
+whose backend dies, gets the backend's error (-32002 ``ContainerStartFailure``,
+``DockerUnavailable``, a ``SecurityViolation`` of its mounts) — and the session's other services
+are not affected.
 """
 
 from __future__ import annotations
@@ -523,13 +525,19 @@ class FabricServer(FabricRouter):
 
     def _call_entry(self, request_id: object, name: object, params: Json) -> list[Action]:
         entry: Entry | None = self.catalog.tool(name) if isinstance(name, str) else None
-        if entry is None:
-            return [self._fail(request_id, INVALID_PARAMS, f"unknown tool {name!r}")]
+        if entry is not None:
+            route = (entry.service, entry.name)
+        else:
+            # A service whose offer could not be learned is still called by name: its start
+            # answers why it cannot run (-32002 image_not_found…), not "unknown tool".
+            addressed = self.catalog.addressed(name) if isinstance(name, str) else None
+            if addressed is None:
+                return [self._fail(request_id, INVALID_PARAMS, f"unknown tool {name!r}")]
+            route = addressed
+        service, tool = route
         if isinstance(request_id, str | int):
-            self.calls.route(request_id, entry.service, entry.name)
-        return self._forward(
-            entry.service, request_id, "tools/call", {**params, "name": entry.name}
-        )
+            self.calls.route(request_id, service, tool)
+        return self._forward(service, request_id, "tools/call", {**params, "name": tool})
 
     # --- refreshes and answers ------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from .._errors import titled
+from .._reasons import BACKEND_LIST_TOO_LARGE, HANDSHAKE_FAILED
 from .catalog import ServiceCatalog, service_catalog
 from .fabric_refresh import MAX_LIST_BYTES
 from .mcp import (
@@ -67,7 +68,13 @@ _encoder = msgspec.json.Encoder()
 
 
 class ProbeFailed(Exception):
-    """The service cannot be learned (its ``initialize`` failed); the message says why."""
+    """The service cannot be learned (its ``initialize`` failed, it ended before answering, a
+    list over the bound); the message says why, and ``reason`` says it as a session's start of
+    the service would (the catalog marks the service unavailable with it)."""
+
+    def __init__(self, message: str, *, reason: str = HANDSHAKE_FAILED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -163,7 +170,8 @@ class OfferProbe:
         if size > MAX_LIST_BYTES:
             raise ProbeFailed(
                 f"{method}: more than {MAX_LIST_BYTES} bytes (the largest list the fabric "
-                "endpoint takes)"
+                "endpoint takes)",
+                reason=BACKEND_LIST_TOO_LARGE,
             )
         self.items[method].extend(result[key])
         cursor = result.get("nextCursor")

@@ -12,7 +12,8 @@ when the probe fails or is cancelled; its stderr is drained so that it never blo
 
 Error handling: a service that cannot be learned (its image missing, its server failing the
 handshake, a probe over :data:`PROBE_SECONDS`) gets a :class:`ServiceCatalog` with ``error``
-set, and is not cached; the other services are learned all the same.
+(the words) and ``reason`` (the reason a client is given) set, and is not cached; the other
+services are learned all the same.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import trio
 
 from .._errors import FabricError
+from .._reasons import CONTAINER_EXITED, CONTAINER_OUTPUT_INVALID, TIMEOUT
 from ..config.structs import Service
 from ..config.xdg import xdg_dir
 from ..policy.accounts import UNPRIVILEGED
@@ -152,9 +154,9 @@ async def _learn_one(
     try:
         offer = await probe_service(runtime, identity, name, service, max_line=max_line)
     except (FabricError, ProbeFailed, FramingError, trio.TooSlowError) as exc:
-        reason = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
-        log.warning("catalog_probe_failed", extra={"service": name, "detail": reason})
-        return Learned(ServiceCatalog(error=reason), "error")
+        detail = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
+        log.warning("catalog_probe_failed", extra={"service": name, "detail": detail})
+        return Learned(ServiceCatalog(error=detail, reason=_failure_reason(exc)), "error")
     if store is None:
         return Learned(offer, "probe")
     if key is None:  # the image appeared with the probe (pulled): key it now
@@ -167,6 +169,16 @@ async def _learn_one(
         except OSError as exc:  # a cache we cannot write: learned all the same, next time again
             log.warning("catalog_cache_unwritable", extra={"service": name, "detail": str(exc)})
     return Learned(offer, "probe")
+
+
+def _failure_reason(exc: Exception) -> str:
+    """The reason a probe failed, as a session's start of the service would give it: the
+    engine's (``image_not_found``, ``docker_unavailable``…), else what the server did."""
+    if isinstance(exc, FabricError | ProbeFailed):
+        return exc.reason
+    if isinstance(exc, FramingError):
+        return CONTAINER_OUTPUT_INVALID
+    return TIMEOUT  # trio.TooSlowError: over PROBE_SECONDS
 
 
 async def probe_service(
@@ -218,7 +230,9 @@ async def _converse(container: Container, max_line: int) -> ServiceCatalog:
         while not probe.done:
             data = await container.stdout.receive_some(READ_CHUNK)
             if not data:
-                raise ProbeFailed("the server ended before it had answered")
+                raise ProbeFailed(
+                    "the server ended before it had answered", reason=CONTAINER_EXITED
+                )
             for line in splitter.feed(bytes(data)):
                 await send(probe.receive(line))
 
@@ -230,7 +244,9 @@ async def _converse(container: Container, max_line: int) -> ServiceCatalog:
         except (ProbeFailed, FramingError) as exc:
             failure = exc  # raised below, outside the nursery: not wrapped in a group
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            failure = ProbeFailed(f"the server's stdio closed ({exc.__class__.__name__})")
+            failure = ProbeFailed(
+                f"the server's stdio closed ({exc.__class__.__name__})", reason=CONTAINER_EXITED
+            )
         nursery.cancel_scope.cancel()
     if failure is not None:
         raise failure

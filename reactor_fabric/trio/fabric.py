@@ -37,7 +37,7 @@ from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
 from ..protocol.answers import SessionLimits
-from ..protocol.catalog import Catalog, ServiceCatalog
+from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.tool_calls import ArgumentsMode
@@ -254,7 +254,11 @@ class Fabric:
 
     async def _learn_catalog_once(self) -> None:
         def publish(name: str, learned: Learned) -> None:
-            self.catalog = Catalog({**self.catalog.services, name: learned.offer})
+            services = self.catalog.services
+            # A failed learning keeps the offer last learned (its tools stay callable, a call
+            # says why the service cannot run): see relearned.
+            offer = relearned(services.get(name), learned.offer)
+            self.catalog = Catalog({**services, name: offer})
             # The metrics label a tool call with its tool's name only if the catalog has it.
             self.observer.metrics.know_tools(
                 {

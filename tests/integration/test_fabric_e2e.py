@@ -512,3 +512,41 @@ def test_an_unsure_analysis_asks_the_clients_own_model_and_takes_its_choice(
         assert "- time:" in prompt
     finally:
         client.close()
+
+
+def test_a_service_whose_image_is_missing_is_named_with_its_reason_not_an_unknown_tool(
+    tmp_path: Path,
+) -> None:
+    # Its own orchestrator: a suite naming an image that is not there (never pulled).
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path)],
+        test_services={"ghost": {"image": "reactor-fabric/ghost:none"}},
+    )
+    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+        client = sdk2(f"{running.http_url}/mcp")
+        try:
+            assert client.ask({"op": "initialize"})["ok"]
+            activated = client.ask(
+                {
+                    "op": "call",
+                    "name": "activate_servers",
+                    "arguments": {"servers": ["ghost", "time"]},
+                }
+            )
+            assert activated["ok"], activated
+            assert activated["structured"]["activated"] == ["time"]
+            [failed] = activated["structured"]["failed"]
+            assert failed["server"] == "ghost"
+            assert failed["reason"] == "image_not_found"
+            # Any tool of it: the start's failure, not -32602 unknown tool.
+            called = client.ask({"op": "call", "name": "ghost__anything", "arguments": {}})
+            assert called["ok"] is False, called
+            assert called["error"]["code"] == -32002
+            assert called["error"]["data"]["reason"] == "image_not_found"
+            found = client.ask(
+                {"op": "call", "name": "find_tools", "arguments": {"query": "ghost"}}
+            )
+            assert found["structured"]["unavailable"]["ghost"]["reason"] == "image_not_found"
+        finally:
+            client.close()

@@ -10,6 +10,7 @@ from reactor_fabric.protocol.catalog import (
     MAX_NAME,
     Catalog,
     ServiceCatalog,
+    relearned,
     service_catalog,
     shown_name,
 )
@@ -141,3 +142,54 @@ def test_one_service_listing_a_name_twice_keeps_its_first_and_reports_no_conflic
     )
     assert catalog.tool("a__x") is not None
     assert catalog.errors() == {}
+
+
+def test_a_service_that_could_not_be_learned_again_keeps_the_offer_it_was_learned_with() -> None:
+    # An image removed after start-up: its tools must not turn into unknown ones at the next
+    # re-check; the failure is recorded beside them.
+    before = service_catalog(tools=[{"name": "now"}], prompts=[{"name": "p"}])
+    failed = ServiceCatalog(error="image ghost:none not found", reason="image_not_found")
+    kept = relearned(before, failed)
+    catalog = Catalog({"time": kept})
+    assert catalog.tool("time__now") is not None
+    assert catalog.prompt("time__p") is not None
+    assert catalog.errors() == {"time": "image ghost:none not found"}
+    assert catalog.unavailable() == {
+        "time": {"reason": "image_not_found", "detail": "image ghost:none not found"}
+    }
+    # Learned again later: the fresh offer, and nothing of the failure.
+    fresh = service_catalog(tools=[{"name": "later"}])
+    assert relearned(kept, fresh) == fresh
+    # Never learned before: the failure alone.
+    assert relearned(None, failed) == failed
+    assert relearned(ServiceCatalog(error="not learned yet"), failed) == failed
+
+
+def test_a_service_not_learned_yet_is_not_marked_unavailable() -> None:
+    catalog = Catalog(
+        {
+            "pending": ServiceCatalog(error="not learned yet"),
+            "ghost": ServiceCatalog(error="no such image", reason="image_not_found"),
+            "time": service_catalog(tools=[{"name": "now"}]),
+        }
+    )
+    assert list(catalog.unavailable()) == ["ghost"]
+
+
+def test_a_name_addresses_an_unlearned_service_but_no_unknown_tool_of_a_learned_one() -> None:
+    catalog = Catalog(
+        {
+            "ghost": ServiceCatalog(error="no such image", reason="image_not_found"),
+            "pending": ServiceCatalog(error="not learned yet"),
+            "time": service_catalog(tools=[{"name": "now"}]),
+        }
+    )
+    assert catalog.addressed("ghost__anything") == ("ghost", "anything")
+    assert catalog.addressed("ghost__a__b") == ("ghost", "a__b")
+    assert catalog.addressed("pending__x") == ("pending", "x")
+    # A learned service's tool that it does not have stays unknown; so does a name that
+    # addresses no service of the suite, or no tool.
+    assert catalog.addressed("time__nope") is None
+    assert catalog.addressed("nobody__x") is None
+    assert catalog.addressed("ghost__") is None
+    assert catalog.addressed("ghost") is None

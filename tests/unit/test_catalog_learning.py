@@ -7,6 +7,8 @@ from pathlib import Path
 import trio
 import trio.testing
 
+from reactor_fabric._errors import ContainerStartFailure
+from reactor_fabric._reasons import CONTAINER_EXITED, IMAGE_NOT_FOUND, TIMEOUT
 from reactor_fabric.config.structs import Service
 from reactor_fabric.policy.container_spec import ContainerIdentity
 from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
@@ -140,3 +142,65 @@ async def test_a_running_orchestrator_learns_a_rebuilt_image_again_and_nothing_e
             assert fabric.catalog.tool("svc__echo") is not None
             nursery.cancel_scope.cancel()
         assert runtime.alive == []
+
+
+async def test_a_running_orchestrator_keeps_a_services_tools_when_its_image_goes_missing(
+    tmp_path: Path,
+) -> None:
+    # The real clock, as above (the cache is read and written in threads).
+    async with open_memory_runtime(scripted_mcp_server) as runtime:
+        fabric = Fabric(
+            suite_for(tmp_path),
+            runtime=runtime,
+            network="none",
+            catalog_store=CatalogStore(tmp_path / "cache"),
+            catalog_recheck_seconds=0.05,
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fabric.learn_catalog)
+
+            async def passes(count: int) -> None:
+                with trio.fail_after(30):
+                    while fabric.catalog_passes < count:
+                        await fabric.changed.wait()
+
+            await passes(1)
+            assert fabric.catalog.tool("svc__echo") is not None
+            # The image is removed: the next re-check cannot learn the service.
+            runtime.missing_images.add("fake/svc:1")
+            gone = ContainerStartFailure("image fake/svc:1 not found", reason=IMAGE_NOT_FOUND)
+            runtime.fault("create", error=gone)
+            await passes(2)
+            # Its tools stay known (a call starts it and says why it cannot run), and it is
+            # marked unavailable with the engine's reason.
+            assert fabric.catalog.tool("svc__echo") is not None
+            assert fabric.catalog.unavailable() == {
+                "svc": {"reason": IMAGE_NOT_FOUND, "detail": "image fake/svc:1 not found"}
+            }
+            # The image is back: learned again, nothing of the failure left.
+            runtime.missing_images.clear()
+            runtime.clear_faults()
+            await passes(3)
+            assert fabric.catalog.tool("svc__echo") is not None
+            assert fabric.catalog.unavailable() == {}
+            nursery.cancel_scope.cancel()
+        assert runtime.alive == []
+
+
+async def test_a_service_that_cannot_be_learned_carries_the_reason_a_start_would_give(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    services = {
+        "dies": Service(image="dies"),
+        "silent": Service(image="silent"),
+        "missing": Service(image="missing"),
+    }
+    async with open_memory_runtime(server_by_image) as runtime:
+        missing = ContainerStartFailure("image missing not found", reason=IMAGE_NOT_FOUND)
+        runtime.fault("create", error=missing, only=lambda spec: spec.image == "missing")
+        catalog, _ = await learn_catalog(runtime, IDENTITY, services, None)
+    assert {name: why["reason"] for name, why in catalog.unavailable().items()} == {
+        "dies": CONTAINER_EXITED,
+        "silent": TIMEOUT,
+        "missing": IMAGE_NOT_FOUND,
+    }

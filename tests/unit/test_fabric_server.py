@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import weakref
@@ -12,7 +13,7 @@ import pytest
 from reactor_fabric._errors import ContainerStartFailure, FabricError
 from reactor_fabric._reasons import BACKEND_LIST_TOO_LARGE
 from reactor_fabric.protocol.answers import SessionLimits
-from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.protocol.catalog import Catalog, ServiceCatalog, service_catalog
 from reactor_fabric.protocol.events import (
     Action,
     BackendBroken,
@@ -235,7 +236,13 @@ def test_by_default_only_the_meta_tools_and_the_active_servers_tools_are_listed(
     actions = call(server, 2, "activate_servers", servers=["time", "nope"])
     [answer, changed] = to_client(actions)
     assert answer["result"]["structuredContent"]["activated"] == ["time"]
-    assert answer["result"]["structuredContent"]["failed"] == ["nope"]
+    assert answer["result"]["structuredContent"]["failed"] == [
+        {
+            "server": "nope",
+            "reason": "service_not_found",
+            "detail": "the suite has no service 'nope'",
+        }
+    ]
     assert answer["result"]["structuredContent"]["reconnect_required"] is False
     assert changed == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
     [listed] = to_client(client(server, msg(id=3, method="tools/list")))
@@ -1559,3 +1566,90 @@ def test_a_client_showing_it_is_there_and_backend_lines_push_the_lease_back() ->
     call(server, 2, "time__get_current_time")
     ready(server, "time")  # the backend's line at 150
     assert server.lease.deadline == 270.0
+
+
+# A suite whose "ghost" service could not run when its catalog was learned: never learned
+# (its image was missing at start-up), or learned earlier and kept (its image went since).
+MISSING = ServiceCatalog(
+    error="image reactor-fabric/ghost:none not found", reason="image_not_found"
+)
+GHOST_TOOLS = [{"name": "haunt", "description": "Haunt a time zone at midnight"}]
+
+
+def ghost_session(*, learned_before: bool, **options: Any) -> FabricServer:
+    ghost = dataclasses.replace(MISSING, tools=tuple(GHOST_TOOLS)) if learned_before else MISSING
+    catalog = Catalog({**CATALOG.services, "ghost": ghost})
+    server = FabricServer(catalog, session_id="s1", version="9", **options)
+    client(server, msg(id=0, method="initialize", params={"protocolVersion": "2025-06-18"}))
+    return server
+
+
+UNAVAILABLE = {"reason": "image_not_found", "detail": "image reactor-fabric/ghost:none not found"}
+
+
+@pytest.mark.parametrize("learned_before", [False, True])
+@pytest.mark.parametrize("tool", ["ghost__anything", "ghost__haunt"])
+def test_a_call_to_a_service_that_cannot_run_starts_it_and_answers_why_not_unknown_tool(
+    learned_before: bool, tool: str
+) -> None:
+    server = ghost_session(learned_before=learned_before)
+    assert starts(call(server, 1, tool)) == ["ghost"]
+    error = ContainerStartFailure(
+        "image reactor-fabric/ghost:none not found", reason="image_not_found"
+    )
+    [answer] = to_client(fails(server, "ghost", error))
+    assert answer["id"] == 1
+    assert answer["error"]["code"] == -32002
+    assert answer["error"]["data"]["reason"] == "image_not_found"
+    # Through call_tool the same.
+    assert starts(call(server, 2, "call_tool", name=tool)) == ["ghost"]
+
+
+def test_a_service_that_cannot_run_but_whose_image_came_back_is_called_by_name() -> None:
+    # The catalog's failure is from start-up: a start that works now serves the call.
+    server = ghost_session(learned_before=False)
+    call(server, 1, "ghost__anything", x=1)
+    [_, forwarded] = to_backend(ready(server, "ghost"), "ghost")
+    assert forwarded["params"] == {"name": "anything", "arguments": {"x": 1}}
+
+
+def test_activate_servers_answers_a_service_that_cannot_run_in_failed_with_its_reason() -> None:
+    server = ghost_session(learned_before=True)
+    [answer, _changed] = to_client(call(server, 1, "activate_servers", servers=["ghost", "time"]))
+    result = answer["result"]["structuredContent"]
+    assert result["activated"] == ["time"]
+    assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
+    assert server.active == ["time"]  # its tools are not listed as if it worked
+
+
+def test_find_tools_capabilities_and_analyze_task_mark_a_service_that_cannot_run() -> None:
+    facts = {**FACTS, "ghost": ServiceFacts(description="Haunts time zones", categories=("time",))}
+    server = ghost_session(learned_before=True, facts=facts)
+    [found] = to_client(call(server, 1, "find_tools", query="haunt a time zone at midnight"))
+    result = found["result"]["structuredContent"]
+    assert result["unavailable"] == {"ghost": UNAVAILABLE}
+    hits = {tool["name"]: tool for tool in result["tools"]}
+    assert hits["ghost__haunt"]["unavailable"] == UNAVAILABLE
+    assert "unavailable" not in hits["time__convert_time"]
+    [listed] = to_client(call(server, 2, "list_available_capabilities"))
+    result = listed["result"]["structuredContent"]
+    assert {c["category"]: c["servers"] for c in result["capabilities"]}["time"] == [
+        "time",
+        "ghost",
+    ]
+    assert result["unavailable"] == {"ghost": UNAVAILABLE}
+    [analyzed] = to_client(call(server, 3, "analyze_task", task_description="haunt a time zone"))
+    result = analyzed["result"]["structuredContent"]
+    assert "ghost" in result["recommended_servers"]
+    assert result["unavailable"] == {"ghost": UNAVAILABLE}
+
+
+def test_the_discovery_answers_of_a_suite_where_every_service_runs_mark_none() -> None:
+    server = session(facts=FACTS)
+    for request_id, tool, arguments in [
+        (1, "find_tools", {"query": "time"}),
+        (2, "list_available_capabilities", {}),
+        (3, "analyze_task", {"task_description": "convert a time"}),
+    ]:
+        [answer] = to_client(call(server, request_id, tool, **arguments))
+        assert answer["result"]["structuredContent"]["unavailable"] == {}
