@@ -177,6 +177,9 @@ def remove_record(record: TokenRecord) -> bool:
         return False
     finally:
         os.close(fd)
+    # Another start renaming its record into place between the check and this unlink would
+    # lose its record: two orchestrators of one user on one port, stopping and starting in the
+    # same instant; its bridges then use the variable or the token file.
     with contextlib.suppress(OSError):
         os.unlink(record.path)
         return True

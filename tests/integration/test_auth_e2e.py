@@ -47,16 +47,26 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 
 
 @pytest.fixture
-def clients_without_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def clients_without_a_token(
+    fabric: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """Client processes find no token: not in the environment, no token file (the bridge's
     client passes it HOME only, so HOME is an empty one: the machine's user may have a real
-    token file, e.g. from `make run`)."""
+    token file, e.g. from `make run`), and not the record ``fabric`` keeps for its port (in
+    /run/user/UID the bridge would find it whatever HOME is): moved aside meanwhile."""
     monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     empty_home = tmp_path / "empty-home"
     empty_home.mkdir()
     monkeypatch.setenv("HOME", str(empty_home))
+    record = next(Path(e["path"]) for e in fabric.logs() if e["event"] == "token_recorded")
+    aside = record.with_name(f".aside-{record.name}")
+    record.rename(aside)  # the same file back afterwards: its orchestrator removes it at exit
+    try:
+        yield
+    finally:
+        aside.rename(record)
 
 
 async def _raw_http(
