@@ -35,7 +35,14 @@ from ._scheduling import Slice, shorten_slice
 from ._version import __version__
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
-from .config.token import Token, TokenError, find_token, load_or_create_token
+from .config.token import Token, TokenError, load_or_create_token
+from .config.token_record import (
+    TokenRecord,
+    find_bridge_token,
+    remove_record,
+    searched,
+    write_record,
+)
 from .discovery import build_index, rank_servers
 from .discovery.catalog_file import CatalogFormatError, catalog_json, services_from_json
 from .discovery.tokens import count_definition
@@ -49,7 +56,14 @@ from .protocol.fabric_discovery import service_texts
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
 from .runtime.engines import ENGINE_NAMES, EngineAddressError, EngineName, engine_url
-from .trio.bridge import BridgeError, BridgeSettings, connect, mounts_from, service_url
+from .trio.bridge import (
+    BridgeError,
+    BridgeSettings,
+    connect,
+    dialled_port,
+    mounts_from,
+    service_url,
+)
 from .trio.catalog import Learned, default_store, learn_catalog
 from .trio.fabric import (
     REPLICA_NAME,
@@ -281,12 +295,17 @@ def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
         )
         return EXIT_UNREADABLE
     try:
+        port = dialled_port(args.url)
+        # Never made here: no token anywhere, none sent (the orchestrator's 401 says so).
+        token = find_bridge_token(environ, port)
         settings = BridgeSettings(
             endpoint=args.url,
             service=service_url(args.url, args.service)[1],
             mounts=mounts_from(args.mount, no_mount=args.no_mount, cwd=Path.cwd()),
             config=args.fallback_config,
-            token=_bridge_token(environ),
+            token=token.value if token is not None else None,
+            token_origin=token.origin if token is not None else None,
+            token_places=searched(environ, port),
         )
         return connect(settings)
     except (BridgeError, SecurityViolation, TokenError) as exc:
@@ -349,12 +368,6 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
         start_timeout=settings.start_timeout_seconds,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
     )
-
-
-def _bridge_token(environ: dict[str, str]) -> str | None:
-    """The orchestrator's token as the bridge finds it (never made here: no file, no token)."""
-    found = find_token(environ)
-    return found.value if found is not None else None
 
 
 def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, str]) -> int:
@@ -565,7 +578,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
         replica=settings.replica,
     )
     try:
-        return _serve_fabric(fabric, settings, token, cpu_slice)
+        return _serve_fabric(fabric, settings, token, cpu_slice, environ)
     finally:
         if audit is not None:
             audit.submit(
@@ -575,7 +588,11 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
 
 
 def _serve_fabric(
-    fabric: Fabric, settings: ServeSettings, token: Token | None, cpu_slice: Slice
+    fabric: Fabric,
+    settings: ServeSettings,
+    token: Token | None,
+    cpu_slice: Slice,
+    environ: dict[str, str],
 ) -> int:
     if cpu_slice.shortened:
         log.info(
@@ -595,7 +612,7 @@ def _serve_fabric(
     # more frequent hand-overs while two threads both compute, which is rare here.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     try:
-        trio.run(_serve_until_signalled, fabric, settings, token)
+        trio.run(_serve_until_signalled, fabric, settings, token, environ)
     except OSError as exc:
         reason = _reasons.PORT_IN_USE if exc.errno == errno.EADDRINUSE else _reasons.CANNOT_LISTEN
         log.error(
@@ -659,33 +676,58 @@ def _token(settings: ServeSettings, auth: str, environ: dict[str, str]) -> Token
     return load_or_create_token(environ, settings.token)
 
 
+def _record_token(environ: dict[str, str], port: int, token: Token | None) -> TokenRecord | None:
+    """The port's token record for the stdio bridge (config.token_record); None without
+    authentication or when it cannot be written safely (then a bridge needs the variable or
+    the default file, and the warning says why)."""
+    if token is None:
+        return None
+    try:
+        record = write_record(environ, port, token.value)
+    except TokenError as exc:
+        log.warning(
+            "token_record_unwritable", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)}
+        )
+        return None
+    log.info("token_recorded", extra={"path": str(record.path)})
+    return record
+
+
 async def _serve_until_signalled(
-    fabric: Fabric, settings: ServeSettings, token: Token | None
+    fabric: Fabric, settings: ServeSettings, token: Token | None, environ: dict[str, str]
 ) -> None:
     """Serve; the first SIGINT/SIGTERM stops gracefully (bounded), a second one at once."""
     with (
         trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
         bind_listener(settings.host, settings.port) as listener,
     ):
-        async with trio.open_nursery() as nursery:
+        # Recorded once the port is ours (and known, for --port 0), before the start-up line:
+        # a bridge started after it finds the token. Removed at every exit (a killed
+        # orchestrator's record is replaced by the next start on the port).
+        record = _record_token(environ, listener.getsockname()[1], token)
+        try:
+            async with trio.open_nursery() as nursery:
 
-            async def serve(*, task_status: trio.TaskStatus[Orchestrator]) -> None:
-                await serve_orchestrator(fabric, listener, task_status=task_status)
-                nursery.cancel_scope.cancel()  # the shutdown is over: stop watching signals
+                async def serve(*, task_status: trio.TaskStatus[Orchestrator]) -> None:
+                    await serve_orchestrator(fabric, listener, task_status=task_status)
+                    nursery.cancel_scope.cancel()  # the shutdown is over: stop watching signals
 
-            running: Orchestrator = await nursery.start(serve)
-            print(
-                f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
-                f"service(s) on {running.http_url} (all in one: {running.http_url}/mcp; "
-                f"health: {running.http_url}/healthz)",
-                flush=True,
-            )
-            print(connection_help(running.http_url, fabric, token), flush=True)
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if fabric.stopping.is_set():
-                    log.warning("stopping_now", extra={"signal": name})
-                    nursery.cancel_scope.cancel()
-                    return
-                log.info("signal_received", extra={"signal": name})
-                running.stop()
+                running: Orchestrator = await nursery.start(serve)
+                print(
+                    f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
+                    f"service(s) on {running.http_url} (all in one: {running.http_url}/mcp; "
+                    f"health: {running.http_url}/healthz)",
+                    flush=True,
+                )
+                print(connection_help(running.http_url, fabric, token), flush=True)
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if fabric.stopping.is_set():
+                        log.warning("stopping_now", extra={"signal": name})
+                        nursery.cancel_scope.cancel()
+                        return
+                    log.info("signal_received", extra={"signal": name})
+                    running.stop()
+        finally:
+            if record is not None:
+                remove_record(record)

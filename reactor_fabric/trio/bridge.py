@@ -49,7 +49,7 @@ from trio_websocket import (
 from .._errors import ContainerStartFailure, InvalidMessage, SecurityViolation
 from .._reasons import CONNECTION_CLOSED, ORCHESTRATOR_UNREACHABLE, http_status
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
-from ..config.token import TOKEN_ENV, token_file
+from ..policy.auth import is_loopback
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter
 from ..protocol.jsonrpc import REQUEST, peek
@@ -74,7 +74,9 @@ class BridgeSettings:
     service: str
     mounts: list[dict[str, object]]
     config: str | None
-    token: str | None = None  # sent as Authorization: Bearer (see config.token.find_token)
+    token: str | None = None  # sent as Authorization: Bearer (see find_bridge_token)
+    token_origin: str | None = None  # where the token was found, for a refusal's detail
+    token_places: str = ""  # where the bridge looks for one, in words (same)
 
 
 def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
@@ -99,6 +101,22 @@ def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
     if not service or service == FABRIC_ENDPOINT:
         return urlunsplit((scheme, parts.netloc, "/mcp", "", "")), FABRIC_ENDPOINT
     return urlunsplit((scheme, parts.netloc, f"/mcp/{quote(service)}", "", "")), service
+
+
+def dialled_port(url: str) -> int | None:
+    """The port whose token record (config.token_record) the bridge may use for ``url``: only
+    for an orchestrator on this machine's loopback, since a record is a local orchestrator's
+    token and must never be sent to another machine that happens to use the same port. Pure."""
+    parts = urlsplit(url)
+    if parts.hostname is None or not is_loopback(parts.hostname):
+        return None
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if port is not None:
+        return port
+    return 443 if parts.scheme in ("wss", "https") else 80
 
 
 def mounts_from(arguments: Sequence[str], *, no_mount: bool, cwd: Path) -> list[dict[str, object]]:
@@ -140,7 +158,7 @@ async def run_bridge(settings: BridgeSettings, url: str) -> int:
     if rejected[0].status_code not in (401, 403):
         return -1  # not an orchestrator that answers us: the caller falls back
     # The orchestrator is there and said no (token, origin): never run anything in its place.
-    refusal = Refused(_rejection_error(rejected[0]))
+    refusal = Refused(_rejection_error(rejected[0], settings))
     print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
     await _answer_from_stdio(refusal.error)
     return 1
@@ -208,7 +226,7 @@ async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
         raise Refused(answer["error"])
 
 
-def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
+def _rejection_error(rejected: ConnectionRejected, settings: BridgeSettings) -> dict[str, Any]:
     """The JSON-RPC error standing for a refused WebSocket handshake: the one in its body (a
     missing or wrong token), else one made from the status (403: Origin or Host)."""
     try:
@@ -224,9 +242,14 @@ def _rejection_error(rejected: ConnectionRejected) -> dict[str, Any]:
             detail, reason=http_status(rejected.status_code)
         ).to_jsonrpc_error()
     if rejected.status_code == 401:
+        sent = (
+            f"sent the token from {settings.token_origin}"
+            if settings.token_origin is not None
+            else "found no token"
+        )
         error["data"]["detail"] = (
-            f"{error['data'].get('detail')} (the bridge looked in {TOKEN_ENV}, then in "
-            f"{token_file(dict(os.environ))})"
+            f"{error['data'].get('detail')} (the bridge {sent}; it looks in "
+            f"{settings.token_places})"
         )
     return error
 

@@ -18,6 +18,7 @@ import trio
 from wsproto.events import RejectConnection
 
 from reactor_fabric.config.token import TOKEN_ENV
+from reactor_fabric.config.token_record import record_directories, record_name
 from tests.http_client import HttpClient, WebSocketClient
 from tests.integration import harness
 from tests.integration.harness import (
@@ -46,16 +47,26 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
 
 
 @pytest.fixture
-def clients_without_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def clients_without_a_token(
+    fabric: Orchestrator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
     """Client processes find no token: not in the environment, no token file (the bridge's
     client passes it HOME only, so HOME is an empty one: the machine's user may have a real
-    token file, e.g. from `make run`)."""
+    token file, e.g. from `make run`), and not the record ``fabric`` keeps for its port (in
+    /run/user/UID the bridge would find it whatever HOME is): moved aside meanwhile."""
     monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     empty_home = tmp_path / "empty-home"
     empty_home.mkdir()
     monkeypatch.setenv("HOME", str(empty_home))
+    record = next(Path(e["path"]) for e in fabric.logs() if e["event"] == "token_recorded")
+    aside = record.with_name(f".aside-{record.name}")
+    record.rename(aside)  # the same file back afterwards: its orchestrator removes it at exit
+    try:
+        yield
+    finally:
+        aside.rename(record)
 
 
 async def _raw_http(
@@ -240,6 +251,52 @@ def test_the_first_start_makes_a_private_token_that_the_start_up_lines_and_the_b
         finally:
             assert url_client.close() == 0
     assert os.listdir(config / "reactor-fabric") == ["token"]
+
+
+def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_client: docker.DockerClient
+) -> None:
+    # The orchestrator gets its token with --token (no file); the SDK 2.x client starts the
+    # bridge with its default environment (HOME, PATH, ...): REACTOR_FABRIC_TOKEN never gets
+    # there. The port's record is all the bridge has.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    suite = write_suite(tmp_path / "suite.yaml", [str(tmp_path)])
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        assert not (home / ".config" / "reactor-fabric" / "token").exists()
+        bridge = bridged_client(running.ws_url, "--service", "time", "--no-mount")
+        try:
+            answer = bridge.ask({"op": "initialize"}, timeout=60)
+            assert answer["ok"], answer
+            answer = bridge.ask(
+                {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}},
+                timeout=120,
+            )
+            assert answer["ok"], answer
+        finally:
+            assert bridge.close() == 0
+        port = int(running.http_url.rsplit(":", 1)[1])
+        directory = record_directories({"HOME": str(home)}, os.geteuid())[0]
+        record = directory / record_name(port)
+        assert stat.S_IMODE(record.stat().st_mode) == 0o600
+        assert harness.TEST_TOKEN not in running.log_path.read_text()
+        # Without the record (and no variable, no file) the bridge has no token to send.
+        record.unlink()
+        bridge = bridged_client(running.ws_url, "--service", "time", "--no-mount")
+        try:
+            answer = bridge.ask({"op": "initialize"}, timeout=60)
+            assert answer["error"]["code"] == -32004
+            assert answer["error"]["data"]["reason"] == "token_missing"
+            assert str(record) in answer["error"]["data"]["detail"]
+        finally:
+            bridge.close()
+    assert not record.exists()
+    assert not [p for p in directory.iterdir() if p.name.startswith(("port-", ".port-"))]
 
 
 def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_without(
