@@ -242,15 +242,18 @@ def _rejection_error(rejected: ConnectionRejected, settings: BridgeSettings) -> 
             detail, reason=http_status(rejected.status_code)
         ).to_jsonrpc_error()
     if rejected.status_code == 401:
-        sent = (
-            f"sent the token from {settings.token_origin}"
+        # The orchestrator's own words are about headers and URLs; through the bridge, the
+        # user needs to know where the bridge looked. That goes in the message, the one line
+        # many clients show.
+        what = (
+            f"the orchestrator refused the token from {settings.token_origin}"
             if settings.token_origin is not None
-            else "found no token"
+            else "the orchestrator needs a token and the bridge found none"
         )
-        error["data"]["detail"] = (
-            f"{error['data'].get('detail')} (the bridge {sent}; it looks in "
-            f"{settings.token_places})"
-        )
+        reason = str(error["data"].get("reason") or http_status(rejected.status_code))
+        error = SecurityViolation(
+            f"{what}; the bridge looks in {settings.token_places}", reason=reason
+        ).to_jsonrpc_error()
     return error
 
 

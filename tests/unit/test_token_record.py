@@ -255,3 +255,8 @@ def test_a_refused_token_says_where_the_bridge_found_it_and_where_it_looks() -> 
     assert "/run/user/1000/reactor-fabric/port-8765.token" in error["data"]["detail"]
     assert "REACTOR_FABRIC_TOKEN, then A, then B" in error["data"]["detail"]
     assert RECORDED not in error["data"]["detail"]
+    # On the line a message-only client shows, too.
+    assert error["message"].startswith(
+        "Security Violation: the orchestrator refused the token from "
+        "/run/user/1000/reactor-fabric/port-8765.token; the bridge looks in REACTOR_FABRIC_TOKEN"
+    )
