@@ -372,7 +372,14 @@ def _switch(host: MetaToolHost, request_id: object, arguments: Json, _params: Js
         return [host._fail(request_id, INVALID_PARAMS, f"unknown servers {unknown_servers}")]
     chosen = set(host.profiles[profile]) if profile is not None else set(host.active)
     chosen = (chosen | set(add)) - set(remove)
-    changed = _make_active(host, chosen)
+    # As activate_servers: a service that cannot run is not made active, and is named with why.
+    unavailable = host.catalog.unavailable()
+    failed = [
+        _not_activated(s, unavailable)
+        for s in host.catalog.services
+        if s in chosen and s in unavailable
+    ]
+    changed = _make_active(host, chosen - set(unavailable))
     result = _structured(
         {
             "new_configuration": {
@@ -380,6 +387,7 @@ def _switch(host: MetaToolHost, request_id: object, arguments: Json, _params: Js
                 "active_servers": list(host.active),
                 "tools_count": len(host.listed_tools()),
             },
+            "failed": failed,
             "reconnect_required": host._stateless,
         }
     )

@@ -1622,6 +1622,19 @@ def test_activate_servers_answers_a_service_that_cannot_run_in_failed_with_its_r
     assert server.active == ["time"]  # its tools are not listed as if it worked
 
 
+def test_switch_context_leaves_a_service_that_cannot_run_inactive_and_names_it_in_failed() -> None:
+    server = ghost_session(learned_before=True, profiles={"haunted": ["ghost", "time"]})
+    [answer, _changed] = to_client(call(server, 1, "switch_context", profile="haunted"))
+    result = answer["result"]["structuredContent"]
+    assert result["new_configuration"]["active_servers"] == ["time"]
+    assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
+    [answer] = to_client(call(server, 2, "switch_context", add_servers=["ghost"]))
+    result = answer["result"]["structuredContent"]
+    assert result["new_configuration"]["active_servers"] == ["time"]
+    assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
+    assert server.active == ["time"]
+
+
 def test_find_tools_capabilities_and_analyze_task_mark_a_service_that_cannot_run() -> None:
     facts = {**FACTS, "ghost": ServiceFacts(description="Haunts time zones", categories=("time",))}
     server = ghost_session(learned_before=True, facts=facts)
