@@ -17,6 +17,14 @@ from .units import parse_duration, parse_size
 DEFAULT_TIMEOUT = "1m"
 DEFAULT_MAX_MESSAGE_SIZE = "16m"
 
+# A service's container lifecycle (the reference design's names, kept so that its suite files
+# work): one container per client session; a fresh one for every call; or per session, but
+# replaced between calls after a number of calls, an age or a memory use.
+ContainerStrategy = Literal["reuse_per_session", "fresh_per_call", "smart_refresh"]
+# What the service is: an MCP tool server, or an agent (a model behind MCP tools), which gets a
+# fresh context (a fresh container) for every call by default.
+ServiceType = Literal["tool_service", "llm_agent"]
+
 
 class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     memory: str | int = "512m"
@@ -52,10 +60,33 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     keywords: list[str] = msgspec.field(default_factory=list)
     example_tasks: list[str] = msgspec.field(default_factory=list)
     requires: list[str] = msgspec.field(default_factory=list)
+    service_type: ServiceType = "tool_service"
+    # None: the service type's default (see :attr:`strategy`).
+    container_strategy: ContainerStrategy | None = None
+    # smart_refresh's bounds (only meaningful with it; validation says so otherwise).
+    max_calls_per_container: int | None = None
+    max_container_age: str | None = None
+    memory_threshold: str | int | None = None
 
     @property
     def idle_timeout_seconds(self) -> float:
         return parse_duration(self.timeout)
+
+    @property
+    def strategy(self) -> ContainerStrategy:
+        """The container lifecycle in force: the one given, else the service type's default
+        (``fresh_per_call`` for an agent, ``reuse_per_session`` for a tool server)."""
+        if self.container_strategy is not None:
+            return self.container_strategy
+        return "fresh_per_call" if self.service_type == "llm_agent" else "reuse_per_session"
+
+    @property
+    def max_container_age_seconds(self) -> float | None:
+        return None if self.max_container_age is None else parse_duration(self.max_container_age)
+
+    @property
+    def memory_threshold_bytes(self) -> int | None:
+        return None if self.memory_threshold is None else parse_size(self.memory_threshold)
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
