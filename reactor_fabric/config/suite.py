@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import jsonschema
 import msgspec
@@ -26,7 +26,7 @@ from .._errors import InvalidSuiteConfiguration
 from .._reasons import INVALID_SUITE_CONFIGURATION
 from ..protocol.catalog import SEPARATOR
 from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
-from .structs import Suite
+from .structs import Resources, Suite
 from .units import parse_duration, parse_size
 
 SCHEMA_RESOURCE = "claude-mcp-suite.schema.json"
@@ -260,10 +260,17 @@ def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
     return error.message
 
 
+# The words of parse_size's and parse_duration's own errors, so that a value reads the same
+# whether the schema or the parser refused it.
+_SIZE_MEANING = "a size; use e.g. '512m', '1g' or a number of bytes"
+_DURATION_MEANING = "a duration; use a number and a unit (h, m, s, ms), e.g. '1m' or '5m30s'"
 _PATTERN_MEANINGS = {
     "allowed_mount_roots": "an absolute path",
     "allowed_mount_targets": "an absolute path",
-    "timeout": "a duration; use a number and a unit (h, m, s, ms), e.g. '1m' or '5m30s'",
+    "timeout": _DURATION_MEANING,
+    "max_container_age": _DURATION_MEANING,
+    "memory": _SIZE_MEANING,
+    "memory_threshold": _SIZE_MEANING,
     "allowed_origins": "an origin such as 'https://example.com' (no path)",
     "image": "a Docker image reference",
     "user": "a user such as '1000' or '1000:1000'",
@@ -403,3 +410,83 @@ def _check_service(name: str, service: dict[str, Any], collector: _Collector) ->
             f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
             at_key=True,
         )
+    _check_lifecycle(name, service, collector)
+
+
+# smart_refresh's bounds: when a container is replaced. Meaningless under another strategy.
+REFRESH_BOUNDS = ("max_calls_per_container", "max_container_age", "memory_threshold")
+# The raw data's strategy in force, as Service.strategy gives it once the suite is loaded.
+_TYPE_DEFAULT_STRATEGY = {"tool_service": "reuse_per_session", "llm_agent": "fresh_per_call"}
+
+
+def _check_lifecycle(name: str, service: dict[str, Any], collector: _Collector) -> None:
+    """The container lifecycle's fields agree with each other.
+
+    A bound set under a strategy that does not read it would be silently ignored, and a
+    smart_refresh without any bound would never refresh: both are errors, naming the fix.
+    """
+    base: KeyPath = ("mcp_services", name)
+    _check_duration(service, (*base, "max_container_age"), collector)
+    _check_size(service, (*base, "memory_threshold"), MIN_MEMORY_BYTES, collector)
+    _check_threshold_below_limit(service, base, collector)
+    strategy = service.get("container_strategy")
+    service_type = service.get("service_type", "tool_service")
+    if {(*base, "container_strategy"), (*base, "service_type")} & collector.flagged:
+        return  # the schema already said what is wrong there; the strategy in force is unknown
+    if strategy is None:
+        strategy = _TYPE_DEFAULT_STRATEGY.get(str(service_type))
+        in_force = f"{strategy}, the default for service_type {service_type}"
+    else:
+        in_force = str(strategy)
+    bounds = [key for key in REFRESH_BOUNDS if service.get(key) is not None]
+    if strategy == "smart_refresh":
+        if not bounds:
+            collector.add(
+                (*base, "container_strategy"),
+                "smart_refresh needs at least one of max_calls_per_container, "
+                "max_container_age or memory_threshold (when to replace the container), "
+                "e.g. max_calls_per_container: 20",
+            )
+        return
+    for key in bounds:
+        collector.add(
+            (*base, key),
+            f"only read with container_strategy: smart_refresh, and this service's strategy "
+            f"is {in_force}; set container_strategy: smart_refresh, or remove {key}",
+            at_key=True,
+        )
+
+
+def _check_threshold_below_limit(
+    service: dict[str, Any], base: KeyPath, collector: _Collector
+) -> None:
+    """A memory threshold at or above the memory limit is never reached: the engine stops the
+    container at its limit first (a crash under the call in flight instead of a replacement
+    between calls)."""
+    path: KeyPath = (*base, "memory_threshold")
+    threshold = service.get("memory_threshold")
+    resources = service.get("resources")
+    limit = resources.get("memory") if isinstance(resources, dict) else None
+    if limit is None:
+        limit = Resources().memory
+    if path in collector.flagged or (*base, "resources", "memory") in collector.flagged:
+        return  # the value itself is wrong, and said so
+    if not _is_size(threshold) or not _is_size(limit):
+        return
+    if parse_size(threshold) >= parse_size(limit):
+        collector.add(
+            path,
+            f"{threshold!r} is not below the memory limit ({limit!r}, resources.memory): the "
+            "container would be stopped at its limit before it is replaced; lower "
+            "memory_threshold or raise resources.memory",
+        )
+
+
+def _is_size(value: object) -> TypeGuard[str | int]:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return False
+    try:
+        parse_size(value)
+    except ValueError:
+        return False
+    return True

@@ -44,6 +44,33 @@ def test_validate_config_exits_1_and_lists_every_problem(
     assert err[-1] == f"{invalid_suite}: invalid (2 problem(s))"
 
 
+def test_validate_config_accepts_the_reference_suite_and_refuses_a_bound_it_would_ignore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reference = REPO / "tests" / "unit" / "data" / "reference-advanced-mcp-suite.yaml"
+    assert main(["validate-config", str(reference)], environ={}) == 0
+    assert "valid (11 service(s)" in capsys.readouterr().out
+    ignored = tmp_path / "ignored.yaml"
+    ignored.write_text(
+        'version: "1.0"\n'
+        "orchestrator: {allowed_mount_roots: []}\n"
+        "mcp_services:\n"
+        "  agent:\n"
+        "    image: x\n"
+        "    service_type: llm_agent\n"
+        "    max_calls_per_container: 4\n"
+    )
+    assert main(["validate-config", str(ignored)], environ={}) == 1
+    [problem, summary] = capsys.readouterr().err.splitlines()
+    assert problem == (
+        f"{ignored}:7:5: mcp_services.agent.max_calls_per_container: only read with "
+        "container_strategy: smart_refresh, and this service's strategy is fresh_per_call, the "
+        "default for service_type llm_agent; set container_strategy: smart_refresh, or remove "
+        "max_calls_per_container"
+    )
+    assert summary == f"{ignored}: invalid (1 problem(s))"
+
+
 def test_validate_config_exits_2_when_the_file_cannot_be_read(tmp_path: Path) -> None:
     assert main(["validate-config", str(tmp_path / "missing.yaml")], environ={}) == 2
     assert main(["validate-config", str(tmp_path)], environ={}) == 2

@@ -6,6 +6,7 @@ one side only.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from reactor_fabric import Suite
 from reactor_fabric.config.suite import suite_schema
+from reactor_fabric.config.units import parse_size
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = suite_schema()
@@ -130,3 +132,43 @@ def test_enums_in_the_schema_match_the_literal_types() -> None:
     assert set(auth.type.values) == set(
         SCHEMA["$defs"]["orchestrator"]["properties"]["auth"]["enum"]
     )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "512m",
+        "512M",
+        "200MB",
+        "256MiB",
+        "1g",
+        "1GB",
+        "4096",
+        "64k",
+        "7b",
+        " 300m ",
+        "1 g",
+        "lots",
+        "1.5g",
+        "512mm",
+        "-1m",
+        "m",
+        "",
+        "1x",
+        "1gib",
+    ],
+)
+def test_the_schema_size_pattern_accepts_exactly_the_strings_parse_size_reads(text: str) -> None:
+    # An editor checking against the schema and validate-config must agree on every size.
+    service = SCHEMA["$defs"]["service"]["properties"]
+    patterns = {
+        service["memory_threshold"]["pattern"],
+        SCHEMA["$defs"]["resources"]["properties"]["memory"]["pattern"],
+    }
+    [pattern] = patterns
+    try:
+        parse_size(text)
+        parses = True
+    except ValueError:
+        parses = False
+    assert (re.search(pattern, text) is not None) == parses

@@ -253,6 +253,79 @@ BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
         MINIMAL + "    timeout: [1m\n",
         [(8, "(top level)", "YAML syntax error")],
     ),
+    "smart_refresh without any bound": (
+        MINIMAL + "    container_strategy: smart_refresh\n",
+        [(7, "mcp_services.time.container_strategy", "needs at least one of")],
+    ),
+    "a refresh bound under a tool service's default strategy": (
+        MINIMAL + "    max_calls_per_container: 5\n",
+        [
+            (
+                7,
+                "mcp_services.time.max_calls_per_container",
+                "only read with container_strategy: smart_refresh, and this service's strategy "
+                "is reuse_per_session, the default for service_type tool_service; set "
+                "container_strategy: smart_refresh, or remove max_calls_per_container",
+            )
+        ],
+    ),
+    "a refresh bound under an agent's default strategy": (
+        MINIMAL + "    service_type: llm_agent\n    max_container_age: 10m\n",
+        [(8, "mcp_services.time.max_container_age", "fresh_per_call, the default for")],
+    ),
+    "a refresh bound under an explicit fresh_per_call": (
+        MINIMAL + "    container_strategy: fresh_per_call\n    memory_threshold: 100m\n",
+        [(8, "mcp_services.time.memory_threshold", "strategy is fresh_per_call;")],
+    ),
+    "memory threshold not a size": (
+        MINIMAL + "    container_strategy: smart_refresh\n    memory_threshold: lots\n",
+        [(8, "mcp_services.time.memory_threshold", "'lots' is not a size")],
+    ),
+    "memory threshold too small": (
+        MINIMAL + "    container_strategy: smart_refresh\n    memory_threshold: 1k\n",
+        [(8, "mcp_services.time.memory_threshold", "too small")],
+    ),
+    "memory threshold at the memory limit": (
+        MINIMAL + "    container_strategy: smart_refresh\n    memory_threshold: 512MB\n",
+        [(8, "mcp_services.time.memory_threshold", "is not below the memory limit ('512m'")],
+    ),
+    "memory threshold above a set memory limit": (
+        MINIMAL
+        + "    container_strategy: smart_refresh\n    memory_threshold: 2g\n"
+        + "    resources: {memory: 1g}\n",
+        [(8, "mcp_services.time.memory_threshold", "is not below the memory limit ('1g'")],
+    ),
+    "max container age without a unit": (
+        MINIMAL + '    container_strategy: smart_refresh\n    max_container_age: "45"\n',
+        [(8, "mcp_services.time.max_container_age", "'45' is not a duration")],
+    ),
+    "zero max container age": (
+        MINIMAL + '    container_strategy: smart_refresh\n    max_container_age: "0s"\n',
+        [(8, "mcp_services.time.max_container_age", "must be a positive duration")],
+    ),
+    "more than 1000 calls per container": (
+        MINIMAL + "    container_strategy: smart_refresh\n    max_calls_per_container: 1001\n",
+        [(8, "mcp_services.time.max_calls_per_container", "maximum of 1000")],
+    ),
+    "unknown container strategy": (
+        MINIMAL + "    container_strategy: per_call\n    max_calls_per_container: 5\n",
+        [(7, "mcp_services.time.container_strategy", "'per_call' is not one of")],
+    ),
+    "unknown service type": (
+        MINIMAL + "    service_type: agent\n",
+        [(7, "mcp_services.time.service_type", "'agent' is not one of")],
+    ),
+    "misspelt lifecycle key": (
+        MINIMAL + "    container_strategy: smart_refresh\n    max_calls_per_containr: 5\n",
+        [
+            (7, "mcp_services.time.container_strategy", "needs at least one of"),
+            (
+                8,
+                "mcp_services.time.max_calls_per_containr",
+                "unknown key 'max_calls_per_containr'; did you mean 'max_calls_per_container'?",
+            ),
+        ],
+    ),
     "a list instead of a mapping": (
         "- version: '1.0'\n",
         [(1, "(top level)", "expected a mapping, got a list")],
@@ -395,3 +468,53 @@ def test_a_service_name_holding_the_tool_separator_is_refused_with_the_reason() 
     assert "separates a service from its tool" in problem
     assert "'time'" in problem
     assert check(MINIMAL.replace("  time:", "  time_zone:")) == []
+
+
+REFERENCE_SUITE = REPO / "tests" / "unit" / "data" / "reference-advanced-mcp-suite.yaml"
+
+
+def test_the_reference_designs_example_suite_validates_with_only_its_image_names_changed() -> None:
+    # Its mount roots end in '/' ("/home/"), its version is "1.0", and it uses every lifecycle
+    # field: users bring suite files written for the reference design.
+    suite = load_suite(REFERENCE_SUITE)
+    services = suite.mcp_services
+    assert suite.orchestrator.allowed_mount_roots == [
+        "/home/",
+        "/Users/",
+        "/tmp/",
+        "/opt/workspace/",
+    ]
+    assert {name: service.strategy for name, service in services.items()} == {
+        "filesystem": "reuse_per_session",
+        "postgres_tools": "smart_refresh",
+        "secure_shell": "fresh_per_call",
+        "git_advanced": "smart_refresh",
+        # The reference takes it for an agent by its image's name; here an agent says so
+        # (service_type: llm_agent), so this one is a tool service, reused per session.
+        "python_expert": "reuse_per_session",
+        "react_specialist": "smart_refresh",
+        "devops_expert": "reuse_per_session",
+        "security_analyst": "fresh_per_call",
+        "code_reviewer": "smart_refresh",
+        "api_tester": "reuse_per_session",
+        "docs_generator": "fresh_per_call",
+    }
+    postgres = services["postgres_tools"]
+    assert postgres.max_calls_per_container == 25
+    assert postgres.max_container_age_seconds == 45 * 60
+    assert postgres.memory_threshold_bytes == 200 * 1024**2  # binary units, as Docker reads them
+    assert services["git_advanced"].memory_threshold_bytes is None
+    assert services["react_specialist"].service_type == "llm_agent"
+    assert services["react_specialist"].max_container_age_seconds == 12 * 60
+
+
+def test_a_key_the_suite_does_not_know_in_the_reference_suite_is_refused_at_its_line() -> None:
+    text = REFERENCE_SUITE.read_text()
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "max_calls_per_container: 25" in line)
+    lines.insert(at + 1, "    auto_detect_type: true\n")
+    [problem] = check("".join(lines))
+    assert problem.startswith(
+        f"suite.yaml:{at + 2}:5: mcp_services.postgres_tools.auto_detect_type:"
+    )
+    assert "unknown key 'auto_detect_type'" in problem
