@@ -89,8 +89,16 @@ def load_or_create_token(environ: dict[str, str], explicit: str | None = None) -
     return Token(create_token_file(path), str(path))
 
 
-def read_token_file(path: Path) -> str | None:
-    """The token in ``path``; None if it does not exist. Refuses a file others could read."""
+def read_token_file(
+    path: Path, *, kind: str = "token file", euid: int | None = None, limit: int = 0
+) -> str | None:
+    """The token on the first line of ``path``; None if it does not exist.
+
+    Refuses, with what to do, a symlink, anything but a regular file, a file not ``euid``'s
+    (default: this process's) and one others could read or write: the token file, and the
+    records of :mod:`.token_record` (``kind`` names which in the messages; ``limit``: how many
+    bytes it may hold, default a token and its newline).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -98,28 +106,29 @@ def read_token_file(path: Path) -> str | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise TokenError(
-                f"{path} is a symlink; remove it (a token file must be a plain file)"
+                f"{path} is a symlink; remove it (a {kind} must be a plain file)"
             ) from exc
-        raise TokenError(f"cannot read the token file {path}: {exc.strerror}") from exc
+        raise TokenError(f"cannot read the {kind} {path}: {exc.strerror}") from exc
+    owner = os.geteuid() if euid is None else euid
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise TokenError(f"{path} is not a regular file; remove it")
-        if info.st_uid != os.geteuid():
+        if info.st_uid != owner:
             raise TokenError(f"{path} belongs to uid {info.st_uid}, not to you; remove it")
         if info.st_mode & 0o077:
             raise TokenError(
                 f"{path} is readable or writable by others "
                 f"(mode {stat.S_IMODE(info.st_mode):04o}); run: chmod 600 {path}"
             )
-        data = os.read(fd, MAX_TOKEN_LENGTH + 2)
+        data = os.read(fd, (limit or MAX_TOKEN_LENGTH + 1) + 1)
     finally:
         os.close(fd)
     try:
-        text = data.decode("ascii")
+        first = data.decode("ascii").partition("\n")[0]
     except UnicodeDecodeError:
-        raise TokenError(f"{path} does not hold a token; remove it for a new one") from None
-    return check_token(text, str(path))
+        raise TokenError(f"{path} does not hold a token; remove it") from None
+    return check_token(first, str(path))
 
 
 def create_token_file(path: Path) -> str:

@@ -28,7 +28,6 @@ Two orchestrators of one user on one port (possible only on two different addres
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import stat
@@ -40,8 +39,8 @@ from .token import (
     TOKEN_ENV,
     Token,
     TokenError,
-    check_token,
     find_token,
+    read_token_file,
     token_file,
     user_config_dir,
 )
@@ -201,40 +200,10 @@ def read_record(environ: dict[str, str], port: int, *, run_user: Path = RUN_USER
             if os.path.lexists(path):
                 raise
             continue
-        value = _read(path, euid)
+        value = read_token_file(path, kind="token record", euid=euid, limit=_MAX_RECORD)
         if value is not None:
             return Token(value, str(path))
     return None
-
-
-def _read(path: Path, euid: int) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise TokenError(f"{path} is a symlink; remove it") from exc
-        raise TokenError(f"cannot read the token record {path}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise TokenError(f"{path} is not a regular file; remove it")
-        if info.st_uid != euid:
-            raise TokenError(f"{path} belongs to uid {info.st_uid}, not to you; remove it")
-        if info.st_mode & 0o077:
-            raise TokenError(
-                f"{path} is readable or writable by others "
-                f"(mode {stat.S_IMODE(info.st_mode):04o}); remove it"
-            )
-        data = os.read(fd, _MAX_RECORD + 1)
-    finally:
-        os.close(fd)
-    try:
-        first = data.decode("ascii").partition("\n")[0]
-    except UnicodeDecodeError:
-        raise TokenError(f"{path} does not hold a token; remove it") from None
-    return check_token(first, str(path))
 
 
 def find_bridge_token(
