@@ -53,6 +53,7 @@ from ._reasons import (
     ORCHESTRATOR_UNREACHABLE,
     SESSION_ENDED,
     SESSION_ENDED_BY_OPERATOR,
+    TOO_MANY_PER_CALL_CONTAINERS,
     TOO_MANY_REQUESTS_IN_FLIGHT,
     TOO_MANY_SESSIONS,
 )
@@ -88,6 +89,7 @@ TITLE_BY_REASON: Final[Mapping[str, str]] = {
     CONNECTION_CLOSED: "Connection Closed",
     SESSION_ENDED: "Session Ended",
     TOO_MANY_REQUESTS_IN_FLIGHT: "Too Many Requests",
+    TOO_MANY_PER_CALL_CONTAINERS: "Too Many Requests",
 }
 
 # A message is one line a client prints; the whole sentence stays in data.detail.

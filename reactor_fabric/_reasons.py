@@ -202,6 +202,9 @@ UNSUPPORTED_PROTOCOL_VERSION: Final = "unsupported_protocol_version"
 UNKNOWN_EXPOSURE: Final = "unknown_exposure"
 # /mcp: a ?profile= the suite does not have.
 PROFILE_NOT_FOUND: Final = "profile_not_found"
+# /mcp: a call of a fresh_per_call service while the session already has
+# MAX_PER_CALL_CONTAINERS of its calls in flight, each in its own container.
+TOO_MANY_PER_CALL_CONTAINERS: Final = "too_many_per_call_containers"
 
 # ============================================================================================
 # Logged only (never in an error a client or a server gets)
@@ -217,6 +220,11 @@ IDLE: Final = "idle"
 EXITED: Final = "exited"
 # A container that started after its session stopped needing it.
 NOT_NEEDED: Final = "not_needed"
+# /mcp, fresh_per_call: the one call the container served ended (answer, error, cancellation).
+CALL_ENDED: Final = "call_ended"
+# /mcp, smart_refresh: the container reached max_calls_per_container or max_container_age and
+# its calls ended (the next call has a fresh one).
+REFRESHED: Final = "refreshed"
 
 # --- socket_stdio_unavailable: stdio goes through the engine's attach --------------------------
 

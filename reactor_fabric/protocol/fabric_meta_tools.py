@@ -20,7 +20,7 @@ from .._reasons import SERVICE_NOT_FOUND
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from .catalog import Catalog
-from .events import Action, ToClient
+from .events import Action, BackendKey, ToClient
 from .fabric_discovery import (
     AssistSettings,
     ServiceFacts,
@@ -71,7 +71,7 @@ class MetaToolHost(Protocol):
     @property
     def profiles(self) -> Mapping[str, Sequence[str]]: ...
     @property
-    def backends(self) -> Mapping[str, _Backend]: ...
+    def all_backends(self) -> Mapping[BackendKey, _Backend]: ...
     @property
     def started_at(self) -> float: ...
     @property
@@ -246,8 +246,9 @@ def _status(
         "active_servers": list(host.active),
         "total_tools": len(host.catalog.tools),
         "containers": [
-            {"server": service, "state": backend.state}
-            for service, backend in host.backends.items()
+            # (a fresh_per_call service has one per call in flight)
+            {"server": key.service, "state": backend.state}
+            for key, backend in host.all_backends.items()
         ],
         "catalog_errors": host.catalog.errors(),
         "uptime": round(host.now - host.started_at, 3),

@@ -13,6 +13,19 @@ the handshake or stops reading is forgotten and, when it still runs, stopped at 
 The next call starts a fresh one (transparent respawn), and the session's other services are
 not affected. Events of a backend the router no longer counts on are ignored.
 
+Lifecycles (:class:`Lifecycle`, the suite's ``container_strategy``). By default a service has
+one backend per session, its *current* one (:attr:`FabricRouter.backends`). A
+``fresh_per_call`` service has none: each call (``tools/call``, ``resources/read``,
+``prompts/get``) starts a backend of its own, bound to it, greeted like any other, and removed
+(``call_ended``) once its call ended and its requests to the client were answered — at most
+:data:`MAX_PER_CALL_CONTAINERS` at once per service, one more call refused
+(``too_many_per_call_containers``); its list_changed is ignored (the next call's container is
+fresh anyway; the catalog is the one learned at start-up). A ``smart_refresh`` service's
+current backend that reached ``max_calls`` calls or ``max_age`` seconds is *retired*: the next
+call starts a fresh one, and it is removed (``refreshed``) once the calls it has end, never
+under one. Every backend is in :attr:`FabricRouter.all_backends`, by key; ids, questions to
+the client and writes are kept per backend key.
+
 Ids. Every request the machine sends — to a backend for the client, to the client for a backend,
 its own handshakes — gets an id of its own (one counter), remembered with where the answer
 goes; an answer comes back under the id its asker used. So the client's ids and each backend's
@@ -51,14 +64,24 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._errors import ClientDidNotAnswer, ContainerStartFailure, FabricError, titled
+from .._errors import (
+    ClientDidNotAnswer,
+    ContainerStartFailure,
+    FabricError,
+    InvalidRequest,
+    titled,
+)
 from .._reasons import (
     BACKEND_LIST_TOO_LARGE,
+    CALL_ENDED,
     CLIENT_DID_NOT_ANSWER,
     CONTAINER_OUTPUT_INVALID,
     EXITED,
     HANDSHAKE_FAILED,
     IDLE,
+    NOT_NEEDED,
+    REFRESHED,
+    TOO_MANY_PER_CALL_CONTAINERS,
 )
 from .answers import (
     MAX_SERVER_REQUESTS,
@@ -121,26 +144,60 @@ MAX_PENDING = 512
 OWN_BACKLOG_BYTES = SessionLimits().to_server_bytes
 # How long a backend's request to the client (sampling, elicitation) may wait for its answer.
 ASK_SECONDS = 300.0
+# Per-call containers of one service a session may have at once (fresh_per_call): one more call
+# is refused (-32600 too_many_per_call_containers) rather than queued, so that a client sees at
+# once that it asks more of the service than a session may.
+MAX_PER_CALL_CONTAINERS = 8
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
 _REFRESH = {notification: (LIST_METHOD[kind], kind) for notification, kind in LIST_CHANGED.items()}
+
+
+Strategy = Literal["reuse_per_session", "fresh_per_call", "smart_refresh"]
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """How a service's containers live in a session (the suite's ``container_strategy`` and
+    smart_refresh's bounds; memory is not read here).
+
+    ``reuse_per_session``: one container serves every call of the session. ``fresh_per_call``:
+    each call gets a container of its own, which has served nothing before and is removed when
+    the call ends. ``smart_refresh``: reused, but once it served ``max_calls`` calls or is
+    ``max_age`` seconds old (from its start) it takes no more: the next call starts a fresh one,
+    and the old one is removed once the calls it has end (never under one in flight)."""
+
+    strategy: Strategy = "reuse_per_session"
+    max_calls: int | None = None
+    max_age: float | None = None
+
+
+REUSE = Lifecycle()
 
 
 @dataclass(frozen=True)
 class _Forwarded:
     """A request sent to a backend: whose it is and how to answer it."""
 
-    service: str
+    key: BackendKey  # the backend it went to
     client_id: object  # the client's id (None: our own handshake)
     method: str
+
+    @property
+    def service(self) -> str:
+        return self.key.service
 
 
 @dataclass(frozen=True)
 class _Asked:
     """A backend's request passed on to the client."""
 
-    service: str
+    key: BackendKey  # the backend that asked
     backend_id: object
     deadline: float
+
+    @property
+    def service(self) -> str:
+        return self.key.service
 
 
 @dataclass
@@ -154,6 +211,12 @@ class _Backend:
     writes: collections.deque[tuple[int, bool]] = field(default_factory=collections.deque)
     queued: int = 0
     unread: int = 0
+    # Its lifecycle: "current" (the service's shared one, in FabricRouter.backends), "call"
+    # (fresh_per_call: bound to its one call), "retiring" (smart_refresh: past its bounds,
+    # removed once the calls it has end).
+    role: Literal["current", "call", "retiring"] = "current"
+    calls: int = 0  # the calls sent (or queued) to it
+    started_at: float | None = None  # when it started (its age; None: still starting)
 
 
 class FabricRouter(Answers):
@@ -173,6 +236,7 @@ class FabricRouter(Answers):
         facts: Mapping[str, ServiceFacts],
         count_tokens: Callable[[Json], int],
         idle_timeouts: Mapping[str, float],
+        lifecycles: Mapping[str, Lifecycle],
     ) -> None:
         super().__init__(now=now, audit_arguments=audit_arguments)
         self.catalog = catalog
@@ -184,8 +248,12 @@ class FabricRouter(Answers):
         self.own_backlog_bytes = own_backlog_bytes
         self.buffer_to_server_bytes = buffer_to_server_bytes
         self.idle_timeouts = dict(idle_timeouts)
+        self.lifecycles = dict(lifecycles)
         self.client_capabilities: Json = {}
-        self.backends: dict[str, _Backend] = {}  # each service's current backend
+        # Every backend the router counts on, and each service's current (shared) one among
+        # them; a fresh_per_call backend, or a retiring smart_refresh one, is only in the first.
+        self.all_backends: dict[BackendKey, _Backend] = {}
+        self.backends: dict[str, _Backend] = {}
         self._seq = 0  # the last backend's sequence (it names its container)
         self._had: set[str] = set()  # services that had a container (the next is a respawn)
         self._forwarded: dict[int, _Forwarded] = {}
@@ -195,38 +263,102 @@ class FabricRouter(Answers):
         # The session is ending (see answer_all): what everything coming meanwhile is told.
         self._ending: FabricError | None = None
 
+    def lifecycle(self, service: str) -> Lifecycle:
+        return self.lifecycles.get(service, REUSE)
+
     # --- routing to backends --------------------------------------------------------------------
 
     def _forward(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
+        """A call of the client's (tools/call, resources/read, prompts/get) for ``service``:
+        to its current backend, or to one of its own (fresh_per_call), started if need be."""
         if len(self._forwarded) >= MAX_PENDING:
             return [self._fail(client_id, INVALID_PARAMS, "too many requests in flight")]
         request = {"jsonrpc": "2.0", "id": None, "method": method, "params": for_backend(params)}
+        lifecycle = self.lifecycle(service)
+        if lifecycle.strategy == "fresh_per_call":
+            return self._forward_fresh(service, client_id, method, request)
         backend = self.backends.get(service)
+        if backend is not None and self._exhausted(backend, lifecycle):
+            # smart_refresh: it takes no more calls; it goes once those it has end (_settle).
+            self._retire(backend)
+            backend = None
         if backend is None:
-            self._seq += 1
-            key = BackendKey(service, self._seq)
-            self.backends[service] = _Backend(key, "starting", [request], self.now)
-            self._remember(request, service, client_id, method)
-            return [StartBackend(key, respawn=service in self._had)]
+            started = self._start_for(service, client_id, method, request, "current")
+            return [*started, *self._settle()]
         if backend.state != "ready":
             if len(backend.queue) >= MAX_QUEUED_PER_BACKEND:
                 return [self._fail(client_id, INVALID_PARAMS, f"{service} is still starting")]
             backend.queue.append(request)
-            self._remember(request, service, client_id, method)
+            backend.calls += 1
+            self._remember(request, backend.key, client_id, method)
             return []
-        self._remember(request, service, client_id, method)
+        self._remember(request, backend.key, client_id, method)
+        backend.calls += 1
         backend.last_active = self.now
-        return self._send(service, encoder.encode(request))
+        return self._send(backend.key, encoder.encode(request))
 
-    def _remember(self, request: Json, service: str, client_id: object, method: str) -> None:
+    def _forward_fresh(
+        self, service: str, client_id: object, method: str, request: Json
+    ) -> list[Action]:
+        """fresh_per_call: a container of its own for this call, within the session's bound."""
+        running = sum(
+            1 for b in self.all_backends.values() if b.key.service == service and b.role == "call"
+        )
+        if running >= MAX_PER_CALL_CONTAINERS:
+            refusal = InvalidRequest(
+                f"this session already has {MAX_PER_CALL_CONTAINERS} calls of {service} in "
+                "flight, each in a container of its own (fresh_per_call): retry when one ends",
+                reason=TOO_MANY_PER_CALL_CONTAINERS,
+            )
+            return [self._error(client_id, refusal)]
+        actions = self._start_for(service, client_id, method, request, "call")
+        # The log names the call its container serves (container_started names the sequence).
+        call = {"backend": service, "sequence": self._seq, "method": method, "call": client_id}
+        return [Log("info", "per_call_container", call), *actions]
+
+    def _start_for(
+        self,
+        service: str,
+        client_id: object,
+        method: str,
+        request: Json,
+        role: Literal["current", "call"],
+    ) -> list[Action]:
+        self._seq += 1
+        key = BackendKey(service, self._seq)
+        backend = _Backend(key, "starting", [request], self.now, role=role, calls=1)
+        self.all_backends[key] = backend
+        if role == "current":
+            self.backends[service] = backend
+        self._remember(request, key, client_id, method)
+        # (a per-call service's next container is no respawn: each call has a new one)
+        return [StartBackend(key, respawn=role == "current" and service in self._had)]
+
+    def _exhausted(self, backend: _Backend, lifecycle: Lifecycle) -> bool:
+        """Whether a smart_refresh backend has reached its bounds: calls served, or age."""
+        if lifecycle.strategy != "smart_refresh":
+            return False
+        if lifecycle.max_calls is not None and backend.calls >= lifecycle.max_calls:
+            return True
+        started = backend.started_at
+        return (
+            lifecycle.max_age is not None
+            and started is not None
+            and self.now - started >= lifecycle.max_age
+        )
+
+    def _remember(self, request: Json, key: BackendKey, client_id: object, method: str) -> None:
         request["id"] = self._new_id()
-        self._forwarded[request["id"]] = _Forwarded(service, client_id, method)
+        self._forwarded[request["id"]] = _Forwarded(key, client_id, method)
+        if isinstance(client_id, str | int):
+            self.calls.serve(client_id, key.seq)  # (a tools/call's record names its container)
 
     def _cancel_forwarded(self, client_id: object, params: Json) -> list[Action]:
-        """The client cancelled its request ``client_id``: withdrawn from its backend."""
+        """The client cancelled its request ``client_id``: withdrawn from its backend (a
+        per-call backend is removed with it: see _settle)."""
         for our_id, forwarded in self._forwarded.items():
             if forwarded.client_id == client_id and forwarded.client_id is not None:
-                backend = self.backends.get(forwarded.service)
+                backend = self.all_backends.get(forwarded.key)
                 if backend is not None and backend.state != "ready":
                     # Not sent yet: take it out of the queue; nobody will answer it.
                     backend.queue = [r for r in backend.queue if r["id"] != our_id]
@@ -234,19 +366,54 @@ class FabricRouter(Answers):
                     return []
                 # The backend should not answer a cancelled request: nothing waits for one.
                 del self._forwarded[our_id]
+                if backend is not None and backend.role == "call":
+                    return []  # its container is removed (_settle): that is its cancellation
                 note = {**params, "requestId": our_id}
                 return self._send(
-                    forwarded.service, notification_bytes("notifications/cancelled", note)
+                    forwarded.key, notification_bytes("notifications/cancelled", note)
                 )
         return []
+
+    def _settle(self) -> list[Action]:
+        """Remove the backends whose work is done: a per-call one whose call ended (and whose
+        requests to the client were answered), a retiring one whose calls ended. One still
+        starting waits for its start (see _backend_started): a stop before would find nothing."""
+        if self._ending is not None:
+            return []
+        actions: list[Action] = []
+        for key, backend in list(self.all_backends.items()):
+            if backend.role == "current" or backend.state != "ready" or self._busy(key):
+                continue
+            del self.all_backends[key]
+            actions += self._stop(key, CALL_ENDED if backend.role == "call" else REFRESHED)
+        return actions
+
+    def _retire(self, backend: _Backend) -> None:
+        """smart_refresh: the service's current backend takes no more calls (the next starts a
+        fresh one); it is removed once the calls it has end (_settle)."""
+        backend.role = "retiring"
+        del self.backends[backend.key.service]
+        self.relists.forget(backend.key.service)
+
+    def _settle_all(self) -> list[Action]:
+        """After every event: a smart_refresh backend past its bounds with no call in flight is
+        retired now rather than at the next call, and what is done is removed (_settle)."""
+        for service, backend in list(self.backends.items()):
+            lifecycle = self.lifecycle(service)
+            if lifecycle.strategy != "smart_refresh" or backend.state != "ready":
+                continue
+            if self._exhausted(backend, lifecycle) and not self._busy(backend.key):
+                self._retire(backend)
+        return self._settle()
 
     # --- events from backends -------------------------------------------------------------------
 
     def _backend_event(self, event: BackendEvent) -> list[Action]:
-        """An event of a backend: ignored unless it is of the service's current one."""
-        service = event.key.service
-        backend = self.backends.get(service)
-        if backend is None or backend.key != event.key:
+        """An event of a backend: ignored unless it is of one the router counts on."""
+        key = event.key
+        service = key.service
+        backend = self.all_backends.get(key)
+        if backend is None:
             return []  # a backend stopped (or failed) since: nothing is owed to it
         actions: list[Action] = []
         match event:
@@ -254,12 +421,12 @@ class FabricRouter(Answers):
                 self._written(backend, nbytes)
             case BackendStarted():
                 self._had.add(service)
-                actions = self._backend_started(service)
+                actions = self._backend_started(key)
             case BackendLine(line=line):
-                actions = self._backend_line(service, line)
+                actions = self._backend_line(key, line)
             case BackendStartFailed(error=error):
                 fields = {"backend": service, "reason": error.reason}
-                failed = self._failed(service, error)
+                failed = self._failed(key, error)
                 actions = [Log("warning", "container_start_failed", fields), *failed]
             case BackendBroken(detail=detail):
                 broken = ContainerStartFailure(
@@ -272,12 +439,18 @@ class FabricRouter(Answers):
                 actions = self._output_ended(backend, exited)
         return actions
 
+    def _forget(self, key: BackendKey) -> None:
+        self.all_backends.pop(key, None)
+        current = self.backends.get(key.service)
+        if current is not None and current.key == key:
+            del self.backends[key.service]
+
     def _output_ended(self, backend: _Backend, error: FabricError) -> list[Action]:
         """A backend's output ended (it exited, or broke the framing): removed at once, logged
         as the failure it is, and what it owed answered with ``error``."""
         stop = self._stop(backend.key, EXITED, logged=error.reason)
-        self.backends.pop(backend.key.service)  # (also while the session ends)
-        return [*stop, *self._failed(backend.key.service, error)]
+        self._forget(backend.key)  # (also while the session ends)
+        return [*stop, *self._failed(backend.key, error)]
 
     def _written(self, backend: _Backend, nbytes: int) -> None:
         """``nbytes`` of what was sent to ``backend`` (whole lines, oldest first) are written."""
@@ -290,21 +463,27 @@ class FabricRouter(Answers):
 
     def _stop(self, key: BackendKey, reason: str, logged: str | None = None) -> list[Action]:
         """Stop a backend the router forgot, logged as failed (``backend_failed``, with
-        ``logged`` or ``reason``) unless idle. Gracefully (its stdin closed, a moment to exit)
-        unless it no longer reads its stdin or has exited: those are removed at once."""
+        ``logged`` or ``reason``) unless its work is done (idle, its call ended, refreshed).
+        Gracefully (its stdin closed, a moment to exit) unless it no longer reads its stdin or
+        has exited: those are removed at once."""
         stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
-        if reason == IDLE:
+        if reason in (IDLE, CALL_ENDED, REFRESHED, NOT_NEEDED):
             return [stop]
         return [
             Log("warning", "backend_failed", {"backend": key.service, "reason": logged or reason}),
             stop,
         ]
 
-    def _backend_started(self, service: str) -> list[Action]:
+    def _backend_started(self, key: BackendKey) -> list[Action]:
         """The service's container runs: greet it as a client would."""
-        backend = self.backends.get(service)
+        backend = self.all_backends.get(key)
         if backend is None or self._ending is not None:
             return []
+        backend.started_at = self.now
+        if backend.role != "current" and not backend.queue:
+            # Its call was cancelled while it started (or, retiring, its calls): not needed.
+            del self.all_backends[key]
+            return self._stop(key, NOT_NEEDED)
         backend.state = "handshaking"
         backend.last_active = self.now
         capabilities: Json = {"roots": {"listChanged": False}}
@@ -322,42 +501,42 @@ class FabricRouter(Answers):
                 "clientInfo": {"name": SERVER_NAME, "version": self.version},
             },
         }
-        self._forwarded[handshake_id] = _Forwarded(service, None, "initialize")
-        return self._own(service, encoder.encode(handshake))
+        self._forwarded[handshake_id] = _Forwarded(key, None, "initialize")
+        return self._own(key, encoder.encode(handshake))
 
-    def _backend_line(self, service: str, data: bytes) -> list[Action]:
-        """One line from a service's container."""
+    def _backend_line(self, key: BackendKey, data: bytes) -> list[Action]:
+        """One line from a backend's container."""
         if self._ending is not None:
             return []  # nothing is owed any more, nor asked of the client
         self._backend_bytes = len(data)
-        return self._with_done(self._backend_message(service, data))
+        return self._with_done(self._backend_message(key, data))
 
-    def _backend_message(self, service: str, data: bytes) -> list[Action]:
+    def _backend_message(self, key: BackendKey, data: bytes) -> list[Action]:
         try:
             message = msgspec.json.decode(data)
         except (msgspec.DecodeError, RecursionError):
             message = None  # not a message: a server's stray output
         if not isinstance(message, dict):
             return []
-        self._touch(service)
+        self._touch(key)
         if "method" in message:
             if "id" in message:
-                return self._backend_request(service, message)
-            return self._backend_notification(service, message)
-        return self._backend_answer(service, message)
+                return self._backend_request(key, message)
+            return self._backend_notification(key, message)
+        return self._backend_answer(key, message)
 
-    def _backend_answer(self, service: str, message: Json) -> list[Action]:
+    def _backend_answer(self, key: BackendKey, message: Json) -> list[Action]:
         our_id = message.get("id")
         if not isinstance(our_id, int):
             return []
         forwarded = self._forwarded.get(our_id)
-        if forwarded is None or forwarded.service != service:
+        if forwarded is None or forwarded.key != key:
             return []
         del self._forwarded[our_id]
         if forwarded.client_id is None:
             if forwarded.method == "initialize":
-                return self._handshake_done(service, message)
-            return self._refreshed(service, forwarded.method, message)
+                return self._handshake_done(key, message)
+            return self._refreshed(key, forwarded.method, message)
         reply = {k: v for k, v in message.items() if k != "id"}
         reply["id"] = forwarded.client_id
         result = reply.get("result")
@@ -370,8 +549,9 @@ class FabricRouter(Answers):
         self._ended(forwarded.client_id, data)
         return [ToClient(data)]
 
-    def _handshake_done(self, service: str, message: Json) -> list[Action]:
-        backend = self.backends.get(service)
+    def _handshake_done(self, key: BackendKey, message: Json) -> list[Action]:
+        backend = self.all_backends.get(key)
+        service = key.service
         if backend is None:
             return []
         if "result" not in message:
@@ -382,24 +562,24 @@ class FabricRouter(Answers):
             )
             # Removed as well as forgotten: the next call starts a fresh one, and this one
             # would otherwise run beside it until the session ends.
-            stop = self._stop(backend.key, refused.reason)
-            return [*stop, *self._backend_failed(service, refused)]
+            stop = self._stop(key, refused.reason)
+            return [*stop, *self._backend_failed(key, refused)]
         backend.state = "ready"
-        actions = self._own(service, notification_bytes("notifications/initialized", None))
-        if service not in self.backends:
+        actions = self._own(key, notification_bytes("notifications/initialized", None))
+        if key not in self.all_backends:
             return actions  # it was found broken
         for request in backend.queue:
-            actions += self._send(service, encoder.encode(request))
+            actions += self._send(key, encoder.encode(request))
         backend.queue = []
         return actions
 
-    def _backend_request(self, service: str, message: Json) -> list[Action]:
+    def _backend_request(self, key: BackendKey, message: Json) -> list[Action]:
         method = str(message.get("method"))
         answer: Json = {"jsonrpc": "2.0", "id": message.get("id")}
-        if any(a.service == service and a.backend_id == answer["id"] for a in self._asked.values()):
+        if any(a.key == key and a.backend_id == answer["id"] for a in self._asked.values()):
             # The client's answer could not be told from the first's: refused, as the relay does.
             answer["error"] = duplicate_request(answer["id"]).to_jsonrpc_error()
-            return self._own(service, encoder.encode(answer))
+            return self._own(key, encoder.encode(answer))
         capability = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
         if method == "roots/list":
             roots = [{"uri": f"file://{target}", "name": target} for target in self.mount_targets]
@@ -411,18 +591,18 @@ class FabricRouter(Answers):
                 # As on the relay: the client is not asked more than this at once; the
                 # backend is told at once (and never waits for the expiry of each).
                 refusal = too_many_requests_to_client(MAX_SERVER_REQUESTS)
-                return self._own(service, error_response(message.get("id"), refusal))
+                return self._own(key, error_response(message.get("id"), refusal))
             our_id = self._new_id()
-            self._asked[our_id] = _Asked(service, message.get("id"), self.now + ASK_SECONDS)
+            self._asked[our_id] = _Asked(key, message.get("id"), self.now + ASK_SECONDS)
             return [ToClient(encoder.encode({**message, "id": our_id}))]
         else:
             answer["error"] = {
                 "code": METHOD_NOT_FOUND,
                 "message": titled(TITLES[METHOD_NOT_FOUND], f"the client does not offer {method}"),
             }
-        return self._own(service, encoder.encode(answer))
+        return self._own(key, encoder.encode(answer))
 
-    def _backend_notification(self, service: str, message: Json) -> list[Action]:
+    def _backend_notification(self, key: BackendKey, message: Json) -> list[Action]:
         method = message.get("method")
         if method in ("notifications/progress", "notifications/message"):
             return [ToClient(encoder.encode(message))]
@@ -432,7 +612,7 @@ class FabricRouter(Answers):
                 asked = [
                     i
                     for i, a in self._asked.items()
-                    if a.service == service and a.backend_id == params.get("requestId")
+                    if a.key == key and a.backend_id == params.get("requestId")
                 ]
                 for our_id in asked:
                     del self._asked[our_id]
@@ -445,24 +625,30 @@ class FabricRouter(Answers):
                     ]
             return []
         if isinstance(method, str) and method in _REFRESH:
+            backend = self.all_backends.get(key)
+            if backend is None or backend.role != "current":
+                # A per-call (or retiring) container's list is moot: the next call gets a
+                # fresh container, whose offer is the one learned at start-up.
+                return []
             # Ask the service what it offers now (see _refreshed); unless its list is asked for
             # or in the works already: then once more after that one, however often it repeats.
             _list_method, kind = _REFRESH[method]
-            return self._ask_list(service, kind) if self.relists.changed(service, kind) else []
+            return self._ask_list(key, kind) if self.relists.changed(key.service, kind) else []
         return []
 
-    def _ask_list(self, service: str, kind: str) -> list[Action]:
+    def _ask_list(self, key: BackendKey, kind: str) -> list[Action]:
         list_method = LIST_METHOD[kind]
         our_id = self._new_id()
-        self._forwarded[our_id] = _Forwarded(service, None, list_method)
+        self._forwarded[our_id] = _Forwarded(key, None, list_method)
         request = {"jsonrpc": "2.0", "id": our_id, "method": list_method}
-        return self._own(service, encoder.encode(request))
+        return self._own(key, encoder.encode(request))
 
-    def _refreshed(self, service: str, method: str, message: Json) -> list[Action]:
+    def _refreshed(self, key: BackendKey, method: str, message: Json) -> list[Action]:
         """A service's fresh list (after its list_changed): kept for the next refresh, which
         makes the catalog and index from it off the event loop (a Compute; its Computed: see
         ``FabricServer._computed``). A list over :data:`MAX_LIST_BYTES` is refused: the backend
         is treated as broken."""
+        service = key.service
         kind = dict(_REFRESH.values()).get(method)
         if kind is None:
             return []
@@ -479,8 +665,8 @@ class FabricRouter(Answers):
                 f"than the {MAX_LIST_BYTES} the fabric endpoint takes: it is treated as broken",
                 reason=BACKEND_LIST_TOO_LARGE,
             )
-            stop = self._stop(self.backends[service].key, BACKEND_LIST_TOO_LARGE)
-            return [*self._backend_failed(service, error), *stop]
+            stop = self._stop(key, BACKEND_LIST_TOO_LARGE)
+            return [*self._backend_failed(key, error), *stop]
         self.relists.keep(service, kind, relist, entries)
         return self._next_refresh()
 
@@ -493,67 +679,72 @@ class FabricRouter(Answers):
 
     def _list_done(self, service: str, kind: str, relist: _Relist) -> list[Action]:
         again = self.relists.done(service, kind, relist)
-        return self._ask_list(service, kind) if again else []
+        if not again:
+            return []
+        backend = self.backends.get(service)
+        return [] if backend is None else self._ask_list(backend.key, kind)
 
     @property
     def accepting(self) -> bool:
         """Whether the client may be read: no backend has more than the session's bound
         waiting for its stdin (a slow service stalls only this session)."""
-        return all(b.queued <= self.buffer_to_server_bytes for b in self.backends.values())
+        return all(b.queued <= self.buffer_to_server_bytes for b in self.all_backends.values())
 
-    def _send(self, service: str, data: bytes, *, own: bool = False) -> list[Action]:
-        """One line for ``service``'s current backend, counted until reported written. A
+    def _send(self, key: BackendKey, data: bytes, *, own: bool = False) -> list[Action]:
+        """One line for the backend ``key``, counted until reported written. A
         message of the endpoint's own (``own``) is within the bound on what it leaves unread:
         past it the backend has stopped reading its stdin while asking (pings, roots,
         refreshes…): it is broken, not the orchestrator's memory (one message alone may exceed
         the bound, as a client's may)."""
-        backend = self.backends.get(service)
+        backend = self.all_backends.get(key)
         if backend is None:
             return []  # forgotten (broken, stopped): nothing is owed to it any more
         line = data + b"\n"
         size = len(line)
         if own:
             if backend.unread and backend.unread + size > self.own_backlog_bytes:
-                return self._unresponsive(service, backend.unread)
+                return self._unresponsive(key, backend.unread)
             backend.unread += size
         backend.queued += size
         backend.writes.append((size, own))
         return [ToBackend(backend.key, line)]
 
-    def _own(self, service: str, data: bytes) -> list[Action]:
-        return self._send(service, data, own=True)
+    def _own(self, key: BackendKey, data: bytes) -> list[Action]:
+        return self._send(key, data, own=True)
 
-    def _unresponsive(self, service: str, unread: int) -> list[Action]:
+    def _unresponsive(self, key: BackendKey, unread: int) -> list[Action]:
         error = ContainerStartFailure(
-            f"the {service} server stopped reading its input ({unread} bytes of the "
+            f"the {key.service} server stopped reading its input ({unread} bytes of the "
             "orchestrator's own messages to it unread); its container was removed, the next "
             "call starts a fresh one",
             reason=UNRESPONSIVE,
         )
         # Stopped first: the driver drops what waits for its stdin before the answers go out.
-        stop = self._stop(self.backends[service].key, UNRESPONSIVE)
-        return [*stop, *self._backend_failed(service, error)]
+        stop = self._stop(key, UNRESPONSIVE)
+        return [*stop, *self._backend_failed(key, error)]
 
-    def _failed(self, service: str, error: FabricError) -> list[Action]:
-        """The service's container could not start, or ended: answer what it owed, forget it
-        (the next call starts a new one). The session's other services go on."""
+    def _failed(self, key: BackendKey, error: FabricError) -> list[Action]:
+        """A backend could not start, or ended: answer what it owed, forget it (the next call
+        starts a new one). The session's other backends go on."""
         if self._ending is not None:
-            self.backends.pop(service, None)
+            self._forget(key)
             return []  # it owes nothing any more
-        return self._with_done(self._backend_failed(service, error))
+        return self._with_done(self._backend_failed(key, error))
 
-    def _backend_failed(self, service: str, error: FabricError) -> list[Action]:
-        self.backends.pop(service, None)
-        self.relists.forget(service)
+    def _backend_failed(self, key: BackendKey, error: FabricError) -> list[Action]:
+        current = self.backends.get(key.service)
+        if current is not None and current.key == key:
+            self.relists.forget(key.service)
+        self._forget(key)
         actions: list[Action] = []
         for our_id, forwarded in list(self._forwarded.items()):
-            if forwarded.service != service:
+            if forwarded.key != key:
                 continue
             del self._forwarded[our_id]
             if forwarded.client_id is not None:
                 actions.append(self._error(forwarded.client_id, error))
         for our_id, asked in list(self._asked.items()):
-            if asked.service == service:
+            if asked.key == key:
                 del self._asked[our_id]
         return actions
 
@@ -561,7 +752,7 @@ class FabricRouter(Answers):
         """When backends' questions to the client expire, and when idle backends stop."""
         due = [asked.deadline for asked in self._asked.values()]
         for service, backend in self.backends.items():
-            if backend.state == "ready" and not self._busy(service):
+            if backend.state == "ready" and not self._busy(backend.key):
                 due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
         return due
 
@@ -575,28 +766,29 @@ class FabricRouter(Answers):
                 error = ClientDidNotAnswer(
                     "the client did not answer this request in time", reason=CLIENT_DID_NOT_ANSWER
                 )
-                actions += self._own(asked.service, error_response(asked.backend_id, error))
+                actions += self._own(asked.key, error_response(asked.backend_id, error))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(notification_bytes("notifications/cancelled", note)))
         return actions
 
     def _stop_idle(self, now: float) -> list[Action]:
-        """Stop the backends idle for their service's timeout."""
+        """Stop the current backends idle for their service's timeout (per-call and retiring
+        ones go when their calls end: see _settle)."""
         actions: list[Action] = []
         for service, backend in list(self.backends.items()):
             idle_until = backend.last_active + self.idle_timeouts.get(service, math.inf)
-            if backend.state == "ready" and not self._busy(service) and idle_until <= now:
-                del self.backends[service]
+            if backend.state == "ready" and not self._busy(backend.key) and idle_until <= now:
+                self._forget(backend.key)
                 self.relists.forget(service)
                 actions += self._stop(backend.key, IDLE)
         return actions
 
-    def _busy(self, service: str) -> bool:
-        return any(f.service == service for f in self._forwarded.values()) or any(
-            a.service == service for a in self._asked.values()
+    def _busy(self, key: BackendKey) -> bool:
+        return any(f.key == key for f in self._forwarded.values()) or any(
+            a.key == key for a in self._asked.values()
         )
 
-    def _touch(self, service: str) -> None:
-        backend = self.backends.get(service)
+    def _touch(self, key: BackendKey) -> None:
+        backend = self.all_backends.get(key)
         if backend is not None:
             backend.last_active = self.now

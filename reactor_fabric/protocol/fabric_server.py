@@ -90,9 +90,11 @@ from .fabric_meta_tools import (
 from .fabric_refresh import Refreshed
 from .fabric_router import (
     ASK_SECONDS,
+    MAX_PER_CALL_CONTAINERS,
     MAX_QUEUED_PER_BACKEND,
     OWN_BACKLOG_BYTES,
     FabricRouter,
+    Lifecycle,
 )
 from .jsonrpc import RequestId, peek
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
@@ -102,10 +104,12 @@ __all__ = [
     "ASK_SECONDS",
     "FABRIC_SERVICE",
     "MAX_LISTENERS",
+    "MAX_PER_CALL_CONTAINERS",
     "MAX_QUEUED_PER_BACKEND",
     "META_NAMES",
     "Exposure",
     "FabricServer",
+    "Lifecycle",
 ]
 
 Json = dict[str, Any]
@@ -144,6 +148,7 @@ class FabricServer(FabricRouter):
         own_backlog_bytes: int = OWN_BACKLOG_BYTES,
         buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
         client_lease: float | None = None,
+        lifecycles: Mapping[str, Lifecycle] | None = None,
     ) -> None:
         super().__init__(
             catalog,
@@ -156,6 +161,7 @@ class FabricServer(FabricRouter):
             facts=facts or {},
             count_tokens=count_tokens,
             idle_timeouts=idle_timeouts or {},
+            lifecycles=lifecycles or {},
         )
         self.session_id = session_id
         self.exposure: Exposure = exposure
@@ -206,7 +212,10 @@ class FabricServer(FabricRouter):
                 if isinstance(event, BackendLine):
                     self.lease.touch(now)
                 actions = self._backend_event(event)
-        return actions
+        if self._closed:
+            return actions
+        # A per-call backend whose call ended, a retiring one whose calls ended: removed.
+        return actions + self._settle_all()
 
     def abandon(self, now: float) -> list[Action]:
         """The session is over without the machine ending it: the calls still open will never
@@ -220,7 +229,10 @@ class FabricServer(FabricRouter):
         if self._closed:
             return actions
         self._closed = True
-        stops = [StopBackend(b.key, SESSION_ENDED, graceful=True) for b in self.backends.values()]
+        stops = [
+            StopBackend(b.key, SESSION_ENDED, graceful=True) for b in self.all_backends.values()
+        ]
+        self.all_backends.clear()
         self.backends.clear()
         return [*actions, *stops, EndSession()]
 
@@ -247,12 +259,14 @@ class FabricServer(FabricRouter):
         twin = copy.copy(self)
         twin.active = list(self.active)
         twin._assisting = dict(self._assisting)
-        twin.backends = {
-            service: dataclasses.replace(
+        twin.all_backends = {
+            key: dataclasses.replace(
                 backend, queue=list(backend.queue), writes=collections.deque(backend.writes)
             )
-            for service, backend in self.backends.items()
+            for key, backend in self.all_backends.items()
         }
+        # (the same objects as the twin's all_backends, as here)
+        twin.backends = {s: twin.all_backends[b.key] for s, b in self.backends.items()}
         twin._had = set(self._had)
         twin._forwarded = dict(self._forwarded)
         twin._asked = dict(self._asked)
@@ -278,9 +292,19 @@ class FabricServer(FabricRouter):
             encoded(self.client_capabilities),
             self.protocol_version,
             tuple(
-                (b.key, b.state, encoded(b.queue), b.last_active, tuple(b.writes))
-                for _s, b in sorted(self.backends.items())
+                (
+                    b.key,
+                    b.state,
+                    encoded(b.queue),
+                    b.last_active,
+                    tuple(b.writes),
+                    b.role,
+                    b.calls,
+                    b.started_at,
+                )
+                for _k, b in sorted(self.all_backends.items())
             ),
+            tuple(sorted((s, b.key) for s, b in self.backends.items())),
             self._seq,
             tuple(sorted(self._had)),
             self._closed,
@@ -337,7 +361,7 @@ class FabricServer(FabricRouter):
         gets ``error`` too, and the backends hear nothing more (a start that completes is not
         greeted, a call that waited for it is not sent: its client was told it failed)."""
         self._ending = error
-        for backend in self.backends.values():
+        for backend in self.all_backends.values():
             backend.queue = []  # (their requests are answered below)
         return self._with_done(self._answer_all(error))
 
@@ -501,7 +525,7 @@ class FabricServer(FabricRouter):
             return []  # an answer to nothing we asked: dropped
         reply = {k: v for k, v in message.items() if k != "id"}
         reply["id"] = asked.backend_id
-        return self._send(asked.service, encoder.encode(reply))
+        return self._send(asked.key, encoder.encode(reply))
 
     # --- tools ----------------------------------------------------------------------------------
 

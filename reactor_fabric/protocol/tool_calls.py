@@ -117,6 +117,9 @@ class ToolCall:
     bytes_in: int
     bytes_out: int
     traceparent: str | None  # the client's, from params._meta, when valid
+    # The fabric endpoint's backend that served it (its BackendKey's seq; None: none, or the
+    # relay's one): which container the record names, when a service runs several at once.
+    seq: int | None = None
 
 
 class ToolCallDone:
@@ -153,6 +156,15 @@ class ToolCallDone:
         return self._answer.call.service
 
     @property
+    def seq(self) -> int | None:
+        """The backend that served the call on the fabric endpoint (see :attr:`ToolCall.seq`),
+        without reading its outcome."""
+        if self._call is not None:
+            return self._call.seq
+        assert self._answer is not None
+        return self._answer.call.seq
+
+    @property
     def held_bytes(self) -> int:
         """The bytes of an answer still held for reading its outcome (0 once read)."""
         return len(self._answer.frame) if self._answer is not None else 0
@@ -177,6 +189,7 @@ class _Open:
     # The relay's request params not read yet (see ToolCalls.begin_params): read when the call
     # ends, which then fills in tool, arguments and traceparent.
     unread: bytes | None = None
+    seq: int | None = None  # the backend serving it (see ToolCalls.serve)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +387,12 @@ class ToolCalls:
         if call is not None:
             call.service, call.tool = service, tool[:MAX_TOOL_NAME]
 
+    def serve(self, request_id: RequestId, seq: int) -> None:
+        """The fabric endpoint sent the call to its backend ``seq`` (its record names it)."""
+        call = self.open.get(request_id)
+        if call is not None:
+            call.seq = seq
+
     # --- outcomes -----------------------------------------------------------------------------
 
     def answer(self, request_id: RequestId | None, frame: bytes, now: float) -> ToolCallDone | None:
@@ -460,6 +479,7 @@ def _done(  # noqa: PLR0917 (the outcome's parts, in the order a reader expects)
         bytes_in=call.bytes_in,
         bytes_out=bytes_out,
         traceparent=call.traceparent,
+        seq=call.seq,
     )
 
 

@@ -225,7 +225,13 @@ class SessionDriver:
 
     def _audit(self, done: ToolCallDone) -> None:
         service = done.service or self.endpoint
-        self.host.audit(done, service=service, live=self._latest.get(service))
+        live = self._latest.get(service)
+        seq = done.seq
+        if seq is not None:
+            # The container that served it (a service may run several: one per call).
+            key = BackendKey(service, seq)
+            live = self._live.get(key) if key not in self._stopping else None
+        self.host.audit(done, service=service, live=live)
 
     def _log(self, action: Log) -> None:
         log.log(_LEVELS[action.level], action.event, extra={**self._fields, **action.fields})

@@ -41,7 +41,7 @@ from ..config.structs import Service
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client, trace_of
 from ..policy.admission import FabricOptions, Refusal, admission
-from ..protocol.fabric_server import FabricServer
+from ..protocol.fabric_server import FabricServer, Lifecycle
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import SessionMachine
 from ..protocol.tool_calls import valid_traceparent
@@ -318,6 +318,7 @@ async def _fabric_driver(
         facts=fabric.service_facts(),
         profiles={name: p.services for name, p in fabric.suite.profiles.items()},
         idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
+        lifecycles={name: lifecycle(s) for name, s in services.items()},
         now=trio.current_time(),
         index=index,
         token_budget=fabric.suite.orchestrator.fabric.token_budget,
@@ -330,6 +331,14 @@ async def _fabric_driver(
     host = ContainerHost(fabric, record)
     return SessionDriver(
         machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT, lease=lease
+    )
+
+
+def lifecycle(service: Service) -> Lifecycle:
+    """A service's container lifecycle on the fabric endpoint (smart_refresh's memory bound is
+    not acted on there yet)."""
+    return Lifecycle(
+        service.strategy, service.max_calls_per_container, service.max_container_age_seconds
     )
 
 

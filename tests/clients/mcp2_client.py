@@ -15,6 +15,8 @@ Commands (stdin, JSON lines), each answered by one JSON line on stdout:
     {"op": "call", "name": N, "arguments": A} -> {"ok": bool, "content": [...], "structured": ...}
         (with "report_progress": true, progress is printed as it comes: {"op": "progress", ...})
     {"op": "listen"}       -> {"ok": true, "honored": filter} (2026-07-28: opens, then closes)
+    {"op": "call_many", "calls": [{"name": N, "arguments": A}, ...]}
+                           -> {"ok": true, "results": [as "call", in order]} (all at once)
     {"op": "exit"}
 
 ``--trace`` gives the SDK an OpenTelemetry tracer provider exporting over OTLP/HTTP (to
@@ -100,7 +102,7 @@ async def main() -> None:
                             "protocol": client.protocol_version,
                         }
                     )
-                elif op in ("list_tools", "call", "listen"):
+                elif op in ("list_tools", "call", "listen", "call_many"):
                     assert client is not None
                     emit(await use(client, command))
                 else:
@@ -125,6 +127,10 @@ async def use(client: Client, command: dict[str, Any]) -> dict[str, Any]:
     if op == "list_tools":
         tools = await client.list_tools()
         return {"ok": True, "tools": [tool.name for tool in tools.tools]}
+    if op == "call_many":
+        # Concurrent requests on the one session.
+        calls = [use(client, {"op": "call", **one}) for one in command["calls"]]
+        return {"ok": True, "results": list(await asyncio.gather(*calls))}
     if op == "listen":
         async with client.listen(tools_list_changed=True) as subscription:
             return {"ok": True, "honored": subscription.honored.model_dump(by_alias=True)}

@@ -40,7 +40,11 @@ Invariants:
 - a request sent again under an id in flight is refused at once (``duplicate_request_id``), never
   reaches a container, gets a record of its own, and leaves the first one's answer and record as
   they would have been;
-- at most one catalog refresh runs at a time.
+- at most one catalog refresh runs at a time;
+- a service whose containers live one call each (``fresh_per_call``, the services in
+  ``PER_CALL``) starts one for every call, never a respawn, each serving exactly one call
+  (concurrent calls in containers of their own at once), and none of them is left running once
+  nothing is under way.
 """
 
 from __future__ import annotations
@@ -58,10 +62,12 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import (
+    CALL_ENDED,
     CONTAINER_OUTPUT_INVALID,
     CONTAINER_UNRESPONSIVE,
     EXITED,
     IDLE,
+    NOT_NEEDED,
     ORCHESTRATOR_STOPPING,
     SESSION_ENDED,
 )
@@ -92,7 +98,7 @@ from reactor_fabric.protocol.events import (
     ToolsChanged,
 )
 from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
-from reactor_fabric.protocol.fabric_server import FabricServer
+from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZED, request
 from tests.orderings import LazyTrail, Trail, Violation, check
@@ -148,6 +154,8 @@ DUPLICATES = False
 OWN_BACKLOG: int | None = None
 BUFFER: int | None = None
 BREAKS = False
+# The services whose every call runs in a container of its own (fresh_per_call).
+PER_CALL: tuple[str, ...] = ()
 MAX_STATES = 1_000_000
 # Each refresh's result, computed once (the same Refresh is shared by the worlds that hold it).
 RESULTS: dict[Refresh, Refreshed] = {}
@@ -170,12 +178,13 @@ class Box:
     ran: bool = False  # it started (a later container of its service is a respawn)
     logged: int = 0  # its backend_failed log lines
     late: bool = False  # reported an exit after the machine stopped it
+    calls: int = 0  # the tools/call requests it got
 
     def key(self) -> tuple[object, ...]:
         return (
             self.seq, self.service, self.state, tuple(self.received), self.greeted,
             self.initialized, self.unreported, self.ask, self.ask_answers, self.changed,
-            self.ran, self.logged, self.late,
+            self.ran, self.logged, self.late, self.calls,
         )  # fmt: skip
 
 
@@ -308,9 +317,17 @@ def start(world: World, key: BackendKey, *, respawn: bool, trail: list[str]) -> 
         for b in world.boxes.values()
         if b.service == service and b.state in ("starting", "running")
     ]
-    check(not alive, f"{service} started while it has a container", trail)
+    if service in PER_CALL:
+        # One per call: never more starts than calls (a call does not get a second one).
+        starts = sum(1 for b in world.boxes.values() if b.service == service)
+        calls = sum(1 for c in TOOL_CALL_IDS if c in world.sent)
+        check(starts < calls, f"{service} started more containers than its calls", trail)
+    else:
+        check(not alive, f"{service} started while it has a container", trail)
     check(key.seq not in world.boxes, f"{key} started twice", trail)
-    had = any(b.service == service and b.ran for b in world.boxes.values())
+    had = service not in PER_CALL and any(
+        b.service == service and b.ran for b in world.boxes.values()
+    )
     check(respawn == had, f"{service} started, respawn={respawn}, had={had}", trail)
     world.boxes[key.seq] = Box(key.seq, service)
 
@@ -327,7 +344,7 @@ def stop(world: World, action: StopBackend, logged: list[str], trail: list[str])
     # (removed at once when it stopped reading or exited; else given a moment to exit)
     graceful = reason not in (CONTAINER_UNRESPONSIVE, EXITED)
     check(action.graceful == graceful, f"{key} {reason}, graceful={action.graceful}", trail)
-    if reason not in (IDLE, SESSION_ENDED):
+    if reason not in (IDLE, SESSION_ENDED, CALL_ENDED, NOT_NEEDED):
         check(key.service in logged, f"{key} stopped ({reason}), not logged", trail)
         logged.remove(key.service)
         box.logged += 1
@@ -404,6 +421,9 @@ def receive_line(world: World, box: Box, message: dict[str, Any], trail: list[st
         check(waiting, f"call {client_id} reached {name} after the client's wait ended", trail)
         world.reached[client_id] = world.reached.get(client_id, 0) + 1
         check(world.reached[client_id] == 1, f"call {client_id} reached a container twice", trail)
+        box.calls += 1
+        if box.service in PER_CALL:
+            check(box.calls == 1, f"{name} got a second call", trail)
     if "id" in message:
         box.received.append((message["id"], method))
 
@@ -459,7 +479,7 @@ def box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
     if box.state == "stopped" and not box.late:
         # Its reader saw it end before the driver's stop took effect: the machine ignores it.
         return [(f"late-exit-{seq}", partial(late_exit, seq=seq))]
-    if box.state != "running" or world.current.get(box.service) != seq:
+    if box.state != "running":
         return []  # gone: the driver feeds nothing more of it
     steps = []
     if box.unreported and OWN_BACKLOG is not None:
@@ -528,7 +548,8 @@ def started(world: World, seq: int) -> list[Action]:
     box = world.boxes[seq]
     box.state = "running"
     box.ran = True
-    world.current[box.service] = seq
+    if box.service not in PER_CALL:
+        world.current[box.service] = seq
     return world.feed(BackendStarted(BackendKey(box.service, seq)))
 
 
@@ -589,7 +610,7 @@ def dies(world: World, seq: int, *, broken: bool = False) -> list[Action]:
     world.misfortunes += 1
     box = world.boxes[seq]
     box.state = "gone"
-    del world.current[box.service]
+    world.current.pop(box.service, None)
     key = BackendKey(box.service, seq)
     if broken:
         return world.feed(BackendBroken(key, CONTAINER_OUTPUT_INVALID, "a line over the limit"))
@@ -638,11 +659,23 @@ def settled(world: World) -> bool:
     )
 
 
+def per_call_checks(world: World, trail: list[str]) -> None:
+    """Before shutdown and the client's leaving: every per-call container runs as one the
+    machine counts on, and none is left once nothing is under way (its call is over)."""
+    running = [b for b in world.boxes.values() if b.service in PER_CALL and b.state == "running"]
+    for box in running:
+        counted = BackendKey(box.service, box.seq) in world.machine.all_backends
+        check(counted, f"{box.service} ({box.seq}) left running, forgotten", trail)
+    spent = [box.seq for box in running]
+    check(not (spent and settled(world)), f"per-call {spent} left running, calls over", trail)
+
+
 def state_checks(world: World, trail: list[str]) -> None:
     """In every state reached."""
     refused = world.duplicate_refused and world.duplicate_recorded
     check(world.duplicated == refused, "a duplicate not refused at once", trail)
     if not world.stopping and not world.left:
+        per_call_checks(world, trail)
         for service in SERVICES:
             box = world.running(service)
             backend = world.machine.backends.get(service)
@@ -682,6 +715,7 @@ def explore() -> int:
         count_tokens=lambda _definition: 1,
         own_backlog_bytes=own_backlog,
         buffer_to_server_bytes=BUFFER if BUFFER is not None else 1 << 40,
+        lifecycles={service: Lifecycle("fresh_per_call") for service in PER_CALL},
     )
     start = World(machine)
     stack: list[tuple[World, Trail]] = [(start, None)]
@@ -734,9 +768,13 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
         # both calls to one service: queued behind one start, respawned after idle or death
         ({"SCRIPT": ONE_SERVICE, "MISFORTUNES": 2, "CANCELS": 1, "DUPLICATES": True, "ASKS": 1},
          5_000),
+        # both calls to a fresh_per_call service: a container each, at once; sampling through
+        # the client keeping one alive; cancels, deaths, refused handshakes, shutdown
+        ({"SCRIPT": ONE_SERVICE, "PER_CALL": ("alpha",), "MISFORTUNES": 1, "CANCELS": 1,
+          "ASKS": 1, "ASK_METHODS": ("sampling/createMessage",), "CHANGES": 1}, 35_000),
     ],
     ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "stdin-bound", "tools-changed",
-         "two-refreshes", "one-service"],
+         "two-refreshes", "one-service", "per-call"],
 )  # fmt: skip
 def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
     monkeypatch: pytest.MonkeyPatch, settings: dict[str, object], at_least: int
@@ -750,10 +788,10 @@ def answering_twice(original: Callable[..., list[Action]]) -> Callable[..., list
     """A machine that answers again what a dead container owed."""
 
     def answer_twice(
-        self: FabricServer, service: str, error: ContainerStartFailure
+        self: FabricServer, key: BackendKey, error: ContainerStartFailure
     ) -> list[Action]:
-        owed = [f.client_id for f in self._forwarded.values() if f.service == service]
-        actions = original(self, service, error)
+        owed = [f.client_id for f in self._forwarded.values() if f.key == key]
+        actions = original(self, key, error)
         return actions + [self._error(client_id, error) for client_id in owed if client_id]
 
     return answer_twice
@@ -771,8 +809,10 @@ def ending_as_before(_original: Callable[..., list[Action]]) -> Callable[..., li
 def keeping_a_refused_backend(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
     """The machine before the fix: a backend that refused the handshake was forgotten only."""
 
-    def handshake_done(self: FabricServer, service: str, message: dict[str, Any]) -> list[Action]:
-        actions = original(self, service, message)
+    def handshake_done(
+        self: FabricServer, key: BackendKey, message: dict[str, Any]
+    ) -> list[Action]:
+        actions = original(self, key, message)
         return [a for a in actions if not isinstance(a, StopBackend | Log)]
 
     return handshake_done
@@ -887,3 +927,25 @@ def test_a_clone_of_the_machine_is_independent_and_fingerprinted_alike() -> None
     assert twin.backends["alpha"].state == "handshaking"
     assert twin.backends["alpha"].queued == len(handshake.data)
     assert json.loads(handshake.data)["method"] == "initialize"
+
+
+@pytest.mark.parametrize(
+    ("method", "planted", "caught"),
+    [
+        ("_settle", lambda _original: lambda _self: [], "left running, calls over"),
+        ("lifecycle", lambda _original: lambda _self, _service: Lifecycle(), "got a second call"),
+    ],
+    ids=["keeps-spent-containers", "shares-one-container"],
+)
+def test_the_checker_catches_a_per_call_service_kept_or_shared(
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+    planted: Callable[[Callable[..., list[Action]]], Callable[..., Any]],
+    caught: str,
+) -> None:
+    # A machine that leaves a per-call container running after its call, or that gives both
+    # calls one container: exploring finds it.
+    monkeypatch.setattr(FabricServer, method, planted(getattr(FabricServer, method)))
+    configure(monkeypatch, SCRIPT=ONE_SERVICE, PER_CALL=("alpha",), MISFORTUNES=0)
+    with pytest.raises(Violation, match=caught):
+        explore()

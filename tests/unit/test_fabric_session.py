@@ -758,3 +758,30 @@ async def test_a_client_gone_mid_answer_ends_the_fabric_session_cleanly(
         events = [record.getMessage() for record in caplog.records]
         assert "session_ended" in events
         assert "session_crashed" not in events
+
+
+async def test_a_per_call_service_runs_concurrent_calls_in_containers_of_their_own_removed_after(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    services = {
+        **SERVICES,
+        "alpha": Service(image="fake/alpha:1", container_strategy="fresh_per_call"),
+    }
+    async with served(tmp_path, learn_catalog=True, services=services) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__wait", seconds=10))
+        await ws.send_json(tool_call(3, "alpha__wait", seconds=1))
+        assert (await ws.hear())["id"] == 3
+        # The first call's container still runs, the second's is gone with its call.
+        await trio.sleep(2)  # (the first call takes 10 s)
+        assert len(http.runtime.alive) == 1
+        assert (await ws.hear())["id"] == 2
+        await trio.sleep(30)
+        assert http.runtime.alive == []
+        assert started_services(http) == ["alpha", "alpha"]
+        records = [event.record for event in http.fabric.observer.calls]
+        # Each call's record names a container (the one that served it: see the engine's test,
+        # the in-memory runtime's ids share their first 12 characters).
+        assert sorted((r["request_id"], r["outcome"]) for r in records) == [(2, "ok"), (3, "ok")]
+        assert all(r["container"] is not None for r in records)
+        await ws.aclose()

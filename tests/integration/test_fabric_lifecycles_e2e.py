@@ -1,0 +1,167 @@
+"""End to end, container lifecycles on the fabric endpoint ``/mcp``: the real orchestrator and
+engine, the bundled servers, the Python SDK 2.x as the client.
+
+``everything`` runs ``fresh_per_call`` (a container of its own for every call, removed when the
+call ends) and ``time`` runs ``smart_refresh`` with ``max_calls_per_container: 2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import pytest
+
+from tests.integration.harness import (
+    LineProcess,
+    Orchestrator,
+    containers_of,
+    orchestrator,
+    python2_client,
+    text_of,
+    wait_until,
+    write_suite,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
+    home = tmp_path_factory.mktemp("lifecycles")
+    (home / "projects").mkdir()
+    suite = write_suite(
+        home / "suite.yaml",
+        [str(home / "projects")],
+        service_fields={
+            "everything": {"container_strategy": "fresh_per_call"},
+            "time": {"container_strategy": "smart_refresh", "max_calls_per_container": 2},
+        },
+    )
+    with orchestrator(suite, home / "orchestrator.log") as running:
+        yield running
+
+
+def opened(fabric: Orchestrator) -> tuple[LineProcess, str]:
+    """An initialized SDK 2.x session of ``/mcp`` (every tool listed) and its session id."""
+    client = python2_client(f"{fabric.http_url}/mcp?tools=all", "legacy")
+    assert client.ask({"op": "initialize"})["server"] == "reactor-fabric"
+    status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+    assert status["ok"], status
+    return client, str(status["structured"]["session_id"])
+
+
+def running(docker_client: docker.DockerClient, session: str, service: str) -> list[Any]:
+    return [
+        c
+        for c in containers_of(docker_client, session=session, service=service)
+        if c.status in ("created", "running")
+    ]
+
+
+def records(fabric: Orchestrator, session: str, event: str, service: str) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in fabric.audit()
+        if r.get("event") == event and r.get("session") == session and r.get("service") == service
+    ]
+
+
+def test_five_calls_to_a_per_call_service_run_in_five_containers_each_gone_after_its_call(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client, session = opened(fabric)
+    try:
+        for n in range(5):
+            echo = {"op": "call", "name": "everything__echo", "arguments": {"message": f"m{n}"}}
+            answer = client.ask(echo)
+            assert answer["ok"], answer
+            assert text_of(answer) == f"Echo: m{n}"
+            # Removed once its call is over, before the next call.
+            wait_until(
+                lambda: running(docker_client, session, "everything") == [],
+                what=f"call {n}'s container removed",
+            )
+        wait_until(
+            lambda: len(records(fabric, session, "container_stop", "everything")) == 5,
+            what="five container_stop records",
+        )
+        calls = records(fabric, session, "tool_call", "everything")
+        served_by = [r["container"] for r in calls]
+        assert len(served_by) == 5
+        assert len(set(served_by)) == 5, served_by  # five distinct containers
+        starts = records(fabric, session, "container_start", "everything")
+        assert sorted(r["container"] for r in starts) == sorted(served_by)
+        assert not any(r["respawn"] for r in starts)
+        stops = records(fabric, session, "container_stop", "everything")
+        assert {r["reason"] for r in stops} == {"call_ended"}
+    finally:
+        client.close()
+    wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
+
+
+def test_two_concurrent_calls_to_a_per_call_service_run_in_two_containers_at_once(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client, session = opened(fabric)
+    try:
+        slow = {
+            "name": "everything__trigger-long-running-operation",
+            "arguments": {"duration": 4, "steps": 4},
+        }
+        client.send({"op": "call_many", "calls": [slow, slow]})
+        wait_until(
+            lambda: len(running(docker_client, session, "everything")) == 2,
+            what="two containers at once",
+        )
+        answer = client.read_json()
+        assert answer["ok"], answer
+        assert [r["ok"] for r in answer["results"]] == [True, True], answer
+        wait_until(
+            lambda: running(docker_client, session, "everything") == [],
+            what="both removed after their calls",
+        )
+        wait_until(
+            lambda: len(records(fabric, session, "tool_call", "everything")) == 2,
+            what="two tool_call records",
+        )
+        served_by = {r["container"] for r in records(fabric, session, "tool_call", "everything")}
+        assert len(served_by) == 2
+    finally:
+        client.close()
+    wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
+
+
+def test_a_smart_refresh_container_is_replaced_after_its_calls_and_the_client_sees_no_error(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client, session = opened(fabric)
+    try:
+        for _ in range(3):
+            answer = client.ask(
+                {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+            )
+            assert answer["ok"], answer
+            assert '"timezone": "UTC"' in text_of(answer)
+        wait_until(
+            lambda: len(records(fabric, session, "tool_call", "time")) == 3,
+            what="three tool_call records",
+        )
+        first, second, third = (
+            r["container"] for r in records(fabric, session, "tool_call", "time")
+        )
+        assert first == second != third  # replaced after its two calls
+        wait_until(
+            lambda: (
+                [r["container"] for r in records(fabric, session, "container_stop", "time")]
+                == [first]
+            ),
+            what="the first container removed",
+        )
+        [stop] = records(fabric, session, "container_stop", "time")
+        assert stop["reason"] == "refreshed"
+        assert [c.id[:12] for c in running(docker_client, session, "time")] == [third]
+    finally:
+        client.close()
+    wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")

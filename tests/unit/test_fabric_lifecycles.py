@@ -1,0 +1,288 @@
+"""Container lifecycles on the fabric endpoint, event by event (pure: no container, no socket):
+``fresh_per_call`` (a container of its own for every call, removed when the call ends) and
+``smart_refresh`` (replaced between calls once it served its calls or reached its age)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from reactor_fabric._reasons import (
+    CALL_ENDED,
+    NOT_NEEDED,
+    ORCHESTRATOR_STOPPING,
+    REFRESHED,
+    SESSION_ENDED,
+    TOO_MANY_PER_CALL_CONTAINERS,
+)
+from reactor_fabric.protocol.events import (
+    Action,
+    BackendExited,
+    BackendKey,
+    BackendLine,
+    BackendStarted,
+    ClientFrame,
+    ClientGone,
+    Shutdown,
+    StartBackend,
+    StopBackend,
+    ToBackend,
+    ToClient,
+)
+from reactor_fabric.protocol.fabric_server import MAX_PER_CALL_CONTAINERS, FabricServer, Lifecycle
+from reactor_fabric.protocol.tool_calls import ToolCallDone
+from tests.unit.test_fabric_server import Clock, msg, session, to_client
+
+PER_CALL = {"time": Lifecycle("fresh_per_call")}
+
+
+def fed(server: FabricServer, clock: Clock, event: Any) -> list[Action]:
+    return server.handle(event, clock.now)
+
+
+def call(server: FabricServer, clock: Clock, request_id: object, **extra: Any) -> list[Action]:
+    params = {"name": "time__get_current_time", "arguments": {"n": request_id}, **extra}
+    return fed(server, clock, ClientFrame(msg(id=request_id, method="tools/call", params=params)))
+
+
+def started_keys(actions: list[Action]) -> list[BackendKey]:
+    return [a.key for a in actions if isinstance(a, StartBackend)]
+
+
+def stopped(actions: list[Action]) -> list[tuple[BackendKey, str]]:
+    return [(a.key, a.reason) for a in actions if isinstance(a, StopBackend)]
+
+
+def sent(actions: list[Action], key: BackendKey) -> list[dict[str, Any]]:
+    return [json.loads(a.data) for a in actions if isinstance(a, ToBackend) and a.key == key]
+
+
+def ready(server: FabricServer, clock: Clock, key: BackendKey) -> list[dict[str, Any]]:
+    """The backend started and answered the machine's handshake: what it was then sent."""
+    [handshake] = sent(fed(server, clock, BackendStarted(key)), key)
+    assert handshake["method"] == "initialize"
+    answer = msg(id=handshake["id"], result={"capabilities": {}, "serverInfo": {}})
+    return sent(fed(server, clock, BackendLine(key, answer)), key)
+
+
+def answer(
+    server: FabricServer, clock: Clock, key: BackendKey, request: dict[str, Any]
+) -> list[Action]:
+    result = {"content": [{"type": "text", "text": f"from {key.seq}"}]}
+    return fed(server, clock, BackendLine(key, msg(id=request["id"], result=result)))
+
+
+def one_call(
+    server: FabricServer, clock: Clock, request_id: int
+) -> tuple[BackendKey, list[Action]]:
+    """A call to a fresh backend, answered: its backend and what the answer did."""
+    [key] = started_keys(call(server, clock, request_id))
+    [_initialized, request] = ready(server, clock, key)
+    return key, answer(server, clock, key, request)
+
+
+def per_call_session(**options: Any) -> tuple[FabricServer, Clock]:
+    clock = Clock()
+    options.setdefault("lifecycles", PER_CALL)
+    return session(clock=clock, exposure="all", **options), clock
+
+
+def test_every_call_of_a_per_call_service_runs_in_a_fresh_container_removed_when_it_ends() -> None:
+    server, clock = per_call_session()
+    keys = []
+    for request_id in (1, 2, 3):
+        actions = call(server, clock, request_id)
+        [start] = [a for a in actions if isinstance(a, StartBackend)]
+        assert start.respawn is False  # each is a container of its own, not a respawn
+        [_initialized, request] = ready(server, clock, start.key)
+        assert request["method"] == "tools/call"
+        answered = answer(server, clock, start.key, request)
+        [reply] = to_client(answered)
+        assert reply["id"] == request_id
+        assert reply["result"]["content"][0]["text"] == f"from {start.key.seq}"
+        # Answered first, recorded naming its container, then the container goes.
+        assert isinstance(answered[0], ToClient)
+        [done] = [a for a in answered if isinstance(a, ToolCallDone)]
+        assert done.seq == start.key.seq
+        [stop] = [a for a in answered if isinstance(a, StopBackend)]
+        assert answered.index(done) < answered.index(stop)
+        assert stopped(answered) == [(start.key, CALL_ENDED)]
+        assert [a.graceful for a in answered if isinstance(a, StopBackend)] == [True]
+        keys.append(start.key)
+    assert len(set(keys)) == 3
+    assert server.all_backends == {}
+    assert server.backends == {}
+
+
+def test_concurrent_calls_of_a_per_call_service_run_in_separate_containers_at_once() -> None:
+    server, clock = per_call_session()
+    [first] = started_keys(call(server, clock, 1, _meta={"progressToken": "p1"}))
+    [second] = started_keys(call(server, clock, 2, _meta={"progressToken": "p2"}))
+    assert first != second
+    [_, request_1] = ready(server, clock, first)
+    [_, request_2] = ready(server, clock, second)
+    assert request_1["params"]["arguments"] == {"n": 1}
+    assert request_2["params"]["arguments"] == {"n": 2}
+    assert request_2["params"]["_meta"] == {"progressToken": "p2"}
+    # The second one's progress reaches the client as it is; its answer ends only its call.
+    progress = msg(method="notifications/progress", params={"progressToken": "p2", "progress": 1})
+    [note] = to_client(fed(server, clock, BackendLine(second, progress)))
+    assert note["params"]["progressToken"] == "p2"
+    answered = answer(server, clock, second, request_2)
+    assert [r["id"] for r in to_client(answered)] == [2]
+    assert stopped(answered) == [(second, CALL_ENDED)]
+    assert set(server.all_backends) == {first}
+    answered = answer(server, clock, first, request_1)
+    assert [r["id"] for r in to_client(answered)] == [1]
+    assert stopped(answered) == [(first, CALL_ENDED)]
+
+
+def test_the_clients_cancellation_removes_the_container_of_its_call_only() -> None:
+    server, clock = per_call_session()
+    [first] = started_keys(call(server, clock, 1))
+    [second] = started_keys(call(server, clock, 2))
+    ready(server, clock, first)
+    ready(server, clock, second)
+    cancel = msg(method="notifications/cancelled", params={"requestId": 1})
+    actions = fed(server, clock, ClientFrame(cancel))
+    assert stopped(actions) == [(first, CALL_ENDED)]
+    [done] = [a for a in actions if isinstance(a, ToolCallDone)]
+    assert done.call.outcome == "cancelled"
+    assert set(server.all_backends) == {second}
+
+
+def test_a_call_cancelled_while_its_container_starts_removes_it_once_started() -> None:
+    server, clock = per_call_session()
+    [key] = started_keys(call(server, clock, 1))
+    cancel = msg(method="notifications/cancelled", params={"requestId": 1})
+    # Not stopped yet: the driver could not stop what it has not started.
+    assert stopped(fed(server, clock, ClientFrame(cancel))) == []
+    actions = fed(server, clock, BackendStarted(key))
+    assert stopped(actions) == [(key, NOT_NEEDED)]
+    assert sent(actions, key) == []  # not even greeted
+    assert server.all_backends == {}
+
+
+def test_a_per_call_container_dying_mid_call_answers_its_call_and_spares_the_others() -> None:
+    server, clock = per_call_session()
+    [first] = started_keys(call(server, clock, 1))
+    [second] = started_keys(call(server, clock, 2))
+    ready(server, clock, first)
+    [_, request_2] = ready(server, clock, second)
+    actions = fed(server, clock, BackendExited(first, 1))
+    [error] = to_client(actions)
+    assert error["id"] == 1
+    assert error["error"]["data"]["reason"] == "container_exited"
+    assert set(server.all_backends) == {second}
+    assert [r["id"] for r in to_client(answer(server, clock, second, request_2))] == [2]
+
+
+def test_shutdown_answers_every_per_call_call_and_the_clients_leaving_stops_every_container() -> (
+    None
+):
+    server, clock = per_call_session()
+    keys = [started_keys(call(server, clock, i))[0] for i in (1, 2)]
+    ready(server, clock, keys[0])
+    twin = server.clone()
+    errors = to_client(fed(server, clock, Shutdown(ORCHESTRATOR_STOPPING)))
+    assert {e["id"] for e in errors} == {1, 2}
+    assert {e["error"]["data"]["reason"] for e in errors} == {ORCHESTRATOR_STOPPING}
+    actions = fed(twin, clock, ClientGone())
+    assert sorted(stopped(actions)) == [(k, SESSION_ENDED) for k in keys]
+
+
+def test_one_call_past_the_per_call_bound_is_refused_and_one_ending_makes_room() -> None:
+    server, clock = per_call_session()
+    keys = [started_keys(call(server, clock, i))[0] for i in range(MAX_PER_CALL_CONTAINERS)]
+    actions = call(server, clock, "over")
+    assert started_keys(actions) == []
+    [refusal] = to_client(actions)
+    assert refusal["id"] == "over"
+    assert refusal["error"]["code"] == -32600
+    assert refusal["error"]["data"]["reason"] == TOO_MANY_PER_CALL_CONTAINERS
+    [_, request] = ready(server, clock, keys[0])
+    answer(server, clock, keys[0], request)
+    assert len(started_keys(call(server, clock, "now"))) == 1
+
+
+def test_a_per_call_container_asking_the_client_is_kept_until_the_client_answers() -> None:
+    server, clock = per_call_session(client_capabilities={"sampling": {}})
+    [key] = started_keys(call(server, clock, 1))
+    [_, request] = ready(server, clock, key)
+    ask = msg(id="s1", method="sampling/createMessage", params={"messages": [], "maxTokens": 1})
+    [asked] = to_client(fed(server, clock, BackendLine(key, ask)))
+    # The call is answered while its question waits: the container stays for the answer.
+    assert stopped(answer(server, clock, key, request)) == []
+    reply = msg(id=asked["id"], result={"role": "assistant", "content": {}, "model": "m"})
+    assert stopped(fed(server, clock, ClientFrame(reply))) == [(key, CALL_ENDED)]
+
+
+def test_a_per_call_containers_list_changed_is_not_asked_again() -> None:
+    server, clock = per_call_session()
+    [key] = started_keys(call(server, clock, 1))
+    ready(server, clock, key)
+    changed = msg(method="notifications/tools/list_changed")
+    assert sent(fed(server, clock, BackendLine(key, changed)), key) == []
+
+
+def test_a_smart_refresh_container_is_replaced_between_calls_after_max_calls() -> None:
+    server, clock = per_call_session(lifecycles={"time": Lifecycle("smart_refresh", max_calls=2)})
+    [first] = started_keys(call(server, clock, 1))
+    [_, request] = ready(server, clock, first)
+    assert stopped(answer(server, clock, first, request)) == []
+    # The second call reuses it, and once answered it goes: it served its two.
+    actions = call(server, clock, 2)
+    assert started_keys(actions) == []
+    [request] = sent(actions, first)
+    answered = answer(server, clock, first, request)
+    assert [r["id"] for r in to_client(answered)] == [2]
+    assert "error" not in to_client(answered)[0]
+    assert stopped(answered) == [(first, REFRESHED)]
+    # The third starts a fresh one, greeted by the machine; the client sees only its answer.
+    [second] = started_keys(call(server, clock, 3))
+    assert second != first
+    [_, request] = ready(server, clock, second)
+    assert [r["id"] for r in to_client(answer(server, clock, second, request))] == [3]
+
+
+def test_a_smart_refresh_container_is_never_replaced_under_a_call_in_flight() -> None:
+    server, clock = per_call_session(lifecycles={"time": Lifecycle("smart_refresh", max_calls=1)})
+    [first] = started_keys(call(server, clock, 1))
+    [_, request_1] = ready(server, clock, first)
+    # The next call goes to a fresh container; the first is kept for its call in flight.
+    actions = call(server, clock, 2)
+    [second] = started_keys(actions)
+    assert stopped(actions) == []
+    assert sent(actions, first) == []
+    answered = answer(server, clock, first, request_1)
+    assert [r["id"] for r in to_client(answered)] == [1]
+    assert stopped(answered) == [(first, REFRESHED)]
+    [_, request_2] = ready(server, clock, second)
+    assert request_2["params"]["arguments"] == {"n": 2}
+
+
+def test_a_smart_refresh_container_older_than_max_age_is_replaced_at_the_next_call() -> None:
+    server, clock = per_call_session(lifecycles={"time": Lifecycle("smart_refresh", max_age=60)})
+    [first] = started_keys(call(server, clock, 1))
+    [_, request] = ready(server, clock, first)
+    answer(server, clock, first, request)
+    clock.now += 59
+    actions = call(server, clock, 2)
+    assert started_keys(actions) == []  # younger than its age: reused
+    [request] = sent(actions, first)
+    answer(server, clock, first, request)
+    clock.now += 1
+    actions = call(server, clock, 3)
+    [second] = started_keys(actions)
+    assert stopped(actions) == [(first, REFRESHED)]
+    assert second != first
+
+
+def test_a_reused_service_keeps_one_container_for_every_call() -> None:
+    server, clock = per_call_session(lifecycles={})
+    [key] = started_keys(call(server, clock, 1))
+    [_, request] = ready(server, clock, key)
+    assert stopped(answer(server, clock, key, request)) == []
+    actions = call(server, clock, 2)
+    assert started_keys(actions) == []
+    assert [r["method"] for r in sent(actions, key)] == ["tools/call"]
