@@ -1232,4 +1232,14 @@ def _explain(exc: docker.errors.APIError) -> str:
     explanation: object = exc.explanation
     if isinstance(explanation, bytes):
         explanation = explanation.decode("utf-8", "replace")
-    return str(explanation or exc)
+    return _said_once(str(explanation or exc))
+
+
+def _said_once(text: str) -> str:
+    """``text`` without an engine's repetition of itself: Docker wraps an error in its own
+    words ("no such image: X: No such image: X"), and a user reads it on one line."""
+    parts = text.split(": ")
+    half, odd = divmod(len(parts), 2)
+    if not odd and half and [p.lower() for p in parts[:half]] == [p.lower() for p in parts[half:]]:
+        return ": ".join(parts[:half])
+    return text

@@ -181,3 +181,15 @@ def test_every_error_class_has_its_code_and_message_in_the_error_table() -> None
         for cells in [[c.strip() for c in line.split("|")]]
     }
     assert {(c.code, c.title) for c in _error_classes()} <= rows
+
+
+def test_an_engine_error_that_repeats_itself_is_said_once() -> None:
+    exc = docker.errors.ImageNotFound(
+        "404", explanation="no such image: ghost:none: No such image: ghost:none"
+    )
+    translated = translate_docker_error(exc, "create")
+    assert str(translated) == "image not found: no such image: ghost:none"
+    other = docker.errors.APIError("409", explanation="conflict: name in use")
+    assert str(translate_docker_error(other, "create")) == (
+        "Docker refused to create: conflict: name in use"
+    )
