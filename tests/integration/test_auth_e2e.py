@@ -172,9 +172,10 @@ def test_healthz_tells_a_caller_without_the_token_only_the_status(fabric: Orches
 
 
 # What each real client shows a user whose token is missing (measured; the assertion is the
-# most each one can show; unchanged by the WWW-Authenticate error_description, measured 2026-11
-# with mcp 2.3.0 and 1.30.0, websockets 17.4, the TypeScript SDK 1.32.2 on Node 20/22). The refusal's body is a JSON-RPC error, which clients that read
-# error bodies surface with its reason; Node's WebSocket hides every handshake status.
+# most each one can show). The refusal's body is a JSON-RPC error, which clients that read
+# error bodies surface with its reason; Node's WebSocket hides every handshake status. The
+# WWW-Authenticate error_description changed none of them (measured 2026-11 with mcp 2.3.0 and
+# 1.30.0, websockets 17.4, the TypeScript SDK 1.32.2; docs/TROUBLESHOOTING.md has the others).
 SHOWN = {
     "bridge-sdk2-stdio": "token_missing",  # the bridge answers with the JSON-RPC error
     "sdk2-http": "token_missing",  # mcp 2.x surfaces a JSON-RPC error in a non-2xx body
