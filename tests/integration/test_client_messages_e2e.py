@@ -45,7 +45,7 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
         yield running
 
 
-def inspector_command(url: str, home: Path, *arguments: str) -> list[str]:
+def inspector_command(url: str, *arguments: str) -> list[str]:
     return [
         *envs.inspector_cli(),
         url,
@@ -69,7 +69,7 @@ def inspector_error(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 def run_inspector(url: str, home: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        inspector_command(url, home, *arguments),
+        inspector_command(url, *arguments),
         env={**os.environ, "HOME": str(home)},  # it keeps a store in HOME
         capture_output=True,
         text=True,
@@ -95,7 +95,6 @@ def test_the_inspector_cli_prints_that_the_container_exited_during_the_call(
     call = subprocess.Popen(
         inspector_command(
             f"{fabric.http_url}/mcp?tools=all",
-            tmp_path,
             "--method",
             "tools/call",
             "--tool-name",
