@@ -18,6 +18,10 @@ with its error, answered to the first message's id (or none) and nothing started
    its limit → ``too_many_sessions``. The check is on numbers; the count it reads and updates is
    :class:`~reactor_fabric.trio.fabric.Fabric`'s (``Fabric.admit``).
 
+The options and mounts of a URL's query may come as headers instead
+(:func:`requested_options`): the same values, for clients that show or log the URL, or that drop
+an error's message when the URL has a query (Claude Code).
+
 Pure: no I/O, no trio; the caller does the validation and answers the refusal.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 from .._errors import FabricError, InvalidMessage, InvalidRequest, ServiceNotFound, SessionRefused
 from .._reasons import (
@@ -49,10 +54,36 @@ __all__ = [
     "admission",
     "capacity",
     "fabric_options",
+    "requested_options",
     "service_not_found",
 ]
 
 EXPOSURES: tuple[Exposure, ...] = ("discover", "all")
+
+# The session's options a client may send as a header rather than in the URL's query: the same
+# names and values. A mount header may list several mounts, separated by commas (a path with a
+# comma goes in the query).
+OPTION_HEADERS: Mapping[bytes, str] = {
+    b"x-reactor-fabric-mount": "mount",
+    b"x-reactor-fabric-tools": "tools",
+    b"x-reactor-fabric-profile": "profile",
+}
+
+
+def requested_options(query: str, headers: Mapping[bytes, str]) -> dict[str, list[str]]:
+    """The session's options as the request asks for them: its URL query's values, then its
+    option headers' (:data:`OPTION_HEADERS`), by name — what admission reads (``mount``,
+    ``tools``, ``profile``) and a keyed session compares to tell its owner."""
+    options = parse_qs(query)
+    for header, name in OPTION_HEADERS.items():
+        value = headers.get(header)
+        if value is None:
+            continue
+        parts = value.split(",") if name == "mount" else [value]
+        values = [part.strip() for part in parts if part.strip()]
+        if values:
+            options.setdefault(name, []).extend(values)
+    return options
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs
 
 import trio
 
@@ -62,7 +61,7 @@ from .._reasons import (
 )
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client
-from ..policy.admission import service_not_found
+from ..policy.admission import requested_options, service_not_found
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import (
     REQUEST,
@@ -318,7 +317,7 @@ async def _session_for(
     return sessions.create(
         service,
         key,
-        parse_qs(request.query),
+        requested_options(request.query, request.headers),
         registered=_registers(message),
         client=client_of(sessions.fabric, request, "streamable-http"),
         traceparent=request.header(b"traceparent") or None,
@@ -337,7 +336,7 @@ async def _owned(exchange: HttpExchange, session: HttpSession, message: Peek | N
     request = exchange.request
     if request.headers.get(SESSION_HEADER) is not None:
         return True
-    if _same_owner(session, message, parse_qs(request.query)):
+    if _same_owner(session, message, requested_options(request.query, request.headers)):
         return True
     request_id = message.id if message is not None and message.kind == REQUEST else None
     taken = SecurityViolation(

@@ -31,7 +31,6 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
-from urllib.parse import parse_qs
 
 import trio
 import wsproto
@@ -41,6 +40,7 @@ from .._errors import SecurityViolation
 from .._reasons import TOO_MANY_PENDING_CONNECTIONS
 from .._sockets import send_what_fits
 from ..config.suite import FABRIC_ENDPOINT
+from ..policy.admission import requested_options
 from ..policy.auth import Refusal, admit
 from ..protocol.events import Tick
 from ..protocol.jsonrpc import Peek
@@ -311,7 +311,7 @@ async def serve_websocket(
     )
     subprotocol = SUBPROTOCOL if SUBPROTOCOL in handshake.subprotocols else None
     service = _websocket_service(request.path) or ""  # refused above when None
-    query = parse_qs(request.query)
+    query = requested_options(request.query, request.headers)
     mounts = query.get("mount", [])
     pending = True  # counted among the connections that have not sent a first message
     try:

@@ -6,9 +6,10 @@ reason must be on that line, in words (the message is "Title: what happened").
 
 Claude Code (2.1.332) replaces the whole message of a failed connection by ``ProtocolError
 dialing URL`` (the URL redacted) whenever the server's URL has a query string — so for
-``?mount=`` or ``?token=`` no wording of ours can reach that line, only the code does. Its
-stdio servers' errors are printed whole: the stdio bridge (``--mount``) shows the reason, which
-is why the docs recommend it to Claude Code users (docs/TROUBLESHOOTING.md, "What each client
+``?mount=`` or ``?token=`` no wording of ours can reach that line, only the code does. The
+mounts and options may come as headers instead (``X-Reactor-Fabric-Mount``), which keeps the
+URL plain and the reason on the line; and its stdio servers' errors are printed whole: the
+stdio bridge (``--mount``) shows the reason too (docs/TROUBLESHOOTING.md, "What each client
 prints").
 """
 
@@ -196,6 +197,15 @@ def test_claude_code_shows_the_reason_of_a_refusal_on_its_mcp_list_and_get_lines
             "--header",
             header,
         ],
+        "header-mount": [
+            "--transport",
+            "http",
+            f"{fabric.http_url}/mcp",
+            "--header",
+            header,
+            "--header",
+            "X-Reactor-Fabric-Mount: /etc:/workspace",
+        ],
     }
     for name, arguments in servers.items():
         if arguments[0] == "--":
@@ -203,7 +213,7 @@ def test_claude_code_shows_the_reason_of_a_refusal_on_its_mcp_list_and_get_lines
         else:
             claude_mcp(home, project, "add", *arguments[:2], name, *arguments[2:])
     lines = listed_lines(claude_mcp(home, project, "list", timeout=300))
-    for name in ("bridge-mount", "fabric-bridge-mount"):
+    for name in ("bridge-mount", "fabric-bridge-mount", "header-mount"):
         line = lines[name]
         assert "✘ Failed to connect — -32004: Security Violation: '/etc'" in line, line
         assert "is outside the allowed mount roots" in line, line

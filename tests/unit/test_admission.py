@@ -25,6 +25,7 @@ from reactor_fabric.policy.admission import (
     Refusal,
     admission,
     capacity,
+    requested_options,
 )
 from reactor_fabric.protocol.handshake import ForwardFirst, RegisterClient
 from tests.messages import INITIALIZE
@@ -232,3 +233,18 @@ def test_a_stopping_orchestrator_refuses_a_session_even_with_room_and_says_it_is
         assert isinstance(stopping, SessionRefused)
         assert stopping.reason == "orchestrator_stopping"
         assert str(stopping) == "the orchestrator is stopping"
+
+
+def test_options_sent_as_headers_join_those_of_the_query_under_the_same_names() -> None:
+    headers = {
+        b"x-reactor-fabric-mount": "/a:/workspace, /b:/projects/b:ro",
+        b"x-reactor-fabric-tools": "all",
+        b"x-reactor-fabric-profile": " code ",
+    }
+    assert requested_options("mount=/q:/projects/q", headers) == {
+        "mount": ["/q:/projects/q", "/a:/workspace", "/b:/projects/b:ro"],
+        "tools": ["all"],
+        "profile": ["code"],
+    }
+    assert requested_options("tools=discover", {}) == {"tools": ["discover"]}
+    assert requested_options("", {b"x-reactor-fabric-mount": " , "}) == {}

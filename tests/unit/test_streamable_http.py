@@ -438,6 +438,40 @@ async def test_an_open_get_stream_keeps_the_http_session_but_not_its_idle_contai
         await listener.aclose()
 
 
+async def test_a_mount_sent_as_a_header_is_judged_as_the_query_one_and_keeps_the_url_plain(
+    tmp_path: Path,
+) -> None:
+    # Claude Code drops an error's message when the URL has a query: the header form gives the
+    # same session with a plain URL, so the refusal's words reach the user.
+    (tmp_path / "b").mkdir()
+    async with served(tmp_path) as http:
+        refused = await http.post(INITIALIZE, headers={"X-Reactor-Fabric-Mount": "/etc:/workspace"})
+        error = refused.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32004, "mount_outside_allowed_roots")
+        assert http.runtime.spawned == []
+        two = f"{tmp_path}:/workspace:ro, {tmp_path / 'b'}:/projects/b"
+        reply = await http.post(INITIALIZE, headers={"X-Reactor-Fabric-Mount": two})
+        assert reply.status == 200
+        [spec] = http.runtime.spawned
+        assert [(m.target, m.read_only) for m in spec.mounts] == [
+            ("/workspace", True),
+            ("/projects/b", False),
+        ]
+
+
+async def test_a_keyed_url_tells_its_owner_by_the_mounts_of_header_and_query_alike(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mine").mkdir()
+    async with served(tmp_path) as http:
+        mine = {"X-Reactor-Fabric-Mount": f"{tmp_path / 'mine'}:/workspace"}
+        path = "/mcp/svc/agent-9"
+        assert (await http.post(call(1, "echo"), path=path, headers=mine)).status == 200
+        # The same URL without the header is another client's request.
+        assert key_in_use(await http.post(call(2, "echo"), path=path))
+        assert "result" in (await http.post(call(3, "echo"), path=path, headers=mine)).json()
+
+
 async def test_a_keyed_url_belongs_to_its_first_client_other_mounts_are_refused(
     tmp_path: Path,
 ) -> None:
