@@ -52,6 +52,7 @@ from .client_lease import ClientLease
 from .events import (
     Action,
     BackendLine,
+    BackendMeasured,
     ClientActivity,
     ClientFrame,
     ClientGone,
@@ -202,6 +203,8 @@ class FabricServer(FabricRouter):
             case Computed(job=job, result=result):
                 refreshed = result if isinstance(result, Refreshed) else None
                 actions = self._computed(job, refreshed)
+            case BackendMeasured():
+                pass  # this endpoint asks for no measurement
             case _:
                 if isinstance(event, BackendLine):
                     self.lease.touch(now)

@@ -43,7 +43,7 @@ from ..observe.observer import Client, trace_of
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..protocol.fabric_server import FabricServer
 from ..protocol.jsonrpc import error_response
-from ..protocol.session import SessionMachine
+from ..protocol.session import Lifecycle, SessionMachine
 from ..protocol.tool_calls import valid_traceparent
 from .channel import ChannelClosed, ClientChannel, LeasedClient
 from .containers import ContainerHost
@@ -282,9 +282,23 @@ def _relay_driver(
         now=trio.current_time(),
         audit_arguments=fabric.audit_arguments,
         client_lease=lease.lease_seconds if lease is not None else None,
+        lifecycle=lifecycle_of(service),
     )
     host = ContainerHost(fabric, record)
     return SessionDriver(machine, channel, host, record=record, endpoint=service_name, lease=lease)
+
+
+def lifecycle_of(service: Service) -> Lifecycle:
+    """The relay's view of a service's container_strategy (smart_refresh's bounds only with
+    it: validation warns about them otherwise)."""
+    if service.strategy != "smart_refresh":
+        return Lifecycle(service.strategy)
+    return Lifecycle(
+        service.strategy,
+        max_calls=service.max_calls_per_container,
+        max_age=service.max_container_age_seconds,
+        memory_threshold=service.memory_threshold_bytes,
+    )
 
 
 async def _fabric_driver(
