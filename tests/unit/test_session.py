@@ -342,8 +342,9 @@ async def test_each_call_to_a_per_call_service_runs_in_its_own_container_removed
             answer = await h.call(2 + n, "echo", n=n)
             assert json.loads(answer["result"]["content"][0]["text"]) == {"n": n}
             # gone after its call, before the next one
+            removed = n + 1
             await until(
-                lambda n=n: len(h.engine.removals) == n + 1 and h.engine.alive == [],
+                lambda: len(h.engine.removals) == removed and h.engine.alive == [],  # noqa: B023
                 what="its container gone",
             )
         assert len(set(h.engine.removals)) == 3
