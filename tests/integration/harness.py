@@ -176,11 +176,13 @@ def write_suite(
     timeouts: dict[str, str] | None = None,
     images: dict[str, str] | None = None,
     test_services: dict[str, dict[str, Any]] | None = None,
+    service_fields: dict[str, dict[str, Any]] | None = None,
     **orchestrator: Any,
 ) -> Path:
     """The bundled suite's services, with test roots and (optionally) other timeouts/images,
     plus ``test_services``: name → fields added to a local test image's service (see
-    :func:`build_test_image`), e.g. ``{"image": tag, "config": {...}}``."""
+    :func:`build_test_image`), e.g. ``{"image": tag, "config": {...}}``; ``service_fields``:
+    name → fields set on a bundled service (``container_strategy``, ``warm``…)."""
     suite = json.loads(json.dumps(BUNDLED))
     suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
     # No warm pool unless a test asks for one (test_warm_pool_e2e): the others count and
@@ -191,6 +193,8 @@ def write_suite(
         suite["mcp_services"][name]["timeout"] = timeout
     for name, image in (images or {}).items():
         suite["mcp_services"][name]["image"] = image
+    for name, fields in (service_fields or {}).items():
+        suite["mcp_services"][name].update(fields)
     for name, fields in (test_services or {}).items():
         suite["mcp_services"][name] = {"pull": "never", "network": "none", **fields}
     path.write_text(yaml.safe_dump(suite))
