@@ -644,7 +644,7 @@ class DockerRuntime:
 
         def stats(client: docker.APIClient) -> int | None:
             # one_shot: a single sample, without waiting a second for the next one (API 1.41).
-            report: Any = client.stats(container_id, decode=True, stream=False, one_shot=True)
+            report: Any = client.stats(container_id, stream=False, one_shot=True)
             return memory_in_use(report)
 
         return await self._call("stats", stats)
@@ -1263,4 +1263,4 @@ def memory_in_use(report: Any) -> int | None:
             if isinstance(value, int) and not isinstance(value, bool):
                 cache = value
                 break
-    return max(0, usage - cache) if cache <= usage else usage
+    return usage - cache if cache <= usage else usage  # (a report that does not add up: usage)

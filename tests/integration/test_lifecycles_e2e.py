@@ -147,3 +147,30 @@ def test_smart_refresh_replaces_a_container_older_than_its_age_the_client_seeing
         assert client.close() == 0
     assert new != old
     assert stop_reasons(ended(fabric, session))[old] == "refresh_age"
+
+
+def test_smart_refresh_replaces_a_container_over_its_memory_threshold_before_the_next_call(
+    tmp_path: Path,
+) -> None:
+    # Any running server uses more than 1 KiB: the engine's reading after each call is over.
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path)],
+        service_fields={"time": {"container_strategy": "smart_refresh", "memory_threshold": "1k"}},
+    )
+    with orchestrator(suite, tmp_path / "orchestrator.log") as fabric:
+        client = python_client(f"{fabric.ws_url}/mcp/time", "--register", "[]")
+        try:
+            session = client.read_json()["result"]["sessionId"]
+            assert client.ask({"op": "initialize"})["ok"]
+            for _ in range(3):
+                answer = client.ask(
+                    {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}}
+                )
+                assert answer["ok"], answer
+            containers = served(fabric, session, 3)
+        finally:
+            assert client.close() == 0
+        assert len(set(containers)) == 3
+        reasons = stop_reasons(ended(fabric, session))
+        assert [reasons[c] for c in containers[:2]] == ["refresh_memory"] * 2
