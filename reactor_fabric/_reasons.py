@@ -220,11 +220,15 @@ IDLE: Final = "idle"
 EXITED: Final = "exited"
 # A container that started after its session stopped needing it.
 NOT_NEEDED: Final = "not_needed"
-# /mcp, fresh_per_call: the one call the container served ended (answer, error, cancellation).
-CALL_ENDED: Final = "call_ended"
-# /mcp, smart_refresh: the container reached max_calls_per_container or max_container_age and
-# its calls ended (the next call has a fresh one).
-REFRESHED: Final = "refreshed"
+# container_strategy fresh_per_call: the container served its call (on /mcp its one call; on
+# the relay, the session's requests all answered) and goes; the next request gets a fresh one.
+CALL_DONE: Final = "call_done"
+# container_strategy smart_refresh: the container was replaced between calls, having served
+# max_calls_per_container calls, being older than max_container_age, or using more memory
+# than memory_threshold.
+REFRESH_CALLS: Final = "refresh_calls"
+REFRESH_AGE: Final = "refresh_age"
+REFRESH_MEMORY: Final = "refresh_memory"
 
 # --- socket_stdio_unavailable: stdio goes through the engine's attach --------------------------
 

@@ -60,6 +60,9 @@ class UnreachableRuntime:
     async def main_pid(self, container_id: str) -> int:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
+    async def memory_usage(self, container_id: str) -> int | None:
+        raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
+
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         return None
 

@@ -30,6 +30,7 @@ __all__ = [
     "BackendExited",
     "BackendKey",
     "BackendLine",
+    "BackendMeasured",
     "BackendStartFailed",
     "BackendStarted",
     "ClientActivity",
@@ -43,6 +44,7 @@ __all__ = [
     "Event",
     "Job",
     "Log",
+    "MeasureBackend",
     "SessionMachineContract",
     "Shutdown",
     "StartBackend",
@@ -133,6 +135,16 @@ class BackendExited:
 
 
 @dataclass(frozen=True, slots=True)
+class BackendMeasured:
+    """What a :class:`MeasureBackend` found: the backend's memory in use, in bytes (the
+    engine's figure, page cache left out where it is given), or None when it could not be read
+    in time (no decision is made on it then)."""
+
+    key: BackendKey
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class StdinWritten:
     """The driver wrote ``nbytes`` of what the machine asked (whole :class:`ToBackend` lines,
     oldest first) to the backend's stdin."""
@@ -179,6 +191,7 @@ Event = (
     | BackendLine
     | BackendBroken
     | BackendExited
+    | BackendMeasured
     | StdinWritten
     | Tick
     | Shutdown
@@ -230,6 +243,14 @@ class StopBackend:
 
 
 @dataclass(frozen=True, slots=True)
+class MeasureBackend:
+    """Read the backend's memory in use from the engine (off the event loop, bounded in time)
+    and report :class:`BackendMeasured` — always, with None when it cannot be read."""
+
+    key: BackendKey
+
+
+@dataclass(frozen=True, slots=True)
 class CloseClient:
     code: int
     reason: str
@@ -269,6 +290,7 @@ Action = (
     | ToBackend
     | StartBackend
     | StopBackend
+    | MeasureBackend
     | CloseClient
     | EndSession
     | Log

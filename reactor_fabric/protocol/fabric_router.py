@@ -17,14 +17,14 @@ Lifecycles (:class:`Lifecycle`, the suite's ``container_strategy``). By default 
 one backend per session, its *current* one (:attr:`FabricRouter.backends`). A
 ``fresh_per_call`` service has none: each call (``tools/call``, ``resources/read``,
 ``prompts/get``) starts a backend of its own, bound to it, greeted like any other, and removed
-(``call_ended``) once its call ended and its requests to the client were answered — at most
+(``call_done``) once its call ended and its requests to the client were answered — at most
 :data:`MAX_PER_CALL_CONTAINERS` at once per service, one more call refused
 (``too_many_per_call_containers``); its list_changed is ignored (the next call's container is
 fresh anyway; the catalog is the one learned at start-up). A ``smart_refresh`` service's
 current backend that reached ``max_calls`` calls or ``max_age`` seconds is *retired*: the next
-call starts a fresh one, and it is removed (``refreshed``) once the calls it has end, never
-under one. Every backend is in :attr:`FabricRouter.all_backends`, by key; ids, questions to
-the client and writes are kept per backend key.
+call starts a fresh one, and it is removed (``refresh_calls``, ``refresh_age``) once the calls
+it has end, never under one. Every backend is in :attr:`FabricRouter.all_backends`, by key;
+ids, questions to the client and writes are kept per backend key.
 
 Ids. Every request the machine sends — to a backend for the client, to the client for a backend,
 its own handshakes — gets an id of its own (one counter), remembered with where the answer
@@ -73,14 +73,15 @@ from .._errors import (
 )
 from .._reasons import (
     BACKEND_LIST_TOO_LARGE,
-    CALL_ENDED,
+    CALL_DONE,
     CLIENT_DID_NOT_ANSWER,
     CONTAINER_OUTPUT_INVALID,
     EXITED,
     HANDSHAKE_FAILED,
     IDLE,
     NOT_NEEDED,
-    REFRESHED,
+    REFRESH_AGE,
+    REFRESH_CALLS,
     TOO_MANY_PER_CALL_CONTAINERS,
 )
 from .answers import (
@@ -119,6 +120,7 @@ from .fabric_messages import (
 )
 from .fabric_refresh import MAX_LIST_BYTES, Relists, _Relist
 from .jsonrpc import duplicate_request, error_response
+from .lifecycle import REUSE, Lifecycle
 from .mcp import (
     CLIENT_VERSION,
     INVALID_PARAMS,
@@ -150,28 +152,6 @@ ASK_SECONDS = 300.0
 MAX_PER_CALL_CONTAINERS = 8
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
 _REFRESH = {notification: (LIST_METHOD[kind], kind) for notification, kind in LIST_CHANGED.items()}
-
-
-Strategy = Literal["reuse_per_session", "fresh_per_call", "smart_refresh"]
-
-
-@dataclass(frozen=True)
-class Lifecycle:
-    """How a service's containers live in a session (the suite's ``container_strategy`` and
-    smart_refresh's bounds; memory is not read here).
-
-    ``reuse_per_session``: one container serves every call of the session. ``fresh_per_call``:
-    each call gets a container of its own, which has served nothing before and is removed when
-    the call ends. ``smart_refresh``: reused, but once it served ``max_calls`` calls or is
-    ``max_age`` seconds old (from its start) it takes no more: the next call starts a fresh one,
-    and the old one is removed once the calls it has end (never under one in flight)."""
-
-    strategy: Strategy = "reuse_per_session"
-    max_calls: int | None = None
-    max_age: float | None = None
-
-
-REUSE = Lifecycle()
 
 
 @dataclass(frozen=True)
@@ -217,6 +197,7 @@ class _Backend:
     role: Literal["current", "call", "retiring"] = "current"
     calls: int = 0  # the calls sent (or queued) to it
     started_at: float | None = None  # when it started (its age; None: still starting)
+    retired: str = REFRESH_CALLS  # retiring: the bound it reached (its stop reason)
 
 
 class FabricRouter(Answers):
@@ -278,9 +259,10 @@ class FabricRouter(Answers):
         if lifecycle.strategy == "fresh_per_call":
             return self._forward_fresh(service, client_id, method, request)
         backend = self.backends.get(service)
-        if backend is not None and self._exhausted(backend, lifecycle):
+        spent = self._exhausted(backend, lifecycle) if backend is not None else None
+        if backend is not None and spent is not None:
             # smart_refresh: it takes no more calls; it goes once those it has end (_settle).
-            self._retire(backend)
+            self._retire(backend, spent)
             backend = None
         if backend is None:
             started = self._start_for(service, client_id, method, request, "current")
@@ -334,18 +316,21 @@ class FabricRouter(Answers):
         # (a per-call service's next container is no respawn: each call has a new one)
         return [StartBackend(key, respawn=role == "current" and service in self._had)]
 
-    def _exhausted(self, backend: _Backend, lifecycle: Lifecycle) -> bool:
-        """Whether a smart_refresh backend has reached its bounds: calls served, or age."""
+    def _exhausted(self, backend: _Backend, lifecycle: Lifecycle) -> str | None:
+        """Which bound a smart_refresh backend has reached (``refresh_calls``: calls served;
+        ``refresh_age``: its age), None while it may take calls."""
         if lifecycle.strategy != "smart_refresh":
-            return False
+            return None
         if lifecycle.max_calls is not None and backend.calls >= lifecycle.max_calls:
-            return True
+            return REFRESH_CALLS
         started = backend.started_at
-        return (
+        if (
             lifecycle.max_age is not None
             and started is not None
             and self.now - started >= lifecycle.max_age
-        )
+        ):
+            return REFRESH_AGE
+        return None
 
     def _remember(self, request: Json, key: BackendKey, client_id: object, method: str) -> None:
         request["id"] = self._new_id()
@@ -385,13 +370,14 @@ class FabricRouter(Answers):
             if backend.role == "current" or backend.state != "ready" or self._busy(key):
                 continue
             del self.all_backends[key]
-            actions += self._stop(key, CALL_ENDED if backend.role == "call" else REFRESHED)
+            actions += self._stop(key, CALL_DONE if backend.role == "call" else backend.retired)
         return actions
 
-    def _retire(self, backend: _Backend) -> None:
+    def _retire(self, backend: _Backend, bound: str) -> None:
         """smart_refresh: the service's current backend takes no more calls (the next starts a
-        fresh one); it is removed once the calls it has end (_settle)."""
+        fresh one); it is removed, for ``bound``, once the calls it has end (_settle)."""
         backend.role = "retiring"
+        backend.retired = bound
         del self.backends[backend.key.service]
         self.relists.forget(backend.key.service)
 
@@ -402,8 +388,9 @@ class FabricRouter(Answers):
             lifecycle = self.lifecycle(service)
             if lifecycle.strategy != "smart_refresh" or backend.state != "ready":
                 continue
-            if self._exhausted(backend, lifecycle) and not self._busy(backend.key):
-                self._retire(backend)
+            spent = self._exhausted(backend, lifecycle)
+            if spent is not None and not self._busy(backend.key):
+                self._retire(backend, spent)
         return self._settle()
 
     # --- events from backends -------------------------------------------------------------------
@@ -467,7 +454,7 @@ class FabricRouter(Answers):
         Gracefully (its stdin closed, a moment to exit) unless it no longer reads its stdin or
         has exited: those are removed at once."""
         stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
-        if reason in (IDLE, CALL_ENDED, REFRESHED, NOT_NEEDED):
+        if reason in (IDLE, CALL_DONE, REFRESH_CALLS, REFRESH_AGE, NOT_NEEDED):
             return [stop]
         return [
             Log("warning", "backend_failed", {"backend": key.service, "reason": logged or reason}),

@@ -52,6 +52,7 @@ from .client_lease import ClientLease
 from .events import (
     Action,
     BackendLine,
+    BackendMeasured,
     ClientActivity,
     ClientFrame,
     ClientGone,
@@ -94,9 +95,9 @@ from .fabric_router import (
     MAX_QUEUED_PER_BACKEND,
     OWN_BACKLOG_BYTES,
     FabricRouter,
-    Lifecycle,
 )
 from .jsonrpc import RequestId, peek
+from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
 from .tool_calls import ArgumentsMode
 
@@ -208,6 +209,8 @@ class FabricServer(FabricRouter):
             case Computed(job=job, result=result):
                 refreshed = result if isinstance(result, Refreshed) else None
                 actions = self._computed(job, refreshed)
+            case BackendMeasured():
+                pass  # this endpoint asks for no measurement
             case _:
                 if isinstance(event, BackendLine):
                     self.lease.touch(now)

@@ -19,6 +19,17 @@ idle, broken, no longer needed) are ignored. The current one is in one of three 
 Client frames go straight to stdin only when a container is READY and nothing waits before
 them; otherwise they wait, in order, bounded in bytes (:attr:`SessionMachine.accepting`).
 
+The container's lifecycle (:class:`Lifecycle`, the service's ``container_strategy``) decides
+what happens *between calls* — the moments the container has nothing in flight (no client
+request awaiting its answer, no request of its own awaiting the client): ``reuse_per_session``
+keeps it (until idle); ``fresh_per_call`` retires it once it has served a request other than
+the handshake (``call_done``); ``smart_refresh`` retires it once it served
+``max_calls_per_container`` calls, is older than ``max_container_age``, or uses more memory than
+``memory_threshold`` (measured between calls: :class:`MeasureBackend`, the client's next frames
+wait for the figure). Never under a request in flight: requests sent while one is in flight
+share its container. The next client request gets a fresh container, the client's
+``initialize`` replayed first, as after idle teardown.
+
 A request id stands for one request in flight per direction: a client request under an id still
 waiting or owed an answer, or a server request under an id still awaiting the client, is refused
 (-32600 ``duplicate_request_id``) and goes no further (the call in flight keeps its own answer
@@ -42,9 +53,13 @@ from .._errors import (
     InvalidRequest,
 )
 from .._reasons import (
+    CALL_DONE,
     EXITED,
     IDLE,
     NOT_NEEDED,
+    REFRESH_AGE,
+    REFRESH_CALLS,
+    REFRESH_MEMORY,
     REPLAY_FAILED,
     SESSION_ENDED,
     TOO_MANY_REQUESTS_IN_FLIGHT,
@@ -68,6 +83,7 @@ from .events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     BackendStartFailed,
     ClientActivity,
@@ -79,6 +95,7 @@ from .events import (
     EndSession,
     Event,
     Log,
+    MeasureBackend,
     Shutdown,
     StartBackend,
     StdinWritten,
@@ -97,8 +114,18 @@ from .jsonrpc import (
     for_stdio,
     peek,
 )
-from .ledger import CANCELLED, Ledger, cancelled_request_id
+from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
+from .lifecycle import Lifecycle
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
+
+# --- the lifecycle ----------------------------------------------------------------------------
+
+# The requests smart_refresh counts as calls (max_calls_per_container).
+CALL_METHODS = frozenset({TOOLS_CALL, "resources/read", "prompts/get"})
+# Requests that leave a container as fresh as one just replayed to: fresh_per_call keeps it
+# after them (the handshake's container serves the first call, instead of a second start).
+_FRESH_AFTER = frozenset({INITIALIZE, "ping"})
+
 
 # --- the machine ------------------------------------------------------------------------------
 
@@ -125,6 +152,12 @@ class _Slot:
     replay_id: str | None = None
     replay_initialized: bytes | None = None
     replay_deadline: float = math.inf
+    started_at: float = 0.0  # when it started (smart_refresh's age)
+    used: bool = False  # it was written a request other than the handshake (fresh_per_call)
+    calls: int = 0  # the calls (CALL_METHODS) written to it
+    measured_calls: int = 0  # its calls when its memory was last asked for
+    measuring: bool = False  # its memory was asked for and not reported yet
+    over_memory: bool = False  # it was measured over the memory threshold
 
 
 class SessionMachine:
@@ -139,8 +172,10 @@ class SessionMachine:
         now: float,
         audit_arguments: ArgumentsMode = "hash",
         client_lease: float | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.service_name = service_name
+        self.lifecycle = lifecycle or Lifecycle()
         self.idle_timeout = idle_timeout
         self.limits = limits
         self.server_request_timeout = (
@@ -169,6 +204,7 @@ class SessionMachine:
             BackendBroken: self._backend_broken,
             StdinWritten: self._stdin_written,
             BackendExited: self._backend_exited,
+            BackendMeasured: self._backend_measured,
             Tick: self._tick,
             Shutdown: self._shutdown,
             Computed: self._computed,
@@ -208,6 +244,9 @@ class SessionMachine:
                 deadline = slot.replay_deadline
             elif self._idle_candidate(slot):
                 deadline = self._last_activity + self.idle_timeout
+            max_age = self.lifecycle.max_age
+            if max_age is not None and not self.lifecycle.reuses and self._between(slot):
+                deadline = min(deadline, slot.started_at + max_age)
             if slot.stdin_pending:
                 deadline = min(deadline, slot.stdin_progress + self.limits.stdin_stall_timeout)
         for other in (self.ledger.next_expiry(), self.lease.deadline):
@@ -244,6 +283,12 @@ class SessionMachine:
                 slot.replay_id,
                 slot.replay_initialized,
                 slot.replay_deadline,
+                slot.started_at,
+                slot.used,
+                slot.calls,
+                slot.measured_calls,
+                slot.measuring,
+                slot.over_memory,
             ),
             self._waiting.frames(),
             tuple(sorted(ledger.client_requests.items(), key=repr)),
@@ -292,10 +337,32 @@ class SessionMachine:
             call = self.calls.cancelled(cancelled_request_id(message), now)
             if call is not None:
                 done.append(ToolCallDone(call))
+        return self._route(message, event.frame, done, now)
+
+    def _route(self, message: Peek, frame: bytes, done: list[Action], now: float) -> list[Action]:
+        """A client message to its container now, or to wait for it (``done``: the records
+        that go with it)."""
         slot = self._slot
-        if slot is not None and slot.state is SlotState.READY and not self._waiting:
-            return [self._write(slot, message, event.frame), *done]
-        self._waiting.append(message, event.frame)
+        if (
+            slot is not None
+            and slot.state is SlotState.READY
+            and not slot.measuring
+            and not self._waiting
+        ):
+            written = self._write(slot, message, frame)
+            if message.kind == REQUEST:
+                return [written, *done]
+            # An answer to the container's request, or a cancellation: maybe nothing is in
+            # flight now.
+            return [written, *done, *self._between_calls(now)]
+        if slot is None and message.kind != REQUEST and not self.lifecycle.reuses:
+            # No container between calls: a notification does not start one. A cancellation
+            # has nothing left to cancel (nothing was in flight when the last one went);
+            # anything else waits for the container the next request gets.
+            if message.method != CANCELLED:
+                self._waiting.append(message, frame)
+            return done
+        self._waiting.append(message, frame)
         if slot is None:
             return [self._spawn(), *done]
         return done
@@ -326,6 +393,11 @@ class SessionMachine:
 
     def _write(self, slot: _Slot, message: Peek, frame: bytes) -> ToBackend:
         self.ledger.from_client(message, frame)
+        if message.kind == REQUEST:
+            if message.method in CALL_METHODS:
+                slot.calls += 1
+            if message.method not in _FRESH_AFTER:
+                slot.used = True
         return self._write_line(slot, for_stdio(frame))
 
     def _write_line(self, slot: _Slot, line: bytes) -> ToBackend:
@@ -408,6 +480,7 @@ class SessionMachine:
         if slot is None or slot.state is not SlotState.SPAWNING:
             # Started after the session stopped needing it.
             return [StopBackend(event.key, NOT_NEEDED, graceful=False)]
+        slot.started_at = now
         replay = self.ledger.replay()
         if replay is None:
             slot.state = SlotState.READY
@@ -466,11 +539,14 @@ class SessionMachine:
             ]
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
         send = ToClient(event.line, message)
-        if message.kind == RESPONSE and self.calls.open:
+        if message.kind != RESPONSE:
+            return [send]
+        actions: list[Action] = [send]
+        if self.calls.open:
             done = self.calls.answer(message.id, event.line, now)
             if done is not None:
-                return [send, done]
-        return [send]
+                actions.append(done)
+        return actions + self._between_calls(now)
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
         if answer.failed:
@@ -547,6 +623,79 @@ class SessionMachine:
         self._slot = None
         return actions
 
+    # --- the lifecycle: between calls -----------------------------------------------------------
+
+    def _between_calls(self, now: float) -> list[Action]:
+        """The current container has nothing in flight (if so): what its lifecycle does now —
+        retire it, ask for its memory, or nothing."""
+        slot = self._slot
+        if self.lifecycle.reuses or slot is None or not self._between(slot):
+            return []
+        reason = self._used_up(slot, now)
+        if reason is not None:
+            return self._refresh(slot, reason, now)
+        if self.lifecycle.memory_threshold is not None and slot.calls > slot.measured_calls:
+            # Measured once after each call that could have grown it; the client's next
+            # frames wait for the figure, so that a container over the threshold serves none.
+            slot.measuring = True
+            slot.measured_calls = slot.calls
+            return [MeasureBackend(slot.key)]
+        return []
+
+    def _between(self, slot: _Slot) -> bool:
+        """Whether the container is between calls: ready, and nothing in flight or waiting."""
+        return (
+            slot.state is SlotState.READY
+            and not slot.measuring
+            and not self._waiting
+            and not self.ledger.busy
+        )
+
+    def _used_up(self, slot: _Slot, now: float) -> str | None:
+        """Why the container must go between calls, if it must."""
+        lifecycle = self.lifecycle
+        if lifecycle.strategy == "fresh_per_call":
+            return CALL_DONE if slot.used else None
+        if lifecycle.max_calls is not None and slot.calls >= lifecycle.max_calls:
+            return REFRESH_CALLS
+        if lifecycle.max_age is not None and now >= slot.started_at + lifecycle.max_age:
+            return REFRESH_AGE
+        if slot.over_memory:
+            return REFRESH_MEMORY
+        return None
+
+    def _refresh(self, slot: _Slot, reason: str, now: float) -> list[Action]:
+        """Retire the current container between calls (nothing of the client is lost); a
+        request already waiting gets the next one at once, any other at its arrival."""
+        fields = {
+            "sequence": slot.key.seq,
+            "reason": reason,
+            "calls": slot.calls,
+            "age": round(now - slot.started_at, 3),
+        }
+        actions: list[Action] = [
+            Log("info", "container_refreshed", fields),
+            StopBackend(slot.key, reason, graceful=True),
+        ]
+        self._slot = None
+        if any(message.kind == REQUEST for message, _frame in self._waiting):
+            actions.append(self._spawn())
+        return actions
+
+    def _backend_measured(self, event: BackendMeasured, now: float) -> list[Action]:
+        slot = self._is_current(event.key)
+        if slot is None or not slot.measuring:
+            return []
+        slot.measuring = False
+        threshold = self.lifecycle.memory_threshold
+        memory = event.memory_bytes
+        if memory is not None and threshold is not None and memory > threshold:
+            slot.over_memory = True
+        if slot.over_memory and not self.ledger.busy:
+            return self._refresh(slot, REFRESH_MEMORY, now)
+        # (None: the figure could not be read — no decision on it)
+        return self._flush_waiting(slot) + self._between_calls(now)
+
     # --- time ---------------------------------------------------------------------------------
 
     def _idle_candidate(self, slot: _Slot) -> bool:
@@ -585,6 +734,7 @@ class SessionMachine:
             if slot is not None and slot.state is not SlotState.SPAWNING:
                 answer = error_response(request_id, client_did_not_answer())
                 actions.append(self._write_line(slot, answer))
+        actions += self._between_calls(now)  # an answer expired, or the container aged
         slot = self._slot
         if (
             slot is not None

@@ -118,6 +118,10 @@ class Runtime(Protocol):
         """The host PID of the container's first process (0 if it does not run, or the runtime
         has none: the warm pool then checks no mounts through it)."""
 
+    async def memory_usage(self, container_id: str) -> int | None:
+        """A running container's memory in use, in bytes (page cache left out where the engine
+        gives it), from the engine's stats; None when the runtime has no such figure."""
+
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         """Stop (SIGTERM, SIGKILL after ``grace``; at once if None) and remove, by id or name.
 

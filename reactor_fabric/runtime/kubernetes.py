@@ -532,6 +532,9 @@ class KubernetesRuntime:
     async def main_pid(self, container_id: str) -> int:
         return 0  # the process runs on a node: nothing to look at through /proc here
 
+    async def memory_usage(self, container_id: str) -> int | None:
+        return None  # the metrics API is not the kubelet's to ask here: no figure
+
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         self._attach_status.pop(container, None)
         await self._delete(container, grace=grace)

@@ -291,6 +291,8 @@ class MemoryRuntime:
         # Creates whose spawn was cancelled before they completed (they removed themselves).
         self.abandoned_creates = 0
         self.cpu_shares: dict[str, int] = {}  # set_cpu_shares calls, by container id
+        # What memory_usage reports, by container id (None when not set: no figure).
+        self.memory: dict[str, int] = {}
         self._ids = itertools.count(1)
 
     def fault(
@@ -450,6 +452,12 @@ class MemoryRuntime:
         server = self._find(container_id)
         await self._step("pid", server.spec if server is not None else None)
         return 0
+
+    async def memory_usage(self, container_id: str) -> int | None:
+        """What :attr:`memory` says for it (in-memory servers use none of their own)."""
+        server = self._find(container_id)
+        await self._step("stats", server.spec if server is not None else None)
+        return self.memory.get(container_id)
 
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         self.removals.append(container)

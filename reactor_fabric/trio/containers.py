@@ -259,5 +259,13 @@ class ContainerHost:
     ) -> None:
         await remove_container(self._fabric, live, fields, forget=forget)
 
+    async def memory_usage(self, live: LiveContainer) -> int | None:
+        try:
+            return await self._fabric.runtime.memory_usage(live.container.id)
+        except FabricError as exc:
+            # Unreadable: no decision on it (the lifecycle measures again after the next call).
+            log.info("container_stats_failed", extra={"reason": exc.reason})
+            return None
+
     def audit(self, call: ToolCallDone, *, service: str, live: LiveContainer | None) -> None:
         audit_call(self._fabric, self._record, call, service=service, live=live)

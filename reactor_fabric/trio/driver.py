@@ -22,6 +22,7 @@ Ownership tree (all in the session's nursery)::
     ├── _read_client, DeadlineTimer.run, _watch_shutdown, _watch_operator, _watch_lease
     ├── _start(key)                     one per backend start
     ├── _compute(action)                one per Compute
+    ├── _measure(key)                   one per MeasureBackend
     └── per backend: _write_stdin, _read_stdout, read_stderr, and its removal
 
 The driver runs against a narrow :class:`SessionHost` (start and remove a container, its exit
@@ -58,6 +59,7 @@ from ..protocol.events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     BackendStartFailed,
     ClientActivity,
@@ -70,6 +72,7 @@ from ..protocol.events import (
     EndSession,
     Event,
     Log,
+    MeasureBackend,
     SessionMachineContract,
     Shutdown,
     StartBackend,
@@ -97,6 +100,9 @@ log = logging.getLogger(__name__)
 # How long a Compute's job may take in its thread (its input is bounded by the machine that
 # made it); beyond, it is given up and reported as failed.
 COMPUTE_SECONDS = 60.0
+# How long reading a container's memory from the engine may take; beyond, it is reported
+# unreadable (the machine decides nothing on it, and the client's frames it held go on).
+MEASURE_SECONDS = 5.0
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -136,6 +142,9 @@ class SessionHost(Protocol):
         self, live: LiveContainer, fields: dict[str, Any], forget: Callable[[], object]
     ) -> None:
         """Stop and remove it (shielded, bounded, once); ``forget`` runs before waiters wake."""
+
+    async def memory_usage(self, live: LiveContainer) -> int | None:
+        """The container's memory in use in bytes, from the engine; None if it cannot tell."""
 
     def audit(self, call: ToolCallDone, *, service: str, live: LiveContainer | None) -> None:
         """One finished tool call into the audit trail and the metrics (its outcome read
@@ -204,6 +213,8 @@ class SessionDriver:
                     nursery.start_soon(self._start, key, respawn)
                 case StopBackend():
                     self._stop(action)
+                case MeasureBackend(key=key):
+                    nursery.start_soon(self._measure, key)
                 case CloseClient(code=code, reason=reason):
                     # (the client may be gone: there is nothing left to close then)
                     with contextlib.suppress(ChannelClosed):
@@ -413,6 +424,15 @@ class SessionDriver:
             await self._feed(BackendExited(key, exit_code, oom, tuple(live.stderr_tail)))
         # A backend the machine no longer counted on: done all the same.
         self._stop(StopBackend(key, EXITED, graceful=False))
+
+    async def _measure(self, key: BackendKey) -> None:
+        """Read a backend's memory (bounded) and report it; None when it cannot be read."""
+        memory: int | None = None
+        live = self._live.get(key)
+        if live is not None and not live.removing:
+            with trio.move_on_after(MEASURE_SECONDS):
+                memory = await self.host.memory_usage(live)
+        await self._feed(BackendMeasured(key, memory))
 
     def _stop(self, action: StopBackend) -> None:
         live = self._live.get(action.key)

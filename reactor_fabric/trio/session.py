@@ -41,8 +41,9 @@ from ..config.structs import Service
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client, trace_of
 from ..policy.admission import FabricOptions, Refusal, admission
-from ..protocol.fabric_server import FabricServer, Lifecycle
+from ..protocol.fabric_server import FabricServer
 from ..protocol.jsonrpc import error_response
+from ..protocol.lifecycle import Lifecycle
 from ..protocol.session import SessionMachine
 from ..protocol.tool_calls import valid_traceparent
 from .channel import ChannelClosed, ClientChannel, LeasedClient
@@ -282,9 +283,23 @@ def _relay_driver(
         now=trio.current_time(),
         audit_arguments=fabric.audit_arguments,
         client_lease=lease.lease_seconds if lease is not None else None,
+        lifecycle=lifecycle_of(service),
     )
     host = ContainerHost(fabric, record)
     return SessionDriver(machine, channel, host, record=record, endpoint=service_name, lease=lease)
+
+
+def lifecycle_of(service: Service) -> Lifecycle:
+    """A service's container lifecycle, for either machine (smart_refresh's bounds only with
+    it: validation refuses them otherwise)."""
+    if service.strategy != "smart_refresh":
+        return Lifecycle(service.strategy)
+    return Lifecycle(
+        service.strategy,
+        max_calls=service.max_calls_per_container,
+        max_age=service.max_container_age_seconds,
+        memory_threshold=service.memory_threshold_bytes,
+    )
 
 
 async def _fabric_driver(
@@ -318,7 +333,7 @@ async def _fabric_driver(
         facts=fabric.service_facts(),
         profiles={name: p.services for name, p in fabric.suite.profiles.items()},
         idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
-        lifecycles={name: lifecycle(s) for name, s in services.items()},
+        lifecycles={name: lifecycle_of(s) for name, s in services.items()},
         now=trio.current_time(),
         index=index,
         token_budget=fabric.suite.orchestrator.fabric.token_budget,
@@ -331,14 +346,6 @@ async def _fabric_driver(
     host = ContainerHost(fabric, record)
     return SessionDriver(
         machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT, lease=lease
-    )
-
-
-def lifecycle(service: Service) -> Lifecycle:
-    """A service's container lifecycle on the fabric endpoint (smart_refresh's memory bound is
-    not acted on there yet)."""
-    return Lifecycle(
-        service.strategy, service.max_calls_per_container, service.max_container_age_seconds
     )
 
 

@@ -182,7 +182,7 @@ def write_suite(
     """The bundled suite's services, with test roots and (optionally) other timeouts/images,
     plus ``test_services``: name → fields added to a local test image's service (see
     :func:`build_test_image`), e.g. ``{"image": tag, "config": {...}}``; ``service_fields``:
-    name → fields set on a bundled service (``{"time": {"container_strategy": ...}}``)."""
+    name → fields set on a bundled service (``container_strategy``, ``warm``…)."""
     suite = json.loads(json.dumps(BUNDLED))
     suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
     # No warm pool unless a test asks for one (test_warm_pool_e2e): the others count and
@@ -193,6 +193,8 @@ def write_suite(
         suite["mcp_services"][name]["timeout"] = timeout
     for name, image in (images or {}).items():
         suite["mcp_services"][name]["image"] = image
+    for name, fields in (service_fields or {}).items():
+        suite["mcp_services"][name].update(fields)
     for name, fields in (test_services or {}).items():
         suite["mcp_services"][name] = {"pull": "never", "network": "none", **fields}
     for name, fields in (service_fields or {}).items():

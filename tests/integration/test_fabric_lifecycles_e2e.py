@@ -95,7 +95,7 @@ def test_five_calls_to_a_per_call_service_run_in_five_containers_each_gone_after
         assert sorted(r["container"] for r in starts) == sorted(served_by)
         assert not any(r["respawn"] for r in starts)
         stops = records(fabric, session, "container_stop", "everything")
-        assert {r["reason"] for r in stops} == {"call_ended"}
+        assert {r["reason"] for r in stops} == {"call_done"}
     finally:
         client.close()
     wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
@@ -160,7 +160,7 @@ def test_a_smart_refresh_container_is_replaced_after_its_calls_and_the_client_se
             what="the first container removed",
         )
         [stop] = records(fabric, session, "container_stop", "time")
-        assert stop["reason"] == "refreshed"
+        assert stop["reason"] == "refresh_calls"
         assert [c.id[:12] for c in running(docker_client, session, "time")] == [third]
     finally:
         client.close()

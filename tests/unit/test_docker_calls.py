@@ -22,6 +22,7 @@ from reactor_fabric.runtime.docker import (
     VERIFY_RETRY_SECONDS,
     DockerRuntime,
     _Operation,
+    memory_in_use,
     verify_mounts,
 )
 
@@ -239,3 +240,20 @@ def test_another_directory_in_the_container_is_refused_at_once_not_retried() -> 
         )
     assert refused.value.reason == "mount_changed"
     assert slept == []
+
+
+@pytest.mark.parametrize(
+    ("memory_stats", "expected"),
+    [
+        ({"usage": 50_000, "stats": {"inactive_file": 8_000}}, 42_000),  # cgroup v2
+        ({"usage": 50_000, "stats": {"total_inactive_file": 9_000, "cache": 20_000}}, 41_000),
+        ({"usage": 50_000, "stats": {"cache": 20_000}}, 30_000),  # cgroup v1, older engines
+        ({"usage": 50_000}, 50_000),  # Podman's compat API may give no details
+        ({}, None),  # a stopped container's report
+        ({"usage": "lots"}, None),
+    ],
+)
+def test_a_containers_memory_in_use_is_its_usage_less_the_page_cache(
+    memory_stats: dict[str, Any], expected: int | None
+) -> None:
+    assert memory_in_use({"memory_stats": memory_stats}) == expected

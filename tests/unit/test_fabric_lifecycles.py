@@ -8,10 +8,11 @@ import json
 from typing import Any
 
 from reactor_fabric._reasons import (
-    CALL_ENDED,
+    CALL_DONE,
     NOT_NEEDED,
     ORCHESTRATOR_STOPPING,
-    REFRESHED,
+    REFRESH_AGE,
+    REFRESH_CALLS,
     SESSION_ENDED,
     TOO_MANY_PER_CALL_CONTAINERS,
 )
@@ -106,7 +107,7 @@ def test_every_call_of_a_per_call_service_runs_in_a_fresh_container_removed_when
         assert done.seq == start.key.seq
         [stop] = [a for a in answered if isinstance(a, StopBackend)]
         assert answered.index(done) < answered.index(stop)
-        assert stopped(answered) == [(start.key, CALL_ENDED)]
+        assert stopped(answered) == [(start.key, CALL_DONE)]
         assert [a.graceful for a in answered if isinstance(a, StopBackend)] == [True]
         keys.append(start.key)
     assert len(set(keys)) == 3
@@ -130,11 +131,11 @@ def test_concurrent_calls_of_a_per_call_service_run_in_separate_containers_at_on
     assert note["params"]["progressToken"] == "p2"
     answered = answer(server, clock, second, request_2)
     assert [r["id"] for r in to_client(answered)] == [2]
-    assert stopped(answered) == [(second, CALL_ENDED)]
+    assert stopped(answered) == [(second, CALL_DONE)]
     assert set(server.all_backends) == {first}
     answered = answer(server, clock, first, request_1)
     assert [r["id"] for r in to_client(answered)] == [1]
-    assert stopped(answered) == [(first, CALL_ENDED)]
+    assert stopped(answered) == [(first, CALL_DONE)]
 
 
 def test_the_clients_cancellation_removes_the_container_of_its_call_only() -> None:
@@ -145,7 +146,7 @@ def test_the_clients_cancellation_removes_the_container_of_its_call_only() -> No
     ready(server, clock, second)
     cancel = msg(method="notifications/cancelled", params={"requestId": 1})
     actions = fed(server, clock, ClientFrame(cancel))
-    assert stopped(actions) == [(first, CALL_ENDED)]
+    assert stopped(actions) == [(first, CALL_DONE)]
     [done] = [a for a in actions if isinstance(a, ToolCallDone)]
     assert done.call.outcome == "cancelled"
     assert set(server.all_backends) == {second}
@@ -214,7 +215,7 @@ def test_a_per_call_container_asking_the_client_is_kept_until_the_client_answers
     # The call is answered while its question waits: the container stays for the answer.
     assert stopped(answer(server, clock, key, request)) == []
     reply = msg(id=asked["id"], result={"role": "assistant", "content": {}, "model": "m"})
-    assert stopped(fed(server, clock, ClientFrame(reply))) == [(key, CALL_ENDED)]
+    assert stopped(fed(server, clock, ClientFrame(reply))) == [(key, CALL_DONE)]
 
 
 def test_a_per_call_containers_list_changed_is_not_asked_again() -> None:
@@ -237,7 +238,7 @@ def test_a_smart_refresh_container_is_replaced_between_calls_after_max_calls() -
     answered = answer(server, clock, first, request)
     assert [r["id"] for r in to_client(answered)] == [2]
     assert "error" not in to_client(answered)[0]
-    assert stopped(answered) == [(first, REFRESHED)]
+    assert stopped(answered) == [(first, REFRESH_CALLS)]
     # The third starts a fresh one, greeted by the machine; the client sees only its answer.
     [second] = started_keys(call(server, clock, 3))
     assert second != first
@@ -256,7 +257,7 @@ def test_a_smart_refresh_container_is_never_replaced_under_a_call_in_flight() ->
     assert sent(actions, first) == []
     answered = answer(server, clock, first, request_1)
     assert [r["id"] for r in to_client(answered)] == [1]
-    assert stopped(answered) == [(first, REFRESHED)]
+    assert stopped(answered) == [(first, REFRESH_CALLS)]
     [_, request_2] = ready(server, clock, second)
     assert request_2["params"]["arguments"] == {"n": 2}
 
@@ -274,7 +275,7 @@ def test_a_smart_refresh_container_older_than_max_age_is_replaced_at_the_next_ca
     clock.now += 1
     actions = call(server, clock, 3)
     [second] = started_keys(actions)
-    assert stopped(actions) == [(first, REFRESHED)]
+    assert stopped(actions) == [(first, REFRESH_AGE)]
     assert second != first
 
 

@@ -62,7 +62,7 @@ import pytest
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import (
-    CALL_ENDED,
+    CALL_DONE,
     CONTAINER_OUTPUT_INVALID,
     CONTAINER_UNRESPONSIVE,
     EXITED,
@@ -344,7 +344,7 @@ def stop(world: World, action: StopBackend, logged: list[str], trail: list[str])
     # (removed at once when it stopped reading or exited; else given a moment to exit)
     graceful = reason not in (CONTAINER_UNRESPONSIVE, EXITED)
     check(action.graceful == graceful, f"{key} {reason}, graceful={action.graceful}", trail)
-    if reason not in (IDLE, SESSION_ENDED, CALL_ENDED, NOT_NEEDED):
+    if reason not in (IDLE, SESSION_ENDED, CALL_DONE, NOT_NEEDED):
         check(key.service in logged, f"{key} stopped ({reason}), not logged", trail)
         logged.remove(key.service)
         box.logged += 1

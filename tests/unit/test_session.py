@@ -35,7 +35,12 @@ from tests.leaks import cancel_at_every_step, cancelled_after
 
 
 def suite(
-    root: Path, *, timeout: str = "1m", max_sessions: int = 8, max_message: str = "16m"
+    root: Path,
+    *,
+    timeout: str = "1m",
+    max_sessions: int = 8,
+    max_message: str = "16m",
+    service: dict[str, Any] | None = None,
 ) -> Suite:
     return Suite(
         version="1.0",
@@ -44,7 +49,7 @@ def suite(
             max_sessions=max_sessions,
             max_message_size=max_message,
         ),
-        mcp_services={"svc": Service(image="fake/svc:1", timeout=timeout)},
+        mcp_services={"svc": Service(image="fake/svc:1", timeout=timeout, **(service or {}))},
     )
 
 
@@ -76,10 +81,11 @@ async def running_session(
     query_mounts: tuple[str, ...] = (),
     idle_timeout: str = "1m",
     max_message: str = "16m",
+    service_fields: dict[str, Any] | None = None,
 ) -> AsyncIterator[Harness]:
     async with open_memory_runtime(server) as engine:
         fabric = Fabric(
-            suite(root, timeout=idle_timeout, max_message=max_message),
+            suite(root, timeout=idle_timeout, max_message=max_message, service=service_fields),
             runtime=engine,
             network="none",
         )
@@ -324,6 +330,50 @@ async def test_a_stateless_client_resumes_after_idle_with_nothing_replayed(
         assert (await h.call(2, "echo", a=2))["id"] == 2
         [new] = h.engine.alive
         assert [json.loads(line)["id"] for line in new.stdin_lines] == [2]
+
+
+async def test_each_call_to_a_per_call_service_runs_in_its_own_container_removed_after_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fields = {"container_strategy": "fresh_per_call"}
+    async with running_session(tmp_path, service_fields=fields) as h:
+        await h.handshake()
+        for n in range(3):
+            answer = await h.call(2 + n, "echo", n=n)
+            assert json.loads(answer["result"]["content"][0]["text"]) == {"n": n}
+            # gone after its call, before the next one
+            removed = n + 1
+            await until(
+                lambda: len(h.engine.removals) == removed and h.engine.alive == [],  # noqa: B023
+                what="its container gone",
+            )
+        assert len(set(h.engine.removals)) == 3
+        assert h.fabric.container_count == 0
+        servers = list(h.engine.servers.values())
+        assert len(servers) == 3
+        for server in servers[1:]:  # the client's handshake replayed before the call
+            methods = [json.loads(line).get("method") for line in server.stdin_lines]
+            assert methods == ["initialize", "notifications/initialized", "tools/call"]
+
+
+async def test_a_smart_refresh_container_over_its_memory_threshold_serves_no_further_call(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    fields = {"container_strategy": "smart_refresh", "memory_threshold": "1m"}
+    async with running_session(tmp_path, service_fields=fields) as h:
+        await h.handshake()
+        [first] = h.engine.alive
+        await h.call(2, "echo", n=1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.engine.alive == [first]  # under the threshold (no figure yet: kept)
+        h.engine.memory[first.id] = 2 << 20
+        await h.call(3, "echo", n=2)  # measured after this call: over
+        await until(lambda: first not in h.engine.alive, what="the container replaced")
+        answer = await h.call(4, "echo", n=3)
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"n": 3}
+        [second] = h.engine.alive
+        assert second.id != first.id
+        assert json.loads(second.stdin_lines[0])["method"] == "initialize"  # replayed first
 
 
 async def test_a_container_is_not_torn_down_while_a_request_is_in_flight(

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
-from reactor_fabric._reasons import ORCHESTRATOR_STOPPING
+from reactor_fabric._reasons import (
+    CALL_DONE,
+    ORCHESTRATOR_STOPPING,
+    REFRESH_AGE,
+    REFRESH_CALLS,
+    REFRESH_MEMORY,
+)
 from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.events import (
     Action,
@@ -17,6 +23,7 @@ from reactor_fabric.protocol.events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     BackendStartFailed,
     ClientActivity,
@@ -27,6 +34,7 @@ from reactor_fabric.protocol.events import (
     EndSession,
     Event,
     Log,
+    MeasureBackend,
     Shutdown,
     StartBackend,
     StdinWritten,
@@ -35,6 +43,7 @@ from reactor_fabric.protocol.events import (
     ToBackend,
     ToClient,
 )
+from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine, SlotState
 from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -57,7 +66,12 @@ class Run:
     """A machine, the test's clock, and every action it asked for."""
 
     def __init__(
-        self, *, idle: float = 60.0, to_server_bytes: int = 1 << 20, lease: float | None = None
+        self,
+        *,
+        idle: float = 60.0,
+        to_server_bytes: int = 1 << 20,
+        lease: float | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.now = 0.0
         self.machine = SessionMachine(
@@ -66,6 +80,7 @@ class Run:
             limits=SessionLimits(to_server_bytes=to_server_bytes, replay_timeout=30.0),
             now=0.0,
             client_lease=lease,
+            lifecycle=lifecycle,
         )
         self.actions: list[Action] = []
         self.reported: dict[int, int] = {}  # bytes reported written, per container
@@ -627,3 +642,228 @@ def test_a_client_without_a_lease_is_never_closed_for_staying_away() -> None:
     run.do(ClientActivity())
     assert run.machine.deadline is None
     assert run.at(10_000.0) == []
+
+
+# --- container lifecycles (container_strategy) ---------------------------------------------------
+
+PER_CALL = Lifecycle("fresh_per_call")
+
+
+def call(request_id: int, name: str = "t") -> dict[str, Any]:
+    return request(request_id, "tools/call", {"name": name, "arguments": {}})
+
+
+def stops(run: Run) -> list[tuple[int, str]]:
+    return [(a.key.seq, a.reason) for a in run.of(StopBackend)]
+
+
+def test_a_per_call_container_goes_once_its_call_is_answered_and_the_next_gets_a_fresh_one() -> (
+    None
+):
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()  # the handshake's container serves the first call: it is still fresh
+    assert stops(run) == []
+    run.client(call(2))
+    run.drain(0)
+    assert stops(run) == []  # not under its call
+    run.server(0, response(2))
+    assert stops(run) == [(0, CALL_DONE)]
+    assert run.of(StopBackend)[-1].graceful
+    assert run.machine.current is None
+    assert run.sent()[-1] == response(2)  # answered before it went
+    run.client(call(3))
+    assert run.of(StartBackend)[-1] == StartBackend(K(1), respawn=True)
+    run.ready(1)
+    replayed = run.written(1)
+    assert replayed[0]["method"] == "initialize"  # the client's handshake first
+    run.server(1, response(replayed[0]["id"]))
+    assert [m.get("method") for m in run.written(1)] == [
+        "initialize",
+        "notifications/initialized",
+        "tools/call",
+    ]
+    run.server(1, response(3))
+    assert stops(run) == [(0, CALL_DONE), (1, CALL_DONE)]
+    assert [m["id"] for m in run.sent()] == [1, 2, 3]  # the replay's answer is swallowed
+
+
+def test_per_call_requests_in_flight_together_share_the_container_of_the_first() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.client(call(3))
+    assert [m.get("id") for m in run.written(0)][-2:] == [2, 3]
+    run.server(0, response(2))
+    assert stops(run) == []  # 3 still in flight there
+    run.server(0, response(3))
+    assert stops(run) == [(0, CALL_DONE)]
+    assert run.of(StartBackend) == [StartBackend(K(0))]
+
+
+def test_a_per_call_container_is_kept_while_its_request_to_the_client_awaits_an_answer() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.server(0, request("ask", "roots/list"))
+    run.server(0, response(2))  # the call answered, the container's own request still open
+    assert stops(run) == []
+    run.client(response("ask", {"roots": []}))
+    assert run.written(0)[-1] == response("ask", {"roots": []})  # the answer reached it
+    assert stops(run) == [(0, CALL_DONE)]
+
+
+def test_a_per_call_containers_cancelled_call_ends_its_container_and_the_cancel_reaches_it() -> (
+    None
+):
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    cancel = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 2},
+    }
+    run.client(cancel)
+    assert run.written(0)[-1] == cancel  # to the container that has the call
+    assert stops(run) == [(0, CALL_DONE)]
+    run.server(0, response(2))  # too late: the container is going
+    assert [m["id"] for m in run.sent()] == [1]
+
+
+def test_a_notification_between_per_call_containers_starts_none_and_waits_for_the_next() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.server(0, response(2))
+    changed = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}
+    assert run.client(changed) == []
+    stale_cancel = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 2},
+    }
+    assert run.client(stale_cancel) == []
+    run.client(call(3))
+    run.ready(1)
+    run.server(1, response(run.written(1)[0]["id"]))
+    assert [m.get("method") for m in run.written(1)] == [
+        "initialize",
+        "notifications/initialized",
+        "notifications/roots/list_changed",
+        "tools/call",
+    ]
+
+
+def test_a_per_call_container_dying_mid_call_answers_it_and_the_next_call_gets_a_fresh_one() -> (
+    None
+):
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.do(BackendExited(K(0), exit_code=1))
+    assert run.sent()[-1]["error"]["data"]["reason"] == "container_exited"
+    run.client(call(3))
+    assert run.of(StartBackend)[-1] == StartBackend(K(1), respawn=True)
+
+
+def test_shutdown_with_a_per_call_container_busy_answers_the_call_and_stops_it() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.do(Shutdown(ORCHESTRATOR_STOPPING))
+    assert run.sent()[-1]["error"]["data"]["reason"] == ORCHESTRATOR_STOPPING
+    assert stops(run) == [(0, ORCHESTRATOR_STOPPING)]
+
+
+def test_a_reused_container_serves_every_call_of_the_session() -> None:
+    run = Run()
+    run.handshake()
+    for request_id in (2, 3, 4):
+        run.client(call(request_id))
+        run.server(0, response(request_id))
+    assert stops(run) == []
+    assert run.of(StartBackend) == [StartBackend(K(0))]
+
+
+def test_smart_refresh_replaces_the_container_after_its_calls_between_calls_only() -> None:
+    run = Run(lifecycle=Lifecycle("smart_refresh", max_calls=2))
+    run.handshake()
+    run.client(request(2, "tools/list"))
+    run.server(0, response(2))  # not a call: not counted
+    run.client(call(3))
+    run.server(0, response(3))
+    run.client(call(4))
+    run.client(call(5))  # in flight with the second call: shares its container
+    run.server(0, response(4))
+    assert stops(run) == []
+    run.server(0, response(5))
+    assert stops(run) == [(0, REFRESH_CALLS)]
+    run.client(call(6))
+    run.ready(1)
+    assert run.written(1)[0]["method"] == "initialize"
+
+
+def test_smart_refresh_replaces_a_container_older_than_its_age_once_nothing_is_in_flight() -> None:
+    run = Run(idle=600.0, lifecycle=Lifecycle("smart_refresh", max_age=30.0))
+    run.handshake()
+    run.client(call(2))
+    run.drain(0)
+    assert [run.machine.deadline] == [None]  # nothing to decide under a call
+    run.at(40.0)
+    assert stops(run) == []
+    run.server(0, response(2))  # its call done, older than its age: it goes now
+    assert stops(run) == [(0, REFRESH_AGE)]
+    run.client(call(3))
+    run.now = 50.0
+    run.ready(1)
+    run.server(1, response(run.written(1)[0]["id"]))
+    run.server(1, response(3))
+    run.drain(1)
+    assert run.machine.deadline == 80.0  # an idle container is replaced at its age too
+    run.at(80.0)
+    assert stops(run) == [(0, REFRESH_AGE), (1, REFRESH_AGE)]
+    assert run.machine.current is None
+    assert run.of(StartBackend) == [StartBackend(K(0)), StartBackend(K(1), respawn=True)]
+
+
+def test_smart_refresh_measures_after_a_call_and_holds_the_next_until_the_figure_is_in() -> None:
+    run = Run(lifecycle=Lifecycle("smart_refresh", memory_threshold=1000))
+    run.handshake()
+    run.client(call(2))
+    assert run.of(MeasureBackend) == []  # never under a call
+    run.server(0, response(2))
+    assert run.of(MeasureBackend) == [MeasureBackend(K(0))]
+    run.client(call(3))
+    assert run.written(0)[-1]["id"] == 2  # waits for the figure
+    run.do(BackendMeasured(K(0), 1001))
+    assert stops(run) == [(0, REFRESH_MEMORY)]
+    assert run.of(StartBackend)[-1] == StartBackend(K(1), respawn=True)  # at once: 3 waits
+    run.ready(1)
+    run.server(1, response(run.written(1)[0]["id"]))
+    assert run.written(1)[-1]["id"] == 3
+
+
+@pytest.mark.parametrize("figure", [999, None], ids=["under", "unreadable"])
+def test_smart_refresh_keeps_a_container_under_its_memory_threshold_or_of_unknown_memory(
+    figure: int | None,
+) -> None:
+    run = Run(lifecycle=Lifecycle("smart_refresh", memory_threshold=1000))
+    run.handshake()
+    run.client(call(2))
+    run.server(0, response(2))
+    run.client(call(3))
+    run.do(BackendMeasured(K(0), figure))
+    assert stops(run) == []
+    assert run.written(0)[-1]["id"] == 3
+    run.server(0, response(3))
+    assert run.of(MeasureBackend) == [MeasureBackend(K(0))] * 2  # after each call
+
+
+def test_a_measurement_of_a_container_that_died_meanwhile_is_ignored() -> None:
+    run = Run(lifecycle=Lifecycle("smart_refresh", memory_threshold=1000))
+    run.handshake()
+    run.client(call(2))
+    run.server(0, response(2))
+    run.do(BackendExited(K(0), exit_code=1))
+    assert run.do(BackendMeasured(K(0), 5000)) == []
+    assert stops(run) == [(0, "exited")]

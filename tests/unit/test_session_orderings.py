@@ -26,7 +26,13 @@ Invariants:
   orchestrator's), ``no_answer`` only for a call the client never got an answer to;
 - a request sent again under an id in flight is refused at once (``duplicate_request_id``),
   never reaches a container, gets a record of its own, and leaves the first request's answer
-  and record as they would have been.
+  and record as they would have been;
+- with a container lifecycle other than per-session reuse (``fresh_per_call``,
+  ``smart_refresh``): a container is never retired for its lifecycle under a request in flight
+  either way; a container that has served its calls (one per-call, ``max_calls`` with smart
+  refresh) is stopped in the very step it has nothing in flight any more, and receives a
+  further call only while one of the client's requests is still in flight there (requests in
+  flight together share a container).
 """
 
 from __future__ import annotations
@@ -44,7 +50,13 @@ from typing import Any
 import pytest
 
 from reactor_fabric import ContainerStartFailure
-from reactor_fabric._reasons import ORCHESTRATOR_STOPPING
+from reactor_fabric._reasons import (
+    CALL_DONE,
+    ORCHESTRATOR_STOPPING,
+    REFRESH_AGE,
+    REFRESH_CALLS,
+    REFRESH_MEMORY,
+)
 from reactor_fabric.protocol.answers import OUTPUT_INVALID, SessionLimits
 from reactor_fabric.protocol.events import (
     Action,
@@ -52,6 +64,7 @@ from reactor_fabric.protocol.events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     BackendStartFailed,
     ClientFrame,
@@ -60,6 +73,7 @@ from reactor_fabric.protocol.events import (
     EndSession,
     Event,
     Log,
+    MeasureBackend,
     Shutdown,
     StartBackend,
     StdinWritten,
@@ -70,6 +84,7 @@ from reactor_fabric.protocol.events import (
 )
 from reactor_fabric.protocol.jsonrpc import error_response
 from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX
+from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -93,6 +108,10 @@ ASKS = 1
 # Whether the client may send its first tool call again while it is in flight.
 DUPLICATES = False
 DUPLICATE = "duplicate_request_id"
+# The service's container lifecycle (None: reuse per session).
+LIFECYCLE: Lifecycle | None = None
+LIFECYCLE_REASONS = {CALL_DONE, REFRESH_CALLS, REFRESH_AGE, REFRESH_MEMORY}
+OVER_THRESHOLD = 10_000  # a measurement over the smart_refresh threshold of the test
 MAX_STATES = 1_000_000
 
 
@@ -114,6 +133,23 @@ class Box:
     last_index: int = -1  # the last client frame (script index) it received
     replay_pending: bool = False
     asked: bool = False
+    ask_open: bool = False  # its request to the client has not been answered to it yet
+    calls_received: int = 0  # tool calls written to it
+    calls_answered: int = 0  # tool calls it answered
+
+
+def in_flight(box: Box) -> bool:
+    """Whether a request of the client's script is in flight in the container."""
+    return any(request_id in TOOL_CALL_IDS or request_id == 1 for request_id in box.received)
+
+
+def used_up(box: Box) -> bool:
+    """Whether the container has served what its lifecycle allows (None: no such bound)."""
+    if LIFECYCLE is None or LIFECYCLE.reuses:
+        return False
+    if LIFECYCLE.strategy == "fresh_per_call":
+        return box.calls_answered >= 1
+    return LIFECYCLE.max_calls is not None and box.calls_received >= LIFECYCLE.max_calls
 
 
 @dataclass
@@ -123,6 +159,7 @@ class World:
     next_frame: int = 0
     boxes: dict[int, Box] = field(default_factory=dict)
     spawning: set[int] = field(default_factory=set)
+    measuring: set[int] = field(default_factory=set)  # containers whose memory was asked
     sent: list[Any] = field(default_factory=list)  # request ids the client sent
     answers: dict[Any, int] = field(default_factory=dict)
     answered_with: dict[Any, str] = field(default_factory=dict)  # id → "result" or "error"
@@ -146,6 +183,7 @@ class World:
             for seq, box in self.boxes.items()
         }
         twin.spawning = set(self.spawning)
+        twin.measuring = set(self.measuring)
         twin.sent = list(self.sent)
         twin.answers = dict(self.answers)
         twin.answered_with = dict(self.answered_with)
@@ -156,7 +194,8 @@ class World:
     def key(self) -> tuple[object, ...]:
         boxes = tuple(
             (b.seq, b.running, b.stopped, b.exit_reported, b.unreported, tuple(b.received),
-             b.last_index, b.replay_pending, b.asked)
+             b.last_index, b.replay_pending, b.asked, b.ask_open, b.calls_received,
+             b.calls_answered)
             for b in self.boxes.values()
         )  # fmt: skip
         return (
@@ -165,6 +204,7 @@ class World:
             self.next_frame,
             boxes,
             tuple(sorted(self.spawning)),
+            tuple(sorted(self.measuring)),
             tuple(sorted(self.answers.items(), key=repr)),
             tuple(sorted(self.answered_with.items(), key=repr)),
             tuple(sorted(self.recorded.items(), key=repr)),
@@ -200,14 +240,23 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
                 client_receives(world, json.loads(frame), trail)
             case ToolCallDone(call=call):
                 recorded(world, call, trail)
-            case StopBackend(key=BackendKey(seq=seq)):
+            case StopBackend(key=BackendKey(seq=seq), reason=reason):
                 box = world.boxes.get(seq)
                 check(box is not None, f"stop of unknown container {seq}", trail)
                 assert box is not None
+                if reason in LIFECYCLE_REASONS:
+                    busy = in_flight(box) or box.ask_open
+                    check(not busy, f"container {seq} retired ({reason}) under a request", trail)
                 box.running = False
                 box.stopped = True
             case EndSession():
                 world.ended = "shutdown" if world.stopping else "gone"
+            case MeasureBackend(key=BackendKey(seq=seq)):
+                box = world.boxes.get(seq)
+                check(box is not None and box.running, f"container {seq} measured", trail)
+                assert box is not None
+                check(not in_flight(box), f"container {seq} measured under a call", trail)
+                world.measuring.add(seq)
             case CloseClient() | Log():
                 pass
 
@@ -251,7 +300,16 @@ def receive_line(box: Box, line: bytes, trail: list[str]) -> None:
         box.received.append(message_id)
         return
     if "error" in message or "result" in message:
+        if message_id == f"ask-{box.seq}":
+            box.ask_open = False
         return  # an answer to the server's own request
+    if message.get("method") == "tools/call":
+        check(
+            not used_up(box) or in_flight(box),
+            f"a call to used container {box.seq} with nothing in flight there",
+            trail,
+        )
+        box.calls_received += 1
     index = SCRIPT.index(line)
     check(not box.replay_pending, f"frame {index} before the replay was answered", trail)
     check(index > box.last_index, f"frame {index} out of order (after {box.last_index})", trail)
@@ -289,6 +347,9 @@ def enabled(world: World) -> list[Step]:
             steps.append((f"spawn-failed-{seq}", partial(failed, seq=seq)))
     for box in world.boxes.values():
         steps += container_steps(world, box, unlucky=unlucky)
+    for seq in sorted(world.measuring):
+        steps.append((f"measured-over-{seq}", partial(measured, seq=seq, memory=OVER_THRESHOLD)))
+        steps.append((f"unmeasurable-{seq}", partial(measured, seq=seq, memory=None)))
     if machine.deadline is not None:
         steps.append(("tick", tick))
     if not world.left:
@@ -362,13 +423,21 @@ def answers(world: World, seq: int, *, error: bool) -> Event:
     answer_id = box.received.pop(0)
     if isinstance(answer_id, str) and answer_id.startswith(REPLAY_ID_PREFIX):
         box.replay_pending = False
+    if answer_id in TOOL_CALL_IDS:
+        box.calls_answered += 1
     if error:
         world.misfortunes += 1
     body: dict[str, Any] = {"error": {"code": -32602, "message": "no"}} if error else {"result": {}}
     return BackendLine(K(seq), json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode())
 
 
+def measured(world: World, seq: int, memory: int | None) -> Event:
+    world.measuring.discard(seq)
+    return BackendMeasured(K(seq), memory)
+
+
 def asks(world: World, seq: int) -> Event:
+    world.boxes[seq].ask_open = True
     world.boxes[seq].asked = True
     world.asked += 1
     return BackendLine(K(seq), json.dumps(request(f"ask-{seq}", "roots/list")).encode())
@@ -436,6 +505,7 @@ def explore(*, stall_timeout: float = math.inf) -> int:
             to_server_bytes=BUFFER_BYTES, replay_timeout=10.0, stdin_stall_timeout=stall_timeout
         ),
         now=0.0,
+        lifecycle=LIFECYCLE,
     )
     start = World(machine)
     stack: list[tuple[World, Trail]] = [(start, None)]
@@ -461,6 +531,13 @@ def explore(*, stall_timeout: float = math.inf) -> int:
             apply(successor, actions, step_trail)
             buffered = successor.machine.buffered_to_server
             check(buffered <= allowed, f"{buffered} bytes buffered", step_trail)
+            for box in successor.boxes.values():
+                idle = not in_flight(box) and not box.ask_open
+                check(
+                    not (box.running and used_up(box) and idle),
+                    f"used container {box.seq} kept with nothing in flight",
+                    step_trail,
+                )
             refused = successor.duplicate_refused and successor.duplicate_recorded
             check(successor.duplicated == refused, "a duplicate not refused at once", step_trail)
             key = successor.key()
@@ -522,6 +599,38 @@ def test_every_reachable_state_keeps_the_invariants_when_the_client_repeats_an_i
     assert explore() >= at_least
 
 
+@pytest.mark.parametrize(
+    ("lifecycle", "frames", "misfortunes", "asks", "at_least"),
+    [
+        (Lifecycle("fresh_per_call"), 4, 1, 0, 20_000),  # both calls, replays, a death
+        (Lifecycle("fresh_per_call"), 3, 1, 1, 20_000),  # a request to the client holds it
+        (
+            Lifecycle("smart_refresh", max_calls=2, max_age=20.0, memory_threshold=1000),
+            4,
+            0,
+            0,
+            20_000,
+        ),  # calls, age (before idle), memory figures over or unreadable, racing the frames
+    ],
+    ids=["per-call", "per-call-server-request", "smart-refresh"],
+)
+def test_every_reachable_state_keeps_the_invariants_with_a_container_lifecycle(
+    monkeypatch: pytest.MonkeyPatch,
+    lifecycle: Lifecycle,
+    frames: int,
+    misfortunes: int,
+    asks: int,
+    at_least: int,
+) -> None:
+    # Containers retired between calls (per call, after calls, after their age, over their
+    # memory) racing the client's next frames, replays, deaths, expiry, stop, leaving.
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:frames])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", misfortunes)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
+    monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", lifecycle)
+    assert explore() >= at_least
+
+
 def test_the_checker_catches_a_machine_that_answers_a_request_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -539,4 +648,20 @@ def test_the_checker_catches_a_machine_that_answers_a_request_twice(
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
     with pytest.raises(Violation, match="answered twice"):
+        explore()
+
+
+def test_the_checker_catches_a_machine_that_retires_a_per_call_container_under_a_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Retiring while the container's own request awaits the client must be found.
+    def between(self: SessionMachine, slot: Any) -> bool:
+        return slot.state.value == "ready" and not self._waiting
+
+    monkeypatch.setattr(SessionMachine, "_between", between)
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 0)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", 1)
+    monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", Lifecycle("fresh_per_call"))
+    with pytest.raises(Violation, match="under a request"):
         explore()
