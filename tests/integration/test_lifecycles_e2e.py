@@ -152,11 +152,12 @@ def test_smart_refresh_replaces_a_container_older_than_its_age_the_client_seeing
 def test_smart_refresh_replaces_a_container_over_its_memory_threshold_before_the_next_call(
     tmp_path: Path,
 ) -> None:
-    # Any running server uses more than 1 KiB: the engine's reading after each call is over.
+    # The Python time server uses far more than the smallest threshold the suite takes (6 MiB):
+    # the engine's reading after each call is over.
     suite = write_suite(
         tmp_path / "suite.yaml",
         [str(tmp_path)],
-        service_fields={"time": {"container_strategy": "smart_refresh", "memory_threshold": "1k"}},
+        service_fields={"time": {"container_strategy": "smart_refresh", "memory_threshold": "6m"}},
     )
     with orchestrator(suite, tmp_path / "orchestrator.log") as fabric:
         client = python_client(f"{fabric.ws_url}/mcp/time", "--register", "[]")
