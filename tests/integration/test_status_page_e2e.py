@@ -88,7 +88,7 @@ def test_the_page_needs_the_token(fabric: Orchestrator, browser: webdriver.Chrom
     browser.get(f"{fabric.http_url}/")
     assert "no token" in browser.find_element(By.TAG_NAME, "body").text
     browser.get(f"{fabric.http_url}/?token=wrong")
-    assert "wrong token" in browser.find_element(By.TAG_NAME, "body").text
+    assert "the token is wrong" in browser.find_element(By.TAG_NAME, "body").text
 
 
 def test_a_session_appears_with_its_container_its_calls_show_with_their_outcome_and_it_goes(
