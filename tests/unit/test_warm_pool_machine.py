@@ -21,11 +21,14 @@ from reactor_fabric.protocol.warm_pool_events import (
     Claim,
     EarlyOutput,
     Event,
+    GreetPooled,
     HandOut,
     ImageChanged,
     ImagesChecked,
     Missed,
     OutputEnded,
+    PooledGreeted,
+    PooledGreetingFailed,
     RemovePooled,
     Shutdown,
     StagingLost,
@@ -48,6 +51,7 @@ def machine(
     parallel: int = 2,
     fixed_shape: tuple[str, ...] = (),
     stages_mounts: bool = False,
+    greets: tuple[str, ...] = (),
 ) -> WarmPoolMachine:
     return WarmPoolMachine(
         targets if targets is not None else {"time": 2},
@@ -56,6 +60,7 @@ def machine(
         initial_shape=NOBODY,
         fixed_shape=fixed_shape,
         stages_mounts=stages_mounts,
+        greets=greets,
     )
 
 
@@ -362,6 +367,61 @@ def test_reporting_the_end_of_a_start_that_is_not_running_is_a_bug() -> None:
         feed(pool, StartSucceeded(action.token))
     with pytest.raises(ValueError, match="not starting"):
         feed(pool, StartFailed(99))
+
+
+def test_a_per_call_services_pooled_container_is_greeted_before_it_is_ready() -> None:
+    pool = machine({"time": 2}, parallel=1, greets=("time",))
+    (first,) = starts(pool, 0.0)
+    assert feed(pool, StartSucceeded(first.token)) == [GreetPooled(first.token, "time")]
+    # Greeting is part of its start: not ready, and no other start meanwhile.
+    assert pool.ready("time") == 0
+    assert pool.starting == 1
+    assert take(pool, "time", NOBODY, greeted=True)[1] == "empty"
+    (second,) = started(feed(pool, PooledGreeted(first.token)))
+    assert pool.ready("time") == 1
+    assert second != first.token
+
+
+def test_only_a_session_that_may_take_a_greeted_container_gets_one_of_a_greeting_pool() -> None:
+    pool = machine({"time": 1, "git": 1}, parallel=4, greets=("time",))
+    for action in starts(pool, 0.0):
+        actions = feed(pool, StartSucceeded(action.token))
+        if action.service == "time":
+            assert actions == [GreetPooled(action.token, "time")]
+            feed(pool, PooledGreeted(action.token))
+        else:
+            assert actions == []  # a service that does not greet: ready at once
+    # A relay session replays its client's initialize: never to a greeted server.
+    assert take(pool, "time", NOBODY)[1] == "greeted"
+    assert take(pool, "time", NOBODY, greeted=True)[1] == "hit"
+    # A session that may take a greeted one takes an ungreeted one of another service.
+    assert take(pool, "git", NOBODY, greeted=True)[1] == "hit"
+
+
+def test_a_container_that_fails_its_greeting_is_removed_and_replaced_after_a_back_off() -> None:
+    pool = machine({"time": 1}, greets=("time",))
+    (action,) = starts(pool, 10.0)
+    feed(pool, StartSucceeded(action.token), 10.0)
+    actions = feed(pool, PooledGreetingFailed(action.token, "greeting_invalid"), 10.0)
+    assert removals(actions) == [RemovePooled(action.token, "time", "greeting_failed")]
+    assert removals(actions)[0].ended  # logged with its last stderr lines
+    assert started(actions) == []  # not at once: at the pool's refill rate
+    assert pool.starting == 0
+    assert pool.pooled("time") == 0
+    when, replacement = next_start(pool)
+    assert when == 11.0
+    assert replacement.token != action.token
+
+
+def test_a_container_greeted_after_an_image_change_or_the_stop_is_removed_not_ready() -> None:
+    pool = machine({"time": 1}, greets=("time",))
+    (action,) = starts(pool, 0.0)
+    feed(pool, StartSucceeded(action.token))
+    assert feed(pool, Shutdown()) == []  # greeting: removed when it ends
+    actions = feed(pool, PooledGreeted(action.token))
+    assert removals(actions) == [RemovePooled(action.token, "time", "stopping")]
+    assert pool.total == 0
+    assert pool.starting == 0
 
 
 @pytest.mark.parametrize("seed", range(40))
