@@ -26,12 +26,16 @@ within three bounds that keep refills from hurting anyone:
 
 When starts must be rationed, the service with the fewest pooled containers goes first.
 
-**Greetings.** A ``fresh_per_call`` service's pooled containers (``greets``) are greeted as
+**Greetings.** A ``fresh_per_call`` service's (``greets``) pooled containers may be greeted as
 soon as they started, so that a call of the fabric endpoint costs the take and the call only.
-A greeting is part of the start: it counts among the ``parallel_starts``, and a container that
-fails it is removed (``greeting_failed``) and backed off like a failed start. Only a session
-that may take a greeted container (:attr:`Take.greeted`: the fabric endpoint's per-call
-backends) gets one; any other misses (``greeted``) and starts a fresh one.
+Only a session that may take a greeted container (:attr:`Take.greeted`: the fabric endpoint's
+per-call backends) gets one, and gets one first; it may take one not greeted too (it then does
+the handshake itself). A relay session replays its client's ``initialize``: it never gets a
+greeted one. Like shapes, greeting follows demand: refills are greeted when the service's last
+take was the fabric endpoint's, not when it was the relay's (at first: not), and a relay
+session that finds only greeted containers misses (``greeted``) and retires the oldest. A
+greeting is part of the start: it counts among the ``parallel_starts``, and a container that
+fails it is removed (``greeting_failed``) and backed off like a failed start.
 
 **Early output.** A stdio server speaks when spoken to. What a pooled one writes before any
 session spoke to it is kept for the session (up to ``EARLY_STDOUT_BYTES``); more than that, an
@@ -111,6 +115,7 @@ class _Entry:
     shape: Hashable
     generation: int
     staged: bool
+    greet: bool = False  # to be greeted once started (then ready only once greeted)
     state: Literal["starting", "greeting", "ready", "claimed"] = "starting"
     ready_at: float = 0.0
     early: int = 0  # stdout bytes written while it waited
@@ -122,6 +127,7 @@ class _Entry:
             self.shape,
             self.generation,
             self.staged,
+            self.greet,
             self.state,
             self.ready_at,
             self.early,
@@ -134,6 +140,8 @@ class _Service:
     target: int
     shape: Hashable
     fixed_shape: bool  # the suite names its user: every container of it is alike
+    # A fresh_per_call service's (see "Greetings"): whether its refills are greeted now.
+    greet: bool = False
     generation: int = 0
     failures: int = 0
     retry_at: float = -math.inf
@@ -299,7 +307,7 @@ class WarmPoolMachine:
             self._next_token += 1
             staged = self._stages_mounts
             service.entries[token] = _Entry(
-                token, name, service.shape, service.generation, staged=staged
+                token, name, service.shape, service.generation, staged=staged, greet=service.greet
             )
             self._starting += 1
             total += 1
@@ -308,7 +316,7 @@ class WarmPoolMachine:
 
     def _start_succeeded(self, token: int, now: float) -> list[Action]:
         entry, service = self._find(token, "starting")
-        if entry.service in self._greets and not self._stale(entry, service):
+        if entry.greet and not self._stale(entry, service):
             # Still a start (within parallel_starts) until its greeting is done.
             entry.state = "greeting"
             return [GreetPooled(token, entry.service)]
@@ -389,22 +397,28 @@ class WarmPoolMachine:
             return [Missed(name, refused)]
         shape = None if service.fixed_shape else event.account
         service.shape = shape
+        if name in self._greets:
+            service.greet = event.greeted  # refills follow demand (see "Greetings")
         ready = service.ready()
         # With mounts, any one fits: every container was started with the staging binds
         # while the staging area is in use (it is given up for good, never taken up later).
-        for entry in ready:
-            if entry.shape == shape:
-                del service.entries[entry.token]
-                entry.state = "claimed"
-                self._claimed[entry.token] = entry
-                service.failures = 0  # its server started and waited: it works
-                return [Claim(entry.token, name)]
+        # A greeted one only for a session that may take one, and first for it.
+        fits = [e for e in ready if e.shape == shape and (event.greeted or not e.greet)]
+        fits.sort(key=lambda e: not e.greet)  # (stable: the oldest first among alike)
+        for entry in fits:
+            del service.entries[entry.token]
+            entry.state = "claimed"
+            self._claimed[entry.token] = entry
+            service.failures = 0  # its server started and waited: it works
+            return [Claim(entry.token, name)]
         if not ready:
             return [Missed(name, "empty")]
-        # Only other shapes are ready: make room for the one asked for.
+        # Only other shapes (or greeted ones, for a relay session) are ready: make room for
+        # the one asked for.
+        outcome: TakeOutcome = "greeted" if any(e.shape == shape for e in ready) else "shape"
         oldest = ready[0]
         del service.entries[oldest.token]
-        return [Missed(name, "shape"), RemovePooled(oldest.token, name, "shape_changed")]
+        return [Missed(name, outcome), RemovePooled(oldest.token, name, "shape_changed")]
 
     def _unfit(self, event: Take) -> TakeOutcome | None:
         """Why no pooled container of the service can serve this session, whatever is ready."""
@@ -412,8 +426,6 @@ class WarmPoolMachine:
             return "mounts"
         if self._stopping:
             return "stopping"
-        if event.service in self._greets and not event.greeted:
-            return "greeted"  # it would replay its client's initialize to a greeted server
         return None
 
     def _watched(self, token: int) -> list[Action]:

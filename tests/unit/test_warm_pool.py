@@ -524,39 +524,52 @@ async def ask(container: Any, request_id: int, method: str, params: dict[str, An
     return json.loads(data.split(b"\n", 1)[0])
 
 
+async def greeted_one_ready(h: Pooled) -> None:
+    """Once a fabric session took a per-call service's container, its refill is greeted."""
+    await h.filled()
+    await until(
+        lambda: any(len(server.stdin_lines) == 2 for server in h.pooled()),
+        what="a greeted container ready",
+    )
+
+
 async def test_a_per_call_services_pooled_containers_are_greeted_while_they_wait(
     tmp_path: Path,
 ) -> None:
     async with warm_pool(tmp_path, strategy=PER_CALL) as h:
         await h.filled()
-        await trio.testing.wait_all_tasks_blocked()
-        for server in h.pooled():
-            initialize, initialized = (json.loads(line) for line in server.stdin_lines)
-            assert initialize["method"] == "initialize"
-            assert set(initialize["params"]["capabilities"]) == {"roots", "sampling", "elicitation"}
-            assert initialized["method"] == "notifications/initialized"
-        # A fabric per-call backend takes one, greeted: its InitializeResult comes with it, and
+        # At first they are not (no fabric session asked yet): the session greets it itself.
+        first = await h.start(greeted=True)
+        assert first.greeting is None
+        assert h.engine.servers[first.name].stdin_lines == []
+        await h.remove(first)
+        await greeted_one_ready(h)
+        [greeted] = [s for s in h.pooled() if s.stdin_lines]
+        initialize, initialized = (json.loads(line) for line in greeted.stdin_lines)
+        assert initialize["method"] == "initialize"
+        assert set(initialize["params"]["capabilities"]) == {"roots", "sampling", "elicitation"}
+        assert initialized["method"] == "notifications/initialized"
+        # A fabric per-call backend takes it first: its InitializeResult comes with it, and
         # its stdout starts after the answer the pool read (the call's answer comes first).
         container = await h.start(greeted=True)
+        assert container.name == greeted.name
         assert json.loads(container.greeting)["serverInfo"]["name"] == "scripted"
-        server = h.engine.servers[container.name]
-        assert server.spec.labels.get(LABEL_POOLED) == "true"
         answer = await ask(container, 5, "tools/call", {"name": "echo", "arguments": {"a": 1}})
         assert answer["id"] == 5
-        assert [json.loads(line)["method"] for line in server.stdin_lines] == [
+        assert [json.loads(line)["method"] for line in greeted.stdin_lines] == [
             "initialize",
             "notifications/initialized",
             "tools/call",
         ]
         await h.remove(container)
-        # A session that replays its own initialize (the relay's) never gets a greeted one.
-        fresh = await h.start()
-        assert LABEL_POOLED not in h.engine.servers[fresh.name].spec.labels
-        assert getattr(fresh, "greeting", None) is None
-        await h.remove(fresh)
+        # A session that replays its own initialize (the relay's) gets one not greeted.
+        relay = await h.start()
+        assert h.engine.servers[relay.name].spec.labels.get(LABEL_POOLED) == "true"
+        assert h.engine.servers[relay.name].stdin_lines == []
+        assert getattr(relay, "greeting", None) is None
+        await h.remove(relay)
         metrics = h.fabric.observer.metrics
-        assert metrics.pool_takes.labels("svc", "greeted")._value.get() == 1
-        assert metrics.pool_takes.labels("svc", "hit")._value.get() == 1
+        assert metrics.pool_takes.labels("svc", "hit")._value.get() == 3
 
 
 def refuses(container: MemoryServer) -> Any:
@@ -588,9 +601,11 @@ async def test_a_pooled_container_failing_its_greeting_is_removed_and_replaced_a
         await trio.sleep_forever()
 
     async with warm_pool(tmp_path, server=fails_its_greeting, warm=1, strategy=PER_CALL) as h:
+        await h.filled(1)
+        await h.remove(await h.start(greeted=True))  # a fabric session's: refills are greeted
         await trio.sleep(60)
         # Each removed, logged, and replaced after a back-off: a trickle of starts, no storm.
-        assert 4 <= len(h.engine.spawned) <= 7
+        assert 5 <= len(h.engine.spawned) <= 8
         assert h.pool.machine.ready("svc") == 0
         failures = [r for r in caplog.records if r.message == "pooled_greeting_failed"]
         assert failures
@@ -605,9 +620,11 @@ async def test_a_session_mount_is_attached_to_a_greeted_pooled_container(tmp_pat
     staging = FakeStaging()
     async with warm_pool(tmp_path, staging=staging, strategy=PER_CALL) as h:
         mounts = await project_mounts(h, tmp_path)
+        await h.remove(await h.start(mounts=mounts, greeted=True))  # refills are greeted now
+        await greeted_one_ready(h)
         container = await h.start(mounts=mounts, greeted=True)
-        [token] = staging.attached
+        token = staging.attached[-1]
         assert container.name.endswith(f"-{token}")
         assert container.greeting is not None
         await h.remove(container)
-        assert staging.released == [token]
+        assert token in staging.released

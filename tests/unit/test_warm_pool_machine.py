@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import pytest
 
@@ -369,9 +370,19 @@ def test_reporting_the_end_of_a_start_that_is_not_running_is_a_bug() -> None:
         feed(pool, StartFailed(99))
 
 
+def greeting_pool(
+    targets: dict[str, int], now: float = 0.0, **options: Any
+) -> tuple[WarmPoolMachine, list[StartPooled]]:
+    """A pool whose ``time`` greets, after a fabric endpoint's take asked for greeted ones
+    (before any start): the starts that take made."""
+    pool = machine(targets, greets=("time",), **options)
+    actions = feed(pool, Take("time", NOBODY, greeted=True), now)
+    assert Missed("time", "empty") in actions
+    return pool, [a for a in actions if isinstance(a, StartPooled)]
+
+
 def test_a_per_call_services_pooled_container_is_greeted_before_it_is_ready() -> None:
-    pool = machine({"time": 2}, parallel=1, greets=("time",))
-    (first,) = starts(pool, 0.0)
+    pool, (first,) = greeting_pool({"time": 2}, parallel=1)
     assert feed(pool, StartSucceeded(first.token)) == [GreetPooled(first.token, "time")]
     # Greeting is part of its start: not ready, and no other start meanwhile.
     assert pool.ready("time") == 0
@@ -382,25 +393,50 @@ def test_a_per_call_services_pooled_container_is_greeted_before_it_is_ready() ->
     assert second != first.token
 
 
-def test_only_a_session_that_may_take_a_greeted_container_gets_one_of_a_greeting_pool() -> None:
+def test_greeting_follows_demand_and_a_greeted_container_never_goes_to_a_relay_session() -> None:
     pool = machine({"time": 1, "git": 1}, parallel=4, greets=("time",))
+    # At first (and after a relay session's take) refills are not greeted: either endpoint
+    # may take them; a fabric session's take does the handshake itself.
     for action in starts(pool, 0.0):
-        actions = feed(pool, StartSucceeded(action.token))
-        if action.service == "time":
-            assert actions == [GreetPooled(action.token, "time")]
-            feed(pool, PooledGreeted(action.token))
-        else:
-            assert actions == []  # a service that does not greet: ready at once
-    # A relay session replays its client's initialize: never to a greeted server.
-    assert take(pool, "time", NOBODY)[1] == "greeted"
-    assert take(pool, "time", NOBODY, greeted=True)[1] == "hit"
-    # A session that may take a greeted one takes an ungreeted one of another service.
-    assert take(pool, "git", NOBODY, greeted=True)[1] == "hit"
+        assert feed(pool, StartSucceeded(action.token)) == []
+    actions = feed(pool, Take("time", NOBODY, greeted=True))
+    (claim,) = [a for a in actions if isinstance(a, Claim)]
+    assert feed(pool, Watched(claim.token)) == [HandOut(claim.token, "time")]
+    # Its refill is greeted: the fabric endpoint took the last one.
+    (refill,) = started(actions)
+    assert feed(pool, StartSucceeded(refill)) == [GreetPooled(refill, "time")]
+    feed(pool, PooledGreeted(refill))
+    # A relay session replays its client's initialize: it misses, and the greeted one goes.
+    actions = feed(pool, Take("time", NOBODY))
+    assert actions[:2] == [
+        Missed("time", "greeted"),
+        RemovePooled(refill, "time", "shape_changed"),
+    ]
+    (plain,) = started(actions)
+    assert feed(pool, StartSucceeded(plain)) == []  # refills follow the relay now
+    assert take(pool, "time", NOBODY)[0] == plain
+    # A service that does not greet never does.
+    actions = feed(pool, Take("git", NOBODY, greeted=True))
+    (claim,) = [a for a in actions if isinstance(a, Claim)]
+    (git,) = started(actions)
+    assert feed(pool, StartSucceeded(git)) == []
+
+
+def test_a_fabric_session_takes_a_greeted_container_before_an_older_plain_one() -> None:
+    pool = machine({"time": 2}, greets=("time",))
+    first, _second = fill(pool)  # not greeted (no fabric take yet)
+    actions = feed(pool, Take("time", NOBODY, greeted=True))
+    assert Claim(first.token, "time") in actions
+    feed(pool, Watched(first.token))
+    (greeted,) = started(actions)
+    feed(pool, StartSucceeded(greeted))
+    feed(pool, PooledGreeted(greeted))
+    # The greeted one, younger than the plain one left: no handshake at the call.
+    assert take(pool, "time", NOBODY, greeted=True)[0] == greeted
 
 
 def test_a_container_that_fails_its_greeting_is_removed_and_replaced_after_a_back_off() -> None:
-    pool = machine({"time": 1}, greets=("time",))
-    (action,) = starts(pool, 10.0)
+    pool, (action,) = greeting_pool({"time": 1}, 10.0)
     feed(pool, StartSucceeded(action.token), 10.0)
     actions = feed(pool, PooledGreetingFailed(action.token, "greeting_invalid"), 10.0)
     assert removals(actions) == [RemovePooled(action.token, "time", "greeting_failed")]
@@ -413,9 +449,8 @@ def test_a_container_that_fails_its_greeting_is_removed_and_replaced_after_a_bac
     assert replacement.token != action.token
 
 
-def test_a_container_greeted_after_an_image_change_or_the_stop_is_removed_not_ready() -> None:
-    pool = machine({"time": 1}, greets=("time",))
-    (action,) = starts(pool, 0.0)
+def test_a_container_greeted_after_the_stop_is_removed_not_ready() -> None:
+    pool, (action,) = greeting_pool({"time": 1})
     feed(pool, StartSucceeded(action.token))
     assert feed(pool, Shutdown()) == []  # greeting: removed when it ends
     actions = feed(pool, PooledGreeted(action.token))
