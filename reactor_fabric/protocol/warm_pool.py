@@ -405,7 +405,8 @@ class WarmPoolMachine:
         # A greeted one only for a session that may take one, and first for it.
         fits = [e for e in ready if e.shape == shape and (event.greeted or not e.greet)]
         fits.sort(key=lambda e: not e.greet)  # (stable: the oldest first among alike)
-        for entry in fits:
+        if fits:
+            entry = fits[0]
             del service.entries[entry.token]
             entry.state = "claimed"
             self._claimed[entry.token] = entry

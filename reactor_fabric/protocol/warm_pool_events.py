@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 # Why a session did not get a pooled container (metrics and logs; "hit" when it did).
-# ("greeted": its pooled containers were greeted, and the session does its own handshake.)
+# ("greeted": only greeted ones were ready, and the session replays its client's initialize.)
 TakeOutcome = Literal["hit", "empty", "shape", "mounts", "stopping", "not_pooled", "greeted"]
 # How a pooled container's output ended while it waited (the driver reads it).
 OutputEnd = Literal["exited", "output_invalid"]
