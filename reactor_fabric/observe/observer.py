@@ -260,20 +260,22 @@ class Observer:
         seconds: float,
         respawn: bool,
         pooled: bool = False,
+        call: dict[str, object] | None = None,
     ) -> None:
-        self._write(
-            {
-                "ts": now_iso(),
-                "event": "container_start",
-                "session": session,
-                "service": service,
-                "container": container,
-                "image": image,
-                "start_ms": round(seconds * 1000, 3),
-                "respawn": respawn,
-                "pooled": pooled,
-            }
-        )
+        record: dict[str, object] = {
+            "ts": now_iso(),
+            "event": "container_start",
+            "session": session,
+            "service": service,
+            "container": container,
+            "image": image,
+            "start_ms": round(seconds * 1000, 3),
+            "respawn": respawn,
+            "pooled": pooled,
+        }
+        if call is not None:
+            record["call"] = call  # a per-call container: the one call it serves
+        self._write(record)
         label = self.metrics.service_label(service)
         source = "pool" if pooled else "fresh"
         self.metrics.container_start.labels(label, source).observe(seconds)

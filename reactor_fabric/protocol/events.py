@@ -33,6 +33,7 @@ __all__ = [
     "BackendMeasured",
     "BackendStartFailed",
     "BackendStarted",
+    "CallRef",
     "ClientActivity",
     "ClientFrame",
     "ClientGone",
@@ -97,7 +98,12 @@ class ClientGone:
 
 @dataclass(frozen=True, slots=True)
 class BackendStarted:
+    """A backend's container runs. ``greeting``: it came from the warm pool already greeted
+    (asked for with :attr:`StartBackend.greeted`): its InitializeResult, the MCP handshake done
+    and its output of it consumed; None: no handshake was done with it."""
+
     key: BackendKey
+    greeting: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +232,28 @@ class ToBackend:
 class StartBackend:
     """Start a container of ``key.service`` (create, attach, start) and report
     :class:`BackendStarted` or :class:`BackendStartFailed`. ``respawn``: the session had a
-    container of this service before (logged and audited as such)."""
+    container of this service before (logged and audited as such). ``greeted``: a pooled
+    container the pool greeted may be handed out (the fabric endpoint's per-call backends: the
+    machine then does no handshake). ``call``: the one call it is started for (fresh_per_call),
+    named in the audit's ``container_start``."""
 
     key: BackendKey
     respawn: bool = False
+    greeted: bool = False
+    call: CallRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallRef:
+    """The call a per-call container serves: the client's request id, its method, and the
+    tool or prompt it names (a resource's URI for resources/read)."""
+
+    id: str | int | None
+    method: str
+    name: str | None = None
+
+    def record(self) -> dict[str, object]:
+        return {"id": self.id, "method": self.method, "name": self.name}
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,7 @@ from .events import (
     BackendLine,
     BackendStarted,
     BackendStartFailed,
+    CallRef,
     Compute,
     Log,
     StartBackend,
@@ -150,6 +151,8 @@ ASK_SECONDS = 300.0
 # is refused (-32600 too_many_per_call_containers) rather than queued, so that a client sees at
 # once that it asks more of the service than a session may.
 MAX_PER_CALL_CONTAINERS = 8
+# Characters of a call's tool, prompt or URI its per-call container's audit record keeps.
+MAX_CALL_NAME = 256
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
 _REFRESH = {notification: (LIST_METHOD[kind], kind) for notification, kind in LIST_CHANGED.items()}
 
@@ -198,6 +201,16 @@ class _Backend:
     calls: int = 0  # the calls sent (or queued) to it
     started_at: float | None = None  # when it started (its age; None: still starting)
     retired: str = REFRESH_CALLS  # retiring: the bound it reached (its stop reason)
+
+
+def _call_ref(client_id: object, method: str, params: Json) -> CallRef:
+    """The call a per-call container serves, as its audit record names it (bounded)."""
+    named = params.get("uri" if method == "resources/read" else "name")
+    return CallRef(
+        client_id if isinstance(client_id, str | int) else None,
+        method,
+        named[:MAX_CALL_NAME] if isinstance(named, str) else None,
+    )
 
 
 class FabricRouter(Answers):
@@ -293,7 +306,9 @@ class FabricRouter(Answers):
                 reason=TOO_MANY_PER_CALL_CONTAINERS,
             )
             return [self._error(client_id, refusal)]
-        actions = self._start_for(service, client_id, method, request, "call")
+        actions = self._start_for(
+            service, client_id, method, request, "call", params=request["params"]
+        )
         # The log names the call its container serves (container_started names the sequence).
         call = {"backend": service, "sequence": self._seq, "method": method, "call": client_id}
         return [Log("info", "per_call_container", call), *actions]
@@ -305,6 +320,8 @@ class FabricRouter(Answers):
         method: str,
         request: Json,
         role: Literal["current", "call"],
+        *,
+        params: Json | None = None,
     ) -> list[Action]:
         self._seq += 1
         key = BackendKey(service, self._seq)
@@ -313,8 +330,12 @@ class FabricRouter(Answers):
         if role == "current":
             self.backends[service] = backend
         self._remember(request, key, client_id, method)
-        # (a per-call service's next container is no respawn: each call has a new one)
-        return [StartBackend(key, respawn=role == "current" and service in self._had)]
+        if role == "call":
+            # A pooled container the pool greeted will do (no handshake at the call, see
+            # _backend_started); its audit record names the call.
+            call = _call_ref(client_id, method, params or {})
+            return [StartBackend(key, greeted=True, call=call)]
+        return [StartBackend(key, respawn=service in self._had)]
 
     def _exhausted(self, backend: _Backend, lifecycle: Lifecycle) -> str | None:
         """Which bound a smart_refresh backend has reached (``refresh_calls``: calls served;
@@ -406,9 +427,9 @@ class FabricRouter(Answers):
         match event:
             case StdinWritten(nbytes=nbytes):
                 self._written(backend, nbytes)
-            case BackendStarted():
+            case BackendStarted(greeting=greeting):
                 self._had.add(service)
-                actions = self._backend_started(key)
+                actions = self._backend_started(key, greeted=greeting is not None)
             case BackendLine(line=line):
                 actions = self._backend_line(key, line)
             case BackendStartFailed(error=error):
@@ -461,8 +482,9 @@ class FabricRouter(Answers):
             stop,
         ]
 
-    def _backend_started(self, key: BackendKey) -> list[Action]:
-        """The service's container runs: greet it as a client would."""
+    def _backend_started(self, key: BackendKey, *, greeted: bool = False) -> list[Action]:
+        """The service's container runs: greet it as a client would, unless the warm pool did
+        (``greeted``: a per-call one, its handshake done while it waited): then it is ready."""
         backend = self.all_backends.get(key)
         if backend is None or self._ending is not None:
             return []
@@ -471,8 +493,12 @@ class FabricRouter(Answers):
             # Its call was cancelled while it started (or, retiring, its calls): not needed.
             del self.all_backends[key]
             return self._stop(key, NOT_NEEDED)
-        backend.state = "handshaking"
         backend.last_active = self.now
+        if greeted:
+            backend.state = "ready"
+            note = {"backend": key.service, "sequence": key.seq}
+            return [Log("info", "backend_greeted_by_pool", note), *self._send_queue(key, backend)]
+        backend.state = "handshaking"
         capabilities: Json = {"roots": {"listChanged": False}}
         for capability in ("sampling", "elicitation"):
             if capability in self.client_capabilities:
@@ -555,6 +581,11 @@ class FabricRouter(Answers):
         actions = self._own(key, notification_bytes("notifications/initialized", None))
         if key not in self.all_backends:
             return actions  # it was found broken
+        return actions + self._send_queue(key, backend)
+
+    def _send_queue(self, key: BackendKey, backend: _Backend) -> list[Action]:
+        """A backend just ready: the requests that waited for it, in order."""
+        actions: list[Action] = []
         for request in backend.queue:
             actions += self._send(key, encoder.encode(request))
         backend.queue = []

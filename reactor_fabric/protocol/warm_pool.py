@@ -6,7 +6,9 @@ next wants a :class:`Tick`; no trio, no engine. The trio layer
 (:mod:`reactor_fabric.trio.warm_pool`) does what the actions say and reports what happened.
 
 A pooled container is *starting* (its start was asked for, the outcome is not known yet),
-*ready* (started, idle, its MCP server waiting on stdin with no handshake done) or *claimed*
+*greeting* (started; a service in ``greets`` only: the pool does the MCP handshake with it, see
+:mod:`.pool_greeting`), *ready* (idle, its MCP server waiting on stdin: with no handshake done,
+or, greeted, waiting for its first call) or *claimed*
 (a session asked for it: the driver stops watching it, then the machine hands it out unless
 its output ended or overflowed meanwhile). A container is handed to exactly one session and
 leaves the pool when it is claimed: it serves that session and is then removed, never returned.
@@ -23,6 +25,17 @@ within three bounds that keep refills from hurting anyone:
   that succeeds does not, since a server may exit right after.
 
 When starts must be rationed, the service with the fewest pooled containers goes first.
+
+**Greetings.** A ``fresh_per_call`` service's (``greets``) pooled containers may be greeted as
+soon as they started, so that a call of the fabric endpoint costs the take and the call only.
+Only a session that may take a greeted container (:attr:`Take.greeted`: the fabric endpoint's
+per-call backends) gets one, and gets one first; it may take one not greeted too (it then does
+the handshake itself). A relay session replays its client's ``initialize``: it never gets a
+greeted one. Like shapes, greeting follows demand: refills are greeted when the service's last
+take was the fabric endpoint's, not when it was the relay's (at first: not), and a relay
+session that finds only greeted containers misses (``greeted``) and retires the oldest. A
+greeting is part of the start: it counts among the ``parallel_starts``, and a container that
+fails it is removed (``greeting_failed``) and backed off like a failed start.
 
 **Early output.** A stdio server speaks when spoken to. What a pooled one writes before any
 session spoke to it is kept for the session (up to ``EARLY_STDOUT_BYTES``); more than that, an
@@ -58,11 +71,14 @@ from .warm_pool_events import (
     EarlyOutput,
     EndedReason,
     Event,
+    GreetPooled,
     HandOut,
     ImageChanged,
     ImagesChecked,
     Missed,
     OutputEnded,
+    PooledGreeted,
+    PooledGreetingFailed,
     RemovePooled,
     RetireReason,
     Shutdown,
@@ -71,6 +87,7 @@ from .warm_pool_events import (
     StartPooled,
     StartSucceeded,
     Take,
+    TakeOutcome,
     Tick,
     Watched,
 )
@@ -98,7 +115,8 @@ class _Entry:
     shape: Hashable
     generation: int
     staged: bool
-    state: Literal["starting", "ready", "claimed"] = "starting"
+    greet: bool = False  # to be greeted once started (then ready only once greeted)
+    state: Literal["starting", "greeting", "ready", "claimed"] = "starting"
     ready_at: float = 0.0
     early: int = 0  # stdout bytes written while it waited
     spoiled: EndedReason | None = None  # claimed, but its output ended or overflowed
@@ -109,6 +127,7 @@ class _Entry:
             self.shape,
             self.generation,
             self.staged,
+            self.greet,
             self.state,
             self.ready_at,
             self.early,
@@ -121,6 +140,8 @@ class _Service:
     target: int
     shape: Hashable
     fixed_shape: bool  # the suite names its user: every container of it is alike
+    # A fresh_per_call service's (see "Greetings"): whether its refills are greeted now.
+    greet: bool = False
     generation: int = 0
     failures: int = 0
     retry_at: float = -math.inf
@@ -147,10 +168,13 @@ class WarmPoolMachine:
         initial_shape: Hashable,
         fixed_shape: Iterable[str] = (),
         stages_mounts: bool = False,
+        greets: Iterable[str] = (),
     ) -> None:
         """``fixed_shape``: services whose suite names the user (their containers have no
-        shape); ``stages_mounts``: pooled containers are started with the staging binds."""
+        shape); ``stages_mounts``: pooled containers are started with the staging binds;
+        ``greets``: services whose pooled containers are greeted (fresh_per_call)."""
         fixed = frozenset(fixed_shape)
+        self._greets = frozenset(greets)
         self._services = {
             name: _Service(
                 target,
@@ -235,6 +259,8 @@ class WarmPoolMachine:
                 actions = self._start_succeeded(token, now)
             case StartFailed(token=token, created=created):
                 actions = self._start_failed(token, created, now)
+            case PooledGreeted() | PooledGreetingFailed():
+                actions = self._greeting_done(event, now)
             case EarlyOutput(token=token, nbytes=nbytes):
                 actions = self._early_output(token, nbytes, now)
             case OutputEnded(token=token, why=why):
@@ -250,12 +276,17 @@ class WarmPoolMachine:
                 actions = []
             case Shutdown():
                 actions = self._stop()
-        if not self._stopping:
-            if self._images_at is not None and self._images_at <= now:
-                self._images_at = None
-                actions.append(CheckImages(tuple(sorted(self._services))))
-            actions += self._starts(now)
-        return actions
+        return actions + self._due(now)
+
+    def _due(self, now: float) -> list[Action]:
+        """After every event: an image check that is due, and the refills now allowed."""
+        if self._stopping:
+            return []
+        actions: list[Action] = []
+        if self._images_at is not None and self._images_at <= now:
+            self._images_at = None
+            actions.append(CheckImages(tuple(sorted(self._services))))
+        return actions + self._starts(now)
 
     # --- refills ----------------------------------------------------------------------------
 
@@ -276,7 +307,7 @@ class WarmPoolMachine:
             self._next_token += 1
             staged = self._stages_mounts
             service.entries[token] = _Entry(
-                token, name, service.shape, service.generation, staged=staged
+                token, name, service.shape, service.generation, staged=staged, greet=service.greet
             )
             self._starting += 1
             total += 1
@@ -284,17 +315,43 @@ class WarmPoolMachine:
         return actions
 
     def _start_succeeded(self, token: int, now: float) -> list[Action]:
-        entry, service = self._find_starting(token)
+        entry, service = self._find(token, "starting")
+        if entry.greet and not self._stale(entry, service):
+            # Still a start (within parallel_starts) until its greeting is done.
+            entry.state = "greeting"
+            return [GreetPooled(token, entry.service)]
+        return self._started(entry, service, now)
+
+    def _greeting_done(
+        self, event: PooledGreeted | PooledGreetingFailed, now: float
+    ) -> list[Action]:
+        """Greeted: ready. Failed: it would not do for a call; removed, and its service backs
+        off as after a failed start (a server that cannot be greeted is not retried in a
+        storm)."""
+        token = event.token
+        entry, service = self._find(token, "greeting")
+        if isinstance(event, PooledGreeted):
+            return self._started(entry, service, now)
         self._starting -= 1
-        if self._stopping or entry.generation != service.generation:
-            del service.entries[token]
-            return [RemovePooled(token, entry.service, self._retire_reason())]
+        del service.entries[token]
+        self._back_off(service, now)
+        return [RemovePooled(token, entry.service, "greeting_failed")]
+
+    def _started(self, entry: _Entry, service: _Service, now: float) -> list[Action]:
+        self._starting -= 1
+        if self._stale(entry, service):
+            del service.entries[entry.token]
+            return [RemovePooled(entry.token, entry.service, self._retire_reason())]
         entry.state = "ready"
         entry.ready_at = now
         return []
 
+    def _stale(self, entry: _Entry, service: _Service) -> bool:
+        """No longer wanted: the pool stops, or its image changed since it was started."""
+        return self._stopping or entry.generation != service.generation
+
     def _start_failed(self, token: int, created: bool, now: float) -> list[Action]:
-        entry, service = self._find_starting(token)
+        entry, service = self._find(token, "starting")
         self._starting -= 1
         del service.entries[token]
         self._back_off(service, now)
@@ -335,28 +392,42 @@ class WarmPoolMachine:
         service = self._services.get(name)
         if service is None:
             return [Missed(name, "not_pooled")]
-        if event.mounts and not (self._stages_mounts and event.placeable):
-            return [Missed(name, "mounts")]
-        if self._stopping:
-            return [Missed(name, "stopping")]
+        refused = self._unfit(event)
+        if refused is not None:
+            return [Missed(name, refused)]
         shape = None if service.fixed_shape else event.account
         service.shape = shape
+        if name in self._greets:
+            service.greet = event.greeted  # refills follow demand (see "Greetings")
         ready = service.ready()
         # With mounts, any one fits: every container was started with the staging binds
         # while the staging area is in use (it is given up for good, never taken up later).
-        for entry in ready:
-            if entry.shape == shape:
-                del service.entries[entry.token]
-                entry.state = "claimed"
-                self._claimed[entry.token] = entry
-                service.failures = 0  # its server started and waited: it works
-                return [Claim(entry.token, name)]
+        # A greeted one only for a session that may take one, and first for it.
+        fits = [e for e in ready if e.shape == shape and (event.greeted or not e.greet)]
+        fits.sort(key=lambda e: not e.greet)  # (stable: the oldest first among alike)
+        if fits:
+            entry = fits[0]
+            del service.entries[entry.token]
+            entry.state = "claimed"
+            self._claimed[entry.token] = entry
+            service.failures = 0  # its server started and waited: it works
+            return [Claim(entry.token, name)]
         if not ready:
             return [Missed(name, "empty")]
-        # Only other shapes are ready: make room for the one asked for.
+        # Only other shapes (or greeted ones, for a relay session) are ready: make room for
+        # the one asked for.
+        outcome: TakeOutcome = "greeted" if any(e.shape == shape for e in ready) else "shape"
         oldest = ready[0]
         del service.entries[oldest.token]
-        return [Missed(name, "shape"), RemovePooled(oldest.token, name, "shape_changed")]
+        return [Missed(name, outcome), RemovePooled(oldest.token, name, "shape_changed")]
+
+    def _unfit(self, event: Take) -> TakeOutcome | None:
+        """Why no pooled container of the service can serve this session, whatever is ready."""
+        if event.mounts and not (self._stages_mounts and event.placeable):
+            return "mounts"
+        if self._stopping:
+            return "stopping"
+        return None
 
     def _watched(self, token: int) -> list[Action]:
         entry = self._claimed.pop(token, None)
@@ -389,8 +460,8 @@ class WarmPoolMachine:
         return actions
 
     def _stop(self) -> list[Action]:
-        """No more starts or takes; every ready container is to be removed (starting ones are
-        removed as their start completes; claimed ones are their sessions')."""
+        """No more starts or takes; every ready container is to be removed (starting and
+        greeting ones are removed as their start completes; claimed ones are their sessions')."""
         self._stopping = True
         retired: list[Action] = []
         for name, service in self._services.items():
@@ -455,11 +526,14 @@ class WarmPoolMachine:
         return None
 
     def _find_starting(self, token: int) -> tuple[_Entry, _Service]:
+        return self._find(token, "starting")
+
+    def _find(self, token: int, state: str) -> tuple[_Entry, _Service]:
         for service in self._services.values():
             entry = service.entries.get(token)
-            if entry is not None and entry.state == "starting":
+            if entry is not None and entry.state == state:
                 return entry, service
-        raise ValueError(f"pooled container {token} is not starting")
+        raise ValueError(f"pooled container {token} is not {state}")
 
     @staticmethod
     def _back_off(service: _Service, now: float) -> None:

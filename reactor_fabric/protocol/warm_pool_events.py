@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 # Why a session did not get a pooled container (metrics and logs; "hit" when it did).
-TakeOutcome = Literal["hit", "empty", "shape", "mounts", "stopping", "not_pooled"]
+# ("greeted": only greeted ones were ready, and the session replays its client's initialize.)
+TakeOutcome = Literal["hit", "empty", "shape", "mounts", "stopping", "not_pooled", "greeted"]
 # How a pooled container's output ended while it waited (the driver reads it).
 OutputEnd = Literal["exited", "output_invalid"]
 # Why a pooled container ended on its own while it waited: its output ended, was not JSON-RPC
@@ -28,9 +29,10 @@ RetireReason = Literal[
     "exited",
     "output_invalid",
     "output_before_input",
+    "greeting_failed",
 ]
 ENDED_REASONS: frozenset[RetireReason] = frozenset(
-    ("exited", "output_invalid", "output_before_input")
+    ("exited", "output_invalid", "output_before_input", "greeting_failed")
 )
 
 
@@ -58,6 +60,22 @@ class StartFailed:
 
 
 @dataclass(frozen=True)
+class PooledGreeted:
+    """Pooled container ``token`` answered its greeting (see :mod:`.pool_greeting`)."""
+
+    token: int
+
+
+@dataclass(frozen=True)
+class PooledGreetingFailed:
+    """Pooled container ``token`` failed its greeting (``reason``: a
+    :data:`~.pool_greeting.GreetingFailure`)."""
+
+    token: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class EarlyOutput:
     """Pooled container ``token`` wrote ``nbytes`` to stdout while it waited (kept)."""
 
@@ -76,12 +94,15 @@ class OutputEnded:
 @dataclass(frozen=True)
 class Take:
     """A session wants a container of ``service`` for ``account``; ``mounts``: it has some,
-    ``placeable``: the staging area can place them."""
+    ``placeable``: the staging area can place them; ``greeted``: it may take a container the
+    pool greeted (the fabric endpoint's per-call backends; a relay session replays its client's
+    own initialize, so never)."""
 
     service: str
     account: Hashable
     mounts: bool = False
     placeable: bool = False
+    greeted: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +133,8 @@ Event = (
     Tick
     | StartSucceeded
     | StartFailed
+    | PooledGreeted
+    | PooledGreetingFailed
     | EarlyOutput
     | OutputEnded
     | Take
@@ -134,6 +157,15 @@ class StartPooled:
     service: str
     shape: Hashable
     staged: bool = False
+
+
+@dataclass(frozen=True)
+class GreetPooled:
+    """Greet started container ``token`` (see :mod:`.pool_greeting`); report
+    :class:`PooledGreeted` or :class:`PooledGreetingFailed`."""
+
+    token: int
+    service: str
 
 
 @dataclass(frozen=True)
@@ -189,4 +221,6 @@ class ImageChanged:
     service: str
 
 
-Action = StartPooled | RemovePooled | Claim | HandOut | Missed | CheckImages | ImageChanged
+Action = (
+    StartPooled | GreetPooled | RemovePooled | Claim | HandOut | Missed | CheckImages | ImageChanged
+)

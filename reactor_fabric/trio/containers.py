@@ -21,12 +21,13 @@ from .._errors import FabricError
 from ..config.structs import Service
 from ..observe.observer import Observer
 from ..policy.mount_spec import MountSpec
-from ..protocol.events import BackendKey
+from ..protocol.events import BackendKey, CallRef
 from ..protocol.framing import FramingError
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from ..runtime.base import Container
 from .fabric import ContainerRecord, Fabric, SessionRecord
 from .live_container import READ_CHUNK, LiveContainer
+from .pooled import HandedOut
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ async def start_container(
     sequence: int,
     fields: dict[str, Any],
     respawn: bool,
+    greeted: bool = False,
+    call: CallRef | None = None,
 ) -> Container:
     """Start a container of ``service`` for a session, registered, logged and audited
     (``respawn``: the session had one of this service before); FabricError if it cannot start.
@@ -55,7 +58,9 @@ async def start_container(
     The mounts are validated again and pinned at every start (respawns too): the container
     gets the very directories the session was granted, or this start fails with -32004. A
     service with a warm pool hands over one of its started containers when one fits (see
-    :mod:`.warm_pool`); otherwise a fresh one is started.
+    :mod:`.warm_pool`); otherwise a fresh one is started. ``greeted``: the caller skips the
+    handshake with a container the pool greeted (see :meth:`.WarmPool.take`); ``call``: the
+    one call the container is started for (fresh_per_call), named in its audit record.
     """
     began = trio.current_time()
     pins, account = await fabric.prepare_start(mounts)
@@ -64,7 +69,13 @@ async def start_container(
         # A started one from the warm pool, the session's mounts attached (owns the pins
         # unless it has none that fits).
         container = await fabric.pool.take(
-            service_name, service, account=account, mounts=mounts, pins=pins, fields=fields
+            service_name,
+            service,
+            account=account,
+            mounts=mounts,
+            pins=pins,
+            fields=fields,
+            greeted=greeted,
         )
     pooled = container is not None
     if container is None:
@@ -90,6 +101,7 @@ async def start_container(
         seconds=seconds,
         respawn=respawn,
         pooled=pooled,
+        call=call.record() if call is not None else None,
     )
     log.info(
         "container_started",
@@ -99,6 +111,8 @@ async def start_container(
             "container_name": container.name,
             "sequence": sequence,
             "pooled": pooled,
+            # Its handshake was done while it waited in the pool: none at this call.
+            "greeted": isinstance(container, HandedOut) and container.greeting is not None,
         },
     )
     return container
@@ -234,7 +248,15 @@ class ContainerHost:
     def teardown_deadline(self) -> float:
         return self._fabric.teardown_deadline()
 
-    async def start(self, key: BackendKey, *, respawn: bool, fields: dict[str, Any]) -> Container:
+    async def start(
+        self,
+        key: BackendKey,
+        *,
+        respawn: bool,
+        fields: dict[str, Any],
+        greeted: bool = False,
+        call: CallRef | None = None,
+    ) -> Container:
         service = self._fabric.service(key.service)
         # The machines ask only for services of the suite (admission checked the relay's).
         assert service is not None, key
@@ -247,6 +269,8 @@ class ContainerHost:
             sequence=key.seq,
             fields=fields,
             respawn=respawn,
+            greeted=greeted,
+            call=call,
         )
 
     async def exit_status(

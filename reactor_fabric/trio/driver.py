@@ -62,6 +62,7 @@ from ..protocol.events import (
     BackendMeasured,
     BackendStarted,
     BackendStartFailed,
+    CallRef,
     ClientActivity,
     ClientFrame,
     ClientGone,
@@ -91,6 +92,7 @@ from ..runtime.base import Container
 from .channel import ChannelClosed, ClientChannel, LeasedClient
 from .fabric import SessionRecord
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
+from .pooled import HandedOut
 from .timer import DeadlineTimer
 
 __all__ = ["SessionDriver", "SessionHost"]
@@ -130,8 +132,18 @@ class SessionHost(Protocol):
     def teardown_deadline(self) -> float:
         """When a session's removal of its containers must be done (shielded until then)."""
 
-    async def start(self, key: BackendKey, *, respawn: bool, fields: dict[str, Any]) -> Container:
-        """A started container of ``key.service`` for this session; FabricError if not."""
+    async def start(
+        self,
+        key: BackendKey,
+        *,
+        respawn: bool,
+        fields: dict[str, Any],
+        greeted: bool = False,
+        call: CallRef | None = None,
+    ) -> Container:
+        """A started container of ``key.service`` for this session; FabricError if not.
+        ``greeted``: one the warm pool greeted may be handed out (a :class:`HandedOut` with
+        its ``greeting``); ``call``: the one call it serves (audited)."""
 
     async def exit_status(
         self, live: LiveContainer, fields: dict[str, Any]
@@ -209,8 +221,8 @@ class SessionDriver:
                     await self._send_client(action)
                 case Log():
                     self._log(action)
-                case StartBackend(key=key, respawn=respawn):
-                    nursery.start_soon(self._start, key, respawn)
+                case StartBackend():
+                    nursery.start_soon(self._start, action)
                 case StopBackend():
                     self._stop(action)
                 case MeasureBackend(key=key):
@@ -356,10 +368,13 @@ class SessionDriver:
 
     # --- backends -----------------------------------------------------------------------------
 
-    async def _start(self, key: BackendKey, respawn: bool) -> None:
+    async def _start(self, action: StartBackend) -> None:
+        key = action.key
         fields = self._fields_of(key.service)
         try:
-            container = await self.host.start(key, respawn=respawn, fields=fields)
+            container = await self.host.start(
+                key, respawn=action.respawn, fields=fields, greeted=action.greeted, call=action.call
+            )
         except FabricError as exc:
             await self._feed(BackendStartFailed(key, exc))
             return
@@ -370,7 +385,9 @@ class SessionDriver:
         self._nursery.start_soon(self._write_stdin, key, live)
         self._nursery.start_soon(self._read_stdout, key, live)
         self._nursery.start_soon(read_stderr, live, fields)
-        await self._feed(BackendStarted(key))
+        # Greeted by the pool (asked for only by a machine that then skips its handshake).
+        greeting = container.greeting if isinstance(container, HandedOut) else None
+        await self._feed(BackendStarted(key, greeting if action.greeted else None))
 
     def _write(self, action: ToBackend) -> None:
         live = self._live.get(action.key)

@@ -111,9 +111,11 @@ class ContainerPool(Protocol):
         mounts: tuple[MountSpec, ...],
         pins: PinSet | None,
         fields: dict[str, Any],
+        greeted: bool = False,
     ) -> Container | None:
         """A started container of ``service_name`` for a session, its mounts attached (and
-        ``pins`` released); None when none fits (``pins`` then stay the caller's)."""
+        ``pins`` released); None when none fits (``pins`` then stay the caller's).
+        ``greeted``: one the pool greeted will do (the caller skips its handshake)."""
 
 
 @dataclass(eq=False)

@@ -38,11 +38,19 @@ class Replayed(trio.abc.ReceiveStream):
 class HandedOut:
     """Pooled container ``token`` handed to a session: ``container`` with ``early`` (its
     output read while it was pooled) first on stdout, and ``staging`` (when its mounts were
-    attached through it) released for ``token`` when it is closed."""
+    attached through it) released for ``token`` when it is closed. ``greeting``: the pool did
+    the MCP handshake with it (a fresh_per_call service's), this is its InitializeResult; its
+    answer and anything before it were the pool's, and are not on its stdout."""
 
     def __init__(
-        self, token: int, container: Container, early: bytes, staging: Staging | None
+        self,
+        token: int,
+        container: Container,
+        early: bytes,
+        staging: Staging | None,
+        greeting: bytes | None = None,
     ) -> None:
+        self.greeting = greeting
         self._token = token
         self._container = container
         self._staging = staging

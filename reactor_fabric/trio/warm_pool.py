@@ -49,6 +49,7 @@ from typing import Any
 
 import trio
 
+from .. import __version__
 from .._errors import FabricError
 from .._reasons import RUNTIME
 from ..config.structs import Service
@@ -58,6 +59,14 @@ from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError
+from ..protocol.pool_greeting import (
+    GREETING_SECONDS,
+    INITIALIZED,
+    Greeted,
+    Greeting,
+    GreetingFailed,
+    initialize_request,
+)
 from ..protocol.warm_pool import (
     WarmPoolMachine,
 )
@@ -68,12 +77,15 @@ from ..protocol.warm_pool_events import (
     Claim,
     EarlyOutput,
     Event,
+    GreetPooled,
     HandOut,
     ImageChanged,
     ImagesChecked,
     Missed,
     OutputEnd,
     OutputEnded,
+    PooledGreeted,
+    PooledGreetingFailed,
     RemovePooled,
     Shutdown,
     StagingLost,
@@ -113,6 +125,7 @@ class _Pooled:
     watched: trio.Event = field(default_factory=trio.Event)
     watcher: bool = False  # a _watch task was started for it (it sets `watched` when done)
     live: LiveContainer | None = None  # while watched: its stderr's last lines
+    greeting: bytes | None = None  # greeted (fresh_per_call): its InitializeResult
 
 
 class WarmPool:
@@ -130,6 +143,11 @@ class WarmPool:
             initial_shape=UNPRIVILEGED,
             fixed_shape=[name for name, service in services.items() if service.user is not None],
             stages_mounts=staging is not None,
+            greets=[
+                name
+                for name, service in services.items()
+                if service.strategy == "fresh_per_call" and service.warm
+            ],
         )
         self._entries: dict[int, _Pooled] = {}
         self._discarding: dict[int, _Pooled] = {}
@@ -207,6 +225,8 @@ class WarmPool:
                     log.info("pool_image_changed", extra={"service": name, "image": image})
                 case Claim() | HandOut() | Missed():
                     pass  # the session's (see take)
+                case GreetPooled():
+                    pass  # the watch that follows its start greets it (see _start)
         self._wake()  # the deadline may have moved
         return actions
 
@@ -284,7 +304,7 @@ class WarmPool:
             log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
             self._handle(StartFailed(action.token, created=True))
             return
-        self._handle(StartSucceeded(action.token))
+        greet = any(isinstance(a, GreetPooled) for a in self._handle(StartSucceeded(action.token)))
         if action.token not in self._entries:
             return  # no longer wanted (an image change, a stop): being removed
         log.info(
@@ -298,19 +318,21 @@ class WarmPool:
         )
         assert self._nursery is not None
         entry.watcher = True
-        self._nursery.start_soon(self._contained, self._watch, entry)
+        self._nursery.start_soon(self._contained, self._watch, entry, greet)
 
-    async def _watch(self, entry: _Pooled) -> None:
+    async def _watch(self, entry: _Pooled, greet: bool = False) -> None:
         """Read an idle container's output: stderr to the log, stdout kept for the session
-        and reported to the machine. Ends when the container is claimed or removed
-        (cancelled) or its output ends."""
+        and reported to the machine; first, with ``greet``, its greeting (see
+        :mod:`~reactor_fabric.protocol.pool_greeting`). Ends when the container is claimed or
+        removed (cancelled), fails its greeting or its output ends."""
         live = entry.live = LiveContainer(0, entry.container)
         ended: OutputEnd | None = None
         try:
             with entry.watching:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(read_stderr, live, entry.fields)
-                    ended = await self._read_early_stdout(entry)
+                    if not greet or await self._greet(entry):
+                        ended = await self._read_early_stdout(entry)
                     if ended != "exited":
                         nursery.cancel_scope.cancel()
                     # else its stderr ends too: the reader logs the last lines, which say why
@@ -318,6 +340,28 @@ class WarmPool:
                 self._handle(OutputEnded(entry.token, ended))
         finally:
             entry.watched.set()
+
+    async def _greet(self, entry: _Pooled) -> bool:
+        """The pool's MCP handshake with a per-call service's container (bounded in time and
+        bytes: the decisions are :class:`Greeting`'s); whether it is ready for a call (else
+        the machine removes it). What it wrote after its answer is kept for the session."""
+        outcome = await _greeting(entry.container)
+        if isinstance(outcome, GreetingFailed):
+            log.warning(
+                "pooled_greeting_failed",
+                extra={**entry.fields, "why": outcome.reason, "detail": outcome.detail},
+            )
+            self._handle(PooledGreetingFailed(entry.token, outcome.reason))
+            return False
+        entry.greeting = outcome.result
+        entry.early_stdout += outcome.rest
+        self._handle(PooledGreeted(entry.token))
+        if entry.token not in self._entries:
+            return False  # no longer wanted (an image change, a stop): being removed
+        log.info("pooled_container_greeted", extra=entry.fields)
+        if outcome.rest:
+            return entry.token not in self._removed(EarlyOutput(entry.token, len(outcome.rest)))
+        return True
 
     async def _read_early_stdout(self, entry: _Pooled) -> OutputEnd | None:
         """How its output ended; None when the machine removed it for what it wrote."""
@@ -401,9 +445,12 @@ class WarmPool:
         mounts: tuple[MountSpec, ...],
         pins: PinSet | None,
         fields: dict[str, Any],
+        greeted: bool = False,
     ) -> Container | None:
         """A ready pooled container of ``service_name`` for a session, its mounts attached and
         checked; None when there is none that fits (the caller starts a fresh one).
+        ``greeted``: the session takes a container the pool greeted (the fabric endpoint's
+        per-call backends), and does no handshake with it then (see :class:`HandedOut`).
 
         Resource handling: ``pins`` stay the caller's when this returns None; otherwise (a
         container, or an exception) they were released here. A container returned is the
@@ -417,7 +464,8 @@ class WarmPool:
             assert self._staging is not None
             placeable = self._staging.placement(mounts) is not None
         claim: Claim | None = None
-        for action in self._handle(Take(service_name, account, bool(mounts), placeable)):
+        take = Take(service_name, account, bool(mounts), placeable, greeted=greeted)
+        for action in self._handle(take):
             match action:
                 case Claim():
                     claim = action
@@ -477,7 +525,9 @@ class WarmPool:
         assert self._nursery is not None
         self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
         staging = self._staging if entry.staged else None
-        return HandedOut(entry.token, entry.container, bytes(entry.early_stdout), staging)
+        return HandedOut(
+            entry.token, entry.container, bytes(entry.early_stdout), staging, entry.greeting
+        )
 
     async def _restore_cpu_weight(self, entry: _Pooled, fields: dict[str, Any]) -> None:
         try:
@@ -540,3 +590,25 @@ def _say_mounts_unavailable(exc: StagingUnavailable) -> None:
             "effect": "sessions with mounts get a fresh container",
         },
     )
+
+
+async def _greeting(container: Container) -> Greeted | GreetingFailed:
+    """Greet ``container``'s server (its stdin and stdout are the pool's until it is handed
+    out); the outcome, within GREETING_SECONDS."""
+    greeting = Greeting()
+    outcome: Greeted | GreetingFailed = greeting.expired()  # unless it is done in time
+    with trio.move_on_after(GREETING_SECONDS):
+        try:
+            await container.stdin.send_all(initialize_request(__version__))
+            answer: Greeted | GreetingFailed | None = None
+            while answer is None:
+                data = await container.stdout.receive_some(READ_CHUNK)
+                answer = greeting.feed(bytes(data)) if data else greeting.ended()
+            if isinstance(answer, Greeted):
+                await container.stdin.send_all(INITIALIZED)
+            outcome = answer
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            outcome = greeting.ended()
+        except FramingError as exc:
+            outcome = GreetingFailed("greeting_invalid", str(exc))
+    return outcome

@@ -7,7 +7,8 @@ call ends) and ``time`` runs ``smart_refresh`` with ``max_calls_per_container: 2
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -165,3 +166,56 @@ def test_a_smart_refresh_container_is_replaced_after_its_calls_and_the_client_se
     finally:
         client.close()
     wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
+
+
+def test_a_per_call_service_with_a_warm_pool_serves_each_call_in_a_pooled_container_greeted_before(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    (tmp_path / "projects").mkdir()
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path / "projects")],
+        service_fields={"time": {"container_strategy": "fresh_per_call", "warm": 2}},
+    )
+    with orchestrator(suite, tmp_path / "orchestrator.log") as running_fabric:
+        client, session = opened(running_fabric)
+        call = {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        try:
+            # The first call takes a container the pool has not greeted (no fabric session
+            # asked yet) and greets it itself; from then on the pool's refills are greeted.
+            assert client.ask(call)["ok"]
+            for n in range(3):
+                # A greeted container waits (the pool refills behind each call).
+                wait_until(
+                    at_least(running_fabric, "pooled_container_greeted", n + 1),
+                    what=f"{n + 1} pooled containers greeted",
+                )
+                answer = client.ask(call)
+                assert answer["ok"], answer
+            wait_until(
+                lambda: len(records(running_fabric, session, "container_stop", "time")) == 4,
+                what="four container_stop records",
+            )
+            starts = records(running_fabric, session, "container_start", "time")
+            assert len({r["container"] for r in starts}) == 4
+            assert all(r["pooled"] for r in starts), starts
+            assert [r["call"]["name"] for r in starts] == ["get_current_time"] * 4
+            # No handshake at the three calls after the first: the pool had greeted them.
+            mine = [e for e in running_fabric.logs() if e.get("session") == session]
+            skipped = [e for e in mine if e["event"] == "backend_greeted_by_pool"]
+            assert len(skipped) == 3
+            started = [e for e in mine if e["event"] == "container_started"]
+            assert [e["greeted"] for e in started] == [False, True, True, True]
+            assert not [e for e in running_fabric.logs() if e["event"] == "pooled_greeting_failed"]
+        finally:
+            client.close()
+        wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
+
+
+def at_least(fabric: Orchestrator, event: str, count: int) -> Callable[[], bool]:
+    """Whether the orchestrator has logged ``event`` ``count`` times or more."""
+
+    def logged() -> bool:
+        return sum(1 for e in fabric.logs() if e["event"] == event) >= count
+
+    return logged

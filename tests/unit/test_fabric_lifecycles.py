@@ -22,8 +22,10 @@ from reactor_fabric.protocol.events import (
     BackendKey,
     BackendLine,
     BackendStarted,
+    CallRef,
     ClientFrame,
     ClientGone,
+    Log,
     Shutdown,
     StartBackend,
     StopBackend,
@@ -113,6 +115,47 @@ def test_every_call_of_a_per_call_service_runs_in_a_fresh_container_removed_when
     assert len(set(keys)) == 3
     assert server.all_backends == {}
     assert server.backends == {}
+
+
+def test_a_per_call_container_the_pool_greeted_gets_its_call_at_once_with_no_handshake() -> None:
+    server, clock = per_call_session()
+    [start] = [a for a in call(server, clock, 7) if isinstance(a, StartBackend)]
+    # Any container will do, a greeted one too; the audit names the call it serves.
+    assert start.greeted is True
+    assert start.call == CallRef(7, "tools/call", "get_current_time")
+    actions = fed(server, clock, BackendStarted(start.key, greeting=b'{"capabilities":{}}'))
+    [request] = sent(actions, start.key)  # no initialize, no notifications/initialized
+    assert request["method"] == "tools/call"
+    assert request["params"]["arguments"] == {"n": 7}
+    [note] = [a for a in actions if isinstance(a, Log)]
+    assert note.event == "backend_greeted_by_pool"
+    [reply] = to_client(answer(server, clock, start.key, request))
+    assert reply["id"] == 7
+    assert server.all_backends == {}
+
+
+def test_a_per_call_container_not_greeted_by_the_pool_is_greeted_by_the_router() -> None:
+    server, clock = per_call_session()
+    [key] = started_keys(call(server, clock, 1))
+    [handshake] = sent(fed(server, clock, BackendStarted(key)), key)
+    assert handshake["method"] == "initialize"
+    [initialized, request] = ready_after(server, clock, key, handshake)
+    assert initialized["method"] == "notifications/initialized"
+    assert request["method"] == "tools/call"
+
+
+def test_a_service_reused_by_its_session_never_asks_for_a_greeted_container() -> None:
+    server, clock = per_call_session(lifecycles={})
+    [start] = [a for a in call(server, clock, 1) if isinstance(a, StartBackend)]
+    assert start.greeted is False
+    assert start.call is None
+
+
+def ready_after(
+    server: FabricServer, clock: Clock, key: BackendKey, handshake: dict[str, Any]
+) -> list[dict[str, Any]]:
+    answer = msg(id=handshake["id"], result={"capabilities": {}, "serverInfo": {}})
+    return sent(fed(server, clock, BackendLine(key, answer)), key)
 
 
 def test_concurrent_calls_of_a_per_call_service_run_in_separate_containers_at_once() -> None:

@@ -32,6 +32,7 @@ from reactor_fabric.trio import fabric as fabric_module
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.live_container import LiveContainer
 from reactor_fabric.trio.session import serve_session
+from reactor_fabric.trio.warm_pool import WarmPool
 from tests.fakes import TOOLS, GoneMidAnswer, MemoryClient, scripted_mcp_server, until
 from tests.http_client import WebSocketClient
 from tests.leaks import cancel_at_every_step, cancelled_after
@@ -784,4 +785,50 @@ async def test_a_per_call_service_runs_concurrent_calls_in_containers_of_their_o
         # the in-memory runtime's ids share their first 12 characters).
         assert sorted((r["request_id"], r["outcome"]) for r in records) == [(2, "ok"), (3, "ok")]
         assert all(r["container"] is not None for r in records)
+        await ws.aclose()
+
+
+async def test_per_call_containers_come_from_the_pool_greeted_and_no_handshake_is_sent_at_a_call(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    services = {
+        **SERVICES,
+        "alpha": Service(image="fake/alpha:1", container_strategy="fresh_per_call", warm=2),
+    }
+    caplog.set_level(logging.INFO, logger="reactor_fabric.trio.driver")
+    async with served(tmp_path, learn_catalog=True, services=services) as http:
+        records: list[dict[str, Any]] = []
+        http.fabric.observer.audit = RecordingAudit(records)
+        pool = WarmPool(http.fabric, None)
+        http.fabric.pool = pool
+        await http.nursery.start(pool.run)
+        await until(lambda: pool.machine.ready("alpha") == 2, what="two pooled")
+        ws = await open_session(http)
+        # The first call takes a container the pool has not greeted (no fabric session asked
+        # for one yet): the session greets it; from then on the pool's refills are greeted.
+        await ws.send_json(tool_call(1, "alpha__echo", n=1))
+        assert (await ws.hear())["id"] == 1
+        for request_id in (2, 3, 4):
+            await until(
+                lambda: any(e.greeting is not None for e in pool._entries.values()),
+                what="a greeted one ready",
+            )
+            await ws.send_json(tool_call(request_id, "alpha__echo", n=request_id))
+            answer = await ws.hear()
+            assert answer["id"] == request_id
+            [start] = [r for r in records if r["event"] == "container_start"][-1:]
+            assert start["pooled"] is True
+            assert start["call"] == {"id": request_id, "method": "tools/call", "name": "echo"}
+        # Each call had a container of its own; those greeted in the pool saw only the pool's
+        # initialize, before their call.
+        # (the in-memory runtime's ids share their first 12 characters: found by what they got)
+        methods = [
+            [json.loads(line)["method"] for line in s.stdin_lines]
+            for s in http.runtime.servers.values()
+            if b"tools/call" in b"".join(s.stdin_lines)
+        ]
+        assert len(methods) == 4
+        assert methods.count(["initialize", "notifications/initialized", "tools/call"]) == 4
+        events = [record.getMessage() for record in caplog.records]
+        assert events.count("backend_greeted_by_pool") == 3
         await ws.aclose()

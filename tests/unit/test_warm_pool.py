@@ -62,6 +62,7 @@ def suite(
     parallel: int = 2,
     max_containers: int = 16,
     user: str | None = None,
+    strategy: Any = None,
 ) -> Suite:
     return Suite(
         version="1.0",
@@ -70,7 +71,7 @@ def suite(
             warm_pool=PoolSettings(max_containers=max_containers, parallel_starts=parallel),
         ),
         mcp_services={
-            "svc": Service(image=IMAGE, warm=warm, user=user),
+            "svc": Service(image=IMAGE, warm=warm, user=user, container_strategy=strategy),
             "cold": Service(image="fake/cold:1"),
         },
     )
@@ -131,6 +132,7 @@ class Pooled:
             sequence=0,
             fields={},
             respawn=False,
+            greeted=options.get("greeted", False),
         )
 
     async def remove(self, container: Any) -> None:
@@ -508,3 +510,121 @@ def test_the_sweeper_leaves_pooled_containers_alone_but_not_strays_of_this_insta
 
 def _open_descriptors() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
+
+
+PER_CALL = "fresh_per_call"
+
+
+async def ask(container: Any, request_id: int, method: str, params: dict[str, Any]) -> Any:
+    """Send one request to a started container, read its first line of output back."""
+    await container.stdin.send_all(json.dumps(request(request_id, method, params)).encode() + b"\n")
+    data = b""
+    while b"\n" not in data:
+        data += await container.stdout.receive_some(65536)
+    return json.loads(data.split(b"\n", 1)[0])
+
+
+async def greeted_one_ready(h: Pooled) -> None:
+    """Once a fabric session took a per-call service's container, its refill is greeted."""
+    await h.filled()
+    await until(
+        lambda: any(len(server.stdin_lines) == 2 for server in h.pooled()),
+        what="a greeted container ready",
+    )
+
+
+async def test_a_per_call_services_pooled_containers_are_greeted_while_they_wait(
+    tmp_path: Path,
+) -> None:
+    async with warm_pool(tmp_path, strategy=PER_CALL) as h:
+        await h.filled()
+        # At first they are not (no fabric session asked yet): the session greets it itself.
+        first = await h.start(greeted=True)
+        assert first.greeting is None
+        assert h.engine.servers[first.name].stdin_lines == []
+        await h.remove(first)
+        await greeted_one_ready(h)
+        [greeted] = [s for s in h.pooled() if s.stdin_lines]
+        initialize, initialized = (json.loads(line) for line in greeted.stdin_lines)
+        assert initialize["method"] == "initialize"
+        assert set(initialize["params"]["capabilities"]) == {"roots", "sampling", "elicitation"}
+        assert initialized["method"] == "notifications/initialized"
+        # A fabric per-call backend takes it first: its InitializeResult comes with it, and
+        # its stdout starts after the answer the pool read (the call's answer comes first).
+        container = await h.start(greeted=True)
+        assert container.name == greeted.name
+        assert json.loads(container.greeting)["serverInfo"]["name"] == "scripted"
+        answer = await ask(container, 5, "tools/call", {"name": "echo", "arguments": {"a": 1}})
+        assert answer["id"] == 5
+        assert [json.loads(line)["method"] for line in greeted.stdin_lines] == [
+            "initialize",
+            "notifications/initialized",
+            "tools/call",
+        ]
+        await h.remove(container)
+        # A session that replays its own initialize (the relay's) gets one not greeted.
+        relay = await h.start()
+        assert h.engine.servers[relay.name].spec.labels.get(LABEL_POOLED) == "true"
+        assert h.engine.servers[relay.name].stdin_lines == []
+        assert getattr(relay, "greeting", None) is None
+        await h.remove(relay)
+        metrics = h.fabric.observer.metrics
+        assert metrics.pool_takes.labels("svc", "hit")._value.get() == 3
+
+
+def refuses(container: MemoryServer) -> Any:
+    return container.write_stdout(
+        json.dumps({"jsonrpc": "2.0", "id": 0, "error": {"code": -1, "message": "no"}}).encode()
+        + b"\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (lambda container: container.write_stdout(b"Server starting...\n"), "greeting_invalid"),
+        (refuses, "greeting_refused"),
+        (None, "greeting_timeout"),
+    ],
+)
+async def test_a_pooled_container_failing_its_greeting_is_removed_and_replaced_at_the_refill_rate(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    answer: Any,
+    why: str,
+) -> None:
+    async def fails_its_greeting(container: MemoryServer) -> None:
+        await container.read_line()
+        if answer is not None:
+            await answer(container)
+        await trio.sleep_forever()
+
+    async with warm_pool(tmp_path, server=fails_its_greeting, warm=1, strategy=PER_CALL) as h:
+        await h.filled(1)
+        await h.remove(await h.start(greeted=True))  # a fabric session's: refills are greeted
+        await trio.sleep(60)
+        # Each removed, logged, and replaced after a back-off: a trickle of starts, no storm.
+        assert 5 <= len(h.engine.spawned) <= 8
+        assert h.pool.machine.ready("svc") == 0
+        failures = [r for r in caplog.records if r.message == "pooled_greeting_failed"]
+        assert failures
+        assert {r.why for r in failures} == {why}  # type: ignore[attr-defined]
+        assert len(h.engine.alive) <= 1
+        container = await h.start(greeted=True)
+        assert LABEL_POOLED not in h.engine.servers[container.name].spec.labels
+        await h.remove(container)
+
+
+async def test_a_session_mount_is_attached_to_a_greeted_pooled_container(tmp_path: Path) -> None:
+    staging = FakeStaging()
+    async with warm_pool(tmp_path, staging=staging, strategy=PER_CALL) as h:
+        mounts = await project_mounts(h, tmp_path)
+        await h.remove(await h.start(mounts=mounts, greeted=True))  # refills are greeted now
+        await greeted_one_ready(h)
+        container = await h.start(mounts=mounts, greeted=True)
+        token = staging.attached[-1]
+        assert container.name.endswith(f"-{token}")
+        assert container.greeting is not None
+        await h.remove(container)
+        assert token in staging.released

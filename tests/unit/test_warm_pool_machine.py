@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import pytest
 
@@ -21,11 +22,14 @@ from reactor_fabric.protocol.warm_pool_events import (
     Claim,
     EarlyOutput,
     Event,
+    GreetPooled,
     HandOut,
     ImageChanged,
     ImagesChecked,
     Missed,
     OutputEnded,
+    PooledGreeted,
+    PooledGreetingFailed,
     RemovePooled,
     Shutdown,
     StagingLost,
@@ -48,6 +52,7 @@ def machine(
     parallel: int = 2,
     fixed_shape: tuple[str, ...] = (),
     stages_mounts: bool = False,
+    greets: tuple[str, ...] = (),
 ) -> WarmPoolMachine:
     return WarmPoolMachine(
         targets if targets is not None else {"time": 2},
@@ -56,6 +61,7 @@ def machine(
         initial_shape=NOBODY,
         fixed_shape=fixed_shape,
         stages_mounts=stages_mounts,
+        greets=greets,
     )
 
 
@@ -362,6 +368,95 @@ def test_reporting_the_end_of_a_start_that_is_not_running_is_a_bug() -> None:
         feed(pool, StartSucceeded(action.token))
     with pytest.raises(ValueError, match="not starting"):
         feed(pool, StartFailed(99))
+
+
+def greeting_pool(
+    targets: dict[str, int], now: float = 0.0, **options: Any
+) -> tuple[WarmPoolMachine, list[StartPooled]]:
+    """A pool whose ``time`` greets, after a fabric endpoint's take asked for greeted ones
+    (before any start): the starts that take made."""
+    pool = machine(targets, greets=("time",), **options)
+    actions = feed(pool, Take("time", NOBODY, greeted=True), now)
+    assert Missed("time", "empty") in actions
+    return pool, [a for a in actions if isinstance(a, StartPooled)]
+
+
+def test_a_per_call_services_pooled_container_is_greeted_before_it_is_ready() -> None:
+    pool, (first,) = greeting_pool({"time": 2}, parallel=1)
+    assert feed(pool, StartSucceeded(first.token)) == [GreetPooled(first.token, "time")]
+    # Greeting is part of its start: not ready, and no other start meanwhile.
+    assert pool.ready("time") == 0
+    assert pool.starting == 1
+    assert take(pool, "time", NOBODY, greeted=True)[1] == "empty"
+    (second,) = started(feed(pool, PooledGreeted(first.token)))
+    assert pool.ready("time") == 1
+    assert second != first.token
+
+
+def test_greeting_follows_demand_and_a_greeted_container_never_goes_to_a_relay_session() -> None:
+    pool = machine({"time": 1, "git": 1}, parallel=4, greets=("time",))
+    # At first (and after a relay session's take) refills are not greeted: either endpoint
+    # may take them; a fabric session's take does the handshake itself.
+    for action in starts(pool, 0.0):
+        assert feed(pool, StartSucceeded(action.token)) == []
+    actions = feed(pool, Take("time", NOBODY, greeted=True))
+    (claim,) = [a for a in actions if isinstance(a, Claim)]
+    assert feed(pool, Watched(claim.token)) == [HandOut(claim.token, "time")]
+    # Its refill is greeted: the fabric endpoint took the last one.
+    (refill,) = started(actions)
+    assert feed(pool, StartSucceeded(refill)) == [GreetPooled(refill, "time")]
+    feed(pool, PooledGreeted(refill))
+    # A relay session replays its client's initialize: it misses, and the greeted one goes.
+    actions = feed(pool, Take("time", NOBODY))
+    assert actions[:2] == [
+        Missed("time", "greeted"),
+        RemovePooled(refill, "time", "shape_changed"),
+    ]
+    (plain,) = started(actions)
+    assert feed(pool, StartSucceeded(plain)) == []  # refills follow the relay now
+    assert take(pool, "time", NOBODY)[0] == plain
+    # A service that does not greet never does.
+    actions = feed(pool, Take("git", NOBODY, greeted=True))
+    (claim,) = [a for a in actions if isinstance(a, Claim)]
+    (git,) = started(actions)
+    assert feed(pool, StartSucceeded(git)) == []
+
+
+def test_a_fabric_session_takes_a_greeted_container_before_an_older_plain_one() -> None:
+    pool = machine({"time": 2}, greets=("time",))
+    first, _second = fill(pool)  # not greeted (no fabric take yet)
+    actions = feed(pool, Take("time", NOBODY, greeted=True))
+    assert Claim(first.token, "time") in actions
+    feed(pool, Watched(first.token))
+    (greeted,) = started(actions)
+    feed(pool, StartSucceeded(greeted))
+    feed(pool, PooledGreeted(greeted))
+    # The greeted one, younger than the plain one left: no handshake at the call.
+    assert take(pool, "time", NOBODY, greeted=True)[0] == greeted
+
+
+def test_a_container_that_fails_its_greeting_is_removed_and_replaced_after_a_back_off() -> None:
+    pool, (action,) = greeting_pool({"time": 1}, 10.0)
+    feed(pool, StartSucceeded(action.token), 10.0)
+    actions = feed(pool, PooledGreetingFailed(action.token, "greeting_invalid"), 10.0)
+    assert removals(actions) == [RemovePooled(action.token, "time", "greeting_failed")]
+    assert removals(actions)[0].ended  # logged with its last stderr lines
+    assert started(actions) == []  # not at once: at the pool's refill rate
+    assert pool.starting == 0
+    assert pool.pooled("time") == 0
+    when, replacement = next_start(pool)
+    assert when == 11.0
+    assert replacement.token != action.token
+
+
+def test_a_container_greeted_after_the_stop_is_removed_not_ready() -> None:
+    pool, (action,) = greeting_pool({"time": 1})
+    feed(pool, StartSucceeded(action.token))
+    assert feed(pool, Shutdown()) == []  # greeting: removed when it ends
+    actions = feed(pool, PooledGreeted(action.token))
+    assert removals(actions) == [RemovePooled(action.token, "time", "stopping")]
+    assert pool.total == 0
+    assert pool.starting == 0
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -29,7 +29,11 @@ Invariants:
 - a container is never handed out after its output ended, was invalid or overflowed, nor after
   an image change the machine saw since its start;
 - a Tick at the deadline always moves the deadline past now (the driver never spins);
-- the machine's books agree with the world's: what it pools (starting + ready), what is claimed.
+- the machine's books agree with the world's: what it pools (starting + greeting + ready),
+  what is claimed;
+- a greeted container (a ``fresh_per_call`` service's, greeted on the fabric endpoint's
+  demand) goes only to a session that may take one, a greeting is part of its start (within
+  the cap and ``parallel_starts``), and one that failed it is removed, never ready.
 """
 
 from __future__ import annotations
@@ -55,11 +59,14 @@ from reactor_fabric.protocol.warm_pool_events import (
     Claim,
     EarlyOutput,
     Event,
+    GreetPooled,
     HandOut,
     ImageChanged,
     ImagesChecked,
     Missed,
     OutputEnded,
+    PooledGreeted,
+    PooledGreetingFailed,
     RemovePooled,
     Shutdown,
     StagingLost,
@@ -74,16 +81,20 @@ from tests.orderings import LazyTrail, Trail, Violation, check
 
 TARGETS = {"a": 2, "b": 1}  # together more than the cap: rationing is exercised
 FIXED = ("b",)  # b's suite names its user: its containers have one shape
+GREETS = ("a",)  # a is fresh_per_call: its pooled containers are greeted on demand
 MAX_CONTAINERS = 2
 PARALLEL_STARTS = 2
 X, Y = "account-x", "account-y"
-# What sessions ask for: (service, account, mounts, placeable).
-SESSIONS = [
-    ("a", X, False, False),
-    ("a", Y, False, False),
-    ("a", X, True, True),
-    ("a", X, True, False),
-    ("b", Y, False, False),
+# What sessions ask for: (service, account, mounts, placeable, greeted: a fabric per-call
+# backend, which may take a greeted container).
+Session = tuple[str, Any, bool, bool, bool]
+SESSIONS: list[Session] = [
+    ("a", X, False, False, False),
+    ("a", Y, False, False, False),
+    ("a", X, True, True, False),
+    ("a", X, True, False, False),
+    ("b", Y, False, False, False),
+    ("a", X, False, False, True),
 ]
 # Bounds that keep each exploration finite (set per test): sessions per run, misfortunes per
 # run (failed starts, servers that exit, garble or flood, staging lost, the image rebuilt),
@@ -103,12 +114,13 @@ class Box:
     shape: Any
     staged: bool
     generation: int  # image changes of its service the machine had seen at its start
-    state: str = "starting"  # starting, ready, claimed, handed, removed, failed
+    state: str = "starting"  # starting, greeting, ready, claimed, handed, removed, failed
+    greeted: bool = False  # the pool greeted it (only a fabric per-call backend may take it)
     created: bool = False  # a container exists (its start got that far)
     early: int = 0  # bytes it wrote while it waited
     ended: bool = False  # its output ended, was invalid or overflowed (reported)
     late: bool = False  # its watcher reported once more after its removal
-    session: tuple[str, Any, bool, bool] | None = None  # who claimed it
+    session: Session | None = None  # who claimed it
 
     def key(self) -> tuple[object, ...]:
         return (
@@ -118,6 +130,7 @@ class Box:
             self.staged,
             self.generation,
             self.state,
+            self.greeted,
             self.created,
             self.early,
             self.ended,
@@ -184,12 +197,19 @@ def apply(world: World, event: Event, actions: list[Action], trail: list[str]) -
                 check(staged == (not world.staging_lost), f"{token} staged={staged}", trail)
                 check(shape is None or service not in FIXED, f"{token} has a shape", trail)
                 world.boxes[token] = Box(token, service, shape, staged, world.generation[service])
-                pooled = world.in_pool("starting", "ready")
+                pooled = world.in_pool("starting", "greeting", "ready")
                 check(len(pooled) <= MAX_CONTAINERS, "the global cap exceeded", trail)
-                starting = world.in_pool("starting")
+                starting = world.in_pool("starting", "greeting")
                 check(len(starting) <= PARALLEL_STARTS, "too many starts at once", trail)
                 mine = [box for box in pooled if box.service == service]
                 check(len(mine) <= TARGETS[service], f"{service} above its target", trail)
+            case GreetPooled(token=token, service=service):
+                box = world.boxes.get(token)
+                check(event == StartSucceeded(token), f"{token} greeted unstarted", trail)
+                check(service in GREETS, f"{token} of {service} greeted", trail)
+                check(box is not None and box.state == "starting", f"{token} greeted", trail)
+                assert box is not None
+                box.state = "greeting"
             case RemovePooled(token=token, reason=reason):
                 removed(world, event, token, reason, trail)
             case Claim(token=token, service=service):
@@ -219,6 +239,11 @@ def removed(world: World, event: Event, token: int, reason: str, trail: list[str
     if box.state == "starting":
         done = event in (StartSucceeded(token), StartFailed(token, created=True))
         check(done, f"{token} removed while starting", trail)
+    elif box.state == "greeting":
+        done = isinstance(event, PooledGreeted | PooledGreetingFailed) and event.token == token
+        check(done, f"{token} removed while greeting", trail)
+        failed_greeting = isinstance(event, PooledGreetingFailed)
+        check(failed_greeting == (reason == "greeting_failed"), f"{token}: {reason}", trail)
     elif box.state == "claimed":
         check(event == Watched(token), f"{token} removed while claimed", trail)
         check(box.ended and reason == "not_handed_out", f"{token} not handed out ({reason})", trail)
@@ -246,6 +271,7 @@ def claimed(world: World, event: Event, token: int, service: str, trail: list[st
     assert box is not None
     check(service == event.service == box.service, f"{token} for another service", trail)
     check(fits(box, service, event.account), f"{token} of another account", trail)
+    check(event.greeted or not box.greeted, f"{token} greeted, to a relay session", trail)
     if event.mounts:
         check(event.placeable, f"{token} given for mounts it cannot place", trail)
         check(box.staged and not world.staging_lost, f"{token} given for mounts", trail)
@@ -253,15 +279,19 @@ def claimed(world: World, event: Event, token: int, service: str, trail: list[st
     current = box.generation == world.generation[service]
     check(current, f"{token} claimed after an image change", trail)
     box.state = "claimed"
-    box.session = (event.service, event.account, event.mounts, event.placeable)
+    box.session = (event.service, event.account, event.mounts, event.placeable, event.greeted)
 
 
 def missed(world: World, event: Event, service: str, outcome: str, trail: list[str]) -> None:
     check(isinstance(event, Take) and not world.answered, f"a miss unasked ({outcome})", trail)
     assert isinstance(event, Take)
     world.answered = True
-    if outcome in ("empty", "shape"):
-        fitting = [box.token for box in world.in_pool("ready") if fits(box, service, event.account)]
+    if outcome in ("empty", "shape", "greeted"):
+        fitting = [
+            box.token
+            for box in world.in_pool("ready")
+            if fits(box, service, event.account) and (event.greeted or not box.greeted)
+        ]
         check(not fitting, f"a miss ({outcome}) with {fitting} ready", trail)
     if outcome == "stopping":
         check(world.stopping, "a miss for a stop before it", trail)
@@ -302,6 +332,10 @@ def box_steps(world: World, box: Box) -> list[Step]:
         if unlucky:
             steps.append((f"start-failed-{token}", partial(failed, token=token)))
             steps.append((f"failed-created-{token}", partial(failed, token=token, made=True)))
+    elif box.state == "greeting":
+        steps.append((f"greeted-{token}", partial(greeted, token=token)))
+        if unlucky:
+            steps.append((f"greeting-failed-{token}", partial(greeting_failed, token=token)))
     elif box.state in ("ready", "claimed"):
         if unlucky and not box.ended:
             # Its bound in one write (kept), and once more (over it): removed.
@@ -329,6 +363,16 @@ def failed(world: World, token: int, made: bool = False) -> Event:
     return StartFailed(token, created=made)
 
 
+def greeted(world: World, token: int) -> Event:
+    return PooledGreeted(token)
+
+
+def greeting_failed(world: World, token: int) -> Event:
+    world.misfortunes += 1
+    world.boxes[token].ended = True  # it is done for (its removal is logged as an end)
+    return PooledGreetingFailed(token, "greeting_invalid")
+
+
 def output(world: World, token: int, nbytes: int) -> Event:
     world.misfortunes += 1
     box = world.boxes[token]
@@ -352,11 +396,11 @@ def watched(world: World, token: int) -> Event:
     return Watched(token)
 
 
-def take(world: World, session: tuple[str, Any, bool, bool]) -> Event:
+def take(world: World, session: Session) -> Event:
     world.takes += 1
     world.answered = False
-    service, account, mounts, placeable = session
-    return Take(service, account, mounts, placeable)
+    service, account, mounts, placeable, greeted = session
+    return Take(service, account, mounts, placeable, greeted)
 
 
 def answer_check(world: World) -> Event:
@@ -397,13 +441,19 @@ def after(world: World, event: Event, trail: list[str]) -> None:
         check(world.answered, f"{event} not answered", trail)
     if isinstance(event, StartSucceeded) and world.boxes[event.token].state == "starting":
         world.boxes[event.token].state = "ready"
+    if isinstance(event, PooledGreeted) and world.boxes[event.token].state == "greeting":
+        world.boxes[event.token].state = "ready"
+        world.boxes[event.token].greeted = True
+    if isinstance(event, PooledGreetingFailed):
+        kept = world.boxes[event.token].state == "greeting"
+        check(not kept, f"{event.token} failed its greeting and was kept", trail)
     if isinstance(event, StartFailed) and event.created:
         kept = world.boxes[event.token].state == "starting"
         check(not kept, f"{event.token} failed to start and was kept", trail)
     if isinstance(event, Tick):
         deadline = machine.deadline
         check(deadline is None or deadline > world.now, f"a Tick left {deadline} due", trail)
-    pooled = world.in_pool("starting", "ready")
+    pooled = world.in_pool("starting", "greeting", "ready")
     check(machine.total == len(pooled), f"{machine.total} pooled, the world has {pooled}", trail)
     check(machine.claimed == len(world.in_pool("claimed")), "claims out of step", trail)
     # Settled for good (nothing more can happen to it): forgotten, so that histories that
@@ -440,6 +490,7 @@ def explore() -> int:
         initial_shape=X,
         fixed_shape=FIXED,
         stages_mounts=True,
+        greets=GREETS,
     )
     start = World(machine)
     first: list[str] = ["begin"]
@@ -555,6 +606,13 @@ def _kept_after_start(self: WarmPoolMachine, token: int, now: float) -> list[Act
     return ORIGINAL_SUCCEEDED(self, token, now)
 
 
+def _greeted_to_anyone(self: WarmPoolMachine, event: Take) -> list[Action]:
+    # Takes every session for a fabric per-call backend: a relay session gets greeted ones.
+    return ORIGINAL_TAKE(
+        self, Take(event.service, event.account, event.mounts, event.placeable, greeted=True)
+    )
+
+
 ORIGINAL_TAKE = WarmPoolMachine._take
 ORIGINAL_STARTS = WarmPoolMachine._starts
 ORIGINAL_SUCCEEDED = WarmPoolMachine._start_succeeded
@@ -569,6 +627,7 @@ ORIGINAL_SUCCEEDED = WarmPoolMachine._start_succeeded
         ("_starts", _over_the_cap, "the global cap exceeded", 2, 1),
         ("_start_succeeded", _kept_after_start, "pooled, the world has", 2, 1),
         ("_images_checked", _stale_kept, "claimed after an image change", 1, 2),
+        ("_take", _greeted_to_anyone, "greeted, to a relay session", 3, 1),
     ],
     ids=[
         "start-after-shutdown",
@@ -577,6 +636,7 @@ ORIGINAL_SUCCEEDED = WarmPoolMachine._start_succeeded
         "over-cap",
         "never-removed",
         "stale-image",
+        "greeted-to-relay",
     ],
 )
 def test_the_checker_catches_a_machine_that_breaks_an_invariant(
