@@ -49,7 +49,9 @@ def fabric(tmp_path: Path) -> Iterator[Orchestrator]:
 
 
 def gone(client: docker.DockerClient, container: str) -> bool:
-    return client.containers.list(all=True, filters={"id": container}) == []
+    # Sparse: a full listing inspects each container it found, and one removed in between
+    # (this one, being removed) raises NotFound.
+    return client.containers.list(all=True, sparse=True, filters={"id": container}) == []
 
 
 def served(fabric: Orchestrator, session: str, count: int) -> list[str]:
