@@ -191,6 +191,8 @@ async def trail_check(orchestrator: engine.Orchestrator, *, expected: int) -> Js
         records = dropped = 0
         with path.open("rb") as lines:
             for line in lines:
+                if not line.endswith(b"\n"):
+                    break  # the writer is appending this one right now: read it next time
                 record = json.loads(line)
                 if record["event"] == "tool_call":
                     records += 1
