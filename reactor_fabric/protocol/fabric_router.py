@@ -338,20 +338,8 @@ class FabricRouter(Answers):
         return [StartBackend(key, respawn=service in self._had)]
 
     def _exhausted(self, backend: _Backend, lifecycle: Lifecycle) -> str | None:
-        """Which bound a smart_refresh backend has reached (``refresh_calls``: calls served;
-        ``refresh_age``: its age), None while it may take calls."""
-        if lifecycle.strategy != "smart_refresh":
-            return None
-        if lifecycle.max_calls is not None and backend.calls >= lifecycle.max_calls:
-            return REFRESH_CALLS
-        started = backend.started_at
-        if (
-            lifecycle.max_age is not None
-            and started is not None
-            and self.now - started >= lifecycle.max_age
-        ):
-            return REFRESH_AGE
-        return None
+        """Which bound a smart_refresh backend has reached (None while it may take calls)."""
+        return lifecycle.bound_reached(backend.calls, backend.started_at, self.now)
 
     def _remember(self, request: Json, key: BackendKey, client_id: object, method: str) -> None:
         request["id"] = self._new_id()

@@ -57,8 +57,6 @@ from .._reasons import (
     EXITED,
     IDLE,
     NOT_NEEDED,
-    REFRESH_AGE,
-    REFRESH_CALLS,
     REFRESH_MEMORY,
     REPLAY_FAILED,
     SESSION_ENDED,
@@ -656,10 +654,9 @@ class SessionMachine:
         lifecycle = self.lifecycle
         if lifecycle.strategy == "fresh_per_call":
             return CALL_DONE if slot.used else None
-        if lifecycle.max_calls is not None and slot.calls >= lifecycle.max_calls:
-            return REFRESH_CALLS
-        if lifecycle.max_age is not None and now >= slot.started_at + lifecycle.max_age:
-            return REFRESH_AGE
+        bound = lifecycle.bound_reached(slot.calls, slot.started_at, now)
+        if bound is not None:
+            return bound
         if slot.over_memory:
             return REFRESH_MEMORY
         return None
