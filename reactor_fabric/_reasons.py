@@ -205,6 +205,9 @@ PROFILE_NOT_FOUND: Final = "profile_not_found"
 # /mcp: a call of a fresh_per_call service while the session already has
 # MAX_PER_CALL_CONTAINERS of its calls in flight, each in its own container.
 TOO_MANY_PER_CALL_CONTAINERS: Final = "too_many_per_call_containers"
+# /mcp, a 2026-07-28 client: a retry whose requestState resumes no call waiting for input (its
+# wait expired or its container ended, it was used already, or it was never issued here).
+INPUT_WAIT_OVER: Final = "input_wait_over"
 
 # ============================================================================================
 # Logged only (never in an error a client or a server gets)
@@ -229,6 +232,9 @@ CALL_DONE: Final = "call_done"
 REFRESH_CALLS: Final = "refresh_calls"
 REFRESH_AGE: Final = "refresh_age"
 REFRESH_MEMORY: Final = "refresh_memory"
+# /mcp: a call that waited for a 2026-07-28 client's retry (input_required) past its bound: its
+# per-call container is removed.
+INPUT_WAIT_EXPIRED: Final = "input_wait_expired"
 
 # --- socket_stdio_unavailable: stdio goes through the engine's attach --------------------------
 

@@ -164,7 +164,7 @@ class _LiveCollector(Collector):
         calls = CounterMetricFamily(
             "reactor_fabric_tool_calls",
             "Tool calls that ended, by service, tool (the catalog's names, else 'other') and "
-            "outcome (ok, error, cancelled, no_answer).",
+            "outcome (ok, error, cancelled, no_answer, input_required).",
             labels=["service", "tool", "outcome"],
         )
         for labels, count in sorted(metrics.calls.items()):

@@ -79,6 +79,8 @@ from .._reasons import (
     EXITED,
     HANDSHAKE_FAILED,
     IDLE,
+    INPUT_WAIT_EXPIRED,
+    INPUT_WAIT_OVER,
     NOT_NEEDED,
     REFRESH_AGE,
     REFRESH_CALLS,
@@ -120,6 +122,14 @@ from .fabric_messages import (
     notification_bytes,
 )
 from .fabric_refresh import MAX_LIST_BYTES, Relists, _Relist
+from .input_waits import (
+    CAPABILITY_OF,
+    INPUT_WAIT_SECONDS,
+    INTERACTIVE,
+    InputWait,
+    InputWaits,
+    offered,
+)
 from .jsonrpc import duplicate_request, error_response
 from .lifecycle import REUSE, Lifecycle
 from .mcp import (
@@ -164,6 +174,9 @@ class _Forwarded:
     key: BackendKey  # the backend it went to
     client_id: object  # the client's id (None: our own handshake)
     method: str
+    # What a 2026-07-28 client said, with this request, that it may be asked (see input_waits).
+    offers: tuple[str, ...] = ()
+    target: object = None  # its tool or prompt name, or URI
 
     @property
     def service(self) -> str:
@@ -203,9 +216,14 @@ class _Backend:
     retired: str = REFRESH_CALLS  # retiring: the bound it reached (its stop reason)
 
 
+def _target(method: str, params: Json) -> object:
+    """What a call names: its tool or prompt, or the URI it reads."""
+    return params.get("uri" if method == "resources/read" else "name")
+
+
 def _call_ref(client_id: object, method: str, params: Json) -> CallRef:
     """The call a per-call container serves, as its audit record names it (bounded)."""
-    named = params.get("uri" if method == "resources/read" else "name")
+    named = _target(method, params)
     return CallRef(
         client_id if isinstance(client_id, str | int) else None,
         method,
@@ -254,6 +272,7 @@ class FabricRouter(Answers):
         self._asked: dict[int, _Asked] = {}
         self._backend_bytes = 0  # the size of the backend message being handled
         self.relists = Relists()  # refreshes after backends' list_changed
+        self.waits = InputWaits()  # calls waiting for a 2026-07-28 client's retry
         # The session is ending (see answer_all): what everything coming meanwhile is told.
         self._ending: FabricError | None = None
 
@@ -267,10 +286,16 @@ class FabricRouter(Answers):
         to its current backend, or to one of its own (fresh_per_call), started if need be."""
         if len(self._forwarded) >= MAX_PENDING:
             return [self._fail(client_id, INVALID_PARAMS, "too many requests in flight")]
+        if self._stateless and isinstance(params.get("requestState"), str):
+            return self._resume(service, client_id, method, params)
+        return self._route(service, client_id, method, params)
+
+    def _route(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
         request = {"jsonrpc": "2.0", "id": None, "method": method, "params": for_backend(params)}
+        offers = offered(params) if self._stateless else ()
         lifecycle = self.lifecycle(service)
         if lifecycle.strategy == "fresh_per_call":
-            return self._forward_fresh(service, client_id, method, request)
+            return self._forward_fresh(service, client_id, method, request, offers)
         backend = self.backends.get(service)
         spent = self._exhausted(backend, lifecycle) if backend is not None else None
         if backend is not None and spent is not None:
@@ -278,22 +303,22 @@ class FabricRouter(Answers):
             self._retire(backend, spent)
             backend = None
         if backend is None:
-            started = self._start_for(service, client_id, method, request, "current")
+            started = self._start_for(service, client_id, method, request, "current", offers=offers)
             return [*started, *self._settle()]
         if backend.state != "ready":
             if len(backend.queue) >= MAX_QUEUED_PER_BACKEND:
                 return [self._fail(client_id, INVALID_PARAMS, f"{service} is still starting")]
             backend.queue.append(request)
             backend.calls += 1
-            self._remember(request, backend.key, client_id, method)
+            self._remember(request, backend.key, client_id, method, offers)
             return []
-        self._remember(request, backend.key, client_id, method)
+        self._remember(request, backend.key, client_id, method, offers)
         backend.calls += 1
         backend.last_active = self.now
         return self._send(backend.key, encoder.encode(request))
 
     def _forward_fresh(
-        self, service: str, client_id: object, method: str, request: Json
+        self, service: str, client_id: object, method: str, request: Json, offers: tuple[str, ...]
     ) -> list[Action]:
         """fresh_per_call: a container of its own for this call, within the session's bound."""
         running = sum(
@@ -307,7 +332,7 @@ class FabricRouter(Answers):
             )
             return [self._error(client_id, refusal)]
         actions = self._start_for(
-            service, client_id, method, request, "call", params=request["params"]
+            service, client_id, method, request, "call", offers=offers, params=request["params"]
         )
         # The log names the call its container serves (container_started names the sequence).
         call = {"backend": service, "sequence": self._seq, "method": method, "call": client_id}
@@ -321,6 +346,7 @@ class FabricRouter(Answers):
         request: Json,
         role: Literal["current", "call"],
         *,
+        offers: tuple[str, ...] = (),
         params: Json | None = None,
     ) -> list[Action]:
         self._seq += 1
@@ -329,7 +355,7 @@ class FabricRouter(Answers):
         self.all_backends[key] = backend
         if role == "current":
             self.backends[service] = backend
-        self._remember(request, key, client_id, method)
+        self._remember(request, key, client_id, method, offers)
         if role == "call":
             # A pooled container the pool greeted will do (no handshake at the call, see
             # _backend_started); its audit record names the call.
@@ -341,9 +367,18 @@ class FabricRouter(Answers):
         """Which bound a smart_refresh backend has reached (None while it may take calls)."""
         return lifecycle.bound_reached(backend.calls, backend.started_at, self.now)
 
-    def _remember(self, request: Json, key: BackendKey, client_id: object, method: str) -> None:
+    def _remember(
+        self,
+        request: Json,
+        key: BackendKey,
+        client_id: object,
+        method: str,
+        offers: tuple[str, ...] = (),
+    ) -> None:
         request["id"] = self._new_id()
-        self._forwarded[request["id"]] = _Forwarded(key, client_id, method)
+        params = request.get("params")
+        target = _target(method, params) if isinstance(params, dict) else None
+        self._forwarded[request["id"]] = _Forwarded(key, client_id, method, offers, target)
         if isinstance(client_id, str | int):
             self.calls.serve(client_id, key.seq)  # (a tools/call's record names its container)
 
@@ -463,7 +498,7 @@ class FabricRouter(Answers):
         Gracefully (its stdin closed, a moment to exit) unless it no longer reads its stdin or
         has exited: those are removed at once."""
         stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
-        if reason in (IDLE, CALL_DONE, REFRESH_CALLS, REFRESH_AGE, NOT_NEEDED):
+        if reason in (IDLE, CALL_DONE, REFRESH_CALLS, REFRESH_AGE, NOT_NEEDED, INPUT_WAIT_EXPIRED):
             return [stop]
         return [
             Log("warning", "backend_failed", {"backend": key.service, "reason": logged or reason}),
@@ -489,7 +524,10 @@ class FabricRouter(Answers):
         backend.state = "handshaking"
         capabilities: Json = {"roots": {"listChanged": False}}
         for capability in ("sampling", "elicitation"):
-            if capability in self.client_capabilities:
+            if self._stateless:
+                # A 2026-07-28 client says per call what it may be asked (see input_waits).
+                capabilities[capability] = {}
+            elif capability in self.client_capabilities:
                 capabilities[capability] = self.client_capabilities[capability]
         handshake_id = self._new_id()
         handshake = {
@@ -531,7 +569,12 @@ class FabricRouter(Answers):
         if not isinstance(our_id, int):
             return []
         forwarded = self._forwarded.get(our_id)
-        if forwarded is None or forwarded.key != key:
+        if forwarded is None:
+            wait = self.waits.of_call(key, our_id)
+            if wait is not None:
+                wait.answer = message  # the client's retry takes it
+            return []
+        if forwarded.key != key:
             return []
         del self._forwarded[our_id]
         if forwarded.client_id is None:
@@ -586,13 +629,14 @@ class FabricRouter(Answers):
             # The client's answer could not be told from the first's: refused, as the relay does.
             answer["error"] = duplicate_request(answer["id"]).to_jsonrpc_error()
             return self._own(key, encoder.encode(answer))
-        capability = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
         if method == "roots/list":
             roots = [{"uri": f"file://{target}", "name": target} for target in self.mount_targets]
             answer["result"] = {"roots": roots}
         elif method == "ping":
             answer["result"] = {}
-        elif capability.get(method) in self.client_capabilities:
+        elif method in CAPABILITY_OF and self._stateless:
+            return self._ask_by_result(key, message)
+        elif CAPABILITY_OF.get(method) in self.client_capabilities:
             if len(self._asked) >= MAX_SERVER_REQUESTS:
                 # As on the relay: the client is not asked more than this at once; the
                 # backend is told at once (and never waits for the expiry of each).
@@ -602,11 +646,123 @@ class FabricRouter(Answers):
             self._asked[our_id] = _Asked(key, message.get("id"), self.now + ASK_SECONDS)
             return [ToClient(encoder.encode({**message, "id": our_id}))]
         else:
-            answer["error"] = {
-                "code": METHOD_NOT_FOUND,
-                "message": titled(TITLES[METHOD_NOT_FOUND], f"the client does not offer {method}"),
-            }
+            return self._refuse_question(key, answer["id"], f"the client does not offer {method}")
         return self._own(key, encoder.encode(answer))
+
+    def _refuse_question(self, key: BackendKey, backend_id: object, why: str) -> list[Action]:
+        error = {"code": METHOD_NOT_FOUND, "message": titled(TITLES[METHOD_NOT_FOUND], why)}
+        return self._own(key, encoder.encode({"jsonrpc": "2.0", "id": backend_id, "error": error}))
+
+    # --- questions for a 2026-07-28 client (see .input_waits) ---------------------------------
+
+    def _ask_by_result(self, key: BackendKey, message: Json) -> list[Action]:
+        """A backend's question while the client is a 2026-07-28 one: the call it belongs to is
+        answered ``input_required`` and waits for the client's retry, in its container."""
+        method = str(message.get("method"))
+        backend_id = message.get("id")
+        calls = [
+            (our_id, call)
+            for our_id, call in self._forwarded.items()
+            if call.key == key and call.client_id is not None and call.method in INTERACTIVE
+        ]
+        waits = self.waits.on(key)
+        if len(calls) + len(waits) != 1:
+            # On stdio a question does not say which call it is for: a server that runs
+            # several at once cannot be asked through results (one per container can).
+            why = (
+                f"a 2026-07-28 client is asked within a call, and {key.service} has "
+                f"{len(calls) + len(waits)} calls in flight: the question cannot be tied to one"
+            )
+            return self._refuse_question(key, backend_id, why)
+        offers = waits[0].offers if waits else calls[0][1].offers
+        if CAPABILITY_OF[method] not in offers:
+            return self._refuse_question(key, backend_id, f"the client does not offer {method}")
+        if len(self._asked) + self.waits.questions() >= MAX_SERVER_REQUESTS:
+            refusal = too_many_requests_to_client(MAX_SERVER_REQUESTS)
+            return self._own(key, error_response(backend_id, refusal))
+        if waits:
+            # The client has its round's result already: asked with the next one, at its retry.
+            waits[0].ask(backend_id, method, message.get("params"))
+            return []
+        our_id, call = calls[0]
+        del self._forwarded[our_id]
+        wait = InputWait(
+            key, our_id, call.method, call.target, self.now + INPUT_WAIT_SECONDS, call.offers
+        )
+        wait.ask(backend_id, method, message.get("params"))
+        return self._park(wait, call.client_id)
+
+    def _park(self, wait: InputWait, client_id: object) -> list[Action]:
+        """The client's call ``client_id`` is answered ``input_required``: it waits."""
+        self.waits.open(wait, self._new_id())
+        note = {"backend": wait.key.service, "sequence": wait.key.seq, "round": wait.rounds}
+        body = {"jsonrpc": "2.0", "id": client_id, "result": wait.result()}
+        return [Log("info", "input_required", note), self._answer(client_id, body)]
+
+    def _resume(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
+        """The client retries a call that waits (its ``requestState``): its answers go to the
+        backend's questions, under the backend's ids, and the call goes on in its container;
+        its answer, or the next question, is this retry's answer."""
+        state = params["requestState"]
+        wait = self.waits.take(state)
+        if wait is None:
+            over = InvalidRequest(
+                f"this requestState resumes no call: {self.waits.why(state)}; call again "
+                "without it",
+                reason=INPUT_WAIT_OVER,
+            )
+            return [self._error(client_id, over)]
+        target = _target(method, params)
+        if (wait.key.service, wait.method, wait.target) != (service, method, target):
+            self.waits.put_back(wait)
+            other = f"this requestState resumes a {wait.method} of {wait.target!r}, not {target!r}"
+            return [self._fail(client_id, INVALID_PARAMS, other)]
+        responses = params.get("inputResponses")
+        responses = responses if isinstance(responses, dict) else {}
+        actions: list[Action] = []
+        for question, (backend_id, _asked) in list(wait.asked.items()):
+            response = responses.get(question)
+            if isinstance(response, dict):
+                del wait.asked[question]
+                reply = {"jsonrpc": "2.0", "id": backend_id, "result": response}
+                actions += self._send(wait.key, encoder.encode(reply))
+        self._forwarded[wait.call_id] = _Forwarded(
+            wait.key, client_id, method, wait.offers, wait.target
+        )
+        if isinstance(client_id, str | int):
+            self.calls.serve(client_id, wait.key.seq)
+        if wait.answer is not None:
+            return actions + self._backend_answer(wait.key, {**wait.answer, "id": wait.call_id})
+        if wait.asked:  # questions left unanswered, or asked since: another round
+            del self._forwarded[wait.call_id]
+            wait.deadline = self.now + INPUT_WAIT_SECONDS
+            return actions + self._park(wait, client_id)
+        return actions
+
+    def _expire_waits(self, now: float) -> list[Action]:
+        """Calls the client did not resume in time: given up. A per-call container goes (it
+        served nothing else); another is told its questions go unanswered and the call is
+        cancelled, and serves on."""
+        actions: list[Action] = []
+        for wait in self.waits.expired(now):
+            backend = self.all_backends.get(wait.key)
+            if backend is None:
+                continue
+            note = {"backend": wait.key.service, "sequence": wait.key.seq}
+            actions.append(Log("info", "input_wait_expired", note))
+            if backend.role == "call":
+                del self.all_backends[wait.key]
+                actions += self._stop(wait.key, INPUT_WAIT_EXPIRED)
+                continue
+            error = ClientDidNotAnswer(
+                "the client did not retry its call with the answer in time",
+                reason=CLIENT_DID_NOT_ANSWER,
+            )
+            for backend_id, _asked in wait.asked.values():
+                actions += self._own(wait.key, error_response(backend_id, error))
+            cancel = {"requestId": wait.call_id, "reason": "the client did not retry in time"}
+            actions += self._own(wait.key, notification_bytes("notifications/cancelled", cancel))
+        return actions
 
     def _backend_notification(self, key: BackendKey, message: Json) -> list[Action]:
         method = message.get("method")
@@ -615,6 +771,7 @@ class FabricRouter(Answers):
         if method == "notifications/cancelled":
             params = message.get("params")
             if isinstance(params, dict):
+                self.waits.withdrawn(key, params.get("requestId"))
                 asked = [
                     i
                     for i, a in self._asked.items()
@@ -752,11 +909,12 @@ class FabricRouter(Answers):
         for our_id, asked in list(self._asked.items()):
             if asked.key == key:
                 del self._asked[our_id]
+        self.waits.drop(key, f"its container ended ({error.reason})")
         return actions
 
     def _backend_deadlines(self) -> list[float]:
         """When backends' questions to the client expire, and when idle backends stop."""
-        due = [asked.deadline for asked in self._asked.values()]
+        due = [asked.deadline for asked in self._asked.values()] + self.waits.deadlines()
         for service, backend in self.backends.items():
             if backend.state == "ready" and not self._busy(backend.key):
                 due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
@@ -775,7 +933,7 @@ class FabricRouter(Answers):
                 actions += self._own(asked.key, error_response(asked.backend_id, error))
                 note = {"requestId": our_id, "reason": "no answer in time"}
                 actions.append(ToClient(notification_bytes("notifications/cancelled", note)))
-        return actions
+        return actions + self._expire_waits(now)
 
     def _stop_idle(self, now: float) -> list[Action]:
         """Stop the current backends idle for their service's timeout (per-call and retiring
@@ -790,8 +948,10 @@ class FabricRouter(Answers):
         return actions
 
     def _busy(self, key: BackendKey) -> bool:
-        return any(f.key == key for f in self._forwarded.values()) or any(
-            a.key == key for a in self._asked.values()
+        return (
+            any(f.key == key for f in self._forwarded.values())
+            or any(a.key == key for a in self._asked.values())
+            or self.waits.holds(key)  # a call waiting for a 2026-07-28 client's retry
         )
 
     def _touch(self, key: BackendKey) -> None:

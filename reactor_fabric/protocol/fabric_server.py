@@ -277,6 +277,7 @@ class FabricServer(FabricRouter):
         twin.calls = self.calls.clone()
         twin._done = list(self._done)
         twin.relists = self.relists.clone()
+        twin.waits = self.waits.clone()
         twin.lease = dataclasses.replace(self.lease)
         return twin
 
@@ -320,6 +321,7 @@ class FabricServer(FabricRouter):
             tuple(sorted((repr(i), repr(c)) for i, c in self.calls.open.items())),
             len(self._done),
             self.relists.fingerprint(),
+            self.waits.fingerprint(),
             None if self._ending is None else self._ending.reason,
             self.lease.state(),
         )
@@ -376,6 +378,7 @@ class FabricServer(FabricRouter):
         ]
         self._forwarded.clear()
         self._asked.clear()
+        self.waits.clear()  # (their retries find the session ending)
         actions += [assist_analysis(self, assist, "ranking") for assist in self._assisting.values()]
         self._assisting.clear()
         for request_id in self._listeners:

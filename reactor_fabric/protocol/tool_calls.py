@@ -9,7 +9,9 @@ ends; it hands back one :class:`ToolCall` per request, exactly once, whichever w
                that died, a refusal, a shutdown), or a result the tool itself marked
                ``isError``;
 ``cancelled``  the client cancelled it (``notifications/cancelled``) before any answer;
-``no_answer``  the session ended before any answer (the client left mid-call).
+``no_answer``  the session ended before any answer (the client left mid-call);
+``input_required``  (``/mcp``, a 2026-07-28 client) the answer asks the client for input: the
+               call waits for the client's retry, which is a call (and a record) of its own.
 
 Only what the audit needs is read from a frame, and only for ``tools/call``: the tool's name,
 its arguments (hashed, kept with secrets redacted, or ignored, as the suite says) and the W3C
@@ -39,7 +41,7 @@ from .deep_json import DeepEncoder, decode_deep
 from .jsonrpc import IdInFlight, RequestId
 
 ArgumentsMode = Literal["none", "hash", "full"]
-Outcome = Literal["ok", "error", "cancelled", "no_answer"]
+Outcome = Literal["ok", "error", "cancelled", "no_answer", "input_required"]
 
 TOOLS_CALL: Final = "tools/call"
 # Arguments kept in full (mode "full") up to this size as JSON; beyond it only their hash.
@@ -79,6 +81,7 @@ class _ErrorBody(msgspec.Struct):
 
 class _Result(msgspec.Struct):
     isError: Any = False  # noqa: N815 (the MCP field's name)
+    resultType: Any = None  # noqa: N815 (the MCP field's name)
 
 
 class _Answer(msgspec.Struct):
@@ -217,6 +220,8 @@ class _Answered:
             return _done(request_id, call, now, "error", code, reason, bytes_out=size)
         if answer.result is not None and answer.result.isError is True:
             return _done(request_id, call, now, "error", None, "tool_error", bytes_out=size)
+        if answer.result is not None and answer.result.resultType == "input_required":
+            return _done(request_id, call, now, "input_required", bytes_out=size)
         return _done(request_id, call, now, "ok", bytes_out=size)
 
 

@@ -5,7 +5,7 @@ process because the SDK is asyncio-based and the tests are trio-based.
 
 Usage::
 
-    python mcp2_client.py http URL [--mode auto|legacy] [--trace]
+    python mcp2_client.py http URL [--mode auto|legacy] [--trace] [--elicit NAME]
     python mcp2_client.py stdio [--cwd DIR] -- COMMAND [ARG...]
 
 Commands (stdin, JSON lines), each answered by one JSON line on stdout:
@@ -18,6 +18,10 @@ Commands (stdin, JSON lines), each answered by one JSON line on stdout:
     {"op": "call_many", "calls": [{"name": N, "arguments": A}, ...]}
                            -> {"ok": true, "results": [as "call", in order]} (all at once)
     {"op": "exit"}
+
+``--elicit NAME`` declares elicitation and answers every question by accepting
+``{"name": NAME}``; the questions it was asked are kept: ``{"op": "heard"}`` ->
+``{"ok": true, "elicitations": [message, ...]}``.
 
 ``--trace`` gives the SDK an OpenTelemetry tracer provider exporting over OTLP/HTTP (to
 ``OTEL_EXPORTER_OTLP_ENDPOINT``): the SDK then makes a client span per request and puts its
@@ -35,7 +39,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlencode
 
-from mcp import Client, StdioServerParameters
+from mcp import Client, StdioServerParameters, types
 from mcp.client.stdio import get_default_environment
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
@@ -49,6 +53,25 @@ def emit(payload: dict[str, Any]) -> None:
     print(json.dumps(payload, default=str), flush=True)
 
 
+def target(args: argparse.Namespace, command: list[str]) -> Any:
+    """What the client connects to: the URL (with the token), or the stdio server's command."""
+    token = os.environ.get("REACTOR_FABRIC_TOKEN")
+    if args.transport == "http":
+        server: str = args.target[0]
+        if token:  # the URL form of the orchestrator's token (the 1.x client sends the header)
+            server += ("&" if "?" in server else "?") + urlencode({"token": token})
+        return server
+    # The SDK hands a server only a few variables (HOME, PATH...): the token goes in the
+    # server's `env`, as in a client's configuration (Claude Desktop's "env" block).
+    extra = {"REACTOR_FABRIC_TOKEN": token} if token else {}
+    return StdioServerParameters(
+        command=command[0],
+        args=command[1:],
+        cwd=args.cwd,
+        env={**get_default_environment(), **extra} if extra else None,
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", choices=["http", "stdio"])
@@ -56,27 +79,12 @@ async def main() -> None:
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--cwd")
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--elicit")
     argv = sys.argv[1:]
     # Everything after "--" is the stdio server's command line, untouched by argparse.
     command = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    server: Any
-    if args.transport == "http":
-        server = args.target[0]
-        token = os.environ.get("REACTOR_FABRIC_TOKEN")
-        if token:  # the URL form of the orchestrator's token (the 1.x client sends the header)
-            server += ("&" if "?" in server else "?") + urlencode({"token": token})
-    else:
-        # The SDK hands a server only a few variables (HOME, PATH...): the token goes in the
-        # server's `env`, as in a client's configuration (Claude Desktop's "env" block).
-        token = os.environ.get("REACTOR_FABRIC_TOKEN")
-        extra = {"REACTOR_FABRIC_TOKEN": token} if token else {}
-        server = StdioServerParameters(
-            command=command[0],
-            args=command[1:],
-            cwd=args.cwd,
-            env={**get_default_environment(), **extra} if extra else None,
-        )
+    server = target(args, command)
 
     loop = asyncio.get_running_loop()
     async with AsyncExitStack() as stack:
@@ -92,8 +100,15 @@ async def main() -> None:
             if op == "exit":
                 return
             try:
-                if op == "initialize":
-                    client = await stack.enter_async_context(Client(server, mode=args.mode))
+                if op == "heard":
+                    emit({"ok": True, "elicitations": HEARD})
+                elif op == "initialize":
+                    options: dict[str, Any] = {}
+                    if args.elicit is not None:
+                        options["elicitation_callback"] = answering(args.elicit)
+                    client = await stack.enter_async_context(
+                        Client(server, mode=args.mode, **options)
+                    )
                     info = client.server_info
                     emit(
                         {
@@ -111,6 +126,19 @@ async def main() -> None:
                 emit(described(exc))
                 if op == "initialize":
                     return
+
+
+HEARD: list[str] = []
+
+
+def answering(name: str) -> Any:
+    """An elicitation callback that accepts every question with ``{"name": name}``."""
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        HEARD.append(getattr(params, "message", ""))
+        return types.ElicitResult(action="accept", content={"name": name})
+
+    return elicit
 
 
 def traced() -> Any:

@@ -219,3 +219,66 @@ def at_least(fabric: Orchestrator, event: str, count: int) -> Callable[[], bool]
         return sum(1 for e in fabric.logs() if e["event"] == event) >= count
 
     return logged
+
+
+def test_a_stateless_client_on_a_keyed_url_gets_a_fresh_container_for_every_call(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    # MCP 2026-07-28: no initialize, no session id; the keyed URL names the session.
+    client = python2_client(f"{fabric.http_url}/mcp/fabric/per-call-agent?tools=all", "auto")
+    try:
+        assert client.ask({"op": "initialize"})["protocol"] == "2026-07-28"
+        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        session = str(status["structured"]["session_id"])
+        for n in range(5):
+            echo = {"op": "call", "name": "everything__echo", "arguments": {"message": f"s{n}"}}
+            answer = client.ask(echo)
+            assert answer["ok"], answer
+            assert text_of(answer) == f"Echo: s{n}"
+        wait_until(
+            lambda: len(records(fabric, session, "container_stop", "everything")) == 5,
+            what="five container_stop records",
+        )
+        served_by = [r["container"] for r in records(fabric, session, "tool_call", "everything")]
+        assert len(set(served_by)) == 5, served_by
+        assert running(docker_client, session, "everything") == []
+    finally:
+        client.close()
+
+
+def test_a_stateless_client_answers_a_per_call_servers_elicitation_through_input_required(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    # everything asks the client (elicitation/create) during the call: a 2026-07-28 client
+    # gets input_required, answers through its elicitation callback, and its retry reaches the
+    # container still waiting on the question.
+    client = python2_client(
+        f"{fabric.http_url}/mcp/fabric/eliciting-agent?tools=all", "auto", "--elicit", "Ada"
+    )
+    try:
+        assert client.ask({"op": "initialize"})["protocol"] == "2026-07-28"
+        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        session = str(status["structured"]["session_id"])
+        answer = client.ask(
+            {"op": "call", "name": "everything__trigger-elicitation-request", "arguments": {}}
+        )
+        assert answer["ok"], answer
+        assert "- Name: Ada" in text_of(answer)
+        heard = client.ask({"op": "heard"})["elicitations"]
+        assert heard == ["Please provide inputs for the following fields:"]
+        wait_until(
+            lambda: len(records(fabric, session, "tool_call", "everything")) == 2,
+            what="two tool_call records (the call, its retry)",
+        )
+        first, retry = records(fabric, session, "tool_call", "everything")
+        assert first["outcome"] == "input_required"
+        assert retry["outcome"] == "ok"
+        assert first["container"] == retry["container"]  # the same container, still waiting
+        wait_until(
+            lambda: running(docker_client, session, "everything") == [],
+            what="its container removed after the call",
+        )
+        [stop] = records(fabric, session, "container_stop", "everything")
+        assert stop["reason"] == "call_done"
+    finally:
+        client.close()
