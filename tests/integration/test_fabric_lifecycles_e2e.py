@@ -274,11 +274,14 @@ def test_a_stateless_client_answers_a_per_call_servers_elicitation_through_input
         assert first["outcome"] == "input_required"
         assert retry["outcome"] == "ok"
         assert first["container"] == retry["container"]  # the same container, still waiting
+        # (the audit record is written once the container is removed: waited for, not read)
         wait_until(
-            lambda: running(docker_client, session, "everything") == [],
+            lambda: len(records(fabric, session, "container_stop", "everything")) == 1,
             what="its container removed after the call",
         )
         [stop] = records(fabric, session, "container_stop", "everything")
         assert stop["reason"] == "call_done"
+        assert stop["container"] == first["container"]
+        assert running(docker_client, session, "everything") == []
     finally:
         client.close()
