@@ -113,6 +113,7 @@ from .jsonrpc import (
     peek,
 )
 from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
+from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .lifecycle import Lifecycle
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
@@ -156,6 +157,9 @@ class _Slot:
     measured_calls: int = 0  # its calls when its memory was last asked for
     measuring: bool = False  # its memory was asked for and not reported yet
     over_memory: bool = False  # it was measured over the memory threshold
+    # It answered a call input_required (a 2026-07-28 server asking the client): the client's
+    # retry is for this container, which is kept for it until then (see .input_waits).
+    retry_until: float | None = None
 
 
 class SessionMachine:
@@ -245,6 +249,8 @@ class SessionMachine:
             max_age = self.lifecycle.max_age
             if max_age is not None and not self.lifecycle.reuses and self._between(slot):
                 deadline = min(deadline, slot.started_at + max_age)
+            if slot.retry_until is not None and self._awaits_retry(slot):
+                deadline = min(deadline, slot.retry_until)
             if slot.stdin_pending:
                 deadline = min(deadline, slot.stdin_progress + self.limits.stdin_stall_timeout)
         for other in (self.ledger.next_expiry(), self.lease.deadline):
@@ -287,6 +293,7 @@ class SessionMachine:
                 slot.measured_calls,
                 slot.measuring,
                 slot.over_memory,
+                slot.retry_until,
             ),
             self._waiting.frames(),
             tuple(sorted(ledger.client_requests.items(), key=repr)),
@@ -392,6 +399,7 @@ class SessionMachine:
     def _write(self, slot: _Slot, message: Peek, frame: bytes) -> ToBackend:
         self.ledger.from_client(message, frame)
         if message.kind == REQUEST:
+            slot.retry_until = None  # (the retry it was kept for, or a call beside it)
             if message.method in CALL_METHODS:
                 slot.calls += 1
             if message.method not in _FRESH_AFTER:
@@ -540,6 +548,10 @@ class SessionMachine:
         if message.kind != RESPONSE:
             return [send]
         actions: list[Action] = [send]
+        if not self.lifecycle.reuses and asks_for_input(event.line):
+            # The client retries this call with its input: in this container, which a
+            # server may need (its requestState may name what only this process holds).
+            slot.retry_until = now + INPUT_WAIT_SECONDS
         if self.calls.open:
             done = self.calls.answer(message.id, event.line, now)
             if done is not None:
@@ -641,13 +653,18 @@ class SessionMachine:
         return []
 
     def _between(self, slot: _Slot) -> bool:
-        """Whether the container is between calls: ready, and nothing in flight or waiting."""
+        """Whether the container is between calls: ready, and nothing in flight or waiting
+        (a call's retry included)."""
         return (
             slot.state is SlotState.READY
             and not slot.measuring
             and not self._waiting
             and not self.ledger.busy
+            and not self._awaits_retry(slot)
         )
+
+    def _awaits_retry(self, slot: _Slot) -> bool:
+        return slot.retry_until is not None and self._now < slot.retry_until
 
     def _used_up(self, slot: _Slot, now: float) -> str | None:
         """Why the container must go between calls, if it must."""
@@ -701,6 +718,7 @@ class SessionMachine:
             and slot.stdin_pending == 0
             and not self._waiting
             and not self.ledger.busy
+            and not self._awaits_retry(slot)
             and not math.isinf(self.idle_timeout)
         )
 

@@ -11,6 +11,7 @@ import pytest
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
 from reactor_fabric._reasons import (
     CALL_DONE,
+    IDLE,
     ORCHESTRATOR_STOPPING,
     REFRESH_AGE,
     REFRESH_CALLS,
@@ -43,6 +44,7 @@ from reactor_fabric.protocol.events import (
     ToBackend,
     ToClient,
 )
+from reactor_fabric.protocol.input_waits import INPUT_WAIT_SECONDS
 from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine, SlotState
 from reactor_fabric.protocol.tool_calls import ToolCallDone
@@ -709,6 +711,58 @@ def test_a_per_call_container_is_kept_while_its_request_to_the_client_awaits_an_
     assert stops(run) == []
     run.client(response("ask", {"roots": []}))
     assert run.written(0)[-1] == response("ask", {"roots": []})  # the answer reached it
+    assert stops(run) == [(0, CALL_DONE)]
+
+
+INPUT_REQUIRED = {"resultType": "input_required", "requestState": "held-in-this-process"}
+
+
+def test_a_per_call_container_that_answered_input_required_is_kept_for_the_retry() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.drain(0)
+    run.server(0, response(2, INPUT_REQUIRED))  # a 2026-07-28 server asks the client
+    assert stops(run) == []
+    assert run.machine.deadline == INPUT_WAIT_SECONDS
+    run.client(call(3))  # the retry, with the input, goes to the container that asked
+    run.drain(0)
+    assert run.written(0)[-1]["id"] == 3
+    assert run.of(StartBackend) == [StartBackend(K(0))]
+    run.server(0, response(3))
+    assert stops(run) == [(0, CALL_DONE)]
+
+
+def test_a_per_call_container_whose_retry_never_comes_goes_when_the_wait_ends() -> None:
+    run = Run(lifecycle=PER_CALL, idle=math.inf)
+    run.handshake()
+    run.client(call(2))
+    run.drain(0)
+    run.server(0, response(2, INPUT_REQUIRED))
+    run.at(INPUT_WAIT_SECONDS - 1)
+    assert stops(run) == []
+    run.at(INPUT_WAIT_SECONDS)
+    assert stops(run) == [(0, CALL_DONE)]
+    assert run.machine.deadline is None
+
+
+def test_an_idle_teardown_waits_for_a_retry_the_container_was_kept_for() -> None:
+    run = Run(idle=10.0, lifecycle=Lifecycle("smart_refresh", max_calls=5))
+    run.handshake()
+    run.client(call(2))
+    run.drain(0)
+    run.server(0, response(2, INPUT_REQUIRED))
+    run.at(10.0)
+    assert stops(run) == []
+    run.at(INPUT_WAIT_SECONDS)  # the wait over, the idle container goes
+    assert stops(run) == [(0, IDLE)]
+
+
+def test_a_result_that_only_mentions_input_required_does_not_hold_the_container() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    run.client(call(2))
+    run.server(0, response(2, {"content": [{"type": "text", "text": '"input_required"'}]}))
     assert stops(run) == [(0, CALL_DONE)]
 
 
