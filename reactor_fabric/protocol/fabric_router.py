@@ -403,7 +403,8 @@ class FabricRouter(Answers):
 
     def _settle_all(self) -> list[Action]:
         """After every event: a smart_refresh backend past its bounds with no call in flight is
-        retired now rather than at the next call, and what is done is removed (_settle)."""
+        retired now rather than at the next call, what is done is removed (_settle), and one
+        due for a memory reading is measured."""
         for service, backend in list(self.backends.items()):
             lifecycle = self.lifecycle(service)
             if lifecycle.strategy != "smart_refresh" or backend.state != "ready":
