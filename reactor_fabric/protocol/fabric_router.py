@@ -23,8 +23,12 @@ one backend per session, its *current* one (:attr:`FabricRouter.backends`). A
 fresh anyway; the catalog is the one learned at start-up). A ``smart_refresh`` service's
 current backend that reached ``max_calls`` calls or ``max_age`` seconds is *retired*: the next
 call starts a fresh one, and it is removed (``refresh_calls``, ``refresh_age``) once the calls
-it has end, never under one. Every backend is in :attr:`FabricRouter.all_backends`, by key;
-ids, questions to the client and writes are kept per backend key.
+it has end, never under one; one between calls is retired when it reaches its age (a deadline).
+With a ``memory_threshold`` it is measured between calls (:class:`~.events.MeasureBackend`,
+once after each call; calls for it wait for the figure) and retired when over
+(``refresh_memory``), the calls that waited going to a fresh one. Every backend is in
+:attr:`FabricRouter.all_backends`, by key; ids, questions to the client and writes are kept per
+backend key.
 
 Ids. Every request the machine sends — to a backend for the client, to the client for a backend,
 its own handshakes — gets an id of its own (one counter), remembered with where the answer
@@ -84,6 +88,7 @@ from .._reasons import (
     NOT_NEEDED,
     REFRESH_AGE,
     REFRESH_CALLS,
+    REFRESH_MEMORY,
     TOO_MANY_PER_CALL_CONTAINERS,
 )
 from .answers import (
@@ -100,11 +105,13 @@ from .events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     BackendStartFailed,
     CallRef,
     Compute,
     Log,
+    MeasureBackend,
     StartBackend,
     StdinWritten,
     StopBackend,
@@ -214,6 +221,16 @@ class _Backend:
     calls: int = 0  # the calls sent (or queued) to it
     started_at: float | None = None  # when it started (its age; None: still starting)
     retired: str = REFRESH_CALLS  # retiring: the bound it reached (its stop reason)
+    # smart_refresh's memory_threshold: its memory is asked for (calls for it wait in its
+    # queue for the figure), and its calls when it last was.
+    measuring: bool = False
+    measured_calls: int = 0
+
+
+# Stops that end a backend's work rather than a failure of it (not logged backend_failed).
+_QUIET_STOPS = frozenset(
+    {IDLE, CALL_DONE, REFRESH_CALLS, REFRESH_AGE, REFRESH_MEMORY, NOT_NEEDED, INPUT_WAIT_EXPIRED}
+)
 
 
 def _target(method: str, params: Json) -> object:
@@ -288,11 +305,15 @@ class FabricRouter(Answers):
             return [self._fail(client_id, INVALID_PARAMS, "too many requests in flight")]
         if self._stateless and isinstance(params.get("requestState"), str):
             return self._resume(service, client_id, method, params)
-        return self._route(service, client_id, method, params)
-
-    def _route(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
-        request = {"jsonrpc": "2.0", "id": None, "method": method, "params": for_backend(params)}
         offers = offered(params) if self._stateless else ()
+        return self._route(service, client_id, method, for_backend(params), offers)
+
+    def _route(
+        self, service: str, client_id: object, method: str, params: Json, offers: tuple[str, ...]
+    ) -> list[Action]:
+        """A call to its service's backend (``params`` as the backend may see them; ``offers``:
+        what its 2026-07-28 client may be asked)."""
+        request = {"jsonrpc": "2.0", "id": None, "method": method, "params": params}
         lifecycle = self.lifecycle(service)
         if lifecycle.strategy == "fresh_per_call":
             return self._forward_fresh(service, client_id, method, request, offers)
@@ -305,7 +326,7 @@ class FabricRouter(Answers):
         if backend is None:
             started = self._start_for(service, client_id, method, request, "current", offers=offers)
             return [*started, *self._settle()]
-        if backend.state != "ready":
+        if backend.state != "ready" or backend.measuring:
             if len(backend.queue) >= MAX_QUEUED_PER_BACKEND:
                 return [self._fail(client_id, INVALID_PARAMS, f"{service} is still starting")]
             backend.queue.append(request)
@@ -388,7 +409,7 @@ class FabricRouter(Answers):
         for our_id, forwarded in self._forwarded.items():
             if forwarded.client_id == client_id and forwarded.client_id is not None:
                 backend = self.all_backends.get(forwarded.key)
-                if backend is not None and backend.state != "ready":
+                if backend is not None and any(r["id"] == our_id for r in backend.queue):
                     # Not sent yet: take it out of the queue; nobody will answer it.
                     backend.queue = [r for r in backend.queue if r["id"] != our_id]
                     del self._forwarded[our_id]
@@ -427,7 +448,8 @@ class FabricRouter(Answers):
 
     def _settle_all(self) -> list[Action]:
         """After every event: a smart_refresh backend past its bounds with no call in flight is
-        retired now rather than at the next call, and what is done is removed (_settle)."""
+        retired now rather than at the next call, what is done is removed (_settle), and one
+        due for a memory reading is measured."""
         for service, backend in list(self.backends.items()):
             lifecycle = self.lifecycle(service)
             if lifecycle.strategy != "smart_refresh" or backend.state != "ready":
@@ -435,7 +457,70 @@ class FabricRouter(Answers):
             spent = self._exhausted(backend, lifecycle)
             if spent is not None and not self._busy(backend.key):
                 self._retire(backend, spent)
-        return self._settle()
+        return self._settle() + self._measure_between_calls()
+
+    # --- smart_refresh's memory_threshold ---------------------------------------------------------
+
+    def _measure_between_calls(self) -> list[Action]:
+        """A smart_refresh backend with a ``memory_threshold`` is measured between calls (ready,
+        nothing in flight), once after each call that could have grown it (the relay's rule);
+        calls for it meanwhile wait in its queue for the figure (see _forward), so that a
+        container over the threshold serves none."""
+        if self._ending is not None:
+            return []
+        actions: list[Action] = []
+        for service, backend in self.backends.items():
+            lifecycle = self.lifecycle(service)
+            if (
+                lifecycle.strategy != "smart_refresh"
+                or lifecycle.memory_threshold is None
+                or backend.state != "ready"
+                or backend.measuring
+                or backend.calls <= backend.measured_calls
+                or self._busy(backend.key)
+            ):
+                continue
+            backend.measuring = True
+            backend.measured_calls = backend.calls
+            actions.append(MeasureBackend(backend.key))
+        return actions
+
+    def _backend_measured(self, event: BackendMeasured) -> list[Action]:
+        """A backend's memory figure: over the threshold, it takes no more calls (removed once
+        what it has ends, ``refresh_memory``) and the calls that waited for the figure go to a
+        fresh one; under it, or unknown (logged: nothing is decided on it), they go to it."""
+        key = event.key
+        backend = self.all_backends.get(key)
+        if backend is None or not backend.measuring or self._ending is not None:
+            return []  # stopped (idle, aged, failed) while measured, or the session ends
+        backend.measuring = False
+        memory, threshold = event.memory_bytes, self.lifecycle(key.service).memory_threshold
+        fields = {"backend": key.service, "sequence": key.seq}
+        if memory is None:
+            unknown = Log("info", "container_memory_unknown", fields)
+            return [unknown, *self._send_queue(key, backend)]
+        if threshold is None or memory <= threshold:
+            return self._send_queue(key, backend)
+        waiting, backend.queue = backend.queue, []
+        if backend.role == "current":
+            self._retire(backend, REFRESH_MEMORY)
+        over = {**fields, "reason": REFRESH_MEMORY, "memory": memory, "threshold": threshold}
+        refreshed = Log("info", "container_refreshed", over)
+        return self._with_done([refreshed, *self._hand_over(waiting)])
+
+    def _hand_over(self, waiting: list[Json]) -> list[Action]:
+        """Calls that waited for a retired backend: forwarded again, as if they came now (to
+        the service's current backend, a fresh one started for the first)."""
+        actions: list[Action] = []
+        for request in waiting:
+            forwarded = self._forwarded.pop(request["id"], None)
+            if forwarded is None:
+                continue
+            client_id, method = forwarded.client_id, forwarded.method
+            actions += self._route(
+                forwarded.service, client_id, method, request["params"], forwarded.offers
+            )
+        return actions
 
     # --- events from backends -------------------------------------------------------------------
 
@@ -498,7 +583,7 @@ class FabricRouter(Answers):
         Gracefully (its stdin closed, a moment to exit) unless it no longer reads its stdin or
         has exited: those are removed at once."""
         stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
-        if reason in (IDLE, CALL_DONE, REFRESH_CALLS, REFRESH_AGE, NOT_NEEDED, INPUT_WAIT_EXPIRED):
+        if reason in _QUIET_STOPS:
             return [stop]
         return [
             Log("warning", "backend_failed", {"backend": key.service, "reason": logged or reason}),
@@ -918,6 +1003,23 @@ class FabricRouter(Answers):
         for service, backend in self.backends.items():
             if backend.state == "ready" and not self._busy(backend.key):
                 due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
+        return due + self._age_deadlines()
+
+    def _age_deadlines(self) -> list[float]:
+        """When current smart_refresh backends between calls reach their ``max_container_age``:
+        retired then (see _settle_all), as the relay does, rather than at the next event."""
+        due: list[float] = []
+        for service, backend in self.backends.items():
+            lifecycle = self.lifecycle(service)
+            max_age, started_at = lifecycle.max_age, backend.started_at
+            if (
+                lifecycle.strategy == "smart_refresh"
+                and max_age is not None
+                and started_at is not None
+                and backend.state == "ready"
+                and not self._busy(backend.key)
+            ):
+                due.append(started_at + max_age)
         return due
 
     def _expire_asked(self, now: float) -> list[Action]:

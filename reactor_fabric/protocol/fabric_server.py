@@ -210,7 +210,7 @@ class FabricServer(FabricRouter):
                 refreshed = result if isinstance(result, Refreshed) else None
                 actions = self._computed(job, refreshed)
             case BackendMeasured():
-                pass  # this endpoint asks for no measurement
+                actions = self._backend_measured(event)
             case _:
                 if isinstance(event, BackendLine):
                     self.lease.touch(now)
@@ -305,6 +305,8 @@ class FabricServer(FabricRouter):
                     b.role,
                     b.calls,
                     b.started_at,
+                    b.measuring,
+                    b.measured_calls,
                 )
                 for _k, b in sorted(self.all_backends.items())
             ),

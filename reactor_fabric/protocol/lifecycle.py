@@ -4,7 +4,7 @@ The suite's ``container_strategy`` and smart_refresh's bounds (see docs/USAGE.md
 lifecycles"): ``reuse_per_session`` — one container serves every call of the session;
 ``fresh_per_call`` — a container serves one call and goes; ``smart_refresh`` — reused, but
 replaced between calls once it served ``max_calls`` calls, is ``max_age`` seconds old (from its
-start), or uses more than ``memory_threshold`` bytes (read between calls; the relay only).
+start), or uses more than ``memory_threshold`` bytes (read between calls).
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ from .events import (
     ToBackend,
     ToClient,
 )
+from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .jsonrpc import (
     REQUEST,
     RESPONSE,
@@ -113,7 +114,6 @@ from .jsonrpc import (
     peek,
 )
 from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
-from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .lifecycle import Lifecycle
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 

@@ -2,7 +2,10 @@
 engine, the bundled servers, the Python SDK 2.x as the client.
 
 ``everything`` runs ``fresh_per_call`` (a container of its own for every call, removed when the
-call ends) and ``time`` runs ``smart_refresh`` with ``max_calls_per_container: 2``.
+call ends), ``time`` runs ``smart_refresh`` with ``max_calls_per_container: 2``, and
+``allocating`` (a test server whose ``allocate`` tool makes it hold memory) ``smart_refresh``
+with ``memory_threshold: 32m``, and ``aging`` (the same server) ``smart_refresh`` with
+``max_container_age: 2s``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 from tests.integration.harness import (
     LineProcess,
     Orchestrator,
+    build_test_image,
     containers_of,
     orchestrator,
     python2_client,
@@ -32,9 +36,15 @@ pytestmark = pytest.mark.integration
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     home = tmp_path_factory.mktemp("lifecycles")
     (home / "projects").mkdir()
+    image = build_test_image("allocating")
+    refreshed = {"image": image, "container_strategy": "smart_refresh"}
     suite = write_suite(
         home / "suite.yaml",
         [str(home / "projects")],
+        test_services={
+            "allocating": {**refreshed, "memory_threshold": "32m"},
+            "aging": {**refreshed, "max_container_age": "2s"},
+        },
         service_fields={
             "everything": {"container_strategy": "fresh_per_call"},
             "time": {"container_strategy": "smart_refresh", "max_calls_per_container": 2},
@@ -163,6 +173,72 @@ def test_a_smart_refresh_container_is_replaced_after_its_calls_and_the_client_se
         [stop] = records(fabric, session, "container_stop", "time")
         assert stop["reason"] == "refresh_calls"
         assert [c.id[:12] for c in running(docker_client, session, "time")] == [third]
+    finally:
+        client.close()
+    wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
+
+
+def test_a_smart_refresh_container_a_call_took_over_its_memory_threshold_serves_no_next_call(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client, session = opened(fabric)
+    texts = []
+    try:
+        # Under its threshold it is kept; a call makes it hold 64 MiB more (it answers it), and
+        # the next call is served by a fresh container, the client seeing no error.
+        for mb in (0, 0, 64, 0):
+            call = {"op": "call", "name": "allocating__allocate", "arguments": {"mb": mb}}
+            answer = client.ask(call)
+            assert answer["ok"], answer
+            texts.append(text_of(answer))
+        assert texts == ["holding 0 MiB", "holding 0 MiB", "holding 64 MiB", "holding 0 MiB"]
+        wait_until(
+            lambda: len(records(fabric, session, "tool_call", "allocating")) == 4,
+            what="four tool_call records",
+        )
+        served_by = [r["container"] for r in records(fabric, session, "tool_call", "allocating")]
+        old, new = served_by[0], served_by[3]
+        assert served_by == [old, old, old, new]
+        assert new != old
+        wait_until(
+            lambda: (
+                [r["container"] for r in records(fabric, session, "container_stop", "allocating")]
+                == [old]
+            ),
+            what="the container over its threshold removed",
+        )
+        [stop] = records(fabric, session, "container_stop", "allocating")
+        assert stop["reason"] == "refresh_memory"
+        assert [c.id[:12] for c in running(docker_client, session, "allocating")] == [new]
+    finally:
+        client.close()
+    wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")
+
+
+def test_an_idle_smart_refresh_container_goes_at_its_age_and_the_next_call_gets_a_fresh_one(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client, session = opened(fabric)
+    call = {"op": "call", "name": "aging__allocate", "arguments": {"mb": 0}}
+    try:
+        assert client.ask(call)["ok"]
+        # Between calls, once older than its max_container_age, it goes on its own (nothing
+        # else happens in the session meanwhile)...
+        wait_until(
+            lambda: len(records(fabric, session, "container_stop", "aging")) == 1,
+            what="the container removed at its age",
+        )
+        [stop] = records(fabric, session, "container_stop", "aging")
+        assert stop["reason"] == "refresh_age"
+        assert running(docker_client, session, "aging") == []
+        answer = client.ask(call)  # ...and the next call is served by a fresh one
+        assert answer["ok"], answer
+        wait_until(
+            lambda: len(records(fabric, session, "tool_call", "aging")) == 2,
+            what="two tool_call records",
+        )
+        first, second = (r["container"] for r in records(fabric, session, "tool_call", "aging"))
+        assert stop["container"] == first != second
     finally:
         client.close()
     wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")

@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.harness import (
     Orchestrator,
+    build_test_image,
     orchestrator,
     python_client,
     text_of,
@@ -32,11 +33,24 @@ pytestmark = pytest.mark.integration
 MARKER = "/tmp/written-by-an-earlier-call.txt"
 
 
+@pytest.fixture(scope="module")
+def allocating_image() -> str:
+    return build_test_image("allocating")
+
+
 @pytest.fixture
-def fabric(tmp_path: Path) -> Iterator[Orchestrator]:
+def fabric(tmp_path: Path, allocating_image: str) -> Iterator[Orchestrator]:
     suite = write_suite(
         tmp_path / "suite.yaml",
         [str(tmp_path)],
+        # A server whose allocate tool makes it hold that many MiB more, until it ends.
+        test_services={
+            "allocating": {
+                "image": allocating_image,
+                "container_strategy": "smart_refresh",
+                "memory_threshold": "32m",
+            }
+        },
         service_fields={
             # The filesystem server allowed /tmp (the container's own, not a mount).
             "filesystem": {"container_strategy": "fresh_per_call", "command": ["/tmp"], "warm": 1},
@@ -177,3 +191,29 @@ def test_smart_refresh_replaces_a_container_over_its_memory_threshold_before_the
         assert len(set(containers)) == 3
         reasons = stop_reasons(ended(fabric, session))
         assert [reasons[c] for c in containers[:2]] == ["refresh_memory"] * 2
+
+
+def test_smart_refresh_replaces_a_container_once_a_call_took_it_over_its_memory_threshold(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    # Under its 32 MiB threshold the server keeps its container; a call that makes it hold
+    # 64 MiB more is answered by it, and the next call is served by a fresh one.
+    client = python_client(f"{fabric.ws_url}/mcp/allocating", "--register", "[]")
+    texts = []
+    try:
+        session = client.read_json()["result"]["sessionId"]
+        assert client.ask({"op": "initialize"})["ok"]
+        for mb in (0, 0, 64, 0):
+            answer = client.ask({"op": "call", "name": "allocate", "arguments": {"mb": mb}})
+            assert answer["ok"], answer
+            texts.append(text_of(answer))
+        containers = served(fabric, session, 4)
+        old, new = containers[0], containers[3]
+        wait_until(lambda: gone(docker_client, old), what="the container over its threshold gone")
+    finally:
+        assert client.close() == 0
+    # The fresh container holds nothing: it is another process, its predecessor's memory gone.
+    assert texts == ["holding 0 MiB", "holding 0 MiB", "holding 64 MiB", "holding 0 MiB"]
+    assert containers == [old, old, old, new]
+    assert new != old
+    assert stop_reasons(ended(fabric, session))[old] == "refresh_memory"

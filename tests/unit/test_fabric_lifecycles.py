@@ -1,6 +1,7 @@
 """Container lifecycles on the fabric endpoint, event by event (pure: no container, no socket):
 ``fresh_per_call`` (a container of its own for every call, removed when the call ends) and
-``smart_refresh`` (replaced between calls once it served its calls or reached its age)."""
+``smart_refresh`` (replaced between calls once it served its calls, reached its age or uses more
+memory than its threshold)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from reactor_fabric._reasons import (
     ORCHESTRATOR_STOPPING,
     REFRESH_AGE,
     REFRESH_CALLS,
+    REFRESH_MEMORY,
     SESSION_ENDED,
     TOO_MANY_PER_CALL_CONTAINERS,
 )
@@ -21,14 +23,17 @@ from reactor_fabric.protocol.events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     CallRef,
     ClientFrame,
     ClientGone,
     Log,
+    MeasureBackend,
     Shutdown,
     StartBackend,
     StopBackend,
+    Tick,
     ToBackend,
     ToClient,
 )
@@ -330,3 +335,159 @@ def test_a_reused_service_keeps_one_container_for_every_call() -> None:
     actions = call(server, clock, 2)
     assert started_keys(actions) == []
     assert [r["method"] for r in sent(actions, key)] == ["tools/call"]
+
+
+# --- smart_refresh by memory and by age, between calls -------------------------------------------
+
+MEMORY = {"time": Lifecycle("smart_refresh", memory_threshold=1000)}
+
+
+def due(server: FabricServer) -> float | None:
+    return server.deadline
+
+
+def measured(actions: list[Action]) -> list[BackendKey]:
+    return [a.key for a in actions if isinstance(a, MeasureBackend)]
+
+
+def test_a_smart_refresh_container_is_measured_after_each_call_never_under_one_in_flight() -> None:
+    server, clock = per_call_session(lifecycles=MEMORY)
+    actions = call(server, clock, 1)
+    [first] = started_keys(actions)
+    assert measured(actions) == []
+    handshake = sent(fed(server, clock, BackendStarted(first)), first)
+    ack = msg(id=handshake[0]["id"], result={"capabilities": {}, "serverInfo": {}})
+    actions = fed(server, clock, BackendLine(first, ack))
+    [_initialized, request] = sent(actions, first)
+    assert measured(actions) == []  # its call is in flight
+    answered = answer(server, clock, first, request)
+    # Answered first, then measured: the figure never holds an answer back.
+    assert measured(answered) == [first]
+    assert isinstance(answered[0], ToClient)
+    assert fed(server, clock, BackendMeasured(first, 999)) == []
+    # Not measured again before another call could have grown it.
+    assert measured(fed(server, clock, Tick())) == []
+    [request] = sent(call(server, clock, 2), first)
+    assert measured(answer(server, clock, first, request)) == [first]
+
+
+def test_a_smart_refresh_container_over_its_memory_threshold_is_replaced_before_the_next_call() -> (
+    None
+):
+    server, clock = per_call_session(lifecycles=MEMORY)
+    first, answered = one_call(server, clock, 1)
+    assert measured(answered) == [first]
+    # Over, with nothing in flight: removed at once, and says why.
+    actions = fed(server, clock, BackendMeasured(first, 1001))
+    assert stopped(actions) == [(first, REFRESH_MEMORY)]
+    assert [a.graceful for a in actions if isinstance(a, StopBackend)] == [True]
+    [log] = [a for a in actions if isinstance(a, Log)]
+    assert log.event == "container_refreshed"
+    assert log.fields["memory"] == 1001
+    assert log.fields["threshold"] == 1000
+    assert not [a for a in actions if isinstance(a, Log) and a.event == "backend_failed"]
+    # The next call is served by a fresh container, greeted by the machine; no error.
+    actions = call(server, clock, 2)
+    [second] = started_keys(actions)
+    assert second != first
+    [start] = [a for a in actions if isinstance(a, StartBackend)]
+    assert start.respawn is True
+    [_initialized, request] = ready(server, clock, second)
+    [reply] = to_client(answer(server, clock, second, request))
+    assert reply["id"] == 2
+    assert "error" not in reply
+
+
+def test_a_call_sent_while_its_container_is_measured_waits_for_the_figure() -> None:
+    server, clock = per_call_session(lifecycles=MEMORY)
+    first, _ = one_call(server, clock, 1)
+    twin = server.clone()
+    # Under: the call that waited goes to the container it was meant for.
+    actions = call(server, clock, 2)
+    assert sent(actions, first) == []
+    assert started_keys(actions) == []
+    actions = fed(server, clock, BackendMeasured(first, 10))
+    [request] = sent(actions, first)
+    assert request["params"]["arguments"] == {"n": 2}
+    assert stopped(actions) == []
+    # Over: it goes to a fresh container instead, the measured one is removed, and the client
+    # sees its answer only; the audit record names the container that served it.
+    actions = call(twin, clock, 2)
+    actions = fed(twin, clock, BackendMeasured(first, 5000))
+    [second] = started_keys(actions)
+    assert sent(actions, first) == []
+    assert stopped(actions) == [(first, REFRESH_MEMORY)]
+    [_initialized, request] = ready(twin, clock, second)
+    assert request["params"]["arguments"] == {"n": 2}
+    answered = answer(twin, clock, second, request)
+    [reply] = to_client(answered)
+    assert reply["id"] == 2
+    assert reply["result"]["content"][0]["text"] == f"from {second.seq}"
+    [done] = [a for a in answered if isinstance(a, ToolCallDone)]
+    assert done.seq == second.seq
+
+
+def test_a_call_cancelled_while_its_container_is_measured_is_never_sent() -> None:
+    server, clock = per_call_session(lifecycles=MEMORY)
+    first, _ = one_call(server, clock, 1)
+    call(server, clock, 2)
+    cancel = msg(method="notifications/cancelled", params={"requestId": 2})
+    fed(server, clock, ClientFrame(cancel))
+    actions = fed(server, clock, BackendMeasured(first, 5000))
+    assert started_keys(actions) == []  # nothing waits for a fresh one
+    assert stopped(actions) == [(first, REFRESH_MEMORY)]
+    assert to_client(actions) == []
+
+
+def test_a_smart_refresh_container_of_unknown_memory_is_kept_and_the_log_says_so() -> None:
+    server, clock = per_call_session(lifecycles=MEMORY)
+    first, _ = one_call(server, clock, 1)
+    actions = fed(server, clock, BackendMeasured(first, None))
+    assert stopped(actions) == []
+    [log] = [a for a in actions if isinstance(a, Log)]
+    assert log.event == "container_memory_unknown"
+    assert log.fields == {"backend": "time", "sequence": first.seq}
+    # Kept, and measured again after its next call.
+    actions = call(server, clock, 2)
+    assert started_keys(actions) == []
+    [request] = sent(actions, first)
+    assert measured(answer(server, clock, first, request)) == [first]
+
+
+def test_a_figure_for_a_container_stopped_meanwhile_changes_nothing() -> None:
+    server, clock = per_call_session(lifecycles=MEMORY)
+    first, _ = one_call(server, clock, 1)
+    fed(server, clock, BackendExited(first, 1))
+    assert fed(server, clock, BackendMeasured(first, 5000)) == []
+    assert server.all_backends == {}
+
+
+def test_an_idle_smart_refresh_container_is_retired_when_it_reaches_its_age() -> None:
+    lifecycles = {"time": Lifecycle("smart_refresh", max_age=60)}
+    server, clock = per_call_session(lifecycles=lifecycles)
+    started_at = clock.now
+    first, answered = one_call(server, clock, 1)
+    assert stopped(answered) == []
+    # Its age is a deadline of the machine's, as the relay's: not the next event's business.
+    assert server.deadline == started_at + 60
+    clock.now = started_at + 60
+    actions = fed(server, clock, Tick())
+    assert stopped(actions) == [(first, REFRESH_AGE)]
+    assert server.backends == {}
+    assert due(server) is None
+    [second] = started_keys(call(server, clock, 2))
+    assert second != first
+
+
+def test_a_smart_refresh_container_reaching_its_age_under_a_call_finishes_it_first() -> None:
+    lifecycles = {"time": Lifecycle("smart_refresh", max_age=60)}
+    server, clock = per_call_session(lifecycles=lifecycles)
+    started_at = clock.now
+    [first] = started_keys(call(server, clock, 1))
+    [_initialized, request] = ready(server, clock, first)
+    assert server.deadline is None  # a call in flight: no age deadline (nothing else due)
+    clock.now = started_at + 61
+    answered = answer(server, clock, first, request)
+    [reply] = to_client(answered)
+    assert reply["id"] == 1
+    assert stopped(answered) == [(first, REFRESH_AGE)]

@@ -44,7 +44,12 @@ Invariants:
 - a service whose containers live one call each (``fresh_per_call``, the services in
   ``PER_CALL``) starts one for every call, never a respawn, each serving exactly one call
   (concurrent calls in containers of their own at once), and none of them is left running once
-  nothing is under way.
+  nothing is under way;
+- a service whose containers are refreshed (``smart_refresh``, the services in ``REFRESH``:
+  after two calls, at an age, or over a memory threshold, the world's figures over, under or
+  unreadable, reported late too) has its container measured only between calls (nothing of
+  it in flight), a container measured over its threshold gets no further call, one it retired
+  is removed once its calls end, and a new one starts only when the running one is retired.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ from reactor_fabric._reasons import (
     IDLE,
     NOT_NEEDED,
     ORCHESTRATOR_STOPPING,
+    REFRESH_AGE,
+    REFRESH_CALLS,
+    REFRESH_MEMORY,
     SESSION_ENDED,
 )
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
@@ -78,6 +86,7 @@ from reactor_fabric.protocol.events import (
     BackendExited,
     BackendKey,
     BackendLine,
+    BackendMeasured,
     BackendStarted,
     BackendStartFailed,
     ClientFrame,
@@ -88,6 +97,7 @@ from reactor_fabric.protocol.events import (
     EndSession,
     Event,
     Log,
+    MeasureBackend,
     Shutdown,
     StartBackend,
     StdinWritten,
@@ -156,6 +166,11 @@ BUFFER: int | None = None
 BREAKS = False
 # The services whose every call runs in a container of its own (fresh_per_call).
 PER_CALL: tuple[str, ...] = ()
+# The services whose container is refreshed (smart_refresh, REFRESHED's bounds), and a memory
+# figure over and under its threshold.
+REFRESH: tuple[str, ...] = ()
+REFRESHED = Lifecycle("smart_refresh", max_calls=2, max_age=20.0, memory_threshold=1000)
+OVER_THRESHOLD, UNDER_THRESHOLD = 5000, 10
 MAX_STATES = 1_000_000
 # Each refresh's result, computed once (the same Refresh is shared by the worlds that hold it).
 RESULTS: dict[Refresh, Refreshed] = {}
@@ -179,12 +194,16 @@ class Box:
     logged: int = 0  # its backend_failed log lines
     late: bool = False  # reported an exit after the machine stopped it
     calls: int = 0  # the tools/call requests it got
+    measuring: bool = False  # its memory was asked for, the figure not reported yet
+    over: bool = False  # it was reported over its memory threshold
+    call_ids: tuple[tuple[Any, Any], ...] = ()  # (the machine's id, the client's) of its calls
 
     def key(self) -> tuple[object, ...]:
         return (
             self.seq, self.service, self.state, tuple(self.received), self.greeted,
             self.initialized, self.unreported, self.ask, self.ask_answers, self.changed,
-            self.ran, self.logged, self.late, self.calls,
+            self.ran, self.logged, self.late, self.calls, self.measuring, self.over,
+            self.call_ids,
         )  # fmt: skip
 
 
@@ -293,6 +312,8 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
                 client_receives(world, json.loads(frame), trail)
             case ToolCallDone(call=call):
                 recorded(world, call, trail)
+            case MeasureBackend(key=key):
+                measure(world, key, trail)
             case Compute(job=job):
                 check(world.refresh is None, "a refresh while one runs", trail)
                 assert isinstance(job, Refresh)
@@ -322,6 +343,16 @@ def start(world: World, key: BackendKey, *, respawn: bool, trail: list[str]) -> 
         starts = sum(1 for b in world.boxes.values() if b.service == service)
         calls = sum(1 for c in TOOL_CALL_IDS if c in world.sent)
         check(starts < calls, f"{service} started more containers than its calls", trail)
+    elif service in REFRESH:
+        # Beside a retired one only, still finishing its calls (the machine's current is new).
+        counted = world.machine.all_backends
+        serving = [
+            b.seq
+            for b in alive
+            if (backend := counted.get(BackendKey(service, b.seq))) is not None
+            and backend.role == "current"
+        ]
+        check(not serving, f"{service} started while its container {serving} serves", trail)
     else:
         check(not alive, f"{service} started while it has a container", trail)
     check(key.seq not in world.boxes, f"{key} started twice", trail)
@@ -344,7 +375,9 @@ def stop(world: World, action: StopBackend, logged: list[str], trail: list[str])
     # (removed at once when it stopped reading or exited; else given a moment to exit)
     graceful = reason not in (CONTAINER_UNRESPONSIVE, EXITED)
     check(action.graceful == graceful, f"{key} {reason}, graceful={action.graceful}", trail)
-    if reason not in (IDLE, SESSION_ENDED, CALL_DONE, NOT_NEEDED):
+    if reason not in (
+        IDLE, SESSION_ENDED, CALL_DONE, NOT_NEEDED, REFRESH_CALLS, REFRESH_AGE, REFRESH_MEMORY
+    ):  # fmt: skip
         check(key.service in logged, f"{key} stopped ({reason}), not logged", trail)
         logged.remove(key.service)
         box.logged += 1
@@ -422,8 +455,10 @@ def receive_line(world: World, box: Box, message: dict[str, Any], trail: list[st
         world.reached[client_id] = world.reached.get(client_id, 0) + 1
         check(world.reached[client_id] == 1, f"call {client_id} reached a container twice", trail)
         box.calls += 1
+        box.call_ids = (*box.call_ids, (message["id"], client_id))
         if box.service in PER_CALL:
             check(box.calls == 1, f"{name} got a second call", trail)
+        check(not box.over, f"{name} got a call after it was measured over its threshold", trail)
     if "id" in message:
         box.received.append((message["id"], method))
 
@@ -470,6 +505,18 @@ def in_flight(world: World, call_id: int) -> bool:
 
 
 def box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
+    seq = box.seq
+    measured_steps: list[Step] = []
+    if box.measuring:
+        # (the driver reports a figure whatever became of the container meanwhile)
+        for name, memory in (("over", OVER_THRESHOLD), ("under", UNDER_THRESHOLD), ("none", None)):
+            measured_steps.append(
+                (f"measured-{name}-{seq}", partial(measured, seq=seq, memory=memory))
+            )
+    return measured_steps + _box_steps(world, box, unlucky=unlucky)
+
+
+def _box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
     seq = box.seq
     if box.state == "starting":
         steps: list[Step] = [(f"started-{seq}", partial(started, seq=seq))]
@@ -588,6 +635,29 @@ def answers(world: World, seq: int, *, error: bool) -> list[Action]:
     return world.feed(BackendLine(BackendKey(box.service, seq), line))
 
 
+def measure(world: World, key: BackendKey, trail: list[str]) -> None:
+    """The machine asks for a container's memory: only between calls."""
+    box = world.boxes.get(key.seq)
+    check(box is not None and box.state == "running", f"{key} measured, not running", trail)
+    assert box is not None
+    check(key.service in REFRESH, f"{key} measured, not smart_refresh", trail)
+    check(not box.measuring, f"{key} measured twice at once", trail)
+    asking = box.ask is not None and box.ask_answers == 0  # its own request unanswered
+    # (a call the client cancelled is over for the machine, whatever the server still does)
+    calls = dict(box.call_ids)
+    busy = [i for i, _method in box.received if calls.get(i) not in world.cancelled]
+    check(not busy and not asking, f"{key} measured under a call in flight", trail)
+    box.measuring = True
+
+
+def measured(world: World, seq: int, memory: int | None) -> list[Action]:
+    box = world.boxes[seq]
+    box.measuring = False
+    if memory is not None and memory > (REFRESHED.memory_threshold or 0):
+        box.over = True
+    return world.feed(BackendMeasured(BackendKey(box.service, seq), memory))
+
+
 def asks(world: World, seq: int, method: str) -> list[Action]:
     box = world.boxes[seq]
     box.ask = f"ask-{seq}"
@@ -652,6 +722,7 @@ def settled(world: World) -> bool:
     return (
         world.refresh is None
         and not world.asks
+        and not any(box.measuring for box in world.boxes.values())
         and all(
             box.state == "gone" or (box.state == "running" and not box.received)
             for box in world.boxes.values()
@@ -670,6 +741,20 @@ def per_call_checks(world: World, trail: list[str]) -> None:
     check(not (spent and settled(world)), f"per-call {spent} left running, calls over", trail)
 
 
+def refresh_checks(world: World, trail: list[str]) -> None:
+    """Before shutdown and the client's leaving: a refreshed service's running containers are
+    all counted on, and once nothing is under way only its current one runs (a retired one
+    went when its calls ended)."""
+    for box in world.boxes.values():
+        if box.service not in REFRESH or box.state != "running":
+            continue
+        key = BackendKey(box.service, box.seq)
+        check(key in world.machine.all_backends, f"{key} left running, forgotten", trail)
+        current = world.machine.backends.get(box.service)
+        retired = current is None or current.key != key
+        check(not (retired and settled(world)), f"{key} retired, left running", trail)
+
+
 def state_checks(world: World, trail: list[str]) -> None:
     """In every state reached."""
     refused = world.duplicate_refused and world.duplicate_recorded
@@ -680,7 +765,11 @@ def state_checks(world: World, trail: list[str]) -> None:
             box = world.running(service)
             backend = world.machine.backends.get(service)
             forgotten = box is not None and (backend is None or backend.key.seq != box.seq)
+            if service in REFRESH and box is not None:
+                # A retired one runs until its calls end: counted on, not current.
+                forgotten = BackendKey(service, box.seq) not in world.machine.all_backends
             check(not forgotten, f"{service}'s container left running, forgotten", trail)
+        refresh_checks(world, trail)
         # The client is read exactly while no container has more than the bound waiting.
         bound = BUFFER if BUFFER is not None else 1 << 40
         room = all(
@@ -715,7 +804,10 @@ def explore() -> int:
         count_tokens=lambda _definition: 1,
         own_backlog_bytes=own_backlog,
         buffer_to_server_bytes=BUFFER if BUFFER is not None else 1 << 40,
-        lifecycles={service: Lifecycle("fresh_per_call") for service in PER_CALL},
+        lifecycles={
+            **{service: Lifecycle("fresh_per_call") for service in PER_CALL},
+            **dict.fromkeys(REFRESH, REFRESHED),
+        },
     )
     start = World(machine)
     stack: list[tuple[World, Trail]] = [(start, None)]
@@ -772,9 +864,14 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
         # the client keeping one alive; cancels, deaths, refused handshakes, shutdown
         ({"SCRIPT": ONE_SERVICE, "PER_CALL": ("alpha",), "MISFORTUNES": 1, "CANCELS": 1,
           "ASKS": 1, "ASK_METHODS": ("sampling/createMessage",), "CHANGES": 1}, 35_000),
+        # both calls to a smart_refresh service: measured between calls (over, under, no
+        # figure, late), retired for its memory, its calls or its age, racing the second call,
+        # cancels, deaths, sampling, idle, shutdown
+        ({"SCRIPT": ONE_SERVICE, "REFRESH": ("alpha",), "MISFORTUNES": 1, "CANCELS": 1,
+          "ASKS": 1, "ASK_METHODS": ("sampling/createMessage",)}, 50_000),
     ],
     ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "stdin-bound", "tools-changed",
-         "two-refreshes", "one-service", "per-call"],
+         "two-refreshes", "one-service", "per-call", "smart-refresh"],
 )  # fmt: skip
 def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
     monkeypatch: pytest.MonkeyPatch, settings: dict[str, object], at_least: int
@@ -947,5 +1044,52 @@ def test_the_checker_catches_a_per_call_service_kept_or_shared(
     # calls one container: exploring finds it.
     monkeypatch.setattr(FabricServer, method, planted(getattr(FabricServer, method)))
     configure(monkeypatch, SCRIPT=ONE_SERVICE, PER_CALL=("alpha",), MISFORTUNES=0)
+    with pytest.raises(Violation, match=caught):
+        explore()
+
+
+def measuring_under_calls(_original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """A machine that measures a smart_refresh container whenever it is ready, calls or not."""
+
+    def measure(self: FabricServer) -> list[Action]:
+        actions: list[Action] = []
+        for backend in self.backends.values():
+            if backend.state == "ready" and not backend.measuring:
+                backend.measuring = True
+                actions.append(MeasureBackend(backend.key))
+        return actions
+
+    return measure
+
+
+def heeding_no_figure(_original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """A machine that sends the calls that waited for the figure, whatever it is."""
+
+    def backend_measured(self: FabricServer, event: BackendMeasured) -> list[Action]:
+        backend = self.all_backends.get(event.key)
+        if backend is None or not backend.measuring:
+            return []
+        backend.measuring = False
+        return self._send_queue(event.key, backend)
+
+    return backend_measured
+
+
+@pytest.mark.parametrize(
+    ("method", "planted", "caught"),
+    [
+        ("_measure_between_calls", measuring_under_calls, "measured under a call in flight"),
+        ("_backend_measured", heeding_no_figure, "got a call after it was measured over"),
+    ],
+    ids=["measures-under-a-call", "ignores-the-figure"],
+)
+def test_the_checker_catches_a_smart_refresh_service_measured_under_a_call_or_kept_over(
+    monkeypatch: pytest.MonkeyPatch,
+    method: str,
+    planted: Callable[[Callable[..., list[Action]]], Callable[..., Any]],
+    caught: str,
+) -> None:
+    monkeypatch.setattr(FabricServer, method, planted(getattr(FabricServer, method)))
+    configure(monkeypatch, SCRIPT=ONE_SERVICE, REFRESH=("alpha",), MISFORTUNES=0)
     with pytest.raises(Violation, match=caught):
         explore()

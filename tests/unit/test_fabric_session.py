@@ -832,3 +832,33 @@ async def test_per_call_containers_come_from_the_pool_greeted_and_no_handshake_i
         events = [record.getMessage() for record in caplog.records]
         assert events.count("backend_greeted_by_pool") == 3
         await ws.aclose()
+
+
+async def test_a_smart_refresh_service_over_its_memory_threshold_is_replaced_before_the_next_call(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The driver measures a /mcp backend as it does the relay's container (one MeasureBackend
+    # path): the in-memory runtime's figure, none until the test sets one.
+    refreshed = Service(
+        image="fake/alpha:1", container_strategy="smart_refresh", memory_threshold="6m"
+    )
+    services = {**SERVICES, "alpha": refreshed}
+    async with served(tmp_path, learn_catalog=True, services=services) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "alpha__echo", n=1))
+        assert (await ws.hear())["id"] == 2
+        [first] = http.runtime.alive
+        await ws.send_json(tool_call(3, "alpha__echo", n=2))
+        assert (await ws.hear())["id"] == 3
+        assert http.runtime.alive == [first]  # no figure: kept
+        http.runtime.memory[first.id] = 7 << 20
+        await ws.send_json(tool_call(4, "alpha__echo", n=3))
+        assert (await ws.hear())["id"] == 4  # answered by it, measured after: over
+        await until(lambda: first not in http.runtime.alive, what="the container replaced")
+        await ws.send_json(tool_call(5, "alpha__echo", n=4))
+        answer = await ws.hear()
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"n": 4}
+        [second] = http.runtime.alive
+        assert second.id != first.id
+        assert started_services(http) == ["alpha", "alpha"]
+        await ws.aclose()
