@@ -1371,6 +1371,7 @@ class Harness:
             # Unpaired, as the other parts compare: P50 and P95 of each, with intervals.
             out["added"][pair]["unpaired"] = compare(every, fresh, reused)
         out["docker_run_exit"] = summarize(run.exits)
+        out["fresh_pooled_handed_out"] = summarize(run.handed_out)
         out["misses"] = {"count": len(run.misses), "first": run.misses[:10]}
         out["not_quiet"] = self.pool_not_quiet
         return out
@@ -1451,11 +1452,17 @@ class Harness:
         finally:
             tail.close()
         takes = delta(await system.takes(service), before)
-        greeted = any(
-            event.get("event") == "backend_greeted_by_pool" and event.get("backend") == service
+        moments = {
+            str(event.get("event")): str(event.get("ts"))
             for event in events
-        )
+            if event.get("backend") == service
+        }
+        greeted = "backend_greeted_by_pool" in moments
         if takes == {"hit": 1} and (greeted or endpoint != "fabric"):
+            if greeted and "per_call_container" in moments:
+                run.handed_out.append(
+                    between(moments["per_call_container"], moments["backend_greeted_by_pool"])
+                )
             return sample
         miss = {"system": name, "takes": takes, "greeted": greeted, "ms": round(sample / 1e6, 3)}
         run.misses.append(miss)
@@ -1504,6 +1511,8 @@ class LifecycleRun:
     relays: dict[str, HttpRpc] = dataclasses.field(default_factory=dict)
     repeats: list[list[lifecycles.Round]] = dataclasses.field(default_factory=list)
     exits: list[int] = dataclasses.field(default_factory=list)  # `docker run`: spawn → exit
+    # /mcp's pooled samples: the call's arrival → its container handed out (the log's moments).
+    handed_out: list[int] = dataclasses.field(default_factory=list)
     misses: list[Json] = dataclasses.field(default_factory=list)
     failed: dict[str, Json] = dataclasses.field(default_factory=dict)
 
@@ -1761,6 +1770,12 @@ def split_by_pooled(ports: list[tuple[int | None, int]], audit: list[Json]) -> J
         "first_response_fresh": summarize(split["fresh"]),
         "first_response_unmatched": len(split["unknown"]),
     }
+
+
+def between(start: str, end: str) -> int:
+    """ns from one log timestamp (ISO 8601, ms) to another."""
+    parse = datetime.datetime.fromisoformat
+    return int((parse(end) - parse(start)).total_seconds() * 1e9)
 
 
 def mount_key(mounted: bool) -> str:
@@ -2194,11 +2209,16 @@ DEFINITIONS = {
     "`/mcp/time-relay-fresh` (relay_fresh_pooled): the call's round trip. "
     "docker_run_per_call: `docker run -i --rm` with the options the orchestrator gives `time`, "
     "spawn → `initialize` → the call's response (the exit, container removed, reported apart). "
+    "direct_first_call: a `time` container the benchmark starts itself with `fabric-stdio` (no "
+    "orchestrator), initialized and left until the engine is quiet, then its first call: what "
+    "a fresh server's first call costs by itself. "
     "Every system once per round, in an order rotating each round; each sample on a quiet "
     "engine (the pools full and their servers started, no per-call container left). A pooled "
     "sample counts only if the pool's takes moved by exactly one hit and, on /mcp, the call's "
     "container was one the pool greeted (`backend_greeted_by_pool`); others are misses, "
-    "reported apart. Added latency: fresh minus reused, paired by round (its P50 and P95), "
+    "reported apart; of those on /mcp, the log's moments from the call's arrival "
+    "(`per_call_container`) to its container handed out (`backend_greeted_by_pool`), ms "
+    "resolution. Added latency: fresh minus reused, paired by round (its P50 and P95), "
     "and unpaired (difference of percentiles, bootstrap intervals). Ratios: of P50s (and "
     "P95s) over every sample, and repeat by repeat",
 }

@@ -1068,6 +1068,10 @@ def _lifecycles(results: Json) -> str:
         f"{_times(targets.get('ratio'))} against ≥ 20x: {_met(targets.get('ratio_met'))}.",
         f"- `docker run` per call until the process exited (container removed): P50 "
         f"{_ms(exit_.get('p50_ms'))} ms, P95 {_ms(exit_.get('p95_ms'))} ms.",
+        f"- Of a pooled fresh call on `/mcp`, from the call's arrival to its container handed "
+        f"out (the log's moments, ms resolution): P50 "
+        f"{_ms(lifecycles.get('fresh_pooled_handed_out', {}).get('p50_ms'))} ms, P95 "
+        f"{_ms(lifecycles.get('fresh_pooled_handed_out', {}).get('p95_ms'))} ms.",
         f"- Pooled calls not served by a (greeted) pooled container, left out: "
         f"{misses.get('count', 0)}.",
         "",
