@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python scripts/bench.py [--smoke] [--only SECTIONS] [--pool-parts PARTS]
-                                      [--out FILE] [--doc FILE]
+                                      [--lifecycle-rounds N] [--out FILE] [--doc FILE]
 
 Measures (definitions in docs/BENCHMARKS.md): cold start against ``docker run -i --rm``; the
 round trip of a small ``tools/call`` on a warm container directly (no relay), through
@@ -11,13 +11,17 @@ Reactor-Fabric (WebSocket, and Streamable HTTP once it exists), supergateway and
 interleaved; throughput through one session; orchestrator and container memory; bursts of
 concurrent clients; the warm pool (a pooled container's first response against a fresh one's
 and the floor's, every bundled service with and without a mount; a burst with a pool; refills
-next to a live session). Parts 1 to 5 run on an orchestrator without a pool. Writes
+next to a live session); container lifecycles (a call in a fresh container per call, with the
+pool and without, against a reused container and a ``docker run -i --rm`` per call). Parts 1 to
+5 run on an orchestrator without a pool. Writes
 ``bench/results.json`` and regenerates the generated part of ``docs/BENCHMARKS.md``.
 
 ``--smoke`` runs every part with tiny counts and no peers (about a minute), writes
 ``bench/tmp/results-smoke.json`` and leaves the docs alone: it exists so the harness cannot rot.
 ``--only pool --pool-parts refill`` runs one part of the warm pool's section (here the refills
-next to a live session, about 70 seconds) for a trial of a change. The exit status is non-zero
+next to a live session, about 70 seconds) for a trial of a change; ``--only lifecycles
+--lifecycle-rounds 2`` the container lifecycles with 2 rounds per repeat (10 samples of each
+system, a few minutes). The exit status is non-zero
 only when the harness itself could not measure one of our own systems (never because a figure
 is slow).
 
@@ -76,7 +80,7 @@ from bench.stats import (
     summarize,
 )
 
-from bench import engine, report, residency
+from bench import engine, lifecycles, report, residency
 
 REPO = engine.REPO
 TMP = REPO / "bench" / "tmp"
@@ -166,6 +170,9 @@ class Plan:
     pool_burst_warm: int
     pool_refill_calls: int
     pool_refill_repeats: int
+    # The lifecycles part: repeats, rounds per repeat (each calls every system once).
+    lifecycle_repeats: int
+    lifecycle_rounds: int
     pool_parts: tuple[str, ...] = POOL_PARTS
     sections: tuple[str, ...] = (
         "cold_start",
@@ -174,6 +181,7 @@ class Plan:
         "memory",
         "concurrency",
         "pool",
+        "lifecycles",
     )
 
 
@@ -193,6 +201,8 @@ FULL = Plan(
     pool_burst_warm=10,
     pool_refill_calls=600,
     pool_refill_repeats=6,
+    lifecycle_repeats=5,
+    lifecycle_rounds=6,
 )
 SMOKE = Plan(
     smoke=True,
@@ -210,6 +220,8 @@ SMOKE = Plan(
     pool_burst_warm=1,
     pool_refill_calls=10,
     pool_refill_repeats=1,
+    lifecycle_repeats=1,
+    lifecycle_rounds=1,
 )
 PAYLOADS = {"small": 16, "payload_4k": 4096, "payload_1m": 1024 * 1024}
 
@@ -312,9 +324,9 @@ class Harness:
                 if name in out:
                     continue
                 try:
-                    init_ns, tool_ns = await self._floor_sample(argv, COLD_SERVICE)
-                    samples[name].append(init_ns)
-                    tool_samples[name].append(tool_ns)
+                    floor = await self._floor_sample(argv, COLD_SERVICE)
+                    samples[name].append(floor.first)
+                    tool_samples[name].append(floor.request)
                 except FAILURES as exc:
                     out[name] = self.problem(f"cold_start.{name}", exc)
             say(f"cold start {run + 1}/{self.plan.cold_runs}")
@@ -888,12 +900,15 @@ class Harness:
 
     @contextlib.asynccontextmanager
     async def _pool_orchestrator(
-        self, name: str, warm: dict[str, int], out: Json
+        self, name: str, warm: dict[str, int], out: Json, *, services: Json | None = None
     ) -> AsyncIterator[PoolSystem]:
-        """An orchestrator on the suite with ``warm``, for the block; then stopped, its
-        containers counted and removed, its log summed up into ``out``."""
+        """An orchestrator on the suite with ``warm`` (and ``services``: see
+        :func:`write_suite`), for the block; then stopped, its containers counted and removed,
+        its log summed up into ``out``."""
         log_path = TMP / f"orchestrator-{name.replace('_', '-')}.log"
-        suite = write_suite(TMP / f"suite-{name.replace('_', '-')}.yaml", warm=warm)
+        suite = write_suite(
+            TMP / f"suite-{name.replace('_', '-')}.yaml", warm=warm, services=services
+        )
         orch = await engine.start_orchestrator(suite, log_path)
         say(f"{name} orchestrator: {orch.banner.splitlines()[0]}")
         system = PoolSystem(name, orch, warm)
@@ -1031,8 +1046,8 @@ class Harness:
         """One sample of ``name`` on ``case`` into ``cold`` (a pooled one only if a hit)."""
         service, mounted = case
         if name == "docker_run_floor":
-            first, request = await self._pool_floor(service, mounted, owner)
-            cold.add(case, name, first, request)
+            floor = await self._pool_floor(service, mounted, owner)
+            cold.add(case, name, floor.first, floor.request)
             return
         pooled = systems["pooled"]
         before = await pooled.takes(service) if name == "pooled" else {}
@@ -1058,7 +1073,7 @@ class Harness:
                 request = await first_request(rpc, service, mounted)
         return first, connect, request
 
-    async def _pool_floor(self, service: str, mounted: bool, owner: str) -> tuple[int, int]:
+    async def _pool_floor(self, service: str, mounted: bool, owner: str) -> FloorSample:
         """``docker run -i --rm [-v PROJECT:/workspace --user OWNER] IMAGE``: see
         :meth:`_floor_sample`."""
         options = ["-v", f"{POOL_PROJECT}:/workspace", "--user", owner] if mounted else []
@@ -1067,9 +1082,9 @@ class Harness:
 
     async def _floor_sample(
         self, argv: list[str], service: str, *, mounted: bool = False
-    ) -> tuple[int, int]:
-        """A ``docker run -i`` floor (``argv``) of ``service``: spawn → initialize response,
-        and the first request's round trip (:func:`first_request`), in ns."""
+    ) -> FloorSample:
+        """A ``docker run -i`` floor (``argv``) of ``service``, initialized, one request
+        (:func:`first_request`), its stdin closed: see :class:`FloorSample`."""
         with trio.fail_after(SESSION_BOUND):
             begin = time.perf_counter_ns()
             piped = await engine.spawn_piped(argv, self.side_log)
@@ -1079,9 +1094,10 @@ class Harness:
                 check_result(answer, "initialize")
                 await piped.rpc.notify("notifications/initialized")
                 request = await first_request(piped.rpc, service, mounted)
+                answered = time.perf_counter_ns() - begin
             finally:
                 await piped.aclose()
-        return first, request
+        return FloorSample(first, request, answered, time.perf_counter_ns() - begin)
 
     async def _pool_bursts(self, systems: dict[str, PoolSystem]) -> Json:
         """The same burst of `time` clients against the pooled and the fresh orchestrator."""
@@ -1298,6 +1314,207 @@ class Harness:
             return
         async with residency.traced(pid) as trace:
             yield trace
+
+    # --- 7. container lifecycles ----------------------------------------------------------
+
+    async def lifecycles(self) -> Json:
+        """One ``tools/call get_current_time`` per system of lifecycles.SYSTEMS, on one
+        orchestrator whose suite adds the copies of `time` of lifecycles.SERVICES (with their
+        strategy and pool) and next to a ``docker run -i --rm`` per call with the options the
+        orchestrator gives `time` (SAME_LIMITS): see DEFINITIONS."""
+        base = bundled()["mcp_services"][COLD_SERVICE]
+        services = {
+            name: {**base, "container_strategy": strategy}
+            for name, (strategy, _) in lifecycles.SERVICES.items()
+        }
+        argv = engine.docker_run_argv(service_image(COLD_SERVICE), *SAME_LIMITS)
+        out: Json = {
+            "config": {
+                "services": {
+                    name: {"container_strategy": strategy, "warm": warm}
+                    for name, (strategy, warm) in lifecycles.SERVICES.items()
+                },
+                "systems": {name: list(where) for name, where in lifecycles.SYSTEMS.items()},
+                "docker_run": " ".join(argv),
+                "repeats": self.plan.lifecycle_repeats,
+                "rounds_per_repeat": self.plan.lifecycle_rounds,
+            }
+        }
+        run = LifecycleRun(argv)
+        try:
+            async with (
+                self._pool_orchestrator(
+                    "lifecycles", lifecycles.warm(), out, services=services
+                ) as system,
+                contextlib.AsyncExitStack() as stack,
+            ):
+                run.settle = functools.partial(self._lifecycle_quiet, system, floors=1)
+                orch = system.orch
+                fabric = http_session(orch.port, "/mcp?tools=all", orch.auth_headers)
+                run.fabric = await stack.enter_async_context(initialized(fabric))
+                for endpoint, service in lifecycles.SYSTEMS.values():
+                    if endpoint == "relay":
+                        relay = http_session(orch.port, f"/mcp/{service}", orch.auth_headers)
+                        run.relays[service] = await stack.enter_async_context(initialized(relay))
+                await self._lifecycle_rounds(system, run)
+        except (*FAILURES, RuntimeError, subprocess.SubprocessError) as exc:
+            out["error"] = self.problem("lifecycles", exc)["error"]
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(engine.remove_bench_containers)
+        out.update(lifecycles.figures(run.repeats))
+        for name, error in run.failed.items():
+            out["systems"][name] = error
+        done = [r for rounds in run.repeats for r in rounds]
+        every = {name: lifecycles.samples(done, name) for name in lifecycles.SYSTEMS}
+        for pair, (fresh, reused) in lifecycles.PAIRS.items():
+            # Unpaired, as the other parts compare: P50 and P95 of each, with intervals.
+            out["added"][pair]["unpaired"] = compare(every, fresh, reused)
+        out["docker_run_exit"] = summarize(run.exits)
+        out["fresh_pooled_handed_out"] = summarize(run.handed_out)
+        out["misses"] = {"count": len(run.misses), "first": run.misses[:10]}
+        out["not_quiet"] = self.pool_not_quiet
+        return out
+
+    async def _lifecycle_rounds(self, system: PoolSystem, run: LifecycleRun) -> None:
+        """A warm-up call on each system of lifecycles.WARM_UP (the reused ones start their
+        containers; /mcp's first take of `time-fresh` gets a container not greeted, after which
+        the pool greets its refills), then the rounds: every system once per round, in an order
+        rotating each round, each sample on a quiet engine (the pools full and their servers
+        started, no per-call or `docker run` container left)."""
+        names = list(lifecycles.SYSTEMS)
+        for name in lifecycles.WARM_UP:
+            try:
+                await self._lifecycle_call(run, name)
+            except FAILURES as exc:
+                run.failed[name] = self.problem(f"lifecycles.warm_up.{name}", exc)
+        for repeat in range(self.plan.lifecycle_repeats):
+            rounds: list[lifecycles.Round] = []
+            for index in range(self.plan.lifecycle_rounds):
+                live = [name for name in names if name not in run.failed]
+                shift = (repeat * self.plan.lifecycle_rounds + index) % max(1, len(live))
+                samples: lifecycles.Round = {}
+                for name in live[shift:] + live[:shift]:
+                    await self._lifecycle_quiet(system)
+                    try:
+                        sample = await self._lifecycle_sample(system, run, name)
+                    except FAILURES as exc:
+                        run.failed[name] = self.problem(f"lifecycles.{name}", exc)
+                        continue
+                    if sample is not None:
+                        samples[name] = sample
+                    else:
+                        run.misses[-1].update(repeat=repeat, round=index)
+                rounds.append(samples)
+            run.repeats.append(rounds)
+            done = [r for repeated in run.repeats for r in repeated]
+            say(
+                f"lifecycles {repeat + 1}/{self.plan.lifecycle_repeats}: P50 so far "
+                + ", ".join(
+                    f"{name} {summarize(lifecycles.samples(done, name)).get('p50_ms')}"
+                    for name in names
+                )
+                + " ms"
+            )
+        await self._lifecycle_quiet(system, bound=60, strict=False)
+
+    async def _lifecycle_quiet(
+        self,
+        system: PoolSystem,
+        *,
+        floors: int = 0,
+        bound: float = POOL_QUIET_BOUND,
+        strict: bool = True,
+    ) -> bool:
+        """:meth:`_pool_quiet` with the reused `time` containers of /mcp and the relay."""
+        return await self._pool_quiet(
+            {"lifecycles": system},
+            sessions={"lifecycles": 2},
+            floors=floors,
+            bound=bound,
+            strict=strict,
+        )
+
+    async def _lifecycle_sample(
+        self, system: PoolSystem, run: LifecycleRun, name: str
+    ) -> int | None:
+        """One call on ``name`` (ns); None, recorded in ``run.misses``, when a pooled system's
+        call was not served by a pooled container (on /mcp: one the pool had greeted)."""
+        endpoint, service = lifecycles.SYSTEMS[name]
+        pooled = lifecycles.SERVICES.get(service, ("", 0))[1] > 0
+        if not pooled:
+            return await self._lifecycle_call(run, name)
+        before = await system.takes(service)
+        tail = engine.LogTail(system.orch.log_path)
+        try:
+            sample = await self._lifecycle_call(run, name)
+            events = tail.read()
+        finally:
+            tail.close()
+        takes = delta(await system.takes(service), before)
+        moments = {
+            str(event.get("event")): str(event.get("ts"))
+            for event in events
+            if event.get("backend") == service
+        }
+        greeted = "backend_greeted_by_pool" in moments
+        if takes == {"hit": 1} and (greeted or endpoint != "fabric"):
+            if greeted and "per_call_container" in moments:
+                run.handed_out.append(
+                    between(moments["per_call_container"], moments["backend_greeted_by_pool"])
+                )
+            return sample
+        miss = {"system": name, "takes": takes, "greeted": greeted, "ms": round(sample / 1e6, 3)}
+        run.misses.append(miss)
+        say(f"lifecycles: not a pooled sample: {miss}")
+        return None
+
+    async def _lifecycle_call(self, run: LifecycleRun, name: str) -> int:
+        """One ``tools/call get_current_time`` on ``name``: its round trip (ns); for the
+        `docker run` per call, from the spawn to the call's response (its exit in ``run``)."""
+        endpoint, service = lifecycles.SYSTEMS[name]
+        if endpoint == "docker_run":
+            floor = await self._floor_sample(run.docker_run, service)
+            run.exits.append(floor.exited)
+            return floor.answered
+        if endpoint == "relay":
+            return await timed_tool_call(run.relays[service], name)
+        if endpoint == "direct":
+            async with initialized(engine.socket_stdio(service_image(service))) as direct:
+                if run.settle is not None:
+                    await run.settle()  # its server idle, as a pooled one's when taken
+                return await timed_tool_call(direct, name)
+        assert run.fabric is not None
+        tool = {**TOOL, "name": f"{service}__{TOOL['name']}"}
+        return await timed_tool_call(run.fabric, name, tool)
+
+
+@dataclass(frozen=True)
+class FloorSample:
+    """A ``docker run -i --rm`` sample, in ns from the spawn: to the ``initialize`` response
+    (``first``), to the first request's response (``answered``), to the process's exit (the
+    container removed, ``--rm``: ``exited``); and that request's own round trip."""
+
+    first: int
+    request: int
+    answered: int
+    exited: int
+
+
+@dataclass
+class LifecycleRun:
+    """The lifecycles part's clients and what it measured: per repeat, its rounds."""
+
+    docker_run: list[str]
+    fabric: HttpRpc | None = None
+    settle: Callable[[], Awaitable[bool]] | None = None  # quiet, but for one floor container
+    relays: dict[str, HttpRpc] = dataclasses.field(default_factory=dict)
+    repeats: list[list[lifecycles.Round]] = dataclasses.field(default_factory=list)
+    exits: list[int] = dataclasses.field(default_factory=list)  # `docker run`: spawn → exit
+    # /mcp's pooled samples: the call's arrival → its container handed out (the log's moments).
+    handed_out: list[int] = dataclasses.field(default_factory=list)
+    misses: list[Json] = dataclasses.field(default_factory=list)
+    failed: dict[str, Json] = dataclasses.field(default_factory=dict)
 
 
 class PoolStuck(RuntimeError):
@@ -1555,6 +1772,12 @@ def split_by_pooled(ports: list[tuple[int | None, int]], audit: list[Json]) -> J
     }
 
 
+def between(start: str, end: str) -> int:
+    """ns from one log timestamp (ISO 8601, ms) to another."""
+    parse = datetime.datetime.fromisoformat
+    return int((parse(end) - parse(start)).total_seconds() * 1e9)
+
+
 def mount_key(mounted: bool) -> str:
     return "mount" if mounted else "no_mount"
 
@@ -1631,10 +1854,10 @@ def make_pool_project() -> tuple[int, int]:
     return uid, gid
 
 
-async def timed_tool_call(rpc: Rpc, what: str = "tools/call") -> int:
-    """One ``tools/call`` of TOOL, bounded and checked: its round trip in ns."""
+async def timed_tool_call(rpc: Rpc, what: str = "tools/call", tool: Json = TOOL) -> int:
+    """One ``tools/call`` of ``tool``, bounded and checked: its round trip in ns."""
     with trio.fail_after(CALL_BOUND):
-        elapsed, answer = await rpc.call("tools/call", TOOL)
+        elapsed, answer = await rpc.call("tools/call", tool)
     check_result(answer, what)
     return elapsed
 
@@ -1893,12 +2116,16 @@ def service_image(service: str) -> str:
     return str(bundled()["mcp_services"][service]["image"])
 
 
-def write_suite(path: Path, *, warm: dict[str, int] | None = None) -> Path:
+def write_suite(
+    path: Path, *, warm: dict[str, int] | None = None, services: Json | None = None
+) -> Path:
     """The bundled services with room for the bursts and no idle teardown during a run, and no
     warm pool (``warm: 0`` whatever the bundled suite says): parts 1 to 5 measure fresh
     containers. With ``warm`` (the pool part), each service keeps that many pooled containers
-    (0 if not named) and the pool's global settings are written out."""
+    (0 if not named) and the pool's global settings are written out. ``services``: more
+    services (name → fields), e.g. the lifecycles part's copies of `time`."""
     suite = bundled()
+    suite["mcp_services"].update(services or {})
     suite["orchestrator"] = {
         "allowed_mount_roots": [f"{TMP}/"],
         "max_sessions": 128,
@@ -1972,10 +2199,32 @@ DEFINITIONS = {
     "the phase), order rotating per repeat; the harness watches the log in both phases; each "
     "call is paired with the same call on a container of the same image spoken to directly over "
     "its own socket (the floor, `direct_socket`), the first of each pair alternating",
+    "lifecycles": "one orchestrator whose suite adds copies of `time`: `time-fresh` "
+    "(`fresh_per_call`, `warm: 1`: on /mcp its pooled containers are greeted while they wait), "
+    "`time-fresh-cold` (`fresh_per_call`, `warm: 0`) and `time-relay-fresh` (`fresh_per_call`, "
+    "`warm: 1`, for the relay, whose sessions take only containers not greeted); `time` itself "
+    "is `reuse_per_session`. One Streamable HTTP session on `/mcp?tools=all` calls "
+    "`{service}__get_current_time` (reused: `time`, its container started by a warm-up call; "
+    "fresh_pooled; fresh_unpooled), one on `/mcp/time` (relay_reused) and one on "
+    "`/mcp/time-relay-fresh` (relay_fresh_pooled): the call's round trip. "
+    "docker_run_per_call: `docker run -i --rm` with the options the orchestrator gives `time`, "
+    "spawn → `initialize` → the call's response (the exit, container removed, reported apart). "
+    "direct_first_call: a `time` container the benchmark starts itself with `fabric-stdio` (no "
+    "orchestrator), initialized and left until the engine is quiet, then its first call: what "
+    "a fresh server's first call costs by itself. "
+    "Every system once per round, in an order rotating each round; each sample on a quiet "
+    "engine (the pools full and their servers started, no per-call container left). A pooled "
+    "sample counts only if the pool's takes moved by exactly one hit and, on /mcp, the call's "
+    "container was one the pool greeted (`backend_greeted_by_pool`); others are misses, "
+    "reported apart; of those on /mcp, the log's moments from the call's arrival "
+    "(`per_call_container`) to its container handed out (`backend_greeted_by_pool`), ms "
+    "resolution. Added latency: fresh minus reused, paired by round (its P50 and P95), "
+    "and unpaired (difference of percentiles, bootstrap intervals). Ratios: of P50s (and "
+    "P95s) over every sample, and repeat by repeat",
 }
 
 
-SECTIONS = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency", "pool")
+SECTIONS = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency", "pool", "lifecycles")
 
 
 def not_run(section: str, reason: str) -> Json:
@@ -1997,6 +2246,7 @@ def not_run(section: str, reason: str) -> Json:
         },
         "concurrency": {"clients_10": error, "clients_50": error},
         "pool": {"cold_start": error, "burst": error, "refill": error},
+        "lifecycles": {"systems": dict.fromkeys(lifecycles.SYSTEMS, error)},
     }
     return shapes[section]
 
@@ -2025,6 +2275,8 @@ def new_results(plan: Plan) -> Json:
             "pool_burst_warm": plan.pool_burst_warm,
             "pool_refill_calls": plan.pool_refill_calls,
             "pool_refill_repeats": plan.pool_refill_repeats,
+            "lifecycle_repeats": plan.lifecycle_repeats,
+            "lifecycle_rounds": plan.lifecycle_rounds,
         },
         "definitions": DEFINITIONS,
         "environment": {"start": engine.load_snapshot()},
@@ -2136,12 +2388,26 @@ def main(argv: list[str] | None = None) -> int:
         "--pool-parts",
         help=f"comma-separated parts of the pool section to run, of: {', '.join(POOL_PARTS)}",
     )
+    parser.add_argument(
+        "--lifecycle-rounds",
+        type=int,
+        help="rounds per repeat of the lifecycles section (default: 6; smoke: 1), for a "
+        "shorter trial",
+    )
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
+    if args.lifecycle_rounds is not None:
+        if args.lifecycle_rounds < 1:
+            parser.error("--lifecycle-rounds must be at least 1")
+        plan = dataclasses.replace(plan, lifecycle_rounds=args.lifecycle_rounds)
     sections = _chosen(parser, "section", args.only, SECTIONS)
     parts = _chosen(parser, "pool part", args.pool_parts, POOL_PARTS)
     plan = dataclasses.replace(plan, sections=sections, pool_parts=parts)
-    partial = set(sections) != set(SECTIONS) or set(parts) != set(POOL_PARTS)
+    partial = (
+        set(sections) != set(SECTIONS)
+        or set(parts) != set(POOL_PARTS)
+        or plan.lifecycle_rounds != (SMOKE if args.smoke else FULL).lifecycle_rounds
+    )
     if args.out:
         out = args.out
     elif args.smoke:

@@ -119,6 +119,7 @@ def render(results: Json) -> str:
         _memory(results),
         _concurrency(results),
         _pool(results),
+        _lifecycles(results),
         _problems(results),
     ]
     return "\n".join(part for part in parts if part)
@@ -248,6 +249,7 @@ def _bars(results: Json) -> str:
         ),
     ]
     rows.append(_pool_bar(results.get("pool", {})))
+    rows.append(_lifecycle_bar(results.get("lifecycles", {})))
     lines = [
         "### Against the bars (spec §9)",
         "",
@@ -942,3 +944,136 @@ def _pool_logs(pool: Json) -> list[str]:
         )
     lines.append("")
     return lines
+
+
+LIFECYCLE_NAMES = {
+    "reused": ("`reuse_per_session`, its container warm", "`/mcp`"),
+    "fresh_pooled": ("`fresh_per_call`, `warm: 1` (greeted)", "`/mcp`"),
+    "fresh_unpooled": ("`fresh_per_call`, `warm: 0`", "`/mcp`"),
+    "relay_reused": ("`reuse_per_session`, its container warm", "`/mcp/time`"),
+    "relay_fresh_pooled": ("`fresh_per_call`, `warm: 1`", "`/mcp/time-relay-fresh`"),
+    "docker_run_per_call": ("`docker run -i --rm` per call: spawn → call answered", "—"),
+    "direct_first_call": ("a fresh server's first call, no orchestrator (greeted before)", "—"),
+}
+LIFECYCLE_PAIRS = {
+    "fabric_pooled": "`/mcp`, with the pool",
+    "fabric_unpooled": "`/mcp`, without a pool",
+    "relay_pooled": "relay, with the pool",
+    "fabric_pooled_over_first_call": "`/mcp` with the pool minus a fresh server's first call",
+}
+LIFECYCLE_RATIOS = {
+    "docker_run_over_fresh_pooled": "`docker run` per call / fresh with the pool (`/mcp`)",
+    "docker_run_over_relay_fresh_pooled": "`docker run` per call / fresh with the pool (relay)",
+    "fresh_unpooled_over_fresh_pooled": "fresh without a pool / with the pool (`/mcp`)",
+}
+
+
+def _lifecycle_bar(lifecycles: Json) -> tuple[str, str, str, str, str, str]:
+    """The issue's targets: with the pool, P95 of (fresh - reused) ≤ 30 ms, and a `docker run`
+    per call ≥ 20x a pooled fresh call (of P50s), in the same run."""
+    targets = lifecycles.get("targets", {})
+    added, times = targets.get("added_p95_ms"), targets.get("ratio")
+    verdict: bool | None = None
+    if added is not None and times is not None:
+        verdict = bool(targets.get("added_met") and targets.get("ratio_met"))
+    reason = lifecycles.get("error") or lifecycles.get("systems", {}).get("reused", {}).get("error")
+    measured_text = (
+        f"+{_ms(added)} ms; {_times(times)}"
+        if verdict is not None
+        else f"not measured: {reason or '?'}"
+    )
+    return (
+        "`fresh_per_call` with the pool: P95 of (fresh - reused call), paired; `docker run` "
+        "per call ÷ fresh call (P50)",
+        "—",
+        "≤ 30 ms; ≥ 20x (issue)",
+        measured_text,
+        "—",
+        _met(verdict),
+    )
+
+
+def _lifecycles(results: Json) -> str:
+    lifecycles = results.get("lifecycles", {})
+    config = lifecycles.get("config", {})
+    lines = [
+        "### 7. Container lifecycles: one call in a fresh container, with the pool and without",
+        "",
+    ]
+    if "config" not in lifecycles:  # not run
+        reason = lifecycles.get("systems", {}).get("reused", {}).get("error", "?")
+        return "\n".join([*lines, f"Not measured: {reason}", ""])
+    lines += [
+        f"`tools/call get_current_time` (ms), {config.get('repeats', '?')} repeats of "
+        f"{config.get('rounds_per_repeat', '?')} rounds, each system once per round in a "
+        "rotating order, each sample on a quiet engine. Services: copies of `time` "
+        + ", ".join(
+            f"`{name}` (`{figures.get('container_strategy')}`, `warm: {figures.get('warm')}`)"
+            for name, figures in config.get("services", {}).items()
+        )
+        + "; `time` itself reused.",
+        "",
+    ]
+    if "error" in lifecycles:
+        lines += [f"Stopped by an error: {lifecycles['error']}", ""]
+    systems = lifecycles.get("systems", {})
+    lines += [
+        f"| System | Endpoint | {STATS_HEAD[2:]} P50 of repeats |",
+        f"|---|---{STATS_RULE}---:|",
+    ]
+    for key, (label, endpoint) in LIFECYCLE_NAMES.items():
+        figures = systems.get(key, {})
+        extra = [_range(figures.get("repeats", {}).get("p50_ms"))] if measured(figures) else []
+        lines.append(_stats_row(f"{label} | {endpoint}", figures, extra))
+    lines += [
+        "",
+        "Added latency of a fresh container: fresh minus reused call, paired by round (ms):",
+        "",
+        "| Endpoint | n | P50 | P95 | max | P95 of repeats | unpaired: P95 - P95 (95 % CI) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, label in LIFECYCLE_PAIRS.items():
+        added = lifecycles.get("added", {}).get(key, {})
+        if not measured(added):
+            lines.append(f"| {label} | not measured | | | | | |")
+            continue
+        unpaired = added.get("unpaired", {})
+        lines.append(
+            f"| {label} | {added['n']} | {_signed(added['p50_ms'])} | "
+            f"{_signed(added['p95_ms'])} | {_signed(added['max_ms'])} | "
+            f"{_range(added.get('repeats', {}).get('p95_ms'), signed=True)} | "
+            f"{_signed(unpaired.get('difference_p95_ms'))}"
+            f"{_ci(unpaired.get('difference_p95_ci_ms'))} |"
+        )
+    lines += [
+        "",
+        "| Ratio | of P50s | of P95s | of P50s, repeat by repeat |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label in LIFECYCLE_RATIOS.items():
+        figures = lifecycles.get("ratios", {}).get(key, {})
+        lines.append(
+            f"| {label} | {_times(figures.get('ratio_p50'))} | "
+            f"{_times(figures.get('ratio_p95'))} | "
+            f"{_range(figures.get('ratio_p50_repeats'))} |"
+        )
+    targets = lifecycles.get("targets", {})
+    exit_ = lifecycles.get("docker_run_exit", {})
+    misses = lifecycles.get("misses", {})
+    lines += [
+        "",
+        f"- Targets (issue): P95 of the added latency with the pool on `/mcp` "
+        f"{_signed(targets.get('added_p95_ms'))} ms against ≤ 30 ms: "
+        f"{_met(targets.get('added_met'))}; `docker run` per call ÷ fresh with the pool "
+        f"{_times(targets.get('ratio'))} against ≥ 20x: {_met(targets.get('ratio_met'))}.",
+        f"- `docker run` per call until the process exited (container removed): P50 "
+        f"{_ms(exit_.get('p50_ms'))} ms, P95 {_ms(exit_.get('p95_ms'))} ms.",
+        f"- Of a pooled fresh call on `/mcp`, from the call's arrival to its container handed "
+        f"out (the log's moments, ms resolution): P50 "
+        f"{_ms(lifecycles.get('fresh_pooled_handed_out', {}).get('p50_ms'))} ms, P95 "
+        f"{_ms(lifecycles.get('fresh_pooled_handed_out', {}).get('p95_ms'))} ms.",
+        f"- Pooled calls not served by a (greeted) pooled container, left out: "
+        f"{misses.get('count', 0)}.",
+        "",
+    ]
+    return "\n".join(lines)
