@@ -10,6 +10,7 @@ with ``memory_threshold: 32m``, and ``aging`` (the same server) ``smart_refresh`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import docker
 import pytest
 
 from tests.integration.harness import (
+    BUNDLED,
     LineProcess,
     Orchestrator,
     build_test_image,
@@ -361,3 +363,74 @@ def test_a_stateless_client_answers_a_per_call_servers_elicitation_through_input
         assert running(docker_client, session, "everything") == []
     finally:
         client.close()
+
+
+def test_a_file_one_per_call_container_wrote_is_gone_for_the_next_call_unless_in_the_mount(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    project = tmp_path / "projects" / "kept"
+    project.mkdir(parents=True)
+    os.chown(project, 1000, 1000)  # a user's project: its server runs as its owner
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path / "projects")],
+        service_fields={"filesystem": {"container_strategy": "fresh_per_call"}},
+        # The same server given the container's own /tmp (the image's /workspace is not the
+        # server's to write without a mount).
+        test_services={
+            "scratch": {
+                "image": BUNDLED["mcp_services"]["filesystem"]["image"],
+                "command": ["/tmp"],
+                "container_strategy": "fresh_per_call",
+            }
+        },
+    )
+
+    def call(client: LineProcess, tool: str, **arguments: str) -> dict[str, Any]:
+        return client.ask({"op": "call", "name": tool, "arguments": arguments})
+
+    with orchestrator(suite, tmp_path / "orchestrator.log") as running_fabric:
+        unmounted = python2_client(f"{running_fabric.http_url}/mcp?tools=all", "legacy")
+        try:
+            assert unmounted.ask({"op": "initialize"})["ok"]
+            written = call(unmounted, "scratch__write_file", path="/tmp/a.txt", content="one")
+            assert written["ok"], written
+            read = call(unmounted, "scratch__read_text_file", path="/tmp/a.txt")
+            # Written in the first call's container, removed since: the second one's /tmp is
+            # the image's.
+            assert not read["ok"], read
+            assert "ENOENT" in text_of(read), read
+        finally:
+            unmounted.close()
+        mounted = python2_client(
+            f"{running_fabric.http_url}/mcp?tools=all&mount={project}:/workspace", "legacy"
+        )
+        try:
+            assert mounted.ask({"op": "initialize"})["ok"]
+            written = call(
+                mounted, "filesystem__write_file", path="/workspace/note.txt", content="call one"
+            )
+            assert written["ok"], written
+            read = call(mounted, "filesystem__read_text_file", path="/workspace/note.txt")
+            assert read["ok"], read
+            assert text_of(read) == "call one"  # in the mount: the project's, not a container's
+        finally:
+            mounted.close()
+        assert (project / "note.txt").read_text() == "call one"
+
+        def served() -> list[str]:
+            return [
+                r["container"]
+                for r in running_fabric.audit()
+                if r.get("event") == "tool_call" and r.get("service") in ("filesystem", "scratch")
+            ]
+
+        wait_until(lambda: len(served()) == 4, what="four tool_call records")
+        assert len(set(served())) == 4  # four calls, four containers
+        wait_until(
+            lambda: (
+                containers_of(docker_client, service="filesystem") == []
+                and containers_of(docker_client, service="scratch") == []
+            ),
+            what="every per-call container removed",
+        )
