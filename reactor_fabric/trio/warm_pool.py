@@ -136,6 +136,11 @@ class WarmPool:
         self._staging = staging
         settings = fabric.suite.orchestrator.warm_pool
         services = fabric.suite.mcp_services
+        per_call = [
+            name
+            for name, service in services.items()
+            if service.strategy == "fresh_per_call" and service.warm
+        ]
         self.machine = WarmPoolMachine(
             {name: service.warm for name, service in services.items()},
             max_containers=settings.max_containers,
@@ -143,11 +148,8 @@ class WarmPool:
             initial_shape=UNPRIVILEGED,
             fixed_shape=[name for name, service in services.items() if service.user is not None],
             stages_mounts=staging is not None,
-            greets=[
-                name
-                for name, service in services.items()
-                if service.strategy == "fresh_per_call" and service.warm
-            ],
+            greets=per_call,
+            per_call=per_call,
         )
         self._entries: dict[int, _Pooled] = {}
         self._discarding: dict[int, _Pooled] = {}
