@@ -343,6 +343,7 @@ async def _fabric_driver(
         buffer_to_server_bytes=buffer_to_server,
         client_lease=lease.lease_seconds if lease is not None else None,
     )
+    record.served, record.served_since = machine.served, machine.started_at
     host = ContainerHost(fabric, record)
     return SessionDriver(
         machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT, lease=lease
