@@ -34,8 +34,8 @@ class SessionView:
     started_at: float  # wall clock
     idle_seconds: float
     containers: list[dict[str, Any]]
-    # A fabric-endpoint session's containers, live and recently ended, with the calls each
-    # served (see reactor_fabric.protocol.served); empty on the relay.
+    # The session's containers, live and recently ended, with the calls each served (see
+    # reactor_fabric.protocol.served).
     recent_containers: list[dict[str, Any]] = field(default_factory=list)
 
 

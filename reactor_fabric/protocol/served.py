@@ -1,7 +1,9 @@
-"""Which container served which call: a fabric-endpoint session's containers, the ones it has
-and the ones it recently had, with the calls each served. Pure bookkeeping, no I/O.
+"""Which container served which call: a session's containers, the ones it has and the ones it
+recently had, with the calls each served. Pure bookkeeping, no I/O.
 
-The router (:class:`~.fabric_router.FabricRouter`) reports each backend it asks for (its key,
+Both machines keep one: the relay's (:class:`~.session.SessionMachine`, every client request
+but the handshake and ping, read off its decisions) and the fabric endpoint's router
+(:class:`~.fabric_router.FabricRouter`), which reports each backend it asks for (its key,
 its lifecycle), its start (the container's name), each call it sends it (the client's id, the
 method, the tool, prompt or URI: a :class:`~.events.CallRef`) and its end (the stop reason:
 ``call_done``, ``refresh_calls``, ``idle``, a failure's reason…). ``get_status`` and the

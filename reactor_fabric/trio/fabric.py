@@ -135,8 +135,8 @@ class SessionRecord:
     # Set by an operator (sessions --end): the session tells its client why and ends.
     ended_by_operator: trio.Event = field(default_factory=trio.Event)
     tool_calls: int = 0  # how many ended so far
-    # A fabric-endpoint session's containers and the calls each served (its machine's; None
-    # on the relay), and the trio time the machine counts them from (its start).
+    # The session's containers and the calls each served (its machine's; None until it has
+    # one), and the trio time the machine counts them from (its start).
     served: Served | None = None
     served_since: float = 0.0
 
