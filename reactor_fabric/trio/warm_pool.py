@@ -1,8 +1,9 @@
 """The warm pool: started, idle containers, handed to sessions instead of starting one.
 
-A service with ``warm: N`` keeps N containers started, their MCP server running and waiting on
-stdin with no handshake done: the session's own first message is the first thing the server
-sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
+A service with ``warm: N`` keeps N containers started (a ``fresh_per_call`` one more while it is
+called often: its pool follows its calls of the last minute), their MCP server running and
+waiting on stdin with no handshake done: the session's own first message is the first thing
+the server sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
 :func:`~reactor_fabric.trio.containers.start_container`, so speculative starts after
 ``fabric/registerClient`` and the fabric endpoint's lazy starts take from it too); the pool
 refills in the background. What to start, hand out and remove — refills and their back-off,
