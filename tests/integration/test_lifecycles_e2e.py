@@ -119,3 +119,76 @@ def test_five_calls_to_a_per_call_service_run_in_five_pooled_containers_each_gon
     assert all(start["pooled"] for start in starts.values())
     wait_for_pool(fabric, "filesystem", len(starts))
     assert ready(fabric)["filesystem"] == len(starts) == 6
+
+
+def test_smart_refresh_replaces_the_container_after_its_calls_the_client_seeing_no_error(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client = python_client(f"{fabric.ws_url}/mcp/time", "--register", "[]")
+    try:
+        session = client.read_json()["result"]["sessionId"]
+        assert client.ask({"op": "initialize"})["ok"]
+        for _ in range(5):
+            answer = client.ask(
+                {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}}
+            )
+            assert answer["ok"], answer
+        containers = served(fabric, session, 5)
+    finally:
+        assert client.close() == 0
+    first, second, third = containers[0], containers[2], containers[4]
+    assert containers == [first, first, second, second, third]
+    assert len({first, second, third}) == 3
+    reasons = stop_reasons(ended(fabric, session))
+    assert (reasons[first], reasons[second]) == ("refresh_calls", "refresh_calls")
+    assert all(gone(docker_client, c) for c in containers)
+
+
+def test_smart_refresh_replaces_a_container_older_than_its_age_the_client_seeing_no_error(
+    fabric: Orchestrator, docker_client: docker.DockerClient
+) -> None:
+    client = python_client(f"{fabric.ws_url}/mcp/everything", "--register", "[]")
+    try:
+        session = client.read_json()["result"]["sessionId"]
+        assert client.ask({"op": "initialize"})["ok"]
+        call = {"op": "call", "name": "echo", "arguments": {"message": "one"}}
+        assert client.ask(call)["ok"]
+        [old] = served(fabric, session, 1)
+        # Between calls, once older than its max_container_age, it goes on its own...
+        wait_until(lambda: gone(docker_client, old), what="the old container replaced")
+        answer = client.ask({**call, "arguments": {"message": "two"}})
+        assert answer["ok"], answer  # ...and the next call is served by a fresh one
+        assert "two" in text_of(answer)
+        _, new = served(fabric, session, 2)
+    finally:
+        assert client.close() == 0
+    assert new != old
+    assert stop_reasons(ended(fabric, session))[old] == "refresh_age"
+
+
+def test_smart_refresh_replaces_a_container_over_its_memory_threshold_before_the_next_call(
+    tmp_path: Path,
+) -> None:
+    # The Python time server uses far more than the smallest threshold the suite takes (6 MiB):
+    # the engine's reading after each call is over.
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path)],
+        service_fields={"time": {"container_strategy": "smart_refresh", "memory_threshold": "6m"}},
+    )
+    with orchestrator(suite, tmp_path / "orchestrator.log") as fabric:
+        client = python_client(f"{fabric.ws_url}/mcp/time", "--register", "[]")
+        try:
+            session = client.read_json()["result"]["sessionId"]
+            assert client.ask({"op": "initialize"})["ok"]
+            for _ in range(3):
+                answer = client.ask(
+                    {"op": "call", "name": "get_current_time", "arguments": {"timezone": "UTC"}}
+                )
+                assert answer["ok"], answer
+            containers = served(fabric, session, 3)
+        finally:
+            assert client.close() == 0
+        assert len(set(containers)) == 3
+        reasons = stop_reasons(ended(fabric, session))
+        assert [reasons[c] for c in containers[:2]] == ["refresh_memory"] * 2
