@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .audit import now_iso
@@ -34,6 +34,9 @@ class SessionView:
     started_at: float  # wall clock
     idle_seconds: float
     containers: list[dict[str, Any]]
+    # The session's containers, live and recently ended, with the calls each served (see
+    # reactor_fabric.protocol.served).
+    recent_containers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def session_json(view: SessionView) -> dict[str, Any]:
@@ -47,6 +50,7 @@ def session_json(view: SessionView) -> dict[str, Any]:
         "started_at": now_iso(view.started_at),
         "idle_seconds": round(max(0.0, view.idle_seconds), 3),
         "containers": view.containers,
+        "recent_containers": view.recent_containers,
     }
 
 

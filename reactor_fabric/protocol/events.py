@@ -100,10 +100,12 @@ class ClientGone:
 class BackendStarted:
     """A backend's container runs. ``greeting``: it came from the warm pool already greeted
     (asked for with :attr:`StartBackend.greeted`): its InitializeResult, the MCP handshake done
-    and its output of it consumed; None: no handshake was done with it."""
+    and its output of it consumed; None: no handshake was done with it. ``container``: its name
+    (what get_status and /api/sessions show)."""
 
     key: BackendKey
     greeting: bytes | None = None
+    container: str = ""
 
 
 @dataclass(frozen=True, slots=True)

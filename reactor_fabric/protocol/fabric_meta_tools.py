@@ -34,6 +34,7 @@ from .fabric_discovery import (
 from .fabric_messages import encoder, notification
 from .fabric_router import _Backend
 from .mcp import INVALID_PARAMS
+from .served import Served
 
 Json = dict[str, Any]
 
@@ -74,6 +75,8 @@ class MetaToolHost(Protocol):
     def all_backends(self) -> Mapping[BackendKey, _Backend]: ...
     @property
     def started_at(self) -> float: ...
+    @property
+    def served(self) -> Served: ...
     @property
     def token_budget(self) -> int | None: ...
     @property
@@ -233,8 +236,9 @@ def _not_activated(server: object, unavailable: Mapping[str, Json]) -> Json:
 @meta_tool(
     {
         "name": "get_status",
-        "description": "This session's servers, their containers, the catalog's problems, and "
-        "the tokens its tool list costs against every tool of the suite.",
+        "description": "This session's servers, their containers (and the ones it recently "
+        "had, with the calls each served), the catalog's problems, and the tokens its tool list "
+        "costs against every tool of the suite.",
         "inputSchema": {"type": "object", "properties": {}},
     }
 )
@@ -250,6 +254,8 @@ def _status(
             {"server": key.service, "state": backend.state}
             for key, backend in host.all_backends.items()
         ],
+        # Which container served which call: live ones and the last ended ones (bounded).
+        "recent_containers": host.served.records(host.started_at),
         "catalog_errors": host.catalog.errors(),
         "uptime": round(host.now - host.started_at, 3),
         "tool_tokens": tool_tokens(

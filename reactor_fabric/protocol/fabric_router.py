@@ -147,6 +147,7 @@ from .mcp import (
     METHOD_NOT_FOUND,
     TITLES,
 )
+from .served import Served
 from .tool_calls import ArgumentsMode
 
 BackendEvent = (
@@ -292,6 +293,8 @@ class FabricRouter(Answers):
         self.waits = InputWaits()  # calls waiting for a 2026-07-28 client's retry
         # The session is ending (see answer_all): what everything coming meanwhile is told.
         self._ending: FabricError | None = None
+        # Which container served which call (get_status, /api/sessions), bounded.
+        self.served = Served()
 
     def lifecycle(self, service: str) -> Lifecycle:
         return self.lifecycles.get(service, REUSE)
@@ -374,6 +377,7 @@ class FabricRouter(Answers):
         key = BackendKey(service, self._seq)
         backend = _Backend(key, "starting", [request], self.now, role=role, calls=1)
         self.all_backends[key] = backend
+        self.served.asked(key, self.lifecycle(service).strategy, self.now)
         if role == "current":
             self.backends[service] = backend
         self._remember(request, key, client_id, method, offers)
@@ -402,6 +406,7 @@ class FabricRouter(Answers):
         self._forwarded[request["id"]] = _Forwarded(key, client_id, method, offers, target)
         if isinstance(client_id, str | int):
             self.calls.serve(client_id, key.seq)  # (a tools/call's record names its container)
+        self.served.call(key, _call_ref(client_id, method, request.get("params") or {}))
 
     def _cancel_forwarded(self, client_id: object, params: Json) -> list[Action]:
         """The client cancelled its request ``client_id``: withdrawn from its backend (a
@@ -535,7 +540,8 @@ class FabricRouter(Answers):
         match event:
             case StdinWritten(nbytes=nbytes):
                 self._written(backend, nbytes)
-            case BackendStarted(greeting=greeting):
+            case BackendStarted(greeting=greeting, container=container):
+                self.served.started(key, container, self.now)
                 self._had.add(service)
                 actions = self._backend_started(key, greeted=greeting is not None)
             case BackendLine(line=line):
@@ -582,6 +588,7 @@ class FabricRouter(Answers):
         ``logged`` or ``reason``) unless its work is done (idle, its call ended, refreshed).
         Gracefully (its stdin closed, a moment to exit) unless it no longer reads its stdin or
         has exited: those are removed at once."""
+        self.served.ended(key, logged or reason, self.now)
         stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
         if reason in _QUIET_STOPS:
             return [stop]
@@ -980,6 +987,7 @@ class FabricRouter(Answers):
         return self._with_done(self._backend_failed(key, error))
 
     def _backend_failed(self, key: BackendKey, error: FabricError) -> list[Action]:
+        self.served.ended(key, error.reason, self.now)
         current = self.backends.get(key.service)
         if current is not None and current.key == key:
             self.relists.forget(key.service)

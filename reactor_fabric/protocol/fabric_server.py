@@ -275,6 +275,7 @@ class FabricServer(FabricRouter):
         twin._asked = dict(self._asked)
         twin._listeners = dict(self._listeners)
         twin.calls = self.calls.clone()
+        twin.served = self.served.clone()
         twin._done = list(self._done)
         twin.relists = self.relists.clone()
         twin.waits = self.waits.clone()

@@ -46,6 +46,8 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from .._errors import (
     ContainerStartFailure,
     FabricError,
@@ -84,6 +86,7 @@ from .events import (
     BackendMeasured,
     BackendStarted,
     BackendStartFailed,
+    CallRef,
     ClientActivity,
     ClientFrame,
     ClientGone,
@@ -115,6 +118,7 @@ from .jsonrpc import (
 )
 from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
 from .lifecycle import Lifecycle
+from .served import Served
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
 # --- the lifecycle ----------------------------------------------------------------------------
@@ -124,6 +128,36 @@ CALL_METHODS = frozenset({TOOLS_CALL, "resources/read", "prompts/get"})
 # Requests that leave a container as fresh as one just replayed to: fresh_per_call keeps it
 # after them (the handshake's container serves the first call, instead of a second start).
 _FRESH_AFTER = frozenset({INITIALIZE, "ping"})
+
+
+# Params of a call up to this size are read for the tool, prompt or URI it names (what
+# /api/sessions shows of the call); a larger one is shown by its method only, so that a call's
+# path never decodes much more than the relay must.
+NAMED_PARAMS_BYTES = 4096
+MAX_CALL_NAME = 256
+
+
+class _Named(msgspec.Struct):
+    name: str | None = None
+    uri: str | None = None
+
+
+_named_decoder = msgspec.json.Decoder(_Named)
+
+
+def _call_ref(message: Peek) -> CallRef:
+    """A client request as /api/sessions names it: its id, method, and for a call (small
+    params) its tool, prompt or URI."""
+    name: str | None = None
+    params = message.params
+    if message.method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES:
+        try:
+            named = _named_decoder.decode(params)
+        except msgspec.DecodeError:
+            named = _Named()
+        name = named.uri if message.method == "resources/read" else named.name
+    method = message.method or ""
+    return CallRef(message.id, method, name[:MAX_CALL_NAME] if name is not None else None)
 
 
 # --- the machine ------------------------------------------------------------------------------
@@ -195,6 +229,8 @@ class SessionMachine:
         self._last_activity = now
         self.lease = ClientLease(client_lease, now)  # (see .client_lease)
         self._now = now
+        # Which container served which request, bounded (see .served).
+        self.served = Served()
         self._handlers: dict[type[Any], Any] = {
             ClientFrame: self._client_frame,
             ClientRegistered: self._client_registered,
@@ -219,7 +255,22 @@ class SessionMachine:
         if self.phase is Phase.ENDED:
             return []
         self._now = now
-        return self._handlers[type(event)](event, now)  # type: ignore[no-any-return]
+        actions: list[Action] = self._handlers[type(event)](event, now)
+        self._note_served(event, actions, now)
+        return actions
+
+    def _note_served(self, event: Event, actions: list[Action], now: float) -> None:
+        """Which container served which request (``/api/sessions``, the status page): its
+        start asked, its name once started, its stop and why, read off what was decided."""
+        if isinstance(event, BackendStarted):
+            self.served.started(event.key, event.container, now)
+        elif isinstance(event, BackendStartFailed):
+            self.served.ended(event.key, event.error.reason, now)
+        for action in actions:
+            if isinstance(action, StartBackend):
+                self.served.asked(action.key, self.lifecycle.strategy, now)
+            elif isinstance(action, StopBackend):
+                self.served.ended(action.key, action.reason, now)
 
     def abandon(self, now: float) -> list[Action]:
         """The session is over without the machine ending it: the calls never answered."""
@@ -263,6 +314,7 @@ class SessionMachine:
         twin = copy.copy(self)
         twin.ledger = self.ledger.clone()
         twin.calls = self.calls.clone()
+        twin.served = self.served.clone()
         twin.lease = dataclasses.replace(self.lease)
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
         twin._waiting = self._waiting.clone()
@@ -404,6 +456,7 @@ class SessionMachine:
                 slot.calls += 1
             if message.method not in _FRESH_AFTER:
                 slot.used = True
+                self.served.call(slot.key, _call_ref(message))
         return self._write_line(slot, for_stdio(frame))
 
     def _write_line(self, slot: _Slot, line: bytes) -> ToBackend:

@@ -13,8 +13,9 @@ or, greeted, waiting for its first call) or *claimed*
 its output ended or overflowed meanwhile). A container is handed to exactly one session and
 leaves the pool when it is claimed: it serves that session and is then removed, never returned.
 
-How many: each service has a target (its ``warm``); the pool keeps ready + starting at it,
-within three bounds that keep refills from hurting anyone:
+How many: each service has a target (its ``warm``, or more for a per-call service: see
+"Refills at the rate of consumption"); the pool keeps ready + starting at it, within three
+bounds that keep refills from hurting anyone:
 
 - a cap on pooled containers of all services together (``max_containers``);
 - at most ``parallel_starts`` starts at once, all services together, so a slow engine sees a
@@ -25,6 +26,22 @@ within three bounds that keep refills from hurting anyone:
   that succeeds does not, since a server may exit right after.
 
 When starts must be rationed, the service with the fewest pooled containers goes first.
+
+**Refills at the rate of consumption.** A ``fresh_per_call`` service (``per_call``) consumes one
+pooled container per call, so a burst of calls would drain a pool kept at ``warm``. Its target
+follows its demand: it is the number of its takes within the last ``RATE_WINDOW_SECONDS``
+(hits and misses alike: a miss is a call that wanted one; not a take no pooled container
+could serve: mounts that cannot be placed, the stop), never below ``warm`` and never above its
+ceiling, ``max(warm, PER_CALL_CEILING)``. So the pool holds as many containers as the service
+used in the last minute, and the refill of each take begins at once (within the bounds above:
+``parallel_starts`` still rations the starts, so a burst of a hundred calls is followed by a
+trickle of refills, never a storm). As takes age out of the window the target falls back to
+``warm``, one step per take, and the ready containers above it are removed, the oldest first
+(``surplus``; starting ones count too: when one completes with the pool still above the
+target, the oldest ready one goes). Containers above a service's ``warm`` never take room
+another service's ``warm`` needs: one is started only while every service's
+``max(pooled, warm)`` together stay below ``max_containers``. The takes kept are the newest
+``ceiling`` (more could not raise the target), so the record is bounded.
 
 **Greetings.** A ``fresh_per_call`` service's (``greets``) pooled containers may be greeted as
 soon as they started, so that a call of the fabric endpoint costs the take and the call only.
@@ -104,6 +121,14 @@ IMAGE_CHECK_SECONDS = 30.0
 # Output a pooled server may write to stdout before anyone spoke to it (kept, and given to
 # the session first); more than that and it is not a well-behaved stdio server: removed.
 EARLY_STDOUT_BYTES = 64 * 1024
+# A per-call service's target counts its takes within this window (see "Refills at the rate
+# of consumption"): long enough that a service called in bursts a few times a minute keeps a
+# pool the size of a burst (a shorter one would start containers only to remove them unused
+# before the next burst), short enough that an idle service gives the memory back soon.
+RATE_WINDOW_SECONDS = 60.0
+# A per-call service's target never exceeds max(warm, this): one session's calls in flight at
+# once (fabric_router.MAX_PER_CALL_CONTAINERS), so that a session's full fan-out finds a pool.
+PER_CALL_CEILING = 8
 
 # --- the machine ----------------------------------------------------------------------------
 
@@ -137,9 +162,14 @@ class _Entry:
 
 @dataclass
 class _Service:
-    target: int
+    warm: int  # its base target (the suite's warm)
     shape: Hashable
     fixed_shape: bool  # the suite names its user: every container of it is alike
+    # The most its target may follow its takes (see "Refills at the rate of consumption");
+    # warm for a service that is not per-call: its target is then its warm.
+    ceiling: int = 0
+    # Its takes within the window, oldest first: the newest `ceiling` of them at most.
+    takes: tuple[float, ...] = ()
     # A fresh_per_call service's (see "Greetings"): whether its refills are greeted now.
     greet: bool = False
     generation: int = 0
@@ -151,6 +181,11 @@ class _Service:
 
     def count(self) -> int:
         return len(self.entries)
+
+    @property
+    def target(self) -> int:
+        """How many pooled containers it should have now: its warm, or its recent takes."""
+        return min(self.ceiling, max(self.warm, len(self.takes)))
 
     def ready(self) -> list[_Entry]:
         return [entry for entry in self.entries.values() if entry.state == "ready"]
@@ -169,17 +204,21 @@ class WarmPoolMachine:
         fixed_shape: Iterable[str] = (),
         stages_mounts: bool = False,
         greets: Iterable[str] = (),
+        per_call: Iterable[str] = (),
     ) -> None:
         """``fixed_shape``: services whose suite names the user (their containers have no
         shape); ``stages_mounts``: pooled containers are started with the staging binds;
-        ``greets``: services whose pooled containers are greeted (fresh_per_call)."""
+        ``greets``: services whose pooled containers are greeted (fresh_per_call);
+        ``per_call``: services whose target follows their takes (fresh_per_call)."""
         fixed = frozenset(fixed_shape)
+        rated = frozenset(per_call)
         self._greets = frozenset(greets)
         self._services = {
             name: _Service(
                 target,
                 None if name in fixed else initial_shape,
                 fixed_shape=name in fixed,
+                ceiling=max(target, PER_CALL_CEILING) if name in rated else target,
             )
             for name, target in targets.items()
             if target > 0
@@ -210,6 +249,12 @@ class WarmPoolMachine:
         found = self._services.get(service)
         return len(found.ready()) if found is not None else 0
 
+    def target(self, service: str) -> int:
+        """How many pooled containers ``service`` should have now (its warm, or more for a
+        per-call service recently called: see "Refills at the rate of consumption")."""
+        found = self._services.get(service)
+        return found.target if found is not None else 0
+
     @property
     def total(self) -> int:
         return sum(service.count() for service in self._services.values())
@@ -234,13 +279,19 @@ class WarmPoolMachine:
     @property
     def deadline(self) -> float | None:
         """When the machine next needs a :class:`Tick` (None: no time-based work is due):
-        the next image check, or the end of a back-off that holds a service's refill."""
+        the next image check, the end of a back-off that holds a service's refill, or when a
+        per-call service's oldest take leaves the window while its target is above warm."""
         if self._stopping:
             return None
         waiting = [
             service.retry_at
             for service in self._services.values()
             if service.count() < service.target and service.retry_at > self._now
+        ]
+        waiting += [
+            service.takes[0] + RATE_WINDOW_SECONDS
+            for service in self._services.values()
+            if len(service.takes) > service.warm
         ]
         if self._images_at is not None:
             waiting.append(self._images_at)
@@ -252,6 +303,7 @@ class WarmPoolMachine:
         """What to do after ``event`` at ``now``: its answer, then any image check that is
         due and the refills it allows (every event may change what is allowed)."""
         self._now = max(self._now, now)
+        self._forget_takes(self._now)
         match event:
             case Tick():
                 actions: list[Action] = []
@@ -286,18 +338,45 @@ class WarmPoolMachine:
         if self._images_at is not None and self._images_at <= now:
             self._images_at = None
             actions.append(CheckImages(tuple(sorted(self._services))))
-        return actions + self._starts(now)
+        return actions + self._trim() + self._starts(now)
 
     # --- refills ----------------------------------------------------------------------------
+
+    def _forget_takes(self, now: float) -> None:
+        """Takes that left the window no longer count (see "Refills at the rate of
+        consumption")."""
+        for service in self._services.values():
+            if service.takes and service.takes[0] + RATE_WINDOW_SECONDS <= now:
+                service.takes = tuple(t for t in service.takes if t + RATE_WINDOW_SECONDS > now)
+
+    def _trim(self) -> list[Action]:
+        """A per-call service's target fell below what it pools: its oldest ready containers
+        above the target are removed (starting ones are, when ready, if still above it)."""
+        actions: list[Action] = []
+        for name, service in self._services.items():
+            surplus = service.count() - service.target
+            for entry in service.ready()[: max(0, surplus)]:
+                del service.entries[entry.token]
+                actions.append(RemovePooled(entry.token, name, "surplus"))
+        return actions
+
+    def _room_beyond_warm(self) -> bool:
+        """Whether a container above its service's warm may start: every service's warm
+        still fits under the cap beside it (growth never takes another service's room)."""
+        held = sum(max(s.count(), s.warm) for s in self._services.values())
+        return held < self._max_containers
 
     def _starts(self, now: float) -> list[Action]:
         actions: list[Action] = []
         total = self.total
         while self._starting < self._parallel_starts and total < self._max_containers:
+            beyond = self._room_beyond_warm()
             wanting = [
                 (service.count(), name)
                 for name, service in self._services.items()
-                if service.count() < service.target and service.retry_at <= now
+                if service.count() < service.target
+                and service.retry_at <= now
+                and (service.count() < service.warm or beyond)
             ]
             if not wanting:
                 break
@@ -395,6 +474,10 @@ class WarmPoolMachine:
         refused = self._unfit(event)
         if refused is not None:
             return [Missed(name, refused)]
+        if service.ceiling > service.warm:
+            # Demand, whether or not it is served: the target follows it (the newest `ceiling`
+            # takes are all that can count).
+            service.takes = (*service.takes, self._now)[-service.ceiling :]
         shape = None if service.fixed_shape else event.account
         service.shape = shape
         if name in self._greets:
@@ -487,7 +570,9 @@ class WarmPoolMachine:
         services = tuple(
             (
                 name,
-                s.target,
+                s.warm,
+                s.ceiling,
+                s.takes,
                 s.shape,
                 s.generation,
                 s.failures,

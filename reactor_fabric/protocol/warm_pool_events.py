@@ -30,6 +30,7 @@ RetireReason = Literal[
     "output_invalid",
     "output_before_input",
     "greeting_failed",
+    "surplus",
 ]
 ENDED_REASONS: frozenset[RetireReason] = frozenset(
     ("exited", "output_invalid", "output_before_input", "greeting_failed")

@@ -387,7 +387,8 @@ class SessionDriver:
         self._nursery.start_soon(read_stderr, live, fields)
         # Greeted by the pool (asked for only by a machine that then skips its handshake).
         greeting = container.greeting if isinstance(container, HandedOut) else None
-        await self._feed(BackendStarted(key, greeting if action.greeted else None))
+        greeting = greeting if action.greeted else None
+        await self._feed(BackendStarted(key, greeting, container.name))
 
     def _write(self, action: ToBackend) -> None:
         live = self._live.get(action.key)

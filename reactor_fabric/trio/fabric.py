@@ -40,6 +40,7 @@ from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
+from ..protocol.served import Served
 from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Container, Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
@@ -134,6 +135,10 @@ class SessionRecord:
     # Set by an operator (sessions --end): the session tells its client why and ends.
     ended_by_operator: trio.Event = field(default_factory=trio.Event)
     tool_calls: int = 0  # how many ended so far
+    # The session's containers and the calls each served (its machine's; None until it has
+    # one), and the trio time the machine counts them from (its start).
+    served: Served | None = None
+    served_since: float = 0.0
 
     @property
     def endpoint(self) -> str:

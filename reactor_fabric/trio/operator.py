@@ -27,7 +27,7 @@ from ..observe.audit import now_iso
 from ..observe.metrics import CONTENT_TYPE
 from ..observe.page import PAGE_HEADERS, STATUS_PAGE
 from ..observe.status import SessionView, recent_calls, sessions_json, stats
-from .fabric import Fabric
+from .fabric import Fabric, SessionRecord
 from .http_server import HttpExchange
 
 SESSIONS_PREFIX = "/api/sessions/"
@@ -101,6 +101,19 @@ def session_views(fabric: Fabric) -> dict[str, SessionView]:
                 "started_at": now_iso(record.started_at),
             }
         )
+    wall = time.time()
+
+    def served(record: SessionRecord) -> list[dict[str, Any]]:
+        """Which container served which call (fabric endpoint sessions), wall-clock times."""
+        if record.served is None:
+            return []
+        shown = record.served.wall_records(record.served_since, wall - (now - record.served_since))
+        for entry in shown:
+            for name in ("started_at", "ended_at"):
+                at = entry.pop(name)
+                entry[name] = None if at is None else now_iso(at)
+        return shown
+
     return {
         session_id: SessionView(
             id=session_id,
@@ -112,6 +125,7 @@ def session_views(fabric: Fabric) -> dict[str, SessionView]:
             started_at=record.started_at,
             idle_seconds=now - record.last_active,
             containers=containers.get(session_id, []),
+            recent_containers=served(record),
         )
         for session_id, record in fabric.sessions.items()
     }

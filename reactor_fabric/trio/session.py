@@ -276,15 +276,17 @@ def _relay_driver(
     lease: LeasedClient | None,
 ) -> SessionDriver:
     """The driver of a new relay session: its machine, run against the session's host."""
+    now = trio.current_time()
     machine = SessionMachine(
         service_name=service_name,
         idle_timeout=service.idle_timeout_seconds,
         limits=fabric.session_limits(service),
-        now=trio.current_time(),
+        now=now,
         audit_arguments=fabric.audit_arguments,
         client_lease=lease.lease_seconds if lease is not None else None,
         lifecycle=lifecycle_of(service),
     )
+    record.served, record.served_since = machine.served, now
     host = ContainerHost(fabric, record)
     return SessionDriver(machine, channel, host, record=record, endpoint=service_name, lease=lease)
 
@@ -343,6 +345,7 @@ async def _fabric_driver(
         buffer_to_server_bytes=buffer_to_server,
         client_lease=lease.lease_seconds if lease is not None else None,
     )
+    record.served, record.served_since = machine.served, machine.started_at
     host = ContainerHost(fabric, record)
     return SessionDriver(
         machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT, lease=lease

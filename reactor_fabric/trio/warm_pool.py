@@ -1,8 +1,9 @@
 """The warm pool: started, idle containers, handed to sessions instead of starting one.
 
-A service with ``warm: N`` keeps N containers started, their MCP server running and waiting on
-stdin with no handshake done: the session's own first message is the first thing the server
-sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
+A service with ``warm: N`` keeps N containers started (a ``fresh_per_call`` one more while it is
+called often: its pool follows its calls of the last minute), their MCP server running and
+waiting on stdin with no handshake done: the session's own first message is the first thing
+the server sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
 :func:`~reactor_fabric.trio.containers.start_container`, so speculative starts after
 ``fabric/registerClient`` and the fabric endpoint's lazy starts take from it too); the pool
 refills in the background. What to start, hand out and remove — refills and their back-off,
@@ -136,6 +137,11 @@ class WarmPool:
         self._staging = staging
         settings = fabric.suite.orchestrator.warm_pool
         services = fabric.suite.mcp_services
+        per_call = [
+            name
+            for name, service in services.items()
+            if service.strategy == "fresh_per_call" and service.warm
+        ]
         self.machine = WarmPoolMachine(
             {name: service.warm for name, service in services.items()},
             max_containers=settings.max_containers,
@@ -143,11 +149,8 @@ class WarmPool:
             initial_shape=UNPRIVILEGED,
             fixed_shape=[name for name, service in services.items() if service.user is not None],
             stages_mounts=staging is not None,
-            greets=[
-                name
-                for name, service in services.items()
-                if service.strategy == "fresh_per_call" and service.warm
-            ],
+            greets=per_call,
+            per_call=per_call,
         )
         self._entries: dict[int, _Pooled] = {}
         self._discarding: dict[int, _Pooled] = {}

@@ -10,7 +10,9 @@ with ``memory_threshold: 32m``, and ``aging`` (the same server) ``smart_refresh`
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,25 @@ def records(fabric: Orchestrator, session: str, event: str, service: str) -> lis
     ]
 
 
+def api_session(fabric: Orchestrator, session: str) -> dict[str, Any]:
+    """The session as the operators' ``/api/sessions`` shows it."""
+    request = urllib.request.Request(f"{fabric.http_url}/api/sessions", headers=fabric.auth_header)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        sessions = json.load(response)["sessions"]
+    [shown] = [s for s in sessions if s["id"] == session]
+    return dict(shown)
+
+
+def per_call_shown(containers: list[dict[str, Any]]) -> list[tuple[str, str, Any]]:
+    """Each container of ``everything`` shown: its name, stop reason and the call it served."""
+    shown = []
+    for c in containers:
+        if c["server"] == "everything":
+            [served] = c["recent_calls"]
+            shown.append((c["container"], c["stop_reason"], (served["name"], served["method"])))
+    return shown
+
+
 def test_five_calls_to_a_per_call_service_run_in_five_containers_each_gone_after_its_call(
     fabric: Orchestrator, docker_client: docker.DockerClient
 ) -> None:
@@ -109,6 +130,18 @@ def test_five_calls_to_a_per_call_service_run_in_five_containers_each_gone_after
         assert not any(r["respawn"] for r in starts)
         stops = records(fabric, session, "container_stop", "everything")
         assert {r["reason"] for r in stops} == {"call_done"}
+        # get_status and /api/sessions show which container served which call: five
+        # distinct containers, each ended after its one echo call.
+        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        from_status = per_call_shown(status["structured"]["recent_containers"])
+        from_api = per_call_shown(api_session(fabric, session)["recent_containers"])
+        for shown in (from_status, from_api):
+            assert len(shown) == 5, shown
+            assert len({name for name, _, _ in shown}) == 5, shown
+            assert all(name.startswith("rf-everything-") for name, _, _ in shown), shown
+            assert {(reason, call) for _, reason, call in shown} == {
+                ("call_done", ("echo", "tools/call"))
+            }
     finally:
         client.close()
     wait_until(lambda: containers_of(docker_client, session=session) == [], what="no leftovers")

@@ -25,6 +25,7 @@ from tests.integration.harness import (
     wait_until,
     write_suite,
 )
+from tests.integration.test_fabric_lifecycles_e2e import api_session
 from tests.integration.test_observability_e2e import calls_in, ended, records_of
 from tests.integration.test_warm_pool_e2e import ready, wait_for_pool
 
@@ -103,6 +104,17 @@ def test_five_calls_to_a_per_call_service_run_in_five_pooled_containers_each_gon
             [*_, container] = served(fabric, session, n + 1)
             containers.append(container)
             wait_until(lambda: gone(docker_client, container), what="its container gone")  # noqa: B023
+        # /api/sessions shows which container served which request: each its own (the SDK's
+        # tools/list after the first call too), ended after its one request.
+        shown = api_session(fabric, session)["recent_containers"]
+        assert {(c["state"], c["stop_reason"], c["calls"]) for c in shown} == {
+            ("ended", "call_done", 1)
+        }, shown
+        calls = [c for c in shown if c["recent_calls"][0]["method"] == "tools/call"]
+        assert [c["recent_calls"][0]["name"] for c in calls] == ["write_file"] + [
+            "read_text_file"
+        ] * 4
+        assert len({c["container"] for c in calls}) == 5
     finally:
         assert client.close() == 0
     assert len(set(containers)) == 5
@@ -113,11 +125,14 @@ def test_five_calls_to_a_per_call_service_run_in_five_pooled_containers_each_gon
     # The handshake's container was the pool's, and so was every fresh one.
     assert [starts[c]["pooled"] for c in containers] == [True] * 5
     assert [starts[c]["respawn"] for c in containers] == [False] + [True] * 4
-    # Nothing leaks: the session's containers are gone, the pool holds its one.
+    # Nothing leaks: the session's containers are gone. The pool refilled at the rate it was
+    # consumed: as many ready as the session took within its window (six: the five calls and
+    # the SDK's tools/list), where warm: 1 would leave the next calls to find it empty.
     for container in starts:
         assert gone(docker_client, container)
-    wait_for_pool(fabric, "filesystem", 1)
-    assert ready(fabric)["filesystem"] == 1
+    assert all(start["pooled"] for start in starts.values())
+    wait_for_pool(fabric, "filesystem", len(starts))
+    assert ready(fabric)["filesystem"] == len(starts) == 6
 
 
 def test_smart_refresh_replaces_the_container_after_its_calls_the_client_seeing_no_error(

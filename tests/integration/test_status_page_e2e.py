@@ -37,7 +37,11 @@ WAIT_SECONDS = 30
 def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
     home = tmp_path_factory.mktemp("status-page")
     (home / "projects").mkdir()
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
+    suite = write_suite(
+        home / "suite.yaml",
+        [str(home / "projects")],
+        service_fields={"everything": {"container_strategy": "fresh_per_call"}},
+    )
     with orchestrator(suite, home / "orchestrator.log") as running:
         yield running
 
@@ -161,6 +165,36 @@ def test_a_session_appears_with_its_container_its_calls_show_with_their_outcome_
     wait_for(browser, lambda d: not rows(d, "sessions", session=session), "the session's end")
     assert row is not None
     assert problems_in_console(browser) == []  # nothing the content security policy blocked
+
+
+def test_the_page_shows_which_container_served_each_call_of_a_per_call_service(
+    fabric: Orchestrator, browser: webdriver.Chrome
+) -> None:
+    console(browser)  # what earlier tests left
+    browser.get(f"{fabric.http_url}/?token={fabric.token}")
+    client = python2_client(f"{fabric.http_url}/mcp?tools=all", "legacy")
+    try:
+        assert client.ask({"op": "initialize"})["server"] == "reactor-fabric"
+        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        session = status["structured"]["session_id"]
+        for n in range(2):
+            echo = {"op": "call", "name": "everything__echo", "arguments": {"message": f"m{n}"}}
+            assert client.ask(echo)["ok"]
+
+        def served(driver: webdriver.Chrome) -> list[str]:
+            selector = f'#sessions tr[data-session="{session}"] [data-served]'
+            shown = [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+            return shown if len(shown) == 2 and all("call_done" in t for t in shown) else []
+
+        first, second = wait_for(browser, served, "two per-call containers, each ended")
+        for sequence, line in ((1, first), (2, second)):
+            # "everything #1 rf-everything-… ended (call_done): echo #2"
+            assert line.startswith(f"everything #{sequence} rf-everything-"), line
+            assert "ended (call_done): echo #" in line, line
+        assert first.split()[2] != second.split()[2]  # two containers
+    finally:
+        client.close()
+    assert problems_in_console(browser) == []
 
 
 def test_an_operator_ends_a_session_from_the_page(

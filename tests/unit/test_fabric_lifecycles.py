@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import (
     CALL_DONE,
     NOT_NEEDED,
@@ -25,6 +26,7 @@ from reactor_fabric.protocol.events import (
     BackendLine,
     BackendMeasured,
     BackendStarted,
+    BackendStartFailed,
     CallRef,
     ClientFrame,
     ClientGone,
@@ -38,6 +40,7 @@ from reactor_fabric.protocol.events import (
     ToClient,
 )
 from reactor_fabric.protocol.fabric_server import MAX_PER_CALL_CONTAINERS, FabricServer, Lifecycle
+from reactor_fabric.protocol.served import MAX_CALLS_EACH, MAX_ENDED, MAX_ID_CHARS
 from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.unit.test_fabric_server import Clock, msg, session, to_client
 
@@ -491,3 +494,111 @@ def test_a_smart_refresh_container_reaching_its_age_under_a_call_finishes_it_fir
     [reply] = to_client(answered)
     assert reply["id"] == 1
     assert stopped(answered) == [(first, REFRESH_AGE)]
+
+
+# --- which container served which call (get_status; /api/sessions shows the same) ------------
+
+
+def status_of(server: FabricServer, clock: Clock, request_id: object) -> dict[str, Any]:
+    msg_ = msg(id=request_id, method="tools/call", params={"name": "get_status", "arguments": {}})
+    [status] = to_client(fed(server, clock, ClientFrame(msg_)))
+    result: dict[str, Any] = status["result"]["structuredContent"]
+    return result
+
+
+def served_call(
+    server: FabricServer, clock: Clock, request_id: object, *, name: str | None = None
+) -> tuple[BackendKey | None, list[Action]]:
+    """A call answered by its backend: a fresh one (named ``rf-time-SEQ``, started a second
+    after it was asked for) when it starts one, the current one otherwise."""
+    actions = call(server, clock, request_id)
+    keys = started_keys(actions)
+    if keys:
+        [key] = keys
+        clock.now += 1
+        started = fed(server, clock, BackendStarted(key, container=f"rf-time-{key.seq}"))
+        [handshake] = sent(started, key)
+        reply = msg(id=handshake["id"], result={"capabilities": {}, "serverInfo": {}})
+        [_initialized, request] = sent(fed(server, clock, BackendLine(key, reply)), key)
+    else:
+        [key] = [backend.key for backend in server.backends.values()]
+        [request] = sent(actions, key)
+    clock.now += 1
+    return key, answer(server, clock, key, request)
+
+
+def test_get_status_shows_five_containers_for_five_per_call_calls_each_with_its_call() -> None:
+    server, clock = per_call_session()
+    for request_id in range(1, 6):
+        served_call(server, clock, request_id)
+    shown = status_of(server, clock, 99)["recent_containers"]
+    assert [(c["sequence"], c["container"]) for c in shown] == [
+        (seq, f"rf-time-{seq}") for seq in range(1, 6)
+    ]
+    for request_id, container in enumerate(shown, start=1):
+        assert container["server"] == "time"
+        assert container["lifecycle"] == "fresh_per_call"
+        assert (container["state"], container["stop_reason"]) == ("ended", CALL_DONE)
+        assert container["calls"] == 1
+        assert container["recent_calls"] == [
+            {"id": request_id, "method": "tools/call", "name": "get_current_time"}
+        ]
+        # Asked for, started a second later, ended once its call was answered a second after.
+        assert container["ended"] - container["started"] == 1.0
+
+
+def test_get_status_shows_a_per_call_container_running_while_its_call_is_in_flight() -> None:
+    server, clock = per_call_session()
+    [key] = started_keys(call(server, clock, "a"))
+    [starting] = status_of(server, clock, 98)["recent_containers"]
+    assert (starting["state"], starting["container"], starting["started"]) == (
+        "starting",
+        None,
+        None,
+    )
+    fed(server, clock, BackendStarted(key, container="rf-time-pool-x-3"))
+    [running] = status_of(server, clock, 99)["recent_containers"]
+    assert (running["state"], running["container"]) == ("running", "rf-time-pool-x-3")
+    assert running["recent_calls"] == [
+        {"id": "a", "method": "tools/call", "name": "get_current_time"}
+    ]
+
+
+def test_get_status_shows_which_calls_each_smart_refresh_container_took_before_its_refresh() -> (
+    None
+):
+    server, clock = per_call_session(lifecycles={"time": Lifecycle("smart_refresh", max_calls=2)})
+    for request_id in (1, 2, 3):
+        served_call(server, clock, request_id)
+    first, second = status_of(server, clock, 99)["recent_containers"]
+    assert (first["state"], first["stop_reason"], first["calls"]) == ("ended", REFRESH_CALLS, 2)
+    assert [c["id"] for c in first["recent_calls"]] == [1, 2]
+    assert (second["state"], second["stop_reason"], second["calls"]) == ("running", None, 1)
+    assert [c["id"] for c in second["recent_calls"]] == [3]
+    assert second["lifecycle"] == "smart_refresh"
+
+
+def test_what_get_status_keeps_of_past_containers_and_calls_is_bounded() -> None:
+    server, clock = per_call_session()
+    for request_id in range(MAX_ENDED + 10):
+        served_call(server, clock, request_id)
+    shown = status_of(server, clock, "s")["recent_containers"]
+    assert [c["sequence"] for c in shown] == list(range(11, MAX_ENDED + 11))  # the newest
+    # A reused container keeps its newest calls only, and counts them all; a long id is cut.
+    server, clock = per_call_session(lifecycles={})
+    for request_id in range(MAX_CALLS_EACH + 5):
+        served_call(server, clock, request_id)
+    served_call(server, clock, "x" * 10_000)
+    [container] = status_of(server, clock, "s")["recent_containers"]
+    assert container["calls"] == MAX_CALLS_EACH + 6
+    ids = [c["id"] for c in container["recent_calls"]]
+    assert ids == [*range(6, MAX_CALLS_EACH + 5), "x" * MAX_ID_CHARS]
+
+
+def test_a_per_call_container_that_failed_to_start_is_shown_ended_with_why() -> None:
+    server, clock = per_call_session()
+    [key] = started_keys(call(server, clock, 1))
+    failure = ContainerStartFailure("no such image", reason="start_failed")
+    fed(server, clock, BackendStartFailed(key, failure))
+    [container] = status_of(server, clock, 2)["recent_containers"]
+    assert (container["state"], container["stop_reason"]) == ("ended", "start_failed")

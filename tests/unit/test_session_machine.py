@@ -116,7 +116,7 @@ class Run:
 
     def ready(self, seq: int = 0) -> None:
         """StartBackend container ``seq`` and let it start (after a first client frame)."""
-        self.do(BackendStarted(K(seq)))
+        self.do(BackendStarted(K(seq), container=f"rf-svc-{seq}"))
         self.drain(seq)
 
     def drain(self, seq: int) -> None:
@@ -921,3 +921,50 @@ def test_a_measurement_of_a_container_that_died_meanwhile_is_ignored() -> None:
     run.do(BackendExited(K(0), exit_code=1))
     assert run.do(BackendMeasured(K(0), 5000)) == []
     assert stops(run) == [(0, "exited")]
+
+
+# --- which container served which request (/api/sessions, the status page) ------------------
+
+
+def test_the_relay_tells_which_per_call_container_served_each_request_and_why_it_went() -> None:
+    run = Run(lifecycle=PER_CALL)
+    run.handshake()
+    for seq, request_id in enumerate((2, 3, 4)):
+        run.now += 1
+        run.client(call(request_id, name=f"tool{request_id}"))
+        if seq:
+            run.ready(seq)
+            run.server(seq, response(run.written(seq)[0]["id"]))  # the replayed initialize
+        run.drain(seq)
+        run.now += 1
+        run.server(seq, response(request_id))
+    shown = run.machine.served.records(0.0)
+    assert [(c["sequence"], c["container"], c["state"], c["stop_reason"]) for c in shown] == [
+        (0, "rf-svc-0", "ended", CALL_DONE),
+        (1, "rf-svc-1", "ended", CALL_DONE),
+        (2, "rf-svc-2", "ended", CALL_DONE),
+    ]
+    # Each served the one call it was fresh for (the handshake and its replays are not calls).
+    assert [c["recent_calls"] for c in shown] == [
+        [{"id": n, "method": "tools/call", "name": f"tool{n}"}] for n in (2, 3, 4)
+    ]
+    assert {c["lifecycle"] for c in shown} == {"fresh_per_call"}
+    assert [c["ended"] for c in shown] == [2.0, 4.0, 6.0]
+
+
+def test_the_relay_names_a_call_with_large_params_by_its_method_only() -> None:
+    run = Run()
+    run.handshake()
+    big = request(2, "tools/call", {"name": "t", "arguments": {"x": "y" * 10_000}})
+    run.client(big)
+    [container] = run.machine.served.records(0.0)
+    assert container["recent_calls"] == [{"id": 2, "method": "tools/call", "name": None}]
+    assert (container["state"], container["calls"]) == ("running", 1)
+
+
+def test_the_relay_shows_a_container_that_failed_to_start_ended_with_why() -> None:
+    run = Run()
+    run.client(INITIALIZE)
+    run.do(BackendStartFailed(K(0), ContainerStartFailure("no image", reason="start_failed")))
+    [container] = run.machine.served.records(0.0)
+    assert (container["state"], container["stop_reason"]) == ("ended", "start_failed")

@@ -14,6 +14,8 @@ from reactor_fabric.protocol.warm_pool import (
     EARLY_STDOUT_BYTES,
     HEALTHY_SECONDS,
     IMAGE_CHECK_SECONDS,
+    PER_CALL_CEILING,
+    RATE_WINDOW_SECONDS,
     WarmPoolMachine,
 )
 from reactor_fabric.protocol.warm_pool_events import (
@@ -53,6 +55,7 @@ def machine(
     fixed_shape: tuple[str, ...] = (),
     stages_mounts: bool = False,
     greets: tuple[str, ...] = (),
+    per_call: tuple[str, ...] = (),
 ) -> WarmPoolMachine:
     return WarmPoolMachine(
         targets if targets is not None else {"time": 2},
@@ -62,6 +65,7 @@ def machine(
         fixed_shape=fixed_shape,
         stages_mounts=stages_mounts,
         greets=greets,
+        per_call=per_call,
     )
 
 
@@ -457,6 +461,156 @@ def test_a_container_greeted_after_the_stop_is_removed_not_ready() -> None:
     assert removals(actions) == [RemovePooled(action.token, "time", "stopping")]
     assert pool.total == 0
     assert pool.starting == 0
+
+
+# --- refills at the rate of consumption (per-call services) ---------------------------------
+
+
+def drain(pool: WarmPoolMachine, pending: list[StartPooled], now: float) -> tuple[int, int]:
+    """Complete starts one at a time, oldest first, until none is left: how many completed,
+    and the most that were starting at once meanwhile."""
+    done, most = 0, pool.starting
+    while pending:
+        action = pending.pop(0)
+        actions = feed(pool, StartSucceeded(action.token), now)
+        pending += [a for a in actions if isinstance(a, StartPooled)]
+        done += 1
+        most = max(most, pool.starting)
+    return done, most
+
+
+def burst(pool: WarmPoolMachine, service: str, calls: int, now: float) -> list[StartPooled]:
+    """``calls`` takes at ``now`` (a session each, greeted or not alike): the starts asked."""
+    starts: list[StartPooled] = []
+    for _ in range(calls):
+        actions = feed(pool, Take(service, NOBODY), now)
+        for claim in [a for a in actions if isinstance(a, Claim)]:
+            actions += feed(pool, Watched(claim.token), now)
+        starts += [a for a in actions if isinstance(a, StartPooled)]
+        assert pool.starting <= pool._parallel_starts  # the refill bound, at every take
+    return starts
+
+
+def test_a_per_call_services_pool_grows_to_its_calls_in_the_window_within_parallel_starts() -> None:
+    pool = machine({"agent": 2}, parallel=2, per_call=("agent",))
+    fill(pool)
+    assert pool.pooled("agent") == 2
+    pending = burst(pool, "agent", 6, now=1.0)
+    # Six calls took (two hits, four misses): six are wanted now, two starting at a time.
+    assert pool.target("agent") == 6
+    assert len(pending) == 2
+    done, most = drain(pool, pending, now=2.0)
+    assert (done, most) == (6, 2)  # a trickle of refills, never a storm
+    assert pool.ready("agent") == 6
+    # The next burst of the same size is served from the pool entirely.
+    hits = [take(pool, "agent", NOBODY, now=3.0)[1] for _ in range(6)]
+    assert hits == ["hit"] * 6
+
+
+def test_a_burst_larger_than_the_ceiling_grows_the_pool_to_the_ceiling_only() -> None:
+    pool = machine({"agent": 1}, parallel=2, max_containers=64, per_call=("agent",))
+    fill(pool)
+    pending = burst(pool, "agent", 100, now=1.0)
+    assert pool.target("agent") == PER_CALL_CEILING
+    _, most = drain(pool, pending, now=2.0)
+    assert most <= 2
+    assert pool.pooled("agent") == PER_CALL_CEILING
+    # What is kept of the takes is bounded by the ceiling, however many there were.
+    assert len(pool._services["agent"].takes) == PER_CALL_CEILING
+
+
+def test_a_per_call_service_whose_warm_is_above_the_ceiling_keeps_its_warm() -> None:
+    pool = machine(
+        {"agent": PER_CALL_CEILING + 2}, parallel=4, max_containers=64, per_call=("agent",)
+    )
+    fill(pool)
+    drain(pool, burst(pool, "agent", 30, now=1.0), now=1.0)
+    assert pool.pooled("agent") == PER_CALL_CEILING + 2
+
+
+def test_an_idle_per_call_service_decays_back_to_warm_one_take_at_a_time_oldest_first() -> None:
+    pool = machine({"agent": 1}, parallel=2, per_call=("agent",))
+    fill(pool)
+    # Four calls, at 10, 11, 12 and 13 s: the pool grows to four.
+    pending: list[StartPooled] = []
+    for second in (10.0, 11.0, 12.0, 13.0):
+        pending += burst(pool, "agent", 1, now=second)
+    drain(pool, pending, now=14.0)
+    assert pool.ready("agent") == 4
+    oldest_first = sorted(e.token for e in pool._services["agent"].entries.values())
+    # Idle: each take leaves the window at its own deadline, and one surplus container goes.
+    steps: list[tuple[float, list[RemovePooled]]] = []
+    while pool.pooled("agent") > 1:
+        deadline = pool.deadline
+        assert deadline is not None
+        actions = feed(pool, Tick(), deadline)
+        assert started(actions) == []  # nothing is started while the target falls
+        if removals(actions):
+            steps.append((deadline, removals(actions)))
+    window = RATE_WINDOW_SECONDS
+    assert [(at, [(r.token, r.reason) for r in gone]) for at, gone in steps] == [
+        (10.0 + window, [(oldest_first[0], "surplus")]),
+        (11.0 + window, [(oldest_first[1], "surplus")]),
+        (12.0 + window, [(oldest_first[2], "surplus")]),
+    ]
+    assert pool.target("agent") == 1
+    # Back at warm; the last take leaves the window too, and nothing more goes.
+    assert feed(pool, Tick(), 13.0 + window) == []
+    assert pool._services["agent"].takes == ()
+    assert pool.pooled("agent") == 1
+
+
+def test_a_start_completing_after_the_target_fell_leaves_the_pool_at_its_target() -> None:
+    pool = machine({"agent": 1}, parallel=2, per_call=("agent",))
+    fill(pool)
+    first, second = burst(pool, "agent", 3, now=0.0)  # target 3; two starts at a time
+    # The window ends while both start: the target is 1 again, but nothing is ready to go.
+    assert removals(feed(pool, Tick(), RATE_WINDOW_SECONDS + 1.0)) == []
+    assert pool.target("agent") == 1
+    actions = feed(pool, StartSucceeded(first.token), RATE_WINDOW_SECONDS + 2.0)
+    assert [(r.token, r.reason) for r in removals(actions)] == [(first.token, "surplus")]
+    actions = feed(pool, StartSucceeded(second.token), RATE_WINDOW_SECONDS + 3.0)
+    assert removals(actions) == []
+    assert started(actions) == []
+    assert pool.ready("agent") == 1
+
+
+def test_a_per_call_service_grows_only_into_room_no_other_services_warm_needs() -> None:
+    pool = machine({"agent": 1, "git": 2}, parallel=4, max_containers=4, per_call=("agent",))
+    fill(pool)
+    drain(pool, burst(pool, "agent", 5, now=1.0), now=1.0)
+    # 4 in all, 2 of them git's warm: the agent has the other 2, though it wants 5.
+    assert (pool.pooled("agent"), pool.pooled("git")) == (2, 2)
+    # git's take is refilled for git, never given to the agent's growth.
+    assert take(pool, "git", NOBODY, now=2.0)[1] == "hit"
+    fill(pool, now=2.0)
+    assert (pool.pooled("agent"), pool.pooled("git")) == (2, 2)
+
+
+def test_a_service_that_is_not_per_call_keeps_its_warm_whatever_its_takes() -> None:
+    pool = machine({"time": 2}, parallel=2)
+    fill(pool)
+    drain(pool, burst(pool, "time", 6, now=1.0), now=1.0)
+    assert pool.target("time") == 2
+    assert pool.pooled("time") == 2
+
+
+def test_the_per_call_ceiling_is_the_calls_one_session_may_have_in_flight() -> None:
+    # (kept apart so that the pool's machine does not import the router's)
+    from reactor_fabric.protocol.fabric_router import MAX_PER_CALL_CONTAINERS  # noqa: PLC0415
+
+    assert PER_CALL_CEILING == MAX_PER_CALL_CONTAINERS
+
+
+def test_takes_no_pooled_container_could_serve_do_not_raise_the_target() -> None:
+    pool = machine({"agent": 1}, parallel=2, per_call=("agent",))
+    fill(pool)
+    for _ in range(3):  # mounts the pool cannot place (no staging area)
+        assert take(pool, "agent", NOBODY, mounts=True, placeable=True)[1] == "mounts"
+    assert pool.target("agent") == 1
+    feed(pool, Shutdown(), 1.0)
+    assert take(pool, "agent", NOBODY, now=1.0)[1] == "stopping"
+    assert pool.target("agent") == 1
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -33,7 +33,12 @@ Invariants:
   what is claimed;
 - a greeted container (a ``fresh_per_call`` service's, greeted on the fabric endpoint's
   demand) goes only to a session that may take one, a greeting is part of its start (within
-  the cap and ``parallel_starts``), and one that failed it is removed, never ready.
+  the cap and ``parallel_starts``), and one that failed it is removed, never ready;
+- a per-call service's refills follow its takes (the world counts them itself): it never pools
+  more than its takes within the window (at least its warm, at most its ceiling), a container
+  above its warm starts only while every service's warm still fits under the cap beside it, a
+  ``surplus`` removal happens only above its target, and once an event is handled, a service
+  above its target has no ready container left (the surplus was removed).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ import pytest
 from reactor_fabric.protocol.warm_pool import (
     EARLY_STDOUT_BYTES,
     IMAGE_CHECK_SECONDS,
+    PER_CALL_CEILING,
+    RATE_WINDOW_SECONDS,
     WarmPoolMachine,
     _shallow,
 )
@@ -82,6 +89,8 @@ from tests.orderings import LazyTrail, Trail, Violation, check
 TARGETS = {"a": 2, "b": 1}  # together more than the cap: rationing is exercised
 FIXED = ("b",)  # b's suite names its user: its containers have one shape
 GREETS = ("a",)  # a is fresh_per_call: its pooled containers are greeted on demand
+# Services whose refills follow their takes (set for the rate world below: a's there).
+PER_CALL: tuple[str, ...] = ()
 MAX_CONTAINERS = 2
 PARALLEL_STARTS = 2
 X, Y = "account-x", "account-y"
@@ -150,6 +159,7 @@ class World:
     check: tuple[str, ...] | None = None  # an image check the machine asked for
     checks: int = 0
     takes: int = 0
+    demand: tuple[float, ...] = ()  # when per-call service a was taken from (in the window)
     misfortunes: int = 0
     staging_lost: bool = False
     stopping: bool = False
@@ -173,6 +183,7 @@ class World:
             self.check,
             self.checks,
             self.takes,
+            self.demand,
             self.misfortunes,
             self.staging_lost,
             self.stopping,
@@ -180,6 +191,21 @@ class World:
 
     def in_pool(self, *states: str) -> list[Box]:
         return [box for box in self.boxes.values() if box.state in states]
+
+
+def target_of(world: World, service: str) -> int:
+    """A service's target as the rule says, from the world's own count of its takes."""
+    warm = TARGETS[service]
+    if service not in PER_CALL:
+        return warm
+    recent = [t for t in world.demand if t + RATE_WINDOW_SECONDS > world.now]
+    return min(max(warm, PER_CALL_CEILING), max(warm, len(recent)))
+
+
+def pooled_of(world: World, service: str) -> int:
+    return sum(
+        1 for box in world.in_pool("starting", "greeting", "ready") if box.service == service
+    )
 
 
 def fits(box: Box, service: str, account: Any) -> bool:
@@ -199,10 +225,16 @@ def apply(world: World, event: Event, actions: list[Action], trail: list[str]) -
                 world.boxes[token] = Box(token, service, shape, staged, world.generation[service])
                 pooled = world.in_pool("starting", "greeting", "ready")
                 check(len(pooled) <= MAX_CONTAINERS, "the global cap exceeded", trail)
-                starting = world.in_pool("starting", "greeting")
+                # (the start this event completed is no longer one, though the world marks it
+                # ready only after the machine answered: its slot may go to this start)
+                done = finished(event, actions)
+                starting = [b for b in world.in_pool("starting", "greeting") if b.token != done]
                 check(len(starting) <= PARALLEL_STARTS, "too many starts at once", trail)
                 mine = [box for box in pooled if box.service == service]
-                check(len(mine) <= TARGETS[service], f"{service} above its target", trail)
+                check(len(mine) <= target_of(world, service), f"{service} above its target", trail)
+                if len(mine) > TARGETS[service]:
+                    held = sum(max(pooled_of(world, name), warm) for name, warm in TARGETS.items())
+                    check(held <= MAX_CONTAINERS, f"{service} grew into another's warm", trail)
             case GreetPooled(token=token, service=service):
                 box = world.boxes.get(token)
                 check(event == StartSucceeded(token), f"{token} greeted unstarted", trail)
@@ -232,6 +264,18 @@ def apply(world: World, event: Event, actions: list[Action], trail: list[str]) -
                 world.generation[service] += 1
 
 
+def finished(event: Event, actions: list[Action]) -> int | None:
+    """The pooled start ``event`` completed (succeeded, greeted, failed), if it did."""
+    if isinstance(event, StartSucceeded):
+        greeting = (
+            GreetPooled(event.token, "a") in actions or GreetPooled(event.token, "b") in actions
+        )
+        return None if greeting else event.token
+    if isinstance(event, PooledGreeted | PooledGreetingFailed | StartFailed):
+        return event.token
+    return None
+
+
 def removed(world: World, event: Event, token: int, reason: str, trail: list[str]) -> None:
     box = world.boxes.get(token)
     check(box is not None, f"removal of unknown {token}", trail)
@@ -251,6 +295,9 @@ def removed(world: World, event: Event, token: int, reason: str, trail: list[str
         check(box.state == "ready", f"{token} removed when {box.state}", trail)
     if reason == "stopping":
         check(world.stopping, f"{token} removed for a stop before it", trail)
+    if reason == "surplus":
+        above = pooled_of(world, box.service) > target_of(world, box.service)
+        check(above, f"{token} removed as surplus within its target", trail)
     if reason == "image_changed":
         stale = box.generation != world.generation[box.service]
         check(stale, f"{token} removed for an image change it predates", trail)
@@ -400,6 +447,9 @@ def take(world: World, session: Session) -> Event:
     world.takes += 1
     world.answered = False
     service, account, mounts, placeable, greeted = session
+    unfit = world.stopping or (mounts and (world.staging_lost or not placeable))
+    if service in PER_CALL and not unfit:
+        world.demand = (*world.demand, world.now)
     return Take(service, account, mounts, placeable, greeted)
 
 
@@ -455,6 +505,12 @@ def after(world: World, event: Event, trail: list[str]) -> None:
         check(deadline is None or deadline > world.now, f"a Tick left {deadline} due", trail)
     pooled = world.in_pool("starting", "greeting", "ready")
     check(machine.total == len(pooled), f"{machine.total} pooled, the world has {pooled}", trail)
+    world.demand = tuple(t for t in world.demand if t + RATE_WINDOW_SECONDS > world.now)
+    if not world.stopping:
+        for service in TARGETS:
+            ready = [b for b in world.in_pool("ready") if b.service == service]
+            above = pooled_of(world, service) > target_of(world, service)
+            check(not (above and ready), f"{service} keeps a surplus ready", trail)
     check(machine.claimed == len(world.in_pool("claimed")), "claims out of step", trail)
     # Settled for good (nothing more can happen to it): forgotten, so that histories that
     # differ only in those merge. Anything the machine still says about it is then a violation.
@@ -491,6 +547,7 @@ def explore() -> int:
         fixed_shape=FIXED,
         stages_mounts=True,
         greets=GREETS,
+        per_call=PER_CALL,
     )
     start = World(machine)
     first: list[str] = ["begin"]
@@ -537,6 +594,61 @@ def test_every_reachable_state_of_the_warm_pool_keeps_the_invariants(
     states = explore()
     # The whole space was visited (it is this large because every event is tried everywhere).
     assert states >= at_least
+
+
+# A pool where the per-call service a may grow: the cap leaves room beyond every warm; sessions
+# of a (fabric per-call backends) and of b only (the other kinds are explored above).
+RATE_TARGETS = {"a": 1, "b": 1}
+RATE_MAX_CONTAINERS = 3
+RATE_SESSIONS: list[Session] = [("a", X, False, False, True), ("b", Y, False, False, False)]
+
+
+def rate_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "TARGETS", RATE_TARGETS)
+    monkeypatch.setattr(module, "MAX_CONTAINERS", RATE_MAX_CONTAINERS)
+    monkeypatch.setattr(module, "SESSIONS", RATE_SESSIONS)
+    monkeypatch.setattr(module, "PER_CALL", ("a",))
+    monkeypatch.setattr(module, "TAKES", 2)
+    monkeypatch.setattr(module, "MISFORTUNES", 0)
+    monkeypatch.setattr(module, "CHECKS", 1)
+
+
+def test_every_reachable_state_of_a_pool_that_follows_its_takes_keeps_the_invariants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two calls racing refills, the pool growing beyond a's warm and the window's end
+    # shrinking it back, in every order.
+    rate_world(monkeypatch)
+    assert explore() >= 10_000
+
+
+def _no_trim(self: WarmPoolMachine) -> list[Action]:
+    # Forgets to give back what the target no longer asks for.
+    return []
+
+
+def _no_window(self: WarmPoolMachine, now: float) -> None:
+    # Counts every take ever made (the target never falls back).
+    return
+
+
+@pytest.mark.parametrize(
+    ("method", "bug", "caught"),
+    [
+        ("_trim", _no_trim, "keeps a surplus ready"),
+        # (the takes' deadline comes, and the Tick at it changes nothing: a spin)
+        ("_forget_takes", _no_window, "a Tick left .* due"),
+    ],
+    ids=["trim", "window"],
+)
+def test_the_checker_catches_a_pool_that_does_not_shrink_back(
+    monkeypatch: pytest.MonkeyPatch, method: str, bug: Callable[..., Any], caught: str
+) -> None:
+    monkeypatch.setattr(WarmPoolMachine, method, bug)
+    rate_world(monkeypatch)
+    with pytest.raises(Violation, match=caught):
+        explore()
 
 
 def _starts_after_shutdown(self: WarmPoolMachine) -> list[Action]:
