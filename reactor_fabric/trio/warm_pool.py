@@ -127,6 +127,7 @@ class _Pooled:
     watcher: bool = False  # a _watch task was started for it (it sets `watched` when done)
     live: LiveContainer | None = None  # while watched: its stderr's last lines
     greeting: bytes | None = None  # greeted (fresh_per_call): its InitializeResult
+    full_weight: bool = False  # its CPU weight is being (or was) restored already
 
 
 class WarmPool:
@@ -362,6 +363,10 @@ class WarmPool:
         if entry.token not in self._entries:
             return False  # no longer wanted (an image change, a stop): being removed
         log.info("pooled_container_greeted", extra=entry.fields)
+        # Greeted, its server has loaded and waits idle on its stdin: its weight no longer
+        # yields anything to anyone, and restored now (in the background) the call that takes
+        # it runs at full weight from its first instruction, not after an engine call.
+        self._restore_cpu_weight_soon(entry, entry.fields)
         if outcome.rest:
             return entry.token not in self._removed(EarlyOutput(entry.token, len(outcome.rest)))
         return True
@@ -525,12 +530,18 @@ class WarmPool:
             pins.close()  # the mounts hold the directories now
         # Its server now works for a session: the CPU weight of any other container (in the
         # background: an engine call is not worth a session's wait; a few ms at weight 2 are).
-        assert self._nursery is not None
-        self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
+        self._restore_cpu_weight_soon(entry, fields)
         staging = self._staging if entry.staged else None
         return HandedOut(
             entry.token, entry.container, bytes(entry.early_stdout), staging, entry.greeting
         )
+
+    def _restore_cpu_weight_soon(self, entry: _Pooled, fields: dict[str, Any]) -> None:
+        if entry.full_weight:
+            return
+        entry.full_weight = True
+        assert self._nursery is not None
+        self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
 
     async def _restore_cpu_weight(self, entry: _Pooled, fields: dict[str, Any]) -> None:
         try:

@@ -572,6 +572,26 @@ async def test_a_per_call_services_pooled_containers_are_greeted_while_they_wait
         assert metrics.pool_takes.labels("svc", "hit")._value.get() == 3
 
 
+async def test_a_greeted_pooled_container_gets_its_full_cpu_weight_before_anyone_takes_it(
+    tmp_path: Path,
+) -> None:
+    async with warm_pool(tmp_path, strategy=PER_CALL) as h:
+        await h.filled()
+        await h.remove(await h.start(greeted=True))  # a fabric take: refills are greeted
+        await greeted_one_ready(h)
+        [greeted] = [s for s in h.pooled() if s.stdin_lines]
+        # Started at the lowest weight; greeted, its server waits idle: the weight is back
+        # while it waits, so that the call which takes it runs at full weight at once.
+        assert greeted.spec.cpu_shares == POOLED_CPU_SHARES
+        await until(lambda: greeted.id in h.engine.cpu_shares, what="the weight restored")
+        assert h.engine.cpu_shares[greeted.id] == DEFAULT_CPU_SHARES
+        # (a container not greeted keeps the lowest weight until it is handed out)
+        assert all(s.id not in h.engine.cpu_shares for s in h.pooled() if not s.stdin_lines)
+        container = await h.start(greeted=True)
+        assert container.name == greeted.name
+        await h.remove(container)
+
+
 def refuses(container: MemoryServer) -> Any:
     return container.write_stdout(
         json.dumps({"jsonrpc": "2.0", "id": 0, "error": {"code": -1, "message": "no"}}).encode()
