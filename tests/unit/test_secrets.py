@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from reactor_fabric import check_suite_text
+from reactor_fabric._cli import main
 from reactor_fabric.config.secrets import (
     MAX_SECRET_BYTES,
     SecretUnreadable,
@@ -179,3 +180,25 @@ def test_an_unset_or_empty_variable_is_a_problem_that_names_it_not_a_value() -> 
         "secret A: the variable UNSET_ONE is not set in the orchestrator's environment",
         "secret B: the value has fewer than 4 characters (empty?)",
     )
+
+
+def test_validate_config_with_secrets_resolves_every_source_and_prints_no_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = secret_file(tmp_path, 0o644)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        SUITE.format(secrets=f"      TOKEN: {{env: RF_TEST_TOKEN}}\n      KEY: {{file: {token}}}\n")
+    )
+    monkeypatch.setenv("RF_TEST_TOKEN", VALUE)
+    assert main(["validate-config", str(suite)]) == 0  # without --secrets: the form only
+    capsys.readouterr()
+    assert main(["validate-config", "--secrets", str(suite)]) == 1
+    out, err = capsys.readouterr()
+    assert f"service github: secret KEY: {token}: mode 0644" in err
+    assert f"fix: chmod 600 {token}" in err
+    token.chmod(0o600)
+    assert main(["validate-config", "--secrets", str(suite)]) == 0
+    out2, err2 = capsys.readouterr()
+    assert "service github: secrets resolve (TOKEN, KEY)" in out2
+    assert VALUE not in out + err + out2 + err2
