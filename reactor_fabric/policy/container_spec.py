@@ -91,11 +91,17 @@ class ContainerSpec:
     # The CPU weight against other containers when the CPU is contended (None: the engine's
     # default, 1024). The warm pool starts its containers at the lowest weight (see below).
     cpu_shares: int | None = None
-    # The secrets delivered as files (/run/secrets/NAME, see reactor_fabric.runtime.secret_files).
-    secret_files: tuple[Secret, ...] = field(default=(), repr=False)
+    # The service's secrets: those delivered as environment variables are in `environment`
+    # too; those delivered as files are `secret_files` (/run/secrets/NAME).
+    secrets: tuple[Secret, ...] = field(default=(), repr=False)
     # Why the service's secrets are unavailable: the runtime refuses to create the container
     # (-32002 secret_unavailable) rather than start a server without its credentials.
     secret_problem: str | None = None
+
+    @property
+    def secret_files(self) -> tuple[Secret, ...]:
+        """The secrets delivered as files (see reactor_fabric.runtime.secret_files)."""
+        return tuple(secret for secret in self.secrets if secret.as_file)
 
 
 def refuse_unavailable_secrets(spec: ContainerSpec) -> None:
@@ -129,8 +135,11 @@ def container_spec_for(
     # Nothing from the orchestrator's environment reaches a container: only the image's own
     # (its PATH and the like), the suite's `env`, the service's `config` and its secrets.
     secrets = identity.secrets.get(service_name, ServiceSecrets())
-    files = tuple(secret for secret in secrets.secrets if secret.as_file)
-    if files and service.user is None and identity.secrets_account is not None:
+    if (
+        any(secret.as_file for secret in secrets.secrets)
+        and service.user is None
+        and identity.secrets_account is not None
+    ):
         account = identity.secrets_account
     environment: dict[str, str] = {}
     if service.user is None:
@@ -162,7 +171,7 @@ def container_spec_for(
         pull=service.pull,
         # Otherwise (read-only root off) the image's own /tmp is left as it is.
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
-        secret_files=files,
+        secrets=secrets.secrets,
         secret_problem="; ".join(secrets.problems) or None,
     )
 

@@ -58,10 +58,16 @@ from .._reasons import (
     CONTAINER_EXITED,
     KUBERNETES_TIMEOUT,
     KUBERNETES_UNAVAILABLE,
+    SECRET_UNAVAILABLE,
     START_FAILED,
     engine_call_failed,
 )
-from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..policy.container_spec import (
+    LABEL_MANAGED,
+    LABEL_SERVICE,
+    ContainerSpec,
+    refuse_unavailable_secrets,
+)
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError, LineSplitter, LineTooLong
 from ..protocol.k8s_attach import (
@@ -308,6 +314,16 @@ class KubernetesRuntime:
         if pins is not None:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
             pins.close()
+        refuse_unavailable_secrets(spec)
+        if spec.secrets:
+            # A pod would carry the values inline in its spec (readable by whoever may get
+            # pods): refused until they are delivered through a Secret of the service.
+            service = spec.labels.get(LABEL_SERVICE, "")
+            raise ContainerStartFailure(
+                f"service {service!r}: secrets are not delivered by the kubernetes runtime yet",
+                reason=SECRET_UNAVAILABLE,
+                service=service,
+            )
         try:
             manifest = pod_manifest(
                 spec,

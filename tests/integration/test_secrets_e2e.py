@@ -11,6 +11,7 @@ import json
 import secrets
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -72,7 +73,7 @@ def test_a_secret_reaches_the_server_as_env_and_file_and_appears_nowhere_else(
     env = {"RF_E2E_GITHUB_TOKEN": env_value, "XDG_CACHE_HOME": str(cache)}
     client = docker.from_env(version="auto", timeout=60)
 
-    async def ask(running: Orchestrator) -> tuple[dict[str, object], dict[str, object]]:
+    async def ask(running: Orchestrator) -> tuple[dict[str, Any], dict[str, Any]]:
         ws = await websocket(running, "/mcp/probe")
         await ws.send_json(request(1, "secret", {"name": "GITHUB_TOKEN"}))
         token = (await ws.hear())["result"]
@@ -123,9 +124,9 @@ def test_a_secret_reaches_the_server_as_env_and_file_and_appears_nowhere_else(
     }
     # as: file: no environment variable; the file without the trailing newline.
     assert password["env_sha256"] is None
-    assert password["file"]["sha256"] == sha(file_value)  # type: ignore[index]
-    assert password["file"]["mode"] == 0o400  # type: ignore[index]
-    assert password["file"]["uid"] == password["uid"]  # type: ignore[index]
+    assert password["file"]["sha256"] == sha(file_value)
+    assert password["file"]["mode"] == 0o400
+    assert password["file"]["uid"] == password["uid"]
 
     # The engine shows the environment to whoever reaches it (as documented), never a file's.
     assert env_value in shown["inspect"]
@@ -138,7 +139,7 @@ def test_a_secret_reaches_the_server_as_env_and_file_and_appears_nowhere_else(
     places = {
         "log": log_text,
         "audit": running.audit_path.read_text() if running.audit_path.exists() else "",
-        **{f"page {n}": page for n, page in enumerate(shown["pages"])},  # type: ignore[arg-type]
+        **{f"page {n}": page for n, page in enumerate(shown["pages"])},
         **{
             f"cache {path.name}": path.read_text(errors="replace")
             for path in cache.rglob("*")

@@ -13,6 +13,8 @@ system it is on; and writes a careless debug line with the value on stderr, whic
 orchestrator must log redacted.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -21,8 +23,8 @@ import stat
 import sys
 
 
-def file_system_of(path):
-    best, kind = "", None
+def file_system_of(path: str) -> str | None:
+    best, kind = "", None  # type: str, str | None
     with open("/proc/self/mounts") as mounts:
         for line in mounts:
             point, fs = line.split()[1:3]
@@ -33,14 +35,14 @@ def file_system_of(path):
     return kind
 
 
-def digest(text):
+def digest(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode()).hexdigest()
 
 
-def secret(name):
+def secret(name: str) -> dict[str, object]:
     env = os.environ.get(name)
     path = f"/run/secrets/{name}"
-    found = {"env_sha256": digest(env), "file": None, "file_error": None}
+    found: dict[str, object] = {"env_sha256": digest(env), "file": None, "file_error": None}
     try:
         info = os.stat(path)
         with open(path) as file:
@@ -53,7 +55,7 @@ def secret(name):
             "fs": file_system_of(path),
         }
     except OSError as exc:
-        content = None
+        content = ""
         found["file_error"] = f"{type(exc).__name__}: {exc.strerror}"
     sys.stderr.write(f"probe debug: {name}={env or content}\n")
     sys.stderr.flush()
