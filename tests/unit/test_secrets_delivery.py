@@ -4,6 +4,7 @@ Docker create's mount, and redaction (log, trail, stderr lines, an exit's detail
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -24,15 +25,19 @@ from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
 from reactor_fabric.policy.container_spec import (
     LABEL_SERVICE,
     ContainerIdentity,
+    ContainerSpec,
     container_spec_for,
     pooled_spec_for,
 )
 from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.kubernetes import KubernetesRuntime
+from reactor_fabric.runtime.kubernetes_manifests import pod_manifest, secret_manifest, secret_name
 from reactor_fabric.runtime.memory import MemoryServer
 from reactor_fabric.runtime.secret_files import SecretFiles, file_system_type
 from tests.fakes import scripted_mcp_server
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
+from tests.unit.test_kubernetes_manifests import valid
 
 VALUE = "ghp_s3cr3t-value-never-shown"
 FILE_VALUE = 'db-pa$$word"with\\quotes'
@@ -322,3 +327,107 @@ async def test_nothing_is_resolved_or_delivered_for_a_suite_without_secrets(tmp_
         assert http.fabric.secrets == {}
         assert http.fabric.container_identity.secrets_account is None
     await trio.lowlevel.checkpoint()
+
+
+# --- Kubernetes: a Secret per service, referenced from the pod -----------------------------
+
+
+def k8s_spec(user: str | None = None) -> ContainerSpec:
+    return container_spec_for(
+        "github",
+        Service(image="img", user=user),
+        session_id="s1",
+        identity=identity({"github": RESOLVED}),
+    )
+
+
+def test_a_pod_refers_to_its_services_secret_and_never_holds_a_value() -> None:
+    spec = k8s_spec()
+    pod = valid(pod_manifest(spec, namespace="mcp"))
+    text = json.dumps(pod)
+    assert VALUE not in text
+    assert FILE_VALUE not in text
+    name = secret_name(spec)
+    [container] = pod["spec"]["containers"]
+    env = {entry["name"]: entry for entry in container["env"]}
+    for variable in ("GITHUB_TOKEN", "ONLY_ENV"):
+        assert env[variable] == {
+            "name": variable,
+            "valueFrom": {"secretKeyRef": {"name": name, "key": variable}},
+        }
+    assert "DB_PASSWORD" not in env  # as: file
+    assert env["USER"] == {"name": "USER", "value": "nobody"}  # the rest as before
+    [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"] == {
+        "secretName": name,
+        "defaultMode": 0o440,
+        "items": [
+            {"key": "GITHUB_TOKEN", "path": "GITHUB_TOKEN"},
+            {"key": "DB_PASSWORD", "path": "DB_PASSWORD"},
+        ],
+    }
+    assert {"name": volume["name"], "mountPath": SECRETS_DIR, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    # The files' group is the server's (a secret volume's files are root's).
+    assert pod["spec"]["securityContext"] == {"fsGroup": 65534}
+
+
+def test_the_services_secret_holds_every_value_labelled_like_its_pods() -> None:
+    spec = k8s_spec()
+    secret = valid(secret_manifest(spec, namespace="mcp", owner={"name": "orch", "uid": "u1"}))
+    assert secret["metadata"]["name"] == secret_name(spec)
+    assert secret["metadata"]["labels"] == {
+        "reactor-fabric.managed": "true",
+        "reactor-fabric.instance": "inst1",
+        "reactor-fabric.service": "github",
+    }
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "orch"
+    decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert decoded == {"GITHUB_TOKEN": VALUE, "ONLY_ENV": VALUE + "-env", "DB_PASSWORD": FILE_VALUE}
+
+
+async def test_the_kubernetes_runtime_makes_the_secret_once_before_the_pods_and_removes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = KubernetesRuntime(namespace="mcp")
+    calls: list[tuple[str, str, dict[str, object]]] = []
+    answers = iter([409, 200, 201, 200])  # an earlier try's Secret is there: replaced
+
+    async def api(
+        action: str, method: str, url: str, **kwargs: object
+    ) -> tuple[int, dict[str, object]]:
+        await trio.lowlevel.checkpoint()
+        calls.append((method, url, kwargs))
+        return next(answers), {}
+
+    monkeypatch.setattr(runtime, "_json", api)
+    spec = k8s_spec()
+    await runtime._ensure_secret(spec)
+    await runtime._ensure_secret(spec)  # a second container of the service: nothing more
+    name = secret_name(spec)
+    assert [(m, u) for m, u, _ in calls] == [
+        ("POST", "secrets"),
+        ("DELETE", f"secrets/{name}"),
+        ("POST", "secrets"),
+    ]
+    assert calls[0][2]["json"]["kind"] == "Secret"  # type: ignore[index]
+    await runtime.close()
+    assert calls[-1][:2] == ("DELETE", f"secrets/{name}")
+
+
+async def test_a_secret_the_api_server_refuses_refuses_the_start_as_secret_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = KubernetesRuntime(namespace="mcp")
+
+    async def api(
+        action: str, method: str, url: str, **kwargs: object
+    ) -> tuple[int, dict[str, object]]:
+        await trio.lowlevel.checkpoint()
+        return 403, {"message": "secrets is forbidden"}
+
+    monkeypatch.setattr(runtime, "_json", api)
+    with pytest.raises(ContainerStartFailure, match="HTTP 403: secrets is forbidden") as caught:
+        await runtime.spawn(k8s_spec())
+    assert caught.value.reason == "secret_unavailable"
