@@ -33,6 +33,7 @@ from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._operator_cli import add_operator_commands, audit_command, open_audit, sessions_command
 from ._scheduling import Slice, shorten_slice
 from ._version import __version__
+from .config.secrets import resolve_suite_secrets
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .config.token import Token, TokenError, load_or_create_token
@@ -70,6 +71,7 @@ from .trio.fabric import (
     Fabric,
     new_instance_id,
     process_identity,
+    resolve_secrets,
     suite_facts,
 )
 from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
@@ -191,6 +193,12 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         help="check a suite file and list every problem (exit 0 valid, 1 invalid, 2 unreadable)",
     )
     validate.add_argument("path", help="the suite file to check")
+    validate.add_argument(
+        "--secrets",
+        action="store_true",
+        help="also resolve every service's secrets (variables set, files readable only by "
+        "this user) without printing a value; exit 1 if one does not resolve",
+    )
     bridge = commands.add_parser(
         "connect",
         help="a stdio MCP server that relays to the orchestrator (for clients that launch "
@@ -260,7 +268,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     commands: dict[str, Callable[[], int]] = {
-        "validate-config": lambda: validate_config(args.path),
+        "validate-config": lambda: validate_config(args.path, secrets=args.secrets),
         "connect": lambda: connect_command(args, env),
         "catalog": lambda: catalog_command(
             args.catalog_config or args.config, args.refresh, args.json, env
@@ -386,7 +394,8 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
 
     async def learn() -> tuple[Catalog, dict[str, Learned]]:
         try:
-            identity = process_identity(new_instance_id(), suite.orchestrator.network)
+            secrets = await trio.to_thread.run_sync(resolve_secrets, suite)
+            identity = process_identity(new_instance_id(), suite.orchestrator.network, secrets)
             return await learn_catalog(
                 runtime, identity, suite.mcp_services, store, refresh=refresh
             )
@@ -449,12 +458,31 @@ def rank_command(path: str, top: int, budget: int | None) -> int:
     return EXIT_OK
 
 
-def validate_config(path: str) -> int:
+def validate_config(path: str, *, secrets: bool = False) -> int:
+    """``validate-config``; with ``secrets``, every secret's source is resolved as the
+    orchestrator would at its start (this process's environment and user), each problem
+    printed by service, secret and source, never a value."""
     suite = _read_suite(path)
     if isinstance(suite, int):
         return suite
     services = ", ".join(suite.mcp_services)
     print(f"{path}: valid ({len(suite.mcp_services)} service(s): {services})")
+    if not secrets:
+        return EXIT_OK
+    resolved = resolve_suite_secrets(suite)
+    failed = 0
+    for name, service_secrets in resolved.items():
+        for problem in service_secrets.problems:
+            print(f"{path}: service {name}: {problem}", file=sys.stderr)
+        failed += len(service_secrets.problems)
+        if service_secrets.available:
+            names = ", ".join(secret.name for secret in service_secrets.secrets)
+            print(f"{path}: service {name}: secrets resolve ({names})")
+    if failed:
+        print(f"{path}: {failed} secret(s) do not resolve", file=sys.stderr)
+        return EXIT_INVALID
+    if not resolved:
+        print(f"{path}: no service has secrets")
     return EXIT_OK
 
 

@@ -57,6 +57,10 @@ TOO_MANY_REQUESTS_TO_CLIENT: Final = "too_many_requests_to_client"
 IMAGE_NOT_FOUND: Final = "image_not_found"
 # The engine (or the API server) refused to create the container or pod.
 CREATE_FAILED: Final = "create_failed"
+# A secret of the service (`secrets:`) could not be resolved when the orchestrator started (an
+# unset variable, a missing or too widely readable file), or cannot be delivered: the service
+# is refused, its containers never created; the other services serve.
+SECRET_UNAVAILABLE: Final = "secret_unavailable"  # noqa: S105 - a reason, not a secret
 # The container or pod did not start (the engine refused, the pod failed to run).
 START_FAILED: Final = "start_failed"
 # The engine refused to attach the container's stdio, or the attach broke.

@@ -42,6 +42,22 @@ class Security(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     read_only_rootfs: bool = True
 
 
+# How a secret reaches the server: a file /run/secrets/NAME, the environment variable NAME, or
+# both (the default: many servers read only their environment).
+SecretDelivery = Literal["env", "file", "both"]
+
+
+class SecretSource(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Where a secret's value comes from: exactly one of ``env`` (a variable of the
+    orchestrator's environment) or ``file`` (a file only the orchestrator's user may read);
+    see :mod:`reactor_fabric.config.secrets`."""
+
+    env: str | None = None
+    file: str | None = None
+    # "as" is a keyword in Python: the field is as_ here, "as" in the suite.
+    as_: SecretDelivery = msgspec.field(default="both", name="as")
+
+
 class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     image: str
     description: str = ""
@@ -50,6 +66,7 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     warm: int = 0
     command: list[str] | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    secrets: dict[str, SecretSource] = msgspec.field(default_factory=dict)
     resources: Resources = msgspec.field(default_factory=Resources)
     network: str | None = None
     pull: Literal["never", "missing", "always"] = "missing"

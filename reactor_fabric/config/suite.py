@@ -184,32 +184,7 @@ class _Collector:
             return
         if "propertyNames" in error.relative_schema_path:
             name = str(instance)
-            if name in RESERVED_SERVICE_NAMES:
-                self.add(
-                    (*path, name),
-                    f"name {name!r} is reserved: /mcp/{name}/… is the suite-level endpoint; "
-                    "choose another name",
-                    at_key=True,
-                )
-                return
-            if SEPARATOR in name:
-                service, _, tool = name.partition(SEPARATOR)
-                self.add(
-                    (*path, name),
-                    f"name {name!r} is not allowed: '{SEPARATOR}' separates a service from its "
-                    f"tool on the fabric endpoint (service{SEPARATOR}tool), so a service "
-                    f"{service!r} with a tool '{tool}{SEPARATOR}…' would show the same names; "
-                    "use a single '_' or '-'",
-                    at_key=True,
-                )
-                return
-            self.add(
-                (*path, name),
-                f"name {name!r} is not allowed: use lowercase letters, digits, '-' and '_' "
-                "(at most 63, starting and ending with a letter or digit), since it is used in "
-                "URLs and container names",
-                at_key=True,
-            )
+            self.add((*path, name), _name_message(path, name), at_key=True)
             return
         if path in self.flagged:  # one message per value: the first failed keyword says most
             return
@@ -218,6 +193,34 @@ class _Collector:
     def result(self, suite: Suite | None) -> SuiteCheck:
         ordered = sorted(self.issues, key=lambda issue: (issue.line, issue.column, issue.path))
         return SuiteCheck(suite, ordered)
+
+
+def _name_message(path: KeyPath, name: str) -> str:
+    """Why a mapping's key is refused: a secret's (an environment variable's name) or a
+    service's (used in URLs and container names)."""
+    if path and path[-1] == "secrets":
+        return (
+            f"name {name!r} is not allowed: a secret's name is its environment variable's; "
+            "use letters, digits and '_', not starting with a digit"
+        )
+    if name in RESERVED_SERVICE_NAMES:
+        return (
+            f"name {name!r} is reserved: /mcp/{name}/… is the suite-level endpoint; "
+            "choose another name"
+        )
+    if SEPARATOR in name:
+        service, _, tool = name.partition(SEPARATOR)
+        return (
+            f"name {name!r} is not allowed: '{SEPARATOR}' separates a service from its "
+            f"tool on the fabric endpoint (service{SEPARATOR}tool), so a service "
+            f"{service!r} with a tool '{tool}{SEPARATOR}…' would show the same names; "
+            "use a single '_' or '-'"
+        )
+    return (
+        f"name {name!r} is not allowed: use lowercase letters, digits, '-' and '_' "
+        "(at most 63, starting and ending with a letter or digit), since it is used in "
+        "URLs and container names"
+    )
 
 
 _JSON_TYPE_NAMES = {
@@ -255,8 +258,19 @@ def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
         return _pattern_message(path, instance, rule)
     if error.validator == "minProperties" and path == ("mcp_services",):
         return "at least one service must be defined"
+    if error.validator in ("oneOf", "uniqueItems"):
+        return _combination_message(error, path)
+    return error.message
+
+
+def _combination_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
     if error.validator == "uniqueItems":
         return "the list contains the same entry twice"
+    if len(path) == 4 and path[2] == "secrets":  # mcp_services.NAME.secrets.SECRET
+        return (
+            "give exactly one source: env: VARIABLE (the orchestrator's environment) or "
+            "file: /absolute/path"
+        )
     return error.message
 
 
@@ -410,7 +424,35 @@ def _check_service(name: str, service: dict[str, Any], collector: _Collector) ->
             f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
             at_key=True,
         )
+    _check_secrets(service, base, collector)
     _check_lifecycle(name, service, collector)
+
+
+def _check_secrets(service: dict[str, Any], base: KeyPath, collector: _Collector) -> None:
+    """A secret delivered as the environment variable NAME must not fight over NAME with
+    ``env`` (which value would the server get?) nor take the `config` variable."""
+    secrets = service.get("secrets")
+    if not isinstance(secrets, dict):
+        return
+    env = service.get("env")
+    env_names = set(env) if isinstance(env, dict) else set()
+    for secret in secrets:
+        path: KeyPath = (*base, "secrets", secret)
+        if path in collector.flagged:
+            continue
+        if secret == SERVICE_CONFIG_ENV:
+            collector.add(
+                path,
+                f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
+                at_key=True,
+            )
+        elif secret in env_names:
+            collector.add(
+                path,
+                f"{secret!r} is also set under env: the server would get one of two values; "
+                f"remove env.{secret}",
+                at_key=True,
+            )
 
 
 # smart_refresh's bounds: when a container is replaced. Meaningless under another strategy.

@@ -49,6 +49,8 @@ from typing import Any, Final
 
 import msgspec
 
+from .redaction import SECRET_VALUES
+
 log = logging.getLogger(__name__)
 
 GENESIS: Final = "0" * 64
@@ -316,7 +318,9 @@ class AuditWriter:
     def submit_many(self, records: list[dict[str, Any]]) -> int:
         """:meth:`submit` for several records in order, taking the lock once; how many were
         queued (the others were dropped)."""
-        encoded = [_encoder.encode(record) for record in records]
+        # A secret's value never reaches the trail (a tool call's arguments in full may carry
+        # one a client passed on).
+        encoded = [SECRET_VALUES.redact_bytes(_encoder.encode(record)) for record in records]
         queued = 0
         with self._condition:
             was_empty = not self._queue

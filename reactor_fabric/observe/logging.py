@@ -26,6 +26,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from .redaction import SECRET_VALUES
+
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD_ATTRIBUTES = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime"}
@@ -52,7 +54,8 @@ class JsonFormatter(logging.Formatter):
         )
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        # A secret's value never reaches the log, whichever field carried it.
+        return SECRET_VALUES.redact(json.dumps(entry, default=str, ensure_ascii=False))
 
 
 class DroppingQueueHandler(logging.handlers.QueueHandler):

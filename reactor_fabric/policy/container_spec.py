@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .._errors import ContainerStartFailure
+from .._reasons import SECRET_UNAVAILABLE
+from ..config.secrets import Secret, ServiceSecrets
 from ..config.structs import Service
 from ..config.suite import SERVICE_CONFIG_ENV
 from .accounts import UNPRIVILEGED, Account
@@ -48,6 +52,13 @@ class ContainerIdentity:
     owner_pid: int
     owner_start: str
     default_network: str
+    # Each service's secrets, resolved once at the start (services without any are absent).
+    secrets: Mapping[str, ServiceSecrets] = field(default_factory=dict, repr=False)
+    # Who a server with file secrets runs as when the suite names no user and the
+    # orchestrator is not root: the orchestrator's own account, the only one it can give the
+    # files to (a file secret is owned by the server's user, mode 0400). None when root: the
+    # runtime gives the files to whichever account the server runs as.
+    secrets_account: Account | None = None
 
     def labels(self) -> dict[str, str]:
         return {
@@ -80,6 +91,29 @@ class ContainerSpec:
     # The CPU weight against other containers when the CPU is contended (None: the engine's
     # default, 1024). The warm pool starts its containers at the lowest weight (see below).
     cpu_shares: int | None = None
+    # The service's secrets: those delivered as environment variables are in `environment`
+    # too; those delivered as files are `secret_files` (/run/secrets/NAME).
+    secrets: tuple[Secret, ...] = field(default=(), repr=False)
+    # Why the service's secrets are unavailable: the runtime refuses to create the container
+    # (-32002 secret_unavailable) rather than start a server without its credentials.
+    secret_problem: str | None = None
+
+    @property
+    def secret_files(self) -> tuple[Secret, ...]:
+        """The secrets delivered as files (see reactor_fabric.runtime.secret_files)."""
+        return tuple(secret for secret in self.secrets if secret.as_file)
+
+
+def refuse_unavailable_secrets(spec: ContainerSpec) -> None:
+    """Raise ContainerStartFailure (``secret_unavailable``) for a spec whose service's
+    secrets could not be resolved; every runtime calls it before creating anything."""
+    if spec.secret_problem is not None:
+        service = spec.labels.get(LABEL_SERVICE, "")
+        raise ContainerStartFailure(
+            f"service {service!r} is refused: {spec.secret_problem}",
+            reason=SECRET_UNAVAILABLE,
+            service=service,
+        )
 
 
 def container_spec_for(
@@ -99,7 +133,14 @@ def container_spec_for(
     teardown or a crash a new one starts), so that each gets a distinct, recognisable name.
     """
     # Nothing from the orchestrator's environment reaches a container: only the image's own
-    # (its PATH and the like), the suite's `env`, and the service's `config`.
+    # (its PATH and the like), the suite's `env`, the service's `config` and its secrets.
+    secrets = identity.secrets.get(service_name, ServiceSecrets())
+    if (
+        any(secret.as_file for secret in secrets.secrets)
+        and service.user is None
+        and identity.secrets_account is not None
+    ):
+        account = identity.secrets_account
     environment: dict[str, str] = {}
     if service.user is None:
         # An account the image does not know: give it a writable HOME and a name (git and
@@ -108,6 +149,7 @@ def container_spec_for(
         environment |= {"HOME": SERVER_HOME, "USER": account.name, "LOGNAME": account.name}
     environment |= service.env
     environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
+    environment |= {secret.name: secret.value for secret in secrets.secrets if secret.as_env}
     labels = identity.labels()
     labels[LABEL_SESSION] = session_id
     labels[LABEL_SERVICE] = service_name
@@ -129,6 +171,8 @@ def container_spec_for(
         pull=service.pull,
         # Otherwise (read-only root off) the image's own /tmp is left as it is.
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
+        secrets=secrets.secrets,
+        secret_problem="; ".join(secrets.problems) or None,
     )
 
 

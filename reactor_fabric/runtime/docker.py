@@ -48,11 +48,19 @@ from .._reasons import (
     MOUNT_CHANGED,
     MOUNT_TARGET_IN_IMAGE,
     MOUNT_UNVERIFIABLE,
+    SECRET_UNAVAILABLE,
     STDIO_NOT_CONNECTED,
     engine_call_failed,
 )
 from .._sockets import LeanSocketStream
-from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, ContainerSpec
+from ..config.secrets import SECRETS_DIR
+from ..policy.container_spec import (
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_SERVICE,
+    ContainerSpec,
+    refuse_unavailable_secrets,
+)
 from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import Pin, PinSet
@@ -60,6 +68,7 @@ from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
 from .engines import EngineIdentity, EngineName, identify
+from .secret_files import SecretFiles
 from .stdio_sockets import (
     HELPER_TARGET,
     SOCKET_TARGET,
@@ -163,6 +172,9 @@ class DockerRuntime:
         self._stdio_area: StdioArea | None = None
         self._stdio_opened = False
         self._stdio_lock = trio.Lock()
+        # File secrets are bound from this machine's memory: only a local engine sees them.
+        self._engine_is_local = engine_is_local(base_url, os.environ)
+        self._secret_files = SecretFiles()
 
     @property
     def stdio(self) -> str:
@@ -375,6 +387,7 @@ class DockerRuntime:
         (``mount_changed``) raised. The pins are released once the start can no longer use
         them — by the start's own thread if a cancellation abandoned it.
         """
+        refuse_unavailable_secrets(spec)
         handed_to_start = False
         pending: PendingStdio | None = None
         try:
@@ -579,6 +592,8 @@ class DockerRuntime:
                     client.create_volume(**volume)
                     made[target] = volume
                 kwargs = host_config_kwargs(spec, pins, named_volumes=volumes)
+                if spec.secret_files:
+                    kwargs["mounts"].append(self._secrets_mount(spec))
                 entrypoint: list[str] | None = None
                 if stdio is not None and area is not None:
                     config = client.inspect_image(spec.image)["Config"] or {}  # type: ignore[no-untyped-call]
@@ -601,6 +616,19 @@ class DockerRuntime:
             log.info("abandoned_container_removed", extra={"container_name": spec.name})
 
         return await self._call("create", create, if_abandoned=remove_by_name)
+
+    def _secrets_mount(self, spec: ContainerSpec) -> docker.types.Mount:
+        """The service's file secrets, read-only at /run/secrets (see :mod:`.secret_files`)."""
+        if not self._engine_is_local:
+            service = spec.labels.get(LABEL_SERVICE, "")
+            raise ContainerStartFailure(
+                f"service {service!r}: file secrets need the engine on this machine (a Unix "
+                "socket); with a remote engine use as: env",
+                reason=SECRET_UNAVAILABLE,
+                service=service,
+            )
+        source = self._secret_files.directory_for(spec)
+        return docker.types.Mount(target=SECRETS_DIR, source=source, type="bind", read_only=True)
 
     async def _attach(self, container_id: str, *, stderr_only: bool = False) -> LeanSocketStream:
         stdio = 0 if stderr_only else 1
@@ -754,6 +782,7 @@ class DockerRuntime:
         area, self._stdio_area = self._stdio_area, None
         if area is not None:
             await trio.to_thread.run_sync(area.close)
+        await trio.to_thread.run_sync(self._secret_files.close)
 
 
 # A container's first process is briefly not inspectable by its own uid: between the runtime's

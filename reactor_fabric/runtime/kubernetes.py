@@ -58,10 +58,16 @@ from .._reasons import (
     CONTAINER_EXITED,
     KUBERNETES_TIMEOUT,
     KUBERNETES_UNAVAILABLE,
+    SECRET_UNAVAILABLE,
     START_FAILED,
     engine_call_failed,
 )
-from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..policy.container_spec import (
+    LABEL_MANAGED,
+    LABEL_SERVICE,
+    ContainerSpec,
+    refuse_unavailable_secrets,
+)
 from ..policy.pinning import PinSet
 from ..protocol.framing import FramingError, LineSplitter, LineTooLong
 from ..protocol.k8s_attach import (
@@ -82,7 +88,7 @@ from ..protocol.k8s_pod_state import (
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .kubernetes_attach import AttachRefused, AttachSocket, open_attach
-from .kubernetes_manifests import ManifestError, pod_manifest
+from .kubernetes_manifests import ManifestError, pod_manifest, secret_manifest
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +159,9 @@ class KubernetesRuntime:
         # How each live pod's attach ended, for exit_status if the kubelet does not report the
         # container's end in time (dropped on remove: bounded by the live pods).
         self._attach_status: dict[str, AttachStatus] = {}
+        # The Secrets this runtime made (one per service with secrets), removed at close.
+        self._secrets: set[str] = set()
+        self._secrets_lock = trio.Lock()
 
     # --- the API client ---------------------------------------------------------------------
 
@@ -308,6 +317,9 @@ class KubernetesRuntime:
         if pins is not None:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
             pins.close()
+        refuse_unavailable_secrets(spec)
+        if spec.secrets:
+            await self._ensure_secret(spec)
         try:
             manifest = pod_manifest(
                 spec,
@@ -327,6 +339,28 @@ class KubernetesRuntime:
             with trio.CancelScope(shield=True):
                 await self._delete_after_failed_start(name)
             raise
+
+    async def _ensure_secret(self, spec: ContainerSpec) -> None:
+        """The Secret of ``spec``'s service, made once (the pod refers to it, never holds a
+        value); one left by an earlier try is replaced."""
+        manifest = secret_manifest(spec, namespace=self.namespace, owner=self._owner_reference())
+        name = manifest["metadata"]["name"]
+        async with self._secrets_lock:
+            if name in self._secrets:
+                return
+            status, body = await self._json("create", "POST", "secrets", json=manifest)
+            if status == 409:  # an earlier try's: replaced (the Role grants no update)
+                await self._json("remove", "DELETE", f"secrets/{quote(name)}")
+                status, body = await self._json("create", "POST", "secrets", json=manifest)
+            if status not in (200, 201, 202):
+                service = spec.labels.get(LABEL_SERVICE, "")
+                raise ContainerStartFailure(
+                    f"service {service!r}: its Secret {name} could not be made "
+                    f"(HTTP {status}: {str(body.get('message', ''))[:300]})",
+                    reason=SECRET_UNAVAILABLE,
+                    service=service,
+                )
+            self._secrets.add(name)
 
     def _owner_reference(self) -> dict[str, str] | None:
         owner = self.owner
@@ -562,6 +596,15 @@ class KubernetesRuntime:
         return found
 
     async def close(self) -> None:
+        # The services' Secrets go with the orchestrator (in the cluster, its pod owns them
+        # too: the garbage collector removes them if it dies first).
+        for name in sorted(self._secrets):
+            with trio.CancelScope(shield=True), trio.move_on_after(DELETE_BOUND):
+                try:
+                    await self._json("remove", "DELETE", f"secrets/{quote(name)}")
+                except FabricError as exc:
+                    log.warning("secret_remove_failed", extra={"secret": name, "detail": str(exc)})
+        self._secrets.clear()
         api, self._api = self._api, None
         session = getattr(api, "_session", None) if api is not None else None
         if session is not None:

@@ -21,6 +21,14 @@ into API calls becomes a Pod here. What maps, and how:
 - mounts: each allowed root is a PersistentVolumeClaim (``claims``: root → claim name), and the
   validated path below it becomes the volume's ``subPath``.
 
+- secrets: never in the pod. A service's secrets are one Secret of its own
+  (:func:`secret_manifest`, labelled like its pods, owned by the orchestrator's pod when it
+  runs in the cluster); the pod names it — an environment variable of a secret is a
+  ``secretKeyRef`` to it, and the files are a ``secret`` volume at ``/run/secrets``, which
+  the kubelet keeps in memory (tmpfs), mode 0440 with the pod's ``fsGroup`` the server's group
+  (a Secret volume's files belong to root: the group is how the server, never root, reads
+  them).
+
 What a pod does not enforce that a Docker container does: the pids limit (a kubelet setting,
 ``podPidsLimit``, for every pod of a node) and ``network: none`` (a NetworkPolicy denying all
 traffic to and from the pods of the namespace, or of the ``reactor-fabric.service`` label, does
@@ -29,13 +37,15 @@ that). Mounts are not pinned by descriptor either: the kubelet resolves ``subPat
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..policy.container_spec import ContainerSpec
+from ..config.secrets import SECRETS_DIR
+from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVICE, ContainerSpec
 from ..policy.mount_spec import MountSpec
 
 PULL_POLICIES: Final = {"never": "Never", "missing": "IfNotPresent", "always": "Always"}
@@ -67,6 +77,51 @@ def pod_name(name: str) -> str:
     digest = hashlib.sha256(name.encode()).hexdigest()[:6]
     cleaned = re.sub(r"[^a-z0-9.-]", "-", name.lower()).strip("-.")[:240]
     return f"{cleaned}-{digest}"
+
+
+# A secret volume's files: the owner (root) and the pod's fsGroup (the server's group) may read.
+SECRET_FILE_MODE: Final = 0o440
+SECRET_VOLUME: Final = "secrets"  # noqa: S105 - a volume's name
+
+
+def secret_name(spec: ContainerSpec) -> str:
+    """The Secret holding ``spec``'s service's secrets: one per service and orchestrator."""
+    service = spec.labels.get(LABEL_SERVICE, "service")
+    instance = spec.labels.get(LABEL_INSTANCE, "")[:8]
+    return pod_name(f"rf-secrets-{service}-{instance}")
+
+
+def secret_manifest(
+    spec: ContainerSpec, *, namespace: str, owner: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The Secret of ``spec``'s service: every secret by name (base64, as the API wants it),
+    labelled like the service's pods (managed, instance, service)."""
+    labels = {
+        key: label_value(value)
+        for key, value in spec.labels.items()
+        if key in (LABEL_MANAGED, LABEL_INSTANCE, LABEL_SERVICE)
+    }
+    metadata: dict[str, Any] = {"name": secret_name(spec), "namespace": namespace, "labels": labels}
+    if owner is not None:
+        metadata["ownerReferences"] = [_owner_reference(owner)]
+    data = {s.name: base64.b64encode(s.value.encode()).decode() for s in spec.secrets}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "data": data,
+    }
+
+
+def _owner_reference(owner: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": OWNER_KIND,
+        "name": owner["name"],
+        "uid": owner["uid"],
+        "blockOwnerDeletion": False,
+    }
 
 
 def pod_manifest(
@@ -111,7 +166,7 @@ def pod_manifest(
         "stdin": True,
         "stdinOnce": True,
         "tty": False,
-        "env": [{"name": name, "value": value} for name, value in spec.environment.items()],
+        "env": _environment(spec),
         "resources": {"limits": limits, "requests": dict(limits)},
         "securityContext": security,
         "volumeMounts": volume_mounts,
@@ -124,15 +179,7 @@ def pod_manifest(
         "labels": {key: label_value(value) for key, value in spec.labels.items()},
     }
     if owner is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": "v1",
-                "kind": OWNER_KIND,
-                "name": owner["name"],
-                "uid": owner["uid"],
-                "blockOwnerDeletion": False,
-            }
-        ]
+        metadata["ownerReferences"] = [_owner_reference(owner)]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -143,7 +190,21 @@ def pod_manifest(
     }
     if deadline_seconds is not None:
         pod_spec["activeDeadlineSeconds"] = deadline_seconds
+    if spec.secret_files and "runAsGroup" in security:
+        pod_spec["securityContext"] = {"fsGroup": security["runAsGroup"]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _environment(spec: ContainerSpec) -> list[dict[str, Any]]:
+    """The container's ``env``: a secret's variable refers to the service's Secret, never
+    holds the value (whoever may read pods would read it)."""
+    secret = {s.name for s in spec.secrets if s.as_env}
+    return [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(spec), "key": name}}}
+        if name in secret
+        else {"name": name, "value": value}
+        for name, value in spec.environment.items()
+    ]
 
 
 def _volumes(
@@ -176,6 +237,11 @@ def _volumes(
             }
         )
         mounts.append({"name": name, "mountPath": target})
+    if spec.secret_files:
+        items = [{"key": s.name, "path": s.name} for s in spec.secret_files]
+        source = {"secretName": secret_name(spec), "defaultMode": SECRET_FILE_MODE, "items": items}
+        volumes.append({"name": SECRET_VOLUME, "secret": source})
+        mounts.append({"name": SECRET_VOLUME, "mountPath": SECRETS_DIR, "readOnly": True})
     return volumes, mounts
 
 

@@ -27,7 +27,7 @@ import trio
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
 from .._reasons import CREATE_FAILED, INSPECT_FAILED, MOUNT_TARGET_IN_IMAGE
-from ..policy.container_spec import LABEL_MANAGED, ContainerSpec
+from ..policy.container_spec import LABEL_MANAGED, ContainerSpec, refuse_unavailable_secrets
 from ..policy.pinning import PinSet
 from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
@@ -355,6 +355,7 @@ class MemoryRuntime:
                 pins.close()
 
     async def _spawn(self, spec: ContainerSpec, pins: PinSet | None) -> MemoryContainer:
+        refuse_unavailable_secrets(spec)
         files = self.image_files.get(spec.image, set())
         shadowed = sorted(m.target for m in spec.mounts if m.check_in_image and m.target in files)
         if shadowed:

@@ -17,17 +17,28 @@ import math
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
 
 from .._errors import SessionRefused
+from .._reasons import SECRET_UNAVAILABLE
+from ..config.secrets import ServiceSecrets, resolve_suite_secrets
 from ..config.structs import Limits, Service, Suite
 from ..discovery import DiscoveryIndex, tokens
 from ..observe.metrics import LiveFigures
 from ..observe.observer import Client, Observer, token_id
-from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
+from ..observe.redaction import SECRET_VALUES
+from ..policy.accounts import (
+    ROOT,
+    UNPRIVILEGED,
+    Account,
+    account_named,
+    orchestrator_ids,
+    server_ids,
+)
 from ..policy.admission import Capacity, capacity
 from ..policy.auth import Gate
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, container_spec_for
@@ -59,16 +70,42 @@ CATALOG_RECHECK_SECONDS = 300.0
 REFRESH_THREADS = 2
 
 
-def process_identity(instance_id: str, network: str) -> ContainerIdentity:
-    """The owner labels of containers this process starts (see ContainerIdentity)."""
+def process_identity(
+    instance_id: str, network: str, secrets: Mapping[str, ServiceSecrets] | None = None
+) -> ContainerIdentity:
+    """The owner labels of containers this process starts (see ContainerIdentity), with the
+    suite's resolved ``secrets`` and, when the orchestrator is not root, its own account (the
+    only one it can give a secret file to)."""
     pid = os.getpid()
+    uid, gid = orchestrator_ids()
     return ContainerIdentity(
         instance_id=instance_id,
         owner_host=hostname(),
         owner_pid=pid,
         owner_start=process_start_time(pid) or "",
         default_network=network,
+        secrets=secrets or {},
+        secrets_account=account_named(uid, gid) if secrets and uid != ROOT else None,
     )
+
+
+def resolve_secrets(suite: Suite) -> dict[str, ServiceSecrets]:
+    """The suite's secrets, resolved once (blocking: files): every value registered with
+    the redactor (no log line, record or page shows it), each service refused for a missing
+    one said in the log, by name and source, never by value."""
+    resolved = resolve_suite_secrets(suite)
+    for name, service_secrets in resolved.items():
+        SECRET_VALUES.register(service_secrets.values())
+        if not service_secrets.available:
+            log.warning(
+                "service_secrets_unavailable",
+                extra={
+                    "service": name,
+                    "reason": SECRET_UNAVAILABLE,
+                    "problems": list(service_secrets.problems),
+                },
+            )
+    return resolved
 
 
 def new_instance_id() -> str:
@@ -204,6 +241,9 @@ class Fabric:
     pool: ContainerPool | None = None
     mount_policy: MountPolicy = field(init=False)
     gate: Gate = field(init=False)
+    # Each service's secrets (services without any are absent); None: resolved from this
+    # process's environment and files when the fabric is made (once, at the start).
+    secrets: Mapping[str, ServiceSecrets] | None = field(default=None, repr=False)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
     _identity: ContainerIdentity = field(init=False)
 
@@ -217,7 +257,9 @@ class Fabric:
             allowed_hosts(self.listen_host),
             self.token,
         )
-        self._identity = process_identity(self.instance_id, self.network)
+        if self.secrets is None:
+            self.secrets = resolve_secrets(self.suite)
+        self._identity = process_identity(self.instance_id, self.network, self.secrets)
         metrics = self.observer.metrics
         metrics.services = frozenset(self.suite.mcp_services) | {FABRIC_SERVICE}
         metrics.know_tools({FABRIC_SERVICE: META_NAMES})

@@ -16,6 +16,7 @@ import trio
 
 from .._reasons import SESSION_ENDED
 from ..observe.ratelimit import TokenBucket
+from ..observe.redaction import SECRET_VALUES
 from ..protocol.framing import FramingError, TruncatingLineSplitter
 from ..runtime.base import Container
 
@@ -84,7 +85,9 @@ def _stderr_line(
     dropped: int,
     fields: dict[str, Any],
 ) -> None:
-    text = line.decode("utf-8", "replace")
+    # A server that prints its token (a debug line) has it logged redacted, and the tail (an
+    # exit's error details) keeps it redacted too.
+    text = SECRET_VALUES.redact(line.decode("utf-8", "replace"))
     live.stderr_tail.append(text[:STDERR_TAIL_CHARS])
     if not bucket.allow(trio.current_time()):
         return

@@ -138,13 +138,17 @@ class WarmPool:
         self._staging = staging
         settings = fabric.suite.orchestrator.warm_pool
         services = fabric.suite.mcp_services
+        # A service refused for its secrets gets no pooled container: each start would fail.
+        refused = {
+            name for name, secrets in (fabric.secrets or {}).items() if not secrets.available
+        }
         per_call = [
             name
             for name, service in services.items()
-            if service.strategy == "fresh_per_call" and service.warm
+            if service.strategy == "fresh_per_call" and service.warm and name not in refused
         ]
         self.machine = WarmPoolMachine(
-            {name: service.warm for name, service in services.items()},
+            {name: 0 if name in refused else service.warm for name, service in services.items()},
             max_containers=settings.max_containers,
             parallel_starts=settings.parallel_starts,
             initial_shape=UNPRIVILEGED,

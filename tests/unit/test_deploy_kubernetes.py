@@ -44,6 +44,9 @@ NEEDED_RULES = {
     ("", "pods", "delete"),
     ("", "pods/attach", "get"),
     ("", "pods/attach", "create"),
+    # A Secret per service with secrets (never read back: no get, list or watch).
+    ("", "secrets", "create"),
+    ("", "secrets", "delete"),
 }
 
 
@@ -189,7 +192,7 @@ def test_the_role_allows_exactly_session_pods_and_attaching_to_them() -> None:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
                     granted.add((group, resource, verb))
-    # Anything more (secrets, pods/exec, pods/log, patch, "*") fails here.
+    # Anything more (reading secrets, pods/exec, pods/log, patch, "*") fails here.
     assert granted == NEEDED_RULES
     assert not of_kind("ClusterRole")
     assert not of_kind("ClusterRoleBinding")
