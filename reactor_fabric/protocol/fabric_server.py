@@ -36,8 +36,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._errors import FabricError, InvalidRequest, ParseError
-from .._reasons import INVALID_JSON, ORCHESTRATOR_STOPPING, SESSION_ENDED
+from .._errors import FabricError, InvalidRequest, ParseError, SecurityViolation
+from .._reasons import (
+    INVALID_JSON,
+    ORCHESTRATOR_STOPPING,
+    SESSION_ENDED,
+    TOOL_DEFINITION_CHANGED,
+)
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
 from .answers import (
@@ -562,6 +567,9 @@ class FabricServer(FabricRouter):
         else:
             # A service whose offer could not be learned is still called by name: its start
             # answers why it cannot run (-32002 image_not_found…), not "unknown tool".
+            withheld = self.catalog.withheld_tool(name) if isinstance(name, str) else None
+            if withheld is not None:
+                return [self._withheld(request_id, *withheld)]
             addressed = self.catalog.addressed(name) if isinstance(name, str) else None
             if addressed is None:
                 return [self._fail(request_id, INVALID_PARAMS, f"unknown tool {name!r}")]
@@ -570,6 +578,23 @@ class FabricServer(FabricRouter):
         if isinstance(request_id, str | int):
             self.calls.route(request_id, service, tool)
         return self._forward(service, request_id, "tools/call", {**params, "name": tool})
+
+    def _withheld(self, request_id: object, service: str, why: Json) -> ToClient:
+        """A call of a tool the suite lock withholds (orchestrator.lock: enforce)."""
+        tool, parts = str(why.get("tool")), list(why.get("parts") or ())
+        if isinstance(request_id, str | int):
+            self.calls.route(request_id, service, tool)
+        said = f"changed ({', '.join(parts)})" if parts else "not in the suite lock"
+        error = SecurityViolation(
+            f"{service}'s tool {tool!r} is withheld: its definition {said} since the suite "
+            "was locked (review it, then run 'reactor-fabric lock' again)",
+            reason=TOOL_DEFINITION_CHANGED,
+            service=service,
+            tool=tool,
+            change=why.get("change"),
+            changed=parts,
+        )
+        return self._error(request_id, error)
 
     # --- refreshes and answers ------------------------------------------------------------------
 
