@@ -513,24 +513,9 @@ def lock_command(path: str, check: bool, environ: dict[str, str]) -> int:
         if locked is None:
             print(f"error: {lock_path(path)}: no lock to check (run 'lock' first)", file=sys.stderr)
             return EXIT_UNREADABLE
-    try:
-        runtime = engine_runtime(suite, environ.get("REACTOR_FABRIC_RUNTIME") or None, environ)
-    except EngineAddressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-
-    async def learn() -> dict[str, Learned]:
-        try:
-            identity = process_identity(new_instance_id(), suite.orchestrator.network)
-            # The catalog probe (and its cache, keyed by the image id) learns every offer.
-            _catalog, learned = await learn_catalog(
-                runtime, identity, suite.mcp_services, default_store(environ)
-            )
-            return learned
-        finally:
-            await runtime.close()
-
-    learned = trio.run(learn)
+    learned = learn_for_lock(suite, environ)
+    if isinstance(learned, int):
+        return learned
     failed = {name: item.offer.error for name, item in learned.items() if item.offer.error}
     for name, error in failed.items():
         print(f"{name}: not learned: {error}", file=sys.stderr)
@@ -549,6 +534,29 @@ def lock_command(path: str, check: bool, environ: dict[str, str]) -> int:
     scratch.replace(target)  # whole or not at all
     print(f"{target}: {len(entries)} service(s) locked")
     return EXIT_OK
+
+
+def learn_for_lock(suite: Suite, environ: dict[str, str]) -> dict[str, Learned] | int:
+    """Every service's offer and image id, as the orchestrator learns them at start-up (the
+    catalog probe, and its cache keyed by the image id); an exit code when the engine's
+    address is not usable."""
+    try:
+        runtime = engine_runtime(suite, environ.get("REACTOR_FABRIC_RUNTIME") or None, environ)
+    except EngineAddressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+
+    async def learn() -> dict[str, Learned]:
+        try:
+            identity = process_identity(new_instance_id(), suite.orchestrator.network)
+            _catalog, learned = await learn_catalog(
+                runtime, identity, suite.mcp_services, default_store(environ)
+            )
+            return learned
+        finally:
+            await runtime.close()
+
+    return trio.run(learn)
 
 
 def lock_drift(suite: Suite, locked: SuiteLock, learned: Mapping[str, Learned]) -> list[Drift]:

@@ -179,7 +179,7 @@ class Drift:
         record: Json = {
             "service": self.service,
             "kind": self.kind,
-            "name": self.name,
+            "entry": self.name,  # ("name" would clash with the log record's own)
             "change": self.change,
         }
         if self.parts:
