@@ -142,7 +142,7 @@ async def served(
             token=token,
             lock=suite_lock,
             lock_mode=lock_mode,
-            **({"observer": observer} if observer is not None else {}),
+            observer=observer if observer is not None else Observer(),
         )
         sessions = HttpSessions(fabric)
         app = FabricApp(fabric, sessions)

@@ -104,6 +104,7 @@ from .fabric_router import (
 from .jsonrpc import RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
+from .suite_lock import Mode, SuiteLock
 from .tool_calls import ArgumentsMode
 
 __all__ = [
@@ -155,6 +156,8 @@ class FabricServer(FabricRouter):
         buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
         client_lease: float | None = None,
         lifecycles: Mapping[str, Lifecycle] | None = None,
+        lock: SuiteLock | None = None,
+        lock_mode: Mode = "off",
     ) -> None:
         super().__init__(
             catalog,
@@ -170,6 +173,7 @@ class FabricServer(FabricRouter):
             lifecycles=lifecycles or {},
         )
         self.session_id = session_id
+        self.lock, self.lock_mode = lock, lock_mode  # (see suite_lock.py)
         self.exposure: Exposure = exposure
         wanted = set(active)  # once: ``active`` may be an iterator
         self.active: list[str] = [s for s in catalog.services if s in wanted]

@@ -254,6 +254,24 @@ def compare_entries(
     return drifts
 
 
+def relocked_tools(
+    service: str, offer: ServiceCatalog, lock: SuiteLock, mode: Mode
+) -> tuple[ServiceCatalog, list[Drift]]:
+    """A service's offer after its tools were listed again mid-session (its list_changed):
+    its tools compared with the lock, its drift records' tools part replaced, and under
+    enforce the tools that differ withheld. Also the drift not known before (to report)."""
+    if mode == "off":
+        return offer, []
+    entry = lock.services.get(service, {})
+    drifts = compare_entries(service, "tools", entry.get("tools", {}), offer.tools)
+    known = [record for record in offer.drift if record.get("kind") != "tools"]
+    records = tuple(known + [drift.record() for drift in drifts])
+    new = [drift for drift in drifts if drift.record() not in offer.drift]
+    if mode == "enforce":
+        offer = enforced(replace(offer, withheld=()), drifts)
+    return replace(offer, drift=records), new
+
+
 def enforced(offer: ServiceCatalog, drifts: Sequence[Drift]) -> ServiceCatalog:
     """``offer`` as ``enforce`` serves it: a tool, prompt or resource template that is not the
     locked one (changed, or not in the lock) is left out; the tools left out are kept in

@@ -293,6 +293,14 @@ class SessionDriver:
             container=container,
             changes=record,
         )
+        for drift in changes.drift:  # (the suite lock: what now differs from it)
+            fields = {key: value for key, value in drift.items() if key != "mode"}
+            log.warning("lock_drift", extra={**self._fields, **drift})
+            self.observer.drift(
+                mode=str(drift.get("mode")),
+                where="session",
+                drift={"session": self.record.id, "container": container, **fields},
+            )
 
     # --- client side --------------------------------------------------------------------------
 

@@ -342,6 +342,8 @@ async def _fabric_driver(
         own_backlog_bytes=buffer_to_server,
         buffer_to_server_bytes=buffer_to_server,
         client_lease=lease.lease_seconds if lease is not None else None,
+        lock=fabric.lock,
+        lock_mode=fabric.lock_mode,
     )
     host = ContainerHost(fabric, record)
     return SessionDriver(
