@@ -18,6 +18,7 @@ from reactor_fabric.config.structs import Service
 from reactor_fabric.observe.audit import AuditWriter, read_records
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.protocol.catalog import Catalog, ServiceCatalog, service_catalog
+from reactor_fabric.protocol.events import ToolsChanged
 from reactor_fabric.protocol.suite_lock import (
     LOCK_FILE,
     Drift,
@@ -434,7 +435,7 @@ def test_a_tool_rewritten_mid_session_is_caught_and_under_enforce_withheld() -> 
         }
         answer = machine.msg(id=relist["id"], result=fresh)
         actions = machine.refreshing(server, machine.line(server, "time", answer))
-        [changed] = [a.changes for a in actions if isinstance(a, machine.ToolsChanged)]
+        [changed] = [a.changes for a in actions if isinstance(a, ToolsChanged)]
         assert changed.drift == (
             {
                 "service": "time",
