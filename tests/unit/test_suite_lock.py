@@ -287,6 +287,10 @@ async def test_under_warn_a_changed_tool_is_served_logged_audited_and_shown_in_g
                 }
             ]
         }
+        # The status page reads it from /api/sessions.
+        page = (await http.http("GET", "/api/sessions")).json()["lock_drift"]
+        assert page["mode"] == "warn"
+        assert [(d["entry"], d["parts"]) for d in page["drift"]] == [("echo", ["description"])]
         await ws.aclose()
     observer.close()
     [drift] = [r for r in read_records(tmp_path / "audit.jsonl") if r["event"] == "drift"]
@@ -345,6 +349,7 @@ async def test_without_a_lock_nothing_is_compared_and_every_tool_is_served(
         status = (await call(ws, 3, "get_status"))["result"]["structuredContent"]
         assert "lock_drift" not in status
         assert http.fabric.drift == {}
+        assert "lock_drift" not in (await http.http("GET", "/api/sessions")).json()
         await ws.aclose()
 
 
