@@ -231,6 +231,9 @@ def build_test_image(
             path=str(TEST_IMAGES / name),
             tag=tag,
             buildargs={"BASE": base, **(buildargs or {})},
+            # Podman's builder reuses a cached layer whose instruction reads a build argument
+            # given another value: two builds that differ only there would be one image.
+            nocache=buildargs is not None,
             rm=True,
             forcerm=True,
         )

@@ -116,10 +116,9 @@ def test_two_builds_differing_in_one_description_are_drift_for_lock_check_warn_a
     locked = json.loads((tmp_path / "claude-mcp-suite.lock").read_text())
     assert locked["services"]["lockdrift"]["image_id"].startswith("sha256:")
     assert set(locked["services"]["lockdrift"]["tools"]) == {"echo", "other", "rewrite"}
-    assert lock(suite, "--check", env=env) == (
-        0,
-        f"{tmp_path}/claude-mcp-suite.lock: every service as locked\n",
-    )
+    code, said = lock(suite, "--check", env=env)
+    assert code == 0, said
+    assert f"{tmp_path}/claude-mcp-suite.lock: every service as locked" in said
     # The image is rebuilt with another description: a CI's check fails, saying what changed.
     suite = suite_of(tmp_path, second)
     code, said = lock(suite, "--check", env=env)
