@@ -36,12 +36,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._errors import FabricError, InvalidRequest, ParseError, SecurityViolation
+from .._errors import FabricError, InvalidRequest, ParseError
 from .._reasons import (
     INVALID_JSON,
     ORCHESTRATOR_STOPPING,
     SESSION_ENDED,
-    TOOL_DEFINITION_CHANGED,
 )
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
@@ -104,7 +103,7 @@ from .fabric_router import (
 from .jsonrpc import RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
-from .suite_lock import Mode, SuiteLock
+from .suite_lock import Mode, SuiteLock, withheld_error
 from .tool_calls import ArgumentsMode
 
 __all__ = [
@@ -585,20 +584,9 @@ class FabricServer(FabricRouter):
 
     def _withheld(self, request_id: object, service: str, why: Json) -> ToClient:
         """A call of a tool the suite lock withholds (orchestrator.lock: enforce)."""
-        tool, parts = str(why.get("tool")), list(why.get("parts") or ())
         if isinstance(request_id, str | int):
-            self.calls.route(request_id, service, tool)
-        said = f"changed ({', '.join(parts)})" if parts else "not in the suite lock"
-        error = SecurityViolation(
-            f"{service}'s tool {tool!r} is withheld: its definition {said} since the suite "
-            "was locked (review it, then run 'reactor-fabric lock' again)",
-            reason=TOOL_DEFINITION_CHANGED,
-            service=service,
-            tool=tool,
-            change=why.get("change"),
-            changed=parts,
-        )
-        return self._error(request_id, error)
+            self.calls.route(request_id, service, str(why.get("tool")))
+        return self._error(request_id, withheld_error(service, why))
 
     # --- refreshes and answers ------------------------------------------------------------------
 

@@ -28,6 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
+import msgspec
+
+from .._errors import SecurityViolation
+from .._reasons import TOOL_DEFINITION_CHANGED
 from .catalog import ServiceCatalog
 
 Json = dict[str, Any]
@@ -270,6 +274,59 @@ def relocked_tools(
     if mode == "enforce":
         offer = enforced(replace(offer, withheld=()), drifts)
     return replace(offer, drift=records), new
+
+
+def withheld_error(service: str, why: Json) -> SecurityViolation:
+    """What a call of a tool the lock withholds is answered with (-32004
+    ``tool_definition_changed``): the tool and the parts that changed, never the new text."""
+    tool, parts = str(why.get("tool")), list(why.get("parts") or ())
+    said = f"changed ({', '.join(parts)})" if parts else "not in the suite lock"
+    return SecurityViolation(
+        f"{service}'s tool {tool!r} is withheld: its definition {said} since the suite was "
+        "locked (review it, then run 'reactor-fabric lock' again)",
+        reason=TOOL_DEFINITION_CHANGED,
+        service=service,
+        tool=tool,
+        change=why.get("change"),
+        changed=parts,
+    )
+
+
+def checked_tools_list(
+    service: str, lock: SuiteLock, mode: Mode, line: bytes, withheld: dict[str, Json]
+) -> tuple[bytes, list[Drift]]:
+    """A relayed ``tools/list`` answer (one page) checked against the lock: the line to pass on
+    (under enforce, without the tools that differ) and the drift found in it. ``withheld``
+    (tool name → why) is updated: the page's tools that differ in, the others out. A tool the
+    page lacks is not drift here (another page may hold it). An answer that is not a list of
+    tools (an error) passes as it is."""
+    try:
+        message = msgspec.json.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return line, []
+    result = message.get("result") if isinstance(message, dict) else None
+    tools = result.get("tools") if isinstance(result, dict) else None
+    if mode == "off" or not isinstance(result, dict) or not isinstance(tools, list):
+        return line, []
+    entries = [tool for tool in tools if isinstance(tool, dict)]
+    locked = lock.services.get(service, {}).get("tools", {})
+    drifts = [
+        d for d in compare_entries(service, "tools", locked, entries) if d.change != "removed"
+    ]
+    for name in _named("tools", entries):
+        withheld.pop(name, None)
+    if mode != "enforce" or not drifts:
+        return line, drifts
+    for drift in drifts:
+        withheld[drift.name] = {
+            "tool": drift.name,
+            "change": drift.change,
+            "parts": list(drift.parts),
+        }
+    result["tools"] = [
+        tool for tool in tools if not (isinstance(tool, dict) and tool.get("name") in withheld)
+    ]
+    return msgspec.json.encode(message), drifts
 
 
 def enforced(offer: ServiceCatalog, drifts: Sequence[Drift]) -> ServiceCatalog:

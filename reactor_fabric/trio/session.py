@@ -284,6 +284,8 @@ def _relay_driver(
         audit_arguments=fabric.audit_arguments,
         client_lease=lease.lease_seconds if lease is not None else None,
         lifecycle=lifecycle_of(service),
+        lock=fabric.lock,
+        lock_mode=fabric.lock_mode,
     )
     host = ContainerHost(fabric, record)
     return SessionDriver(machine, channel, host, record=record, endpoint=service_name, lease=lease)

@@ -23,6 +23,7 @@ from reactor_fabric.protocol.suite_lock import (
     LOCK_FILE,
     Drift,
     LockInvalid,
+    Mode,
     canonical,
     compare_image,
     compare_offer,
@@ -461,3 +462,53 @@ def test_a_tool_rewritten_mid_session_is_caught_and_under_enforce_withheld() -> 
             assert "time__get_current_time" in names
             assert called == []  # forwarded to the backend
         assert "time__convert_time" in names
+
+
+# --- the relay (/mcp/{service}): the server's own tools/list answers --------------------------
+
+
+async def relay_session(http: Served) -> Any:
+    ws, _ = await http.websocket("/mcp/svc")
+    await ws.send_json(INITIALIZE)
+    await ws.hear()
+    await ws.send_json(INITIALIZED)
+    return ws
+
+
+@pytest.mark.parametrize("mode", ["warn", "enforce"])
+async def test_on_the_relay_a_changed_tool_in_the_servers_list_is_drift_and_withheld_under_enforce(
+    tmp_path: Path, poisoned: None, mode: Mode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="reactor_fabric.trio.driver")
+    audit = AuditWriter(tmp_path / "audit.jsonl", max_bytes=1 << 20, keep=1)
+    audit.open()
+    observer = Observer(services=SERVICES, audit=audit)
+    async with served(
+        tmp_path,
+        server=described_server,
+        services=SERVICES,
+        suite_lock=LOCKED,
+        lock_mode=mode,
+        observer=observer,
+    ) as http:
+        ws = await relay_session(http)
+        for request_id in (2, 3):  # (asked twice: reported once)
+            await ws.send_json(request(request_id, "tools/list"))
+            listed = [tool["name"] for tool in (await ws.hear())["result"]["tools"]]
+            assert listed == (["other"] if mode == "enforce" else ["echo", "other"])
+        answer = await call(ws, 4, "echo")
+        if mode == "enforce":
+            error = answer["error"]
+            assert (error["code"], error["data"]["reason"]) == (-32004, TOOL_DEFINITION_CHANGED)
+            assert (error["data"]["tool"], error["data"]["changed"]) == ("echo", ["description"])
+        else:
+            assert answer["result"]["content"][0]["text"] == "echo ran"
+        assert (await call(ws, 5, "other"))["result"]["content"][0]["text"] == "other ran"
+        await ws.aclose()
+    observer.close()
+    records = list(read_records(tmp_path / "audit.jsonl"))
+    [drift] = [r for r in records if r["event"] == "drift"]
+    assert (drift["mode"], drift["where"], drift["entry"]) == (mode, "session", "echo")
+    assert not any(r["event"] == "tools_changed" for r in records)
+    assert POISONED not in (tmp_path / "audit.jsonl").read_text()
+    assert [r.message for r in caplog.records if r.message == "lock_drift"] == ["lock_drift"]
