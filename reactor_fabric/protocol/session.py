@@ -279,6 +279,8 @@ class SessionMachine:
         twin.lease = dataclasses.replace(self.lease)
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
         twin._waiting = self._waiting.clone()
+        twin._withheld = dict(self._withheld)
+        twin._drift_seen = set(self._drift_seen)
         twin._handlers = {
             kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
         }
@@ -316,6 +318,8 @@ class SessionMachine:
             self._next_seq,
             self._last_activity,
             self.lease.state(),
+            tuple(sorted(self._withheld)),
+            tuple(sorted(self._drift_seen)),
         )
 
     @property
