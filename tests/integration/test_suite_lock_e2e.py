@@ -147,7 +147,7 @@ def test_two_builds_differing_in_one_description_are_drift_for_lock_check_warn_a
         assert starts == []
 
 
-def test_under_enforce_a_changed_tool_is_refused_at_start_and_the_others_work(
+def test_under_enforce_a_changed_tool_is_refused_on_both_endpoints_and_the_others_work(
     tmp_path: Path, builds: tuple[str, str], client_of: Any
 ) -> None:
     env = cache_env(tmp_path)
@@ -163,6 +163,16 @@ def test_under_enforce_a_changed_tool_is_refused_at_start_and_the_others_work(
         assert (code, reason) == (-32004, TOOL_DEFINITION_CHANGED)
         assert (data["tool"], data["changed"]) == ("echo", ["description"])
         assert text_of(call(client, "lockdrift__other")) == "other ran"
+        # The relay (/mcp/lockdrift): the server's own tools/list answer, checked as it passes.
+        relay = python2_client(f"{running.http_url}/mcp/lockdrift", "legacy")
+        try:
+            assert relay.ask({"op": "initialize"})["ok"]
+            assert relay.ask({"op": "list_tools"})["tools"] == ["other", "rewrite"]
+            code, reason, data = reported(call(relay, "echo"))
+            assert (code, reason, data["tool"]) == (-32004, TOOL_DEFINITION_CHANGED, "echo")
+            assert text_of(call(relay, "other")) == "other ran"
+        finally:
+            relay.close()
 
 
 def test_a_description_rewritten_at_runtime_is_caught_mid_session_and_refused_under_enforce(
