@@ -54,6 +54,19 @@ from .observe.otel import tracing_from_environment
 from .policy.auth import is_loopback
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
+from .protocol.suite_lock import (
+    LOCK_FILE,
+    MAX_LOCK_BYTES,
+    Drift,
+    LockInvalid,
+    SuiteLock,
+    compare_image,
+    compare_offer,
+    lock_mode,
+    lock_text,
+    parse_lock,
+    service_lock,
+)
 from .runtime.base import Runtime
 from .runtime.docker import DockerRuntime
 from .runtime.engines import ENGINE_NAMES, EngineAddressError, EngineName, engine_url
@@ -256,6 +269,20 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     rank.add_argument(
         "--budget", type=int, default=None, help="tokens of tool definitions the set may take"
     )
+    lock = commands.add_parser(
+        "lock",
+        help=f"write {LOCK_FILE} beside the suite: each service's image id and the hashes of "
+        "its tool, prompt and resource template definitions (--check: compare instead; exit 1 "
+        "on drift)",
+    )
+    lock.add_argument(
+        "--config", dest="lock_config", default=None, help="suite file (default: as above)"
+    )
+    lock.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the services with the lock, print what changed, exit 1 on drift",
+    )
     add_operator_commands(commands, environ)
     return parser
 
@@ -274,6 +301,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
             args.catalog_config or args.config, args.refresh, args.json, env
         ),
         "rank": lambda: rank_command(args.catalog, args.top, args.budget),
+        "lock": lambda: lock_command(args.lock_config or args.config, args.check, env),
         "audit": lambda: audit_command(args, _optional_suite(args.config), env),
         "sessions": lambda: sessions_command(args, env),
     }
@@ -458,6 +486,114 @@ def rank_command(path: str, top: int, budget: int | None) -> int:
     return EXIT_OK
 
 
+def lock_path(config: str) -> Path:
+    """The suite lock's file: beside the suite."""
+    return Path(config).parent / LOCK_FILE
+
+
+def read_lock(config: str) -> SuiteLock | None:
+    """The suite's lock (None: there is no lock file); OSError or LockInvalid when it cannot
+    be read or is not one."""
+    path = lock_path(config)
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_LOCK_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > MAX_LOCK_BYTES:
+        raise LockInvalid(f"larger than {MAX_LOCK_BYTES} bytes")
+    return parse_lock(data)
+
+
+def lock_command(path: str, check: bool, environ: dict[str, str]) -> int:
+    """``lock``: write the lock (0; 1 when a service cannot be learned, nothing written);
+    ``lock --check``: 0 when everything is as locked, 1 on drift (printed), 2 when the suite
+    or the lock cannot be read."""
+    suite = _read_suite(path)
+    if isinstance(suite, int):
+        return suite
+    locked: SuiteLock | None = None
+    if check:
+        try:
+            locked = read_lock(path)
+        except (OSError, LockInvalid) as exc:
+            locked = None
+            print(f"error: {lock_path(path)}: {exc}", file=sys.stderr)
+        if locked is None:
+            print(f"error: {lock_path(path)}: no lock to check (run 'lock' first)", file=sys.stderr)
+            return EXIT_UNREADABLE
+    learned = learn_for_lock(suite, environ)
+    if isinstance(learned, int):
+        return learned
+    failed = {name: item.offer.error for name, item in learned.items() if item.offer.error}
+    for name, error in failed.items():
+        print(f"{name}: not learned: {error}", file=sys.stderr)
+    if locked is not None:
+        return _check_lock(path, suite, locked, learned, failed=bool(failed))
+    if failed:
+        print(f"{lock_path(path)}: not written", file=sys.stderr)
+        return EXIT_INVALID
+    entries = {
+        name: service_lock(suite.mcp_services[name].image, item.image_id, item.offer)
+        for name, item in learned.items()
+    }
+    target = lock_path(path)
+    scratch = target.with_name(f".{target.name}.{os.getpid()}")
+    scratch.write_text(lock_text(entries))
+    scratch.replace(target)  # whole or not at all
+    print(f"{target}: {len(entries)} service(s) locked")
+    return EXIT_OK
+
+
+def learn_for_lock(suite: Suite, environ: dict[str, str]) -> dict[str, Learned] | int:
+    """Every service's offer and image id, as the orchestrator learns them at start-up (the
+    catalog probe, and its cache keyed by the image id); an exit code when the engine's
+    address is not usable."""
+    try:
+        runtime = engine_runtime(suite, environ.get("REACTOR_FABRIC_RUNTIME") or None, environ)
+    except EngineAddressError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+
+    async def learn() -> dict[str, Learned]:
+        try:
+            identity = process_identity(new_instance_id(), suite.orchestrator.network)
+            _catalog, learned = await learn_catalog(
+                runtime, identity, suite.mcp_services, default_store(environ)
+            )
+            return learned
+        finally:
+            await runtime.close()
+
+    return trio.run(learn)
+
+
+def lock_drift(suite: Suite, locked: SuiteLock, learned: Mapping[str, Learned]) -> list[Drift]:
+    """Everything the services, as learned, differ from the lock in (``lock --check``)."""
+    drifts: list[Drift] = []
+    for name, item in learned.items():
+        image = compare_image(name, suite.mcp_services[name].image, locked, item.image_id)
+        drifts += [image] if image is not None else []
+        drifts += compare_offer(name, locked, item.offer)
+    drifts += [
+        Drift(name, "service", name, "removed")
+        for name in locked.unknown_services(suite.mcp_services)
+    ]
+    return drifts
+
+
+def _check_lock(
+    path: str, suite: Suite, locked: SuiteLock, learned: Mapping[str, Learned], *, failed: bool
+) -> int:
+    drifts = lock_drift(suite, locked, learned)
+    for drift in drifts:
+        print(drift.describe())
+    if drifts or failed:
+        return EXIT_INVALID
+    print(f"{lock_path(path)}: every service as locked")
+    return EXIT_OK
+
+
 def validate_config(path: str, *, secrets: bool = False) -> int:
     """``validate-config``; with ``secrets``, every secret's source is resolved as the
     orchestrator would at its start (this process's environment and user), each problem
@@ -465,6 +601,21 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     suite = _read_suite(path)
     if isinstance(suite, int):
         return suite
+    try:
+        locked = read_lock(path)
+    except (OSError, LockInvalid) as exc:
+        print(f"{lock_path(path)}: {exc}", file=sys.stderr)
+        print(f"{path}: invalid (its lock cannot be read)", file=sys.stderr)
+        return EXIT_INVALID
+    unknown = locked.unknown_services(suite.mcp_services) if locked is not None else []
+    if unknown:
+        print(
+            f"{lock_path(path)}: names service(s) the suite lacks: {', '.join(unknown)} (run "
+            "'lock' again)",
+            file=sys.stderr,
+        )
+        print(f"{path}: invalid (1 problem(s))", file=sys.stderr)
+        return EXIT_INVALID
     services = ", ".join(suite.mcp_services)
     print(f"{path}: valid ({len(suite.mcp_services)} service(s): {services})")
     if not secrets:
@@ -522,6 +673,17 @@ def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int
         stop_logging()  # writes what is still queued
 
 
+def _serving_lock(config: str) -> SuiteLock | int | None:
+    """The suite lock to serve with (None: no lock file); an exit code, logged and said, when
+    it cannot be read: serving as if there were none would drop the check it asks for."""
+    try:
+        return read_lock(config)
+    except (OSError, LockInvalid) as exc:
+        log.error("lock_unreadable", extra={"reason": _reasons.LOCK_UNREADABLE, "detail": str(exc)})
+        print(f"error: {lock_path(config)}: {exc}; not starting", file=sys.stderr)
+        return EXIT_UNREADABLE
+
+
 def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -> int:
     try:
         text = read_suite_file(settings.config)
@@ -555,20 +717,27 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
         for issue in check.issues:
             print(f"  {issue}", file=sys.stderr)
         return EXIT_INVALID
+    return _serve_suite(settings, check.suite, environ, cpu_slice)
+
+
+def _serve_suite(
+    settings: ServeSettings, suite: Suite, environ: dict[str, str], cpu_slice: Slice
+) -> int:
+    """Serve a valid suite: its token, engine, lock and audit trail first (each may refuse)."""
     try:
-        token = _token(settings, check.suite.orchestrator.auth, environ)
+        token = _token(settings, suite.orchestrator.auth, environ)
     except TokenError as exc:
         log.error("cannot_authenticate", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
-        runtime = engine_runtime(check.suite, settings.runtime, environ)
+        runtime = engine_runtime(suite, settings.runtime, environ)
     except EngineAddressError as exc:
         log.error("engine_unusable", extra={"reason": _reasons.ENGINE_ADDRESS, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
-        audit = open_audit(check.suite, environ)
+        audit = open_audit(suite, environ)
     except OSError as exc:
         log.error(
             "audit_unwritable", extra={"reason": _reasons.AUDIT_UNWRITABLE, "detail": str(exc)}
@@ -580,7 +749,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
         )
         return EXIT_UNREADABLE
     observer = Observer(
-        services=check.suite.mcp_services,
+        services=suite.mcp_services,
         audit=audit,
         tracing=tracing_from_environment(environ),
     )
@@ -595,10 +764,18 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
                 "listen": f"{settings.host}:{settings.port}",
             }
         )
+    locked = _serving_lock(settings.config)
+    if isinstance(locked, int):
+        return locked
+    mode = lock_mode(suite.orchestrator.lock, locked is not None)
+    if locked is not None:
+        log.info("suite_lock", extra={"path": str(lock_path(settings.config)), "mode": mode})
     fabric = Fabric(
-        suite=check.suite,
+        suite=suite,
+        lock=locked if mode != "off" else None,
+        lock_mode=mode,
         runtime=runtime,
-        network=settings.network or check.suite.orchestrator.network,
+        network=settings.network or suite.orchestrator.network,
         listen_host=settings.host,
         token=token.value if token is not None else None,
         catalog_store=default_store(environ),

@@ -158,6 +158,12 @@ TOKEN_INVALID: Final = "token_invalid"  # noqa: S105 - a reason, not a secret
 # The stdio bridge: the orchestrator refused the WebSocket handshake with this HTTP status
 # and no error of its own in the body (403: a refused Origin or Host).
 HTTP_STATUS: Final = "http_{status}"
+# orchestrator.lock: enforce — a tool whose definition differs from the suite lock's hash is
+# hidden, and a call of it refused (data names the tool and the parts that changed).
+TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"
+# orchestrator.lock: enforce — the service's image is not the one the suite lock names (its
+# digest changed): no container is started from it.
+IMAGE_CHANGED: Final = "image_changed"
 
 # ============================================================================================
 # Answered: -32005 ServiceNotFound
@@ -281,6 +287,8 @@ AUTH_SETUP: Final = "auth_setup"
 ENGINE_ADDRESS: Final = "engine_address"
 # The audit file cannot be opened for writing.
 AUDIT_UNWRITABLE: Final = "audit_unwritable"
+# The suite lock (claude-mcp-suite.lock beside the suite) cannot be read, or is not one.
+LOCK_UNREADABLE: Final = "lock_unreadable"
 # The port is taken.
 PORT_IN_USE: Final = "port_in_use"
 # Any other reason the socket cannot listen.

@@ -18,6 +18,8 @@ import trio
 import trio.testing
 
 from reactor_fabric.config.structs import Limits, Orchestrator, Profile, Service, Suite
+from reactor_fabric.observe.observer import Observer
+from reactor_fabric.protocol.suite_lock import Mode, SuiteLock
 from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
 from reactor_fabric.trio.app import FabricApp
 from reactor_fabric.trio.fabric import Fabric
@@ -122,6 +124,9 @@ async def served(
     learn_catalog: bool = False,
     services: dict[str, Service] | None = None,
     profiles: dict[str, Profile] | None = None,
+    suite_lock: SuiteLock | None = None,
+    lock_mode: Mode = "off",
+    observer: Observer | None = None,
     **orchestrator: Any,
 ) -> AsyncIterator[Served]:
     suite = suite_for(root, idle_timeout=idle_timeout, limits=limits, **orchestrator)
@@ -130,7 +135,15 @@ async def served(
     if profiles is not None:
         suite = msgspec.structs.replace(suite, profiles=profiles)
     async with open_memory_runtime(server, stdin_capacity=stdin_capacity) as runtime:
-        fabric = Fabric(suite, runtime=runtime, network="none", token=token)
+        fabric = Fabric(
+            suite,
+            runtime=runtime,
+            network="none",
+            token=token,
+            lock=suite_lock,
+            lock_mode=lock_mode,
+            observer=observer if observer is not None else Observer(),
+        )
         sessions = HttpSessions(fabric)
         app = FabricApp(fabric, sessions)
         async with trio.open_nursery() as nursery:

@@ -344,6 +344,11 @@ class Observer:
             }
         )
 
+    def drift(self, *, mode: str, where: str, drift: dict[str, Any]) -> None:
+        """Something differs from the suite lock (an image's id, a tool's definition…):
+        ``drift`` names it and the parts that changed (hashes compared, never the text)."""
+        self._write({"ts": now_iso(), "event": "drift", "mode": mode, "where": where, **drift})
+
     # --- calls and errors ---------------------------------------------------------------------
 
     def tool_call(

@@ -83,6 +83,11 @@ class ServiceCatalog:
     resource_templates: tuple[Json, ...] = ()
     error: str | None = None
     reason: str | None = None
+    # Tools the suite lock withholds (orchestrator.lock: enforce, see suite_lock.py): each
+    # {"tool", "change", "parts"}; not listed, and a call of one is refused saying why.
+    withheld: tuple[Json, ...] = ()
+    # What differs from the suite lock (warn and enforce): drift records (suite_lock.Drift).
+    drift: tuple[Json, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,14 @@ class Catalog:
         """(service, the service's own URI) for a shown resource URI."""
         return self.resources.get(uri)
 
+    def withheld_tool(self, name: str) -> tuple[str, Json] | None:
+        """(service, why) for a shown name of a tool the suite lock withholds."""
+        for service, offer in self.services.items():
+            for why in offer.withheld:
+                if shown_name(service, str(why.get("tool"))) == name:
+                    return service, why
+        return None
+
     def addressed(self, name: str) -> tuple[str, str] | None:
         """(service, tool) for a name that is not in the table but addresses, as
         ``{service}__{tool}``, a service whose offer could not be learned (or not yet): the
@@ -160,6 +173,10 @@ class Catalog:
             for name, offer in self.services.items()
             if offer.reason is not None
         }
+
+    def lock_drift(self) -> dict[str, list[Json]]:
+        """Each service's difference from the suite lock (only services with some)."""
+        return {name: list(s.drift) for name, s in self.services.items() if s.drift}
 
     def errors(self) -> dict[str, str]:
         """Why each service's offer is missing or partial: not learned, or names refused."""

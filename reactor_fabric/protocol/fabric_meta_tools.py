@@ -265,6 +265,9 @@ def _status(
             host.count_tokens,
         ),
     }
+    drift = host.catalog.lock_drift()
+    if drift:  # (the suite lock: what differs from it, per service; absent without any)
+        status["lock_drift"] = drift
     return [host._result(request_id, _structured(status))]
 
 

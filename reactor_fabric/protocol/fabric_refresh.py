@@ -29,6 +29,7 @@ import msgspec
 from ..discovery import DiscoveryIndex
 from .catalog import Catalog, ServiceCatalog, service_catalog
 from .fabric_discovery import ServiceFacts, index_catalog
+from .suite_lock import Mode, SuiteLock, relocked_tools
 
 Json = dict[str, Any]
 
@@ -56,6 +57,9 @@ class ToolChanges:
     changed: tuple[Json, ...] = ()
     counts: tuple[int, int, int] = (0, 0, 0)  # added, removed, changed, before any cut
     tools: int = 0  # how many tools the service lists now
+    # What now differs from the suite lock that did not before (Drift records with "mode"):
+    # logged and audited as drift (under enforce those tools are withheld).
+    drift: tuple[Json, ...] = ()
 
     @property
     def truncated(self) -> bool:
@@ -99,6 +103,9 @@ class Refresh:
     lists: tuple[tuple[str, str, tuple[Any, ...]], ...]
     facts: Mapping[str, ServiceFacts]
     count_tokens: Callable[[Json], int]
+    # The suite lock the fresh tools are checked against (orchestrator.lock; None: none).
+    lock: SuiteLock | None = None
+    lock_mode: Mode = "off"
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -114,9 +121,15 @@ class Refresh:
             fresh: ServiceCatalog = service_catalog(**{kind: entries})
             services[service] = replace(before, **{kind: getattr(fresh, kind)})
             if kind == "tools":
+                drift: tuple[Json, ...] = ()
+                if self.lock is not None:
+                    services[service], found = relocked_tools(
+                        service, services[service], self.lock, self.lock_mode
+                    )
+                    drift = tuple({**d.record(), "mode": self.lock_mode} for d in found)
                 change = tool_changes(service, before.tools, fresh.tools)
                 if change is not None:
-                    changes.append(change)
+                    changes.append(replace(change, drift=drift))
         catalog = Catalog(services)
         index = None
         if "tools" in self.kinds:
@@ -223,7 +236,12 @@ class Relists:
         return True
 
     def next(
-        self, base: Catalog, facts: Mapping[str, ServiceFacts], count: Callable[[Json], int]
+        self,
+        base: Catalog,
+        facts: Mapping[str, ServiceFacts],
+        count: Callable[[Json], int],
+        lock: SuiteLock | None = None,
+        lock_mode: Mode = "off",
     ) -> Refresh | None:
         """The next refresh, with every list that came meanwhile, if none runs."""
         if self.running is not None or not self.fresh:
@@ -233,7 +251,7 @@ class Relists:
         )
         self.held = {key: relist for key, (relist, _) in self.fresh.items()}
         self.fresh = {}
-        self.running = Refresh(base, lists, facts, count)
+        self.running = Refresh(base, lists, facts, count, lock, lock_mode)
         return self.running
 
     def finished(self, job: object) -> tuple[Refresh, dict[Key, _Relist]] | None:

@@ -148,6 +148,7 @@ from .mcp import (
     TITLES,
 )
 from .served import Served
+from .suite_lock import Mode, SuiteLock
 from .tool_calls import ArgumentsMode
 
 BackendEvent = (
@@ -290,6 +291,9 @@ class FabricRouter(Answers):
         self._asked: dict[int, _Asked] = {}
         self._backend_bytes = 0  # the size of the backend message being handled
         self.relists = Relists()  # refreshes after backends' list_changed
+        # The suite lock a backend's fresh tools are checked against (set by FabricServer).
+        self.lock: SuiteLock | None = None
+        self.lock_mode: Mode = "off"
         self.waits = InputWaits()  # calls waiting for a 2026-07-28 client's retry
         # The session is ending (see answer_all): what everything coming meanwhile is told.
         self._ending: FabricError | None = None
@@ -926,7 +930,9 @@ class FabricRouter(Answers):
         return self._next_refresh()
 
     def _next_refresh(self) -> list[Action]:
-        refresh = self.relists.next(self.catalog, self.facts, self.count_tokens)
+        refresh = self.relists.next(
+            self.catalog, self.facts, self.count_tokens, self.lock, self.lock_mode
+        )
         if refresh is None:
             return []
         # (a refresh that fails leaves the catalog as it was: logged, not the session's end)

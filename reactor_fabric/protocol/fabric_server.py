@@ -37,7 +37,11 @@ from typing import Any, Literal
 import msgspec
 
 from .._errors import FabricError, InvalidRequest, ParseError
-from .._reasons import INVALID_JSON, ORCHESTRATOR_STOPPING, SESSION_ENDED
+from .._reasons import (
+    INVALID_JSON,
+    ORCHESTRATOR_STOPPING,
+    SESSION_ENDED,
+)
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
 from .answers import (
@@ -99,6 +103,7 @@ from .fabric_router import (
 from .jsonrpc import RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
+from .suite_lock import Mode, SuiteLock, withheld_error
 from .tool_calls import ArgumentsMode
 
 __all__ = [
@@ -150,6 +155,8 @@ class FabricServer(FabricRouter):
         buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
         client_lease: float | None = None,
         lifecycles: Mapping[str, Lifecycle] | None = None,
+        lock: SuiteLock | None = None,
+        lock_mode: Mode = "off",
     ) -> None:
         super().__init__(
             catalog,
@@ -165,6 +172,7 @@ class FabricServer(FabricRouter):
             lifecycles=lifecycles or {},
         )
         self.session_id = session_id
+        self.lock, self.lock_mode = lock, lock_mode  # (see suite_lock.py)
         self.exposure: Exposure = exposure
         wanted = set(active)  # once: ``active`` may be an iterator
         self.active: list[str] = [s for s in catalog.services if s in wanted]
@@ -563,6 +571,9 @@ class FabricServer(FabricRouter):
         else:
             # A service whose offer could not be learned is still called by name: its start
             # answers why it cannot run (-32002 image_not_found…), not "unknown tool".
+            withheld = self.catalog.withheld_tool(name) if isinstance(name, str) else None
+            if withheld is not None:
+                return [self._withheld(request_id, *withheld)]
             addressed = self.catalog.addressed(name) if isinstance(name, str) else None
             if addressed is None:
                 return [self._fail(request_id, INVALID_PARAMS, f"unknown tool {name!r}")]
@@ -571,6 +582,12 @@ class FabricServer(FabricRouter):
         if isinstance(request_id, str | int):
             self.calls.route(request_id, service, tool)
         return self._forward(service, request_id, "tools/call", {**params, "name": tool})
+
+    def _withheld(self, request_id: object, service: str, why: Json) -> ToClient:
+        """A call of a tool the suite lock withholds (orchestrator.lock: enforce)."""
+        if isinstance(request_id, str | int):
+            self.calls.route(request_id, service, str(why.get("tool")))
+        return self._error(request_id, withheld_error(service, why))
 
     # --- refreshes and answers ------------------------------------------------------------------
 

@@ -104,7 +104,9 @@ from .events import (
     Tick,
     ToBackend,
     ToClient,
+    ToolsChanged,
 )
+from .fabric_refresh import ToolChanges
 from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .jsonrpc import (
     REQUEST,
@@ -119,6 +121,7 @@ from .jsonrpc import (
 from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
 from .lifecycle import Lifecycle
 from .served import Served
+from .suite_lock import Mode, SuiteLock, checked_tools_list, withheld_error
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
 # --- the lifecycle ----------------------------------------------------------------------------
@@ -209,8 +212,16 @@ class SessionMachine:
         audit_arguments: ArgumentsMode = "hash",
         client_lease: float | None = None,
         lifecycle: Lifecycle | None = None,
+        lock: SuiteLock | None = None,
+        lock_mode: Mode = "off",
     ) -> None:
         self.service_name = service_name
+        # The suite lock the server's tools/list answers are checked against (None: none),
+        # and the tools it withholds under enforce (name → why; see suite_lock.py).
+        self.lock = lock if lock_mode != "off" else None
+        self.lock_mode: Mode = lock_mode
+        self._withheld: dict[str, dict[str, Any]] = {}
+        self._drift_seen: set[tuple[str, str, tuple[str, ...]]] = set()
         self.lifecycle = lifecycle or Lifecycle()
         self.idle_timeout = idle_timeout
         self.limits = limits
@@ -318,6 +329,8 @@ class SessionMachine:
         twin.lease = dataclasses.replace(self.lease)
         twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
         twin._waiting = self._waiting.clone()
+        twin._withheld = dict(self._withheld)
+        twin._drift_seen = set(self._drift_seen)
         twin._handlers = {
             kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
         }
@@ -355,6 +368,8 @@ class SessionMachine:
             self._next_seq,
             self._last_activity,
             self.lease.state(),
+            tuple(sorted(self._withheld)),
+            tuple(sorted(self._drift_seen)),
         )
 
     @property
@@ -384,6 +399,9 @@ class SessionMachine:
                 return self._refuse_duplicate(message, event.frame, now)
             if message.method == TOOLS_CALL:
                 self.calls.begin_params(message.id, message.params, len(event.frame), now)
+                why = self._withheld_call(message)
+                if why is not None:
+                    return self._error_to_client(message.id, withheld_error(self.service_name, why))
             if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
                 refusal = InvalidRequest(
                     f"this session already has {self.limits.max_in_flight} requests in flight",
@@ -596,20 +614,61 @@ class SessionMachine:
                 Log("warning", "server_request_refused", fields),
                 self._write_line(slot, error_response(message.id, refusal)),
             ]
+        relayed, checked = event.line, list[Action]()
+        if (
+            self.lock is not None
+            and message.kind == RESPONSE
+            and message.id is not None
+            and self.ledger.client_requests.get(message.id) == "tools/list"
+        ):
+            relayed, checked = self._checked_list(relayed)
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
-        send = ToClient(event.line, message)
+        send = ToClient(relayed, message)
+        return [*checked, *self._after_answer(slot, message, relayed, now, send)]
+
+    def _after_answer(
+        self, slot: _Slot, message: Peek, line: bytes, now: float, send: ToClient
+    ) -> list[Action]:
         if message.kind != RESPONSE:
             return [send]
         actions: list[Action] = [send]
-        if not self.lifecycle.reuses and asks_for_input(event.line):
+        if not self.lifecycle.reuses and asks_for_input(line):
             # The client retries this call with its input: in this container, which a
             # server may need (its requestState may name what only this process holds).
             slot.retry_until = now + INPUT_WAIT_SECONDS
         if self.calls.open:
-            done = self.calls.answer(message.id, event.line, now)
+            done = self.calls.answer(message.id, line, now)
             if done is not None:
                 actions.append(done)
         return actions + self._between_calls(now)
+
+    def _withheld_call(self, message: Peek) -> dict[str, Any] | None:
+        """Why the suite lock withholds the tool this tools/call names (None: it does not)."""
+        if not self._withheld or message.params is None:
+            return None
+        try:
+            params = msgspec.json.decode(message.params)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        name = params.get("name") if isinstance(params, dict) else None
+        return self._withheld.get(name) if isinstance(name, str) else None
+
+    def _checked_list(self, line: bytes) -> tuple[bytes, list[Action]]:
+        """The server's tools/list answer against the suite lock: what to pass on, and the
+        drift not reported yet in this session (the driver logs and audits it)."""
+        assert self.lock is not None
+        line, drifts = checked_tools_list(
+            self.service_name, self.lock, self.lock_mode, line, self._withheld
+        )
+        fresh = []
+        for drift in drifts:
+            seen = (drift.name, drift.change, drift.parts)
+            if seen not in self._drift_seen:
+                self._drift_seen.add(seen)
+                fresh.append({**drift.record(), "mode": self.lock_mode})
+        if not fresh:
+            return line, []
+        return line, [ToolsChanged(ToolChanges(self.service_name, drift=tuple(fresh)))]
 
     def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
         if answer.failed:

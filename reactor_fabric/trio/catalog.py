@@ -106,6 +106,7 @@ class Learned:
 
     offer: ServiceCatalog
     source: str
+    image_id: str | None = None  # the image's id as the engine had it (the suite lock's)
 
 
 async def learn_catalog(
@@ -117,14 +118,24 @@ async def learn_catalog(
     refresh: bool = False,
     max_line: int = 16 * 1024 * 1024,
     on_learned: Callable[[str, Learned], None] | None = None,
+    image_refused: Callable[[str, Service, str | None], FabricError | None] | None = None,
 ) -> tuple[Catalog, dict[str, Learned]]:
     """Every service's offer: from the cache, else learned by a probe (one at a time, so that
     a start-up does not compete with the first sessions for the engine). Without a ``store``
-    nothing is cached. ``on_learned`` hears of each service as soon as it is known."""
+    nothing is cached. ``on_learned`` hears of each service as soon as it is known;
+    ``image_refused`` may refuse a service's image by its id (the suite lock's enforce): then
+    nothing of it is started, nor read from the cache, and the service is unavailable."""
     learned: dict[str, Learned] = {}
     for name, service in services.items():
         learned[name] = await _learn_one(
-            runtime, identity, name, service, store, refresh=refresh, max_line=max_line
+            runtime,
+            identity,
+            name,
+            service,
+            store,
+            refresh=refresh,
+            max_line=max_line,
+            image_refused=image_refused,
         )
         if on_learned is not None:
             on_learned(name, learned[name])
@@ -140,17 +151,22 @@ async def _learn_one(
     *,
     refresh: bool,
     max_line: int,
+    image_refused: Callable[[str, Service, str | None], FabricError | None] | None = None,
 ) -> Learned:
     try:
         image_id = await runtime.image_id(service.image)
     except FabricError as exc:
         image_id = None
         log.debug("catalog_image_unknown", extra={"service": name, "detail": str(exc)})
+    refusal = image_refused(name, service, image_id) if image_refused is not None else None
+    if refusal is not None:
+        offer = ServiceCatalog(error=str(refusal), reason=refusal.reason)
+        return Learned(offer, "error", image_id)
     key = cache_key(image_id, service) if image_id is not None and store is not None else None
     if key is not None and store is not None and not refresh:
         cached = await trio.to_thread.run_sync(store.load, key)
         if cached is not None:
-            return Learned(cached, "cache")
+            return Learned(cached, "cache", image_id)
     try:
         offer = await probe_service(runtime, identity, name, service, max_line=max_line)
     except (FabricError, ProbeFailed, FramingError, trio.TooSlowError) as exc:
@@ -158,7 +174,7 @@ async def _learn_one(
         log.warning("catalog_probe_failed", extra={"service": name, "detail": detail})
         return Learned(ServiceCatalog(error=detail, reason=_failure_reason(exc)), "error")
     if store is None:
-        return Learned(offer, "probe")
+        return Learned(offer, "probe", image_id)
     if key is None:  # the image appeared with the probe (pulled): key it now
         with contextlib.suppress(FabricError):
             image_id = await runtime.image_id(service.image)
@@ -168,7 +184,7 @@ async def _learn_one(
             await trio.to_thread.run_sync(store.save, key, offer)
         except OSError as exc:  # a cache we cannot write: learned all the same, next time again
             log.warning("catalog_cache_unwritable", extra={"service": name, "detail": str(exc)})
-    return Learned(offer, "probe")
+    return Learned(offer, "probe", image_id)
 
 
 def _failure_reason(exc: Exception) -> str:

@@ -63,6 +63,8 @@ async def start_container(
     one call the container is started for (fresh_per_call), named in its audit record.
     """
     began = trio.current_time()
+    # The suite lock: no container from an image whose digest changed (enforce).
+    await fabric.check_image(service_name, service)
     pins, account = await fabric.prepare_start(mounts)
     container: Container | None = None
     if fabric.pool is not None:

@@ -282,17 +282,31 @@ class SessionDriver:
         live = self._latest.get(changes.service)
         container = live.container.id[:12] if live is not None else None
         record = changes.record()
-        log.warning(
-            "tools_changed",
-            extra={**self._fields, "backend": changes.service, "container": container, **record},
-        )
-        self.observer.tools_changed(
-            session=self.record.id,
-            endpoint=self.record.endpoint,
-            service=changes.service,
-            container=container,
-            changes=record,
-        )
+        if changes.counts != (0, 0, 0):  # (the relay reports the suite lock's drift alone)
+            log.warning(
+                "tools_changed",
+                extra={
+                    **self._fields,
+                    "backend": changes.service,
+                    "container": container,
+                    **record,
+                },
+            )
+            self.observer.tools_changed(
+                session=self.record.id,
+                endpoint=self.record.endpoint,
+                service=changes.service,
+                container=container,
+                changes=record,
+            )
+        for drift in changes.drift:  # (the suite lock: what now differs from it)
+            fields = {key: value for key, value in drift.items() if key != "mode"}
+            log.warning("lock_drift", extra={**self._fields, **drift})
+            self.observer.drift(
+                mode=str(drift.get("mode")),
+                where="session",
+                drift={"session": self.record.id, "container": container, **fields},
+            )
 
     # --- client side --------------------------------------------------------------------------
 

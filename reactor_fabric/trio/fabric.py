@@ -18,13 +18,13 @@ import os
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import trio
 
-from .._errors import SessionRefused
-from .._reasons import SECRET_UNAVAILABLE
+from .._errors import FabricError, SecurityViolation, SessionRefused
+from .._reasons import IMAGE_CHANGED, SECRET_UNAVAILABLE
 from ..config.secrets import ServiceSecrets, resolve_suite_secrets
 from ..config.structs import Limits, Service, Suite
 from ..discovery import DiscoveryIndex, tokens
@@ -52,6 +52,7 @@ from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.served import Served
+from ..protocol.suite_lock import Drift, Mode, SuiteLock, compare_image, compare_offer, enforced
 from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Container, Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
@@ -244,6 +245,11 @@ class Fabric:
     # Each service's secrets (services without any are absent); None: resolved from this
     # process's environment and files when the fabric is made (once, at the start).
     secrets: Mapping[str, ServiceSecrets] | None = field(default=None, repr=False)
+    # The suite lock (None: no lock file) and what orchestrator.lock makes of it; the drift
+    # found, per service and where (catalog, image), as get_status and the status page show it.
+    lock: SuiteLock | None = None
+    lock_mode: Mode = "off"
+    drift: dict[tuple[str, str], tuple[Drift, ...]] = field(default_factory=dict)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
     _identity: ContainerIdentity = field(init=False)
 
@@ -306,7 +312,7 @@ class Fabric:
             services = self.catalog.services
             # A failed learning keeps the offer last learned (its tools stay callable, a call
             # says why the service cannot run): see relearned.
-            offer = relearned(services.get(name), learned.offer)
+            offer = relearned(services.get(name), self._locked(name, learned))
             self.catalog = Catalog({**services, name: offer})
             # The metrics label a tool call with its tool's name only if the catalog has it.
             self.observer.metrics.know_tools(
@@ -324,6 +330,7 @@ class Fabric:
                 self.catalog_store,
                 max_line=self.max_message_bytes,
                 on_learned=publish,
+                image_refused=self._image_refused,
             )
         except* Exception as failure:
             # A bug here must not end the orchestrator (this runs in its root nursery): the
@@ -336,6 +343,76 @@ class Fabric:
         # A shown name two services would share is refused for both (catalog.py): say so once.
         for service, why in self.catalog.conflicts.items():
             log.warning("catalog_names_refused", extra={"service": service, "detail": list(why)})
+
+    # --- the suite lock -----------------------------------------------------------------------
+
+    def _locked(self, name: str, learned: Learned) -> ServiceCatalog:
+        """A learned offer compared with the suite lock: drift reported; under enforce, what
+        differs withheld (see protocol/suite_lock.py)."""
+        if self.lock is None or self.lock_mode == "off":
+            return learned.offer
+        service = self.suite.mcp_services[name]
+        if learned.image_id is not None:
+            image = compare_image(name, service.image, self.lock, learned.image_id)
+            self.report_drift(name, "image", [image] if image is not None else [])
+        self.report_drift(name, "catalog", compare_offer(name, self.lock, learned.offer))
+        drifts = [*self.drift.get((name, "image"), ()), *self.drift.get((name, "catalog"), ())]
+        offer = enforced(learned.offer, drifts) if self.lock_mode == "enforce" else learned.offer
+        return replace(offer, drift=tuple(drift.record() for drift in drifts))
+
+    def report_drift(self, service: str, where: str, drifts: list[Drift]) -> None:
+        """Keep the service's drift for get_status and the page; log and audit it when it is
+        new (a catalog recheck finding the same drift again says nothing twice)."""
+        key = (service, where)
+        found = tuple(drifts)
+        if self.drift.get(key, ()) == found:
+            return
+        if found:
+            self.drift[key] = found
+        else:
+            self.drift.pop(key, None)
+        for drift in found:
+            log.warning("lock_drift", extra={"mode": self.lock_mode, **drift.record()})
+            self.observer.drift(mode=self.lock_mode, where=where, drift=drift.record())
+
+    def drift_records(self) -> list[dict[str, Any]]:
+        """Every drift found and still current (get_status, the status page)."""
+        return [drift.record() for found in self.drift.values() for drift in found]
+
+    def _image_refused(
+        self, name: str, service: Service, image_id: str | None
+    ) -> FabricError | None:
+        """Under enforce: the refusal of an image that is not the locked one (else None)."""
+        if self.lock is None or self.lock_mode != "enforce":
+            return None
+        drift = compare_image(name, service.image, self.lock, image_id)
+        if drift is None:
+            return None
+        self.report_drift(name, "image", [drift])
+        return SecurityViolation(
+            f"{drift.describe()}: no container is started from it (review the image, then "
+            "run 'reactor-fabric lock' again)",
+            reason=IMAGE_CHANGED,
+            service=name,
+            image=service.image,
+            locked=drift.locked,
+            found=drift.found,
+        )
+
+    async def check_image(self, name: str, service: Service) -> None:
+        """At every container start with a lock: the image's id against the locked one.
+        Enforce raises SecurityViolation (image_changed); warn reports the drift."""
+        if self.lock is None or self.lock_mode == "off":
+            return
+        try:
+            image_id = await self.runtime.image_id(service.image)
+        except FabricError:
+            return  # the engine cannot say: the start itself will fail and say why
+        refusal = self._image_refused(name, service, image_id)
+        if refusal is not None:
+            raise refusal
+        drift = compare_image(name, service.image, self.lock, image_id)
+        self.report_drift(name, "image", [drift] if drift is not None else [])
 
     def service_facts(self) -> dict[str, ServiceFacts]:
         return suite_facts(self.suite)

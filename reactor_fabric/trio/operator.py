@@ -62,7 +62,10 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
         body = await trio.to_thread.run_sync(observer.metrics.exposition)
         await exchange.respond(200, body, content_type=CONTENT_TYPE.encode())
     elif path == "/api/sessions":
-        await exchange.respond_json(200, sessions_json(session_views(fabric)))
+        answer = sessions_json(session_views(fabric))
+        if fabric.lock is not None:  # what differs from the suite lock (the page shows it)
+            answer["lock_drift"] = {"mode": fabric.lock_mode, "drift": fabric.drift_records()}
+        await exchange.respond_json(200, answer)
     elif path == "/api/calls":
         query = parse_qs(request.query)
 

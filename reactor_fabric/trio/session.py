@@ -285,6 +285,8 @@ def _relay_driver(
         audit_arguments=fabric.audit_arguments,
         client_lease=lease.lease_seconds if lease is not None else None,
         lifecycle=lifecycle_of(service),
+        lock=fabric.lock,
+        lock_mode=fabric.lock_mode,
     )
     record.served, record.served_since = machine.served, now
     host = ContainerHost(fabric, record)
@@ -344,6 +346,8 @@ async def _fabric_driver(
         own_backlog_bytes=buffer_to_server,
         buffer_to_server_bytes=buffer_to_server,
         client_lease=lease.lease_seconds if lease is not None else None,
+        lock=fabric.lock,
+        lock_mode=fabric.lock_mode,
     )
     record.served, record.served_since = machine.served, machine.started_at
     host = ContainerHost(fabric, record)

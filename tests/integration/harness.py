@@ -215,9 +215,13 @@ def engine_socket() -> str:
 TEST_IMAGES = Path(__file__).resolve().parent / "images"
 
 
-def build_test_image(name: str) -> str:
-    """Build ``images/NAME`` on the bundled time image (its Python; nothing is downloaded)."""
-    tag = f"reactor-fabric/test-{name}:1"
+def build_test_image(
+    name: str, *, version: str = "1", buildargs: dict[str, str] | None = None
+) -> str:
+    """Build ``images/NAME`` on the bundled time image (its Python; nothing is downloaded), as
+    ``reactor-fabric/test-NAME:VERSION``; ``buildargs``: more build arguments (two builds of
+    one directory that differ in one of them)."""
+    tag = f"reactor-fabric/test-{name}:{version}"
     client = docker.from_env(version="auto", timeout=120)
     try:
         base = BUNDLED["mcp_services"]["time"]["image"]
@@ -226,7 +230,10 @@ def build_test_image(name: str) -> str:
         client.images.build(
             path=str(TEST_IMAGES / name),
             tag=tag,
-            buildargs={"BASE": base},
+            buildargs={"BASE": base, **(buildargs or {})},
+            # Podman's builder reuses a cached layer whose instruction reads a build argument
+            # given another value: two builds that differ only there would be one image.
+            nocache=buildargs is not None,
             rm=True,
             forcerm=True,
         )
