@@ -30,6 +30,9 @@ from .streamable_http import HttpSessions, serve_streamable_http
 from .websocket import serve_websocket
 
 HEALTH_PING_TIMEOUT = 3.0
+# What of a refused request's body is read (and dropped) before the refusal is sent.
+REFUSED_BODY_BYTES = 64 * 1024
+REFUSED_BODY_SECONDS = 1.0
 
 
 class FabricApp:
@@ -74,6 +77,9 @@ class FabricApp:
 
     async def _refuse(self, exchange: HttpExchange, refusal: Refusal) -> None:
         self.fabric.observer.error_sent(SecurityViolation.code, refusal.reason)
+        # A little of the body is read first, so that the refusal reaches the client rather
+        # than a reset connection; never much, never long (the client is not admitted).
+        await exchange.discard_body(REFUSED_BODY_BYTES, REFUSED_BODY_SECONDS)
         await exchange.respond(refusal.status, refusal.body, headers=list(refusal.headers))
 
     async def _healthz(self, exchange: HttpExchange, *, details: bool) -> None:

@@ -175,6 +175,19 @@ class HttpExchange:
             else:
                 raise ClientGone(f"unexpected {type(event).__name__} in a request body")
 
+    async def discard_body(self, limit: int, seconds: float) -> None:
+        """Read what the client sends of its body and drop it, at most ``limit`` bytes for at
+        most ``seconds``, before a refusal is answered (a client waiting for ``100 Continue``
+        sends nothing: nothing to read). A connection closed with its request unread is
+        *reset*, and the client may then lose the answer itself: Node's fetch (Claude Code)
+        reported ECONNRESET instead of the 401 it was sent. Read, the request is whole, and the
+        connection may even carry the next one."""
+        if self._body_done or self._connection.they_are_waiting_for_100_continue:
+            return
+        with trio.move_on_after(seconds):
+            with contextlib.suppress(BodyTooLarge, ClientGone):
+                await self.read_body(limit)
+
     async def respond(
         self,
         status: int,

@@ -137,3 +137,58 @@ async def test_a_body_arriving_in_pieces_within_the_deadline_is_answered() -> No
         assert body == b"y" * 100
         assert app.outcome == "answered"
         await client.aclose()
+
+
+class RefusesWithoutReading:
+    """An app that refuses every request (as the token check does), reading none of it but
+    what :meth:`HttpExchange.discard_body` reads."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    async def http(self, exchange: HttpExchange) -> None:
+        self.refused += 1
+        await exchange.discard_body(1 << 10, 1.0)
+        await exchange.respond(401, b'{"error": "no token"}')
+
+    async def websocket(self, *_args: object) -> None:
+        raise AssertionError("no WebSocket here")
+
+
+async def test_a_refusal_reads_the_body_still_coming_so_the_connection_ends_cleanly() -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    app = RefusesWithoutReading()
+
+    async def answers(count: int) -> bytes:
+        received = b""
+        while received.count(b"HTTP/1.1 401") < count or not received.endswith(b"}"):
+            received += await client_side.receive_some()
+        return received
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, app, LIMITS)
+        await client_side.send_all(HEAD_OF_A_100_BYTE_POST)
+        await trio.testing.wait_all_tasks_blocked()
+        await client_side.send_all(b"z" * 100)  # the body comes after the refusal began
+        assert b'{"error": "no token"}' in await answers(1)
+        # The request was read whole: the connection was not dropped with it unread (which a
+        # socket turns into a reset), and carries the next request.
+        await client_side.send_all(HEAD_OF_A_100_BYTE_POST + b"z" * 100)
+        await answers(1)
+        assert app.refused == 2
+        await client_side.aclose()
+
+
+async def test_a_refusal_reads_no_more_of_a_body_than_its_bound() -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    app = RefusesWithoutReading()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, app, LIMITS)
+        client = HttpClient(client_side)
+        head = HEAD_OF_A_100_BYTE_POST.replace(b"content-length: 100", b"content-length: 4096")
+        await client_side.send_all(head + b"z" * 4096)
+        assert (await client.read_head()).status == 401  # refused all the same
+        while await client.read_chunk() is not None:
+            pass
+        assert await client_side.receive_some() == b""  # then closed: too much to read
+        await client.aclose()
