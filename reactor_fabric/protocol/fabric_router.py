@@ -407,10 +407,16 @@ class FabricRouter(Answers):
         request["id"] = self._new_id()
         params = request.get("params")
         target = _target(method, params) if isinstance(params, dict) else None
-        self._forwarded[request["id"]] = _Forwarded(key, client_id, method, offers, target)
-        if isinstance(client_id, str | int):
-            self.calls.serve(client_id, key.seq)  # (a tools/call's record names its container)
+        self._bind(request["id"], _Forwarded(key, client_id, method, offers, target))
         self.served.call(key, _call_ref(client_id, method, request.get("params") or {}))
+
+    def _bind(self, our_id: int, forwarded: _Forwarded) -> None:
+        """The backend's answer to ``our_id`` goes to the client's request ``forwarded`` names
+        (a call sent now, or one resumed by the client's retry: see _resume)."""
+        self._forwarded[our_id] = forwarded
+        if isinstance(forwarded.client_id, str | int):
+            # (a tools/call's record names its container)
+            self.calls.serve(forwarded.client_id, forwarded.key.seq)
 
     def _cancel_forwarded(self, client_id: object, params: Json) -> list[Action]:
         """The client cancelled its request ``client_id``: withdrawn from its backend (a
@@ -822,11 +828,7 @@ class FabricRouter(Answers):
                 del wait.asked[question]
                 reply = {"jsonrpc": "2.0", "id": backend_id, "result": response}
                 actions += self._send(wait.key, encoder.encode(reply))
-        self._forwarded[wait.call_id] = _Forwarded(
-            wait.key, client_id, method, wait.offers, wait.target
-        )
-        if isinstance(client_id, str | int):
-            self.calls.serve(client_id, wait.key.seq)
+        self._bind(wait.call_id, _Forwarded(wait.key, client_id, method, wait.offers, wait.target))
         if wait.answer is not None:
             return actions + self._backend_answer(wait.key, {**wait.answer, "id": wait.call_id})
         if wait.asked:  # questions left unanswered, or asked since: another round

@@ -39,9 +39,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import msgspec
-
 from .events import BackendKey
+from .tool_calls import result_type
 
 Json = dict[str, Any]
 
@@ -195,28 +194,11 @@ class InputWaits:
         )
 
 
-class _Result(msgspec.Struct):
-    resultType: object = None  # noqa: N815 (the MCP field's name)
-
-
-class _Answer(msgspec.Struct):
-    result: _Result | None = None
-
-
-_answer_decoder = msgspec.json.Decoder(_Answer)
-
-
 def asks_for_input(line: bytes) -> bool:
     """Whether a server's answer is a 2026-07-28 ``input_required`` result (the relay's
     servers that speak 2026-07-28 make their own). Cheap on every other answer: only a line
     that holds the word is decoded, and only its result's ``resultType``."""
-    if b'"input_required"' not in line:
-        return False
-    try:
-        answer = _answer_decoder.decode(line)
-    except (msgspec.DecodeError, RecursionError):
-        return False
-    return answer.result is not None and answer.result.resultType == "input_required"
+    return b'"input_required"' in line and result_type(line) == "input_required"
 
 
 def offered(params: Json) -> tuple[str, ...]:

@@ -566,3 +566,13 @@ def valid_traceparent(text: str) -> bool:
         return False
     trace_id, parent_id = match.groups()
     return trace_id != "0" * 32 and parent_id != "0" * 16
+
+
+def result_type(frame: bytes) -> object:
+    """The ``resultType`` of an answer's result (None: it has none, or is not an answer): the
+    one decoding of an answer's envelope, shared with the outcome's (see :class:`_Answered`)."""
+    try:
+        answer = _answer_decoder.decode(frame)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return None if answer.result is None else answer.result.resultType
