@@ -245,6 +245,10 @@ class StartBackend:
     call: CallRef | None = None
 
 
+# Characters of a call's tool, prompt or URI a CallRef keeps (audit records, /api/sessions).
+MAX_CALL_NAME = 256
+
+
 @dataclass(frozen=True, slots=True)
 class CallRef:
     """The call a per-call container serves: the client's request id, its method, and the
@@ -256,6 +260,16 @@ class CallRef:
 
     def record(self) -> dict[str, object]:
         return {"id": self.id, "method": self.method, "name": self.name}
+
+    @classmethod
+    def of(cls, request_id: object, method: str, named: object) -> CallRef:
+        """The reference both endpoints keep: the id if it is one, the name cut to
+        :data:`MAX_CALL_NAME` characters if it is a string."""
+        return cls(
+            request_id if isinstance(request_id, str | int) else None,
+            method,
+            named[:MAX_CALL_NAME] if isinstance(named, str) else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,8 +170,6 @@ ASK_SECONDS = 300.0
 # is refused (-32600 too_many_per_call_containers) rather than queued, so that a client sees at
 # once that it asks more of the service than a session may.
 MAX_PER_CALL_CONTAINERS = 8
-# Characters of a call's tool, prompt or URI its per-call container's audit record keeps.
-MAX_CALL_NAME = 256
 # What a backend's list_changed makes the machine ask it again, and where the answer goes.
 _REFRESH = {notification: (LIST_METHOD[kind], kind) for notification, kind in LIST_CHANGED.items()}
 
@@ -242,12 +240,7 @@ def _target(method: str, params: Json) -> object:
 
 def _call_ref(client_id: object, method: str, params: Json) -> CallRef:
     """The call a per-call container serves, as its audit record names it (bounded)."""
-    named = _target(method, params)
-    return CallRef(
-        client_id if isinstance(client_id, str | int) else None,
-        method,
-        named[:MAX_CALL_NAME] if isinstance(named, str) else None,
-    )
+    return CallRef.of(client_id, method, _target(method, params))
 
 
 class FabricRouter(Answers):

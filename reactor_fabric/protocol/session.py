@@ -137,7 +137,6 @@ _FRESH_AFTER = frozenset({INITIALIZE, "ping"})
 # /api/sessions shows of the call); a larger one is shown by its method only, so that a call's
 # path never decodes much more than the relay must.
 NAMED_PARAMS_BYTES = 4096
-MAX_CALL_NAME = 256
 
 
 class _Named(msgspec.Struct):
@@ -159,8 +158,7 @@ def _call_ref(message: Peek) -> CallRef:
         except msgspec.DecodeError:
             named = _Named()
         name = named.uri if message.method == "resources/read" else named.name
-    method = message.method or ""
-    return CallRef(message.id, method, name[:MAX_CALL_NAME] if name is not None else None)
+    return CallRef.of(message.id, message.method or "", name)
 
 
 # --- the machine ------------------------------------------------------------------------------
