@@ -14,6 +14,7 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -21,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -424,9 +425,10 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
         try:
             secrets = await trio.to_thread.run_sync(resolve_secrets, suite)
             identity = process_identity(new_instance_id(), suite.orchestrator.network, secrets)
-            return await learn_catalog(
-                runtime, identity, suite.mcp_services, store, refresh=refresh
-            )
+            async with egress_served(runtime):
+                return await learn_catalog(
+                    runtime, identity, suite.mcp_services, store, refresh=refresh
+                )
         finally:
             await runtime.close()
 
@@ -545,6 +547,19 @@ def lock_command(path: str, check: bool, environ: dict[str, str]) -> int:
     return EXIT_OK
 
 
+@contextlib.asynccontextmanager
+async def egress_served(runtime: Runtime) -> AsyncIterator[None]:
+    """The egress proxy running for the catalog probe's containers of services with an
+    `egress` list (as when serving; their connections are logged, not audited: no session)."""
+    if runtime.egress is None:
+        yield
+        return
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runtime.egress.run, lambda record: None)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 def learn_for_lock(suite: Suite, environ: dict[str, str]) -> dict[str, Learned] | int:
     """Every service's offer and image id, as the orchestrator learns them at start-up (the
     catalog probe, and its cache keyed by the image id); an exit code when the engine's
@@ -558,9 +573,10 @@ def learn_for_lock(suite: Suite, environ: dict[str, str]) -> dict[str, Learned] 
     async def learn() -> dict[str, Learned]:
         try:
             identity = process_identity(new_instance_id(), suite.orchestrator.network)
-            _catalog, learned = await learn_catalog(
-                runtime, identity, suite.mcp_services, default_store(environ)
-            )
+            async with egress_served(runtime):
+                _catalog, learned = await learn_catalog(
+                    runtime, identity, suite.mcp_services, default_store(environ)
+                )
             return learned
         finally:
             await runtime.close()

@@ -61,6 +61,10 @@ CREATE_FAILED: Final = "create_failed"
 # unset variable, a missing or too widely readable file), or cannot be delivered: the service
 # is refused, its containers never created; the other services serve.
 SECRET_UNAVAILABLE: Final = "secret_unavailable"  # noqa: S105 - a reason, not a secret
+# A service with an egress allowlist (`egress:`) cannot have its proxy here: the engine is not
+# local (socket stdio off: the container reaches the proxy through a socket of the orchestrator's
+# stdio area), or the fabric-stdio helper is missing. Refused rather than started with a network.
+EGRESS_UNAVAILABLE: Final = "egress_unavailable"
 # The container or pod did not start (the engine refused, the pod failed to run).
 START_FAILED: Final = "start_failed"
 # The engine refused to attach the container's stdio, or the attach broke.
@@ -302,6 +306,23 @@ OTLP_PROTOCOL_UNSUPPORTED: Final = "otlp_protocol_unsupported"
 
 # The refresh of a list did not finish within its bound.
 TIMEOUT: Final = "timeout"
+
+# --- a container's egress proxy (audit egress, log egress_refused; HTTP 4xx/502 to the client) -
+
+# The destination the container asked for is not in its service's `egress` list (403).
+EGRESS_NOT_LISTED: Final = "egress_not_listed"
+# A listed name resolved only to addresses a name may not lead to (loopback, link-local,
+# private…) that are not listed themselves (403).
+EGRESS_ADDRESS_REFUSED: Final = "egress_address_refused"
+# The listed name does not resolve (502).
+EGRESS_UNRESOLVED: Final = "egress_unresolved"
+# The destination refused the connection, or did not answer within the connect bound (502).
+EGRESS_CONNECT_FAILED: Final = "egress_connect_failed"
+# Not a request the proxy serves: no CONNECT or absolute http:// request, a head over 16 KiB
+# or not sent within its bound (400).
+EGRESS_BAD_REQUEST: Final = "egress_bad_request"
+# The container's connections to the proxy are at their bound (503).
+EGRESS_BUSY: Final = "egress_busy"
 
 # --- the label of reactor_fabric_errors_total for /mcp's own errors that carry no data.reason -
 

@@ -41,6 +41,7 @@ class UnreachableRuntime:
     name = "unreachable"
     mounts_on_host_reach_containers = False
     stdio = ""  # it never started a container
+    egress = None
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")

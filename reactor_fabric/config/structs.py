@@ -68,6 +68,8 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     env: dict[str, str] = msgspec.field(default_factory=dict)
     secrets: dict[str, SecretSource] = msgspec.field(default_factory=dict)
     resources: Resources = msgspec.field(default_factory=Resources)
+    # None: `network` decides; a list (even empty): no network but the proxy to these.
+    egress: list[str] | None = None
     network: str | None = None
     pull: Literal["never", "missing", "always"] = "missing"
     user: str | None = None

@@ -25,6 +25,7 @@ import msgspec
 from .._errors import InvalidSuiteConfiguration
 from .._reasons import INVALID_SUITE_CONFIGURATION
 from ..protocol.catalog import SEPARATOR
+from ..protocol.egress import parse_destination
 from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
 from .structs import Resources, Suite
 from .units import parse_duration, parse_size
@@ -425,7 +426,31 @@ def _check_service(name: str, service: dict[str, Any], collector: _Collector) ->
             at_key=True,
         )
     _check_secrets(service, base, collector)
+    _check_egress(service, base, collector)
     _check_lifecycle(name, service, collector)
+
+
+def _check_egress(service: dict[str, Any], base: KeyPath, collector: _Collector) -> None:
+    """Each entry is host:port; a service with an allowlist has no network of its own, so a
+    ``network`` other than none would contradict it."""
+    egress = service.get("egress")
+    if not isinstance(egress, list):
+        return
+    for index, entry in enumerate(egress):
+        path: KeyPath = (*base, "egress", index)
+        if isinstance(entry, str) and path not in collector.flagged:
+            try:
+                parse_destination(entry)
+            except ValueError as exc:
+                collector.add(path, str(exc))
+    network = service.get("network")
+    if isinstance(network, str) and network != "none":
+        collector.add(
+            (*base, "network"),
+            f"network {network!r} and egress exclude each other: with egress the container has "
+            "no network of its own and reaches the listed destinations through the "
+            "orchestrator's proxy; remove network",
+        )
 
 
 def _check_secrets(service: dict[str, Any], base: KeyPath, collector: _Collector) -> None:

@@ -113,12 +113,36 @@ class Metrics:
             ["service", "outcome"],
             registry=registry,
         )
+        self.egress_connections = Counter(
+            "reactor_fabric_egress_connections",
+            "Connections of containers through their egress proxy, by service and outcome: "
+            "connected, refused (not listed, a refused address, a bad request, too many), "
+            "failed (no such name, the destination did not answer).",
+            ["service", "outcome"],
+            registry=registry,
+        )
+        self.egress_bytes = Counter(
+            "reactor_fabric_egress_bytes",
+            "Bytes through the egress proxy, by service and direction: sent (container to "
+            "destination), received.",
+            ["service", "direction"],
+            registry=registry,
+        )
         self.orphans_removed = Counter(
             "reactor_fabric_orphans_removed",
             "Containers of dead orchestrators removed by the sweeper.",
             registry=registry,
         )
         registry.register(_LiveCollector(self))
+
+    def egress(self, service: str, outcome: str, *, sent: int, received: int) -> None:
+        """One connection through the egress proxy (see Observer.egress)."""
+        label = self.service_label(service)
+        self.egress_connections.labels(label, outcome).inc()
+        if sent:
+            self.egress_bytes.labels(label, "sent").inc(sent)
+        if received:
+            self.egress_bytes.labels(label, "received").inc(received)
 
     def know_tools(self, tools: Mapping[str, Iterable[str]]) -> None:
         """The tool names each service has (from the catalog, or the fabric endpoint's own

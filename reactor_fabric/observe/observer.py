@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .._reasons import IDLE
+from ..protocol.egress import EgressRecord
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .audit import AuditWriter, now_iso
 from .metrics import Metrics
@@ -348,6 +349,29 @@ class Observer:
         """Something differs from the suite lock (an image's id, a tool's definition…):
         ``drift`` names it and the parts that changed (hashes compared, never the text)."""
         self._write({"ts": now_iso(), "event": "drift", "mode": mode, "where": where, **drift})
+
+    def egress(self, record: EgressRecord, *, session: str) -> None:
+        """A connection of a container through its egress proxy (``session``: the container's
+        session, ``""`` for a pooled one not handed out yet)."""
+        self._write(
+            {
+                "ts": now_iso(),
+                "event": "egress",
+                "session": session,
+                "service": record.service,
+                "container": record.container[:12],
+                "destination": record.destination,
+                "address": record.address,
+                "outcome": record.outcome,
+                "reason": record.reason,
+                "bytes_sent": record.sent,
+                "bytes_received": record.received,
+                "ms": round(record.seconds * 1000, 3),
+            }
+        )
+        self.metrics.egress(
+            record.service, record.outcome, sent=record.sent, received=record.received
+        )
 
     # --- calls and errors ---------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .._errors import ContainerStartFailure
-from .._reasons import SECRET_UNAVAILABLE
+from .._reasons import EGRESS_UNAVAILABLE, SECRET_UNAVAILABLE
 from ..config.secrets import Secret, ServiceSecrets
 from ..config.structs import Service
 from ..config.suite import SERVICE_CONFIG_ENV
@@ -97,6 +97,11 @@ class ContainerSpec:
     # Why the service's secrets are unavailable: the runtime refuses to create the container
     # (-32002 secret_unavailable) rather than start a server without its credentials.
     secret_problem: str | None = None
+    # The service's egress allowlist (``host:port`` entries; None: no proxy, `network` as
+    # given). With one, `network` is "none" and the runtime serves the container a forward
+    # proxy at EGRESS_PROXY_URL inside it (see reactor_fabric.trio.egress), or refuses it
+    # (egress_unavailable) where it cannot.
+    egress: tuple[str, ...] | None = None
 
     @property
     def secret_files(self) -> tuple[Secret, ...]:
@@ -112,6 +117,19 @@ def refuse_unavailable_secrets(spec: ContainerSpec) -> None:
         raise ContainerStartFailure(
             f"service {service!r} is refused: {spec.secret_problem}",
             reason=SECRET_UNAVAILABLE,
+            service=service,
+        )
+
+
+def refuse_egress(spec: ContainerSpec, why: str) -> None:
+    """Raise ContainerStartFailure (``egress_unavailable``) for a spec with an egress
+    allowlist, where the runtime cannot give it its proxy (``why``): refused rather than
+    started with a network, or without the destinations it needs."""
+    if spec.egress is not None:
+        service = spec.labels.get(LABEL_SERVICE, "")
+        raise ContainerStartFailure(
+            f"service {service!r} has an egress allowlist, and {why}",
+            reason=EGRESS_UNAVAILABLE,
             service=service,
         )
 
@@ -149,6 +167,8 @@ def container_spec_for(
         environment |= {"HOME": SERVER_HOME, "USER": account.name, "LOGNAME": account.name}
     environment |= service.env
     environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
+    if service.egress:
+        environment |= proxy_environment()
     environment |= {secret.name: secret.value for secret in secrets.secrets if secret.as_env}
     labels = identity.labels()
     labels[LABEL_SESSION] = session_id
@@ -160,7 +180,9 @@ def container_spec_for(
         environment=environment,
         labels=labels,
         mounts=mounts,
-        network=service.network or identity.default_network,
+        network="none"
+        if service.egress is not None
+        else service.network or identity.default_network,
         memory_bytes=service.resources.memory_bytes,
         nano_cpus=round(service.resources.cpus * 1_000_000_000),
         pids_limit=service.resources.pids,
@@ -173,7 +195,25 @@ def container_spec_for(
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
         secrets=secrets.secrets,
         secret_problem="; ".join(secrets.problems) or None,
+        egress=tuple(service.egress) if service.egress else None,
     )
+
+
+# Where a container with an egress allowlist finds its proxy: a port on its own loopback, where
+# fabric-stdio forwards each connection to the orchestrator (reactor_fabric.trio.egress).
+EGRESS_PROXY_PORT = 3128
+EGRESS_PROXY_URL = f"http://127.0.0.1:{EGRESS_PROXY_PORT}"
+
+
+def proxy_environment() -> dict[str, str]:
+    """The variables clients read their proxy from, both spellings (curl reads only the lower
+    case http_proxy, Go only upper case on some paths); NO_PROXY empty, so that nothing —
+    not even loopback — is reached past the proxy (there is no route past it anyway)."""
+    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+    environment = dict.fromkeys(names, EGRESS_PROXY_URL)
+    environment |= {name.lower(): EGRESS_PROXY_URL for name in names}
+    environment |= {"NO_PROXY": "", "no_proxy": ""}
+    return environment
 
 
 def pooled_spec_for(

@@ -32,6 +32,7 @@ import trio
 
 from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
+from .egress_proxy import EgressProxy
 
 
 class StdinStream(Protocol):
@@ -85,6 +86,12 @@ class ManagedContainer:
 
 class Runtime(Protocol):
     name: str
+
+    @property
+    def egress(self) -> EgressProxy | None:
+        """The proxy of containers with an egress allowlist, which whoever runs the
+        orchestrator runs (EgressProxy.run); None where the runtime refuses such containers."""
+
     # Whether a mount made on this host below a bind source with slave propagation appears in
     # the runtime's containers (the warm pool's staging area needs it).
     mounts_on_host_reach_containers: bool

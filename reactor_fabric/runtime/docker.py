@@ -24,6 +24,7 @@ bounded, for abandoned threads, so shutdown never races them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -55,21 +56,27 @@ from .._reasons import (
 from .._sockets import LeanSocketStream
 from ..config.secrets import SECRETS_DIR
 from ..policy.container_spec import (
+    EGRESS_PROXY_PORT,
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_SERVICE,
     ContainerSpec,
+    refuse_egress,
     refuse_unavailable_secrets,
 )
 from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import Pin, PinSet
+from ..protocol.egress import Allowlist
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
+from .egress_proxy import EgressProxy
 from .engines import EngineIdentity, EngineName, identify
 from .secret_files import SecretFiles
 from .stdio_sockets import (
+    EGRESS_BACKLOG,
+    EGRESS_SOCKET_TARGET,
     HELPER_TARGET,
     SOCKET_TARGET,
     PendingStdio,
@@ -175,6 +182,9 @@ class DockerRuntime:
         # File secrets are bound from this machine's memory: only a local engine sees them.
         self._engine_is_local = engine_is_local(base_url, os.environ)
         self._secret_files = SecretFiles()
+        # Containers with an egress allowlist: served while whoever runs the orchestrator runs
+        # it (EgressProxy.run); without it, such a service is refused (egress_unavailable).
+        self.egress = EgressProxy()
 
     @property
     def stdio(self) -> str:
@@ -390,19 +400,21 @@ class DockerRuntime:
         refuse_unavailable_secrets(spec)
         handed_to_start = False
         pending: PendingStdio | None = None
+        egress: PendingStdio | None = None
         try:
             if spec.pull == "always":
                 await self._pull(spec.image)
             pending = await self._listen_for_stdio(spec)
+            egress = await self._listen_for_egress(spec, pending)
             try:
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pins, pending)
+                container_id = await self._create(spec, pins, pending, egress)
             except ContainerStartFailure as exc:
                 if exc.reason != IMAGE_NOT_FOUND or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pins, pending)
+                container_id = await self._create(spec, pins, pending, egress)
             container: DockerContainer | None = None
             try:
                 stream = await self._attach(container_id, stderr_only=pending is not None)
@@ -415,6 +427,17 @@ class DockerRuntime:
                     socket_stdio=pending is not None,
                 )
                 handed_to_start = True
+                if egress is not None and spec.egress is not None:
+                    # Served from now on (connections wait in the backlog until the start);
+                    # the proxy owns the socket, and stops at the container's removal.
+                    self.egress.serve(
+                        container_id,
+                        spec.labels.get(LABEL_SERVICE, ""),
+                        Allowlist.of(spec.egress),
+                        egress.listener,
+                        egress.path,
+                    )
+                    egress = None
                 await self._call(
                     "start",
                     lambda c: c.start(container_id),
@@ -434,6 +457,8 @@ class DockerRuntime:
         finally:
             if pending is not None:
                 pending.close()  # connected or not, nothing may connect any more
+            if egress is not None:
+                egress.close()  # never handed to the proxy
             if pins is not None and not handed_to_start:
                 pins.close()
 
@@ -460,6 +485,31 @@ class DockerRuntime:
             # container's stdio goes through the engine; the next one tries again.
             log.warning("socket_stdio_failed", extra={"directory": area.root, "detail": str(exc)})
             return None
+
+    async def _listen_for_egress(
+        self, spec: ContainerSpec, stdio: PendingStdio | None
+    ) -> PendingStdio | None:
+        """The socket of this container's egress proxy when its service has an allowlist;
+        ContainerStartFailure (``egress_unavailable``) where it cannot have one: the container
+        reaches the proxy through ``fabric-stdio``, so only with socket stdio, and only while
+        the proxy runs. Refused rather than started with a network, or without the one
+        destination it needs."""
+        if spec.egress is None:
+            return None
+        area = self._stdio_area
+        if stdio is None or area is None:
+            refuse_egress(
+                spec,
+                "its proxy is reached through socket stdio, which this engine does not have (a "
+                "remote engine, or the fabric-stdio helper missing: see the log's "
+                "socket_stdio_unavailable)",
+            )
+        if not self.egress.running:
+            refuse_egress(spec, "the egress proxy does not run in this process")
+        assert area is not None  # refused above otherwise
+        return await trio.to_thread.run_sync(
+            functools.partial(area.listen, backlog=EGRESS_BACKLOG, suffix=".egress.sock")
+        )
 
     def _open_stdio_area(self, labels: dict[str, str]) -> StdioArea | None:
         owner = {k: v for k, v in labels.items() if k.startswith("reactor-fabric.owner")}
@@ -578,7 +628,11 @@ class DockerRuntime:
         return await self._call("probe", probe, if_abandoned=remove_probe)
 
     async def _create(
-        self, spec: ContainerSpec, pins: PinSet | None = None, stdio: PendingStdio | None = None
+        self,
+        spec: ContainerSpec,
+        pins: PinSet | None = None,
+        stdio: PendingStdio | None = None,
+        egress: PendingStdio | None = None,
     ) -> str:
         area = self._stdio_area
 
@@ -598,9 +652,21 @@ class DockerRuntime:
                 if stdio is not None and area is not None:
                     config = client.inspect_image(spec.image)["Config"] or {}  # type: ignore[no-untyped-call]
                     entrypoint = wrapped_command(
-                        config.get("Entrypoint"), config.get("Cmd"), spec.command
+                        config.get("Entrypoint"),
+                        config.get("Cmd"),
+                        spec.command,
+                        egress_port=EGRESS_PROXY_PORT if egress is not None else None,
                     )
                     kwargs["mounts"] += stdio_mounts(area.helper, stdio.path)
+                    if egress is not None:
+                        kwargs["mounts"].append(
+                            docker.types.Mount(
+                                target=EGRESS_SOCKET_TARGET,
+                                source=egress.path,
+                                type="bind",
+                                read_only=True,
+                            )
+                        )
                 host_config = client.create_host_config(**kwargs)
                 return _create_container(client, spec, host_config, entrypoint=entrypoint)
             except BaseException:
@@ -728,6 +794,7 @@ class DockerRuntime:
                     # Not running, or being removed already: removal below decides.
             _remove_quietly(client, container, named_volumes=self.on_podman)
 
+        self.egress.stop(container)
         try:
             await self._call("remove", stop_and_remove)
         except FabricError as exc:

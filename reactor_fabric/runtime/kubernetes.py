@@ -66,6 +66,7 @@ from ..policy.container_spec import (
     LABEL_MANAGED,
     LABEL_SERVICE,
     ContainerSpec,
+    refuse_egress,
     refuse_unavailable_secrets,
 )
 from ..policy.pinning import PinSet
@@ -132,6 +133,7 @@ class KubernetesRuntime:
 
     mounts_on_host_reach_containers = False
     stdio = "attach"  # through the API server's attach
+    egress = None  # an egress allowlist is refused here (egress_unavailable)
 
     def __init__(
         self,
@@ -318,6 +320,7 @@ class KubernetesRuntime:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
             pins.close()
         refuse_unavailable_secrets(spec)
+        refuse_egress(spec, "the Kubernetes runtime does not provide an egress proxy yet")
         if spec.secrets:
             await self._ensure_secret(spec)
         try:

@@ -265,6 +265,7 @@ class MemoryRuntime:
     name = "memory"
     mounts_on_host_reach_containers = False  # its containers are coroutines: no mounts at all
     stdio = "memory"
+    egress = None  # coroutines have no network to limit
 
     def __init__(
         self,

@@ -65,6 +65,10 @@ log = logging.getLogger(__name__)
 
 HELPER_TARGET = "/.reactor-fabric/fabric-stdio"
 SOCKET_TARGET = "/.reactor-fabric/stdio.sock"
+# A container with an egress allowlist: its proxy's socket (see runtime/egress_proxy.py).
+EGRESS_SOCKET_TARGET = "/.reactor-fabric/egress.sock"
+# Connections waiting for the proxy to take them (each is one client connection in the container).
+EGRESS_BACKLOG = 64
 HELPER_ENV = "REACTOR_FABRIC_STDIO_HELPER"
 BUNDLED_HELPER = Path(__file__).parent / "stdio_helper" / "fabric-stdio"
 _HELPER_NAME = "fabric-stdio"
@@ -97,8 +101,13 @@ def wrapped_command(
     image_entrypoint: Sequence[str] | None,
     image_command: Sequence[str] | None,
     spec_command: Sequence[str] | None,
+    *,
+    egress_port: int | None = None,
 ) -> list[str]:
     """The container's entrypoint with ``fabric-stdio`` in front of what the engine would run.
+
+    ``egress_port``: ``fabric-stdio`` also listens on the container's ``127.0.0.1`` at that
+    port and forwards each connection to EGRESS_SOCKET_TARGET (the egress proxy).
 
     The engine runs the image's entrypoint followed by the spec's command, or by the image's
     command when the spec gives none. Raises StdioUnavailable when that is nothing (the
@@ -108,6 +117,15 @@ def wrapped_command(
     program = [*(image_entrypoint or ()), *command]
     if not program:
         raise StdioUnavailable("the image has no command to run", reason=NO_COMMAND)
+    if egress_port is not None:
+        return [
+            HELPER_TARGET,
+            "--egress",
+            str(egress_port),
+            EGRESS_SOCKET_TARGET,
+            SOCKET_TARGET,
+            *program,
+        ]
     return [HELPER_TARGET, SOCKET_TARGET, *program]
 
 
@@ -275,9 +293,10 @@ class StdioArea:
             ) from exc
         return area
 
-    def listen(self) -> PendingStdio:
-        """A new socket for one container, listening for exactly one connection."""
-        name = f"{next(self._tokens)}.sock"
+    def listen(self, *, backlog: int = 1, suffix: str = ".sock") -> PendingStdio:
+        """A new socket for one container, listening for exactly one connection (``backlog``:
+        more, for the egress proxy's socket, named ``<n>.egress.sock``)."""
+        name = f"{next(self._tokens)}{suffix}"
         path = posixpath.join(self.root, name)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -285,7 +304,7 @@ class StdioArea:
             # Any uid in the container may connect: it is the container's own socket, reached
             # only through this area (0700) or through the container's bind.
             os.chmod(name, 0o666, dir_fd=self._directory)  # noqa: S103
-            listener.listen(1)
+            listener.listen(backlog)
             listener.setblocking(False)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -49,6 +49,7 @@ from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
 from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
+from ..protocol.egress import EgressRecord
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.served import Served
@@ -606,6 +607,12 @@ class Fabric:
         """Every container this orchestrator uses now: sessions' and the warm pool's."""
         pooled = self.pool.container_ids() if self.pool is not None else set()
         return set(self.containers) | pooled
+
+    def egress_connection(self, record: EgressRecord) -> None:
+        """A container's connection through its egress proxy: audited under its session
+        (none yet for a pooled container)."""
+        owner = self.containers.get(record.container)
+        self.observer.egress(record, session=owner.session if owner is not None else "")
 
     def container_removed(self, container_id: str) -> None:
         self.containers.pop(container_id, None)

@@ -3,6 +3,7 @@
 Ownership tree::
 
     serve_orchestrator (root nursery)
+    ├── EgressProxy.run        containers' egress proxies (runtime/egress_proxy.py)
     ├── run_sweeper            orphan containers: at start-up, then periodically
     ├── Fabric.learn_catalog   what each service offers (cache, else a probe), for /mcp
     ├── WarmPool.run           started, idle containers for services with `warm` (warm_pool)
@@ -141,6 +142,9 @@ async def serve_orchestrator(
         fabric.pool = await open_warm_pool(fabric)
     try:
         async with trio.open_nursery() as root:
+            if fabric.runtime.egress is not None:
+                # First: the catalog's probe and the pool may start egress containers.
+                await root.start(fabric.runtime.egress.run, fabric.egress_connection)
             await root.start(
                 functools.partial(
                     run_sweeper,

@@ -176,3 +176,27 @@ def test_a_tmpfs_over_the_temporary_directory_only_comes_with_a_read_only_root(
     assert spec.read_only_rootfs is read_only
     # The image's own /tmp stays as it is unless the root is read-only.
     assert spec.tmpfs == ({"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"} if read_only else {})
+
+
+def test_a_service_with_an_egress_list_has_no_network_and_is_told_its_proxy() -> None:
+    spec = spec_for(Service(image="x", egress=["api.github.com:443"]))
+    assert spec.network == "none"
+    assert spec.egress == ("api.github.com:443",)
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY"):
+        assert spec.environment[name] == "http://127.0.0.1:3128"
+    assert spec.environment["NO_PROXY"] == ""
+    assert spec.environment["no_proxy"] == ""
+
+
+def test_an_empty_egress_list_is_no_network_at_all_and_no_proxy() -> None:
+    spec = spec_for(Service(image="x", egress=[]))
+    assert spec.network == "none"
+    assert spec.egress is None
+    assert not any(name.lower().endswith("_proxy") for name in spec.environment)
+
+
+def test_a_service_without_egress_keeps_its_network_and_gets_no_proxy() -> None:
+    spec = spec_for(Service(image="x"), default_network="bridge")
+    assert spec.network == "bridge"
+    assert spec.egress is None
+    assert not any(name.lower().endswith("_proxy") for name in spec.environment)

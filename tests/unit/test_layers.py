@@ -53,6 +53,8 @@ def imported_modules(path: Path, root: Path = PACKAGE.parent) -> set[str]:
 ALLOWED = {
     "protocol": (
         "msgspec",
+        # Sans-I/O HTTP/1.1 (bytes in, events out): the egress proxy's request head.
+        "h11",
         "reactor_fabric._errors",
         "reactor_fabric._reasons",
         "reactor_fabric.protocol",

@@ -202,3 +202,48 @@ def test_validate_config_with_secrets_resolves_every_source_and_prints_no_value(
     out2, err2 = capsys.readouterr()
     assert "service github: secrets resolve (TOKEN, KEY)" in out2
     assert VALUE not in out + err + out2 + err2
+
+
+EGRESS_SUITE = """\
+version: "1.0"
+orchestrator: {{allowed_mount_roots: ["/tmp/"]}}
+mcp_services:
+  github:
+    image: "ghcr.io/github/github-mcp-server:1"
+{fields}
+"""
+
+
+def egress_issues(fields: str) -> list[str]:
+    text = EGRESS_SUITE.format(fields=textwrap.indent(textwrap.dedent(fields), "    "))
+    return [str(i) for i in check_suite_text(text, source="suite.yaml").issues]
+
+
+def test_an_egress_list_of_hosts_and_ports_is_valid() -> None:
+    assert egress_issues('egress: ["api.github.com:443", "127.0.0.1:8080", "[::1]:80"]') == []
+    assert egress_issues("egress: []") == []
+    assert egress_issues('egress: ["api.github.com:443"]\nnetwork: "none"') == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("api.github.com", "write host:port"),
+        ("api.github.com:0", "the port must be a number from 1 to 65535"),
+        ("::1:80", "in brackets"),
+        ("127.1:80", "neither a dotted-quad address nor a name"),
+    ],
+)
+def test_an_egress_entry_that_is_not_host_and_port_is_reported_at_its_line(
+    entry: str, expected: str
+) -> None:
+    (issue,) = egress_issues(f'egress: ["api.github.com:443", "{entry}"]')
+    assert issue.startswith("suite.yaml:6:")
+    assert "mcp_services.github.egress[1]" in issue
+    assert expected in issue
+
+
+def test_egress_and_a_network_other_than_none_exclude_each_other() -> None:
+    (issue,) = egress_issues('egress: ["api.github.com:443"]\nnetwork: "bridge"')
+    assert "mcp_services.github.network" in issue
+    assert "exclude each other" in issue

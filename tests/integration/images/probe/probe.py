@@ -6,6 +6,10 @@ ignored; the method ``write`` creates the file at ``path`` instead of listing, `
 connects a Unix socket there, and ``exit`` ends the server without an answer. One line in, one
 line out.
 
+The methods ``fetch`` (``{"url"}``: urllib, the proxy from the environment), ``tunnel``
+(``{"host", "port", "send"}``: a CONNECT through HTTPS_PROXY) and ``direct`` (``{"host",
+"port"}``: TCP past any proxy) report what the container's network lets through.
+
 The method ``secret`` (params ``{"name": NAME}``) reports what the server got of the secret
 NAME: a SHA-256 of the environment variable's value and of /run/secrets/NAME's content (never a
 value: the answer travels through the orchestrator), the file's owner and mode, and the file
@@ -21,6 +25,10 @@ import os
 import socket
 import stat
 import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
 
 
 def file_system_of(path: str) -> str | None:
@@ -62,6 +70,66 @@ def secret(name: str) -> dict[str, object]:
     return found
 
 
+def fetch(url: str) -> dict[str, object]:
+    """GET ``url`` the way most clients do: urllib, its proxy taken from the environment
+    (HTTP_PROXY for http://: an absolute-form request to the proxy)."""
+    try:
+        with urllib.request.urlopen(url, timeout=20) as answer:
+            return {"status": answer.status, "body": answer.read(2000).decode(), "error": None}
+    except urllib.error.HTTPError as exc:
+        return {
+            "status": exc.code,
+            "body": exc.read(2000).decode("utf-8", "replace"),
+            "reason": exc.headers.get("X-Reactor-Fabric-Reason"),
+            "error": None,
+        }
+    except OSError as exc:
+        return {"status": None, "body": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def tunnel(host: str, port: int, send: str) -> dict[str, object]:
+    """CONNECT host:port through HTTPS_PROXY, send ``send`` and read to the end."""
+    proxy = urllib.parse.urlsplit(os.environ.get("HTTPS_PROXY", "http://127.0.0.1:1"))
+    try:
+        with socket.create_connection((proxy.hostname, proxy.port), timeout=20) as connection:
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            connection.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = connection.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            status_line, _, rest = head.partition(b"\r\n")
+            status = int(status_line.split()[1]) if status_line.startswith(b"HTTP/") else None
+            if status != 200:
+                return {"status": status, "answer": head.decode("utf-8", "replace"), "error": None}
+            connection.sendall(send.encode())
+            connection.shutdown(socket.SHUT_WR)
+            answer = rest.partition(b"\r\n\r\n")[2]
+            while chunk := connection.recv(65536):
+                answer += chunk
+            return {"status": 200, "answer": answer.decode("utf-8", "replace"), "error": None}
+    except OSError as exc:
+        return {"status": None, "answer": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def direct(host: str, port: int) -> dict[str, object]:
+    """Connect straight to host:port, past any proxy."""
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return {"connected": True, "error": None}
+    except OSError as exc:
+        return {"connected": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+NETWORK: dict[str, Callable[..., dict[str, object]]] = {
+    "fetch": fetch,
+    "tunnel": tunnel,
+    "direct": direct,
+}
+
+
 for line in sys.stdin:
     try:
         message = json.loads(line)
@@ -71,6 +139,15 @@ for line in sys.stdin:
         continue
     if message["method"] == "exit":
         sys.exit(0)  # unanswered: the client hears the orchestrator's -32002
+    if message["method"] in NETWORK:
+        params = message.get("params") or {}
+        found = NETWORK[message["method"]](**params)
+        proxies = {k: v for k, v in os.environ.items() if k.lower().endswith("_proxy")}
+        result = {**found, "proxy_env": proxies}
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}))
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        continue
     path = (message.get("params") or {}).get("path", "/workspace")
     entries = None
     try:

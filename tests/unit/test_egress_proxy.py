@@ -1,0 +1,309 @@
+"""The egress proxy's driver (reactor_fabric.runtime.egress_proxy) on real sockets: a container's
+Unix socket in, a destination on this host's loopback out, a resolver the test controls. What a
+client in the container sees (the answer's status and reason) and what the trail gets (one
+record per connection) are asserted; the decisions themselves are test_egress_decisions'."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from reactor_fabric._reasons import (
+    EGRESS_ADDRESS_REFUSED,
+    EGRESS_BAD_REQUEST,
+    EGRESS_BUSY,
+    EGRESS_CONNECT_FAILED,
+    EGRESS_NOT_LISTED,
+    EGRESS_UNRESOLVED,
+)
+from reactor_fabric.protocol.egress import Allowlist, EgressRecord, IPAddress
+from reactor_fabric.runtime import egress_proxy
+from reactor_fabric.runtime.egress_proxy import EgressProxy
+
+CONTAINER = "c0ffee" * 10
+
+
+class Upstream:
+    """A destination on 127.0.0.1: echoes with a prefix, and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.received: list[bytes] = []
+
+    async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
+        async def handle(stream: trio.SocketStream) -> None:
+            got = bytearray()
+            while data := await stream.receive_some(65536):
+                got += data
+                if b"\r\n\r\n" in got and got.startswith(b"GET "):
+                    break  # a forwarded request: answer it and close
+            self.received.append(bytes(got))
+            if got.startswith(b"GET "):
+                await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            else:
+                await stream.send_all(b"echo:" + bytes(got))
+            await stream.aclose()
+
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(handle, listeners)
+
+
+class Resolver:
+    def __init__(self, table: dict[str, list[str]]) -> None:
+        self.table = table
+        self.asked: list[str] = []
+
+    async def __call__(self, host: str, port: int) -> list[IPAddress]:
+        self.asked.append(host)
+        if host not in self.table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [ipaddress.ip_address(a) for a in self.table[host]]
+
+
+class Records(list[EgressRecord]):
+    """The proxy's records, with an event for each new one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = trio.Event()
+
+    def __call__(self, record: EgressRecord) -> None:
+        self.append(record)
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class Served:
+    def __init__(self, proxy: EgressProxy, path: str, records: Records) -> None:
+        self.proxy = proxy
+        self.path = path
+        self.records = records
+
+    async def ask(self, request: bytes, *, half_close: bool = True) -> bytes:
+        """Connect as the container's fabric-stdio would, send, and read until closed."""
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(self.path)
+        stream = trio.SocketStream(sock)
+        await stream.send_all(request)
+        if half_close:
+            await stream.send_eof()
+        answer = bytearray()
+        with trio.fail_after(30):
+            while data := await stream.receive_some(65536):
+                answer += data
+        await stream.aclose()
+        return bytes(answer)
+
+    async def record(self, count: int = 1) -> list[EgressRecord]:
+        with trio.fail_after(30):
+            while len(self.records) < count:
+                await self.records.changed.wait()
+        return self.records
+
+
+def listening(path: Path) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    listener.setblocking(False)
+    return listener
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> Upstream:
+    served = Upstream()
+    await nursery.start(served.serve)
+    return served
+
+
+async def serving(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    entries: list[str],
+    resolver: Resolver | None = None,
+    max_connections: int = egress_proxy.MAX_CONNECTIONS,
+) -> Served:
+    records = Records()
+    proxy = EgressProxy(resolver=resolver or Resolver({}), max_connections=max_connections)
+    await nursery.start(proxy.run, records)
+    path = tmp_path / "1.egress.sock"
+    proxy.serve(CONTAINER, "github", Allowlist.of(entries), listening(path), str(path))
+    return Served(proxy, str(path), records)
+
+
+@pytest.fixture
+async def nursery() -> AsyncIterator[trio.Nursery]:
+    async with trio.open_nursery() as opened:
+        yield opened
+        opened.cancel_scope.cancel()
+
+
+async def test_a_tunnel_to_a_listed_address_passes_bytes_both_ways_and_is_recorded(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    answer = await served.ask(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\nhello" % upstream.port
+    )
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\necho:hello"
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("connected", "")
+    assert (record.destination, record.address) == (f"127.0.0.1:{upstream.port}", "127.0.0.1")
+    assert (record.sent, record.received, record.service) == (5, 10, "github")
+    assert record.container == CONTAINER
+
+
+async def test_a_forwarded_request_reaches_the_destination_in_origin_form_and_closes(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    # The client keeps its side open (keep-alive): the destination's close ends it.
+    answer = await served.ask(
+        b"GET http://127.0.0.1:%d/v1/x HTTP/1.1\r\nHost: h\r\nProxy-Connection: keep-alive\r\n\r\n"
+        % upstream.port,
+        half_close=False,
+    )
+    assert answer == b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    (sent,) = upstream.received
+    assert sent.startswith(b"GET /v1/x HTTP/1.1\r\n")
+    assert b"proxy-connection" not in sent.lower()
+    assert b"connection: close" in sent.lower()
+
+
+async def test_an_unlisted_destination_gets_403_and_nothing_is_resolved_or_connected(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    resolver = Resolver({"evil.test": ["127.0.0.1"]})
+    served = await serving(nursery, tmp_path, ["api.github.com:443"], resolver)
+    answer = await served.ask(b"CONNECT evil.test:%d HTTP/1.1\r\nHost: x\r\n\r\n" % upstream.port)
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n")
+    assert b"X-Reactor-Fabric-Reason: egress_not_listed" in answer
+    assert resolver.asked == []
+    assert upstream.received == []
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("refused", EGRESS_NOT_LISTED)
+    assert record.destination == f"evil.test:{upstream.port}"
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "169.254.169.254", "10.0.0.7"])
+async def test_a_listed_name_that_resolves_to_a_special_address_gets_403(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream, address: str
+) -> None:
+    resolver = Resolver({"api.github.com": [address]})
+    served = await serving(nursery, tmp_path, [f"api.github.com:{upstream.port}"], resolver)
+    answer = await served.ask(
+        b"CONNECT api.github.com:%d HTTP/1.1\r\nHost: x\r\n\r\n" % upstream.port
+    )
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert EGRESS_ADDRESS_REFUSED.encode() in answer
+    assert address.encode() in answer
+    assert upstream.received == []
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("refused", EGRESS_ADDRESS_REFUSED)
+
+
+async def test_a_listed_name_reaches_loopback_when_that_address_is_listed_too(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    resolver = Resolver({"gateway.test": ["127.0.0.1"]})
+    entries = [f"gateway.test:{upstream.port}", f"127.0.0.1:{upstream.port}"]
+    served = await serving(nursery, tmp_path, entries, resolver)
+    answer = await served.ask(
+        b"CONNECT gateway.test:%d HTTP/1.1\r\nHost: x\r\n\r\nhi" % upstream.port
+    )
+    assert answer.endswith(b"echo:hi")
+    (record,) = await served.record()
+    assert (record.destination, record.address) == (f"gateway.test:{upstream.port}", "127.0.0.1")
+
+
+async def test_a_name_that_does_not_resolve_gets_502(nursery: trio.Nursery, tmp_path: Path) -> None:
+    served = await serving(nursery, tmp_path, ["nowhere.test:443"])
+    answer = await served.ask(b"CONNECT nowhere.test:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert EGRESS_UNRESOLVED.encode() in answer
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("failed", EGRESS_UNRESOLVED)
+
+
+async def test_a_destination_that_refuses_gets_502(nursery: trio.Nursery, tmp_path: Path) -> None:
+    with socket.socket() as taken:  # a port nothing listens on
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{port}"])
+    answer = await served.ask(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % port)
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert EGRESS_CONNECT_FAILED.encode() in answer
+
+
+async def test_something_that_is_not_a_proxy_request_gets_400(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    served = await serving(nursery, tmp_path, ["api.github.com:443"])
+    answer = await served.ask(b"\x16\x03\x01 a TLS hello sent straight at the proxy\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert EGRESS_BAD_REQUEST.encode() in answer
+
+
+async def test_a_client_that_sends_no_head_is_answered_400_at_the_head_bound(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with trio.open_nursery() as nursery:
+        served = await serving(nursery, tmp_path, ["api.github.com:443"])
+        began = trio.current_time()
+        answer = await served.ask(b"CONNECT api.github.com:443 HTTP/1.1\r\n", half_close=False)
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert trio.current_time() - began >= egress_proxy.HEAD_SECONDS
+        nursery.cancel_scope.cancel()
+
+
+async def test_connections_over_the_bound_get_503_while_the_others_go_on(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"], max_connections=1)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(served.path)
+    holding = trio.SocketStream(sock)
+    await holding.send_all(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % upstream.port)
+    assert await holding.receive_some(100) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    answer = await served.ask(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % upstream.port)
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert EGRESS_BUSY.encode() in answer
+    await holding.send_all(b"still here")
+    await holding.send_eof()
+    assert await holding.receive_some(100) == b"echo:still here"
+    await holding.aclose()
+
+
+async def test_stopping_a_container_closes_its_connections_and_removes_its_socket(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(served.path)
+    open_tunnel = trio.SocketStream(sock)
+    await open_tunnel.send_all(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % upstream.port)
+    assert (await open_tunnel.receive_some(100)).startswith(b"HTTP/1.1 200")
+    served.proxy.stop(CONTAINER)
+    with trio.fail_after(30):
+        assert await open_tunnel.receive_some(100) == b""  # closed by the proxy
+        await trio.testing.wait_all_tasks_blocked()
+    assert not await trio.Path(served.path).exists()
+    await open_tunnel.aclose()
+    (record,) = await served.record()
+    assert record.outcome == "connected"
+
+
+async def test_a_container_is_refused_when_the_proxy_does_not_run(tmp_path: Path) -> None:
+    proxy = EgressProxy()
+    path = tmp_path / "1.egress.sock"
+    with pytest.raises(RuntimeError, match="not running"):
+        proxy.serve(CONTAINER, "github", Allowlist.of([]), listening(path), str(path))
+    assert not path.exists()
