@@ -459,3 +459,41 @@ def test_a_secret_reaches_the_server_in_its_pod_only_by_reference_and_goes_with_
 
     # The Secret went with the orchestrator.
     assert cluster.secrets(**{LABEL_INSTANCE: instance}) == []
+
+
+def test_a_file_secret_is_readable_by_a_server_whose_user_names_no_group(
+    tmp_path: Path, cluster: Cluster, project_root: Path
+) -> None:
+    """``user: "65534"`` (a uid alone): the server's group is then the image's for that uid
+    (nogroup), and a Secret volume's files are root's — the pod's fsGroup must still give
+    them to the server, as the Docker runtime gives them to uid:uid."""
+    probe_image = build_test_image("probe")
+    value = "rf-k8s-uid-" + secrets.token_hex(16)
+    suite = kubernetes_suite(
+        tmp_path,
+        cluster,
+        project_root,
+        test_services={
+            "probe": {
+                "image": probe_image,
+                "user": "65534",
+                "secrets": {"DB_PASSWORD": {"env": "RF_E2E_K8S_PASSWORD", "as": "file"}},
+            }
+        },
+    )
+
+    async def ask(running: Orchestrator) -> dict[str, Any]:
+        ws = await websocket(running, "/mcp/probe")
+        await ws.send_json(request(1, "secret", {"name": "DB_PASSWORD"}))
+        found: dict[str, Any] = (await ws.hear())["result"]
+        await ws.aclose()
+        return found
+
+    with orchestrator(
+        suite, tmp_path / "orchestrator.log", env={"RF_E2E_K8S_PASSWORD": value}
+    ) as running:
+        found = trio.run(ask, running)
+    assert found["file_error"] is None
+    assert found["uid"] == 65534
+    assert found["file"]["sha256"] == sha(value)
+    assert (found["file"]["uid"], found["file"]["gid"], found["file"]["mode"]) == (0, 65534, 0o440)
