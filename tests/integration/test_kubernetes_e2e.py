@@ -357,7 +357,7 @@ def sha(text: str) -> str:
 
 
 def test_a_secret_reaches_the_server_in_its_pod_only_by_reference_and_goes_with_the_orchestrator(
-    tmp_path: Path, cluster: Cluster, project_root: Path
+    tmp_path: Path, cluster: Cluster, project_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A service's secrets on Kubernetes: a Secret of its own, which the pod names (a
     ``secretKeyRef`` variable, a ``secret`` volume at /run/secrets); the server reads them as
@@ -388,7 +388,7 @@ def test_a_secret_reaches_the_server_in_its_pod_only_by_reference_and_goes_with_
         },
     )
     env = {"RF_E2E_K8S_TOKEN": env_value}
-    os.environ.pop("RF_E2E_K8S_UNSET", None)
+    monkeypatch.delenv("RF_E2E_K8S_UNSET", raising=False)
 
     async def ask(running: Orchestrator) -> dict[str, Any]:
         ws = await websocket(running, "/mcp/probe")
