@@ -27,7 +27,8 @@ into API calls becomes a Pod here. What maps, and how:
   ``secretKeyRef`` to it, and the files are a ``secret`` volume at ``/run/secrets``, which
   the kubelet keeps in memory (tmpfs), mode 0440 with the pod's ``fsGroup`` the server's group
   (a Secret volume's files belong to root: the group is how the server, never root, reads
-  them).
+  them; for a user given as a uid alone, the uid's own number, which the kubelet adds to the
+  server's groups).
 
 What a pod does not enforce that a Docker container does: the pids limit (a kubelet setting,
 ``podPidsLimit``, for every pod of a node) and ``network: none`` (a NetworkPolicy denying all
@@ -190,8 +191,10 @@ def pod_manifest(
     }
     if deadline_seconds is not None:
         pod_spec["activeDeadlineSeconds"] = deadline_seconds
-    if spec.secret_files and "runAsGroup" in security:
-        pod_spec["securityContext"] = {"fsGroup": security["runAsGroup"]}
+    if spec.secret_files and "runAsUser" in security:
+        # A user given as a uid alone runs with the image's group for it (or root's): the
+        # files' group is then the uid's own, as the Docker runtime gives them to uid:uid.
+        pod_spec["securityContext"] = {"fsGroup": security.get("runAsGroup", security["runAsUser"])}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

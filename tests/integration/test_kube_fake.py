@@ -8,6 +8,7 @@ tests of deletion also check that the deletion itself removed the container.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -799,3 +800,328 @@ async def test_a_container_over_its_memory_limit_ends_oom_killed(
         failed = await wait_for(api, "greedy", phase("Failed"))
         terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
         assert (terminated["exitCode"], terminated["reason"]) == (137, "OOMKilled")
+
+
+# --- Secrets ---------------------------------------------------------------------------------
+
+
+def secret_manifest(name: str, data: dict[str, str], **labels: str) -> dict[str, Any]:
+    """A Secret whose ``data`` is given in clear (encoded here, as clients must)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": labels or {"app": "kube-fake-test"}},
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
+    }
+
+
+async def create_secret(api: Any, secret: dict[str, Any]) -> dict[str, Any]:
+    async with api.call_api(
+        "POST", version="v1", namespace="default", url="secrets", json=secret
+    ) as r:
+        assert r.status_code == 201
+        created: dict[str, Any] = r.json()
+        return created
+
+
+async def delete_secret(api: Any, name: str) -> dict[str, Any]:
+    async with api.call_api(
+        "DELETE", version="v1", namespace="default", url=f"secrets/{name}"
+    ) as r:
+        deleted: dict[str, Any] = r.json()
+        return deleted
+
+
+async def test_secrets_are_created_read_listed_and_deleted_as_the_api_server_does(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    async with running(tmp_path, docker_client) as (fake, api):
+        assert {"secrets"} <= {r["name"] for r in await api.api_resources()}
+        secret = secret_manifest("creds", {"TOKEN": "t0ken"}, tier="a")
+        secret["stringData"] = {"PLAIN": "in clear", "TOKEN": "from stringData"}
+        created = await create_secret(api, secret)
+        # stringData merged into data (its keys win), and not stored; type defaulted.
+        assert created["data"] == {
+            "PLAIN": base64.b64encode(b"in clear").decode(),
+            "TOKEN": base64.b64encode(b"from stringData").decode(),
+        }
+        assert "stringData" not in created
+        assert created["type"] == "Opaque"
+        assert created["metadata"]["uid"]
+        assert int(created["metadata"]["resourceVersion"]) > 0
+        await create_secret(api, secret_manifest("other", {"K": "v"}, tier="b"))
+
+        async with api.call_api("GET", version="v1", namespace="default", url="secrets/creds") as r:
+            assert r.json() == created
+        async with api.call_api(
+            "GET", version="v1", namespace="default", url="secrets",
+            params={"labelSelector": "tier=a"},
+        ) as r:  # fmt: skip
+            listing = r.json()
+        assert listing["kind"] == "SecretList"
+        assert [item["metadata"]["name"] for item in listing["items"]] == ["creds"]
+        async with api.call_api(
+            "GET", version="v1", namespace="default", url="secrets",
+            params={"fieldSelector": "metadata.name!=creds,type=Opaque"},
+        ) as r:  # fmt: skip
+            assert [item["metadata"]["name"] for item in r.json()["items"]] == ["other"]
+
+        status = await refusal(api, "POST", "secrets", json=secret_manifest("creds", {"K": "v"}))
+        assert (status["reason"], status["code"]) == ("AlreadyExists", 409)
+        assert status["message"] == 'secrets "creds" already exists'
+        assert status["details"] == {"name": "creds", "kind": "secrets"}
+
+        # Deleted at once: a Status, not the object (no graceful deletion for Secrets).
+        status = await refusal(
+            api, "DELETE", "secrets/creds", json={"preconditions": {"uid": "not-its-uid"}}
+        )
+        assert (status["reason"], status["code"]) == ("Conflict", 409)
+        assert await delete_secret(api, "creds") == {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": {"name": "creds", "kind": "secrets", "uid": created["metadata"]["uid"]},
+        }
+        assert set(fake.secrets) == {"other"}
+        for method in ("GET", "DELETE"):
+            status = await refusal(api, method, "secrets/creds")
+            assert (status["reason"], status["code"]) == ("NotFound", 404)
+            assert status["message"] == 'secrets "creds" not found'
+
+
+async def test_a_secret_the_api_server_would_refuse_is_refused_with_its_status(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    async with running(tmp_path, docker_client) as (fake, api):
+        # data values are base64: the JSON decoder refuses anything else (400, not 422).
+        bad = secret_manifest("bad-base64", {})
+        bad["data"] = {"TOKEN": "not base64!"}
+        status = await refusal(api, "POST", "secrets", json=bad)
+        assert (status["reason"], status["code"]) == ("BadRequest", 400)
+        assert status["message"] == (
+            'Secret in version "v1" cannot be handled as a Secret: illegal base64 data at input '
+            "byte 3"
+        )
+        unpadded = secret_manifest("unpadded", {})
+        unpadded["data"] = {"TOKEN": "YQ"}
+        assert (await refusal(api, "POST", "secrets", json=unpadded))["code"] == 400
+
+        invalid = secret_manifest("Not_A_Name", {"bad key": "v", "..dots": "v", "ok.key-1": "v"})
+        status = await refusal(api, "POST", "secrets", json=invalid)
+        assert (status["reason"], status["code"]) == ("Invalid", 422)
+        assert status["message"].startswith('Secret "Not_A_Name" is invalid: [metadata.name: ')
+        assert status["details"]["kind"] == "Secret"
+        causes = {(c["field"], c["reason"]) for c in status["details"]["causes"]}
+        assert causes == {
+            ("metadata.name", "FieldValueInvalid"),
+            ("data[bad key]", "FieldValueInvalid"),
+            ("data[..dots]", "FieldValueInvalid"),
+        }
+
+        elsewhere = secret_manifest("elsewhere", {"K": "v"})
+        elsewhere["metadata"]["namespace"] = "other"
+        assert (await refusal(api, "POST", "secrets", json=elsewhere))["code"] == 400
+        assert fake.secrets == {}
+
+
+# A container that reports what a secret gave it (env, file, volume) and ends.
+REPORT = r"""
+import json, os, stat
+found = {"env": os.environ.get("TOKEN"), "groups": sorted(os.getgroups()), "gid": os.getgid()}
+for path in ("/run/secrets/TOKEN", "/run/secrets/nested/key"):
+    info = os.stat(path)
+    found[path] = {"text": open(path).read(), "mode": stat.S_IMODE(info.st_mode),
+                   "uid": info.st_uid, "gid": info.st_gid,
+                   "link": os.path.islink(path)}
+found["listing"] = sorted(os.listdir("/run/secrets"))
+for line in open("/proc/self/mounts"):
+    if line.split()[1] == "/run/secrets":
+        found["mount"] = line.split()[2:4]
+try:
+    open("/run/secrets/new", "w")
+except OSError as exc:
+    found["write"] = exc.strerror
+print(json.dumps(found))
+"""
+
+
+def secret_pod(name: str, secret: str = "creds", **spec: Any) -> dict[str, Any]:
+    """A pod with TOKEN from ``secret`` as a variable and as files of a secret volume."""
+    pod = manifest(
+        name,
+        command=["python3", "-c", REPORT],
+        volumes=[
+            {
+                "name": "secrets",
+                "secret": {
+                    "secretName": secret,
+                    "defaultMode": 0o400,
+                    "items": [
+                        {"key": "TOKEN", "path": "TOKEN"},
+                        {"key": "TOKEN", "path": "nested/key", "mode": 0o600},
+                    ],
+                },
+            }
+        ],
+        mounts=[{"name": "secrets", "mountPath": "/run/secrets"}],
+        securityContext={"fsGroup": 65534},
+        **spec,
+    )
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "TOKEN"}}},
+        {"name": "DERIVED", "value": "$(TOKEN)!"},
+    ]
+    return pod
+
+
+def report_of(docker_client: docker.DockerClient, fake: FakeKubernetes, name: str) -> Any:
+    container_id = fake.pods[name].container_id
+    assert container_id is not None
+    return json.loads(docker_client.containers.get(container_id).logs(stderr=False))
+
+
+async def test_a_pod_gets_a_secret_as_env_and_as_read_only_memory_files_owned_per_fs_group(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    async with running(tmp_path, docker_client) as (fake, api):
+        await create_secret(api, secret_manifest("creds", {"TOKEN": "s3cret-value"}))
+        created = await create(api, secret_pod("reader"))
+        ended = await wait_for(api, "reader", phase("Succeeded"))
+        report = report_of(docker_client, fake, "reader")
+        assert report["env"] == "s3cret-value"
+        # The kubelet's fsGroup: a supplementary group of the process, the files' group.
+        assert 65534 in report["groups"]
+        token = report["/run/secrets/TOKEN"]
+        assert token["text"] == "s3cret-value"
+        # defaultMode 0400, group-readable by fsGroup; the kubelet writes as root.
+        assert (token["mode"], token["uid"], token["gid"]) == (0o440, 0, 65534)
+        assert token["link"] is True  # NAME -> ..data/NAME, the atomic writer's layout
+        nested = report["/run/secrets/nested/key"]
+        assert (nested["mode"], nested["gid"]) == (0o640, 65534)  # the item's own mode
+        assert [n for n in report["listing"] if not n.startswith("..")] == ["TOKEN", "nested"]
+        # Memory-backed and read-only, whatever the mount says.
+        assert report["mount"][0] == "tmpfs"
+        assert "ro" in report["mount"][1].split(",")
+        assert report["write"] == "Read-only file system"
+
+        # The API holds references only: the value is in no pod object, and not in what the
+        # engine shows of the container's mounts (its environment has it, as a kubelet's).
+        for pod in (created, ended, await get(api, "reader")):
+            assert "s3cret-value" not in json.dumps(pod)
+            assert base64.b64encode(b"s3cret-value").decode() not in json.dumps(pod)
+        container_id = fake.pods["reader"].container_id
+        assert container_id is not None
+        inspected = docker_client.api.inspect_container(container_id)
+        [bind] = [m for m in inspected["Mounts"] if m["Destination"] == "/run/secrets"]
+        assert bind["Source"].startswith("/dev/shm/")
+        assert bind["RW"] is False
+        host_dir = trio.Path(bind["Source"])
+        assert await host_dir.is_dir()
+
+        async with api.call_api(
+            "DELETE", version="v1", namespace="default", url="pods/reader",
+            params={"gracePeriodSeconds": "0"},
+        ):  # fmt: skip
+            pass
+        with trio.fail_after(WAIT_SECONDS):
+            while await host_dir.exists():  # noqa: ASYNC110 (torn down in the background)
+                await trio.sleep(0.05)
+
+
+async def test_a_pod_waits_for_its_missing_secret_or_key_as_the_kubelet_reports_it(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    async with running(tmp_path, docker_client) as (fake, api):
+        # The volume's Secret is mounted first: without it the pod stays ContainerCreating.
+        await create(api, secret_pod("patient"))
+        waiting = await wait_for(
+            api,
+            "patient",
+            lambda p: "MountVolume" in json.dumps(p["status"].get("containerStatuses")),
+        )
+        state = waiting["status"]["containerStatuses"][0]["state"]["waiting"]
+        assert state == {
+            "reason": "ContainerCreating",
+            "message": 'MountVolume.SetUp failed for volume "secrets" : secret "creds" not found',
+        }
+        # A Secret without the key: the volume's item refers to a key it lacks.
+        await create_secret(api, secret_manifest("creds", {"OTHER": "x"}))
+        waiting = await wait_for(
+            api, "patient", lambda p: "non-existent" in json.dumps(p["status"])
+        )
+        assert waiting["status"]["containerStatuses"][0]["state"]["waiting"]["message"] == (
+            'MountVolume.SetUp failed for volume "secrets" : references non-existent secret '
+            "key: TOKEN"
+        )
+        await delete_secret(api, "creds")
+        await create_secret(api, secret_manifest("creds", {"TOKEN": "at last"}))
+        await wait_for(api, "patient", phase("Succeeded"))
+        assert report_of(docker_client, fake, "patient")["env"] == "at last"
+
+        # An environment variable's Secret is read when the container is made: missing, it is
+        # CreateContainerConfigError, with the kubelet's words.
+        env_only = manifest("env-only", command=["sh", "-c", "echo $TOKEN"])
+        env_only["spec"]["containers"][0]["env"] = [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "gone", "key": "TOKEN"}}},
+            {"name": "SKIPPED", "valueFrom": {
+                "secretKeyRef": {"name": "gone", "key": "X", "optional": True}}},
+        ]  # fmt: skip
+        await create(api, env_only)
+        failed = await wait_for(api, "env-only", waiting_reason("CreateContainerConfigError"))
+        assert failed["status"]["containerStatuses"][0]["state"]["waiting"]["message"] == (
+            'secret "gone" not found'
+        )
+        assert failed["status"]["phase"] == "Pending"
+        await create_secret(api, secret_manifest("gone", {"OTHER": "x"}))
+        failed = await wait_for(
+            api, "env-only", lambda p: "couldn't find" in json.dumps(p["status"])
+        )
+        assert failed["status"]["containerStatuses"][0]["state"]["waiting"]["message"] == (
+            "couldn't find key TOKEN in Secret default/gone"
+        )
+        await delete_secret(api, "gone")
+        await create_secret(api, secret_manifest("gone", {"TOKEN": "found"}))
+        await wait_for(api, "env-only", phase("Succeeded"))
+        container_id = fake.pods["env-only"].container_id
+        assert container_id is not None
+        assert docker_client.containers.get(container_id).logs() == b"found\n"
+
+
+async def test_a_pod_with_invalid_secret_references_is_refused_with_its_field_causes(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    async with running(tmp_path, docker_client) as (_fake, api):
+        pod = secret_pod("refused")
+        pod["spec"]["securityContext"]["fsGroup"] = -1
+        volume = pod["spec"]["volumes"][0]["secret"]
+        volume["defaultMode"] = 0o1000
+        volume["items"] = [{"key": "", "path": "../escape", "mode": 0o777}]
+        pod["spec"]["containers"][0]["env"] = [
+            {
+                "name": "BOTH",
+                "value": "x",
+                "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}},
+            },
+            {"name": "NONE", "valueFrom": {}},
+            {"name": "BADKEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "a b"}}},
+            {"name": "FIELD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ]
+        status = await refusal(api, "POST", "pods", json=pod)
+        causes = {(c["field"], c["reason"]) for c in status["details"]["causes"]}
+        assert causes == {
+            ("spec.securityContext.fsGroup", "FieldValueInvalid"),
+            ("spec.volumes[0].secret.defaultMode", "FieldValueInvalid"),
+            ("spec.volumes[0].secret.items[0].key", "FieldValueRequired"),
+            ("spec.volumes[0].secret.items[0].path", "FieldValueInvalid"),
+            ("spec.containers[0].env[0].valueFrom", "FieldValueInvalid"),
+            ("spec.containers[0].env[1].valueFrom", "FieldValueInvalid"),
+            ("spec.containers[0].env[2].valueFrom.secretKeyRef.key", "FieldValueInvalid"),
+            ("spec.containers[0].env[3].valueFrom.fieldRef", "FieldValueForbidden"),
+        }
+        messages = [c["message"] for c in status["details"]["causes"]]
+        assert (
+            "Invalid value: 512: must be a number between 0 and 0777 (octal), both inclusive"
+            in (messages)
+        )
+        assert 'Invalid value: "": may not be specified when `value` is not empty' in messages

@@ -16,8 +16,11 @@ project need a claim the test machine can write to and are run against the fake 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
+import secrets
 import signal
 import threading
 import urllib.parse
@@ -35,6 +38,7 @@ import trio
 
 from tests.integration.harness import (
     Orchestrator,
+    build_test_image,
     git_repo,
     orchestrator,
     python2_client,
@@ -45,7 +49,9 @@ from tests.integration.harness import (
     wait_until,
     write_suite,
 )
+from tests.integration.test_bounds_e2e import websocket
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
+from tests.messages import request
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +60,8 @@ REAL_NAMESPACE = os.environ.get("REACTOR_FABRIC_KUBERNETES_NAMESPACE", "default"
 CLAIM = "projects"
 LABEL_SESSION = "reactor-fabric.session"
 LABEL_MANAGED = "reactor-fabric.managed"
+LABEL_SERVICE = "reactor-fabric.service"
+LABEL_INSTANCE = "reactor-fabric.instance"
 
 
 @dataclass
@@ -83,6 +91,23 @@ class Cluster:
             found = api.get("pods", namespace=self.namespace, label_selector=selector)
             pods = [dict(pod.raw) for pod in found if not isinstance(pod, dict)]
         return [pod for pod in pods if not pod["metadata"].get("deletionTimestamp")]
+
+    def secrets(self, **labels: str) -> list[dict[str, Any]]:
+        """The Secrets carrying ``labels`` (with the managed label), as the API server lists
+        them."""
+        selector = ",".join(f"{k}={v}" for k, v in {LABEL_MANAGED: "true", **labels}.items())
+        if self.fake is not None:
+            query = urllib.parse.urlencode({"labelSelector": selector})
+            request = urllib.request.Request(
+                f"{self.fake.url}/api/v1/namespaces/{self.namespace}/secrets?{query}",
+                headers={"Authorization": f"Bearer {self.fake.token}"},
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                found: list[dict[str, Any]] = json.load(response)["items"]
+                return found
+        api = kr8s.api(kubeconfig=str(self.kubeconfig))
+        listed = api.get("secrets", namespace=self.namespace, label_selector=selector)
+        return [dict(secret.raw) for secret in listed if not isinstance(secret, dict)]
 
 
 @contextmanager
@@ -325,3 +350,150 @@ def test_the_fake_runs_pods_on_docker_with_the_pods_labels(
         )
     finally:
         assert client.close() == 0
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_secret_reaches_the_server_in_its_pod_only_by_reference_and_goes_with_the_orchestrator(
+    tmp_path: Path, cluster: Cluster, project_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service's secrets on Kubernetes: a Secret of its own, which the pod names (a
+    ``secretKeyRef`` variable, a ``secret`` volume at /run/secrets); the server reads them as
+    on Docker, the pod as the API server stores it holds no value, and the Secret is deleted
+    when the orchestrator stops. A service whose secret is missing is refused alone."""
+    probe_image = build_test_image("probe")
+    env_value = "rf-k8s-env-" + secrets.token_hex(16)
+    file_value = "rf-k8s-file-" + secrets.token_hex(16)
+    secret_file = tmp_path / "db-password"
+    secret_file.write_text(file_value + "\n")
+    secret_file.chmod(0o600)
+    suite = kubernetes_suite(
+        tmp_path,
+        cluster,
+        project_root,
+        test_services={
+            "probe": {
+                "image": probe_image,
+                "secrets": {
+                    "GITHUB_TOKEN": {"env": "RF_E2E_K8S_TOKEN"},
+                    "DB_PASSWORD": {"file": str(secret_file), "as": "file"},
+                },
+            },
+            "needy": {
+                "image": probe_image,
+                "secrets": {"API_KEY": {"env": "RF_E2E_K8S_UNSET"}},
+            },
+        },
+    )
+    env = {"RF_E2E_K8S_TOKEN": env_value}
+    monkeypatch.delenv("RF_E2E_K8S_UNSET", raising=False)
+
+    async def ask(running: Orchestrator) -> dict[str, Any]:
+        ws = await websocket(running, "/mcp/probe")
+        seen: dict[str, Any] = {}
+        await ws.send_json(request(1, "secret", {"name": "GITHUB_TOKEN"}))
+        seen["token"] = (await ws.hear())["result"]
+        await ws.send_json(request(2, "secret", {"name": "DB_PASSWORD"}))
+        seen["password"] = (await ws.hear())["result"]
+        # While the session runs: its pod and the service's Secret, as the API server has them.
+        seen["pods"] = cluster.pods(**{LABEL_SERVICE: "probe"})
+        seen["secrets"] = cluster.secrets(**{LABEL_INSTANCE: running.instance[:63]})
+        await ws.aclose()
+        # The service whose secret is missing: refused before anything is made for it.
+        needy = await websocket(running, "/mcp/needy")
+        await needy.send_json(request(1, "secret", {"name": "API_KEY"}))
+        seen["needy"] = await needy.hear()
+        seen["needy_pods"] = cluster.pods(**{LABEL_SERVICE: "needy"})
+        await needy.aclose()
+        return seen
+
+    with orchestrator(suite, tmp_path / "orchestrator.log", env=env) as running:
+        seen = trio.run(ask, running)
+        instance = running.instance[:63]
+
+    token, password = seen["token"], seen["password"]
+    # As the variable, and as a file of the Secret volume: in memory, the server's group may
+    # read it (a Secret volume's files are root's; the pod's fsGroup is the server's group).
+    assert token["env_sha256"] == sha(env_value)
+    assert token["file"] == {
+        "sha256": sha(env_value),
+        "uid": 0,
+        "gid": token["gid"],
+        "mode": 0o440,
+        "fs": "tmpfs",
+    }
+    assert password["env_sha256"] is None  # as: file
+    assert password["file"]["sha256"] == sha(file_value)
+    assert (password["file"]["mode"], password["file"]["gid"]) == (0o440, password["gid"])
+
+    # The pod holds references only; the Secret holds the values, labelled like the pods.
+    [secret] = seen["secrets"]
+    name = secret["metadata"]["name"]
+    assert secret["metadata"]["labels"][LABEL_SERVICE] == "probe"
+    decoded = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    assert decoded == {"GITHUB_TOKEN": env_value, "DB_PASSWORD": file_value}
+    assert seen["pods"]
+    for pod in seen["pods"]:
+        text = json.dumps(pod)
+        for value in (env_value, file_value):
+            assert value not in text
+            assert base64.b64encode(value.encode()).decode() not in text
+        [container] = pod["spec"]["containers"]
+        variables = {entry["name"]: entry for entry in container["env"]}
+        assert variables["GITHUB_TOKEN"] == {
+            "name": "GITHUB_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": name, "key": "GITHUB_TOKEN"}},
+        }
+        assert "DB_PASSWORD" not in variables
+        [volume] = [v for v in pod["spec"]["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == name
+
+    # The service whose secret is missing: -32002 secret_unavailable, no pod, no Secret.
+    assert seen["needy"]["error"]["code"] == -32002
+    assert seen["needy"]["error"]["data"]["reason"] == "secret_unavailable"
+    assert "RF_E2E_K8S_UNSET" in seen["needy"]["error"]["message"]
+    assert seen["needy_pods"] == []
+    assert [s["metadata"]["labels"][LABEL_SERVICE] for s in seen["secrets"]] == ["probe"]
+
+    # The Secret went with the orchestrator.
+    assert cluster.secrets(**{LABEL_INSTANCE: instance}) == []
+
+
+def test_a_file_secret_is_readable_by_a_server_whose_user_names_no_group(
+    tmp_path: Path, cluster: Cluster, project_root: Path
+) -> None:
+    """``user: "65534"`` (a uid alone): the server's group is then the image's for that uid
+    (nogroup), and a Secret volume's files are root's — the pod's fsGroup must still give
+    them to the server, as the Docker runtime gives them to uid:uid."""
+    probe_image = build_test_image("probe")
+    value = "rf-k8s-uid-" + secrets.token_hex(16)
+    suite = kubernetes_suite(
+        tmp_path,
+        cluster,
+        project_root,
+        test_services={
+            "probe": {
+                "image": probe_image,
+                "user": "65534",
+                "secrets": {"DB_PASSWORD": {"env": "RF_E2E_K8S_PASSWORD", "as": "file"}},
+            }
+        },
+    )
+
+    async def ask(running: Orchestrator) -> dict[str, Any]:
+        ws = await websocket(running, "/mcp/probe")
+        await ws.send_json(request(1, "secret", {"name": "DB_PASSWORD"}))
+        found: dict[str, Any] = (await ws.hear())["result"]
+        await ws.aclose()
+        return found
+
+    with orchestrator(
+        suite, tmp_path / "orchestrator.log", env={"RF_E2E_K8S_PASSWORD": value}
+    ) as running:
+        found = trio.run(ask, running)
+    assert found["file_error"] is None
+    assert found["uid"] == 65534
+    assert found["file"]["sha256"] == sha(value)
+    assert (found["file"]["uid"], found["file"]["gid"], found["file"]["mode"]) == (0, 65534, 0o440)

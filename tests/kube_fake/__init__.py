@@ -12,13 +12,18 @@ Usage::
 What it serves, as kube-apiserver does (JSON, bearer token required, errors as
 ``metav1.Status``): ``/version``; create, get, list (label and field selectors), watch
 (``resourceVersion``, ``timeoutSeconds``) and delete (grace period, preconditions) of pods in
-one namespace; ``pods/attach`` over a WebSocket (v5.channel.k8s.io, v4.channel.k8s.io). What a
-kubelet does, done with Docker: the pod is scheduled on the one node (or stays Pending,
-Unschedulable), its image checked against the pull policy, its container created from the
-spec (env with ``$(VAR)`` expansion, command/args, security context, limits, PVC and emptyDir
-volumes, subPath), started, its status (phase, conditions, containerStatuses) kept as the
-kubelet reports it, its exit (code, Completed/Error/OOMKilled), activeDeadlineSeconds and
-deletion (SIGTERM, grace, SIGKILL, container removed, DELETED).
+one namespace; ``pods/attach`` over a WebSocket (v5.channel.k8s.io, v4.channel.k8s.io); create,
+get, list (label and field selectors) and delete (preconditions) of Secrets (``data`` in
+base64, ``stringData`` merged, keys validated; see :mod:`.secret_store`). What a kubelet does,
+done with Docker: the pod is scheduled on the one node (or stays Pending, Unschedulable), its
+secret volumes set up (or it waits in ContainerCreating for their Secret or key), its image
+checked against the pull policy, its container created from the spec (env with ``$(VAR)``
+expansion and ``secretKeyRef`` — a missing Secret or key is CreateContainerConfigError, tried
+again when a Secret changes —, command/args, security context, ``fsGroup``, limits, PVC,
+emptyDir and secret volumes, subPath), started, its status (phase, conditions,
+containerStatuses) kept as the kubelet reports it, its exit (code, Completed/Error/OOMKilled),
+activeDeadlineSeconds and deletion (SIGTERM, grace, SIGKILL, container removed, its volumes
+torn down, DELETED).
 
 Docker containers: named ``k8s_<container>_<pod>_<namespace>_<uid>_0``, labelled with the
 pod's own labels, the ``io.kubernetes.*`` labels of the kubelet's runtimes, and
@@ -39,8 +44,8 @@ FIDELITY — what kube-apiserver and a kubelet do that this fake does not:
   the pod's conditions and container statuses only); no controllers (ownerReferences are kept
   but nothing garbage-collects), no finalizers (refused), no admission plugins beyond the
   defaults they add (serviceAccountName, tolerations, priority). No PATCH/PUT, no
-  ``pods/log``, ``pods/exec``, ``pods/status``; discovery lists only namespaces, pods and
-  pods/attach of the core group, and no other group.
+  ``pods/log``, ``pods/exec``, ``pods/status``; discovery lists only namespaces, pods,
+  pods/attach and secrets of the core group, and no other group.
 - Network: always ``network_mode: none``. A real pod has a network (and an IP) unless a
   NetworkPolicy denies traffic; the fake's have none and no ``podIP``. The
   ``KUBERNETES_SERVICE_*`` variables a pod gets are set, pointing nowhere.
@@ -50,10 +55,23 @@ FIDELITY — what kube-apiserver and a kubelet do that this fake does not:
 - What the fake cannot honour is refused with 422 Invalid (a ``Forbidden`` cause saying "not
   supported by the fake API server"): more than one container, init or ephemeral containers,
   ``restartPolicy`` other than Never (no restarts), ``tty``, privileged, host namespaces, user
-  namespaces, runtime classes, probes, lifecycle hooks, ``envFrom``/``valueFrom``, volumes
-  other than persistentVolumeClaim and emptyDir, an emptyDir mounted twice or with a
-  subPath, ``subPathExpr``, mount propagation, ``fsGroup``, sysctls, SELinux/Windows
-  options, Localhost seccomp/AppArmor profiles.
+  namespaces, runtime classes, probes, lifecycle hooks, ``envFrom``, a ``valueFrom`` other
+  than ``secretKeyRef``, volumes other than persistentVolumeClaim, emptyDir and secret, an
+  emptyDir mounted twice or with a subPath, a secret volume with a subPath, ``subPathExpr``,
+  mount propagation, ``fsGroupChangePolicy``, sysctls, SELinux/Windows options, Localhost
+  seccomp/AppArmor profiles; Secrets of the built-in ``kubernetes.io/*`` types (their
+  required keys are not checked), Secret finalizers.
+- Secrets: no watch, update or patch (a watch is refused with 400); ``immutable`` is kept but
+  means nothing without updates; the 1 MiB size limit is the request body's bound. A secret
+  volume is written once, when the pod is set up: a Secret changed later does not reach it
+  (the kubelet's sync would update it within a minute or so). A mount that waits for its
+  Secret shows ``MountVolume.SetUp failed ...`` as the waiting container's message (a kubelet
+  reports it as a FailedMount event and leaves the message empty). The volume's files are in
+  the host's shared memory (``/dev/shm``), bound read-only; written by the fake, they are
+  root's only when the fake runs as root.
+- ``fsGroup``: added to the container's groups, and given to secret volumes' files (as the
+  kubelet does); emptyDirs stay Docker tmpfs mounts (mode 0777, root's) and claims are left
+  as they are (the kubelet would give both to the group, a claim depending on its driver).
 - Validation covers what the API validates in the fields the fake maps (names, labels, images,
   pull and restart policies, env names, quantities and requests ≤ limits, volumes and mounts,
   ``subPath`` absolute or with ``..`` — refused at create, as the API refuses them); unknown

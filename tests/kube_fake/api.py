@@ -125,9 +125,12 @@ def not_found(resource: str, name: str) -> ApiError:
     )
 
 
-def already_exists(name: str) -> ApiError:
+def already_exists(name: str, resource: str = "pods") -> ApiError:
     return ApiError(
-        409, "AlreadyExists", f'pods "{name}" already exists', {"name": name, "kind": "pods"}
+        409,
+        "AlreadyExists",
+        f'{resource} "{name}" already exists',
+        {"name": name, "kind": resource},
     )
 
 
@@ -193,16 +196,16 @@ def duplicate(field: str, value: object) -> Cause:
     return Cause("FieldValueDuplicate", field, f"Duplicate value: {go_repr(value)}")
 
 
-def invalid(name: str, causes: list[Cause]) -> ApiError:
-    """422: what ``apierrors.NewInvalid`` makes of a Pod's field errors."""
+def invalid(name: str, causes: list[Cause], kind: str = "Pod") -> ApiError:
+    """422: what ``apierrors.NewInvalid`` makes of an object's field errors."""
     listed = causes[0].text() if len(causes) == 1 else f"[{', '.join(c.text() for c in causes)}]"
     return ApiError(
         422,
         "Invalid",
-        f'Pod "{name}" is invalid: {listed}',
+        f'{kind} "{name}" is invalid: {listed}',
         {
             "name": name,
-            "kind": "Pod",
+            "kind": kind,
             "causes": [
                 {"reason": cause.reason, "message": cause.message, "field": cause.field}
                 for cause in causes
@@ -317,7 +320,7 @@ def _split_outside_parentheses(text: str) -> list[str]:
 
 
 # The fields a pod list can be selected by (the pod strategy's PodToSelectableFields).
-_POD_FIELDS: Final = {
+POD_FIELDS: Final = {
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
     "spec.nodeName": ("spec", "nodeName"),
@@ -328,6 +331,12 @@ _POD_FIELDS: Final = {
     "status.podIP": ("status", "podIP"),
     "status.nominatedNodeName": ("status", "nominatedNodeName"),
 }
+# A Secret's (the secret strategy's SelectableFields: the object meta's, and its type).
+SECRET_FIELDS: Final = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    "type": ("type",),
+}
 
 
 @dataclass(frozen=True)
@@ -335,15 +344,21 @@ class FieldRequirement:
     field: str
     value: str
     equal: bool
+    path: tuple[str, ...] = ()  # where the field is in the object (default: a pod's)
 
-    def matches(self, pod: Mapping[str, Any]) -> bool:
-        section, key = _POD_FIELDS[self.field]
-        actual = str(pod.get(section, {}).get(key, "") or "")
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        found: Any = obj
+        for key in self.path or POD_FIELDS[self.field]:
+            found = found.get(key) if isinstance(found, Mapping) else None
+        actual = str(found or "")
         return (actual == self.value) == self.equal
 
 
-def parse_field_selector(text: str) -> list[FieldRequirement]:
-    """``metadata.name=x,status.phase!=Running``. Error handling: 400 BadRequest."""
+def parse_field_selector(
+    text: str, fields: Mapping[str, tuple[str, ...]] = POD_FIELDS
+) -> list[FieldRequirement]:
+    """``metadata.name=x,status.phase!=Running``, over ``fields`` (a resource's selectable
+    fields). Error handling: 400 BadRequest."""
     requirements = []
     for part in text.split(","):
         if not part.strip():
@@ -352,9 +367,9 @@ def parse_field_selector(text: str) -> list[FieldRequirement]:
         if found is None:
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         field, op, value = found.groups()
-        if field not in _POD_FIELDS:
+        if field not in fields:
             raise bad_request(f"field label not supported: {field}")
-        requirements.append(FieldRequirement(field, value, op != "!="))
+        requirements.append(FieldRequirement(field, value, op != "!=", tuple(fields[field])))
     return requirements
 
 

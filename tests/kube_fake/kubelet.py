@@ -15,6 +15,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
@@ -29,6 +30,8 @@ from reactor_fabric.runtime.docker import inspect_container
 from .api import ceil_int, docker_time, parse_quantity, timestamp
 from .engine import CALL_TIMEOUT, DockerPool
 from .pods import FakePod, PodStore
+from .secret_store import SecretStore
+from .secret_volumes import SecretVolumes, VolumeSetupError, payload
 
 NODE_NAME: Final = "kube-fake"
 FAKE_LABEL: Final = "reactor-fabric.kube-fake"
@@ -59,7 +62,8 @@ DEADLINE_MESSAGE: Final = "Pod was active on the node longer than the specified 
 
 class ContainerConfigError(Exception):
     """What the kubelet reports as ``CreateContainerConfigError``: the container cannot be
-    configured (a subPath outside its volume, runAsNonRoot with a root user)."""
+    configured (a subPath outside its volume, runAsNonRoot with a root user, a Secret or a key
+    of it that an environment variable refers to and that does not exist)."""
 
 
 @dataclass(frozen=True)
@@ -119,15 +123,46 @@ def expand(text: str, lookup: Callable[[str], str | None]) -> str:
     return "".join(out)
 
 
-def environment(container: Mapping[str, Any]) -> dict[str, str]:
-    """The container's environment as the kubelet makes it: its ``env`` in order, each value
-    expanded against the variables before it and the service variables, then the service
-    variables it did not set."""
+SecretLookup = Callable[[str], Mapping[str, bytes] | None]
+
+
+def _no_secrets(_name: str) -> Mapping[str, bytes] | None:
+    return None
+
+
+def environment(
+    container: Mapping[str, Any], secrets: SecretLookup = _no_secrets, namespace: str = ""
+) -> dict[str, str]:
+    """The container's environment as the kubelet makes it (makeEnvironmentVariables): its
+    ``env`` in order, a ``value`` expanded against the variables before it and the service
+    variables, a ``secretKeyRef`` read from the Secret (``secrets``: name → its data, None
+    when there is none) as it is, unexpanded; then the service variables it did not set.
+
+    Error handling: a missing Secret or key that is not ``optional`` raises
+    ContainerConfigError with the kubelet's message.
+    """
     env: dict[str, str] = {}
     for variable in container.get("env") or []:
-        env[variable["name"]] = expand(
-            variable.get("value") or "", lambda name: env.get(name, SERVICE_ENV.get(name))
-        )
+        name = variable["name"]
+        value = variable.get("value") or ""
+        reference = (variable.get("valueFrom") or {}).get("secretKeyRef")
+        if value or reference is None:
+            env[name] = expand(value, lambda known: env.get(known, SERVICE_ENV.get(known)))
+            continue
+        optional = bool(reference.get("optional"))
+        data = secrets(reference["name"])
+        if data is None:
+            if optional:
+                continue
+            # The secret manager's NotFound (resource "secret", singular).
+            raise ContainerConfigError(f'secret "{reference["name"]}" not found')
+        if reference["key"] not in data:
+            if optional:
+                continue
+            raise ContainerConfigError(
+                f"couldn't find key {reference['key']} in Secret {namespace}/{reference['name']}"
+            )
+        env[name] = data[reference["key"]].decode(errors="replace")
     for name, value in SERVICE_ENV.items():
         env.setdefault(name, value)
     return env
@@ -195,7 +230,10 @@ def resolve_sub_path(root: Path, sub_path: str, failure: str) -> Path:
 
 
 def _volume_mounts(
-    pod: Mapping[str, Any], container: Mapping[str, Any], claims: Mapping[str, Path]
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    claims: Mapping[str, Path],
+    secret_dirs: Mapping[str, Path],
 ) -> tuple[list[docker.types.Mount], dict[str, str]]:
     volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes") or []}
     memory = ((container.get("resources") or {}).get("limits") or {}).get("memory")
@@ -203,6 +241,18 @@ def _volume_mounts(
     tmpfs: dict[str, str] = {}
     for mount in container.get("volumeMounts") or []:
         volume = volumes[mount["name"]]
+        if volume.get("secret") is not None:
+            # Set up in shared memory before; read-only whatever the mount says, as the
+            # kubelet mounts every Secret volume.
+            mounts.append(
+                docker.types.Mount(
+                    target=mount["mountPath"],
+                    source=str(secret_dirs[mount["name"]]),
+                    type="bind",
+                    read_only=True,
+                )
+            )
+            continue
         claim = volume.get("persistentVolumeClaim")
         if claim is not None:
             failure = (
@@ -228,6 +278,15 @@ def _volume_mounts(
     return mounts, tmpfs
 
 
+def _groups(pod_context: Mapping[str, Any]) -> list[str]:
+    """The container's supplementary groups: the pod's ``fsGroup`` (the kubelet adds it, so
+    that the process may use what the volumes give to that group) and supplementalGroups."""
+    fs_group = pod_context.get("fsGroup")
+    groups = [fs_group] if fs_group is not None else []
+    groups += [g for g in pod_context.get("supplementalGroups") or [] if g not in groups]
+    return [str(group) for group in groups]
+
+
 def _limits(container: Mapping[str, Any]) -> dict[str, Any]:
     resources = container.get("resources") or {}
     limits = resources.get("limits") or {}
@@ -249,15 +308,18 @@ def docker_plan(
     image_user: str,
     claims: Mapping[str, Path],
     labels: Mapping[str, str],
+    secrets: SecretLookup = _no_secrets,
+    secret_dirs: Mapping[str, Path] | None = None,
 ) -> DockerPlan:
-    """The Docker container for ``pod`` (whose claims were checked at scheduling).
+    """The Docker container for ``pod`` (whose claims were checked at scheduling, whose
+    secret volumes are set up at ``secret_dirs``: volume name → host directory).
 
     Error handling: raises ContainerConfigError (the kubelet's CreateContainerConfigError).
     """
     meta = pod["metadata"]
     spec = pod["spec"]
     container = spec["containers"][0]
-    env = environment(container)
+    env = environment(container, secrets, meta["namespace"])
 
     def lookup(name: str) -> str | None:
         return env.get(name)
@@ -277,7 +339,7 @@ def docker_plan(
     if seccomp != "RuntimeDefault":
         # A kubelet without --seccomp-default runs containers Unconfined unless told otherwise.
         security_opt.append("seccomp=unconfined")
-    mounts, tmpfs = _volume_mounts(pod, container, claims)
+    mounts, tmpfs = _volume_mounts(pod, container, claims, secret_dirs or {})
     user = docker_user(pod, container, image_user)
     name = f"k8s_{container['name']}_{meta['name']}_{meta['namespace']}_{meta['uid']}_0"
     stdin_once = bool(container.get("stdin")) and bool(container.get("stdinOnce"))
@@ -311,11 +373,7 @@ def docker_plan(
         "cap_drop": list(capabilities.get("drop") or []) or None,
         "security_opt": security_opt or None,
         "read_only": bool(context.get("readOnlyRootFilesystem")),
-        "group_add": [
-            str(group)
-            for group in (spec.get("securityContext") or {}).get("supplementalGroups") or []
-        ]
-        or None,
+        "group_add": _groups(spec.get("securityContext") or {}) or None,
         **_limits(container),
     }
     return DockerPlan(name=name, create=create, host=host)
@@ -421,12 +479,17 @@ class Kubelet:
         store: PodStore,
         pool: DockerPool,
         *,
+        secrets: SecretStore,
         node: Node,
         claims: Mapping[str, Path],
         labels: Mapping[str, str],
         created: set[str],
+        volumes: SecretVolumes | None = None,
     ) -> None:
         self.store = store
+        self.secrets = secrets
+        # The pods' secret volumes, in shared memory (removed with each pod, and at the end).
+        self.volumes = volumes or SecretVolumes()
         self.pool = pool
         self.node = node
         self.claims = dict(claims)
@@ -542,21 +605,62 @@ class Kubelet:
             await trio.sleep(backoff)
             backoff = min(backoff * 2, IMAGE_BACKOFF_MAX)
 
+    async def _mount_volumes(self, pod: FakePod) -> dict[str, Path]:
+        """The pod's secret volumes set up (volume name → host directory), once every Secret
+        and key they need exists: until then the pod waits in ContainerCreating, and each
+        change of a Secret is another try (the kubelet retries at each sync)."""
+        obj = pod.object
+        fs_group = (obj["spec"].get("securityContext") or {}).get("fsGroup")
+        while True:
+            seen = self.secrets.generation
+            dirs: dict[str, Path] = {}
+            try:
+                for volume in obj["spec"].get("volumes") or []:
+                    source = volume.get("secret")
+                    if source is None:
+                        continue
+                    try:
+                        files = payload(source, self.secrets.data(source["secretName"]))
+                    except VolumeSetupError as exc:
+                        raise VolumeSetupError(
+                            f'MountVolume.SetUp failed for volume "{volume["name"]}" : {exc}'
+                        ) from None
+                    dirs[volume["name"]] = await trio.to_thread.run_sync(
+                        self.volumes.set_up, obj["metadata"]["uid"], volume["name"], files, fs_group
+                    )
+            except VolumeSetupError as exc:
+                # The kubelet reports this as a FailedMount event; the fake has no Events API
+                # and shows it as the waiting container's message.
+                self._update(pod, waiting("ContainerCreating", str(exc)))
+                await self.secrets.changed_since(seen)
+                continue
+            return dirs
+
     async def _start_and_wait(self, pod: FakePod) -> None:
+        secret_dirs = await self._mount_volumes(pod)
         image = await self._image(pod)
         image_id = (image.get("RepoDigests") or [image["Id"]])[0]
-        try:
-            plan = await trio.to_thread.run_sync(
-                lambda: docker_plan(
-                    pod.object,
-                    image_user=(image.get("Config") or {}).get("User") or "",
-                    claims=self.claims,
-                    labels=self.labels,
-                )
+        while True:
+            # Read here, in trio's thread (the API changes the store there): the plan's thread
+            # sees a copy.
+            seen = self.secrets.generation
+            secrets = {name: self.secrets.data(name) for name in self.secrets.secrets}
+            plan_pod = partial(
+                docker_plan,
+                pod.object,
+                image_user=(image.get("Config") or {}).get("User") or "",
+                claims=self.claims,
+                labels=self.labels,
+                secrets=secrets.get,
+                secret_dirs=secret_dirs,
             )
-        except ContainerConfigError as exc:
-            self._update(pod, waiting("CreateContainerConfigError", str(exc)))
-            await trio.sleep_forever()
+            try:
+                plan = await trio.to_thread.run_sync(plan_pod)
+                break
+            except ContainerConfigError as exc:
+                # Tried again when a Secret changes (the kubelet retries at each sync).
+                self._update(pod, waiting("CreateContainerConfigError", str(exc)))
+                await self.secrets.changed_since(seen)
         try:
             container_id = await self.pool.run(lambda client: self._create(client, pod, plan))
         except docker.errors.APIError as exc:
@@ -660,6 +764,7 @@ class Kubelet:
             await self._stop_and_record(pod, container_id, pod.grace_seconds)
             await self.pool.run(lambda client: _remove(client, container_id))
             self.created.discard(container_id)
+        await trio.to_thread.run_sync(self.volumes.tear_down, pod.uid)
         self.store.remove(pod)
 
 

@@ -168,7 +168,8 @@ class PodStore:
     def get(self, name: str) -> FakePod | None:
         return self.pods.get(name)
 
-    def _next_version(self, obj: dict[str, Any]) -> int:
+    def next_resource_version(self, obj: dict[str, Any]) -> int:
+        """Give ``obj`` (a pod, or another kind's object) the store's next resourceVersion."""
         self.resource_version += 1
         obj["metadata"]["resourceVersion"] = str(self.resource_version)
         return self.resource_version
@@ -183,7 +184,7 @@ class PodStore:
 
     def add(self, pod: FakePod) -> None:
         self.pods[pod.name] = pod
-        version = self._next_version(pod.object)
+        version = self.next_resource_version(pod.object)
         self._publish(WatchEvent("ADDED", version, copy.deepcopy(pod.object)))
 
     def update(self, pod: FakePod, change: Callable[[dict[str, Any]], None]) -> bool:
@@ -195,7 +196,7 @@ class PodStore:
         change(pod.object)
         if pod.object == before:
             return True
-        version = self._next_version(pod.object)
+        version = self.next_resource_version(pod.object)
         self._publish(WatchEvent("MODIFIED", version, copy.deepcopy(pod.object), before))
         return True
 
@@ -204,7 +205,7 @@ class PodStore:
             return
         pod.stored = False
         del self.pods[pod.name]
-        version = self._next_version(pod.object)
+        version = self.next_resource_version(pod.object)
         self._publish(WatchEvent("DELETED", version, copy.deepcopy(pod.object)))
 
     def listing(self, selection: Selection) -> list[dict[str, Any]]:

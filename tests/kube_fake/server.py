@@ -7,6 +7,8 @@ Routes (JSON only, bearer token required everywhere):
 - ``GET|POST /api/v1/namespaces/{ns}/pods`` (list or ``watch``, create), ``GET /api/v1/pods``
 - ``GET|DELETE /api/v1/namespaces/{ns}/pods/{name}``
 - ``GET /api/v1/namespaces/{ns}/pods/{name}/attach`` (WebSocket upgrade, see :mod:`.attach`)
+- ``GET|POST /api/v1/namespaces/{ns}/secrets`` (list, create), ``GET /api/v1/secrets``
+- ``GET|DELETE /api/v1/namespaces/{ns}/secrets/{name}`` (see :mod:`.secret_store`)
 
 Bounds: request headers (``MAX_HEADER_BYTES``, else 431) and bodies (``MAX_BODY_BYTES``, else
 413 RequestEntityTooLarge), the wait for a request on an idle connection, for a request's
@@ -46,10 +48,12 @@ from reactor_fabric.runtime.docker import detach_socket
 from . import attach
 from .api import (
     METHOD_NOT_ALLOWED,
+    SECRET_FIELDS,
     UNAUTHORIZED,
     UNKNOWN_PATH,
     ApiError,
     FieldRequirement,
+    already_exists,
     bad_request,
     not_found,
     parse_field_selector,
@@ -59,6 +63,8 @@ from .api import (
 from .engine import DockerPool
 from .kubelet import FAKE_LABEL, Kubelet, node_of_engine, remove_all
 from .pods import WATCH_QUEUE, FakePod, PodStore, Selection, Watcher
+from .secret_store import SecretStore, admit_secret, deleted_status
+from .secret_volumes import SecretVolumes
 from .validation import admit_pod
 
 GIT_VERSION: Final = "v1.30.0-fake"
@@ -199,6 +205,7 @@ class FakeKubernetes:
         pool: DockerPool,
         kubelet: Kubelet,
         store: PodStore,
+        secret_store: SecretStore,
         token: str,
         instance: str,
         stream_idle_seconds: float,
@@ -210,6 +217,7 @@ class FakeKubernetes:
         # The Docker label every container of this fake carries (key=value, for filters).
         self.label = f"{FAKE_LABEL}={instance}"
         self.store = store
+        self.secret_store = secret_store
         self.kubelet = kubelet
         self.requests: deque[tuple[str, str, int]] = deque(maxlen=10_000)
         self.before_request: Callable[[Request], None] | None = None
@@ -220,6 +228,11 @@ class FakeKubernetes:
     @property
     def pods(self) -> Mapping[str, FakePod]:
         return self.store.pods
+
+    @property
+    def secrets(self) -> Mapping[str, dict[str, Any]]:
+        """The stored Secrets by name, as the API shows them (``data`` in base64)."""
+        return self.secret_store.secrets
 
     @property
     def errors(self) -> list[BaseException]:
@@ -348,8 +361,13 @@ class FakeKubernetes:
         if parts == ["api", "v1", "pods"]:
             _allow(method, "GET")
             return await self._list(conn, request, None)
+        if parts == ["api", "v1", "secrets"]:
+            _allow(method, "GET")
+            return await self._list_secrets(conn, request, None)
         if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 4:
             raise UNKNOWN_PATH
+        if parts[4:5] == ["secrets"] and len(parts) <= 6:
+            return await self._route_secrets(conn, request, parts[3], parts[5:])
         return await self._route_namespaced(conn, request, parts[3], parts[4:])
 
     async def _route_namespaced(
@@ -379,6 +397,26 @@ class FakeKubernetes:
             return await self._attach(conn, request, self._pod(namespace, rest[1]))
         raise UNKNOWN_PATH
 
+    async def _route_secrets(
+        self, conn: _Connection, request: Request, namespace: str, rest: list[str]
+    ) -> tuple[int, bool]:
+        method = request.method
+        if not rest:
+            _allow(method, "GET", "POST")
+            if method == "POST":
+                return await self._create_secret(conn, request, namespace)
+            return await self._list_secrets(conn, request, namespace)
+        _allow(method, "GET", "DELETE")
+        secret = self.secret_store.get(rest[0]) if namespace == self.namespace else None
+        if secret is None:
+            raise not_found("secrets", rest[0])
+        answer = secret
+        if method == "DELETE":
+            _check_preconditions(secret, _delete_options(request), "secrets")
+            answer = deleted_status(self.secret_store.remove(rest[0]))
+        await conn.respond_json(200, answer)
+        return 200, True
+
     def _pod(self, namespace: str, name: str) -> FakePod:
         pod = self.store.get(name) if namespace == self.namespace else None
         if pod is None:
@@ -396,6 +434,57 @@ class FakeKubernetes:
             "spec": {"finalizers": ["kubernetes"]},
             "status": {"phase": "Active"},
         }
+
+    # --- secrets -------------------------------------------------------------------------
+
+    async def _create_secret(
+        self, conn: _Connection, request: Request, namespace: str
+    ) -> tuple[int, bool]:
+        try:
+            body = json.loads(request.body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise bad_request(
+                "the object provided is unrecognized (must be of type Secret): couldn't get "
+                f"version/kind; json parse error: {exc}"
+            ) from exc
+        if namespace != self.namespace:
+            raise not_found("namespaces", namespace)
+        secret = admit_secret(body, namespace=namespace)
+        if request.param("dryRun") is not None:
+            name = secret["metadata"]["name"]
+            if self.secret_store.get(name) is not None:
+                raise already_exists(name, "secrets")
+            await conn.respond_json(201, secret)
+            return 201, True
+        await conn.respond_json(201, self.secret_store.add(secret))
+        return 201, True
+
+    async def _list_secrets(
+        self, conn: _Connection, request: Request, namespace: str | None
+    ) -> tuple[int, bool]:
+        if request.flag("watch"):
+            raise bad_request("watching secrets is not supported by the fake API server")
+        fields = parse_field_selector(request.param("fieldSelector") or "", SECRET_FIELDS)
+        selection = Selection(
+            labels=tuple(parse_label_selector(request.param("labelSelector") or "")),
+            fields=tuple(fields),
+        )
+        items = []
+        if namespace in (None, self.namespace):
+            items = self.secret_store.listing(selection)
+        for item in items:
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+        await conn.respond_json(
+            200,
+            {
+                "kind": "SecretList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.store.resource_version)},
+                "items": items,
+            },
+        )
+        return 200, True
 
     # --- pods ----------------------------------------------------------------------------
 
@@ -520,15 +609,8 @@ class FakeKubernetes:
         return outcome and not hung_up
 
     async def _delete(self, conn: _Connection, request: Request, pod: FakePod) -> tuple[int, bool]:
-        options: dict[str, Any] = {}
-        if request.body.strip():
-            try:
-                options = json.loads(request.body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise bad_request(f"couldn't decode DeleteOptions: {exc}") from exc
-            if not isinstance(options, dict):
-                raise bad_request("couldn't decode DeleteOptions: not an object")
-        _check_preconditions(pod, options.get("preconditions") or {})
+        options = _delete_options(request)
+        _check_preconditions(pod.object, options, "pods")
         grace_text = request.param("gracePeriodSeconds")
         grace = options.get("gracePeriodSeconds")
         if grace_text is not None:
@@ -692,7 +774,8 @@ def _version() -> dict[str, str]:
 
 def _discovery(parts: list[str], url: str) -> dict[str, Any] | None:
     """The discovery documents of the core group (what clients such as kr8s's ``get`` read):
-    ``/api``, ``/api/v1`` (namespaces, pods, pods/attach) and ``/apis`` (no other groups)."""
+    ``/api``, ``/api/v1`` (namespaces, pods, pods/attach, secrets) and ``/apis`` (no other
+    groups)."""
     if parts == ["api"]:
         return {
             "kind": "APIVersions",
@@ -716,6 +799,8 @@ def _discovery(parts: list[str], url: str) -> dict[str, Any] | None:
              "verbs": pods, "shortNames": ["po"], "categories": ["all"]},
             {"name": "pods/attach", "singularName": "", "namespaced": True,
              "kind": "PodAttachOptions", "verbs": ["create", "get"]},
+            {"name": "secrets", "singularName": "secret", "namespaced": True,
+             "kind": "Secret", "verbs": ["create", "delete", "get", "list"]},
         ],
     }  # fmt: skip
 
@@ -724,17 +809,33 @@ def _later(seconds: int) -> str:
     return timestamp(datetime.now(UTC) + timedelta(seconds=seconds))
 
 
-def _check_preconditions(pod: FakePod, preconditions: Mapping[str, Any]) -> None:
-    meta = pod.object["metadata"]
+def _delete_options(request: Request) -> dict[str, Any]:
+    """The request's DeleteOptions (its body); {} without one."""
+    if not request.body.strip():
+        return {}
+    try:
+        options = json.loads(request.body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"couldn't decode DeleteOptions: {exc}") from exc
+    if not isinstance(options, dict):
+        raise bad_request("couldn't decode DeleteOptions: not an object")
+    return options
+
+
+def _check_preconditions(obj: Mapping[str, Any], options: Mapping[str, Any], kind: str) -> None:
+    """409 Conflict when the DeleteOptions' preconditions do not hold for ``obj``."""
+    meta = obj["metadata"]
+    name = meta["name"]
+    preconditions = options.get("preconditions") or {}
     for key, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
         wanted = preconditions.get(key)
         if wanted is not None and wanted != meta[key]:
             raise ApiError(
                 409,
                 "Conflict",
-                f'Operation cannot be fulfilled on pods "{pod.name}": Precondition failed: '
+                f'Operation cannot be fulfilled on {kind} "{name}": Precondition failed: '
                 f"{label} in precondition: {wanted}, {label} in object meta: {meta[key]}",
-                {"name": pod.name, "kind": "pods"},
+                {"name": name, "kind": kind},
             )
 
 
@@ -770,19 +871,23 @@ async def fake_kubernetes(
     to take output (kubelet: 4 h). ``watch_queue``: events a watcher may have pending.
 
     On exit every pod's work stops and every container the fake made is removed (shielded,
-    within ``CLEANUP_SECONDS``).
+    within ``CLEANUP_SECONDS``), and the secret volumes' files with them.
     """
     pool = await trio.to_thread.run_sync(DockerPool.connect)
     created: set[str] = set()
     instance = uuid.uuid4().hex[:12]
     label = f"{FAKE_LABEL}={instance}"
+    volumes = SecretVolumes()
     error: BaseException | None = None
     try:
         node = await trio.to_thread.run_sync(node_of_engine, pool)
         store = PodStore(namespace, watch_queue=watch_queue)
+        secret_store = SecretStore(store)
         kubelet = Kubelet(
             store,
             pool,
+            secrets=secret_store,
+            volumes=volumes,
             node=node,
             claims={name: Path(path) for name, path in (claims or {}).items()},
             labels={FAKE_LABEL: instance},
@@ -792,6 +897,7 @@ async def fake_kubernetes(
             pool=pool,
             kubelet=kubelet,
             store=store,
+            secret_store=secret_store,
             token=token or secrets.token_urlsafe(32),
             instance=instance,
             stream_idle_seconds=stream_idle_seconds,
@@ -815,6 +921,8 @@ async def fake_kubernetes(
             await trio.to_thread.run_sync(
                 partial(remove_all, pool, created, label), abandon_on_cancel=True
             )
+            # The secret volumes' files, once no container binds them.
+            await trio.to_thread.run_sync(volumes.close)
         pool.close()
     if error is not None:
         raise error

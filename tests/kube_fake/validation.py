@@ -34,6 +34,7 @@ from .api import (
     timestamp,
     unsupported,
 )
+from .secret_store import config_key_errors
 
 FAKE: Final = "not supported by the fake API server (tests/kube_fake)"
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
@@ -47,10 +48,10 @@ _ENV_NAME_MESSAGE: Final = (
 _NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
 _MAX_INT32: Final = 2_147_483_647
 # Volume sources the fake maps onto Docker; any other is refused.
-_SUPPORTED_VOLUMES: Final = ("persistentVolumeClaim", "emptyDir")
+_SUPPORTED_VOLUMES: Final = ("persistentVolumeClaim", "emptyDir", "secret")
 _KNOWN_VOLUMES: Final = (
     *_SUPPORTED_VOLUMES,
-    "hostPath", "secret", "configMap", "projected", "downwardAPI", "nfs", "iscsi", "csi",
+    "hostPath", "configMap", "projected", "downwardAPI", "nfs", "iscsi", "csi",
     "ephemeral", "image", "gitRepo", "glusterfs", "rbd", "cephfs", "cinder", "fc", "flocker",
     "flexVolume", "awsElasticBlockStore", "gcePersistentDisk", "azureDisk", "azureFile",
     "vsphereVolume", "quobyte", "photonPersistentDisk", "portworxVolume", "scaleIO",
@@ -66,9 +67,12 @@ _SERVER_OWNED: Final = (
 )  # fmt: skip
 _UNSUPPORTED_SECURITY: Final = ("seLinuxOptions", "windowsOptions")
 _UNSUPPORTED_POD_SECURITY: Final = (
-    "fsGroup", "fsGroupChangePolicy", "sysctls", "seLinuxOptions", "windowsOptions",
+    "fsGroupChangePolicy", "sysctls", "seLinuxOptions", "windowsOptions",
     "seLinuxChangePolicy",
 )  # fmt: skip
+_FILE_MODE_MESSAGE: Final = "must be a number between 0 and 0777 (octal), both inclusive"
+_IDS: Final = ("runAsUser", "runAsGroup")
+_ENV_SOURCES: Final = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
 T = TypeVar("T")
 
 
@@ -246,6 +250,8 @@ def _default(pod: dict[str, Any]) -> None:
     for volume in spec.get("volumes") or []:
         if isinstance(volume.get("emptyDir"), dict):
             volume["emptyDir"].setdefault("medium", "")
+        if isinstance(volume.get("secret"), dict):
+            volume["secret"].setdefault("defaultMode", 0o644)
 
 
 def qos_class(pod: dict[str, Any]) -> str:
@@ -353,7 +359,7 @@ def _validate_spec(spec: dict[str, Any]) -> list[Cause]:
         for key in _UNSUPPORTED_POD_SECURITY
         if security.get(key)
     ]
-    causes += _validate_ids(security, "spec.securityContext")
+    causes += _validate_ids(security, "spec.securityContext", (*_IDS, "fsGroup"))
     causes += _validate_profiles(security, "spec.securityContext")
     for group in security.get("supplementalGroups") or []:
         if not isinstance(group, int) or not 0 <= group <= _MAX_INT32:
@@ -367,9 +373,9 @@ def _validate_spec(spec: dict[str, Any]) -> list[Cause]:
     return causes
 
 
-def _validate_ids(security: dict[str, Any], path: str) -> list[Cause]:
+def _validate_ids(security: dict[str, Any], path: str, keys: tuple[str, ...] = _IDS) -> list[Cause]:
     causes: list[Cause] = []
-    for key in ("runAsUser", "runAsGroup"):
+    for key in keys:
         value = security.get(key)
         if value is not None and (
             not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_INT32
@@ -428,6 +434,8 @@ def _validate_volumes(
             claim = volume["persistentVolumeClaim"]
             if not isinstance(claim, dict) or not claim.get("claimName"):
                 causes.append(required(f"{path}.persistentVolumeClaim.claimName"))
+        elif sources[0] == "secret":
+            causes += _validate_secret_volume(volume["secret"], f"{path}.secret")
         else:
             causes += _validate_empty_dir(volume["emptyDir"], f"{path}.emptyDir")
     return by_name
@@ -443,6 +451,39 @@ def _validate_empty_dir(empty_dir: object, path: str) -> list[Cause]:
     size = empty_dir.get("sizeLimit")
     if size is not None:
         causes += _quantity_errors(f"{path}.sizeLimit", size)
+    return causes
+
+
+def _file_mode_ok(mode: object) -> bool:
+    return isinstance(mode, int) and not isinstance(mode, bool) and 0 <= mode <= 0o777
+
+
+def _validate_secret_volume(source: object, path: str) -> list[Cause]:
+    """validateSecretVolumeSource: a secretName, modes within 0777, each item a key and a
+    relative path that does not climb (validateKeyToPath)."""
+    if not isinstance(source, dict):
+        return [invalid_value(path, source, "must be an object")]
+    causes: list[Cause] = []
+    if not source.get("secretName"):
+        causes.append(required(f"{path}.secretName"))
+    mode = source.get("defaultMode")
+    if mode is not None and not _file_mode_ok(mode):
+        causes.append(invalid_value(f"{path}.defaultMode", mode, _FILE_MODE_MESSAGE))
+    for index, item in enumerate(source.get("items") or []):
+        where = f"{path}.items[{index}]"
+        if not isinstance(item, dict):
+            causes.append(invalid_value(where, item, "must be an object"))
+            continue
+        if not item.get("key"):
+            causes.append(required(f"{where}.key"))
+        item_path = item.get("path") or ""
+        if not item_path:
+            causes.append(required(f"{where}.path"))
+        causes += _sub_path_errors(item_path, f"{where}.path")
+        if item_path.startswith(".."):
+            causes.append(invalid_value(f"{where}.path", item_path, "must not start with '..'"))
+        if item.get("mode") is not None and not _file_mode_ok(item["mode"]):
+            causes.append(invalid_value(f"{where}.mode", item["mode"], _FILE_MODE_MESSAGE))
     return causes
 
 
@@ -497,12 +538,47 @@ def _validate_env(env: list[dict[str, Any]], path: str) -> list[Cause]:
             causes.append(required(f"{path}[{index}].name"))
         elif not _ENV_NAME.fullmatch(name):
             causes.append(invalid_value(f"{path}[{index}].name", name, _ENV_NAME_MESSAGE))
-        if variable.get("valueFrom") is not None:
-            causes.append(forbidden(f"{path}[{index}].valueFrom", f"valueFrom is {FAKE}"))
-        elif not isinstance(variable.get("value", ""), str):
+        if not isinstance(variable.get("value", ""), str):
             causes.append(
                 invalid_value(f"{path}[{index}].value", variable.get("value"), "must be a string")
             )
+        elif variable.get("valueFrom") is not None:
+            causes += _validate_value_from(variable, f"{path}[{index}].valueFrom")
+    return causes
+
+
+def _validate_value_from(variable: dict[str, Any], path: str) -> list[Cause]:
+    """validateEnvVarValueFrom: exactly one source, and no ``value`` beside it; of the
+    sources, the fake resolves ``secretKeyRef`` only."""
+    value_from = variable["valueFrom"]
+    sources = [k for k in _ENV_SOURCES if isinstance(value_from, dict) and value_from.get(k)]
+    problem = (
+        "must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or `secretKeyRef`"
+        if not sources
+        else "may not be specified when `value` is not empty"
+        if variable.get("value")
+        else "may not have more than one field specified at a time"
+        if len(sources) > 1
+        else None
+    )
+    if problem is not None:
+        return [invalid_value(path, "", problem)]
+    if sources[0] != "secretKeyRef":
+        return [forbidden(f"{path}.{sources[0]}", f"{sources[0]} is {FAKE}")]
+    reference = value_from["secretKeyRef"]
+    if not isinstance(reference, dict):
+        return [invalid_value(f"{path}.secretKeyRef", reference, "must be an object")]
+    causes: list[Cause] = []
+    name = reference.get("name") or ""
+    if len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name):
+        causes.append(invalid_value(f"{path}.secretKeyRef.name", name, DNS1123_SUBDOMAIN_MESSAGE))
+    key = reference.get("key") or ""
+    if not key:
+        causes.append(required(f"{path}.secretKeyRef.key"))
+    causes += [
+        invalid_value(f"{path}.secretKeyRef.key", key, problem)
+        for problem in (config_key_errors(key) if key else [])
+    ]
     return causes
 
 
@@ -575,6 +651,9 @@ def _validate_mounts(
             causes.append(required(f"{where}.name"))
         elif name not in volumes:
             causes.append(field_not_found(f"{where}.name", name))
+        elif volumes[name].get("secret") is not None and mount.get("subPath"):
+            # The kubelet binds a file of the volume, which then never sees an update.
+            causes.append(forbidden(f"{where}.subPath", f"a subPath of a secret volume is {FAKE}"))
         elif volumes[name].get("emptyDir") is not None:
             # Each mount of an emptyDir is a tmpfs of its own: nothing to share, nothing below.
             if name in empty_dirs or mount.get("subPath"):

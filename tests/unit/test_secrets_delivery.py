@@ -373,6 +373,18 @@ def test_a_pod_refers_to_its_services_secret_and_never_holds_a_value() -> None:
     assert pod["spec"]["securityContext"] == {"fsGroup": 65534}
 
 
+def test_a_server_whose_user_is_a_uid_alone_gets_the_files_group_of_that_uid() -> None:
+    # runAsUser without runAsGroup: the server's group is the image's for the uid (nogroup,
+    # say), and the Secret volume's files are root's: the uid's own group must be the
+    # fsGroup, which the kubelet adds to the server's groups (the Docker runtime: uid:uid).
+    pod = valid(pod_manifest(k8s_spec(user="1000"), namespace="mcp"))
+    assert pod["spec"]["securityContext"] == {"fsGroup": 1000}
+    assert "runAsGroup" not in pod["spec"]["containers"][0]["securityContext"]
+    assert valid(pod_manifest(k8s_spec(user="1000:2000"), namespace="mcp"))["spec"][
+        "securityContext"
+    ] == {"fsGroup": 2000}
+
+
 def test_the_services_secret_holds_every_value_labelled_like_its_pods() -> None:
     spec = k8s_spec()
     secret = valid(secret_manifest(spec, namespace="mcp", owner={"name": "orch", "uid": "u1"}))
