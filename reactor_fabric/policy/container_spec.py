@@ -12,6 +12,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from .._errors import ContainerStartFailure
 from .._reasons import EGRESS_UNAVAILABLE, SECRET_UNAVAILABLE
@@ -113,12 +114,7 @@ def refuse_unavailable_secrets(spec: ContainerSpec) -> None:
     """Raise ContainerStartFailure (``secret_unavailable``) for a spec whose service's
     secrets could not be resolved; every runtime calls it before creating anything."""
     if spec.secret_problem is not None:
-        service = spec.labels.get(LABEL_SERVICE, "")
-        raise ContainerStartFailure(
-            f"service {service!r} is refused: {spec.secret_problem}",
-            reason=SECRET_UNAVAILABLE,
-            service=service,
-        )
+        _refuse(spec, f"is refused: {spec.secret_problem}", SECRET_UNAVAILABLE)
 
 
 def refuse_egress(spec: ContainerSpec, why: str) -> None:
@@ -126,12 +122,12 @@ def refuse_egress(spec: ContainerSpec, why: str) -> None:
     allowlist, where the runtime cannot give it its proxy (``why``): refused rather than
     started with a network, or without the destinations it needs."""
     if spec.egress is not None:
-        service = spec.labels.get(LABEL_SERVICE, "")
-        raise ContainerStartFailure(
-            f"service {service!r} has an egress allowlist, and {why}",
-            reason=EGRESS_UNAVAILABLE,
-            service=service,
-        )
+        _refuse(spec, f"has an egress allowlist, and {why}", EGRESS_UNAVAILABLE)
+
+
+def _refuse(spec: ContainerSpec, what: str, reason: str) -> NoReturn:
+    service = spec.labels.get(LABEL_SERVICE, "")
+    raise ContainerStartFailure(f"service {service!r} {what}", reason=reason, service=service)
 
 
 def container_spec_for(
