@@ -1,5 +1,6 @@
 /*
  * fabric-stdio SOCKET COMMAND [ARG...]
+ * fabric-stdio --egress PORT EGRESS_SOCKET SOCKET COMMAND [ARG...]
  *
  * Runs first in every container the orchestrator starts with socket stdio (see
  * reactor_fabric/runtime/stdio_sockets.py): connects to the orchestrator's Unix socket at
@@ -13,34 +14,265 @@
  * before the server's first instruction, so the server runs as PID, user and working
  * directory exactly as it would without it.
  *
+ * --egress: a container with an egress allowlist still has no network of its own, only its
+ * loopback; its programs are told to use the proxy at http://127.0.0.1:PORT. Before the
+ * exec, a forwarder process is forked that listens on 127.0.0.1:PORT and carries each
+ * connection, byte for byte, to the orchestrator's Unix socket EGRESS_SOCKET, where the proxy
+ * and its allowlist are (this program reads no protocol). It is forked before SOCKET is
+ * connected, so it never holds the stdio connection (the orchestrator sees EOF when the
+ * server exits), and it dies with the server (PR_SET_PDEATHSIG), as do its connections.
+ *
  * Exit status when it cannot do its job (the orchestrator reports the container's exit):
- *   64  usage; 70  cannot connect to SOCKET; 127 COMMAND cannot be executed.
+ *   64  usage; 70  cannot connect to SOCKET; 71  cannot listen on 127.0.0.1:PORT or start
+ *   the forwarder; 127 COMMAND cannot be executed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+/* Connections carried at once; one more is closed as soon as it is accepted. */
+#define MAX_CONNECTIONS 64
+/* Bytes held per direction of a connection: nothing more is read until they are written. */
+#define CHUNK 65536
 
 static void say(const char *what, const char *detail) {
     fprintf(stderr, "fabric-stdio: %s: %s\n", what, detail);
 }
 
+static int unix_address(const char *path, struct sockaddr_un *address) {
+    memset(address, 0, sizeof *address);
+    address->sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof address->sun_path) {
+        say("socket path too long", path);
+        return -1;
+    }
+    strcpy(address->sun_path, path);
+    return 0;
+}
+
+/* A decimal port 1..65535, nothing else (no sign, no spaces): 0 when it is not one. */
+static int parse_port(const char *text) {
+    long value = 0;
+    if (*text == '\0' || strlen(text) > 5)
+        return 0;
+    for (const char *c = text; *c; c++) {
+        if (*c < '0' || *c > '9')
+            return 0;
+        value = value * 10 + (*c - '0');
+    }
+    return value <= 65535 ? (int)value : 0;
+}
+
+static int listen_on_loopback(int port) {
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (listener < 0)
+        return -1;
+    int yes = 1;
+    struct sockaddr_in address;
+    memset(&address, 0, sizeof address);
+    address.sin_family = AF_INET;
+    address.sin_port = htons((unsigned short)port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes) != 0
+        || bind(listener, (struct sockaddr *)&address, sizeof address) != 0
+        || listen(listener, MAX_CONNECTIONS) != 0) {
+        int saved = errno;
+        close(listener);
+        errno = saved;
+        return -1;
+    }
+    return listener;
+}
+
+/* Dies with its parent; 0 when the parent is already gone (it died before the prctl). */
+static int follow_parent(pid_t parent) {
+    return prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 && getppid() == parent;
+}
+
+/* One direction of a connection: bytes read from `from`, not yet all written to `to`. */
+struct direction {
+    int from, to;
+    size_t start, end;
+    int done; /* EOF read and passed on */
+    char data[CHUNK];
+};
+
+static struct direction upstream, downstream;
+
+/*
+ * Carries bytes both ways until each side has ended its sending; any error ends the whole
+ * connection (the process exits, which closes both). Non-blocking, so a write the peer does
+ * not take never stops the other direction.
+ */
+static _Noreturn void pump(int tcp, int egress) {
+    struct direction *both[2] = {&upstream, &downstream};
+    upstream.from = downstream.to = tcp;
+    upstream.to = downstream.from = egress;
+    if (fcntl(tcp, F_SETFL, O_NONBLOCK) != 0 || fcntl(egress, F_SETFL, O_NONBLOCK) != 0)
+        _exit(1);
+    for (;;) {
+        struct pollfd wanted[2];
+        int count = 0;
+        for (int i = 0; i < 2; i++) {
+            struct direction *d = both[i];
+            if (d->done)
+                continue;
+            /* Either the buffer holds bytes to write, or it is empty and may be refilled. */
+            wanted[count].fd = d->start < d->end ? d->to : d->from;
+            wanted[count].events = d->start < d->end ? POLLOUT : POLLIN;
+            wanted[count].revents = 0;
+            count++;
+        }
+        if (count == 0)
+            _exit(0);
+        if (poll(wanted, (nfds_t)count, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            _exit(1);
+        }
+        count = 0;
+        for (int i = 0; i < 2; i++) {
+            struct direction *d = both[i];
+            if (d->done)
+                continue;
+            if (wanted[count++].revents == 0)
+                continue;
+            ssize_t n;
+            if (d->start < d->end) {
+                n = send(d->to, d->data + d->start, d->end - d->start, MSG_NOSIGNAL);
+                if (n > 0) {
+                    d->start += (size_t)n;
+                    if (d->start == d->end)
+                        d->start = d->end = 0;
+                }
+            } else {
+                n = read(d->from, d->data, sizeof d->data);
+                if (n > 0) {
+                    d->start = 0;
+                    d->end = (size_t)n;
+                } else if (n == 0) {
+                    /* The sender finished: so does our sending to the other side. */
+                    if (shutdown(d->to, SHUT_WR) != 0)
+                        _exit(1);
+                    d->done = 1;
+                }
+            }
+            if (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+                _exit(1);
+        }
+    }
+}
+
+/*
+ * The forwarder: accepts on the loopback listener and gives each connection a process of its
+ * own, which connects to the orchestrator's egress socket and pumps. Never returns.
+ */
+static _Noreturn void forward(int listener, const struct sockaddr_un *egress, pid_t parent) {
+    if (!follow_parent(parent))
+        _exit(0);
+    /* Not the container's stdin or stdout: the engine's attach must end with the server. */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0) {
+        say("egress forwarder", strerror(errno));
+        _exit(71);
+    }
+    close(null);
+    /* A peer that went away is an error to handle, not a reason to die. */
+    signal(SIGPIPE, SIG_IGN);
+    pid_t self = getpid();
+    int running = 0;
+    for (;;) {
+        int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        if (client < 0) {
+            if (errno != EINTR && errno != ECONNABORTED) {
+                /* Out of descriptors or memory, or a network error: try again shortly. */
+                say("egress accept", strerror(errno));
+                poll(NULL, 0, 1000);
+            }
+            continue;
+        }
+        /* Finished connections are reaped here, which also keeps the count of those left. */
+        while (running > 0 && waitpid(-1, NULL, WNOHANG) > 0)
+            running--;
+        if (running >= MAX_CONNECTIONS) {
+            close(client);
+            continue;
+        }
+        pid_t worker = fork();
+        if (worker == 0) {
+            close(listener);
+            if (!follow_parent(self))
+                _exit(0);
+            /* No proxy to reach: the client sees its connection closed, not a hang. */
+            int connection = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (connection < 0)
+                _exit(1);
+            int result;
+            do {
+                result = connect(connection, (const struct sockaddr *)egress, sizeof *egress);
+            } while (result != 0 && errno == EINTR);
+            if (result != 0)
+                _exit(1);
+            pump(client, connection);
+        }
+        if (worker > 0)
+            running++;
+        close(client);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        say("usage", "fabric-stdio SOCKET COMMAND [ARG...]");
+    int first = 1, port = 0;
+    struct sockaddr_un egress;
+    if (argc > 1 && strcmp(argv[1], "--egress") == 0) {
+        if (argc < 6) {
+            say("usage", "fabric-stdio --egress PORT EGRESS_SOCKET SOCKET COMMAND [ARG...]");
+            return 64;
+        }
+        if ((port = parse_port(argv[2])) == 0) {
+            say("not a port (1-65535)", argv[2]);
+            return 64;
+        }
+        if (unix_address(argv[3], &egress) != 0)
+            return 64;
+        first = 4;
+    }
+    if (argc - first < 2) {
+        say("usage", "fabric-stdio [--egress PORT EGRESS_SOCKET] SOCKET COMMAND [ARG...]");
         return 64;
     }
     struct sockaddr_un address;
-    memset(&address, 0, sizeof address);
-    address.sun_family = AF_UNIX;
-    if (strlen(argv[1]) >= sizeof address.sun_path) {
-        say("socket path too long", argv[1]);
+    if (unix_address(argv[first], &address) != 0)
         return 64;
+
+    if (port != 0) {
+        int listener = listen_on_loopback(port);
+        if (listener < 0) {
+            fprintf(stderr, "fabric-stdio: egress listen on 127.0.0.1:%d: %s\n", port,
+                    strerror(errno));
+            return 71;
+        }
+        /* Forked now, while no stdio connection exists for it to inherit. */
+        pid_t parent = getpid();
+        pid_t forwarder = fork();
+        if (forwarder < 0) {
+            say("egress forwarder", strerror(errno));
+            return 71;
+        }
+        if (forwarder == 0)
+            forward(listener, &egress, parent);
+        close(listener);
     }
-    strcpy(address.sun_path, argv[1]);
 
     /* CLOEXEC on the original: only the duplicates on 0 and 1 reach the server. */
     int connection = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -62,7 +294,7 @@ int main(int argc, char **argv) {
     }
     close(connection);
 
-    execvp(argv[2], argv + 2);
-    say(argv[2], strerror(errno));
+    execvp(argv[first + 1], argv + first + 1);
+    say(argv[first + 1], strerror(errno));
     return 127;
 }

@@ -1,0 +1,407 @@
+"""fabric-stdio's egress forwarder, run on this host (runtime/stdio_helper/fabric-stdio.c).
+
+``fabric-stdio --egress PORT EGRESS_SOCKET SOCKET COMMAND...`` listens on 127.0.0.1:PORT and
+carries each connection to the Unix socket EGRESS_SOCKET, before it connects SOCKET as the
+command's stdin and stdout and execs the command. Here the test plays the orchestrator: it
+listens on both sockets (the egress side echoes), and the command is a Python client of
+127.0.0.1:PORT that prints what it saw to its stdout, which is the stdio socket.
+
+The program is built by scripts/build-stdio-helper; without gcc and a static C library these
+tests are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = BUNDLED_HELPER.with_name("fabric-stdio.c")
+# A deadline for every wait: reached only when something is broken.
+DEADLINE = 30.0
+
+# The command in the container: CLIENT PORT COUNT SIZE [hold]. Opens COUNT connections to
+# 127.0.0.1:PORT at once; on each, a first round trip ("hello" echoed before anything ends),
+# then SIZE bytes sent while the echo is read, then its sending half-closed and the rest read
+# to EOF. Prints, as JSON, each connection's outcome, its own PID and its children's (the
+# forwarder) and theirs (the forwarder's connections). "hold": exits right after the first
+# round trip, the connection still open on the egress side.
+CLIENT = r"""
+import json, os, socket, sys, threading
+port, count, size = (int(a) for a in sys.argv[1:4])
+hold = sys.argv[4:] == ["hold"]
+
+def children(parent):
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(entry))
+    return found
+
+def exchange(i, results):
+    payload = bytes([65 + i % 26]) * size
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"hello")
+            first = b""
+            while len(first) < 5:
+                chunk = s.recv(5 - len(first))
+                if not chunk:
+                    results[i] = "closed"
+                    return
+                first += chunk
+            if hold:
+                results[i] = "held"
+                return
+            def send():
+                s.sendall(payload)
+                s.shutdown(socket.SHUT_WR)
+            sender = threading.Thread(target=send)
+            sender.start()
+            back = bytearray()
+            while chunk := s.recv(1 << 16):
+                back += chunk
+            sender.join()
+            results[i] = "echoed" if back == payload else f"wrong: {len(back)} bytes"
+    except socket.timeout:
+        results[i] = "timeout"
+    except ConnectionError:
+        results[i] = "closed"
+
+results = [None] * count
+threads = [threading.Thread(target=exchange, args=(i, results)) for i in range(count)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+forwarders = children(os.getpid())
+workers = [w for f in forwarders for w in children(f)]
+print(json.dumps({"results": results, "pid": os.getpid(), "forwarders": forwarders,
+                  "workers": workers}), flush=True)
+if hold:
+    os._exit(0)  # the held connection open until the process ends
+"""
+
+
+@pytest.fixture(scope="module")
+def program() -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc: fabric-stdio cannot be built here")
+    subprocess.run([str(REPO / "scripts" / "build-stdio-helper")], check=True, timeout=300)
+    if not BUNDLED_HELPER.exists() or BUNDLED_HELPER.stat().st_mtime < SOURCE.stat().st_mtime:
+        pytest.skip("no static C library: scripts/build-stdio-helper did not build fabric-stdio")
+    return BUNDLED_HELPER
+
+
+@pytest.fixture
+def short() -> Iterator[Path]:
+    """A directory with a path short enough for socket addresses (108 bytes)."""
+    directory = Path(tempfile.mkdtemp(prefix="fse-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Egress:
+    """The orchestrator's side of EGRESS_SOCKET: echoes each connection as it reads it, and
+    closes once the other side has ended its sending. ``together``: no connection is answered
+    before that many are open at once. ``hold``: after the other side's EOF, the connection
+    stays open until the other side is gone (``gone`` is set then)."""
+
+    def __init__(self, path: Path, *, together: int = 1, hold: bool = False) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(128)
+        self.barrier = threading.Barrier(together, timeout=DEADLINE)
+        self.hold = hold
+        self.gone = threading.Event()
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            connection.settimeout(DEADLINE)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                self.barrier.wait()
+            while chunk := connection.recv(1 << 16):
+                connection.sendall(chunk)
+            if self.hold:
+                # Both directions shut (the other end closed): POLLHUP.
+                watcher = select.poll()
+                watcher.register(connection, 0)
+                if watcher.poll(DEADLINE * 1000):
+                    self.gone.set()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self.listener.close()
+
+
+@dataclass
+class Run:
+    pid: int  # of the process started: the command, once exec'd
+    returncode: int
+    stdout: bytes | None  # what reached the stdio socket; None: it was never connected
+    stderr: str
+
+    def report(self) -> dict[str, Any]:
+        assert self.stdout is not None, self.stderr
+        return dict(json.loads(self.stdout))
+
+
+def run(program: Path, short: Path, arguments: list[str], command: list[str]) -> Run:
+    """Runs ``program ARGUMENTS... STDIO_SOCKET COMMAND...`` with the test listening on the
+    stdio socket; returns once the stdio socket saw EOF and the program exited."""
+    path = short / "stdio.sock"
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    stderr = short / "stderr"
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener,
+        stderr.open("wb") as errors,
+    ):
+        listener.bind(str(path))
+        listener.listen(1)
+        listener.settimeout(0.05)
+        process = subprocess.Popen(
+            [str(program), *arguments, str(path), *command], stdin=subprocess.DEVNULL, stderr=errors
+        )
+        try:
+            received: bytes | None = None
+            deadline = time.monotonic() + DEADLINE
+            while received is None and time.monotonic() < deadline:
+                try:
+                    connection, _ = listener.accept()
+                except TimeoutError:
+                    if process.poll() is not None:
+                        break  # exited without connecting
+                    continue
+                with connection:
+                    connection.settimeout(DEADLINE)
+                    chunks = []
+                    while chunk := connection.recv(1 << 16):
+                        chunks.append(chunk)
+                    received = b"".join(chunks)
+            returncode = process.wait(timeout=DEADLINE)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return Run(process.pid, returncode, received, stderr.read_text())
+
+
+def client(port: int, count: int = 1, size: int = 0, *extra: str) -> list[str]:
+    return [sys.executable, "-c", CLIENT, str(port), str(count), str(size), *extra]
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def wait_for(condition: Any) -> bool:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def can_listen_on(port: int) -> bool:
+    with socket.socket() as attempt:
+        attempt.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            attempt.bind(("127.0.0.1", port))
+            attempt.listen(1)
+        except OSError:
+            return False
+    return True
+
+
+# --- the old form -------------------------------------------------------------------------
+
+
+def test_the_form_without_egress_still_connects_stdio_and_becomes_the_command(
+    program: Path, short: Path
+) -> None:
+    # Passes on the earlier program too: the form it had is unchanged.
+    done = run(program, short, [], [sys.executable, "-c", "import os; print(os.getpid())"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{done.pid}\n".encode()
+
+
+# --- forwarding ------------------------------------------------------------------------------
+
+
+def test_bytes_cross_both_ways_with_a_large_payload_and_each_half_close_is_passed_on(
+    program: Path, short: Path
+) -> None:
+    # The egress side closes only after the client's half-close reached it, and the client
+    # reads to EOF: both half-closes crossed. 8 MiB through 64 KiB buffers each way.
+    egress = Egress(short / "egress.sock")
+    port = free_port()
+    try:
+        done = run(
+            program,
+            short,
+            ["--egress", str(port), str(short / "egress.sock")],
+            client(port, 1, 8 << 20),
+        )
+    finally:
+        egress.close()
+    assert done.returncode == 0, done.stderr
+    report = done.report()
+    assert report["results"] == ["echoed"]
+    # The command is the process that was started (exec, no wrapper left), the forwarder its
+    # child.
+    assert report["pid"] == done.pid
+    assert len(report["forwarders"]) == 1
+
+
+def test_several_connections_are_carried_at_once(program: Path, short: Path) -> None:
+    # The egress side answers none of them before all five are open at the same time.
+    egress = Egress(short / "egress.sock", together=5)
+    port = free_port()
+    try:
+        done = run(
+            program,
+            short,
+            ["--egress", str(port), str(short / "egress.sock")],
+            client(port, 5, 256 << 10),
+        )
+    finally:
+        egress.close()
+    assert done.returncode == 0, done.stderr
+    assert done.report()["results"] == ["echoed"] * 5
+    assert egress.accepted == 5
+
+
+def test_with_nothing_listening_on_the_egress_socket_the_client_connection_is_closed(
+    program: Path, short: Path
+) -> None:
+    port = free_port()
+    done = run(
+        program,
+        short,
+        ["--egress", str(port), str(short / "nobody.sock")],
+        client(port, 2, 1024),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.report()["results"] == ["closed", "closed"]
+
+
+# --- lifetime ------------------------------------------------------------------------------
+
+
+def test_when_the_command_exits_stdio_ends_and_the_forwarder_and_its_connections_die(
+    program: Path, short: Path
+) -> None:
+    # run() returns only once the stdio socket saw EOF: the forwarder never held it. The
+    # connection the command left open (held by the egress side) dies with it too.
+    egress = Egress(short / "egress.sock", hold=True)
+    port = free_port()
+    try:
+        done = run(
+            program,
+            short,
+            ["--egress", str(port), str(short / "egress.sock")],
+            client(port, 1, 0, "hold"),
+        )
+        assert done.returncode == 0, done.stderr
+        report = done.report()
+        assert report["results"] == ["held"]
+        assert len(report["forwarders"]) == 1
+        assert len(report["workers"]) == 1
+        assert egress.gone.wait(DEADLINE)
+    finally:
+        egress.close()
+    assert wait_for(lambda: all(gone(pid) for pid in report["forwarders"] + report["workers"]))
+    assert wait_for(lambda: can_listen_on(port))
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--egress", "0", "E", "S", "true"],
+        ["--egress", "65536", "E", "S", "true"],
+        ["--egress", "+443", "E", "S", "true"],
+        ["--egress", "443x", "E", "S", "true"],
+        ["--egress", "", "E", "S", "true"],
+        ["--egress", "443", "E" * 120, "S", "true"],
+        ["--egress", "443", "E", "S"],
+        ["--egress", "443", "E"],
+    ],
+    ids=["zero", "too-big", "signed", "trailing", "empty", "long-path", "no-command", "short"],
+)
+def test_a_malformed_egress_form_is_a_usage_error(
+    program: Path, short: Path, arguments: list[str]
+) -> None:
+    # The earlier program took "--egress" for the stdio socket's path: 70, not 64.
+    finished = subprocess.run(
+        [str(program), *arguments], check=False, capture_output=True, timeout=DEADLINE, cwd=short
+    )
+    assert finished.returncode == 64
+    assert finished.stderr.startswith(b"fabric-stdio: ")
+
+
+def test_a_port_already_taken_exits_71_before_stdio_is_connected(
+    program: Path, short: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = run(
+            program,
+            short,
+            ["--egress", str(port), str(short / "egress.sock")],
+            [sys.executable, "-c", "print('ran')"],
+        )
+    assert done.returncode == 71
+    assert done.stdout is None
+    assert f"fabric-stdio: egress listen on 127.0.0.1:{port}:" in done.stderr
