@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -392,8 +393,20 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
             "with runtime kubernetes every allowed mount root needs its PersistentVolumeClaim "
             f"in orchestrator.kubernetes.volumes; none for {', '.join(unclaimed)}"
         )
+    egress_listen = egress_address = None
+    if settings.egress_proxy is not None:
+        try:
+            egress_listen = _host_port(settings.egress_proxy.listen)
+            egress_address = _host_port(settings.egress_proxy.address)
+            ipaddress.ip_address(egress_address[0])
+        except ValueError as exc:
+            raise EngineAddressError(
+                f"orchestrator.kubernetes.egress_proxy: {exc} (listen HOST:PORT, address IP:PORT)"
+            ) from None
     pod_name, pod_uid = environ.get(POD_NAME_ENV, ""), environ.get(POD_UID_ENV, "")
     return KubernetesRuntime(
+        egress_listen=egress_listen,
+        egress_address=egress_address,
         namespace=settings.namespace,
         kubeconfig=settings.kubeconfig,
         claims=settings.volumes,
@@ -405,6 +418,15 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
         start_timeout=settings.start_timeout_seconds,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
     )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as a host and a port; ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
 
 
 def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, str]) -> int:

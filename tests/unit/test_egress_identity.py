@@ -69,13 +69,16 @@ def test_the_request_head_carries_its_proxy_authorization_and_never_forwards_it(
         b"CONNECT api.github.com:443 HTTP/1.1\r\nHost: api.github.com:443\r\n"
         b"Proxy-Authorization: " + basic(f"rf:{TOKEN}") + b"\r\n\r\n"
     )
-    assert tunnel is not None and identify(tunnel.authorization, PODS) == "pod-a"
+    assert tunnel is not None
+    assert identify(tunnel.authorization, PODS) == "pod-a"
     forward = read_request(
         b"GET http://example.org/x HTTP/1.1\r\nHost: example.org\r\n"
         b"Proxy-Authorization: " + basic(f"rf:{TOKEN}") + b"\r\n\r\n"
     )
-    assert forward is not None and forward.authorization == basic(f"rf:{TOKEN}")
-    assert b"Proxy-Authorization" not in forward.head and TOKEN.encode() not in forward.head
+    assert forward is not None
+    assert forward.authorization == basic(f"rf:{TOKEN}")
+    assert b"Proxy-Authorization" not in forward.head
+    assert TOKEN.encode() not in forward.head
 
 
 def test_the_407_answer_asks_for_basic_credentials() -> None:

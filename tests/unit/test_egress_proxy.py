@@ -397,7 +397,11 @@ async def test_an_unregistered_pods_token_gets_407_and_its_open_tunnel_ends(
     # A destination that never answers nor closes: only the unregistering ends the tunnel.
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     silent = listeners[0].socket.getsockname()[1]
-    nursery.start_soon(trio.serve_listeners, lambda stream: trio.sleep_forever(), listeners)
+
+    async def hold(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    nursery.start_soon(trio.serve_listeners, hold, listeners)
     served = await serving_tcp(nursery, [f"127.0.0.1:{silent}"])
     stream = await trio.open_tcp_stream("127.0.0.1", int(served.path))
     await stream.send_all(
