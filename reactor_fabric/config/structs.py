@@ -186,11 +186,11 @@ class WarmPool(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
 class KubernetesEgressProxy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Where pods of services with an ``egress`` list reach the orchestrator's egress proxy:
     ``listen`` (HOST:PORT) is where the orchestrator binds it, ``address`` (IP:PORT) how pods
-    reach it, the one destination their NetworkPolicy allows (in the cluster, the
-    orchestrator pod's IP)."""
+    reach it, the one destination their NetworkPolicy allows; None: the orchestrator pod's IP
+    (REACTOR_FABRIC_POD_IP, from the downward API's status.podIP) and ``listen``'s port."""
 
     listen: str
-    address: str
+    address: str | None = None
 
 
 class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

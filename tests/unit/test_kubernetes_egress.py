@@ -229,6 +229,7 @@ def test_without_the_setting_the_runtime_has_no_proxy() -> None:
         ("0.0.0.0:3128", "proxy.mcp.svc:3128"),
         ("0.0.0.0", "10.0.0.1:3128"),
         ("0.0.0.0:3128", "10.0.0.1:0"),
+        ("0.0.0.0:3128", None),  # no address, and no REACTOR_FABRIC_POD_IP either
     ],
 )
 def test_a_proxy_address_that_is_not_ip_and_port_refuses_to_start(
