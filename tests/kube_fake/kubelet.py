@@ -686,6 +686,8 @@ class Kubelet:
                 self._update(pod, waiting("CreateContainerError", f"network setup: {exc}"))
                 await trio.sleep_forever()
             plan.host["network_mode"] = f"container:{holder}"
+            # The holder has the pod's host name (its UTS namespace is the pod's, as pause's).
+            plan.create.pop("hostname", None)
         try:
             container_id = await self.pool.run(lambda client: self._create(client, pod, plan))
         except docker.errors.APIError as exc:
@@ -718,6 +720,7 @@ class Kubelet:
         created = client.create_container(
             image=HOLDER_IMAGE,
             entrypoint=["sleep", "infinity"],
+            hostname=meta["name"][:63].rstrip("-."),
             name=f"k8s_POD_{meta['name']}_{meta['namespace']}_{meta['uid']}_0",
             labels={POD_NAME_LABEL: meta["name"], POD_UID_LABEL: meta["uid"], **self.labels},
             host_config=client.create_host_config(
