@@ -65,6 +65,7 @@ from .._reasons import (
     START_FAILED,
     engine_call_failed,
 )
+from ..observe.redaction import SECRET_VALUES
 from ..policy.container_spec import (
     LABEL_MANAGED,
     LABEL_SERVICE,
@@ -170,6 +171,8 @@ class KubernetesRuntime:
         if egress_listen is not None and egress_address is not None:
             self.egress = EgressProxy(listen=egress_listen)
         self._egress_address = egress_address
+        # Each egress pod's token (by pod name), forgotten by the redactor with the pod.
+        self._tokens: dict[str, str] = {}
         self._namespace = namespace
         self._kubeconfig = kubeconfig
         self._url = url
@@ -374,6 +377,10 @@ class KubernetesRuntime:
                 f"the session cannot be a pod: {exc}", reason=START_FAILED, action="create"
             ) from None
         name = manifest["metadata"]["name"]
+        if token is not None:
+            # Redacted wherever it could be written (an API error echoing the pod, say).
+            SECRET_VALUES.register([token])
+            self._tokens[name] = token
         try:
             if token is not None and spec.egress is not None:
                 # Before the pod: it never runs a moment without its policy.
@@ -441,6 +448,9 @@ class KubernetesRuntime:
         """The pod's proxy credential and NetworkPolicy, gone (after its pod)."""
         if self.egress is not None:
             self.egress.unregister(name)
+        token = self._tokens.pop(name, None)
+        if token is not None:
+            SECRET_VALUES.forget([token])
         with trio.move_on_after(DELETE_BOUND):
             await self._delete_network_policy(name)
 

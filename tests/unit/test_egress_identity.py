@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from reactor_fabric._reasons import EGRESS_UNAUTHORIZED
+from reactor_fabric.observe.redaction import Redactor
 from reactor_fabric.protocol.egress import (
     EgressRefused,
     identify,
@@ -101,3 +102,15 @@ def test_the_proxy_url_is_one_clients_take_the_credentials_from() -> None:
     urllib.request.ProxyHandler({"http": url}).proxy_open(request, url, "http")
     assert identify(request.get_header("Proxy-authorization", "").encode(), PODS) == "pod-a"
     assert urllib.parse.urlsplit(proxy_url(TOKEN, "fd00::1", 3128)).hostname == "fd00::1"
+
+
+def test_a_pods_token_is_redacted_while_registered_and_forgotten_after() -> None:
+    redactor = Redactor()
+    redactor.register(["a-suite-secret-value"])
+    redactor.register([TOKEN])
+    assert redactor.redact(f"proxy http://rf:{TOKEN}@10.0.0.1:3128") == (
+        "proxy http://rf:[REDACTED]@10.0.0.1:3128"
+    )
+    redactor.forget([TOKEN])
+    assert TOKEN in redactor.redact(f"http://rf:{TOKEN}@x")
+    assert redactor.redact("a-suite-secret-value") == "[REDACTED]"  # the others stay
