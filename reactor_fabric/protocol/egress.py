@@ -320,7 +320,7 @@ PROXY_USER = "rf"
 
 def proxy_url(token: str, host: str, port: int) -> str:
     """The proxy as a pod's HTTPS_PROXY names it: clients (curl, Python's urllib and requests,
-    Node's undici, Go) send a URL's credentials as ``Proxy-Authorization: Basic`` on every
+    Node's env proxy, Go) send a URL's credentials as ``Proxy-Authorization: Basic`` on every
     request and CONNECT. ``token`` is URL-safe (``secrets.token_urlsafe``)."""
     shown = f"[{host}]" if ":" in host else host
     return f"http://{PROXY_USER}:{token}@{shown}:{port}"
