@@ -164,6 +164,8 @@ def test_a_pod_reaches_only_its_listed_destinations_through_the_orchestrators_pr
                 lambda: not network_policies(cluster, **{LABEL_SERVICE: "probe"}),
                 what="the pod's NetworkPolicy to go with it",
             )
+        assert cluster.fake is not None
+        calls = [(method, target.split("?")[0]) for method, target, _ in cluster.fake.requests]
 
     # The proxy at the orchestrator's address, with the pod's token; nothing bypasses it.
     proxy_env = seen["listed_http"]["proxy_env"]
@@ -196,6 +198,14 @@ def test_a_pod_reaches_only_its_listed_destinations_through_the_orchestrators_pr
             "ports": [{"protocol": "TCP", "port": port}],
         }
     ]
+    # Made before the pod, deleted after it.
+    policies_url = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
+    pods_url = "/api/v1/namespaces/default/pods"
+    name = pod["metadata"]["name"]
+    assert calls.index(("POST", policies_url)) < calls.index(("POST", pods_url))
+    assert calls.index(("DELETE", f"{pods_url}/{name}")) < calls.index(
+        ("DELETE", f"{policies_url}/{name}")
+    )
     # The token is in the pod's environment, never in the log.
     log_text = (tmp_path / "orchestrator.log").read_text()
     assert proxy.password not in log_text

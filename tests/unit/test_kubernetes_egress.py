@@ -11,6 +11,8 @@ import kubernetes_validate
 import pytest
 
 from reactor_fabric._cli import engine_runtime
+from reactor_fabric._errors import ContainerStartFailure
+from reactor_fabric._reasons import EGRESS_UNAVAILABLE
 from reactor_fabric.config.structs import (
     Kubernetes,
     KubernetesEgressProxy,
@@ -237,3 +239,25 @@ def test_a_proxy_address_that_is_not_ip_and_port_refuses_to_start(
 ) -> None:
     with pytest.raises(EngineAddressError, match="egress_proxy"):
         engine_runtime(suite(KubernetesEgressProxy(listen=listen, address=address)), None, {})
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        ({}, "egress_proxy is not set"),
+        (
+            {"egress_listen": ("127.0.0.1", 0), "egress_address": ("10.0.0.1", 3128)},
+            "does not run",
+        ),
+    ],
+)
+async def test_an_egress_pod_without_a_running_proxy_is_refused_before_any_api_call(
+    settings: dict[str, Any], why: str
+) -> None:
+    # No API server at this address: an API call would fail another way.
+    runtime = KubernetesRuntime(namespace="mcp", url="http://127.0.0.1:9", **settings)
+    spec = spec_for(Service(image="img", egress=["api.github.com:443"]))
+    with pytest.raises(ContainerStartFailure) as refused:
+        await runtime.spawn(spec)
+    assert refused.value.reason == EGRESS_UNAVAILABLE
+    assert why in str(refused.value)
