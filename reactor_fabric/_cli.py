@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -354,6 +355,9 @@ RUNTIME_NAMES: Final = (*ENGINE_NAMES, "kubernetes")
 # In the cluster, the orchestrator's own pod (the downward API sets these, see deploy/):
 # session pods name it as their owner, so they are garbage-collected with it.
 POD_NAME_ENV: Final = "REACTOR_FABRIC_POD_NAME"
+# The orchestrator pod's IP (downward API, status.podIP): where session pods reach its egress
+# proxy when orchestrator.kubernetes.egress_proxy names no address.
+POD_IP_ENV: Final = "REACTOR_FABRIC_POD_IP"
 POD_UID_ENV: Final = "REACTOR_FABRIC_POD_UID"
 POD_NAMESPACE_ENV: Final = "REACTOR_FABRIC_POD_NAMESPACE"
 
@@ -392,8 +396,28 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
             "with runtime kubernetes every allowed mount root needs its PersistentVolumeClaim "
             f"in orchestrator.kubernetes.volumes; none for {', '.join(unclaimed)}"
         )
+    egress_listen = egress_address = None
+    if settings.egress_proxy is not None:
+        try:
+            egress_listen = _host_port(settings.egress_proxy.listen)
+            # Without an address, in the cluster: the orchestrator pod's own IP (the downward
+            # API's podIP) and the port it listens on.
+            pod_ip = environ.get(POD_IP_ENV, "")
+            port = egress_listen[1]
+            address = settings.egress_proxy.address or (
+                f"[{pod_ip}]:{port}" if ":" in pod_ip else f"{pod_ip}:{port}"
+            )
+            egress_address = _host_port(address)
+            ipaddress.ip_address(egress_address[0])
+        except ValueError as exc:
+            raise EngineAddressError(
+                f"orchestrator.kubernetes.egress_proxy: {exc} (listen HOST:PORT, address IP:PORT; "
+                f"without an address, {POD_IP_ENV} gives the IP)"
+            ) from None
     pod_name, pod_uid = environ.get(POD_NAME_ENV, ""), environ.get(POD_UID_ENV, "")
     return KubernetesRuntime(
+        egress_listen=egress_listen,
+        egress_address=egress_address,
         namespace=settings.namespace,
         kubeconfig=settings.kubeconfig,
         claims=settings.volumes,
@@ -405,6 +429,15 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
         start_timeout=settings.start_timeout_seconds,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
     )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as a host and a port; ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
 
 
 def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, str]) -> int:

@@ -323,6 +323,9 @@ EGRESS_CONNECT_FAILED: Final = "egress_connect_failed"
 EGRESS_BAD_REQUEST: Final = "egress_bad_request"
 # The container's connections to the proxy are at their bound (503).
 EGRESS_BUSY: Final = "egress_busy"
+# A connection to the proxy's TCP way in (Kubernetes pods) without the Proxy-Authorization of
+# a pod the proxy serves: no credential, or one of no pod running now (407).
+EGRESS_UNAUTHORIZED: Final = "egress_unauthorized"
 
 # --- the label of reactor_fabric_errors_total for /mcp's own errors that carry no data.reason -
 

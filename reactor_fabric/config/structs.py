@@ -183,6 +183,16 @@ class WarmPool(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     parallel_starts: int = 2
 
 
+class KubernetesEgressProxy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Where pods of services with an ``egress`` list reach the orchestrator's egress proxy:
+    ``listen`` (HOST:PORT) is where the orchestrator binds it, ``address`` (IP:PORT) how pods
+    reach it, the one destination their NetworkPolicy allows; None: the orchestrator pod's IP
+    (REACTOR_FABRIC_POD_IP, from the downward API's status.podIP) and ``listen``'s port."""
+
+    listen: str
+    address: str | None = None
+
+
 class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The Kubernetes runtime (see :mod:`reactor_fabric.runtime.kubernetes`)."""
 
@@ -190,6 +200,8 @@ class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     kubeconfig: str | None = None
     volumes: dict[str, str] = msgspec.field(default_factory=dict)
     start_timeout: str = "2m"
+    # None: services with an egress list are refused (egress_unavailable).
+    egress_proxy: KubernetesEgressProxy | None = None
 
     @property
     def start_timeout_seconds(self) -> float:

@@ -34,17 +34,25 @@ class Redactor:
         with self._lock:
             for value in values:
                 if value:
-                    self._values |= {
-                        value,
-                        json.dumps(value, ensure_ascii=False)[1:-1],
-                        json.dumps(value)[1:-1],
-                    }
-            # Longest first: a value containing another is replaced whole.
-            forms = sorted(self._values, key=len, reverse=True)
-            self._text = re.compile("|".join(map(re.escape, forms))) if forms else None
-            self._bytes = (
-                re.compile(b"|".join(re.escape(form.encode()) for form in forms)) if forms else None
-            )
+                    self._values |= _forms(value)
+            self._compile()
+
+    def forget(self, values: Iterable[str]) -> None:
+        """Redact ``values`` no more (a Kubernetes pod's egress token, once the pod is gone:
+        the set stays bounded by the live pods)."""
+        with self._lock:
+            for value in values:
+                if value:
+                    self._values -= _forms(value)
+            self._compile()
+
+    def _compile(self) -> None:
+        # Longest first: a value containing another is replaced whole.
+        forms = sorted(self._values, key=len, reverse=True)
+        self._text = re.compile("|".join(map(re.escape, forms))) if forms else None
+        self._bytes = (
+            re.compile(b"|".join(re.escape(form.encode()) for form in forms)) if forms else None
+        )
 
     def clear(self) -> None:
         with self._lock:
@@ -58,6 +66,10 @@ class Redactor:
     def redact_bytes(self, data: bytes) -> bytes:
         pattern = self._bytes
         return data if pattern is None else pattern.sub(REDACTED.encode(), data)
+
+
+def _forms(value: str) -> set[str]:
+    return {value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]}
 
 
 # The process's one redactor: the secrets of the suite it serves.

@@ -201,13 +201,15 @@ EGRESS_PROXY_PORT = 3128
 EGRESS_PROXY_URL = f"http://127.0.0.1:{EGRESS_PROXY_PORT}"
 
 
-def proxy_environment() -> dict[str, str]:
-    """The variables clients read their proxy from, both spellings (curl reads only the lower
-    case http_proxy, Go only upper case on some paths); NO_PROXY empty, so that nothing —
-    not even loopback — is reached past the proxy (there is no route past it anyway)."""
+def proxy_environment(url: str = EGRESS_PROXY_URL) -> dict[str, str]:
+    """The variables clients read their proxy (``url``) from, both spellings (curl reads only
+    the lower case http_proxy, Go only upper case on some paths); NO_PROXY empty, so that
+    nothing — not even loopback — is reached past the proxy (there is no route past it
+    anyway). The Kubernetes runtime gives its own ``url`` (the proxy's address in the cluster,
+    with the pod's token)."""
     names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
-    environment = dict.fromkeys(names, EGRESS_PROXY_URL)
-    environment |= {name.lower(): EGRESS_PROXY_URL for name in names}
+    environment = dict.fromkeys(names, url)
+    environment |= {name.lower(): url for name in names}
     environment |= {"NO_PROXY": "", "no_proxy": ""}
     return environment
 

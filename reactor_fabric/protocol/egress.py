@@ -23,11 +23,14 @@ records it in the audit trail.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import h11
 
@@ -35,7 +38,10 @@ from .._reasons import (
     EGRESS_ADDRESS_REFUSED,
     EGRESS_BAD_REQUEST,
     EGRESS_NOT_LISTED,
+    EGRESS_UNAUTHORIZED,
 )
+
+T = TypeVar("T")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -182,6 +188,8 @@ class ProxyRequest:
     destination: Destination
     head: bytes
     rest: bytes
+    # The request's Proxy-Authorization (b"" without one): who asks, on the TCP way in.
+    authorization: bytes = b""
 
 
 def read_request(data: bytes) -> ProxyRequest | None:
@@ -207,9 +215,16 @@ def read_request(data: bytes) -> ProxyRequest | None:
         raise EgressRefused("no request", reason=EGRESS_BAD_REQUEST, status=400)
     rest, _closed = connection.trailing_data
     target = event.target.decode("ascii", "replace")
+    authorization = b"".join(
+        value for name, value in event.headers.raw_items() if name.lower() == b"proxy-authorization"
+    )
     if event.method == b"CONNECT":
-        return ProxyRequest("tunnel", _destination(target, default_port=None), b"", bytes(rest))
-    return _forward(event, target, bytes(rest))
+        request = ProxyRequest("tunnel", _destination(target, default_port=None), b"", bytes(rest))
+    else:
+        request = _forward(event, target, bytes(rest))
+    return ProxyRequest(
+        request.kind, request.destination, request.head, request.rest, authorization
+    )
 
 
 def _destination(authority: str, *, default_port: int | None) -> Destination:
@@ -297,14 +312,73 @@ def choose_address(
     )
 
 
+# --- who asks, on the TCP way in ----------------------------------------------------------------
+
+# The user name of the proxy's credential: the password is the pod's token.
+PROXY_USER = "rf"
+
+
+def proxy_url(token: str, host: str, port: int) -> str:
+    """The proxy as a pod's HTTPS_PROXY names it: clients (curl, Python's urllib and requests,
+    Node's env proxy, Go) send a URL's credentials as ``Proxy-Authorization: Basic`` on every
+    request and CONNECT. ``token`` is URL-safe (``secrets.token_urlsafe``)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{PROXY_USER}:{token}@{shown}:{port}"
+
+
+def token_of(authorization: bytes) -> bytes | None:
+    """The token in a ``Proxy-Authorization: Basic base64(rf:TOKEN)`` value; None for anything
+    else (another scheme, bad base64, another user, an empty token)."""
+    scheme, _, encoded = authorization.strip().partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, token = decoded.partition(b":")
+    if not sep or user != PROXY_USER.encode() or not token:
+        return None
+    return token
+
+
+def identify(authorization: bytes, registered: Iterable[tuple[str, T]]) -> T:
+    """Whose the request is: the entry of ``registered`` (token, whose) whose token the
+    request's Proxy-Authorization carries; EgressRefused (407 ``egress_unauthorized``) when
+    none. Every token is compared, in constant time: the answer's timing says nothing about
+    how close a guess came."""
+    token = token_of(authorization)
+    found: T | None = None
+    matched = False
+    for known, whose in registered:
+        # (compare_digest on the empty guess too: the loop takes the same time either way.)
+        if hmac.compare_digest(known.encode(), token or b"") and token is not None:
+            found, matched = whose, True
+    if not matched:
+        raise EgressRefused(
+            "no Proxy-Authorization of a pod this proxy serves"
+            if token is None
+            else "the Proxy-Authorization names no pod this proxy serves",
+            reason=EGRESS_UNAUTHORIZED,
+            status=407,
+        )
+    return found  # type: ignore[return-value]
+
+
 def refusal_response(status: int, reason: str, message: str) -> bytes:
     """The proxy's answer to a refused request (the connection is closed after it)."""
-    phrase = {400: b"Bad Request", 403: b"Forbidden", 502: b"Bad Gateway"}.get(status, b"Error")
+    phrase = {
+        400: b"Bad Request",
+        403: b"Forbidden",
+        407: b"Proxy Authentication Required",
+        502: b"Bad Gateway",
+    }.get(status, b"Error")
     body = f"reactor-fabric egress proxy: {reason}: {message}\n".encode()
+    challenge = b'Proxy-Authenticate: Basic realm="reactor-fabric"\r\n' if status == 407 else b""
     return (
         b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\nX-Reactor-Fabric-Reason: %s\r\n\r\n%s"
-        % (status, phrase, len(body), reason.encode(), body)
+        b"Content-Length: %d\r\nConnection: close\r\nX-Reactor-Fabric-Reason: %s\r\n%s\r\n%s"
+        % (status, phrase, len(body), reason.encode(), challenge, body)
     )
 
 

@@ -21,6 +21,13 @@ with no byte either way for 5 minutes is closed; 64 connections at once per cont
 gets 503 ``egress_busy``); 64 KiB in flight per direction (a slow side stalls only its own
 connection).
 
+Kubernetes pods have no Unix socket of ours: they reach the same proxy over TCP (``listen``,
+the address pods are allowed to reach by their NetworkPolicy), and each connection says whose
+it is by ``Proxy-Authorization: Basic base64("rf:" + token)``, the token the runtime made for
+that pod (:meth:`EgressProxy.register`) and wrote into its proxy URL. A connection without a
+token of a pod served now is answered 407 ``egress_unauthorized`` (the decision is
+:func:`reactor_fabric.protocol.egress.identify`'s); the token is never logged.
+
 Resource handling: :meth:`EgressProxy.run` owns a nursery; each container's listener and its
 connections live in a cancel scope of their own, ended by :meth:`EgressProxy.stop` (at the
 container's removal) or when the proxy's nursery ends. Every socket is closed in ``finally``.
@@ -58,6 +65,7 @@ from ..protocol.egress import (
     IPAddress,
     ProxyRequest,
     choose_address,
+    identify,
     judge_target,
     read_request,
     refusal_response,
@@ -107,6 +115,15 @@ class _Served:
     log_bucket: TokenBucket
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     connections: int = 0
+    # A pod's (the TCP way in): its token, and the scopes of its connections (each its own:
+    # they are accepted by the one TCP listener, not this container's).
+    token: str | None = None
+    tcp: set[trio.CancelScope] = field(default_factory=set)
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+        for scope in self.tcp:
+            scope.cancel()
 
 
 class EgressProxy:
@@ -118,10 +135,16 @@ class EgressProxy:
         resolver: Resolver | None = None,
         connector: Connector | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        listen: tuple[str, int] | None = None,
     ) -> None:
         self._resolve = resolver or resolve
         self._connect = connector or connect
         self._max_connections = max_connections
+        # Where run() binds the TCP way in for pods (None: none; serve_tcp can still add one).
+        self._listen = listen
+        # Connections on the TCP way in not yet identified (bounded as a container's are).
+        self._unidentified = 0
+        self._tcp_log_bucket: TokenBucket | None = None
         self._nursery: trio.Nursery | None = None
         self._served: dict[str, _Served] = {}
         self._record: Callable[[EgressRecord], None] = lambda record: None
@@ -141,13 +164,46 @@ class EgressProxy:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._listen is not None:
+                    self.serve_tcp(_bind(*self._listen))
                 task_status.started()
                 await trio.sleep_forever()
         finally:
             self._nursery = None
             for served in self._served.values():
-                served.scope.cancel()
+                served.cancel()
             self._served.clear()
+
+    def serve_tcp(self, listener: socket.socket) -> None:
+        """Accept pods' connections on ``listener`` (a listening TCP socket, ours from now
+        on) until the proxy ends; each must carry a registered pod's token. RuntimeError if
+        the proxy does not run."""
+        if self._nursery is None:
+            listener.close()
+            raise RuntimeError("the egress proxy is not running")
+        log.info("egress_proxy_listening", extra={"address": _address_text(listener)})
+        self._tcp_log_bucket = TokenBucket(
+            rate=_LOG_RATE, burst=_LOG_BURST, now=trio.current_time()
+        )
+        self._nursery.start_soon(self._accept_tcp, listener)
+
+    def register(self, token: str, container: str, service: str, allowlist: Allowlist) -> None:
+        """Serve the pod ``container`` (its id) to connections carrying ``token`` on the TCP
+        way in, until :meth:`stop` (or :meth:`unregister`). RuntimeError if the proxy does not
+        run."""
+        if self._nursery is None:
+            raise RuntimeError("the egress proxy is not running")
+        self._served[container] = _Served(
+            container,
+            service,
+            allowlist,
+            log_bucket=TokenBucket(rate=_LOG_RATE, burst=_LOG_BURST, now=trio.current_time()),
+            token=token,
+        )
+
+    def unregister(self, container: str) -> None:
+        """The pod ``container`` is served no more; its connections end."""
+        self.stop(container)
 
     def serve(
         self,
@@ -176,7 +232,7 @@ class EgressProxy:
         """End ``container``'s listener and connections (by id; unknown: nothing to do)."""
         served = self._served.pop(container, None)
         if served is not None:
-            served.scope.cancel()
+            served.cancel()
 
     async def _accept(self, served: _Served, listener: socket.socket, path: str | None) -> None:
         try:
@@ -221,33 +277,133 @@ class EgressProxy:
             pass  # the container or the destination went away: the record says how far it got
         finally:
             served.connections -= 1
-            record = EgressRecord(
-                container=served.container,
-                service=served.service,
-                destination=outcome.destination,
-                address=outcome.address,
-                outcome=outcome.outcome,
-                reason=outcome.reason,
-                sent=outcome.sent,
-                received=outcome.received,
-                seconds=trio.current_time() - began,
-            )
-            if record.outcome != "connected" and served.log_bucket.allow(trio.current_time()):
-                log.warning(
-                    "egress_refused",
-                    extra={
-                        "container": served.container[:12],
-                        "service": served.service,
-                        "destination": record.destination,
-                        "address": record.address,
-                        "reason": record.reason,
-                    },
-                )
-            self._record(record)
+            self._finish(served.container, served.service, served.log_bucket, began, outcome)
 
-    async def _handle(self, served: _Served, client: trio.SocketStream, outcome: _Outcome) -> None:
+    def _finish(
+        self,
+        container: str,
+        service: str,
+        log_bucket: TokenBucket | None,
+        began: float,
+        outcome: _Outcome,
+    ) -> None:
+        record = EgressRecord(
+            container=container,
+            service=service,
+            destination=outcome.destination,
+            address=outcome.address,
+            outcome=outcome.outcome,
+            reason=outcome.reason,
+            sent=outcome.sent,
+            received=outcome.received,
+            seconds=trio.current_time() - began,
+        )
+        if (
+            record.outcome != "connected"
+            and log_bucket is not None
+            and log_bucket.allow(trio.current_time())
+        ):
+            log.warning(
+                "egress_refused",
+                extra={
+                    "container": container[:12],
+                    "service": service,
+                    "destination": record.destination,
+                    "address": record.address,
+                    "reason": record.reason,
+                },
+            )
+        self._record(record)
+
+    async def _accept_tcp(self, listener: socket.socket) -> None:
         try:
-            request = await _read_head(client)
+            listening = trio.SocketListener(trio.socket.from_stdlib_socket(listener))
+        except BaseException:
+            listener.close()
+            raise
+        try:
+            async with trio.open_nursery() as connections:
+                while True:
+                    try:
+                        stream = await listening.accept()
+                    except (OSError, trio.ClosedResourceError) as exc:
+                        log.warning("egress_listener_failed", extra={"detail": str(exc)})
+                        return
+                    connections.start_soon(self._tcp_connection, stream)
+        finally:
+            with contextlib.suppress(OSError):
+                await listening.aclose()
+            listener.close()
+
+    async def _tcp_connection(self, client: trio.SocketStream) -> None:
+        """A connection on the TCP way in: its head says whose it is (the token), then it is
+        that pod's connection as if it came on the pod's own socket."""
+        began = trio.current_time()
+        outcome = _Outcome()
+        served: _Served | None = None
+        self._unidentified += 1
+        identified = False
+        try:
+            async with client:
+                if self._unidentified > self._max_connections:
+                    busy = EgressRefused(
+                        f"{self._max_connections} connections at once not yet identified",
+                        reason=EGRESS_BUSY,
+                        status=503,
+                    )
+                    await self._refuse(client, busy, outcome)
+                    return
+                try:
+                    request = await _read_head(client)
+                    outcome.destination = str(request.destination)
+                    served = identify(
+                        request.authorization,
+                        [(s.token, s) for s in self._served.values() if s.token is not None],
+                    )
+                except EgressRefused as refused:
+                    await self._refuse(client, refused, outcome)
+                    return
+                self._unidentified -= 1
+                identified = True
+                served.connections += 1
+                scope = trio.CancelScope()
+                served.tcp.add(scope)
+                try:
+                    with scope:
+                        if served.container not in self._served:
+                            return  # unregistered while its head was read
+                        if served.connections > self._max_connections:
+                            busy = EgressRefused(
+                                f"{self._max_connections} connections at once",
+                                reason=EGRESS_BUSY,
+                                status=503,
+                            )
+                            await self._refuse(client, busy, outcome)
+                            return
+                        await self._handle(served, client, outcome, request)
+                finally:
+                    served.connections -= 1
+                    served.tcp.discard(scope)
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            if not identified:
+                self._unidentified -= 1
+            if served is None:
+                self._finish("", "", self._tcp_log_bucket, began, outcome)
+            else:
+                self._finish(served.container, served.service, served.log_bucket, began, outcome)
+
+    async def _handle(
+        self,
+        served: _Served,
+        client: trio.SocketStream,
+        outcome: _Outcome,
+        request: ProxyRequest | None = None,
+    ) -> None:
+        try:
+            if request is None:
+                request = await _read_head(client)
             outcome.destination = str(request.destination)
             judge_target(request.destination, served.allowlist)
             address = await self._address_of(request, served.allowlist)
@@ -300,7 +456,7 @@ class EgressProxy:
     async def _refuse(
         self, client: trio.SocketStream, refused: EgressRefused, outcome: _Outcome
     ) -> None:
-        outcome.outcome = "refused" if refused.status in (400, 403, 503) else "failed"
+        outcome.outcome = "refused" if refused.status in (400, 403, 407, 503) else "failed"
         outcome.reason = refused.reason
         with trio.move_on_after(HEAD_SECONDS):
             await client.send_all(refusal_response(refused.status, refused.reason, str(refused)))
@@ -311,6 +467,25 @@ class EgressProxy:
             dropped = 0
             while dropped < DRAIN_BYTES and (data := await client.receive_some(CHUNK)):
                 dropped += len(data)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (the pods' way in)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(socket.SOMAXCONN)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _address_text(listener: socket.socket) -> str:
+    host, port = listener.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 def _close_listener(listener: socket.socket, path: str | None) -> None:

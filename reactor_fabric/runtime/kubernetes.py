@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import dataclasses
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -56,20 +58,24 @@ from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
 from .._reasons import (
     ATTACH_FAILED,
     CONTAINER_EXITED,
+    EGRESS_UNAVAILABLE,
     KUBERNETES_TIMEOUT,
     KUBERNETES_UNAVAILABLE,
     SECRET_UNAVAILABLE,
     START_FAILED,
     engine_call_failed,
 )
+from ..observe.redaction import SECRET_VALUES
 from ..policy.container_spec import (
     LABEL_MANAGED,
     LABEL_SERVICE,
     ContainerSpec,
+    proxy_environment,
     refuse_egress,
     refuse_unavailable_secrets,
 )
 from ..policy.pinning import PinSet
+from ..protocol.egress import Allowlist, proxy_url
 from ..protocol.framing import FramingError, LineSplitter, LineTooLong
 from ..protocol.k8s_attach import (
     AttachChannels,
@@ -88,12 +94,19 @@ from ..protocol.k8s_pod_state import (
 )
 from .base import ContainerExit, ManagedContainer
 from .demux import Demultiplexer
+from .egress_proxy import EgressProxy
 from .kubernetes_attach import AttachRefused, AttachSocket, open_attach
-from .kubernetes_manifests import ManifestError, pod_manifest, secret_manifest
+from .kubernetes_manifests import (
+    ManifestError,
+    network_policy_manifest,
+    pod_manifest,
+    secret_manifest,
+)
 
 log = logging.getLogger(__name__)
 
 API_CALL_TIMEOUT: Final = 30.0
+NETWORKING: Final = "networking.k8s.io/v1"
 OUTPUT_BUFFER_BYTES: Final = 256 * 1024
 # A watch event is one pod: large ones (many env vars, long messages) stay far below this.
 MAX_WATCH_EVENT_BYTES: Final = 4 * 1024 * 1024
@@ -133,7 +146,9 @@ class KubernetesRuntime:
 
     mounts_on_host_reach_containers = False
     stdio = "attach"  # through the API server's attach
-    egress = None  # an egress allowlist is refused here (egress_unavailable)
+    # The proxy of pods with an egress allowlist (reached over TCP, see egress_proxy), when
+    # the settings say where; None: such services are refused (egress_unavailable).
+    egress: EgressProxy | None = None
 
     def __init__(
         self,
@@ -146,8 +161,18 @@ class KubernetesRuntime:
         call_timeout: float = API_CALL_TIMEOUT,
         max_frame_bytes: int = 16 * 1024 * 1024,
         url: str | None = None,
+        egress_listen: tuple[str, int] | None = None,
+        egress_address: tuple[str, int] | None = None,
     ) -> None:
+        """``egress_listen``: where this process binds the egress proxy for pods;
+        ``egress_address``: the IP and port pods reach it at (their NetworkPolicy's one
+        destination). Both or neither."""
         self.name = "kubernetes"
+        if egress_listen is not None and egress_address is not None:
+            self.egress = EgressProxy(listen=egress_listen)
+        self._egress_address = egress_address
+        # Each egress pod's token (by pod name), forgotten by the redactor with the pod.
+        self._tokens: dict[str, str] = {}
         self._namespace = namespace
         self._kubeconfig = kubeconfig
         self._url = url
@@ -320,7 +345,24 @@ class KubernetesRuntime:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
             pins.close()
         refuse_unavailable_secrets(spec)
-        refuse_egress(spec, "the Kubernetes runtime does not provide an egress proxy yet")
+        token: str | None = None
+        if spec.egress is not None:
+            proxy, address = self.egress, self._egress_address
+            if proxy is None or address is None or not proxy.running:
+                refuse_egress(
+                    spec,
+                    "orchestrator.kubernetes.egress_proxy is not set"
+                    if proxy is None or address is None
+                    else "the egress proxy does not run in this process",
+                )
+                raise AssertionError("refuse_egress raises for a spec with egress")
+            # The pod's credential at the proxy: in its proxy URL (its environment), never
+            # logged; worth nothing once the pod is removed (unregistered).
+            token = secrets.token_urlsafe(32)
+            host, port = address
+            spec = dataclasses.replace(
+                spec, environment=spec.environment | proxy_environment(proxy_url(token, host, port))
+            )
         if spec.secrets:
             await self._ensure_secret(spec)
         try:
@@ -335,13 +377,82 @@ class KubernetesRuntime:
                 f"the session cannot be a pod: {exc}", reason=START_FAILED, action="create"
             ) from None
         name = manifest["metadata"]["name"]
+        if token is not None:
+            # Redacted wherever it could be written (an API error echoing the pod, say).
+            SECRET_VALUES.register([token])
+            self._tokens[name] = token
         try:
+            if token is not None and spec.egress is not None:
+                # Before the pod: it never runs a moment without its policy.
+                await self._create_network_policy(manifest)
+                assert self.egress is not None
+                self.egress.register(
+                    token, name, spec.labels.get(LABEL_SERVICE, ""), Allowlist.of(spec.egress)
+                )
             await self._until_running(name, await self._create(manifest))
             return await self._attach(name)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self._delete_after_failed_start(name)
+                if token is not None:
+                    await self._forget_egress(name)
             raise
+
+    async def _create_network_policy(self, pod: dict[str, Any]) -> None:
+        """The pod's NetworkPolicy (see network_policy_manifest); one an earlier try left is
+        replaced. ContainerStartFailure (``egress_unavailable``) if it cannot be made: a pod
+        of an egress list never runs without one."""
+        assert self._egress_address is not None
+        host, port = self._egress_address
+        policy = network_policy_manifest(pod, proxy_address=host, proxy_port=port)
+        name = policy["metadata"]["name"]
+        status, body = await self._json(
+            "create", "POST", "networkpolicies", version=NETWORKING, json=policy
+        )
+        if status == 409:
+            await self._delete_network_policy(name)
+            status, body = await self._json(
+                "create", "POST", "networkpolicies", version=NETWORKING, json=policy
+            )
+        if status not in (200, 201, 202):
+            service = pod["metadata"]["labels"].get(LABEL_SERVICE, "")
+            raise ContainerStartFailure(
+                f"service {service!r}: the NetworkPolicy {name} of its pod could not be made "
+                f"(HTTP {status}: {str(body.get('message', ''))[:300]})",
+                reason=EGRESS_UNAVAILABLE,
+                service=service,
+            )
+
+    async def _delete_network_policy(self, name: str) -> None:
+        """Delete the pod ``name``'s NetworkPolicy if it has one; logs and swallows errors."""
+        try:
+            status, body = await self._json(
+                "remove",
+                "DELETE",
+                f"networkpolicies/{quote(name)}",
+                version=NETWORKING,
+                time_bound=DELETE_BOUND,
+            )
+        except FabricError as exc:
+            log.warning(
+                "network_policy_remove_failed", extra={"container": name, "detail": str(exc)}
+            )
+            return
+        if status >= 300 and status != 404:
+            log.warning(
+                "network_policy_remove_failed",
+                extra={"container": name, "detail": f"HTTP {status}: {body.get('message', '')}"},
+            )
+
+    async def _forget_egress(self, name: str) -> None:
+        """The pod's proxy credential and NetworkPolicy, gone (after its pod)."""
+        if self.egress is not None:
+            self.egress.unregister(name)
+        token = self._tokens.pop(name, None)
+        if token is not None:
+            SECRET_VALUES.forget([token])
+        with trio.move_on_after(DELETE_BOUND):
+            await self._delete_network_policy(name)
 
     async def _ensure_secret(self, spec: ContainerSpec) -> None:
         """The Secret of ``spec``'s service, made once (the pod refers to it, never holds a
@@ -575,6 +686,9 @@ class KubernetesRuntime:
     async def remove(self, container: str, *, grace: float | None = None) -> None:
         self._attach_status.pop(container, None)
         await self._delete(container, grace=grace)
+        if self.egress is not None:
+            # The pod's NetworkPolicy shares its name (none for a pod without egress: a 404).
+            await self._forget_egress(container)
 
     async def list_managed(
         self, extra_labels: dict[str, str] | None = None

@@ -30,6 +30,12 @@ into API calls becomes a Pod here. What maps, and how:
   them; for a user given as a uid alone, the uid's own number, which the kubelet adds to the
   server's groups).
 
+- egress: a pod of a service with an ``egress`` list has its NetworkPolicy
+  (:func:`network_policy_manifest`, named like the pod, labelled and owned like it, created
+  before it): no ingress, and egress to the orchestrator's egress proxy alone (its address
+  and port), which the pod names in its proxy variables with a token of its own. The pod is
+  selected by a label of its own (``reactor-fabric.egress-pod``: a hash of its name).
+
 What a pod does not enforce that a Docker container does: the pids limit (a kubelet setting,
 ``podPidsLimit``, for every pod of a node) and ``network: none`` (a NetworkPolicy denying all
 traffic to and from the pods of the namespace, or of the ``reactor-fabric.service`` label, does
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import posixpath
 import re
 from collections.abc import Mapping
@@ -125,6 +132,51 @@ def _owner_reference(owner: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+# The label a NetworkPolicy selects its one pod by (pod names are too long for label values).
+LABEL_EGRESS_POD: Final = "reactor-fabric.egress-pod"
+
+
+def egress_pod_label(name: str) -> str:
+    """The value of LABEL_EGRESS_POD for the pod ``name``."""
+    return hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
+def network_policy_manifest(
+    pod: Mapping[str, Any], *, proxy_address: str, proxy_port: int
+) -> dict[str, Any]:
+    """The NetworkPolicy of ``pod`` (its manifest, from :func:`pod_manifest` for a spec with
+    an egress list): that pod alone, no ingress, egress only to ``proxy_address`` (an IP) on
+    TCP ``proxy_port``. Named, labelled and owned like the pod (the sweeper and the garbage
+    collector find it as they find the pod)."""
+    metadata = pod["metadata"]
+    labels = dict(metadata["labels"])
+    address = ipaddress.ip_address(proxy_address)
+    cidr = f"{address}/{address.max_prefixlen}"
+    policy_metadata: dict[str, Any] = {
+        "name": metadata["name"],
+        "namespace": metadata["namespace"],
+        "labels": labels,
+    }
+    if "ownerReferences" in metadata:
+        policy_metadata["ownerReferences"] = [dict(o) for o in metadata["ownerReferences"]]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": policy_metadata,
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_EGRESS_POD: labels[LABEL_EGRESS_POD]}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [
+                {
+                    "to": [{"ipBlock": {"cidr": cidr}}],
+                    "ports": [{"protocol": "TCP", "port": proxy_port}],
+                }
+            ],
+        },
+    }
+
+
 def pod_manifest(
     spec: ContainerSpec,
     *,
@@ -179,6 +231,8 @@ def pod_manifest(
         "namespace": namespace,
         "labels": {key: label_value(value) for key, value in spec.labels.items()},
     }
+    if spec.egress is not None:
+        metadata["labels"][LABEL_EGRESS_POD] = egress_pod_label(metadata["name"])
     if owner is not None:
         metadata["ownerReferences"] = [_owner_reference(owner)]
     pod_spec: dict[str, Any] = {

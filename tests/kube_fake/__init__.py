@@ -14,7 +14,9 @@ What it serves, as kube-apiserver does (JSON, bearer token required, errors as
 (``resourceVersion``, ``timeoutSeconds``) and delete (grace period, preconditions) of pods in
 one namespace; ``pods/attach`` over a WebSocket (v5.channel.k8s.io, v4.channel.k8s.io); create,
 get, list (label and field selectors) and delete (preconditions) of Secrets (``data`` in
-base64, ``stringData`` merged, keys validated; see :mod:`.secret_store`). What a kubelet does,
+base64, ``stringData`` merged, keys validated; see :mod:`.secret_store`); create, get, list
+(label selector) and delete of networking.k8s.io/v1 NetworkPolicies (validated; see
+:mod:`.network_policies`). What a kubelet does,
 done with Docker: the pod is scheduled on the one node (or stays Pending, Unschedulable), its
 secret volumes set up (or it waits in ContainerCreating for their Secret or key), its image
 checked against the pull policy, its container created from the spec (env with ``$(VAR)``
@@ -61,6 +63,17 @@ FIDELITY — what kube-apiserver and a kubelet do that this fake does not:
   mount propagation, ``fsGroupChangePolicy``, sysctls, SELinux/Windows options, Localhost
   seccomp/AppArmor profiles; Secrets of the built-in ``kubernetes.io/*`` types (their
   required keys are not checked), Secret finalizers.
+- NetworkPolicies (the fake's CNI): enforced for egress only, and only as the pod starts: a
+  pod an ``Egress`` policy selects runs in the network namespace of a holder container (the
+  kubelet's "pause", image ``reactor-fabric/base:bookworm``, never pulled) on Docker's
+  ``bridge`` network, whose iptables (set with ``nsenter``, so the fake needs root and the
+  engine on this machine) accept loopback, answers, and the policies' ipBlock:port
+  destinations, and drop everything else both ways — before the pod's container exists. A
+  policy created or deleted later does not change a running pod (a CNI would). Pods no
+  policy selects keep ``network: none`` (no network at all, which no cluster gives: there a
+  pod without policy reaches everything). Refused as not enforced (403 Forbidden cause):
+  ingress rules, peers by pod or namespace selector, named ports, ``endPort``,
+  ``matchExpressions``; no watch, update or patch; IPv4 only.
 - Secrets: no watch, update or patch (a watch is refused with 400); ``immutable`` is kept but
   means nothing without updates; the 1 MiB size limit is the request body's bound. A secret
   volume is written once, when the pod is set up: a Secret changed later does not reach it

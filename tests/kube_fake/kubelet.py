@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -29,11 +30,18 @@ from reactor_fabric.runtime.docker import inspect_container
 
 from .api import ceil_int, docker_time, parse_quantity, timestamp
 from .engine import CALL_TIMEOUT, DockerPool
+from .network_policies import Allowed, NetworkPolicyStore, iptables_rules
 from .pods import FakePod, PodStore
 from .secret_store import SecretStore
 from .secret_volumes import SecretVolumes, VolumeSetupError, payload
 
 NODE_NAME: Final = "kube-fake"
+# The holder of a pod's network namespace when a NetworkPolicy limits its egress (the real
+# kubelet's "pause" container): any local image with `sleep` (every product image is built on
+# this one); never pulled.
+HOLDER_IMAGE: Final = "reactor-fabric/base:bookworm"
+# The Docker network such pods are on (its gateway is the host, where a test's proxy listens).
+POD_NETWORK: Final = "bridge"
 FAKE_LABEL: Final = "reactor-fabric.kube-fake"
 # The labels the kubelet's runtimes put on a pod's containers.
 POD_NAME_LABEL: Final = "io.kubernetes.pod.name"
@@ -480,6 +488,7 @@ class Kubelet:
         pool: DockerPool,
         *,
         secrets: SecretStore,
+        network_policies: NetworkPolicyStore | None = None,
         node: Node,
         claims: Mapping[str, Path],
         labels: Mapping[str, str],
@@ -488,6 +497,7 @@ class Kubelet:
     ) -> None:
         self.store = store
         self.secrets = secrets
+        self.network_policies = network_policies
         # The pods' secret volumes, in shared memory (removed with each pod, and at the end).
         self.volumes = volumes or SecretVolumes()
         self.pool = pool
@@ -661,6 +671,23 @@ class Kubelet:
                 # Tried again when a Secret changes (the kubelet retries at each sync).
                 self._update(pod, waiting("CreateContainerConfigError", str(exc)))
                 await self.secrets.changed_since(seen)
+        allowed = (
+            self.network_policies.egress_of(pod.object["metadata"].get("labels") or {})
+            if self.network_policies is not None
+            else None
+        )
+        if allowed is not None:
+            # The CNI's part: the pod's network, limited before its process runs.
+            try:
+                holder = await self.pool.run(
+                    lambda client: self._hold_network(client, pod, allowed)
+                )
+            except (docker.errors.APIError, OSError, RuntimeError) as exc:
+                self._update(pod, waiting("CreateContainerError", f"network setup: {exc}"))
+                await trio.sleep_forever()
+            plan.host["network_mode"] = f"container:{holder}"
+            # The holder has the pod's host name (its UTS namespace is the pod's, as pause's).
+            plan.create.pop("hostname", None)
         try:
             container_id = await self.pool.run(lambda client: self._create(client, pod, plan))
         except docker.errors.APIError as exc:
@@ -685,6 +712,37 @@ class Kubelet:
         self._update(pod, lambda p: self._running(p, started, ids))
         await self._wait_exit(container_id)
         await self._record_exit(pod, container_id)
+
+    def _hold_network(self, client: docker.APIClient, pod: FakePod, allowed: list[Allowed]) -> str:
+        """Blocking: the pod's network holder, on POD_NETWORK, its namespace's iptables set to
+        ``allowed`` (see network_policies.iptables_rules) before anything else runs in it."""
+        meta = pod.object["metadata"]
+        created = client.create_container(
+            image=HOLDER_IMAGE,
+            entrypoint=["sleep", "infinity"],
+            hostname=meta["name"][:63].rstrip("-."),
+            name=f"k8s_POD_{meta['name']}_{meta['namespace']}_{meta['uid']}_0",
+            labels={POD_NAME_LABEL: meta["name"], POD_UID_LABEL: meta["uid"], **self.labels},
+            host_config=client.create_host_config(
+                network_mode=POD_NETWORK, cap_drop=["ALL"], security_opt=["no-new-privileges"]
+            ),
+        )
+        holder = str(created["Id"])
+        self.created.add(holder)
+        pod.holder_id = holder
+        client.start(holder)
+        pid = int(client.inspect_container(holder)["State"]["Pid"])
+        for rule in iptables_rules(allowed):
+            done = subprocess.run(
+                ["nsenter", "-t", str(pid), "-n", "iptables", "-w", *rule],
+                capture_output=True,
+                text=True,
+                timeout=CALL_TIMEOUT,
+                check=False,
+            )
+            if done.returncode:
+                raise RuntimeError(f"iptables {' '.join(rule)}: {done.stderr.strip()}")
+        return holder
 
     def _create(self, client: docker.APIClient, pod: FakePod, plan: DockerPlan) -> str:
         host_config = client.create_host_config(**plan.host)
@@ -764,6 +822,10 @@ class Kubelet:
             await self._stop_and_record(pod, container_id, pod.grace_seconds)
             await self.pool.run(lambda client: _remove(client, container_id))
             self.created.discard(container_id)
+        holder_id = pod.holder_id
+        if holder_id is not None:
+            await self.pool.run(lambda client: _remove(client, holder_id))
+            self.created.discard(holder_id)
         await trio.to_thread.run_sync(self.volumes.tear_down, pod.uid)
         self.store.remove(pod)
 

@@ -34,6 +34,8 @@ class FakePod:
     object: dict[str, Any]
     # The Docker container running it, once created (set from the creating thread).
     container_id: str | None = None
+    # The network holder of a pod an egress NetworkPolicy selects (its "pause" container).
+    holder_id: str | None = None
     # Still in the store (False from the moment it was removed: a DELETED event was sent).
     stored: bool = True
     deleting: bool = False

@@ -62,6 +62,7 @@ from .api import (
 )
 from .engine import DockerPool
 from .kubelet import FAKE_LABEL, Kubelet, node_of_engine, remove_all
+from .network_policies import GROUP_VERSION, NetworkPolicyStore, admit_network_policy
 from .pods import WATCH_QUEUE, FakePod, PodStore, Selection, Watcher
 from .secret_store import SecretStore, admit_secret, deleted_status
 from .secret_volumes import SecretVolumes
@@ -206,6 +207,7 @@ class FakeKubernetes:
         kubelet: Kubelet,
         store: PodStore,
         secret_store: SecretStore,
+        network_policies: NetworkPolicyStore | None = None,
         token: str,
         instance: str,
         stream_idle_seconds: float,
@@ -218,6 +220,7 @@ class FakeKubernetes:
         self.label = f"{FAKE_LABEL}={instance}"
         self.store = store
         self.secret_store = secret_store
+        self.network_policies = network_policies or NetworkPolicyStore(store)
         self.kubelet = kubelet
         self.requests: deque[tuple[str, str, int]] = deque(maxlen=10_000)
         self.before_request: Callable[[Request], None] | None = None
@@ -364,6 +367,10 @@ class FakeKubernetes:
         if parts == ["api", "v1", "secrets"]:
             _allow(method, "GET")
             return await self._list_secrets(conn, request, None)
+        if parts[:4] == ["apis", "networking.k8s.io", "v1", "namespaces"] and len(parts) in (6, 7):
+            if parts[5] != "networkpolicies":
+                raise UNKNOWN_PATH
+            return await self._route_network_policies(conn, request, parts[4], parts[6:])
         if parts[:3] != ["api", "v1", "namespaces"] or len(parts) < 4:
             raise UNKNOWN_PATH
         if parts[4:5] == ["secrets"] and len(parts) <= 6:
@@ -414,6 +421,61 @@ class FakeKubernetes:
         if method == "DELETE":
             _check_preconditions(secret, _delete_options(request), "secrets")
             answer = deleted_status(self.secret_store.remove(rest[0]))
+        await conn.respond_json(200, answer)
+        return 200, True
+
+    async def _route_network_policies(
+        self, conn: _Connection, request: Request, namespace: str, rest: list[str]
+    ) -> tuple[int, bool]:
+        method = request.method
+        if not rest:
+            _allow(method, "GET", "POST")
+            if method == "POST":
+                try:
+                    body = json.loads(request.body)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise bad_request(
+                        "the object provided is unrecognized (must be of type NetworkPolicy): "
+                        f"json parse error: {exc}"
+                    ) from exc
+                if namespace != self.namespace:
+                    raise not_found("namespaces", namespace)
+                policy = admit_network_policy(body, namespace=namespace)
+                await conn.respond_json(201, self.network_policies.add(policy))
+                return 201, True
+            selection = Selection(
+                labels=tuple(parse_label_selector(request.param("labelSelector") or ""))
+            )
+            items = self.network_policies.listing(selection) if namespace == self.namespace else []
+            for item in items:
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+            await conn.respond_json(
+                200,
+                {
+                    "kind": "NetworkPolicyList",
+                    "apiVersion": GROUP_VERSION,
+                    "metadata": {"resourceVersion": str(self.store.resource_version)},
+                    "items": items,
+                },
+            )
+            return 200, True
+        _allow(method, "GET", "DELETE")
+        found = self.network_policies.get(rest[0]) if namespace == self.namespace else None
+        if found is None:
+            raise not_found("networkpolicies.networking.k8s.io", rest[0])
+        answer: dict[str, Any] = found
+        if method == "DELETE":
+            _check_preconditions(found, _delete_options(request), "networkpolicies")
+            removed = self.network_policies.remove(rest[0])
+            answer = deleted_status(removed) | {
+                "details": {
+                    "name": rest[0],
+                    "group": "networking.k8s.io",
+                    "kind": "networkpolicies",
+                    "uid": removed["metadata"]["uid"],
+                }
+            }
         await conn.respond_json(200, answer)
         return 200, True
 
@@ -883,10 +945,12 @@ async def fake_kubernetes(
         node = await trio.to_thread.run_sync(node_of_engine, pool)
         store = PodStore(namespace, watch_queue=watch_queue)
         secret_store = SecretStore(store)
+        network_policies = NetworkPolicyStore(store)
         kubelet = Kubelet(
             store,
             pool,
             secrets=secret_store,
+            network_policies=network_policies,
             volumes=volumes,
             node=node,
             claims={name: Path(path) for name, path in (claims or {}).items()},
@@ -898,6 +962,7 @@ async def fake_kubernetes(
             kubelet=kubelet,
             store=store,
             secret_store=secret_store,
+            network_policies=network_policies,
             token=token or secrets.token_urlsafe(32),
             instance=instance,
             stream_idle_seconds=stream_idle_seconds,

@@ -47,6 +47,9 @@ NEEDED_RULES = {
     # A Secret per service with secrets (never read back: no get, list or watch).
     ("", "secrets", "create"),
     ("", "secrets", "delete"),
+    # A NetworkPolicy per session pod of a service with egress.
+    ("networking.k8s.io", "networkpolicies", "create"),
+    ("networking.k8s.io", "networkpolicies", "delete"),
 }
 
 
@@ -234,9 +237,13 @@ def test_the_orchestrator_makes_its_kubernetes_runtime_from_that_suite_and_the_p
     environ = {
         fields["metadata.name"]: "reactor-fabric-5d8c7b9f4-x2x7q",
         fields["metadata.uid"]: "0c1d2e3f-aaaa-bbbb-cccc-0123456789ab",
+        fields["status.podIP"]: "10.244.1.17",
     }
     runtime = engine_runtime(check.suite, None, environ)
     assert isinstance(runtime, KubernetesRuntime)
+    # Session pods with egress reach the proxy at the pod's own IP, on the port it listens on.
+    assert runtime.egress is not None
+    assert runtime._egress_address == ("10.244.1.17", 3128)
     assert runtime.claims == raw_suite()["orchestrator"]["kubernetes"]["volumes"]
     assert runtime.owner == PodOwner(
         "reactor-fabric-5d8c7b9f4-x2x7q", "0c1d2e3f-aaaa-bbbb-cccc-0123456789ab"
@@ -391,8 +398,13 @@ def test_the_orchestrator_is_not_cut_off_by_the_session_policy_and_gets_its_port
     no_network = policies.pop("reactor-fabric-sessions-no-network")
     assert not selects(no_network["spec"]["podSelector"], labels)
     [own] = [p for p in policies.values() if selects(p["spec"]["podSelector"], labels)]
-    [ingress] = own["spec"]["ingress"]
+    [ingress, from_sessions] = own["spec"]["ingress"]
     [port] = orchestrator_container()["ports"]
     assert [p["port"] for p in ingress["ports"]] == [port["name"]]
+    # Session pods in, to the egress proxy's port alone (their own policies let them out).
+    assert [p["port"] for p in from_sessions["ports"]] == [3128]
+    assert selects(
+        from_sessions["from"][0]["podSelector"], no_network["spec"]["podSelector"]["matchLabels"]
+    )
     egress_ports = {p["port"] for rule in own["spec"]["egress"] for p in rule["ports"]}
     assert {443, 6443} <= egress_ports  # the API server, as most clusters serve it

@@ -5,6 +5,7 @@ record per connection) are asserted; the decisions themselves are test_egress_de
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from reactor_fabric._reasons import (
     EGRESS_BUSY,
     EGRESS_CONNECT_FAILED,
     EGRESS_NOT_LISTED,
+    EGRESS_UNAUTHORIZED,
     EGRESS_UNRESOLVED,
 )
 from reactor_fabric.protocol.egress import Allowlist, EgressRecord, IPAddress
@@ -307,3 +309,127 @@ async def test_a_container_is_refused_when_the_proxy_does_not_run(tmp_path: Path
     with pytest.raises(RuntimeError, match="not running"):
         proxy.serve(CONTAINER, "github", Allowlist.of([]), listening(path), str(path))
     assert not path.exists()
+
+
+# --- the TCP way in (Kubernetes pods): who asks is the token in Proxy-Authorization -----------
+
+POD = "session-pod-0"
+POD_TOKEN = "pod-token-0123456789abcdefghijklmnopqrstuv"
+
+
+def authorization(token: str) -> bytes:
+    return b"Proxy-Authorization: Basic " + base64.b64encode(f"rf:{token}".encode()) + b"\r\n"
+
+
+class ServedTcp(Served):
+    async def ask(self, request: bytes, *, half_close: bool = True) -> bytes:
+        """Connect as a pod would, to the proxy's TCP port, send, and read until closed."""
+        stream = await trio.open_tcp_stream("127.0.0.1", int(self.path))
+        await stream.send_all(request)
+        if half_close:
+            await stream.send_eof()
+        answer = bytearray()
+        with trio.fail_after(30):
+            while data := await stream.receive_some(65536):
+                answer += data
+        await stream.aclose()
+        return bytes(answer)
+
+
+async def serving_tcp(nursery: trio.Nursery, entries: list[str]) -> ServedTcp:
+    records = Records()
+    proxy = EgressProxy(resolver=Resolver({}))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    await nursery.start(proxy.run, records)
+    proxy.serve_tcp(listener)
+    proxy.register(POD_TOKEN, POD, "github", Allowlist.of(entries))
+    return ServedTcp(proxy, str(port), records)
+
+
+async def test_a_pod_with_its_token_reaches_a_listed_destination_over_tcp_and_is_recorded(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    served = await serving_tcp(nursery, [f"127.0.0.1:{upstream.port}"])
+    answer = await served.ask(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\nhello"
+        % (upstream.port, authorization(POD_TOKEN))
+    )
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\necho:hello"
+    (record,) = await served.record()
+    assert (record.container, record.service, record.outcome) == (POD, "github", "connected")
+    # The token goes no further than the proxy.
+    assert upstream.received == [b"hello"]
+
+
+async def test_a_pods_unlisted_destination_over_tcp_gets_403(nursery: trio.Nursery) -> None:
+    served = await serving_tcp(nursery, ["127.0.0.1:9"])
+    answer = await served.ask(
+        b"CONNECT example.org:443 HTTP/1.1\r\nHost: x\r\n%s\r\n" % authorization(POD_TOKEN)
+    )
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_NOT_LISTED.encode() in answer
+    (record,) = await served.record()
+    assert (record.container, record.reason) == (POD, EGRESS_NOT_LISTED)
+
+
+@pytest.mark.parametrize("token", [None, "a-guess-of-a-token", POD_TOKEN[:-1]])
+async def test_a_connection_without_a_served_pods_token_gets_407_and_connects_nowhere(
+    nursery: trio.Nursery, upstream: Upstream, token: str | None
+) -> None:
+    served = await serving_tcp(nursery, [f"127.0.0.1:{upstream.port}"])
+    answer = await served.ask(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\nhello"
+        % (upstream.port, b"" if token is None else authorization(token))
+    )
+    assert answer.startswith(b"HTTP/1.1 407 Proxy Authentication Required\r\n")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_UNAUTHORIZED.encode() in answer
+    (record,) = await served.record()
+    assert (record.container, record.outcome, record.reason) == ("", "refused", EGRESS_UNAUTHORIZED)
+    assert upstream.received == []
+
+
+async def test_an_unregistered_pods_token_gets_407_and_its_open_tunnel_ends(
+    nursery: trio.Nursery,
+) -> None:
+    # A destination that never answers nor closes: only the unregistering ends the tunnel.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    silent = listeners[0].socket.getsockname()[1]
+
+    async def hold(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    nursery.start_soon(trio.serve_listeners, hold, listeners)
+    served = await serving_tcp(nursery, [f"127.0.0.1:{silent}"])
+    stream = await trio.open_tcp_stream("127.0.0.1", int(served.path))
+    await stream.send_all(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (silent, authorization(POD_TOKEN))
+    )
+    with trio.fail_after(30):
+        assert await stream.receive_some(65536) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    served.proxy.unregister(POD)
+    with trio.fail_after(30):
+        assert await stream.receive_some(65536) == b""  # ended by the unregistering
+    await stream.aclose()
+    answer = await served.ask(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (silent, authorization(POD_TOKEN))
+    )
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_UNAUTHORIZED.encode() in answer
+
+
+async def test_the_proxy_binds_its_tcp_way_in_where_it_is_told_to_listen(
+    nursery: trio.Nursery,
+) -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    proxy = EgressProxy(listen=("127.0.0.1", port))
+    await nursery.start(proxy.run, Records())
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"CONNECT example.org:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+    with trio.fail_after(30):
+        assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 407 ")
+    await stream.aclose()

@@ -7,8 +7,9 @@ connects a Unix socket there, and ``exit`` ends the server without an answer. On
 line out.
 
 The methods ``fetch`` (``{"url"}``: urllib, the proxy from the environment), ``tunnel``
-(``{"host", "port", "send"}``: a CONNECT through HTTPS_PROXY) and ``direct`` (``{"host",
-"port"}``: TCP past any proxy) report what the container's network lets through.
+(``{"host", "port", "send"}``: a CONNECT through HTTPS_PROXY, with its credentials as
+``Proxy-Authorization: Basic`` when the URL has some, as clients send them) and ``direct``
+(``{"host", "port"}``: TCP past any proxy) report what the container's network lets through.
 
 The method ``secret`` (params ``{"name": NAME}``) reports what the server got of the secret
 NAME: a SHA-256 of the environment variable's value and of /run/secrets/NAME's content (never a
@@ -19,6 +20,7 @@ orchestrator must log redacted.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -93,7 +95,15 @@ def tunnel(host: str, port: int, send: str) -> dict[str, object]:
     try:
         with socket.create_connection((proxy.hostname, proxy.port), timeout=20) as connection:
             target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            connection.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            credentials = ""
+            if proxy.username is not None:
+                user = urllib.parse.unquote(proxy.username)
+                password = urllib.parse.unquote(proxy.password or "")
+                encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+                credentials = f"Proxy-Authorization: Basic {encoded}\r\n"
+            connection.sendall(
+                f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{credentials}\r\n".encode()
+            )
             head = b""
             while b"\r\n\r\n" not in head:
                 chunk = connection.recv(4096)
