@@ -101,6 +101,7 @@ def run_as_deployed(
         REACTOR_FABRIC_POD_NAME=POD_NAME,
         REACTOR_FABRIC_POD_UID=POD_UID,
         REACTOR_FABRIC_POD_NAMESPACE="default",
+        REACTOR_FABRIC_POD_IP="127.0.0.1",
         # In a cluster kr8s reads the service account; here the fake's kubeconfig.
         KUBECONFIG="/etc/kube/config",
     )
