@@ -14,6 +14,7 @@ import docker
 import pytest
 import trio
 
+from tests.integration.harness import engine_is_podman
 from tests.integration.test_kube_fake import create, manifest, phase, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -102,6 +103,11 @@ async def test_network_policies_are_created_listed_got_and_deleted_as_the_api_se
 async def test_a_pod_an_egress_policy_selects_reaches_its_ip_and_port_and_nothing_else(
     tmp_path: Path, docker_client: docker.DockerClient, nursery: trio.Nursery
 ) -> None:
+    if engine_is_podman(docker_client):
+        # Known gap of the fake's kubelet: on Podman its holder container (the pod's network
+        # namespace) is refused removal while the pod's container still exists ("has dependent
+        # containers"); the product's Kubernetes egress is tested on Docker.
+        pytest.skip("the fake kubelet's network holder is not removable on Podman yet")
     allowed_listeners, allowed = await listening()
     other_listeners, other = await listening()
     nursery.start_soon(trio.serve_listeners, accept_and_close, allowed_listeners)
