@@ -23,20 +23,11 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_TURNS = 50
 # Seconds between the CLI's SIGTERM and its SIGKILL (cancellation, timeout, turn limit).
 KILL_GRACE = 5.0
-# danger_mode false: what runs without a prompt (read, search, edit inside the workspace). In
-# -p mode nobody answers a prompt, so anything else (Bash, WebFetch, an edit outside the
-# working directory) is denied and reported in the result's permission_denials.
-SAFE_TOOLS = (
-    "Read",
-    "Grep",
-    "Glob",
-    "LS",
-    "Edit",
-    "MultiEdit",
-    "Write",
-    "NotebookEdit",
-    "TodoWrite",
-)
+# danger_mode false: the only built-in tools the agent has (--tools): read and search, and edit
+# (acceptEdits: without a prompt inside the working directory, the workspace). No shell, no web,
+# no sub-agents. An edit outside the workspace would prompt; in -p mode nobody answers, so it is
+# denied, and reported in the result's permission_denials.
+SAFE_TOOLS = ("Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit")
 # Longest text of one progress message.
 MAX_STEP_CHARS = 300
 
@@ -94,9 +85,7 @@ def claude_argv(config: AgentConfig, task: str, claude: str = "claude") -> list[
     if config.danger_mode:
         argv += ["--dangerously-skip-permissions"]
     else:
-        # acceptEdits: edits inside the working directory need no prompt; the read and search
-        # tools need none anyway. Everything else would prompt, and in -p mode is denied.
-        argv += ["--permission-mode", "acceptEdits", "--allowedTools", ",".join(SAFE_TOOLS)]
+        argv += ["--tools", ",".join(SAFE_TOOLS), "--permission-mode", "acceptEdits"]
     return argv
 
 

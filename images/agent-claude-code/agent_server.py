@@ -22,6 +22,7 @@ DEFAULT_WORKSPACE = "/workspace"
 # Mounts a container has that are not the project: the engine's and the orchestrator's own.
 # (Prefixes compared with, nothing is written there.)
 NOT_PROJECT = (
+    "/.reactor-fabric",
     "/etc/",
     "/proc",
     "/sys",
