@@ -160,6 +160,13 @@ def test_the_agent_reads_the_mounted_project_through_the_model_reached_by_egress
                 lambda: agent_containers(docker_client, running) == [],
                 what="the agent's container removed",
             )
+            # Claude Code's API traffic went through the egress proxy (the container has no
+            # network): the trail has its connections to the listed destination, none refused.
+            wait_until(
+                lambda: any(r["event"] == "egress" for r in running.audit()),
+                what="an egress record",
+            )
+            egress = [r for r in running.audit() if r["event"] == "egress"]
         requests = api.messages_requests()
         received = [r for r in api.received if r.path.startswith("/v1/messages")]
 
@@ -178,6 +185,10 @@ def test_the_agent_reads_the_mounted_project_through_the_model_reached_by_egress
     assert len(requests) == len(script)
     assert SPECIALTY in json.dumps(requests[0]["system"]), requests[0]["system"]
     assert {r.headers.get("x-api-key") for r in received} == {key}, [r.headers for r in received]
+    port = api.url.rsplit(":", 1)[1]
+    assert {(r["service"], r["destination"], r["outcome"]) for r in egress} == {
+        ("agent", f"127.0.0.1:{port}", "connected")
+    }, egress
 
 
 def test_without_danger_mode_the_agent_has_no_shell_and_an_edit_outside_the_workspace_is_denied(
