@@ -23,9 +23,9 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_MAX_TURNS = 50
 # Seconds between the CLI's SIGTERM and its SIGKILL (cancellation, timeout, turn limit).
 KILL_GRACE = 5.0
-# danger_mode false: the only built-in tools the agent has (--tools): read and search, and edit
+# danger_mode false: the only built-in tools the agent has (--tools): read, search and edit
 # (acceptEdits: without a prompt inside the working directory, the workspace). No shell, no web,
-# no sub-agents. An edit outside the workspace would prompt; in -p mode nobody answers, so it is
+# no sub-agents. Outside the workspace they would prompt; in -p mode nobody answers, so they are
 # denied, and reported in the result's permission_denials.
 SAFE_TOOLS = ("Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit")
 # Longest text of one progress message.
@@ -148,12 +148,18 @@ class Run:
     tools_used: list[str] = field(default_factory=list)
     last_text: str = ""
     result: dict[str, Any] | None = None
+    _last_message: Any = None
 
     def feed(self, event: dict[str, Any]) -> list[str]:
         """Take ``event`` in; the progress steps it makes."""
         if event.get("type") == "assistant":
-            self.turns += 1
             message = event.get("message")
+            # Claude Code prints one assistant event per content block, each with its message's
+            # id: a turn is a message (an event without an id counts as one).
+            message_id = message.get("id") if isinstance(message, dict) else None
+            if message_id is None or message_id != self._last_message:
+                self.turns += 1
+            self._last_message = message_id
             content = message.get("content") if isinstance(message, dict) else None
             for block in content if isinstance(content, list) else []:
                 if isinstance(block, dict) and block.get("type") == "tool_use":

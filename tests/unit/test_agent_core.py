@@ -111,6 +111,22 @@ def test_each_text_and_each_tool_use_of_the_stream_is_one_progress_step() -> Non
     assert run.tools_used == ["Read", "Grep", "Bash", "TodoWrite"]
 
 
+def test_a_turn_is_a_message_though_the_cli_prints_each_of_its_blocks_as_an_event() -> None:
+    # What Claude Code 2.1.332 prints for a turn with a text and two tool uses, then the answer.
+    run = core.Run(WS)
+    for blocks, message_id in [
+        ([text("looking")], "msg_1"),
+        ([tool_use("Read", file_path="a")], "msg_1"),
+        ([tool_use("Read", file_path="b")], "msg_1"),
+        ([text("done")], "msg_2"),
+    ]:
+        event = assistant(*blocks)
+        event["message"]["id"] = message_id
+        run.feed(event)
+    assert run.turns == 2
+    assert run.tools_used == ["Read", "Read"]
+
+
 def test_a_long_step_is_cut_and_a_path_outside_the_workspace_stays_whole() -> None:
     assert core.describe_tool_use("Write", {"file_path": "/tmp/x"}, WS) == "Write /tmp/x"
     step = core.steps_of(assistant(text("y" * 1000)), WS)[0]

@@ -128,7 +128,9 @@ async def test_a_task_past_its_wall_time_is_stopped_and_answers_is_error(
 async def test_a_task_past_its_turns_is_stopped_and_answers_is_error(
     tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bin_dir = fake_claude(tmp_path / "bin", [ASSISTANT_READ] * 3, HANG)
+    read = [{"type": "tool_use", "name": "Read", "input": {"file_path": "a.py"}}]
+    turns = [{"type": "assistant", "message": {"id": n, "content": read}} for n in "abc"]
+    bin_dir = fake_claude(tmp_path / "bin", turns, HANG)
     configure(monkeypatch, workspace, max_turns=5)
     answer = await call({"task": "look", "max_turns": 2})
     assert answer.is_error
