@@ -175,7 +175,7 @@ async def use(client: Client, command: dict[str, Any]) -> dict[str, Any]:
 
 
 async def report_progress(progress: float, total: float | None, message: str | None) -> None:
-    emit({"op": "progress", "progress": progress})
+    emit({"op": "progress", "progress": progress, "message": message})
 
 
 def described(exc: BaseException) -> dict[str, Any]:

@@ -102,6 +102,29 @@ def test_an_npm_package_whose_integrity_differs_from_the_lock_fails_the_build(
     assert image_id("reactor-fabric/mcp-server-filesystem:2026.8.31") == before
 
 
+def test_a_claude_code_binary_whose_integrity_differs_from_the_lock_fails_the_agent_build(
+    tmp_path: Path,
+) -> None:
+    copy = recipes_copy(tmp_path)
+    lock = copy / "images" / "agent-claude-code" / "package-lock.json"
+    text = lock.read_text()
+    # The platform package whose binary goes into the image, not only the wrapper.
+    package = '"node_modules/@anthropic-ai/claude-code-linux-x64": {'
+    entry = re.search(re.escape(package) + r'.*?"integrity": "(sha512-[^"]+)"', text, re.DOTALL)
+    assert entry is not None
+    lock.write_text(text.replace(entry.group(1), "sha512-" + "A" * 86 + "=="))
+    tag = f"reactor-fabric/agent-claude-code:{pins()['AGENT_CLAUDE_CODE_VERSION']}"
+    before = image_id(tag)
+    done = build(copy, "agent-claude-code")
+    assert done.returncode != 0
+    # npm skips an optional package it cannot install (no EINTEGRITY at its log level): the
+    # build stops because the binary is missing.
+    assert "an integrity mismatch of @anthropic-ai/claude-code-linux-x64" in done.stderr, (
+        done.stderr[-2000:]
+    )
+    assert image_id(tag) == before
+
+
 def test_a_node_runtime_whose_integrity_differs_from_the_lock_fails_the_build(
     tmp_path: Path,
 ) -> None:

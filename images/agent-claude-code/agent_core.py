@@ -1,0 +1,232 @@
+"""The pure parts of the agent adapter (no MCP SDK, no I/O): the service config → the agent
+CLI's argv, and the CLI's stream-json lines → progress steps and the final result.
+
+The adapter's contract (images/README.md, "Agent images"): an agent image runs an MCP server on
+stdio exposing ``run_task {task, max_turns?}``; the server starts the agent CLI headless in the
+workspace, reports one progress notification per step (:func:`step_of` each event), stops the
+CLI on cancellation or at the wall-time limit, and answers the final text with
+``structuredContent`` ``{result, turns, tools_used, duration_ms, cost_usd, stop_reason}``
+(:class:`Outcome`), ``isError`` with the reason on any failure. A second agent CLI needs its own
+:func:`claude_argv` and :func:`step_of`/:meth:`Outcome.from_result` equivalents; the server
+(agent_server.py) and the rest stay.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Wall time of one run_task unless the config says ``timeout`` (seconds).
+DEFAULT_TIMEOUT = 600.0
+# Turns of one run_task unless the config or the call says ``max_turns``.
+DEFAULT_MAX_TURNS = 50
+# Seconds between the CLI's SIGTERM and its SIGKILL (cancellation, timeout, turn limit).
+KILL_GRACE = 5.0
+# danger_mode false: the only built-in tools the agent has (--tools): read, search and edit
+# (acceptEdits: without a prompt inside the working directory, the workspace). No shell, no web,
+# no sub-agents. Outside the workspace they would prompt; in -p mode nobody answers, so they are
+# denied, and reported in the result's permission_denials.
+SAFE_TOOLS = ("Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit")
+# Longest text of one progress message.
+MAX_STEP_CHARS = 300
+
+
+class ConfigError(ValueError):
+    """The service's config is not one the adapter accepts."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    specialty: str | None = None
+    danger_mode: bool = False
+    model: str | None = None
+    max_turns: int = DEFAULT_MAX_TURNS
+    timeout: float = DEFAULT_TIMEOUT
+    workspace: str | None = None
+
+    @classmethod
+    def parse(cls, raw: str | None) -> AgentConfig:
+        """From ``REACTOR_FABRIC_SERVICE_CONFIG`` (JSON; absent or empty: the defaults). Keys
+        the adapter does not know (``account``, …) are left to the orchestrator."""
+        value: Any = json.loads(raw) if raw else {}
+        if not isinstance(value, dict):
+            raise ConfigError("the service config is not a JSON object")
+        specialty = value.get("specialty")
+        if specialty is not None and not isinstance(specialty, str):
+            raise ConfigError("config.specialty must be a string")
+        danger = value.get("danger_mode", False)
+        if not isinstance(danger, bool):
+            raise ConfigError("config.danger_mode must be true or false")
+        model = value.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError("config.model must be a string")
+        turns = value.get("max_turns", DEFAULT_MAX_TURNS)
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ConfigError("config.max_turns must be a positive integer")
+        timeout = value.get("timeout", DEFAULT_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError("config.timeout must be a positive number of seconds")
+        workspace = value.get("workspace")
+        if workspace is not None and (
+            not isinstance(workspace, str) or not workspace.startswith("/")
+        ):
+            raise ConfigError("config.workspace must be an absolute path")
+        return cls(specialty, danger, model, turns, float(timeout), workspace)
+
+
+def claude_argv(config: AgentConfig, task: str, claude: str = "claude") -> list[str]:
+    """The Claude Code command line for ``task`` under ``config``."""
+    argv = [claude, "-p", task, "--output-format", "stream-json", "--verbose"]
+    if config.model:
+        argv += ["--model", config.model]
+    if config.specialty:
+        argv += ["--append-system-prompt", config.specialty]
+    if config.danger_mode:
+        argv += ["--dangerously-skip-permissions"]
+    else:
+        argv += ["--tools", ",".join(SAFE_TOOLS), "--permission-mode", "acceptEdits"]
+    return argv
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_STEP_CHARS else text[: MAX_STEP_CHARS - 1] + "…"
+
+
+def _relative(path: str, workspace: str) -> str:
+    prefix = workspace.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def describe_tool_use(name: str, tool_input: Any, workspace: str) -> str:
+    """``Read src/app.py``, ``Bash ls -la``, ``Grep TODO``: the tool and what it acts on."""
+    if not isinstance(tool_input, dict):
+        return name
+    for key in ("file_path", "notebook_path", "path", "command", "pattern", "url", "query"):
+        value = tool_input.get(key)
+        if isinstance(value, str) and value:
+            if key.endswith("path"):
+                value = _relative(value, workspace)
+            return _short(f"{name} {value}")
+    return name
+
+
+def parse_line(line: str | bytes) -> dict[str, Any] | None:
+    """One stream-json line as an event, or ``None`` for a line that is not a JSON object."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def steps_of(event: dict[str, Any], workspace: str) -> list[str]:
+    """The progress steps an event is: each text and each tool use of an assistant message."""
+    if event.get("type") != "assistant":
+        return []
+    message = event.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    steps: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            if block["text"].strip():
+                steps.append(_short(block["text"]))
+        elif block.get("type") == "tool_use" and isinstance(block.get("name"), str):
+            steps.append(describe_tool_use(block["name"], block.get("input"), workspace))
+    return steps
+
+
+@dataclass
+class Run:
+    """What one run has shown so far, fed each event in order."""
+
+    workspace: str
+    turns: int = 0
+    tools_used: list[str] = field(default_factory=list)
+    last_text: str = ""
+    result: dict[str, Any] | None = None
+    _last_message: Any = None
+
+    def feed(self, event: dict[str, Any]) -> list[str]:
+        """Take ``event`` in; the progress steps it makes."""
+        if event.get("type") == "assistant":
+            message = event.get("message")
+            # Claude Code prints one assistant event per content block, each with its message's
+            # id: a turn is a message (an event without an id counts as one).
+            message_id = message.get("id") if isinstance(message, dict) else None
+            if message_id is None or message_id != self._last_message:
+                self.turns += 1
+            self._last_message = message_id
+            content = message.get("content") if isinstance(message, dict) else None
+            for block in content if isinstance(content, list) else []:
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    name = block.get("name")
+                    if isinstance(name, str):
+                        self.tools_used.append(name)
+                elif isinstance(block, dict) and block.get("type") == "text":
+                    text = block.get("text")
+                    if isinstance(text, str) and text.strip():
+                        self.last_text = text
+        elif event.get("type") == "result":
+            self.result = event
+        return steps_of(event, self.workspace)
+
+    def outcome(self, duration_ms: int, stopped: str | None = None) -> Outcome:
+        """The answer: ``stopped`` is why the adapter ended the CLI itself (``timeout``,
+        ``max_turns``) or why it failed (``crashed: …``), else the CLI's own result decides."""
+        result = self.result or {}
+        cost = result.get("total_cost_usd")
+        turns = result.get("num_turns")
+        text = result.get("result")
+        final = text if isinstance(text, str) else self.last_text
+        structured: dict[str, Any] = {
+            "result": final,
+            "turns": turns
+            if isinstance(turns, int) and not isinstance(turns, bool)
+            else self.turns,
+            "tools_used": list(self.tools_used),
+            "duration_ms": duration_ms,
+            "cost_usd": float(cost) if isinstance(cost, int | float) else 0.0,
+            "stop_reason": "",
+        }
+        if stopped is not None:
+            structured["stop_reason"] = stopped.split(":", 1)[0]
+            return Outcome(structured, error=stopped)
+        if self.result is None:
+            structured["stop_reason"] = "crashed"
+            return Outcome(structured, error="crashed: the agent ended without a result")
+        subtype = result.get("subtype")
+        reason = result.get("stop_reason")
+        structured["stop_reason"] = (
+            reason if isinstance(reason, str) and reason else str(subtype or "")
+        )
+        if result.get("is_error") or subtype != "success":
+            if subtype == "error_max_turns":
+                structured["stop_reason"] = "max_turns"
+                return Outcome(
+                    structured,
+                    error=f"max_turns: the agent reached its {structured['turns']} turns",
+                )
+            why = final or str(result.get("errors") or subtype or "the agent failed")
+            return Outcome(structured, error=f"agent_error: {_short(why)}")
+        denials = result.get("permission_denials")
+        if isinstance(denials, list) and denials:
+            structured["permission_denials"] = [
+                d.get("tool_name") for d in denials if isinstance(d, dict) and "tool_name" in d
+            ]
+        return Outcome(structured)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    structured: dict[str, Any]
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.error is not None:
+            return self.error
+        return str(self.structured["result"])

@@ -1,0 +1,229 @@
+"""The agent image's MCP server (stdio, the official Python SDK): Claude Code as the tool
+``run_task``. Contract and config: images/README.md ("Agent images"); the pure parts (argv,
+stream-json → steps and result) are in agent_core.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import anyio
+from agent_core import KILL_GRACE, AgentConfig, ConfigError, Run, claude_argv, parse_line
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, TextContent
+
+CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
+DEFAULT_WORKSPACE = "/workspace"
+# Mounts a container has that are not the project: the engine's and the orchestrator's own.
+# (Prefixes compared with, nothing is written there.)
+NOT_PROJECT = (
+    "/.reactor-fabric",
+    "/etc/",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run/",
+    "/tmp",  # noqa: S108
+    "/opt/",
+    "/usr/",
+    "/home/",
+)
+# Longest stream-json line read (a tool result may be large); longer lines are skipped.
+MAX_LINE = 8 * 1024 * 1024
+# Variables of the server's environment the CLI gets (the API's, the proxy's, the locale's).
+PASSED = (
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_BASE_URL",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "all_proxy",
+    "no_proxy",
+    "PATH",
+    "LANG",
+    "TZ",
+    "USER",
+    "LOGNAME",
+)
+
+
+def workspace(config: AgentConfig) -> str:
+    """``config.workspace``, else the container's first bind mount that is not the engine's or
+    the orchestrator's (the project the suite mounted), else /workspace."""
+    if config.workspace:
+        return config.workspace
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as info:
+            for line in info:
+                fields = line.split()
+                # mountinfo: id parent major:minor root mountpoint …; a bind has a root not "/".
+                if len(fields) > 4 and fields[3] != "/":
+                    target = fields[4].replace("\\040", " ")
+                    if not target.startswith(NOT_PROJECT) and os.path.isdir(target):
+                        return target
+    except OSError:
+        pass
+    return DEFAULT_WORKSPACE
+
+
+def error(text: str, structured: dict[str, Any] | None = None) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], is_error=True, structured_content=structured
+    )
+
+
+def prepare(max_turns: int | None) -> tuple[AgentConfig, int, str] | CallToolResult:
+    """The config, the turn limit and the workspace of a call, or why it cannot run."""
+    try:
+        config = AgentConfig.parse(os.environ.get(CONFIG_ENV))
+    except (ConfigError, ValueError) as exc:
+        return error(f"config_invalid: {exc}")
+    if max_turns is not None and max_turns < 1:
+        return error("invalid_arguments: max_turns must be a positive integer")
+    limit = min(max_turns, config.max_turns) if max_turns is not None else config.max_turns
+    where = workspace(config)
+    if not os.path.isdir(where):
+        return error(f"no_workspace: {where} is not a directory")
+    return config, limit, where
+
+
+def cli_environment(home: str) -> dict[str, str]:
+    """The CLI's environment: the API's, the proxy's and the locale's variables of the server's,
+    a home of its own, and no traffic but the API's."""
+    env = {k: v for k, v in os.environ.items() if k in PASSED}
+    return env | {
+        "HOME": home,
+        "CLAUDE_CONFIG_DIR": os.path.join(home, ".claude"),
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+
+
+class AgentRun:
+    """One run_task: the CLI's process, its events read into a :class:`Run`."""
+
+    def __init__(self, ctx: Context, process: anyio.abc.Process, where: str, limit: int) -> None:
+        self.ctx = ctx
+        self.process = process
+        self.run = Run(where)
+        self.limit = limit
+        self.steps = 0
+        self.stderr_tail = bytearray()
+
+    async def read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        async for chunk in self.process.stderr:
+            self.stderr_tail.extend(chunk)
+            del self.stderr_tail[:-4096]
+
+    async def pump(self) -> str | None:
+        """Each event in, each step reported; why the adapter stops the CLI itself (the turn
+        limit), if it does."""
+        assert self.process.stdout is not None
+        pending = b""
+        async for chunk in self.process.stdout:
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                event = parse_line(line)
+                if event is None:
+                    continue
+                for step in self.run.feed(event):
+                    self.steps += 1
+                    await self.ctx.report_progress(self.steps, None, step)
+                if self.run.turns > self.limit and self.run.result is None:
+                    return f"max_turns: the agent reached its {self.limit} turns"
+            if len(pending) > MAX_LINE:
+                pending = b""  # a line too long to keep: skipped
+        return None
+
+    async def execute(self, wall_time: float) -> str | None:
+        """Until the CLI ends, the turn limit or the wall time; why it was stopped, if."""
+        stopped: str | None = None
+        async with anyio.create_task_group() as group:
+            group.start_soon(self.read_stderr)
+            with anyio.move_on_after(wall_time) as deadline:
+                stopped = await self.pump()
+                if stopped is None:
+                    await self.process.wait()
+            if deadline.cancelled_caught:
+                stopped = f"timeout: the task ran past its {wall_time:g} s"
+            await _stop(self.process)
+        if stopped is None and self.run.result is None and self.process.returncode != 0:
+            tail = self.stderr_tail.decode(errors="replace").strip().splitlines()[-3:]
+            stopped = f"crashed: the agent exited with {self.process.returncode}" + (
+                f" ({' | '.join(tail)})" if tail else ""
+            )
+        return stopped
+
+
+server = MCPServer("agent-claude-code")
+
+
+@server.tool(
+    description="Run a task with the Claude Code agent in the project's workspace; returns its "
+    "final answer with {result, turns, tools_used, duration_ms, cost_usd, stop_reason}."
+)
+async def run_task(task: str, ctx: Context, max_turns: int | None = None) -> CallToolResult:
+    prepared = prepare(max_turns)
+    if isinstance(prepared, CallToolResult):
+        return prepared
+    config, limit, where = prepared
+    # A fresh Claude Code home per run: nothing of one task (history, settings) reaches the next.
+    home = tempfile.mkdtemp(prefix="claude-home-")
+    started = time.monotonic()
+    process = await anyio.open_process(
+        claude_argv(config, task),
+        cwd=where,
+        env=cli_environment(home),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    agent = AgentRun(ctx, process, where, limit)
+    try:
+        stopped = await agent.execute(config.timeout)
+    finally:
+        # Cancelled (the client's notifications/cancelled) or failed: the CLI goes too.
+        with anyio.CancelScope(shield=True):
+            await _stop(process)
+            shutil.rmtree(home, ignore_errors=True)
+    outcome = agent.run.outcome(round((time.monotonic() - started) * 1000), stopped)
+    if outcome.error is not None:
+        return error(outcome.error, outcome.structured)
+    return CallToolResult(
+        content=[TextContent(type="text", text=outcome.text)],
+        structured_content=outcome.structured,
+    )
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    """SIGTERM to the CLI's process group, SIGKILL after the grace."""
+    if process.returncode is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with anyio.move_on_after(KILL_GRACE):
+        await process.wait()
+        return
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    await process.wait()
+
+
+if __name__ == "__main__":
+    server.run("stdio")

@@ -1,0 +1,277 @@
+"""The agent image (images/agent-claude-code) on the real engine, with the real Claude Code CLI in
+its container: a client (the MCP Python SDK 2.x) calls ``agent__run_task`` on ``/mcp``.
+
+The model is a script (tests/messages_api.py) on this host's loopback; the agent service has no
+network of its own and reaches it only through the orchestrator's egress proxy
+(``egress: ["127.0.0.1:PORT"]``, ``ANTHROPIC_BASE_URL`` at that address), the way a real API would
+be reached. The key comes from the orchestrator's environment through ``secrets``; the client's
+project is mounted at ``/projects/app``: the agent finds it (its first mount) and works there.
+
+Egress needs a ``fabric-stdio`` helper with ``--egress`` (REACTOR_FABRIC_STDIO_HELPER names one
+when the checkout's is older).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+
+from tests.integration.harness import (
+    LineProcess,
+    Orchestrator,
+    orchestrator,
+    python2_client,
+    wait_until,
+    write_suite,
+)
+from tests.messages_api import MessagesAPI, Step, Text, ToolUse, scripted_messages_api
+
+pytestmark = pytest.mark.integration
+
+VERSIONS = Path(__file__).resolve().parents[2] / "images" / "versions.env"
+KEY_VARIABLE = "RF_TEST_AGENT_API_KEY"
+KEY = "sk-test-agent-key-not-real"
+SPECIALTY = "You are the suite's Python expert; answer in one line."
+TARGET = "/projects/app"
+SECRET_NOTE = "the launch code is 4417-owl"
+
+
+def agent_image() -> str:
+    pins = dict(
+        line.split("=", 1)
+        for line in VERSIONS.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    return f"{pins['IMAGE_PREFIX']}/agent-claude-code:{pins['AGENT_CLAUDE_CODE_VERSION']}"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "projects" / "app"
+    root.mkdir(parents=True)
+    (root / "notes.txt").write_text(SECRET_NOTE + "\n")
+    # The agent's server runs as the orchestrator's unprivileged account, not as the project's
+    # owner: the project is left open for its edits.
+    root.chmod(0o777)
+    return root
+
+
+def agent_suite(tmp_path: Path, api_url: str, config: dict[str, Any]) -> Path:
+    port = api_url.rsplit(":", 1)[1]
+    path = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path / "projects")],
+        test_services={
+            "agent": {
+                "image": agent_image(),
+                "container_strategy": "fresh_per_call",
+                "timeout": "300s",
+                "egress": [f"127.0.0.1:{port}"],
+                "env": {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"},
+                "secrets": {"ANTHROPIC_API_KEY": {"env": KEY_VARIABLE}},
+                "config": config,
+            }
+        },
+    )
+    suite = yaml.safe_load(path.read_text())
+    del suite["mcp_services"]["agent"]["network"]  # egress: no network of its own
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def run_task(
+    running: Orchestrator, project: Path, arguments: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """``agent__run_task`` on ``/mcp`` with ``project`` mounted: the answer and the progress
+    messages heard before it."""
+    client: LineProcess = python2_client(f"{running.http_url}/mcp?mount={project}:{TARGET}")
+    try:
+        initialized = client.ask({"op": "initialize"})
+        assert initialized["ok"], initialized
+        client.send(
+            {
+                "op": "call",
+                "name": "agent__run_task",
+                "arguments": arguments,
+                "report_progress": True,
+            }
+        )
+        progress: list[str] = []
+        while True:
+            line = client.read_json(timeout=300)
+            if line.get("op") != "progress":
+                return line, progress
+            progress.append(str(line.get("message")))
+    finally:
+        client.close()
+
+
+def tool_result_text(api: MessagesAPI) -> str:
+    return json.dumps(list(api.tool_results().values()))
+
+
+def echo_tool_result(request: dict[str, Any]) -> list[Text]:
+    """The last turn: the tool's result, said back as the answer."""
+    results = [
+        block.get("content")
+        for message in request["messages"]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    ]
+    return [Text(f"I read: {json.dumps(results[-1])}")]
+
+
+def agent_containers(client: docker.DockerClient, running: Orchestrator) -> list[Any]:
+    return client.containers.list(
+        all=True,
+        sparse=True,
+        filters={
+            "label": [
+                f"reactor-fabric.instance={running.instance}",
+                "reactor-fabric.service=agent",
+            ]
+        },
+    )
+
+
+@pytest.fixture
+def key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    return KEY
+
+
+def test_the_agent_reads_the_mounted_project_through_the_model_reached_by_egress_only(
+    tmp_path: Path, project: Path, key: str, docker_client: docker.DockerClient
+) -> None:
+    script: list[Step] = [[ToolUse("Read", {"file_path": f"{TARGET}/notes.txt"})], echo_tool_result]
+    with scripted_messages_api(script) as api:
+        suite = agent_suite(tmp_path, api.url, {"specialty": SPECIALTY})
+        with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+            answer, progress = run_task(running, project, {"task": "What do the notes say?"})
+            # The call's container is gone with the call.
+            wait_until(
+                lambda: agent_containers(docker_client, running) == [],
+                what="the agent's container removed",
+            )
+            # Claude Code's API traffic went through the egress proxy (the container has no
+            # network): the trail has its connections to the listed destination, none refused.
+            wait_until(
+                lambda: any(r["event"] == "egress" for r in running.audit()),
+                what="an egress record",
+            )
+            egress = [r for r in running.audit() if r["event"] == "egress"]
+        requests = api.messages_requests()
+        received = [r for r in api.received if r.path.startswith("/v1/messages")]
+
+    assert api.refusals == [], api.refusals
+    assert answer["ok"], answer
+    assert SECRET_NOTE in json.dumps(answer["content"]), answer
+    structured = answer["structured"]
+    assert SECRET_NOTE in structured["result"], structured
+    assert structured["tools_used"] == ["Read"], structured
+    assert structured["turns"] >= 2, structured
+    assert set(structured) >= {"result", "turns", "tools_used", "duration_ms", "cost_usd"}
+    # One progress notification per step: the tool use (relative to the workspace), the text.
+    assert "Read notes.txt" in progress, progress
+    assert any(SECRET_NOTE in step for step in progress), progress
+    # What the model received: the specialty in the system prompt, the account's key.
+    assert len(requests) == len(script)
+    assert SPECIALTY in json.dumps(requests[0]["system"]), requests[0]["system"]
+    assert {r.headers.get("x-api-key") for r in received} == {key}, [r.headers for r in received]
+    port = api.url.rsplit(":", 1)[1]
+    assert {(r["service"], r["destination"], r["outcome"]) for r in egress} == {
+        ("agent", f"127.0.0.1:{port}", "connected")
+    }, egress
+
+
+def test_without_danger_mode_the_agent_has_no_shell_and_an_edit_outside_the_workspace_is_denied(
+    tmp_path: Path, project: Path, key: str
+) -> None:
+    outside = "/tmp/written-outside.txt"
+    script: list[Step] = [
+        [ToolUse("Write", {"file_path": outside, "content": "escaped"})],
+        [ToolUse("Write", {"file_path": f"{TARGET}/inside.txt", "content": "edited"})],
+        [Text("done")],
+    ]
+    with scripted_messages_api(script) as api:
+        suite = agent_suite(tmp_path, api.url, {"danger_mode": False})
+        with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+            answer, progress = run_task(running, project, {"task": "Write both files."})
+        offered = {tool["name"] for tool in api.messages_requests()[0]["tools"]}
+        results = tool_result_text(api)
+
+    assert api.refusals == [], api.refusals
+    assert answer["ok"], answer
+    # The safe set: read, search, edit; no shell, no web, no sub-agents.
+    # (The CLI adds an internal placeholder of its deferred tools, none here.)
+    assert offered - {"DeferredToolPlaceholder"} == {
+        "Read",
+        "Grep",
+        "Glob",
+        "Edit",
+        "Write",
+        "NotebookEdit",
+    }, offered
+    # The edit outside the workspace was denied (the CLI reports it), the one inside made.
+    assert f"Write {outside}" in progress, progress
+    assert "Write inside.txt" in progress, progress
+    assert answer["structured"].get("permission_denials") == ["Write"], answer
+    assert "haven't granted" in results, results
+    assert (project / "inside.txt").read_text() == "edited"
+
+
+def test_in_danger_mode_the_agent_runs_a_shell_command_without_a_prompt(
+    tmp_path: Path, project: Path, key: str
+) -> None:
+    marker = "shell-ran-here"
+    script: list[Step] = [
+        [ToolUse("Bash", {"command": f"echo {marker} $(id -u)", "description": "the marker"})],
+        [Text("done")],
+    ]
+    with scripted_messages_api(script) as api:
+        suite = agent_suite(tmp_path, api.url, {"danger_mode": True})
+        with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+            answer, progress = run_task(running, project, {"task": "Run the marker."})
+        results = tool_result_text(api)
+
+    assert api.refusals == [], api.refusals
+    assert answer["ok"], answer
+    assert f"Bash echo {marker} $(id -u)" in progress, progress
+    assert "permission_denials" not in answer["structured"], answer
+    # The command ran (its output went to the model), as an ordinary user.
+    assert marker in results.replace(f"echo {marker}", ""), results
+    assert f"{marker} 0" not in results, results
+
+
+def test_a_task_past_its_wall_time_answers_is_error_with_the_reason(
+    tmp_path: Path, project: Path, key: str, docker_client: docker.DockerClient
+) -> None:
+    released = threading.Event()
+
+    def never_answering(request: dict[str, Any]) -> list[Text]:
+        released.wait(120)  # the model "thinks" until the test has its answer
+        return [Text("too late")]
+
+    with scripted_messages_api([never_answering]) as api:
+        suite = agent_suite(tmp_path, api.url, {"timeout": 5})
+        try:
+            with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+                answer, _ = run_task(running, project, {"task": "Think forever."})
+                wait_until(
+                    lambda: agent_containers(docker_client, running) == [],
+                    what="the agent's container removed",
+                )
+        finally:
+            released.set()
+
+    assert not answer["ok"], answer
+    shown = json.dumps(answer["content"])
+    assert "timeout: the task ran past its 5 s" in shown, answer
+    assert answer["structured"]["stop_reason"] == "timeout", answer

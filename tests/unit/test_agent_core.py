@@ -1,0 +1,193 @@
+"""The agent image's adapter, its pure parts (images/agent-claude-code/agent_core.py): the service
+config → Claude Code's argv, its stream-json events → progress steps and the final answer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[2] / "images" / "agent-claude-code" / "agent_core.py"
+_spec = importlib.util.spec_from_file_location("agent_core", SOURCE)
+assert _spec is not None
+assert _spec.loader is not None
+core: Any = importlib.util.module_from_spec(_spec)
+sys.modules["agent_core"] = core  # (dataclasses look their module up while the class is made)
+_spec.loader.exec_module(core)
+
+WS = "/projects/app"
+
+
+def assistant(*blocks: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "assistant", "message": {"role": "assistant", "content": list(blocks)}}
+
+
+def tool_use(name: str, **tool_input: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_1", "name": name, "input": tool_input}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def result(**fields: Any) -> dict[str, Any]:
+    return {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "result": "all done",
+        "num_turns": 2,
+        "total_cost_usd": 0.0123,
+        "permission_denials": [],
+        **fields,
+    }
+
+
+def test_the_default_config_is_the_safe_tool_set_with_no_shell() -> None:
+    config = core.AgentConfig.parse(None)
+    argv = core.claude_argv(config, "fix the bug")
+    assert argv[:6] == [
+        "claude",
+        "-p",
+        "fix the bug",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+    ]
+    tools = argv[argv.index("--tools") + 1].split(",")
+    assert tools == ["Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit"]
+    assert "Bash" not in tools
+    assert argv[argv.index("--permission-mode") + 1] == "acceptEdits"
+    assert "--dangerously-skip-permissions" not in argv
+    assert (config.timeout, config.max_turns) == (core.DEFAULT_TIMEOUT, core.DEFAULT_MAX_TURNS)
+
+
+def test_danger_mode_gives_every_tool_without_prompts_and_the_specialty_goes_through() -> None:
+    raw = json.dumps(
+        {"danger_mode": True, "specialty": "You review Python.", "model": "m1", "account": "work"}
+    )
+    argv = core.claude_argv(core.AgentConfig.parse(raw), "task")
+    assert "--dangerously-skip-permissions" in argv
+    assert "--tools" not in argv
+    assert "--permission-mode" not in argv
+    assert argv[argv.index("--append-system-prompt") + 1] == "You review Python."
+    assert argv[argv.index("--model") + 1] == "m1"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[]",
+        '{"danger_mode": "yes"}',
+        '{"specialty": 3}',
+        '{"max_turns": 0}',
+        '{"max_turns": true}',
+        '{"timeout": -1}',
+        '{"workspace": "relative"}',
+    ],
+)
+def test_a_config_the_adapter_cannot_use_is_refused_with_what_is_wrong(raw: str) -> None:
+    with pytest.raises(core.ConfigError):
+        core.AgentConfig.parse(raw)
+
+
+def test_each_text_and_each_tool_use_of_the_stream_is_one_progress_step() -> None:
+    run = core.Run(WS)
+    events = [
+        {"type": "system", "subtype": "init", "cwd": WS},
+        assistant(text("Let me look."), tool_use("Read", file_path=f"{WS}/src/app.py")),
+        {"type": "user", "message": {"content": [{"type": "tool_result", "content": "x"}]}},
+        assistant(tool_use("Grep", pattern="TODO"), tool_use("Bash", command="ls   -la\nwc")),
+        assistant(text("   ")),
+        assistant(tool_use("TodoWrite", todos=[])),
+        result(),
+    ]
+    steps = [step for event in events for step in run.feed(event)]
+    assert steps == ["Let me look.", "Read src/app.py", "Grep TODO", "Bash ls -la wc", "TodoWrite"]
+    assert run.tools_used == ["Read", "Grep", "Bash", "TodoWrite"]
+
+
+def test_a_turn_is_a_message_though_the_cli_prints_each_of_its_blocks_as_an_event() -> None:
+    # What Claude Code 2.1.332 prints for a turn with a text and two tool uses, then the answer.
+    run = core.Run(WS)
+    for blocks, message_id in [
+        ([text("looking")], "msg_1"),
+        ([tool_use("Read", file_path="a")], "msg_1"),
+        ([tool_use("Read", file_path="b")], "msg_1"),
+        ([text("done")], "msg_2"),
+    ]:
+        event = assistant(*blocks)
+        event["message"]["id"] = message_id
+        run.feed(event)
+    assert run.turns == 2
+    assert run.tools_used == ["Read", "Read"]
+
+
+def test_a_long_step_is_cut_and_a_path_outside_the_workspace_stays_whole() -> None:
+    assert core.describe_tool_use("Write", {"file_path": "/tmp/x"}, WS) == "Write /tmp/x"
+    step = core.steps_of(assistant(text("y" * 1000)), WS)[0]
+    assert len(step) == core.MAX_STEP_CHARS
+    assert step.endswith("…")
+
+
+def test_the_final_result_becomes_the_structured_content() -> None:
+    run = core.Run(WS)
+    run.feed(assistant(tool_use("Read", file_path=f"{WS}/a")))
+    run.feed(result(permission_denials=[{"tool_name": "Write", "tool_input": {}}]))
+    outcome = run.outcome(1234)
+    assert outcome.error is None
+    assert outcome.text == "all done"
+    assert outcome.structured == {
+        "result": "all done",
+        "turns": 2,
+        "tools_used": ["Read"],
+        "duration_ms": 1234,
+        "cost_usd": 0.0123,
+        "stop_reason": "success",
+        "permission_denials": ["Write"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("events", "stopped", "error", "stop_reason"),
+    [
+        # The API failed: Claude Code says so in a result marked is_error.
+        (
+            [result(is_error=True, result="API Error: 401 invalid x-api-key")],
+            None,
+            "agent_error: API Error: 401 invalid x-api-key",
+            "success",
+        ),
+        ([result(subtype="error_max_turns", num_turns=3)], None, "max_turns: ", "max_turns"),
+        ([assistant(text("half"))], None, "crashed: the agent ended without a result", "crashed"),
+        (
+            [assistant(text("half"))],
+            "timeout: the task ran past its 5 s",
+            "timeout: the task ran past its 5 s",
+            "timeout",
+        ),
+        ([], "crashed: the agent exited with 1 (boom)", "crashed: the agent exited", "crashed"),
+    ],
+)
+def test_every_failure_is_an_error_with_its_reason(
+    events: list[dict[str, Any]], stopped: str | None, error: str, stop_reason: str
+) -> None:
+    run = core.Run(WS)
+    for event in events:
+        run.feed(event)
+    outcome = run.outcome(10, stopped)
+    assert outcome.error is not None
+    assert outcome.error.startswith(error), outcome
+    assert outcome.text == outcome.error
+    assert outcome.structured["stop_reason"] == stop_reason
+    assert set(outcome.structured) >= {"result", "turns", "tools_used", "duration_ms", "cost_usd"}
+
+
+def test_a_line_that_is_not_a_json_object_is_skipped() -> None:
+    assert core.parse_line(b"not json") is None
+    assert core.parse_line(b"[1]") is None
+    assert core.parse_line(b'{"type": "system"}') == {"type": "system"}

@@ -1,0 +1,185 @@
+"""The agent image's MCP server (images/agent-claude-code/agent_server.py) with a stand-in for the
+``claude`` command (a script printing stream-json, then ending, failing or hanging), driven by
+the official Python SDK's client in-process: no Docker, no model."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from mcp import Client
+
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "agent-claude-code"
+sys.path.insert(0, str(IMAGE))
+import agent_server  # type: ignore[import-not-found]  # noqa: E402
+
+HANG = "hang"
+
+
+def fake_claude(bin_dir: Path, events: list[dict[str, Any]], then: str | int) -> Path:
+    """A ``claude`` on ``bin_dir`` printing ``events`` as stream-json, then exiting with ``then``
+    (a number) or hanging (``HANG``); its argv goes to ``bin_dir/argv``, its pid to
+    ``bin_dir/pid`` (before it prints anything)."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "claude"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(
+            f"""
+            import json, os, sys, time
+            open({str(bin_dir / "argv")!r}, "w").write(json.dumps(sys.argv[1:]))
+            open({str(bin_dir / "pid")!r}, "w").write(str(os.getpid()))
+            for event in {events!r}:
+                print(json.dumps(event), flush=True)
+            if {then!r} == {HANG!r}:
+                time.sleep(600)
+            print("the fake's last words", file=sys.stderr)
+            sys.exit({then if isinstance(then, int) else 0})
+            """
+        )
+    )
+    script.chmod(0o755)
+    return bin_dir
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    where = tmp_path / "project"
+    where.mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(agent_server, "KILL_GRACE", 2.0)
+    return where
+
+
+def configure(monkeypatch: pytest.MonkeyPatch, workspace: Path, **config: Any) -> None:
+    monkeypatch.setenv(
+        "REACTOR_FABRIC_SERVICE_CONFIG", json.dumps({"workspace": str(workspace), **config})
+    )
+
+
+ASSISTANT_READ = {
+    "type": "assistant",
+    "message": {"content": [{"type": "tool_use", "name": "Read", "input": {"file_path": "a.py"}}]},
+}
+RESULT = {
+    "type": "result",
+    "subtype": "success",
+    "is_error": False,
+    "result": "the answer",
+    "num_turns": 2,
+    "total_cost_usd": 0.5,
+}
+
+
+async def call(arguments: dict[str, Any], steps: list[str] | None = None) -> Any:
+    async def heard(progress: float, total: float | None, message: str | None) -> None:
+        if steps is not None:
+            steps.append(str(message))
+
+    async with Client(agent_server.server) as client:
+        return await client.call_tool("run_task", arguments, progress_callback=heard)
+
+
+async def test_a_task_answers_the_final_text_with_the_structured_content_and_its_steps(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_claude(tmp_path / "bin", [ASSISTANT_READ, RESULT], 0)
+    configure(monkeypatch, workspace, specialty="Be brief.")
+    progress: list[str] = []
+    answer = await call({"task": "look"}, progress)
+    assert not answer.is_error, answer
+    assert answer.content[0].text == "the answer"
+    assert answer.structured_content["tools_used"] == ["Read"]
+    assert answer.structured_content["cost_usd"] == 0.5
+    assert progress == ["Read a.py"]
+    argv = json.loads((tmp_path / "bin" / "argv").read_text())
+    assert argv[:2] == ["-p", "look"]
+    assert "Be brief." in argv
+
+
+async def test_a_cli_that_crashes_answers_is_error_with_its_exit_and_last_words(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_claude(tmp_path / "bin", [ASSISTANT_READ], 3)
+    configure(monkeypatch, workspace)
+    answer = await call({"task": "look"})
+    assert answer.is_error
+    assert answer.content[0].text == "crashed: the agent exited with 3 (the fake's last words)"
+
+
+async def test_a_task_past_its_wall_time_is_stopped_and_answers_is_error(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_claude(tmp_path / "bin", [ASSISTANT_READ], HANG)
+    configure(monkeypatch, workspace, timeout=1)
+    answer = await call({"task": "look"})
+    assert answer.is_error
+    assert answer.content[0].text == "timeout: the task ran past its 1 s"
+    assert answer.structured_content["stop_reason"] == "timeout"
+    assert not process_alive(int((bin_dir / "pid").read_text()))
+
+
+async def test_a_task_past_its_turns_is_stopped_and_answers_is_error(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = [{"type": "tool_use", "name": "Read", "input": {"file_path": "a.py"}}]
+    turns = [{"type": "assistant", "message": {"id": n, "content": read}} for n in "abc"]
+    bin_dir = fake_claude(tmp_path / "bin", turns, HANG)
+    configure(monkeypatch, workspace, max_turns=5)
+    answer = await call({"task": "look", "max_turns": 2})
+    assert answer.is_error
+    assert answer.content[0].text == "max_turns: the agent reached its 2 turns"
+    assert not process_alive(int((bin_dir / "pid").read_text()))
+
+
+async def test_a_cancelled_call_stops_the_cli(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_claude(tmp_path / "bin", [ASSISTANT_READ], HANG)
+    configure(monkeypatch, workspace)
+    stepped = trio.Event()
+
+    async def heard(progress: float, total: float | None, message: str | None) -> None:
+        stepped.set()
+
+    async with Client(agent_server.server) as client, trio.open_nursery() as nursery:
+
+        async def calling() -> None:
+            await client.call_tool("run_task", {"task": "look"}, progress_callback=heard)
+
+        nursery.start_soon(calling)
+        await stepped.wait()
+        pid = int((bin_dir / "pid").read_text())
+        assert process_alive(pid)
+        nursery.cancel_scope.cancel()
+    for _ in range(600):  # at most 30 s: the server stops it with SIGTERM, SIGKILL after 2 s
+        if not process_alive(pid):
+            break
+        await trio.sleep(0.05)
+    assert not process_alive(pid)
+
+
+async def test_a_bad_config_answers_is_error_without_running_anything(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_claude(tmp_path / "bin", [RESULT], 0)
+    configure(monkeypatch, workspace, danger_mode="sure")
+    answer = await call({"task": "look"})
+    assert answer.is_error
+    assert answer.content[0].text.startswith("config_invalid: ")
+    assert not (bin_dir / "argv").exists()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, reaped by nobody here, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
