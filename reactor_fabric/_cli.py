@@ -647,7 +647,7 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     """``validate-config``; with ``secrets``, every secret's source is resolved as the
     orchestrator would at its start (this process's environment and user), each problem
     printed by service, secret and source, never a value."""
-    suite = _read_suite(path)
+    suite = _read_suite(path, warnings=True)
     if isinstance(suite, int):
         return suite
     try:
@@ -672,6 +672,8 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     resolved = resolve_suite_secrets(suite)
     failed = 0
     for name, service_secrets in resolved.items():
+        if service_secrets.reason == _reasons.ACCOUNT_UNAVAILABLE:
+            continue  # warned above: valid, refused at run time until the account is defined
         for problem in service_secrets.problems:
             print(f"{path}: service {name}: {problem}", file=sys.stderr)
         failed += len(service_secrets.problems)
@@ -695,8 +697,9 @@ def _optional_suite(path: str) -> Suite | None:
     return check.suite
 
 
-def _read_suite(path: str) -> Suite | int:
-    """The valid suite in ``path``; else the exit code, with every problem printed on stderr."""
+def _read_suite(path: str, *, warnings: bool = False) -> Suite | int:
+    """The valid suite in ``path``; else the exit code, with every problem printed on stderr
+    (``warnings``: what is valid but will not work as written, too)."""
     try:
         text = read_suite_file(path)
     except SuiteUnreadable as exc:
@@ -708,6 +711,9 @@ def _read_suite(path: str) -> Suite | int:
             print(issue, file=sys.stderr)
         print(f"{path}: invalid ({len(check.issues)} problem(s))", file=sys.stderr)
         return EXIT_INVALID
+    if warnings:
+        for warning in check.warnings:
+            print(f"{warning} (warning)", file=sys.stderr)
     return check.suite
 
 
@@ -766,6 +772,17 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
         for issue in check.issues:
             print(f"  {issue}", file=sys.stderr)
         return EXIT_INVALID
+    for warning in check.warnings:
+        log.warning(
+            "suite_warning",
+            extra={
+                "file": warning.file,
+                "line": warning.line,
+                "column": warning.column,
+                "key": warning.path,
+                "detail": warning.message,
+            },
+        )
     return _serve_suite(settings, check.suite, environ, cpu_slice)
 
 

@@ -61,6 +61,9 @@ CREATE_FAILED: Final = "create_failed"
 # unset variable, a missing or too widely readable file), or cannot be delivered: the service
 # is refused, its containers never created; the other services serve.
 SECRET_UNAVAILABLE: Final = "secret_unavailable"  # noqa: S105 - a reason, not a secret
+# An agent service (llm_agent) names a model account (config.account) that
+# orchestrator.accounts does not define: that service alone is refused (validate-config warns).
+ACCOUNT_UNAVAILABLE: Final = "account_unavailable"
 # A service with an egress allowlist (`egress:`) cannot have its proxy here: the engine is not
 # local (socket stdio off: the container reaches the proxy through a socket of the orchestrator's
 # stdio area), or the fabric-stdio helper is missing. Refused rather than started with a network.

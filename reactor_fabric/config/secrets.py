@@ -20,7 +20,8 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .structs import SecretDelivery, SecretSource, Service, Suite
+from .._reasons import ACCOUNT_UNAVAILABLE, SECRET_UNAVAILABLE
+from .structs import Account, SecretDelivery, SecretSource, Service, Suite
 
 # Where the server finds a secret delivered as a file (Docker's and Kubernetes' convention).
 SECRETS_DIR = "/run/secrets"
@@ -51,10 +52,12 @@ class Secret:
 
 @dataclass(frozen=True)
 class ServiceSecrets:
-    """A service's secrets: all of them, or the problems that refuse the service."""
+    """A service's secrets: all of them, or the problems that refuse the service (and the
+    reason its start is refused with)."""
 
     secrets: tuple[Secret, ...] = ()
     problems: tuple[str, ...] = ()
+    reason: str = SECRET_UNAVAILABLE
 
     @property
     def available(self) -> bool:
@@ -117,15 +120,30 @@ def resolve_service_secrets(
     *,
     environ: Mapping[str, str],
     read_file: Callable[[str], str] = read_secret_file,
+    accounts: Mapping[str, Account] | None = None,
 ) -> ServiceSecrets:
-    """Resolve every secret of ``service``; a problem per secret that cannot be had."""
+    """Resolve every secret of ``service``; a problem per secret that cannot be had. An agent
+    naming a model account (``config.account``) gets that account's secrets before its own;
+    one naming an account ``accounts`` lacks is refused (``account_unavailable``)."""
+    sources: list[tuple[str, SecretSource]] = []
+    account_name = service.account
+    if account_name is not None:
+        account = (accounts or {}).get(account_name)
+        if account is None:
+            return ServiceSecrets(
+                problems=(f"account {account_name!r} is not defined under orchestrator.accounts",),
+                reason=ACCOUNT_UNAVAILABLE,
+            )
+        sources += [(name, source) for name, source in account.secrets.items()]
+    sources += list(service.secrets.items())
     resolved: list[Secret] = []
     problems: list[str] = []
-    for name, source in service.secrets.items():
+    for name, source in sources:
         try:
             value = _value_of(source, environ, read_file)
         except SecretUnreadable as exc:
-            problems.append(f"secret {name}: {exc}")
+            where = f"account {account_name}'s " if name not in service.secrets else ""
+            problems.append(f"{where}secret {name}: {exc}")
             continue
         resolved.append(Secret(name, source.as_, value))
     if problems:
@@ -159,11 +177,15 @@ def resolve_suite_secrets(
     read_file: Callable[[str], str] = read_secret_file,
     services: Iterable[str] | None = None,
 ) -> dict[str, ServiceSecrets]:
-    """Every service's secrets that has any (``services``: only these). Blocking (files)."""
+    """Every service's secrets that has any, its account's included (``services``: only
+    these). Blocking (files)."""
     env = os.environ if environ is None else environ
     names = suite.mcp_services if services is None else services
+    accounts = suite.orchestrator.accounts
     return {
-        name: resolve_service_secrets(suite.mcp_services[name], environ=env, read_file=read_file)
+        name: resolve_service_secrets(
+            suite.mcp_services[name], environ=env, read_file=read_file, accounts=accounts
+        )
         for name in names
-        if suite.mcp_services[name].secrets
+        if suite.mcp_services[name].secrets or suite.mcp_services[name].account is not None
     }

@@ -58,6 +58,19 @@ class SecretSource(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     as_: SecretDelivery = msgspec.field(default="both", name="as")
 
 
+# Where an agent reaches its model when the suite says nothing (no egress, no network): the
+# Messages API, and nothing else.
+DEFAULT_AGENT_EGRESS = ("api.anthropic.com:443",)
+
+
+class Account(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A model account (``orchestrator.accounts.NAME``): the credentials of the agents that
+    name it in ``config.account``, as secrets (see :mod:`reactor_fabric.config.secrets`)."""
+
+    secrets: dict[str, SecretSource]
+    description: str = ""
+
+
 class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     image: str
     description: str = ""
@@ -79,6 +92,8 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     keywords: list[str] = msgspec.field(default_factory=list)
     example_tasks: list[str] = msgspec.field(default_factory=list)
     requires: list[str] = msgspec.field(default_factory=list)
+    # An agent's: the services its child session may use (see docs/USAGE.md).
+    uses: list[str] = msgspec.field(default_factory=list)
     service_type: ServiceType = "tool_service"
     # None: the service type's default (see :attr:`strategy`).
     container_strategy: ContainerStrategy | None = None
@@ -98,6 +113,26 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
         if self.container_strategy is not None:
             return self.container_strategy
         return "fresh_per_call" if self.service_type == "llm_agent" else "reuse_per_session"
+
+    @property
+    def account(self) -> str | None:
+        """The model account an agent names (``config.account``); None for a tool server,
+        whose ``config`` is its own, passed through untouched."""
+        if self.service_type != "llm_agent":
+            return None
+        name = self.config.get("account")
+        return name if isinstance(name, str) else None
+
+    @property
+    def egress_in_force(self) -> list[str] | None:
+        """The egress allowlist in force: the one given; for an agent with neither an
+        allowlist nor a network, the model API's (:data:`DEFAULT_AGENT_EGRESS`); else None
+        (the network decides)."""
+        if self.egress is not None:
+            return self.egress
+        if self.service_type == "llm_agent" and self.network is None:
+            return list(DEFAULT_AGENT_EGRESS)
+        return None
 
     @property
     def max_container_age_seconds(self) -> float | None:
@@ -226,6 +261,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     audit: Audit = msgspec.field(default_factory=Audit)
     warm_pool: WarmPool = msgspec.field(default_factory=WarmPool)
     kubernetes: Kubernetes = msgspec.field(default_factory=Kubernetes)
+    accounts: dict[str, Account] = msgspec.field(default_factory=dict)
 
     @property
     def max_message_bytes(self) -> int:

@@ -14,7 +14,7 @@ import functools
 import json
 import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -57,6 +57,9 @@ class SuiteIssue:
 class SuiteCheck:
     suite: Suite | None
     issues: list[SuiteIssue]
+    # What is valid but will not work as written (an agent's account the suite does not
+    # define): validate-config prints them and exits 0; the service is refused at run time.
+    warnings: list[SuiteIssue] = field(default_factory=list)
 
 
 class SuiteUnreadable(OSError):
@@ -152,6 +155,7 @@ class _Collector:
         self.source = source
         self.loaded = loaded
         self.issues: list[SuiteIssue] = []
+        self.warnings: list[SuiteIssue] = []
         # Paths the schema already complained about; logical checks skip them so that one
         # mistake yields one message.
         self.flagged: set[KeyPath] = set()
@@ -163,6 +167,11 @@ class _Collector:
     def add(self, path: KeyPath, message: str, *, at_key: bool = False) -> None:
         position = self.loaded.position_of(path, key=at_key)
         self.add_at(path, position.line, position.column, message)
+
+    def warn(self, path: KeyPath, message: str) -> None:
+        position = self.loaded.position_of(path)
+        issue = SuiteIssue(self.source, position.line, position.column, format_path(path), message)
+        self.warnings.append(issue)
 
     def add_schema_error(self, error: jsonschema.ValidationError) -> None:
         path: KeyPath = tuple(error.absolute_path)
@@ -192,8 +201,10 @@ class _Collector:
         self.add(path, _schema_message(error, path))
 
     def result(self, suite: Suite | None) -> SuiteCheck:
-        ordered = sorted(self.issues, key=lambda issue: (issue.line, issue.column, issue.path))
-        return SuiteCheck(suite, ordered)
+        def order(issue: SuiteIssue) -> tuple[int, int, str]:
+            return (issue.line, issue.column, issue.path)
+
+        return SuiteCheck(suite, sorted(self.issues, key=order), sorted(self.warnings, key=order))
 
 
 def _name_message(path: KeyPath, name: str) -> str:
@@ -336,6 +347,88 @@ def _check_logic(data: object, collector: _Collector) -> None:
                 _check_service(str(name), service, collector)
         _check_profiles(data.get("profiles"), set(services), collector)
         _check_requires(services, collector)
+        _check_uses(services, collector)
+        accounts = orchestrator.get("accounts") if isinstance(orchestrator, dict) else None
+        _check_accounts(services, accounts if isinstance(accounts, dict) else {}, collector)
+
+
+def _check_uses(services: dict[str, Any], collector: _Collector) -> None:
+    """``uses`` is an agent's, and names other services of the suite."""
+    for name, service in services.items():
+        used = service.get("uses") if isinstance(service, dict) else None
+        if not isinstance(used, list) or not used:
+            continue
+        if service.get("service_type", "tool_service") != "llm_agent":
+            collector.add(
+                ("mcp_services", name, "uses"),
+                "only an agent (service_type: llm_agent) uses other services",
+                at_key=True,
+            )
+            continue
+        for index, member in enumerate(used):
+            path: KeyPath = ("mcp_services", name, "uses", index)
+            if not isinstance(member, str) or path in collector.flagged:
+                continue
+            if member == name:
+                collector.add(path, f"{name!r} cannot use itself")
+            elif member not in services:
+                known = ", ".join(sorted(services))
+                collector.add(path, f"no service named {member!r} in mcp_services ({known})")
+
+
+def _check_accounts(
+    services: dict[str, Any], accounts: dict[str, Any], collector: _Collector
+) -> None:
+    """An agent's ``config.account`` is a name; one the suite does not define is a warning
+    (suites written for the reference design name accounts set up elsewhere): that agent is
+    refused at run time, the rest serve. Its account's secrets and its own must not share a
+    name, nor take one of its ``env`` (which value would the agent get?)."""
+    for name, service in services.items():
+        if not isinstance(service, dict) or service.get("service_type") != "llm_agent":
+            continue
+        config = service.get("config")
+        account = config.get("account") if isinstance(config, dict) else None
+        path: KeyPath = ("mcp_services", name, "config", "account")
+        if account is None:
+            continue
+        if not isinstance(account, str):
+            collector.add(path, "an agent's account is the name of one of orchestrator.accounts")
+            continue
+        defined = accounts.get(account)
+        if not isinstance(defined, dict):
+            known = ", ".join(sorted(accounts)) or "none defined"
+            collector.warn(
+                path,
+                f"account {account!r} is not defined under orchestrator.accounts ({known}): "
+                f"{name} will be unavailable (account_unavailable) until it is",
+            )
+            continue
+        account_secrets = defined.get("secrets")
+        if not isinstance(account_secrets, dict):
+            continue
+        own = service.get("secrets")
+        env = service.get("env")
+        for secret in account_secrets:
+            if isinstance(own, dict) and secret in own:
+                collector.add(
+                    ("mcp_services", name, "secrets", secret),
+                    f"{secret!r} is also a secret of account {account!r}: the agent would get "
+                    "one of two values; remove one",
+                    at_key=True,
+                )
+            elif isinstance(env, dict) and secret in env:
+                collector.add(
+                    ("mcp_services", name, "env", secret),
+                    f"{secret!r} is a secret of account {account!r}: the agent would get one "
+                    f"of two values; remove env.{secret}",
+                    at_key=True,
+                )
+            elif secret == SERVICE_CONFIG_ENV:
+                collector.add(
+                    ("orchestrator", "accounts", account, "secrets", secret),
+                    f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
+                    at_key=True,
+                )
 
 
 def _check_requires(services: dict[str, Any], collector: _Collector) -> None:

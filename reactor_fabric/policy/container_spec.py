@@ -98,6 +98,9 @@ class ContainerSpec:
     # Why the service's secrets are unavailable: the runtime refuses to create the container
     # (-32002 secret_unavailable) rather than start a server without its credentials.
     secret_problem: str | None = None
+    # The reason the start is refused with then: secret_unavailable, or account_unavailable
+    # (an agent naming an account the suite does not define).
+    secret_reason: str = SECRET_UNAVAILABLE
     # The service's egress allowlist (``host:port`` entries; None: no proxy, `network` as
     # given). With one, `network` is "none" and the runtime serves the container a forward
     # proxy at EGRESS_PROXY_URL inside it (see reactor_fabric.trio.egress), or refuses it
@@ -114,7 +117,7 @@ def refuse_unavailable_secrets(spec: ContainerSpec) -> None:
     """Raise ContainerStartFailure (``secret_unavailable``) for a spec whose service's
     secrets could not be resolved; every runtime calls it before creating anything."""
     if spec.secret_problem is not None:
-        _refuse(spec, f"is refused: {spec.secret_problem}", SECRET_UNAVAILABLE)
+        _refuse(spec, f"is refused: {spec.secret_problem}", spec.secret_reason)
 
 
 def refuse_egress(spec: ContainerSpec, why: str) -> None:
@@ -163,7 +166,8 @@ def container_spec_for(
         environment |= {"HOME": SERVER_HOME, "USER": account.name, "LOGNAME": account.name}
     environment |= service.env
     environment[SERVICE_CONFIG_ENV] = json.dumps(service.config, separators=(",", ":"))
-    if service.egress:
+    egress = service.egress_in_force
+    if egress:
         environment |= proxy_environment()
     environment |= {secret.name: secret.value for secret in secrets.secrets if secret.as_env}
     labels = identity.labels()
@@ -176,9 +180,7 @@ def container_spec_for(
         environment=environment,
         labels=labels,
         mounts=mounts,
-        network="none"
-        if service.egress is not None
-        else service.network or identity.default_network,
+        network="none" if egress is not None else service.network or identity.default_network,
         memory_bytes=service.resources.memory_bytes,
         nano_cpus=round(service.resources.cpus * 1_000_000_000),
         pids_limit=service.resources.pids,
@@ -191,7 +193,8 @@ def container_spec_for(
         tmpfs=READ_ONLY_ROOT_TMPFS if service.security.read_only_rootfs else {},
         secrets=secrets.secrets,
         secret_problem="; ".join(secrets.problems) or None,
-        egress=tuple(service.egress) if service.egress else None,
+        secret_reason=secrets.reason,
+        egress=tuple(egress) if egress else None,
     )
 
 

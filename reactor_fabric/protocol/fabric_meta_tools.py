@@ -257,6 +257,9 @@ def _status(
         # Which container served which call: live ones and the last ended ones (bounded).
         "recent_containers": host.served.records(host.started_at),
         "catalog_errors": host.catalog.errors(),
+        # The services that cannot run now, each with its error and reason (a secret or an
+        # account missing, an image refused, a probe failed).
+        "unavailable": host.catalog.unavailable(),
         "uptime": round(host.now - host.started_at, 3),
         "tool_tokens": tool_tokens(
             host.index,

@@ -123,7 +123,8 @@ async def learn_catalog(
     """Every service's offer: from the cache, else learned by a probe (one at a time, so that
     a start-up does not compete with the first sessions for the engine). Without a ``store``
     nothing is cached. ``on_learned`` hears of each service as soon as it is known;
-    ``image_refused`` may refuse a service's image by its id (the suite lock's enforce): then
+    ``image_refused`` may refuse a service, by its image's id (the suite lock's enforce) or
+    for what it lacks (its secrets): then
     nothing of it is started, nor read from the cache, and the service is unavailable."""
     learned: dict[str, Learned] = {}
     for name, service in services.items():

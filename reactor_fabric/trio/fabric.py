@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import trio
 
-from .._errors import FabricError, SecurityViolation, SessionRefused
+from .._errors import ContainerStartFailure, FabricError, SecurityViolation, SessionRefused
 from .._reasons import IMAGE_CHANGED, SECRET_UNAVAILABLE
 from ..config.secrets import ServiceSecrets, resolve_suite_secrets
 from ..config.structs import Limits, Service, Suite
@@ -331,7 +331,7 @@ class Fabric:
                 self.catalog_store,
                 max_line=self.max_message_bytes,
                 on_learned=publish,
-                image_refused=self._image_refused,
+                image_refused=self._refused_before_probe,
             )
         except* Exception as failure:
             # A bug here must not end the orchestrator (this runs in its root nursery): the
@@ -379,6 +379,21 @@ class Fabric:
     def drift_records(self) -> list[dict[str, Any]]:
         """Every drift found and still current (get_status, the status page)."""
         return [drift.record() for found in self.drift.values() for drift in found]
+
+    def _refused_before_probe(
+        self, name: str, service: Service, image_id: str | None
+    ) -> FabricError | None:
+        """Why a service cannot start whatever a probe or the cache would say, so that it is
+        shown unavailable rather than by an offer cached earlier: its secrets or its account
+        are unavailable, or its image is refused (:meth:`_image_refused`). Else None."""
+        service_secrets = (self.secrets or {}).get(name)
+        if service_secrets is not None and not service_secrets.available:
+            return ContainerStartFailure(
+                f"service {name!r} is refused: {'; '.join(service_secrets.problems)}",
+                reason=service_secrets.reason,
+                service=name,
+            )
+        return self._image_refused(name, service, image_id)
 
     def _image_refused(
         self, name: str, service: Service, image_id: str | None
