@@ -42,6 +42,7 @@ class UnreachableRuntime:
     mounts_on_host_reach_containers = False
     stdio = ""  # it never started a container
     egress = None
+    children = None
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")

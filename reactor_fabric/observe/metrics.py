@@ -128,6 +128,13 @@ class Metrics:
             ["service", "direction"],
             registry=registry,
         )
+        self.agent_calls = Counter(
+            "reactor_fabric_agent_child_calls",
+            "Tool calls specialist agents made through their child sessions, by agent, the "
+            "service called and outcome (the calls are counted in tool_calls too).",
+            ["agent", "service", "outcome"],
+            registry=registry,
+        )
         self.orphans_removed = Counter(
             "reactor_fabric_orphans_removed",
             "Containers of dead orchestrators removed by the sweeper.",
@@ -143,6 +150,12 @@ class Metrics:
             self.egress_bytes.labels(label, "sent").inc(sent)
         if received:
             self.egress_bytes.labels(label, "received").inc(received)
+
+    def agent_call(self, agent: str, service: str, outcome: str) -> None:
+        """One tool call an agent made through its child session (see Observer.tool_call)."""
+        self.agent_calls.labels(
+            self.service_label(agent), self.service_label(service), outcome
+        ).inc()
 
     def know_tools(self, tools: Mapping[str, Iterable[str]]) -> None:
         """The tool names each service has (from the catalog, or the fabric endpoint's own

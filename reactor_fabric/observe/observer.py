@@ -96,6 +96,8 @@ class _HeldCall:
     client: Client | None
     trace_id: str
     ended: float  # wall clock, when the call ended (it may be recorded a little later)
+    # An agent's child session's call: the parent session and call (ChildGrant.record()).
+    parent: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,21 +197,23 @@ class Observer:
         mounts: list[dict[str, Any]],
         trace_id: str,
         traceparent: str | None = None,
+        parent: dict[str, Any] | None = None,
     ) -> None:
         """A session admitted (``traceparent``: the valid one of the request that opened it,
-        whose trace ``trace_id`` then is)."""
-        self._write(
-            {
-                "ts": now_iso(),
-                "event": "session_start",
-                "session": session,
-                "endpoint": endpoint,
-                "service": service,
-                "client": client.record(),
-                "mounts": mounts,
-                "trace_id": trace_id,
-            }
-        )
+        whose trace ``trace_id`` then is; ``parent``: an agent's child session's parent)."""
+        record: dict[str, Any] = {
+            "ts": now_iso(),
+            "event": "session_start",
+            "session": session,
+            "endpoint": endpoint,
+            "service": service,
+            "client": client.record(),
+            "mounts": mounts,
+            "trace_id": trace_id,
+        }
+        if parent is not None:
+            record["parent"] = parent
+        self._write(record)
         if self.tracing is not None:
             self.tracing.session_started(
                 session,
@@ -385,9 +389,11 @@ class Observer:
         container: str | None,
         client: Client | None,
         trace_id: str,
+        parent: dict[str, Any] | None = None,
     ) -> None:
         """One finished tools/call: its audit record, its metrics, the status page's view
-        (held back with the audit records while they are, see :meth:`defer_audit`)."""
+        (held back with the audit records while they are, see :meth:`defer_audit`).
+        ``parent``: the call was an agent's, through its child session of that parent."""
         held = _HeldCall(
             call if isinstance(call, ToolCallDone) else ToolCallDone(call),
             session,
@@ -397,6 +403,7 @@ class Observer:
             client,
             trace_id,
             time.time(),
+            parent,
         )
         if self._wake is not None:
             self._hold(held)
@@ -437,6 +444,9 @@ class Observer:
             "bytes_out": call.bytes_out,
             "trace_id": trace_of(call.traceparent) or held.trace_id,
         }
+        if held.parent is not None:
+            record["parent"] = held.parent
+            self.metrics.agent_call(str(held.parent.get("agent", "")), service, call.outcome)
         self.metrics.tool_call(service, call.tool, call.outcome, call.duration)
         self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
         if self.tracing is not None:

@@ -37,10 +37,12 @@ class SessionView:
     # The session's containers, live and recently ended, with the calls each served (see
     # reactor_fabric.protocol.served).
     recent_containers: list[dict[str, Any]] = field(default_factory=list)
+    # An agent's child session: its parent session and call, the agent, the depth.
+    parent: dict[str, Any] | None = None
 
 
 def session_json(view: SessionView) -> dict[str, Any]:
-    return {
+    shown = {
         "id": view.id,
         "endpoint": view.endpoint,
         "service": view.service,
@@ -52,6 +54,9 @@ def session_json(view: SessionView) -> dict[str, Any]:
         "containers": view.containers,
         "recent_containers": view.recent_containers,
     }
+    if view.parent is not None:
+        shown["parent"] = view.parent
+    return shown
 
 
 def recent_calls(

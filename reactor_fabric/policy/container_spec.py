@@ -106,6 +106,10 @@ class ContainerSpec:
     # proxy at EGRESS_PROXY_URL inside it (see reactor_fabric.trio.egress), or refuses it
     # (egress_unavailable) where it cannot.
     egress: tuple[str, ...] | None = None
+    # An agent's container with a child session: the runtime binds a socket of its own at
+    # CHILD_SOCKET_TARGET (see reactor_fabric.runtime.child_sockets), or starts it without
+    # (the agent then has no suite to use) where it cannot.
+    child_fabric: bool = False
 
     @property
     def secret_files(self) -> tuple[Secret, ...]:
@@ -142,8 +146,13 @@ def container_spec_for(
     mounts: tuple[MountSpec, ...] = (),
     account: Account = UNPRIVILEGED,
     sequence: int = 0,
+    child_token: str | None = None,
 ) -> ContainerSpec:
     """The container for ``service_name`` in session ``session_id``.
+
+    ``child_token``: an agent's container that reaches a child session of the session (see
+    :mod:`reactor_fabric.trio.child_sessions`): its relay finds the socket and the token in
+    its environment.
 
     ``account`` is who the server runs as unless the suite names a ``user`` (see
     :mod:`.accounts`). ``sequence`` counts the containers a session has had (after idle
@@ -170,6 +179,8 @@ def container_spec_for(
     if egress:
         environment |= proxy_environment()
     environment |= {secret.name: secret.value for secret in secrets.secrets if secret.as_env}
+    if child_token is not None:
+        environment |= {CHILD_SOCKET_ENV: CHILD_SOCKET_TARGET, CHILD_TOKEN_ENV: child_token}
     labels = identity.labels()
     labels[LABEL_SESSION] = session_id
     labels[LABEL_SERVICE] = service_name
@@ -195,8 +206,15 @@ def container_spec_for(
         secret_problem="; ".join(secrets.problems) or None,
         secret_reason=secrets.reason,
         egress=tuple(egress) if egress else None,
+        child_fabric=child_token is not None,
     )
 
+
+# Where an agent's relay finds its child session's socket, and the token it opens it with
+# (images/README.md, "Agent images"). The socket's place in the container is the runtime's.
+CHILD_SOCKET_ENV = "REACTOR_FABRIC_FABRIC_SOCKET"
+CHILD_TOKEN_ENV = "REACTOR_FABRIC_FABRIC_TOKEN"  # noqa: S105 - the variable's name
+CHILD_SOCKET_TARGET = "/.reactor-fabric/fabric.sock"
 
 # Where a container with an egress allowlist finds its proxy: a port on its own loopback, where
 # fabric-stdio forwards each connection to the orchestrator (reactor_fabric.trio.egress).

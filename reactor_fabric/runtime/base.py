@@ -32,6 +32,7 @@ import trio
 
 from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
+from .child_sockets import ChildSockets
 from .egress_proxy import EgressProxy
 
 
@@ -91,6 +92,12 @@ class Runtime(Protocol):
     def egress(self) -> EgressProxy | None:
         """The proxy of containers with an egress allowlist, which whoever runs the
         orchestrator runs (EgressProxy.run); None where the runtime refuses such containers."""
+
+    @property
+    def children(self) -> ChildSockets | None:
+        """Agent containers' fabric sockets (their child sessions), which whoever runs the
+        orchestrator serves (ChildSockets.run); None where the runtime cannot give a container
+        one: agents there run without the suite's services."""
 
     # Whether a mount made on this host below a bind source with slave propagation appears in
     # the runtime's containers (the warm pool's staging area needs it).

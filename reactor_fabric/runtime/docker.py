@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import docker
@@ -69,6 +70,7 @@ from ..policy.owner import hostname
 from ..policy.pinning import Pin, PinSet
 from ..protocol.egress import Allowlist
 from .base import ContainerExit, ManagedContainer
+from .child_sockets import CHILD_BACKLOG, CHILD_SOCKET_TARGET, ChildSockets
 from .demux import Demultiplexer
 from .docker_framing import DockerFrameDecoder
 from .egress_proxy import EgressProxy
@@ -130,6 +132,21 @@ class _Operation:
             return self.abandoned
 
 
+@dataclass
+class _ExtraSockets:
+    """A container's sockets besides its stdio's, until their servers own them: its egress
+    proxy's, its fabric socket (an agent's child sessions)."""
+
+    egress: PendingStdio | None = None
+    child: PendingStdio | None = None
+
+    def close(self) -> None:
+        for pending in (self.egress, self.child):
+            if pending is not None:
+                pending.close()
+        self.egress = self.child = None
+
+
 class DockerRuntime:
     """A Docker engine reached through docker-py in worker threads.
 
@@ -185,6 +202,9 @@ class DockerRuntime:
         # Containers with an egress allowlist: served while whoever runs the orchestrator runs
         # it (EgressProxy.run); without it, such a service is refused (egress_unavailable).
         self.egress = EgressProxy()
+        # Agent containers' fabric sockets (their child sessions), served while whoever runs
+        # the orchestrator runs them (ChildSockets.run).
+        self.children = ChildSockets()
 
     @property
     def stdio(self) -> str:
@@ -400,21 +420,22 @@ class DockerRuntime:
         refuse_unavailable_secrets(spec)
         handed_to_start = False
         pending: PendingStdio | None = None
-        egress: PendingStdio | None = None
+        extra = _ExtraSockets()
         try:
             if spec.pull == "always":
                 await self._pull(spec.image)
             pending = await self._listen_for_stdio(spec)
-            egress = await self._listen_for_egress(spec, pending)
+            extra.egress = await self._listen_for_egress(spec, pending)
+            extra.child = await self._listen_for_child(spec, pending)
             try:
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pins, pending, egress)
+                container_id = await self._create(spec, pins, pending, extra)
             except ContainerStartFailure as exc:
                 if exc.reason != IMAGE_NOT_FOUND or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pins, pending, egress)
+                container_id = await self._create(spec, pins, pending, extra)
             container: DockerContainer | None = None
             try:
                 stream = await self._attach(container_id, stderr_only=pending is not None)
@@ -427,17 +448,7 @@ class DockerRuntime:
                     socket_stdio=pending is not None,
                 )
                 handed_to_start = True
-                if egress is not None and spec.egress is not None:
-                    # Served from now on (connections wait in the backlog until the start);
-                    # the proxy owns the socket, and stops at the container's removal.
-                    self.egress.serve(
-                        container_id,
-                        spec.labels.get(LABEL_SERVICE, ""),
-                        Allowlist.of(spec.egress),
-                        egress.listener,
-                        egress.path,
-                    )
-                    egress = None
+                self._serve_extra(extra, container_id, spec)
                 await self._call(
                     "start",
                     lambda c: c.start(container_id),
@@ -457,8 +468,7 @@ class DockerRuntime:
         finally:
             if pending is not None:
                 pending.close()  # connected or not, nothing may connect any more
-            if egress is not None:
-                egress.close()  # never handed to the proxy
+            extra.close()  # those never served
             if pins is not None and not handed_to_start:
                 pins.close()
 
@@ -509,6 +519,47 @@ class DockerRuntime:
         assert area is not None  # refused above otherwise
         return await trio.to_thread.run_sync(
             functools.partial(area.listen, backlog=EGRESS_BACKLOG, suffix=".egress.sock")
+        )
+
+    def _serve_extra(self, extra: _ExtraSockets, container_id: str, spec: ContainerSpec) -> None:
+        """Serve the container's egress proxy and fabric socket from now on (connections wait
+        in their backlogs until it starts); each server owns its socket from here, and stops
+        at the container's removal."""
+        if extra.egress is not None and spec.egress is not None:
+            self.egress.serve(
+                container_id,
+                spec.labels.get(LABEL_SERVICE, ""),
+                Allowlist.of(spec.egress),
+                extra.egress.listener,
+                extra.egress.path,
+            )
+            extra.egress = None
+        if extra.child is not None:
+            self.children.serve(container_id, spec.name, extra.child.listener, extra.child.path)
+            extra.child = None
+
+    async def _listen_for_child(
+        self, spec: ContainerSpec, stdio: PendingStdio | None
+    ) -> PendingStdio | None:
+        """The socket of an agent container's child session, when its spec asks for one and
+        the stdio area and the fabric sockets are there; None otherwise: the agent then runs
+        without the suite's services (its relay finds no socket), which the log says."""
+        if not spec.child_fabric:
+            return None
+        area = self._stdio_area
+        if stdio is None or area is None or not self.children.running:
+            log.warning(
+                "child_fabric_unavailable",
+                extra={
+                    "service": spec.labels.get(LABEL_SERVICE, ""),
+                    "detail": "no socket stdio here"
+                    if stdio is None or area is None
+                    else "the fabric sockets are not served in this process",
+                },
+            )
+            return None
+        return await trio.to_thread.run_sync(
+            functools.partial(area.listen, backlog=CHILD_BACKLOG, suffix=".fabric.sock")
         )
 
     def _open_stdio_area(self, labels: dict[str, str]) -> StdioArea | None:
@@ -632,9 +683,11 @@ class DockerRuntime:
         spec: ContainerSpec,
         pins: PinSet | None = None,
         stdio: PendingStdio | None = None,
-        egress: PendingStdio | None = None,
+        extra: _ExtraSockets | None = None,
     ) -> str:
         area = self._stdio_area
+        egress = extra.egress if extra is not None else None
+        child = extra.child if extra is not None else None
 
         def create(client: docker.APIClient) -> str:
             # Podman ignores a volume's driver options in a container's create: its pinned
@@ -663,6 +716,15 @@ class DockerRuntime:
                             docker.types.Mount(
                                 target=EGRESS_SOCKET_TARGET,
                                 source=egress.path,
+                                type="bind",
+                                read_only=True,
+                            )
+                        )
+                    if child is not None:
+                        kwargs["mounts"].append(
+                            docker.types.Mount(
+                                target=CHILD_SOCKET_TARGET,
+                                source=child.path,
                                 type="bind",
                                 read_only=True,
                             )
@@ -795,6 +857,7 @@ class DockerRuntime:
             _remove_quietly(client, container, named_volumes=self.on_podman)
 
         self.egress.stop(container)
+        self.children.stop(container)
         try:
             await self._call("remove", stop_and_remove)
         except FabricError as exc:

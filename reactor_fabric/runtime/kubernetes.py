@@ -93,6 +93,7 @@ from ..protocol.k8s_pod_state import (
     pod_progress,
 )
 from .base import ContainerExit, ManagedContainer
+from .child_sockets import ChildSockets
 from .demux import Demultiplexer
 from .egress_proxy import EgressProxy
 from .kubernetes_attach import AttachRefused, AttachSocket, open_attach
@@ -149,6 +150,8 @@ class KubernetesRuntime:
     # The proxy of pods with an egress allowlist (reached over TCP, see egress_proxy), when
     # the settings say where; None: such services are refused (egress_unavailable).
     egress: EgressProxy | None = None
+    # A pod has no socket of ours to bind: agents there run without the suite's services.
+    children: ChildSockets | None = None
 
     def __init__(
         self,

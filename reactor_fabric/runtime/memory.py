@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
+import trio.testing
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
 from .._reasons import CREATE_FAILED, INSPECT_FAILED, MOUNT_TARGET_IN_IMAGE
@@ -31,6 +32,7 @@ from ..policy.container_spec import LABEL_MANAGED, ContainerSpec, refuse_unavail
 from ..policy.pinning import PinSet
 from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
+from .child_sockets import ChildSockets
 
 # "verify" is the check, after start, that the container got the pinned mounts (only when pinned).
 STEPS = (
@@ -160,6 +162,7 @@ class MemoryServer:
     removed: bool = False
     started: bool = False
     stdin_lines: list[bytes] = field(default_factory=list)
+    children: ChildSockets | None = None
     _splitter: LineSplitter = field(default_factory=lambda: LineSplitter(max_line=1 << 26))
     _backlog: list[bytes] = field(default_factory=list)
     _scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -181,6 +184,16 @@ class MemoryServer:
         line = self._backlog.pop(0)
         self.stdin_lines.append(line)
         return line
+
+    async def connect_fabric(self) -> trio.abc.Stream:
+        """Connect to this container's fabric socket (an agent's child session), as the agent
+        image's relay does; the stream is the caller's to close. OSError when the container has
+        none (its spec has no child_fabric, or the runtime serves no children)."""
+        if self.children is None:
+            raise OSError("this container has no fabric socket")
+        ours, theirs = trio.testing.memory_stream_pair()
+        await self.children.connect(self.id, theirs)
+        return ours
 
     async def write_stdout(self, data: bytes) -> None:
         await self.stdout.sender.send_all(data)
@@ -266,6 +279,9 @@ class MemoryRuntime:
     mounts_on_host_reach_containers = False  # its containers are coroutines: no mounts at all
     stdio = "memory"
     egress = None  # coroutines have no network to limit
+    # Agents' fabric sockets: None unless a test gives it ChildSockets (and runs them); then a
+    # server reaches its child session by MemoryServer.connect_fabric.
+    children: ChildSockets | None = None
 
     def __init__(
         self,
@@ -391,6 +407,9 @@ class MemoryRuntime:
                 await self.remove(server.id)
             raise
         server.started = True
+        if spec.child_fabric and self.children is not None:
+            self.children.watch(server.id, spec.name)
+            server.children = self.children
         self._nursery.start_soon(self._run, server)
         return MemoryContainer(server)
 
@@ -471,6 +490,8 @@ class MemoryRuntime:
         if server is None or server.removed:
             return
         server.removed = True
+        if self.children is not None:
+            self.children.stop(server.id)
         server._scope.cancel()
         if server.exit_code is None:
             server.exit_code = 137  # killed

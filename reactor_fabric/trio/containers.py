@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -20,6 +22,7 @@ import trio
 from .._errors import FabricError
 from ..config.structs import Service
 from ..observe.observer import Observer
+from ..policy.child_grant import ChildGrant
 from ..policy.mount_spec import MountSpec
 from ..protocol.events import BackendKey, CallRef
 from ..protocol.framing import FramingError
@@ -51,6 +54,7 @@ async def start_container(
     respawn: bool,
     greeted: bool = False,
     call: CallRef | None = None,
+    session: SessionRecord | None = None,
 ) -> Container:
     """Start a container of ``service`` for a session, registered, logged and audited
     (``respawn``: the session had one of this service before); FabricError if it cannot start.
@@ -61,13 +65,20 @@ async def start_container(
     :mod:`.warm_pool`); otherwise a fresh one is started. ``greeted``: the caller skips the
     handshake with a container the pool greeted (see :meth:`.WarmPool.take`); ``call``: the
     one call the container is started for (fresh_per_call), named in its audit record.
+
+    An agent that ``uses`` services gets a child session of ``session`` (the starting
+    session's record): a grant made here, before the container exists (its token is in the
+    container's environment), and revoked if the start fails, else at its removal
+    (:func:`remove_container`). Such a container is never a pooled one: a pooled container was
+    made before anyone could grant it anything.
     """
     began = trio.current_time()
     # The suite lock: no container from an image whose digest changed (enforce).
     await fabric.check_image(service_name, service)
     pins, account = await fabric.prepare_start(mounts)
+    child = _child_grant(fabric, service_name, service, session, call)
     container: Container | None = None
-    if fabric.pool is not None:
+    if fabric.pool is not None and child is None:
         # A started one from the warm pool, the session's mounts attached (owns the pins
         # unless it has none that fits).
         container = await fabric.pool.take(
@@ -88,8 +99,17 @@ async def start_container(
             mounts=mounts,
             sequence=sequence,
             account=account,
+            child_token=child.token if child is not None else None,
         )
-        container = await fabric.runtime.spawn(spec, pins)  # owns the pins from here
+        if child is not None:
+            child = replace(child, container_name=spec.name)
+            fabric.grant_child(child)
+        try:
+            container = await fabric.runtime.spawn(spec, pins)  # owns the pins from here
+        except BaseException:
+            if child is not None:
+                fabric.revoke_child(child.container_name)
+            raise
     seconds = trio.current_time() - began
     fabric.container_started(
         container.id,
@@ -120,6 +140,35 @@ async def start_container(
     return container
 
 
+def _child_grant(
+    fabric: Fabric,
+    service_name: str,
+    service: Service,
+    session: SessionRecord | None,
+    call: CallRef | None,
+) -> ChildGrant | None:
+    """The grant of an agent's child session, if it gets one (it uses services, the runtime
+    can give its container the socket, and the depth limit leaves it some); its container's
+    name is set once the spec names it."""
+    if session is None or not service.uses or fabric.runtime.children is None:
+        return None
+    depth = session.depth + 1
+    services = fabric.child_services(service, depth)
+    if not services:
+        return None
+    return ChildGrant(
+        token=secrets.token_urlsafe(32),
+        container_name="",
+        agent=service_name,
+        parent_session=session.id,
+        parent_call=call,
+        trace_id=session.trace_id,
+        mounts=session.mounts,
+        services=services,
+        depth=depth,
+    )
+
+
 def audit_call(
     fabric: Fabric,
     record: SessionRecord,
@@ -139,6 +188,7 @@ def audit_call(
         container=live.container.id[:12] if live is not None else None,
         client=record.client,
         trace_id=record.trace_id,
+        parent=record.parent.record() if record.parent is not None else None,
     )
 
 
@@ -176,6 +226,8 @@ async def remove_container(
         return
     live.removing = True
     container = live.container
+    # An agent's: no new child session from here (those open end with its socket).
+    fabric.revoke_child(container.name)
     try:
         with trio.move_on_at(fabric.teardown_deadline()) as scope:
             scope.shield = True
@@ -273,6 +325,7 @@ class ContainerHost:
             respawn=respawn,
             greeted=greeted,
             call=call,
+            session=self._record,
         )
 
     async def exit_status(

@@ -41,6 +41,7 @@ from ..policy.accounts import (
 )
 from ..policy.admission import Capacity, capacity
 from ..policy.auth import Gate
+from ..policy.child_grant import ChildGrant
 from ..policy.container_spec import ContainerIdentity, ContainerSpec, container_spec_for
 from ..policy.mount_spec import MountSpec
 from ..policy.mounts import MountPolicy
@@ -68,6 +69,9 @@ NOT_LEARNED_YET = "not learned yet: the orchestrator is asking the service what 
 # whose image changed is probed again). Only with a disk cache: without one, every check would
 # probe every service.
 CATALOG_RECHECK_SECONDS = 300.0
+# Agents under a client's session: its agent may use tool services, not another agent (until
+# orchestrator.agents.max_depth says otherwise).
+DEFAULT_MAX_AGENT_DEPTH = 1
 # How many sessions' catalog refreshes may run at once (each in a worker thread).
 REFRESH_THREADS = 2
 
@@ -174,6 +178,8 @@ class SessionRecord:
     # Set by an operator (sessions --end): the session tells its client why and ends.
     ended_by_operator: trio.Event = field(default_factory=trio.Event)
     tool_calls: int = 0  # how many ended so far
+    # An agent's child session: its grant (the parent session and call, what it may use).
+    parent: ChildGrant | None = None
     # The session's containers and the calls each served (its machine's; None until it has
     # one), and the trio time the machine counts them from (its start).
     served: Served | None = None
@@ -182,6 +188,11 @@ class SessionRecord:
     @property
     def endpoint(self) -> str:
         return "fabric" if self.service == "fabric" else "relay"
+
+    @property
+    def depth(self) -> int:
+        """How many agents deep the session is: 0 for a client's, 1 for an agent's child."""
+        return self.parent.depth if self.parent is not None else 0
 
     def mount_records(self) -> list[dict[str, Any]]:
         """The session's mounts as the audit trail and the operators' API show them."""
@@ -251,6 +262,9 @@ class Fabric:
     lock: SuiteLock | None = None
     lock_mode: Mode = "off"
     drift: dict[tuple[str, str], tuple[Drift, ...]] = field(default_factory=dict)
+    # Agent containers' child sessions, by the container's name: made at its start, revoked at
+    # its removal (see reactor_fabric.trio.child_sessions).
+    child_grants: dict[str, ChildGrant] = field(default_factory=dict, repr=False)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
     _identity: ContainerIdentity = field(init=False)
 
@@ -470,6 +484,12 @@ class Fabric:
         return self.suite.orchestrator.max_message_bytes
 
     @property
+    def max_agent_depth(self) -> int:
+        """How many agents deep a session may go: at 1 (the default) a client's agent has a
+        child session, but no agent of its own."""
+        return DEFAULT_MAX_AGENT_DEPTH
+
+    @property
     def audit_arguments(self) -> ArgumentsMode:
         """What of a call's arguments the sessions keep: as configured, or nothing when no
         trail is written (nothing else reads them; hashing them would be wasted)."""
@@ -506,6 +526,7 @@ class Fabric:
         mounts: tuple[MountSpec, ...],
         sequence: int,
         account: Account = UNPRIVILEGED,
+        child_token: str | None = None,
     ) -> ContainerSpec:
         return container_spec_for(
             service_name,
@@ -515,6 +536,7 @@ class Fabric:
             account=account,
             sequence=sequence,
             identity=self._identity,
+            child_token=child_token,
         )
 
     async def prepare_start(self, mounts: tuple[MountSpec, ...]) -> tuple[PinSet | None, Account]:
@@ -628,6 +650,30 @@ class Fabric:
         (none yet for a pooled container)."""
         owner = self.containers.get(record.container)
         self.observer.egress(record, session=owner.session if owner is not None else "")
+
+    def child_services(self, agent: Service, depth: int) -> tuple[str, ...]:
+        """What a child session at ``depth`` of an ``agent`` may use: the suite's services the
+        agent ``uses``, other agents only while ``depth`` is below the depth limit (so that
+        agents cannot start agents without bound). Empty: the agent gets no child session."""
+        services = self.suite.mcp_services
+        return tuple(
+            name
+            for name in agent.uses
+            if name in services
+            and (services[name].service_type != "llm_agent" or depth < self.max_agent_depth)
+        )
+
+    def grant_child(self, grant: ChildGrant) -> None:
+        """Open child sessions to the relay of the container ``grant.container_name`` (until
+        :meth:`revoke_child`); its token is redacted from every log and record meanwhile."""
+        SECRET_VALUES.register([grant.token])
+        self.child_grants[grant.container_name] = grant
+
+    def revoke_child(self, container_name: str) -> None:
+        """No new child session for that container (idempotent); those open end with it."""
+        grant = self.child_grants.pop(container_name, None)
+        if grant is not None:
+            SECRET_VALUES.forget([grant.token])
 
     def container_removed(self, container_id: str) -> None:
         self.containers.pop(container_id, None)

@@ -129,6 +129,7 @@ def session_views(fabric: Fabric) -> dict[str, SessionView]:
             idle_seconds=now - record.last_active,
             containers=containers.get(session_id, []),
             recent_containers=served(record),
+            parent=record.parent.record() if record.parent is not None else None,
         )
         for session_id, record in fabric.sessions.items()
     }

@@ -41,6 +41,7 @@ from .._errors import FabricError
 from ..policy.owner import hostname
 from .app import FabricApp
 from .audit_batches import hand_audit_over_later
+from .child_sessions import serve_child
 from .fabric import Fabric
 from .http_server import ConnectionCounts, HttpLimits, serve_http
 from .streamable_http import HttpSessions
@@ -145,6 +146,11 @@ async def serve_orchestrator(
             if fabric.runtime.egress is not None:
                 # First: the catalog's probe and the pool may start egress containers.
                 await root.start(fabric.runtime.egress.run, fabric.egress_connection)
+            if fabric.runtime.children is not None:
+                # Agents' child sessions: their sockets are made as their containers start.
+                await root.start(
+                    fabric.runtime.children.run, functools.partial(serve_child, fabric)
+                )
             await root.start(
                 functools.partial(
                     run_sweeper,

@@ -26,7 +26,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import trio
@@ -41,6 +41,8 @@ from ..config.structs import Service
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client, trace_of
 from ..policy.admission import FabricOptions, Refusal, admission
+from ..policy.child_grant import ChildGrant
+from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import FabricServer
 from ..protocol.jsonrpc import error_response
 from ..protocol.lifecycle import Lifecycle
@@ -75,6 +77,7 @@ async def serve_session(
     client: Client | None = None,
     traceparent: str | None = None,
     lease: LeasedClient | None = None,
+    child: ChildGrant | None = None,
 ) -> None:
     """Run one client session from its first message to its end (see the module docstring).
 
@@ -82,6 +85,8 @@ async def serve_session(
     received here); ``session_id`` is chosen here unless the transport needs it beforehand
     (Streamable HTTP announces it in a header of the first response). ``client`` and the W3C
     ``traceparent`` of the request that opened the session go into the audit trail.
+    ``child``: an agent's child session (see :mod:`.child_sessions`): the parent's mounts and
+    trace, only the granted services, every tool listed.
     """
     session_id = session_id or new_session_id(fabric.replica)
     progress = _Progress()
@@ -99,6 +104,7 @@ async def serve_session(
             client=client,
             traceparent=traceparent,
             lease=lease,
+            child=child,
         )
     except* Exception as failure:
         log.error(
@@ -177,6 +183,7 @@ async def _serve_session(
     client: Client | None,
     traceparent: str | None,
     lease: LeasedClient | None,
+    child: ChildGrant | None = None,
 ) -> None:
     observer = fabric.observer
     client = client or Client(fabric.token_id, "", transport)
@@ -203,12 +210,18 @@ async def _serve_session(
     if isinstance(decision, Refusal):
         await refused(request_id, decision.error)
         return
-    try:
-        # The mount policy resolves paths on the file system: the one step that does I/O.
-        mounts = await fabric.validate_mounts(decision.mounts)
-    except FabricError as exc:
-        await refused(request_id, exc)
-        return
+    if child is not None:
+        # The parent's mounts (validated at its admission, pinned again at every start) and
+        # the granted services, each tool listed: what the agent works on, and with.
+        mounts = child.mounts
+        decision = replace(decision, options=FabricOptions("all", child.services))
+    else:
+        try:
+            # The mount policy resolves paths on the file system: the one step that does I/O.
+            mounts = await fabric.validate_mounts(decision.mounts)
+        except FabricError as exc:
+            await refused(request_id, exc)
+            return
     traceparent = traceparent if traceparent and valid_traceparent(traceparent) else None
     record = SessionRecord(
         service_name,
@@ -216,9 +229,11 @@ async def _serve_session(
         id=session_id,
         client=client,
         mounts=mounts,
-        trace_id=trace_of(traceparent) or secrets.token_hex(16),
+        trace_id=(child.trace_id if child is not None else trace_of(traceparent))
+        or secrets.token_hex(16),
         started_at=time.time(),
         last_active=trio.current_time(),
+        parent=child,
     )
     full = fabric.admit(session_id, record)  # step 5, and the session counted if admitted
     if full is not None:
@@ -232,6 +247,7 @@ async def _serve_session(
         mounts=record.mount_records(),
         trace_id=record.trace_id,
         traceparent=traceparent,
+        parent=child.record() if child is not None else None,
     )
     try:
         log.info(
@@ -322,6 +338,10 @@ async def _fabric_driver(
         with trio.move_on_after(CATALOG_WAIT_SECONDS):
             await fabric.catalog_ready.wait()
     catalog = fabric.catalog
+    if record.parent is not None:
+        # An agent's child session: only the services its grant names exist for it.
+        granted = record.parent.services
+        catalog = Catalog({n: o for n, o in catalog.services.items() if n in granted})
     index = fabric.indexed(catalog)
     if index is None:
         index = await trio.to_thread.run_sync(fabric.discovery_index, catalog)
