@@ -47,6 +47,7 @@ from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
+from ..protocol.agent_slots import AgentLimits, AgentSlots
 from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.egress import EgressRecord
@@ -251,10 +252,17 @@ class Fabric:
     lock: SuiteLock | None = None
     lock_mode: Mode = "off"
     drift: dict[tuple[str, str], tuple[Drift, ...]] = field(default_factory=dict)
+    # Agent calls in flight by session (orchestrator.agents): the decision is the sessions'
+    # machines' (protocol/agent_slots.py); the count they share is held here.
+    agent_slots: AgentSlots = field(init=False)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
     _identity: ContainerIdentity = field(init=False)
 
     def __post_init__(self) -> None:
+        agents = self.suite.orchestrator.agents
+        self.agent_slots = AgentSlots(
+            AgentLimits(agents.max_concurrent, agents.max_concurrent_per_session)
+        )
         self.mount_policy = MountPolicy(
             self.suite.orchestrator.allowed_mount_roots,
             allowed_targets=self.suite.orchestrator.allowed_mount_targets,
@@ -580,6 +588,8 @@ class Fabric:
 
     def release(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
+        # Whatever ended the session, its agent calls hold no slot any more.
+        self.agent_slots.leave(session_id)
         self.notify_change()
 
     def live_figures(self) -> LiveFigures:
