@@ -174,3 +174,41 @@ def test_a_second_agent_call_of_a_session_at_its_limit_is_answered_agent_busy_at
         ("ok", None),
         ("ok", None),
     ], calls
+
+
+def test_a_client_that_goes_away_mid_call_stops_the_agent_and_its_container_goes(
+    tmp_path: Path, project: Path, key: str, docker_client: docker.DockerClient
+) -> None:
+    released = threading.Event()
+    script: list[Step] = [Hold(released, [Text("too late")])]
+    with scripted_messages_api(script) as api:
+        suite = limited_suite(tmp_path, api.url)
+        try:
+            with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+                client = connected(running, project)
+                try:
+                    assert client.ask({"op": "start", **TASK})["ok"]
+                    held_by_the_model(api)
+                    assert len(agent_containers(docker_client, running)) == 1
+                finally:
+                    client.close()  # the SDK ends its session (DELETE) with the call in flight
+                wait_for(
+                    lambda: agent_containers(docker_client, running) == [],
+                    timeout=60,
+                    what="the agent's container removed",
+                )
+                wait_for(
+                    lambda: any(r["event"] == "session_end" for r in running.audit()),
+                    what="the session's end in the trail",
+                )
+                calls = [r for r in running.audit() if r["event"] == "tool_call"]
+                stops = [
+                    r
+                    for r in running.audit()
+                    if r["event"] == "container_stop" and r.get("service") == "agent"
+                ]
+        finally:
+            released.set()
+
+    assert [(c["tool"], c["outcome"]) for c in calls] == [("run_task", "no_answer")], calls
+    assert [s["reason"] for s in stops] == ["session_ended"], stops
