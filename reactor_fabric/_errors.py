@@ -8,6 +8,7 @@ Every error the orchestrator raises on purpose derives from :class:`FabricError`
     ├── SessionRefused             -32002  no session now: at the session limit, or stopping
     ├── SessionEnding              -32002  the session is ended: the orchestrator stops, an operator
     ├── SessionCrashed             -32002  a bug in the orchestrator ended the session (logged)
+    ├── AgentBusy                  -32002  an agent call over orchestrator.agents' limits
     ├── InvalidSuiteConfiguration  -32003  the suite file is malformed or logically invalid
     ├── SecurityViolation          -32004  a refused mount, target or origin
     ├── ServiceNotFound            -32005  the requested service is not in the suite
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from ._reasons import (
+    AGENT_BUSY,
     BACKEND_LIST_TOO_LARGE,
     CONNECTION_CLOSED,
     CONTAINER_EXITED,
@@ -90,6 +92,7 @@ TITLE_BY_REASON: Final[Mapping[str, str]] = {
     SESSION_ENDED: "Session Ended",
     TOO_MANY_REQUESTS_IN_FLIGHT: "Too Many Requests",
     TOO_MANY_PER_CALL_CONTAINERS: "Too Many Requests",
+    AGENT_BUSY: "Agents Busy",
 }
 
 # A message is one line a client prints; the whole sentence stays in data.detail.
@@ -170,6 +173,19 @@ class SessionCrashed(FabricError):
     traceback, and the orchestrator's other sessions go on.
 
     -32002 on the wire, as documented, with a title of its own (see :class:`SessionRefused`).
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class AgentBusy(FabricError):
+    """A call of an ``llm_agent`` service refused at once: its session, or the orchestrator,
+    has ``orchestrator.agents``' limit of agent calls in flight (``agent_busy``; ``data``:
+    ``limit`` and ``scope``, ``session`` or ``orchestrator``). Nothing was started.
+
+    -32002 on the wire, the code of a service that cannot serve now, with a title of its own
+    (see :class:`SessionRefused`).
     """
 
     code = CONTAINER_START_FAILURE

@@ -115,6 +115,9 @@ ORCHESTRATOR_STOPPING: Final = "orchestrator_stopping"
 # SessionEnding: an operator ended the session (``reactor-fabric sessions end``). Also a
 # container's stop reason in the audit.
 SESSION_ENDED_BY_OPERATOR: Final = "session_ended_by_operator"
+# AgentBusy: a call of an llm_agent service while its session, or the whole orchestrator, has
+# orchestrator.agents' limit of agent calls in flight (answered at once, never queued).
+AGENT_BUSY: Final = "agent_busy"
 
 # ============================================================================================
 # Answered: -32003 InvalidSuiteConfiguration

@@ -6,7 +6,8 @@ script: what the "model" answers at each ``/v1/messages`` request, in order. A s
 content blocks (:class:`Text`, :class:`ToolUse`); a step with a ``ToolUse`` ends its turn with
 ``stop_reason: "tool_use"``, so the client runs the tool and sends its result in the next
 request — which gets the next step. A step may also be a function of the request's body that
-returns the blocks (to answer with what a tool returned, say).
+returns the blocks (to answer with what a tool returned, say), or a :class:`Hold`: a slow model,
+whose answer waits until the test releases it while later requests are served.
 
 What it serves:
 
@@ -73,7 +74,20 @@ class ToolUse:
 
 
 Block = Text | ToolUse
-Step = Sequence[Block] | Callable[[dict[str, Any]], Sequence[Block]]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A step whose answer is held (a slow model): taken when its request comes (the next
+    request gets the next step, and is served meanwhile), answered ``then`` once ``until`` is
+    set, or after ``bound`` seconds at most."""
+
+    until: threading.Event
+    then: Sequence[Block]
+    bound: float = 120.0
+
+
+Step = Sequence[Block] | Callable[[dict[str, Any]], Sequence[Block]] | Hold
 
 
 @dataclass(frozen=True)
@@ -143,40 +157,55 @@ class MessagesAPI:
                     f"the script is exhausted: all {len(self._script)} steps were served"
                 )
             step = self._script[self._next_step]
-            blocks = list(step(request) if callable(step) else step)
-            offered = {tool.get("name") for tool in request.get("tools") or []}
-            for block in blocks:
-                if isinstance(block, ToolUse) and block.name not in offered:
-                    return self._refuse(
-                        f"step {self._next_step} uses the tool {block.name!r}, which the request "
-                        f"does not offer (it offers {sorted(str(n) for n in offered)})"
-                    )
+            if not isinstance(step, Hold):
+                blocks = list(step(request) if callable(step) else step)
+                return self._answer(request, blocks, self._next_step)
+            taken = self._next_step
             self._next_step += 1
-            content: list[dict[str, Any]] = []
-            for block in blocks:
-                if isinstance(block, Text):
-                    content.append({"type": "text", "text": block.text})
-                else:
-                    self._tool_ids += 1
-                    content.append(
-                        {
-                            "type": "tool_use",
-                            "id": f"toolu_rf_{self._tool_ids}",
-                            "name": block.name,
-                            "input": block.input,
-                        }
-                    )
-            uses_tool = any(isinstance(block, ToolUse) for block in blocks)
-            return {
-                "id": f"msg_rf_{self._next_step}",
-                "type": "message",
-                "role": "assistant",
-                "model": request.get("model", "scripted"),
-                "content": content,
-                "stop_reason": "tool_use" if uses_tool else "end_turn",
-                "stop_sequence": None,
-                "usage": {"input_tokens": 1, "output_tokens": max(1, len(content))},
-            }
+        # Held outside the lock: other requests are answered meanwhile.
+        step.until.wait(step.bound)
+        with self._lock:
+            return self._answer(request, list(step.then), taken, held=True)
+
+    def _answer(
+        self, request: dict[str, Any], blocks: list[Block], index: int, *, held: bool = False
+    ) -> dict[str, Any] | str:
+        """Step ``index``'s ``blocks`` as the message answering ``request`` (taken then, unless
+        ``held``: taken when its request came), or why it is refused."""
+        offered = {tool.get("name") for tool in request.get("tools") or []}
+        for block in blocks:
+            if isinstance(block, ToolUse) and block.name not in offered:
+                return self._refuse(
+                    f"step {index} uses the tool {block.name!r}, which the request "
+                    f"does not offer (it offers {sorted(str(n) for n in offered)})"
+                )
+        if not held:
+            self._next_step += 1
+        content: list[dict[str, Any]] = []
+        for block in blocks:
+            if isinstance(block, Text):
+                content.append({"type": "text", "text": block.text})
+            else:
+                self._tool_ids += 1
+                content.append(
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_rf_{self._tool_ids}",
+                        "name": block.name,
+                        "input": block.input,
+                    }
+                )
+        uses_tool = any(isinstance(block, ToolUse) for block in blocks)
+        return {
+            "id": f"msg_rf_{index + 1}",
+            "type": "message",
+            "role": "assistant",
+            "model": request.get("model", "scripted"),
+            "content": content,
+            "stop_reason": "tool_use" if uses_tool else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": max(1, len(content))},
+        }
 
     def _refuse(self, reason: str) -> str:
         self.refusals.append(reason)

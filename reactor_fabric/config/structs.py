@@ -243,6 +243,16 @@ class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
         return parse_duration(self.start_timeout)
 
 
+class Agents(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Limits on agent calls in flight (calls to ``llm_agent`` services): in the whole
+    orchestrator, and in one session (see :mod:`reactor_fabric.protocol.agent_slots`)."""
+
+    max_concurrent: int = 4
+    max_concurrent_per_session: int = 2
+    # How many agents deep a client's session may go (see Fabric.child_services).
+    max_depth: int = 1
+
+
 class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -262,6 +272,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     warm_pool: WarmPool = msgspec.field(default_factory=WarmPool)
     kubernetes: Kubernetes = msgspec.field(default_factory=Kubernetes)
     accounts: dict[str, Account] = msgspec.field(default_factory=dict)
+    agents: Agents = msgspec.field(default_factory=Agents)
 
     @property
     def max_message_bytes(self) -> int:

@@ -91,6 +91,7 @@ from .._reasons import (
     REFRESH_MEMORY,
     TOO_MANY_PER_CALL_CONTAINERS,
 )
+from .agent_slots import AgentSlots
 from .answers import (
     MAX_SERVER_REQUESTS,
     UNRESPONSIVE,
@@ -261,6 +262,8 @@ class FabricRouter(Answers):
         count_tokens: Callable[[Json], int],
         idle_timeouts: Mapping[str, float],
         lifecycles: Mapping[str, Lifecycle],
+        agents: Iterable[str] = (),
+        agent_slots: AgentSlots | None = None,
     ) -> None:
         super().__init__(now=now, audit_arguments=audit_arguments)
         self.catalog = catalog
@@ -273,6 +276,11 @@ class FabricRouter(Answers):
         self.buffer_to_server_bytes = buffer_to_server_bytes
         self.idle_timeouts = dict(idle_timeouts)
         self.lifecycles = dict(lifecycles)
+        # The llm_agent services, whose calls are agent calls, and the orchestrator's shared
+        # count of them (None: no limit, as in most tests).
+        self.agents = frozenset(agents)
+        self.agent_slots = agent_slots
+        self.session_id = ""  # (FabricServer's: what the shared count holds this session by)
         self.client_capabilities: Json = {}
         # Every backend the router counts on, and each service's current (shared) one among
         # them; a fresh_per_call backend, or a retiring smart_refresh one, is only in the first.
@@ -296,6 +304,17 @@ class FabricRouter(Answers):
     def lifecycle(self, service: str) -> Lifecycle:
         return self.lifecycles.get(service, REUSE)
 
+    @property
+    def agent_calls(self) -> int:
+        """The session's agent calls in flight: the client's calls of llm_agent services sent
+        or waiting to be sent, not answered yet (a cancelled one, one whose container ended,
+        one answered with the session's end are gone from these)."""
+        return sum(
+            1
+            for forwarded in self._forwarded.values()
+            if forwarded.client_id is not None and forwarded.service in self.agents
+        )
+
     # --- routing to backends --------------------------------------------------------------------
 
     def _forward(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
@@ -303,6 +322,11 @@ class FabricRouter(Answers):
         to its current backend, or to one of its own (fresh_per_call), started if need be."""
         if len(self._forwarded) >= MAX_PENDING:
             return [self._fail(client_id, INVALID_PARAMS, "too many requests in flight")]
+        if self.agent_slots is not None and service in self.agents:
+            busy = self.agent_slots.refusal(self.session_id, self.agent_calls, service)
+            if busy is not None:
+                fields = {"backend": service, **{k: busy.detail[k] for k in ("limit", "scope")}}
+                return [Log("info", "agent_call_refused", fields), self._error(client_id, busy)]
         if self._stateless and isinstance(params.get("requestState"), str):
             return self._resume(service, client_id, method, params)
         offers = offered(params) if self._stateless else ()
@@ -424,8 +448,8 @@ class FabricRouter(Answers):
                     return []
                 # The backend should not answer a cancelled request: nothing waits for one.
                 del self._forwarded[our_id]
-                if backend is not None and backend.role == "call":
-                    return []  # its container is removed (_settle): that is its cancellation
+                # A per-call backend is removed with its call (_settle); it is told first, so
+                # that it may stop its work (an agent its CLI) before its stdin closes.
                 note = {**params, "requestId": our_id}
                 return self._send(
                     forwarded.key, notification_bytes("notifications/cancelled", note)

@@ -44,6 +44,7 @@ from .._reasons import (
 )
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
+from .agent_slots import AgentSlots
 from .answers import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -157,6 +158,8 @@ class FabricServer(FabricRouter):
         lifecycles: Mapping[str, Lifecycle] | None = None,
         lock: SuiteLock | None = None,
         lock_mode: Mode = "off",
+        agents: Iterable[str] = (),
+        agent_slots: AgentSlots | None = None,
     ) -> None:
         super().__init__(
             catalog,
@@ -170,6 +173,8 @@ class FabricServer(FabricRouter):
             count_tokens=count_tokens,
             idle_timeouts=idle_timeouts or {},
             lifecycles=lifecycles or {},
+            agents=agents,
+            agent_slots=agent_slots,
         )
         self.session_id = session_id
         self.lock, self.lock_mode = lock, lock_mode  # (see suite_lock.py)
@@ -196,6 +201,13 @@ class FabricServer(FabricRouter):
 
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply one event at ``now``; the actions to carry out, in order."""
+        actions = self._handle(event, now)
+        if self.agent_slots is not None:
+            # Counted from the state after every event: every way a call ends frees its slot.
+            self.agent_slots.hold(self.session_id, 0 if self._gone else self.agent_calls)
+        return actions
+
+    def _handle(self, event: Event, now: float) -> list[Action]:
         self.now = now
         if self._gone:
             return []

@@ -64,6 +64,7 @@ from .._reasons import (
     SESSION_ENDED,
     TOO_MANY_REQUESTS_IN_FLIGHT,
 )
+from .agent_slots import AgentSlots
 from .answers import (
     CLOSE_NORMAL,
     ENDED_BY_OPERATOR,
@@ -212,8 +213,14 @@ class SessionMachine:
         lifecycle: Lifecycle | None = None,
         lock: SuiteLock | None = None,
         lock_mode: Mode = "off",
+        session_id: str = "",
+        agent_slots: AgentSlots | None = None,
     ) -> None:
         self.service_name = service_name
+        # An llm_agent service's session: its calls are agent calls, counted in the
+        # orchestrator's shared slots under the session's id (None: not an agent).
+        self.session_id = session_id
+        self.agent_slots = agent_slots
         # The suite lock the server's tools/list answers are checked against (None: none),
         # and the tools it withholds under enforce (name → why; see suite_lock.py).
         self.lock = lock if lock_mode != "off" else None
@@ -266,7 +273,24 @@ class SessionMachine:
         self._now = now
         actions: list[Action] = self._handlers[type(event)](event, now)
         self._note_served(event, actions, now)
+        if self.agent_slots is not None:
+            # Counted from the state after every event: every way a call ends frees its slot.
+            self.agent_slots.hold(self.session_id, self.agent_calls)
         return actions
+
+    @property
+    def agent_calls(self) -> int:
+        """The session's agent calls in flight: calls sent to the container and not answered
+        yet, and calls waiting for it (none once the session ended)."""
+        if self.agent_slots is None or self.phase is Phase.ENDED:
+            return 0
+        sent = sum(1 for method in self.ledger.client_requests.values() if method in CALL_METHODS)
+        waiting = sum(
+            1
+            for message, _frame in self._waiting
+            if message.kind == REQUEST and message.method in CALL_METHODS
+        )
+        return sent + waiting
 
     def _note_served(self, event: Event, actions: list[Action], now: float) -> None:
         """Which container served which request (``/api/sessions``, the status page): its
@@ -406,6 +430,19 @@ class SessionMachine:
                     reason=TOO_MANY_REQUESTS_IN_FLIGHT,
                 )
                 return self._error_to_client(message.id, refusal)
+            if self.agent_slots is not None and message.method in CALL_METHODS:
+                busy = self.agent_slots.refusal(
+                    self.session_id, self.agent_calls, self.service_name
+                )
+                if busy is not None:
+                    return [
+                        Log(
+                            "info",
+                            "agent_call_refused",
+                            {"limit": busy.detail["limit"], "scope": busy.detail["scope"]},
+                        ),
+                        *self._error_to_client(message.id, busy),
+                    ]
         elif self.calls.open and message.method == CANCELLED:
             call = self.calls.cancelled(cancelled_request_id(message), now)
             if call is not None:

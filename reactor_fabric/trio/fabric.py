@@ -48,6 +48,7 @@ from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname, process_start_time
 from ..policy.pinning import PinSet
+from ..protocol.agent_slots import AgentLimits, AgentSlots
 from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.egress import EgressRecord
@@ -69,9 +70,6 @@ NOT_LEARNED_YET = "not learned yet: the orchestrator is asking the service what 
 # whose image changed is probed again). Only with a disk cache: without one, every check would
 # probe every service.
 CATALOG_RECHECK_SECONDS = 300.0
-# Agents under a client's session: its agent may use tool services, not another agent (until
-# orchestrator.agents.max_depth says otherwise).
-DEFAULT_MAX_AGENT_DEPTH = 1
 # How many sessions' catalog refreshes may run at once (each in a worker thread).
 REFRESH_THREADS = 2
 
@@ -265,10 +263,17 @@ class Fabric:
     # Agent containers' child sessions, by the container's name: made at its start, revoked at
     # its removal (see reactor_fabric.trio.child_sessions).
     child_grants: dict[str, ChildGrant] = field(default_factory=dict, repr=False)
+    # Agent calls in flight by session (orchestrator.agents): the decision is the sessions'
+    # machines' (protocol/agent_slots.py); the count they share is held here.
+    agent_slots: AgentSlots = field(init=False)
     _index: tuple[Catalog, DiscoveryIndex] | None = field(init=False, default=None)
     _identity: ContainerIdentity = field(init=False)
 
     def __post_init__(self) -> None:
+        agents = self.suite.orchestrator.agents
+        self.agent_slots = AgentSlots(
+            AgentLimits(agents.max_concurrent, agents.max_concurrent_per_session)
+        )
         self.mount_policy = MountPolicy(
             self.suite.orchestrator.allowed_mount_roots,
             allowed_targets=self.suite.orchestrator.allowed_mount_targets,
@@ -485,9 +490,9 @@ class Fabric:
 
     @property
     def max_agent_depth(self) -> int:
-        """How many agents deep a session may go: at 1 (the default) a client's agent has a
-        child session, but no agent of its own."""
-        return DEFAULT_MAX_AGENT_DEPTH
+        """How many agents deep a session may go (``orchestrator.agents.max_depth``): at 1 (the
+        default) a client's agent has a child session, but no agent of its own."""
+        return self.suite.orchestrator.agents.max_depth
 
     @property
     def audit_arguments(self) -> ArgumentsMode:
@@ -617,6 +622,8 @@ class Fabric:
 
     def release(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
+        # Whatever ended the session, its agent calls hold no slot any more.
+        self.agent_slots.leave(session_id)
         self.notify_change()
 
     def live_figures(self) -> LiveFigures:

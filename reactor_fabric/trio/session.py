@@ -303,6 +303,8 @@ def _relay_driver(
         lifecycle=lifecycle_of(service),
         lock=fabric.lock,
         lock_mode=fabric.lock_mode,
+        session_id=record.id,
+        agent_slots=fabric.agent_slots if service.service_type == "llm_agent" else None,
     )
     record.served, record.served_since = machine.served, now
     host = ContainerHost(fabric, record)
@@ -368,6 +370,8 @@ async def _fabric_driver(
         client_lease=lease.lease_seconds if lease is not None else None,
         lock=fabric.lock,
         lock_mode=fabric.lock_mode,
+        agents=frozenset(n for n, s in services.items() if s.service_type == "llm_agent"),
+        agent_slots=fabric.agent_slots,
     )
     record.served, record.served_since = machine.served, machine.started_at
     host = ContainerHost(fabric, record)

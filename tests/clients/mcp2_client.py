@@ -17,6 +17,11 @@ Commands (stdin, JSON lines), each answered by one JSON line on stdout:
     {"op": "listen"}       -> {"ok": true, "honored": filter} (2026-07-28: opens, then closes)
     {"op": "call_many", "calls": [{"name": N, "arguments": A}, ...]}
                            -> {"ok": true, "results": [as "call", in order]} (all at once)
+    {"op": "start", "name": N, "arguments": A} -> {"ok": true} (the call goes on meanwhile)
+    {"op": "cancel"}       -> {"ok": true, "cancelled": true} (the started call cancelled as a
+                              caller cancels: the SDK sends notifications/cancelled), or, when
+                              it had ended, {"ok": true, "cancelled": false, "result": as "call"}
+    {"op": "finish"}       -> the started call's outcome, as "call"
     {"op": "exit"}
 
 ``--elicit NAME`` declares elicitation and answers every question by accepting
@@ -117,6 +122,9 @@ async def main() -> None:
                             "protocol": client.protocol_version,
                         }
                     )
+                elif op in ("start", "cancel", "finish"):
+                    assert client is not None
+                    emit(await in_background(client, command))
                 elif op in ("list_tools", "call", "listen", "call_many"):
                     assert client is not None
                     emit(await use(client, command))
@@ -129,6 +137,9 @@ async def main() -> None:
 
 
 HEARD: list[str] = []
+# Calls started and not finished or cancelled yet (the last is the one "cancel" and "finish"
+# take).
+STARTED: list[asyncio.Future[dict[str, Any]]] = []
 
 
 def answering(name: str) -> Any:
@@ -147,6 +158,22 @@ def traced() -> Any:
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     return provider.shutdown
+
+
+async def in_background(client: Client, command: dict[str, Any]) -> dict[str, Any]:
+    """A call started to go on while other commands run; cancelled or finished later."""
+    op = command["op"]
+    if op == "start":
+        STARTED.append(asyncio.ensure_future(use(client, {**command, "op": "call"})))
+        return {"ok": True}
+    started = STARTED.pop()
+    if op == "finish":
+        return await started
+    started.cancel()
+    try:
+        return {"ok": True, "cancelled": False, "result": await started}
+    except asyncio.CancelledError:
+        return {"ok": True, "cancelled": True}
 
 
 async def use(client: Client, command: dict[str, Any]) -> dict[str, Any]:

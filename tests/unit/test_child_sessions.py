@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from reactor_fabric.config.structs import Service
+from reactor_fabric.config.structs import Agents, Service
 from reactor_fabric.policy.container_spec import (
     CHILD_SOCKET_ENV,
     CHILD_TOKEN_ENV,
@@ -265,3 +265,10 @@ async def test_an_agent_may_use_another_agent_only_below_the_depth_limit(tmp_pat
         assert fabric.max_agent_depth == 1
         # The lead's child session (depth 1) gets beta, not the helper agent.
         assert fabric.child_services(services["lead"], 1) == ("beta",)
+    deeper = Agents(max_depth=2)
+    async with served(tmp_path, services=services, agents=deeper) as http:
+        fabric = http.fabric
+        # The lead's child may use the helper agent; the helper's own child (depth 2) gets
+        # tool services only.
+        assert fabric.child_services(services["lead"], 1) == ("beta", "helper")
+        assert fabric.child_services(services["helper"], 2) == ("beta",)

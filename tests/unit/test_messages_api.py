@@ -5,6 +5,7 @@ is refused in words rather than served wrong."""
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests import messages_api
-from tests.messages_api import Step, Text, ToolUse, scripted_messages_api
+from tests.messages_api import Hold, Step, Text, ToolUse, scripted_messages_api
 
 CLOCK = {"name": "clock", "input_schema": {"type": "object"}}
 
@@ -81,6 +82,23 @@ def test_a_step_may_answer_from_the_request_and_the_tool_results_are_collected()
         messages = [{"role": "user", "content": [result]}]
         answer = post(api.url, {"tools": [CLOCK], "messages": messages})
     assert answer["content"] == [{"type": "text", "text": "{'toolu_rf_1': '12:00'}"}]
+
+
+def test_a_held_step_answers_once_released_and_the_next_request_is_served_meanwhile() -> None:
+    released = threading.Event()
+    answers: list[Any] = []
+    script: list[Step] = [Hold(released, [Text("slow")]), [Text("quick")]]
+    with scripted_messages_api(script) as api:
+        held = threading.Thread(target=lambda: answers.append(post(api.url, {"model": "m"})))
+        held.start()
+        # The held step is taken when its request comes: the next request gets the next step.
+        while api.steps_served < 1:
+            held.join(0.01)
+        answers.append(post(api.url, {"model": "m"}))
+        released.set()
+        held.join(10)
+    assert [a["content"][0]["text"] for a in answers] == ["quick", "slow"]
+    assert answers[1]["id"] == "msg_rf_1"
 
 
 def test_a_tool_the_request_does_not_offer_is_refused_with_the_tools_it_offers() -> None:
