@@ -30,6 +30,12 @@ KILL_GRACE = 5.0
 SAFE_TOOLS = ("Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit")
 # Longest text of one progress message.
 MAX_STEP_CHARS = 300
+# The one MCP server the agent may be given: the orchestrator's fabric endpoint of the call's
+# child session (the suite's services the agent service ``uses``), through fabric_relay.py.
+FABRIC_SERVER = "fabric"
+# Claude Code names an MCP server's tools mcp__<server>__<tool>; a permission rule naming the
+# server alone allows all of its tools.
+FABRIC_RULE = f"mcp__{FABRIC_SERVER}"
 
 
 class ConfigError(ValueError):
@@ -75,18 +81,48 @@ class AgentConfig:
         return cls(specialty, danger, model, turns, float(timeout), workspace)
 
 
-def claude_argv(config: AgentConfig, task: str, claude: str = "claude") -> list[str]:
-    """The Claude Code command line for ``task`` under ``config``."""
+def claude_argv(
+    config: AgentConfig, task: str, claude: str = "claude", mcp_config: str | None = None
+) -> list[str]:
+    """The Claude Code command line for ``task`` under ``config``; ``mcp_config``: the file of
+    :func:`fabric_mcp_config`, when the agent has the fabric."""
     argv = [claude, "-p", task, "--output-format", "stream-json", "--verbose"]
     if config.model:
         argv += ["--model", config.model]
     if config.specialty:
         argv += ["--append-system-prompt", config.specialty]
+    if mcp_config is not None:
+        # Only this file's servers: none of a settings file's or a project's .mcp.json.
+        argv += ["--mcp-config", mcp_config, "--strict-mcp-config"]
     if config.danger_mode:
         argv += ["--dangerously-skip-permissions"]
     else:
         argv += ["--tools", ",".join(SAFE_TOOLS), "--permission-mode", "acceptEdits"]
+        if mcp_config is not None:
+            # In safe mode an MCP tool asks for permission, which nobody answers headless: it
+            # would be denied ("you haven't granted it yet"). The fabric's tools are allowed by
+            # name; the built-in set stays as above.
+            argv += ["--allowedTools", FABRIC_RULE]
     return argv
+
+
+def fabric_mcp_config(python: str, relay: str, socket: str, token: str) -> dict[str, Any]:
+    """Claude Code's MCP config with the one server ``fabric``: the relay, run by ``python``,
+    told the socket and the token through its own environment (the config's ``env``), so that
+    neither is in the CLI's environment nor on any command line."""
+    return {
+        "mcpServers": {
+            FABRIC_SERVER: {
+                "type": "stdio",
+                "command": python,
+                "args": [relay],
+                "env": {
+                    "REACTOR_FABRIC_FABRIC_SOCKET": socket,
+                    "REACTOR_FABRIC_FABRIC_TOKEN": token,
+                },
+            }
+        }
+    }
 
 
 def _short(text: str) -> str:
@@ -100,16 +136,22 @@ def _relative(path: str, workspace: str) -> str:
 
 
 def describe_tool_use(name: str, tool_input: Any, workspace: str) -> str:
-    """``Read src/app.py``, ``Bash ls -la``, ``Grep TODO``: the tool and what it acts on."""
+    """``Read src/app.py``, ``Bash ls -la``, ``Grep TODO``: the tool and what it acts on; an
+    MCP tool (``mcp__fabric__git__git_log``) as its server and its name (``fabric:
+    git__git_log``)."""
+    if name.startswith("mcp__"):
+        server, _, tool = name[len("mcp__") :].partition("__")
+        if server and tool:
+            name = f"{server}: {tool}"
     if not isinstance(tool_input, dict):
-        return name
+        return _short(name)
     for key in ("file_path", "notebook_path", "path", "command", "pattern", "url", "query"):
         value = tool_input.get(key)
         if isinstance(value, str) and value:
             if key.endswith("path"):
                 value = _relative(value, workspace)
             return _short(f"{name} {value}")
-    return name
+    return _short(name)
 
 
 def parse_line(line: str | bytes) -> dict[str, Any] | None:

@@ -4,20 +4,35 @@ stream-json → steps and result) are in agent_core.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
 
 import anyio
-from agent_core import KILL_GRACE, AgentConfig, ConfigError, Run, claude_argv, parse_line
+from agent_core import (
+    KILL_GRACE,
+    AgentConfig,
+    ConfigError,
+    Run,
+    claude_argv,
+    fabric_mcp_config,
+    parse_line,
+)
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent
 
 CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
+# The orchestrator's fabric endpoint of the call's child session, bound into the container, and
+# the token that authenticates to it (fabric_relay.py). Only the relay gets them.
+FABRIC_SOCKET_ENV = "REACTOR_FABRIC_FABRIC_SOCKET"
+FABRIC_TOKEN_ENV = "REACTOR_FABRIC_FABRIC_TOKEN"  # noqa: S105 - the name, not a token
+RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fabric_relay.py")
 DEFAULT_WORKSPACE = "/workspace"
 # Mounts a container has that are not the project: the engine's and the orchestrator's own.
 # (Prefixes compared with, nothing is written there.)
@@ -96,16 +111,43 @@ def prepare(max_turns: int | None) -> tuple[AgentConfig, int, str] | CallToolRes
     return config, limit, where
 
 
-def cli_environment(home: str) -> dict[str, str]:
+def cli_environment(home: str, fabric: bool = False) -> dict[str, str]:
     """The CLI's environment: the API's, the proxy's and the locale's variables of the server's,
-    a home of its own, and no traffic but the API's."""
+    a home of its own, and no traffic but the API's. ``fabric``: the agent has the fabric."""
     env = {k: v for k, v in os.environ.items() if k in PASSED}
-    return env | {
+    env |= {
         "HOME": home,
         "CLAUDE_CONFIG_DIR": os.path.join(home, ".claude"),
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
+    if fabric:
+        # Claude Code may defer MCP tools behind its ToolSearch tool (it does with every tool
+        # allowed): the model then needs a turn to find them, and an endpoint without tool
+        # search refuses the request. The fabric's tools are the point: offered at once.
+        env["ENABLE_TOOL_SEARCH"] = "false"
+    return env
+
+
+def write_mcp_config(home: str) -> str | None:
+    """When the orchestrator bound a fabric socket into the container: the MCP config naming
+    the relay as the server ``fabric``, written into the run's private ``home`` (0700, removed
+    after the run) as a 0600 file holding the token; its path. Else ``None``."""
+    socket = os.environ.get(FABRIC_SOCKET_ENV, "")
+    if not socket:
+        return None
+    if not os.path.exists(socket):
+        print(
+            f"agent: no fabric: {FABRIC_SOCKET_ENV} names {socket}, which is absent",
+            file=sys.stderr,
+        )
+        return None
+    config = fabric_mcp_config(sys.executable, RELAY, socket, os.environ.get(FABRIC_TOKEN_ENV, ""))
+    path = os.path.join(home, "mcp.json")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        json.dump(config, file)
+    return path
 
 
 class AgentRun:
@@ -180,11 +222,16 @@ async def run_task(task: str, ctx: Context, max_turns: int | None = None) -> Cal
     config, limit, where = prepared
     # A fresh Claude Code home per run: nothing of one task (history, settings) reaches the next.
     home = tempfile.mkdtemp(prefix="claude-home-")
+    try:
+        mcp_config = write_mcp_config(home)
+    except OSError as exc:
+        shutil.rmtree(home, ignore_errors=True)
+        return error(f"crashed: cannot write the MCP config: {exc.strerror or exc}")
     started = time.monotonic()
     process = await anyio.open_process(
-        claude_argv(config, task),
+        claude_argv(config, task, mcp_config=mcp_config),
         cwd=where,
-        env=cli_environment(home),
+        env=cli_environment(home, fabric=mcp_config is not None),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

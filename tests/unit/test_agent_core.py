@@ -191,3 +191,65 @@ def test_a_line_that_is_not_a_json_object_is_skipped() -> None:
     assert core.parse_line(b"not json") is None
     assert core.parse_line(b"[1]") is None
     assert core.parse_line(b'{"type": "system"}') == {"type": "system"}
+
+
+def test_with_the_fabric_the_safe_mode_allows_only_the_fabric_server_besides_the_safe_set() -> None:
+    argv = core.claude_argv(core.AgentConfig.parse(None), "task", mcp_config="/tmp/h/mcp.json")
+    assert argv[argv.index("--mcp-config") + 1] == "/tmp/h/mcp.json"
+    assert "--strict-mcp-config" in argv
+    # Headless, an MCP tool's permission prompt is never answered: only an allow rule lets the
+    # fabric's tools run, and it names the fabric alone.
+    assert argv[argv.index("--allowedTools") + 1] == "mcp__fabric"
+    assert argv.count("--allowedTools") == 1
+    tools = argv[argv.index("--tools") + 1].split(",")
+    assert tools == ["Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit"]
+    assert argv[argv.index("--permission-mode") + 1] == "acceptEdits"
+
+
+def test_with_the_fabric_in_danger_mode_no_allow_rule_is_needed() -> None:
+    raw = json.dumps({"danger_mode": True})
+    argv = core.claude_argv(core.AgentConfig.parse(raw), "task", mcp_config="/h/mcp.json")
+    assert argv[argv.index("--mcp-config") + 1] == "/h/mcp.json"
+    assert "--strict-mcp-config" in argv
+    assert "--allowedTools" not in argv
+    assert "--dangerously-skip-permissions" in argv
+
+
+def test_without_the_fabric_no_mcp_server_is_configured() -> None:
+    for raw in (None, json.dumps({"danger_mode": True})):
+        argv = core.claude_argv(core.AgentConfig.parse(raw), "task")
+        assert "--mcp-config" not in argv
+        assert "--allowedTools" not in argv
+
+
+def test_the_fabric_config_runs_the_relay_with_the_socket_and_token_in_its_own_environment() -> (
+    None
+):
+    config = core.fabric_mcp_config(
+        "/opt/agent/bin/python3", "/opt/agent/app/fabric_relay.py", "/.reactor-fabric/f.sock", "t1"
+    )
+    assert config == {
+        "mcpServers": {
+            "fabric": {
+                "type": "stdio",
+                "command": "/opt/agent/bin/python3",
+                "args": ["/opt/agent/app/fabric_relay.py"],
+                "env": {
+                    "REACTOR_FABRIC_FABRIC_SOCKET": "/.reactor-fabric/f.sock",
+                    "REACTOR_FABRIC_FABRIC_TOKEN": "t1",
+                },
+            }
+        }
+    }
+
+
+def test_an_mcp_tool_use_is_a_step_naming_its_server_and_tool() -> None:
+    run = core.Run(WS)
+    steps = run.feed(
+        assistant(
+            tool_use("mcp__fabric__git__git_log", repo_path=WS, max_count=3),
+            tool_use("mcp__fabric__filesystem__read_file", path=f"{WS}/src/app.py"),
+        )
+    )
+    assert steps == ["fabric: git__git_log", "fabric: filesystem__read_file src/app.py"]
+    assert run.tools_used == ["mcp__fabric__git__git_log", "mcp__fabric__filesystem__read_file"]

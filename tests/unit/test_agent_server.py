@@ -183,3 +183,81 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def recording_claude(bin_dir: Path) -> Path:
+    """A ``claude`` on ``bin_dir`` recording its argv, its environment and the MCP config file it
+    is given (content and mode, while it runs) into ``bin_dir/seen``, then answering a result."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "claude"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(
+            f"""
+            import json, os, sys
+            argv = sys.argv[1:]
+            seen = {{"argv": argv, "env": dict(os.environ)}}
+            if "--mcp-config" in argv:
+                path = argv[argv.index("--mcp-config") + 1]
+                seen["config_path"] = path
+                seen["config"] = json.load(open(path))
+                seen["config_mode"] = os.stat(path).st_mode & 0o777
+                seen["dir_mode"] = os.stat(os.path.dirname(path)).st_mode & 0o777
+            open({str(bin_dir / "seen")!r}, "w").write(json.dumps(seen))
+            print(json.dumps({RESULT!r}), flush=True)
+            """
+        )
+    )
+    script.chmod(0o755)
+    return bin_dir
+
+
+async def test_with_a_fabric_socket_the_cli_gets_the_relay_as_its_one_mcp_server_and_no_token(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = recording_claude(tmp_path / "bin")
+    configure(monkeypatch, workspace)
+    fabric = tmp_path / "fabric.sock"
+    fabric.touch()  # exists: the relay, not the adapter, connects to it
+    monkeypatch.setenv("REACTOR_FABRIC_FABRIC_SOCKET", str(fabric))
+    monkeypatch.setenv("REACTOR_FABRIC_FABRIC_TOKEN", "child-token-1")
+    answer = await call({"task": "look"})
+    assert not answer.is_error, answer
+    seen = json.loads((bin_dir / "seen").read_text())
+    argv = seen["argv"]
+    assert argv[argv.index("--mcp-config") + 1] == seen["config_path"]
+    assert "--strict-mcp-config" in argv
+    assert argv[argv.index("--allowedTools") + 1] == "mcp__fabric"
+    server = seen["config"]["mcpServers"]["fabric"]
+    assert list(seen["config"]["mcpServers"]) == ["fabric"]
+    assert server["command"] == sys.executable
+    assert server["args"] == [str(IMAGE / "fabric_relay.py")]
+    assert server["env"] == {
+        "REACTOR_FABRIC_FABRIC_SOCKET": str(fabric),
+        "REACTOR_FABRIC_FABRIC_TOKEN": "child-token-1",
+    }
+    # The token is in a file only the run's user reads, in the run's own home; never in the
+    # CLI's environment or argv (the relay alone gets it, through the config's env).
+    assert (seen["config_mode"], seen["dir_mode"]) == (0o600, 0o700)
+    assert "child-token-1" not in json.dumps(seen["env"])
+    assert "child-token-1" not in json.dumps(argv)
+    assert "REACTOR_FABRIC_FABRIC_SOCKET" not in seen["env"]
+    assert seen["env"]["ENABLE_TOOL_SEARCH"] == "false"
+    # The home, the config with it, is gone after the run.
+    assert not await trio.Path(seen["config_path"]).exists()
+
+
+async def test_without_a_fabric_socket_the_cli_has_no_mcp_server(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = recording_claude(tmp_path / "bin")
+    configure(monkeypatch, workspace)
+    monkeypatch.setenv("REACTOR_FABRIC_FABRIC_SOCKET", str(tmp_path / "absent.sock"))
+    monkeypatch.setenv("REACTOR_FABRIC_FABRIC_TOKEN", "child-token-1")
+    answer = await call({"task": "look"})
+    assert not answer.is_error, answer
+    seen = json.loads((bin_dir / "seen").read_text())
+    assert "--mcp-config" not in seen["argv"]
+    assert "--allowedTools" not in seen["argv"]
+    assert "ENABLE_TOOL_SEARCH" not in seen["env"]
+    assert "child-token-1" not in json.dumps(seen["env"])
