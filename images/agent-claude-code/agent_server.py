@@ -28,6 +28,11 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent
 
 CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
+# An account's Claude login (orchestrator.accounts.NAME.secrets.CLAUDE_CREDENTIALS, as: file):
+# where the orchestrator delivers it, and the most it may be (the orchestrator's secret bound).
+SECRETS_DIR = "/run/secrets"
+CREDENTIALS_SECRET = "CLAUDE_CREDENTIALS"  # noqa: S105 - the secret's name
+MAX_CREDENTIALS_BYTES = 64 * 1024
 # The orchestrator's fabric endpoint of the call's child session, bound into the container, and
 # the token that authenticates to it (fabric_relay.py). Only the relay gets them.
 FABRIC_SOCKET_ENV = "REACTOR_FABRIC_FABRIC_SOCKET"
@@ -129,6 +134,28 @@ def cli_environment(home: str, fabric: bool = False) -> dict[str, str]:
     return env
 
 
+def install_credentials(home: str, secrets_dir: str | None = None) -> bool:
+    """When the service's account gave a Claude credentials file (the secret
+    ``CLAUDE_CREDENTIALS``, delivered as a file): a copy in the run's own configuration
+    directory, where Claude Code reads its login (``.credentials.json``, 0600; gone with the
+    run's home). Whether there was one."""
+    source = os.path.join(secrets_dir or SECRETS_DIR, CREDENTIALS_SECRET)
+    try:
+        with open(source, "rb") as file:
+            data = file.read(MAX_CREDENTIALS_BYTES + 1)
+    except FileNotFoundError:
+        return False
+    if len(data) > MAX_CREDENTIALS_BYTES:
+        raise OSError(f"{source} is larger than {MAX_CREDENTIALS_BYTES} bytes")
+    directory = os.path.join(home, ".claude")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    target = os.path.join(directory, ".credentials.json")
+    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
+    return True
+
+
 def write_mcp_config(home: str) -> str | None:
     """When the orchestrator bound a fabric socket into the container: the MCP config naming
     the relay as the server ``fabric``, written into the run's private ``home`` (0700, removed
@@ -222,6 +249,11 @@ async def run_task(task: str, ctx: Context, max_turns: int | None = None) -> Cal
     config, limit, where = prepared
     # A fresh Claude Code home per run: nothing of one task (history, settings) reaches the next.
     home = tempfile.mkdtemp(prefix="claude-home-")
+    try:
+        install_credentials(home)
+    except OSError as exc:
+        shutil.rmtree(home, ignore_errors=True)
+        return error(f"crashed: cannot install the account's credentials: {exc.strerror or exc}")
     try:
         mcp_config = write_mcp_config(home)
     except OSError as exc:

@@ -261,3 +261,41 @@ async def test_without_a_fabric_socket_the_cli_has_no_mcp_server(
     assert "--allowedTools" not in seen["argv"]
     assert "ENABLE_TOOL_SEARCH" not in seen["env"]
     assert "child-token-1" not in json.dumps(seen["env"])
+
+
+async def test_an_accounts_claude_credentials_file_is_the_runs_own_login_and_goes_with_it(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "CLAUDE_CREDENTIALS").write_text('{"claudeAiOauth": {"accessToken": "at-1"}}')
+    monkeypatch.setattr(agent_server, "SECRETS_DIR", str(secrets))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "claude"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(
+            f"""
+            import json, os
+            path = os.path.join(os.environ["CLAUDE_CONFIG_DIR"], ".credentials.json")
+            mode = os.stat(path).st_mode & 0o777
+            seen = {{"path": path, "text": open(path).read(), "mode": mode}}
+            open({str(bin_dir / "seen")!r}, "w").write(json.dumps(seen))
+            print(json.dumps({RESULT!r}), flush=True)
+            """
+        )
+    )
+    script.chmod(0o755)
+    configure(monkeypatch, workspace)
+    answer = await call({"task": "look"})
+    assert not answer.is_error, answer
+    seen = json.loads((bin_dir / "seen").read_text())
+    assert seen["text"] == '{"claudeAiOauth": {"accessToken": "at-1"}}'
+    assert seen["mode"] == 0o600
+    assert not await trio.Path(seen["path"]).exists()  # the run's home is gone
+
+
+def test_without_a_credentials_secret_nothing_is_installed(tmp_path: Path) -> None:
+    assert not agent_server.install_credentials(str(tmp_path), secrets_dir=str(tmp_path / "no"))
+    assert not (tmp_path / ".claude").exists()
