@@ -267,3 +267,81 @@ def test_two_clients_specialists_at_once_each_see_only_their_own_project(
         assert answers[name]["ok"], answers[name]
         assert note in shown, (name, shown)
         assert other not in shown, (name, shown)
+
+
+REFERENCE = (
+    Path(__file__).resolve().parents[1] / "unit" / "data" / "reference-advanced-mcp-suite.yaml"
+)
+LOCAL_TOOL_IMAGES = {
+    "filesystem": "reactor-fabric/mcp-server-filesystem:2026.8.31",
+    "git_advanced": "reactor-fabric/mcp-server-git:2026.10.19",
+}
+
+
+def test_the_reference_designs_suite_with_local_images_runs_its_agent_services(
+    tmp_path: Path, keys: dict[str, str]
+) -> None:
+    """The reference design's example suite, as it is but for its images (ours, built here),
+    its accounts defined, and the scripted model as the agents' API: each of its agent services
+    (every lifecycle: fresh per call, smart refresh, per session) answers a task."""
+    suite = yaml.safe_load(REFERENCE.read_text())
+    agents = [n for n, s in suite["mcp_services"].items() if s.get("service_type") == "llm_agent"]
+    assert sorted(agents) == [
+        "code_reviewer",
+        "devops_expert",
+        "docs_generator",
+        "react_specialist",
+    ]
+    project = tmp_path / "projects" / "app"
+    project.mkdir(parents=True)
+    project.chmod(0o777)
+
+    def say_done(request: dict[str, Any]) -> list[Text]:
+        return [Text(f"answer from {json.dumps(request['system'])[:40]}")]
+
+    script: list[Step] = [say_done] * len(agents)
+    with scripted_messages_api(script) as api:
+        port = api.url.rsplit(":", 1)[1]
+        suite["orchestrator"]["allowed_mount_roots"].append(str(tmp_path / "projects"))
+        accounts = {
+            a
+            for s in suite["mcp_services"].values()
+            for a in [s.get("config", {}).get("account")]
+            if a
+        }
+        suite["orchestrator"]["accounts"] = {
+            name: {"secrets": {"ANTHROPIC_API_KEY": {"env": WORK_KEY_VARIABLE, "as": "env"}}}
+            for name in accounts
+        }
+        for name, service in suite["mcp_services"].items():
+            service["pull"] = "never"
+            if name in agents:
+                service["image"] = agent_image()
+                service["egress"] = [f"127.0.0.1:{port}"]
+                service["env"] = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"}
+                if "account" not in service.get("config", {}):
+                    service["secrets"] = {"ANTHROPIC_API_KEY": {"env": WORK_KEY_VARIABLE}}
+            else:
+                service["image"] = LOCAL_TOOL_IMAGES.get(
+                    name, "reactor-fabric/mcp-server-time:2026.10.19"
+                )
+                service["network"] = "none"
+        path = tmp_path / "reference.yaml"
+        path.write_text(yaml.safe_dump(suite))
+        with orchestrator(path, tmp_path / "orchestrator.log") as running:
+            answers = {
+                name: run_task(running, project, f"{name}__run_task", f"Task for {name}.")[0]
+                for name in agents
+            }
+        received = [r for r in api.received if r.path.startswith("/v1/messages")]
+
+    assert api.refusals == [], api.refusals
+    for name, answer in answers.items():
+        assert answer["ok"], (name, answer)
+        assert "answer" in json.dumps(answer["content"]), (name, answer)
+    # Each agent's specialty reached its model; every request carried the account's key.
+    specialties = {json.dumps(r["system"]) for r in api.messages_requests()}
+    for name in agents:
+        specialty = suite["mcp_services"][name]["config"]["specialty"]
+        assert any(specialty in system for system in specialties), name
+    assert {r.headers.get("x-api-key") for r in received} == {WORK_KEY}

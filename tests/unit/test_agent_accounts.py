@@ -358,3 +358,46 @@ async def test_an_agent_whose_key_went_missing_is_unavailable_even_with_its_offe
     monkeypatch.delenv("RF_T_WORK")
     unavailable = await learned_offer()
     assert unavailable["agent"]["reason"] == "secret_unavailable"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_of_two_specialists_is_valid_without_a_warning() -> None:
+    path = REPO / "examples" / "specialists.yaml"
+    result = check_suite_text(path.read_text(), source=str(path))
+    assert [str(i) for i in result.issues] == []
+    assert result.warnings == []
+    assert result.suite is not None
+    services = result.suite.mcp_services
+    assert {n for n, s in services.items() if s.service_type == "llm_agent"} == {
+        "code_reviewer",
+        "security_analyst",
+    }
+    for name in ("code_reviewer", "security_analyst"):
+        assert services[name].account == "work"
+        assert services[name].egress_in_force == ["api.anthropic.com:443"]
+
+
+def test_the_reference_suite_loads_and_warns_only_of_its_agents_undefined_accounts() -> None:
+    path = REPO / "tests" / "unit" / "data" / "reference-advanced-mcp-suite.yaml"
+    result = check_suite_text(path.read_text(), source=str(path))
+    assert result.issues == []
+    # Its agents (service_type: llm_agent) name accounts set up elsewhere; python_expert and
+    # security_analyst say no service_type: tool services here, their config their own.
+    assert [w.path for w in result.warnings] == [
+        "mcp_services.react_specialist.config.account",
+        "mcp_services.devops_expert.config.account",
+    ]
+
+
+def test_the_bundled_suite_gives_its_specialist_the_default_accounts_key_only() -> None:
+    path = REPO / "claude-mcp-suite.yaml"
+    result = check_suite_text(path.read_text(), source=str(path))
+    assert result.warnings == []
+    assert result.suite is not None
+    resolved = resolve_suite_secrets(result.suite, environ={"ANTHROPIC_API_KEY": WORK_KEY})
+    assert set(resolved) == {"code_reviewer"}
+    assert resolved["code_reviewer"].values() == [WORK_KEY]
+    missing = resolve_suite_secrets(result.suite, environ={})["code_reviewer"]
+    assert missing.reason == "secret_unavailable"
