@@ -71,6 +71,9 @@ class ToolUse:
 
     name: str
     input: dict[str, Any] = field(default_factory=dict)
+    # A model asking for a tool it was not offered (a jailbreak, a confused model): sent as it
+    # is instead of refused, to see what the client does with it.
+    unoffered: bool = False
 
 
 Block = Text | ToolUse
@@ -174,7 +177,7 @@ class MessagesAPI:
         ``held``: taken when its request came), or why it is refused."""
         offered = {tool.get("name") for tool in request.get("tools") or []}
         for block in blocks:
-            if isinstance(block, ToolUse) and block.name not in offered:
+            if isinstance(block, ToolUse) and block.name not in offered and not block.unoffered:
                 return self._refuse(
                     f"step {index} uses the tool {block.name!r}, which the request "
                     f"does not offer (it offers {sorted(str(n) for n in offered)})"

@@ -184,7 +184,9 @@ def write_suite(
     :func:`build_test_image`), e.g. ``{"image": tag, "config": {...}}``; ``service_fields``:
     name → fields set on a bundled service (``container_strategy``, ``warm``…)."""
     suite = json.loads(json.dumps(BUNDLED))
-    suite["orchestrator"] = {"allowed_mount_roots": roots, **orchestrator}
+    # The bundled accounts stay (its specialist names one), unless the test gives its own.
+    accounts = BUNDLED["orchestrator"].get("accounts", {})
+    suite["orchestrator"] = {"allowed_mount_roots": roots, "accounts": accounts, **orchestrator}
     # No warm pool unless a test asks for one (test_warm_pool_e2e): the others count and
     # inspect their sessions' containers, and a pool's would be in the way.
     for service in suite["mcp_services"].values():

@@ -227,6 +227,28 @@ def test_without_danger_mode_the_agent_has_no_shell_and_an_edit_outside_the_work
     assert (project / "inside.txt").read_text() == "edited"
 
 
+def test_without_danger_mode_a_shell_command_the_model_asks_for_is_refused_by_the_cli(
+    tmp_path: Path, project: Path, key: str
+) -> None:
+    marker = project / "shell-ran"
+    script: list[Step] = [
+        [ToolUse("Bash", {"command": f"touch {TARGET}/shell-ran"}, unoffered=True)],
+        [Text("done")],
+    ]
+    with scripted_messages_api(script) as api:
+        suite = agent_suite(tmp_path, api.url, {"danger_mode": False})
+        with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+            answer, _ = run_task(running, project, {"task": "Run a command."})
+        results = api.tool_results()
+
+    assert api.refusals == [], api.refusals
+    assert answer["ok"], answer
+    # The CLI answered the model's shell request with an error of its own; nothing ran.
+    [result] = results.values()
+    assert "Bash" in json.dumps(result), result
+    assert not marker.exists()
+
+
 def test_in_danger_mode_the_agent_runs_a_shell_command_without_a_prompt(
     tmp_path: Path, project: Path, key: str
 ) -> None:

@@ -345,3 +345,36 @@ def test_the_reference_designs_suite_with_local_images_runs_its_agent_services(
         specialty = suite["mcp_services"][name]["config"]["specialty"]
         assert any(specialty in system for system in specialties), name
     assert {r.headers.get("x-api-key") for r in received} == {WORK_KEY}
+
+
+BUNDLED_SUITE = Path(__file__).resolve().parents[2] / "claude-mcp-suite.yaml"
+
+
+def test_the_bundled_suite_serves_its_specialist_as_unavailable_without_a_key_and_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make run`` without ANTHROPIC_API_KEY: code_reviewer is listed unavailable with the
+    reason, a call to it answers it, and the other services serve."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with orchestrator(BUNDLED_SUITE, tmp_path / "orchestrator.log") as running:
+        client = python2_client(f"{running.http_url}/mcp?tools=all")
+        try:
+            assert client.ask({"op": "initialize"})["ok"]
+            status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+            refused = client.ask(
+                {"op": "call", "name": "code_reviewer__run_task", "arguments": {"task": "t"}}
+            )
+            timed = client.ask(
+                {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+            )
+        finally:
+            client.close()
+
+    unavailable = status["structured"]["unavailable"]
+    assert set(unavailable) == {"code_reviewer"}, unavailable
+    assert unavailable["code_reviewer"]["reason"] == "secret_unavailable"
+    assert "ANTHROPIC_API_KEY is not set" in unavailable["code_reviewer"]["detail"]
+    assert refused["ok"] is False, refused
+    assert refused["error"]["code"] == -32002, refused
+    assert refused["error"]["data"]["reason"] == "secret_unavailable", refused
+    assert timed["ok"], timed

@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -102,7 +102,23 @@ async def use_the_suite(container: MemoryServer, token: str) -> dict[str, Any]:
         await stream.aclose()
 
 
-async def agent_or_tool_server(container: MemoryServer, *, token: str | None = None) -> None:
+async def hold_in_the_suite(container: MemoryServer) -> NoReturn:
+    """An agent that calls a tool of its child session that never answers, and waits."""
+    stream = await container.connect_fabric()
+    lines = Lines(stream)
+    token = container.spec.environment[CHILD_TOKEN_ENV]
+    line = {"jsonrpc": "2.0", "method": "fabric/child", "params": {"token": token}}
+    await stream.send_all(json.dumps(line).encode() + b"\n")
+    await lines.send(INITIALIZE)
+    await lines.answer_to(1)
+    await lines.send(INITIALIZED, call(2, "beta__hold"))
+    await lines.answer_to(2)  # never, unless the session ends (None)
+    await trio.sleep_forever()
+
+
+async def agent_or_tool_server(
+    container: MemoryServer, *, token: str | None = None, hold: bool = False
+) -> None:
     """The scripted server for tool services; for the agent's image, an agent whose one tool
     uses its child session (with ``token`` instead of its own when given: a forged one)."""
     if container.spec.image != "fake/agent:1":
@@ -122,6 +138,8 @@ async def agent_or_tool_server(container: MemoryServer, *, token: str | None = N
             result = {"tools": [{"name": "run_task", "inputSchema": {"type": "object"}}]}
         else:
             own = container.spec.environment.get(CHILD_TOKEN_ENV, "")
+            if hold:
+                await hold_in_the_suite(container)
             seen = await use_the_suite(container, token if token is not None else own)
             result = {"content": [{"type": "text", "text": json.dumps(seen)}]}
         answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
@@ -136,8 +154,10 @@ SERVICES = {
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, *, token: str | None = None) -> AsyncIterator[Served]:
-    server = functools.partial(agent_or_tool_server, token=token)
+async def serving(
+    tmp_path: Path, *, token: str | None = None, hold: bool = False
+) -> AsyncIterator[Served]:
+    server = functools.partial(agent_or_tool_server, token=token, hold=hold)
     async with served(tmp_path, server=server, learn_catalog=True, services=SERVICES) as http:
         children = ChildSockets()
         http.runtime.children = children
@@ -272,3 +292,30 @@ async def test_an_agent_may_use_another_agent_only_below_the_depth_limit(tmp_pat
         # tool services only.
         assert fabric.child_services(services["lead"], 1) == ("beta", "helper")
         assert fabric.child_services(services["helper"], 2) == ("beta",)
+
+
+async def test_a_cancelled_agent_call_ends_its_child_session_and_the_childs_containers(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    async with serving(tmp_path, hold=True) as http:
+        ws = await open_session(http, project)
+        await ws.send_json(call(7, "agent__run_task", {"task": "review"}))
+
+        def beta_running() -> bool:
+            return any(
+                s.spec.labels[LABEL_SERVICE] == "beta" and not s.removed
+                for s in http.runtime.servers.values()
+            )
+
+        await until(beta_running, what="the child's beta container running")
+        assert len(http.fabric.sessions) == 2
+        cancel = {"requestId": 7, "reason": "the user changed their mind"}
+        await ws.send_json(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
+        )
+        await until(lambda: http.runtime.alive == [], what="the agent's and beta's removal")
+        await until(lambda: len(http.fabric.sessions) == 1, what="the child session's end")
+        assert http.fabric.child_grants == {}
+        await ws.aclose()
