@@ -28,8 +28,8 @@ one container does reaches another's connections or the orchestrator.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..policy.container_spec import CHILD_SOCKET_TARGET
+from .unix_listeners import close_listener, serve_listener
 
 __all__ = ["CHILD_SOCKET_TARGET", "ChildHandler", "ChildSockets"]
 
@@ -94,7 +95,7 @@ class ChildSockets:
         is told) on ``listener`` (listening, ours from now on: closed, and ``path`` unlinked,
         when served no more) until :meth:`stop`. RuntimeError if :meth:`run` does not run."""
         if self._nursery is None:
-            _close_listener(listener, path)
+            close_listener(listener, path)
             raise RuntimeError("the fabric sockets are not served in this process")
         served = _Served(name)
         self._served[container] = served
@@ -127,28 +128,14 @@ class ChildSockets:
             await self._connection(served, stream)
 
     async def _accept(self, served: _Served, listener: socket.socket, path: str | None) -> None:
-        try:
-            listening = trio.SocketListener(trio.socket.from_stdlib_socket(listener))
-        except BaseException:
-            _close_listener(listener, path)
-            raise
-        try:
-            with served.scope:
-                async with trio.open_nursery() as connections:
-                    while True:
-                        try:
-                            stream = await listening.accept()
-                        except (OSError, trio.ClosedResourceError) as exc:
-                            log.warning(
-                                "child_socket_failed",
-                                extra={"container_name": served.name, "detail": str(exc)},
-                            )
-                            return
-                        connections.start_soon(self._connection, served, stream)
-        finally:
-            with contextlib.suppress(OSError):
-                await listening.aclose()
-            _close_listener(listener, path)
+        with served.scope:
+            await serve_listener(
+                listener,
+                path,
+                functools.partial(self._connection, served),
+                failed="child_socket_failed",
+                fields={"container_name": served.name},
+            )
 
     async def _connection(self, served: _Served, stream: trio.abc.Stream) -> None:
         served.connections += 1
@@ -180,10 +167,3 @@ class ChildSockets:
 async def _close_quietly(stream: trio.abc.Stream) -> None:
     with trio.CancelScope(shield=True), contextlib.suppress(trio.BrokenResourceError, OSError):
         await trio.aclose_forcefully(stream)
-
-
-def _close_listener(listener: socket.socket, path: str | None) -> None:
-    listener.close()
-    if path is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)

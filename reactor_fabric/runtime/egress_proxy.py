@@ -40,9 +40,9 @@ group), as a record with its outcome.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,6 +70,7 @@ from ..protocol.egress import (
     read_request,
     refusal_response,
 )
+from .unix_listeners import close_listener, serve_listener
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ class EgressProxy:
         and its ``path`` unlinked, when served no more) until :meth:`stop`. RuntimeError if the
         proxy does not run."""
         if self._nursery is None:
-            _close_listener(listener, path)
+            close_listener(listener, path)
             raise RuntimeError("the egress proxy is not running")
         served = _Served(
             container,
@@ -235,28 +236,14 @@ class EgressProxy:
             served.cancel()
 
     async def _accept(self, served: _Served, listener: socket.socket, path: str | None) -> None:
-        try:
-            listening = trio.SocketListener(trio.socket.from_stdlib_socket(listener))
-        except BaseException:
-            _close_listener(listener, path)
-            raise
-        try:
-            with served.scope:
-                async with trio.open_nursery() as connections:
-                    while True:
-                        try:
-                            stream = await listening.accept()
-                        except (OSError, trio.ClosedResourceError) as exc:
-                            log.warning(
-                                "egress_listener_failed",
-                                extra={"container": served.container[:12], "detail": str(exc)},
-                            )
-                            return
-                        connections.start_soon(self._connection, served, stream)
-        finally:
-            with contextlib.suppress(OSError):
-                await listening.aclose()
-            _close_listener(listener, path)
+        with served.scope:
+            await serve_listener(
+                listener,
+                path,
+                functools.partial(self._connection, served),
+                failed="egress_listener_failed",
+                fields={"container": served.container[:12]},
+            )
 
     async def _connection(self, served: _Served, client: trio.SocketStream) -> None:
         began = trio.current_time()
@@ -486,13 +473,6 @@ def _bind(host: str, port: int) -> socket.socket:
 def _address_text(listener: socket.socket) -> str:
     host, port = listener.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-
-
-def _close_listener(listener: socket.socket, path: str | None) -> None:
-    if path is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    listener.close()
 
 
 def _connect_failed(message: str) -> EgressRefused:

@@ -86,10 +86,10 @@ def agent_suite(tmp_path: Path, api_url: str, config: dict[str, Any]) -> Path:
 
 
 def run_task(
-    running: Orchestrator, project: Path, arguments: dict[str, Any]
+    running: Orchestrator, project: Path, arguments: dict[str, Any], tool: str = "agent__run_task"
 ) -> tuple[dict[str, Any], list[str]]:
-    """``agent__run_task`` on ``/mcp`` with ``project`` mounted: the answer and the progress
-    messages heard before it."""
+    """``tool`` (an agent's ``run_task``) on ``/mcp`` with ``project`` mounted: the answer and
+    the progress messages heard before it."""
     client: LineProcess = python2_client(f"{running.http_url}/mcp?mount={project}:{TARGET}")
     try:
         initialized = client.ask({"op": "initialize"})
@@ -97,7 +97,7 @@ def run_task(
         client.send(
             {
                 "op": "call",
-                "name": "agent__run_task",
+                "name": tool,
                 "arguments": arguments,
                 "report_progress": True,
             }

@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from tests.integration.harness import (
-    LineProcess,
     Orchestrator,
     git_repo,
     orchestrator,
@@ -25,7 +24,7 @@ from tests.integration.harness import (
     wait_until,
     write_suite,
 )
-from tests.integration.test_agent_claude_code_e2e import agent_image, echo_tool_result
+from tests.integration.test_agent_claude_code_e2e import agent_image, echo_tool_result, run_task
 from tests.messages_api import Step, Text, ToolUse, scripted_messages_api
 
 pytestmark = pytest.mark.integration
@@ -76,26 +75,6 @@ def specialist_suite(tmp_path: Path, agents: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def run_task(
-    running: Orchestrator, project: Path, tool: str, task: str
-) -> tuple[dict[str, Any], list[str]]:
-    client: LineProcess = python2_client(f"{running.http_url}/mcp?mount={project}:{TARGET}")
-    try:
-        initialized = client.ask({"op": "initialize"})
-        assert initialized["ok"], initialized
-        client.send(
-            {"op": "call", "name": tool, "arguments": {"task": task}, "report_progress": True}
-        )
-        progress: list[str] = []
-        while True:
-            line = client.read_json(timeout=300)
-            if line.get("op") != "progress":
-                return line, progress
-            progress.append(str(line.get("message")))
-    finally:
-        client.close()
-
-
 def containers_of(client: docker.DockerClient, running: Orchestrator) -> list[Any]:
     return client.containers.list(
         all=True, sparse=True, filters={"label": [f"reactor-fabric.instance={running.instance}"]}
@@ -116,7 +95,9 @@ def test_a_specialist_uses_git_on_the_clients_repository_through_its_child_sessi
             tmp_path, {"reviewer": agent(api.url, "work", "You review code.", uses=["git"])}
         )
         with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-            answer, progress = run_task(running, repo, "reviewer__run_task", "Review the log.")
+            answer, progress = run_task(
+                running, repo, {"task": "Review the log."}, "reviewer__run_task"
+            )
             wait_until(
                 lambda: containers_of(docker_client, running) == [],
                 what="the agent's and the child's containers removed",
@@ -186,8 +167,8 @@ def test_two_accounts_agents_each_get_only_their_own_key_and_reach_no_unlisted_d
             },
         )
         with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-            worked, _ = run_task(running, project, "worker__run_task", "Try the network.")
-            homed, _ = run_task(running, project, "homer__run_task", "Say done.")
+            worked, _ = run_task(running, project, {"task": "Try the network."}, "worker__run_task")
+            homed, _ = run_task(running, project, {"task": "Say done."}, "homer__run_task")
             wait_until(
                 lambda: any(
                     r["event"] == "egress" and r["outcome"] == "refused" for r in running.audit()
@@ -251,7 +232,7 @@ def test_two_clients_specialists_at_once_each_see_only_their_own_project(
             def client(name: str) -> None:
                 both_started.wait()
                 answers[name], _ = run_task(
-                    running, projects[name], "reader__run_task", "What do the notes say?"
+                    running, projects[name], {"task": "What do the notes say?"}, "reader__run_task"
                 )
 
             threads = [threading.Thread(target=client, args=(name,)) for name in notes]
@@ -330,7 +311,9 @@ def test_the_reference_designs_suite_with_local_images_runs_its_agent_services(
         path.write_text(yaml.safe_dump(suite))
         with orchestrator(path, tmp_path / "orchestrator.log") as running:
             answers = {
-                name: run_task(running, project, f"{name}__run_task", f"Task for {name}.")[0]
+                name: run_task(
+                    running, project, {"task": f"Task for {name}."}, f"{name}__run_task"
+                )[0]
                 for name in agents
             }
         received = [r for r in api.received if r.path.startswith("/v1/messages")]
