@@ -25,8 +25,9 @@ the relay as a stdio MCP server (no proxy settings, no network on the way), and 
 only one container can reach already says whose the connection is; the token makes a socket
 handed to the wrong container by a bug useless, and ends with the call.
 
-Bounds: the token line within ``first_message_timeout`` and 4 KiB; then the session's own
-limits (message size, buffers, the client write timeout for :class:`LineChannel`).
+Bounds: the token line within ``first_message_timeout`` and 4 KiB, the first message within
+``first_message_timeout`` again; then the session's own limits (message size, buffers, the
+client write timeout for :class:`LineChannel`).
 
 Resource handling: the stream is closed by the runtime's :class:`~reactor_fabric.runtime.
 child_sockets.ChildSockets` when this returns; the session's teardown (shielded, bounded)
@@ -150,11 +151,18 @@ async def serve_child(fabric: Fabric, container_name: str, stream: trio.abc.Stre
         pending=pending,
         splitter=splitter,
     )
+    opening: bytes | None = None
+    with trio.move_on_after(fabric.limits.first_message_seconds):
+        opening = await channel.receive()
+    if opening is None:
+        log.warning("child_refused", extra={**fields, "detail": "no first message in time"})
+        return
     await serve_session(
         fabric,
         channel,
         FABRIC_ENDPOINT,
         [],
+        first_frame=opening,
         transport=TRANSPORT,
         client=Client(fabric.token_id, f"agent:{grant.agent}", TRANSPORT),
         child=grant,

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from reactor_fabric.config.structs import Agents, Service
+from reactor_fabric.config.structs import Agents, Limits, Service
 from reactor_fabric.policy.container_spec import (
     CHILD_SOCKET_ENV,
     CHILD_TOKEN_ENV,
@@ -116,8 +116,19 @@ async def hold_in_the_suite(container: MemoryServer) -> NoReturn:
     await trio.sleep_forever()
 
 
+async def say_nothing_after_the_token(container: MemoryServer) -> dict[str, Any]:
+    """A relay that opens its child session and then sends nothing: closed by the fabric."""
+    stream = await container.connect_fabric()
+    token = container.spec.environment[CHILD_TOKEN_ENV]
+    line = {"jsonrpc": "2.0", "method": "fabric/child", "params": {"token": token}}
+    await stream.send_all(json.dumps(line).encode() + b"\n")
+    received = await stream.receive_some(65536)
+    await stream.aclose()
+    return {"closed": received == b""}
+
+
 async def agent_or_tool_server(
-    container: MemoryServer, *, token: str | None = None, hold: bool = False
+    container: MemoryServer, *, token: str | None = None, hold: bool = False, mute: bool = False
 ) -> None:
     """The scripted server for tool services; for the agent's image, an agent whose one tool
     uses its child session (with ``token`` instead of its own when given: a forged one)."""
@@ -140,6 +151,11 @@ async def agent_or_tool_server(
             own = container.spec.environment.get(CHILD_TOKEN_ENV, "")
             if hold:
                 await hold_in_the_suite(container)
+            if mute:
+                seen = await say_nothing_after_the_token(container)
+                answer = {"jsonrpc": "2.0", "id": message["id"], "result": _text(seen)}
+                await container.write_stdout(json.dumps(answer).encode() + b"\n")
+                continue
             seen = await use_the_suite(container, token if token is not None else own)
             result = {"content": [{"type": "text", "text": json.dumps(seen)}]}
         answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
@@ -155,10 +171,17 @@ SERVICES = {
 
 @asynccontextmanager
 async def serving(
-    tmp_path: Path, *, token: str | None = None, hold: bool = False
+    tmp_path: Path,
+    *,
+    token: str | None = None,
+    hold: bool = False,
+    mute: bool = False,
+    limits: Limits | None = None,
 ) -> AsyncIterator[Served]:
-    server = functools.partial(agent_or_tool_server, token=token, hold=hold)
-    async with served(tmp_path, server=server, learn_catalog=True, services=SERVICES) as http:
+    server = functools.partial(agent_or_tool_server, token=token, hold=hold, mute=mute)
+    async with served(
+        tmp_path, server=server, learn_catalog=True, services=SERVICES, limits=limits
+    ) as http:
         children = ChildSockets()
         http.runtime.children = children
         await http.nursery.start(children.run, functools.partial(serve_child, http.fabric))
@@ -318,4 +341,25 @@ async def test_a_cancelled_agent_call_ends_its_child_session_and_the_childs_cont
         await until(lambda: http.runtime.alive == [], what="the agent's and beta's removal")
         await until(lambda: len(http.fabric.sessions) == 1, what="the child session's end")
         assert http.fabric.child_grants == {}
+        await ws.aclose()
+
+
+def _text(value: dict[str, Any]) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": json.dumps(value)}]}
+
+
+async def test_a_relay_that_sends_nothing_after_its_token_is_closed_at_the_first_message_deadline(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    limits = Limits(first_message_timeout="200ms")
+    async with serving(tmp_path, mute=True, limits=limits) as http:
+        ws = await open_session(http, project)
+        await ws.send_json(call(7, "agent__run_task", {"task": "review"}))
+        # (a guard against a hang, far above the deadline: without one the relay waits forever)
+        with trio.fail_after(30):
+            answer = await ws.hear()
+        assert json.loads(answer["result"]["content"][0]["text"]) == {"closed": True}
+        assert len(http.fabric.sessions) == 1  # no child session was ever admitted
         await ws.aclose()
