@@ -66,6 +66,12 @@ def write_suite(path: Path, *, audit: bool) -> Path:
         "allowed_mount_roots": [str(TMP)],
         "audit": {"enabled": audit},
     }
+    # The specialist agents need a model account: not what this measures.
+    suite["mcp_services"] = {
+        name: service
+        for name, service in suite["mcp_services"].items()
+        if service.get("service_type") != "llm_agent"
+    }
     for service in suite["mcp_services"].values():
         service["timeout"] = "30m"
         # No warm pool: its containers would start next to the measured ones, in one system.

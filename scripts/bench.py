@@ -2104,7 +2104,15 @@ def overheads(rtt: Json) -> Json:
 
 
 def bundled() -> Json:
+    """The bundled suite's MCP tool services. Its specialist agents (``llm_agent``) are left
+    out: an agent's call is a model conversation, which needs a model account and is measured
+    by nothing here (each would only be refused without one)."""
     loaded: Json = yaml.safe_load(SUITE.read_text())
+    loaded["mcp_services"] = {
+        name: service
+        for name, service in loaded["mcp_services"].items()
+        if service.get("service_type") != "llm_agent"
+    }
     return loaded
 
 
