@@ -34,7 +34,9 @@ def catalog(suite: Path, cache: Path, *extra: str) -> tuple[int, dict[str, Any]]
         timeout=600,
         check=False,
         cwd=REPO,
-        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        # The bundled specialist's account has a key (one no model ever sees: its probe asks the
+        # agent image's server for its tools, nothing more).
+        env={**os.environ, "XDG_CACHE_HOME": str(cache), "ANTHROPIC_API_KEY": "sk-test-unused"},
     )
     return done.returncode, json.loads(done.stdout)["services"]
 
@@ -69,6 +71,7 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
         "git": "probe",
         "filesystem": "probe",
         "everything": "probe",
+        "code_reviewer": "probe",
         "absent": "error",
     }
     # The documented catalog form: each service's own tool names, the suite's words about it.
@@ -77,6 +80,7 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
     assert "git_log" in names["git"]
     assert "read_text_file" in names["filesystem"]
     assert "echo" in names["everything"]
+    assert names["code_reviewer"] == ["run_task"]  # the agent image's one tool
     assert "version-control" in services["git"]["categories"]
     assert services["git"]["example_tasks"]
     assert services["git"]["requires"] == []
@@ -91,6 +95,7 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
         "git": "cache",
         "filesystem": "cache",
         "everything": "cache",
+        "code_reviewer": "cache",
     }
     assert again["git"]["tools"] == services["git"]["tools"]
     _, refreshed = catalog(suite, tmp_path / "cache", "--refresh")
