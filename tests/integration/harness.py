@@ -14,6 +14,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 import zoneinfo
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import docker
 import yaml
 
+from reactor_fabric._operator_cli import audit_file_name
 from reactor_fabric.config.token import TOKEN_ENV
 from reactor_fabric.runtime.docker import container_gone
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
@@ -151,9 +153,11 @@ class Orchestrator:
 
     @property
     def audit_path(self) -> Path:
-        """Its audit trail (each test orchestrator has a state directory of its own)."""
+        """Its audit trail: the default trail of its port, in its state directory."""
         assert self.state_dir is not None
-        return self.state_dir / "reactor-fabric" / "audit.jsonl"
+        port = urllib.parse.urlsplit(self.http_url).port
+        assert port is not None
+        return self.state_dir / "reactor-fabric" / audit_file_name(port)
 
     def audit(self) -> list[dict[str, Any]]:
         """The records of its audit trail written so far (complete lines only)."""
