@@ -321,7 +321,9 @@ def orchestrator(
         first = process.stdout.readline().decode()
         match = re.search(r"on (http://[^ ]+) ", first)
         assert match, f"orchestrator did not start: {first!r}\n{log_path.read_text()[-3000:]}"
-        running = Orchestrator(process, match.group(1), log_path, token, state)
+        # Its state directory: the harness's own, unless the test gave one (env).
+        state_home = Path(env["XDG_STATE_HOME"])
+        running = Orchestrator(process, match.group(1), log_path, token, state_home)
         STARTED.append(running)
         yield running
     finally:
