@@ -119,6 +119,7 @@ def add_operator_commands(commands: Any, environ: dict[str, str]) -> None:
     audit.add_argument(
         "--port",
         dest="audit_port",
+        metavar="PORT",
         type=int,
         default=None,
         help="the trail of the orchestrator listening on this port (default: the serve "
