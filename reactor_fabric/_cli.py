@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -32,7 +33,13 @@ import trio
 
 from . import _reasons
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
-from ._operator_cli import add_operator_commands, audit_command, open_audit, sessions_command
+from ._operator_cli import (
+    DEFAULT_PORT,
+    add_operator_commands,
+    audit_command,
+    open_audit,
+    sessions_command,
+)
 from ._scheduling import Slice, shorten_slice
 from ._version import __version__
 from .config.secrets import resolve_suite_secrets
@@ -101,7 +108,6 @@ MAX_CATALOG_BYTES = 256 * 1024 * 1024
 
 DEFAULT_CONFIG = "claude-mcp-suite.yaml"
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8765
 # Seconds a thread may hold the GIL while another waits for it (see _serve_fabric).
 GIL_SWITCH_INTERVAL = 0.0005
 
@@ -304,7 +310,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         ),
         "rank": lambda: rank_command(args.catalog, args.top, args.budget),
         "lock": lambda: lock_command(args.lock_config or args.config, args.check, env),
-        "audit": lambda: audit_command(args, _optional_suite(args.config), env),
+        "audit": lambda: audit_command(args, _optional_suite(args.config), env, int(args.port)),
         "sessions": lambda: sessions_command(args, env),
     }
     if args.command in commands:
@@ -802,8 +808,32 @@ def _serve_suite(
         log.error("engine_unusable", extra={"reason": _reasons.ENGINE_ADDRESS, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
+    # Bound before the trail opens: an instance's default trail is keyed by the port it
+    # listens on (for --port 0, the one it got), so two instances never share one.
     try:
-        audit = open_audit(suite, environ)
+        listener = bind_listener(settings.host, settings.port)
+    except OSError as exc:
+        return _cannot_listen(settings, exc)
+    with listener:
+        return _serve_bound(
+            settings, suite, environ, cpu_slice, token=token, runtime=runtime, listener=listener
+        )
+
+
+def _serve_bound(
+    settings: ServeSettings,
+    suite: Suite,
+    environ: dict[str, str],
+    cpu_slice: Slice,
+    *,
+    token: Token | None,
+    runtime: Runtime,
+    listener: socket.socket,
+) -> int:
+    """Serve on ``listener``: the audit trail of its port and the lock first (each may refuse)."""
+    port = int(listener.getsockname()[1])
+    try:
+        audit = open_audit(suite, environ, port)
     except OSError as exc:
         log.error(
             "audit_unwritable", extra={"reason": _reasons.AUDIT_UNWRITABLE, "detail": str(exc)}
@@ -827,7 +857,7 @@ def _serve_suite(
                 "event": "orchestrator_start",
                 "version": __version__,
                 "pid": os.getpid(),
-                "listen": f"{settings.host}:{settings.port}",
+                "listen": f"{settings.host}:{port}",
             }
         )
     locked = _serving_lock(settings.config)
@@ -849,7 +879,7 @@ def _serve_suite(
         replica=settings.replica,
     )
     try:
-        return _serve_fabric(fabric, settings, token, cpu_slice, environ)
+        return _serve_fabric(fabric, settings, token, cpu_slice, environ, listener=listener)
     finally:
         if audit is not None:
             audit.submit(
@@ -864,6 +894,8 @@ def _serve_fabric(
     token: Token | None,
     cpu_slice: Slice,
     environ: dict[str, str],
+    *,
+    listener: socket.socket,
 ) -> int:
     if cpu_slice.shortened:
         log.info(
@@ -883,29 +915,34 @@ def _serve_fabric(
     # more frequent hand-overs while two threads both compute, which is rare here.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     try:
-        trio.run(_serve_until_signalled, fabric, settings, token, environ)
+        trio.run(_serve_until_signalled, fabric, settings, token, environ, listener)
     except OSError as exc:
-        reason = _reasons.PORT_IN_USE if exc.errno == errno.EADDRINUSE else _reasons.CANNOT_LISTEN
-        log.error(
-            "cannot_listen",
-            extra={
-                "reason": reason,
-                "host": settings.host,
-                "port": settings.port,
-                "detail": str(exc),
-            },
-        )
-        print(
-            f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-            + (
-                " (choose another with --port or REACTOR_FABRIC_PORT)"
-                if reason == _reasons.PORT_IN_USE
-                else ""
-            ),
-            file=sys.stderr,
-        )
-        return EXIT_CANNOT_LISTEN
+        return _cannot_listen(settings, exc)
     return EXIT_OK
+
+
+def _cannot_listen(settings: ServeSettings, exc: OSError) -> int:
+    """Said and logged: the port cannot be had (in use, or the address not available)."""
+    reason = _reasons.PORT_IN_USE if exc.errno == errno.EADDRINUSE else _reasons.CANNOT_LISTEN
+    log.error(
+        "cannot_listen",
+        extra={
+            "reason": reason,
+            "host": settings.host,
+            "port": settings.port,
+            "detail": str(exc),
+        },
+    )
+    print(
+        f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+        + (
+            " (choose another with --port or REACTOR_FABRIC_PORT)"
+            if reason == _reasons.PORT_IN_USE
+            else ""
+        ),
+        file=sys.stderr,
+    )
+    return EXIT_CANNOT_LISTEN
 
 
 def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
@@ -965,13 +1002,14 @@ def _record_token(environ: dict[str, str], port: int, token: Token | None) -> To
 
 
 async def _serve_until_signalled(
-    fabric: Fabric, settings: ServeSettings, token: Token | None, environ: dict[str, str]
+    fabric: Fabric,
+    settings: ServeSettings,
+    token: Token | None,
+    environ: dict[str, str],
+    listener: socket.socket,
 ) -> None:
     """Serve; the first SIGINT/SIGTERM stops gracefully (bounded), a second one at once."""
-    with (
-        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
-        bind_listener(settings.host, settings.port) as listener,
-    ):
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         # Recorded once the port is ours (and known, for --port 0), before the start-up line:
         # a bridge started after it finds the token. Removed at every exit (a killed
         # orchestrator's record is replaced by the next start on the port).

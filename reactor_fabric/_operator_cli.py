@@ -12,13 +12,14 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 import time
 import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,29 +32,68 @@ from .observe.audit import AuditWriter, audit_files, read_records, verify
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
+# The port an orchestrator listens on when told nothing (serve's --port).
+DEFAULT_PORT = 8765
+# The default port's trail keeps the name it had before each instance had a trail of its own,
+# so an existing trail goes on (its chain, the scripts that read it); other ports' are
+# audit-PORT.jsonl beside it (docs/OPERATIONS.md, the audit trail).
 AUDIT_FILE = "audit.jsonl"
+MAX_PORT = 65535
+_PORT_TRAIL = re.compile(r"audit-([1-9][0-9]{0,4})\.jsonl")
 FOLLOW_POLL_SECONDS = 0.5
 REQUEST_TIMEOUT_SECONDS = 10.0
 
 
-def audit_path(suite: Suite | None, environ: dict[str, str]) -> Path:
-    """Where the trail is: the suite's ``orchestrator.audit.path``, else
-    ``${XDG_STATE_HOME:-~/.local/state}/reactor-fabric/audit.jsonl``."""
+def state_dir(environ: Mapping[str, str]) -> Path:
+    """``${XDG_STATE_HOME:-~/.local/state}/reactor-fabric``: where default trails live."""
+    return xdg_dir(environ, "XDG_STATE_HOME", ".local/state")
+
+
+def audit_file_name(port: int) -> str:
+    """The default trail's name of the orchestrator listening on ``port``: each instance of a
+    user writes its own (only one may write a trail), keyed by the port users know it by."""
+    return AUDIT_FILE if port == DEFAULT_PORT else f"audit-{port}.jsonl"
+
+
+def audit_path(suite: Suite | None, environ: Mapping[str, str], port: int = DEFAULT_PORT) -> Path:
+    """Where the trail of the orchestrator on ``port`` is: the suite's
+    ``orchestrator.audit.path``, else :func:`audit_file_name` in :func:`state_dir`."""
     configured = suite.orchestrator.audit.path if suite is not None else None
     if configured:
         home = environ.get("HOME") or str(Path.home())
         return Path(configured.replace("~", home, 1) if configured.startswith("~") else configured)
-    return xdg_dir(environ, "XDG_STATE_HOME", ".local/state") / AUDIT_FILE
+    return state_dir(environ) / audit_file_name(port)
 
 
-def open_audit(suite: Suite, environ: dict[str, str]) -> AuditWriter | None:
-    """The trail's writer, opened (None when the suite turns the trail off); OSError if it
-    cannot be written."""
+def found_trails(directory: Path) -> list[tuple[int, Path]]:
+    """Every instance's default trail in ``directory``: (port, its current file), by port. A
+    trail whose current file is gone but rotated ones remain is found by those."""
+    ports: set[int] = set()
+    try:
+        names = [entry.name for entry in directory.iterdir()]
+    except OSError:
+        return []
+    for name in names:
+        stem = name.split(".jsonl", 1)[0] + ".jsonl" if ".jsonl" in name else name
+        if stem == AUDIT_FILE:
+            ports.add(DEFAULT_PORT)
+        elif (match := _PORT_TRAIL.fullmatch(stem)) and int(match.group(1)) <= MAX_PORT:
+            ports.add(int(match.group(1)))
+    trails = [(port, directory / audit_file_name(port)) for port in sorted(ports)]
+    return [(port, path) for port, path in trails if audit_files(path)]
+
+
+def open_audit(
+    suite: Suite, environ: Mapping[str, str], port: int = DEFAULT_PORT
+) -> AuditWriter | None:
+    """The trail's writer for the orchestrator listening on ``port``, opened (None when the
+    suite turns the trail off); OSError if it cannot be written (AuditInUse: another
+    orchestrator writes it, e.g. one given the same orchestrator.audit.path)."""
     settings = suite.orchestrator.audit
     if not settings.enabled:
         return None
     writer = AuditWriter(
-        audit_path(suite, environ), max_bytes=settings.max_bytes, keep=settings.keep
+        audit_path(suite, environ, port), max_bytes=settings.max_bytes, keep=settings.keep
     )
     writer.open()
     return writer
@@ -62,15 +102,35 @@ def open_audit(suite: Suite, environ: dict[str, str]) -> AuditWriter | None:
 def add_operator_commands(commands: Any, environ: dict[str, str]) -> None:
     audit = commands.add_parser(
         "audit",
-        help="read the audit trail (filters, --follow, --json), or 'audit verify' its chain",
+        help="read the audit trail (filters, --follow, --json), 'audit verify' its chain, or "
+        "'audit list' every instance's trail",
     )
     audit.add_argument(
-        "action", nargs="?", choices=["verify"], help="verify: check every line's hash chain"
+        "action",
+        nargs="?",
+        choices=["verify", "list"],
+        help="verify: check every line's hash chain; list: the trails of every instance (port)",
     )
     audit.add_argument(
         "--path", help="the trail's file (default: the suite's orchestrator.audit.path, else "
-        "${XDG_STATE_HOME:-~/.local/state}/reactor-fabric/audit.jsonl)",
+        "the default trail of the orchestrator on --port, in "
+        "${XDG_STATE_HOME:-~/.local/state}/reactor-fabric/)",
     )  # fmt: skip
+    audit.add_argument(
+        "--port",
+        dest="audit_port",
+        metavar="PORT",
+        type=int,
+        default=None,
+        help="the trail of the orchestrator listening on this port (default: the serve "
+        "command's --port, env REACTOR_FABRIC_PORT, else 8765)",
+    )
+    audit.add_argument(
+        "--all",
+        dest="all_trails",
+        action="store_true",
+        help="verify: every instance's trail in the state directory",
+    )
     audit.add_argument("--session", help="only this session's records")
     audit.add_argument("--service", help="only this service's records")
     audit.add_argument("--tool", help="only calls of this tool")
@@ -93,10 +153,27 @@ def add_operator_commands(commands: Any, environ: dict[str, str]) -> None:
 # --- audit ---------------------------------------------------------------------------------------
 
 
-def audit_command(args: argparse.Namespace, suite: Suite | None, environ: dict[str, str]) -> int:
-    path = Path(args.path) if args.path else audit_path(suite, environ)
+def audit_command(
+    args: argparse.Namespace,
+    suite: Suite | None,
+    environ: Mapping[str, str],
+    serve_port: int = DEFAULT_PORT,
+) -> int:
+    """``audit``: the trail of ``--path``, else of the orchestrator on ``--port`` (default
+    ``serve_port``: the serve command's own --port); ``list`` and ``verify --all``: every
+    instance's default trail."""
+    if args.action == "list" or args.all_trails:
+        return _every_trail(args, state_dir(environ))
+    path = _trail(args, suite, environ, serve_port)
+    if path is None:
+        return EXIT_INVALID
     if args.action == "verify":
         return _verify(path)
+    return _show(args, path)
+
+
+def _show(args: argparse.Namespace, path: Path) -> int:
+    """``audit`` (no action): the records of the trail at ``path`` that pass the filters."""
     try:
         since = _since(args.since)
     except ValueError as exc:
@@ -126,6 +203,51 @@ def audit_command(args: argparse.Namespace, suite: Suite | None, environ: dict[s
         # The reader (e.g. head) went away; nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
+
+
+def _trail(
+    args: argparse.Namespace, suite: Suite | None, environ: Mapping[str, str], serve_port: int
+) -> Path | None:
+    """The one trail ``audit`` reads: ``--path``, else the trail of the orchestrator on
+    ``--port`` (default ``serve_port``); None, said, for a port no orchestrator listens on."""
+    if args.path:
+        return Path(args.path)
+    port = args.audit_port if args.audit_port is not None else serve_port
+    if not 0 < port <= MAX_PORT:
+        print(
+            f"error: no trail for port {port}: give the port the orchestrator listens on "
+            "(its start-up line says it), or see 'audit list'",
+            file=sys.stderr,
+        )
+        return None
+    return audit_path(suite, environ, port)
+
+
+def _every_trail(args: argparse.Namespace, directory: Path) -> int:
+    """``audit list`` or ``audit verify --all``: each default trail in ``directory`` by port;
+    verify exits with the worst of its trails' codes."""
+    action = args.action
+    if args.all_trails and action != "verify":
+        print("error: --all is for 'audit verify'; 'audit list' names every trail", file=sys.stderr)
+        return EXIT_INVALID
+    if args.path or args.audit_port is not None:
+        print("error: 'audit list' and --all take no --path or --port", file=sys.stderr)
+        return EXIT_INVALID
+    trails = found_trails(directory)
+    if not trails:
+        print(f"error: no audit trail in {directory}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if action == "list":
+        for port, path in trails:
+            files = audit_files(path)
+            size = sum(file.stat().st_size for file in files if file.exists())
+            print(f"port {port}  {path}  {len(files)} file(s), {size} bytes")
+        return EXIT_OK
+    worst = EXIT_OK
+    for port, path in trails:
+        print(f"port {port}:")
+        worst = max(worst, _verify(path))
+    return worst
 
 
 def _verify(path: Path) -> int:

@@ -32,6 +32,7 @@ import math
 import shutil
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from bench.mcp import StreamRpc, check_result, encode_request, handshake, websoc
 from bench.stats import Json, spread, summarize
 
 from bench import engine
+from reactor_fabric._operator_cli import audit_file_name
 
 REPO = engine.REPO
 TMP = REPO / "bench" / "tmp" / "audit"
@@ -190,7 +192,9 @@ async def one_repeat(repeat: int, per_repeat: int) -> tuple[Json, Json]:
 async def trail_check(orchestrator: engine.Orchestrator, *, expected: int) -> Json:
     """The trail of the orchestrator that kept one: its tool_call records and drops."""
     path = orchestrator.log_path.with_name(orchestrator.log_path.stem + "-state")
-    path = path / "reactor-fabric" / "audit.jsonl"
+    port = urllib.parse.urlsplit(orchestrator.http_url).port
+    assert port is not None
+    path = path / "reactor-fabric" / audit_file_name(port)  # its port's default trail
     records = 0
     dropped = 0
     for _ in range(100):  # the writer thread may still be writing the last batch

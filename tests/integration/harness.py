@@ -14,6 +14,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 import zoneinfo
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import docker
 import yaml
 
+from reactor_fabric._operator_cli import audit_file_name
 from reactor_fabric.config.token import TOKEN_ENV
 from reactor_fabric.runtime.docker import container_gone
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
@@ -151,9 +153,11 @@ class Orchestrator:
 
     @property
     def audit_path(self) -> Path:
-        """Its audit trail (each test orchestrator has a state directory of its own)."""
+        """Its audit trail: the default trail of its port, in its state directory."""
         assert self.state_dir is not None
-        return self.state_dir / "reactor-fabric" / "audit.jsonl"
+        port = urllib.parse.urlsplit(self.http_url).port
+        assert port is not None
+        return self.state_dir / "reactor-fabric" / audit_file_name(port)
 
     def audit(self) -> list[dict[str, Any]]:
         """The records of its audit trail written so far (complete lines only)."""
@@ -317,7 +321,9 @@ def orchestrator(
         first = process.stdout.readline().decode()
         match = re.search(r"on (http://[^ ]+) ", first)
         assert match, f"orchestrator did not start: {first!r}\n{log_path.read_text()[-3000:]}"
-        running = Orchestrator(process, match.group(1), log_path, token, state)
+        # Its state directory: the harness's own, unless the test gave one (env).
+        state_home = Path(env["XDG_STATE_HOME"])
+        running = Orchestrator(process, match.group(1), log_path, token, state_home)
         STARTED.append(running)
         yield running
     finally:
