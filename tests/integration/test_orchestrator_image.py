@@ -94,7 +94,13 @@ def run_as_deployed(
         re.sub(r"^--host=.*", "--host=127.0.0.1", re.sub(r"^--port=.*", "--port=0", arg))
         for arg in container["args"]
     ]
-    env = {e["name"]: e.get("value") for e in container["env"]}
+    # An optional Secret's variable (the specialist's API key) is left unset when the Secret is
+    # absent, as here.
+    env = {
+        e["name"]: e.get("value")
+        for e in container["env"]
+        if not e.get("valueFrom", {}).get("secretKeyRef", {}).get("optional")
+    }
     # What the downward API and the Secret would fill in.
     env.update(
         REACTOR_FABRIC_TOKEN=token,
