@@ -156,6 +156,11 @@ def test_a_second_agent_call_of_a_session_at_its_limit_is_answered_agent_busy_at
                     lambda: agent_containers(docker_client, running) == [],
                     what="the agents' containers removed",
                 )
+                # (a call's record is written once its container is removed: wait for all three)
+                wait_for(
+                    lambda: sum(r["event"] == "tool_call" for r in running.audit()) >= 3,
+                    what="the three calls' audit records",
+                )
                 calls = [r for r in running.audit() if r["event"] == "tool_call"]
         finally:
             released.set()
