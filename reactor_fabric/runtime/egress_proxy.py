@@ -303,24 +303,9 @@ class EgressProxy:
         self._record(record)
 
     async def _accept_tcp(self, listener: socket.socket) -> None:
-        try:
-            listening = trio.SocketListener(trio.socket.from_stdlib_socket(listener))
-        except BaseException:
-            listener.close()
-            raise
-        try:
-            async with trio.open_nursery() as connections:
-                while True:
-                    try:
-                        stream = await listening.accept()
-                    except (OSError, trio.ClosedResourceError) as exc:
-                        log.warning("egress_listener_failed", extra={"detail": str(exc)})
-                        return
-                    connections.start_soon(self._tcp_connection, stream)
-        finally:
-            with contextlib.suppress(OSError):
-                await listening.aclose()
-            listener.close()
+        await serve_listener(
+            listener, None, self._tcp_connection, failed="egress_listener_failed", fields={}
+        )
 
     async def _tcp_connection(self, client: trio.SocketStream) -> None:
         """A connection on the TCP way in: its head says whose it is (the token), then it is
