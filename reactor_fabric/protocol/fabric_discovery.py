@@ -75,7 +75,8 @@ def index_catalog(
 ) -> DiscoveryIndex:
     """The ranking index of a session's catalog. Token counts are of each definition as its
     service lists it (the shown name and ``[service]`` prefix add a few tokens per tool)."""
-    return build_index(service_texts(catalog, facts), count_tokens=count_tokens)
+    with tokens.held():  # one load of the encoding for the whole catalog, dropped after
+        return build_index(service_texts(catalog, facts), count_tokens=count_tokens)
 
 
 def task_text(arguments: Json) -> str:

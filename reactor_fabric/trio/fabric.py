@@ -53,6 +53,7 @@ from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.egress import EgressRecord
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
+from ..protocol.fabric_meta_tools import META_DEFINITIONS
 from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
 from ..protocol.served import Served
 from ..protocol.suite_lock import Drift, Mode, SuiteLock, compare_image, compare_offer, enforced
@@ -308,15 +309,13 @@ class Fabric:
         (see :mod:`reactor_fabric.trio.session`).
         """
         task_status.started()
-        # The tokenizer's encoding is read from disk once: off the event loop.
-        await trio.to_thread.run_sync(tokens.load)
         while True:
             await self._learn_catalog_once()
             # Index the catalog now, off the event loop, rather than in a session's first call;
             # sessions wait for it (catalog_ready), so that none indexes it again meanwhile.
             catalog = self.catalog
             try:
-                await trio.to_thread.run_sync(self.discovery_index, catalog)
+                await trio.to_thread.run_sync(self._index_ahead, catalog)
             except Exception:
                 # A bug here must not end the orchestrator either; a session indexes it then.
                 log.error("catalog_index_failed", exc_info=True)
@@ -456,6 +455,14 @@ class Fabric:
         """The ranking index of ``catalog`` if it was built already."""
         cached = self._index
         return cached[1] if cached is not None and cached[0] is catalog else None
+
+    def _index_ahead(self, catalog: Catalog) -> None:
+        """Index ``catalog`` and count the meta-tools' tokens (get_status shows them) with one
+        load of the tokenizer, dropped after (see :mod:`reactor_fabric.discovery.tokens`). In
+        a worker thread: loading it takes a fifth of a second."""
+        with tokens.held():
+            tokens.count_all(META_DEFINITIONS)
+            self.discovery_index(catalog)
 
     def discovery_index(self, catalog: Catalog) -> DiscoveryIndex:
         """The ranking index of ``catalog``, built once per catalog and shared by sessions.

@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from reactor_fabric.discovery import ServiceText, build_index, find_tools, rank_servers, terms
+from reactor_fabric.discovery import (
+    ServiceText,
+    build_index,
+    find_tools,
+    rank_servers,
+    terms,
+    tokens,
+)
 from reactor_fabric.discovery.calibration import Calibration
 from reactor_fabric.discovery.catalog_file import (
     CatalogFormatError,
@@ -18,7 +26,14 @@ from reactor_fabric.discovery.catalog_file import (
 )
 from reactor_fabric.discovery.ranking import with_choice
 from reactor_fabric.discovery.text import compounds, marks, query_terms, stem
-from reactor_fabric.discovery.tokens import count_definition, definition_text, estimate, load
+from reactor_fabric.discovery.tokens import (
+    Tokenizer,
+    count_definition,
+    definition_text,
+    estimate,
+)
+from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.protocol.fabric_discovery import index_catalog
 
 
 def tool(name: str, description: str = "", *arguments: str) -> dict[str, Any]:
@@ -277,11 +292,125 @@ def test_an_empty_catalog_ranks_nothing() -> None:
 
 
 def test_the_real_tokenizer_loads_offline_and_counts_a_definition() -> None:
-    method, count = load()
+    method, count = Tokenizer().load()
     assert method == "cl100k_base"  # the encoding file ships in a package: no download
     assert count("Create a pull request in a GitHub repository") == 8
     definition = tool("git_log", "Show the commit history", "repo_path")
     assert 10 < count_definition(definition) < estimate(definition_text(definition)) * 2
+
+
+class FakeEncoding:
+    """A tokenizer's loader that records what happens to it: loads, forgets, counts."""
+
+    def __init__(self, *, fails: bool = False) -> None:
+        self.fails = fails
+        self.loads = 0
+        self.forgets = 0
+        self.counted: list[str] = []
+
+    def load(self) -> Callable[[str], int]:
+        self.loads += 1
+        if self.fails:
+            raise OSError("the encoding file is damaged")
+
+        def count(text: str) -> int:
+            self.counted.append(text)
+            return len(text)
+
+        return count
+
+    def forget(self) -> None:
+        self.forgets += 1
+
+    def tokenizer(self, **kwargs: Any) -> Tokenizer:
+        return Tokenizer(self.load, self.forget, **kwargs)
+
+
+def test_a_batch_of_counts_loads_the_encoding_once_and_drops_it_after() -> None:
+    encoding = FakeEncoding()
+    tokenizer = encoding.tokenizer()
+    with tokenizer.held():
+        assert not tokenizer.loaded()  # nothing counted yet: nothing loaded
+        counts = [tokenizer.count_definition(tool(f"t{n}", "d", "a")) for n in range(3)]
+        assert tokenizer.loaded()
+    assert counts == [len(definition_text(tool(f"t{n}", "d", "a"))) for n in range(3)]
+    assert (encoding.loads, encoding.forgets) == (1, 1)
+    assert not tokenizer.loaded()
+
+
+def test_definitions_counted_before_are_not_counted_again_and_load_nothing() -> None:
+    encoding = FakeEncoding()
+    tokenizer = encoding.tokenizer()
+    tokenizer.count_all([tool("a", "first"), tool("b", "second")])
+    tokenizer.count_all([tool("a", "first"), tool("b", "second")])  # a catalog re-indexed
+    assert tokenizer.count_definition(tool("a", "first")) == len(
+        definition_text(tool("a", "first"))
+    )
+    assert (encoding.loads, len(encoding.counted)) == (1, 2)
+    # A changed definition is a new one.
+    tokenizer.count_definition(tool("a", "first, changed"))
+    assert (encoding.loads, len(encoding.counted)) == (2, 3)
+
+
+def test_a_count_outside_a_batch_drops_the_encoding_at_once() -> None:
+    encoding = FakeEncoding()
+    tokenizer = encoding.tokenizer()
+    tokenizer.count_definition(tool("a", "b"))
+    assert not tokenizer.loaded()
+    assert (encoding.loads, encoding.forgets) == (1, 1)
+
+
+def test_the_encoding_stays_until_the_last_of_overlapping_holders_leaves() -> None:
+    encoding = FakeEncoding()
+    tokenizer = encoding.tokenizer()
+    first, second = tokenizer.held(), tokenizer.held()
+    first.__enter__()
+    second.__enter__()
+    tokenizer.count_definition(tool("a", "b"))
+    first.__exit__(None, None, None)
+    assert tokenizer.loaded()
+    tokenizer.count_definition(tool("c", "d"))
+    second.__exit__(None, None, None)
+    assert not tokenizer.loaded()
+    assert (encoding.loads, encoding.forgets) == (1, 1)
+
+
+def test_an_encoding_that_cannot_be_loaded_means_the_estimate_tried_once() -> None:
+    encoding = FakeEncoding(fails=True)
+    tokenizer = encoding.tokenizer()
+    definition = tool("git_log", "Show the commit history", "repo_path")
+    with tokenizer.held():
+        assert tokenizer.count_definition(definition) == estimate(definition_text(definition))
+    assert tokenizer.method() == "estimate"
+    tokenizer.count_definition(tool("x", "y"))
+    assert encoding.loads == 1
+    assert encoding.forgets == 0  # nothing was loaded to forget
+
+
+def test_the_method_is_known_after_one_load_and_dropped_with_it() -> None:
+    encoding = FakeEncoding()
+    tokenizer = encoding.tokenizer(name="fake")
+    assert tokenizer.method() == "fake"
+    assert tokenizer.method() == "fake"
+    assert (encoding.loads, encoding.forgets) == (1, 1)
+
+
+def test_the_memory_of_counts_is_bounded() -> None:
+    encoding = FakeEncoding()
+    tokenizer = encoding.tokenizer(memo_limit=4)
+    tokenizer.count_all(tool(f"t{n}", "d") for n in range(10))
+    tokenizer.count_all(tool(f"t{n}", "d") for n in range(10))
+    # Each pass outgrew the memory (started again at 4): every count was made again.
+    assert len(encoding.counted) == 20
+    tokenizer.count_all(tool(f"t{n}", "d") for n in range(9, 10))
+    assert len(encoding.counted) == 20
+
+
+def test_indexing_a_catalog_leaves_the_real_encoding_out_of_memory() -> None:
+    catalog = Catalog({"git": service_catalog(tools=[tool("git_log", "Show the history")])})
+    index = index_catalog(catalog, {})
+    assert index.all_tokens == count_definition(tool("git_log", "Show the history")) > 0
+    assert not tokens.TOKENIZER.loaded()
 
 
 def test_only_what_a_client_sees_of_a_definition_is_counted() -> None:
