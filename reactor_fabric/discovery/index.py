@@ -25,12 +25,17 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any
 
 from .text import pieces, terms
+
+if TYPE_CHECKING:
+    # numpy is imported where an index is built (see build_index): an orchestrator does that
+    # in a worker thread after it serves, so its start-up does not wait for numpy's import.
+    import numpy as np
+    import numpy.typing as npt
+
+    Vector = tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]  # (positions, scores)
 
 Json = dict[str, Any]
 
@@ -84,9 +89,6 @@ class ToolRef:
     tokens: int
 
 
-Vector = tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]  # (positions, scores)
-
-
 @dataclass
 class DiscoveryIndex:
     """Postings of a catalog's terms, for :func:`.ranking.rank_servers` and
@@ -138,6 +140,8 @@ def build_index(
     weights: Weights | None = None,
 ) -> DiscoveryIndex:
     """Index ``services`` (in the suite's order); ``count_tokens`` sizes a tool definition."""
+    import numpy as np  # noqa: PLC0415 — see the imports above
+
     weights = weights or Weights()
     tools: list[ToolRef] = []
     service_fields: list[dict[str, Counter[str]]] = []
@@ -238,6 +242,8 @@ def _name_terms(service: ServiceText) -> set[str]:
 
 
 def _vectors(postings: Mapping[str, Mapping[int, float]]) -> dict[str, Vector]:
+    import numpy as np  # noqa: PLC0415 — see the imports above
+
     return {
         term: (
             np.fromiter(hits.keys(), dtype=np.intp, count=len(hits)),

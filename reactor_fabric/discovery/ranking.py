@@ -22,8 +22,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
+# numpy is imported by the index's module's builder (an index exists before any ranking), and
+# here only where a function needs it: importing this module does not import numpy.
 from .calibration import Calibration, default_calibration
 from .index import DiscoveryIndex, ToolRef
 from .text import compounds, query_terms
@@ -81,6 +81,8 @@ class _Scores:
     per-term evidence read on demand (only the few services the set is chosen among)."""
 
     def __init__(self, index: DiscoveryIndex, query: list[str]) -> None:
+        import numpy as np  # noqa: PLC0415 — see the imports above
+
         self.index = index
         self.query = query
         services = np.zeros(len(index.services))
@@ -113,7 +115,7 @@ class _Scores:
             return None
         start = int(self.index.slot_starts[position])
         end = start + max(1, len(self.index.services[position].tools))
-        return start + int(np.argmax(self.slots[start:end]))
+        return start + int(self.slots[start:end].argmax())
 
     def best_tool(self, position: int) -> str | None:
         slot = self.best_slot(position)
@@ -340,6 +342,8 @@ def find_tools(
     wanted = (
         None if services is None else {index.positions[s] for s in services if s in index.positions}
     )
+    import numpy as np  # noqa: PLC0415 — see the imports above
+
     scored = _Scores(index, _query(index, query))
     combined = scored.slots + SERVICE_SHARE_IN_TOOLS * scored.total[index.slot_services]
     usable = (scored.slots > 0.0) & (index.slot_tools >= 0)

@@ -22,8 +22,6 @@ import functools
 import itertools
 import re
 
-from snowballstemmer.english_stemmer import EnglishStemmer
-
 # Pieces of identifiers and words: runs of letters or digits, split before an upper-case letter
 # that starts a lower-case run (camelCase, HTTPServer → HTTP, Server).
 _PIECES = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
@@ -104,7 +102,10 @@ def stem(word: str) -> str:
     # A snowball stemmer keeps the word it works on in itself, so one shared by two threads
     # mixes their words up (an IndexError inside it: seen when a session indexed the catalog
     # while the start-up did the same in a worker thread). A stemmer per word costs under 1 %
-    # of stemming it, and the cache above is thread-safe.
+    # of stemming it, and the cache above is thread-safe. Imported here: the package loads
+    # every language's stemmer, which an orchestrator needs only once it indexes, after start.
+    from snowballstemmer.english_stemmer import EnglishStemmer  # noqa: PLC0415
+
     return str(EnglishStemmer().stemWord(word))
 
 
