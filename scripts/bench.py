@@ -96,6 +96,8 @@ RELAY_SYSTEMS = (
     "docker_run_pipe",
     "reactor_fabric_ws",
     "reactor_fabric_http",
+    "reactor_fabric_fabric_ws",
+    "reactor_fabric_fabric_http",
     "supergateway",
     "mcp_proxy",
 )
@@ -106,13 +108,23 @@ RELAY_SYSTEMS = (
 FLOOR_OF = {
     "reactor_fabric_ws": "direct_socket",
     "reactor_fabric_http": "direct_socket",
+    "reactor_fabric_fabric_ws": "direct_socket",
+    "reactor_fabric_fabric_http": "direct_socket",
     "supergateway": "docker_run_pipe",
     "mcp_proxy": "docker_run_pipe",
 }
 PEERS = ("supergateway", "mcp_proxy")
 # Systems whose failure to be measured is a failure of the harness (or the product).
-OURS = ("direct_socket", "direct", "docker_run_pipe", "reactor_fabric_ws", "reactor_fabric_http")
-RELAYED = ("reactor_fabric_ws", "reactor_fabric_http")
+# The fabric endpoint (`/mcp`, an MCP server of our own over the whole suite): the same call
+# under its namespaced name, each message decoded and routed, next to the relay's.
+FABRIC = ("reactor_fabric_fabric_ws", "reactor_fabric_fabric_http")
+# Each fabric system against the relay on the same transport (target: at most 1.5 times).
+RELAY_OF = {"reactor_fabric_fabric_ws": "reactor_fabric_ws",
+            "reactor_fabric_fabric_http": "reactor_fabric_http"}  # fmt: skip
+FABRIC_BAR = 1.5
+OURS = ("direct_socket", "direct", "docker_run_pipe", "reactor_fabric_ws", "reactor_fabric_http",
+        *FABRIC)  # fmt: skip
+RELAYED = ("reactor_fabric_ws", "reactor_fabric_http", *FABRIC)
 # `docker stats` answers without the expected fields, besides what a session can do.
 STATS_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, KeyError, IndexError)
 CALL_BOUND = 30.0
@@ -173,6 +185,7 @@ class Plan:
     # The lifecycles part: repeats, rounds per repeat (each calls every system once).
     lifecycle_repeats: int
     lifecycle_rounds: int
+    startup_runs: int  # of each system (with a warm pool and without)
     pool_parts: tuple[str, ...] = POOL_PARTS
     sections: tuple[str, ...] = (
         "cold_start",
@@ -182,6 +195,7 @@ class Plan:
         "concurrency",
         "pool",
         "lifecycles",
+        "startup",
     )
 
 
@@ -191,8 +205,8 @@ FULL = Plan(
     rtt_warmup=100,
     rtt_calls=600,
     throughput_messages={"small": 1500, "payload_4k": 1000, "payload_1m": 24},
-    memory_sessions=(10, 50),
-    bursts=(10, 50),
+    memory_sessions=(100, 200),
+    bursts=(10, 50, 100, 200),
     peers=True,
     repeats=5,
     pool_cases=(),
@@ -203,6 +217,7 @@ FULL = Plan(
     pool_refill_repeats=6,
     lifecycle_repeats=5,
     lifecycle_rounds=6,
+    startup_runs=7,
 )
 SMOKE = Plan(
     smoke=True,
@@ -222,8 +237,16 @@ SMOKE = Plan(
     pool_refill_repeats=1,
     lifecycle_repeats=1,
     lifecycle_rounds=1,
+    startup_runs=1,
 )
 PAYLOADS = {"small": 16, "payload_4k": 4096, "payload_1m": 1024 * 1024}
+
+
+def tool_of(system: str, tool: Json, service: str) -> Json:
+    """The call ``system`` is asked: on the fabric endpoint, the tool under its shown name."""
+    if system in FABRIC:
+        return {**tool, "name": f"{service}__{tool['name']}"}
+    return tool
 
 
 def say(text: str) -> None:
@@ -281,6 +304,24 @@ class Harness:
         if service in ("git", "filesystem"):
             query = "mount=" + urllib.parse.quote(f"{TMP / 'workspace'}:/workspace", safe="")
         return websocket_session(self.orch.ws_url(service, query), subprotocols=["mcp"])
+
+    def fabric_sessions(
+        self, service: str
+    ) -> list[tuple[str, contextlib.AbstractAsyncContextManager[Rpc]]]:
+        """The fabric endpoint's two systems (every tool shown: ``?tools=all``; the service's
+        container starts on the warm-up's first call)."""
+        return [
+            (
+                "reactor_fabric_fabric_ws",
+                initialized(
+                    websocket_session(self.orch.fabric_ws_url("tools=all"), subprotocols=["mcp"])
+                ),
+            ),
+            (
+                "reactor_fabric_fabric_http",
+                initialized(http_session(self.orch.port, "/mcp?tools=all", self.orch.auth_headers)),
+            ),
+        ]
 
     async def settle(self, bound: float = 60.0) -> None:
         """Wait until the orchestrator has removed every container of ours."""
@@ -352,6 +393,7 @@ class Harness:
                 "reactor_fabric_http",
                 initialized(http_session(self.orch.port, "/mcp/time", self.orch.auth_headers)),
             ),
+            *self.fabric_sessions(COLD_SERVICE),
         ]
         out: Json = {}
         if self.plan.peers:
@@ -426,7 +468,11 @@ class Harness:
                 shift = index % len(live) if live else 0
                 for name in live[shift:] + live[:shift]:
                     try:
-                        elapsed = await timed_tool_call(systems[name], f"{name} tools/call")
+                        elapsed = await timed_tool_call(
+                            systems[name],
+                            f"{name} tools/call",
+                            tool_of(name, TOOL, COLD_SERVICE),
+                        )
                     except FAILURES as exc:
                         if name in OURS:
                             out[name] = self.problem(f"relay_rtt.{name}", exc)
@@ -451,7 +497,9 @@ class Harness:
             for name, rpc in systems.items():
                 try:
                     async with residency.traced(self.orch.pid) as trace:
-                        await self._timed_calls(rpc, self.plan.rtt_calls)
+                        await self._timed_calls(
+                            rpc, self.plan.rtt_calls, tool_of(name, TOOL, COLD_SERVICE)
+                        )
                 except FAILURES as exc:
                     figures[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                     continue
@@ -469,8 +517,9 @@ class Harness:
             before = engine.cpu_seconds(self.orch.pid)
             try:
                 with trio.fail_after(CALL_BOUND + calls):
+                    tool = tool_of(name, TOOL, COLD_SERVICE)
                     for _ in range(calls):
-                        await rpc.call("tools/call", TOOL)
+                        check_result((await rpc.call("tools/call", tool))[1], name)
             except FAILURES as exc:
                 out[name] = {"error": str(exc)}
                 continue
@@ -534,6 +583,7 @@ class Harness:
                 "reactor_fabric_http",
                 initialized(http_session(self.orch.port, path, self.orch.auth_headers)),
             ),
+            *self.fabric_sessions(THROUGHPUT_SERVICE),
         ]
         if self.plan.peers:
             candidates += [
@@ -575,14 +625,17 @@ class Harness:
         total: int,
     ) -> Json | None:
         cpu_before = engine.cpu_seconds(self.orch.pid)
+        echo = tool_of(name, {"name": "echo"}, THROUGHPUT_SERVICE)["name"]
         try:
             with trio.fail_after(600):
                 if isinstance(rpc, HttpRpc):
                     pool = await self._http_pool(stack, name, rpc)
-                    run = await pipelined_http(pool, total=total, payload=PAYLOADS[size_name])
+                    run = await pipelined_http(
+                        pool, total=total, payload=PAYLOADS[size_name], tool=echo
+                    )
                 else:
                     assert isinstance(rpc, StreamRpc)
-                    run = await pipelined(rpc, total=total, payload=PAYLOADS[size_name])
+                    run = await pipelined(rpc, total=total, payload=PAYLOADS[size_name], tool=echo)
         except FAILURES as exc:
             if name in OURS:
                 self.problem(f"throughput.{name}.{size_name}", exc)
@@ -613,20 +666,32 @@ class Harness:
     # --- 4. memory ------------------------------------------------------------------------
 
     async def memory(self) -> Json:
+        """The orchestrator's resident memory idle and with N live sessions, on an orchestrator
+        of its own started for this part (what the other parts did, e.g. 1 MiB messages, is
+        not counted here; the main orchestrator's figures after every part are given apart);
+        then each bundled service's container."""
         out: Json = {}
-        for count in (10, 50):
-            key = f"orchestrator_{count}_sessions"
+        for count in FULL.memory_sessions:
             if count not in self.plan.memory_sessions:
-                out[key] = {"error": "skipped in smoke mode"}
-        for count in self.plan.memory_sessions:
-            key = f"orchestrator_{count}_sessions"
-            try:
-                megabytes, detail = await self._hold_sessions(count)
-                out[key] = megabytes
-                out[f"{key}_detail"] = detail
-            except FAILURES as exc:
-                out[key] = self.problem(f"memory.{key}", exc)
-            await self.settle()
+                out[f"orchestrator_{count}_sessions"] = {"error": "skipped in smoke mode"}
+        async with self._own_orchestrator("memory") as orch:
+            idle = await idle_rss_mb(orch)
+            out["orchestrator_idle_fresh"] = idle
+            say(f"memory: idle {idle} MB")
+            for count in self.plan.memory_sessions:
+                key = f"orchestrator_{count}_sessions"
+                try:
+                    megabytes, detail = await self._hold_sessions(count, orch)
+                    detail["per_session_kb"] = round((megabytes - idle) * 1024 / count, 1)
+                    out[key] = megabytes
+                    out[f"{key}_detail"] = detail
+                except FAILURES as exc:
+                    out[key] = self.problem(f"memory.{key}", exc)
+                left = await orch.wait_for_containers(0, bound=120)
+                if left:
+                    say(f"warning: {left} container(s) of the memory part still present")
+            out["orchestrator_idle_after_sessions"] = await idle_rss_mb(orch)
+            out["orchestrator_peak_fresh"] = round(rss_kib(orch.pid)["VmHWM"] / 1024, 1)
         containers: Json = {}
         for service in bundled_services():
             try:
@@ -640,8 +705,30 @@ class Harness:
         out["orchestrator_peak"] = round(rss["VmHWM"] / 1024, 1)
         return out
 
-    async def _hold_sessions(self, count: int) -> tuple[float, Json]:
-        """Open ``count`` sessions (each with its container), measure, then close them all."""
+    @contextlib.asynccontextmanager
+    async def _own_orchestrator(
+        self, name: str, warm: dict[str, int] | None = None
+    ) -> AsyncIterator[engine.Orchestrator]:
+        """An orchestrator of the benchmark's suite for the block (``warm``: see
+        :func:`write_suite`); then stopped and every container of it removed."""
+        suite = write_suite(TMP / f"suite-{name}.yaml", warm=warm)
+        orch = await engine.start_orchestrator(suite, TMP / f"orchestrator-{name}.log")
+        try:
+            yield orch
+        finally:
+            with trio.CancelScope(shield=True):
+                code = await orch.stop()
+                left = await trio.to_thread.run_sync(
+                    engine.remove_orchestrator_containers, orch.pid
+                )
+            if code != 0:
+                self.problems.append(f"the {name} orchestrator exited with {code} on SIGTERM")
+            if left:
+                say(f"warning: the {name} orchestrator left {left} container(s)")
+
+    async def _hold_sessions(self, count: int, orch: engine.Orchestrator) -> tuple[float, Json]:
+        """Open ``count`` sessions on ``orch`` (each with its container), measure, then close
+        them all."""
         opening = trio.CapacityLimiter(8)
         everyone_ready = trio.Event()
         release = trio.Event()
@@ -653,7 +740,8 @@ class Harness:
             await opening.acquire()
             holding = False
             try:
-                async with initialized(self.ws(COLD_SERVICE)):
+                url = orch.ws_url(COLD_SERVICE)
+                async with initialized(websocket_session(url, subprotocols=["mcp"])):
                     opening.release()
                     holding = True
                     settled += 1
@@ -678,9 +766,9 @@ class Harness:
                         await everyone_ready.wait()
                     if failures:
                         raise ProtocolError(f"{len(failures)} session(s) failed: {failures[0]}")
-                    live = await self.orch.wait_for_containers(count, bound=30)
+                    live = await orch.wait_for_containers(count, bound=30)
                     await trio.sleep(2)  # let the allocator and the relay tasks settle
-                    rss = rss_kib(self.orch.pid)
+                    rss = rss_kib(orch.pid)
                     say(f"memory with {count} sessions: {rss['VmRSS'] / 1024:.1f} MB")
                 finally:
                     release.set()
@@ -720,7 +808,7 @@ class Harness:
     async def concurrency(self) -> Json:
         out: Json = {}
         floor: Json = {}
-        for count in (10, 50):
+        for count in FULL.bursts:
             if count not in self.plan.bursts:
                 out[f"clients_{count}"] = {"error": "skipped in smoke mode"}
         argv = engine.docker_run_argv(service_image(COLD_SERVICE))
@@ -800,12 +888,14 @@ class Harness:
                 for _ in range(count):
                     nursery.start_soon(client)
                 await trio.sleep(0.2)  # every client is now waiting for the gun
+                memory_before = machine_memory_used_mb()
                 started = time.perf_counter_ns()
                 gun.set()
                 with trio.move_on_after(SESSION_BOUND + 30):
                     await everyone_done.wait()
                 wall = time.perf_counter_ns() - started
                 peak = await containers()
+                memory_at_peak = machine_memory_used_mb()
                 everyone_done.set()
         left = await engine.wait_for_count(containers, 0, bound=left_bound)
         result = burst(
@@ -818,6 +908,10 @@ class Harness:
                 "p50_tool_response_ms": tool_stats.get("p50_ms"),
                 "p95_tool_response_ms": tool_stats.get("p95_ms"),
                 "wall_ms": round(wall / 1e6, 1),
+                # Sessions (each with its container started) answered per second of the burst:
+                # the engine's start rate bounds it.
+                "sessions_per_s": round(len(tool) / (wall / 1e9), 1) if wall else None,
+                "machine_memory_mb": {"before": memory_before, "at_peak": memory_at_peak},
                 "containers_at_peak": peak,
                 "errors": sorted(set(failures))[:5],
             }
@@ -1247,8 +1341,8 @@ class Harness:
         out["direct_per_repeat"] = floor_per_repeat
         return out
 
-    async def _timed_calls(self, rpc: Rpc, calls: int) -> list[int]:
-        return [await timed_tool_call(rpc) for _ in range(calls)]
+    async def _timed_calls(self, rpc: Rpc, calls: int, tool: Json = TOOL) -> list[int]:
+        return [await timed_tool_call(rpc, tool=tool) for _ in range(calls)]
 
     async def _paired_calls(self, rpc: Rpc, direct: Rpc, calls: int) -> tuple[list[int], list[int]]:
         """``calls`` round trips on each, interleaved call by call (the first of each pair
@@ -1314,6 +1408,55 @@ class Harness:
             return
         async with residency.traced(pid) as trace:
             yield trace
+
+    # --- 8. start-up ----------------------------------------------------------------------
+
+    async def startup(self) -> Json:
+        """From spawning ``python -m reactor_fabric`` to serving: its banner (printed once it
+        listens, the engine reached and the images checked) and a first ``/healthz`` answered;
+        with a warm pool (``warm: 1`` for every bundled service) also until the pool is full
+        (it fills after serving). The two systems alternate, each run on a quiet engine; each
+        orchestrator keeps its state directory between runs, as a user's restart does (the
+        first run of each learns the catalog, the others read it from the cache)."""
+        warm = dict.fromkeys(bundled_services(), 1)
+        samples: dict[str, dict[str, list[int]]] = {
+            name: {"banner": [], "healthz": [], "pool_full": []} for name in STARTUP_SYSTEMS
+        }
+        out: Json = {}
+        await self.settle()
+        for run in range(self.plan.startup_runs):
+            order = STARTUP_SYSTEMS[run % 2 :] + STARTUP_SYSTEMS[: run % 2]
+            for name in order:
+                if name in out:
+                    continue
+                try:
+                    await self._startup_sample(
+                        name, warm if name == "warm_pool" else None, samples[name], len(warm)
+                    )
+                except (*FAILURES, RuntimeError) as exc:
+                    out[name] = self.problem(f"startup.{name}", exc)
+            say(f"start-up {run + 1}/{self.plan.startup_runs}")
+        for name, figures in samples.items():
+            out.setdefault(
+                name, {what: summarize(values) for what, values in figures.items() if values}
+            )
+        return out
+
+    async def _startup_sample(
+        self, name: str, warm: dict[str, int] | None, into: dict[str, list[int]], pooled: int
+    ) -> None:
+        begin = time.perf_counter_ns()
+        async with self._own_orchestrator(f"startup-{name}", warm) as orch:
+            into["banner"].append(time.perf_counter_ns() - begin)
+            await orch.get("/healthz")
+            into["healthz"].append(time.perf_counter_ns() - begin)
+            if warm is not None:
+                with trio.fail_after(POOL_QUIET_BOUND):
+                    # The orchestrator's log is a file: polled, there is nothing to wait on.
+                    while orch.log_path.read_text().count('"pooled_container_ready"') < pooled:  # noqa: ASYNC110
+                        await trio.sleep(0.05)
+                into["pool_full"].append(time.perf_counter_ns() - begin)
+        await self.settle()
 
     # --- 7. container lifecycles ----------------------------------------------------------
 
@@ -1739,6 +1882,31 @@ class PoolSystem:
         return count - sum((await self.ready()).values())
 
 
+async def idle_rss_mb(orch: engine.Orchestrator, *, bound: float = 30.0) -> float:
+    """``orch``'s VmRSS (MB) once it is idle: its CPU time grew by under 10 ms in half a
+    second (the start-up's catalog and index are done), or after ``bound`` seconds."""
+    with trio.move_on_after(bound):
+        before = engine.cpu_seconds(orch.pid)
+        while True:
+            await trio.sleep(0.5)
+            now = engine.cpu_seconds(orch.pid)
+            if now - before < 0.01:
+                break
+            before = now
+    await trio.sleep(0.5)
+    return round(rss_kib(orch.pid)["VmRSS"] / 1024, 1)
+
+
+def machine_memory_used_mb() -> float:
+    """The machine's memory in use (MemTotal less MemAvailable), MB."""
+    fields: dict[str, int] = {}
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            key, _, value = line.partition(":")
+            fields[key] = int(value.split()[0])
+    return round((fields["MemTotal"] - fields["MemAvailable"]) / 1024, 1)
+
+
 def local_port(rpc: Rpc) -> int | None:
     """The local TCP port of a WebSocket client (None for other clients)."""
     if isinstance(rpc, StreamRpc) and isinstance(rpc.stream, WebSocketStream):
@@ -1915,9 +2083,9 @@ def pool_log_summary(path: Path) -> Json:
     }
 
 
-async def pipelined(rpc: StreamRpc, *, total: int, payload: int) -> Json:
+async def pipelined(rpc: StreamRpc, *, total: int, payload: int, tool: str = "echo") -> Json:
     """``total`` echo calls with at most PIPELINE_DEPTH in flight: rate and latency."""
-    params = {"name": "echo", "arguments": {"message": "x" * payload}}
+    params = {"name": tool, "arguments": {"message": "x" * payload}}
     # The request is encoded once; each send only splices its id in.
     template = encode_request(0, "tools/call", params)
     head, _, tail = template.partition(b'"id":0')
@@ -1972,10 +2140,12 @@ def throughput_figures(
     }
 
 
-async def pipelined_http(rpcs: list[HttpRpc], *, total: int, payload: int) -> Json:
+async def pipelined_http(
+    rpcs: list[HttpRpc], *, total: int, payload: int, tool: str = "echo"
+) -> Json:
     """``total`` echo calls over HTTP: one POST at a time on each of the connections, so as
     many are in flight as there are connections (HTTP/1.1 has no pipelining clients use)."""
-    params = {"name": "echo", "arguments": {"message": "x" * payload}}
+    params = {"name": tool, "arguments": {"message": "x" * payload}}
     remaining = total
     latencies: list[int] = []
     errors: list[str] = []
@@ -2072,6 +2242,19 @@ def overheads(rtt: Json) -> Json:
                     out[name][f"against_{reference}"] = {
                         key: per_repeat(name, reference, key) for key in ("p50_ms", "p99_ms")
                     }
+    for name, relay in RELAY_OF.items():
+        figures, theirs = out.get(name, {}), out.get(relay, {})
+        if "overhead_p50_ms" not in figures or "overhead_p50_ms" not in theirs:
+            continue
+        for key in ("p50", "p99"):
+            mine, relayed = figures[f"overhead_{key}_ms"], theirs[f"overhead_{key}_ms"]
+            figures[f"ratio_to_relay_{key}"] = ratio(mine.get("median"), relayed.get("median"))
+        figures["relay"] = relay
+        figures["within_bar"] = all(
+            isinstance(figures[f"ratio_to_relay_{key}"], int | float)
+            and figures[f"ratio_to_relay_{key}"] <= FABRIC_BAR
+            for key in ("p50", "p99")
+        )
     ours = out.get("reactor_fabric_ws", {})
     for name in PEERS:
         figures = out.get(name, {})
@@ -2136,7 +2319,7 @@ def write_suite(
     suite["mcp_services"].update(services or {})
     suite["orchestrator"] = {
         "allowed_mount_roots": [f"{TMP}/"],
-        "max_sessions": 128,
+        "max_sessions": 256,  # the largest burst and memory part hold 200
     }
     if warm is not None:
         suite["orchestrator"]["warm_pool"] = {
@@ -2174,16 +2357,33 @@ DEFINITIONS = {
     "the machine, and the difference of raw percentiles is the difference of overheads "
     "against one common floor); also shown unpaired: our worst repeat's overhead below their "
     "best one's, each against its own floor.",
+    "fabric": "the fabric endpoint `/mcp?tools=all` (an MCP server of our own over the whole "
+    "suite: every message decoded and routed) over WebSocket and Streamable HTTP, calling "
+    "`time__get_current_time` (throughput: `everything__echo`), interleaved with the relays "
+    "and floors in the same rounds; its overhead against the same floor (`direct_socket`) as a "
+    "multiple of the relay's on the same transport, per figure the median of the repeats",
+    "startup": "spawn of `python -m reactor_fabric --port 0` → its banner (printed once it "
+    "listens, after the engine is reached and the images checked) and → a first `/healthz` "
+    "answered; with `warm: 1` for every bundled service also → every pool full (the log's "
+    "`pooled_container_ready`). The two suites alternate; each run waits for a quiet engine; "
+    "each suite's orchestrator keeps its state directory from run to run (a user's restart: "
+    "the catalog comes from the cache after the first run)",
     "percentiles": "nearest rank (an observed sample), over all measured calls",
     "throughput": "one session, `echo` on the everything image, 16 requests in flight "
     "(WebSocket and stdio: pipelined on one connection; Streamable HTTP: one POST at a time on "
     "each of 16 keep-alive connections of the session); calls/s = calls answered / wall time; "
     "MiB/s counts the payload one way; each figure repeated, median and range",
-    "memory": "orchestrator: VmRSS of its process; containers: cgroup memory usage less "
-    "inactive page cache, after `initialize` (what `docker stats` shows)",
+    "memory": "orchestrator: VmRSS of its process, on an orchestrator started for the part "
+    "(idle once its CPU time stops growing, i.e. the catalog learned and indexed; then N "
+    "WebSocket sessions on `time`, each initialized with its container, opened 8 at a time and "
+    "held; per added session = (RSS with N minus idle) / N); the main orchestrator's idle and "
+    "after-load figures apart; containers: cgroup memory usage less inactive page cache, after "
+    "`initialize` (what `docker stats` shows)",
     "concurrency": "N clients released at once; first response = connect → initialize "
     "response; each holds its session until all have answered; containers_left = containers of "
-    "this orchestrator 60 s after every client closed. docker_run_floor: the same burst of "
+    "this orchestrator 60 s after every client closed; sessions/s = sessions answered / wall "
+    "time of the burst; machine memory = MemTotal less MemAvailable just before the burst and "
+    "when every client has answered. docker_run_floor: the same burst of "
     "`docker run -i --rm` processes (spawn → initialize response)",
     "pool": "orchestrators of the same suite side by side: `fresh` (`warm: 0`, today's cold "
     "start), `pooled` (`warm: 1` for each service of the cold-start part) and `pooled_burst` "
@@ -2232,7 +2432,17 @@ DEFINITIONS = {
 }
 
 
-SECTIONS = ("cold_start", "relay_rtt", "throughput", "memory", "concurrency", "pool", "lifecycles")
+STARTUP_SYSTEMS = ("no_pool", "warm_pool")
+SECTIONS = (
+    "cold_start",
+    "relay_rtt",
+    "throughput",
+    "memory",
+    "concurrency",
+    "pool",
+    "lifecycles",
+    "startup",
+)
 
 
 def not_run(section: str, reason: str) -> Json:
@@ -2246,15 +2456,17 @@ def not_run(section: str, reason: str) -> Json:
             "direct": error,
             "reactor_fabric_ws": error,
             "reactor_fabric_http": error,
+            **dict.fromkeys(FABRIC, error),
         },
         "memory": {
-            "orchestrator_10_sessions": error,
-            "orchestrator_50_sessions": error,
+            "orchestrator_100_sessions": error,
+            "orchestrator_200_sessions": error,
             "containers": error,
         },
-        "concurrency": {"clients_10": error, "clients_50": error},
+        "concurrency": {f"clients_{count}": error for count in FULL.bursts},
         "pool": {"cold_start": error, "burst": error, "refill": error},
         "lifecycles": {"systems": dict.fromkeys(lifecycles.SYSTEMS, error)},
+        "startup": dict.fromkeys(STARTUP_SYSTEMS, error),
     }
     return shapes[section]
 
@@ -2285,6 +2497,7 @@ def new_results(plan: Plan) -> Json:
             "pool_refill_repeats": plan.pool_refill_repeats,
             "lifecycle_repeats": plan.lifecycle_repeats,
             "lifecycle_rounds": plan.lifecycle_rounds,
+            "startup_runs": plan.startup_runs,
         },
         "definitions": DEFINITIONS,
         "environment": {"start": engine.load_snapshot()},

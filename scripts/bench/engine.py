@@ -461,6 +461,12 @@ class Orchestrator:
         query = "&".join(part for part in (query, f"token={self.token}") if part)
         return f"{base}/mcp/{service}?{query}"
 
+    def fabric_ws_url(self, query: str = "") -> str:
+        """The fabric endpoint's (``/mcp``) WebSocket URL with the token in it."""
+        base = "ws" + self.http_url.removeprefix("http")
+        query = "&".join(part for part in (query, f"token={self.token}") if part)
+        return f"{base}/mcp?{query}"
+
     def containers(self) -> Callable[[docker.APIClient], list[dict[str, Any]]]:
         return containers_with([f"{MANAGED_LABEL}=true", f"{OWNER_PID_LABEL}={self.pid}"])
 

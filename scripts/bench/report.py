@@ -120,9 +120,47 @@ def render(results: Json) -> str:
         _concurrency(results),
         _pool(results),
         _lifecycles(results),
+        _startup(results),
         _problems(results),
     ]
     return "\n".join(part for part in parts if part)
+
+
+STARTUP_NAMES = {"no_pool": "no warm pool", "warm_pool": "`warm: 1` for every service"}
+STARTUP_TARGET_MS = 1000.0
+
+
+def _startup(results: Json) -> str:
+    startup = results.get("startup", {})
+    if not startup:
+        return ""
+    lines = [
+        "### 8. Start-up: from spawning `python -m reactor_fabric` to serving (ms)",
+        "",
+        "| Suite | Banner (listening) P50 [min, max] | First `/healthz` answered P50 [min, max] "
+        "| Pool full P50 [min, max] | Runs |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, label in STARTUP_NAMES.items():
+        figures = startup.get(key, {})
+        if "error" in figures:
+            lines.append(f"| {label} | not measured: {figures['error']} | | | |")
+            continue
+
+        def cell(what: str, figures: Json = figures) -> str:
+            stats = figures.get(what) or {}
+            if "p50_ms" not in stats:
+                return "—"
+            return (
+                f"{_ms(stats['p50_ms'])} [{_ms(stats.get('min_ms'))}, {_ms(stats.get('max_ms'))}]"
+            )
+
+        runs = (figures.get("healthz") or {}).get("n", "—")
+        lines.append(
+            f"| {label} | {cell('banner')} | {cell('healthz')} | {cell('pool_full')} | {runs} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
 
 
 def _machine(results: Json) -> str:
@@ -177,10 +215,19 @@ def _bars(results: Json) -> str:
         if isinstance(overhead.get(name), dict) and "overhead_p99_ms" in overhead[name]
     }
     memory = results.get("memory_mb", {})
-    mem50 = memory.get("orchestrator_50_sessions")
-    mem50 = mem50 if isinstance(mem50, int | float) else None
+
+    def figure(key: str) -> float | None:
+        value = memory.get(key)
+        return value if isinstance(value, int | float) else None
+
+    idle, mem100, mem200 = (
+        figure("orchestrator_idle_fresh"),
+        figure("orchestrator_100_sessions"),
+        figure("orchestrator_200_sessions"),
+    )
+    per_session = (memory.get("orchestrator_200_sessions_detail") or {}).get("per_session_kb")
     concurrency = results.get("concurrency", {})
-    c10, c50 = concurrency.get("clients_10", {}), concurrency.get("clients_50", {})
+    c10, c200 = concurrency.get("clients_10", {}), concurrency.get("clients_200", {})
 
     def burst_ok(burst: Any, count: int) -> bool | None:
         if not isinstance(burst, dict) or "ok" not in burst:
@@ -226,25 +273,30 @@ def _bars(results: Json) -> str:
             _met(bar_rtt),
         ),
         (
-            "Orchestrator RSS, 50 sessions",
+            "Orchestrator RSS: idle; 100 and 200 sessions",
             "< 200 MB",
-            "≤ 80 MB",
-            _mb(memory.get("orchestrator_50_sessions")),
-            _met(None if mem50 is None else mem50 < 200),
-            _met(None if mem50 is None else mem50 <= 80),
+            "idle ≤ 50 MB; ≤ 100 MB with 100; ≤ 130 MB with 200",
+            f"idle {_mb(idle)}; 100: {_mb(mem100)}; 200: {_mb(mem200)} "
+            f"({'—' if per_session is None else f'{per_session:.0f} KB'} per session)",
+            _met(None if mem200 is None else mem200 < 200),
+            _met(
+                None
+                if None in (idle, mem100, mem200)
+                else bool(idle <= 50 and mem100 <= 100 and mem200 <= 130)  # type: ignore[operator]
+            ),
         ),
         (
             "Concurrent sessions",
             "10+ containers",
-            "50 sessions, 0 failures, 0 left",
+            "200 sessions at once, 0 failures, 0 left",
             f"10: {c10.get('ok', '—')} ok / {c10.get('failed', '—')} failed; "
-            f"50: {c50.get('ok', '—')} ok / {c50.get('failed', '—')} failed, "
-            f"{c50.get('containers_left', '—')} left",
+            f"200: {c200.get('ok', '—')} ok / {c200.get('failed', '—')} failed, "
+            f"{c200.get('containers_left', '—')} left",
             _met(burst_ok(c10, 10)),
             _met(
                 None
-                if burst_ok(c50, 50) is None
-                else bool(burst_ok(c50, 50) and c50.get("containers_left") == 0)
+                if burst_ok(c200, 200) is None
+                else bool(burst_ok(c200, 200) and c200.get("containers_left") == 0)
             ),
         ),
     ]
@@ -319,6 +371,8 @@ RTT_NAMES = {
     "docker_run_pipe": "`docker run -i` pipe (no relay): the peers' floor",
     "reactor_fabric_ws": "Reactor-Fabric, WebSocket",
     "reactor_fabric_http": "Reactor-Fabric, Streamable HTTP",
+    "reactor_fabric_fabric_ws": "Reactor-Fabric `/mcp` (fabric endpoint), WebSocket",
+    "reactor_fabric_fabric_http": "Reactor-Fabric `/mcp` (fabric endpoint), Streamable HTTP",
     "supergateway": "supergateway (stdio→ws, wraps `docker run -i`)",
     "mcp_proxy": "mcp-proxy (Streamable HTTP, wraps `docker run -i`)",
 }
@@ -373,6 +427,16 @@ def _rtt(results: Json) -> str:
                     f"{_range(against.get('p50_ms'), signed=True)}, P99 "
                     f"{_range(against.get('p99_ms'), signed=True)} ms."
                 )
+    for name in ("reactor_fabric_fabric_ws", "reactor_fabric_fabric_http"):
+        figures = overhead.get(name, {})
+        if "relay" not in figures:
+            continue
+        lines.append(
+            f"- {RTT_NAMES[name]}: overhead {_times(figures.get('ratio_to_relay_p50'))} the "
+            f"relay's at P50 and {_times(figures.get('ratio_to_relay_p99'))} at P99 "
+            f"({RTT_NAMES[figures['relay']]}, same repeats; bar at most 1.5x: "
+            f"{_met(figures.get('within_bar'))})."
+        )
     for name in ("supergateway", "mcp_proxy"):
         figures = overhead.get(name, {})
         if "paired_difference_p99_ms" not in figures:
@@ -470,12 +534,36 @@ def _memory(results: Json) -> str:
     lines = [
         "### 4. Memory",
         "",
+        "On an orchestrator of its own, started for this part (WebSocket sessions on `time`, "
+        "each initialized, with its container):",
+        "",
+        "| Orchestrator (VmRSS) | | Per added session |",
+        "|---|---:|---:|",
+        f"| idle, just started (catalog learned and indexed) | "
+        f"{_mb(memory.get('orchestrator_idle_fresh'))} | |",
+    ]
+    for key, value in memory.items():
+        if not (key.startswith("orchestrator_") and key.endswith("_sessions")):
+            continue
+        count = key.removeprefix("orchestrator_").removesuffix("_sessions")
+        detail = memory.get(f"{key}_detail", {})
+        per = detail.get("per_session_kb")
+        lines.append(
+            f"| {count} live sessions ({count} containers) | {_mb(value)} | "
+            f"{'—' if per is None else f'{per:.0f} KB'} |"
+        )
+    lines += [
+        f"| idle again, every session closed | "
+        f"{_mb(memory.get('orchestrator_idle_after_sessions'))} | |",
+        f"| peak (VmHWM) | {_mb(memory.get('orchestrator_peak_fresh'))} | |",
+        "",
+        "The main orchestrator of the run (the one every other part used):",
+        "",
         "| Orchestrator (VmRSS) | |",
         "|---|---:|",
         f"| idle, just started | {_mb(memory.get('orchestrator_idle'))} |",
-        f"| 10 live sessions (10 containers) | {_mb(memory.get('orchestrator_10_sessions'))} |",
-        f"| 50 live sessions (50 containers) | {_mb(memory.get('orchestrator_50_sessions'))} |",
-        f"| idle again, after every benchmark | {_mb(memory.get('orchestrator_after_load'))} |",
+        f"| idle again, after the relay, throughput and memory parts | "
+        f"{_mb(memory.get('orchestrator_after_load'))} |",
         f"| peak (VmHWM) | {_mb(memory.get('orchestrator_peak'))} |",
         "",
         "| Container (idle after `initialize`) | Image | Memory (as `docker stats`) | RSS | "
@@ -503,8 +591,9 @@ def _concurrency(results: Json) -> str:
         "### 5. Concurrency: N clients at once on `time`, each with its own container",
         "",
         "| Clients, system | OK | Failed | First response P50 / P95 (ms) "
-        "| Tool answer P50 / P95 (ms) | Wall (ms) | Containers at peak | Left after |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| Tool answer P50 / P95 (ms) | Wall (ms) | Sessions/s | Machine memory before → at "
+        "peak (MB) | Containers at peak | Left after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     errors: list[str] = []
     rows = [(key, "Reactor-Fabric", figures) for key, figures in concurrency.items()]
@@ -514,13 +603,16 @@ def _concurrency(results: Json) -> str:
     for key, system, figures in rows:
         count = f"{key.removeprefix('clients_')}, {system}"
         if "error" in figures:
-            lines.append(f"| {count} | not measured: {figures['error']} | | | | | | |")
+            lines.append(f"| {count} | not measured: {figures['error']} | | | | | | | | |")
             continue
+        machine = figures.get("machine_memory_mb") or {}
         lines.append(
             f"| {count} | {figures['ok']} | {figures['failed']} | "
             f"{_ms(figures['p50_first_response_ms'])} / {_ms(figures['p95_first_response_ms'])} | "
             f"{_ms(figures.get('p50_tool_response_ms'))} / "
             f"{_ms(figures.get('p95_tool_response_ms'))} | {_ms(figures.get('wall_ms'))} | "
+            f"{figures.get('sessions_per_s', '—')} | "
+            f"{machine.get('before', '—')} → {machine.get('at_peak', '—')} | "
             f"{figures.get('containers_at_peak', '—')} | {figures['containers_left']} |"
         )
         errors += [f"{count} clients: {error}" for error in figures.get("errors", [])]
