@@ -13,6 +13,7 @@ and the stop cancelling out.
     .venv/bin/python scripts/bench-instructions.py 3313cac 9af95a6 # revisions, in one sitting
     .venv/bin/python scripts/bench-instructions.py --no-audit      # the audit trail off
     .venv/bin/python scripts/bench-instructions.py --transport http  # Streamable HTTP POSTs
+    .venv/bin/python scripts/bench-instructions.py --endpoint fabric # /mcp, time__get_current_time
 
 A revision is checked out into a temporary git worktree and imported from there (the venv's
 packages are used for everything else). Needs ``valgrind`` (``apt-get install valgrind``) and
@@ -64,7 +65,13 @@ SUITE_WITHOUT_AUDIT = SUITE.replace(
 )
 
 # The call each session repeats (the same over both transports).
-GET_TIME = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+GET_TIME: dict[str, object] = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+# Where a session goes, and the call's name there: the relay, or the fabric endpoint (every
+# tool shown, under its namespaced name; the container starts on the first call).
+ENDPOINTS: dict[str, tuple[str, dict[str, object]]] = {
+    "relay": ("/mcp/time", GET_TIME),
+    "fabric": ("/mcp?tools=all", {**GET_TIME, "name": "time__get_current_time"}),
+}
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -78,7 +85,7 @@ INITIALIZE = {
 }
 
 
-async def drive_session(url: str, calls: int) -> None:
+async def drive_session(url: str, calls: int, call_params: dict[str, object]) -> None:
     """One session: initialize, then ``calls`` tool calls, one in flight; each answer checked."""
     async with open_websocket_url(url, subprotocols=["mcp"]) as ws:
         await ws.send_message(json.dumps(INITIALIZE))
@@ -91,7 +98,7 @@ async def drive_session(url: str, calls: int) -> None:
                 "jsonrpc": "2.0",
                 "id": request_id,
                 "method": "tools/call",
-                "params": GET_TIME,
+                "params": call_params,
             }
             await ws.send_message(json.dumps(call))
             answer = json.loads(await ws.get_message())
@@ -99,12 +106,14 @@ async def drive_session(url: str, calls: int) -> None:
                 raise RuntimeError(f"call {request_id} failed: {answer}")
 
 
-async def drive_http_session(port: int, token: str, calls: int) -> None:
+async def drive_http_session(
+    port: int, token: str, calls: int, path: str, call_params: dict[str, object]
+) -> None:
     """The same over Streamable HTTP: a POST per message on one kept-alive connection."""
-    rpc = HttpRpc("127.0.0.1", port, "/mcp/time", {"Authorization": f"Bearer {token}"})
+    rpc = HttpRpc("127.0.0.1", port, path, {"Authorization": f"Bearer {token}"})
     await handshake(rpc)
     for request_id in range(1, calls + 1):
-        _, answer = await rpc.call("tools/call", GET_TIME)
+        _, answer = await rpc.call("tools/call", call_params)
         if "result" not in answer:
             raise RuntimeError(f"call {request_id} failed: {answer}")
     await rpc.aclose()
@@ -128,7 +137,7 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
 
 
 def count_instructions(
-    source: Path, workdir: Path, calls: int, *, audit: bool, transport: str
+    source: Path, workdir: Path, calls: int, *, audit: bool, transport: str, endpoint: str
 ) -> int:
     """Total instructions of one orchestrator run serving one session of ``calls`` calls."""
     port = free_port()
@@ -160,10 +169,13 @@ def count_instructions(
         )
         try:
             wait_healthy(port, process)
+            path, call_params = ENDPOINTS[endpoint]
             if transport == "http":
-                trio.run(drive_http_session, port, token, calls)
+                trio.run(drive_http_session, port, token, calls, path, call_params)
             else:
-                trio.run(drive_session, f"ws://127.0.0.1:{port}/mcp/time?token={token}", calls)
+                joiner = "&" if "?" in path else "?"
+                url = f"ws://127.0.0.1:{port}{path}{joiner}token={token}"
+                trio.run(drive_session, url, calls, call_params)
             process.send_signal(signal.SIGTERM)
             process.wait(STOP_TIMEOUT_S)
         finally:
@@ -198,14 +210,16 @@ def measure(
     *,
     audit: bool,
     transport: str,
+    endpoint: str,
     keep: Path | None,
 ) -> dict[str, object]:
     with (
         tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
         checkout(revision, Path(tmp)) as tree,
     ):
-        short = count_instructions(tree, Path(tmp), low, audit=audit, transport=transport)
-        long = count_instructions(tree, Path(tmp), high, audit=audit, transport=transport)
+        options = {"audit": audit, "transport": transport, "endpoint": endpoint}
+        short = count_instructions(tree, Path(tmp), low, **options)  # type: ignore[arg-type]
+        long = count_instructions(tree, Path(tmp), high, **options)  # type: ignore[arg-type]
         if keep is not None:
             target = keep / (revision or "working-tree")
             target.mkdir(parents=True, exist_ok=True)
@@ -215,6 +229,7 @@ def measure(
         "revision": revision or "working tree",
         "audit": audit,
         "transport": transport,
+        "endpoint": endpoint,
         f"instructions_{low}_calls": short,
         f"instructions_{high}_calls": long,
         "instructions_per_call": round((long - short) / (high - low)),
@@ -236,6 +251,12 @@ def main() -> int:
         help="how the session talks to the orchestrator (default: websocket)",
     )
     parser.add_argument(
+        "--endpoint",
+        choices=tuple(ENDPOINTS),
+        default="relay",
+        help="the relay (/mcp/time) or the fabric endpoint (/mcp, time__get_current_time)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         help="copy callgrind's outputs to KEEP/REVISION/ (for callgrind_annotate)",
@@ -253,6 +274,7 @@ def main() -> int:
             args.high,
             audit=not args.no_audit,
             transport=args.transport,
+            endpoint=args.endpoint,
             keep=args.keep,
         )
         print(json.dumps(result), flush=True)
