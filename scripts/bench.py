@@ -2590,6 +2590,34 @@ def _chosen(
     return chosen
 
 
+def _plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Plan, bool]:
+    """The plan the arguments ask for, and whether it is partial (not the whole run)."""
+    base = SMOKE if args.smoke else FULL
+    plan = base
+    if args.bursts:
+        try:
+            bursts = tuple(int(part) for part in args.bursts.split(",") if part.strip())
+        except ValueError:
+            parser.error("--bursts takes comma-separated numbers")
+        if not bursts or min(bursts) < 1:
+            parser.error("--bursts takes numbers of at least 1")
+        plan = dataclasses.replace(plan, bursts=bursts)
+    if args.lifecycle_rounds is not None:
+        if args.lifecycle_rounds < 1:
+            parser.error("--lifecycle-rounds must be at least 1")
+        plan = dataclasses.replace(plan, lifecycle_rounds=args.lifecycle_rounds)
+    sections = _chosen(parser, "section", args.only, SECTIONS)
+    parts = _chosen(parser, "pool part", args.pool_parts, POOL_PARTS)
+    plan = dataclasses.replace(plan, sections=sections, pool_parts=parts)
+    partial = (
+        set(sections) != set(SECTIONS)
+        or set(parts) != set(POOL_PARTS)
+        or plan.lifecycle_rounds != base.lifecycle_rounds
+        or plan.bursts != base.bursts
+    )
+    return plan, partial
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Reactor-Fabric benchmarks (see docs/BENCHMARKS.md)."
@@ -2620,20 +2648,13 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds per repeat of the lifecycles section (default: 6; smoke: 1), for a "
         "shorter trial",
     )
-    args = parser.parse_args(argv)
-    plan = SMOKE if args.smoke else FULL
-    if args.lifecycle_rounds is not None:
-        if args.lifecycle_rounds < 1:
-            parser.error("--lifecycle-rounds must be at least 1")
-        plan = dataclasses.replace(plan, lifecycle_rounds=args.lifecycle_rounds)
-    sections = _chosen(parser, "section", args.only, SECTIONS)
-    parts = _chosen(parser, "pool part", args.pool_parts, POOL_PARTS)
-    plan = dataclasses.replace(plan, sections=sections, pool_parts=parts)
-    partial = (
-        set(sections) != set(SECTIONS)
-        or set(parts) != set(POOL_PARTS)
-        or plan.lifecycle_rounds != (SMOKE if args.smoke else FULL).lifecycle_rounds
+    parser.add_argument(
+        "--bursts",
+        help="comma-separated client counts of the concurrency part (default: 10,50,100,200; "
+        "smoke: 2), for a shorter trial",
     )
+    args = parser.parse_args(argv)
+    plan, partial = _plan(parser, args)
     if args.out:
         out = args.out
     elif args.smoke:
