@@ -543,9 +543,9 @@ def _memory(results: Json) -> str:
         f"{_mb(memory.get('orchestrator_idle_fresh'))} | |",
     ]
     for key, value in memory.items():
-        if not (key.startswith("orchestrator_") and key.endswith("_sessions")):
-            continue
         count = key.removeprefix("orchestrator_").removesuffix("_sessions")
+        if not (key.startswith("orchestrator_") and key.endswith("_sessions") and count.isdigit()):
+            continue
         detail = memory.get(f"{key}_detail", {})
         per = detail.get("per_session_kb")
         lines.append(
