@@ -147,14 +147,21 @@ def gone(client: docker.DockerClient, container: str) -> bool:
 def engine_events(client: docker.DockerClient, instance: str, since: float) -> dict[str, list[str]]:
     """Container id → what the engine did to it (create, start, destroy…) since ``since``, for
     the time service's containers of client sessions of ``instance``."""
-    labels = [f"reactor-fabric.instance={instance}", "reactor-fabric.service=time"]
+    # One label in the engine's filter, the rest checked here: Podman 4.3 answers events that
+    # match *any* of several label filters (Docker: all), e.g. another orchestrator's `time`.
+    wanted = {"reactor-fabric.instance": instance, "reactor-fabric.service": "time"}
     done: dict[str, list[str]] = {}
     for event in client.events(
-        since=int(since), until=int(time.time()) + 1, decode=True, filters={"label": labels}
+        since=int(since),
+        until=int(time.time()) + 1,
+        decode=True,
+        filters={"label": [f"reactor-fabric.instance={instance}"]},
     ):
         if event.get("Type") != "container":
             continue
         attributes = event.get("Actor", {}).get("Attributes", {})
+        if any(attributes.get(key) != value for key, value in wanted.items()):
+            continue
         if attributes.get("reactor-fabric.session", "").startswith(PROBE_SESSION_PREFIX):
             continue
         done.setdefault(event["Actor"]["ID"], []).append(event["Action"])
