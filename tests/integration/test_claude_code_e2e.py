@@ -21,6 +21,7 @@ many and removed each, from the engine's own events.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -223,8 +224,18 @@ def test_claude_code_calling_a_per_call_service_gets_each_call_served_by_a_conta
     )
     stops = time_records(fabric, "container_stop", sessions)
     assert {r["reason"] for r in stops} == {"call_done"}, stops
+
     # The engine's own record: it created exactly these containers for the service, and
     # removed each ("destroy" on Docker, "remove" on Podman).
+    # (Podman writes its events to a file that a reader may find behind: read until complete.)
+    def engine_saw_every_one() -> bool:
+        seen = engine_events(docker_client, fabric.instance, since)
+        return sorted(c[:12] for c in seen) == sorted(served_by) and all(
+            {"destroy", "remove"} & set(actions) for actions in seen.values()
+        )
+
+    with contextlib.suppress(AssertionError):
+        wait_until(engine_saw_every_one, timeout=20, what="the engine's events")
     created = engine_events(docker_client, fabric.instance, since)
     assert sorted(c[:12] for c in created) == sorted(served_by), created
     for container, actions in created.items():
