@@ -163,6 +163,19 @@ POOL_PROJECT_OWNER = (1000, 1000)
 POOL_PARTS = ("cold_start", "burst", "refill")
 
 
+STARTUP_SYSTEMS = ("no_pool", "warm_pool")
+SECTIONS = (
+    "cold_start",
+    "relay_rtt",
+    "throughput",
+    "memory",
+    "concurrency",
+    "pool",
+    "lifecycles",
+    "startup",
+)
+
+
 @dataclass(frozen=True)
 class Plan:
     smoke: bool
@@ -188,16 +201,7 @@ class Plan:
     lifecycle_rounds: int
     startup_runs: int  # of each system (with a warm pool and without)
     pool_parts: tuple[str, ...] = POOL_PARTS
-    sections: tuple[str, ...] = (
-        "cold_start",
-        "relay_rtt",
-        "throughput",
-        "memory",
-        "concurrency",
-        "pool",
-        "lifecycles",
-        "startup",
-    )
+    sections: tuple[str, ...] = SECTIONS
 
 
 FULL = Plan(
@@ -2435,19 +2439,6 @@ DEFINITIONS = {
     "and unpaired (difference of percentiles, bootstrap intervals). Ratios: of P50s (and "
     "P95s) over every sample, and repeat by repeat",
 }
-
-
-STARTUP_SYSTEMS = ("no_pool", "warm_pool")
-SECTIONS = (
-    "cold_start",
-    "relay_rtt",
-    "throughput",
-    "memory",
-    "concurrency",
-    "pool",
-    "lifecycles",
-    "startup",
-)
 
 
 def not_run(section: str, reason: str) -> Json:
