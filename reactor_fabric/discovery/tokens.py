@@ -131,6 +131,9 @@ class Tokenizer:
 
     def method(self) -> str:
         """The tokenizer in use: its name, or ``estimate`` where it cannot be loaded."""
+        known = self._method
+        if known is not None:  # set once and never changed: no lock (get_status asks it)
+            return known
         with self._lock:
             if self._method is None:
                 self._loaded()
