@@ -46,16 +46,24 @@ class FrameQueue:
         self.bytes = 0
         self.limit = limit
         self.closed = False
-        self._changed = trio.Event()
+        # Set on the next change; made only when a task waits for one (most changes — a POST's
+        # one response — happen with nobody waiting on it: see streamable_http.next_frame).
+        self._changed: trio.Event | None = None
         # Called on every change, for the queue's one reader when it waits for something else too
         # (see streamable_http.next_frame).
         self.wake: Callable[[], None] | None = None
 
     def _notify(self) -> None:
-        changed, self._changed = self._changed, trio.Event()
-        changed.set()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
         if self.wake is not None:
             self.wake()
+
+    async def _wait_for_change(self) -> None:
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
 
     @property
     def full(self) -> bool:
@@ -64,7 +72,7 @@ class FrameQueue:
     async def put(self, frame: bytes) -> bool:
         """Queue ``frame`` once there is room; False if the queue was closed meanwhile."""
         while self.full and not self.closed:
-            await self._changed.wait()
+            await self._wait_for_change()
         if self.closed:
             return False
         self.put_nowait(frame)
@@ -76,16 +84,24 @@ class FrameQueue:
         self.bytes += len(frame)
         self._notify()
 
+    def put_last_nowait(self, frame: bytes) -> None:
+        """Queue ``frame`` and close the queue after it, as one change (a POST's response)."""
+        self.frames.append(frame)
+        self.bytes += len(frame)
+        self.closed = True
+        self._notify()
+
     async def get(self) -> bytes | None:
         """The next frame, or None once the queue is closed and empty."""
         while not self.frames:
             if self.closed:
                 await trio.lowlevel.checkpoint()
                 return None
-            await self._changed.wait()
+            await self._wait_for_change()
         frame = self.frames.popleft()
         self.bytes -= len(frame)
-        self._notify()
+        if not self.closed:  # (once closed, no put waits for room any more)
+            self._notify()
         await trio.lowlevel.checkpoint_if_cancelled()
         return frame
 
@@ -149,8 +165,12 @@ class HttpChannel:
             if waiter is not None:
                 if not waiter.gone:  # else its client hung up: nobody can read this answer
                     waiter.response = frame
-                    await waiter.queue.put(frame)
-                    waiter.queue.close()
+                    queue = waiter.queue
+                    if queue.full:  # (a streaming POST whose client reads slowly)
+                        await queue.put(frame)
+                        queue.close()
+                    else:
+                        queue.put_last_nowait(frame)
                 await trio.lowlevel.checkpoint_if_cancelled()
                 return
         for waiter in self._waiters.values():

@@ -1,10 +1,10 @@
-"""The orchestrator's HTTP/1.1 server: h11 for the protocol, trio for the bytes.
+"""The orchestrator's HTTP/1.1 server: protocol/http1.py for the protocol, trio for the bytes.
 
 Why not an ASGI server: the relay needs what the ASGI layer hides — a write to a client that can
 be cancelled and is bounded in time (a client that stops reading must not hold a shutdown), a
 WebSocket close handshake that completes before TCP is closed, a cap on connections, deadlines on
-every read, and no task switch or dict-shaped message per frame. h11 and wsproto (the sans-I/O
-protocol libraries hypercorn itself is built on) do the parsing; this module only moves bytes.
+every read, and no task switch or dict-shaped message per frame. The sans-I/O connection
+(llhttp's parser, through httptools) and wsproto do the protocols; this module only moves bytes.
 
 Ownership tree::
 
@@ -14,7 +14,8 @@ Ownership tree::
         └── or, after an Upgrade: app.websocket(request, stream, trailing) owns the stream
 
 Resource handling: every connection's stream is closed in a ``finally``, bounded in time; the
-number of open connections is capped (beyond it a connection gets a 503 and is closed).
+number of open connections is capped (beyond it a connection gets a 503 and is closed); what a
+client sends ahead of its answer is read only up to ``HttpLimits.read_ahead_bytes``.
 
 Error handling: a malformed request is answered 400 and the connection closed; a handler that
 fails is logged with its traceback and answered 500 if it had not answered yet. Nothing a client
@@ -32,11 +33,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
-import h11
 import trio
 
 from .._reasons import TOO_MANY_CONNECTIONS
 from .._sockets import LeanSocketStream, send_what_fits
+from ..protocol.http1 import (
+    CLOSED,
+    MESSAGE_END,
+    NEED_DATA,
+    BodyData,
+    HttpError,
+    RequestHead,
+    ServerConnection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,9 @@ class HttpLimits:
     keepalive_timeout: float = 5.0
     body_timeout: float = 30.0
     write_timeout: float = 30.0
+    # While a request is answered, the connection is read to notice the client leaving; what
+    # the client sends meanwhile (a pipelined request) is kept up to this, then no longer read.
+    read_ahead_bytes: int = 256 * 1024
 
 
 class ClientGone(Exception):
@@ -74,12 +86,12 @@ class Request:
     peer: str = ""  # the client's address:port
 
     @classmethod
-    def from_h11(cls, event: h11.Request, peer: str = "") -> Request:
-        target = event.target.decode("latin-1")
+    def from_head(cls, head: RequestHead, peer: str = "") -> Request:
+        target = head.target.decode("latin-1")
         raw_path, _, query = target.partition("?")
-        raw_headers = [(bytes(name), bytes(value)) for name, value in event.headers]
+        raw_headers = head.headers
         return cls(
-            method=event.method.decode("ascii"),
+            method=head.method,
             target=target,
             path=unquote(raw_path),
             query=query,
@@ -110,7 +122,7 @@ class HttpExchange:
 
     def __init__(
         self,
-        connection: h11.Connection,
+        connection: ServerConnection,
         stream: trio.abc.Stream,
         request: Request,
         limits: HttpLimits,
@@ -141,16 +153,14 @@ class HttpExchange:
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; BodyTooLarge beyond ``limit``; ClientGone if it stops."""
         connection = self._connection
-        if connection.they_are_waiting_for_100_continue:
-            await self._write(
-                connection.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
-            )
+        if connection.waiting_for_continue:
+            await self._write(connection.continue_())
         body = bytearray()
         # A small body usually came with the head: no deadline to arm until a read must wait.
         deadline = None
         while True:
             event = connection.next_event()
-            if event is h11.NEED_DATA:
+            if event is NEED_DATA:
                 if deadline is None:
                     deadline = trio.current_time() + self._limits.body_timeout
                 data = b""
@@ -160,20 +170,23 @@ class HttpExchange:
                     raise ClientGone(
                         f"the body did not arrive within {self._limits.body_timeout:g} s"
                     )
-                connection.receive_data(data)
                 if not data:
                     self.disconnected.set()
                     raise ClientGone("the client closed the connection mid-request")
+                try:
+                    connection.receive(data)
+                except HttpError as exc:
+                    raise ClientGone(f"a malformed request body: {exc}") from exc
                 continue
-            if isinstance(event, h11.Data):
+            if isinstance(event, BodyData):
                 body += event.data
                 if len(body) > limit:
                     raise BodyTooLarge(f"the body exceeds {limit} bytes")
-            elif isinstance(event, h11.EndOfMessage):
+            elif event is MESSAGE_END:
                 self._body_done = True
                 return bytes(body)
             else:
-                raise ClientGone(f"unexpected {type(event).__name__} in a request body")
+                raise ClientGone(f"unexpected {event!r} in a request body")
 
     async def discard_body(self, limit: int, seconds: float) -> None:
         """Read what the client sends of its body and drop it, at most ``limit`` bytes for at
@@ -182,7 +195,7 @@ class HttpExchange:
         *reset*, and the client may then lose the answer itself: Node's fetch (Claude Code)
         reported ECONNRESET instead of the 401 it was sent. Read, the request is whole, and the
         connection may even carry the next one."""
-        if self._body_done or self._connection.they_are_waiting_for_100_continue:
+        if self._body_done or self._connection.waiting_for_continue:
             return
         with trio.move_on_after(seconds):
             with contextlib.suppress(BodyTooLarge, ClientGone):
@@ -199,15 +212,10 @@ class HttpExchange:
         """The whole answer in one write."""
         all_headers = [
             (b"content-type", content_type),
-            (b"content-length", str(len(body)).encode()),
             (b"cache-control", b"no-store"),
             *(headers or []),
         ]
-        connection = self._connection
-        data = connection.send(h11.Response(status_code=status, headers=all_headers)) or b""
-        if body and self.request.method != "HEAD":
-            data += connection.send(h11.Data(data=body)) or b""
-        data += connection.send(h11.EndOfMessage()) or b""
+        data = self._connection.respond(status, all_headers, body)
         self.started = self.ended = True
         await self._write(data)
 
@@ -220,38 +228,45 @@ class HttpExchange:
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Start a streamed answer (chunked): then :meth:`send` pieces and :meth:`end`."""
-        data = self._connection.send(h11.Response(status_code=status, headers=headers)) or b""
+        data = self._connection.start(status, headers)
         self.started = True
         await self._write(data)
 
     async def send(self, data: bytes) -> None:
-        await self._write(self._connection.send(h11.Data(data=data)) or b"")
+        await self._write(self._connection.send(data))
 
     async def end(self) -> None:
         if self.ended:
             return
         self.ended = True
-        await self._write(self._connection.send(h11.EndOfMessage()) or b"")
+        await self._write(self._connection.end())
 
     async def wait_disconnect(self) -> None:
         """Return once the client has closed the connection (call only while the handler waits).
 
-        Anything it sends meanwhile is kept for the next request (pipelining).
+        Anything it sends meanwhile is kept for the next request (pipelining), up to
+        ``read_ahead_bytes``; beyond that, or after something that is not HTTP, the connection
+        is no longer read (the client waits on TCP's flow control) and this waits until
+        cancelled: the answer still goes out, and the connection is closed after it if broken.
         """
         if self.disconnected.is_set():
             return
-        while True:
+        connection = self._connection
+        while connection.buffered_bytes <= self._limits.read_ahead_bytes:
             data = await _receive(self._stream)
             if not data:
                 self.disconnected.set()
                 return
-            self._connection.receive_data(data)
+            try:
+                connection.receive(data)
+            except HttpError:
+                break
+        await trio.sleep_forever()
 
     @property
     def reusable(self) -> bool:
         """Whether the connection can carry another request after this one."""
-        connection = self._connection
-        return connection.our_state is h11.DONE and connection.their_state is h11.DONE
+        return self._connection.reusable
 
 
 async def _receive(stream: trio.abc.Stream) -> bytes:
@@ -366,25 +381,29 @@ async def serve_connection(
     """One client connection: requests in turn, until it closes, fails, or upgrades."""
     counts = counts or ConnectionCounts()
     peer = peer_of(stream)
-    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+    connection = ServerConnection(max_head_bytes=limits.max_header_bytes)
     handed_over = False
     try:
         deadline = limits.header_timeout
         while True:
-            event = None
+            head = None
             with trio.move_on_after(deadline):
-                event = await _next_request(connection, stream)
-            if event is None:
+                head = await _next_request(connection, stream)
+            if head is None:
                 return
             deadline = limits.keepalive_timeout
-            request = Request.from_h11(event, peer)
+            request = Request.from_head(head, peer)
             counts.busy += 1
             try:
-                if request.is_websocket_upgrade:
-                    trailing, _closed = connection.trailing_data
+                if head.upgrade and request.is_websocket_upgrade:
                     handed_over = True
-                    await app.websocket(request, stream, bytes(trailing))
+                    await app.websocket(request, stream, connection.trailing)
                     return
+                if head.upgrade and _has_body(request):
+                    # Another protocol than WebSocket (h2c, CONNECT) is not switched to; the
+                    # request is answered as HTTP/1.1 when it has no body (which the parser,
+                    # stopped at the Upgrade, has not read), and refused when it has one.
+                    raise HttpError("an Upgrade other than WebSocket, with a body")
                 exchange = HttpExchange(connection, stream, request, limits)
                 if not await _serve_request(app, exchange):
                     return
@@ -392,7 +411,7 @@ async def serve_connection(
                 counts.busy -= 1
                 counts._notify()
             connection.start_next_cycle()
-    except h11.RemoteProtocolError as exc:
+    except HttpError as exc:
         await _bad_request(connection, stream, exc)
     finally:
         if not handed_over:
@@ -436,40 +455,44 @@ async def _answer_if_unanswered(exchange: HttpExchange, status: int, body: bytes
             await exchange.respond(status, body, headers=[(b"connection", b"close")])
 
 
-async def _next_request(connection: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
-    """The next request head, or None when the client is done (the caller bounds the wait)."""
+async def _next_request(
+    connection: ServerConnection, stream: trio.abc.Stream
+) -> RequestHead | None:
+    """The next request head, or None when the client is done (the caller bounds the wait).
+
+    Raises HttpError for what is not HTTP/1.1.
+    """
     while True:
         event = connection.next_event()
-        if event is h11.NEED_DATA:
-            connection.receive_data(await _receive(stream))
+        if event is NEED_DATA:
+            connection.receive(await _receive(stream))
             continue
-        if isinstance(event, h11.Request):
+        if isinstance(event, RequestHead):
             return event
-        return None  # ConnectionClosed, or PAUSED after a protocol switch
+        if event is CLOSED:
+            return None
+        # A body (or its end) left unread by the previous request cannot be here: a connection
+        # is reused only once its request was read whole.
+        raise HttpError(f"unexpected {event!r} before a request head")
+
+
+def _has_body(request: Request) -> bool:
+    headers = request.headers
+    return b"transfer-encoding" in headers or headers.get(b"content-length", "0").strip() != "0"
 
 
 async def _bad_request(
-    connection: h11.Connection, stream: trio.abc.Stream, exc: h11.RemoteProtocolError
+    connection: ServerConnection, stream: trio.abc.Stream, exc: HttpError
 ) -> None:
-    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+    """Answer a request that is not HTTP/1.1 (when nothing was answered yet), then close."""
+    if connection.answer_started:
         return
-    status = exc.error_status_hint
     body = b'{"error": "malformed HTTP request"}'
-    try:
-        data = connection.send(
-            h11.Response(
-                status_code=status,
-                headers=[
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            )
-        )
-        data = (data or b"") + (connection.send(h11.Data(data=body)) or b"")
-        data += connection.send(h11.EndOfMessage()) or b""
-    except h11.LocalProtocolError:
-        return
+    data = connection.respond(
+        exc.status,
+        [(b"content-type", b"application/json"), (b"connection", b"close")],
+        body,
+    )
     with trio.move_on_after(1):
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.send_all(data)

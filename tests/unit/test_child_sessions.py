@@ -342,7 +342,7 @@ async def test_a_cancelled_agent_call_ends_its_child_session_and_the_childs_cont
         # (STDIN_CLOSE_GRACE_SECONDS, real time): wait in time, not in checkpoints, which a
         # fast machine spends before the grace is over.
         with trio.fail_after(30):
-            while http.runtime.alive:
+            while http.runtime.alive:  # (the fake runtime has no event for it)  # noqa: ASYNC110
                 await trio.sleep(0.01)
         await until(lambda: len(http.fabric.sessions) == 1, what="the child session's end")
         assert http.fabric.child_grants == {}

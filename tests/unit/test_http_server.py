@@ -3,6 +3,7 @@ the kernel takes them, bounded in time when it does not)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import trio
@@ -192,3 +193,64 @@ async def test_a_refusal_reads_no_more_of_a_body_than_its_bound() -> None:
             pass
         assert await client_side.receive_some() == b""  # then closed: too much to read
         await client.aclose()
+
+
+class WaitsForTheClient:
+    """An app that, like a POST waiting for its response, watches the connection until the test
+    lets it answer."""
+
+    def __init__(self) -> None:
+        self.waiting = trio.CancelScope()
+        self.requests = 0
+
+    async def http(self, exchange: HttpExchange) -> None:
+        self.requests += 1
+        if self.requests == 1:
+            with self.waiting:
+                await exchange.wait_disconnect()
+        await exchange.respond(200, b"{}")
+
+    async def websocket(self, *_args: object) -> None:
+        raise AssertionError("no WebSocket here")
+
+
+async def test_what_a_client_sends_ahead_of_its_answer_is_read_only_up_to_the_bound() -> None:
+    client_side, server_side = socket_streams()
+    app = WaitsForTheClient()
+    limits = HttpLimits(read_ahead_bytes=64 * 1024)
+    flood = 4 * 1024 * 1024
+    ahead = b"POST /next HTTP/1.1\r\nhost: h\r\ncontent-length: %d\r\n\r\n" % flood
+    sent = 0
+
+    async def send_ahead() -> None:
+        nonlocal sent
+        with contextlib.suppress(trio.BrokenResourceError):  # (closed after the test)
+            for _ in range(flood // 16384):
+                await client_side.send_all(b"z" * 16384)
+                sent += 16384
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, app, limits)
+        await client_side.send_all(b"GET /first HTTP/1.1\r\nhost: h\r\n\r\n" + ahead)
+        nursery.start_soon(send_ahead)
+        await trio.testing.wait_all_tasks_blocked()
+        # The server stopped reading: the rest waits in the client (TCP's flow control), not
+        # in the orchestrator's memory. (The bound, one read and the kernel's buffers.)
+        assert sent < 64 * 1024 + 64 * 1024 + 256 * 1024
+        app.waiting.cancel()
+        client = HttpClient(client_side)
+        assert (await client.read_head()).status == 200  # the waiting request is answered
+        nursery.cancel_scope.cancel()
+    await client_side.aclose()
+
+
+async def test_bytes_that_are_not_http_get_a_400_and_the_end_of_the_connection() -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, AnswersWith(b"{}"), LIMITS)
+        await client_side.send_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" * 4)
+        received = b""
+        while chunk := await client_side.receive_some():
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert received.endswith(b'{"error": "malformed HTTP request"}')

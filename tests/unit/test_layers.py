@@ -53,8 +53,10 @@ def imported_modules(path: Path, root: Path = PACKAGE.parent) -> set[str]:
 ALLOWED = {
     "protocol": (
         "msgspec",
-        # Sans-I/O HTTP/1.1 (bytes in, events out): the egress proxy's request head.
+        # Sans-I/O HTTP/1.1 (bytes in, events out): the egress proxy's request head (h11), and
+        # the server's requests (llhttp, through httptools: protocol/http1.py says why).
         "h11",
+        "httptools",
         "reactor_fabric._errors",
         "reactor_fabric._reasons",
         "reactor_fabric.protocol",
