@@ -130,6 +130,7 @@ STATS_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, KeyError, IndexErr
 CALL_BOUND = 30.0
 SESSION_BOUND = 180.0
 BURST_SECONDS_PER_CLIENT = 3.0  # a burst's clients wait at least this long per client
+BURST_POOL_WARM = 16  # the concurrency part's warm pool of `time` (POOL_MAX_CONTAINERS)
 # Options the orchestrator gives every container of the `time` service (see _docker.py and
 # the suite): the second cold-start floor uses the same, to tell config cost from relay cost.
 SAME_LIMITS = [
@@ -837,6 +838,33 @@ class Harness:
             except FAILURES as exc:
                 floor[key] = self.problem(f"concurrency.docker_run_floor.{key}", exc)
         out["docker_run_floor"] = floor
+        out["warm_pool"] = await self._pooled_bursts()
+        return out
+
+    async def _pooled_bursts(self) -> Json:
+        """The same bursts against an orchestrator whose `time` keeps BURST_POOL_WARM warm
+        containers (its pool full before each burst): the first of the burst take pooled
+        containers, the rest start fresh ones while the pool refills."""
+        out: Json = {"warm": BURST_POOL_WARM}
+        name = "burst_pool"
+        async with self._pool_orchestrator(name, {COLD_SERVICE: BURST_POOL_WARM}, out) as system:
+            for count in self.plan.bursts:
+                key = f"clients_{count}"
+                try:
+                    await self._pool_quiet({name: system}, strict=False)
+                    before = await system.takes(COLD_SERVICE)
+                    figures = await self._burst(
+                        count,
+                        functools.partial(self.pool_ws, system, COLD_SERVICE),
+                        system.session_containers,
+                        left_bound=120,
+                    )
+                    takes = delta(await system.takes(COLD_SERVICE), before)
+                    figures["pool_hits"] = int(takes.get("hit", 0))
+                    out[key] = figures
+                    say(f"burst of {count} with a warm pool of {BURST_POOL_WARM}: {figures}")
+                except FAILURES as exc:
+                    out[key] = self.problem(f"concurrency.warm_pool.{key}", exc)
         return out
 
     async def _burst(

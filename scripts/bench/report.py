@@ -598,6 +598,9 @@ def _concurrency(results: Json) -> str:
     errors: list[str] = []
     rows = [(key, "Reactor-Fabric", figures) for key, figures in concurrency.items()]
     rows = [row for row in rows if row[0].startswith("clients_")]
+    pooled = concurrency.get("warm_pool", {})
+    warm = f"Reactor-Fabric, warm pool of {pooled.get('warm', '?')}"
+    rows += [(key, warm, figures) for key, figures in pooled.items() if key.startswith("clients_")]
     floor = concurrency.get("docker_run_floor", {})
     rows += [(key, "`docker run -i --rm` (floor)", figures) for key, figures in floor.items()]
     for key, system, figures in rows:
@@ -606,8 +609,11 @@ def _concurrency(results: Json) -> str:
             lines.append(f"| {count} | not measured: {figures['error']} | | | | | | | | |")
             continue
         machine = figures.get("machine_memory_mb") or {}
+        ok = f"{figures['ok']}"
+        if "pool_hits" in figures:
+            ok += f" ({figures['pool_hits']} from the pool)"
         lines.append(
-            f"| {count} | {figures['ok']} | {figures['failed']} | "
+            f"| {count} | {ok} | {figures['failed']} | "
             f"{_ms(figures['p50_first_response_ms'])} / {_ms(figures['p95_first_response_ms'])} | "
             f"{_ms(figures.get('p50_tool_response_ms'))} / "
             f"{_ms(figures.get('p95_tool_response_ms'))} | {_ms(figures.get('wall_ms'))} | "
