@@ -370,16 +370,29 @@ class ServerConnection:
         its answer written whole, and neither side asked to close."""
         return (
             self._answer_done
-            and self._request_done
+            and (self._request_done or self._body_left_is_only_its_end)
             and not self._close_after
             and not self.upgraded
             and self._failed is None
+        )
+
+    @property
+    def _body_left_is_only_its_end(self) -> bool:
+        # A request without a body, which the handler did not read (a GET): its end is parsed.
+        # (A body read in part, even whole in the parser, leaves the connection to be closed.)
+        return (
+            self.request is not None
+            and not self.body_started
+            and bool(self._events)
+            and self._events[0] is MESSAGE_END
         )
 
     def start_next_cycle(self) -> None:
         """Ready for the next request (only when :attr:`reusable`)."""
         if not self.reusable:
             raise LocalHttpError("the connection cannot carry another request")
+        if not self._request_done:
+            self._events.popleft()  # the end of a request whose empty body was not read
         self.request = None
         self._request_done = False
         self.body_started = False

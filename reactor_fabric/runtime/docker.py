@@ -24,6 +24,7 @@ bounded, for abandoned threads, so shutdown never races them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -92,6 +93,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DOCKER_CALL_TIMEOUT = 30.0
+# How long a call may wait for one of the max_parallel_calls slots before it begins (its own
+# bound starts when it begins): a burst of sessions queues here behind a busy engine, and each
+# call is then judged on the engine's answer, not on the queue ahead of it.
+DOCKER_QUEUE_TIMEOUT = 300.0
 # Pulling an image legitimately takes longer than an API call.
 DOCKER_PULL_TIMEOUT = 600.0
 # How long close() waits for threads that cancellations abandoned.
@@ -167,6 +172,7 @@ class DockerRuntime:
         base_url: str | None = None,
         *,
         call_timeout: float = DOCKER_CALL_TIMEOUT,
+        queue_timeout: float = DOCKER_QUEUE_TIMEOUT,
         max_parallel_calls: int = 16,
         max_frame_bytes: int = 16 * 1024 * 1024,
         engine: EngineName = "docker",
@@ -179,6 +185,7 @@ class DockerRuntime:
         self.selected: EngineName = engine
         self.identity: EngineIdentity | None = None
         self._call_timeout = call_timeout
+        self._queue_timeout = queue_timeout
         self._limiter = trio.CapacityLimiter(max_parallel_calls)
         self._client: docker.APIClient | None = None
         self._client_lock = threading.Lock()
@@ -274,14 +281,28 @@ class DockerRuntime:
         called once ``fn`` can no longer run: when it has ended (in its thread, abandoned or
         not), or at once if the thread never began it.
         """
+        # The default bound counts from when the call begins in its thread (a slot may take a
+        # while under a burst: DOCKER_QUEUE_TIMEOUT); an explicit time_bound is the caller's
+        # whole wait (a health check must answer within it, queue or not).
         bound = self._call_timeout if time_bound is None else time_bound
+        queued = time_bound is None and self._queue_timeout > bound
         operation = _Operation()
+        scope = trio.CancelScope(
+            deadline=trio.current_time() + (self._queue_timeout if queued else bound)
+        )
+        trio_token = trio.lowlevel.current_trio_token()
+
+        def bound_from_now() -> None:  # (in trio's thread)
+            scope.deadline = min(scope.deadline, trio.current_time() + bound)
 
         def in_thread() -> T:
             with operation.lock:
                 if operation.abandoned:
                     raise _NotRun  # trio gave up before the thread began: nothing to undo
                 operation.started = True
+            if queued:
+                with contextlib.suppress(trio.RunFinishedError):
+                    trio_token.run_sync_soon(bound_from_now)
             result: T | None = None
             client: docker.APIClient | None = None
             try:
@@ -295,7 +316,7 @@ class DockerRuntime:
                     self._undo(action, operation, if_abandoned)
 
         try:
-            with trio.move_on_after(bound):
+            with scope:
                 try:
                     result: T = await trio.to_thread.run_sync(
                         in_thread, abandon_on_cancel=True, limiter=self._limiter
@@ -308,10 +329,18 @@ class DockerRuntime:
                 except Exception as exc:
                     raise translate_docker_error(exc, action) from exc
                 return result
+            began = operation.started
             self._abandon(action, operation, if_abandoned)
         finally:
             if release is not None and self._never_ran(operation):
                 release()
+        if queued and not began:
+            raise DockerUnavailable(
+                f"the Docker engine is busy: {action} waited {self._queue_timeout:g} s for one "
+                f"of the {self._limiter.total_tokens:g} calls it may have at once",
+                reason=DOCKER_TIMEOUT,
+                action=action,
+            )
         raise DockerUnavailable(
             f"the Docker engine did not answer {action} within {bound:g} s",
             reason=DOCKER_TIMEOUT,

@@ -9,9 +9,17 @@ every read, and no task switch or dict-shaped message per frame. The sans-I/O co
 Ownership tree::
 
     serve_http (listener task)
-    └── one task per connection: _serve_connection
-        ├── requests in turn (keep-alive): app.http(exchange)
-        └── or, after an Upgrade: app.websocket(request, stream, trailing) owns the stream
+    └── one task per connection: serve_connection
+        ├── its reader (ConnectionReader.run): the one task reading the socket, feeding the parser
+        ├── requests in turn (keep-alive): app.http(exchange), the one writer
+        └── or, after an Upgrade (the reader stopped): app.websocket(request, stream, trailing)
+            owns the stream
+
+Why a reader task of its own: the connection is read all the time, also while a request is
+answered, which is how a client that leaves is noticed (its POST's call is then abandoned). A
+handler that watched the socket itself while it waited set up and cancelled a wait per request,
+a good part of a small POST's cost; here a handler waits for one event that either its answer
+or the reader sets.
 
 Resource handling: every connection's stream is closed in a ``finally``, bounded in time; the
 number of open connections is capped (beyond it a connection gets a 503 and is closed); what a
@@ -27,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,6 +51,7 @@ from ..protocol.http1 import (
     MESSAGE_END,
     NEED_DATA,
     BodyData,
+    Event,
     HttpError,
     RequestHead,
     ServerConnection,
@@ -112,6 +122,81 @@ class Request:
         )
 
 
+class ConnectionReader:
+    """The one task that reads a connection and feeds its parser, for the connection's life.
+
+    It stops reading when what the client sent ahead (parsed, not yet taken by the handler)
+    exceeds ``read_ahead_bytes`` until the handler takes some; for good once the client closes
+    its side (:attr:`gone` is set), sends what is not HTTP (:attr:`error`), or switches
+    protocols (the Upgrade's bytes stay in the parser's ``trailing``).
+
+    Waiting: :meth:`changed` returns after the next change (bytes parsed, the end); a handler
+    waiting for something else too sets :attr:`on_change`, called on every change.
+    """
+
+    def __init__(
+        self, stream: trio.abc.Stream, connection: ServerConnection, limits: HttpLimits
+    ) -> None:
+        self._stream = stream
+        self._connection = connection
+        self._limits = limits
+        self.gone = trio.Event()  # the client closed the connection (or it broke)
+        self.error: HttpError | None = None  # what it sent was not HTTP/1.1
+        self.stopped = False  # no more reads: gone, error, upgrade, or cancelled
+        self.on_change: Callable[[], None] | None = None
+        self._changed: trio.Event | None = None  # made only when a task waits for a change
+        self._room: trio.Event | None = None  # set when the handler took what was ahead
+
+    async def run(self) -> None:
+        connection = self._connection
+        try:
+            while True:
+                while connection.buffered_bytes > self._limits.read_ahead_bytes:
+                    self._room = trio.Event()
+                    await self._room.wait()
+                data = await _receive(self._stream)
+                if not data:
+                    self.gone.set()
+                    return
+                try:
+                    connection.receive(data)
+                except HttpError as exc:
+                    self.error = exc
+                    return
+                if connection.upgraded:
+                    return
+                self._notify()
+        finally:
+            self.stopped = True
+            self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+        if self.on_change is not None:
+            self.on_change()
+
+    async def changed(self) -> None:
+        """Wait for the next change (at once when there will be none)."""
+        if self.stopped:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
+
+    def next_event(self) -> Event:
+        """The connection's next event (see ServerConnection.next_event), letting the reader
+        go on once the handler has taken what was ahead."""
+        event = self._connection.next_event()
+        room = self._room
+        if room is not None and self._connection.buffered_bytes <= self._limits.read_ahead_bytes:
+            self._room = None
+            room.set()
+        return event
+
+
 class HttpExchange:
     """One request on a connection, and the means to answer it.
 
@@ -126,15 +211,17 @@ class HttpExchange:
         stream: trio.abc.Stream,
         request: Request,
         limits: HttpLimits,
+        reader: ConnectionReader,
     ) -> None:
         self._connection = connection
         self._stream = stream
         self.request = request
         self._limits = limits
+        self._reader = reader
         self.started = False
         self.ended = False
         self._body_done = False
-        self.disconnected = trio.Event()
+        self.disconnected = reader.gone
 
     async def _write(self, data: bytes) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()  # as send_all would
@@ -155,28 +242,25 @@ class HttpExchange:
         connection = self._connection
         if connection.waiting_for_continue:
             await self._write(connection.continue_())
+        reader = self._reader
         body = bytearray()
         # A small body usually came with the head: no deadline to arm until a read must wait.
         deadline = None
         while True:
-            event = connection.next_event()
+            event = reader.next_event()
             if event is NEED_DATA:
+                if reader.error is not None:
+                    raise ClientGone(f"a malformed request body: {reader.error}")
+                if reader.stopped:
+                    raise ClientGone("the client closed the connection mid-request")
                 if deadline is None:
                     deadline = trio.current_time() + self._limits.body_timeout
-                data = b""
                 with trio.move_on_at(deadline) as waited:
-                    data = await _receive(self._stream)
+                    await reader.changed()
                 if waited.cancelled_caught:
                     raise ClientGone(
                         f"the body did not arrive within {self._limits.body_timeout:g} s"
                     )
-                if not data:
-                    self.disconnected.set()
-                    raise ClientGone("the client closed the connection mid-request")
-                try:
-                    connection.receive(data)
-                except HttpError as exc:
-                    raise ClientGone(f"a malformed request body: {exc}") from exc
                 continue
             if isinstance(event, BodyData):
                 body += event.data
@@ -242,26 +326,35 @@ class HttpExchange:
         await self._write(self._connection.end())
 
     async def wait_disconnect(self) -> None:
-        """Return once the client has closed the connection (call only while the handler waits).
+        """Return once the client has closed the connection.
 
-        Anything it sends meanwhile is kept for the next request (pipelining), up to
+        What it sends meanwhile is kept for the next request (pipelining), up to
         ``read_ahead_bytes``; beyond that, or after something that is not HTTP, the connection
         is no longer read (the client waits on TCP's flow control) and this waits until
         cancelled: the answer still goes out, and the connection is closed after it if broken.
         """
+        reader = self._reader
+        while not reader.gone.is_set():
+            if reader.stopped:
+                await trio.sleep_forever()
+            await reader.changed()
+
+    async def wait_for(self, wake: Callable[[Callable[[], None]], None]) -> None:
+        """Wait until something else calls the function handed to ``wake`` (which registers it
+        where the change will come from), or the connection changes; ClientGone once the
+        client has left. (One event for both, no watch set up and cancelled per wait.)"""
         if self.disconnected.is_set():
-            return
-        connection = self._connection
-        while connection.buffered_bytes <= self._limits.read_ahead_bytes:
-            data = await _receive(self._stream)
-            if not data:
-                self.disconnected.set()
-                return
-            try:
-                connection.receive(data)
-            except HttpError:
-                break
-        await trio.sleep_forever()
+            raise ClientGone("the client closed the connection while its request was in flight")
+        event = trio.Event()
+        reader = self._reader
+        wake(event.set)
+        reader.on_change = event.set
+        try:
+            await event.wait()
+        finally:
+            reader.on_change = None
+        if self.disconnected.is_set():
+            raise ClientGone("the client closed the connection while its request was in flight")
 
     @property
     def reusable(self) -> bool:
@@ -380,44 +473,76 @@ async def serve_connection(
 ) -> None:
     """One client connection: requests in turn, until it closes, fails, or upgrades."""
     counts = counts or ConnectionCounts()
-    peer = peer_of(stream)
     connection = ServerConnection(max_head_bytes=limits.max_header_bytes)
-    handed_over = False
+    upgrade: Request | None = None
     try:
-        deadline = limits.header_timeout
-        while True:
-            head = None
-            with trio.move_on_after(deadline):
-                head = await _next_request(connection, stream)
-            if head is None:
-                return
-            deadline = limits.keepalive_timeout
-            request = Request.from_head(head, peer)
-            counts.busy += 1
+        async with trio.open_nursery() as nursery:
+            reader = ConnectionReader(stream, connection, limits)
+            nursery.start_soon(reader.run)
+            upgrade = await _serve_requests(
+                app, stream, connection, reader, limits=limits, counts=counts
+            )
+            nursery.cancel_scope.cancel()  # (after an Upgrade the reader has stopped already)
+        if upgrade is not None:
             try:
-                if head.upgrade and request.is_websocket_upgrade:
-                    handed_over = True
-                    await app.websocket(request, stream, connection.trailing)
-                    return
-                if head.upgrade and _has_body(request):
-                    # Another protocol than WebSocket (h2c, CONNECT) is not switched to; the
-                    # request is answered as HTTP/1.1 when it has no body (which the parser,
-                    # stopped at the Upgrade, has not read), and refused when it has one.
-                    raise HttpError("an Upgrade other than WebSocket, with a body")
-                exchange = HttpExchange(connection, stream, request, limits)
-                if not await _serve_request(app, exchange):
-                    return
+                await app.websocket(upgrade, stream, connection.trailing)
             finally:
-                counts.busy -= 1
+                counts.busy -= 1  # (counted busy by _serve_requests)
                 counts._notify()
-            connection.start_next_cycle()
-    except HttpError as exc:
-        await _bad_request(connection, stream, exc)
     finally:
-        if not handed_over:
+        if upgrade is None:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
+
+
+async def _serve_requests(
+    app: HttpApp,
+    stream: trio.abc.Stream,
+    connection: ServerConnection,
+    reader: ConnectionReader,
+    *,
+    limits: HttpLimits,
+    counts: ConnectionCounts,
+) -> Request | None:
+    """Requests in turn until the connection ends; a WebSocket upgrade request when one comes
+    (the reader has stopped at it; the connection is counted busy for the WebSocket)."""
+    peer = peer_of(stream)
+    deadline = limits.header_timeout
+    # The wait for each request head is bounded by one scope for the connection, its deadline
+    # moved per request (a scope entered and left per request costs several times as much).
+    waiting = trio.CancelScope()
+    try:
+        with waiting:
+            while True:
+                waiting.deadline = trio.current_time() + deadline
+                head = await _next_request(reader)
+                if waiting.cancel_called:  # (the deadline passed as the head came: too late)
+                    return None
+                waiting.deadline = math.inf
+                if head is None:
+                    return None
+                deadline = limits.keepalive_timeout
+                request = Request.from_head(head, peer)
+                counts.busy += 1
+                if head.upgrade and request.is_websocket_upgrade:
+                    return request
+                try:
+                    if head.upgrade and _has_body(request):
+                        # Another protocol than WebSocket (h2c, CONNECT) is not switched to;
+                        # the request is answered as HTTP/1.1 when it has no body (which the
+                        # parser, stopped at the Upgrade, has not read), refused when it has.
+                        raise HttpError("an Upgrade other than WebSocket, with a body")
+                    exchange = HttpExchange(connection, stream, request, limits, reader)
+                    if not await _serve_request(app, exchange):
+                        return None
+                finally:
+                    counts.busy -= 1
+                    counts._notify()
+                connection.start_next_cycle()
+    except HttpError as exc:
+        await _bad_request(connection, stream, exc)
+    return None
 
 
 async def _serve_request(app: HttpApp, exchange: HttpExchange) -> bool:
@@ -455,17 +580,19 @@ async def _answer_if_unanswered(exchange: HttpExchange, status: int, body: bytes
             await exchange.respond(status, body, headers=[(b"connection", b"close")])
 
 
-async def _next_request(
-    connection: ServerConnection, stream: trio.abc.Stream
-) -> RequestHead | None:
+async def _next_request(reader: ConnectionReader) -> RequestHead | None:
     """The next request head, or None when the client is done (the caller bounds the wait).
 
     Raises HttpError for what is not HTTP/1.1.
     """
     while True:
-        event = connection.next_event()
+        event = reader.next_event()
         if event is NEED_DATA:
-            connection.receive(await _receive(stream))
+            if reader.error is not None:
+                raise reader.error
+            if reader.stopped:
+                return None
+            await reader.changed()
             continue
         if isinstance(event, RequestHead):
             return event

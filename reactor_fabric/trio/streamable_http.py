@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -75,7 +76,7 @@ from ..protocol.mcp import KNOWN_VERSIONS
 from .channel import ChannelClosed
 from .fabric import Fabric, new_session_id
 from .http_channel import FrameQueue, HttpChannel, Waiter
-from .http_server import ClientGone, HttpExchange
+from .http_server import HttpExchange
 from .session import client_of, serve_session
 
 log = logging.getLogger(__name__)
@@ -438,19 +439,20 @@ async def next_frame(exchange: HttpExchange, queue: FrameQueue) -> bytes | None:
     """The next frame for a POST (None once its queue is closed and empty), or ClientGone if
     the client hangs up first.
 
-    One task waits for both: it watches the connection, and the queue's first change cancels
-    that watch. (A second task per POST to watch the connection — a nursery, a spawn and a
-    cancellation per call — was a good part of a small call's cost.)
+    One event wakes the POST for both: a change of its queue, or of its connection (which the
+    connection's reader watches all the time). (A task per POST to watch the connection — a
+    nursery, a spawn and a cancellation per call — and then a watch set up and cancelled per
+    call were each a good part of a small call's cost.)
     """
-    if not queue.frames and not queue.closed:
-        with trio.CancelScope() as changed:
-            queue.wake = changed.cancel
-            try:
-                await exchange.wait_disconnect()
-            finally:
-                queue.wake = None
-        if not changed.cancelled_caught:
-            raise ClientGone("the client closed the connection while its request was in flight")
+
+    def wake(callback: Callable[[], None]) -> None:
+        queue.wake = callback
+
+    try:
+        while not queue.frames and not queue.closed:
+            await exchange.wait_for(wake)
+    finally:
+        queue.wake = None
     return await queue.get()
 
 

@@ -8,6 +8,7 @@ in its thread, or at once if the thread never began it — never before, and exa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any
@@ -257,3 +258,76 @@ def test_a_containers_memory_in_use_is_its_usage_less_the_page_cache(
     memory_stats: dict[str, Any], expected: int | None
 ) -> None:
     assert memory_in_use({"memory_stats": memory_stats}) == expected
+
+
+async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_the_queue() -> None:
+    # One slot, taken by a slow call: the next waits in the queue longer than the call bound,
+    # and still succeeds (a burst of sessions queues behind a busy engine, which is no fault of
+    # the engine's); the slow call itself times out on its own bound.
+    engine = runtime_without_engine(call_timeout=0.2, queue_timeout=30, max_parallel_calls=1)
+    go_on = threading.Event()
+    outcomes: list[str] = []
+
+    def slow(_client: object) -> str:
+        go_on.wait(30)
+        return "late"
+
+    async def first() -> None:
+        try:
+            await engine._call("start", slow)
+        except DockerUnavailable as exc:
+            outcomes.append(f"first: {exc}")
+
+    async def second() -> None:
+        outcomes.append(f"second: {await engine._call('start', lambda _c: 'answered')}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first)
+        await trio.sleep(0.05)
+        nursery.start_soon(second)
+        await trio.sleep(0.5)  # past the call bound: the second still waits for the slot
+        assert outcomes == ["first: the Docker engine did not answer start within 0.2 s"]
+        go_on.set()  # the abandoned thread ends: its slot is free
+    assert outcomes[1] == "second: answered"
+
+
+async def occupy(engine: DockerRuntime, call: Any) -> None:
+    """Run ``call`` through the engine's slots, whatever its outcome."""
+    with contextlib.suppress(DockerUnavailable):
+        await engine._call("start", call)
+
+
+async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
+    engine = runtime_without_engine(call_timeout=0.05, queue_timeout=0.2, max_parallel_calls=1)
+    go_on = threading.Event()
+
+    def slow(_client: object) -> str:
+        go_on.wait(30)
+        return "late"
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(occupy, engine, slow)
+        await trio.sleep(0.01)
+        with pytest.raises(DockerUnavailable, match=r"busy: start waited 0\.2 s for one of the 1"):
+            await engine._call("start", lambda _c: "never")
+        go_on.set()
+        nursery.cancel_scope.cancel()
+    assert await engine.settle(bound=30)
+
+
+async def test_an_explicit_bound_counts_the_wait_for_a_slot_too() -> None:
+    # (A health check must answer within its bound, however busy the engine.)
+    engine = runtime_without_engine(call_timeout=30, queue_timeout=300, max_parallel_calls=1)
+    go_on = threading.Event()
+
+    def slow(_client: object) -> str:
+        go_on.wait(30)
+        return "late"
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(occupy, engine, slow)
+        await trio.sleep(0.01)
+        with trio.fail_after(5), pytest.raises(DockerUnavailable, match=r"within 0\.1 s"):
+            await engine._call("ping", lambda _c: "pong", time_bound=0.1)
+        go_on.set()
+    assert await engine.settle(bound=30)

@@ -259,3 +259,20 @@ def test_a_close_between_requests_is_the_end_and_within_one_a_failure() -> None:
     half.receive(POST)
     half.receive(b"")  # a client that half-closes after its whole request is still answered
     assert isinstance(half.next_event(), RequestHead)
+
+
+def test_a_request_without_a_body_need_not_be_read_for_the_next_to_follow() -> None:
+    connection = ServerConnection()
+    connection.receive(GET + GET)
+    assert isinstance(connection.next_event(), RequestHead)  # its end is left unread
+    connection.respond(200, [], b"{}")
+    assert connection.reusable
+    connection.start_next_cycle()
+    assert isinstance(connection.next_event(), RequestHead)
+    # A body read in part is another matter: the connection is not reused.
+    partial = ServerConnection()
+    partial.receive(POST)
+    assert isinstance(partial.next_event(), RequestHead)
+    assert isinstance(partial.next_event(), BodyData)
+    partial.respond(413, [], b"")
+    assert not partial.reusable

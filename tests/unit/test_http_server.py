@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
+import pytest
 import trio
 import trio.testing
 
@@ -254,3 +255,31 @@ async def test_bytes_that_are_not_http_get_a_400_and_the_end_of_the_connection()
             received += chunk
         assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n")
         assert received.endswith(b'{"error": "malformed HTTP request"}')
+
+
+async def test_a_connection_that_sends_no_request_is_closed_at_the_header_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    limits = HttpLimits(header_timeout=10.0, keepalive_timeout=5.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, AnswersWith(b"{}"), limits)
+        began = trio.current_time()
+        assert await client_side.receive_some() == b""  # closed, nothing said
+        assert trio.current_time() - began == pytest.approx(10.0)
+
+
+async def test_a_kept_alive_connection_carries_requests_until_it_idles_past_its_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    limits = HttpLimits(header_timeout=10.0, keepalive_timeout=5.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, AnswersWith(b"{}"), limits)
+        client = HttpClient(client_side)
+        for pause in (0.0, 4.9, 4.9):  # each within the keep-alive deadline of the one before
+            await trio.sleep(pause)
+            assert (await client.request("GET", "/x")).status == 200  # (no body: not read)
+        answered = trio.current_time()
+        assert await client_side.receive_some() == b""  # then idle: closed
+        assert trio.current_time() - answered == pytest.approx(5.0)
