@@ -228,6 +228,7 @@ async def remove_container(
     container = live.container
     # An agent's: no new child session from here (those open end with its socket).
     fabric.revoke_child(container.name)
+    deferred = False
     try:
         with trio.move_on_at(fabric.teardown_deadline()) as scope:
             scope.shield = True
@@ -238,6 +239,9 @@ async def remove_container(
             await fabric.runtime.remove(
                 container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
             )
+        # The teardown's bound passed first (a burst of sessions ending queues its removals
+        # behind a busy engine): the sweeper removes what is left (sweeper.py).
+        deferred = scope.cancelled_caught
     finally:
         forget()
         record = fabric.containers.get(container.id)
@@ -251,8 +255,9 @@ async def remove_container(
                 exit_code=live.exit_code,
             )
         live.removed.set()
-        log.info(
-            "container_removed",
+        log.log(
+            logging.WARNING if deferred else logging.INFO,
+            "container_removal_deferred" if deferred else "container_removed",
             extra={
                 **fields,
                 "container": container.id[:12],

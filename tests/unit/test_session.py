@@ -18,7 +18,7 @@ import trio.testing
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable, SecurityViolation
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
-from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
+from reactor_fabric.runtime.memory import Fault, MemoryRuntime, Server, open_memory_runtime
 from reactor_fabric.trio import containers as containers_module
 from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.session import serve_session
@@ -679,3 +679,33 @@ async def test_a_container_that_did_not_get_its_pinned_mounts_is_answered_with_3
         assert h.engine.alive == []  # the container that got the wrong mount is gone
         h.engine.clear_faults()
         assert (await h.call(2, "echo"))["id"] == 2
+
+
+async def test_a_removal_the_teardown_bound_cuts_short_is_logged_as_deferred_not_done(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (A burst of sessions ending queues its removals behind a busy engine: the last ones pass
+    # the teardown's bound, and the sweeper removes them. The log must not say they are gone.)
+    fields = {"container_strategy": "fresh_per_call"}
+    caplog.set_level(logging.INFO, logger="reactor_fabric.trio.containers")
+    async with open_memory_runtime(scripted_mcp_server) as engine:
+        engine.faults["remove"] = Fault(delay=60.0)  # longer than the teardown's bound
+        fabric = Fabric(
+            suite(tmp_path, timeout="1m", max_message="16m", service=fields),
+            runtime=engine,
+            network="none",
+        )
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, fabric, client, "svc", [])
+            harness = Harness(client, engine, fabric)
+            await harness.handshake()
+            await harness.call(2, "echo", n=1)
+            with trio.fail_after(120):  # (the clock jumps: the bound is 15 s)
+                while fabric.container_count:  # noqa: ASYNC110 - no event for it
+                    await trio.sleep(1)
+            await client.leave()
+        events = [record.msg for record in caplog.records]
+        assert "container_removal_deferred" in events
+        assert "container_removed" not in events
+        assert len(engine.alive) == 1  # still there: the sweeper's to remove
