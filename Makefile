@@ -80,7 +80,7 @@ test-onboarding: ## a fresh clone must reach a serving orchestrator (healthz 200
 clean: ## remove the virtual environment and caches (images stay; see images/README.md)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
-bench: install images ## benchmarks on the real engine (~65 min on 2 cores: the 100- and 200-client bursts, the pool, the lifecycles): bench/results.json, docs/BENCHMARKS.md
+bench: install images ## benchmarks on the real engine (~75 min on 2 cores: the 100- and 200-client bursts with and without a pool, the pool, the lifecycles): bench/results.json, docs/BENCHMARKS.md
 	$(PY) scripts/bench.py $(BENCH_ARGS)
 
 eval-discovery: install ## the discovery ranking on public servers' real tool lists (no Docker; ~1 min): docs/DISCOVERY.md

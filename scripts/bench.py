@@ -2421,7 +2421,9 @@ DEFINITIONS = {
     "this orchestrator 60 s after every client closed; sessions/s = sessions answered / wall "
     "time of the burst; machine memory = MemTotal less MemAvailable just before the burst and "
     "when every client has answered. docker_run_floor: the same burst of "
-    "`docker run -i --rm` processes (spawn → initialize response)",
+    "`docker run -i --rm` processes (spawn → initialize response). warm_pool: the same burst "
+    "against an orchestrator whose `time` keeps BURST_POOL_WARM warm containers (full before "
+    "each burst; 120 s for its containers to go)",
     "pool": "orchestrators of the same suite side by side: `fresh` (`warm: 0`, today's cold "
     "start), `pooled` (`warm: 1` for each service of the cold-start part) and `pooled_burst` "
     "(`warm: N` on `time` only); max_containers 16, parallel_starts 2. Cold start: connect → "
