@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -260,6 +261,17 @@ def test_a_containers_memory_in_use_is_its_usage_less_the_page_cache(
     assert memory_in_use({"memory_stats": memory_stats}) == expected
 
 
+def held_call() -> tuple[threading.Event, Callable[[object], str]]:
+    """A call that holds its slot until the event is set (then answers "late")."""
+    go_on = threading.Event()
+
+    def slow(_client: object) -> str:
+        go_on.wait(30)
+        return "late"
+
+    return go_on, slow
+
+
 async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_the_queue() -> None:
     # One slot, taken by a slow call: the next waits in the queue longer than the call bound,
     # and still succeeds (a burst of sessions queues behind a busy engine, which is no fault of
@@ -299,11 +311,7 @@ async def occupy(engine: DockerRuntime, call: Any) -> None:
 
 async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
     engine = runtime_without_engine(call_timeout=0.05, queue_timeout=0.2, max_parallel_calls=1)
-    go_on = threading.Event()
-
-    def slow(_client: object) -> str:
-        go_on.wait(30)
-        return "late"
+    go_on, slow = held_call()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(occupy, engine, slow)
@@ -318,11 +326,7 @@ async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
 async def test_an_explicit_bound_counts_the_wait_for_a_slot_too() -> None:
     # (A health check must answer within its bound, however busy the engine.)
     engine = runtime_without_engine(call_timeout=30, queue_timeout=300, max_parallel_calls=1)
-    go_on = threading.Event()
-
-    def slow(_client: object) -> str:
-        go_on.wait(30)
-        return "late"
+    go_on, slow = held_call()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(occupy, engine, slow)
