@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -520,6 +521,28 @@ def containers_of(
         if include_probes
         or not c.labels.get("reactor-fabric.session", "").startswith(PROBE_SESSION_PREFIX)
     ]
+
+
+def bridge_gateway(client: Any) -> str:
+    """The address of the engine's default bridge on this machine (where a container reaches
+    the host). Docker leaves ``Gateway`` out of the network's IPAM config when the bridge's
+    interface had its address before the daemon started; then it is the bridge interface's
+    own address, which Docker gives as the subnet's first host unless ``--bip`` says other."""
+    network = client.api.inspect_network("bridge")
+    config = network["IPAM"]["Config"][0]
+    if config.get("Gateway"):
+        return str(config["Gateway"])
+    interface = (network.get("Options") or {}).get("com.docker.network.bridge.name")
+    if interface:
+        shown = subprocess.run(
+            ["ip", "-4", "-o", "addr", "show", "dev", interface],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        if "inet" in shown:
+            return shown[shown.index("inet") + 1].split("/")[0]
+    return str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
 
 
 def engine_is_podman(client: Any) -> bool:

@@ -14,7 +14,7 @@ import docker
 import pytest
 import trio
 
-from tests.integration.harness import engine_is_podman
+from tests.integration.harness import bridge_gateway, engine_is_podman
 from tests.integration.test_kube_fake import create, manifest, phase, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,7 @@ async def nursery() -> AsyncIterator[trio.Nursery]:
 
 
 def gateway(docker_client: docker.DockerClient) -> str:
-    return str(docker_client.api.inspect_network("bridge")["IPAM"]["Config"][0]["Gateway"])
+    return bridge_gateway(docker_client)
 
 
 async def test_network_policies_are_created_listed_got_and_deleted_as_the_api_serves_them(

@@ -25,7 +25,13 @@ import pytest
 import trio
 import yaml
 
-from tests.integration.harness import Orchestrator, build_test_image, orchestrator, wait_until
+from tests.integration.harness import (
+    Orchestrator,
+    bridge_gateway,
+    build_test_image,
+    orchestrator,
+    wait_until,
+)
 from tests.integration.test_bounds_e2e import websocket
 from tests.integration.test_kubernetes_e2e import (
     CLAIM,
@@ -112,7 +118,7 @@ def test_a_pod_reaches_only_its_listed_destinations_through_the_orchestrators_pr
     everywhere: int,
 ) -> None:
     probe_image = build_test_image("probe")
-    gateway = str(docker_client.api.inspect_network("bridge")["IPAM"]["Config"][0]["Gateway"])
+    gateway = bridge_gateway(docker_client)
     port = free_port(gateway)
     with fake_cluster_in_a_thread({CLAIM: project_root}, tmp_path / "kubeconfig") as cluster:
         suite = kubernetes_suite(
