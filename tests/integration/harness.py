@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -543,6 +544,25 @@ def bridge_gateway(client: Any) -> str:
         if "inet" in shown:
             return shown[shown.index("inet") + 1].split("/")[0]
     return str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+
+
+@contextlib.contextmanager
+def bridge_up(client: Any) -> Iterator[str]:
+    """The engine's default bridge address (:func:`bridge_gateway`), usable on this host for the
+    block. Podman creates its bridge's interface only while a container is attached to it, so
+    that a listener can be bound there one is kept running on it meanwhile (Docker's is there
+    from the daemon's start)."""
+    keeper = None
+    if engine_is_podman(client):
+        keeper = client.containers.run(
+            "reactor-fabric/base:bookworm", ["sleep", "600"], detach=True, remove=True
+        )
+    try:
+        yield bridge_gateway(client)
+    finally:
+        if keeper is not None:
+            with contextlib.suppress(Exception):
+                keeper.remove(force=True)
 
 
 def engine_is_podman(client: Any) -> bool:

@@ -59,6 +59,11 @@ def test_a_per_call_relay_keeps_the_container_that_asked_for_input_for_the_clien
             assert answer["ok"], answer
             assert text_of(answer).startswith("Hello Ada (asked and answered in process")
         assert client.ask({"op": "heard"})["elicitations"] == ["What is your name?"] * 2
+        # (The trail is written as containers go: a slow engine's removal comes later.)
+        wait_until(
+            lambda: any(r.get("service") == "asking" for r in fabric.audit()),
+            what="the session's first record",
+        )
         [session] = {r["session"] for r in fabric.audit() if r.get("service") == "asking"}
         wait_until(lambda: len(calls_in(records_of(fabric, session))) == 4, what="four calls")
         calls = calls_in(records_of(fabric, session))

@@ -27,7 +27,7 @@ import yaml
 
 from tests.integration.harness import (
     Orchestrator,
-    bridge_gateway,
+    bridge_up,
     build_test_image,
     orchestrator,
     wait_until,
@@ -89,6 +89,13 @@ def everywhere() -> Iterator[int]:
     yield from answering("everywhere", "0.0.0.0")
 
 
+@pytest.fixture
+def bridge(docker_client: docker.DockerClient) -> Iterator[str]:
+    """The engine's bridge address, up on this host for the test (see harness.bridge_up)."""
+    with bridge_up(docker_client) as address:
+        yield address
+
+
 def free_port(host: str) -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
@@ -116,9 +123,10 @@ def test_a_pod_reaches_only_its_listed_destinations_through_the_orchestrators_pr
     listed: int,
     unlisted: int,
     everywhere: int,
+    bridge: str,
 ) -> None:
     probe_image = build_test_image("probe")
-    gateway = bridge_gateway(docker_client)
+    gateway = bridge
     port = free_port(gateway)
     with fake_cluster_in_a_thread({CLAIM: project_root}, tmp_path / "kubeconfig") as cluster:
         suite = kubernetes_suite(
