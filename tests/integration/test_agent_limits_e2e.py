@@ -95,9 +95,13 @@ def test_a_cancelled_agent_call_stops_the_agent_and_its_container_goes(
                         timeout=60,
                         what="the agent's container removed",
                     )
+                    # Both records are written after the removal is done (the container's
+                    # record last), so the list may be empty before they are.
                     wait_for(
-                        lambda: any(r["event"] == "tool_call" for r in running.audit()),
-                        what="the call's audit record",
+                        lambda: (
+                            {"tool_call", "container_stop"} <= {r["event"] for r in running.audit()}
+                        ),
+                        what="the call's and the container's audit records",
                     )
                     calls = [r for r in running.audit() if r["event"] == "tool_call"]
                     stops = [
