@@ -14,8 +14,8 @@ Linux's fair scheduler (EEVDF) since 6.12 lets a thread choose a shorter slice
 shorter than the running one's takes the CPU at once ("wakeup preemption"). That is the
 latency a relay wants, and it needs no privilege: the thread's weight (its share of the CPU
 over time) is unchanged, only how that share is cut up. A thread made later inherits the
-slice; the orchestrator asks for it for the threads it already has too (numpy's OpenBLAS
-starts one on import): every thread of it has the slice.
+slice; the orchestrator asks for it for the threads it already has too (a library may
+start one on import): every thread of it has the slice.
 
 Resource handling: none; two or three syscalls per thread, once at start.
 
@@ -64,7 +64,7 @@ def shorten_slice(slice_ns: int = SHORT_SLICE_NS, *, whole_process: bool = False
     """Ask for a slice of ``slice_ns`` for the calling thread (and the threads it makes
     later), keeping its policy (``SCHED_OTHER`` only) and nice value; read back what the
     kernel now applies. ``whole_process``: for every other thread of the process too (those
-    a library started on import, such as numpy's OpenBLAS workers), each keeping its own nice
+    a library started on import, such as a BLAS library's workers), each keeping its own nice
     value; one that refuses, or has ended meanwhile, is left as it is."""
     try:
         kernel = _Kernel.here()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,14 +26,18 @@ from tests.messages import INITIALIZE, INITIALIZED, request
 __all__ = ["INITIALIZE", "INITIALIZED", "request"]
 
 
-async def until(condition: Callable[[], bool], *, what: str, checkpoints: int = 100_000) -> None:
+async def until(condition: Callable[[], bool], *, what: str, wall_seconds: float = 60.0) -> None:
     """Yield until ``condition()`` holds: for work in worker threads (mount pinning), which
-    ``wait_all_tasks_blocked`` does not wait for. Bounded in checkpoints, never in time."""
-    for _ in range(checkpoints):
-        if condition():
-            return
+    ``wait_all_tasks_blocked`` does not wait for.
+
+    Bounded by the wall clock, not by trio's (an autojump clock does not move while this task
+    keeps checkpointing) and not by a count of checkpoints: a count is a time bound in
+    disguise, which a slow or busy machine overran while the thread was still at work."""
+    give_up = time.monotonic() + wall_seconds
+    while not condition():
+        if time.monotonic() > give_up:
+            raise AssertionError(f"never happened: {what}")
         await trio.lowlevel.checkpoint()
-    raise AssertionError(f"never happened: {what}")
 
 
 class UnreachableRuntime:

@@ -25,17 +25,9 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .text import pieces, terms
-
-if TYPE_CHECKING:
-    # numpy is imported where an index is built (see build_index): an orchestrator does that
-    # in a worker thread after it serves, so its start-up does not wait for numpy's import.
-    import numpy as np
-    import numpy.typing as npt
-
-    Vector = tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]  # (positions, scores)
 
 Json = dict[str, Any]
 
@@ -95,9 +87,13 @@ class DiscoveryIndex:
     :func:`.ranking.find_tools`.
 
     Tools live in *slots*, each service's contiguous (a service without tools has one empty
-    slot), so that a service's best tool is one ``maximum.reduceat`` over the slots' scores.
-    Each term's postings are kept twice: as arrays, to add a term's scores to every service
-    or slot at once, and as dictionaries, to read one service's evidence for the reasoning.
+    slot), so that a service's tools are a range of slots. Each term's postings are one
+    dictionary (position → score): a query adds the few postings of its terms — sparse, as
+    most terms hit a handful of services — and reads one service's evidence from the same.
+
+    No numpy: it was used here for vector additions and cost the orchestrator 12 MB resident
+    (and an OpenBLAS thread pool) for sums over a few dozen postings per query, which plain
+    dictionaries do as fast at these sizes (``make eval-discovery`` measures the latency).
     """
 
     services: tuple[ServiceText, ...]
@@ -107,12 +103,9 @@ class DiscoveryIndex:
     service_postings: Mapping[str, Mapping[int, float]]  # term → {service: score}
     tool_postings: Mapping[str, Mapping[int, float]]  # term → {slot: score}
     name_postings: Mapping[str, Mapping[int, float]]  # term → {service: its name bonus}
-    service_vectors: Mapping[str, Vector]
-    tool_vectors: Mapping[str, Vector]
-    name_vectors: Mapping[str, Vector]
-    slot_starts: npt.NDArray[np.intp]  # each service's first slot
-    slot_tools: npt.NDArray[np.intp]  # each slot's tool (-1: a service's empty slot)
-    slot_services: npt.NDArray[np.intp]  # each slot's service
+    slot_starts: tuple[int, ...]  # each service's first slot
+    slot_tools: tuple[int, ...]  # each slot's tool (-1: a service's empty slot)
+    slot_services: tuple[int, ...]  # each slot's service
     # Which of a service's fields hold a term (for the reasoning): term → {service: field}
     fields: Mapping[str, Mapping[int, str]]
     service_tokens: tuple[int, ...]  # tool-definition tokens of each service's tools
@@ -140,8 +133,6 @@ def build_index(
     weights: Weights | None = None,
 ) -> DiscoveryIndex:
     """Index ``services`` (in the suite's order); ``count_tokens`` sizes a tool definition."""
-    import numpy as np  # noqa: PLC0415 — see the imports above
-
     weights = weights or Weights()
     tools: list[ToolRef] = []
     service_fields: list[dict[str, Counter[str]]] = []
@@ -200,12 +191,9 @@ def build_index(
         service_postings=service_postings,
         tool_postings=tool_postings,
         name_postings=name_postings,
-        service_vectors=_vectors(service_postings),
-        tool_vectors=_vectors(tool_postings),
-        name_vectors=_vectors(name_postings),
-        slot_starts=np.array(slot_starts, dtype=np.intp),
-        slot_tools=np.array(slot_tools, dtype=np.intp),
-        slot_services=np.array(slot_services, dtype=np.intp),
+        slot_starts=tuple(slot_starts),
+        slot_tools=tuple(slot_tools),
+        slot_services=tuple(slot_services),
         fields=where,
         service_tokens=tuple(service_tokens),
     )
@@ -239,18 +227,6 @@ def _name_terms(service: ServiceText) -> set[str]:
         if any(word.startswith(piece) for piece in name_pieces):
             named.update(terms(word))
     return named
-
-
-def _vectors(postings: Mapping[str, Mapping[int, float]]) -> dict[str, Vector]:
-    import numpy as np  # noqa: PLC0415 — see the imports above
-
-    return {
-        term: (
-            np.fromiter(hits.keys(), dtype=np.intp, count=len(hits)),
-            np.fromiter(hits.values(), dtype=np.float64, count=len(hits)),
-        )
-        for term, hits in postings.items()
-    }
 
 
 def _bm25f(

@@ -18,12 +18,11 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-# numpy is imported by the index's module's builder (an index exists before any ranking), and
-# here only where a function needs it: importing this module does not import numpy.
 from .calibration import Calibration, default_calibration
 from .index import DiscoveryIndex, ToolRef
 from .text import compounds, query_terms
@@ -77,49 +76,74 @@ def _query(index: DiscoveryIndex, text: str) -> list[str]:
 
 
 class _Scores:
-    """One query's scores: every service's and every tool slot's, with each candidate's
-    per-term evidence read on demand (only the few services the set is chosen among)."""
+    """One query's scores: the services' and the tool slots' that any of its terms hit (a
+    position absent scores 0), with each candidate's per-term evidence read on demand (only
+    the few services the set is chosen among).
+
+    Sparse sums in term order — the same additions, in the same order, as the dense vectors
+    this was once written with, so the scores and the ties' order are theirs. A query touches
+    the postings of its few terms only, never the whole catalog."""
 
     def __init__(self, index: DiscoveryIndex, query: list[str]) -> None:
-        import numpy as np  # noqa: PLC0415 — see the imports above
-
         self.index = index
         self.query = query
-        services = np.zeros(len(index.services))
-        slots = np.zeros(index.slot_count)
+        services: dict[int, float] = {}
+        slots: dict[int, float] = {}
+        into_services = services.get
+        into_slots = slots.get
         for term in query:
-            hit = index.service_vectors.get(term)
-            if hit is not None:
-                services[hit[0]] += hit[1]
-            hit = index.tool_vectors.get(term)
-            if hit is not None:
-                slots[hit[0]] += hit[1]
-            hit = index.name_vectors.get(term)
-            if hit is not None:
-                services[hit[0]] += hit[1]
+            # (Inlined, not a helper per term: this loop is the ranking's hot path.)
+            hits = index.service_postings.get(term)
+            if hits:
+                for position, value in hits.items():
+                    services[position] = into_services(position, 0.0) + value
+            hits = index.tool_postings.get(term)
+            if hits:
+                for position, value in hits.items():
+                    slots[position] = into_slots(position, 0.0) + value
+            hits = index.name_postings.get(term)
+            if hits:
+                for position, value in hits.items():
+                    services[position] = into_services(position, 0.0) + value
         self.slots = slots
-        self.best = (
-            np.maximum.reduceat(slots, index.slot_starts) if len(index.services) else services
-        )
-        self.total = services + index.weights.best_tool * self.best
-        matching = np.flatnonzero(self.total > 0.0)
-        # Best first; ties in the suite's order (lexsort's last key is the primary one).
-        self.order: list[int] = matching[np.lexsort((matching, -self.total[matching]))].tolist()
+        # Each service's best tool's score (a slot present here scores above 0).
+        best: dict[int, float] = {}
+        owners = index.slot_services
+        for slot, value in slots.items():
+            owner = owners[slot]
+            if value > best.get(owner, 0.0):
+                best[owner] = value
+        self.best = best
+        weight = index.weights.best_tool
+        self.total = {
+            position: services.get(position, 0.0) + weight * best.get(position, 0.0)
+            for position in services.keys() | best.keys()
+        }
         self._per_term: dict[int, dict[str, float]] = {}
 
+    def first(self, count: int) -> list[int]:
+        """The ``count`` best matching services, best first; ties in the suite's order."""
+        return [
+            position
+            for _, position in heapq.nsmallest(
+                count, ((-total, position) for position, total in self.total.items() if total > 0.0)
+            )
+        ]
+
     def score(self, position: int) -> float:
-        return float(self.total[position])
+        return self.total.get(position, 0.0)
 
     def best_slot(self, position: int) -> int | None:
-        if self.best[position] <= 0.0:
+        if self.best.get(position, 0.0) <= 0.0:
             return None
-        start = int(self.index.slot_starts[position])
+        start = self.index.slot_starts[position]
         end = start + max(1, len(self.index.services[position].tools))
-        return start + int(self.slots[start:end].argmax())
+        # The first of its best slots, as an argmax would choose.
+        return max(range(start, end), key=lambda slot: self.slots.get(slot, 0.0))
 
     def best_tool(self, position: int) -> str | None:
         slot = self.best_slot(position)
-        return None if slot is None else self.index.tools[int(self.index.slot_tools[slot])].name
+        return None if slot is None else self.index.tools[self.index.slot_tools[slot]].name
 
     def per_term(self, position: int) -> dict[str, float]:
         """How much each term of the query gave the service (its own text and best tool's)."""
@@ -151,12 +175,12 @@ def rank_servers(
 ) -> ServerRanking:
     """The services ``task`` needs (see the module), and the ``top`` matching ones ranked."""
     scored = _Scores(index, _query(index, task))
-    order = scored.order
-    totals = scored.total.tolist()
+    # As far as anything reads: the ranked, the candidates and those after them (_features).
+    order = scored.first(max(top, CANDIDATES + MAX_SET))
     ranked = tuple(
         ServerScore(
             name=index.services[p].name,
-            score=round(totals[p], 4),
+            score=round(scored.score(p), 4),
             # The evidence of the first few only: nobody reads the twentieth's.
             evidence=_evidence(index, p, scored.per_term(p)) if rank < WITH_EVIDENCE else (),
             best_tool=scored.best_tool(p) if rank < WITH_EVIDENCE else None,
@@ -168,11 +192,11 @@ def rank_servers(
         return ServerRanking(
             task, (), (), 0.0, "no server's name, description or tools match the task"
         )
-    chosen = _choose(index, scored)
+    chosen = _choose(index, scored, order)
     with_required = _with_requirements(index, chosen)
     recommended, left_out = _within_budget(index, with_required, budget)
     calibration = calibration or default_calibration()
-    features = _features(index, scored, chosen)
+    features = _features(index, scored, order, chosen)
     confidence = calibration.confidence(features)
     ranked_in = {index.services[p].name for p in chosen}
     reasons = []
@@ -218,9 +242,9 @@ def with_choice(
     )
 
 
-def _choose(index: DiscoveryIndex, scored: _Scores) -> list[int]:
+def _choose(index: DiscoveryIndex, scored: _Scores, order: list[int]) -> list[int]:
     weights = index.weights
-    candidates = scored.order[:CANDIDATES]
+    candidates = order[:CANDIDATES]
     first = candidates[0]
     chosen = [first]
     covered = dict(scored.per_term(first))
@@ -299,9 +323,11 @@ def _requirements(index: DiscoveryIndex, name: str) -> list[str]:
     return found
 
 
-def _features(index: DiscoveryIndex, scored: _Scores, chosen: list[int]) -> tuple[float, ...]:
-    """What the confidence is computed from (see :mod:`.calibration`)."""
-    order = scored.order
+def _features(
+    index: DiscoveryIndex, scored: _Scores, order: list[int], chosen: list[int]
+) -> tuple[float, ...]:
+    """What the confidence is computed from (see :mod:`.calibration`); ``order``: the
+    matching services, best first (at least the candidates and :data:`MAX_SET` more)."""
     first = scored.score(order[0])
     unchosen = [scored.score(p) for p in order[: CANDIDATES + MAX_SET] if p not in chosen]
     runner_up = unchosen[0] if unchosen else 0.0
@@ -342,20 +368,21 @@ def find_tools(
     wanted = (
         None if services is None else {index.positions[s] for s in services if s in index.positions}
     )
-    import numpy as np  # noqa: PLC0415 — see the imports above
-
     scored = _Scores(index, _query(index, query))
-    combined = scored.slots + SERVICE_SHARE_IN_TOOLS * scored.total[index.slot_services]
-    usable = (scored.slots > 0.0) & (index.slot_tools >= 0)
-    if wanted is not None:
-        usable &= np.isin(index.slot_services, list(wanted))
-    slots = np.flatnonzero(usable)
-    best = slots[np.lexsort((slots, -combined[slots]))][: max(0, limit)]
+    totals, owners, tools = scored.total, index.slot_services, index.slot_tools
+    combined = {
+        slot: value + SERVICE_SHARE_IN_TOOLS * totals.get(owners[slot], 0.0)
+        for slot, value in scored.slots.items()
+        if value > 0.0 and tools[slot] >= 0 and (wanted is None or owners[slot] in wanted)
+    }
+    best = [
+        slot for _, slot in heapq.nsmallest(max(0, limit), ((-v, s) for s, v in combined.items()))
+    ]
     return [
         ToolHit(
-            index.tools[int(index.slot_tools[slot])],
-            index.services[int(index.slot_services[slot])].name,
-            round(float(combined[slot]), 4),
+            index.tools[index.slot_tools[slot]],
+            index.services[index.slot_services[slot]].name,
+            round(combined[slot], 4),
         )
         for slot in best
     ]

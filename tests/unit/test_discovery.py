@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 import threading
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from reactor_fabric.discovery.catalog_file import (
     catalog_json,
     services_from_json,
 )
+from reactor_fabric.discovery.ranking import _query as query_of
 from reactor_fabric.discovery.ranking import with_choice
 from reactor_fabric.discovery.text import compounds, marks, query_terms, stem
 from reactor_fabric.discovery.tokens import (
@@ -280,6 +282,112 @@ def test_find_tools_honours_the_limit_and_a_service_filter() -> None:
     index = index_of()
     assert len(find_tools(index, "time", limit=1)) == 1
     assert {h.service for h in find_tools(index, "show", services=["git"])} == {"git"}
+
+
+def test_services_that_score_alike_are_ranked_in_the_suites_order() -> None:
+    twins = [
+        ServiceText(name, description="Weather forecasts", tools=(tool("forecast", "Forecast"),))
+        for name in ("zulu", "alpha", "mike")
+    ]
+    ranked = rank_servers(index_of(twins), "weather forecast").ranked
+    assert [s.name for s in ranked] == ["zulu", "alpha", "mike"]
+    assert len({s.score for s in ranked}) == 1
+
+
+def test_a_services_best_tool_is_the_first_of_its_equally_good_tools() -> None:
+    same = ServiceText(
+        "maps", tools=(tool("route_b", "Plan a route"), tool("route_a", "Plan a route"))
+    )
+    ranking = rank_servers(index_of([same, TIME]), "plan a route")
+    assert ranking.ranked[0].best_tool == "route_b"
+    assert [h.tool.name for h in find_tools(index_of([same, TIME]), "plan a route")] == [
+        "route_b",
+        "route_a",
+    ]
+
+
+def test_a_ranking_lists_at_most_top_services_and_still_chooses_among_the_candidates() -> None:
+    many = [
+        ServiceText(f"store{i}", description=f"Key value store number {i}", tools=(tool("put"),))
+        for i in range(30)
+    ]
+    ranking = rank_servers(index_of(many), "key value store", top=3)
+    assert [s.name for s in ranking.ranked][:3] == ["store0", "store1", "store2"]
+    assert ranking.recommended == ("store0",)
+
+
+VOCABULARY = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "zeta")
+
+
+def _reference(
+    index: Any, query: list[str]
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """Every service's and every tool's score by brute force over the whole catalog, terms
+    added in the query's order (so the same floats): what the sparse sums must give."""
+    totals = []
+    for position, service in enumerate(index.services):
+        own = 0.0
+        for term in query:
+            own += index.service_postings.get(term, {}).get(position, 0.0)
+            own += index.name_postings.get(term, {}).get(position, 0.0)
+        start = index.slot_starts[position]
+        slots = range(start, start + max(1, len(service.tools)))
+        best = max(
+            sum_in_order(index.tool_postings.get(t, {}).get(s, 0.0) for t in query) for s in slots
+        )
+        totals.append((position, own + index.weights.best_tool * best))
+    services = sorted(((p, t) for p, t in totals if t > 0.0), key=lambda x: (-x[1], x[0]))
+    tools = []
+    for slot, tool_position in enumerate(index.slot_tools):
+        value = sum_in_order(index.tool_postings.get(t, {}).get(slot, 0.0) for t in query)
+        if tool_position >= 0 and value > 0.0:
+            tools.append((slot, value + 0.3 * totals[index.slot_services[slot]][1]))
+    return services, sorted(tools, key=lambda x: (-x[1], x[0]))
+
+
+def sum_in_order(values: Any) -> float:
+    total = 0.0
+    for value in values:
+        if value:
+            total += value
+    return total
+
+
+def random_catalog(seed: int) -> tuple[list[tuple[list[str], list[list[str]]]], list[str]]:
+    """A small catalog over a few words (so that terms collide and scores tie), and a query."""
+    rng = random.Random(seed)
+
+    def words(most: int) -> list[str]:
+        return rng.choices(VOCABULARY, k=rng.randint(0, most))
+
+    catalog = [
+        (words(4), [words(3) for _ in range(rng.randint(0, 4))]) for _ in range(rng.randint(0, 8))
+    ]
+    return catalog, rng.choices(VOCABULARY, k=rng.randint(1, 5))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_rankings_match_a_brute_force_over_the_whole_catalog(seed: int) -> None:
+    catalog, query = random_catalog(seed)
+    services = [
+        ServiceText(
+            f"s{i}",
+            description=" ".join(about),
+            tools=tuple(tool(f"t{i}x{j}", " ".join(words)) for j, words in enumerate(tools)),
+        )
+        for i, (about, tools) in enumerate(catalog)
+    ]
+    index = index_of(services)
+    text = " ".join(query)
+    expected_services, expected_tools = _reference(index, query_of(index, text))
+    ranking = rank_servers(index, text, top=len(services))
+    assert [(s.name, s.score) for s in ranking.ranked] == [
+        (services[p].name, round(t, 4)) for p, t in expected_services
+    ]
+    hits = find_tools(index, text, limit=100)
+    assert [(h.tool.name, h.score) for h in hits] == [
+        (index.tools[index.slot_tools[s]].name, round(v, 4)) for s, v in expected_tools
+    ]
 
 
 def test_an_empty_catalog_ranks_nothing() -> None:

@@ -63,7 +63,7 @@ ALLOWED = {
         "reactor_fabric.discovery",
     ),
     # The ranking engine: pure computation over a catalog (its stemmer and tokenizer included).
-    "discovery": ("numpy", "snowballstemmer", "tiktoken", "reactor_fabric.discovery"),
+    "discovery": ("snowballstemmer", "tiktoken", "reactor_fabric.discovery"),
 }
 IO_MODULES = ("trio", "socket", "threading", "asyncio", "subprocess", "docker", "selectors")
 # One module of the discovery layer holds state across threads: the tokenizer loads its
