@@ -240,8 +240,10 @@ async def remove_container(
                 container.id, grace=STOP_GRACE_SECONDS if live.stop_graceful else None
             )
         # The teardown's bound passed first (a burst of sessions ending queues its removals
-        # behind a busy engine): the sweeper removes what is left (sweeper.py).
+        # behind a busy engine): the sweeper removes what is left, next (sweeper.py).
         deferred = scope.cancelled_caught
+        if deferred:
+            fabric.deferred_removals.defer(container.id)
     finally:
         forget()
         record = fabric.containers.get(container.id)

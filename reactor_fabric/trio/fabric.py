@@ -60,6 +60,7 @@ from ..protocol.suite_lock import Drift, Mode, SuiteLock, compare_image, compare
 from ..protocol.tool_calls import ArgumentsMode
 from ..runtime.base import Container, Runtime
 from .catalog import CatalogStore, Learned, learn_catalog
+from .sweeper import DeferredRemovals
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,8 @@ class Fabric:
     refresh_limiter: trio.CapacityLimiter = field(
         default_factory=lambda: trio.CapacityLimiter(REFRESH_THREADS)
     )
+    # Containers whose removal a teardown's bound cut short: the sweeper removes them next.
+    deferred_removals: DeferredRemovals = field(default_factory=DeferredRemovals)
     # Started, idle containers for services with `warm` (None: no service keeps any, or not
     # made yet; serve_orchestrator makes and runs it).
     pool: ContainerPool | None = None

@@ -4,7 +4,8 @@ Ownership tree::
 
     serve_orchestrator (root nursery)
     ├── EgressProxy.run        containers' egress proxies (runtime/egress_proxy.py)
-    ├── run_sweeper            orphan containers: at start-up, then periodically
+    ├── run_sweeper            orphan containers: at start-up, then periodically; removals
+    │                          a teardown cut short, as they come
     ├── Fabric.learn_catalog   what each service offers (cache, else a probe), for /mcp
     ├── WarmPool.run           started, idle containers for services with `warm` (warm_pool)
     ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
@@ -160,6 +161,7 @@ async def serve_orchestrator(
                     live_sessions=lambda: set(fabric.sessions),
                     live_containers=fabric.live_container_ids,
                     on_removed=fabric.observer.orphans_removed,
+                    deferred=fabric.deferred_removals,
                 )
             )
             if fabric.pool is not None:

@@ -8,6 +8,11 @@ the orchestrator reports itself serving) and then periodically it removes:
 - containers of *this* instance that belong to no live session and are older than a grace
   period (a spawn abandoned half-way, a removal that failed).
 
+Between rounds it removes, as soon as they come, the containers whose removal a teardown's
+bound cut short (:class:`DeferredRemovals`: a burst of sessions ending queues its removals
+behind a busy engine, and a teardown does not wait past its bound): they are known to be
+nobody's, so neither the next round nor the grace for young containers need be waited for.
+
 Error handling: an unreachable engine only postpones the sweep; it never stops the orchestrator.
 """
 
@@ -29,6 +34,60 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL_SECONDS = 60.0
 # A container of this instance younger than this may be a spawn still in progress.
 OWN_GRACE_SECONDS = 120.0
+# Deferred removals waiting at once (more are left to the next round), and removed at once
+# (the engine client has 16 call slots; sessions starting meanwhile need some).
+MAX_DEFERRED = 4096
+DEFERRED_AT_ONCE = 8
+
+
+class DeferredRemovals:
+    """Ids of containers whose removal was cut short, for the sweeper to remove next.
+
+    Bounded: at most :data:`MAX_DEFERRED` wait; one more is refused (``defer`` says so) and
+    left to the sweeper's next round, which finds it by its labels anyway.
+    """
+
+    def __init__(self, limit: int = MAX_DEFERRED) -> None:
+        self._ids: dict[str, None] = {}  # (ordered: removed oldest first)
+        self._limit = limit
+        self._arrived = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def defer(self, container_id: str) -> bool:
+        if container_id not in self._ids and len(self._ids) >= self._limit:
+            return False
+        self._ids[container_id] = None
+        self._arrived.set()
+        return True
+
+    def take(self) -> list[str]:
+        """Every id waiting (oldest first); none wait after."""
+        taken = list(self._ids)
+        self._ids.clear()
+        if self._arrived.is_set():
+            self._arrived = trio.Event()
+        return taken
+
+    async def wait(self) -> None:
+        """Until an id waits."""
+        await self._arrived.wait()
+
+
+async def remove_deferred(runtime: Runtime, ids: list[str]) -> None:
+    """Remove ``ids``, :data:`DEFERRED_AT_ONCE` at a time (each bounded by the engine
+    client's call bound; an engine error is logged by the runtime, never raised)."""
+    limiter = trio.CapacityLimiter(DEFERRED_AT_ONCE)
+
+    async def remove(container_id: str) -> None:
+        async with limiter:
+            await runtime.remove(container_id)
+        log.info("deferred_removal_done", extra={"container": container_id[:12]})
+
+    async with trio.open_nursery() as nursery:
+        for container_id in ids:
+            nursery.start_soon(remove, container_id)
 
 
 def containers_to_remove(
@@ -103,10 +162,12 @@ async def run_sweeper(
     live_containers: Callable[[], set[str]] = set,
     interval: float = SWEEP_INTERVAL_SECONDS,
     on_removed: Callable[[int], object] = lambda _count: None,
+    deferred: DeferredRemovals | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Sweep now, report started, then sweep every ``interval`` seconds until cancelled;
-    ``on_removed`` hears how many orphans each sweep removed (the metrics)."""
+    """Sweep now, report started, then sweep every ``interval`` seconds until cancelled, and
+    meanwhile remove the ``deferred`` as they come; ``on_removed`` hears how many orphans
+    each sweep removed (the metrics)."""
     started = False
     while True:
         try:
@@ -125,4 +186,11 @@ async def run_sweeper(
         if not started:
             task_status.started()
             started = True
-        await trio.sleep(interval)
+        next_round = trio.current_time() + interval
+        if deferred is None:
+            await trio.sleep_until(next_round)
+            continue
+        while trio.current_time() < next_round:
+            with trio.move_on_at(next_round):
+                await deferred.wait()
+            await remove_deferred(runtime, deferred.take())

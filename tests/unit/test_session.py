@@ -685,7 +685,8 @@ async def test_a_removal_the_teardown_bound_cuts_short_is_logged_as_deferred_not
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # (A burst of sessions ending queues its removals behind a busy engine: the last ones pass
-    # the teardown's bound, and the sweeper removes them. The log must not say they are gone.)
+    # the teardown's bound, and the sweeper removes them next. The log must not say they are
+    # gone.)
     fields = {"container_strategy": "fresh_per_call"}
     caplog.set_level(logging.INFO, logger="reactor_fabric.trio.containers")
     async with open_memory_runtime(scripted_mcp_server) as engine:
@@ -708,4 +709,5 @@ async def test_a_removal_the_teardown_bound_cuts_short_is_logged_as_deferred_not
         events = [record.msg for record in caplog.records]
         assert "container_removal_deferred" in events
         assert "container_removed" not in events
-        assert len(engine.alive) == 1  # still there: the sweeper's to remove
+        assert len(engine.alive) == 1  # still there: the sweeper's to remove, next
+        assert fabric.deferred_removals.take() == [engine.alive[0].id]
