@@ -4,8 +4,11 @@ Each service is asked once per image what it offers (:mod:`reactor_fabric.protoc
 container of it, started with no mount, no network, as the unprivileged user, is spoken to as
 an MCP client and removed. What it answered is kept in
 ``${XDG_CACHE_HOME:-~/.cache}/reactor-fabric/catalog/`` under a key of the image id and
-everything of the suite that can change what a server offers (command, env, config, user), so
-a new image or a changed service is learned again, and nothing else is.
+everything of the suite that can change what a server offers (command, env, config, user, and
+its secrets: a token with other scopes may list other tools), so a new image, a changed service
+or a changed secret is learned again, and nothing else is. A secret enters the key only as an
+HMAC under a random key of the cache directory's own (``.key``, readable by its owner only), so
+the cache's file names cannot be used to guess a secret offline.
 
 Resource handling: every probe container is removed in a shielded, bounded ``finally``, also
 when the probe fails or is cancelled; its stderr is drained so that it never blocks its stdout.
@@ -21,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import json
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +38,7 @@ import trio
 
 from .._errors import FabricError
 from .._reasons import CONTAINER_EXITED, CONTAINER_OUTPUT_INVALID, TIMEOUT
+from ..config.secrets import ServiceSecrets
 from ..config.structs import Service
 from ..config.xdg import xdg_dir
 from ..policy.accounts import UNPRIVILEGED
@@ -56,9 +62,15 @@ def catalog_cache_dir(environ: Mapping[str, str]) -> Path:
     return xdg_dir(environ, "XDG_CACHE_HOME", ".cache") / "catalog"
 
 
-def cache_key(image_id: str, service: Service) -> str:
-    """What can change a service's offer: its image, command, environment, config and user."""
-    inputs = {
+SALT_FILE = ".key"
+SALT_BYTES = 32
+
+
+def cache_key(image_id: str, service: Service, secrets_digest: str | None = None) -> str:
+    """What can change a service's offer: its image, command, environment, config and user,
+    and its secrets (``secrets_digest``, see :meth:`CatalogStore.secrets_digest`; None: it has
+    none, which keeps the keys of services without secrets as they were)."""
+    inputs: dict[str, object] = {
         "format": CACHE_FORMAT,
         "image": image_id,
         "command": service.command,
@@ -66,6 +78,8 @@ def cache_key(image_id: str, service: Service) -> str:
         "config": service.config,
         "user": service.user,
     }
+    if secrets_digest is not None:
+        inputs["secrets"] = secrets_digest
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
@@ -86,6 +100,52 @@ class CatalogStore:
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None  # missing or unreadable: learned again
+
+    def key_for(self, image_id: str, service: Service, secrets: ServiceSecrets | None) -> str:
+        """The cache key of ``service`` with ``secrets`` (blocking: may read or make the
+        directory's HMAC key). OSError: no key can be kept, so nothing is cached."""
+        if secrets is None or not secrets.secrets:
+            return cache_key(image_id, service)
+        return cache_key(image_id, service, self.secrets_digest(secrets))
+
+    def secrets_digest(self, secrets: ServiceSecrets) -> str:
+        """An HMAC of the secrets' names, deliveries and values under this directory's key."""
+        held = [[s.name, s.delivery, s.value] for s in secrets.secrets]
+        message = json.dumps(held, sort_keys=True).encode()
+        return hmac.new(self._salt(), message, hashlib.sha256).hexdigest()
+
+    def _salt(self) -> bytes:
+        """The directory's HMAC key: made once (owner-only, written whole, never replaced),
+        read after. A key file that is not a regular file of ours, readable by others or of
+        the wrong size is not used (OSError)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / SALT_FILE
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            scratch = self.directory / f".key.{secrets.token_hex(4)}"
+            made = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(made, secrets.token_bytes(SALT_BYTES))
+            finally:
+                os.close(made)
+            with contextlib.suppress(FileExistsError):
+                os.link(scratch, path)  # (another process may have made it first: theirs wins)
+            scratch.unlink()
+            fd = os.open(path, flags)
+        try:
+            facts = os.fstat(fd)
+            if (
+                not stat.S_ISREG(facts.st_mode)
+                or facts.st_uid != os.geteuid()
+                or facts.st_mode & 0o077
+                or facts.st_size != SALT_BYTES
+            ):
+                raise OSError(f"{path}: not a {SALT_BYTES}-byte file of ours, private")
+            return os.read(fd, SALT_BYTES)
+        finally:
+            os.close(fd)
 
     def save(self, key: str, offer: ServiceCatalog) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -163,7 +223,8 @@ async def _learn_one(
     if refusal is not None:
         offer = ServiceCatalog(error=str(refusal), reason=refusal.reason)
         return Learned(offer, "error", image_id)
-    key = cache_key(image_id, service) if image_id is not None and store is not None else None
+    service_secrets = identity.secrets.get(name)
+    key = await _key(store, image_id, name, service, service_secrets)
     if key is not None and store is not None and not refresh:
         cached = await trio.to_thread.run_sync(store.load, key)
         if cached is not None:
@@ -176,16 +237,33 @@ async def _learn_one(
         return Learned(ServiceCatalog(error=detail, reason=_failure_reason(exc)), "error")
     if store is None:
         return Learned(offer, "probe", image_id)
-    if key is None:  # the image appeared with the probe (pulled): key it now
+    if key is None and image_id is None:  # the image appeared with the probe (pulled)
         with contextlib.suppress(FabricError):
             image_id = await runtime.image_id(service.image)
-            key = cache_key(image_id, service) if image_id is not None else None
+            key = await _key(store, image_id, name, service, service_secrets)
     if key is not None:
         try:
             await trio.to_thread.run_sync(store.save, key, offer)
         except OSError as exc:  # a cache we cannot write: learned all the same, next time again
             log.warning("catalog_cache_unwritable", extra={"service": name, "detail": str(exc)})
     return Learned(offer, "probe", image_id)
+
+
+async def _key(
+    store: CatalogStore | None,
+    image_id: str | None,
+    name: str,
+    service: Service,
+    service_secrets: ServiceSecrets | None,
+) -> str | None:
+    """The cache key, or None: no store, no image id, or no key for its secrets (logged)."""
+    if store is None or image_id is None:
+        return None
+    try:
+        return await trio.to_thread.run_sync(store.key_for, image_id, service, service_secrets)
+    except OSError as exc:
+        log.warning("catalog_cache_unwritable", extra={"service": name, "detail": str(exc)})
+        return None
 
 
 def _failure_reason(exc: Exception) -> str:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import stat
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import CONTAINER_EXITED, IMAGE_NOT_FOUND, TIMEOUT
+from reactor_fabric.config.secrets import Secret, ServiceSecrets
 from reactor_fabric.config.structs import Service
 from reactor_fabric.policy.container_spec import ContainerIdentity
 from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
-from reactor_fabric.trio.catalog import CatalogStore, learn_catalog
+from reactor_fabric.trio.catalog import CatalogStore, cache_key, learn_catalog
 from reactor_fabric.trio.fabric import Fabric
 from tests.fakes import TOOLS, scripted_mcp_server
 from tests.served import suite_for
@@ -101,6 +105,89 @@ async def test_a_service_that_cannot_be_learned_reports_why_and_the_others_are_l
         # Failures are not kept: they are tried again next time.
         _, learned = await learn_catalog(runtime, IDENTITY, services, store)
         assert learned["dies"].source == "error"
+
+
+def names_in(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def with_token(value: str) -> ContainerIdentity:
+    token = Secret("TOKEN", "env", value)
+    return dataclasses.replace(IDENTITY, secrets={"svc": ServiceSecrets((token,))})
+
+
+async def test_a_service_whose_secret_changed_is_learned_again_and_its_old_offer_kept(
+    tmp_path: Path,
+) -> None:
+    # (A token with other scopes may make a server list other tools.)
+    store = CatalogStore(tmp_path / "catalog")
+    services = {"svc": Service(image="fake/svc:1")}
+    async with open_memory_runtime(server_by_image) as runtime:
+        sources = []
+        for identity in (with_token("first-token"), with_token("first-token")):
+            _, learned = await learn_catalog(runtime, identity, services, store)
+            sources.append(learned["svc"].source)
+        for identity in (with_token("other-token"), with_token("first-token"), IDENTITY):
+            _, learned = await learn_catalog(runtime, identity, services, store)
+            sources.append(learned["svc"].source)
+        # The probe's container had the secret each time.
+        assert [spec.environment.get("TOKEN") for spec in runtime.spawned] == [
+            "first-token",
+            "other-token",
+            None,
+        ]
+    assert sources == ["probe", "cache", "probe", "cache", "probe"]
+
+
+def test_a_secret_enters_the_cache_key_only_keyed_by_the_directorys_own_private_key(
+    tmp_path: Path,
+) -> None:
+    service = Service(image="fake/svc:1")
+    secrets = with_token("a-token").secrets["svc"]
+    one, other = CatalogStore(tmp_path / "one"), CatalogStore(tmp_path / "two")
+    key = one.key_for("sha256:img", service, secrets)
+    assert key == one.key_for("sha256:img", service, secrets)  # stable: the key file is kept
+    # Another directory, another key: nobody can tell the secret from a file name offline.
+    assert key != other.key_for("sha256:img", service, secrets)
+    assert "a-token" not in key
+    salt = tmp_path / "one" / ".key"
+    assert stat.S_IMODE(salt.stat().st_mode) == 0o600
+    # Without secrets the key is what it always was (caches of such services stay valid).
+    assert one.key_for("sha256:img", service, None) == cache_key("sha256:img", service)
+
+
+@pytest.mark.parametrize("tampered", ["readable_by_others", "wrong_size", "symlink"])
+def test_a_key_file_others_could_read_or_swap_is_not_used(tmp_path: Path, tampered: str) -> None:
+    store = CatalogStore(tmp_path)
+    secrets = with_token("a-token").secrets["svc"]
+    store.key_for("sha256:img", Service(image="i"), secrets)
+    salt = tmp_path / ".key"
+    if tampered == "readable_by_others":
+        salt.chmod(0o644)
+    elif tampered == "wrong_size":
+        salt.write_bytes(b"short")
+    else:
+        elsewhere = tmp_path / "elsewhere"
+        salt.rename(elsewhere)
+        salt.symlink_to(elsewhere)
+    with pytest.raises(OSError, match=r"\.key"):
+        store.key_for("sha256:img", Service(image="i"), secrets)
+
+
+async def test_a_service_with_secrets_is_learned_uncached_when_no_key_can_be_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CatalogStore(tmp_path)
+    (tmp_path / ".key").write_bytes(b"x" * 32)
+    (tmp_path / ".key").chmod(0o644)
+    services = {"svc": Service(image="fake/svc:1")}
+    async with open_memory_runtime(server_by_image) as runtime:
+        for _ in range(2):
+            catalog, learned = await learn_catalog(runtime, with_token("tok-1"), services, store)
+            assert learned["svc"].source == "probe"
+            assert len(catalog.tools_of()) == len(TOOLS)
+    assert [r.msg for r in caplog.records].count("catalog_cache_unwritable") == 2
+    assert names_in(tmp_path) == [".key"]  # nothing kept
 
 
 def test_a_corrupt_cache_file_is_learned_again_not_trusted(tmp_path: Path) -> None:
