@@ -64,7 +64,7 @@ import collections
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -204,11 +204,19 @@ class _Asked:
         return self.key.service
 
 
+class _Waiting(NamedTuple):
+    """A request waiting for its backend's handshake (or memory figure): as it will be
+    sent, encoded once, so that what waits is counted in bytes (see accepting)."""
+
+    request: Json
+    line: bytes
+
+
 @dataclass
 class _Backend:
     key: BackendKey  # the container the router counts on (events of any other are ignored)
     state: Literal["starting", "handshaking", "ready"]
-    queue: list[Json] = field(default_factory=list)  # requests waiting for the handshake
+    queue: list[_Waiting] = field(default_factory=list)  # requests waiting for the handshake
     last_active: float = 0.0
     # Lines sent (ToBackend) not yet reported written (StdinWritten), oldest first: their
     # sizes and whether each is the machine's own; all their bytes, and the own ones'.
@@ -353,9 +361,9 @@ class FabricRouter(Answers):
         if backend.state != "ready" or backend.measuring:
             if len(backend.queue) >= MAX_QUEUED_PER_BACKEND:
                 return [self._fail(client_id, INVALID_PARAMS, f"{service} is still starting")]
-            backend.queue.append(request)
-            backend.calls += 1
             self._remember(request, backend.key, client_id, method, offers)
+            backend.queue.append(_Waiting(request, encoder.encode(request)))
+            backend.calls += 1
             return []
         self._remember(request, backend.key, client_id, method, offers)
         backend.calls += 1
@@ -396,12 +404,13 @@ class FabricRouter(Answers):
     ) -> list[Action]:
         self._seq += 1
         key = BackendKey(service, self._seq)
-        backend = _Backend(key, "starting", [request], self.now, role=role, calls=1)
+        backend = _Backend(key, "starting", [], self.now, role=role, calls=1)
         self.all_backends[key] = backend
         self.served.asked(key, self.lifecycle(service).strategy, self.now)
         if role == "current":
             self.backends[service] = backend
         self._remember(request, key, client_id, method, offers)
+        backend.queue.append(_Waiting(request, encoder.encode(request)))
         if role == "call":
             # A pooled container the pool greeted will do (no handshake at the call, see
             # _backend_started); its audit record names the call.
@@ -441,9 +450,9 @@ class FabricRouter(Answers):
         for our_id, forwarded in self._forwarded.items():
             if forwarded.client_id == client_id and forwarded.client_id is not None:
                 backend = self.all_backends.get(forwarded.key)
-                if backend is not None and any(r["id"] == our_id for r in backend.queue):
+                if backend is not None and any(w.request["id"] == our_id for w in backend.queue):
                     # Not sent yet: take it out of the queue; nobody will answer it.
-                    backend.queue = [r for r in backend.queue if r["id"] != our_id]
+                    backend.queue = [w for w in backend.queue if w.request["id"] != our_id]
                     del self._forwarded[our_id]
                     return []
                 # The backend should not answer a cancelled request: nothing waits for one.
@@ -540,11 +549,11 @@ class FabricRouter(Answers):
         refreshed = Log("info", "container_refreshed", over)
         return self._with_done([refreshed, *self._hand_over(waiting)])
 
-    def _hand_over(self, waiting: list[Json]) -> list[Action]:
+    def _hand_over(self, waiting: list[_Waiting]) -> list[Action]:
         """Calls that waited for a retired backend: forwarded again, as if they came now (to
         the service's current backend, a fresh one started for the first)."""
         actions: list[Action] = []
-        for request in waiting:
+        for request, _ in waiting:
             forwarded = self._forwarded.pop(request["id"], None)
             if forwarded is None:
                 continue
@@ -736,8 +745,8 @@ class FabricRouter(Answers):
     def _send_queue(self, key: BackendKey, backend: _Backend) -> list[Action]:
         """A backend just ready: the requests that waited for it, in order."""
         actions: list[Action] = []
-        for request in backend.queue:
-            actions += self._send(key, encoder.encode(request))
+        for waiting in backend.queue:
+            actions += self._send(key, waiting.line)
         backend.queue = []
         return actions
 
@@ -967,8 +976,15 @@ class FabricRouter(Answers):
     @property
     def accepting(self) -> bool:
         """Whether the client may be read: no backend has more than the session's bound
-        waiting for its stdin (a slow service stalls only this session)."""
-        return all(b.queued <= self.buffer_to_server_bytes for b in self.all_backends.values())
+        waiting for its stdin — sent and not reported written, or waiting for its handshake
+        (a slow service, or one slow to start, stalls only this session; without the second,
+        a client could pile up to :data:`MAX_QUEUED_PER_BACKEND` messages of the largest size
+        per starting backend)."""
+        bound = self.buffer_to_server_bytes
+        return all(
+            b.queued + sum(len(w.line) for w in b.queue) <= bound
+            for b in self.all_backends.values()
+        )
 
     def _send(self, key: BackendKey, data: bytes, *, own: bool = False) -> list[Action]:
         """One line for the backend ``key``, counted until reported written. A

@@ -320,7 +320,7 @@ class FabricServer(FabricRouter):
                 (
                     b.key,
                     b.state,
-                    encoded(b.queue),
+                    tuple(w.line for w in b.queue),
                     b.last_active,
                     tuple(b.writes),
                     b.role,

@@ -1374,6 +1374,41 @@ def test_the_client_is_not_read_while_a_backend_has_more_than_the_bound_waiting(
     assert backend.queued == 0
 
 
+def test_the_client_is_not_read_while_calls_waiting_for_a_start_are_over_the_bound() -> None:
+    # (Without it a client could pile up 64 messages of the largest size behind each start.)
+    server = session(buffer_to_server_bytes=2000)
+    call(server, 1, "time__get_current_time")
+    assert accepting(server)
+    call(server, 2, "time__convert_time", text="x" * 3000)  # waits for the start
+    assert not accepting(server)
+    sent = [a for a in ready(server, "time") if isinstance(a, ToBackend)]
+    assert [json.loads(a.data).get("method") for a in sent] == [
+        "notifications/initialized",
+        "tools/call",
+        "tools/call",
+    ]
+    assert not accepting(server)  # sent, not yet written
+    written(server, "time")
+    assert accepting(server)
+
+
+@pytest.mark.parametrize("ends", ["cancelled", "start_failed", "shutdown"])
+def test_calls_waiting_for_a_start_hold_the_client_no_longer_once_they_are_gone(ends: str) -> None:
+    server = session(buffer_to_server_bytes=2000)
+    call(server, 1, "time__get_current_time")
+    call(server, 2, "time__convert_time", text="x" * 3000)
+    assert not accepting(server)
+    if ends == "cancelled":
+        cancel = {"requestId": 2, "reason": "changed my mind"}
+        cancelled = client(server, msg(method="notifications/cancelled", params=cancel))
+        assert not any(isinstance(a, ToBackend) for a in cancelled)  # never sent
+    elif ends == "start_failed":
+        fails(server, "time", ContainerStartFailure("no", reason="image_not_found"))
+    else:
+        feed(server, Shutdown("orchestrator_stopping"))
+    assert accepting(server)
+
+
 def test_a_stopped_backends_waiting_bytes_no_longer_hold_the_client() -> None:
     server = session(buffer_to_server_bytes=2000)
     call(server, 1, "time__get_current_time")
