@@ -89,31 +89,40 @@ class _Scores:
         self.query = query
         services: dict[int, float] = {}
         slots: dict[int, float] = {}
-        into_services = services.get
-        into_slots = slots.get
         for term in query:
-            # (Inlined, not a helper per term: this loop is the ranking's hot path.)
-            hits = index.service_postings.get(term)
-            if hits:
+            # (Inlined, not a helper per term: this loop is the ranking's hot path. The first
+            # postings are copied whole, in C: 0.0 + x is x.)
+            for into, hits in (
+                (services, index.service_postings.get(term)),
+                (slots, index.tool_postings.get(term)),
+                (services, index.name_postings.get(term)),
+            ):
+                if not hits:
+                    continue
+                if not into:
+                    into.update(hits)
+                    continue
+                get = into.get
                 for position, value in hits.items():
-                    services[position] = into_services(position, 0.0) + value
-            hits = index.tool_postings.get(term)
-            if hits:
-                for position, value in hits.items():
-                    slots[position] = into_slots(position, 0.0) + value
-            hits = index.name_postings.get(term)
-            if hits:
-                for position, value in hits.items():
-                    services[position] = into_services(position, 0.0) + value
+                    into[position] = get(position, 0.0) + value
         self.slots = slots
-        # Each service's best tool's score (a slot present here scores above 0).
+        # Each service's best tool: its score (a slot present here scores above 0) and its
+        # slot, the first of equals as an argmax over the service's slots would choose.
         best: dict[int, float] = {}
+        best_slots: dict[int, int] = {}
         owners = index.slot_services
         for slot, value in slots.items():
             owner = owners[slot]
-            if value > best.get(owner, 0.0):
+            current = best.get(owner)
+            if (
+                current is None
+                or value > current
+                or (value == current and slot < best_slots[owner])
+            ):
                 best[owner] = value
+                best_slots[owner] = slot
         self.best = best
+        self._best_slots = best_slots
         weight = index.weights.best_tool
         self.total = {
             position: services.get(position, 0.0) + weight * best.get(position, 0.0)
@@ -134,12 +143,7 @@ class _Scores:
         return self.total.get(position, 0.0)
 
     def best_slot(self, position: int) -> int | None:
-        if self.best.get(position, 0.0) <= 0.0:
-            return None
-        start = self.index.slot_starts[position]
-        end = start + max(1, len(self.index.services[position].tools))
-        # The first of its best slots, as an argmax would choose.
-        return max(range(start, end), key=lambda slot: self.slots.get(slot, 0.0))
+        return self._best_slots.get(position)
 
     def best_tool(self, position: int) -> str | None:
         slot = self.best_slot(position)
