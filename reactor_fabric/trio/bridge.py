@@ -45,6 +45,7 @@ from trio_websocket import (
     WebSocketConnection,
     connect_websocket_url,
 )
+from wsproto.utilities import LocalProtocolError
 
 from .._errors import ContainerStartFailure, InvalidMessage, SecurityViolation
 from .._reasons import CONNECTION_CLOSED, ORCHESTRATOR_UNREACHABLE, http_status
@@ -172,6 +173,19 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 async def _run_bridge(settings: BridgeSettings, url: str) -> int:
+    relayed: list[int] = []  # the relay's outcome, once it has one
+    try:
+        return await _bridge_session(settings, url, relayed)
+    except* LocalProtocolError:
+        # A keepalive ping that crossed our Close: trio-websocket answers it with a pong that
+        # wsproto refuses to send while closing (python-trio/trio-websocket#184), from its
+        # reader task. The session was over by then; anything earlier is a real error.
+        if not relayed:
+            raise
+    return relayed[0]
+
+
+async def _bridge_session(settings: BridgeSettings, url: str, relayed: list[int]) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with stdin, stdout, trio.open_nursery() as nursery:
@@ -198,10 +212,13 @@ async def _run_bridge(settings: BridgeSettings, url: str) -> int:
             await answer_requests(stdin, stdout, refusal.error)
             return 1
         try:
-            return await _relay(ws, stdin, stdout)
+            relayed.append(await _relay(ws, stdin, stdout))
+            return relayed[0]
         finally:
-            with trio.move_on_after(5) as cleanup:
-                cleanup.shield = True
+            # The closing handshake, bounded, and not shielded: the one thing that cancels this
+            # nursery is trio-websocket's reader failing (see _run_bridge), after which no
+            # handshake can complete; its socket is closed all the same (aclose's finally).
+            with trio.move_on_after(5):
                 await ws.aclose()
             nursery.cancel_scope.cancel()
 

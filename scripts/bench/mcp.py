@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import msgspec
 import trio
 import trio_websocket
+from wsproto.utilities import LocalProtocolError
 
 from reactor_fabric.protocol.framing import LineSplitter
 from reactor_fabric.runtime.docker_framing import STDOUT, DockerFrameDecoder
@@ -190,16 +191,27 @@ async def connect_websocket(
 async def websocket_session(
     url: str, *, subprotocols: list[str] | None = None
 ) -> AsyncIterator[StreamRpc]:
-    """A WebSocket connection for the duration of the block, closed (bounded) after it."""
-    with unwrapped():
-        async with trio.open_nursery() as nursery:
-            rpc = await connect_websocket(nursery, url, subprotocols=subprotocols)
-            try:
-                yield rpc
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(15):
-                    await rpc.aclose()
-                nursery.cancel_scope.cancel()
+    """A WebSocket connection for the duration of the block, closed (bounded) after it.
+
+    A keepalive ping of the orchestrator's that crosses our Close makes trio-websocket's
+    reader answer with a pong wsproto refuses while closing (python-trio/trio-websocket#184):
+    that failure, once the block is done, is not the measurement's (the bridge does the same,
+    reactor_fabric/trio/bridge.py)."""
+    done = False
+    try:
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                rpc = await connect_websocket(nursery, url, subprotocols=subprotocols)
+                try:
+                    yield rpc
+                    done = True
+                finally:
+                    with trio.CancelScope(shield=True), trio.move_on_after(15):
+                        await rpc.aclose()
+                    nursery.cancel_scope.cancel()
+    except LocalProtocolError:
+        if not done:
+            raise
 
 
 class _Lines:

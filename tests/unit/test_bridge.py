@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from reactor_fabric.trio.bridge import (
     BridgeError,
@@ -274,3 +280,80 @@ def test_a_fallback_suite_others_may_write_is_not_trusted(tmp_path: Path) -> Non
     command, why = fallback_command(settings, home=config)
     assert command is None
     assert "writable by others" in why
+
+
+class PingingAtTheClose(threading.Thread):
+    """An orchestrator stand-in (one WebSocket, wsproto over a plain socket) whose keepalive
+    ping crosses the bridge's close: it answers the registration, echoes messages back, and
+    when the bridge's Close comes it sends a Ping before its own Close, as a ping sent just
+    before the Close arrived would be."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.pinged_while_closing = False
+
+    def run(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn, self.listener:
+            conn.settimeout(30)
+            ws = WSConnection(ConnectionType.SERVER)
+
+            def send(event: Any) -> None:
+                conn.sendall(ws.send(event))
+
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                ws.receive_data(data)
+                for event in ws.events():
+                    if isinstance(event, Request):
+                        send(AcceptConnection(subprotocol="mcp"))
+                    elif isinstance(event, TextMessage):
+                        message = json.loads(event.data)
+                        if message.get("method") == "fabric/registerClient":
+                            answer = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
+                            send(TextMessage(json.dumps(answer)))
+                        else:
+                            send(TextMessage(event.data))
+                    elif isinstance(event, CloseConnection):
+                        # (by hand: wsproto, rightly, sends nothing but the Close now)
+                        payload = b"reactor-fabric"
+                        conn.sendall(bytes([0x89, len(payload)]) + payload)  # FIN, Ping
+                        self.pinged_while_closing = True
+                        time.sleep(0.3)  # the bridge reads the ping before the close
+                        send(event.response())
+                        return
+
+
+def test_a_ping_crossing_the_bridges_close_ends_it_cleanly(tmp_path: Path) -> None:
+    # (trio-websocket answers such a ping with a pong wsproto refuses to send while closing,
+    # python-trio/trio-websocket#184: the bridge said "Event Pong(...) cannot be sent" and
+    # exited 1 after a session that had ended normally.)
+    server = PingingAtTheClose()
+    server.start()
+    request = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    with subprocess.Popen(
+        [sys.executable, "-m", "reactor_fabric", "connect", f"ws://127.0.0.1:{server.port}/mcp"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": str(tmp_path)},
+    ) as bridge:
+        assert bridge.stdin is not None
+        assert bridge.stdout is not None
+        assert bridge.stderr is not None
+        bridge.stdin.write(json.dumps(request) + "\n")
+        bridge.stdin.flush()
+        served = json.loads(bridge.stdout.readline())  # the session itself was served
+        bridge.stdin.close()  # the client is done: the bridge closes its WebSocket
+        stderr = bridge.stderr.read()
+        bridge.wait(timeout=60)
+    server.join(timeout=30)
+    assert served == request
+    assert server.pinged_while_closing
+    assert (bridge.returncode, stderr) == (0, "")
