@@ -166,31 +166,35 @@ async def run_sweeper(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Sweep now, report started, then sweep every ``interval`` seconds until cancelled, and
-    meanwhile remove the ``deferred`` as they come; ``on_removed`` hears how many orphans
-    each sweep removed (the metrics)."""
-    started = False
+    meanwhile remove the ``deferred`` as they come (in a task of their own: a round that
+    waits on a busy engine does not hold them up); ``on_removed`` hears how many orphans
+    each sweep removed (the metrics). A container both remove is removed once (the second
+    finds it gone)."""
+    async with trio.open_nursery() as nursery:
+        if deferred is not None:
+            nursery.start_soon(_remove_deferred_as_they_come, runtime, deferred)
+        started = False
+        while True:
+            try:
+                removed = await sweep_once(
+                    runtime,
+                    instance_id=instance_id,
+                    this_host=this_host,
+                    live_sessions=live_sessions(),
+                    live_containers=live_containers,
+                )
+                if removed:
+                    log.info("sweep_done", extra={"removed": removed})
+                    on_removed(removed)
+            except FabricError as exc:
+                log.warning("sweep_postponed", extra={"reason": exc.reason, "detail": str(exc)})
+            if not started:
+                task_status.started()
+                started = True
+            await trio.sleep(interval)
+
+
+async def _remove_deferred_as_they_come(runtime: Runtime, deferred: DeferredRemovals) -> None:
     while True:
-        try:
-            removed = await sweep_once(
-                runtime,
-                instance_id=instance_id,
-                this_host=this_host,
-                live_sessions=live_sessions(),
-                live_containers=live_containers,
-            )
-            if removed:
-                log.info("sweep_done", extra={"removed": removed})
-                on_removed(removed)
-        except FabricError as exc:
-            log.warning("sweep_postponed", extra={"reason": exc.reason, "detail": str(exc)})
-        if not started:
-            task_status.started()
-            started = True
-        next_round = trio.current_time() + interval
-        if deferred is None:
-            await trio.sleep_until(next_round)
-            continue
-        while trio.current_time() < next_round:
-            with trio.move_on_at(next_round):
-                await deferred.wait()
-            await remove_deferred(runtime, deferred.take())
+        await deferred.wait()
+        await remove_deferred(runtime, deferred.take())

@@ -23,6 +23,7 @@ class SlowEngine:
     def __init__(self, *, removal_seconds: float = 1.0, listing_fails: bool = False) -> None:
         self.removal_seconds = removal_seconds
         self.listing_fails = listing_fails
+        self.listing_seconds = 0.0
         self.removed: dict[str, float] = {}
         self.listings = 0
         self.running = 0
@@ -30,6 +31,7 @@ class SlowEngine:
 
     async def list_managed(self, extra_labels: Any = None) -> list[ManagedContainer]:
         self.listings += 1
+        await trio.sleep(self.listing_seconds)
         if self.listing_fails:
             raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
         return []
@@ -92,6 +94,22 @@ async def test_a_burst_of_deferred_removals_runs_a_few_at_a_time_and_takes_latec
         nursery.cancel_scope.cancel()
     assert set(engine.removed) == {*(f"c{n}" for n in range(20)), "late"}
     assert engine.most_at_once == DEFERRED_AT_ONCE
+
+
+async def test_deferred_removals_do_not_wait_for_a_round_held_up_by_a_busy_engine(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    engine = SlowEngine()
+    deferred = DeferredRemovals()
+    async with trio.open_nursery() as nursery:
+        started = await sweeping(nursery, engine, deferred)
+        engine.listing_seconds = 50.0  # the next round waits that long for the engine's list
+        await trio.sleep(INTERVAL + 5)
+        assert engine.listings == 2  # in the round
+        deferred.defer("c1")
+        await trio.sleep(2)
+        assert engine.removed == {"c1": pytest.approx(started + INTERVAL + 6)}
+        nursery.cancel_scope.cancel()
 
 
 async def test_deferred_removals_go_on_while_the_engine_cannot_list(
