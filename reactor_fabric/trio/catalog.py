@@ -127,12 +127,14 @@ class CatalogStore:
             scratch = self.directory / f".key.{secrets.token_hex(4)}"
             made = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                os.write(made, secrets.token_bytes(SALT_BYTES))
+                try:
+                    os.write(made, secrets.token_bytes(SALT_BYTES))
+                finally:
+                    os.close(made)
+                with contextlib.suppress(FileExistsError):
+                    os.link(scratch, path)  # (another process may have made it first: theirs)
             finally:
-                os.close(made)
-            with contextlib.suppress(FileExistsError):
-                os.link(scratch, path)  # (another process may have made it first: theirs wins)
-            scratch.unlink()
+                scratch.unlink()
             fd = os.open(path, flags)
         try:
             facts = os.fstat(fd)
