@@ -115,10 +115,6 @@ class DiscoveryIndex:
         self.positions = {text.name: i for i, text in enumerate(self.services)}
 
     @property
-    def slot_count(self) -> int:
-        return len(self.slot_tools)
-
-    @property
     def all_tokens(self) -> int:
         return sum(self.service_tokens)
 

@@ -121,7 +121,6 @@ class _Scores:
             ):
                 best[owner] = value
                 best_slots[owner] = slot
-        self.best = best
         self._best_slots = best_slots
         weight = index.weights.best_tool
         self.total = {

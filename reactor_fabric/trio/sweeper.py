@@ -8,10 +8,10 @@ the orchestrator reports itself serving) and then periodically it removes:
 - containers of *this* instance that belong to no live session and are older than a grace
   period (a spawn abandoned half-way, a removal that failed).
 
-Between rounds it removes, as soon as they come, the containers whose removal a teardown's
-bound cut short (:class:`DeferredRemovals`: a burst of sessions ending queues its removals
-behind a busy engine, and a teardown does not wait past its bound): they are known to be
-nobody's, so neither the next round nor the grace for young containers need be waited for.
+Alongside its rounds, in a task of its own, it removes as they come the containers whose
+removal a teardown's bound cut short (:class:`DeferredRemovals`: a burst of sessions ending
+queues its removals behind a busy engine, and a teardown does not wait past its bound): they
+are known to be nobody's, so neither a round nor the grace for young containers is waited for.
 
 Error handling: an unreachable engine only postpones the sweep; it never stops the orchestrator.
 """
