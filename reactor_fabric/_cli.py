@@ -20,6 +20,7 @@ import ipaddress
 import json
 import logging
 import os
+import pwd
 import signal
 import socket
 import sys
@@ -247,8 +248,17 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
         dest="fallback_config",
         default=None,
         help="suite file giving the service's local_command fallback, for when the "
-        "orchestrator is unreachable (default: ${XDG_CONFIG_HOME:-~/.config}/reactor-fabric/"
-        "claude-mcp-suite.yaml; never a suite in the current directory)",
+        "orchestrator is unreachable (default: ~/.config/reactor-fabric/claude-mcp-suite.yaml, "
+        "with ~ your home directory from the password database, not HOME or XDG_CONFIG_HOME; "
+        "never a suite in the current directory)",
+    )
+    bridge.add_argument(
+        "--orchestrator-user",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="an account (name or uid) the orchestrator runs as, besides you and root: only a "
+        "loopback listener of yours, root's or such an account is sent anything (repeatable)",
     )
     catalog = commands.add_parser(
         "catalog",
@@ -330,6 +340,16 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     return serve(settings, env)
 
 
+def _account_uid(name: str) -> int:
+    """``--orchestrator-user``: a uid, or an account name looked up in the password database."""
+    if name.isdigit():
+        return int(name)
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise BridgeError(f"--orchestrator-user {name!r}: no such account") from None
+
+
 def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``reactor-fabric connect``: stdout belongs to MCP, so every message goes to stderr."""
     if not args.url:
@@ -351,6 +371,7 @@ def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
             token=token.value if token is not None else None,
             token_origin=token.origin if token is not None else None,
             token_places=searched(environ, port),
+            trusted_uids=tuple(_account_uid(name) for name in args.orchestrator_user),
         )
         return connect(settings)
     except (BridgeError, SecurityViolation, TokenError) as exc:

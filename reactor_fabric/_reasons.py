@@ -168,6 +168,10 @@ TOKEN_INVALID: Final = "token_invalid"  # noqa: S105 - a reason, not a secret
 # The stdio bridge: the orchestrator refused the WebSocket handshake with this HTTP status
 # and no error of its own in the body (403: a refused Origin or Host).
 HTTP_STATUS: Final = "http_{status}"
+# The stdio bridge: the loopback listener it reached belongs to another user than you, root
+# or the account named with --orchestrator-user — not your orchestrator (a port squatter, or
+# another user's orchestrator); it was sent nothing.
+LISTENER_NOT_YOURS: Final = "listener_not_yours"
 # orchestrator.lock: enforce — a tool whose definition differs from the suite lock's hash is
 # hidden, and a call of it refused (data names the tool and the parts that changed).
 TOOL_DEFINITION_CHANGED: Final = "tool_definition_changed"

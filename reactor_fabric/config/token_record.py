@@ -209,25 +209,32 @@ def read_record(environ: dict[str, str], port: int, *, run_user: Path = RUN_USER
 def find_bridge_token(
     environ: dict[str, str], port: int | None, *, run_user: Path = RUN_USER
 ) -> Token | None:
-    """The token the bridge sends: ``REACTOR_FABRIC_TOKEN``, else the record of the orchestrator
-    on ``port`` (None: use no record), else the default token file; None when none is
-    there (the bridge never makes one)."""
+    """The token the bridge sends: ``REACTOR_FABRIC_TOKEN``, else — for an orchestrator on this
+    machine's loopback (``port`` given; None: another host) — the record of the orchestrator
+    on ``port``, else the default token file; None when none is there (the bridge never makes
+    one).
+
+    Both files hold a local orchestrator's token: another machine is sent only what the user
+    gave in the variable. On loopback the bridge sends it only to a listener that is the
+    user's (``trio.bridge.open_orchestrator_stream``): a port is not a credential."""
     if environ.get(TOKEN_ENV):
         return find_token(environ)
-    if port is not None:
-        recorded = read_record(environ, port, run_user=run_user)
-        if recorded is not None:
-            return recorded
+    if port is None:
+        return None
+    recorded = read_record(environ, port, run_user=run_user)
+    if recorded is not None:
+        return recorded
     return find_token(environ)
 
 
 def searched(environ: dict[str, str], port: int | None, *, run_user: Path = RUN_USER) -> str:
     """Where :func:`find_bridge_token` looks, in words (for a refused token's detail)."""
     places = [TOKEN_ENV]
-    if port is not None:
-        places.extend(
-            str(directory / record_name(port))
-            for directory in record_directories(environ, os.geteuid(), run_user)
-        )
+    if port is None:
+        return f"{TOKEN_ENV} only (the URL is not this machine's loopback)"
+    places.extend(
+        str(directory / record_name(port))
+        for directory in record_directories(environ, os.geteuid(), run_user)
+    )
     places.append(str(token_file(environ)))
     return ", then ".join(places)

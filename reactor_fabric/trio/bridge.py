@@ -26,10 +26,13 @@ No traceback ever reaches stderr: unexpected failures are one line too.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import pwd
 import signal
+import socket
+import ssl
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,14 +46,20 @@ from trio_websocket import (
     ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
-    connect_websocket_url,
+    wrap_client_stream,
 )
 from wsproto.utilities import LocalProtocolError
 
 from .._errors import ContainerStartFailure, InvalidMessage, SecurityViolation
-from .._reasons import CONNECTION_CLOSED, ORCHESTRATOR_UNREACHABLE, http_status
+from .._reasons import (
+    CONNECTION_CLOSED,
+    LISTENER_NOT_YOURS,
+    ORCHESTRATOR_UNREACHABLE,
+    http_status,
+)
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
 from ..policy.auth import is_loopback
+from ..policy.listener_owner import Endpoint, read_connection_owner, trusted_owner
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter
 from ..protocol.jsonrpc import REQUEST, peek
@@ -78,6 +87,9 @@ class BridgeSettings:
     token: str | None = None  # sent as Authorization: Bearer (see find_bridge_token)
     token_origin: str | None = None  # where the token was found, for a refusal's detail
     token_places: str = ""  # where the bridge looks for one, in words (same)
+    # Accounts besides the user's own and root whose loopback listener is the orchestrator
+    # (connect --orchestrator-user: an orchestrator run as a service account).
+    trusted_uids: tuple[int, ...] = ()
 
 
 def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
@@ -194,16 +206,33 @@ async def _bridge_session(settings: BridgeSettings, url: str, relayed: list[int]
             headers.append((b"authorization", f"Bearer {settings.token}".encode()))
         try:
             with trio.fail_after(CONNECT_BOUND_SECONDS):
-                ws = await connect_websocket_url(
-                    nursery,
-                    url,
-                    subprotocols=["mcp"],
-                    extra_headers=headers,
-                    max_message_size=MAX_MESSAGE,
-                )
+                stream = await open_orchestrator_stream(url, settings.trusted_uids)
+                try:
+                    ws = await wrap_client_stream(
+                        nursery,
+                        stream,
+                        _host_header(url),
+                        _resource(url),
+                        subprotocols=["mcp"],
+                        extra_headers=headers,
+                        max_message_size=MAX_MESSAGE,
+                    )
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
         except ConnectionRejected:
             raise  # see run_bridge
-        except (OSError, HandshakeError, trio.TooSlowError, ConnectionClosed):
+        except NotYourOrchestrator as refusal:
+            print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
+            await answer_requests(stdin, stdout, refusal.error)
+            return 1
+        except (
+            OSError,
+            HandshakeError,
+            trio.TooSlowError,
+            ConnectionClosed,
+            trio.BrokenResourceError,
+        ):
             return -1  # unreachable: the caller falls back
         try:
             await _register(ws, settings)
@@ -221,6 +250,120 @@ async def _bridge_session(settings: BridgeSettings, url: str, relayed: list[int]
             with trio.move_on_after(5):
                 await ws.aclose()
             nursery.cancel_scope.cancel()
+
+
+class NotYourOrchestrator(Refused):
+    """The loopback listener the bridge reached belongs to another user: nothing was sent."""
+
+    def __init__(self, found: list[tuple[Endpoint, int | None]]) -> None:
+        listeners = ", ".join(
+            f"{where} (uid {owner})" if owner is not None else f"{where} (owner unknown)"
+            for where, owner in found
+        )
+        detail = (
+            f"the listener at {listeners} is not your orchestrator: it belongs to another user "
+            "than you or root, so the bridge sent it nothing (no token, no mount, no message). "
+            "Another local user may be holding the port while your orchestrator is not running: "
+            "start it, or use another port; for an orchestrator run as another account, name "
+            "that account with --orchestrator-user"
+        )
+        super().__init__(SecurityViolation(detail, reason=LISTENER_NOT_YOURS).to_jsonrpc_error())
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+async def open_orchestrator_stream(
+    url: str, trusted_uids: Sequence[int] = ()
+) -> trio.SocketStream | trio.SSLStream[trio.SocketStream]:
+    """A connection to the orchestrator at ``url`` on which nothing has been sent yet.
+
+    On loopback a port is not a credential: while the orchestrator is not running anyone may
+    bind it, and ``[::1]:PORT`` is a socket of its own beside ``127.0.0.1:PORT`` (and is what
+    ``localhost`` resolves to first on Debian and Ubuntu). So for a loopback host each of its
+    loopback addresses is tried in turn, and a connection is kept only when the kernel says
+    the socket that accepted it belongs to the user, root or a ``trusted_uids`` account
+    (:mod:`reactor_fabric.policy.listener_owner`); another's is closed unused. Raises
+    :class:`NotYourOrchestrator` when only others' listeners answered, OSError when nothing
+    did. Other hosts are dialled as given (their token comes only from the environment).
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = _port(url)
+    context = ssl.create_default_context() if parts.scheme == "wss" else None
+    if not is_loopback(host):
+        if context is not None:
+            return await trio.open_ssl_over_tcp_stream(
+                host, port, ssl_context=context, https_compatible=True
+            )
+        return await trio.open_tcp_stream(host, port)
+    stream = await _owned_loopback_connection(host, port, trusted_uids)
+    if context is None:
+        return stream
+    tls = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
+    try:
+        await tls.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(tls)
+        raise
+    return tls
+
+
+async def _owned_loopback_connection(
+    host: str, port: int, trusted_uids: Sequence[int]
+) -> trio.SocketStream:
+    found: list[tuple[Endpoint, int | None]] = []
+    failure: OSError | None = None
+    tried: set[tuple[Any, ...]] = set()
+    for family, kind, proto, _, address in await trio.socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        if address in tried or not ipaddress.ip_address(str(address[0])).is_loopback:
+            continue  # (a loopback name that resolves elsewhere is not dialled there)
+        tried.add(address)
+        sock = trio.socket.socket(family, kind, proto)
+        try:
+            await sock.connect(address)
+            server, client = Endpoint.of(sock.getpeername()), Endpoint.of(sock.getsockname())
+            owner = await trio.to_thread.run_sync(read_connection_owner, server, client)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        if trusted_owner(owner, own_uid=os.geteuid(), also=trusted_uids):
+            return trio.SocketStream(sock)
+        sock.close()  # another user's listener: it gets nothing but the TCP handshake
+        found.append((server, owner))
+    if found:
+        raise NotYourOrchestrator(found)
+    raise failure or OSError(f"no loopback address for {host!r}")
+
+
+def _port(url: str) -> int:
+    parts = urlsplit(url)
+    if parts.port is not None:
+        return parts.port
+    return 443 if parts.scheme == "wss" else 80
+
+
+def _host_header(url: str) -> str:
+    """The Host header for ``url``: the host as written (an IPv6 address in brackets), with
+    the port unless it is the scheme's default."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if parts.scheme == "wss" else 80
+    return host if parts.port in (None, default) else f"{host}:{parts.port}"
+
+
+def _resource(url: str) -> str:
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 async def _register(ws: WebSocketConnection, settings: BridgeSettings) -> None:
@@ -420,10 +563,34 @@ def connect(settings: BridgeSettings) -> int:
         os.execvp(command[0], command)  # noqa: S606 - the user's own configured command
     detail = (
         f"the orchestrator at {settings.endpoint} is not reachable and service "
-        f"{settings.service!r} has {origin}; start the orchestrator with `make run`"
+        f"{settings.service!r} has {origin}; start the orchestrator: "
+        f"`{start_command(settings.endpoint)}` (with --config FILE for your suite; "
+        "`make run` in a checkout)"
     )
     trio.run(_answer_from_stdio, _bridge_error(detail, ORCHESTRATOR_UNREACHABLE))
     raise BridgeError(detail)
+
+
+def start_command(endpoint: str, argv0: str | None = None) -> str:
+    """How to start the orchestrator the bridge dials, as this installation runs it: the
+    ``reactor-fabric`` program the bridge itself was started as (a client's configuration
+    names it by its full path), else the module with this Python; with the endpoint's port
+    (and host, unless it is the default's)."""
+    program = argv0 if argv0 is not None else sys.argv[0]
+    if Path(program).name == "reactor-fabric":
+        command = program
+    else:
+        command = f"{sys.executable} -m reactor_fabric"
+    parts = urlsplit(endpoint)
+    if parts.hostname not in (None, "127.0.0.1", "localhost"):
+        command += f" --host {parts.hostname}"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is not None:
+        command += f" --port {port}"
+    return command
 
 
 async def _answer_from_stdio(error: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from tests.integration.harness import (
 from tests.integration.test_bounds_e2e import host_port
 from tests.integration.test_error_paths_e2e import LAUNCHERS
 from tests.messages import INITIALIZE
+from tests.squatter import SQUATTER_UID, needs_squatters, squatting
 
 pytestmark = pytest.mark.integration
 
@@ -299,6 +300,44 @@ def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_f
             bridge.close()
     assert not record.exists()
     assert not [p for p in directory.iterdir() if p.name.startswith(("port-", ".port-"))]
+
+
+@needs_squatters
+def test_a_squatter_on_ipv6_loopback_beside_the_running_orchestrator_gets_nothing_from_a_bridge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The orchestrator listens on 127.0.0.1:PORT and records its token for PORT; another local
+    # user binds [::1]:PORT, a socket of its own. A bridge dialling [::1] (as `localhost` does
+    # where it resolves to ::1 first) used to send that user the running orchestrator's token.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    suite = write_suite(tmp_path / "suite.yaml", [str(tmp_path)])
+    with orchestrator(suite, tmp_path / "o.log") as running:
+        port = int(running.http_url.rsplit(":", 1)[1])
+        with squatting("::1", port) as squatter:
+            bridge = bridged_client(f"ws://[::1]:{port}", "--service", "time", "--no-mount")
+            try:
+                answer = bridge.ask({"op": "initialize"}, timeout=60)
+            finally:
+                bridge.close()
+            received = squatter.finish()
+        # The real client shows the refusal; the squatter was reached and got not one byte.
+        assert answer["error"]["code"] == -32004, answer
+        assert answer["error"]["data"]["reason"] == "listener_not_yours"
+        assert f"[::1]:{port} (uid {SQUATTER_UID})" in answer["error"]["message"]
+        assert received == [""]
+        # The user's own orchestrator, on the address it bound, is reached as always.
+        bridge = bridged_client(f"ws://127.0.0.1:{port}", "--service", "time", "--no-mount")
+        try:
+            answer = bridge.ask({"op": "initialize"}, timeout=60)
+            assert answer["ok"], answer
+        finally:
+            assert bridge.close() == 0
 
 
 def test_claude_code_connects_with_the_token_by_header_url_or_bridge_and_fails_without(

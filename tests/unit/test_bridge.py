@@ -25,6 +25,7 @@ from reactor_fabric.trio.bridge import (
     mounts_from,
     own_config_dir,
     service_url,
+    start_command,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,12 +134,25 @@ def test_an_unreachable_orchestrator_without_fallback_answers_the_client_then_ex
     )
     assert line.startswith("reactor-fabric connect: ")
     assert "service 'git' has no local fallback" in line
+    # How to start it as installed, not `make run` alone (which needs a checkout).
+    assert f"start the orchestrator: `{sys.executable} -m reactor_fabric --port 9`" in line
     assert rest == ""  # one plain line, no traceback
     answer = json.loads(done.stdout)
     assert answer["id"] == 7
     assert (answer["error"]["code"], answer["error"]["data"]["reason"]) == (
         -32002,
         "orchestrator_unreachable",
+    )
+
+
+def test_the_unreachable_message_says_how_to_start_the_orchestrator_as_installed() -> None:
+    # A client's configuration names the installed program by its full path: the same one.
+    program = "/opt/rf/.venv/bin/reactor-fabric"
+    assert start_command("ws://127.0.0.1:8765", program) == f"{program} --port 8765"
+    assert start_command("ws://localhost:9000/mcp/git", program) == f"{program} --port 9000"
+    assert start_command("ws://[::1]:8765", program) == f"{program} --host ::1 --port 8765"
+    assert start_command("ws://127.0.0.1:8765", "/x/__main__.py") == (
+        f"{sys.executable} -m reactor_fabric --port 8765"
     )
 
 

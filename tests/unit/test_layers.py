@@ -164,6 +164,9 @@ POLICY_IO: dict[str, frozenset[str]] = {
     # Whether a container's owner still lives: this host's name, a process's start time from
     # /proc/PID/stat (a Path), an area's owner.json (open).
     "owner.py": frozenset({"socket.gethostname", "pathlib.Path", "open"}),
+    # Who owns the listener the stdio bridge reached: this network namespace's TCP tables
+    # (/proc/net/tcp, tcp6).
+    "listener_owner.py": frozenset({"open"}),
 }
 
 

@@ -57,11 +57,24 @@ def test_the_bridge_takes_the_variable_then_the_ports_record_then_the_default_fi
     record = tmp_path / "home/.config/reactor-fabric" / record_name(8765)
     assert found is not None
     assert (found.value, found.origin) == (RECORDED, str(record))
-    # Another port's orchestrator, or a URL whose record may not be used: the default file.
-    for port in (8766, None):
-        found = find_bridge_token(environ, port, run_user=run_user)
-        assert found is not None
-        assert found.value == from_file
+    # Another port's orchestrator on loopback: the default file.
+    found = find_bridge_token(environ, 8766, run_user=run_user)
+    assert found is not None
+    assert found.value == from_file
+
+
+def test_another_machine_is_sent_only_the_variable_never_a_local_orchestrators_token(
+    tmp_path: Path, run_user: Path
+) -> None:
+    # (port None: the URL is not this machine's loopback; the record and the default file hold
+    # local orchestrators' tokens, which another host that happens to use the port must not get.)
+    environ = env_for(tmp_path)
+    load_or_create_token(environ)
+    write_record(environ, 8765, RECORDED, run_user=run_user)
+    assert find_bridge_token(environ, None, run_user=run_user) is None
+    found = find_bridge_token({**environ, TOKEN_ENV: FROM_ENV}, None, run_user=run_user)
+    assert found is not None
+    assert found.value == FROM_ENV
 
 
 def test_without_any_token_the_bridge_finds_none_and_makes_nothing(
