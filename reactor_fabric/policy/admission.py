@@ -70,11 +70,33 @@ OPTION_HEADERS: Mapping[bytes, str] = {
 }
 
 
-def requested_options(query: str, headers: Mapping[bytes, str]) -> dict[str, list[str]]:
+class RequestedOptions(dict[str, list[str]]):
+    """The session's options by name, each with its values in order; ``headers`` names the
+    header an option's last value (the one that counts) came in, so that a refusal names what
+    the client sent — ``X-Reactor-Fabric-Tools``, not a ``?tools=`` it never wrote. Compares
+    as the plain mapping."""
+
+    def __init__(
+        self, values: Mapping[str, list[str]], headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(values)
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+def option_source(options: Mapping[str, list[str]], name: str, value: str) -> str:
+    """How the client gave option ``name`` = ``value``, in its own terms, for a message."""
+    header = options.headers.get(name) if isinstance(options, RequestedOptions) else None
+    if header is not None:
+        return f"the {header} header {value!r}"
+    return f"?{name}={value!r}"
+
+
+def requested_options(query: str, headers: Mapping[bytes, str]) -> RequestedOptions:
     """The session's options as the request asks for them: its URL query's values, then its
     option headers' (:data:`OPTION_HEADERS`), by name — what admission reads (``mount``,
     ``tools``, ``profile``) and a keyed session compares to tell its owner."""
     options = parse_qs(query)
+    given: dict[str, str] = {}
     for header, name in OPTION_HEADERS.items():
         value = headers.get(header)
         if value is None:
@@ -83,7 +105,13 @@ def requested_options(query: str, headers: Mapping[bytes, str]) -> dict[str, lis
         values = [part.strip() for part in parts if part.strip()]
         if values:
             options.setdefault(name, []).extend(values)
-    return options
+            given[name] = _header_name(header)
+    return RequestedOptions(options, given)
+
+
+def _header_name(header: bytes) -> str:
+    """``x-reactor-fabric-tools`` as written in the docs: ``X-Reactor-Fabric-Tools``."""
+    return "-".join(part.capitalize() for part in header.decode("ascii").split("-"))
 
 
 @dataclass(frozen=True)
@@ -192,7 +220,8 @@ def fabric_options(suite: Suite, query: Mapping[str, list[str]]) -> FabricOption
             exposure = "all"
         else:
             raise InvalidRequest(
-                f"?tools={wanted!r} is not an exposure: use ?tools=discover or ?tools=all",
+                f"{option_source(query, 'tools', wanted)} is not an exposure: use "
+                "discover or all (?tools=discover, or X-Reactor-Fabric-Tools: all)",
                 reason=UNKNOWN_EXPOSURE,
                 supported=list(EXPOSURES),
             )

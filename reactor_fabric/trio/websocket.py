@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import trio
 import wsproto
@@ -396,6 +397,19 @@ def _websocket_service(path: str) -> str | None:
     return service
 
 
+def _with_reason_phrase(head: bytes, status: int) -> bytes:
+    """``head`` with the standard reason phrase of ``status`` in its status line, when the
+    line has none."""
+    bare = f"HTTP/1.1 {status} \r\n".encode()
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return head
+    if not head.startswith(bare):
+        return head
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode() + head[len(bare) :]
+
+
 async def _reject(
     stream: trio.abc.Stream,
     ws: wsproto.WSConnection,
@@ -415,6 +429,9 @@ async def _reject(
             has_body=True,
         )
     )
+    # wsproto leaves the reason phrase out ("HTTP/1.1 401 "); clients print the status line
+    # they got (trio-websocket, Node's ws), and "401 Unauthorized" is what users search for.
+    data = _with_reason_phrase(data, status)
     data += ws.send(RejectData(data=body, body_finished=True))
     with (
         trio.move_on_after(1),

@@ -169,6 +169,24 @@ async def test_a_websocket_without_the_token_is_refused_at_the_handshake(tmp_pat
         assert http.fabric.sessions == {}
 
 
+async def test_a_refused_websocket_upgrade_has_a_reason_phrase_in_its_status_line(
+    tmp_path: Path,
+) -> None:
+    # wsproto writes "HTTP/1.1 401 " (no phrase); clients print the status line they got.
+    async with served(tmp_path, token=TOKEN) as http:
+        stream = http.connect()
+        await stream.send_all(
+            b"GET /mcp/svc HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        answer = b""
+        while b"\r\n" not in answer:
+            answer += await stream.receive_some(65536)
+        await stream.aclose()
+        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 401 Unauthorized"
+
+
 async def test_the_token_by_header_or_in_the_url_opens_a_session(tmp_path: Path) -> None:
     async with served(tmp_path, token=TOKEN) as http:
         bearer = {"authorization": f"Bearer {TOKEN}"}

@@ -379,6 +379,28 @@ async def test_an_unknown_exposure_or_profile_is_refused_with_its_reason(
         assert http.fabric.session_count == 0
 
 
+async def test_an_unknown_exposure_sent_as_a_header_is_refused_naming_the_header(
+    tmp_path: Path,
+) -> None:
+    async with fabric_served(tmp_path) as http:
+        for transport in ("websocket", "http"):
+            headers = {"X-Reactor-Fabric-Tools": "some"}
+            if transport == "websocket":
+                ws, _ = await http.websocket(
+                    "/mcp", headers=[(k.encode(), v.encode()) for k, v in headers.items()]
+                )
+                await ws.send_json(INITIALIZE)
+                refused = await ws.hear()
+                await ws.aclose()
+            else:
+                refused = (await http.post(INITIALIZE, path="/mcp", headers=headers)).json()
+            assert refused["error"]["data"]["reason"] == "unknown_exposure"
+            assert "the X-Reactor-Fabric-Tools header 'some' is not an exposure" in (
+                refused["error"]["message"]
+            ), refused
+            assert "?tools=" not in refused["error"]["message"].split(":")[0]
+
+
 async def test_the_orchestrator_stopping_answers_calls_in_flight(tmp_path: Path) -> None:
     async with fabric_served(tmp_path) as http:
         ws = await open_session(http)
