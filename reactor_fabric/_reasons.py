@@ -155,6 +155,9 @@ MOUNT_PATH_TOO_LONG: Final = "mount_path_too_long"
 TOO_MANY_MOUNTS: Final = "too_many_mounts"
 # A mount's path changed since it was validated (refused at a container's start).
 MOUNT_CHANGED: Final = "mount_changed"
+# A writable mount whose Git directory cannot be kept read-only (policy/git_guard.py): its
+# .git is a symlink, or it is a Git directory or inside one; the service may not write Git.
+GIT_DIR_UNGUARDABLE: Final = "git_dir_unguardable"
 # The container's mount could not be checked against what was validated.
 MOUNT_UNVERIFIABLE: Final = "mount_unverifiable"
 # The orchestrator's user may not open or read the source (also: the staging area's mount

@@ -40,6 +40,8 @@ class Security(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     no_new_privileges: bool = True
     cap_add: list[str] = msgspec.field(default_factory=list)
     read_only_rootfs: bool = True
+    # The project's .git stays writable (policy/git_guard.py): the git service commits.
+    git_writable: bool = False
 
 
 # How a secret reaches the server: a file /run/secrets/NAME, the environment variable NAME, or

@@ -348,6 +348,7 @@ def _check_logic(data: object, collector: _Collector) -> None:
         _check_profiles(data.get("profiles"), set(services), collector)
         _check_requires(services, collector)
         _check_uses(services, collector)
+        _check_git_writable(services, collector)
         accounts = orchestrator.get("accounts") if isinstance(orchestrator, dict) else None
         _check_accounts(services, accounts if isinstance(accounts, dict) else {}, collector)
 
@@ -374,6 +375,20 @@ def _check_uses(services: dict[str, Any], collector: _Collector) -> None:
             elif member not in services:
                 known = ", ".join(sorted(services))
                 collector.add(path, f"no service named {member!r} in mcp_services ({known})")
+
+
+def _check_git_writable(services: dict[str, Any], collector: _Collector) -> None:
+    """An agent never writes the project's .git (code it plants there runs on the host)."""
+    for name, service in services.items():
+        if not isinstance(service, dict) or service.get("service_type") != "llm_agent":
+            continue
+        security = service.get("security")
+        if isinstance(security, dict) and security.get("git_writable") is True:
+            collector.add(
+                ("mcp_services", name, "security", "git_writable"),
+                "an agent never gets the project's .git writable: what it writes there (hooks, "
+                "config) would run on your machine the next time you use git",
+            )
 
 
 def _check_accounts(

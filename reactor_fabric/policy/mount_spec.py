@@ -23,3 +23,6 @@ class MountSpec:
     # A plain bind's propagation ("rslave": mounts made below the source later appear in the
     # container; the warm pool's staging binds). None: the engine's default (private).
     propagation: str | None = None
+    # A read-only bind of a writable mount's own Git directory over itself (target: the other
+    # mount's target + "/.git"; see policy/git_guard.py): it rides on that mount.
+    git_guard: bool = False

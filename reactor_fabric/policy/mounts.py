@@ -49,7 +49,7 @@ from .._reasons import (
 )
 from ..config.structs import DEFAULT_MOUNT_TARGETS
 from .mount_spec import MountSpec
-from .pinning import PinSet, identities, pin_mounts
+from .pinning import PinSet, identities, pin_git_guards, pin_mounts
 
 MAX_MOUNTS = 32
 # Linux's PATH_MAX: a longer path cannot name anything, and resolving it is wasted work.
@@ -180,16 +180,27 @@ class MountPolicy:
                 )
         return tuple(checked)
 
-    def pin(self, mounts: Sequence[MountSpec]) -> PinSet:
+    def pin(
+        self, mounts: Sequence[MountSpec], *, guard_git: bool = False
+    ) -> tuple[PinSet, tuple[MountSpec, ...]]:
         """Validate a session's mounts again and pin their sources, just before a container start.
 
         Runs at every spawn (respawns included). A source is the path resolved when the session
         began; pinning walks it without following anything, so it fails (``mount_changed``)
         unless the path still resolves to itself — no need to resolve it again first. The
-        container then gets exactly the pinned object. Blocking file-system work: callers use a
-        thread.
+        container then gets exactly the pinned object. ``guard_git``: each writable mount's
+        ``.git`` is pinned too, and the read-only mounts that put it over itself are returned
+        to be added to the container's (:mod:`.git_guard`); raises ``git_dir_unguardable``
+        for one that cannot be. Blocking file-system work: callers use a thread.
         """
-        return pin_mounts(mounts, forbidden=identities(self._sockets))
+        pins = pin_mounts(mounts, forbidden=identities(self._sockets))
+        if not guard_git:
+            return pins, ()
+        try:
+            return pins, pin_git_guards(pins, mounts)
+        except BaseException:
+            pins.close()
+            raise
 
     def _validate_one(self, mount: object, index: int) -> MountSpec:
         if not isinstance(mount, dict):

@@ -42,7 +42,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .._errors import SecurityViolation
-from .._reasons import DOCKER_SOCKET_FORBIDDEN, MOUNT_CHANGED, MOUNT_NOT_PERMITTED
+from .._reasons import (
+    DOCKER_SOCKET_FORBIDDEN,
+    GIT_DIR_UNGUARDABLE,
+    MOUNT_CHANGED,
+    MOUNT_NOT_PERMITTED,
+)
+from .git_guard import GIT_DIR, guard_target, inside_git_dir, needs_guard
 from .mount_spec import MountSpec
 
 # O_PATH: a descriptor that names an object without opening it for I/O (no read permission on
@@ -60,6 +66,9 @@ class Pin:
     device: int
     inode: int
     owner: tuple[int, int]  # (uid, gid) of the pinned object: who the server may run as
+    # Mounted read-only: the container's view of it is checked to be so (a read-only session
+    # mount, a project's .git guarded by policy/git_guard.py).
+    read_only: bool = False
 
     @property
     def engine_source(self) -> str:
@@ -207,7 +216,92 @@ def _pin_one(mount: MountSpec) -> Pin:
         os.close(fd)
         raise
     return Pin(
-        mount.target, mount.source, fd, found.st_dev, found.st_ino, (found.st_uid, found.st_gid)
+        mount.target,
+        mount.source,
+        fd,
+        found.st_dev,
+        found.st_ino,
+        (found.st_uid, found.st_gid),
+        read_only=mount.read_only,
+    )
+
+
+def pin_git_guards(pins: PinSet, mounts: Sequence[MountSpec]) -> tuple[MountSpec, ...]:
+    """Pin the ``.git`` of each writable mount in ``mounts`` (already pinned in ``pins``) and
+    add it to ``pins``; the read-only mounts that put each over itself (see
+    :mod:`.git_guard`). Opened beneath the mount's own descriptor, never through a link: the
+    container gets the very Git directory of the directory it gets.
+
+    Raises SecurityViolation ``git_dir_unguardable`` for a Git directory that cannot be kept
+    read-only (a symlink, a mount of or inside one), leaving ``pins`` to the caller to close.
+    """
+    session = tuple(mounts)
+    guards: list[MountSpec] = []
+    for mount in session:
+        if not needs_guard(mount, session):
+            continue
+        pin = pins.for_target(mount.target)
+        if pin is None:
+            continue  # (pin_mounts pinned every mount: cannot be)
+        if inside_git_dir(mount.source):
+            raise _unguardable(mount, "it is inside a Git directory")
+        if not stat.S_ISDIR(os.fstat(pin.fd).st_mode):
+            continue  # a file: nothing below it
+        if _is_bare_repository(pin.fd):
+            raise _unguardable(mount, "it is a Git repository's directory (a bare repository)")
+        try:
+            fd = os.open(GIT_DIR, _WALK_FLAGS, dir_fd=pin.fd)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _unguardable(mount, f"its .git cannot be opened ({exc.strerror})") from exc
+        found = os.fstat(fd)
+        if not (stat.S_ISDIR(found.st_mode) or stat.S_ISREG(found.st_mode)):
+            os.close(fd)
+            what = "a symlink" if stat.S_ISLNK(found.st_mode) else "not a directory or a file"
+            raise _unguardable(mount, f"its .git is {what}, which a container could replace")
+        guard = MountSpec(
+            f"{mount.source.rstrip('/')}/{GIT_DIR}",
+            guard_target(mount),
+            read_only=True,
+            git_guard=True,
+        )
+        pins.add(
+            Pin(
+                guard.target,
+                guard.source,
+                fd,
+                found.st_dev,
+                found.st_ino,
+                (found.st_uid, found.st_gid),
+                read_only=True,
+            )
+        )
+        guards.append(guard)
+    return tuple(guards)
+
+
+def _is_bare_repository(directory: int) -> bool:
+    """Whether ``directory`` looks like a Git directory as git itself tells one: a ``HEAD``
+    file beside ``objects`` and ``refs`` directories."""
+    kinds = {"HEAD": stat.S_ISREG, "objects": stat.S_ISDIR, "refs": stat.S_ISDIR}
+    for name, is_kind in kinds.items():
+        try:
+            found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except OSError:
+            return False
+        if not is_kind(found.st_mode):
+            return False
+    return True
+
+
+def _unguardable(mount: MountSpec, why: str) -> SecurityViolation:
+    return SecurityViolation(
+        f"{mount.source!r} cannot be given to this service writable with its Git directory kept "
+        f"read-only: {why}. Mount it read-only (:ro), or use a service whose suite entry lets "
+        "it write Git (security.git_writable)",
+        reason=GIT_DIR_UNGUARDABLE,
+        path=mount.source,
     )
 
 

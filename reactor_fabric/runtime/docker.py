@@ -957,6 +957,7 @@ def verify_mounts(
     pins: PinSet,
     *,
     stat: Callable[[str], os.stat_result] = os.stat,
+    statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Check, from the host, that each pinned target in the container is the pinned object.
@@ -974,7 +975,7 @@ def verify_mounts(
         if not state.get("Running") or pid <= 0:
             return
         try:
-            _verify_pins(pid, pins, stat)
+            _verify_pins(pid, pins, stat, statvfs)
         except _NotInspectableYet as not_yet:
             if attempt + 1 == VERIFY_ATTEMPTS:
                 raise _unverifiable(not_yet.pin, not_yet.error) from not_yet.error
@@ -990,11 +991,18 @@ class _NotInspectableYet(Exception):
         self.error = error
 
 
-def _verify_pins(pid: int, pins: PinSet, stat: Callable[[str], os.stat_result]) -> None:
+def _verify_pins(
+    pid: int,
+    pins: PinSet,
+    stat: Callable[[str], os.stat_result],
+    statvfs: Callable[[str], os.statvfs_result],
+) -> None:
     """Raises _NotInspectableYet (permission refused: retry) or SecurityViolation."""
     for pin in pins.pins:
+        path = f"/proc/{pid}/root{pin.target}"
         try:
-            found = stat(f"/proc/{pid}/root{pin.target}")
+            found = stat(path)
+            writable = pin.read_only and not statvfs(path).f_flag & os.ST_RDONLY
         except PermissionError as exc:
             raise _NotInspectableYet(pin, exc) from exc
         except OSError as exc:
@@ -1002,6 +1010,14 @@ def _verify_pins(pid: int, pins: PinSet, stat: Callable[[str], os.stat_result]) 
         if not pin.matches(found):
             raise SecurityViolation(
                 f"the container did not get the directory that was validated for {pin.target!r}",
+                reason=MOUNT_CHANGED,
+                path=pin.path,
+                target=pin.target,
+            )
+        if writable:
+            # (a guarded .git, or a :ro mount, that the engine mounted writable)
+            raise SecurityViolation(
+                f"the container got {pin.target!r} writable, which must be read-only",
                 reason=MOUNT_CHANGED,
                 path=pin.path,
                 target=pin.target,

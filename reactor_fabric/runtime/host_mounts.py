@@ -86,11 +86,14 @@ def clone_tree(source_fd: int) -> int:
     )
 
 
-def set_attributes(tree_fd: int, *, read_only: bool) -> None:
+def set_attributes(tree_fd: int, *, read_only: bool, private: bool = False) -> None:
     """Make the (detached) mount ``tree_fd`` nosuid, nodev, and read-only if asked; its other
-    flags (noexec, atime) stay as the source's."""
+    flags (noexec, atime) stay as the source's. ``private``: take it out of the peer group
+    the copy shares with its source (a clone of a shared mount, such as a systemd host's
+    ``/``, is that mount's peer): a mount then put onto the copy does not propagate back to
+    the host's own tree."""
     wanted = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if read_only else 0)
-    attributes = _MountAttr(wanted, 0, 0, 0)
+    attributes = _MountAttr(wanted, 0, _MS_PRIVATE if private else 0, 0)
     _check(
         _libc.syscall(
             _SYS_MOUNT_SETATTR,

@@ -26,7 +26,12 @@ Layout and guarantees::
 - **Isolated.** A container's binds are rooted at its own ``<token>/<n>``: propagation reaches
   a slave mount only below its root, so a mount for one container never appears in another.
 - **Read-only means read-only from the first instant.** The copy is made read-only before it
-  is attached (a bind followed by a remount would propagate writable).
+  is attached (a bind followed by a remount would propagate writable). A writable project's
+  ``.git`` goes onto the copy read-only before the copy is attached (Linux 6.15+; older
+  kernels give such sessions fresh containers), so both appear in the container at once.
+- **Private copies.** A copy of a shared mount is its source's peer: it is made private before
+  anything else, so nothing mounted onto it reaches the host's tree, and nothing the host
+  mounts later below the project reaches the container.
 - **Never reused.** A token's directories are removed with its container; a token is never
   given out twice.
 
@@ -66,10 +71,11 @@ from .._reasons import (
     PROPAGATION_MISSING,
     STAGING_DIRECTORY,
 )
+from ..policy.git_guard import GIT_DIR, guard_target
 from ..policy.mount_spec import MountSpec
 from ..policy.mounts import is_within
 from ..policy.owner import owner_is_gone, read_owner_file
-from ..policy.pinning import PinSet
+from ..policy.pinning import Pin, PinSet
 from . import host_mounts
 
 log = logging.getLogger(__name__)
@@ -124,8 +130,11 @@ class Staging(Protocol):
 class StagingArea:
     """One orchestrator's staging area (see the module docstring)."""
 
-    def __init__(self, root: str, targets: Sequence[str]) -> None:
+    def __init__(self, root: str, targets: Sequence[str], *, nested: bool = False) -> None:
         self.root = root
+        # Whether a mount can be put onto a detached one before it is attached (Linux 6.15+):
+        # what a guarded .git needs to appear together with its project (see attach).
+        self.nested = nested
         # A target inside another would put one staging bind inside another: keep the outer.
         normal = sorted({posixpath.normpath(t) for t in targets})
         self.targets = tuple(
@@ -173,12 +182,13 @@ class StagingArea:
                 os.close(host_mounts.clone_tree(probe_fd))
             finally:
                 os.close(probe_fd)
+            nested = _can_mount_on_detached(root)
         except OSError as exc:
             _remove_area(root)
             raise StagingUnavailable(
                 f"cannot mount in the staging area: {exc}", reason=MOUNT_NOT_PERMITTED
             ) from exc
-        return cls(root, targets)
+        return cls(root, targets, nested=nested)
 
     def close(self) -> None:
         """Release every token, then the area itself."""
@@ -212,11 +222,19 @@ class StagingArea:
         """Where each of a session's mounts goes, or None if they cannot go into a pooled
         container: a target not under an allowed target (only allowed as the source's own
         path, checked against the image at create time), or one target inside another."""
+        # A guarded .git rides on its project's mount (attach puts it there first): it is not
+        # placed by itself; a kernel that cannot nest before attaching takes no guard here.
+        guards = [mount for mount in mounts if mount.git_guard]
+        if guards and not self.nested:
+            return None
+        own = [mount for mount in mounts if not mount.git_guard]
+        if any(not any(guard_target(o) == g.target for o in own) for g in guards):
+            return None
         placed = []
-        for mount in sorted(mounts, key=lambda m: m.target):
+        for mount in sorted(own, key=lambda m: m.target):
             if mount.check_in_image:
                 return None
-            if any(o is not mount and is_within(mount.target, o.target) for o in mounts):
+            if any(o is not mount and is_within(mount.target, o.target) for o in own):
                 return None
             for index, target in enumerate(self.targets):
                 if is_within(mount.target, target):
@@ -235,6 +253,7 @@ class StagingArea:
         pid: int,
         *,
         stat_in_container: Callable[[str], os.stat_result] = os.stat,
+        statvfs_in_container: Callable[[str], os.statvfs_result] = os.statvfs,
     ) -> None:
         """Mount the session's pinned directories into pooled container ``token`` (whose first
         process is ``pid``) and check that it sees them.
@@ -249,10 +268,15 @@ class StagingArea:
         base = posixpath.join(self.root, str(token))
         with self._lock:
             created = self._created[token]
+        guards = {mount.target: mount for mount in mounts if mount.git_guard}
         for mount, staged in placement:
             pin = pins.for_target(mount.target)
             if pin is None:
                 raise NotStageable(f"no pin for {mount.target!r}")
+            guard = guards.get(guard_target(mount))
+            guard_pin = pins.for_target(guard.target) if guard is not None else None
+            if guard is not None and guard_pin is None:
+                raise NotStageable(f"no pin for {guard.target!r}")
             is_directory = stat.S_ISDIR(os.fstat(pin.fd).st_mode)
             if not is_directory and not staged.below:
                 raise NotStageable(f"{mount.source!r} is not a directory")
@@ -260,13 +284,29 @@ class StagingArea:
             try:
                 tree = host_mounts.clone_tree(pin.fd)
                 try:
-                    host_mounts.set_attributes(tree, read_only=mount.read_only)
+                    # Private: a copy of a shared mount (a systemd host's / is one) is its
+                    # source's peer. A guard put onto it would be mounted over the user's own
+                    # .git on the host too, and mounts made later below the project on the
+                    # host would appear in the container.
+                    host_mounts.set_attributes(tree, read_only=mount.read_only, private=True)
+                    if guard_pin is not None:
+                        # Onto the detached copy, before it is attached: the container sees
+                        # the project and its read-only .git appear in one step, never the
+                        # .git writable for an instant.
+                        _guard_git(tree, guard_pin)
                     host_mounts.move_tree(tree, point)
                 finally:
                     os.close(tree)
             finally:
                 os.close(point)
-        self._verify(base, placement, pins, pid, stat_in_container)
+        self._verify(
+            base,
+            placement,
+            pins,
+            pid,
+            stat_in_container=stat_in_container,
+            statvfs_in_container=statvfs_in_container,
+        )
 
     def release(self, token: int) -> None:
         """Detach every mount below ``token`` and remove its directories (idempotent)."""
@@ -334,8 +374,32 @@ class StagingArea:
         placement: list[tuple[MountSpec, StagedMount]],
         pins: PinSet,
         pid: int,
+        *,
         stat_in_container: Callable[[str], os.stat_result],
+        statvfs_in_container: Callable[[str], os.statvfs_result],
     ) -> None:
+        guarded = self._guard_targets(placement)
+        for guard in (pin for pin in pins.pins if pin.target in guarded):
+            found = stat_in_container(f"/proc/{pid}/root{guard.target}")
+            if (
+                guard.matches(found)
+                and not statvfs_in_container(f"/proc/{pid}/root{guard.target}").f_flag
+                & os.ST_RDONLY
+            ):
+                raise SecurityViolation(
+                    f"the container got the Git directory at {guard.target!r} writable",
+                    reason=MOUNT_CHANGED,
+                    path=guard.path,
+                    target=guard.target,
+                )
+            if not guard.matches(found):
+                raise SecurityViolation(
+                    f"the container did not get the Git directory that was pinned for "
+                    f"{guard.target!r}",
+                    reason=MOUNT_CHANGED,
+                    path=guard.path,
+                    target=guard.target,
+                )
         for mount, staged in placement:
             pin = pins.for_target(mount.target)
             assert pin is not None  # attach checked
@@ -355,6 +419,64 @@ class StagingArea:
                 path=pin.path,
                 target=mount.target,
             )
+
+    @staticmethod
+    def _guard_targets(placement: list[tuple[MountSpec, StagedMount]]) -> set[str]:
+        return {guard_target(mount) for mount, _staged in placement}
+
+
+def _guard_git(tree: int, guard: Pin) -> None:
+    """Put a read-only copy of the pinned Git directory ``guard`` over the ``.git`` of the
+    detached project mount ``tree`` (opened beneath it, never through a link, and checked to
+    be the pinned one)."""
+    git = os.open(GIT_DIR, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tree)
+    try:
+        if not guard.matches(os.fstat(git)):
+            raise SecurityViolation(
+                f"{guard.path!r} changed after it was pinned",
+                reason=MOUNT_CHANGED,
+                path=guard.path,
+            )
+        copy = host_mounts.clone_tree(guard.fd)
+        try:
+            host_mounts.set_attributes(copy, read_only=True, private=True)
+            host_mounts.move_tree(copy, git)
+        finally:
+            os.close(copy)
+    finally:
+        os.close(git)
+
+
+def _can_mount_on_detached(root: str) -> bool:
+    """Whether this kernel puts a mount onto a detached one (Linux 6.15+; EINVAL before):
+    tried once with copies of the area's own directory, which vanish when closed."""
+    probe = posixpath.join(root, ".nested-probe")
+    os.mkdir(probe, 0o700)
+    try:
+        source = os.open(root, _DIRECTORY_FLAGS)
+        try:
+            tree = host_mounts.clone_tree(source)
+            try:
+                # Private, or the probe's mount would propagate to the area itself (its peer).
+                host_mounts.set_attributes(tree, read_only=True, private=True)
+                inner = os.open(".nested-probe", _DIRECTORY_FLAGS, dir_fd=tree)
+                try:
+                    copy = host_mounts.clone_tree(source)
+                    try:
+                        host_mounts.move_tree(copy, inner)
+                    except OSError:
+                        return False
+                    finally:
+                        os.close(copy)
+                finally:
+                    os.close(inner)
+            finally:
+                os.close(tree)
+        finally:
+            os.close(source)
+    finally:
+        os.rmdir(probe)
+    return True
 
 
 def _make_private_directory(path: str) -> None:

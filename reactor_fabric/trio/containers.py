@@ -23,6 +23,7 @@ from .._errors import FabricError
 from ..config.structs import Service
 from ..observe.observer import Observer
 from ..policy.child_grant import ChildGrant
+from ..policy.git_guard import guards_git
 from ..policy.mount_spec import MountSpec
 from ..protocol.events import BackendKey, CallRef
 from ..protocol.framing import FramingError
@@ -75,7 +76,10 @@ async def start_container(
     began = trio.current_time()
     # The suite lock: no container from an image whose digest changed (enforce).
     await fabric.check_image(service_name, service)
-    pins, account = await fabric.prepare_start(mounts)
+    # No container writes the user's .git unless its service must (policy/git_guard.py):
+    # never an agent's, nor one of an agent's child session.
+    guard_git = guards_git(service, child_session=session is not None and session.depth > 0)
+    pins, account, mounts = await fabric.prepare_start(mounts, guard_git=guard_git)
     child = _child_grant(fabric, service_name, service, session, call)
     container: Container | None = None
     if fabric.pool is not None and child is None:

@@ -554,28 +554,32 @@ class Fabric:
             child_token=child_token,
         )
 
-    async def prepare_start(self, mounts: tuple[MountSpec, ...]) -> tuple[PinSet | None, Account]:
+    async def prepare_start(
+        self, mounts: tuple[MountSpec, ...], *, guard_git: bool = False
+    ) -> tuple[PinSet | None, Account, tuple[MountSpec, ...]]:
         """Validate the session's mounts again and pin them for one container start; choose
-        the account the server runs as (see :mod:`reactor_fabric.policy.accounts`).
+        the account the server runs as (see :mod:`reactor_fabric.policy.accounts`); the
+        container's mounts: the session's, and with ``guard_git`` the read-only binds of their
+        Git directories (:mod:`reactor_fabric.policy.git_guard`).
 
         Resource handling: the pins are the caller's to hand to :meth:`Runtime.spawn` (which
         releases them); if this call is cancelled, pins made by its thread are closed here.
         """
         if not mounts:
             await trio.lowlevel.checkpoint()
-            return None, UNPRIVILEGED
-        made: list[tuple[PinSet, Account]] = []
+            return None, UNPRIVILEGED, ()
+        made: list[tuple[PinSet, Account, tuple[MountSpec, ...]]] = []
 
         def prepare() -> None:
             # Both touch the file system or NSS, which may be slow: in a thread.
-            pins = self.mount_policy.pin(mounts)
+            pins, guards = self.mount_policy.pin(mounts, guard_git=guard_git)
             try:
                 first = pins.for_target(mounts[0].target)
                 uid, gid = server_ids(
                     first_mount_owner=first.owner if first is not None else None,
                     orchestrator=orchestrator_ids(),
                 )
-                made.append((pins, account_named(uid, gid)))
+                made.append((pins, account_named(uid, gid), (*mounts, *guards)))
             except BaseException:
                 pins.close()
                 raise
@@ -585,7 +589,7 @@ class Fabric:
             # closed by us, so we wait for it even when cancelled.
             await trio.to_thread.run_sync(prepare)
         except BaseException:
-            for pins, _account in made:
+            for pins, _account, _mounts in made:
                 pins.close()
             raise
         return made[0]

@@ -86,11 +86,15 @@ def agent_suite(tmp_path: Path, api_url: str, config: dict[str, Any]) -> Path:
 
 
 def run_task(
-    running: Orchestrator, project: Path, arguments: dict[str, Any], tool: str = "agent__run_task"
+    running: Orchestrator,
+    project: Path,
+    arguments: dict[str, Any],
+    tool: str = "agent__run_task",
+    target: str = TARGET,
 ) -> tuple[dict[str, Any], list[str]]:
-    """``tool`` (an agent's ``run_task``) on ``/mcp`` with ``project`` mounted: the answer and
-    the progress messages heard before it."""
-    client: LineProcess = python2_client(f"{running.http_url}/mcp?mount={project}:{TARGET}")
+    """``tool`` (an agent's ``run_task``) on ``/mcp`` with ``project`` mounted at ``target``:
+    the answer and the progress messages heard before it."""
+    client: LineProcess = python2_client(f"{running.http_url}/mcp?mount={project}:{target}")
     try:
         initialized = client.ask({"op": "initialize"})
         assert initialized["ok"], initialized

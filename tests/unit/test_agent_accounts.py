@@ -133,6 +133,11 @@ def test_an_agent_naming_an_undefined_account_is_valid_with_a_warning_at_its_lin
             'x:\n  image: "a"\n  service_type: llm_agent\n  uses: [x]\n',
             "'x' cannot use itself",
         ),
+        (
+            'x:\n  image: "a"\n  service_type: llm_agent\n  security: {git_writable: true}\n',
+            "mcp_services.x.security.git_writable: an agent never gets the project's .git "
+            "writable",
+        ),
     ],
 )
 def test_an_agents_account_or_uses_that_cannot_work_is_reported_at_its_key(

@@ -103,6 +103,28 @@ def test_a_mount_is_its_roots_claim_with_the_validated_path_as_sub_path() -> Non
     }
 
 
+def test_a_projects_guarded_git_is_a_read_only_sub_path_of_the_same_claim_after_the_project() -> (
+    None
+):
+    mounts = (
+        MountSpec(source="/home/ann/project", target="/workspace"),
+        MountSpec(
+            source="/home/ann/project/.git",
+            target="/workspace/.git",
+            read_only=True,
+            git_guard=True,
+        ),
+    )
+    spec = spec_for(Service(image="img"), mounts=mounts)
+    pod = valid(pod_manifest(spec, namespace="n", claims=CLAIMS))
+    claimed = [m for m in server(pod)["volumeMounts"] if m["name"].startswith("claim-")]
+    assert [(m["mountPath"], m.get("subPath"), m["readOnly"]) for m in claimed] == [
+        ("/workspace", "ann/project", False),
+        ("/workspace/.git", "ann/project/.git", True),
+    ]
+    assert {m["name"] for m in claimed} == {"claim-0"}
+
+
 def test_a_mount_no_claim_holds_is_refused() -> None:
     mounts = (MountSpec(source="/home2/ann", target="/workspace"),)  # /home2 is not in /home
     with pytest.raises(ManifestError, match="/home2/ann"):
