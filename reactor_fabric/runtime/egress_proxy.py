@@ -479,7 +479,8 @@ async def _read_head(client: trio.SocketStream) -> ProxyRequest:
     it); EgressRefused (400) otherwise."""
     data = bytearray()
     with trio.move_on_after(HEAD_SECONDS):
-        while len(data) <= MAX_REQUEST_HEAD:  # h11 refuses a longer head; belt and braces
+        # (read_request refuses a head over the bound as soon as it sees one: belt and braces.)
+        while len(data) <= MAX_REQUEST_HEAD:
             chunk = await client.receive_some(CHUNK)
             if not chunk:
                 raise EgressRefused(

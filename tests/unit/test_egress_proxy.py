@@ -6,6 +6,7 @@ record per connection) are asserted; the decisions themselves are test_egress_de
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import socket
 from collections.abc import AsyncIterator
@@ -24,9 +25,10 @@ from reactor_fabric._reasons import (
     EGRESS_UNAUTHORIZED,
     EGRESS_UNRESOLVED,
 )
-from reactor_fabric.protocol.egress import Allowlist, EgressRecord, IPAddress
+from reactor_fabric.protocol.egress import MAX_REQUEST_HEAD, Allowlist, EgressRecord, IPAddress
 from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.egress_proxy import EgressProxy
+from tests.unit.test_egress_decisions import head_of
 
 CONTAINER = "c0ffee" * 10
 
@@ -266,6 +268,83 @@ async def test_a_client_that_sends_no_head_is_answered_400_at_the_head_bound(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_head_trickled_a_byte_at_a_time_is_answered_400_at_the_head_deadline(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Slowloris: each byte is read at once, and the head's deadline is not moved by any.
+    async with trio.open_nursery() as nursery:
+        served = await serving(nursery, tmp_path, ["api.github.com:443"])
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(served.path)
+        stream = trio.SocketStream(sock)
+        began = trio.current_time()
+
+        async def trickle() -> None:
+            with contextlib.suppress(trio.BrokenResourceError):  # until the proxy closes
+                for byte in b"CONNECT api.github.com:443 HTTP/1.1\r\nX: " + b"a" * 1000:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(1)
+
+        nursery.start_soon(trickle)
+        answer = bytearray()
+        while data := await stream.receive_some(65536):
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert egress_proxy.HEAD_SECONDS <= trio.current_time() - began < 1000
+        (record,) = await served.record()
+        assert record.reason == EGRESS_BAD_REQUEST
+        nursery.cancel_scope.cancel()
+    await stream.aclose()
+
+
+async def send_head(served: Served, head: bytes, *, cut: int | None) -> bytes:
+    """Send ``head`` and a tunnel's first bytes as the container would, in one write or (``cut``)
+    its first ``cut`` bytes read by the proxy before the rest is sent; what comes back."""
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(served.path)
+    async with trio.SocketStream(sock) as stream:
+        if cut is not None:
+            await stream.send_all(head[:cut])
+            await trio.testing.wait_all_tasks_blocked()  # read, and more awaited
+            head = head[cut:]
+        await stream.send_all(head + b"hello")
+        await stream.send_eof()
+        answer = bytearray()
+        with trio.fail_after(30):
+            while data := await stream.receive_some(65536):
+                answer += data
+    return bytes(answer)
+
+
+@pytest.mark.parametrize("cut", [None, 10_000], ids=["one-read", "two-reads"])
+@pytest.mark.parametrize("line", [0, 10], ids=["one-large-header", "small-header-lines"])
+async def test_a_head_over_16_kib_is_refused_400_and_nothing_is_connected(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream, cut: int | None, line: int
+) -> None:
+    # The attack: a complete 40 KB CONNECT head in one write was tunnelled.
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    head = head_of(40_000, line=line, target=b"127.0.0.1:%d" % upstream.port)
+    answer = await send_head(served, head, cut=cut)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_BAD_REQUEST.encode() in answer
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("refused", EGRESS_BAD_REQUEST)
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("cut", [None, 10_000], ids=["one-read", "two-reads"])
+async def test_a_head_of_exactly_16_kib_is_tunnelled_and_one_byte_more_is_refused(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream, cut: int | None
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    target = b"127.0.0.1:%d" % upstream.port
+    at_bound = await send_head(served, head_of(MAX_REQUEST_HEAD, target=target), cut=cut)
+    assert at_bound == b"HTTP/1.1 200 Connection established\r\n\r\necho:hello"
+    over = await send_head(served, head_of(MAX_REQUEST_HEAD + 1, target=target), cut=cut)
+    assert over.startswith(b"HTTP/1.1 400 ")
+    assert upstream.received == [b"hello"]
+
+
 async def test_connections_over_the_bound_get_503_while_the_others_go_on(
     nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
 ) -> None:
@@ -417,6 +496,19 @@ async def test_an_unregistered_pods_token_gets_407_and_its_open_tunnel_ends(
         b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (silent, authorization(POD_TOKEN))
     )
     assert b"X-Reactor-Fabric-Reason: " + EGRESS_UNAUTHORIZED.encode() in answer
+
+
+async def test_a_pods_head_over_16_kib_is_refused_400_though_it_carries_the_pods_token(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    served = await serving_tcp(nursery, [f"127.0.0.1:{upstream.port}"])
+    head = head_of(40_000, target=b"127.0.0.1:%d" % upstream.port, more=authorization(POD_TOKEN))
+    answer = await served.ask(head + b"hello")
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_BAD_REQUEST.encode() in answer
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("refused", EGRESS_BAD_REQUEST)
+    assert upstream.received == []
 
 
 async def test_the_proxy_binds_its_tcp_way_in_where_it_is_told_to_listen(
