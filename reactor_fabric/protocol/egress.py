@@ -45,8 +45,12 @@ T = TypeVar("T")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-# A request head larger than this is refused before it is parsed further (h11's own bound).
+# A request head (request line, header lines and the blank line ending them) larger than this
+# is refused, measured before it is parsed: h11's own bound holds only for an incomplete head.
 MAX_REQUEST_HEAD = 16 * 1024
+# Where a head ends: the first blank line, as h11 finds it (a line feed, an optional carriage
+# return, a line feed).
+_BLANK_LINE = re.compile(b"\n\r?\n")
 # A DNS name's longest textual form (RFC 1035), and one label's.
 _MAX_NAME = 253
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
@@ -196,12 +200,27 @@ def read_request(data: bytes) -> ProxyRequest | None:
     """The request in ``data`` (everything the client sent so far): None while its head is
     incomplete; EgressRefused (400 ``egress_bad_request``) when it is not one the proxy
     serves or the head exceeds MAX_REQUEST_HEAD, and (403 ``egress_not_listed`` from
-    :func:`judge_target` later) for the destination."""
+    :func:`judge_target` later) for the destination.
+
+    The head is measured before it is parsed, however it arrived: a complete head over the
+    bound read at once is refused like one that grows past it (h11 bounds only what it is
+    still waiting to complete). Only the head goes to h11; what follows it is ``rest``."""
     if not data:
         return None  # (to h11, b"" would be the end of the connection)
+    # Only a blank line ending within the bound ends a head that may be read.
+    end = _BLANK_LINE.search(data, 0, MAX_REQUEST_HEAD)
+    if end is None and len(data) >= MAX_REQUEST_HEAD:
+        raise EgressRefused(
+            f"the request head is over {MAX_REQUEST_HEAD} bytes",
+            reason=EGRESS_BAD_REQUEST,
+            status=400,
+        )
+    head = data if end is None else data[: end.end()]
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD)
-    connection.receive_data(data)
+    connection.receive_data(head)
     try:
+        # (Given an incomplete head, h11 still refuses one that cannot be HTTP at once: a TLS
+        # hello sent to the proxy in the clear is answered now, not at the bound.)
         event = connection.next_event()
     except h11.RemoteProtocolError as exc:
         raise EgressRefused(
@@ -209,11 +228,11 @@ def read_request(data: bytes) -> ProxyRequest | None:
             reason=EGRESS_BAD_REQUEST,
             status=400,
         ) from exc
-    if event is h11.NEED_DATA:
+    if event is h11.NEED_DATA and end is None:
         return None
     if not isinstance(event, h11.Request):
         raise EgressRefused("no request", reason=EGRESS_BAD_REQUEST, status=400)
-    rest, _closed = connection.trailing_data
+    rest = data[len(head) :]
     target = event.target.decode("ascii", "replace")
     authorization = b"".join(
         value for name, value in event.headers.raw_items() if name.lower() == b"proxy-authorization"

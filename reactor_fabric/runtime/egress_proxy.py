@@ -18,15 +18,22 @@ The HTTP is h11's (a maintained sans-I/O parser); what is hand-written is the by
 
 Bounds: a request head of 16 KiB sent within 10 s; resolution 5 s; connect 10 s; a connection
 with no byte either way for 5 minutes is closed; 64 connections at once per container (the next
-gets 503 ``egress_busy``); 64 KiB in flight per direction (a slow side stalls only its own
-connection).
+gets 503 ``egress_busy``, and a record); 64 KiB in flight per direction (a slow side stalls only
+its own connection). This bound is the proxy's to keep, not ``fabric-stdio``'s: the socket is in
+the container, where anything may connect to it, and only the proxy can answer and record.
+What a container's connections hold here is bounded too: 64 served and 16 being answered a
+refusal at once (a refusal ends within seconds); its next connection waits, unaccepted, in its
+socket's backlog until one of those ends (``fabric-stdio`` carries no more at once either).
 
 Kubernetes pods have no Unix socket of ours: they reach the same proxy over TCP (``listen``,
 the address pods are allowed to reach by their NetworkPolicy), and each connection says whose
 it is by ``Proxy-Authorization: Basic base64("rf:" + token)``, the token the runtime made for
 that pod (:meth:`EgressProxy.register`) and wrote into its proxy URL. A connection without a
 token of a pod served now is answered 407 ``egress_unauthorized`` (the decision is
-:func:`reactor_fabric.protocol.egress.identify`'s); the token is never logged.
+:func:`reactor_fabric.protocol.egress.identify`'s); the token is never logged. The same bounds
+hold there: 64 connections of a pod at once; and connections not (yet) a pod's — reading their
+head, at most 64 at once, or being answered a refusal — are held 80 at once, the next waiting
+in the listener's backlog.
 
 Resource handling: :meth:`EgressProxy.run` owns a nursery; each container's listener and its
 connections live in a cancel scope of their own, ended by :meth:`EgressProxy.stop` (at the
@@ -79,6 +86,9 @@ RESOLVE_SECONDS = 5.0
 CONNECT_SECONDS = 10.0
 IDLE_SECONDS = 300.0
 MAX_CONNECTIONS = 64
+# Connections of one container being answered a refusal at once, besides those: beyond both, the
+# container's next connection waits unaccepted in its socket's backlog (see _accept).
+MAX_REFUSING = 16
 CHUNK = 65536
 # Before closing a refused connection: what the client still sends is read and dropped.
 DRAIN_SECONDS, DRAIN_BYTES = 1.0, 65536
@@ -115,6 +125,7 @@ class _Served:
     allowlist: Allowlist
     log_bucket: TokenBucket
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    # Connections served now (refusals in progress not counted: they are not served).
     connections: int = 0
     # A pod's (the TCP way in): its token, and the scopes of its connections (each its own:
     # they are accepted by the one TCP listener, not this container's).
@@ -236,34 +247,39 @@ class EgressProxy:
             served.cancel()
 
     async def _accept(self, served: _Served, listener: socket.socket, path: str | None) -> None:
+        # Its socket's slots: every connection accepted, served or being refused, holds one
+        # until it is closed.
+        slots = trio.Semaphore(self._max_connections + MAX_REFUSING)
         with served.scope:
             await serve_listener(
                 listener,
                 path,
-                functools.partial(self._connection, served),
+                functools.partial(self._connection, served, slots),
                 failed="egress_listener_failed",
                 fields={"container": served.container[:12]},
+                slots=slots,
             )
 
-    async def _connection(self, served: _Served, client: trio.SocketStream) -> None:
+    async def _connection(
+        self, served: _Served, slots: trio.Semaphore, client: trio.SocketStream
+    ) -> None:
         began = trio.current_time()
         outcome = _Outcome()
-        served.connections += 1
         try:
             async with client:
-                if served.connections > self._max_connections:
-                    refused = EgressRefused(
-                        f"{self._max_connections} connections at once",
-                        reason=EGRESS_BUSY,
-                        status=503,
-                    )
-                    await self._refuse(client, refused, outcome)
+                if served.connections >= self._max_connections:
+                    busy = _busy(f"{self._max_connections} connections at once")
+                    await self._refuse(client, busy, outcome)
                     return
-                await self._handle(served, client, outcome)
+                served.connections += 1
+                try:
+                    await self._handle(served, client, outcome)
+                finally:
+                    served.connections -= 1
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the container or the destination went away: the record says how far it got
         finally:
-            served.connections -= 1
+            slots.release()  # closed (async with): free for the container's next connection
             self._finish(served.container, served.service, served.log_bucket, began, outcome)
 
     def _finish(
@@ -303,68 +319,88 @@ class EgressProxy:
         self._record(record)
 
     async def _accept_tcp(self, listener: socket.socket) -> None:
+        # This listener's slots: held by connections not (yet) a pod's, as a container's
+        # socket's are by all of its connections. A pod's are bounded by its own count.
+        slots = trio.Semaphore(self._max_connections + MAX_REFUSING)
         await serve_listener(
-            listener, None, self._tcp_connection, failed="egress_listener_failed", fields={}
+            listener,
+            None,
+            functools.partial(self._tcp_connection, slots),
+            failed="egress_listener_failed",
+            fields={},
+            slots=slots,
         )
 
-    async def _tcp_connection(self, client: trio.SocketStream) -> None:
+    async def _tcp_connection(self, slots: trio.Semaphore, client: trio.SocketStream) -> None:
         """A connection on the TCP way in: its head says whose it is (the token), then it is
-        that pod's connection as if it came on the pod's own socket."""
+        that pod's connection as if it came on the pod's own socket. It holds one of the
+        listener's ``slots`` until then (or until it is closed, refused)."""
         began = trio.current_time()
         outcome = _Outcome()
         served: _Served | None = None
-        self._unidentified += 1
-        identified = False
+        holding = True
+
+        def let_go() -> None:
+            nonlocal holding
+            if holding:
+                holding = False
+                slots.release()
+
         try:
             async with client:
-                if self._unidentified > self._max_connections:
-                    busy = EgressRefused(
-                        f"{self._max_connections} connections at once not yet identified",
-                        reason=EGRESS_BUSY,
-                        status=503,
-                    )
-                    await self._refuse(client, busy, outcome)
-                    return
                 try:
-                    request = await _read_head(client)
-                    outcome.destination = str(request.destination)
-                    served = identify(
-                        request.authorization,
-                        [(s.token, s) for s in self._served.values() if s.token is not None],
-                    )
+                    if self._unidentified >= self._max_connections:
+                        raise _busy(
+                            f"{self._max_connections} connections at once not yet identified"
+                        )
+                    served, request = await self._identify(client, outcome)
                 except EgressRefused as refused:
                     await self._refuse(client, refused, outcome)
                     return
-                self._unidentified -= 1
-                identified = True
-                served.connections += 1
                 scope = trio.CancelScope()
                 served.tcp.add(scope)
+                counted = False
                 try:
                     with scope:
                         if served.container not in self._served:
                             return  # unregistered while its head was read
-                        if served.connections > self._max_connections:
-                            busy = EgressRefused(
-                                f"{self._max_connections} connections at once",
-                                reason=EGRESS_BUSY,
-                                status=503,
-                            )
+                        if served.connections >= self._max_connections:
+                            busy = _busy(f"{self._max_connections} connections at once")
                             await self._refuse(client, busy, outcome)
                             return
+                        served.connections += 1
+                        counted = True
+                        let_go()  # the pod's now, bounded by its count
                         await self._handle(served, client, outcome, request)
                 finally:
-                    served.connections -= 1
+                    if counted:
+                        served.connections -= 1
                     served.tcp.discard(scope)
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            if not identified:
-                self._unidentified -= 1
+            let_go()
             if served is None:
                 self._finish("", "", self._tcp_log_bucket, began, outcome)
             else:
                 self._finish(served.container, served.service, served.log_bucket, began, outcome)
+
+    async def _identify(
+        self, client: trio.SocketStream, outcome: _Outcome
+    ) -> tuple[_Served, ProxyRequest]:
+        """The request on the TCP way in, and the pod whose token it carries (EgressRefused
+        otherwise); counted among the connections not yet identified while its head is read."""
+        self._unidentified += 1
+        try:
+            request = await _read_head(client)
+            outcome.destination = str(request.destination)
+            served = identify(
+                request.authorization,
+                [(s.token, s) for s in self._served.values() if s.token is not None],
+            )
+        finally:
+            self._unidentified -= 1
+        return served, request
 
     async def _handle(
         self,
@@ -460,6 +496,10 @@ def _address_text(listener: socket.socket) -> str:
     return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
+def _busy(message: str) -> EgressRefused:
+    return EgressRefused(message, reason=EGRESS_BUSY, status=503)
+
+
 def _connect_failed(message: str) -> EgressRefused:
     return EgressRefused(message, reason=EGRESS_CONNECT_FAILED, status=502)
 
@@ -479,7 +519,8 @@ async def _read_head(client: trio.SocketStream) -> ProxyRequest:
     it); EgressRefused (400) otherwise."""
     data = bytearray()
     with trio.move_on_after(HEAD_SECONDS):
-        while len(data) <= MAX_REQUEST_HEAD:  # h11 refuses a longer head; belt and braces
+        # (read_request refuses a head over the bound as soon as it sees one: belt and braces.)
+        while len(data) <= MAX_REQUEST_HEAD:
             chunk = await client.receive_some(CHUNK)
             if not chunk:
                 raise EgressRefused(

@@ -28,10 +28,17 @@ async def serve_listener(
     *,
     failed: str,
     fields: dict[str, Any],
+    slots: trio.Semaphore | None = None,
 ) -> None:
     """Accept on ``listener`` until cancelled, each connection given to ``handle`` in a task of
     its own. A failed accept (the socket closed or broken under us) is logged as ``failed``
-    with ``fields`` and ends the loop: the container's later connections get nothing."""
+    with ``fields`` and ends the loop: the container's later connections get nothing.
+
+    ``slots`` (this listener's alone) bounds the connections held at once: one is taken before
+    each accept and is the connection's from then on; its handler gives it back
+    (``slots.release()``) once the connection no longer counts, at the latest as it ends. With
+    none free, the next connection waits unaccepted in the listener's backlog (the kernel's,
+    bounded by its length), holding nothing of this process."""
     try:
         listening = trio.SocketListener(trio.socket.from_stdlib_socket(listener))
     except BaseException:
@@ -40,6 +47,10 @@ async def serve_listener(
     try:
         async with trio.open_nursery() as connections:
             while True:
+                if slots is not None:
+                    # (On the way out, a slot taken for an accept that never came is left
+                    # taken: the loop, and its slots with it, are over.)
+                    await slots.acquire()
                 try:
                     stream = await listening.accept()
                 except (OSError, trio.ClosedResourceError) as exc:

@@ -1,9 +1,11 @@
 """fabric-stdio's egress forwarder in a real container (Docker; Podman with DOCKER_HOST at its
 socket): with ``network_mode: none`` the container's client reaches the host's Unix socket
-through 127.0.0.1:PORT, and a direct TCP connection anywhere else goes nowhere."""
+through 127.0.0.1:PORT, and a direct TCP connection anywhere else goes nowhere; at the proxy's
+bound, the connection over it is the proxy's to answer and record."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -11,12 +13,18 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
+import trio
 
-from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER
+from reactor_fabric.protocol.egress import Allowlist
+from reactor_fabric.runtime import egress_proxy
+from reactor_fabric.runtime.egress_proxy import EgressProxy
+from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER, EGRESS_BACKLOG
 from tests.integration.harness import build_test_image
+from tests.unit.test_egress_proxy import Records
 from tests.unit.test_fabric_stdio_egress import DEADLINE, Egress
 
 pytestmark = pytest.mark.integration
@@ -105,3 +113,120 @@ def test_a_client_without_network_reaches_the_egress_socket_through_the_loopback
     assert report["back"] == "through the forwarder"
     assert report["direct"] == "ENETUNREACH"  # no route: only the loopback exists
     assert egress.accepted == 1
+
+
+# In the container: 64 tunnels through the proxy held open at once, then one more; prints each
+# one's status line and the whole answer to the last ("<reset>" where the connection was reset).
+HOLDING_CLIENT = r"""
+import json, socket, sys
+port, target, count = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+
+def connect():
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = b""
+    try:
+        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        while b"\r\n\r\n" not in head and (chunk := s.recv(4096)):
+            head += chunk
+    except ConnectionResetError:
+        head += b"<reset>"
+    return s, head
+
+held = [connect() for _ in range(count)]
+extra, answer = connect()
+try:
+    while chunk := extra.recv(65536):
+        answer += chunk
+except ConnectionResetError:
+    answer += b"<reset>"
+print(json.dumps({"held": [head.split(b"\r\n")[0].decode() for _, head in held],
+                  "extra": answer.decode("utf-8", "replace")}), flush=True)
+"""
+
+
+async def test_a_containers_65th_connection_gets_the_proxys_503_egress_busy_and_is_recorded(
+    area: Path,
+) -> None:
+    # The real forwarder in a container without network, the real proxy (in this process) on
+    # the container's egress socket, a destination on this host's loopback that holds every
+    # connection: 64 tunnels are held, the 65th must be the proxy's to answer and record (the
+    # forwarder reset it).
+    if not BUNDLED_HELPER.exists():
+        pytest.skip("fabric-stdio is not built (scripts/build-stdio-helper)")
+    image = await trio.to_thread.run_sync(build_test_image, "probe")
+    container_id = "e2e" + "0" * 61
+    records = Records()
+    client = docker.from_env(version="auto", timeout=120)
+    container = None
+
+    async def hold(stream: trio.SocketStream) -> None:
+        async with stream:  # until the other side ends
+            while await stream.receive_some(65536):
+                pass
+
+    try:
+        async with trio.open_nursery() as nursery:
+            destinations = await trio.open_tcp_listeners(0, host="127.0.0.1")
+            target = f"127.0.0.1:{destinations[0].socket.getsockname()[1]}"
+            nursery.start_soon(trio.serve_listeners, hold, destinations)
+            proxy = EgressProxy()
+            await nursery.start(proxy.run, records)
+            egress = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            egress.bind(str(area / "egress.sock"))
+            os.chmod(area / "egress.sock", 0o666)
+            egress.listen(EGRESS_BACKLOG)
+            egress.setblocking(False)
+            proxy.serve(container_id, "probe", Allowlist.of([target]), egress)
+            stdio = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await stdio.bind(str(area / "stdio.sock"))
+            os.chmod(area / "stdio.sock", 0o666)
+            stdio.listen(1)
+            command = [
+                "--egress",
+                str(PORT),
+                "/.rf-sockets/egress.sock",
+                "/.rf-sockets/stdio.sock",
+                "/opt/mcp/bin/python3",
+                "-c",
+                HOLDING_CLIENT,
+                str(PORT),
+                target,
+                str(egress_proxy.MAX_CONNECTIONS),
+            ]
+
+            def start() -> Any:
+                return client.containers.run(
+                    image,
+                    entrypoint=["/.rf/fabric-stdio"],
+                    command=command,
+                    network_mode="none",
+                    volumes={
+                        str(BUNDLED_HELPER): {"bind": "/.rf/fabric-stdio", "mode": "ro"},
+                        str(area): {"bind": "/.rf-sockets", "mode": "ro"},
+                    },
+                    detach=True,
+                )
+
+            container = await trio.to_thread.run_sync(start)
+            with trio.fail_after(DEADLINE * 4):
+                connection, _ = await stdio.accept()
+                with connection:
+                    received = b""
+                    while chunk := await connection.recv(65536):
+                        received += chunk
+                stdio.close()
+                # What the client in the container saw: 64 tunnels, then the proxy's answer.
+                report = json.loads(received)
+                assert report["held"] == ["HTTP/1.1 200 Connection established"] * 64
+                assert report["extra"].startswith("HTTP/1.1 503 "), report["extra"]
+                assert "X-Reactor-Fabric-Reason: egress_busy" in report["extra"]
+                while len(records) < egress_proxy.MAX_CONNECTIONS + 1:
+                    await records.changed.wait()  # the held ones end with the container's client
+            nursery.cancel_scope.cancel()
+    finally:
+        if container is not None:
+            await trio.to_thread.run_sync(functools.partial(container.remove, force=True))
+        client.close()
+    busy = [r for r in records if r.outcome == "refused"]
+    assert [(r.container, r.reason) for r in busy] == [(container_id, "egress_busy")]
+    assert sum(r.outcome == "connected" for r in records) == 64

@@ -264,6 +264,61 @@ def test_a_head_over_the_bound_is_refused_before_it_ends() -> None:
     assert refused.value.status == 400
 
 
+def head_of(size: int, *, line: int = 0, target: bytes = b"a.test:443", more: bytes = b"") -> bytes:
+    """A complete CONNECT head of exactly ``size`` bytes (its blank line included), padded by
+    one header or, with ``line``, by many header lines of about that size each; ``more``:
+    header lines of the caller's first."""
+    start, end = b"CONNECT %s HTTP/1.1\r\nHost: x\r\n%s" % (target, more), b"\r\n"
+    room = size - len(start) - len(end)
+    lines: list[bytes] = []
+    if line:
+        while len(padding := b"X-%d: %s\r\n" % (len(lines), b"v" * line)) + 5 < room:
+            lines.append(padding)
+            room -= len(padding)
+    lines.append(b"X: " + b"a" * (room - 5) + b"\r\n")
+    head = start + b"".join(lines) + end
+    assert len(head) == size
+    return head
+
+
+@pytest.mark.parametrize("size", [MAX_REQUEST_HEAD + 1, 40_000, 1 << 20])
+def test_a_complete_head_over_the_bound_in_one_piece_is_refused(size: int) -> None:
+    # h11 bounds only an *incomplete* head: a complete one of any size, read at once, was parsed
+    # (a 40 KB CONNECT head was tunnelled).
+    with pytest.raises(EgressRefused) as refused:
+        read_request(head_of(size) + b"tunnelled bytes")
+    assert (refused.value.reason, refused.value.status) == (EGRESS_BAD_REQUEST, 400)
+
+
+def test_a_head_over_the_bound_of_many_small_header_lines_is_refused() -> None:
+    with pytest.raises(EgressRefused) as refused:
+        read_request(head_of(MAX_REQUEST_HEAD + 100, line=10))
+    assert (refused.value.reason, refused.value.status) == (EGRESS_BAD_REQUEST, 400)
+
+
+def test_a_head_over_the_bound_is_refused_whichever_way_it_was_cut_into_reads() -> None:
+    # The proxy asks again with everything read so far after each read: every prefix either
+    # waits for more within the bound or is refused, and none is ever a request.
+    head = head_of(MAX_REQUEST_HEAD + 1, line=40)
+    for end in [*range(0, len(head), 997), len(head) - 1, len(head)]:
+        if end < MAX_REQUEST_HEAD:
+            assert read_request(head[:end]) is None
+        else:
+            with pytest.raises(EgressRefused) as refused:
+                read_request(head[:end])
+            assert refused.value.status == 400
+
+
+def test_a_head_of_exactly_the_bound_is_read_with_what_follows_it_as_its_rest() -> None:
+    # What follows the head (a tunnel's first bytes, a body) is not the head's: it may be large.
+    for line in (0, 10):
+        head = head_of(MAX_REQUEST_HEAD, line=line)
+        request = read_request(head + b"x" * 100_000)
+        assert request is not None
+        assert request.destination == Destination("a.test", 443)
+        assert request.rest == b"x" * 100_000
+
+
 def test_a_refusal_is_a_complete_http_answer_naming_its_reason() -> None:
     client = h11.Connection(h11.CLIENT)
     client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))

@@ -6,7 +6,9 @@ record per connection) are asserted; the decisions themselves are test_egress_de
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
+import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,9 +26,10 @@ from reactor_fabric._reasons import (
     EGRESS_UNAUTHORIZED,
     EGRESS_UNRESOLVED,
 )
-from reactor_fabric.protocol.egress import Allowlist, EgressRecord, IPAddress
+from reactor_fabric.protocol.egress import MAX_REQUEST_HEAD, Allowlist, EgressRecord, IPAddress
 from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.egress_proxy import EgressProxy
+from tests.unit.test_egress_decisions import head_of
 
 CONTAINER = "c0ffee" * 10
 
@@ -266,6 +269,83 @@ async def test_a_client_that_sends_no_head_is_answered_400_at_the_head_bound(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_head_trickled_a_byte_at_a_time_is_answered_400_at_the_head_deadline(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Slowloris: each byte is read at once, and the head's deadline is not moved by any.
+    async with trio.open_nursery() as nursery:
+        served = await serving(nursery, tmp_path, ["api.github.com:443"])
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(served.path)
+        stream = trio.SocketStream(sock)
+        began = trio.current_time()
+
+        async def trickle() -> None:
+            with contextlib.suppress(trio.BrokenResourceError):  # until the proxy closes
+                for byte in b"CONNECT api.github.com:443 HTTP/1.1\r\nX: " + b"a" * 1000:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(1)
+
+        nursery.start_soon(trickle)
+        answer = bytearray()
+        while data := await stream.receive_some(65536):
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert egress_proxy.HEAD_SECONDS <= trio.current_time() - began < 1000
+        (record,) = await served.record()
+        assert record.reason == EGRESS_BAD_REQUEST
+        nursery.cancel_scope.cancel()
+    await stream.aclose()
+
+
+async def send_head(served: Served, head: bytes, *, cut: int | None) -> bytes:
+    """Send ``head`` and a tunnel's first bytes as the container would, in one write or (``cut``)
+    its first ``cut`` bytes read by the proxy before the rest is sent; what comes back."""
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.connect(served.path)
+    async with trio.SocketStream(sock) as stream:
+        if cut is not None:
+            await stream.send_all(head[:cut])
+            await trio.testing.wait_all_tasks_blocked()  # read, and more awaited
+            head = head[cut:]
+        await stream.send_all(head + b"hello")
+        await stream.send_eof()
+        answer = bytearray()
+        with trio.fail_after(30):
+            while data := await stream.receive_some(65536):
+                answer += data
+    return bytes(answer)
+
+
+@pytest.mark.parametrize("cut", [None, 10_000], ids=["one-read", "two-reads"])
+@pytest.mark.parametrize("line", [0, 10], ids=["one-large-header", "small-header-lines"])
+async def test_a_head_over_16_kib_is_refused_400_and_nothing_is_connected(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream, cut: int | None, line: int
+) -> None:
+    # The attack: a complete 40 KB CONNECT head in one write was tunnelled.
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    head = head_of(40_000, line=line, target=b"127.0.0.1:%d" % upstream.port)
+    answer = await send_head(served, head, cut=cut)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_BAD_REQUEST.encode() in answer
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("refused", EGRESS_BAD_REQUEST)
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("cut", [None, 10_000], ids=["one-read", "two-reads"])
+async def test_a_head_of_exactly_16_kib_is_tunnelled_and_one_byte_more_is_refused(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream, cut: int | None
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    target = b"127.0.0.1:%d" % upstream.port
+    at_bound = await send_head(served, head_of(MAX_REQUEST_HEAD, target=target), cut=cut)
+    assert at_bound == b"HTTP/1.1 200 Connection established\r\n\r\necho:hello"
+    over = await send_head(served, head_of(MAX_REQUEST_HEAD + 1, target=target), cut=cut)
+    assert over.startswith(b"HTTP/1.1 400 ")
+    assert upstream.received == [b"hello"]
+
+
 async def test_connections_over_the_bound_get_503_while_the_others_go_on(
     nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
 ) -> None:
@@ -282,6 +362,135 @@ async def test_connections_over_the_bound_get_503_while_the_others_go_on(
     await holding.send_eof()
     assert await holding.receive_some(100) == b"echo:still here"
     await holding.aclose()
+
+
+async def open_tunnel(served: Served, port: int, more: bytes = b"") -> trio.SocketStream:
+    """A tunnel through the proxy to 127.0.0.1:PORT, established and held open."""
+    if isinstance(served, ServedTcp):
+        stream: trio.SocketStream = await trio.open_tcp_stream("127.0.0.1", int(served.path))
+    else:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(served.path)
+        stream = trio.SocketStream(sock)
+    await stream.send_all(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (port, more))
+    with trio.fail_after(30):
+        assert await stream.receive_some(100) == b"HTTP/1.1 200 Connection established\r\n\r\n"
+    return stream
+
+
+async def test_the_65th_connection_while_64_are_held_gets_503_egress_busy_and_a_record(
+    nursery: trio.Nursery, tmp_path: Path, upstream: Upstream
+) -> None:
+    served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"])
+    held = [await open_tunnel(served, upstream.port) for _ in range(egress_proxy.MAX_CONNECTIONS)]
+    answer = await served.ask(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % upstream.port)
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_BUSY.encode() in answer
+    (record,) = await served.record()
+    assert (record.container, record.outcome, record.reason) == (CONTAINER, "refused", EGRESS_BUSY)
+    assert record.destination == ""  # answered before its head was read
+    for stream in held:
+        await stream.aclose()
+
+
+async def test_a_connection_being_refused_does_not_count_among_those_served(
+    tmp_path: Path, upstream: Upstream, mock_clock: trio.testing.MockClock
+) -> None:
+    # Time stands still: the refused connection stays in its drain (the client keeps it open).
+    # It took the place of a served one: the next connection was refused 503 too, though the
+    # only one served had ended.
+    async with trio.open_nursery() as nursery:
+        served = await serving(nursery, tmp_path, [f"127.0.0.1:{upstream.port}"], max_connections=1)
+        holding = await open_tunnel(served, upstream.port)
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(served.path)
+        refused = trio.SocketStream(sock)
+        busy = bytearray()
+        while data := await refused.receive_some(65536):  # the answer, then the proxy's EOF
+            busy += data
+        assert busy.startswith(b"HTTP/1.1 503 ")
+        await holding.aclose()
+        (ended,) = await served.record()  # the one served: not the refusal, still draining
+        assert ended.outcome == "connected"
+        answer = await served.ask(
+            b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\nhi" % upstream.port
+        )
+        assert answer == b"HTTP/1.1 200 Connection established\r\n\r\necho:hi"
+        await refused.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def flood(served: Served, count: int) -> list[socket.socket]:
+    """``count`` connections to the proxy that send nothing and stay open, each made once the
+    proxy has done what it does with the one before (its backlog never overflows)."""
+    clients = []
+    for _ in range(count):
+        if isinstance(served, ServedTcp):
+            client = socket.create_connection(("127.0.0.1", int(served.path)))
+        else:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(served.path)  # (with room in the backlog: at once)
+        clients.append(client)
+        await trio.testing.wait_all_tasks_blocked()
+    return clients
+
+
+def answered(client: socket.socket) -> bytes | None:
+    """What the proxy answered and ended with its EOF; None while it has answered nothing
+    (read once the proxy is blocked: an answer is then there whole, or not at all)."""
+    answer = b""
+    try:
+        while chunk := client.recv(65536, socket.MSG_DONTWAIT):
+            answer += chunk
+    except BlockingIOError:
+        assert answer == b"", "an answer without its end"
+        return None
+    return answer
+
+
+@pytest.mark.parametrize("way_in", ["socket", "tcp"])
+async def test_a_flood_of_connections_holds_at_most_80_here_and_each_is_answered_in_turn(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, way_in: str
+) -> None:
+    # The attack: connections opened as fast as they are taken, none sending anything (on a
+    # container's socket, straight to it past fabric-stdio). Every one was accepted and held
+    # (64 reading a head, the rest draining a 503), in the number the attacker chose.
+    # Time stands still but where the test moves it.
+    carried = egress_proxy.MAX_CONNECTIONS + egress_proxy.MAX_REFUSING
+    async with trio.open_nursery() as nursery:
+        if way_in == "tcp":
+            served: Served = await serving_tcp(nursery, ["api.github.com:443"])
+        else:
+            served = await serving(nursery, tmp_path, ["api.github.com:443"])
+        await trio.testing.wait_all_tasks_blocked()
+        before = open_fds()
+        clients = await flood(served, carried + 20)
+        assert open_fds() - before - len(clients) == carried  # the rest wait in the backlog
+        reading = clients[: egress_proxy.MAX_CONNECTIONS]
+        waiting = clients[egress_proxy.MAX_CONNECTIONS :]
+        busy: list[bytes] = []
+        while waiting:
+            answers = [answered(client) for client in waiting]
+            done = [answer for answer in answers if answer is not None]
+            assert len(done) <= egress_proxy.MAX_REFUSING
+            busy += done
+            waiting = [c for c, answer in zip(waiting, answers, strict=True) if answer is None]
+            # Their drain ends: the next ones are taken, never more than the bound.
+            mock_clock.jump(egress_proxy.DRAIN_SECONDS)
+            await trio.testing.wait_all_tasks_blocked()
+            assert open_fds() - before - len(clients) <= carried
+        assert len(busy) == 36
+        assert all(answer.startswith(b"HTTP/1.1 503 ") for answer in busy)
+        assert all(EGRESS_BUSY.encode() in answer for answer in busy)
+        assert [answered(client) for client in reading] == [None] * len(reading)
+        assert [r.reason for r in await served.record(36)] == [EGRESS_BUSY] * 36
+        for client in clients:
+            client.close()
+        nursery.cancel_scope.cancel()
 
 
 async def test_stopping_a_container_closes_its_connections_and_removes_its_socket(
@@ -336,9 +545,13 @@ class ServedTcp(Served):
         return bytes(answer)
 
 
-async def serving_tcp(nursery: trio.Nursery, entries: list[str]) -> ServedTcp:
+async def serving_tcp(
+    nursery: trio.Nursery,
+    entries: list[str],
+    max_connections: int = egress_proxy.MAX_CONNECTIONS,
+) -> ServedTcp:
     records = Records()
-    proxy = EgressProxy(resolver=Resolver({}))
+    proxy = EgressProxy(resolver=Resolver({}), max_connections=max_connections)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -417,6 +630,57 @@ async def test_an_unregistered_pods_token_gets_407_and_its_open_tunnel_ends(
         b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (silent, authorization(POD_TOKEN))
     )
     assert b"X-Reactor-Fabric-Reason: " + EGRESS_UNAUTHORIZED.encode() in answer
+
+
+async def test_a_pods_head_over_16_kib_is_refused_400_though_it_carries_the_pods_token(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    served = await serving_tcp(nursery, [f"127.0.0.1:{upstream.port}"])
+    head = head_of(40_000, target=b"127.0.0.1:%d" % upstream.port, more=authorization(POD_TOKEN))
+    answer = await served.ask(head + b"hello")
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_BAD_REQUEST.encode() in answer
+    (record,) = await served.record()
+    assert (record.outcome, record.reason) == ("refused", EGRESS_BAD_REQUEST)
+    assert upstream.received == []
+
+
+async def test_a_pods_65th_connection_while_64_are_held_gets_503_egress_busy_and_a_record(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    served = await serving_tcp(nursery, [f"127.0.0.1:{upstream.port}"])
+    token = authorization(POD_TOKEN)
+    held = [
+        await open_tunnel(served, upstream.port, token) for _ in range(egress_proxy.MAX_CONNECTIONS)
+    ]
+    answer = await served.ask(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (upstream.port, token)
+    )
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert b"X-Reactor-Fabric-Reason: " + EGRESS_BUSY.encode() in answer
+    (record,) = await served.record()
+    assert (record.container, record.outcome, record.reason) == (POD, "refused", EGRESS_BUSY)
+    for stream in held:
+        await stream.aclose()
+
+
+async def test_pods_connections_once_theirs_leave_the_tcp_way_ins_places_to_others(
+    nursery: trio.Nursery, upstream: Upstream
+) -> None:
+    # One connection at once per pod, 17 places for connections not yet a pod's: 20 pods each
+    # hold a tunnel, and a 21st connection is still read and served.
+    served = await serving_tcp(nursery, [], max_connections=1)
+    pods = [(f"token-{n:02d}-" + "x" * 32, f"pod-{n}") for n in range(21)]
+    for token, pod in pods:
+        served.proxy.register(token, pod, "github", Allowlist.of([f"127.0.0.1:{upstream.port}"]))
+    held = [await open_tunnel(served, upstream.port, authorization(t)) for t, _ in pods[:20]]
+    answer = await served.ask(
+        b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n%s\r\nhi"
+        % (upstream.port, authorization(pods[20][0]))
+    )
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\necho:hi"
+    for stream in held:
+        await stream.aclose()
 
 
 async def test_the_proxy_binds_its_tcp_way_in_where_it_is_told_to_listen(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import shutil
 import socket
@@ -29,6 +30,9 @@ from typing import Any
 
 import pytest
 
+from reactor_fabric._reasons import EGRESS_BAD_REQUEST, EGRESS_BUSY
+from reactor_fabric.protocol.egress import refusal_response
+from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -405,3 +409,211 @@ def test_a_port_already_taken_exits_71_before_stdio_is_connected(
     assert done.returncode == 71
     assert done.stdout is None
     assert f"fabric-stdio: egress listen on 127.0.0.1:{port}:" in done.stderr
+
+
+# --- at the proxy's bound (the orchestrator's proxy answers and records; nothing is reset) ----
+
+# The forwarder carries as many connections at once as the proxy holds of one container: the 64
+# it serves and the 16 it may be answering a refusal at once (runtime/egress_proxy.py).
+CARRIED = egress_proxy.MAX_CONNECTIONS + egress_proxy.MAX_REFUSING
+BUSY = refusal_response(503, EGRESS_BUSY, "64 connections at once")
+
+
+class Proxy:
+    """The orchestrator's side of EGRESS_SOCKET as the egress proxy behaves at its bound: of
+    the connections open at once, it holds the first ``held`` (each answered ``held`` once its
+    first bytes are read); any other is answered ``answer`` and closed at once, both ways,
+    without waiting for the client's end (as the proxy ends a refused connection)."""
+
+    def __init__(self, path: Path, *, held: int, answer: bytes = BUSY) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(128)
+        self.held, self.answer = held, answer
+        self.lock = threading.Lock()
+        self.holding: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.accepted += 1
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        connection.settimeout(DEADLINE)
+        with contextlib.suppress(OSError):
+            connection.recv(65536)
+        with self.lock:
+            hold = len(self.holding) < self.held
+            if hold:
+                self.holding.append(connection)
+        with contextlib.suppress(OSError):
+            if hold:
+                connection.sendall(b"held")
+                return
+            connection.sendall(self.answer)
+        connection.close()
+
+    def release(self) -> None:
+        """Close one held connection (both ways)."""
+        with self.lock:
+            self.holding.pop(0).close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for connection in self.holding:
+                connection.close()
+
+
+def live_children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def waiting_to_be_accepted(port: int) -> int:
+    """Connections in the accept queue of the listener on 127.0.0.1:PORT (a listening socket's
+    rx_queue in /proc/net/tcp); -1 when there is no such listener."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+            return int(fields[4].split(":")[1], 16)
+    return -1
+
+
+@dataclass
+class Forwarder:
+    port: int
+    command: int  # the PID of the command fabric-stdio became
+
+    def workers(self) -> list[int]:
+        """The forwarder's live connection processes."""
+        (forwarder,) = live_children(self.command)
+        return live_children(forwarder)
+
+    def connect(self, first: bytes) -> socket.socket:
+        connection = socket.create_connection(("127.0.0.1", self.port), timeout=DEADLINE)
+        connection.sendall(first)
+        return connection
+
+
+@contextlib.contextmanager
+def forwarding(program: Path, short: Path, egress: Path) -> Iterator[Forwarder]:
+    """fabric-stdio with its forwarder on a free port, its command waiting for the end of its
+    stdin (the stdio socket, held here until the block ends)."""
+    port = free_port()
+    path = short / "stdio.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        listener.settimeout(DEADLINE)
+        command = [sys.executable, "-c", "import sys; sys.stdin.buffer.read()"]
+        process = subprocess.Popen(
+            [str(program), "--egress", str(port), str(egress), str(path), *command],
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            connection, _ = listener.accept()
+            with connection:
+                assert wait_for(lambda: len(live_children(process.pid)) == 1)
+                yield Forwarder(port, process.pid)
+            process.wait(timeout=DEADLINE)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def received(connection: socket.socket, size: int | None = None) -> bytes:
+    """What comes back: ``size`` bytes, or everything until the end; b"reset" for a reset."""
+    got = b""
+    try:
+        while (size is None or len(got) < size) and (chunk := connection.recv(65536)):
+            got += chunk
+    except ConnectionResetError:
+        return b"reset"
+    return got
+
+
+def test_the_65th_connection_while_64_are_held_reaches_the_proxy_and_gets_its_503(
+    program: Path, short: Path
+) -> None:
+    # The attack on the promise: 64 connections held, then one more. The forwarder closed the
+    # 65th itself (a reset in the container), so the proxy never answered 503 egress_busy nor
+    # recorded it.
+    proxy = Proxy(short / "egress.sock", held=egress_proxy.MAX_CONNECTIONS)
+    held: list[socket.socket] = []
+    try:
+        with forwarding(program, short, short / "egress.sock") as forwarder:
+            for _ in range(egress_proxy.MAX_CONNECTIONS):
+                held.append(forwarder.connect(b"hello"))
+                assert received(held[-1], 4) == b"held"
+            with forwarder.connect(b"CONNECT a.test:443 HTTP/1.1\r\n\r\n") as extra:
+                assert received(extra) == BUSY
+            assert proxy.accepted == egress_proxy.MAX_CONNECTIONS + 1
+    finally:
+        for connection in held:
+            connection.close()
+        proxy.close()
+
+
+def test_beyond_its_bound_the_forwarder_leaves_a_connection_waiting_and_carries_it_later(
+    program: Path, short: Path
+) -> None:
+    # The proxy holds everything: the forwarder carries CARRIED connections at once, no more
+    # processes than that; the next waits in the listen backlog (not closed), and is carried
+    # once one of the others ends.
+    proxy = Proxy(short / "egress.sock", held=10 * CARRIED)
+    held: list[socket.socket] = []
+    try:
+        with forwarding(program, short, short / "egress.sock") as forwarder:
+            for _ in range(CARRIED):
+                held.append(forwarder.connect(b"hello"))
+                assert received(held[-1], 4) == b"held"
+            with forwarder.connect(b"hello") as waiting:
+                assert wait_for(lambda: waiting_to_be_accepted(forwarder.port) == 1)
+                assert len(forwarder.workers()) == CARRIED
+                assert proxy.accepted == CARRIED
+                proxy.release()  # the proxy ends one (as its deadlines do): so does its carrier
+                assert received(waiting, 4) == b"held"
+            assert proxy.accepted == CARRIED + 1
+    finally:
+        for connection in held:
+            connection.close()
+        proxy.close()
+
+
+def test_a_connection_the_proxy_closed_ends_though_the_client_keeps_its_side_open(
+    program: Path, short: Path
+) -> None:
+    # A refused connection (or one the proxy's deadlines ended) whose client neither sends nor
+    # closes: its process ends with the proxy's side, and does not hold one of the forwarder's
+    # places past the proxy's deadlines.
+    answer = refusal_response(400, EGRESS_BAD_REQUEST, "no complete request head within 10 s")
+    proxy = Proxy(short / "egress.sock", held=0, answer=answer)
+    try:
+        with (
+            forwarding(program, short, short / "egress.sock") as forwarder,
+            forwarder.connect(b"CONNECT a.test:443 HTTP/1.1\r\n") as client,
+        ):
+            assert received(client) == answer
+            assert wait_for(lambda: forwarder.workers() == [])
+    finally:
+        proxy.close()

@@ -22,6 +22,14 @@
  * connected, so it never holds the stdio connection (the orchestrator sees EOF when the
  * server exits), and it dies with the server (PR_SET_PDEATHSIG), as do its connections.
  *
+ * The proxy, not this program, bounds a container's connections, answers the one over its
+ * bound (503 egress_busy) and records it: its socket is in the container, so a bound here
+ * could be gone around, and an answer here would go unrecorded. This program only bounds its
+ * own processes, at as many connections as the proxy holds at once (CARRIED); the next waits
+ * in the listen backlog until one ends, and is then carried like the others. Each connection
+ * ends when the proxy has closed its side (once what it sent is passed on), so the proxy's
+ * deadlines end the processes too.
+ *
  * Exit status when it cannot do its job (the orchestrator reports the container's exit):
  *   64  usage; 70  cannot connect to SOCKET; 71  cannot listen on 127.0.0.1:PORT or start
  *   the forwarder; 127 COMMAND cannot be executed.
@@ -40,8 +48,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Connections carried at once; one more is closed as soon as it is accepted. */
+/* Connections the proxy serves at once per container (egress_proxy.py's MAX_CONNECTIONS). */
 #define MAX_CONNECTIONS 64
+/* Connections carried at once: those and the ones the proxy may be refusing at once besides
+ * (its MAX_REFUSING), each of which it ends within seconds. One more is not accepted until one
+ * of them ends. */
+#define CARRIED (MAX_CONNECTIONS + 16)
 /* Bytes held per direction of a connection: nothing more is read until they are written. */
 #define CHUNK 65536
 
@@ -112,7 +124,9 @@ static struct direction upstream, downstream;
 /*
  * Carries bytes both ways until each side has ended its sending; any error ends the whole
  * connection (the process exits, which closes both). Non-blocking, so a write the peer does
- * not take never stops the other direction.
+ * not take never stops the other direction. Once the proxy's sending has ended and been
+ * passed on, its close (POLLHUP: nothing sent could be read any more) ends the connection too,
+ * though the client still holds its side open.
  */
 static _Noreturn void pump(int tcp, int egress) {
     struct direction *both[2] = {&upstream, &downstream};
@@ -121,7 +135,7 @@ static _Noreturn void pump(int tcp, int egress) {
     if (fcntl(tcp, F_SETFL, O_NONBLOCK) != 0 || fcntl(egress, F_SETFL, O_NONBLOCK) != 0)
         _exit(1);
     for (;;) {
-        struct pollfd wanted[2];
+        struct pollfd wanted[3];
         int count = 0;
         for (int i = 0; i < 2; i++) {
             struct direction *d = both[i];
@@ -135,11 +149,20 @@ static _Noreturn void pump(int tcp, int egress) {
         }
         if (count == 0)
             _exit(0);
-        if (poll(wanted, (nfds_t)count, -1) < 0) {
+        /* Only the client's direction is left: watch the proxy's side for its close. */
+        int watching = downstream.done;
+        if (watching) {
+            wanted[count].fd = egress;
+            wanted[count].events = 0; /* POLLHUP and POLLERR are always reported */
+            wanted[count].revents = 0;
+        }
+        if (poll(wanted, (nfds_t)(count + watching), -1) < 0) {
             if (errno == EINTR)
                 continue;
             _exit(1);
         }
+        if (watching && wanted[count].revents != 0)
+            _exit(0);
         count = 0;
         for (int i = 0; i < 2; i++) {
             struct direction *d = both[i];
@@ -192,6 +215,20 @@ static _Noreturn void forward(int listener, const struct sockaddr_un *egress, pi
     pid_t self = getpid();
     int running = 0;
     for (;;) {
+        /* Finished connections are reaped here, which also keeps the count of those left; at
+         * CARRIED, the next connection is not accepted until one has ended. */
+        while (running > 0) {
+            pid_t ended = waitpid(-1, NULL, running >= CARRIED ? 0 : WNOHANG);
+            if (ended > 0)
+                running--;
+            else if (ended < 0 && errno == EINTR)
+                continue;
+            else {
+                if (ended < 0 && errno == ECHILD)
+                    running = 0; /* none left to wait for: the count was wrong */
+                break;
+            }
+        }
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
         if (client < 0) {
             if (errno != EINTR && errno != ECONNABORTED) {
@@ -199,13 +236,6 @@ static _Noreturn void forward(int listener, const struct sockaddr_un *egress, pi
                 say("egress accept", strerror(errno));
                 poll(NULL, 0, 1000);
             }
-            continue;
-        }
-        /* Finished connections are reaped here, which also keeps the count of those left. */
-        while (running > 0 && waitpid(-1, NULL, WNOHANG) > 0)
-            running--;
-        if (running >= MAX_CONNECTIONS) {
-            close(client);
             continue;
         }
         pid_t worker = fork();
@@ -227,6 +257,8 @@ static _Noreturn void forward(int listener, const struct sockaddr_un *egress, pi
         }
         if (worker > 0)
             running++;
+        else /* (at the container's pids limit): this connection is closed unanswered */
+            say("egress fork", strerror(errno));
         close(client);
     }
 }
