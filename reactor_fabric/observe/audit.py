@@ -450,8 +450,12 @@ class AuditWriter:
         """:meth:`submit` for several records in order, taking the lock once; how many were
         queued (the others were dropped)."""
         # A secret's value never reaches the trail (a tool call's arguments in full may carry
-        # one a client passed on).
-        encoded = [SECRET_VALUES.redact_bytes(_encoder.encode(record)) for record in records]
+        # one a client passed on): encoded as the operators' routes encode what they show.
+        return self.submit_encoded([SECRET_VALUES.redacted_json(record) for record in records])
+
+    def submit_encoded(self, encoded: list[bytes]) -> int:
+        """:meth:`submit_many` for records already encoded (JSON objects, no ``prev``), and
+        redacted by :meth:`~.redaction.Redactor.redacted_encoded`."""
         queued = 0
         with self._condition:
             was_empty = not self._queue
