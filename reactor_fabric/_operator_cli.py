@@ -27,7 +27,7 @@ from .config.structs import Suite
 from .config.token import TokenError, find_token
 from .config.units import parse_duration
 from .config.xdg import xdg_dir
-from .observe.audit import AuditWriter, audit_files, read_records, verify
+from .observe.audit import AuditWriter, audit_files, file_start, read_records, verify
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -259,7 +259,16 @@ def _verify(path: Path) -> int:
         print(problem)
     where = ", ".join(str(file) for file in result.files)
     if result.starts_after is not None:
-        print(f"note: the oldest line follows one rotated away (hash {result.starts_after[:12]}…)")
+        away = f"{result.rotated_away} file(s)" if result.rotated_away else "files"
+        print(
+            f"note: the oldest line follows {away} rotated away (the last line they had hashes "
+            f"to {result.starts_after[:12]}…)"
+        )
+    if result.head_unproven is not None:
+        print(
+            f"note: {result.head_unproven} was written before files began with a file_start "
+            "record: lines cut from its head would look the same as files rotated away"
+        )
     if result.intact:
         print(f"ok: {result.records} records, chain intact ({where})")
         return EXIT_OK
@@ -408,8 +417,8 @@ def _records_with_end(path: Path, position: int) -> Iterator[tuple[dict[str, Any
                     record = json.loads(line)
                 except (ValueError, RecursionError):
                     continue  # not a record, or nested too deep to read (verify reports it)
-                if isinstance(record, dict):
-                    yield record, position
+                if isinstance(record, dict) and file_start(record) is None:
+                    yield record, position  # (a file's file_start is no event: as read_records)
     except FileNotFoundError:
         return
 

@@ -3,10 +3,17 @@
 Every record is one JSON object on one line, its keys in a fixed order, ending in ``"prev"``:
 the hex SHA-256 of the previous line's bytes (without its newline). The first line ever written
 has 64 zeros there. A line removed or edited breaks the chain at the next line, which
-:func:`verify` finds (``python -m reactor_fabric audit verify``); so does removing the first
-lines of a trail whose oldest file is not a rotated one. The chain continues across
+:func:`verify` finds (``python -m reactor_fabric audit verify``). The chain continues across
 restarts (the writer reads the last line on start) and across rotations (the first line of a
 fresh file names the last line of the rotated one).
+
+Every file the writer begins starts with a ``file_start`` record: the file's number in the
+trail (``file``, 1 for its first) and the hash of the previous file's first line
+(``previous_first``; null for the trail's first file), chained like any record (its ``prev`` is
+the previous file's last line). So the oldest file left says where it stands: beginning with its
+``file_start``, it follows files rotated away (``file`` - 1 of them); beginning with anything
+else but the chain's start, its head was cut — and the next file's ``file_start`` says which
+line it began with, which also covers a file written before these records existed.
 
 What the chain does not do: someone who can rewrite the files can recompute every hash after
 an edit, and the newest line can be removed without a trace. Ship the lines elsewhere as they
@@ -21,7 +28,8 @@ as there is room again. A thread appends the lines (``O_APPEND``, mode 0600, its
 0700) in batches — it lingers a second after the first line, less when the queue fills —
 flushes after each batch (no fsync: a crash of the machine may lose the last lines), and
 rotates by size: ``audit.jsonl`` becomes ``audit.jsonl.1`` and so on, keeping ``keep`` rotated
-files.
+files. Where a file ends is decided where lines are chained (the next file's ``file_start`` must
+come between them in the chain); the thread rotates where the queue says so.
 
 Resource handling: :meth:`AuditWriter.close` writes what is queued and joins the thread, bounded
 by its timeout; the file is closed by the thread itself.
@@ -65,7 +73,11 @@ DEFAULT_QUEUE_BYTES: Final = 8 * 1024 * 1024
 # line reaches the file; a queue filling up (a quarter of its bytes) ends the wait early.
 LINGER_SECONDS: Final = 1.0
 _PREV_KEY: Final = b',"prev":"'
+# The record each file begins with (see the module docstring).
+FILE_START: Final = "file_start"
 CHAIN_BYTES: Final = len(_PREV_KEY) + 64 + 3  # what chaining adds to a record's line
+# What chaining adds to an encoded record (the key, the hash, its closing quote) with the newline.
+_LINE_EXTRA: Final = len(_PREV_KEY) + 64 + 1 + 1
 _encoder = msgspec.json.Encoder()
 
 
@@ -149,6 +161,30 @@ def chain_head(path: Path) -> str:
     return GENESIS
 
 
+def first_line(path: Path) -> bytes | None:
+    """The first line of a file (without its newline), or None if it is empty or missing."""
+    try:
+        with path.open("rb") as file:
+            line = file.readline()
+    except FileNotFoundError:
+        return None
+    return line.rstrip(b"\n") or None
+
+
+def file_start(record: object) -> dict[str, Any] | None:
+    """``record`` if it is a file's ``file_start`` record, else None."""
+    if isinstance(record, dict) and record.get("event") == FILE_START:
+        return record
+    return None
+
+
+def file_number(line: bytes | None) -> int | None:
+    """The number the ``file_start`` record ``line`` gives its file (None: not one)."""
+    header = file_start(_decoded(line)) if line is not None else None
+    number = header.get("file") if header is not None else None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
 # --- verification -------------------------------------------------------------------------------
 
 
@@ -157,25 +193,47 @@ class Verification:
     """What :func:`verify` found."""
 
     files: list[Path] = field(default_factory=list)
-    records: int = 0
+    records: int = 0  # lines read but the files' file_start records
     problems: list[str] = field(default_factory=list)
     # The first line's predecessor when it is not the genesis: older files were rotated away.
     starts_after: str | None = None
+    # How many files were rotated away before the oldest, as its file_start says (None: it
+    # has none, or it is the trail's first file).
+    rotated_away: int | None = None
+    # The oldest file, when it begins neither the chain nor with a file_start record and no
+    # later file's file_start names its first line: a trail written before file_start records,
+    # whose cut head would look the same as its predecessors rotated away.
+    head_unproven: Path | None = None
 
     @property
     def intact(self) -> bool:
         return not self.problems
 
 
+@dataclass
+class _Head:
+    """A file's first line, as :func:`verify` read it."""
+
+    file: Path
+    line: bytes
+    prev: str | None  # the hash it names (None: it names none)
+    header: dict[str, Any] | None  # itself, when it is a file_start record
+
+
 def verify(path: Path) -> Verification:
     """Check the chain of every line of the trail at ``path``, across its rotated files.
 
-    The trail's first record must start the chain (64 zeros), unless its file is a rotated one
-    (``audit.jsonl.N``): older files were rotated away, which the numbering shows. Anything
-    else would let the first lines of a trail be deleted without a trace.
+    The trail's first record must start the chain (64 zeros) or be a ``file_start`` record:
+    then older files were rotated away. Each ``file_start`` names the first line of the file
+    before it (``previous_first``), which must be that file's first line: so a file whose head
+    was cut is told apart from one whose predecessors were rotated away, also when it was
+    written before ``file_start`` records existed. Only an oldest file with neither, and no
+    later file naming its first line (a trail written before them), is taken as it is
+    (:attr:`Verification.head_unproven`).
     """
     result = Verification(files=audit_files(path))
     expected: str | None = None
+    heads: list[_Head] = []
     for file in result.files:
         with file.open("rb") as lines:
             for number, raw in enumerate(lines, start=1):
@@ -184,6 +242,11 @@ def verify(path: Path) -> Verification:
                 if not raw.endswith(b"\n"):
                     result.problems.append(f"{where}: the last line is incomplete")
                 record = _decoded(line)
+                prev = record.get("prev") if isinstance(record, dict) else None
+                if number == 1:
+                    named = prev if isinstance(prev, str) else None
+                    heads.append(_Head(file, line, named, file_start(record)))
+                    _check_previous_first(heads, result)
                 if record is None:
                     # Never a traceback: a line nested beyond the decoder's limit is tampering
                     # like any other line that is not a record (the writer writes neither).
@@ -192,28 +255,65 @@ def verify(path: Path) -> Verification:
                     )
                     expected = line_hash(line)
                     continue
-                prev = record.get("prev") if isinstance(record, dict) else None
                 if not isinstance(prev, str):
                     result.problems.append(f"{where}: no hash of the previous line")
-                elif expected is None:
-                    if prev == GENESIS:
-                        pass
-                    elif file != path:
-                        result.starts_after = prev
-                    else:
-                        result.problems.append(
-                            f"{where}: the first record does not start the chain (it follows a "
-                            f"line hashing to {prev[:12]}…, and no rotated file precedes it): "
-                            "the lines before it were removed"
-                        )
-                elif prev != expected:
+                elif expected is not None and prev != expected:
                     result.problems.append(
                         f"{where}: the previous line was changed or removed "
                         f"(it hashes to {expected[:12]}…, this line expects {prev[:12]}…)"
                     )
-                result.records += 1
+                if file_start(record) is None:
+                    result.records += 1  # (a file's file_start is no event)
                 expected = line_hash(line)
+    if heads:
+        _check_oldest(heads, path, result)
     return result
+
+
+def _check_previous_first(heads: list[_Head], result: Verification) -> None:
+    """The file_start of the file just begun against the first line of the one before it."""
+    if len(heads) < 2 or heads[-1].header is None:
+        return
+    named = heads[-1].header.get("previous_first")
+    before = heads[-2]
+    found = line_hash(before.line)
+    if named != found:
+        shown = f"{named[:12]}…" if isinstance(named, str) else repr(named)
+        result.problems.append(
+            f"{before.file}:1: the first lines of this file were removed (its first line "
+            f"hashes to {found[:12]}…, the file_start of {heads[-1].file.name} names {shown})"
+        )
+
+
+def _check_oldest(heads: list[_Head], path: Path, result: Verification) -> None:
+    """Where the oldest file stands: at the chain's start, after files rotated away, or after
+    lines removed from its head (a problem)."""
+    oldest = heads[0]
+    if oldest.prev is None or oldest.prev == GENESIS:
+        return  # the chain's start (a first line naming no hash is reported already)
+    if oldest.header is not None:
+        result.starts_after = oldest.prev
+        number = file_number(oldest.line)
+        if number is not None and number > 1:
+            result.rotated_away = number - 1
+        return
+    successor = heads[1] if len(heads) > 1 else None
+    if successor is not None and successor.header is not None:
+        # The next file's file_start names this one's first line, or that was reported: a file
+        # written before file_start records, its head as it was when it was rotated.
+        if successor.header.get("previous_first") == line_hash(oldest.line):
+            result.starts_after = oldest.prev
+        return
+    if oldest.file == path:
+        result.problems.append(
+            f"{oldest.file}:1: the first record does not start the chain (it follows a line "
+            f"hashing to {oldest.prev[:12]}…, and it is no file_start record, nor does a "
+            "rotated file precede it): the lines before it were removed"
+        )
+        return
+    # A trail written before file_start records: rotated away or cut, nothing tells which.
+    result.starts_after = oldest.prev
+    result.head_unproven = oldest.file
 
 
 def _decoded(line: bytes) -> object | None:
@@ -226,17 +326,27 @@ def _decoded(line: bytes) -> object | None:
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every record of the trail, oldest first (lines that are not records, or nested too deep
-    to read, are skipped)."""
+    """Every record of the trail, oldest first, but the files' ``file_start`` records (where a
+    file stands is :func:`verify`'s business); lines that are not records, or nested too deep
+    to read, are skipped."""
     for file in audit_files(path):
         with file.open("rb") as lines:
             for raw in lines:
                 record = _decoded(raw)
-                if isinstance(record, dict):
+                if isinstance(record, dict) and file_start(record) is None:
                     yield record
 
 
 # --- the writer ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _FileStart:
+    """A queued file_start line (with its newline); ``rotate``: the file before it is full,
+    rotate before writing it (else the file is empty: it starts the file as it is)."""
+
+    line: bytes
+    rotate: bool
 
 
 class AuditInUse(OSError):
@@ -270,15 +380,23 @@ class AuditWriter:
         self.dropped = 0  # records dropped so far (queue full or a failed write)
         self.written = 0
         self._reported = 0  # drops already told in an audit_dropped record
-        self._queue: collections.deque[bytes] = collections.deque()  # chained lines, with \n
+        # Chained lines, with \n, and where a file starts.
+        self._queue: collections.deque[bytes | _FileStart] = collections.deque()
         self._queued_bytes = 0
         self._condition = threading.Condition(threading.Lock())
         self._closing = False
         self._thread: threading.Thread | None = None
         self._file: Any = None
         self._lock: int | None = None
-        self._size = 0
         self._head = GENESIS
+        # The current file as it will be once the queue is written (kept where lines are
+        # chained, which decides where a file ends): its bytes, whether it holds a line but its
+        # file_start, its number and the hash of its first line (None: unknown, written before
+        # file_start records; or, while it is empty, those of the file before it).
+        self._file_bytes = 0
+        self._file_records = False
+        self._file_number: int | None = None
+        self._file_first: str | None = None
 
     def open(self) -> None:
         """Create the directory and file (private to the user) and start the writer thread.
@@ -300,13 +418,26 @@ class AuditWriter:
         self._lock = lock
         self._head = chain_head(self.path)
         self._file = self._open_file()
+        self._file_bytes = self._file.tell()
+        first = first_line(self.path) if self._file_bytes else None
+        if first is None:
+            # Empty: the first line chained starts it with a file_start that follows the
+            # newest rotated file, if there is one.
+            before = [file for file in audit_files(self.path) if file != self.path]
+            first = first_line(before[-1]) if before else None
+            self._file_records = False
+        else:
+            only_header = self._file_bytes <= len(first) + 1 and file_number(first) is not None
+            self._file_records = not only_header
+        self._file_number = file_number(first)
+        self._file_first = line_hash(first) if first is not None else None
         self._thread = threading.Thread(target=self._run, name="reactor-fabric-audit", daemon=True)
         self._thread.start()
 
     def _open_file(self) -> Any:
         descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         file = os.fdopen(descriptor, "ab")
-        self._size = file.seek(0, os.SEEK_END)
+        file.seek(0, os.SEEK_END)
         return file
 
     def submit(self, record: dict[str, Any]) -> bool:
@@ -319,8 +450,12 @@ class AuditWriter:
         """:meth:`submit` for several records in order, taking the lock once; how many were
         queued (the others were dropped)."""
         # A secret's value never reaches the trail (a tool call's arguments in full may carry
-        # one a client passed on).
-        encoded = [SECRET_VALUES.redact_bytes(_encoder.encode(record)) for record in records]
+        # one a client passed on): encoded as the operators' routes encode what they show.
+        return self.submit_encoded([SECRET_VALUES.redacted_json(record) for record in records])
+
+    def submit_encoded(self, encoded: list[bytes]) -> int:
+        """:meth:`submit_many` for records already encoded (JSON objects, no ``prev``), and
+        redacted by :meth:`~.redaction.Redactor.redacted_encoded`."""
         queued = 0
         with self._condition:
             was_empty = not self._queue
@@ -352,11 +487,36 @@ class AuditWriter:
         return self._queued_bytes >= self._wake_bytes
 
     def _chain(self, data: bytes) -> None:
-        """Queue the line of an encoded record, next in the chain (the lock is held)."""
+        """Queue the line of an encoded record, next in the chain (the lock is held); a
+        file_start before it when it begins a file (the current one is empty, or it would
+        outgrow max_bytes with the line: then the file is rotated there)."""
+        size = len(data) + _LINE_EXTRA
+        if self._file_bytes == 0:
+            self._start_file(rotate=False)
+        elif self._file_records and self._file_bytes + size > self.max_bytes:
+            self._start_file(rotate=True)
         line = chained(data, self._head)
         self._head = line_hash(line)
         self._queue.append(line + b"\n")
         self._queued_bytes += len(line) + 1
+        self._file_bytes += len(line) + 1
+        self._file_records = True
+
+    def _start_file(self, *, rotate: bool) -> None:
+        """Queue the file_start of the next file, next in the chain (the lock is held)."""
+        number = (self._file_number or 0) + 1
+        record = {
+            "ts": now_iso(),
+            "event": FILE_START,
+            "file": number,
+            "previous_first": self._file_first,
+        }
+        line = chained(_encoder.encode(record), self._head)
+        self._head = line_hash(line)
+        self._queue.append(_FileStart(line + b"\n", rotate))
+        self._queued_bytes += len(line) + 1
+        self._file_bytes, self._file_records = len(line) + 1, False
+        self._file_number, self._file_first = number, self._head
 
     def _queue_drop_notice(self) -> None:
         """Queue an audit_dropped record for drops not yet told (the lock is held)."""
@@ -411,24 +571,26 @@ class AuditWriter:
                 return
             self._condition.wait(remaining)
 
-    def _write(self, batch: list[bytes]) -> None:
-        """Append a batch of chained lines, rotating where the file would outgrow max_bytes."""
+    def _write(self, batch: list[bytes | _FileStart]) -> None:
+        """Append a batch of chained lines, rotating where a file_start says so."""
+        records = sum(1 for item in batch if not isinstance(item, _FileStart))
         try:
-            start = 0
-            size = self._size
-            for index, line in enumerate(batch):
-                if size and size + len(line) > self.max_bytes:
-                    self._file.write(b"".join(batch[start:index]))
-                    self._rotate()
-                    start, size = index, 0
-                size += len(line)
-            self._file.write(b"".join(batch[start:]))
+            lines: list[bytes] = []
+            for item in batch:
+                if isinstance(item, _FileStart):
+                    if item.rotate:
+                        self._file.write(b"".join(lines))
+                        lines = []
+                        self._rotate()
+                    lines.append(item.line)
+                else:
+                    lines.append(item)
+            self._file.write(b"".join(lines))
             self._file.flush()
-            self._size = size
-            self.written += len(batch)
+            self.written += records
         except (OSError, ValueError) as exc:
             with self._condition:
-                self.dropped += len(batch)
+                self.dropped += records
             log.error("audit_write_failed", extra={"path": str(self.path), "detail": str(exc)})
 
     def _rotate(self) -> None:

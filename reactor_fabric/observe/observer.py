@@ -5,7 +5,9 @@ The session drivers and the orchestrator call an :class:`Observer` when somethin
 session starts or ends, a container starts or stops, a tool call ends, an error is answered).
 It turns each event into an audit record (:mod:`.audit`), updates the metrics
 (:mod:`.metrics`) from the very same event — so the counters match the audit by construction —
-and keeps the recent past in memory, bounded, for the status page.
+and keeps the recent past in memory, bounded, for the status page. A tool call is kept as its
+audit record is written: without a secret's value (:mod:`.redaction`), whatever field of it a
+client or a server filled in (arguments, the tool's name, the request id, an error's reason).
 
 Synchronous and cheap: it runs on the trio thread; the audit file is written by the writer's
 own thread.
@@ -27,6 +29,7 @@ from ..protocol.egress import EgressRecord
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from .audit import AuditWriter, now_iso
 from .metrics import Metrics
+from .redaction import SECRET_VALUES
 
 if TYPE_CHECKING:
     from .tracing import Tracing
@@ -81,7 +84,7 @@ class CallEvent:
     duration: float
     service: str
     outcome: str
-    record: dict[str, Any]
+    record: dict[str, Any]  # its audit record, redacted as the trail has it
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,13 +170,13 @@ class Observer:
         if not self._deferred:
             return
         held, self._deferred, self._deferred_bytes = self._deferred, [], 0
-        records: list[dict[str, Any]] = []
+        records: list[bytes] = []
         for item in held:
             if isinstance(item, dict):
-                records.append(item)
+                records.append(SECRET_VALUES.redacted_json(item))
                 continue
             try:
-                records.append(self._record_call(item))
+                line = self._record_call(item)
             except Exception:
                 # This runs in the orchestrator's own task, not the session's: a call that
                 # cannot be recorded (a tracing exporter failing, say) is logged and left out,
@@ -182,8 +185,11 @@ class Observer:
                 log.exception("tool_call_not_recorded", extra={"session": item.session})
                 if self.audit is not None:
                     self.audit.count_dropped(1)
+                continue
+            if line is not None:
+                records.append(line)
         if self.audit is not None:
-            self.audit.submit_many(records)
+            self.audit.submit_encoded(records)
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -408,12 +414,14 @@ class Observer:
         if self._wake is not None:
             self._hold(held)
             return
-        record = self._record_call(held)
-        if self.audit is not None:
-            self.audit.submit(record)
+        line = self._record_call(held)
+        if self.audit is not None and line is not None:
+            self.audit.submit_encoded([line])
 
-    def _record_call(self, held: _HeldCall) -> dict[str, Any]:
-        """The call's metrics and status page entry, and its audit record (returned)."""
+    def _record_call(self, held: _HeldCall) -> bytes | None:
+        """The call's metrics and status page entry, and its audit record (returned encoded,
+        and redacted: None without a trail). The status page keeps the record as the trail
+        has it: one redaction, and one encoding, for both."""
         call = held.done.call
         session, service, container = held.session, held.service, held.container
         now = held.ended
@@ -448,7 +456,12 @@ class Observer:
             record["parent"] = held.parent
             self.metrics.agent_call(str(held.parent.get("agent", "")), service, call.outcome)
         self.metrics.tool_call(service, call.tool, call.outcome, call.duration)
-        self.calls.append(CallEvent(now, call.duration, service, call.outcome, record))
+        line: bytes | None = None
+        if self.audit is not None:
+            kept, line = SECRET_VALUES.redacted_encoded(record)
+        else:
+            kept = SECRET_VALUES.redacted(record)
+        self.calls.append(CallEvent(now, call.duration, service, call.outcome, kept))
         if self.tracing is not None:
             self.tracing.tool_call(
                 call,
@@ -458,7 +471,7 @@ class Observer:
                 container=container,
                 ended=now,
             )
-        return record
+        return line
 
     def error_sent(self, code: int, reason: str) -> None:
         """The orchestrator answered a client with an error of its own."""

@@ -2,9 +2,17 @@
 
 The values are registered once, when the orchestrator resolves its services' secrets
 (:mod:`reactor_fabric.config.secrets`), in the process-wide :data:`SECRET_VALUES`. The log's
-formatter and the audit trail's encoder pass every line through it, and a container's stderr
-line is redacted before it is logged or kept for an error's details: a value a server prints
-(a debug line with its token) reaches no record.
+formatter passes every line through it, and a container's stderr line is redacted before it is
+logged or kept for an error's details: a value a server prints (a debug line with its token)
+reaches no record.
+
+What is JSON — the audit trail's records, what the operators' routes keep and answer with
+(``/api/calls``, ``/api/sessions``, ``/api/stats``, the status page), the offers a server
+makes (cached on disk, served by ``/mcp``) — goes through one function,
+:meth:`Redactor.redacted_encoded` (and its two halves, :meth:`Redactor.redacted` and
+:meth:`Redactor.redacted_json`): a page shows what the trail has. It encodes the value once and
+looks for a registered value in that text; only when one is there does it replace it in the
+value's strings (keys too) and numbers, so that what comes out is still JSON of the same shape.
 
 A value is matched as it is and as it looks inside a JSON string (quotes, backslashes and
 control characters escaped), since the log and the trail are JSON lines.
@@ -16,8 +24,14 @@ import json
 import re
 import threading
 from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from ..protocol.deep_json import DeepEncoder
 
 REDACTED = "[REDACTED]"
+# msgspec's encoding, at any depth of nesting (a server's schema is nested as deep as it likes).
+_encoder = DeepEncoder()
+Value = TypeVar("Value")
 
 
 class Redactor:
@@ -66,6 +80,62 @@ class Redactor:
     def redact_bytes(self, data: bytes) -> bytes:
         pattern = self._bytes
         return data if pattern is None else pattern.sub(REDACTED.encode(), data)
+
+    def redacted_encoded(self, value: Value) -> tuple[Value, bytes]:
+        """``value`` (JSON's kinds: dicts, lists, strings, numbers…; a tuple is taken for a
+        list) without a registered value, and its JSON (msgspec's encoding). When it carries
+        none, the usual case, it is returned itself with its one encoding; else a copy whose
+        strings (keys too) have every value replaced by :data:`REDACTED`, and whose numbers
+        whose JSON has one are that string."""
+        data = _encoder.encode(value)
+        pattern = self._bytes
+        if pattern is None or pattern.search(data) is None:
+            return value, data
+        clean = self._replaced(value)
+        return clean, _encoder.encode(clean)
+
+    def redacted(self, value: Value) -> Value:
+        """``value`` without a registered value (see :meth:`redacted_encoded`)."""
+        if self._bytes is None:
+            return value  # nothing registered: not even encoded
+        return self.redacted_encoded(value)[0]
+
+    def redacted_json(self, value: object) -> bytes:
+        """``value``'s JSON without a registered value (see :meth:`redacted_encoded`)."""
+        return self.redacted_encoded(value)[1]
+
+    def _replaced(self, value: Value) -> Value:
+        """A copy of ``value`` with every registered value replaced, walked with a stack of
+        its own (as deep as it is nested)."""
+        text, data = self._text, self._bytes
+        if text is None or data is None:
+            return value
+        holder: list[Any] = [value]
+        todo: list[tuple[Any, Any]] = [(holder, 0)]
+        while todo:
+            parent, key = todo.pop()
+            item = parent[key]
+            if isinstance(item, str):
+                parent[key] = text.sub(REDACTED, item)
+            elif isinstance(item, dict):
+                copy: dict[Any, Any] = {}
+                for name, inner in item.items():
+                    shown = text.sub(REDACTED, name) if isinstance(name, str) else name
+                    copy[shown] = inner
+                    todo.append((copy, shown))
+                parent[key] = copy
+            elif isinstance(item, list | tuple):
+                items = list(item)
+                todo.extend((items, index) for index in range(len(items)))
+                parent[key] = items
+            elif (
+                isinstance(item, int | float)
+                and not isinstance(item, bool)
+                and data.search(_encoder.encode(item)) is not None
+            ):
+                parent[key] = REDACTED
+        result: Value = holder[0]
+        return result
 
 
 def _forms(value: str) -> set[str]:

@@ -22,13 +22,20 @@ A service that could not be learned again keeps the offer it was last learned wi
 Prompts are named the same way. Resource URIs keep their form (clients open them as they
 are); they are routed by a table, and a URI two services both offer goes to the first one in
 the suite's order — the other one's is shown as ``{service}+{uri}``, which routes to it.
+
+Secrets. A server may write a secret it was given (its token) into what it offers — a tool's
+description, a schema's default. An offer is kept, cached and served without the suite's secret
+values (:func:`redacted_offer`, given the redactor: ``observe/redaction.py``'s, which this pure
+layer cannot import): every string and number holding one says ``[REDACTED]`` instead. Names
+too, so that a tool named after a secret is shown (and locked) by its redacted name, and its
+calls name a tool its server does not have.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +46,14 @@ _ALLOWED = re.compile(r"[A-Za-z0-9_.-]+")
 _NOT_ALLOWED = re.compile(r"[^A-Za-z0-9_.-]")
 
 Json = dict[str, Any]
+# A value of JSON's kinds, as it is without the suite's secret values (of the same shape; the
+# value itself when it holds none): observe/redaction.py's SECRET_VALUES.redacted.
+Redact = Callable[[Any], Any]
+
+
+def unredacted(value: Any) -> Any:
+    """The :data:`Redact` of a process that has no secret values."""
+    return value
 
 
 def shown_name(service: str, name: str) -> str:
@@ -259,4 +274,31 @@ def service_catalog(
         prompts=tuple(p for p in prompts if isinstance(p, dict)),
         resources=tuple(r for r in resources if isinstance(r, dict)),
         resource_templates=tuple(t for t in resource_templates if isinstance(t, dict)),
+    )
+
+
+def redacted_offer(offer: ServiceCatalog, redact: Redact) -> ServiceCatalog:
+    """``offer`` without the suite's secret values: its lists and its ``error`` (a server's
+    words may be in it); ``offer`` itself when it held none."""
+    changed = False
+
+    def clean(entries: tuple[Json, ...]) -> tuple[Json, ...]:
+        nonlocal changed
+        given = list(entries)
+        shown = redact(given)
+        changed = changed or shown is not given  # (a Redact gives back what held nothing)
+        return tuple(shown)
+
+    tools, prompts = clean(offer.tools), clean(offer.prompts)
+    resources, templates = clean(offer.resources), clean(offer.resource_templates)
+    error = redact(offer.error) if offer.error is not None else None
+    if not changed and error == offer.error:
+        return offer
+    return replace(
+        offer,
+        tools=tools,
+        prompts=prompts,
+        resources=resources,
+        resource_templates=templates,
+        error=error,
     )

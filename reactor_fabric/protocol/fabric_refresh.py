@@ -11,6 +11,10 @@ per session at a time and lets each backend have at most one list in the works
 (:class:`Relists`), so a backend that repeats
 ``list_changed`` costs one refresh after another, never a pile of them.
 
+A fresh list is taken without the suite's secret values (the session's ``redact``, see
+:mod:`.catalog`), as the catalog probe's offers are: before it is shown, indexed, compared with
+what the service listed before, or with the suite lock.
+
 What changed in a service's tools (:func:`tool_changes`) is kept for the audit trail and the
 log — names, and for a tool whose definition changed, which fields and their hashes — never
 their text: a rewritten description is a server trying its luck with the client's model, and
@@ -27,7 +31,7 @@ from typing import Any
 import msgspec
 
 from ..discovery import DiscoveryIndex
-from .catalog import Catalog, ServiceCatalog, service_catalog
+from .catalog import Catalog, Redact, ServiceCatalog, service_catalog, unredacted
 from .fabric_discovery import ServiceFacts, index_catalog
 from .suite_lock import Mode, SuiteLock, relocked_tools
 
@@ -106,6 +110,8 @@ class Refresh:
     # The suite lock the fresh tools are checked against (orchestrator.lock; None: none).
     lock: SuiteLock | None = None
     lock_mode: Mode = "off"
+    # The suite's secret values out of the lists (see .catalog: Redact).
+    redact: Redact = unredacted
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -118,7 +124,7 @@ class Refresh:
             before = services.get(service)
             if before is None:
                 continue  # not a service of the suite: nothing to refresh
-            fresh: ServiceCatalog = service_catalog(**{kind: entries})
+            fresh: ServiceCatalog = service_catalog(**{kind: self.redact(list(entries))})
             services[service] = replace(before, **{kind: getattr(fresh, kind)})
             if kind == "tools":
                 drift: tuple[Json, ...] = ()
@@ -242,6 +248,8 @@ class Relists:
         count: Callable[[Json], int],
         lock: SuiteLock | None = None,
         lock_mode: Mode = "off",
+        *,
+        redact: Redact = unredacted,
     ) -> Refresh | None:
         """The next refresh, with every list that came meanwhile, if none runs."""
         if self.running is not None or not self.fresh:
@@ -251,7 +259,7 @@ class Relists:
         )
         self.held = {key: relist for key, (relist, _) in self.fresh.items()}
         self.fresh = {}
-        self.running = Refresh(base, lists, facts, count, lock, lock_mode)
+        self.running = Refresh(base, lists, facts, count, lock, lock_mode, redact)
         return self.running
 
     def finished(self, job: object) -> tuple[Refresh, dict[Key, _Relist]] | None:

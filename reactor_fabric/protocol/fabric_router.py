@@ -99,7 +99,7 @@ from .answers import (
     container_exited,
     too_many_requests_to_client,
 )
-from .catalog import Catalog
+from .catalog import Catalog, Redact, unredacted
 from .events import (
     Action,
     BackendBroken,
@@ -272,12 +272,15 @@ class FabricRouter(Answers):
         lifecycles: Mapping[str, Lifecycle],
         agents: Iterable[str] = (),
         agent_slots: AgentSlots | None = None,
+        redact: Redact = unredacted,
     ) -> None:
         super().__init__(now=now, audit_arguments=audit_arguments)
         self.catalog = catalog
-        # What a refresh makes the session's catalog and index with.
+        # What a refresh makes the session's catalog and index with: fresh lists without the
+        # suite's secret values (see .catalog).
         self.facts = dict(facts)
         self.count_tokens = count_tokens
+        self.redact = redact
         self.mount_targets = tuple(mount_targets)
         self.version = version
         self.own_backlog_bytes = own_backlog_bytes
@@ -959,7 +962,12 @@ class FabricRouter(Answers):
 
     def _next_refresh(self) -> list[Action]:
         refresh = self.relists.next(
-            self.catalog, self.facts, self.count_tokens, self.lock, self.lock_mode
+            self.catalog,
+            self.facts,
+            self.count_tokens,
+            self.lock,
+            self.lock_mode,
+            redact=self.redact,
         )
         if refresh is None:
             return []

@@ -52,7 +52,7 @@ from .answers import (
     log_notification,
     session_ending,
 )
-from .catalog import Catalog, Entry
+from .catalog import Catalog, Entry, Redact, unredacted
 from .client_lease import ClientLease
 from .events import (
     Action,
@@ -160,6 +160,7 @@ class FabricServer(FabricRouter):
         lock_mode: Mode = "off",
         agents: Iterable[str] = (),
         agent_slots: AgentSlots | None = None,
+        redact: Redact = unredacted,
     ) -> None:
         super().__init__(
             catalog,
@@ -175,6 +176,7 @@ class FabricServer(FabricRouter):
             lifecycles=lifecycles or {},
             agents=agents,
             agent_slots=agent_slots,
+            redact=redact,
         )
         self.session_id = session_id
         self.lock, self.lock_mode = lock, lock_mode  # (see suite_lock.py)

@@ -77,6 +77,7 @@ from .answers import (
     session_ending,
 )
 from .backlog import Backlog
+from .catalog import Redact, unredacted
 from .client_lease import ClientLease
 from .events import (
     Action,
@@ -215,6 +216,7 @@ class SessionMachine:
         lock_mode: Mode = "off",
         session_id: str = "",
         agent_slots: AgentSlots | None = None,
+        redact: Redact = unredacted,
     ) -> None:
         self.service_name = service_name
         # An llm_agent service's session: its calls are agent calls, counted in the
@@ -225,6 +227,9 @@ class SessionMachine:
         # and the tools it withholds under enforce (name → why; see suite_lock.py).
         self.lock = lock if lock_mode != "off" else None
         self.lock_mode: Mode = lock_mode
+        # The suite's secret values out of what is compared with the lock, which hashes the
+        # tools as /mcp serves them (see .catalog: Redact); the answer itself passes as it is.
+        self.redact = redact
         self._withheld: dict[str, dict[str, Any]] = {}
         self._drift_seen: set[tuple[str, str, tuple[str, ...]]] = set()
         self.lifecycle = lifecycle or Lifecycle()
@@ -686,14 +691,14 @@ class SessionMachine:
         except (msgspec.DecodeError, RecursionError):
             return None
         name = params.get("name") if isinstance(params, dict) else None
-        return self._withheld.get(name) if isinstance(name, str) else None
+        return self._withheld.get(self.redact(name)) if isinstance(name, str) else None
 
     def _checked_list(self, line: bytes) -> tuple[bytes, list[Action]]:
         """The server's tools/list answer against the suite lock: what to pass on, and the
         drift not reported yet in this session (the driver logs and audits it)."""
         assert self.lock is not None
         line, drifts = checked_tools_list(
-            self.service_name, self.lock, self.lock_mode, line, self._withheld
+            self.service_name, self.lock, self.lock_mode, line, self._withheld, redact=self.redact
         )
         fresh = []
         for drift in drifts:

@@ -15,6 +15,14 @@ Hashes are of canonical JSON (:func:`canonical`): keys sorted, no spaces, UTF-8 
 parts hashed are the ones that reach a model or a client's choice (:data:`PARTS`); other keys
 (``_meta``, ``icons``) are not locked. Names are the service's own, not the endpoint's shown ones.
 
+What is hashed is a definition as ``/mcp`` serves it: without the suite's secret values (each
+replaced by ``[REDACTED]``, see :mod:`.catalog`). The catalog probe's offers are redacted before
+anything reads them (the lock made from them, and every comparison), a ``/mcp`` session's fresh
+lists too, and the relay compares a server's ``tools/list`` the same way (:func:`checked_tools_list`
+is given the redactor) while passing the answer on as it is. So the lock never holds a hash of
+a secret (one that could be guessed offline against it, the rest of the text being known), a
+secret rotated changes no hash, and a definition hashes alike wherever it is compared.
+
 Error handling: :func:`parse_lock` raises :class:`LockInvalid` with what is wrong; nothing here
 raises on a server's malformed entries (an entry without a name is not comparable, and ignored
 as the catalog ignores it).
@@ -32,7 +40,7 @@ import msgspec
 
 from .._errors import SecurityViolation
 from .._reasons import TOOL_DEFINITION_CHANGED
-from .catalog import ServiceCatalog
+from .catalog import Redact, ServiceCatalog, unredacted
 
 Json = dict[str, Any]
 Mode = Literal["enforce", "warn", "off"]
@@ -293,13 +301,20 @@ def withheld_error(service: str, why: Json) -> SecurityViolation:
 
 
 def checked_tools_list(
-    service: str, lock: SuiteLock, mode: Mode, line: bytes, withheld: dict[str, Json]
+    service: str,
+    lock: SuiteLock,
+    mode: Mode,
+    line: bytes,
+    withheld: dict[str, Json],
+    *,
+    redact: Redact = unredacted,
 ) -> tuple[bytes, list[Drift]]:
     """A relayed ``tools/list`` answer (one page) checked against the lock: the line to pass on
     (under enforce, without the tools that differ) and the drift found in it. ``withheld``
     (tool name → why) is updated: the page's tools that differ in, the others out. A tool the
     page lacks is not drift here (another page may hold it). An answer that is not a list of
-    tools (an error) passes as it is."""
+    tools (an error) passes as it is. The tools are compared, and named, as ``redact`` leaves
+    them (the lock's hashes are of definitions without the suite's secret values)."""
     try:
         message = msgspec.json.decode(line)
     except (msgspec.DecodeError, RecursionError):
@@ -309,11 +324,12 @@ def checked_tools_list(
     if mode == "off" or not isinstance(result, dict) or not isinstance(tools, list):
         return line, []
     entries = [tool for tool in tools if isinstance(tool, dict)]
+    compared: list[Json] = redact(entries)
     locked = lock.services.get(service, {}).get("tools", {})
     drifts = [
-        d for d in compare_entries(service, "tools", locked, entries) if d.change != "removed"
+        d for d in compare_entries(service, "tools", locked, compared) if d.change != "removed"
     ]
-    for name in _named("tools", entries):
+    for name in _named("tools", compared):
         withheld.pop(name, None)
     if mode != "enforce" or not drifts:
         return line, drifts
@@ -323,9 +339,12 @@ def checked_tools_list(
             "change": drift.change,
             "parts": list(drift.parts),
         }
-    result["tools"] = [
-        tool for tool in tools if not (isinstance(tool, dict) and tool.get("name") in withheld)
+    kept = [
+        tool
+        for tool, shown in zip(entries, compared, strict=True)
+        if shown.get("name") not in withheld
     ]
+    result["tools"] = kept  # (entries that are not objects are no tools: left out)
     return msgspec.json.encode(message), drifts
 
 

@@ -10,6 +10,13 @@ or a changed secret is learned again, and nothing else is. A secret enters the k
 HMAC under a random key of the cache directory's own (``.key``, readable by its owner only), so
 the cache's file names cannot be used to guess a secret offline.
 
+A secret's value a server wrote into its offer (a token in a tool's description) is replaced
+before the offer is kept or served (:func:`~reactor_fabric.protocol.catalog.redacted_offer`), and
+an offer cached before that is redacted when it is read and written again. The directory is
+0700 and each file 0600 (made so, an older directory or file looser than that included); a file
+that is not a regular file of ours, or that others could write, is not trusted: the service is
+learned again and the file replaced.
+
 Resource handling: every probe container is removed in a shielded, bounded ``finally``, also
 when the probe fails or is cancelled; its stderr is drained so that it never blocks its stdout.
 
@@ -41,9 +48,10 @@ from .._reasons import CONTAINER_EXITED, CONTAINER_OUTPUT_INVALID, TIMEOUT
 from ..config.secrets import ServiceSecrets
 from ..config.structs import Service
 from ..config.xdg import xdg_dir
+from ..observe.redaction import SECRET_VALUES
 from ..policy.accounts import UNPRIVILEGED
 from ..policy.container_spec import ContainerIdentity, container_spec_for
-from ..protocol.catalog import Catalog, ServiceCatalog, service_catalog
+from ..protocol.catalog import Catalog, ServiceCatalog, redacted_offer, service_catalog
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.probe import OfferProbe, ProbeFailed
 from ..runtime.base import Container, Runtime
@@ -85,13 +93,33 @@ def cache_key(image_id: str, service: Service, secrets_digest: str | None = None
 
 @dataclass(frozen=True)
 class CatalogStore:
-    """Learned offers on disk, one JSON file per cache key (written whole, then renamed)."""
+    """Learned offers on disk, one JSON file per cache key (written whole, then renamed), in a
+    directory of the owner's only."""
 
     directory: Path
 
     def load(self, key: str) -> ServiceCatalog | None:
+        """The offer kept under ``key``; None when there is none, or none to trust: not a
+        regular file of ours in a directory of ours, writable by others, or not an offer (then
+        it is learned again, and replaced). One others could read is made private first, and
+        so is the directory (older files in it, cached before it was, with it)."""
         try:
-            data = json.loads((self.directory / f"{key}.json").read_text())
+            self._private_directory()
+            fd = os.open(self.directory / f"{key}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None  # missing (or a symlink, or not our directory): learned again
+        try:
+            facts = os.fstat(fd)
+            if (
+                not stat.S_ISREG(facts.st_mode)
+                or facts.st_uid != os.geteuid()
+                or facts.st_mode & 0o022
+            ):
+                return None  # someone else's, or others could have written it
+            if facts.st_mode & 0o077:
+                os.fchmod(fd, 0o600)  # written before the cache was private
+            with os.fdopen(os.dup(fd), "rb") as file:
+                data = json.loads(file.read())
             return service_catalog(
                 tools=data["tools"],
                 prompts=data["prompts"],
@@ -99,7 +127,19 @@ class CatalogStore:
                 resource_templates=data["resource_templates"],
             )
         except (OSError, ValueError, KeyError, TypeError):
-            return None  # missing or unreadable: learned again
+            return None  # unreadable: learned again
+        finally:
+            os.close(fd)
+
+    def _private_directory(self) -> None:
+        """Make the directory (0700), or make an existing one of ours 0700; OSError when it is
+        not a directory of ours (nothing is cached then)."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        facts = os.stat(self.directory)
+        if not stat.S_ISDIR(facts.st_mode) or facts.st_uid != os.geteuid():
+            raise OSError(f"{self.directory}: not a directory of ours")
+        if facts.st_mode & 0o077:
+            os.chmod(self.directory, 0o700)
 
     def key_for(self, image_id: str, service: Service, secrets: ServiceSecrets | None) -> str:
         """The cache key of ``service`` with ``secrets`` (blocking: may read or make the
@@ -118,7 +158,7 @@ class CatalogStore:
         """The directory's HMAC key: made once (owner-only, written whole, never replaced),
         read after. A key file that is not a regular file of ours, readable by others or of
         the wrong size is not used (OSError)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self._private_directory()
         path = self.directory / SALT_FILE
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
@@ -150,7 +190,9 @@ class CatalogStore:
             os.close(fd)
 
     def save(self, key: str, offer: ServiceCatalog) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Keep ``offer`` (redacted already) under ``key``: 0600, written whole, then renamed
+        over what was there."""
+        self._private_directory()
         data = {
             "tools": list(offer.tools),
             "prompts": list(offer.prompts),
@@ -158,8 +200,14 @@ class CatalogStore:
             "resource_templates": list(offer.resource_templates),
         }
         scratch = self.directory / f".{key}.{secrets.token_hex(4)}"
-        scratch.write_text(json.dumps(data))
-        scratch.replace(self.directory / f"{key}.json")
+        made = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(made, "w") as file:
+                file.write(json.dumps(data))
+            scratch.replace(self.directory / f"{key}.json")
+        except BaseException:
+            scratch.unlink(missing_ok=True)
+            raise
 
 
 @dataclass(frozen=True)
@@ -228,15 +276,18 @@ async def _learn_one(
     service_secrets = identity.secrets.get(name)
     key = await _key(store, image_id, name, service, service_secrets)
     if key is not None and store is not None and not refresh:
-        cached = await trio.to_thread.run_sync(store.load, key)
+        cached = await trio.to_thread.run_sync(_load_redacted, store, key)
         if cached is not None:
             return Learned(cached, "cache", image_id)
     try:
         offer = await probe_service(runtime, identity, name, service, max_line=max_line)
     except (FabricError, ProbeFailed, FramingError, trio.TooSlowError) as exc:
         detail = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
+        detail = SECRET_VALUES.redact(detail)  # (a server's words may be in it)
         log.warning("catalog_probe_failed", extra={"service": name, "detail": detail})
         return Learned(ServiceCatalog(error=detail, reason=_failure_reason(exc)), "error")
+    # Neither kept nor served with a secret's value in it (nor hashed: the suite lock).
+    offer = await trio.to_thread.run_sync(redacted_offer, offer, SECRET_VALUES.redacted)
     if store is None:
         return Learned(offer, "probe", image_id)
     if key is None and image_id is None:  # the image appeared with the probe (pulled)
@@ -249,6 +300,21 @@ async def _learn_one(
         except OSError as exc:  # a cache we cannot write: learned all the same, next time again
             log.warning("catalog_cache_unwritable", extra={"service": name, "detail": str(exc)})
     return Learned(offer, "probe", image_id)
+
+
+def _load_redacted(store: CatalogStore, key: str) -> ServiceCatalog | None:
+    """The cached offer under ``key``, redacted; one cached with a secret's value (before
+    offers were redacted) is written again without it (blocking)."""
+    cached = store.load(key)
+    if cached is None:
+        return None
+    offer = redacted_offer(cached, SECRET_VALUES.redacted)
+    if offer is not cached:
+        try:
+            store.save(key, offer)
+        except OSError as exc:  # served redacted all the same; the old file stays until then
+            log.warning("catalog_cache_unwritable", extra={"key": key, "detail": str(exc)})
+    return offer
 
 
 async def _key(

@@ -13,6 +13,12 @@
 
 Every route is behind the same gate as the MCP routes (Origin/Host, then the token): the
 caller has already admitted the request.
+
+What the JSON routes answer with is encoded by the audit trail's own redaction
+(:meth:`~..observe.redaction.Redactor.redacted_json`): a secret's value a client or a server
+put into a tool's name, a request id, an error's reason, a user agent, a mount's path or a
+drift record's names is shown as ``[REDACTED]``, as the trail writes it. (The tool calls are
+kept redacted already, as their records were written: see :mod:`..observe.observer`.)
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import trio
 from ..observe.audit import now_iso
 from ..observe.metrics import CONTENT_TYPE
 from ..observe.page import PAGE_HEADERS, STATUS_PAGE
+from ..observe.redaction import SECRET_VALUES
 from ..observe.status import SessionView, recent_calls, sessions_json, stats
 from .fabric import Fabric, SessionRecord
 from .http_server import HttpExchange
@@ -65,7 +72,7 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
         answer = sessions_json(session_views(fabric))
         if fabric.lock is not None:  # what differs from the suite lock (the page shows it)
             answer["lock_drift"] = {"mode": fabric.lock_mode, "drift": fabric.drift_records()}
-        await exchange.respond_json(200, answer)
+        await _shown(exchange, answer)
     elif path == "/api/calls":
         query = parse_qs(request.query)
 
@@ -82,13 +89,18 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
             outcome=one("outcome"),
             limit=int(limit) if limit is not None and limit.isdigit() else 100,
         )
-        await exchange.respond_json(200, {"calls": calls})
+        await _shown(exchange, {"calls": calls})
     elif path == "/api/stats":
-        await exchange.respond_json(200, stats(observer.calls, observer.starts, now=time.time()))
+        await _shown(exchange, stats(observer.calls, observer.starts, now=time.time()))
     else:
         await exchange.respond(
             200, STATUS_PAGE, content_type=b"text/html; charset=utf-8", headers=PAGE_HEADERS
         )
+
+
+async def _shown(exchange: HttpExchange, answer: dict[str, Any]) -> None:
+    """A 200 JSON answer, encoded as the audit trail encodes a record (secrets redacted)."""
+    await exchange.respond(200, SECRET_VALUES.redacted_json(answer))
 
 
 def session_views(fabric: Fabric) -> dict[str, SessionView]:

@@ -40,6 +40,7 @@ from .._version import __version__
 from ..config.structs import Service
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client, trace_of
+from ..observe.redaction import SECRET_VALUES
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..policy.child_grant import ChildGrant
 from ..protocol.catalog import Catalog
@@ -305,6 +306,7 @@ def _relay_driver(
         lock_mode=fabric.lock_mode,
         session_id=record.id,
         agent_slots=fabric.agent_slots if service.service_type == "llm_agent" else None,
+        redact=SECRET_VALUES.redacted,
     )
     record.served, record.served_since = machine.served, now
     host = ContainerHost(fabric, record)
@@ -372,6 +374,7 @@ async def _fabric_driver(
         lock_mode=fabric.lock_mode,
         agents=frozenset(n for n, s in services.items() if s.service_type == "llm_agent"),
         agent_slots=fabric.agent_slots,
+        redact=SECRET_VALUES.redacted,
     )
     record.served, record.served_since = machine.served, machine.started_at
     host = ContainerHost(fabric, record)

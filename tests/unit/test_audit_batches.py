@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,9 @@ class RecordingWriter(AuditWriter):
         self.seen = seen
         self.batches = 0
 
-    def submit_many(self, records: list[dict[str, Any]]) -> int:
+    def submit_encoded(self, encoded: list[bytes]) -> int:
         self.batches += 1
+        records: list[dict[str, Any]] = [json.loads(line) for line in encoded]
         self.seen.extend(f"{r['event']} {r.get('request_id', '')}".strip() for r in records)
         return len(records)
 

@@ -264,11 +264,35 @@ def test_audit_verify_exits_1_when_the_first_lines_of_the_trail_were_deleted(
     path = tmp_path / "audit.jsonl"
     _trail(path, *({"ts": "t", "event": "tool_call", "n": n} for n in range(4)))
     assert main(["audit", "verify", "--path", str(path)], environ={}) == 0
-    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[2:]))
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[3:]))
     assert main(["audit", "verify", "--path", str(path)], environ={}) == 1
     out = capsys.readouterr().out
     assert f"{path}:1: the first record does not start the chain" in out
     assert "FAILED: 1 problem(s) in 2 records" in out
+
+
+def test_audit_verify_fails_a_cut_head_of_the_oldest_rotated_file_and_counts_files_rotated_away(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    audit = AuditWriter(path, max_bytes=2000, keep=2)
+    audit.open()
+    try:
+        for n in range(300):
+            assert audit.submit({"ts": "t", "event": "tool_call", "n": n})
+    finally:
+        audit.close()
+    oldest = tmp_path / "audit.jsonl.2"
+    number = json.loads(oldest.read_bytes().splitlines()[0])["file"]
+    assert main(["audit", "verify", "--path", str(path)], environ={}) == 0
+    out = capsys.readouterr().out
+    assert f"note: the oldest line follows {number - 1} file(s) rotated away" in out
+    assert "ok: " in out
+    oldest.write_bytes(b"".join(oldest.read_bytes().splitlines(keepends=True)[2:]))
+    assert main(["audit", "verify", "--path", str(path)], environ={}) == 1
+    out = capsys.readouterr().out
+    assert f"{oldest}:1: the first lines of this file were removed" in out
+    assert "FAILED: 1 problem(s)" in out
 
 
 def test_audit_verify_reports_an_over_deep_line_as_tampering_with_its_number_not_a_traceback(
@@ -276,9 +300,9 @@ def test_audit_verify_reports_an_over_deep_line_as_tampering_with_its_number_not
 ) -> None:
     path = tmp_path / "audit.jsonl"
     _trail(path, *({"ts": "t", "event": "tool_call", "n": n} for n in range(2)))
-    first, second = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(first + b"[" * 100_000 + b"]" * 100_000 + b"\n" + second)
+    header, first, second = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(header + first + b"[" * 100_000 + b"]" * 100_000 + b"\n" + second)
     assert main(["audit", "verify", "--path", str(path)], environ={}) == 1
-    assert f"{path}:2: not a JSON object" in capsys.readouterr().out
+    assert f"{path}:3: not a JSON object" in capsys.readouterr().out
     assert main(["audit", "--path", str(path)], environ={}) == 0  # reading skips it
     assert len(capsys.readouterr().out.splitlines()) == 2

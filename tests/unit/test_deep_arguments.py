@@ -222,7 +222,7 @@ def test_a_call_whose_record_cannot_be_made_is_counted_as_dropped_in_the_trail(
     failing = call(request_id=1)
     real = Observer._record_call
 
-    def record_call(self: Observer, held: Any) -> dict[str, Any]:
+    def record_call(self: Observer, held: Any) -> bytes | None:
         if held.done.call is failing:
             raise RuntimeError("a tracing exporter failing, say")
         return real(self, held)

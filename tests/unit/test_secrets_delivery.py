@@ -18,8 +18,9 @@ import trio
 from reactor_fabric import ContainerStartFailure
 from reactor_fabric.config.secrets import SECRETS_DIR, Secret, ServiceSecrets
 from reactor_fabric.config.structs import SecretSource, Service
-from reactor_fabric.observe.audit import AuditWriter
+from reactor_fabric.observe.audit import AuditWriter, read_records
 from reactor_fabric.observe.logging import JsonFormatter
+from reactor_fabric.observe.observer import Observer
 from reactor_fabric.observe.redaction import REDACTED, SECRET_VALUES, Redactor
 from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
 from reactor_fabric.policy.container_spec import (
@@ -227,6 +228,26 @@ def test_a_value_is_redacted_as_it_is_and_as_json_escapes_it() -> None:
     assert json.dumps(FILE_VALUE)[1:-1] not in redactor.redact(line)
     assert json.loads(redactor.redact(line)) == {"a": f"token={REDACTED}", "b": REDACTED}
     assert redactor.redact_bytes(line.encode()) == redactor.redact(line).encode()
+
+
+def test_a_json_value_is_redacted_in_its_strings_keys_and_numbers_and_stays_json() -> None:
+    redactor = Redactor()
+    redactor.register([VALUE, FILE_VALUE, "9876543"])
+    clean = {"a": ["b", 1, {"c": None}]}
+    assert redactor.redacted(clean) is clean  # nothing to replace: not even copied
+    value = {
+        "tool": f"x-{VALUE}",
+        VALUE: [FILE_VALUE, 19876543, 12, True, ("t", VALUE)],
+        "deep": [[[[f"{VALUE}!"]]]],
+    }
+    kept, data = redactor.redacted_encoded(value)
+    assert kept == {
+        "tool": f"x-{REDACTED}",
+        REDACTED: [REDACTED, REDACTED, 12, True, ["t", REDACTED]],
+        "deep": [[[[f"{REDACTED}!"]]]],
+    }
+    assert json.loads(data) == kept  # still JSON, where the number alone would have broken it
+    assert value["tool"] == f"x-{VALUE}"  # the value given is left as it was
 
 
 def test_the_log_and_the_audit_trail_never_carry_a_registered_value(tmp_path: Path) -> None:
@@ -443,3 +464,86 @@ async def test_a_secret_the_api_server_refuses_refuses_the_start_as_secret_unava
     with pytest.raises(ContainerStartFailure, match="HTTP 403: secrets is forbidden") as caught:
         await runtime.spawn(k8s_spec())
     assert caught.value.reason == "secret_unavailable"
+
+
+# --- the operators' routes: shown as the trail writes it ---------------------------------------
+
+
+async def echoing_server(container: MemoryServer) -> None:
+    """Fails every tool call with an error that repeats its token (a careless server)."""
+    token = container.spec.environment.get("GITHUB_TOKEN", "")
+    while (line := await container.read_line()) is not None:
+        message = json.loads(line)
+        if message.get("method") == "initialize":
+            result = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "echoing", "version": "1"},
+            }
+            answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        elif message.get("method") == "tools/call":
+            error = {
+                "code": -32000,
+                "message": f"token {token} refused",
+                "data": {"reason": f"refused:{token}"},
+            }
+            answer = {"jsonrpc": "2.0", "id": message["id"], "error": error}
+        else:
+            continue
+        await container.write_stdout(json.dumps(answer).encode() + b"\n")
+
+
+async def test_a_value_a_client_and_a_server_put_in_a_call_is_redacted_on_every_operator_route(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RF_TEST_GITHUB_TOKEN", VALUE)
+    services = {
+        "github": Service(
+            image="fake/github:1",
+            secrets={"GITHUB_TOKEN": SecretSource(env="RF_TEST_GITHUB_TOKEN", as_="env")},
+        )
+    }
+    trail = tmp_path / "audit.jsonl"
+    audit = AuditWriter(trail, max_bytes=1 << 20, keep=1)
+    audit.open()
+    observer = Observer(services=services, audit=audit)
+    pages: dict[str, bytes] = {}
+    async with served(tmp_path, server=echoing_server, services=services, observer=observer) as (
+        http
+    ):
+        # The client knows the value (it is the token's owner, say) and puts it everywhere a
+        # client can: its user agent, a tool's name, the request's id, the arguments.
+        ws, _ = await http.websocket(
+            "/mcp/github", headers=[(b"user-agent", f"agent/{VALUE}".encode())]
+        )
+        await ws.send_json(INITIALIZE)
+        assert "result" in await ws.hear()
+        await ws.send_json(INITIALIZED)
+        params = {"name": f"use-{VALUE}", "arguments": {"t": VALUE}}
+        await ws.send_json(request(f"id-{VALUE}", "tools/call", params))
+        failed = await ws.hear()
+        assert failed["error"]["data"]["reason"] == f"refused:{VALUE}"  # the server's own words
+        for path in ("/api/calls", "/api/sessions", "/api/stats"):
+            reply = await http.http("GET", path)
+            assert reply.status == 200
+            pages[path] = reply.body
+        await ws.aclose()
+    observer.close()
+
+    for path, body in pages.items():
+        assert VALUE.encode() not in body, path
+    [shown] = json.loads(pages["/api/calls"])["calls"]
+    assert shown["tool"] == f"use-{REDACTED}"
+    assert shown["request_id"] == f"id-{REDACTED}"
+    assert shown["error_reason"] == f"refused:{REDACTED}"
+    assert shown["client"]["user_agent"] == f"agent/{REDACTED}"
+    [session] = json.loads(pages["/api/sessions"])["sessions"]
+    assert session["client"]["user_agent"] == f"agent/{REDACTED}"
+    [container] = session["recent_containers"]  # which container served which call
+    assert container["recent_calls"] == [
+        {"id": f"id-{REDACTED}", "method": "tools/call", "name": f"use-{REDACTED}"}
+    ]
+    # What the page shows of the call is what the trail has (but its chain).
+    [written] = [r for r in read_records(trail) if r["event"] == "tool_call"]
+    assert {key: value for key, value in written.items() if key != "prev"} == shown
+    assert VALUE not in trail.read_text()

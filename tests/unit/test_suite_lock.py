@@ -17,7 +17,8 @@ from reactor_fabric._reasons import IMAGE_CHANGED, TOOL_DEFINITION_CHANGED
 from reactor_fabric.config.structs import Service
 from reactor_fabric.observe.audit import AuditWriter, read_records
 from reactor_fabric.observe.observer import Observer
-from reactor_fabric.protocol.catalog import Catalog, ServiceCatalog, service_catalog
+from reactor_fabric.observe.redaction import REDACTED, SECRET_VALUES, Redactor
+from reactor_fabric.protocol.catalog import Catalog, ServiceCatalog, redacted_offer, service_catalog
 from reactor_fabric.protocol.events import ToolsChanged
 from reactor_fabric.protocol.suite_lock import (
     LOCK_FILE,
@@ -34,10 +35,11 @@ from reactor_fabric.protocol.suite_lock import (
     parse_lock,
     service_lock,
 )
-from reactor_fabric.runtime.memory import MemoryServer
-from reactor_fabric.trio.catalog import Learned
+from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
+from reactor_fabric.trio.catalog import Learned, learn_catalog
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
+from tests.unit.test_catalog_learning import IDENTITY
 
 ECHO = {
     "name": "echo",
@@ -512,3 +514,92 @@ async def test_on_the_relay_a_changed_tool_in_the_servers_list_is_drift_and_with
     assert not any(r["event"] == "tools_changed" for r in records)
     assert POISONED not in (tmp_path / "audit.jsonl").read_text()
     assert [r.message for r in caplog.records if r.message == "lock_drift"] == ["lock_drift"]
+
+
+# --- a secret in a definition: hashed, served and compared without it, on every path ----------
+
+SECRET = "ghp_lock-s3cr3t-0123456789"
+WITH_SECRET = f"Echo the arguments back (as {SECRET})."
+
+
+@pytest.fixture
+def secret_in_description() -> Any:
+    """The server writes the suite's secret (registered, as at start-up) into echo's text."""
+    SECRET_VALUES.register([SECRET])
+    DESCRIPTIONS["fake/svc:2"] = WITH_SECRET
+    yield
+    DESCRIPTIONS.clear()
+    SECRET_VALUES.clear()
+
+
+async def test_a_secret_in_a_definition_is_locked_served_and_compared_without_it_on_both_endpoints(
+    tmp_path: Path, secret_in_description: None
+) -> None:
+    # The lock as 'reactor-fabric lock' makes it: from the offers the catalog probe learned.
+    async with open_memory_runtime(described_server) as runtime:
+        _catalog, learned = await learn_catalog(runtime, IDENTITY, SERVICES, None)
+    item = learned["svc"]
+    text = lock_text({"svc": service_lock("fake/svc:2", item.image_id, item.offer)})
+    assert SECRET not in text
+    # No hash of the secret's text to guess it against offline, the rest of it being known.
+    raw = definition_hashes("tools", {**ECHO, "description": WITH_SECRET})
+    assert raw["parts"]["description"] not in text
+    assert raw["sha256"] not in text
+    audit = AuditWriter(tmp_path / "audit.jsonl", max_bytes=1 << 20, keep=1)
+    audit.open()
+    observer = Observer(services=SERVICES, audit=audit)
+    async with served(
+        tmp_path,
+        server=described_server,
+        learn_catalog=True,
+        services=SERVICES,
+        suite_lock=parse_lock(text),
+        lock_mode="enforce",
+        observer=observer,
+    ) as http:
+        # /mcp serves it redacted, and as locked: not withheld.
+        ws = await session(http)
+        await ws.send_json(request(2, "tools/list"))
+        tools = {tool["name"]: tool for tool in (await ws.hear())["result"]["tools"]}
+        shown = tools["svc__echo"]["description"]
+        assert shown == f"[svc] Echo the arguments back (as {REDACTED})."
+        assert (await call(ws, 3, "svc__echo"))["result"]["content"][0]["text"] == "echo ran"
+        await ws.aclose()
+        # The relay compares the server's own list as /mcp does: as locked, not withheld (its
+        # answer passes as the server wrote it: that server can say its token in any answer).
+        relay = await relay_session(http)
+        await relay.send_json(request(2, "tools/list"))
+        listed = {tool["name"]: tool for tool in (await relay.hear())["result"]["tools"]}
+        assert listed["echo"]["description"] == WITH_SECRET
+        assert (await call(relay, 3, "echo"))["result"]["content"][0]["text"] == "echo ran"
+        await relay.aclose()
+    observer.close()
+    records = list(read_records(tmp_path / "audit.jsonl"))
+    assert [r for r in records if r["event"] == "drift"] == []
+
+
+def test_a_fresh_list_with_a_secret_is_shown_and_compared_without_it() -> None:
+    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+
+    redactor = Redactor()
+    redactor.register([SECRET])
+    convert = {"name": "convert_time", "description": f"Convert a time (as {SECRET})"}
+    current = {"name": "get_current_time", "description": "Current time in a time zone"}
+    # Locked as the probe would have learned it: redacted.
+    learned = redacted_offer(service_catalog(tools=[current, convert]), redactor.redacted)
+    time_lock = parse_lock(lock_text({"time": service_lock("img", "sha256:aaa", learned)}))
+    server = machine.session(
+        active=["time"], lock=time_lock, lock_mode="enforce", redact=redactor.redacted
+    )
+    machine.call(server, 1, "time__get_current_time")
+    machine.ready(server, "time")
+    [relist] = machine.list_changed(server, "time")
+    answer = machine.msg(id=relist["id"], result={"tools": [current, convert]})
+    actions = machine.refreshing(server, machine.line(server, "time", answer))
+    [changed] = [a.changes for a in actions if isinstance(a, ToolsChanged)]
+    assert [entry["tool"] for entry in changed.changed] == ["convert_time"]  # (from CATALOG's)
+    assert changed.drift == ()  # as locked: the lock hashed the text redacted, as it is now
+    listed = machine.client(server, machine.msg(id=5, method="tools/list"))
+    tools = {tool["name"]: tool for tool in machine.to_client(listed)[0]["result"]["tools"]}
+    assert tools["time__convert_time"]["description"] == f"[time] Convert a time (as {REDACTED})"
+    assert SECRET not in json.dumps(server.catalog.services["time"].tools)
