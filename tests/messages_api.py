@@ -27,6 +27,10 @@ the request does not offer in its ``tools`` (Claude Code defers MCP tools behind
 unless ``ENABLE_TOOL_SEARCH=false``; the refusal names the tools offered, so that a test says why
 rather than the client looping). The refusal is recorded in :attr:`MessagesAPI.refusals`.
 
+Each answer's message id is ``msg_rf_<step>``, as the API gives each message its own; with
+``message_id`` every answer has that one id, as some LLM gateways answer (a client that counts
+its turns by message id sees one).
+
 What it does not do: thinking blocks, images, server tools, batches, the models or files
 endpoints, errors on demand, or any check of the API key or of what the request asks
 (``max_tokens``, ``thinking``, betas) — it answers the script whatever was asked.
@@ -106,9 +110,10 @@ class Received:
 class MessagesAPI:
     """The server's state: the script, what was received, what was refused."""
 
-    def __init__(self, script: Sequence[Step]) -> None:
+    def __init__(self, script: Sequence[Step], message_id: str | None = None) -> None:
         self.url = ""
         self._script = list(script)
+        self._message_id = message_id
         self._next_step = 0
         self._tool_ids = 0
         self.received: list[Received] = []
@@ -200,7 +205,7 @@ class MessagesAPI:
                 )
         uses_tool = any(isinstance(block, ToolUse) for block in blocks)
         return {
-            "id": f"msg_rf_{index + 1}",
+            "id": self._message_id or f"msg_rf_{index + 1}",
             "type": "message",
             "role": "assistant",
             "model": request.get("model", "scripted"),
@@ -361,11 +366,13 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 @contextmanager
-def scripted_messages_api(script: Sequence[Step], host: str = "127.0.0.1") -> Iterator[MessagesAPI]:
+def scripted_messages_api(
+    script: Sequence[Step], host: str = "127.0.0.1", message_id: str | None = None
+) -> Iterator[MessagesAPI]:
     """The stand-in serving ``script`` on a free port of ``host`` (``api.url``: what
     ``ANTHROPIC_BASE_URL`` takes; a client in a container needs a ``host`` it can reach),
-    stopped on leaving."""
-    api = MessagesAPI(script)
+    every message under ``message_id`` when given, stopped on leaving."""
+    api = MessagesAPI(script, message_id)
     handler = type("Handler", (_Handler,), {"api": api})
     server = _Server((host, 0), handler)
     shown = f"[{host}]" if ":" in host else host

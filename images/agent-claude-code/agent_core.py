@@ -4,11 +4,22 @@ CLI's argv, and the CLI's stream-json lines → progress steps and the final res
 The adapter's contract (images/README.md, "Agent images"): an agent image runs an MCP server on
 stdio exposing ``run_task {task, max_turns?}``; the server starts the agent CLI headless in the
 workspace, reports one progress notification per step (:func:`step_of` each event), stops the
-CLI on cancellation or at the wall-time limit, and answers the final text with
+CLI on cancellation, at the wall-time limit or past the turn limit, and answers the final text with
 ``structuredContent`` ``{result, turns, tools_used, duration_ms, cost_usd, stop_reason}``
 (:class:`Outcome`), ``isError`` with the reason on any failure. A second agent CLI needs its own
 :func:`claude_argv` and :func:`step_of`/:meth:`Outcome.from_result` equivalents; the server
 (agent_server.py) and the rest stay.
+
+What the CLI is told, and by whom: the task is given on its stdin, never on its command line,
+so that no task is read as an option (``--settings=…`` would be settings, hooks included,
+``--dangerously-skip-permissions`` a mode); every other value on the command line is joined to
+its option (``--model=VALUE``), so that none is read as an option either, whatever it begins
+with, and none is taken by the option before it (several take a list). The settings it loads
+are only the ones given here (no settings file at all: ``--setting-sources=``), so that the
+project it works in, which may be the code under review, does not configure it: none of its
+``.claude/settings.json`` or ``settings.local.json`` (hooks, ``apiKeyHelper``, ``env``,
+permission rules, plugins), ``CLAUDE.md`` and its imports, ``.claude/agents``, ``commands``,
+``skills``, ``workflows``, nor its ``.mcp.json`` (``--strict-mcp-config``: only the fabric).
 """
 
 from __future__ import annotations
@@ -82,27 +93,44 @@ class AgentConfig:
 
 
 def claude_argv(
-    config: AgentConfig, task: str, claude: str = "claude", mcp_config: str | None = None
+    config: AgentConfig, max_turns: int, claude: str = "claude", mcp_config: str | None = None
 ) -> list[str]:
-    """The Claude Code command line for ``task`` under ``config``; ``mcp_config``: the file of
-    :func:`fabric_mcp_config`, when the agent has the fabric."""
-    argv = [claude, "-p", task, "--output-format", "stream-json", "--verbose"]
+    """The Claude Code command line of a run under ``config`` stopping after ``max_turns`` model
+    requests; ``mcp_config``: the file of :func:`fabric_mcp_config`, when the agent has the
+    fabric. The task is not on it: the CLI reads it from its stdin (``-p`` without a prompt),
+    where nothing is an option."""
+    argv = [
+        claude,
+        "-p",
+        "--output-format=stream-json",
+        "--verbose",
+        # The API's events too (a message_start per model request): the turns counted by
+        # Run.feed, whatever ids a gateway gives its messages.
+        "--include-partial-messages",
+        # No settings file: neither the user's (the run's fresh home has none) nor the
+        # project's (.claude/settings*.json, CLAUDE.md, its agents, commands and skills).
+        "--setting-sources=",
+        # Only the MCP servers of --mcp-config (the fabric, when given): none of a project's
+        # .mcp.json, none of a config file's.
+        "--strict-mcp-config",
+        # The CLI counts its own model requests and ends with error_max_turns at the limit.
+        f"--max-turns={max_turns}",
+    ]
     if config.model:
-        argv += ["--model", config.model]
+        argv.append(f"--model={config.model}")
     if config.specialty:
-        argv += ["--append-system-prompt", config.specialty]
+        argv.append(f"--append-system-prompt={config.specialty}")
     if mcp_config is not None:
-        # Only this file's servers: none of a settings file's or a project's .mcp.json.
-        argv += ["--mcp-config", mcp_config, "--strict-mcp-config"]
+        argv.append(f"--mcp-config={mcp_config}")
     if config.danger_mode:
-        argv += ["--dangerously-skip-permissions"]
+        argv.append("--dangerously-skip-permissions")
     else:
-        argv += ["--tools", ",".join(SAFE_TOOLS), "--permission-mode", "acceptEdits"]
+        argv += [f"--tools={','.join(SAFE_TOOLS)}", "--permission-mode=acceptEdits"]
         if mcp_config is not None:
             # In safe mode an MCP tool asks for permission, which nobody answers headless: it
             # would be denied ("you haven't granted it yet"). The fabric's tools are allowed by
             # name; the built-in set stays as above.
-            argv += ["--allowedTools", FABRIC_RULE]
+            argv.append(f"--allowedTools={FABRIC_RULE}")
     return argv
 
 
@@ -181,6 +209,19 @@ def steps_of(event: dict[str, Any], workspace: str) -> list[str]:
     return steps
 
 
+def is_model_request(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is the start of the answer to one of the run's own model requests (the
+    API's ``message_start``, which ``--include-partial-messages`` passes on; a sub-agent's,
+    with its ``parent_tool_use_id``, is not the run's turn)."""
+    inner = event.get("event")
+    return (
+        event.get("type") == "stream_event"
+        and isinstance(inner, dict)
+        and inner.get("type") == "message_start"
+        and event.get("parent_tool_use_id") is None
+    )
+
+
 @dataclass
 class Run:
     """What one run has shown so far, fed each event in order."""
@@ -190,18 +231,16 @@ class Run:
     tools_used: list[str] = field(default_factory=list)
     last_text: str = ""
     result: dict[str, Any] | None = None
-    _last_message: Any = None
 
     def feed(self, event: dict[str, Any]) -> list[str]:
         """Take ``event`` in; the progress steps it makes."""
-        if event.get("type") == "assistant":
+        if is_model_request(event):
+            # A turn is a model request, counted when its answer starts. Not a message id: a
+            # gateway may answer every request under one id (a run of 100 turns was counted
+            # as one), and the CLI prints one assistant event per content block anyway.
+            self.turns += 1
+        elif event.get("type") == "assistant":
             message = event.get("message")
-            # Claude Code prints one assistant event per content block, each with its message's
-            # id: a turn is a message (an event without an id counts as one).
-            message_id = message.get("id") if isinstance(message, dict) else None
-            if message_id is None or message_id != self._last_message:
-                self.turns += 1
-            self._last_message = message_id
             content = message.get("content") if isinstance(message, dict) else None
             for block in content if isinstance(content, list) else []:
                 if isinstance(block, dict) and block.get("type") == "tool_use":
@@ -224,11 +263,15 @@ class Run:
         turns = result.get("num_turns")
         text = result.get("result")
         final = text if isinstance(text, str) else self.last_text
+        # The model requests counted; none seen (a CLI that printed no request): the CLI's
+        # own count. Not the CLI's first: at its turn limit its num_turns also counts the
+        # turn it refused to start.
+        counted = self.turns
+        if counted == 0 and isinstance(turns, int) and not isinstance(turns, bool):
+            counted = turns
         structured: dict[str, Any] = {
             "result": final,
-            "turns": turns
-            if isinstance(turns, int) and not isinstance(turns, bool)
-            else self.turns,
+            "turns": counted,
             "tools_used": list(self.tools_used),
             "duration_ms": duration_ms,
             "cost_usd": float(cost) if isinstance(cost, int | float) else 0.0,

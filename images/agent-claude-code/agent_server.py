@@ -180,13 +180,28 @@ def write_mcp_config(home: str) -> str | None:
 class AgentRun:
     """One run_task: the CLI's process, its events read into a :class:`Run`."""
 
-    def __init__(self, ctx: Context, process: anyio.abc.Process, where: str, limit: int) -> None:
+    def __init__(
+        self, ctx: Context, process: anyio.abc.Process, where: str, limit: int, task: str
+    ) -> None:
         self.ctx = ctx
         self.process = process
         self.run = Run(where)
         self.limit = limit
+        self.task = task
         self.steps = 0
         self.stderr_tail = bytearray()
+
+    async def give_task(self) -> None:
+        """The task on the CLI's stdin, then its end: ``claude -p`` without a prompt argument
+        reads its prompt there, as text whatever it begins with (on the command line, a task
+        ``--settings=…`` would be an option), and of any length (one argument may be 128 KiB)."""
+        assert self.process.stdin is not None
+        try:
+            await self.process.stdin.send(self.task.encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the CLI ended before reading it: its exit says why
+        finally:
+            await self.process.stdin.aclose()
 
     async def read_stderr(self) -> None:
         assert self.process.stderr is not None
@@ -220,6 +235,7 @@ class AgentRun:
         stopped: str | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(self.read_stderr)
+            group.start_soon(self.give_task)
             with anyio.move_on_after(wall_time) as deadline:
                 stopped = await self.pump()
                 if stopped is None:
@@ -261,15 +277,15 @@ async def run_task(task: str, ctx: Context, max_turns: int | None = None) -> Cal
         return error(f"crashed: cannot write the MCP config: {exc.strerror or exc}")
     started = time.monotonic()
     process = await anyio.open_process(
-        claude_argv(config, task, mcp_config=mcp_config),
+        claude_argv(config, limit, mcp_config=mcp_config),
         cwd=where,
         env=cli_environment(home, fabric=mcp_config is not None),
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    agent = AgentRun(ctx, process, where, limit)
+    agent = AgentRun(ctx, process, where, limit, task)
     try:
         stopped = await agent.execute(config.timeout)
     finally:

@@ -47,21 +47,20 @@ def result(**fields: Any) -> dict[str, Any]:
     }
 
 
+def option(argv: list[str], name: str) -> str:
+    """The value of ``--name=VALUE`` in ``argv`` (every value is joined to its option)."""
+    [value] = [a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")]
+    return value
+
+
 def test_the_default_config_is_the_safe_tool_set_with_no_shell() -> None:
     config = core.AgentConfig.parse(None)
-    argv = core.claude_argv(config, "fix the bug")
-    assert argv[:6] == [
-        "claude",
-        "-p",
-        "fix the bug",
-        "--output-format",
-        "stream-json",
-        "--verbose",
-    ]
-    tools = argv[argv.index("--tools") + 1].split(",")
+    argv = core.claude_argv(config, config.max_turns)
+    assert argv[:4] == ["claude", "-p", "--output-format=stream-json", "--verbose"]
+    tools = option(argv, "--tools").split(",")
     assert tools == ["Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit"]
     assert "Bash" not in tools
-    assert argv[argv.index("--permission-mode") + 1] == "acceptEdits"
+    assert option(argv, "--permission-mode") == "acceptEdits"
     assert "--dangerously-skip-permissions" not in argv
     assert (config.timeout, config.max_turns) == (core.DEFAULT_TIMEOUT, core.DEFAULT_MAX_TURNS)
 
@@ -70,12 +69,62 @@ def test_danger_mode_gives_every_tool_without_prompts_and_the_specialty_goes_thr
     raw = json.dumps(
         {"danger_mode": True, "specialty": "You review Python.", "model": "m1", "account": "work"}
     )
-    argv = core.claude_argv(core.AgentConfig.parse(raw), "task")
+    argv = core.claude_argv(core.AgentConfig.parse(raw), 50)
     assert "--dangerously-skip-permissions" in argv
-    assert "--tools" not in argv
-    assert "--permission-mode" not in argv
-    assert argv[argv.index("--append-system-prompt") + 1] == "You review Python."
-    assert argv[argv.index("--model") + 1] == "m1"
+    assert not any(a.startswith(("--tools", "--permission-mode")) for a in argv)
+    assert option(argv, "--append-system-prompt") == "You review Python."
+    assert option(argv, "--model") == "m1"
+
+
+# Values that would be options of Claude Code on its command line, as a separate argument.
+HOSTILE = [
+    '--settings={"hooks":{"SessionStart":[{"hooks":[{"type":"command","command":"touch /p"}]}]}}',
+    "--dangerously-skip-permissions",
+    "--mcp-config",
+    "--add-dir",
+    "-d",
+]
+
+
+@pytest.mark.parametrize("danger", [False, True])
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_specialty_or_model_beginning_with_a_dash_stays_the_value_of_its_option(
+    value: str, danger: bool
+) -> None:
+    config = core.AgentConfig.parse(
+        json.dumps({"specialty": value, "model": value, "danger_mode": danger})
+    )
+    for fabric in (None, "/tmp/h/mcp.json"):
+        argv = core.claude_argv(config, 7, mcp_config=fabric)
+        # Each argument after "-p" is an option, its value joined to it by "=": nothing is
+        # left for the CLI to read as an option of its own, or as a list's next item.
+        assert all(a.startswith("--") for a in argv[2:]), argv
+        assert f"--append-system-prompt={value}" in argv
+        assert f"--model={value}" in argv
+        assert argv.count("--dangerously-skip-permissions") == int(danger)
+        if not danger:
+            assert option(argv, "--permission-mode") == "acceptEdits"
+
+
+@pytest.mark.parametrize("danger", [False, True])
+def test_no_settings_file_and_no_mcp_server_but_the_fabric_are_loaded_in_either_mode(
+    danger: bool,
+) -> None:
+    config = core.AgentConfig.parse(json.dumps({"danger_mode": danger}))
+    for fabric in (None, "/tmp/h/mcp.json"):
+        argv = core.claude_argv(config, 7, mcp_config=fabric)
+        # No source: neither the project's .claude/settings*.json (nor with them its
+        # CLAUDE.md, agents, commands, skills) nor a user's.
+        assert option(argv, "--setting-sources") == ""
+        assert "--strict-mcp-config" in argv
+        assert not any(a.startswith(("--settings", "--add-dir", "--plugin")) for a in argv)
+
+
+def test_the_cli_counts_its_own_turns_against_the_limit() -> None:
+    argv = core.claude_argv(core.AgentConfig.parse(None), 7)
+    assert option(argv, "--max-turns") == "7"
+    # With the API's events (message_start per request), which the run counts itself.
+    assert "--include-partial-messages" in argv
 
 
 @pytest.mark.parametrize(
@@ -111,7 +160,16 @@ def test_each_text_and_each_tool_use_of_the_stream_is_one_progress_step() -> Non
     assert run.tools_used == ["Read", "Grep", "Bash", "TodoWrite"]
 
 
-def test_a_turn_is_a_message_though_the_cli_prints_each_of_its_blocks_as_an_event() -> None:
+def request_started(parent: str | None = None) -> dict[str, Any]:
+    """The API's ``message_start`` as the CLI passes it on (``--include-partial-messages``)."""
+    return {
+        "type": "stream_event",
+        "event": {"type": "message_start", "message": {"id": "msg_1", "content": []}},
+        "parent_tool_use_id": parent,
+    }
+
+
+def test_a_turn_is_a_model_request_though_the_cli_prints_each_block_as_an_event() -> None:
     # What Claude Code 2.1.332 prints for a turn with a text and two tool uses, then the answer.
     run = core.Run(WS)
     for blocks, message_id in [
@@ -120,11 +178,39 @@ def test_a_turn_is_a_message_though_the_cli_prints_each_of_its_blocks_as_an_even
         ([tool_use("Read", file_path="b")], "msg_1"),
         ([text("done")], "msg_2"),
     ]:
+        if blocks[0]["type"] == "text":
+            run.feed(request_started())
         event = assistant(*blocks)
         event["message"]["id"] = message_id
         run.feed(event)
     assert run.turns == 2
     assert run.tools_used == ["Read", "Read"]
+
+
+def test_a_gateway_answering_every_request_under_one_id_has_each_request_counted() -> None:
+    run = core.Run(WS)
+    for _ in range(5):
+        run.feed(request_started())
+        event = assistant(tool_use("Read", file_path="a"))
+        event["message"]["id"] = "msg_gateway"
+        run.feed(event)
+        run.feed({"type": "user", "message": {"content": [{"type": "tool_result"}]}})
+    # A sub-agent's request (danger mode) is its own, not one of the run's turns.
+    run.feed(request_started(parent="toolu_1"))
+    assert run.turns == 5
+
+
+def test_at_the_clis_turn_limit_the_turns_are_the_requests_it_made() -> None:
+    # Claude Code 2.1.332 with --max-turns=3: three requests, then error_max_turns with
+    # num_turns 4 (the turn it did not start counted too).
+    run = core.Run(WS)
+    for _ in range(3):
+        run.feed(request_started())
+        run.feed(assistant(tool_use("Read", file_path="a")))
+    run.feed(result(subtype="error_max_turns", is_error=True, num_turns=4, result=None))
+    outcome = run.outcome(10)
+    assert outcome.error == "max_turns: the agent reached its 3 turns"
+    assert outcome.structured["turns"] == 3
 
 
 def test_a_long_step_is_cut_and_a_path_outside_the_workspace_stays_whole() -> None:
@@ -194,32 +280,30 @@ def test_a_line_that_is_not_a_json_object_is_skipped() -> None:
 
 
 def test_with_the_fabric_the_safe_mode_allows_only_the_fabric_server_besides_the_safe_set() -> None:
-    argv = core.claude_argv(core.AgentConfig.parse(None), "task", mcp_config="/tmp/h/mcp.json")
-    assert argv[argv.index("--mcp-config") + 1] == "/tmp/h/mcp.json"
+    argv = core.claude_argv(core.AgentConfig.parse(None), 50, mcp_config="/tmp/h/mcp.json")
+    assert option(argv, "--mcp-config") == "/tmp/h/mcp.json"
     assert "--strict-mcp-config" in argv
     # Headless, an MCP tool's permission prompt is never answered: only an allow rule lets the
     # fabric's tools run, and it names the fabric alone.
-    assert argv[argv.index("--allowedTools") + 1] == "mcp__fabric"
-    assert argv.count("--allowedTools") == 1
-    tools = argv[argv.index("--tools") + 1].split(",")
+    assert option(argv, "--allowedTools") == "mcp__fabric"
+    tools = option(argv, "--tools").split(",")
     assert tools == ["Read", "Grep", "Glob", "Edit", "Write", "NotebookEdit"]
-    assert argv[argv.index("--permission-mode") + 1] == "acceptEdits"
+    assert option(argv, "--permission-mode") == "acceptEdits"
 
 
 def test_with_the_fabric_in_danger_mode_no_allow_rule_is_needed() -> None:
     raw = json.dumps({"danger_mode": True})
-    argv = core.claude_argv(core.AgentConfig.parse(raw), "task", mcp_config="/h/mcp.json")
-    assert argv[argv.index("--mcp-config") + 1] == "/h/mcp.json"
+    argv = core.claude_argv(core.AgentConfig.parse(raw), 50, mcp_config="/h/mcp.json")
+    assert option(argv, "--mcp-config") == "/h/mcp.json"
     assert "--strict-mcp-config" in argv
-    assert "--allowedTools" not in argv
+    assert not any(a.startswith("--allowedTools") for a in argv)
     assert "--dangerously-skip-permissions" in argv
 
 
 def test_without_the_fabric_no_mcp_server_is_configured() -> None:
     for raw in (None, json.dumps({"danger_mode": True})):
-        argv = core.claude_argv(core.AgentConfig.parse(raw), "task")
-        assert "--mcp-config" not in argv
-        assert "--allowedTools" not in argv
+        argv = core.claude_argv(core.AgentConfig.parse(raw), 50)
+        assert not any(a.startswith(("--mcp-config", "--allowedTools")) for a in argv)
 
 
 def test_the_fabric_config_runs_the_relay_with_the_socket_and_token_in_its_own_environment() -> (

@@ -24,8 +24,9 @@ HANG = "hang"
 
 def fake_claude(bin_dir: Path, events: list[dict[str, Any]], then: str | int) -> Path:
     """A ``claude`` on ``bin_dir`` printing ``events`` as stream-json, then exiting with ``then``
-    (a number) or hanging (``HANG``); its argv goes to ``bin_dir/argv``, its pid to
-    ``bin_dir/pid`` (before it prints anything)."""
+    (a number) or hanging (``HANG``); its argv goes to ``bin_dir/argv``, what it read on its
+    stdin (to its end) to ``bin_dir/stdin``, its pid to ``bin_dir/pid`` (before it prints
+    anything)."""
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "claude"
     script.write_text(
@@ -34,6 +35,7 @@ def fake_claude(bin_dir: Path, events: list[dict[str, Any]], then: str | int) ->
             f"""
             import json, os, sys, time
             open({str(bin_dir / "argv")!r}, "w").write(json.dumps(sys.argv[1:]))
+            open({str(bin_dir / "stdin")!r}, "wb").write(sys.stdin.buffer.read())
             open({str(bin_dir / "pid")!r}, "w").write(str(os.getpid()))
             for event in {events!r}:
                 print(json.dumps(event), flush=True)
@@ -99,8 +101,40 @@ async def test_a_task_answers_the_final_text_with_the_structured_content_and_its
     assert answer.structured_content["cost_usd"] == 0.5
     assert progress == ["Read a.py"]
     argv = json.loads((tmp_path / "bin" / "argv").read_text())
-    assert argv[:2] == ["-p", "look"]
-    assert "Be brief." in argv
+    assert argv[0] == "-p"
+    assert "look" not in argv  # the task is on the CLI's stdin
+    assert (tmp_path / "bin" / "stdin").read_text() == "look"
+    assert "--append-system-prompt=Be brief." in argv
+
+
+# Tasks that Claude Code would read as its options on its command line (issue 48, item 3):
+# its version; settings whose hook runs a command before any model call; MCP servers; every
+# permission; a directory beyond the workspace; debug output.
+HOSTILE_TASKS = [
+    "--version",
+    '--settings={"hooks":{"SessionStart":[{"hooks":[{"type":"command","command":"touch /x"}]}]}}',
+    '--mcp-config={"mcpServers":{"x":{"command":"sh","args":["-c","touch /x"]}}}',
+    "--dangerously-skip-permissions",
+    "--add-dir=/",
+    "-d",
+]
+
+
+@pytest.mark.parametrize("danger", [False, True])
+async def test_a_task_that_looks_like_an_option_reaches_the_cli_as_text_on_its_stdin(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, danger: bool
+) -> None:
+    configure(monkeypatch, workspace, danger_mode=danger)
+    bin_dir = fake_claude(tmp_path / "bin", [RESULT], 0)
+    answer = await call({"task": "plain words"})
+    assert not answer.is_error, answer
+    plain_argv = json.loads((bin_dir / "argv").read_text())
+    for task in HOSTILE_TASKS:
+        answer = await call({"task": task})
+        assert not answer.is_error, answer
+        # The command line is the one of any task: the task is nowhere on it.
+        assert json.loads((bin_dir / "argv").read_text()) == plain_argv, task
+        assert (bin_dir / "stdin").read_text() == task
 
 
 async def test_a_cli_that_crashes_answers_is_error_with_its_exit_and_last_words(
@@ -125,16 +159,26 @@ async def test_a_task_past_its_wall_time_is_stopped_and_answers_is_error(
     assert not process_alive(int((bin_dir / "pid").read_text()))
 
 
-async def test_a_task_past_its_turns_is_stopped_and_answers_is_error(
+async def test_a_task_past_its_turns_is_stopped_though_a_gateway_gives_every_turn_one_id(
     tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A CLI that goes on past its --max-turns, against a gateway answering every request under
+    # one message id (issue 48, item 14: 92-107 turns ran against max_turns 3).
     read = [{"type": "tool_use", "name": "Read", "input": {"file_path": "a.py"}}]
-    turns = [{"type": "assistant", "message": {"id": n, "content": read}} for n in "abc"]
-    bin_dir = fake_claude(tmp_path / "bin", turns, HANG)
-    configure(monkeypatch, workspace, max_turns=5)
+    started = {"type": "message_start", "message": {"id": "msg_gw", "content": []}}
+    turn: list[dict[str, Any]] = [
+        {"type": "stream_event", "event": started, "parent_tool_use_id": None},
+        {"type": "assistant", "message": {"id": "msg_gw", "content": read}},
+        {"type": "user", "message": {"content": [{"type": "tool_result", "content": "x"}]}},
+    ]
+    bin_dir = fake_claude(tmp_path / "bin", turn * 3, HANG)
+    # (the wall time: what would stop it if the turns were not counted)
+    configure(monkeypatch, workspace, max_turns=5, timeout=20)
     answer = await call({"task": "look", "max_turns": 2})
     assert answer.is_error
     assert answer.content[0].text == "max_turns: the agent reached its 2 turns"
+    assert answer.structured_content["turns"] == 3
+    assert "--max-turns=2" in json.loads((bin_dir / "argv").read_text())
     assert not process_alive(int((bin_dir / "pid").read_text()))
 
 
@@ -197,8 +241,8 @@ def recording_claude(bin_dir: Path) -> Path:
             import json, os, sys
             argv = sys.argv[1:]
             seen = {{"argv": argv, "env": dict(os.environ)}}
-            if "--mcp-config" in argv:
-                path = argv[argv.index("--mcp-config") + 1]
+            [path] = [a.split("=", 1)[1] for a in argv if a.startswith("--mcp-config=")] or [None]
+            if path is not None:
                 seen["config_path"] = path
                 seen["config"] = json.load(open(path))
                 seen["config_mode"] = os.stat(path).st_mode & 0o777
@@ -225,9 +269,9 @@ async def test_with_a_fabric_socket_the_cli_gets_the_relay_as_its_one_mcp_server
     assert not answer.is_error, answer
     seen = json.loads((bin_dir / "seen").read_text())
     argv = seen["argv"]
-    assert argv[argv.index("--mcp-config") + 1] == seen["config_path"]
+    assert f"--mcp-config={seen['config_path']}" in argv
     assert "--strict-mcp-config" in argv
-    assert argv[argv.index("--allowedTools") + 1] == "mcp__fabric"
+    assert "--allowedTools=mcp__fabric" in argv
     server = seen["config"]["mcpServers"]["fabric"]
     assert list(seen["config"]["mcpServers"]) == ["fabric"]
     assert server["command"] == sys.executable
@@ -257,8 +301,7 @@ async def test_without_a_fabric_socket_the_cli_has_no_mcp_server(
     answer = await call({"task": "look"})
     assert not answer.is_error, answer
     seen = json.loads((bin_dir / "seen").read_text())
-    assert "--mcp-config" not in seen["argv"]
-    assert "--allowedTools" not in seen["argv"]
+    assert not any(a.startswith(("--mcp-config", "--allowedTools")) for a in seen["argv"])
     assert "ENABLE_TOOL_SEARCH" not in seen["env"]
     assert "child-token-1" not in json.dumps(seen["env"])
 

@@ -101,6 +101,17 @@ def test_a_held_step_answers_once_released_and_the_next_request_is_served_meanwh
     assert answers[1]["id"] == "msg_rf_1"
 
 
+def test_each_message_has_its_own_id_unless_one_id_is_given_for_all_as_a_gateway_may() -> None:
+    script: list[Step] = [[Text("one")], [Text("two")]]
+    with scripted_messages_api(script) as api:
+        own = [post(api.url, {})["id"] for _ in script]
+    with scripted_messages_api(script, message_id="msg_gateway") as api:
+        streamed = post(api.url, {"stream": True})
+        plain = post(api.url, {})
+    assert own == ["msg_rf_1", "msg_rf_2"]
+    assert [streamed[0][1]["message"]["id"], plain["id"]] == ["msg_gateway", "msg_gateway"]
+
+
 def test_a_tool_the_request_does_not_offer_is_refused_with_the_tools_it_offers() -> None:
     with scripted_messages_api([[ToolUse("clock")], [Text("after")]]) as api:
         status, error = refusal(api.url, {"tools": [{"name": "ToolSearch"}]})
