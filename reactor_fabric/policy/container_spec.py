@@ -55,10 +55,10 @@ class ContainerIdentity:
     default_network: str
     # Each service's secrets, resolved once at the start (services without any are absent).
     secrets: Mapping[str, ServiceSecrets] = field(default_factory=dict, repr=False)
-    # Who a server with file secrets runs as when the suite names no user and the
-    # orchestrator is not root: the orchestrator's own account, the only one it can give the
-    # files to (a file secret is owned by the server's user, mode 0400). None when root: the
-    # runtime gives the files to whichever account the server runs as.
+    # Who a server with secrets runs as when the suite names no user (see .accounts): the
+    # orchestrator's own account when it is not root (the only one it can give the files to:
+    # a file secret is owned by the server's user, mode 0400), else an account no user of the
+    # host holds. None when the suite has no secrets.
     secrets_account: Account | None = None
 
     def labels(self) -> dict[str, str]:
@@ -137,6 +137,24 @@ def _refuse(spec: ContainerSpec, what: str, reason: str) -> NoReturn:
     raise ContainerStartFailure(f"service {service!r} {what}", reason=reason, service=service)
 
 
+def server_account(
+    identity: ContainerIdentity, service_name: str, service: Service, account: Account
+) -> Account:
+    """Who a server of ``service_name`` runs as, ``account`` being the session's choice (see
+    :mod:`.accounts`): a service with secrets and no ``user`` of its own runs as the secrets'
+    account — a secret in the environment is as readable as a file by whoever shares the
+    server's uid (``/proc/PID/environ``), so never the project's owner's, nor nobody's."""
+    secrets = identity.secrets.get(service_name)
+    if (
+        secrets is not None
+        and secrets.secrets
+        and service.user is None
+        and identity.secrets_account is not None
+    ):
+        return identity.secrets_account
+    return account
+
+
 def container_spec_for(
     service_name: str,
     service: Service,
@@ -161,12 +179,7 @@ def container_spec_for(
     # Nothing from the orchestrator's environment reaches a container: only the image's own
     # (its PATH and the like), the suite's `env`, the service's `config` and its secrets.
     secrets = identity.secrets.get(service_name, ServiceSecrets())
-    if (
-        any(secret.as_file for secret in secrets.secrets)
-        and service.user is None
-        and identity.secrets_account is not None
-    ):
-        account = identity.secrets_account
+    account = server_account(identity, service_name, service, account)
     environment: dict[str, str] = {}
     if service.user is None:
         # An account the image does not know: give it a writable HOME and a name (git and

@@ -37,6 +37,7 @@ from ..policy.accounts import (
     Account,
     account_named,
     orchestrator_ids,
+    secrets_account,
     server_ids,
 )
 from ..policy.admission import Capacity, capacity
@@ -80,10 +81,25 @@ def process_identity(
     instance_id: str, network: str, secrets: Mapping[str, ServiceSecrets] | None = None
 ) -> ContainerIdentity:
     """The owner labels of containers this process starts (see ContainerIdentity), with the
-    suite's resolved ``secrets`` and, when the orchestrator is not root, its own account (the
-    only one it can give a secret file to)."""
+    suite's resolved ``secrets`` and the account their servers run as: the orchestrator's own
+    when it is not root (its user's secrets, and the only account it can give a file to), else
+    one no account of the host holds (:func:`~reactor_fabric.policy.accounts.secrets_account`;
+    without one the services with secrets are refused). Blocking (NSS) when there are
+    secrets."""
     pid = os.getpid()
     uid, gid = orchestrator_ids()
+    owner: Account | None = None
+    if secrets and uid != ROOT:
+        owner = account_named(uid, gid)
+    elif secrets:
+        owner = secrets_account()
+        if owner is None:
+            why = (
+                "no uid and gid are free for the secrets' own account (every id tried is a host "
+                "account's, group's or subordinate range's): a server with secrets would run as "
+                "an account another user of this host holds"
+            )
+            secrets = {name: ServiceSecrets(problems=(why,)) for name in secrets}
     return ContainerIdentity(
         instance_id=instance_id,
         owner_host=hostname(),
@@ -91,7 +107,7 @@ def process_identity(
         owner_start=process_start_time(pid) or "",
         default_network=network,
         secrets=secrets or {},
-        secrets_account=account_named(uid, gid) if secrets and uid != ROOT else None,
+        secrets_account=owner,
     )
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pwd
 import secrets
+import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -155,3 +158,99 @@ def test_a_secret_reaches_the_server_as_env_and_file_and_appears_nowhere_else(
 
 def shared_memory_dirs() -> set[Path]:
     return set(Path("/dev/shm").glob("reactor-fabric-secrets-*"))
+
+
+OWNER = 4000  # the project's owner: a user of the host like any other
+NOBODY = 65534
+# Both forms of a running server's secrets, as another process of its uid finds them.
+PLACES = ("environ", "root/run/secrets/GITHUB_TOKEN", "root/run/secrets/DB_PASSWORD")
+
+
+def read_as(uid: int, path: str) -> tuple[int, str]:
+    """``cat PATH`` as the host's user ``uid`` (exit status, what it printed)."""
+    done = subprocess.run(
+        ["cat", path],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        check=False,
+        timeout=30,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_neither_the_projects_owner_nor_nobody_reads_a_running_servers_secrets(
+    tmp_path: Path, probe_image: str
+) -> None:
+    # The attack: a host account sharing the server's uid reads /proc/PID/environ and, through
+    # /proc/PID/root, /run/secrets/* while it runs. A root orchestrator ran servers as the
+    # project's owner (a mounted session) or as nobody (unmounted sessions, the catalog probe,
+    # pooled containers): any daemon running as nobody got every secret of the suite.
+    env_value = "rf-env-" + secrets.token_hex(16)
+    file_value = "rf-file-" + secrets.token_hex(16)
+    secret_file = tmp_path / "db-password"
+    secret_file.write_text(file_value + "\n")
+    secret_file.chmod(0o600)
+    project = tmp_path / "projects" / "app"
+    project.mkdir(parents=True)
+    os.chown(project, OWNER, OWNER)
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path / "projects")],
+        test_services={
+            "probe": {
+                "image": probe_image,
+                "secrets": {
+                    "GITHUB_TOKEN": {"env": "RF_E2E_GITHUB_TOKEN"},
+                    "DB_PASSWORD": {"file": str(secret_file), "as": "file"},
+                },
+            }
+        },
+    )
+    client = docker.from_env(version="auto", timeout=60)
+
+    async def attack(running: Orchestrator, path: str, readers: tuple[int, ...]) -> Any:
+        ws = await websocket(running, path)
+        await ws.send_json(request(1, "secret", {"name": "GITHUB_TOKEN"}))
+        seen = (await ws.hear())["result"]
+        [container] = containers_of(client, instance=running.instance)
+        pid = client.api.inspect_container(container.id)["State"]["Pid"]
+        tried = {
+            (uid, place): await trio.to_thread.run_sync(read_as, uid, f"/proc/{pid}/{place}")
+            for uid in readers
+            for place in (
+                "environ",
+                "root/run/secrets/GITHUB_TOKEN",
+                "root/run/secrets/DB_PASSWORD",
+            )
+        }
+        await ws.aclose()
+        wait_until(lambda: not containers_of(client, instance=running.instance), what="removed")
+        return seen, tried
+
+    try:
+        with orchestrator(
+            suite, tmp_path / "orchestrator.log", env={"RF_E2E_GITHUB_TOKEN": env_value}
+        ) as running:
+            mounted = trio.run(
+                attack, running, f"/mcp/probe?mount={project}:/workspace", (OWNER, NOBODY)
+            )
+            unmounted = trio.run(attack, running, "/mcp/probe", (NOBODY,))
+    finally:
+        client.close()
+
+    for seen, tried in (mounted, unmounted):
+        # Neither the project's owner nor nobody could read either form...
+        for (uid, place), (status, output) in tried.items():
+            assert env_value not in output, (uid, place)
+            assert file_value not in output, (uid, place)
+            assert status != 0, (uid, place, output)
+            assert "Permission denied" in output, (uid, place, output)
+        # ...though the server got its secret: it runs as a uid no account of this host holds.
+        assert seen["env_sha256"] == sha(env_value)
+        assert seen["uid"] not in (OWNER, NOBODY, 0), seen
+        with pytest.raises(KeyError):
+            pwd.getpwuid(seen["uid"])

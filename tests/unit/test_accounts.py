@@ -5,7 +5,17 @@ import pwd
 
 import pytest
 
-from reactor_fabric.policy.accounts import UNPRIVILEGED, Account, account_named, server_ids
+from reactor_fabric.policy.accounts import (
+    SECRETS_ID_BASE,
+    UNPRIVILEGED,
+    Account,
+    account_named,
+    free_secrets_id,
+    host_holds,
+    secrets_account,
+    server_ids,
+    subordinate_ranges,
+)
 
 NOBODY = (UNPRIVILEGED.uid, UNPRIVILEGED.gid)
 ALICE = (1000, 1000)
@@ -61,3 +71,31 @@ def _known(uid: int) -> bool:
     except KeyError:
         return False
     return True
+
+
+# --- the secrets' account -------------------------------------------------------------------
+
+
+def test_the_secrets_account_is_the_first_id_no_host_account_group_or_range_holds() -> None:
+    held = {2_000_000_000, 2_000_000_001}
+    assert free_secrets_id(held.__contains__) == 2_000_000_002
+    assert free_secrets_id(lambda _: True) is None  # the tries run out: refused, not guessed
+
+
+def test_a_subordinate_range_holds_its_ids_as_an_account_does() -> None:
+    ranges = subordinate_ranges(
+        ["ann:100000:65536\n", "# a comment\n", "builder:1999999990:20\n", "broken:x:1\n", "\n"]
+    )
+    assert ranges == [range(100000, 165536), range(1999999990, 2000000010)]
+    assert host_holds(2_000_000_005, ranges)
+    assert not host_holds(2_000_000_010, ranges)
+    assert host_holds(0, [])  # root's: an account of every host
+
+
+def test_this_hosts_secrets_account_is_held_by_no_one_here() -> None:
+    account = secrets_account()
+    assert account is not None
+    assert account.uid == account.gid >= SECRETS_ID_BASE
+    with pytest.raises(KeyError):
+        pwd.getpwuid(account.uid)
+    assert account.name == "reactor-fabric-secrets"

@@ -135,8 +135,7 @@ def test_an_agent_naming_an_undefined_account_is_valid_with_a_warning_at_its_lin
         ),
         (
             'x:\n  image: "a"\n  service_type: llm_agent\n  security: {git_writable: true}\n',
-            "mcp_services.x.security.git_writable: an agent never gets the project's .git "
-            "writable",
+            "mcp_services.x.security.git_writable: an agent never gets the project's .git writable",
         ),
     ],
 )

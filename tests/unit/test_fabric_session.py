@@ -395,8 +395,9 @@ async def test_an_unknown_exposure_sent_as_a_header_is_refused_naming_the_header
             else:
                 refused = (await http.post(INITIALIZE, path="/mcp", headers=headers)).json()
             assert refused["error"]["data"]["reason"] == "unknown_exposure"
-            assert "the X-Reactor-Fabric-Tools header 'some' is not an exposure" in (
-                refused["error"]["message"]
+            assert (
+                "the X-Reactor-Fabric-Tools header 'some' is not an exposure"
+                in (refused["error"]["message"])
             ), refused
             assert "?tools=" not in refused["error"]["message"].split(":")[0]
 

@@ -160,7 +160,8 @@ POLICY_IO: dict[str, frozenset[str]] = {
     # the environment and this process's uid.
     "mounts.py": frozenset({"os.path.realpath", "os.path.exists", "os.environ", "os.getuid"}),
     # Who a server runs as: a uid's user name (NSS) and this process's own ids.
-    "accounts.py": frozenset({"pwd.getpwuid", "os.getuid", "os.getgid"}),
+    # and, for secret-bearing servers, an id no account, group or subordinate range holds.
+    "accounts.py": frozenset({"pwd.getpwuid", "grp.getgrgid", "os.getuid", "os.getgid", "open"}),
     # Whether a container's owner still lives: this host's name, a process's start time from
     # /proc/PID/stat (a Path), an area's owner.json (open).
     "owner.py": frozenset({"socket.gethostname", "pathlib.Path", "open"}),

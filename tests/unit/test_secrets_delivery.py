@@ -106,12 +106,33 @@ def test_a_server_with_file_secrets_runs_as_the_orchestrators_user_when_that_is_
         "github", Service(image="img", user="1234:1234"), session_id="s1", identity=ids
     )
     assert named.user == "1234:1234"
-    # Only env secrets: nothing to own, the account is the usual one.
+    # Only env secrets: as readable through /proc/PID/environ by whoever shares the uid, so
+    # the same account (before: the usual one, nobody's or the project's owner's).
     env_only = ServiceSecrets(secrets=(Secret("T", "env", VALUE),))
     spec = container_spec_for(
         "github", Service(image="img"), session_id="s1", identity=identity({"github": env_only}, ME)
     )
-    assert spec.user == UNPRIVILEGED.docker_user
+    assert spec.user == ME.docker_user
+
+
+def test_a_root_orchestrators_server_with_secrets_runs_as_no_host_account_not_the_projects_owner() -> (
+    None
+):
+    secrets_owner = Account(2_000_000_000, 2_000_000_000, "reactor-fabric-secrets")
+    owner = Account(1000, 1000, "ann")
+    for resolved in (RESOLVED, ServiceSecrets(secrets=(Secret("T", "env", VALUE),))):
+        ids = identity({"github": resolved}, secrets_owner)
+        for account in (owner, UNPRIVILEGED):  # a session's mount's owner; no mount
+            spec = container_spec_for(
+                "github", Service(image="img"), session_id="s1", identity=ids, account=account
+            )
+            assert spec.user == "2000000000:2000000000"
+            assert spec.environment["USER"] == "reactor-fabric-secrets"
+        # A service without secrets in the same suite runs as the session says.
+        plain = container_spec_for(
+            "time", Service(image="img"), session_id="s1", identity=ids, account=owner
+        )
+        assert plain.user == "1000:1000"
 
 
 def test_a_pooled_container_gets_the_same_secrets_as_a_sessions() -> None:
