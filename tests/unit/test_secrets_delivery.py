@@ -115,9 +115,7 @@ def test_a_server_with_file_secrets_runs_as_the_orchestrators_user_when_that_is_
     assert spec.user == ME.docker_user
 
 
-def test_a_root_orchestrators_server_with_secrets_runs_as_no_host_account_not_the_projects_owner() -> (
-    None
-):
+def test_a_root_orchestrators_server_with_secrets_runs_as_an_account_no_host_user_holds() -> None:
     secrets_owner = Account(2_000_000_000, 2_000_000_000, "reactor-fabric-secrets")
     owner = Account(1000, 1000, "ann")
     for resolved in (RESOLVED, ServiceSecrets(secrets=(Secret("T", "env", VALUE),))):
