@@ -7,7 +7,8 @@ definition and of the whole. A tool's description is prompt text for the client'
 image update that rewrites it can steer an agent ("rug pull"), so whatever a server offers later
 is compared with the lock (:func:`compare_offer`, :func:`compare_image`), and what differs is a
 list of :class:`Drift` items. ``orchestrator.lock`` says what is done with them
-(:func:`lock_mode`): ``enforce`` hides a changed tool (:func:`enforced`; a call of it is refused
+(:func:`lock_mode`; said in the suite, ``enforce`` and ``warn`` need the lock file:
+:func:`missing_lock`): ``enforce`` hides a changed tool (:func:`enforced`; a call of it is refused
 with -32004 ``tool_definition_changed``) and starts no container from a changed image
 (``image_changed``); ``warn`` serves everything and reports the drift; ``off`` compares nothing.
 
@@ -156,6 +157,19 @@ def lock_mode(setting: str | None, lock_exists: bool) -> Mode:
     if setting in ("enforce", "warn", "off"):
         return setting  # type: ignore[return-value]  # (narrowed by the test above)
     return "warn" if lock_exists else "off"
+
+
+def missing_lock(setting: str | None) -> str | None:
+    """Why there must be a lock file, when ``orchestrator.lock`` says so (None: it need not
+    be there): ``enforce`` or ``warn`` said in the suite would compare nothing without one,
+    silently (enforce enforcing nothing). Only the default (unset, ``null``) turns itself off
+    when there is no lock file."""
+    if setting not in ("enforce", "warn"):
+        return None
+    return (
+        f"no such file, and orchestrator.lock is {setting} (write it with 'reactor-fabric "
+        'lock\', or set orchestrator.lock: "off")'
+    )
 
 
 # --- drift ------------------------------------------------------------------------------------

@@ -79,6 +79,20 @@ def lock(suite: Path, *args: str, env: dict[str, str]) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+def serve(suite: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The orchestrator's own command on the suite, as a user starts it (port 0)."""
+    state = str(suite.parent / "state")
+    return subprocess.run(
+        [sys.executable, "-m", "reactor_fabric", "--config", str(suite), "--port", "0"],
+        cwd=REPO,
+        env={**os.environ, **env, "XDG_STATE_HOME": state, "XDG_CONFIG_HOME": state},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,  # (it serves until stopped when it does not refuse: the test fails then)
+    )
+
+
 @pytest.fixture
 def client_of() -> Iterator[Any]:
     opened: list[LineProcess] = []
@@ -145,6 +159,25 @@ def test_two_builds_differing_in_one_description_are_drift_for_lock_check_warn_a
         assert data["found"] != data["locked"]
         starts = [e for e in running.logs() if e["event"] == "container_started"]
         assert starts == []
+
+
+@pytest.mark.parametrize("mode", ["enforce", "warn"])
+def test_enforce_or_warn_without_a_lock_file_stops_the_orchestrator_before_it_serves(
+    tmp_path: Path, builds: tuple[str, str], mode: str
+) -> None:
+    suite = suite_of(tmp_path, builds[0], lock=mode)
+    done = serve(suite, cache_env(tmp_path))
+    assert done.returncode == 2, done.stderr[-2000:]
+    lock_file = tmp_path / "claude-mcp-suite.lock"
+    assert f"error: {lock_file}: no such file, and orchestrator.lock is {mode}" in done.stderr
+    # (the log's writer thread may start its line right after the error's text, before the
+    # print's newline)
+    [refusal] = [
+        json.loads(line[line.index('{"ts"') :])
+        for line in done.stderr.splitlines()
+        if '"event": "lock_unreadable"' in line
+    ]
+    assert (refusal["reason"], refusal["path"]) == ("lock_unreadable", str(lock_file))
 
 
 def test_under_enforce_a_changed_tool_is_refused_on_both_endpoints_and_the_others_work(

@@ -414,6 +414,56 @@ def test_validate_config_refuses_a_lock_naming_a_service_the_suite_lacks(
     assert _cli.main(["validate-config", str(suite)], {}) == 1
 
 
+def serve_without_serving(suite: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[Any]]:
+    """``serve`` on port 0 up to the point it would serve: its exit code, and the fabric it
+    would have served (none when it refused to start)."""
+    fabrics: list[Any] = []
+
+    def serve_fabric(fabric: Any, *_args: Any, **_kwargs: Any) -> int:
+        fabrics.append(fabric)
+        return 0
+
+    monkeypatch.setattr(_cli, "_serve_fabric", serve_fabric)
+    state = suite.parent / "state"
+    environ = {"XDG_CONFIG_HOME": str(state), "XDG_STATE_HOME": str(state)}
+    return _cli.main(["--config", str(suite), "--port", "0"], environ), fabrics
+
+
+@pytest.mark.parametrize("mode", ["enforce", "warn"])
+def test_enforce_or_warn_said_without_a_lock_file_refuses_to_start_naming_the_missing_file(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    mode: str,
+) -> None:
+    suite = tmp_path / "claude-mcp-suite.yaml"
+    suite.write_text(SUITE.replace("orchestrator:\n", f"orchestrator:\n  lock: {mode}\n"))
+    code, fabrics = serve_without_serving(suite, monkeypatch)
+    assert (code, fabrics) == (2, [])
+    said = capsys.readouterr().err
+    logged = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    [refusal] = [entry for entry in logged if entry["event"] == "lock_unreadable"]
+    assert refusal["reason"] == "lock_unreadable"
+    assert refusal["path"] == str(tmp_path / LOCK_FILE)
+    assert f"error: {tmp_path / LOCK_FILE}: no such file, and orchestrator.lock is {mode}" in said
+    assert "not starting" in said
+    # validate-config says so too, before anyone tries to start it.
+    assert _cli.main(["validate-config", str(suite)], {}) == 1
+    assert f"{suite}: invalid (its lock is missing)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting", ["", "  lock: null\n", '  lock: "off"\n'])
+def test_without_a_lock_file_the_default_and_off_start_and_compare_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    suite = tmp_path / "claude-mcp-suite.yaml"
+    suite.write_text(SUITE.replace("orchestrator:\n", f"orchestrator:\n{setting}"))
+    code, [fabric] = serve_without_serving(suite, monkeypatch)
+    assert code == 0
+    assert (fabric.lock, fabric.lock_mode) == (None, "off")
+    assert _cli.main(["validate-config", str(suite)], {}) == 0
+
+
 # --- mid-session: a backend's tools listed again after its list_changed ------------------------
 
 
