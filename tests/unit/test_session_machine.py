@@ -1108,6 +1108,25 @@ def test_under_a_lock_tools_in_a_message_of_another_shape_are_checked_all_the_sa
     assert [d[:2] for d in drift_of(run)] == [("echo", "changed")]
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # The key spelled with an escape: a JSON parser reads "tools".
+        b'{"jsonrpc":"2.0","id":41,"result":{"\\u0074ools":%s}}',
+        # Two results, or two lists in one: parsers keep the last (msgspec as JavaScript).
+        b'{"jsonrpc":"2.0","id":41,"result":{"tools":[]},"result":{"tools":%s}}',
+        b'{"jsonrpc":"2.0","id":41,"result":{"tools":[],"tools":%s}}',
+    ],
+    ids=["escaped-key", "two-results", "two-lists"],
+)
+def test_under_a_lock_a_tools_list_is_read_as_a_client_parses_it(raw: bytes) -> None:
+    run = locked_run()
+    run.client(request(41, "tools/list"))
+    run.do(BackendLine(K(0), raw % json.dumps([POISONED, OTHER]).encode()))
+    assert listed(run) == [[OTHER]]
+    assert [d[:2] for d in drift_of(run)] == [("echo", "changed")]
+
+
 def test_under_a_lock_each_of_two_tools_answers_to_one_request_is_checked() -> None:
     run = locked_run()
     run.client(request(41, "tools/list"))
