@@ -75,6 +75,7 @@ from .protocol.suite_lock import (
     compare_offer,
     lock_mode,
     lock_text,
+    missing_lock,
     parse_lock,
     service_lock,
 )
@@ -679,20 +680,11 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     suite = _read_suite(path, warnings=True)
     if isinstance(suite, int):
         return suite
-    try:
-        locked = read_lock(path)
-    except (OSError, LockInvalid) as exc:
-        print(f"{lock_path(path)}: {exc}", file=sys.stderr)
-        print(f"{path}: invalid (its lock cannot be read)", file=sys.stderr)
-        return EXIT_INVALID
-    unknown = locked.unknown_services(suite.mcp_services) if locked is not None else []
-    if unknown:
-        print(
-            f"{lock_path(path)}: names service(s) the suite lacks: {', '.join(unknown)} (run "
-            "'lock' again)",
-            file=sys.stderr,
-        )
-        print(f"{path}: invalid (1 problem(s))", file=sys.stderr)
+    lock_problem = _lock_problem(path, suite)
+    if lock_problem is not None:
+        what, problem = lock_problem
+        print(f"{lock_path(path)}: {problem}", file=sys.stderr)
+        print(f"{path}: invalid ({what})", file=sys.stderr)
         return EXIT_INVALID
     services = ", ".join(suite.mcp_services)
     print(f"{path}: valid ({len(suite.mcp_services)} service(s): {services})")
@@ -715,6 +707,25 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     if not resolved:
         print(f"{path}: no service has secrets")
     return EXIT_OK
+
+
+def _lock_problem(path: str, suite: Suite) -> tuple[str, str] | None:
+    """What is wrong with the suite's lock file, if anything (what, then the problem): one that
+    cannot be read, names services the suite lacks, or is missing while the suite says
+    ``orchestrator.lock: enforce`` or ``warn`` (the orchestrator would not start)."""
+    try:
+        locked = read_lock(path)
+    except (OSError, LockInvalid) as exc:
+        return "its lock cannot be read", str(exc)
+    if locked is None:
+        missing = missing_lock(suite.orchestrator.lock)
+        return None if missing is None else ("its lock is missing", missing)
+    unknown = locked.unknown_services(suite.mcp_services)
+    if unknown:
+        return "1 problem(s)", (
+            f"names service(s) the suite lacks: {', '.join(unknown)} (run 'lock' again)"
+        )
+    return None
 
 
 def _optional_suite(path: str) -> Suite | None:
@@ -760,15 +771,29 @@ def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int
         stop_logging()  # writes what is still queued
 
 
-def _serving_lock(config: str) -> SuiteLock | int | None:
-    """The suite lock to serve with (None: no lock file); an exit code, logged and said, when
-    it cannot be read: serving as if there were none would drop the check it asks for."""
+def _serving_lock(config: str, setting: str | None) -> SuiteLock | int | None:
+    """The suite lock to serve with (None: no lock file, and ``orchestrator.lock`` unset or
+    ``off``); an exit code, logged and said, when it cannot be read, or when there is none and
+    the suite says ``enforce`` or ``warn``: serving as if there were none would drop the check
+    it asks for."""
     try:
-        return read_lock(config)
+        locked = read_lock(config)
     except (OSError, LockInvalid) as exc:
-        log.error("lock_unreadable", extra={"reason": _reasons.LOCK_UNREADABLE, "detail": str(exc)})
-        print(f"error: {lock_path(config)}: {exc}; not starting", file=sys.stderr)
-        return EXIT_UNREADABLE
+        return _lock_unreadable(config, str(exc))
+    missing = missing_lock(setting) if locked is None else None
+    if missing is not None:
+        return _lock_unreadable(config, missing)
+    return locked
+
+
+def _lock_unreadable(config: str, detail: str) -> int:
+    path = str(lock_path(config))
+    log.error(
+        "lock_unreadable",
+        extra={"reason": _reasons.LOCK_UNREADABLE, "path": path, "detail": detail},
+    )
+    print(f"error: {path}: {detail}; not starting", file=sys.stderr)
+    return EXIT_UNREADABLE
 
 
 def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -> int:
@@ -886,7 +911,7 @@ def _serve_bound(
                 "listen": f"{settings.host}:{port}",
             }
         )
-    locked = _serving_lock(settings.config)
+    locked = _serving_lock(settings.config, suite.orchestrator.lock)
     if isinstance(locked, int):
         return locked
     mode = lock_mode(suite.orchestrator.lock, locked is not None)

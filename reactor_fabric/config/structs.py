@@ -269,7 +269,8 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
     network: str = "bridge"
     runtime: Literal["docker", "podman", "kubernetes"] = "docker"
-    # None: warn when the lock file exists, off when it does not (protocol/suite_lock.py).
+    # None: warn when the lock file exists, off when it does not; "enforce" or "warn" said here
+    # need the file (protocol/suite_lock.py: lock_mode, missing_lock).
     lock: Literal["enforce", "warn", "off"] | None = None
     limits: Limits = msgspec.field(default_factory=Limits)
     fabric: FabricSettings = msgspec.field(default_factory=FabricSettings)

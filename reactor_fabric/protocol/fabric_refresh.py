@@ -18,7 +18,10 @@ what the service listed before, or with the suite lock.
 What changed in a service's tools (:func:`tool_changes`) is kept for the audit trail and the
 log — names, and for a tool whose definition changed, which fields and their hashes — never
 their text: a rewritten description is a server trying its luck with the client's model, and
-the record shows that it happened without repeating it.
+the record shows that it happened without repeating it. With a suite lock, every fresh list
+of a kind the lock holds — tools, prompts, resource templates — is compared with it again
+(:func:`~.suite_lock.relocked`): what now differs is reported as drift, and under enforce
+left out of the session's catalog, as at start-up.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import msgspec
 from ..discovery import DiscoveryIndex
 from .catalog import Catalog, Redact, ServiceCatalog, service_catalog, unredacted
 from .fabric_discovery import ServiceFacts, index_catalog
-from .suite_lock import Mode, SuiteLock, relocked_tools
+from .suite_lock import Mode, SuiteLock, relocked
 
 Json = dict[str, Any]
 
@@ -61,8 +64,9 @@ class ToolChanges:
     changed: tuple[Json, ...] = ()
     counts: tuple[int, int, int] = (0, 0, 0)  # added, removed, changed, before any cut
     tools: int = 0  # how many tools the service lists now
-    # What now differs from the suite lock that did not before (Drift records with "mode"):
-    # logged and audited as drift (under enforce those tools are withheld).
+    # What now differs from the suite lock that did not before (Drift records with "mode"),
+    # in the tools or in another kind listed again: logged and audited as drift (under
+    # enforce those entries are left out, the tools withheld).
     drift: tuple[Json, ...] = ()
 
     @property
@@ -126,16 +130,17 @@ class Refresh:
                 continue  # not a service of the suite: nothing to refresh
             fresh: ServiceCatalog = service_catalog(**{kind: self.redact(list(entries))})
             services[service] = replace(before, **{kind: getattr(fresh, kind)})
-            if kind == "tools":
-                drift: tuple[Json, ...] = ()
-                if self.lock is not None:
-                    services[service], found = relocked_tools(
-                        service, services[service], self.lock, self.lock_mode
-                    )
-                    drift = tuple({**d.record(), "mode": self.lock_mode} for d in found)
-                change = tool_changes(service, before.tools, fresh.tools)
-                if change is not None:
-                    changes.append(replace(change, drift=drift))
+            drift: tuple[Json, ...] = ()
+            if self.lock is not None:
+                # Every kind the lock holds is checked again, as at start-up: a prompt or
+                # template rewritten mid-session is the same rug pull as a tool.
+                services[service], found = relocked(
+                    service, kind, services[service], self.lock, self.lock_mode
+                )
+                drift = tuple({**d.record(), "mode": self.lock_mode} for d in found)
+            change = tool_changes(service, before.tools, fresh.tools) if kind == "tools" else None
+            if change is not None or drift:
+                changes.append(replace(change or ToolChanges(service), drift=drift))
         catalog = Catalog(services)
         index = None
         if "tools" in self.kinds:

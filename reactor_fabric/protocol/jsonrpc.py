@@ -16,6 +16,9 @@ Pure and synchronous.
 
 from __future__ import annotations
 
+import contextlib
+import math
+import re
 import sys
 from typing import Any, Final
 
@@ -55,7 +58,7 @@ _envelope_decoder = msgspec.json.Decoder(_Envelope)
 class Peek:
     """What the relay needs to know about one message."""
 
-    __slots__ = ("failed", "id", "kind", "method", "params")
+    __slots__ = ("failed", "id", "kind", "method", "params", "result")
 
     def __init__(
         self,
@@ -65,12 +68,16 @@ class Peek:
         params: msgspec.Raw | None,
         *,
         failed: bool = False,
+        result: msgspec.Raw | None = None,
     ) -> None:
         self.kind = kind  # REQUEST, NOTIFICATION or RESPONSE
         self.id = id
         self.method = method
         self.params = params
         self.failed = failed  # a response carrying an error
+        # The message's "result", undecoded, whatever its kind (a request or notification
+        # should have none: the suite lock checks what one carries all the same).
+        self.result = result
 
     @property
     def is_request(self) -> bool:
@@ -114,9 +121,10 @@ def peek(frame: bytes | str) -> Peek:
     message_id = envelope.id
     has_id = message_id is not msgspec.UNSET
     is_error = envelope.error is not msgspec.UNSET
+    result = envelope.result if isinstance(envelope.result, msgspec.Raw) else None
     if message_id is None and is_error and envelope.method is msgspec.UNSET:
         # An error answering a message the peer could not parse has a null id.
-        return Peek(RESPONSE, None, None, None, failed=True)
+        return Peek(RESPONSE, None, None, None, failed=True, result=result)
     if has_id and not _valid_id(message_id):
         raise InvalidRequest("a request id must be a string or an integer", reason=INVALID_ID)
     method = envelope.method
@@ -129,10 +137,10 @@ def peek(frame: bytes | str) -> Peek:
                 request_id=message_id if has_id else None,
             )
         if has_id:
-            return Peek(REQUEST, message_id, method, params)
-        return Peek(NOTIFICATION, None, method, params)
-    if has_id and (envelope.result is not msgspec.UNSET or is_error):
-        return Peek(RESPONSE, message_id, None, None, failed=is_error)
+            return Peek(REQUEST, message_id, method, params, result=result)
+        return Peek(NOTIFICATION, None, method, params, result=result)
+    if has_id and (result is not None or is_error):
+        return Peek(RESPONSE, message_id, None, None, failed=is_error, result=result)
     raise InvalidRequest(
         "not a JSON-RPC request, notification or response",
         reason=NOT_JSONRPC,
@@ -150,6 +158,46 @@ def _too_deep() -> ParseError:
 def _valid_id(value: object) -> bool:
     # JSON-RPC allows null ids only in error responses to unparseable requests; MCP forbids null.
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+# What JavaScript's Number() trims from a string (WhiteSpace and LineTerminator: the Zs
+# category, BOM, tab, vertical tab, form feed, the line ends) and the numbers it reads there
+# (decimal, Infinity, and 0x/0o/0b integers; no separators, ASCII digits only).
+_JS_SPACE = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_JS_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
+_JS_PREFIXED = re.compile(r"0(?:[xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)")
+
+
+def id_readings(request_id: RequestId) -> frozenset[int | float]:
+    """The numbers clients read ``request_id`` as when they match a response with the request
+    it answers: the TypeScript SDK looks its requests up by ``Number(response.id)`` (a double:
+    ``"41"``, ``" 41 "``, ``"0x29"``, ``"4.1e1"`` and ``41`` are one request), the Python SDK
+    by ``int(response.id)`` for a string (``"+41"``, ``"4_1"``, ``"٤١"`` too). Two ids with a
+    reading in common may be taken for one another by some client (empty: none is a number)."""
+    if isinstance(request_id, int):
+        return frozenset((request_id, _double(request_id)))
+    readings: set[int | float] = set()
+    text = request_id.strip(_JS_SPACE)
+    if not text:
+        readings.add(0)  # (Number("") is 0)
+    elif _JS_DECIMAL.fullmatch(text):
+        readings.add(float(text))
+    elif _JS_PREFIXED.fullmatch(text):
+        readings.add(_double(int(text, 0)))
+    with contextlib.suppress(ValueError):  # (not an integer to Python either)
+        readings.add(int(request_id))
+    return frozenset(readings)
+
+
+def _double(value: int) -> float:
+    """An integer as a double holds it (JavaScript's numbers): rounded, or infinite."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def duplicate_request(request_id: RequestId) -> InvalidRequest:

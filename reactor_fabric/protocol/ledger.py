@@ -34,6 +34,7 @@ from .jsonrpc import (
     RequestId,
     decode_params,
     duplicate_request,
+    id_readings,
     with_id,
 )
 
@@ -104,6 +105,23 @@ class Ledger:
             self.server_requests[message.id] = expires_at
         else:
             assert message.kind == NOTIFICATION
+
+    def answering(self, response_id: RequestId | None) -> RequestId | None:
+        """The id of the client request in flight that a server's response under
+        ``response_id`` answers, as a client may take it (None: none). Its own id first; else
+        one it spells otherwise for some client (``"41"`` for ``41``: see
+        :func:`~reactor_fabric.protocol.jsonrpc.id_readings`), the first in the order sent."""
+        if response_id is None:
+            return None
+        if response_id in self.client_requests:
+            return response_id
+        readings = id_readings(response_id)
+        if not readings:
+            return None
+        for request_id in self.client_requests:
+            if readings & id_readings(request_id):
+                return request_id
+        return None
 
     def refusal(self, request: Peek, limit: int) -> FabricError | None:
         """Why a server's request is answered at once instead of going to the client, if it

@@ -34,6 +34,13 @@ A request id stands for one request in flight per direction: a client request un
 waiting or owed an answer, or a server request under an id still awaiting the client, is refused
 (-32600 ``duplicate_request_id``) and goes no further (the call in flight keeps its own answer
 and its one audit record).
+
+Under a suite lock (``orchestrator.lock`` warn or enforce, see :mod:`.suite_lock`) the server's
+lists — any message of its whose ``result`` holds tools, prompts or resource templates, whatever
+its id or shape — are checked before they go on, and its responses are matched to the client's
+requests as clients match them (an id in any spelling a client reads as the same:
+:meth:`.ledger.Ledger.answering`); a response that answers none is dropped. Without one, the relay
+decodes no list and forwards every message byte for byte.
 """
 
 from __future__ import annotations
@@ -123,7 +130,7 @@ from .jsonrpc import (
 from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
 from .lifecycle import Lifecycle
 from .served import Served
-from .suite_lock import Mode, SuiteLock, checked_tools_list, withheld_error
+from .suite_lock import Mode, SuiteLock, checked_list, listed_kinds, withheld_error
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
 
 # --- the lifecycle ----------------------------------------------------------------------------
@@ -139,6 +146,8 @@ _FRESH_AFTER = frozenset({INITIALIZE, "ping"})
 # /api/sessions shows of the call); a larger one is shown by its method only, so that a call's
 # path never decodes much more than the relay must.
 NAMED_PARAMS_BYTES = 4096
+# A server's id is logged cut to this many characters (a response dropped under a suite lock).
+MAX_LOGGED_ID_CHARS = 128
 
 
 class _Named(msgspec.Struct):
@@ -223,15 +232,16 @@ class SessionMachine:
         # orchestrator's shared slots under the session's id (None: not an agent).
         self.session_id = session_id
         self.agent_slots = agent_slots
-        # The suite lock the server's tools/list answers are checked against (None: none),
-        # and the tools it withholds under enforce (name → why; see suite_lock.py).
+        # The suite lock the server's lists (tools, prompts, resource templates) are checked
+        # against (None: none), and the tools it withholds under enforce (name → why; see
+        # suite_lock.py).
         self.lock = lock if lock_mode != "off" else None
         self.lock_mode: Mode = lock_mode
         # The suite's secret values out of what is compared with the lock, which hashes the
         # tools as /mcp serves them (see .catalog: Redact); the answer itself passes as it is.
         self.redact = redact
         self._withheld: dict[str, dict[str, Any]] = {}
-        self._drift_seen: set[tuple[str, str, tuple[str, ...]]] = set()
+        self._drift_seen: set[tuple[str, str, str, tuple[str, ...]]] = set()
         self.lifecycle = lifecycle or Lifecycle()
         self.idle_timeout = idle_timeout
         self.limits = limits
@@ -655,13 +665,23 @@ class SessionMachine:
                 self._write_line(slot, error_response(message.id, refusal)),
             ]
         relayed, checked = event.line, list[Action]()
-        if (
-            self.lock is not None
-            and message.kind == RESPONSE
-            and message.id is not None
-            and self.ledger.client_requests.get(message.id) == "tools/list"
-        ):
-            relayed, checked = self._checked_list(relayed)
+        if self.lock is not None:
+            if message.kind == RESPONSE:
+                answered = self.ledger.answering(message.id)
+                if answered is None:
+                    return [self._unanswerable(message)]
+                if answered != message.id:
+                    # Its id spells a request's in flight otherwise ("41" for 41), and clients
+                    # take it for that request's answer: so is it taken here (the books, the
+                    # route of an HTTP answer), and it goes on as the server wrote it.
+                    message = Peek(
+                        RESPONSE, answered, None, None, failed=message.failed, result=message.result
+                    )
+            for kind in listed_kinds(message.result):
+                # Checked whatever it answers, or whether it is an answer at all: what a
+                # client takes for a list answer is its to decide, not the ledger's.
+                relayed, drift = self._checked_list(relayed, kind)
+                checked += drift
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
         send = ToClient(relayed, message)
         return [*checked, *self._after_answer(slot, message, relayed, now, send)]
@@ -693,16 +713,33 @@ class SessionMachine:
         name = params.get("name") if isinstance(params, dict) else None
         return self._withheld.get(self.redact(name)) if isinstance(name, str) else None
 
-    def _checked_list(self, line: bytes) -> tuple[bytes, list[Action]]:
-        """The server's tools/list answer against the suite lock: what to pass on, and the
-        drift not reported yet in this session (the driver logs and audits it)."""
+    def _unanswerable(self, message: Peek) -> Log:
+        """Under a suite lock, a server's response that answers no request in flight, by its
+        id in any spelling (see Ledger.answering): dropped, so that no client takes it for the
+        answer to something it asked (a tools/list answer whose check was dodged)."""
+        said = message.id
+        if isinstance(said, str) and len(said) > MAX_LOGGED_ID_CHARS:
+            said = said[:MAX_LOGGED_ID_CHARS] + "…"  # (the server chose it: as long as it liked)
+        fields = {"id": said, "error": message.failed, "lists": listed_kinds(message.result)}
+        return Log("warning", "server_response_unmatched", fields)
+
+    def _checked_list(self, line: bytes, kind: str) -> tuple[bytes, list[Action]]:
+        """The server's list of ``kind`` (tools, prompts, resource templates) against the
+        suite lock: what to pass on, and the drift not reported yet in this session (the
+        driver logs and audits it)."""
         assert self.lock is not None
-        line, drifts = checked_tools_list(
-            self.service_name, self.lock, self.lock_mode, line, self._withheld, redact=self.redact
+        line, drifts = checked_list(
+            self.service_name,
+            self.lock,
+            self.lock_mode,
+            line,
+            kind=kind,
+            withheld=self._withheld,
+            redact=self.redact,
         )
         fresh = []
         for drift in drifts:
-            seen = (drift.name, drift.change, drift.parts)
+            seen = (drift.kind, drift.name, drift.change, drift.parts)
             if seen not in self._drift_seen:
                 self._drift_seen.add(seen)
                 fresh.append({**drift.record(), "mode": self.lock_mode})

@@ -7,7 +7,8 @@ definition and of the whole. A tool's description is prompt text for the client'
 image update that rewrites it can steer an agent ("rug pull"), so whatever a server offers later
 is compared with the lock (:func:`compare_offer`, :func:`compare_image`), and what differs is a
 list of :class:`Drift` items. ``orchestrator.lock`` says what is done with them
-(:func:`lock_mode`): ``enforce`` hides a changed tool (:func:`enforced`; a call of it is refused
+(:func:`lock_mode`; said in the suite, ``enforce`` and ``warn`` need the lock file:
+:func:`missing_lock`): ``enforce`` hides a changed tool (:func:`enforced`; a call of it is refused
 with -32004 ``tool_definition_changed``) and starts no container from a changed image
 (``image_changed``); ``warn`` serves everything and reports the drift; ``off`` compares nothing.
 
@@ -18,7 +19,7 @@ parts hashed are the ones that reach a model or a client's choice (:data:`PARTS`
 What is hashed is a definition as ``/mcp`` serves it: without the suite's secret values (each
 replaced by ``[REDACTED]``, see :mod:`.catalog`). The catalog probe's offers are redacted before
 anything reads them (the lock made from them, and every comparison), a ``/mcp`` session's fresh
-lists too, and the relay compares a server's ``tools/list`` the same way (:func:`checked_tools_list`
+lists too, and the relay compares a server's lists (tools, prompts, resource templates) the same way (:func:`checked_list`
 is given the redactor) while passing the answer on as it is. So the lock never holds a hash of
 a secret (one that could be guessed offline against it, the rest of the text being known), a
 secret rotated changes no hash, and a definition hashes alike wherever it is compared.
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
@@ -166,16 +167,31 @@ def lock_mode(setting: str | None, lock_exists: bool) -> Mode:
     return "warn" if lock_exists else "off"
 
 
+def missing_lock(setting: str | None) -> str | None:
+    """Why there must be a lock file, when ``orchestrator.lock`` says so (None: it need not
+    be there): ``enforce`` or ``warn`` said in the suite would compare nothing without one,
+    silently (enforce enforcing nothing). Only the default (unset, ``null``) turns itself off
+    when there is no lock file."""
+    if setting not in ("enforce", "warn"):
+        return None
+    return (
+        f"no such file, and orchestrator.lock is {setting} (write it with 'reactor-fabric "
+        'lock\', or set orchestrator.lock: "off")'
+    )
+
+
 # --- drift ------------------------------------------------------------------------------------
 
-Change = Literal["changed", "added", "removed"]
+Change = Literal["changed", "added", "removed", "duplicated"]
 
 
 @dataclass(frozen=True)
 class Drift:
     """One difference from the lock. ``kind``: ``image``, ``service`` (not in the lock) or one
     of :data:`KINDS`; ``name``: the entry's (the image reference for an image); ``parts``: for
-    a changed entry, the parts whose hashes differ."""
+    a changed entry, the parts whose hashes differ. ``duplicated``: the name listed again, with
+    a definition other than the locked one (the parts that differ from it): the lock holds one
+    definition per name, and which of two a client takes, clients do not say."""
 
     service: str
     kind: str
@@ -212,6 +228,8 @@ class Drift:
         what = f"{self.service}: {_SINGULAR.get(self.kind, self.kind)} {self.name!r}"
         if self.change == "changed":
             return f"{what} changed ({', '.join(self.parts)})"
+        if self.change == "duplicated":
+            return f"{what} listed again, otherwise defined ({', '.join(self.parts)})"
         return f"{what} {'is not in the lock' if self.change == 'added' else 'is gone'}"
 
 
@@ -249,38 +267,64 @@ def compare_offer(service: str, lock: SuiteLock, offer: ServiceCatalog) -> list[
 def compare_entries(
     service: str, kind: str, locked: Mapping[str, Json], entries: Sequence[Json]
 ) -> list[Drift]:
-    """One kind's drift: entries added, removed, or changed (which parts)."""
-    found = _named(kind, entries)
+    """One kind's drift, every entry compared: entries added, removed, changed (which parts),
+    and a locked name listed again with another definition (``duplicated``: a server could
+    show the locked one first and its own after, for a client that keeps the last)."""
+    seen: set[str] = set()
     drifts: list[Drift] = []
-    for name, definition in found.items():
-        hashes = definition_hashes(kind, definition)
+    for definition in entries:
+        name = definition.get(_NAME_KEY[kind])
+        if not isinstance(name, str) or not name:
+            continue  # not comparable (see listed_entries: not served under enforce)
+        repeated = name in seen
+        seen.add(name)
         before = locked.get(name)
         if before is None:
-            drifts.append(Drift(service, kind, name, "added"))
-        elif before.get("sha256") != hashes["sha256"]:
+            if not repeated:  # (a name the lock lacks is withheld whole under enforce)
+                drifts.append(Drift(service, kind, name, "added"))
+            continue
+        hashes = definition_hashes(kind, definition)
+        if before.get("sha256") != hashes["sha256"]:
             old: Mapping[str, str] = before.get("parts", {})
             new: Mapping[str, str] = hashes["parts"]
             parts = tuple(sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p)))
-            drifts.append(Drift(service, kind, name, "changed", parts or ("definition",)))
-    drifts += [Drift(service, kind, name, "removed") for name in locked if name not in found]
+            change: Change = "duplicated" if repeated else "changed"
+            drifts.append(Drift(service, kind, name, change, parts or ("definition",)))
+    drifts += [Drift(service, kind, name, "removed") for name in locked if name not in seen]
     return drifts
 
 
-def relocked_tools(
-    service: str, offer: ServiceCatalog, lock: SuiteLock, mode: Mode
+def listed_entries(kind: str, entries: Sequence[object], hidden: Container[str]) -> list[Any]:
+    """``entries`` as ``enforce`` lists them: each name once (its first entry; a later one is
+    not the locked definition's place), none ``hidden`` (withheld), and nothing that has no
+    name (no comparison could pass it)."""
+    listed: list[Any] = []
+    names: set[str] = set()
+    for entry in entries:
+        name = entry.get(_NAME_KEY[kind]) if isinstance(entry, dict) else None
+        if isinstance(name, str) and name and name not in hidden and name not in names:
+            names.add(name)
+            listed.append(entry)
+    return listed
+
+
+def relocked(
+    service: str, kind: str, offer: ServiceCatalog, lock: SuiteLock, mode: Mode
 ) -> tuple[ServiceCatalog, list[Drift]]:
-    """A service's offer after its tools were listed again mid-session (its list_changed):
-    its tools compared with the lock, its drift records' tools part replaced, and under
-    enforce the tools that differ withheld. Also the drift not known before (to report)."""
-    if mode == "off":
+    """A service's offer after one kind of its entries (tools, prompts, resource templates)
+    was listed again mid-session (its list_changed): that kind compared with the lock, its
+    drift records' part for that kind replaced, and under enforce served as :func:`enforced`
+    serves it (for tools, ``withheld`` made anew). Also the drift not known before (to
+    report). A kind the lock does not hold (resources) is returned as it is."""
+    if mode == "off" or kind not in KINDS:
         return offer, []
     entry = lock.services.get(service, {})
-    drifts = compare_entries(service, "tools", entry.get("tools", {}), offer.tools)
-    known = [record for record in offer.drift if record.get("kind") != "tools"]
+    drifts = compare_entries(service, kind, entry.get(kind, {}), getattr(offer, kind))
+    known = [record for record in offer.drift if record.get("kind") != kind]
     records = tuple(known + [drift.record() for drift in drifts])
     new = [drift for drift in drifts if drift.record() not in offer.drift]
     if mode == "enforce":
-        offer = enforced(replace(offer, withheld=()), drifts)
+        offer = _enforced_kind(offer, kind, drifts)
     return replace(offer, drift=records), new
 
 
@@ -300,75 +344,118 @@ def withheld_error(service: str, why: Json) -> SecurityViolation:
     )
 
 
-def checked_tools_list(
+# Where each kind's entries are in a list answer's result (tools/list, prompts/list,
+# resources/templates/list).
+RESULT_KEY: Final[Mapping[str, str]] = {
+    "tools": "tools",
+    "prompts": "prompts",
+    "resource_templates": "resourceTemplates",
+}
+
+
+class _Listing(msgspec.Struct):
+    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    prompts: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    resource_templates: msgspec.Raw | msgspec.UnsetType = msgspec.field(
+        default=msgspec.UNSET, name="resourceTemplates"
+    )
+
+
+_listing_decoder = msgspec.json.Decoder(_Listing)
+
+
+def listed_kinds(result: msgspec.Raw | None) -> tuple[str, ...]:
+    """The kinds of entries (of :data:`KINDS`) a message's ``result`` (undecoded) holds a list
+    of: what a client may take for a list answer, whatever it answers (read without decoding
+    the rest). None for a result that is not an object, or for no result."""
+    if result is None:
+        return ()
+    try:
+        listing = _listing_decoder.decode(result)
+    except (msgspec.DecodeError, RecursionError):  # (ValidationError: not an object)
+        return ()
+    return tuple(kind for kind in KINDS if getattr(listing, kind) is not msgspec.UNSET)
+
+
+def checked_list(
     service: str,
     lock: SuiteLock,
     mode: Mode,
     line: bytes,
-    withheld: dict[str, Json],
     *,
+    kind: str,
+    withheld: dict[str, Json],
     redact: Redact = unredacted,
 ) -> tuple[bytes, list[Drift]]:
-    """A relayed ``tools/list`` answer (one page) checked against the lock: the line to pass on
-    (under enforce, without the tools that differ) and the drift found in it. ``withheld``
-    (tool name → why) is updated: the page's tools that differ in, the others out. A tool the
-    page lacks is not drift here (another page may hold it). An answer that is not a list of
-    tools (an error) passes as it is. The tools are compared, and named, as ``redact`` leaves
-    them (the lock's hashes are of definitions without the suite's secret values)."""
+    """A relayed message whose result lists ``kind`` (one page of a ``tools/list``,
+    ``prompts/list`` or ``resources/templates/list`` answer, or what a server sends as one)
+    checked against the lock: the line to pass on and the drift found in it. Every entry is
+    compared (a name listed twice included). Under enforce the line passes only as
+    :func:`listed_entries` lists it: the entries that differ, a name's later entries and
+    entries without a name are taken out. For tools, ``withheld`` (tool name → why) is
+    updated: the page's tools that differ in, the others out. An entry the page lacks is not
+    drift here (another page may hold it). A list that is not a list passes as it is (no
+    client takes it for one). The entries are compared, and named, as ``redact`` leaves them
+    (the lock's hashes are of definitions without the suite's secret values); the line keeps
+    what the server wrote."""
     try:
         message = msgspec.json.decode(line)
     except (msgspec.DecodeError, RecursionError):
         return line, []
     result = message.get("result") if isinstance(message, dict) else None
-    tools = result.get("tools") if isinstance(result, dict) else None
-    if mode == "off" or not isinstance(result, dict) or not isinstance(tools, list):
+    items = result.get(RESULT_KEY[kind]) if isinstance(result, dict) else None
+    if mode == "off" or not isinstance(result, dict) or not isinstance(items, list):
         return line, []
-    entries = [tool for tool in tools if isinstance(tool, dict)]
+    entries = [item for item in items if isinstance(item, dict)]
     compared: list[Json] = redact(entries)
-    locked = lock.services.get(service, {}).get("tools", {})
-    drifts = [
-        d for d in compare_entries(service, "tools", locked, compared) if d.change != "removed"
-    ]
-    for name in _named("tools", compared):
-        withheld.pop(name, None)
-    if mode != "enforce" or not drifts:
+    locked = lock.services.get(service, {}).get(kind, {})
+    drifts = [d for d in compare_entries(service, kind, locked, compared) if d.change != "removed"]
+    if kind == "tools":
+        for name in _named(kind, compared):
+            withheld.pop(name, None)
+    if mode != "enforce":
         return line, drifts
-    for drift in drifts:
-        withheld[drift.name] = {
-            "tool": drift.name,
-            "change": drift.change,
-            "parts": list(drift.parts),
-        }
-    kept = [
-        tool
-        for tool, shown in zip(entries, compared, strict=True)
-        if shown.get("name") not in withheld
-    ]
-    result["tools"] = kept  # (entries that are not objects are no tools: left out)
+    hidden = {d.name for d in drifts if d.change != "duplicated"}  # (its first is the locked one)
+    if kind == "tools":
+        for drift in drifts:
+            if drift.name in hidden:
+                withheld[drift.name] = {
+                    "tool": drift.name,
+                    "change": drift.change,
+                    "parts": list(drift.parts),
+                }
+        hidden = set(withheld)
+    # Decided on the entries as compared, applied to the entries as the server wrote them.
+    kept = {id(shown) for shown in listed_entries(kind, compared, hidden)}
+    listed = [entry for entry, shown in zip(entries, compared, strict=True) if id(shown) in kept]
+    if len(listed) == len(items):
+        return line, drifts  # (as the server sent it: nothing is taken out)
+    result[RESULT_KEY[kind]] = listed
     return msgspec.json.encode(message), drifts
 
 
 def enforced(offer: ServiceCatalog, drifts: Sequence[Drift]) -> ServiceCatalog:
     """``offer`` as ``enforce`` serves it: a tool, prompt or resource template that is not the
-    locked one (changed, or not in the lock) is left out; the tools left out are kept in
-    ``withheld`` (name, change, parts), so that a call of one is refused saying why rather
-    than "unknown tool"."""
-    hidden: dict[str, dict[str, Drift]] = {kind: {} for kind in KINDS}
-    for drift in drifts:
-        if drift.kind in hidden and drift.change != "removed":
-            hidden[drift.kind][drift.name] = drift
-    if not any(hidden.values()):
-        return offer
-    kept: Json = {
-        kind: tuple(
-            entry
-            for entry in getattr(offer, kind)
-            if entry.get(_NAME_KEY[kind]) not in hidden[kind]
-        )
-        for kind in KINDS
+    locked one (changed, or not in the lock) is left out, and so are a name's later entries
+    (:func:`listed_entries`); the tools left out are kept in ``withheld`` (name, change,
+    parts), so that a call of one is refused saying why rather than "unknown tool"."""
+    for kind in KINDS:
+        offer = _enforced_kind(offer, kind, drifts)
+    return offer
+
+
+def _enforced_kind(offer: ServiceCatalog, kind: str, drifts: Sequence[Drift]) -> ServiceCatalog:
+    """:func:`enforced` for one kind of entries (the others as they are)."""
+    hidden = {
+        drift.name: drift
+        for drift in drifts
+        if drift.kind == kind and drift.change in ("changed", "added")
     }
+    listed = tuple(listed_entries(kind, getattr(offer, kind), hidden))
+    if kind != "tools":
+        kept: Json = {kind: listed}
+        return replace(offer, **kept)
     withheld = tuple(
-        {"tool": d.name, "change": d.change, "parts": list(d.parts)}
-        for d in hidden["tools"].values()
+        {"tool": d.name, "change": d.change, "parts": list(d.parts)} for d in hidden.values()
     )
-    return replace(offer, withheld=withheld, **kept)
+    return replace(offer, tools=listed, withheld=withheld)

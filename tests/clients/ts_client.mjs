@@ -7,7 +7,8 @@
 // message and consumes its answer before the SDK's Client starts its own handshake — the way a
 // fabric-aware client built on the SDK registers its project directory.
 //
-// Commands (stdin, JSON lines): {"op":"initialize"} {"op":"list_tools"}
+// Commands (stdin, JSON lines): {"op":"initialize"} {"op":"list_tools"} (its answer: the tools'
+//   names, and "described": [name, description] of each)
 //   {"op":"call","name":N,"arguments":A,"progress":false,"report_progress":false} {"op":"exit"}
 //   (with report_progress, each progress notification is printed as it comes: {"op":"progress"})
 import { createInterface } from "node:readline";
@@ -77,7 +78,9 @@ for await (const line of lines) {
       emit({ ok: true, server: info?.name, protocol: transport.inner?.protocolVersion });
     } else if (command.op === "list_tools") {
       const result = await client.listTools();
-      emit({ ok: true, tools: result.tools.map((tool) => tool.name) });
+      // described: each tool the SDK handed over, in order, with the description a model reads.
+      emit({ ok: true, tools: result.tools.map((tool) => tool.name),
+             described: result.tools.map((tool) => [tool.name, tool.description ?? null]) });
     } else if (command.op === "call") {
       const progress = [];
       const onprogress = (p) => {

@@ -108,3 +108,18 @@ def test_the_ledger_never_holds_two_requests_in_flight_under_one_id_in_either_di
     client(ledger, {"jsonrpc": "2.0", "id": "s", "result": {}})
     server(ledger, {"jsonrpc": "2.0", "id": "s", "method": "roots/list"}, expires_at=20.0)
     assert (ledger.client_requests, ledger.server_requests) == ({7: "tools/list"}, {"s": 20.0})
+
+
+def test_a_response_answers_the_request_its_id_spells_in_any_way_a_client_reads_it() -> None:
+    ledger = Ledger()
+    for request_id in (0, 41, "41", "job-7", 2**53 + 1):
+        client(ledger, {"jsonrpc": "2.0", "id": request_id, "method": "tools/list"})
+    assert ledger.answering("41") == "41"  # its own id first
+    assert ledger.answering(41) == 41
+    for spelled in (" 41", "0x29", "4.1e1", "+41", "4_1", "\u0664\u0661", 41):
+        assert ledger.answering(spelled) in (41, "41")
+    assert ledger.answering("") == 0  # (JavaScript's Number("") is 0)
+    assert ledger.answering(2**53) == 2**53 + 1  # (one double to JavaScript)
+    assert ledger.answering("job-7") == "job-7"
+    for stray in ("41a", "job-8", 42, "NaN", "0x2a", None):
+        assert ledger.answering(stray) is None

@@ -27,6 +27,10 @@ Invariants:
 - a request sent again under an id in flight is refused at once (``duplicate_request_id``),
   never reaches a container, gets a record of its own, and leaves the first request's answer
   and record as they would have been;
+- under a suite lock, where a container may answer under its request's id spelled as a
+  string (``"2"`` for ``2``: clients take it for that request's answer) or answer an id that is
+  not in flight (answered already, or never asked): the first is the request's one answer,
+  the second never reaches the client;
 - with a container lifecycle other than per-session reuse (``fresh_per_call``,
   ``smart_refresh``): a container is never retired for its lifecycle under a request in flight
   either way; a container that has served its calls (one per-call, ``max_calls`` with smart
@@ -58,6 +62,7 @@ from reactor_fabric._reasons import (
     REFRESH_MEMORY,
 )
 from reactor_fabric.protocol.answers import OUTPUT_INVALID, SessionLimits
+from reactor_fabric.protocol.catalog import service_catalog
 from reactor_fabric.protocol.events import (
     Action,
     BackendBroken,
@@ -83,9 +88,10 @@ from reactor_fabric.protocol.events import (
     ToClient,
 )
 from reactor_fabric.protocol.jsonrpc import error_response
-from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX
+from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX, Ledger
 from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.suite_lock import SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.orderings import LazyTrail, Trail, Violation, check, unwind
@@ -113,6 +119,10 @@ LIFECYCLE: Lifecycle | None = None
 LIFECYCLE_REASONS = {CALL_DONE, REFRESH_CALLS, REFRESH_AGE, REFRESH_MEMORY}
 OVER_THRESHOLD = 10_000  # a measurement over the smart_refresh threshold of the test
 MAX_STATES = 1_000_000
+# A suite lock the machine runs under (None: none); with one, containers may also answer under
+# a request's id spelled as a string, and answer an id not in flight (each a misfortune).
+LOCKED: SuiteLock | None = None
+STRAY_ID = 99
 
 
 def K(seq: int) -> BackendKey:  # noqa: N802 - a key, as short as the seq it wraps
@@ -270,6 +280,8 @@ def client_receives(world: World, message: dict[str, Any], trail: list[str]) -> 
         world.asks.append(message["id"])
     elif "id" in message and "method" not in message:
         answer_id = message["id"]
+        if isinstance(answer_id, str) and answer_id.isdigit():
+            answer_id = int(answer_id)  # (as the TypeScript SDK reads it: Number(id))
         check(answer_id in world.sent, f"an answer to unknown id {answer_id}", trail)
         world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
         check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
@@ -372,6 +384,10 @@ def container_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
         steps.append((f"answers-{seq}", partial(answers, seq=seq, error=False)))
         if box.replay_pending and unlucky:
             steps.append((f"refuses-{seq}", partial(answers, seq=seq, error=True)))
+        if LOCKED is not None and unlucky and isinstance(box.received[0], int):
+            steps.append((f"answers-respelled-{seq}", partial(answers, seq=seq, respelled=True)))
+    if LOCKED is not None and unlucky:
+        steps.append((f"answers-stray-{seq}", partial(stray, seq=seq)))
     if not box.asked and world.asked < ASKS:
         steps.append((f"asks-{seq}", partial(asks, seq=seq)))
     if unlucky:
@@ -418,17 +434,27 @@ def written(world: World, seq: int) -> Event:
     return StdinWritten(K(seq), nbytes)
 
 
-def answers(world: World, seq: int, *, error: bool) -> Event:
+def answers(world: World, seq: int, *, error: bool = False, respelled: bool = False) -> Event:
     box = world.boxes[seq]
     answer_id = box.received.pop(0)
     if isinstance(answer_id, str) and answer_id.startswith(REPLAY_ID_PREFIX):
         box.replay_pending = False
     if answer_id in TOOL_CALL_IDS:
         box.calls_answered += 1
-    if error:
+    if error or respelled:
         world.misfortunes += 1
     body: dict[str, Any] = {"error": {"code": -32602, "message": "no"}} if error else {"result": {}}
-    return BackendLine(K(seq), json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode())
+    said = str(answer_id) if respelled else answer_id
+    return BackendLine(K(seq), json.dumps({"jsonrpc": "2.0", "id": said, **body}).encode())
+
+
+def stray(world: World, seq: int) -> Event:
+    """An answer to no request in flight: one answered already (or not sent yet), or none."""
+    world.misfortunes += 1
+    sent = [request_id for request_id in world.sent if request_id not in world.boxes[seq].received]
+    answer_id = sent[-1] if sent else STRAY_ID
+    stray = {"jsonrpc": "2.0", "id": answer_id, "result": {"tools": [{"name": "x"}]}}
+    return BackendLine(K(seq), json.dumps(stray).encode())
 
 
 def measured(world: World, seq: int, memory: int | None) -> Event:
@@ -506,6 +532,8 @@ def explore(*, stall_timeout: float = math.inf) -> int:
         ),
         now=0.0,
         lifecycle=LIFECYCLE,
+        lock=LOCKED,
+        lock_mode="enforce" if LOCKED is not None else "off",
     )
     start = World(machine)
     stack: list[tuple[World, Trail]] = [(start, None)]
@@ -629,6 +657,45 @@ def test_every_reachable_state_keeps_the_invariants_with_a_container_lifecycle(
     monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
     monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", lifecycle)
     assert explore() >= at_least
+
+
+@pytest.mark.parametrize(
+    ("frames", "misfortunes", "asks", "at_least"),
+    [
+        (4, 1, 0, 60_000),  # both calls: one answered respelled or a stray, in any order
+        (3, 2, 0, 20_000),  # two of them, racing deaths, replays, idle, stop, leaving
+    ],
+    ids=["both-calls", "misfortunes"],
+)
+def test_every_reachable_state_keeps_the_invariants_under_a_suite_lock(
+    monkeypatch: pytest.MonkeyPatch, frames: int, misfortunes: int, asks: int, at_least: int
+) -> None:
+    # Under a lock the relay matches answers to requests in flight by any spelling of their
+    # id, and drops the answers that match none: no request may lose its one answer for it,
+    # nor get two, and no stray may reach the client.
+    lock = parse_lock(lock_text({"svc": service_lock("img", None, service_catalog())}))
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:frames])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", misfortunes)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
+    monkeypatch.setattr(sys.modules[__name__], "LOCKED", lock)
+    assert explore() >= at_least
+
+
+def test_the_checker_catches_a_lock_that_lets_a_stray_answer_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As the relay was: only the ledger's exact ids were told apart, and anything else passed.
+    monkeypatch.setattr(Ledger, "answering", lambda _self, response_id: response_id)
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
+    monkeypatch.setattr(
+        sys.modules[__name__],
+        "LOCKED",
+        parse_lock(lock_text({"svc": service_lock("img", None, service_catalog())})),
+    )
+    with pytest.raises(Violation, match=r"answered twice|an answer to unknown id"):
+        explore()
 
 
 def test_the_checker_catches_a_machine_that_answers_a_request_twice(

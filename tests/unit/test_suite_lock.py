@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from reactor_fabric.observe.observer import Observer
 from reactor_fabric.observe.redaction import REDACTED, SECRET_VALUES, Redactor
 from reactor_fabric.protocol.catalog import Catalog, ServiceCatalog, redacted_offer, service_catalog
 from reactor_fabric.protocol.events import ToolsChanged
+from reactor_fabric.protocol.fabric_refresh import Refresh
 from reactor_fabric.protocol.suite_lock import (
     LOCK_FILE,
     Drift,
@@ -121,6 +123,36 @@ def test_tools_added_and_removed_are_drift_and_so_are_prompts_and_templates() ->
         Drift("svc", "prompts", "p", "changed", ("description",)),
         Drift("svc", "resource_templates", "file:///{path}", "changed", ("mimeType",)),
     ]
+
+
+def test_a_second_definition_under_a_locked_name_is_drift_whatever_its_place() -> None:
+    lock = locked(ECHO, OTHER)
+    poisoned = {**ECHO, "description": POISONED}
+    # The locked one first, another after it: a client that keeps the last gets the other.
+    drift = compare_offer("svc", lock, offer(ECHO, poisoned, OTHER))
+    assert drift == [Drift("svc", "tools", "echo", "duplicated", ("description",))]
+    assert drift[0].describe() == "svc: tool 'echo' listed again, otherwise defined (description)"
+    # Another first: changed, whatever follows.
+    assert compare_offer("svc", lock, offer(poisoned, ECHO, OTHER)) == [
+        Drift("svc", "tools", "echo", "changed", ("description",))
+    ]
+    # The same definition twice is the locked one.
+    assert compare_offer("svc", lock, offer(ECHO, ECHO, OTHER)) == []
+
+
+def test_enforce_serves_each_name_once_the_locked_definition_first() -> None:
+    template = {"uriTemplate": "file:///{path}", "name": "files", "description": "Files"}
+    lock = locked(ECHO, OTHER, resource_templates=[template])
+    rewritten = {**template, "description": POISONED}
+    now = offer(
+        ECHO, {**ECHO, "description": POISONED}, OTHER, resource_templates=[template, rewritten]
+    )
+    served_offer = enforced(now, compare_offer("svc", lock, now))
+    assert served_offer.tools == (ECHO, OTHER)
+    assert served_offer.resource_templates == (template,)  # (/mcp lists every template)
+    assert served_offer.withheld == ()  # echo's locked definition is the one served
+    catalog = Catalog({"svc": served_offer})
+    assert catalog.tool("svc__echo") is not None
 
 
 def test_a_service_the_lock_lacks_is_drift_with_each_of_its_tools() -> None:
@@ -416,6 +448,56 @@ def test_validate_config_refuses_a_lock_naming_a_service_the_suite_lacks(
     assert _cli.main(["validate-config", str(suite)], {}) == 1
 
 
+def serve_without_serving(suite: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[Any]]:
+    """``serve`` on port 0 up to the point it would serve: its exit code, and the fabric it
+    would have served (none when it refused to start)."""
+    fabrics: list[Any] = []
+
+    def serve_fabric(fabric: Any, *_args: Any, **_kwargs: Any) -> int:
+        fabrics.append(fabric)
+        return 0
+
+    monkeypatch.setattr(_cli, "_serve_fabric", serve_fabric)
+    state = suite.parent / "state"
+    environ = {"XDG_CONFIG_HOME": str(state), "XDG_STATE_HOME": str(state)}
+    return _cli.main(["--config", str(suite), "--port", "0"], environ), fabrics
+
+
+@pytest.mark.parametrize("mode", ["enforce", "warn"])
+def test_enforce_or_warn_said_without_a_lock_file_refuses_to_start_naming_the_missing_file(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    mode: str,
+) -> None:
+    suite = tmp_path / "claude-mcp-suite.yaml"
+    suite.write_text(SUITE.replace("orchestrator:\n", f"orchestrator:\n  lock: {mode}\n"))
+    code, fabrics = serve_without_serving(suite, monkeypatch)
+    assert (code, fabrics) == (2, [])
+    said = capsys.readouterr().err
+    logged = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    [refusal] = [entry for entry in logged if entry["event"] == "lock_unreadable"]
+    assert refusal["reason"] == "lock_unreadable"
+    assert refusal["path"] == str(tmp_path / LOCK_FILE)
+    assert f"error: {tmp_path / LOCK_FILE}: no such file, and orchestrator.lock is {mode}" in said
+    assert "not starting" in said
+    # validate-config says so too, before anyone tries to start it.
+    assert _cli.main(["validate-config", str(suite)], {}) == 1
+    assert f"{suite}: invalid (its lock is missing)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting", ["", "  lock: null\n", '  lock: "off"\n'])
+def test_without_a_lock_file_the_default_and_off_start_and_compare_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    suite = tmp_path / "claude-mcp-suite.yaml"
+    suite.write_text(SUITE.replace("orchestrator:\n", f"orchestrator:\n{setting}"))
+    code, [fabric] = serve_without_serving(suite, monkeypatch)
+    assert code == 0
+    assert (fabric.lock, fabric.lock_mode) == (None, "off")
+    assert _cli.main(["validate-config", str(suite)], {}) == 0
+
+
 # --- mid-session: a backend's tools listed again after its list_changed ------------------------
 
 
@@ -464,6 +546,70 @@ def test_a_tool_rewritten_mid_session_is_caught_and_under_enforce_withheld() -> 
             assert "time__get_current_time" in names
             assert called == []  # forwarded to the backend
         assert "time__convert_time" in names
+
+
+@pytest.mark.parametrize("mode", ["warn", "enforce"])
+def test_a_prompt_rewritten_mid_session_is_drift_and_under_enforce_no_longer_listed(
+    mode: Mode,
+) -> None:
+    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+
+    git_lock = parse_lock(
+        lock_text(
+            {
+                name: service_lock("img", "sha256:aaa", offer)
+                for name, offer in machine.CATALOG.services.items()
+            }
+        )
+    )
+    server = machine.session(active=["git"], lock=git_lock, lock_mode=mode)
+    machine.call(server, 1, "git__git_log")
+    machine.ready(server, "git")
+    said = machine.line(server, "git", machine.msg(method="notifications/prompts/list_changed"))
+    [relist] = machine.to_backend(said, "git")
+    assert relist["method"] == "prompts/list"
+    fresh = {"prompts": [{"name": "review", "description": POISONED}]}
+    answer = machine.msg(id=relist["id"], result=fresh)
+    actions = machine.refreshing(server, machine.line(server, "git", answer))
+    [changed] = [a.changes for a in actions if isinstance(a, ToolsChanged)]
+    assert changed.drift == (
+        {
+            "service": "git",
+            "kind": "prompts",
+            "entry": "review",
+            "change": "changed",
+            "parts": ["description"],
+            "mode": mode,
+        },
+    )
+    assert changed.counts == (0, 0, 0)  # (no tool changed: only the drift is recorded)
+    listed = machine.client(server, machine.msg(id=5, method="prompts/list"))
+    prompts = machine.to_client(listed)[0]["result"]["prompts"]
+    if mode == "enforce":
+        assert prompts == []
+    else:
+        assert [p["description"] for p in prompts] == [f"[git] {POISONED}"]
+
+
+def test_a_refresh_checks_every_kind_the_lock_holds_against_it() -> None:
+    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+
+    template = {"uriTemplate": "git://{ref}", "name": "ref", "description": "A ref"}
+    base = Catalog(
+        {"git": replace(machine.CATALOG.services["git"], resource_templates=(template,))}
+    )
+    git_lock = parse_lock(lock_text({"git": service_lock("img", "sha256:a", base.services["git"])}))
+    rewritten = {**template, "description": POISONED}
+    lists = (("git", "resource_templates", (rewritten, template)),)
+    modes: list[tuple[Mode, tuple[Any, ...]]] = [("warn", (rewritten, template)), ("enforce", ())]
+    for mode, served_templates in modes:
+        refresh = Refresh(base, lists, {}, lambda _definition: 1, git_lock, mode)
+        refreshed = refresh.run()
+        assert refreshed.catalog.services["git"].resource_templates == served_templates
+        [changed] = refreshed.changes
+        assert [(d["kind"], d["entry"], d["change"]) for d in changed.drift] == [
+            ("resource_templates", "git://{ref}", "changed")
+        ]
 
 
 # --- the relay (/mcp/{service}): the server's own tools/list answers --------------------------
