@@ -19,10 +19,11 @@ parts hashed are the ones that reach a model or a client's choice (:data:`PARTS`
 What is hashed is a definition as ``/mcp`` serves it: without the suite's secret values (each
 replaced by ``[REDACTED]``, see :mod:`.catalog`). The catalog probe's offers are redacted before
 anything reads them (the lock made from them, and every comparison), a ``/mcp`` session's fresh
-lists too, and the relay compares a server's lists (tools, prompts, resource templates) the same way (:func:`checked_list`
-is given the redactor) while passing the answer on as it is. So the lock never holds a hash of
-a secret (one that could be guessed offline against it, the rest of the text being known), a
-secret rotated changes no hash, and a definition hashes alike wherever it is compared.
+lists too, and the relay compares a server's lists (tools, prompts, resource templates) the
+same way (:func:`checked_list` is given the redactor) while passing the answer on as it is.
+So the lock never holds a hash of a secret (one that could be guessed offline against it, the
+rest of the text being known), a secret rotated changes no hash, and a definition hashes alike
+wherever it is compared.
 
 Error handling: :func:`parse_lock` raises :class:`LockInvalid` with what is wrong; nothing here
 raises on a server's malformed entries (an entry without a name is not comparable, and ignored
