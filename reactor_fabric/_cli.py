@@ -486,7 +486,10 @@ def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, 
     async def learn() -> tuple[Catalog, dict[str, Learned]]:
         try:
             secrets = await trio.to_thread.run_sync(resolve_secrets, suite)
-            identity = process_identity(new_instance_id(), suite.orchestrator.network, secrets)
+            # (with secrets, their account is looked for: NSS, files)
+            identity = await trio.to_thread.run_sync(
+                process_identity, new_instance_id(), suite.orchestrator.network, secrets
+            )
             async with egress_served(runtime):
                 return await learn_catalog(
                     runtime, identity, suite.mcp_services, store, refresh=refresh

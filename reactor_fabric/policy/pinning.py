@@ -79,6 +79,26 @@ class Pin:
         """Whether ``found`` (the container's view of the mount) is the pinned object."""
         return (found.st_dev, found.st_ino) == (self.device, self.inode)
 
+    def refusal(self, found: os.stat_result, *, writable: bool) -> SecurityViolation | None:
+        """Why the container's view of this mount (``found``, and whether the container may
+        write there) is not what was pinned, if it is not: another object, or a read-only
+        mount (a ``:ro`` one, a guarded ``.git``) the engine mounted writable."""
+        if not self.matches(found):
+            return SecurityViolation(
+                f"the container did not get the directory that was validated for {self.target!r}",
+                reason=MOUNT_CHANGED,
+                path=self.path,
+                target=self.target,
+            )
+        if self.read_only and writable:
+            return SecurityViolation(
+                f"the container got {self.target!r} writable, which must be read-only",
+                reason=MOUNT_CHANGED,
+                path=self.path,
+                target=self.target,
+            )
+        return None
+
 
 class PinSet:
     """The pins of one container start, by mount target."""

@@ -48,7 +48,6 @@ from .._reasons import (
     DOCKER_TIMEOUT,
     DOCKER_UNAVAILABLE,
     IMAGE_NOT_FOUND,
-    MOUNT_CHANGED,
     MOUNT_TARGET_IN_IMAGE,
     MOUNT_UNVERIFIABLE,
     SECRET_UNAVAILABLE,
@@ -1007,21 +1006,9 @@ def _verify_pins(
             raise _NotInspectableYet(pin, exc) from exc
         except OSError as exc:
             raise _unverifiable(pin, exc) from exc
-        if not pin.matches(found):
-            raise SecurityViolation(
-                f"the container did not get the directory that was validated for {pin.target!r}",
-                reason=MOUNT_CHANGED,
-                path=pin.path,
-                target=pin.target,
-            )
-        if writable:
-            # (a guarded .git, or a :ro mount, that the engine mounted writable)
-            raise SecurityViolation(
-                f"the container got {pin.target!r} writable, which must be read-only",
-                reason=MOUNT_CHANGED,
-                path=pin.path,
-                target=pin.target,
-            )
+        refused = pin.refusal(found, writable=writable)
+        if refused is not None:
+            raise refused
 
 
 def _unverifiable(pin: Pin, exc: OSError) -> SecurityViolation:

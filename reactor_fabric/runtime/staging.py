@@ -228,7 +228,8 @@ class StagingArea:
         if guards and not self.nested:
             return None
         own = [mount for mount in mounts if not mount.git_guard]
-        if any(not any(guard_target(o) == g.target for o in own) for g in guards):
+        carriers = {guard_target(mount) for mount in own}
+        if any(guard.target not in carriers for guard in guards):
             return None
         placed = []
         for mount in sorted(own, key=lambda m: m.target):
@@ -378,28 +379,16 @@ class StagingArea:
         stat_in_container: Callable[[str], os.stat_result],
         statvfs_in_container: Callable[[str], os.statvfs_result],
     ) -> None:
-        guarded = self._guard_targets(placement)
+        # The guarded .git directories first: a project's view is checked below.
+        guarded = {guard_target(mount) for mount, _staged in placement}
         for guard in (pin for pin in pins.pins if pin.target in guarded):
-            found = stat_in_container(f"/proc/{pid}/root{guard.target}")
-            if (
-                guard.matches(found)
-                and not statvfs_in_container(f"/proc/{pid}/root{guard.target}").f_flag
-                & os.ST_RDONLY
-            ):
-                raise SecurityViolation(
-                    f"the container got the Git directory at {guard.target!r} writable",
-                    reason=MOUNT_CHANGED,
-                    path=guard.path,
-                    target=guard.target,
-                )
-            if not guard.matches(found):
-                raise SecurityViolation(
-                    f"the container did not get the Git directory that was pinned for "
-                    f"{guard.target!r}",
-                    reason=MOUNT_CHANGED,
-                    path=guard.path,
-                    target=guard.target,
-                )
+            path = f"/proc/{pid}/root{guard.target}"
+            refused = guard.refusal(
+                stat_in_container(path),
+                writable=not statvfs_in_container(path).f_flag & os.ST_RDONLY,
+            )
+            if refused is not None:
+                raise refused
         for mount, staged in placement:
             pin = pins.for_target(mount.target)
             assert pin is not None  # attach checked
@@ -419,10 +408,6 @@ class StagingArea:
                 path=pin.path,
                 target=mount.target,
             )
-
-    @staticmethod
-    def _guard_targets(placement: list[tuple[MountSpec, StagedMount]]) -> set[str]:
-        return {guard_target(mount) for mount, _staged in placement}
 
 
 def _guard_git(tree: int, guard: Pin) -> None:

@@ -124,12 +124,9 @@ def dialled_port(url: str) -> int | None:
     if parts.hostname is None or not is_loopback(parts.hostname):
         return None
     try:
-        port = parts.port
+        return _port(url)
     except ValueError:
         return None
-    if port is not None:
-        return port
-    return 443 if parts.scheme in ("wss", "https") else 80
 
 
 def mounts_from(arguments: Sequence[str], *, no_mount: bool, cwd: Path) -> list[dict[str, object]]:
@@ -344,10 +341,11 @@ async def _owned_loopback_connection(
 
 
 def _port(url: str) -> int:
+    """The port ``url`` dials: its own, else its scheme's (ValueError: not a port)."""
     parts = urlsplit(url)
     if parts.port is not None:
         return parts.port
-    return 443 if parts.scheme == "wss" else 80
+    return 443 if parts.scheme in ("wss", "https") else 80
 
 
 def _host_header(url: str) -> str:

@@ -256,12 +256,10 @@ def test_the_first_start_makes_a_private_token_that_the_start_up_lines_and_the_b
     assert os.listdir(config / "reactor-fabric") == ["token"]
 
 
-def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_flag(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_client: docker.DockerClient
-) -> None:
-    # The orchestrator gets its token with --token (no file); the SDK 2.x client starts the
-    # bridge with its default environment (HOME, PATH, ...): REACTOR_FABRIC_TOKEN never gets
-    # there. The port's record is all the bridge has.
+@pytest.fixture
+def filtered_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What an MCP client passes the bridge it starts: a HOME with no token file, and no
+    REACTOR_FABRIC_TOKEN, XDG_CONFIG_HOME or XDG_RUNTIME_DIR; the test clients send none."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
@@ -269,9 +267,18 @@ def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_f
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_flag(
+    tmp_path: Path, filtered_home: Path, docker_client: docker.DockerClient
+) -> None:
+    # The orchestrator gets its token with --token (no file); the SDK 2.x client starts the
+    # bridge with its default environment (HOME, PATH, ...): REACTOR_FABRIC_TOKEN never gets
+    # there. The port's record is all the bridge has.
     suite = write_suite(tmp_path / "suite.yaml", [str(tmp_path)])
     with orchestrator(suite, tmp_path / "o.log") as running:
-        assert not (home / ".config" / "reactor-fabric" / "token").exists()
+        assert not (filtered_home / ".config" / "reactor-fabric" / "token").exists()
         bridge = bridged_client(running.ws_url, "--service", "time", "--no-mount")
         try:
             answer = bridge.ask({"op": "initialize"}, timeout=60)
@@ -284,7 +291,7 @@ def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_f
         finally:
             assert bridge.close() == 0
         port = int(running.http_url.rsplit(":", 1)[1])
-        directory = record_directories({"HOME": str(home)}, os.geteuid())[0]
+        directory = record_directories({"HOME": str(filtered_home)}, os.geteuid())[0]
         record = directory / record_name(port)
         assert stat.S_IMODE(record.stat().st_mode) == 0o600
         assert harness.TEST_TOKEN not in running.log_path.read_text()
@@ -304,18 +311,11 @@ def test_a_bridge_started_with_a_filtered_environment_finds_the_token_given_by_f
 
 @needs_squatters
 def test_a_squatter_on_ipv6_loopback_beside_the_running_orchestrator_gets_nothing_from_a_bridge(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, filtered_home: Path
 ) -> None:
     # The orchestrator listens on 127.0.0.1:PORT and records its token for PORT; another local
     # user binds [::1]:PORT, a socket of its own. A bridge dialling [::1] (as `localhost` does
     # where it resolves to ::1 first) used to send that user the running orchestrator's token.
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setattr(harness, "CLIENT_TOKEN", None)
-    monkeypatch.delenv(TOKEN_ENV, raising=False)
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setenv("HOME", str(home))
     suite = write_suite(tmp_path / "suite.yaml", [str(tmp_path)])
     with orchestrator(suite, tmp_path / "o.log") as running:
         port = int(running.http_url.rsplit(":", 1)[1])

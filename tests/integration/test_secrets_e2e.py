@@ -43,6 +43,25 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def two_secrets(tmp_path: Path) -> tuple[str, str, dict[str, Any]]:
+    """Fresh values for the probe's two secrets (one from the environment variable
+    RF_E2E_GITHUB_TOKEN, delivered both ways; one from a private file, ``as: file``), and the
+    service's ``secrets:`` naming them."""
+    env_value = "rf-env-" + secrets.token_hex(16)
+    file_value = "rf-file-" + secrets.token_hex(16)
+    secret_file = tmp_path / "db-password"
+    secret_file.write_text(file_value + "\n")
+    secret_file.chmod(0o600)
+    return (
+        env_value,
+        file_value,
+        {
+            "GITHUB_TOKEN": {"env": "RF_E2E_GITHUB_TOKEN"},
+            "DB_PASSWORD": {"file": str(secret_file), "as": "file"},
+        },
+    )
+
+
 def fetched(running: Orchestrator, path: str) -> str:
     asked = urllib.request.Request(f"{running.http_url}{path}", headers=running.auth_header)
     with urllib.request.urlopen(asked, timeout=30) as answer:
@@ -53,11 +72,7 @@ def fetched(running: Orchestrator, path: str) -> str:
 def test_a_secret_reaches_the_server_as_env_and_file_and_appears_nowhere_else(
     tmp_path: Path, probe_image: str, warm: int
 ) -> None:
-    env_value = "rf-env-" + secrets.token_hex(16)
-    file_value = "rf-file-" + secrets.token_hex(16)
-    secret_file = tmp_path / "db-password"
-    secret_file.write_text(file_value + "\n")
-    secret_file.chmod(0o600)
+    env_value, file_value, probe_secrets = two_secrets(tmp_path)
     cache = tmp_path / "cache"
     suite = write_suite(
         tmp_path / "suite.yaml",
@@ -66,10 +81,7 @@ def test_a_secret_reaches_the_server_as_env_and_file_and_appears_nowhere_else(
             "probe": {
                 "image": probe_image,
                 "warm": warm,
-                "secrets": {
-                    "GITHUB_TOKEN": {"env": "RF_E2E_GITHUB_TOKEN"},
-                    "DB_PASSWORD": {"file": str(secret_file), "as": "file"},
-                },
+                "secrets": probe_secrets,
             }
         },
     )
@@ -189,11 +201,7 @@ def test_neither_the_projects_owner_nor_nobody_reads_a_running_servers_secrets(
     # /proc/PID/root, /run/secrets/* while it runs. A root orchestrator ran servers as the
     # project's owner (a mounted session) or as nobody (unmounted sessions, the catalog probe,
     # pooled containers): any daemon running as nobody got every secret of the suite.
-    env_value = "rf-env-" + secrets.token_hex(16)
-    file_value = "rf-file-" + secrets.token_hex(16)
-    secret_file = tmp_path / "db-password"
-    secret_file.write_text(file_value + "\n")
-    secret_file.chmod(0o600)
+    env_value, file_value, probe_secrets = two_secrets(tmp_path)
     project = tmp_path / "projects" / "app"
     project.mkdir(parents=True)
     os.chown(project, OWNER, OWNER)
@@ -203,10 +211,7 @@ def test_neither_the_projects_owner_nor_nobody_reads_a_running_servers_secrets(
         test_services={
             "probe": {
                 "image": probe_image,
-                "secrets": {
-                    "GITHUB_TOKEN": {"env": "RF_E2E_GITHUB_TOKEN"},
-                    "DB_PASSWORD": {"file": str(secret_file), "as": "file"},
-                },
+                "secrets": probe_secrets,
             }
         },
     )
