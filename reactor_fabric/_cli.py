@@ -34,6 +34,14 @@ import trio
 
 from . import _reasons
 from ._allocator import tune as tune_allocator
+from ._cli_shared import (
+    EXIT_CANNOT_LISTEN,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_UNREADABLE,
+    optional_suite,
+    read_suite,
+)
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
 from ._operator_cli import (
     DEFAULT_PORT,
@@ -103,10 +111,6 @@ from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
 
 log = logging.getLogger("reactor_fabric.cli")
 
-EXIT_OK = 0
-EXIT_INVALID = 1
-EXIT_UNREADABLE = 2
-EXIT_CANNOT_LISTEN = 3
 MAX_CATALOG_BYTES = 256 * 1024 * 1024
 
 DEFAULT_CONFIG = "claude-mcp-suite.yaml"
@@ -322,7 +326,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         ),
         "rank": lambda: rank_command(args.catalog, args.top, args.budget),
         "lock": lambda: lock_command(args.lock_config or args.config, args.check, env),
-        "audit": lambda: audit_command(args, _optional_suite(args.config), env, int(args.port)),
+        "audit": lambda: audit_command(args, optional_suite(args.config), env, int(args.port)),
         "sessions": lambda: sessions_command(args, env),
     }
     if args.command in commands:
@@ -472,7 +476,7 @@ def _host_port(text: str) -> tuple[str, int]:
 def catalog_command(path: str, refresh: bool, as_json: bool, environ: dict[str, str]) -> int:
     """``catalog``: 0 when every service was learned, 1 when some could not be (each says
     why) or the suite is invalid, 2 when the suite cannot be read."""
-    suite = _read_suite(path)
+    suite = read_suite(path)
     if isinstance(suite, int):
         return suite
     store = default_store(environ)
@@ -577,7 +581,7 @@ def lock_command(path: str, check: bool, environ: dict[str, str]) -> int:
     """``lock``: write the lock (0; 1 when a service cannot be learned, nothing written);
     ``lock --check``: 0 when everything is as locked, 1 on drift (printed), 2 when the suite
     or the lock cannot be read."""
-    suite = _read_suite(path)
+    suite = read_suite(path)
     if isinstance(suite, int):
         return suite
     locked: SuiteLock | None = None
@@ -680,7 +684,7 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     """``validate-config``; with ``secrets``, every secret's source is resolved as the
     orchestrator would at its start (this process's environment and user), each problem
     printed by service, secret and source, never a value."""
-    suite = _read_suite(path, warnings=True)
+    suite = read_suite(path, warnings=True)
     if isinstance(suite, int):
         return suite
     lock_problem = _lock_problem(path, suite)
@@ -729,35 +733,6 @@ def _lock_problem(path: str, suite: Suite) -> tuple[str, str] | None:
             f"names service(s) the suite lacks: {', '.join(unknown)} (run 'lock' again)"
         )
     return None
-
-
-def _optional_suite(path: str) -> Suite | None:
-    """The valid suite in ``path``, if there is one (quietly None otherwise)."""
-    try:
-        check = check_suite_text(read_suite_file(path), source=path)
-    except SuiteUnreadable:
-        return None
-    return check.suite
-
-
-def _read_suite(path: str, *, warnings: bool = False) -> Suite | int:
-    """The valid suite in ``path``; else the exit code, with every problem printed on stderr
-    (``warnings``: what is valid but will not work as written, too)."""
-    try:
-        text = read_suite_file(path)
-    except SuiteUnreadable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    check = check_suite_text(text, source=path)
-    if check.suite is None:
-        for issue in check.issues:
-            print(issue, file=sys.stderr)
-        print(f"{path}: invalid ({len(check.issues)} problem(s))", file=sys.stderr)
-        return EXIT_INVALID
-    if warnings:
-        for warning in check.warnings:
-            print(f"{warning} (warning)", file=sys.stderr)
-    return check.suite
 
 
 def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int:
