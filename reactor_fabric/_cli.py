@@ -23,7 +23,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from ._cli_shared import (
     read_suite,
 )
 from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
+from ._lock_cli import lock_command, lock_file_problem, lock_path, read_lock
 from ._operator_cli import (
     DEFAULT_PORT,
     add_operator_commands,
@@ -73,17 +74,10 @@ from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
 from .protocol.suite_lock import (
     LOCK_FILE,
-    MAX_LOCK_BYTES,
-    Drift,
     LockInvalid,
     SuiteLock,
-    compare_image,
-    compare_offer,
     lock_mode,
-    lock_text,
     missing_lock,
-    parse_lock,
-    service_lock,
 )
 from .runtime.base import Runtime
 from .runtime.engines import EngineAddressError
@@ -466,115 +460,6 @@ def rank_command(path: str, top: int, budget: int | None) -> int:
     return EXIT_OK
 
 
-def lock_path(config: str) -> Path:
-    """The suite lock's file: beside the suite."""
-    return Path(config).parent / LOCK_FILE
-
-
-def read_lock(config: str) -> SuiteLock | None:
-    """The suite's lock (None: there is no lock file); OSError or LockInvalid when it cannot
-    be read or is not one."""
-    path = lock_path(config)
-    try:
-        with path.open("rb") as file:
-            data = file.read(MAX_LOCK_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    if len(data) > MAX_LOCK_BYTES:
-        raise LockInvalid(f"larger than {MAX_LOCK_BYTES} bytes")
-    return parse_lock(data)
-
-
-def lock_command(path: str, check: bool, environ: dict[str, str]) -> int:
-    """``lock``: write the lock (0; 1 when a service cannot be learned, nothing written);
-    ``lock --check``: 0 when everything is as locked, 1 on drift (printed), 2 when the suite
-    or the lock cannot be read."""
-    suite = read_suite(path)
-    if isinstance(suite, int):
-        return suite
-    locked: SuiteLock | None = None
-    if check:
-        try:
-            locked = read_lock(path)
-        except (OSError, LockInvalid) as exc:
-            locked = None
-            print(f"error: {lock_path(path)}: {exc}", file=sys.stderr)
-        if locked is None:
-            print(f"error: {lock_path(path)}: no lock to check (run 'lock' first)", file=sys.stderr)
-            return EXIT_UNREADABLE
-    learned = learn_for_lock(suite, environ)
-    if isinstance(learned, int):
-        return learned
-    failed = {name: item.offer.error for name, item in learned.items() if item.offer.error}
-    for name, error in failed.items():
-        print(f"{name}: not learned: {error}", file=sys.stderr)
-    if locked is not None:
-        return _check_lock(path, suite, locked, learned, failed=bool(failed))
-    if failed:
-        print(f"{lock_path(path)}: not written", file=sys.stderr)
-        return EXIT_INVALID
-    entries = {
-        name: service_lock(suite.mcp_services[name].image, item.image_id, item.offer)
-        for name, item in learned.items()
-    }
-    target = lock_path(path)
-    scratch = target.with_name(f".{target.name}.{os.getpid()}")
-    scratch.write_text(lock_text(entries))
-    scratch.replace(target)  # whole or not at all
-    print(f"{target}: {len(entries)} service(s) locked")
-    return EXIT_OK
-
-
-def learn_for_lock(suite: Suite, environ: dict[str, str]) -> dict[str, Learned] | int:
-    """Every service's offer and image id, as the orchestrator learns them at start-up (the
-    catalog probe, and its cache keyed by the image id); an exit code when the engine's
-    address is not usable."""
-    try:
-        runtime = engine_runtime(suite, environ.get("REACTOR_FABRIC_RUNTIME") or None, environ)
-    except EngineAddressError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-
-    async def learn() -> dict[str, Learned]:
-        try:
-            identity = process_identity(new_instance_id(), suite.orchestrator.network)
-            async with egress_served(runtime):
-                _catalog, learned = await learn_catalog(
-                    runtime, identity, suite.mcp_services, default_store(environ)
-                )
-            return learned
-        finally:
-            await runtime.close()
-
-    return trio.run(learn)
-
-
-def lock_drift(suite: Suite, locked: SuiteLock, learned: Mapping[str, Learned]) -> list[Drift]:
-    """Everything the services, as learned, differ from the lock in (``lock --check``)."""
-    drifts: list[Drift] = []
-    for name, item in learned.items():
-        image = compare_image(name, suite.mcp_services[name].image, locked, item.image_id)
-        drifts += [image] if image is not None else []
-        drifts += compare_offer(name, locked, item.offer)
-    drifts += [
-        Drift(name, "service", name, "removed")
-        for name in locked.unknown_services(suite.mcp_services)
-    ]
-    return drifts
-
-
-def _check_lock(
-    path: str, suite: Suite, locked: SuiteLock, learned: Mapping[str, Learned], *, failed: bool
-) -> int:
-    drifts = lock_drift(suite, locked, learned)
-    for drift in drifts:
-        print(drift.describe())
-    if drifts or failed:
-        return EXIT_INVALID
-    print(f"{lock_path(path)}: every service as locked")
-    return EXIT_OK
-
-
 def validate_config(path: str, *, secrets: bool = False) -> int:
     """``validate-config``; with ``secrets``, every secret's source is resolved as the
     orchestrator would at its start (this process's environment and user), each problem
@@ -582,7 +467,7 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     suite = read_suite(path, warnings=True)
     if isinstance(suite, int):
         return suite
-    lock_problem = _lock_problem(path, suite)
+    lock_problem = lock_file_problem(path, suite)
     if lock_problem is not None:
         what, problem = lock_problem
         print(f"{lock_path(path)}: {problem}", file=sys.stderr)
@@ -609,25 +494,6 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     if not resolved:
         print(f"{path}: no service has secrets")
     return EXIT_OK
-
-
-def _lock_problem(path: str, suite: Suite) -> tuple[str, str] | None:
-    """What is wrong with the suite's lock file, if anything (what, then the problem): one that
-    cannot be read, names services the suite lacks, or is missing while the suite says
-    ``orchestrator.lock: enforce`` or ``warn`` (the orchestrator would not start)."""
-    try:
-        locked = read_lock(path)
-    except (OSError, LockInvalid) as exc:
-        return "its lock cannot be read", str(exc)
-    if locked is None:
-        missing = missing_lock(suite.orchestrator.lock)
-        return None if missing is None else ("its lock is missing", missing)
-    unknown = locked.unknown_services(suite.mcp_services)
-    if unknown:
-        return "1 problem(s)", (
-            f"names service(s) the suite lacks: {', '.join(unknown)} (run 'lock' again)"
-        )
-    return None
 
 
 def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int:
