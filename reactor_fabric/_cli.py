@@ -14,72 +14,50 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
-import errno
 import json
-import logging
 import os
 import pwd
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from . import _reasons
-from ._allocator import tune as tune_allocator
 from ._cli_shared import (
-    EXIT_CANNOT_LISTEN,
     EXIT_INVALID,
     EXIT_OK,
     EXIT_UNREADABLE,
     optional_suite,
     read_suite,
 )
-from ._errors import INVALID_SUITE_CONFIGURATION, SecurityViolation
-from ._lock_cli import lock_command, lock_file_problem, lock_path, read_lock
+from ._errors import SecurityViolation
+from ._lock_cli import lock_command, lock_file_problem, lock_path
 from ._operator_cli import (
     DEFAULT_PORT,
     add_operator_commands,
     audit_command,
-    open_audit,
     sessions_command,
 )
 from ._runtime_choice import RUNTIME_NAMES, egress_served, engine_runtime
-from ._scheduling import Slice, shorten_slice
+from ._serve_cli import ServeSettings, serve
 from ._version import __version__
 from .config.secrets import resolve_suite_secrets
-from .config.structs import Suite
-from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
-from .config.token import Token, TokenError, load_or_create_token
+from .config.token import TokenError
 from .config.token_record import (
-    TokenRecord,
     find_bridge_token,
-    remove_record,
     searched,
-    write_record,
 )
 from .discovery import build_index, rank_servers, tokens
 from .discovery.catalog_file import CatalogFormatError, catalog_json, services_from_json
 from .discovery.tokens import count_definition
-from .observe.audit import now_iso
-from .observe.logging import LOG_LEVELS, configure_logging
-from .observe.observer import Observer
-from .observe.otel import tracing_from_environment
-from .policy.auth import is_loopback
+from .observe.logging import LOG_LEVELS
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
 from .protocol.suite_lock import (
     LOCK_FILE,
-    LockInvalid,
-    SuiteLock,
-    lock_mode,
-    missing_lock,
 )
-from .runtime.base import Runtime
 from .runtime.engines import EngineAddressError
 from .trio.bridge import (
     BridgeError,
@@ -92,35 +70,16 @@ from .trio.bridge import (
 from .trio.catalog import Learned, default_store, learn_catalog
 from .trio.fabric import (
     REPLICA_NAME,
-    Fabric,
     new_instance_id,
     process_identity,
     resolve_secrets,
     suite_facts,
 )
-from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
-
-log = logging.getLogger("reactor_fabric.cli")
 
 MAX_CATALOG_BYTES = 256 * 1024 * 1024
 
 DEFAULT_CONFIG = "claude-mcp-suite.yaml"
 DEFAULT_HOST = "127.0.0.1"
-# Seconds a thread may hold the GIL while another waits for it (see _serve_fabric).
-GIL_SWITCH_INTERVAL = 0.0005
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    config: str
-    host: str
-    port: int
-    network: str | None
-    log_level: str
-    token: str | None = None
-    no_auth: bool = False
-    runtime: str | None = None
-    replica: str | None = None
 
 
 def _port(text: str) -> int:
@@ -494,339 +453,3 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     if not resolved:
         print(f"{path}: no service has secrets")
     return EXIT_OK
-
-
-def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int:
-    # First, before the orchestrator makes threads (the log writer is the first): they
-    # inherit it. Those a library made on import get it here.
-    cpu_slice = shorten_slice(whole_process=True)
-    allocator = tune_allocator()
-    stop_logging = configure_logging(settings.log_level)
-    if not allocator.tuned:
-        log.info("allocator_untuned", extra={"reason": allocator.reason})
-    try:
-        return _serve(settings, dict(os.environ if environ is None else environ), cpu_slice)
-    finally:
-        stop_logging()  # writes what is still queued
-
-
-def _serving_lock(config: str, setting: str | None) -> SuiteLock | int | None:
-    """The suite lock to serve with (None: no lock file, and ``orchestrator.lock`` unset or
-    ``off``); an exit code, logged and said, when it cannot be read, or when there is none and
-    the suite says ``enforce`` or ``warn``: serving as if there were none would drop the check
-    it asks for."""
-    try:
-        locked = read_lock(config)
-    except (OSError, LockInvalid) as exc:
-        return _lock_unreadable(config, str(exc))
-    missing = missing_lock(setting) if locked is None else None
-    if missing is not None:
-        return _lock_unreadable(config, missing)
-    return locked
-
-
-def _lock_unreadable(config: str, detail: str) -> int:
-    path = str(lock_path(config))
-    log.error(
-        "lock_unreadable",
-        extra={"reason": _reasons.LOCK_UNREADABLE, "path": path, "detail": detail},
-    )
-    print(f"error: {path}: {detail}; not starting", file=sys.stderr)
-    return EXIT_UNREADABLE
-
-
-def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -> int:
-    try:
-        text = read_suite_file(settings.config)
-    except SuiteUnreadable as exc:
-        log.error(
-            "suite_unreadable",
-            extra={
-                "code": INVALID_SUITE_CONFIGURATION,
-                "reason": _reasons.SUITE_UNREADABLE,
-                "detail": str(exc),
-            },
-        )
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    check = check_suite_text(text, source=settings.config)
-    if check.suite is None:
-        for issue in check.issues:
-            log.error(
-                "invalid_suite_configuration",
-                extra={
-                    "code": INVALID_SUITE_CONFIGURATION,
-                    "reason": _reasons.INVALID_SUITE_CONFIGURATION,
-                    "file": issue.file,
-                    "line": issue.line,
-                    "column": issue.column,
-                    "key": issue.path,
-                    "detail": issue.message,
-                },
-            )
-        print(f"error: {settings.config} is not a valid suite; not starting:", file=sys.stderr)
-        for issue in check.issues:
-            print(f"  {issue}", file=sys.stderr)
-        return EXIT_INVALID
-    for warning in check.warnings:
-        log.warning(
-            "suite_warning",
-            extra={
-                "file": warning.file,
-                "line": warning.line,
-                "column": warning.column,
-                "key": warning.path,
-                "detail": warning.message,
-            },
-        )
-    return _serve_suite(settings, check.suite, environ, cpu_slice)
-
-
-def _serve_suite(
-    settings: ServeSettings, suite: Suite, environ: dict[str, str], cpu_slice: Slice
-) -> int:
-    """Serve a valid suite: its token, engine, lock and audit trail first (each may refuse)."""
-    try:
-        token = _token(settings, suite.orchestrator.auth, environ)
-    except TokenError as exc:
-        log.error("cannot_authenticate", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)})
-        print(f"error: {exc}; not starting", file=sys.stderr)
-        return EXIT_UNREADABLE
-    try:
-        runtime = engine_runtime(suite, settings.runtime, environ)
-    except EngineAddressError as exc:
-        log.error("engine_unusable", extra={"reason": _reasons.ENGINE_ADDRESS, "detail": str(exc)})
-        print(f"error: {exc}; not starting", file=sys.stderr)
-        return EXIT_UNREADABLE
-    # Bound before the trail opens: an instance's default trail is keyed by the port it
-    # listens on (for --port 0, the one it got), so two instances never share one.
-    try:
-        listener = bind_listener(settings.host, settings.port)
-    except OSError as exc:
-        return _cannot_listen(settings, exc)
-    with listener:
-        return _serve_bound(
-            settings, suite, environ, cpu_slice, token=token, runtime=runtime, listener=listener
-        )
-
-
-def _serve_bound(
-    settings: ServeSettings,
-    suite: Suite,
-    environ: dict[str, str],
-    cpu_slice: Slice,
-    *,
-    token: Token | None,
-    runtime: Runtime,
-    listener: socket.socket,
-) -> int:
-    """Serve on ``listener``: the audit trail of its port and the lock first (each may refuse)."""
-    port = int(listener.getsockname()[1])
-    try:
-        audit = open_audit(suite, environ, port)
-    except OSError as exc:
-        log.error(
-            "audit_unwritable", extra={"reason": _reasons.AUDIT_UNWRITABLE, "detail": str(exc)}
-        )
-        print(
-            f"error: the audit trail cannot be written: {exc}; not starting (set "
-            "orchestrator.audit.path, or orchestrator.audit.enabled: false)",
-            file=sys.stderr,
-        )
-        return EXIT_UNREADABLE
-    observer = Observer(
-        services=suite.mcp_services,
-        audit=audit,
-        tracing=tracing_from_environment(environ),
-    )
-    if audit is not None:
-        log.info("audit_trail", extra={"path": str(audit.path)})
-        audit.submit(
-            {
-                "ts": now_iso(),
-                "event": "orchestrator_start",
-                "version": __version__,
-                "pid": os.getpid(),
-                "listen": f"{settings.host}:{port}",
-            }
-        )
-    locked = _serving_lock(settings.config, suite.orchestrator.lock)
-    if isinstance(locked, int):
-        return locked
-    mode = lock_mode(suite.orchestrator.lock, locked is not None)
-    if locked is not None:
-        log.info("suite_lock", extra={"path": str(lock_path(settings.config)), "mode": mode})
-    fabric = Fabric(
-        suite=suite,
-        lock=locked if mode != "off" else None,
-        lock_mode=mode,
-        runtime=runtime,
-        network=settings.network or suite.orchestrator.network,
-        listen_host=settings.host,
-        token=token.value if token is not None else None,
-        catalog_store=default_store(environ),
-        observer=observer,
-        replica=settings.replica,
-    )
-    try:
-        return _serve_fabric(fabric, settings, token, cpu_slice, environ, listener=listener)
-    finally:
-        if audit is not None:
-            audit.submit(
-                {"ts": now_iso(), "event": "orchestrator_stop", "instance": fabric.instance_id}
-            )
-        observer.close()
-
-
-def _serve_fabric(
-    fabric: Fabric,
-    settings: ServeSettings,
-    token: Token | None,
-    cpu_slice: Slice,
-    environ: dict[str, str],
-    *,
-    listener: socket.socket,
-) -> int:
-    if cpu_slice.shortened:
-        log.info(
-            "cpu_slice_shortened",
-            extra={"slice_us": (cpu_slice.ns or 0) / 1000, "threads": cpu_slice.threads},
-        )
-    else:
-        log.info(
-            "cpu_slice_unchanged",
-            extra={"reason": cpu_slice.reason, "slice_us": (cpu_slice.ns or 0) / 1000 or None},
-        )
-    # The event loop shares the GIL with worker threads (engine calls, the audit writer, the
-    # log writer). A thread busy in Python keeps it until the switch interval ends: 5 ms by
-    # default, which a relayed message then waits on top of its own time. Measured: with
-    # refills' engine calls running, that was the orchestrator's own share of a live session's
-    # P99 (docs/BENCHMARKS.md, the warm pool). A shorter interval bounds the wait; the cost is
-    # more frequent hand-overs while two threads both compute, which is rare here.
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    try:
-        trio.run(_serve_until_signalled, fabric, settings, token, environ, listener)
-    except OSError as exc:
-        return _cannot_listen(settings, exc)
-    return EXIT_OK
-
-
-def _cannot_listen(settings: ServeSettings, exc: OSError) -> int:
-    """Said and logged: the port cannot be had (in use, or the address not available)."""
-    reason = _reasons.PORT_IN_USE if exc.errno == errno.EADDRINUSE else _reasons.CANNOT_LISTEN
-    log.error(
-        "cannot_listen",
-        extra={
-            "reason": reason,
-            "host": settings.host,
-            "port": settings.port,
-            "detail": str(exc),
-        },
-    )
-    print(
-        f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-        + (
-            " (choose another with --port or REACTOR_FABRIC_PORT)"
-            if reason == _reasons.PORT_IN_USE
-            else ""
-        ),
-        file=sys.stderr,
-    )
-    return EXIT_CANNOT_LISTEN
-
-
-def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
-    """What the start-up line adds: the URLs to paste into a client, with the token. The fabric
-    endpoint (every service in one MCP server) comes first: it is what most users want."""
-    service = next(iter(fabric.suite.mcp_services), "SERVICE")
-    if token is None:
-        return (
-            f"  authentication is OFF: any local process may connect "
-            f"(e.g. {http_url}/mcp, or {http_url}/mcp/{service} for one service)"
-        )
-    ws_url = "ws" + http_url.removeprefix("http")
-    return "\n".join(
-        [
-            f"  token (from {token.origin}): {token.value}",
-            f"  every service in one MCP server: {http_url}/mcp with the header "
-            f"'Authorization: Bearer {token.value}', or {http_url}/mcp?token={token.value} "
-            f"(WebSocket: {ws_url}/mcp?token={token.value})",
-            f"  Claude Code: claude mcp add --transport http reactor-fabric {http_url}/mcp "
-            f"--header 'Authorization: Bearer {token.value}'",
-            f"  one service: {http_url}/mcp/{{service}}?token={token.value} "
-            f"(WebSocket: {ws_url}/mcp/{{service}}?token={token.value}), or the header",
-            f"  stdio bridge (reads the token itself): reactor-fabric connect {ws_url} "
-            f"[--service {service}]",
-        ]
-    )
-
-
-def _token(settings: ServeSettings, auth: str, environ: dict[str, str]) -> Token | None:
-    """The token clients must present, or None when authentication is off (loopback only)."""
-    if settings.no_auth or auth == "none":
-        if not is_loopback(settings.host):
-            raise TokenError(
-                f"authentication is off (--no-auth or orchestrator.auth: none), which is only "
-                f"allowed on a loopback address, not on {settings.host!r}: anyone who reaches "
-                "the port could start containers with mounts"
-            )
-        return None
-    return load_or_create_token(environ, settings.token)
-
-
-def _record_token(environ: dict[str, str], port: int, token: Token | None) -> TokenRecord | None:
-    """The port's token record for the stdio bridge (config.token_record); None without
-    authentication or when it cannot be written safely (then a bridge needs the variable or
-    the default file, and the warning says why)."""
-    if token is None:
-        return None
-    try:
-        record = write_record(environ, port, token.value)
-    except TokenError as exc:
-        log.warning(
-            "token_record_unwritable", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)}
-        )
-        return None
-    log.info("token_recorded", extra={"path": str(record.path)})
-    return record
-
-
-async def _serve_until_signalled(
-    fabric: Fabric,
-    settings: ServeSettings,
-    token: Token | None,
-    environ: dict[str, str],
-    listener: socket.socket,
-) -> None:
-    """Serve; the first SIGINT/SIGTERM stops gracefully (bounded), a second one at once."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        # Recorded once the port is ours (and known, for --port 0), before the start-up line:
-        # a bridge started after it finds the token. Removed at every exit (a killed
-        # orchestrator's record is replaced by the next start on the port).
-        record = _record_token(environ, listener.getsockname()[1], token)
-        try:
-            async with trio.open_nursery() as nursery:
-
-                async def serve(*, task_status: trio.TaskStatus[Orchestrator]) -> None:
-                    await serve_orchestrator(fabric, listener, task_status=task_status)
-                    nursery.cancel_scope.cancel()  # the shutdown is over: stop watching signals
-
-                running: Orchestrator = await nursery.start(serve)
-                print(
-                    f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
-                    f"service(s) on {running.http_url} (all in one: {running.http_url}/mcp; "
-                    f"health: {running.http_url}/healthz)",
-                    flush=True,
-                )
-                print(connection_help(running.http_url, fabric, token), flush=True)
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if fabric.stopping.is_set():
-                        log.warning("stopping_now", extra={"signal": name})
-                        nursery.cancel_scope.cancel()
-                        return
-                    log.info("signal_received", extra={"signal": name})
-                    running.stop()
-        finally:
-            if record is not None:
-                remove_record(record)

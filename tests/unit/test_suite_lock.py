@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from reactor_fabric import _cli, _lock_cli
+from reactor_fabric import _cli, _lock_cli, _serve_cli
 from reactor_fabric._reasons import IMAGE_CHANGED, TOOL_DEFINITION_CHANGED
 from reactor_fabric.config.structs import Service
 from reactor_fabric.observe.audit import AuditWriter, read_records
@@ -457,7 +457,7 @@ def serve_without_serving(suite: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
         fabrics.append(fabric)
         return 0
 
-    monkeypatch.setattr(_cli, "_serve_fabric", serve_fabric)
+    monkeypatch.setattr(_serve_cli, "_serve_fabric", serve_fabric)
     state = suite.parent / "state"
     environ = {"XDG_CONFIG_HOME": str(state), "XDG_STATE_HOME": str(state)}
     return _cli.main(["--config", str(suite), "--port", "0"], environ), fabrics
