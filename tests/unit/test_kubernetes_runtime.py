@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reactor_fabric._cli import build_parser
+from reactor_fabric._cli_parser import build_parser
 from reactor_fabric._runtime_choice import (
     POD_NAME_ENV,
     POD_NAMESPACE_ENV,
