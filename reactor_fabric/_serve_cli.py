@@ -1,15 +1,13 @@
 """Serving, the command line's default: the suite read (every problem logged and said), then
 what serves built from it, each of which may refuse the start (the token, the runtime, the
 listening socket, the audit trail of its port, the suite lock), then the process tuned (CPU
-slice, allocator, the GIL's switch interval) and served until SIGINT/SIGTERM: the first stops
-gracefully, a second at once."""
+slice, allocator, the GIL's switch interval) and served until a signal (``_serve_signals.py``)."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
-import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -24,11 +22,11 @@ from ._lock_cli import lock_path, read_lock
 from ._operator_cli import open_audit
 from ._runtime_choice import engine_runtime
 from ._scheduling import Slice, shorten_slice
+from ._serve_signals import serve_until_signalled
 from ._version import __version__
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .config.token import Token, TokenError, load_or_create_token
-from .config.token_record import TokenRecord, remove_record, write_record
 from .observe.audit import now_iso
 from .observe.logging import configure_logging
 from .observe.observer import Observer
@@ -39,7 +37,7 @@ from .runtime.base import Runtime
 from .runtime.engines import EngineAddressError
 from .trio.catalog import default_store
 from .trio.fabric import Fabric
-from .trio.serve import Orchestrator, bind_listener, serve_orchestrator
+from .trio.serve import bind_listener
 
 # Every log line of a start names this logger (its "logger" field), as before _cli.py was split.
 log = logging.getLogger("reactor_fabric.cli")
@@ -271,7 +269,7 @@ def _serve_fabric(
     # more frequent hand-overs while two threads both compute, which is rare here.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     try:
-        trio.run(_serve_until_signalled, fabric, settings, token, environ, listener)
+        trio.run(serve_until_signalled, fabric, token, environ, listener)
     except OSError as exc:
         return _cannot_listen(settings, exc)
     return EXIT_OK
@@ -301,32 +299,6 @@ def _cannot_listen(settings: ServeSettings, exc: OSError) -> int:
     return EXIT_CANNOT_LISTEN
 
 
-def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
-    """What the start-up line adds: the URLs to paste into a client, with the token. The fabric
-    endpoint (every service in one MCP server) comes first: it is what most users want."""
-    service = next(iter(fabric.suite.mcp_services), "SERVICE")
-    if token is None:
-        return (
-            f"  authentication is OFF: any local process may connect "
-            f"(e.g. {http_url}/mcp, or {http_url}/mcp/{service} for one service)"
-        )
-    ws_url = "ws" + http_url.removeprefix("http")
-    return "\n".join(
-        [
-            f"  token (from {token.origin}): {token.value}",
-            f"  every service in one MCP server: {http_url}/mcp with the header "
-            f"'Authorization: Bearer {token.value}', or {http_url}/mcp?token={token.value} "
-            f"(WebSocket: {ws_url}/mcp?token={token.value})",
-            f"  Claude Code: claude mcp add --transport http reactor-fabric {http_url}/mcp "
-            f"--header 'Authorization: Bearer {token.value}'",
-            f"  one service: {http_url}/mcp/{{service}}?token={token.value} "
-            f"(WebSocket: {ws_url}/mcp/{{service}}?token={token.value}), or the header",
-            f"  stdio bridge (reads the token itself): reactor-fabric connect {ws_url} "
-            f"[--service {service}]",
-        ]
-    )
-
-
 def _token(settings: ServeSettings, auth: str, environ: dict[str, str]) -> Token | None:
     """The token clients must present, or None when authentication is off (loopback only)."""
     if settings.no_auth or auth == "none":
@@ -338,61 +310,3 @@ def _token(settings: ServeSettings, auth: str, environ: dict[str, str]) -> Token
             )
         return None
     return load_or_create_token(environ, settings.token)
-
-
-def _record_token(environ: dict[str, str], port: int, token: Token | None) -> TokenRecord | None:
-    """The port's token record for the stdio bridge (config.token_record); None without
-    authentication or when it cannot be written safely (then a bridge needs the variable or
-    the default file, and the warning says why)."""
-    if token is None:
-        return None
-    try:
-        record = write_record(environ, port, token.value)
-    except TokenError as exc:
-        log.warning(
-            "token_record_unwritable", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)}
-        )
-        return None
-    log.info("token_recorded", extra={"path": str(record.path)})
-    return record
-
-
-async def _serve_until_signalled(
-    fabric: Fabric,
-    settings: ServeSettings,
-    token: Token | None,
-    environ: dict[str, str],
-    listener: socket.socket,
-) -> None:
-    """Serve; the first SIGINT/SIGTERM stops gracefully (bounded), a second one at once."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        # Recorded once the port is ours (and known, for --port 0), before the start-up line:
-        # a bridge started after it finds the token. Removed at every exit (a killed
-        # orchestrator's record is replaced by the next start on the port).
-        record = _record_token(environ, listener.getsockname()[1], token)
-        try:
-            async with trio.open_nursery() as nursery:
-
-                async def serve(*, task_status: trio.TaskStatus[Orchestrator]) -> None:
-                    await serve_orchestrator(fabric, listener, task_status=task_status)
-                    nursery.cancel_scope.cancel()  # the shutdown is over: stop watching signals
-
-                running: Orchestrator = await nursery.start(serve)
-                print(
-                    f"Reactor-Fabric {__version__} serving {len(fabric.suite.mcp_services)} "
-                    f"service(s) on {running.http_url} (all in one: {running.http_url}/mcp; "
-                    f"health: {running.http_url}/healthz)",
-                    flush=True,
-                )
-                print(connection_help(running.http_url, fabric, token), flush=True)
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if fabric.stopping.is_set():
-                        log.warning("stopping_now", extra={"signal": name})
-                        nursery.cancel_scope.cancel()
-                        return
-                    log.info("signal_received", extra={"signal": name})
-                    running.stop()
-        finally:
-            if record is not None:
-                remove_record(record)
