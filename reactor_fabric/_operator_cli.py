@@ -23,15 +23,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from ._cli_shared import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE
 from .config.structs import Suite
 from .config.token import TokenError, find_token
 from .config.units import parse_duration
 from .config.xdg import xdg_dir
 from .observe.audit import AuditWriter, audit_files, file_start, read_records, verify
 
-EXIT_OK = 0
-EXIT_INVALID = 1
-EXIT_UNREADABLE = 2
 # The port an orchestrator listens on when told nothing (serve's --port).
 DEFAULT_PORT = 8765
 # The default port's trail keeps the name it had before each instance had a trail of its own,

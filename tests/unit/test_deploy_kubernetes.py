@@ -16,7 +16,7 @@ import kubernetes_validate
 import msgspec
 import yaml
 
-from reactor_fabric._cli import engine_runtime
+from reactor_fabric._runtime_choice import engine_runtime
 from reactor_fabric._version import __version__
 from reactor_fabric.config.structs import Service
 from reactor_fabric.config.suite import check_suite_text

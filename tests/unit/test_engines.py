@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from reactor_fabric._cli import build_parser, engine_runtime
+from reactor_fabric._cli_parser import build_parser
+from reactor_fabric._runtime_choice import engine_runtime
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.config.suite import check_suite_text
 from reactor_fabric.runtime.docker import DockerRuntime

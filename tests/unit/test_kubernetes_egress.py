@@ -10,9 +10,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from reactor_fabric._cli import engine_runtime
 from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric._reasons import EGRESS_UNAVAILABLE
+from reactor_fabric._runtime_choice import engine_runtime
 from reactor_fabric.config.structs import (
     Kubernetes,
     KubernetesEgressProxy,

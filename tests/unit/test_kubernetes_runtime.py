@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from reactor_fabric._cli import (
+from reactor_fabric._cli_parser import build_parser
+from reactor_fabric._runtime_choice import (
     POD_NAME_ENV,
     POD_NAMESPACE_ENV,
     POD_UID_ENV,
-    build_parser,
     engine_runtime,
 )
 from reactor_fabric.config.structs import Kubernetes, Orchestrator, Service, Suite

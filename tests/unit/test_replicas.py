@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from reactor_fabric._cli import build_parser
+from reactor_fabric._cli_parser import build_parser
 from reactor_fabric.trio.fabric import Fabric, new_session_id
 from tests.fakes import AnsweringRuntime
 from tests.unit.test_app import SUITE, get

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from reactor_fabric import _cli
+from reactor_fabric import _cli, _lock_cli, _serve_cli
 from reactor_fabric._reasons import IMAGE_CHANGED, TOOL_DEFINITION_CHANGED
 from reactor_fabric.config.structs import Service
 from reactor_fabric.observe.audit import AuditWriter, read_records
@@ -411,7 +411,7 @@ def test_lock_writes_the_file_beside_the_suite_and_check_exits_1_on_drift(
     suite = tmp_path / "claude-mcp-suite.yaml"
     suite.write_text(SUITE)
     learned = learned_as(str(ECHO["description"]))
-    monkeypatch.setattr(_cli, "learn_for_lock", lambda _suite, _env: learned)
+    monkeypatch.setattr(_lock_cli, "learn_for_lock", lambda _suite, _env: learned)
     assert _cli.main(["lock", "--config", str(suite)], {}) == 0
     written = parse_lock((tmp_path / LOCK_FILE).read_text())
     assert written.services["svc"]["image_id"] == "sha256:aaa"
@@ -429,7 +429,7 @@ def test_lock_check_without_a_lock_file_exits_2(
 ) -> None:
     suite = tmp_path / "claude-mcp-suite.yaml"
     suite.write_text(SUITE)
-    monkeypatch.setattr(_cli, "learn_for_lock", lambda _suite, _env: learned_as("x"))
+    monkeypatch.setattr(_lock_cli, "learn_for_lock", lambda _suite, _env: learned_as("x"))
     assert _cli.main(["lock", "--check", "--config", str(suite)], {}) == 2
 
 
@@ -457,7 +457,7 @@ def serve_without_serving(suite: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
         fabrics.append(fabric)
         return 0
 
-    monkeypatch.setattr(_cli, "_serve_fabric", serve_fabric)
+    monkeypatch.setattr(_serve_cli, "_serve_fabric", serve_fabric)
     state = suite.parent / "state"
     environ = {"XDG_CONFIG_HOME": str(state), "XDG_STATE_HOME": str(state)}
     return _cli.main(["--config", str(suite), "--port", "0"], environ), fabrics
