@@ -32,7 +32,7 @@ from .fabric_discovery import (
     tool_tokens,
 )
 from .fabric_messages import encoder, notification
-from .fabric_router import _Backend
+from .fabric_router import Routed
 from .mcp import INVALID_PARAMS
 from .served import Served
 
@@ -72,7 +72,7 @@ class MetaToolHost(Protocol):
     @property
     def profiles(self) -> Mapping[str, Sequence[str]]: ...
     @property
-    def all_backends(self) -> Mapping[BackendKey, _Backend]: ...
+    def all_backends(self) -> Mapping[BackendKey, Routed]: ...
     @property
     def started_at(self) -> float: ...
     @property
@@ -251,7 +251,7 @@ def _status(
         "total_tools": len(host.catalog.tools),
         "containers": [
             # (a fresh_per_call service has one per call in flight)
-            {"server": key.service, "state": backend.state}
+            {"server": key.service, "state": backend.state.value}
             for key, backend in host.all_backends.items()
         ],
         # Which container served which call: live ones and the last ended ones (bounded).

@@ -47,11 +47,13 @@ most one more list in the works per backend however often it repeats).
 Bounds. Every line sent to a backend (:class:`~.events.ToBackend`, ending in its newline) is
 counted until the driver reports it written (:class:`~.events.StdinWritten`): the client is not
 read while a backend has more than ``buffer_to_server_bytes`` waiting (:attr:`accepting`: a
-slow service stalls only its session), and a backend that leaves more than
-``own_backlog_bytes`` of the machine's own messages unread (answers to its ``ping`` and
-``roots/list``, refusals, refreshes, the handshake) has stopped reading its stdin, and is
-treated as broken (``container_unresponsive``, as on the relay) rather than grow the
-orchestrator's memory. A stopped backend's counts are forgotten with it. At
+slow service stalls only its session). A backend that has stopped reading its stdin by the one
+rule of :mod:`.backend` — it leaves more than ``own_backlog_bytes`` of the machine's own messages
+unread (answers to its ``ping`` and ``roots/list``, refusals, refreshes, the handshake), or
+nothing sent to it moved for ``stall_timeout`` seconds — is treated as broken
+(``container_unresponsive``, as on the relay) rather than grow the orchestrator's memory or hold
+its calls for ever. Each backend is a :class:`~.backend.Backend` (the relay's are too), moving
+along that module's state table. A stopped backend's counts are forgotten with it. At
 most :data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on
 the relay; one more is answered to its backend -32006 ``too_many_requests_to_client``. A request
 the client does not answer within :data:`ASK_SECONDS` is answered to its backend -32006
@@ -60,11 +62,10 @@ the client does not answer within :data:`ASK_SECONDS` is answered to its backend
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -98,6 +99,16 @@ from .answers import (
     SessionLimits,
     container_exited,
     too_many_requests_to_client,
+)
+from .backend import (
+    Backend,
+    Role,
+    Step,
+    age_deadline,
+    measure_due,
+    measured,
+    spent,
+    start_measuring,
 )
 from .catalog import Catalog, Redact, unredacted
 from .events import (
@@ -213,27 +224,19 @@ class _Waiting(NamedTuple):
 
 
 @dataclass
-class _Backend:
-    key: BackendKey  # the container the router counts on (events of any other are ignored)
-    state: Literal["starting", "handshaking", "ready"]
-    queue: list[_Waiting] = field(default_factory=list)  # requests waiting for the handshake
-    last_active: float = 0.0
-    # Lines sent (ToBackend) not yet reported written (StdinWritten), oldest first: their
-    # sizes and whether each is the machine's own; all their bytes, and the own ones'.
-    writes: collections.deque[tuple[int, bool]] = field(default_factory=collections.deque)
-    queued: int = 0
-    unread: int = 0
-    # Its lifecycle: "current" (the service's shared one, in FabricRouter.backends), "call"
-    # (fresh_per_call: bound to its one call), "retiring" (smart_refresh: past its bounds,
-    # removed once the calls it has end).
-    role: Literal["current", "call", "retiring"] = "current"
-    calls: int = 0  # the calls sent (or queued) to it
-    started_at: float | None = None  # when it started (its age; None: still starting)
-    retired: str = REFRESH_CALLS  # retiring: the bound it reached (its stop reason)
-    # smart_refresh's memory_threshold: its memory is asked for (calls for it wait in its
-    # queue for the figure), and its calls when it last was.
-    measuring: bool = False
-    measured_calls: int = 0
+class Routed(Backend):
+    """A backend of the fabric endpoint: the one model of :mod:`.backend`, and the requests
+    waiting for its handshake (or its memory figure), in order."""
+
+    queue: list[_Waiting] = field(default_factory=list)
+
+    def clone(self) -> Routed:
+        twin = super().clone()
+        twin.queue = list(self.queue)
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        return (*super().fingerprint(), tuple(w.line for w in self.queue))
 
 
 # Stops that end a backend's work rather than a failure of it (not logged backend_failed).
@@ -266,6 +269,7 @@ class FabricRouter(Answers):
         audit_arguments: ArgumentsMode,
         own_backlog_bytes: int,
         buffer_to_server_bytes: int,
+        stall_timeout: float,
         facts: Mapping[str, ServiceFacts],
         count_tokens: Callable[[Json], int],
         idle_timeouts: Mapping[str, float],
@@ -285,6 +289,9 @@ class FabricRouter(Answers):
         self.version = version
         self.own_backlog_bytes = own_backlog_bytes
         self.buffer_to_server_bytes = buffer_to_server_bytes
+        # A backend that takes none of the bytes sent to it for this long stopped reading its
+        # stdin (the one rule of .backend, the relay's too: SessionLimits.stdin_stall_timeout).
+        self.stall_timeout = stall_timeout
         self.idle_timeouts = dict(idle_timeouts)
         self.lifecycles = dict(lifecycles)
         # The llm_agent services, whose calls are agent calls, and the orchestrator's shared
@@ -295,8 +302,8 @@ class FabricRouter(Answers):
         self.client_capabilities: Json = {}
         # Every backend the router counts on, and each service's current (shared) one among
         # them; a fresh_per_call backend, or a retiring smart_refresh one, is only in the first.
-        self.all_backends: dict[BackendKey, _Backend] = {}
-        self.backends: dict[str, _Backend] = {}
+        self.all_backends: dict[BackendKey, Routed] = {}
+        self.backends: dict[str, Routed] = {}
         self._seq = 0  # the last backend's sequence (it names its container)
         self._had: set[str] = set()  # services that had a container (the next is a respawn)
         self._forwarded: dict[int, _Forwarded] = {}
@@ -359,9 +366,11 @@ class FabricRouter(Answers):
             self._retire(backend, spent)
             backend = None
         if backend is None:
-            started = self._start_for(service, client_id, method, request, "current", offers=offers)
+            started = self._start_for(
+                service, client_id, method, request, Role.CURRENT, offers=offers
+            )
             return [*started, *self._settle()]
-        if backend.state != "ready" or backend.measuring:
+        if not backend.ready or backend.measuring:
             if len(backend.queue) >= MAX_QUEUED_PER_BACKEND:
                 return [self._fail(client_id, INVALID_PARAMS, f"{service} is still starting")]
             self._remember(request, backend.key, client_id, method, offers)
@@ -378,7 +387,9 @@ class FabricRouter(Answers):
     ) -> list[Action]:
         """fresh_per_call: a container of its own for this call, within the session's bound."""
         running = sum(
-            1 for b in self.all_backends.values() if b.key.service == service and b.role == "call"
+            1
+            for b in self.all_backends.values()
+            if b.key.service == service and b.role is Role.CALL
         )
         if running >= MAX_PER_CALL_CONTAINERS:
             refusal = InvalidRequest(
@@ -388,7 +399,7 @@ class FabricRouter(Answers):
             )
             return [self._error(client_id, refusal)]
         actions = self._start_for(
-            service, client_id, method, request, "call", offers=offers, params=request["params"]
+            service, client_id, method, request, Role.CALL, offers=offers, params=request["params"]
         )
         # The log names the call its container serves (container_started names the sequence).
         call = {"backend": service, "sequence": self._seq, "method": method, "call": client_id}
@@ -400,30 +411,30 @@ class FabricRouter(Answers):
         client_id: object,
         method: str,
         request: Json,
-        role: Literal["current", "call"],
+        role: Role,
         *,
         offers: tuple[str, ...] = (),
         params: Json | None = None,
     ) -> list[Action]:
         self._seq += 1
         key = BackendKey(service, self._seq)
-        backend = _Backend(key, "starting", [], self.now, role=role, calls=1)
+        backend = Routed(key, role=role, last_active=self.now, calls=1)
         self.all_backends[key] = backend
         self.served.asked(key, self.lifecycle(service).strategy, self.now)
-        if role == "current":
+        if role is Role.CURRENT:
             self.backends[service] = backend
         self._remember(request, key, client_id, method, offers)
         backend.queue.append(_Waiting(request, encoder.encode(request)))
-        if role == "call":
+        if role is Role.CALL:
             # A pooled container the pool greeted will do (no handshake at the call, see
             # _backend_started); its audit record names the call.
             call = _call_ref(client_id, method, params or {})
             return [StartBackend(key, greeted=True, call=call)]
         return [StartBackend(key, respawn=service in self._had)]
 
-    def _exhausted(self, backend: _Backend, lifecycle: Lifecycle) -> str | None:
+    def _exhausted(self, backend: Routed, lifecycle: Lifecycle) -> str | None:
         """Which bound a smart_refresh backend has reached (None while it may take calls)."""
-        return lifecycle.bound_reached(backend.calls, backend.started_at, self.now)
+        return spent(backend, lifecycle, self.now)
 
     def _remember(
         self,
@@ -476,17 +487,17 @@ class FabricRouter(Answers):
             return []
         actions: list[Action] = []
         for key, backend in list(self.all_backends.items()):
-            if backend.role == "current" or backend.state != "ready" or self._busy(key):
+            if backend.role is Role.CURRENT or not backend.ready or self._busy(key):
                 continue
             del self.all_backends[key]
-            actions += self._stop(key, CALL_DONE if backend.role == "call" else backend.retired)
+            backend.advance(Step.STOPPED)
+            actions += self._stop(key, CALL_DONE if backend.role is Role.CALL else backend.retired)
         return actions
 
-    def _retire(self, backend: _Backend, bound: str) -> None:
+    def _retire(self, backend: Routed, bound: str) -> None:
         """smart_refresh: the service's current backend takes no more calls (the next starts a
         fresh one); it is removed, for ``bound``, once the calls it has end (_settle)."""
-        backend.role = "retiring"
-        backend.retired = bound
+        backend.retire(bound)
         del self.backends[backend.key.service]
         self.relists.forget(backend.key.service)
 
@@ -496,7 +507,7 @@ class FabricRouter(Answers):
         due for a memory reading is measured."""
         for service, backend in list(self.backends.items()):
             lifecycle = self.lifecycle(service)
-            if lifecycle.strategy != "smart_refresh" or backend.state != "ready":
+            if lifecycle.strategy != "smart_refresh" or not backend.ready:
                 continue
             spent = self._exhausted(backend, lifecycle)
             if spent is not None and not self._busy(backend.key):
@@ -515,17 +526,9 @@ class FabricRouter(Answers):
         actions: list[Action] = []
         for service, backend in self.backends.items():
             lifecycle = self.lifecycle(service)
-            if (
-                lifecycle.strategy != "smart_refresh"
-                or lifecycle.memory_threshold is None
-                or backend.state != "ready"
-                or backend.measuring
-                or backend.calls <= backend.measured_calls
-                or self._busy(backend.key)
-            ):
+            if not measure_due(backend, lifecycle) or self._busy(backend.key):
                 continue
-            backend.measuring = True
-            backend.measured_calls = backend.calls
+            start_measuring(backend)
             actions.append(MeasureBackend(backend.key))
         return actions
 
@@ -537,16 +540,16 @@ class FabricRouter(Answers):
         backend = self.all_backends.get(key)
         if backend is None or not backend.measuring or self._ending is not None:
             return []  # stopped (idle, aged, failed) while measured, or the session ends
-        backend.measuring = False
-        memory, threshold = event.memory_bytes, self.lifecycle(key.service).memory_threshold
+        lifecycle = self.lifecycle(key.service)
+        memory, threshold = event.memory_bytes, lifecycle.memory_threshold
         fields = {"backend": key.service, "sequence": key.seq}
-        if memory is None:
-            unknown = Log("info", "container_memory_unknown", fields)
-            return [unknown, *self._send_queue(key, backend)]
-        if threshold is None or memory <= threshold:
+        if not measured(backend, lifecycle, memory):
+            if memory is None:
+                unknown = Log("info", "container_memory_unknown", fields)
+                return [unknown, *self._send_queue(key, backend)]
             return self._send_queue(key, backend)
         waiting, backend.queue = backend.queue, []
-        if backend.role == "current":
+        if backend.role is Role.CURRENT:
             self._retire(backend, REFRESH_MEMORY)
         over = {**fields, "reason": REFRESH_MEMORY, "memory": memory, "threshold": threshold}
         refreshed = Log("info", "container_refreshed", over)
@@ -601,26 +604,23 @@ class FabricRouter(Answers):
         return actions
 
     def _forget(self, key: BackendKey) -> None:
-        self.all_backends.pop(key, None)
+        backend = self.all_backends.pop(key, None)
+        if backend is not None:
+            backend.advance(Step.STOPPED)
         current = self.backends.get(key.service)
         if current is not None and current.key == key:
             del self.backends[key.service]
 
-    def _output_ended(self, backend: _Backend, error: FabricError) -> list[Action]:
+    def _output_ended(self, backend: Routed, error: FabricError) -> list[Action]:
         """A backend's output ended (it exited, or broke the framing): removed at once, logged
         as the failure it is, and what it owed answered with ``error``."""
         stop = self._stop(backend.key, EXITED, logged=error.reason)
         self._forget(backend.key)  # (also while the session ends)
         return [*stop, *self._failed(backend.key, error)]
 
-    def _written(self, backend: _Backend, nbytes: int) -> None:
+    def _written(self, backend: Routed, nbytes: int) -> None:
         """``nbytes`` of what was sent to ``backend`` (whole lines, oldest first) are written."""
-        while nbytes > 0 and backend.writes:
-            size, own = backend.writes.popleft()
-            nbytes -= size
-            backend.queued -= size
-            if own:
-                backend.unread -= size
+        backend.stdin.written(nbytes, self.now)
 
     def _stop(self, key: BackendKey, reason: str, logged: str | None = None) -> list[Action]:
         """Stop a backend the router forgot, logged as failed (``backend_failed``, with
@@ -643,16 +643,17 @@ class FabricRouter(Answers):
         if backend is None or self._ending is not None:
             return []
         backend.started_at = self.now
-        if backend.role != "current" and not backend.queue:
+        if backend.role is not Role.CURRENT and not backend.queue:
             # Its call was cancelled while it started (or, retiring, its calls): not needed.
             del self.all_backends[key]
+            backend.advance(Step.STOPPED)
             return self._stop(key, NOT_NEEDED)
         backend.last_active = self.now
         if greeted:
-            backend.state = "ready"
+            backend.advance(Step.STARTED_GREETED)
             note = {"backend": key.service, "sequence": key.seq}
             return [Log("info", "backend_greeted_by_pool", note), *self._send_queue(key, backend)]
-        backend.state = "handshaking"
+        backend.advance(Step.STARTED)
         capabilities: Json = {"roots": {"listChanged": False}}
         for capability in ("sampling", "elicitation"):
             if self._stateless:
@@ -739,13 +740,13 @@ class FabricRouter(Answers):
             # would otherwise run beside it until the session ends.
             stop = self._stop(key, refused.reason)
             return [*stop, *self._backend_failed(key, refused)]
-        backend.state = "ready"
+        backend.advance(Step.GREETED)
         actions = self._own(key, notification_bytes("notifications/initialized", None))
         if key not in self.all_backends:
             return actions  # it was found broken
         return actions + self._send_queue(key, backend)
 
-    def _send_queue(self, key: BackendKey, backend: _Backend) -> list[Action]:
+    def _send_queue(self, key: BackendKey, backend: Routed) -> list[Action]:
         """A backend just ready: the requests that waited for it, in order."""
         actions: list[Action] = []
         for waiting in backend.queue:
@@ -877,8 +878,9 @@ class FabricRouter(Answers):
                 continue
             note = {"backend": wait.key.service, "sequence": wait.key.seq}
             actions.append(Log("info", "input_wait_expired", note))
-            if backend.role == "call":
+            if backend.role is Role.CALL:
                 del self.all_backends[wait.key]
+                backend.advance(Step.STOPPED)
                 actions += self._stop(wait.key, INPUT_WAIT_EXPIRED)
                 continue
             error = ClientDidNotAnswer(
@@ -916,7 +918,7 @@ class FabricRouter(Answers):
             return []
         if isinstance(method, str) and method in _REFRESH:
             backend = self.all_backends.get(key)
-            if backend is None or backend.role != "current":
+            if backend is None or backend.role is not Role.CURRENT:
                 # A per-call (or retiring) container's list is moot: the next call gets a
                 # fresh container, whose offer is the one learned at start-up.
                 return []
@@ -990,7 +992,7 @@ class FabricRouter(Answers):
         per starting backend)."""
         bound = self.buffer_to_server_bytes
         return all(
-            b.queued + sum(len(w.line) for w in b.queue) <= bound
+            b.stdin.pending + sum(len(w.line) for w in b.queue) <= bound
             for b in self.all_backends.values()
         )
 
@@ -1005,22 +1007,19 @@ class FabricRouter(Answers):
             return []  # forgotten (broken, stopped): nothing is owed to it any more
         line = data + b"\n"
         size = len(line)
-        if own:
-            if backend.unread and backend.unread + size > self.own_backlog_bytes:
-                return self._unresponsive(key, backend.unread)
-            backend.unread += size
-        backend.queued += size
-        backend.writes.append((size, own))
+        if own and backend.stdin.overflows_own(size, self.own_backlog_bytes):
+            unread = f"{backend.stdin.own} bytes of the orchestrator's own messages to it unread"
+            return self._unresponsive(key, unread)
+        backend.stdin.sent(size, self.now, own=own)
         return [ToBackend(backend.key, line)]
 
     def _own(self, key: BackendKey, data: bytes) -> list[Action]:
         return self._send(key, data, own=True)
 
-    def _unresponsive(self, key: BackendKey, unread: int) -> list[Action]:
+    def _unresponsive(self, key: BackendKey, detail: str) -> list[Action]:
         error = ContainerStartFailure(
-            f"the {key.service} server stopped reading its input ({unread} bytes of the "
-            "orchestrator's own messages to it unread); its container was removed, the next "
-            "call starts a fresh one",
+            f"the {key.service} server stopped reading its input ({detail}); its container "
+            "was removed, the next call starts a fresh one",
             reason=UNRESPONSIVE,
         )
         # Stopped first: the driver drops what waits for its stdin before the answers go out.
@@ -1055,10 +1054,15 @@ class FabricRouter(Answers):
         return actions
 
     def _backend_deadlines(self) -> list[float]:
-        """When backends' questions to the client expire, and when idle backends stop."""
+        """When backends' questions to the client expire, when idle backends stop, and when
+        one whose stdin does not move counts as no longer reading it."""
         due = [asked.deadline for asked in self._asked.values()] + self.waits.deadlines()
+        for backend in self.all_backends.values():
+            stalls = backend.stdin.stall_deadline(self.stall_timeout)
+            if stalls is not None:
+                due.append(stalls)
         for service, backend in self.backends.items():
-            if backend.state == "ready" and not self._busy(backend.key):
+            if backend.ready and not self._busy(backend.key):
                 due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
         return due + self._age_deadlines()
 
@@ -1067,16 +1071,9 @@ class FabricRouter(Answers):
         retired then (see _settle_all), as the relay does, rather than at the next event."""
         due: list[float] = []
         for service, backend in self.backends.items():
-            lifecycle = self.lifecycle(service)
-            max_age, started_at = lifecycle.max_age, backend.started_at
-            if (
-                lifecycle.strategy == "smart_refresh"
-                and max_age is not None
-                and started_at is not None
-                and backend.state == "ready"
-                and not self._busy(backend.key)
-            ):
-                due.append(started_at + max_age)
+            aged = age_deadline(backend, self.lifecycle(service))
+            if aged is not None and backend.ready and not self._busy(backend.key):
+                due.append(aged)
         return due
 
     def _expire_asked(self, now: float) -> list[Action]:
@@ -1094,13 +1091,23 @@ class FabricRouter(Answers):
                 actions.append(ToClient(notification_bytes("notifications/cancelled", note)))
         return actions + self._expire_waits(now)
 
+    def _stop_stalled(self, now: float) -> list[Action]:
+        """Backends whose stdin did not move for the stall timeout: they stopped reading it
+        (replaced at the next call, what they owed answered ``container_unresponsive``)."""
+        actions: list[Action] = []
+        for key, backend in list(self.all_backends.items()):
+            if key in self.all_backends and backend.stdin.stalled(now, self.stall_timeout):
+                stalled = f"its input did not move for {self.stall_timeout:g} s"
+                actions += self._unresponsive(key, stalled)
+        return actions
+
     def _stop_idle(self, now: float) -> list[Action]:
         """Stop the current backends idle for their service's timeout (per-call and retiring
         ones go when their calls end: see _settle)."""
         actions: list[Action] = []
         for service, backend in list(self.backends.items()):
             idle_until = backend.last_active + self.idle_timeouts.get(service, math.inf)
-            if backend.state == "ready" and not self._busy(backend.key) and idle_until <= now:
+            if backend.ready and not self._busy(backend.key) and idle_until <= now:
                 self._forget(backend.key)
                 self.relists.forget(service)
                 actions += self._stop(backend.key, IDLE)

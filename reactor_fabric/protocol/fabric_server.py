@@ -27,7 +27,6 @@ are not affected.
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import math
@@ -49,6 +48,7 @@ from .answers import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
     ENDED_BY_OPERATOR,
+    SessionLimits,
     log_notification,
     session_ending,
 )
@@ -154,6 +154,7 @@ class FabricServer(FabricRouter):
         audit_arguments: ArgumentsMode = "hash",
         own_backlog_bytes: int = OWN_BACKLOG_BYTES,
         buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
+        stall_timeout: float = SessionLimits().stdin_stall_timeout,
         client_lease: float | None = None,
         lifecycles: Mapping[str, Lifecycle] | None = None,
         lock: SuiteLock | None = None,
@@ -170,6 +171,7 @@ class FabricServer(FabricRouter):
             audit_arguments=audit_arguments,
             own_backlog_bytes=own_backlog_bytes,
             buffer_to_server_bytes=buffer_to_server_bytes,
+            stall_timeout=stall_timeout,
             facts=facts or {},
             count_tokens=count_tokens,
             idle_timeouts=idle_timeouts or {},
@@ -284,12 +286,7 @@ class FabricServer(FabricRouter):
         twin = copy.copy(self)
         twin.active = list(self.active)
         twin._assisting = dict(self._assisting)
-        twin.all_backends = {
-            key: dataclasses.replace(
-                backend, queue=list(backend.queue), writes=collections.deque(backend.writes)
-            )
-            for key, backend in self.all_backends.items()
-        }
+        twin.all_backends = {key: backend.clone() for key, backend in self.all_backends.items()}
         # (the same objects as the twin's all_backends, as here)
         twin.backends = {s: twin.all_backends[b.key] for s, b in self.backends.items()}
         twin._had = set(self._had)
@@ -318,21 +315,7 @@ class FabricServer(FabricRouter):
             self.exposure,
             encoded(self.client_capabilities),
             self.protocol_version,
-            tuple(
-                (
-                    b.key,
-                    b.state,
-                    tuple(w.line for w in b.queue),
-                    b.last_active,
-                    tuple(b.writes),
-                    b.role,
-                    b.calls,
-                    b.started_at,
-                    b.measuring,
-                    b.measured_calls,
-                )
-                for _k, b in sorted(self.all_backends.items())
-            ),
+            tuple(b.fingerprint() for _k, b in sorted(self.all_backends.items())),
             tuple(sorted((s, b.key) for s, b in self.backends.items())),
             self._seq,
             tuple(sorted(self._had)),
@@ -372,7 +355,7 @@ class FabricServer(FabricRouter):
 
     def _tick(self) -> list[Action]:
         now = self.now
-        actions = self._expire_asked(now)
+        actions = self._stop_stalled(now) + self._expire_asked(now)
         for our_id, assist in list(self._assisting.items()):
             if assist.deadline <= now:
                 # The client's model did not answer in time: the ranking's answer stands.

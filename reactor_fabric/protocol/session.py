@@ -9,15 +9,17 @@ of :mod:`.events` (the fabric endpoint's machine speaks it too). The driver only
 runs the actions it is given, in order.
 
 Its backends are containers of its one service, numbered (``BackendKey.seq``) in the order the
-machine asks for them. At most one is *current*; events about any other (one being stopped:
-idle, broken, no longer needed) are ignored. The current one is in one of three states::
-
-    SPAWNING ──BackendStarted──► REPLAYING ──initialize answered──► READY
-        │            └──────────(no handshake to replay)──────────────┘
-        └──BackendStartFailed──► (none)    any state ──died / broken / idle──► (none)
+machine asks for them, each a :class:`~.backend.Backend` moving along the one state table of
+:mod:`.backend` (the fabric endpoint's too): STARTING, HANDSHAKING while the client's
+``initialize`` is replayed to it (straight to READY with no handshake to replay), READY, and
+STOPPED when it died, broke, went idle or is no longer needed. At most one is *current*; events
+about any other are ignored.
 
 Client frames go straight to stdin only when a container is READY and nothing waits before
-them; otherwise they wait, in order, bounded in bytes (:attr:`SessionMachine.accepting`).
+them; otherwise they wait, in order, bounded in bytes (:attr:`SessionMachine.accepting`). A
+container that stopped reading its stdin is replaced (``container_unresponsive``) by the one rule
+of :mod:`.backend` (:meth:`~.backend.StdinBook.stalled` and the bound on the machine's own
+messages it leaves unread).
 
 The container's lifecycle (:class:`Lifecycle`, the service's ``container_strategy``) decides
 what happens *between calls* — the moments the container has nothing in flight (no client
@@ -50,7 +52,6 @@ import dataclasses
 import enum
 import math
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -62,7 +63,6 @@ from .._errors import (
     InvalidRequest,
 )
 from .._reasons import (
-    CALL_DONE,
     EXITED,
     IDLE,
     NOT_NEEDED,
@@ -82,6 +82,15 @@ from .answers import (
     container_exited,
     log_notification,
     session_ending,
+)
+from .backend import (
+    Backend,
+    BackendState,
+    Step,
+    measure_due,
+    measured,
+    spent,
+    start_measuring,
 )
 from .backlog import Backlog
 from .catalog import Redact, unredacted
@@ -175,37 +184,9 @@ def _call_ref(message: Peek) -> CallRef:
 # --- the machine ------------------------------------------------------------------------------
 
 
-class SlotState(enum.Enum):
-    SPAWNING = "spawning"
-    REPLAYING = "replaying"
-    READY = "ready"
-
-
 class Phase(enum.Enum):
     OPEN = "open"
     ENDED = "ended"
-
-
-@dataclass
-class _Slot:
-    """The current container and what the machine knows about it."""
-
-    key: BackendKey
-    state: SlotState = SlotState.SPAWNING
-    stdin_pending: int = 0  # bytes asked to be written and not yet reported written
-    stdin_progress: float = 0.0  # when stdin last went from nothing pending, or moved
-    replay_id: str | None = None
-    replay_initialized: bytes | None = None
-    replay_deadline: float = math.inf
-    started_at: float = 0.0  # when it started (smart_refresh's age)
-    used: bool = False  # it was written a request other than the handshake (fresh_per_call)
-    calls: int = 0  # the calls (CALL_METHODS) written to it
-    measured_calls: int = 0  # its calls when its memory was last asked for
-    measuring: bool = False  # its memory was asked for and not reported yet
-    over_memory: bool = False  # it was measured over the memory threshold
-    # It answered a call input_required (a 2026-07-28 server asking the client): the client's
-    # retry is for this container, which is kept for it until then (see .input_waits).
-    retry_until: float | None = None
 
 
 class SessionMachine:
@@ -254,7 +235,7 @@ class SessionMachine:
         self.ledger = Ledger()
         # The client's tools/call requests without an outcome yet (the audit's view).
         self.calls = ToolCalls(audit_arguments)
-        self._slot: _Slot | None = None
+        self._slot: Backend | None = None
         self._next_seq = 0
         self._waiting = Backlog()  # client messages waiting for the container to be ready
         self._last_activity = now
@@ -327,7 +308,7 @@ class SessionMachine:
     @property
     def buffered_to_server(self) -> int:
         """Bytes waiting for the container, or written to its stdin and not yet reported done."""
-        pending = self._slot.stdin_pending if self._slot is not None else 0
+        pending = self._slot.stdin.pending if self._slot is not None else 0
         return self._waiting.bytes + pending
 
     @property
@@ -341,17 +322,19 @@ class SessionMachine:
         deadline = math.inf
         slot = self._slot
         if slot is not None:
-            if slot.state is SlotState.REPLAYING:
-                deadline = slot.replay_deadline
+            if slot.state is BackendState.HANDSHAKING:
+                deadline = slot.handshake_deadline
             elif self._idle_candidate(slot):
                 deadline = self._last_activity + self.idle_timeout
             max_age = self.lifecycle.max_age
             if max_age is not None and not self.lifecycle.reuses and self._between(slot):
+                assert slot.started_at is not None  # (ready)
                 deadline = min(deadline, slot.started_at + max_age)
             if slot.retry_until is not None and self._awaits_retry(slot):
                 deadline = min(deadline, slot.retry_until)
-            if slot.stdin_pending:
-                deadline = min(deadline, slot.stdin_progress + self.limits.stdin_stall_timeout)
+            stalls = slot.stdin.stall_deadline(self.limits.stdin_stall_timeout)
+            if stalls is not None:
+                deadline = min(deadline, stalls)
         for other in (self.ledger.next_expiry(), self.lease.deadline):
             if other is not None:
                 deadline = min(deadline, other)
@@ -364,7 +347,7 @@ class SessionMachine:
         twin.calls = self.calls.clone()
         twin.served = self.served.clone()
         twin.lease = dataclasses.replace(self.lease)
-        twin._slot = dataclasses.replace(self._slot) if self._slot is not None else None
+        twin._slot = self._slot.clone() if self._slot is not None else None
         twin._waiting = self._waiting.clone()
         twin._withheld = dict(self._withheld)
         twin._drift_seen = set(self._drift_seen)
@@ -380,23 +363,7 @@ class SessionMachine:
         ledger = self.ledger
         return (
             self.phase,
-            None
-            if slot is None
-            else (
-                slot.key,
-                slot.state,
-                slot.stdin_pending,
-                slot.replay_id,
-                slot.replay_initialized,
-                slot.replay_deadline,
-                slot.started_at,
-                slot.used,
-                slot.calls,
-                slot.measured_calls,
-                slot.measuring,
-                slot.over_memory,
-                slot.retry_until,
-            ),
+            None if slot is None else slot.fingerprint(),
             self._waiting.frames(),
             tuple(sorted(ledger.client_requests.items(), key=repr)),
             tuple(sorted(ledger.server_requests.items(), key=repr)),
@@ -414,7 +381,7 @@ class SessionMachine:
         return self._slot.key if self._slot is not None else None
 
     @property
-    def container_state(self) -> SlotState | None:
+    def container_state(self) -> BackendState | None:
         return self._slot.state if self._slot is not None else None
 
     # --- client side --------------------------------------------------------------------------
@@ -468,12 +435,7 @@ class SessionMachine:
         """A client message to its container now, or to wait for it (``done``: the records
         that go with it)."""
         slot = self._slot
-        if (
-            slot is not None
-            and slot.state is SlotState.READY
-            and not slot.measuring
-            and not self._waiting
-        ):
+        if slot is not None and slot.ready and not slot.measuring and not self._waiting:
             written = self._write(slot, message, frame)
             if message.kind == REQUEST:
                 return [written, *done]
@@ -516,7 +478,7 @@ class SessionMachine:
         done = self.calls.answer(request_id, frame, self._now) if self.calls.open else None
         return [send] if done is None else [send, done]
 
-    def _write(self, slot: _Slot, message: Peek, frame: bytes) -> ToBackend:
+    def _write(self, slot: Backend, message: Peek, frame: bytes) -> ToBackend:
         self.ledger.from_client(message, frame)
         if message.kind == REQUEST:
             slot.retry_until = None  # (the retry it was kept for, or a call beside it)
@@ -527,14 +489,23 @@ class SessionMachine:
                 self.served.call(slot.key, _call_ref(message))
         return self._write_line(slot, for_stdio(frame))
 
-    def _write_line(self, slot: _Slot, line: bytes) -> ToBackend:
+    def _write_line(self, slot: Backend, line: bytes, *, own: bool = False) -> ToBackend:
         data = line + b"\n"
-        if not slot.stdin_pending:
-            slot.stdin_progress = self._now
-        slot.stdin_pending += len(data)
+        slot.stdin.sent(len(data), self._now, own=own)
         return ToBackend(slot.key, data)
 
-    def _flush_waiting(self, slot: _Slot) -> list[Action]:
+    def _own_line(self, slot: Backend, line: bytes) -> list[Action]:
+        """A message of the machine's own to the container (a refusal of its request, the
+        answer to one the client left unanswered) — unless it leaves more of them unread than the
+        session's bound: then it stopped reading its stdin while asking, and is replaced
+        (:mod:`.backend`'s one rule), rather than grow the orchestrator's memory."""
+        size = len(line) + 1
+        if slot.stdin.overflows_own(size, self.limits.to_server_bytes):
+            unread = f"{slot.stdin.own} bytes of the orchestrator's own messages to it unread"
+            return self._backend_broken(BackendBroken(slot.key, UNRESPONSIVE, unread), self._now)
+        return [self._write_line(slot, line, own=True)]
+
+    def _flush_waiting(self, slot: Backend) -> list[Action]:
         return [self._write(slot, message, frame) for message, frame in self._waiting.drain()]
 
     def _fail_waiting(self, error: FabricError) -> list[Action]:
@@ -563,7 +534,7 @@ class SessionMachine:
         actions: list[Action] = [ToolCallDone(call) for call in self.calls.abandon(now)]
         if self._slot is not None:
             actions.append(StopBackend(self._slot.key, SESSION_ENDED, graceful=True))
-            self._slot = None
+            self._let_go()
         self.phase = Phase.ENDED
         return [*actions, EndSession()]
 
@@ -581,7 +552,7 @@ class SessionMachine:
         actions = self.answer_all(error)
         if self._slot is not None:
             actions.append(StopBackend(self._slot.key, event.reason, graceful=False))
-            self._slot = None
+            self._let_go()
         if event.reason == ENDED_BY_OPERATOR:
             # Clients show log messages; a request in flight shows the error above.
             actions.append(ToClient(log_notification("warning", str(error))))
@@ -595,27 +566,33 @@ class SessionMachine:
         seq = self._next_seq
         self._next_seq += 1
         key = BackendKey(self.service_name, seq)
-        self._slot = _Slot(key)
+        self._slot = Backend(key)
         return StartBackend(key, respawn=seq > 0)
 
-    def _is_current(self, key: BackendKey) -> _Slot | None:
+    def _let_go(self) -> None:
+        """The current container is no longer counted on (its stop, if any, is decided)."""
+        assert self._slot is not None
+        self._slot.advance(Step.STOPPED)
+        self._slot = None
+
+    def _is_current(self, key: BackendKey) -> Backend | None:
         slot = self._slot
         return slot if slot is not None and slot.key == key else None
 
     def _backend_started(self, event: BackendStarted, now: float) -> list[Action]:
         slot = self._is_current(event.key)
-        if slot is None or slot.state is not SlotState.SPAWNING:
+        if slot is None or slot.state is not BackendState.STARTING:
             # Started after the session stopped needing it.
             return [StopBackend(event.key, NOT_NEEDED, graceful=False)]
         slot.started_at = now
         replay = self.ledger.replay()
         if replay is None:
-            slot.state = SlotState.READY
+            slot.advance(Step.STARTED_GREETED)
             return self._flush_waiting(slot)
-        slot.state = SlotState.REPLAYING
-        slot.replay_id = replay.initialize_id
-        slot.replay_initialized = replay.initialized
-        slot.replay_deadline = now + self.limits.replay_timeout
+        slot.advance(Step.STARTED)
+        slot.handshake_id = replay.initialize_id
+        slot.after_handshake = replay.initialized
+        slot.handshake_deadline = now + self.limits.replay_timeout
         return [
             Log("info", "session_replaying", {"sequence": slot.key.seq}),
             self._write_line(slot, replay.initialize),
@@ -624,7 +601,7 @@ class SessionMachine:
     def _backend_start_failed(self, event: BackendStartFailed, _now: float) -> list[Action]:
         if self._is_current(event.key) is None:
             return []
-        self._slot = None
+        self._let_go()
         error = event.error
         fields = {"sequence": event.key.seq, "code": error.code, "reason": error.reason}
         return [
@@ -648,9 +625,9 @@ class SessionMachine:
         self._last_activity = now
         self.lease.touch(now)
         if (
-            slot.state is SlotState.REPLAYING
+            slot.state is BackendState.HANDSHAKING
             and message.kind == RESPONSE
-            and message.id == slot.replay_id
+            and message.id == slot.handshake_id
         ):
             return self._replay_answered(slot, message)
         refusal = (
@@ -662,7 +639,7 @@ class SessionMachine:
             fields = {"id": message.id, "reason": refusal.reason}
             return [
                 Log("warning", "server_request_refused", fields),
-                self._write_line(slot, error_response(message.id, refusal)),
+                *self._own_line(slot, error_response(message.id, refusal)),
             ]
         relayed, checked = event.line, list[Action]()
         if self.lock is not None:
@@ -687,7 +664,7 @@ class SessionMachine:
         return [*checked, *self._after_answer(slot, message, relayed, now, send)]
 
     def _after_answer(
-        self, slot: _Slot, message: Peek, line: bytes, now: float, send: ToClient
+        self, slot: Backend, message: Peek, line: bytes, now: float, send: ToClient
     ) -> list[Action]:
         if message.kind != RESPONSE:
             return [send]
@@ -747,16 +724,17 @@ class SessionMachine:
             return line, []
         return line, [ToolsChanged(ToolChanges(self.service_name, drift=tuple(fresh)))]
 
-    def _replay_answered(self, slot: _Slot, answer: Peek) -> list[Action]:
+    def _replay_answered(self, slot: Backend, answer: Peek) -> list[Action]:
         if answer.failed:
             return self._replay_failed(slot, "the new container refused the replayed initialize")
-        slot.state = SlotState.READY
+        slot.advance(Step.GREETED)
         actions: list[Action] = [Log("info", "session_restored", {"sequence": slot.key.seq})]
-        if slot.replay_initialized is not None:
-            actions.append(self._write_line(slot, for_stdio(slot.replay_initialized)))
+        if slot.after_handshake is not None:
+            # (the client's own notification, replayed: counted as the client's bytes)
+            actions.append(self._write_line(slot, for_stdio(slot.after_handshake)))
         return actions + self._flush_waiting(slot)
 
-    def _replay_failed(self, slot: _Slot, detail: str, **extra: Any) -> list[Action]:
+    def _replay_failed(self, slot: Backend, detail: str, **extra: Any) -> list[Action]:
         error = ContainerStartFailure(
             f"{detail}; the {self.service_name} session could not be restored",
             reason=REPLAY_FAILED,
@@ -782,8 +760,7 @@ class SessionMachine:
     def _stdin_written(self, event: StdinWritten, now: float) -> list[Action]:
         slot = self._is_current(event.key)
         if slot is not None:
-            slot.stdin_pending = max(0, slot.stdin_pending - event.nbytes)
-            slot.stdin_progress = now
+            slot.stdin.written(event.nbytes, now)
         return []
 
     def _backend_exited(self, event: BackendExited, _now: float) -> list[Action]:
@@ -791,7 +768,7 @@ class SessionMachine:
         if slot is None:
             return []
         stderr = list(event.stderr)
-        if slot.state is SlotState.REPLAYING:
+        if slot.state is BackendState.HANDSHAKING:
             return self._replay_failed(
                 slot,
                 "the new container exited before answering the replayed initialize",
@@ -801,7 +778,7 @@ class SessionMachine:
         error = container_exited(self.service_name, event.exit_code, event.oom_killed, stderr)
         return self._retire(slot, error, stop_reason=EXITED)
 
-    def _retire(self, slot: _Slot, error: FabricError, *, stop_reason: str) -> list[Action]:
+    def _retire(self, slot: Backend, error: FabricError, *, stop_reason: str) -> list[Action]:
         """The current container is done for: answer what it owed, fail what waited, stop it."""
         lost = self.ledger.container_gone()
         fields: dict[str, Any] = {
@@ -819,7 +796,7 @@ class SessionMachine:
         for request_id, _method in lost:
             actions += self._error_to_client(request_id, error)
         actions += self._fail_waiting(error)
-        self._slot = None
+        self._let_go()
         return actions
 
     # --- the lifecycle: between calls -----------------------------------------------------------
@@ -830,57 +807,42 @@ class SessionMachine:
         slot = self._slot
         if self.lifecycle.reuses or slot is None or not self._between(slot):
             return []
-        reason = self._used_up(slot, now)
+        reason = spent(slot, self.lifecycle, now)
         if reason is not None:
             return self._refresh(slot, reason, now)
-        if self.lifecycle.memory_threshold is not None and slot.calls > slot.measured_calls:
-            # Measured once after each call that could have grown it; the client's next
-            # frames wait for the figure, so that a container over the threshold serves none.
-            slot.measuring = True
-            slot.measured_calls = slot.calls
+        if measure_due(slot, self.lifecycle):
+            start_measuring(slot)
             return [MeasureBackend(slot.key)]
         return []
 
-    def _between(self, slot: _Slot) -> bool:
+    def _between(self, slot: Backend) -> bool:
         """Whether the container is between calls: ready, and nothing in flight or waiting
         (a call's retry included)."""
         return (
-            slot.state is SlotState.READY
+            slot.ready
             and not slot.measuring
             and not self._waiting
             and not self.ledger.busy
             and not self._awaits_retry(slot)
         )
 
-    def _awaits_retry(self, slot: _Slot) -> bool:
+    def _awaits_retry(self, slot: Backend) -> bool:
         return slot.retry_until is not None and self._now < slot.retry_until
 
-    def _used_up(self, slot: _Slot, now: float) -> str | None:
-        """Why the container must go between calls, if it must."""
-        lifecycle = self.lifecycle
-        if lifecycle.strategy == "fresh_per_call":
-            return CALL_DONE if slot.used else None
-        bound = lifecycle.bound_reached(slot.calls, slot.started_at, now)
-        if bound is not None:
-            return bound
-        if slot.over_memory:
-            return REFRESH_MEMORY
-        return None
-
-    def _refresh(self, slot: _Slot, reason: str, now: float) -> list[Action]:
+    def _refresh(self, slot: Backend, reason: str, now: float) -> list[Action]:
         """Retire the current container between calls (nothing of the client is lost); a
         request already waiting gets the next one at once, any other at its arrival."""
         fields = {
             "sequence": slot.key.seq,
             "reason": reason,
             "calls": slot.calls,
-            "age": round(now - slot.started_at, 3),
+            "age": round(now - (slot.started_at or now), 3),
         }
         actions: list[Action] = [
             Log("info", "container_refreshed", fields),
             StopBackend(slot.key, reason, graceful=True),
         ]
-        self._slot = None
+        self._let_go()
         if any(message.kind == REQUEST for message, _frame in self._waiting):
             actions.append(self._spawn())
         return actions
@@ -889,22 +851,17 @@ class SessionMachine:
         slot = self._is_current(event.key)
         if slot is None or not slot.measuring:
             return []
-        slot.measuring = False
-        threshold = self.lifecycle.memory_threshold
-        memory = event.memory_bytes
-        if memory is not None and threshold is not None and memory > threshold:
-            slot.over_memory = True
-        if slot.over_memory and not self.ledger.busy:
+        if measured(slot, self.lifecycle, event.memory_bytes) and not self.ledger.busy:
             return self._refresh(slot, REFRESH_MEMORY, now)
         # (None: the figure could not be read — no decision on it)
         return self._flush_waiting(slot) + self._between_calls(now)
 
     # --- time ---------------------------------------------------------------------------------
 
-    def _idle_candidate(self, slot: _Slot) -> bool:
+    def _idle_candidate(self, slot: Backend) -> bool:
         return (
-            slot.state is SlotState.READY
-            and slot.stdin_pending == 0
+            slot.ready
+            and slot.stdin.pending == 0
             and not self._waiting
             and not self.ledger.busy
             and not self._awaits_retry(slot)
@@ -914,11 +871,7 @@ class SessionMachine:
     def _tick(self, _event: Tick, now: float) -> list[Action]:
         actions: list[Action] = []
         slot = self._slot
-        if (
-            slot is not None
-            and slot.stdin_pending
-            and now >= slot.stdin_progress + self.limits.stdin_stall_timeout
-        ):
+        if slot is not None and slot.stdin.stalled(now, self.limits.stdin_stall_timeout):
             stalled = BackendBroken(
                 slot.key,
                 UNRESPONSIVE,
@@ -926,7 +879,11 @@ class SessionMachine:
             )
             return self._backend_broken(stalled, now)
         slot = self._slot
-        if slot is not None and slot.state is SlotState.REPLAYING and now >= slot.replay_deadline:
+        if (
+            slot is not None
+            and slot.state is BackendState.HANDSHAKING
+            and now >= slot.handshake_deadline
+        ):
             actions += self._replay_failed(
                 slot,
                 f"the new container did not answer the replayed initialize within "
@@ -935,9 +892,9 @@ class SessionMachine:
         for request_id in self.ledger.expire(now):
             actions.append(Log("warning", "server_request_expired", {"id": request_id}))
             slot = self._slot
-            if slot is not None and slot.state is not SlotState.SPAWNING:
+            if slot is not None and slot.state is not BackendState.STARTING:
                 answer = error_response(request_id, client_did_not_answer())
-                actions.append(self._write_line(slot, answer))
+                actions += self._own_line(slot, answer)
         actions += self._between_calls(now)  # an answer expired, or the container aged
         slot = self._slot
         if (
@@ -949,5 +906,5 @@ class SessionMachine:
                 Log("info", "container_idle", {"sequence": slot.key.seq}),
                 StopBackend(slot.key, IDLE, graceful=True),
             ]
-            self._slot = None
+            self._let_go()
         return actions + self.lease.expire_if_due(now)

@@ -5,6 +5,7 @@ with the answer — whatever the service's lifecycle."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from reactor_fabric._reasons import (
@@ -55,6 +56,8 @@ def stateless(lifecycles: dict[str, Lifecycle] | None = None) -> tuple[FabricSer
         now=clock.now,
         exposure="all",
         lifecycles=PER_CALL if lifecycles is None else lifecycles,
+        # (writes to backends are not reported here, as the driver would: no stall rule)
+        stall_timeout=math.inf,
     )
     CLOCKS[server] = clock
     return server, clock

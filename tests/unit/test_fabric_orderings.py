@@ -57,6 +57,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ from reactor_fabric._reasons import (
     REFRESH_MEMORY,
     SESSION_ENDED,
 )
+from reactor_fabric.protocol.backend import BackendState, Role
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.events import (
     Action,
@@ -164,6 +166,9 @@ DUPLICATES = False
 OWN_BACKLOG: int | None = None
 BUFFER: int | None = None
 BREAKS = False
+# How long a container's stdin may not move before it counts as no longer read (the one rule of
+# protocol/backend.py; inf: never, as when writes are not modelled).
+STALL = math.inf
 # The services whose every call runs in a container of its own (fresh_per_call).
 PER_CALL: tuple[str, ...] = ()
 # The services whose container is refreshed (smart_refresh, REFRESHED's bounds), and a memory
@@ -350,7 +355,7 @@ def start(world: World, key: BackendKey, *, respawn: bool, trail: list[str]) -> 
             b.seq
             for b in alive
             if (backend := counted.get(BackendKey(service, b.seq))) is not None
-            and backend.role == "current"
+            and backend.role is Role.CURRENT
         ]
         check(not serving, f"{service} started while its container {serving} serves", trail)
     else:
@@ -814,6 +819,7 @@ def explore() -> int:
         count_tokens=lambda _definition: 1,
         own_backlog_bytes=own_backlog,
         buffer_to_server_bytes=BUFFER if BUFFER is not None else 1 << 40,
+        stall_timeout=STALL,
         lifecycles={
             **{service: Lifecycle("fresh_per_call") for service in PER_CALL},
             **dict.fromkeys(REFRESH, REFRESHED),
@@ -864,6 +870,9 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
         # and containers that break their output
         ({"MISFORTUNES": 1, "ASKS": 1, "OWN_BACKLOG": 300, "BUFFER": 300, "BREAKS": True},
          15_000),
+        # containers whose stdin stops moving (writes reported, or not, at any moment) while
+        # calls, roots answers and idle deadlines race the stall deadline
+        ({"MISFORTUNES": 1, "ASKS": 1, "OWN_BACKLOG": 300, "STALL": 45.0}, 15_000),
         # tools/list_changed: the list asked, the refresh run or failed, racing everything
         ({"MISFORTUNES": 1, "CANCELS": 1, "CHANGES": 1}, 19_000),
         ({"CHANGES": 2}, 3_000),  # both services' refreshes, one at a time
@@ -880,8 +889,8 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
         ({"SCRIPT": ONE_SERVICE, "REFRESH": ("alpha",), "MISFORTUNES": 1, "CANCELS": 1,
           "ASKS": 1, "ASK_METHODS": ("sampling/createMessage",)}, 50_000),
     ],
-    ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "stdin-bound", "tools-changed",
-         "two-refreshes", "one-service", "per-call", "smart-refresh"],
+    ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "stdin-bound", "stdin-stalls",
+         "tools-changed", "two-refreshes", "one-service", "per-call", "smart-refresh"],
 )  # fmt: skip
 def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
     monkeypatch: pytest.MonkeyPatch, settings: dict[str, object], at_least: int
@@ -1028,11 +1037,11 @@ def test_a_clone_of_the_machine_is_independent_and_fingerprinted_alike() -> None
     alpha = machine.backends["alpha"].key
     [handshake] = [a for a in twin.handle(BackendStarted(alpha), 1.0) if isinstance(a, ToBackend)]
     assert twin.fingerprint() != machine.fingerprint()
-    assert machine.backends["alpha"].state == "starting"
+    assert machine.backends["alpha"].state is BackendState.STARTING
     assert len(machine.backends["alpha"].queue) == 1
-    assert machine.backends["alpha"].queued == 0
-    assert twin.backends["alpha"].state == "handshaking"
-    assert twin.backends["alpha"].queued == len(handshake.data)
+    assert machine.backends["alpha"].stdin.pending == 0
+    assert twin.backends["alpha"].state is BackendState.HANDSHAKING
+    assert twin.backends["alpha"].stdin.pending == len(handshake.data)
     assert json.loads(handshake.data)["method"] == "initialize"
 
 
@@ -1064,7 +1073,7 @@ def measuring_under_calls(_original: Callable[..., list[Action]]) -> Callable[..
     def measure(self: FabricServer) -> list[Action]:
         actions: list[Action] = []
         for backend in self.backends.values():
-            if backend.state == "ready" and not backend.measuring:
+            if backend.ready and not backend.measuring:
                 backend.measuring = True
                 actions.append(MeasureBackend(backend.key))
         return actions

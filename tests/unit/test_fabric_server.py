@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import weakref
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from reactor_fabric._errors import ContainerStartFailure, FabricError
 from reactor_fabric._reasons import BACKEND_LIST_TOO_LARGE
 from reactor_fabric.protocol.answers import SessionLimits
+from reactor_fabric.protocol.backend import BackendState
 from reactor_fabric.protocol.catalog import Catalog, ServiceCatalog, service_catalog
 from reactor_fabric.protocol.events import (
     Action,
@@ -132,7 +134,7 @@ def fails(server: FabricServer, service: str, error: FabricError) -> list[Action
 def written(server: FabricServer, service: str) -> None:
     """The driver wrote everything the machine sent the service's backend."""
     backend = server.backends[service]
-    assert feed(server, StdinWritten(backend.key, backend.queued)) == []
+    assert feed(server, StdinWritten(backend.key, backend.stdin.pending)) == []
 
 
 def tick(server: FabricServer) -> list[Action]:
@@ -167,6 +169,9 @@ def session(**options: Any) -> FabricServer:
     clock = options.pop("clock", None)
     if clock is not None:
         options["now"] = clock.now
+    # These helpers report a write to a backend only where a test says so (the driver reports
+    # each): the stall rule is left out unless a test asks for it (see its own tests).
+    options.setdefault("stall_timeout", math.inf)
     server = FabricServer(CATALOG, session_id="s1", version="9", **options)
     if clock is not None:
         CLOCKS[server] = clock
@@ -602,6 +607,38 @@ def test_a_service_idle_for_its_timeout_is_stopped_and_the_next_call_starts_a_fr
     assert call(server, 2, "time__get_current_time") == [
         StartBackend(BackendKey("time", 2), respawn=True)
     ]
+
+
+def test_a_backend_whose_input_does_not_move_for_the_stall_timeout_is_replaced() -> None:
+    # The relay's rule, now the fabric endpoint's too (one rule: .backend): a server that takes
+    # none of what is written to it stops holding its call, and the session, forever.
+    server, clock = timed_session(stall_timeout=120.0)
+    call(server, 1, "time__get_current_time")
+    sent_at = clock.now
+    ready(server, "time")  # the handshake, then the call: never reported taken
+    assert due(server) == sent_at + 120
+    clock.now = sent_at + 119.9
+    assert tick(server) == []
+    clock.now = sent_at + 120
+    actions = tick(server)
+    assert StopBackend(BackendKey("time", 1), "container_unresponsive", graceful=False) in actions
+    [answer] = to_client(actions)
+    assert (answer["id"], answer["error"]["data"]["reason"]) == (1, "container_unresponsive")
+    assert "stopped reading its input" in answer["error"]["message"]
+    assert call(server, 2, "time__get_current_time") == [
+        StartBackend(BackendKey("time", 2), respawn=True)
+    ]
+
+
+def test_a_backend_whose_input_moves_is_not_taken_for_stalled() -> None:
+    server, clock = timed_session(stall_timeout=120.0)
+    call(server, 1, "time__get_current_time")
+    ready(server, "time")
+    clock.now += 100
+    written(server, "time")  # taken: nothing pending, no stall deadline
+    assert due(server) is None  # (a call in flight: not idle either)
+    clock.now += 500
+    assert tick(server) == []
 
 
 def test_each_service_idles_on_its_own_timeout() -> None:
@@ -1367,11 +1404,13 @@ def test_the_client_is_not_read_while_a_backend_has_more_than_the_bound_waiting(
     assert not accepting(server)
     backend = server.backends["time"]
     # Written in part (whole lines, oldest first): still over.
-    assert feed(server, StdinWritten(backend.key, backend.queued - len(line_sent.data))) == []
+    assert (
+        feed(server, StdinWritten(backend.key, backend.stdin.pending - len(line_sent.data))) == []
+    )
     assert not accepting(server)
     assert feed(server, StdinWritten(backend.key, len(line_sent.data))) == []
     assert accepting(server)
-    assert backend.queued == 0
+    assert backend.stdin.pending == 0
 
 
 def test_the_client_is_not_read_while_calls_waiting_for_a_start_are_over_the_bound() -> None:
@@ -1441,7 +1480,7 @@ def test_events_of_a_backend_the_machine_stopped_change_nothing() -> None:
     assert feed(server, BackendStartFailed(old, ContainerStartFailure("x", reason="y"))) == []
     assert feed(server, BackendStarted(old)) == []
     assert server.backends["time"].key == new
-    assert server.backends["time"].state == "starting"
+    assert server.backends["time"].state is BackendState.STARTING
 
 
 def test_a_backend_that_exits_fails_its_calls_is_stopped_and_logged_once() -> None:

@@ -19,6 +19,7 @@ from reactor_fabric._reasons import (
     TOOL_DEFINITION_CHANGED,
 )
 from reactor_fabric.protocol.answers import SessionLimits
+from reactor_fabric.protocol.backend import BackendState
 from reactor_fabric.protocol.catalog import service_catalog
 from reactor_fabric.protocol.events import (
     Action,
@@ -49,7 +50,7 @@ from reactor_fabric.protocol.events import (
 )
 from reactor_fabric.protocol.input_waits import INPUT_WAIT_SECONDS
 from reactor_fabric.protocol.lifecycle import Lifecycle
-from reactor_fabric.protocol.session import SessionMachine, SlotState
+from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.protocol.suite_lock import Mode, SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -145,7 +146,7 @@ class Run:
 def test_a_first_frame_waits_for_the_container_it_asks_for() -> None:
     run = Run()
     assert run.client(INITIALIZE) == [StartBackend(K(0))]
-    assert run.machine.container_state is SlotState.SPAWNING
+    assert run.machine.container_state is BackendState.STARTING
     assert run.written(0) == []
 
 
@@ -183,7 +184,7 @@ def test_registering_starts_a_container_before_any_message_needs_it() -> None:
     assert run.machine.handle(ClientRegistered(), 0.0) == [StartBackend(K(0))]
     assert run.machine.handle(ClientRegistered(), 0.0) == []  # once
     run.do(BackendStarted(K(0)))
-    assert run.machine.container_state is SlotState.READY
+    assert run.machine.container_state is BackendState.READY
     assert run.client(INITIALIZE) == [ToBackend(K(0), frame(INITIALIZE) + b"\n")]
 
 
@@ -320,7 +321,7 @@ def test_events_about_an_earlier_container_are_ignored() -> None:
     assert run.server(0, response(2)) == []  # container 0 is gone
     assert run.do(BackendBroken(K(0), "container_output_invalid", "x")) == []
     assert run.do(BackendStartFailed(K(0), ContainerStartFailure("x", reason="x"))) == []
-    assert run.machine.container_state is SlotState.SPAWNING
+    assert run.machine.container_state is BackendState.STARTING
 
 
 def test_a_spawn_that_succeeds_after_it_stopped_mattering_is_stopped() -> None:
@@ -393,6 +394,28 @@ def test_a_container_that_stops_taking_its_input_is_replaced_and_what_it_owed_an
     assert errors == {2: "container_unresponsive", 3: "container_unresponsive"}
 
 
+def test_a_container_that_asks_and_asks_without_reading_the_answers_is_replaced() -> None:
+    # The fabric endpoint's rule, now the relay's too (one rule: .backend): the machine's own
+    # answers a server leaves unread are bounded (the session's to_server_bytes), rather than
+    # pile up in the orchestrator's memory until the stall timeout.
+    run = Run(to_server_bytes=4096)
+    run.handshake()
+    run.drain(0)
+    run.client(request(2, "tools/call", {"name": "x"}))  # the call it owes
+    for n in range(run.machine.limits.max_server_requests):
+        run.server(0, request(f"ask-{n}", "roots/list"))  # to the client
+    actions: list[Action] = []
+    refused = 0
+    while not any(isinstance(a, StopBackend) for a in actions):
+        refused += 1
+        assert refused < 100, "a server that reads nothing is answered without end"
+        actions = run.server(0, request(f"over-{refused}", "roots/list"))
+    assert StopBackend(K(0), "container_unresponsive", graceful=False) in actions
+    assert refused > 10  # (the bound, not the first refusal)
+    errors = {m["id"]: m["error"]["data"]["reason"] for m in run.sent() if "error" in m}
+    assert errors == {2: "container_unresponsive"}
+
+
 def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_the_container() -> (
     None
 ):
@@ -457,7 +480,7 @@ def test_after_idle_the_next_frame_respawns_and_replays_the_handshake_first() ->
         a for a in run.server(1, response("reactor-fabric-replay-1")) if isinstance(a, ToClient)
     ] == []
     assert run.written(1)[1:] == [INITIALIZED, request(7, "tools/list")]
-    assert run.machine.container_state is SlotState.READY
+    assert run.machine.container_state is BackendState.READY
 
 
 def test_a_stateless_client_gets_a_fresh_container_with_nothing_replayed() -> None:
