@@ -312,6 +312,8 @@ class DockerRuntime:
         pins: PinSet | None = None,
         sockets: ContainerSockets | None = None,
     ) -> str:
+        """Create the container (its id), given ``sockets`` it has of ours; a create that a
+        cancellation abandoned is undone by its own thread, by the spec's name."""
         sources = self.sockets.sources(sockets) if sockets is not None else None
         secrets = functools.partial(self._secrets_mount, spec) if spec.secret_files else None
 
