@@ -1,8 +1,8 @@
 """A socket stream for the relay's hot paths: trio's semantics, fewer trips through the scheduler.
 
 Used by both sides of the relay: the HTTP server's client connections (``trio/``) and the
-containers' stdio and attach sockets (``runtime/docker.py``); here, outside both, so that
-``runtime/`` needs nothing of ``trio/`` (a test enforces it).
+containers' stdio and attach sockets (``runtime/docker_sockets.py``, ``runtime/docker.py``);
+here, outside both, so that ``runtime/`` needs nothing of ``trio/`` (a test enforces it).
 
 Every relayed message is one write by a writer task that then waits on its queue (one writer per
 stream, see :mod:`.trio.session` and :mod:`.trio.websocket`). trio's :class:`trio.SocketStream`

@@ -12,9 +12,9 @@ the Docker socket, another user's home. A pin closes that window:
    object, whatever happens to the path afterwards.
 2. **Mount the descriptor, not the path.** The engine is told to mount ``/proc/PID/fd/N`` (our
    descriptor's magic link), which the kernel resolves to the object the descriptor holds, not
-   to anything a path now names. See :mod:`reactor_fabric.runtime.docker` for how Docker is made
-   to do that (a ``local`` volume bound to the descriptor: the daemon mounts it in its own mount
-   namespace, where a bind from our descriptor is allowed).
+   to anything a path now names. See :mod:`reactor_fabric.runtime.docker_payload` for how Docker
+   is made to do that (a ``local`` volume bound to the descriptor: the daemon mounts it in its
+   own mount namespace, where a bind from our descriptor is allowed).
 3. **Check what the container got.** After start, the runtime compares the device and inode of
    the container's mount with the pin's (:meth:`Pin.matches`) before any client message is
    relayed; on a mismatch the container is removed and the session gets ``mount_changed``.

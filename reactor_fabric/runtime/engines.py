@@ -11,7 +11,9 @@ flags. The suite's ``orchestrator.runtime`` (or ``--runtime``) says which one to
 
 Whichever was chosen, the engine that answers says what it is (``GET /version``: Podman lists
 a "Podman Engine" component): a Podman behind ``DOCKER_HOST`` is found to be Podman, and that
-is what the health report and the logs name.
+is what the health report and the logs name. Whether the engine is on this machine (a Unix
+socket) decides what the Docker runtime can give a container of its own (socket stdio, file
+secrets): :func:`engine_is_local`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ def engine_url(engine: EngineName, environ: Mapping[str, str], uid: int) -> str 
     if uid == 0:
         return f"unix://{PODMAN_ROOTFUL_SOCKET}"
     return f"unix://{rootless_podman_socket(environ, uid)}"
+
+
+def engine_is_local(base_url: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether the engine is on this machine (a Unix socket): only then can a container be
+    given a socket of ours by path."""
+    address = base_url if base_url is not None else environ.get("DOCKER_HOST", "unix://")
+    return address.startswith(("unix://", "/"))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ import docker.errors
 import trio
 
 from reactor_fabric.policy.owner import hostname, process_start_time
-from reactor_fabric.runtime.docker import detach_socket, stdio_mounts
+from reactor_fabric.runtime.docker_operations import detach_socket
+from reactor_fabric.runtime.docker_payload import stdio_mounts
 from reactor_fabric.runtime.stdio_sockets import StdioArea, wrapped_command
 
 from .mcp import AttachedStream, PipeStream, SocketStdioStream, StreamRpc, socket_stream

@@ -32,7 +32,7 @@ import yaml
 
 from reactor_fabric._operator_cli import audit_file_name
 from reactor_fabric.config.token import TOKEN_ENV
-from reactor_fabric.runtime.docker import container_gone
+from reactor_fabric.runtime.docker_errors import container_gone
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
 from reactor_fabric.trio.catalog import PROBE_SESSION_PREFIX
 from tests.clients import envs

@@ -20,7 +20,8 @@ import trio
 
 from reactor_fabric import ContainerStartFailure, Service
 from reactor_fabric.policy.container_spec import LABEL_SESSION, container_spec_for
-from reactor_fabric.runtime.docker import DockerContainer, DockerRuntime
+from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.docker_container import DockerContainer
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
 from tests.integration.harness import build_test_image, containers_of
 from tests.integration.test_docker_api_stdio import TEST_IDENTITY, StdioPeer

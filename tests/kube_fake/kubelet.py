@@ -26,7 +26,7 @@ import docker.types
 import requests
 import trio
 
-from reactor_fabric.runtime.docker import inspect_container
+from reactor_fabric.runtime.docker_operations import inspect_container
 
 from .api import ceil_int, docker_time, parse_quantity, timestamp
 from .engine import CALL_TIMEOUT, DockerPool

@@ -43,7 +43,7 @@ import trio
 import yaml
 from wsproto.utilities import generate_accept_token
 
-from reactor_fabric.runtime.docker import detach_socket
+from reactor_fabric.runtime.docker_operations import detach_socket
 
 from . import attach
 from .api import (

@@ -15,7 +15,7 @@ from reactor_fabric.policy.container_spec import (
 )
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
-from reactor_fabric.runtime.docker import host_config_kwargs
+from reactor_fabric.runtime.docker_payload import host_config_kwargs
 
 
 def spec_for(

@@ -19,18 +19,17 @@ import trio
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable, SecurityViolation
 from reactor_fabric.policy.pinning import Pin, PinSet
-from reactor_fabric.runtime.docker import (
+from reactor_fabric.runtime.docker_calls import DockerCalls, _Operation
+from reactor_fabric.runtime.docker_operations import memory_in_use
+from reactor_fabric.runtime.docker_pin_check import (
     VERIFY_ATTEMPTS,
     VERIFY_RETRY_SECONDS,
-    DockerRuntime,
-    _Operation,
-    memory_in_use,
     verify_mounts,
 )
 
 
-def runtime_without_engine(**kwargs: Any) -> DockerRuntime:
-    engine = DockerRuntime(**kwargs)
+def runtime_without_engine(**kwargs: Any) -> DockerCalls:
+    engine = DockerCalls(**kwargs)
     engine._connect = object  # type: ignore[method-assign,assignment]
     return engine
 
@@ -53,7 +52,7 @@ async def test_release_runs_once_after_the_call_returns() -> None:
         seen.note("call")
         return "done"
 
-    assert await engine._call("start", call, release=lambda: seen.note("release")) == "done"
+    assert await engine.call("start", call, release=lambda: seen.note("release")) == "done"
     assert seen.events == ["call", "release"]
 
 
@@ -66,7 +65,7 @@ async def test_release_runs_once_after_a_call_that_failed() -> None:
         raise RuntimeError("engine said no")
 
     with pytest.raises(ContainerStartFailure, match="engine said no"):
-        await engine._call("start", call, release=lambda: seen.note("release"))
+        await engine.call("start", call, release=lambda: seen.note("release"))
     assert seen.events == ["call", "release"]
 
 
@@ -86,7 +85,7 @@ async def test_a_cancelled_call_releases_only_when_its_abandoned_thread_ends() -
 
         async def caller() -> None:
             with cancel_scope:
-                await engine._call("start", call, release=lambda: seen.note("release"))
+                await engine.call("start", call, release=lambda: seen.note("release"))
 
         nursery.start_soon(caller)
         await trio.to_thread.run_sync(running.wait)
@@ -112,11 +111,11 @@ async def test_a_call_cancelled_before_its_thread_began_releases_at_once() -> No
         seen.note("call")
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(engine._call, "list", hold_the_only_slot)
+        nursery.start_soon(engine.call, "list", hold_the_only_slot)
         await trio.to_thread.run_sync(occupied.wait)
         with trio.CancelScope() as waiting:
             waiting.cancel()  # while it waits for the only slot
-            await engine._call("start", never, release=lambda: seen.note("release"))
+            await engine.call("start", never, release=lambda: seen.note("release"))
         assert seen.events == ["release"]
         blocking.set()
     assert await engine.settle()
@@ -153,9 +152,7 @@ async def test_a_call_whose_answer_lost_the_race_with_its_cancellation_is_undone
             seen.note("created")
             return "container-1"
 
-        await engine._call(
-            "create", create, if_abandoned=lambda _c, made: seen.note(f"undo {made}")
-        )
+        await engine.call("create", create, if_abandoned=lambda _c, made: seen.note(f"undo {made}"))
     assert scope.cancelled_caught
     assert await engine.settle()
     assert seen.events == ["created", "undo container-1"]
@@ -172,7 +169,7 @@ async def test_a_call_that_timed_out_counts_as_abandoned_once() -> None:
         return "late"
 
     with pytest.raises(DockerUnavailable, match="did not answer"):
-        await engine._call("list", slow, if_abandoned=lambda _c, late: seen.note(f"undo {late}"))
+        await engine.call("list", slow, if_abandoned=lambda _c, late: seen.note(f"undo {late}"))
     assert engine.abandoned_calls == 1
     go_on.set()
     assert await engine.settle(bound=30)
@@ -286,12 +283,12 @@ async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_th
 
     async def first() -> None:
         try:
-            await engine._call("start", slow)
+            await engine.call("start", slow)
         except DockerUnavailable as exc:
             outcomes.append(f"first: {exc}")
 
     async def second() -> None:
-        outcomes.append(f"second: {await engine._call('start', lambda _c: 'answered')}")
+        outcomes.append(f"second: {await engine.call('start', lambda _c: 'answered')}")
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first)
@@ -303,10 +300,10 @@ async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_th
     assert outcomes[1] == "second: answered"
 
 
-async def occupy(engine: DockerRuntime, call: Any) -> None:
+async def occupy(engine: DockerCalls, call: Any) -> None:
     """Run ``call`` through the engine's slots, whatever its outcome."""
     with contextlib.suppress(DockerUnavailable):
-        await engine._call("start", call)
+        await engine.call("start", call)
 
 
 async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
@@ -317,7 +314,7 @@ async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
         nursery.start_soon(occupy, engine, slow)
         await trio.sleep(0.01)
         with pytest.raises(DockerUnavailable, match=r"busy: start waited 0\.2 s for one of the 1"):
-            await engine._call("start", lambda _c: "never")
+            await engine.call("start", lambda _c: "never")
         go_on.set()
         nursery.cancel_scope.cancel()
     assert await engine.settle(bound=30)
@@ -332,6 +329,6 @@ async def test_an_explicit_bound_counts_the_wait_for_a_slot_too() -> None:
         nursery.start_soon(occupy, engine, slow)
         await trio.sleep(0.01)
         with trio.fail_after(5), pytest.raises(DockerUnavailable, match=r"within 0\.1 s"):
-            await engine._call("ping", lambda _c: "pong", time_bound=0.1)
+            await engine.call("ping", lambda _c: "pong", time_bound=0.1)
         go_on.set()
     assert await engine.settle(bound=30)

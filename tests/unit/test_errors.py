@@ -28,7 +28,7 @@ from reactor_fabric.protocol.answers import (
     session_ending,
     too_many_requests_to_client,
 )
-from reactor_fabric.runtime.docker import translate_docker_error
+from reactor_fabric.runtime.docker_errors import translate_docker_error
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "USAGE.md"
 

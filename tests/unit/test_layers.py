@@ -277,6 +277,41 @@ def test_the_runtime_layer_imports_nothing_from_the_trio_layer(path: Path) -> No
         assert not module.startswith("reactor_fabric.trio"), f"{path.name} imports {module}"
 
 
+# The runtime modules that only translate (a container spec into an engine's payload, an
+# engine's failures into the product's errors, bytes into frames): tested without an engine, so
+# they do no I/O and reach no trio, not even through the package's modules they import. Of the
+# engines' client libraries they use the payload and exception types only.
+RUNTIME_TRANSLATIONS = (
+    "docker_errors.py",
+    "docker_framing.py",
+    "docker_payload.py",
+    "kubernetes_manifests.py",
+)
+TRANSLATIONS_MAY_IMPORT = ("docker.types", "docker.errors", "requests.exceptions")
+
+
+@pytest.mark.parametrize("name", RUNTIME_TRANSLATIONS)
+def test_the_runtimes_translations_import_nothing_that_does_io(name: str) -> None:
+    path = PACKAGE / "runtime" / name
+    for module in imports_of(path):
+        if module in TRANSLATIONS_MAY_IMPORT:
+            continue
+        assert module.split(".")[0] not in IO_MODULES, f"{name} imports {module}"
+    graph = import_graph(PACKAGE)
+    reached, todo = set(), [module_name(path, PACKAGE.parent)]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph[module]
+    for module in sorted(reached):
+        source = PACKAGE.parent.joinpath(*module.split("."))
+        source = source / "__init__.py" if source.is_dir() else source.with_suffix(".py")
+        assert "trio" not in {m.split(".")[0] for m in imports_of(source)}, (
+            f"{name} reaches trio through {module}"
+        )
+
+
 # --- no import cycle ----------------------------------------------------------------------------
 
 

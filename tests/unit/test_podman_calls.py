@@ -21,8 +21,9 @@ from reactor_fabric import ContainerStartFailure
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import Pin, PinSet
-from reactor_fabric.runtime import docker as docker_runtime
-from reactor_fabric.runtime.docker import DockerRuntime, container_gone
+from reactor_fabric.runtime import docker_operations
+from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.docker_errors import container_gone
 from reactor_fabric.runtime.engines import identify
 from tests.unit.test_engines import PODMAN_VERSION
 
@@ -102,7 +103,7 @@ class FakeClient:
 
 def on(engine: str, client: FakeClient) -> DockerRuntime:
     runtime = DockerRuntime(engine="podman" if engine == "podman" else "docker")
-    runtime._connect = lambda: client  # type: ignore[method-assign,assignment,return-value]
+    runtime._engine._connect = lambda: client  # type: ignore[method-assign,assignment,return-value]
     if engine == "podman":
         runtime._identified(identify(PODMAN_VERSION))
     return runtime
@@ -110,7 +111,7 @@ def on(engine: str, client: FakeClient) -> DockerRuntime:
 
 @pytest.fixture(autouse=True)
 def no_pause_between_removals(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(docker_runtime, "REMOVE_RETRY_PAUSE", 0.0)
+    monkeypatch.setattr(docker_operations, "REMOVE_RETRY_PAUSE", 0.0)
 
 
 @pytest.fixture
@@ -277,7 +278,7 @@ async def test_an_inspect_that_keeps_meeting_the_process_ending_fails_as_the_eng
     client.process_ending = 10
     with pytest.raises(ContainerStartFailure) as raised:
         await on("podman", client).exit_status("c0ffee")
-    assert client.inspects == docker_runtime.INSPECT_RETRIES
+    assert client.inspects == docker_operations.INSPECT_RETRIES
     assert raised.value.reason == "inspect_failed"
     assert "no such process" in str(raised.value)
 

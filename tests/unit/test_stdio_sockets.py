@@ -24,7 +24,8 @@ import pytest
 import trio
 
 from reactor_fabric import ContainerStartFailure
-from reactor_fabric.runtime.docker import DockerRuntime, engine_is_local
+from reactor_fabric.runtime.docker import DockerRuntime
+from reactor_fabric.runtime.engines import engine_is_local
 from reactor_fabric.runtime.stdio_sockets import (
     HELPER_TARGET,
     ORPHAN_AGE,
@@ -518,7 +519,7 @@ async def test_a_socket_that_cannot_take_its_connection_is_a_start_failure_not_a
     client.connect(path)  # readable now: the accept is what fails
     try:
         with pytest.raises(ContainerStartFailure) as caught:
-            await DockerRuntime()._accept_stdio(PendingStdio(listener, path), "c0ffee")
+            await DockerRuntime().sockets.accept_stdio(PendingStdio(listener, path), "c0ffee")
         assert caught.value.reason == "stdio_not_connected"
         assert "Too many open files" in str(caught.value)
     finally:
@@ -534,19 +535,19 @@ async def test_the_runtime_says_nothing_while_its_area_is_being_made_then_socket
     )
     opening = threading.Event()
     go_on = threading.Event()
-    real_open = runtime._open_stdio_area
+    real_open = runtime.sockets._open_stdio_area
 
     def slow_open(labels: dict[str, str]) -> StdioArea | None:
         opening.set()
         go_on.wait(10)
         return real_open(labels)
 
-    runtime._open_stdio_area = slow_open  # type: ignore[method-assign]
+    runtime.sockets._open_stdio_area = slow_open  # type: ignore[method-assign]
     spec = SimpleNamespace(labels={})
     listening: list[PendingStdio | None] = []
 
     async def first_start() -> None:
-        listening.append(await runtime._listen_for_stdio(spec))  # type: ignore[arg-type]
+        listening.append(await runtime.sockets._listen_for_stdio(spec))  # type: ignore[arg-type]
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first_start)

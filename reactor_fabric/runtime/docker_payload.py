@@ -1,0 +1,302 @@
+"""A container spec as the Docker engine's create payload: pure translation, one concern each.
+
+:class:`~reactor_fabric.policy.container_spec.ContainerSpec` says what a container must be; this
+module says how Docker's Engine API (and Podman's compatible one) is asked for it:
+
+- :func:`create_kwargs` — docker-py's ``create_container`` arguments: image, program, identity,
+  environment, labels, stdin;
+- :func:`host_config_kwargs` — its ``create_host_config`` arguments, composed of one function per
+  concern: :func:`mounts` (the spec's, pinned ones as volumes: :func:`spec_mount`; the secrets'
+  directory: :func:`secrets_mount`; our sockets: :func:`socket_mounts`), :func:`network`,
+  :func:`resource_limits`, :func:`confinement`, :func:`supervision`, :func:`output`;
+- :func:`socket_stdio_entrypoint` — the program when socket stdio puts ``fabric-stdio`` in front
+  of the image's own;
+- :func:`podman_pinned_volumes` — the named volumes Podman needs for pinned mounts.
+
+Pure: no I/O, no trio, no engine; docker-py only for its payload types (``docker.types``), so
+that the payload is built by the same code docker-py's own callers use. The calls that send it
+are in :mod:`.docker_operations`; which engine is asked, and when, in :mod:`.docker`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import docker.types
+
+from ..config.secrets import SECRETS_DIR
+from ..policy.container_spec import CHILD_SOCKET_TARGET, EGRESS_PROXY_PORT, ContainerSpec
+from ..policy.mount_spec import MountSpec
+from ..policy.pinning import PinSet
+from .stdio_sockets import EGRESS_SOCKET_TARGET, HELPER_TARGET, SOCKET_TARGET, wrapped_command
+
+# On Podman, the named volumes of a container's pinned mounts: labelled with its name, and named
+# NAME-mI (see podman_pinned_volumes).
+LABEL_PINNED_VOLUME_OF = "reactor-fabric.pinned-volume-of"
+PINNED_VOLUME_NAME = re.compile(r"rf-[a-z0-9_.-]+-m[0-9]+")
+
+
+@dataclass(frozen=True)
+class SocketSources:
+    """Where on this host a socket-stdio container's sockets of ours are: the ``fabric-stdio``
+    program, its stdio socket, and (when its spec has them) its egress proxy's socket and its
+    fabric socket (an agent's child session)."""
+
+    helper: str
+    stdio: str
+    egress: str | None = None
+    child: str | None = None
+
+
+def create_kwargs(
+    spec: ContainerSpec, host_config: Any, *, entrypoint: list[str] | None = None
+) -> dict[str, Any]:
+    """docker-py's ``create_container`` arguments; with ``entrypoint`` (socket stdio), that is
+    the whole program (``fabric-stdio`` in front of the image's entrypoint and command) and
+    stdin stays closed on the engine's side."""
+    return {
+        "image": spec.image,
+        "command": spec.command if entrypoint is None else None,
+        "entrypoint": entrypoint,
+        "name": spec.name,
+        "environment": spec.environment,
+        "labels": spec.labels,
+        "user": spec.user,
+        # docker-py adds StdinOnce: closing our side of stdin closes the server's stdin, which
+        # is how MCP asks a stdio server to shut down. With socket stdio it is our socket's.
+        "stdin_open": entrypoint is None,
+        "tty": False,
+        "network_disabled": spec.network == "none",
+        "host_config": host_config,
+    }
+
+
+def socket_stdio_entrypoint(
+    image_config: Mapping[str, Any], spec: ContainerSpec, *, egress: bool
+) -> list[str]:
+    """The program of a socket-stdio container: ``fabric-stdio`` in front of what the image
+    (its ``Config``, as the engine inspects it) and the spec would run; with ``egress``, it
+    also forwards the proxy's port in the container to the egress socket."""
+    return wrapped_command(
+        image_config.get("Entrypoint"),
+        image_config.get("Cmd"),
+        spec.command,
+        egress_port=EGRESS_PROXY_PORT if egress else None,
+    )
+
+
+def host_config_kwargs(
+    spec: ContainerSpec,
+    pins: PinSet | None = None,
+    *,
+    named_volumes: dict[str, dict[str, Any]] | None = None,
+    secrets: docker.types.Mount | None = None,
+    sockets: SocketSources | None = None,
+) -> dict[str, Any]:
+    """The ``HostConfig`` of a spec: mounts as structured objects (``pins``: the mounts'
+    sources pinned; ``named_volumes``: the volumes made for them on Podman, by target, see
+    :func:`podman_pinned_volumes`; ``secrets``: the file secrets' bind; ``sockets``: ours),
+    limits and safe defaults."""
+    return {
+        "mounts": mounts(spec, pins, named_volumes=named_volumes, secrets=secrets, sockets=sockets),
+        **network(spec),
+        **resource_limits(spec),
+        **confinement(spec),
+        **supervision(),
+        **output(),
+    }
+
+
+def mounts(
+    spec: ContainerSpec,
+    pins: PinSet | None = None,
+    *,
+    named_volumes: dict[str, dict[str, Any]] | None = None,
+    secrets: docker.types.Mount | None = None,
+    sockets: SocketSources | None = None,
+) -> list[docker.types.Mount]:
+    """Every mount of the container, in this order: the spec's, the secrets' directory, then
+    our sockets."""
+    named = named_volumes or {}
+    found = [spec_mount(spec, mount, pins, named.get(mount.target)) for mount in spec.mounts]
+    if secrets is not None:
+        found.append(secrets)
+    if sockets is not None:
+        found += socket_mounts(sockets)
+    return found
+
+
+def spec_mount(
+    spec: ContainerSpec,
+    mount: MountSpec,
+    pins: PinSet | None,
+    named: dict[str, Any] | None = None,
+) -> docker.types.Mount:
+    """A pinned mount as a ``local`` volume bound to our descriptor; else a plain bind.
+
+    Why a volume: runc binds mount sources from inside the container's new mount namespace,
+    where a bind from a descriptor of the host's namespace is refused (EINVAL). The ``local``
+    volume driver mounts in the daemon's own (the host's) namespace — ``mount --bind
+    /proc/PID/fd/N`` there follows the descriptor, not a path — and the container then gets a
+    bind of that volume, whose path under the engine's data root nobody else can change.
+    """
+    if named is not None:  # Podman: the volume is made already
+        return docker.types.Mount(
+            target=mount.target,
+            source=named["name"],
+            type="volume",
+            read_only=mount.read_only,
+            no_copy=True,
+        )
+    pin = pins.for_target(mount.target) if pins is not None else None
+    if pin is None:
+        return docker.types.Mount(
+            target=mount.target,
+            source=mount.source,
+            type="bind",
+            read_only=mount.read_only,
+            propagation=mount.propagation,
+        )
+    return docker.types.Mount(
+        target=mount.target,
+        source=None,  # anonymous: removed with the container (v=True)
+        type="volume",
+        # Read-only at the source, since Docker allows no read-only anonymous volume; a bind
+        # of a read-only mount is read-only, and the container cannot remount it (no caps).
+        driver_config=docker.types.DriverConfig(
+            "local",
+            {
+                "type": "none",
+                "o": "bind,ro" if mount.read_only else "bind",
+                "device": pin.engine_source,
+            },
+        ),
+        # Never copy the image's files at the target into the user's directory.
+        no_copy=True,
+        labels=spec.labels,
+    )
+
+
+def secrets_mount(directory: str) -> docker.types.Mount:
+    """The service's file secrets (``directory``: see :mod:`.secret_files`), read-only at
+    /run/secrets."""
+    return docker.types.Mount(target=SECRETS_DIR, source=directory, type="bind", read_only=True)
+
+
+def stdio_mounts(helper: str, socket_path: str) -> list[docker.types.Mount]:
+    """The two binds socket stdio adds: our program and the container's socket, read-only.
+
+    A socket bound read-only can still be connected (connecting is not writing to the file
+    system); nothing in the container can replace either.
+    """
+    return [
+        docker.types.Mount(target=HELPER_TARGET, source=helper, type="bind", read_only=True),
+        docker.types.Mount(target=SOCKET_TARGET, source=socket_path, type="bind", read_only=True),
+    ]
+
+
+def egress_socket_mount(path: str) -> docker.types.Mount:
+    """The container's egress proxy socket, which ``fabric-stdio`` forwards the proxy's port
+    in the container to (see :mod:`.egress_proxy`)."""
+    return docker.types.Mount(target=EGRESS_SOCKET_TARGET, source=path, type="bind", read_only=True)
+
+
+def child_socket_mount(path: str) -> docker.types.Mount:
+    """An agent container's fabric socket, where its relay reaches its child session (see
+    :mod:`.child_sockets`)."""
+    return docker.types.Mount(target=CHILD_SOCKET_TARGET, source=path, type="bind", read_only=True)
+
+
+def socket_mounts(sockets: SocketSources) -> list[docker.types.Mount]:
+    """Our sockets' binds: stdio's two, then the egress socket's and the fabric socket's."""
+    found = stdio_mounts(sockets.helper, sockets.stdio)
+    if sockets.egress is not None:
+        found.append(egress_socket_mount(sockets.egress))
+    if sockets.child is not None:
+        found.append(child_socket_mount(sockets.child))
+    return found
+
+
+def network(spec: ContainerSpec) -> dict[str, Any]:
+    """The container's network (``none`` for one without, or whose egress is proxied)."""
+    return {"network_mode": spec.network}
+
+
+def resource_limits(spec: ContainerSpec) -> dict[str, Any]:
+    """Memory (no swap on top), CPU and process limits, and the CPU weight."""
+    return {
+        "mem_limit": spec.memory_bytes,
+        # Equal to the memory limit: no swap on top of it, so the limit means what it says.
+        "memswap_limit": spec.memory_bytes,
+        "nano_cpus": spec.nano_cpus,
+        "pids_limit": spec.pids_limit,
+        "cpu_shares": spec.cpu_shares,
+    }
+
+
+def confinement(spec: ContainerSpec) -> dict[str, Any]:
+    """What the server may do in its container: no capability but those the suite adds, no
+    new privileges (unless relaxed), a read-only root with its tmpfs."""
+    return {
+        "cap_drop": ["ALL"],
+        "cap_add": list(spec.cap_add) or None,
+        "security_opt": ["no-new-privileges:true"] if spec.no_new_privileges else [],
+        "read_only": spec.read_only_rootfs,
+        "tmpfs": spec.tmpfs or None,
+    }
+
+
+def supervision() -> dict[str, Any]:
+    """Who looks after the container's processes and its removal."""
+    return {
+        "init": True,  # a real PID 1 that forwards signals and reaps zombies
+        "auto_remove": False,  # we remove explicitly, after reading the exit code
+    }
+
+
+def output() -> dict[str, Any]:
+    """What the engine keeps of the server's output: nothing.
+
+    Its stdout is the session's messages (a file's contents, a diff), which the engine's
+    default driver (json-file, no size limit) would store on the host's disk for the
+    container's life, and encode and write once more per message while the session waits. The
+    orchestrator reads both streams itself (stdout over the container's socket or the attach,
+    stderr over the attach) and logs stderr, bounded.
+    """
+    return {"log_config": {"type": "none", "config": {}}}
+
+
+def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str, dict[str, Any]]:
+    """The named volumes that carry a spec's pinned mounts (``pins``) on Podman, by target: the
+    ``create_volume`` arguments of each.
+
+    Why named volumes: Podman ignores the driver options of a volume declared in a container's
+    create (the container would get an empty volume; the pin check refuses it). Each is bound
+    to our descriptor like Docker's anonymous one, and named after its container (``NAME-mI``)
+    so that whoever removes the container finds them. ``uid``/``gid`` are the pinned object's
+    own: without them Podman changes the owner of the volume's root — the user's directory —
+    to the container's user on first use. Read-only comes from the container's mount, since
+    Podman drops ``ro`` from the options next to ``uid``.
+    """
+    if pins is None:
+        return {}
+    volumes: dict[str, dict[str, Any]] = {}
+    for index, mount in enumerate(spec.mounts):
+        pin = pins.for_target(mount.target)
+        if pin is None:
+            continue
+        uid, gid = pin.owner
+        volumes[mount.target] = {
+            "name": f"{spec.name}-m{index}",
+            "driver": "local",
+            "driver_opts": {
+                "type": "none",
+                "o": f"bind,uid={uid},gid={gid}",
+                "device": pin.engine_source,
+            },
+            "labels": {**spec.labels, LABEL_PINNED_VOLUME_OF: spec.name},
+        }
+    return volumes
