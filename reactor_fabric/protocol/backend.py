@@ -57,6 +57,13 @@ from .._reasons import CALL_DONE, REFRESH_MEMORY
 from .events import BackendKey
 from .lifecycle import Lifecycle
 
+# The requests a backend counts as calls (smart_refresh's max_calls_per_container; an agent's
+# slots; what /api/sessions names by tool, prompt or URI).
+CALL_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
+# Requests that leave a backend as fresh as one just greeted: fresh_per_call keeps it after
+# them (the relay's handshake container serves the first call, instead of a second start).
+FRESH_AFTER = frozenset({"initialize", "ping"})
+
 
 class BackendState(enum.Enum):
     STARTING = "starting"
@@ -186,6 +193,15 @@ class Backend:
         """It takes no more calls; it goes, for ``reason``, once those it has end."""
         self.role = Role.RETIRING
         self.retired = reason
+
+    def sent_request(self, method: str | None) -> None:
+        """A request was sent to it: a call is counted, and any request but the handshake and
+        ping uses it up for fresh_per_call; it is no longer kept for a retry."""
+        self.retry_until = None  # (the retry it was kept for, or a call beside it)
+        if method in CALL_METHODS:
+            self.calls += 1
+        if method not in FRESH_AFTER:
+            self.used = True
 
     def awaits_retry(self, now: float) -> bool:
         return self.retry_until is not None and now < self.retry_until

@@ -24,13 +24,43 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from .backend import CALL_METHODS
 from .events import BackendKey, CallRef
+from .jsonrpc import Peek
 
 # Containers that ended, kept per session (the newest), and calls kept per container.
 MAX_ENDED = 16
 MAX_CALLS_EACH = 8
 # A client's request id may be any string: what is shown of one.
 MAX_ID_CHARS = 64
+# Params of a relayed call up to this size are read for the tool, prompt or URI it names (what
+# /api/sessions shows of the call); a larger one is shown by its method only, so that a call's
+# path never decodes much more than the relay must.
+NAMED_PARAMS_BYTES = 4096
+
+
+class _Named(msgspec.Struct):
+    name: str | None = None
+    uri: str | None = None
+
+
+_named_decoder = msgspec.json.Decoder(_Named)
+
+
+def call_ref(message: Peek) -> CallRef:
+    """A relayed client request as /api/sessions names it: its id, method, and for a call
+    (small params) its tool, prompt or URI."""
+    name: str | None = None
+    params = message.params
+    if message.method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES:
+        try:
+            named = _named_decoder.decode(params)
+        except msgspec.DecodeError:
+            named = _Named()
+        name = named.uri if message.method == "resources/read" else named.name
+    return CallRef.of(message.id, message.method or "", name)
 
 
 @dataclass

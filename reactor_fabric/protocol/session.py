@@ -37,12 +37,9 @@ waiting or owed an answer, or a server request under an id still awaiting the cl
 (-32600 ``duplicate_request_id``) and goes no further (the call in flight keeps its own answer
 and its one audit record).
 
-Under a suite lock (``orchestrator.lock`` warn or enforce, see :mod:`.suite_lock`) the server's
-lists — any message of its whose ``result`` holds tools, prompts or resource templates, whatever
-its id or shape — are checked before they go on, and its responses are matched to the client's
-requests as clients match them (an id in any spelling a client reads as the same:
-:meth:`.ledger.Ledger.answering`); a response that answers none is dropped. Without one, the relay
-decodes no list and forwards every message byte for byte.
+Under a suite lock (``orchestrator.lock`` warn or enforce) the server's lists are checked and its
+responses matched to the client's requests before they go on (:mod:`.relay_lock`). Without
+one, the relay decodes no list and forwards every message byte for byte.
 """
 
 from __future__ import annotations
@@ -53,8 +50,6 @@ import enum
 import math
 import types
 from typing import Any
-
-import msgspec
 
 from .._errors import (
     ContainerStartFailure,
@@ -84,6 +79,8 @@ from .answers import (
     session_ending,
 )
 from .backend import (
+    CALL_METHODS,
+    FRESH_AFTER,
     Backend,
     BackendState,
     Step,
@@ -104,7 +101,6 @@ from .events import (
     BackendMeasured,
     BackendStarted,
     BackendStartFailed,
-    CallRef,
     ClientActivity,
     ClientFrame,
     ClientGone,
@@ -122,9 +118,7 @@ from .events import (
     Tick,
     ToBackend,
     ToClient,
-    ToolsChanged,
 )
-from .fabric_refresh import ToolChanges
 from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .jsonrpc import (
     REQUEST,
@@ -136,50 +130,12 @@ from .jsonrpc import (
     for_stdio,
     peek,
 )
-from .ledger import CANCELLED, INITIALIZE, Ledger, cancelled_request_id
+from .ledger import CANCELLED, Ledger, cancelled_request_id
 from .lifecycle import Lifecycle
-from .served import Served
-from .suite_lock import Mode, SuiteLock, checked_list, listed_kinds, withheld_error
+from .relay_lock import RelayLock
+from .served import Served, call_ref
+from .suite_lock import Mode, SuiteLock, withheld_error
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
-
-# --- the lifecycle ----------------------------------------------------------------------------
-
-# The requests smart_refresh counts as calls (max_calls_per_container).
-CALL_METHODS = frozenset({TOOLS_CALL, "resources/read", "prompts/get"})
-# Requests that leave a container as fresh as one just replayed to: fresh_per_call keeps it
-# after them (the handshake's container serves the first call, instead of a second start).
-_FRESH_AFTER = frozenset({INITIALIZE, "ping"})
-
-
-# Params of a call up to this size are read for the tool, prompt or URI it names (what
-# /api/sessions shows of the call); a larger one is shown by its method only, so that a call's
-# path never decodes much more than the relay must.
-NAMED_PARAMS_BYTES = 4096
-# A server's id is logged cut to this many characters (a response dropped under a suite lock).
-MAX_LOGGED_ID_CHARS = 128
-
-
-class _Named(msgspec.Struct):
-    name: str | None = None
-    uri: str | None = None
-
-
-_named_decoder = msgspec.json.Decoder(_Named)
-
-
-def _call_ref(message: Peek) -> CallRef:
-    """A client request as /api/sessions names it: its id, method, and for a call (small
-    params) its tool, prompt or URI."""
-    name: str | None = None
-    params = message.params
-    if message.method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES:
-        try:
-            named = _named_decoder.decode(params)
-        except msgspec.DecodeError:
-            named = _Named()
-        name = named.uri if message.method == "resources/read" else named.name
-    return CallRef.of(message.id, message.method or "", name)
-
 
 # --- the machine ------------------------------------------------------------------------------
 
@@ -213,16 +169,13 @@ class SessionMachine:
         # orchestrator's shared slots under the session's id (None: not an agent).
         self.session_id = session_id
         self.agent_slots = agent_slots
-        # The suite lock the server's lists (tools, prompts, resource templates) are checked
-        # against (None: none), and the tools it withholds under enforce (name → why; see
-        # suite_lock.py).
-        self.lock = lock if lock_mode != "off" else None
-        self.lock_mode: Mode = lock_mode
-        # The suite's secret values out of what is compared with the lock, which hashes the
-        # tools as /mcp serves them (see .catalog: Redact); the answer itself passes as it is.
-        self.redact = redact
-        self._withheld: dict[str, dict[str, Any]] = {}
-        self._drift_seen: set[tuple[str, str, str, tuple[str, ...]]] = set()
+        # The suite lock's checks of the server's lists and answers (None: no lock is on; see
+        # .relay_lock).
+        self.lock_check = (
+            RelayLock(service_name, lock, lock_mode, redact)
+            if lock is not None and lock_mode != "off"
+            else None
+        )
         self.lifecycle = lifecycle or Lifecycle()
         self.idle_timeout = idle_timeout
         self.limits = limits
@@ -349,8 +302,7 @@ class SessionMachine:
         twin.lease = dataclasses.replace(self.lease)
         twin._slot = self._slot.clone() if self._slot is not None else None
         twin._waiting = self._waiting.clone()
-        twin._withheld = dict(self._withheld)
-        twin._drift_seen = set(self._drift_seen)
+        twin.lock_check = self.lock_check.clone() if self.lock_check is not None else None
         twin._handlers = {
             kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
         }
@@ -372,8 +324,7 @@ class SessionMachine:
             self._next_seq,
             self._last_activity,
             self.lease.state(),
-            tuple(sorted(self._withheld)),
-            tuple(sorted(self._drift_seen)),
+            None if self.lock_check is None else self.lock_check.fingerprint(),
         )
 
     @property
@@ -403,7 +354,9 @@ class SessionMachine:
                 return self._refuse_duplicate(message, event.frame, now)
             if message.method == TOOLS_CALL:
                 self.calls.begin_params(message.id, message.params, len(event.frame), now)
-                why = self._withheld_call(message)
+                why = (
+                    self.lock_check.withheld_call(message) if self.lock_check is not None else None
+                )
                 if why is not None:
                     return self._error_to_client(message.id, withheld_error(self.service_name, why))
             if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
@@ -481,12 +434,9 @@ class SessionMachine:
     def _write(self, slot: Backend, message: Peek, frame: bytes) -> ToBackend:
         self.ledger.from_client(message, frame)
         if message.kind == REQUEST:
-            slot.retry_until = None  # (the retry it was kept for, or a call beside it)
-            if message.method in CALL_METHODS:
-                slot.calls += 1
-            if message.method not in _FRESH_AFTER:
-                slot.used = True
-                self.served.call(slot.key, _call_ref(message))
+            slot.sent_request(message.method)
+            if message.method not in FRESH_AFTER:
+                self.served.call(slot.key, call_ref(message))
         return self._write_line(slot, for_stdio(frame))
 
     def _write_line(self, slot: Backend, line: bytes, *, own: bool = False) -> ToBackend:
@@ -642,23 +592,11 @@ class SessionMachine:
                 *self._own_line(slot, error_response(message.id, refusal)),
             ]
         relayed, checked = event.line, list[Action]()
-        if self.lock is not None:
-            if message.kind == RESPONSE:
-                answered = self.ledger.answering(message.id)
-                if answered is None:
-                    return [self._unanswerable(message)]
-                if answered != message.id:
-                    # Its id spells a request's in flight otherwise ("41" for 41), and clients
-                    # take it for that request's answer: so is it taken here (the books, the
-                    # route of an HTTP answer), and it goes on as the server wrote it.
-                    message = Peek(
-                        RESPONSE, answered, None, None, failed=message.failed, result=message.result
-                    )
-            for kind in listed_kinds(message.result):
-                # Checked whatever it answers, or whether it is an answer at all: what a
-                # client takes for a list answer is its to decide, not the ledger's.
-                relayed, drift = self._checked_list(relayed, kind)
-                checked += drift
+        if self.lock_check is not None:
+            passed = self.lock_check.server_message(message, relayed, self.ledger)
+            if isinstance(passed, Log):
+                return [passed]
+            message, relayed, checked = passed.message, passed.line, passed.drift
         self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
         send = ToClient(relayed, message)
         return [*checked, *self._after_answer(slot, message, relayed, now, send)]
@@ -678,51 +616,6 @@ class SessionMachine:
             if done is not None:
                 actions.append(done)
         return actions + self._between_calls(now)
-
-    def _withheld_call(self, message: Peek) -> dict[str, Any] | None:
-        """Why the suite lock withholds the tool this tools/call names (None: it does not)."""
-        if not self._withheld or message.params is None:
-            return None
-        try:
-            params = msgspec.json.decode(message.params)
-        except (msgspec.DecodeError, RecursionError):
-            return None
-        name = params.get("name") if isinstance(params, dict) else None
-        return self._withheld.get(self.redact(name)) if isinstance(name, str) else None
-
-    def _unanswerable(self, message: Peek) -> Log:
-        """Under a suite lock, a server's response that answers no request in flight, by its
-        id in any spelling (see Ledger.answering): dropped, so that no client takes it for the
-        answer to something it asked (a tools/list answer whose check was dodged)."""
-        said = message.id
-        if isinstance(said, str) and len(said) > MAX_LOGGED_ID_CHARS:
-            said = said[:MAX_LOGGED_ID_CHARS] + "…"  # (the server chose it: as long as it liked)
-        fields = {"id": said, "error": message.failed, "lists": listed_kinds(message.result)}
-        return Log("warning", "server_response_unmatched", fields)
-
-    def _checked_list(self, line: bytes, kind: str) -> tuple[bytes, list[Action]]:
-        """The server's list of ``kind`` (tools, prompts, resource templates) against the
-        suite lock: what to pass on, and the drift not reported yet in this session (the
-        driver logs and audits it)."""
-        assert self.lock is not None
-        line, drifts = checked_list(
-            self.service_name,
-            self.lock,
-            self.lock_mode,
-            line,
-            kind=kind,
-            withheld=self._withheld,
-            redact=self.redact,
-        )
-        fresh = []
-        for drift in drifts:
-            seen = (drift.kind, drift.name, drift.change, drift.parts)
-            if seen not in self._drift_seen:
-                self._drift_seen.add(seen)
-                fresh.append({**drift.record(), "mode": self.lock_mode})
-        if not fresh:
-            return line, []
-        return line, [ToolsChanged(ToolChanges(self.service_name, drift=tuple(fresh)))]
 
     def _replay_answered(self, slot: Backend, answer: Peek) -> list[Action]:
         if answer.failed:
