@@ -5,13 +5,10 @@ Pure: events in, actions out (their vocabulary: :mod:`.warm_pool_events`), the t
 next wants a :class:`Tick`; no trio, no engine. The trio layer
 (:mod:`reactor_fabric.trio.warm_pool`) does what the actions say and reports what happened.
 
-A pooled container is *starting* (its start was asked for, the outcome is not known yet),
-*greeting* (started; a service in ``greets`` only: the pool does the MCP handshake with it, see
-:mod:`.pool_greeting`), *ready* (idle, its MCP server waiting on stdin: with no handshake done,
-or, greeted, waiting for its first call) or *claimed*
-(a session asked for it: the driver stops watching it, then the machine hands it out unless
-its output ended or overflowed meanwhile). A container is handed to exactly one session and
-leaves the pool when it is claimed: it serves that session and is then removed, never returned.
+A pooled container is *starting*, *greeting*, *ready* or *claimed*; what each state means, and
+what the pool records of each service, is in its books (:mod:`.warm_pool_entries`). A
+container is handed to exactly one session and leaves the pool when it is claimed: it serves
+that session and is then removed, never returned.
 
 How many: each service has a target (its ``warm``, or more for a per-call service: see
 "Refills at the rate of consumption"); the pool keeps ready + starting at it, within three
@@ -72,15 +69,19 @@ driver reports that mounts do not reach containers (:class:`StagingLost`), never
 **Generations.** When a service's image changes, its pooled containers run the old one. The
 machine asks for the images every ``IMAGE_CHECK_SECONDS`` (:class:`CheckImages`); a changed one
 retires the ready containers at once and the starting ones as their start completes.
+
+Resources: none but its books, bounded by the cap (entries) and the ceilings (takes). Error
+handling: an event about a container that is not in the state it names (a driver's mistake:
+a start's outcome for one not starting, a hand-out of one not claimed) raises ValueError;
+nothing else raises.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal, TypeVar
 
+from .warm_pool_entries import PooledService, PoolEntry, shallow_copy
 from .warm_pool_events import (
     Action,
     CheckImages,
@@ -109,10 +110,6 @@ from .warm_pool_events import (
     Watched,
 )
 
-_T = TypeVar("_T")
-
-BACKOFF_FIRST_SECONDS = 1.0
-BACKOFF_MAX_SECONDS = 60.0
 # A pooled container that ran this long before it ended was not crash-looping.
 HEALTHY_SECONDS = 30.0
 # How often pooled services' images are compared with what the engine has (a rebuilt image
@@ -121,74 +118,8 @@ IMAGE_CHECK_SECONDS = 30.0
 # Output a pooled server may write to stdout before anyone spoke to it (kept, and given to
 # the session first); more than that and it is not a well-behaved stdio server: removed.
 EARLY_STDOUT_BYTES = 64 * 1024
-# A per-call service's target counts its takes within this window (see "Refills at the rate
-# of consumption"): long enough that a service called in bursts a few times a minute keeps a
-# pool the size of a burst (a shorter one would start containers only to remove them unused
-# before the next burst), short enough that an idle service gives the memory back soon.
-RATE_WINDOW_SECONDS = 60.0
-# A per-call service's target never exceeds max(warm, this): one session's calls in flight at
-# once (fabric_router.MAX_PER_CALL_CONTAINERS), so that a session's full fan-out finds a pool.
-PER_CALL_CEILING = 8
 
 # --- the machine ----------------------------------------------------------------------------
-
-
-@dataclass
-class _Entry:
-    token: int
-    service: str
-    shape: Hashable
-    generation: int
-    staged: bool
-    greet: bool = False  # to be greeted once started (then ready only once greeted)
-    state: Literal["starting", "greeting", "ready", "claimed"] = "starting"
-    ready_at: float = 0.0
-    early: int = 0  # stdout bytes written while it waited
-    spoiled: EndedReason | None = None  # claimed, but its output ended or overflowed
-
-    def key(self) -> tuple[object, ...]:
-        return (
-            self.token,
-            self.shape,
-            self.generation,
-            self.staged,
-            self.greet,
-            self.state,
-            self.ready_at,
-            self.early,
-            self.spoiled,
-        )
-
-
-@dataclass
-class _Service:
-    warm: int  # its base target (the suite's warm)
-    shape: Hashable
-    fixed_shape: bool  # the suite names its user: every container of it is alike
-    # The most its target may follow its takes (see "Refills at the rate of consumption");
-    # warm for a service that is not per-call: its target is then its warm.
-    ceiling: int = 0
-    # Its takes within the window, oldest first: the newest `ceiling` of them at most.
-    takes: tuple[float, ...] = ()
-    # A fresh_per_call service's (see "Greetings"): whether its refills are greeted now.
-    greet: bool = False
-    generation: int = 0
-    failures: int = 0
-    retry_at: float = -math.inf
-    image: str | None = None  # the image id seen at the last check
-    # token → entry, starting and ready, in the order they were asked for (oldest first).
-    entries: dict[int, _Entry] = field(default_factory=dict)
-
-    def count(self) -> int:
-        return len(self.entries)
-
-    @property
-    def target(self) -> int:
-        """How many pooled containers it should have now: its warm, or its recent takes."""
-        return min(self.ceiling, max(self.warm, len(self.takes)))
-
-    def ready(self) -> list[_Entry]:
-        return [entry for entry in self.entries.values() if entry.state == "ready"]
 
 
 class WarmPoolMachine:
@@ -214,11 +145,11 @@ class WarmPoolMachine:
         rated = frozenset(per_call)
         self._greets = frozenset(greets)
         self._services = {
-            name: _Service(
+            name: PooledService.of(
                 target,
                 None if name in fixed else initial_shape,
                 fixed_shape=name in fixed,
-                ceiling=max(target, PER_CALL_CEILING) if name in rated else target,
+                per_call=name in rated,
             )
             for name, target in targets.items()
             if target > 0
@@ -229,7 +160,7 @@ class WarmPoolMachine:
         self._next_token = 0
         self._starting = 0
         self._stopping = False
-        self._claimed: dict[int, _Entry] = {}
+        self._claimed: dict[int, PoolEntry] = {}
         self._now = -math.inf  # the time of the last event
         self._images_at: float | None = -math.inf  # the next image check (None: one runs)
 
@@ -289,9 +220,9 @@ class WarmPoolMachine:
             if service.count() < service.target and service.retry_at > self._now
         ]
         waiting += [
-            service.takes[0] + RATE_WINDOW_SECONDS
+            falls
             for service in self._services.values()
-            if len(service.takes) > service.warm
+            if (falls := service.target_falls_at()) is not None
         ]
         if self._images_at is not None:
             waiting.append(self._images_at)
@@ -346,8 +277,7 @@ class WarmPoolMachine:
         """Takes that left the window no longer count (see "Refills at the rate of
         consumption")."""
         for service in self._services.values():
-            if service.takes and service.takes[0] + RATE_WINDOW_SECONDS <= now:
-                service.takes = tuple(t for t in service.takes if t + RATE_WINDOW_SECONDS > now)
+            service.forget_takes(now)
 
     def _trim(self) -> list[Action]:
         """A per-call service's target fell below what it pools: its oldest ready containers
@@ -385,7 +315,7 @@ class WarmPoolMachine:
             token = self._next_token
             self._next_token += 1
             staged = self._stages_mounts
-            service.entries[token] = _Entry(
+            service.entries[token] = PoolEntry(
                 token, name, service.shape, service.generation, staged=staged, greet=service.greet
             )
             self._starting += 1
@@ -413,10 +343,10 @@ class WarmPoolMachine:
             return self._started(entry, service, now)
         self._starting -= 1
         del service.entries[token]
-        self._back_off(service, now)
+        service.back_off(now)
         return [RemovePooled(token, entry.service, "greeting_failed")]
 
-    def _started(self, entry: _Entry, service: _Service, now: float) -> list[Action]:
+    def _started(self, entry: PoolEntry, service: PooledService, now: float) -> list[Action]:
         self._starting -= 1
         if self._stale(entry, service):
             del service.entries[entry.token]
@@ -425,7 +355,7 @@ class WarmPoolMachine:
         entry.ready_at = now
         return []
 
-    def _stale(self, entry: _Entry, service: _Service) -> bool:
+    def _stale(self, entry: PoolEntry, service: PooledService) -> bool:
         """No longer wanted: the pool stops, or its image changed since it was started."""
         return self._stopping or entry.generation != service.generation
 
@@ -433,7 +363,7 @@ class WarmPoolMachine:
         entry, service = self._find(token, "starting")
         self._starting -= 1
         del service.entries[token]
-        self._back_off(service, now)
+        service.back_off(now)
         return [RemovePooled(token, entry.service, "start_failed")] if created else []
 
     def _early_output(self, token: int, nbytes: int, now: float) -> list[Action]:
@@ -457,7 +387,7 @@ class WarmPoolMachine:
         service = self._services[entry.service]
         del service.entries[token]
         if now - entry.ready_at < HEALTHY_SECONDS:
-            self._back_off(service, now)
+            service.back_off(now)
         else:
             service.failures = 0
         return [RemovePooled(token, entry.service, why)]
@@ -474,10 +404,7 @@ class WarmPoolMachine:
         refused = self._unfit(event)
         if refused is not None:
             return [Missed(name, refused)]
-        if service.ceiling > service.warm:
-            # Demand, whether or not it is served: the target follows it (the newest `ceiling`
-            # takes are all that can count).
-            service.takes = (*service.takes, self._now)[-service.ceiling :]
+        service.note_take(self._now)  # demand, whether or not it is served
         shape = None if service.fixed_shape else event.account
         service.shape = shape
         if name in self._greets:
@@ -557,31 +484,14 @@ class WarmPoolMachine:
 
     def clone(self) -> WarmPoolMachine:
         """An independent copy of the machine in its current state (for model checking)."""
-        twin = _shallow(self)
-        twin._services = {}
-        for name, service in self._services.items():
-            twin._services[name] = _shallow(service)
-            twin._services[name].entries = {t: _shallow(e) for t, e in service.entries.items()}
-        twin._claimed = {t: _shallow(e) for t, e in self._claimed.items()}
+        twin = shallow_copy(self)
+        twin._services = {name: service.clone() for name, service in self._services.items()}
+        twin._claimed = {t: shallow_copy(e) for t, e in self._claimed.items()}
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
         """A hashable summary of the whole state: equal fingerprints behave alike."""
-        services = tuple(
-            (
-                name,
-                s.warm,
-                s.ceiling,
-                s.takes,
-                s.shape,
-                s.generation,
-                s.failures,
-                s.retry_at,
-                s.image,
-                tuple(entry.key() for entry in s.entries.values()),
-            )
-            for name, s in self._services.items()
-        )
+        services = tuple((name, *s.key()) for name, s in self._services.items())
         claimed = tuple(entry.key() for entry in self._claimed.values())
         return (
             services,
@@ -599,7 +509,7 @@ class WarmPoolMachine:
     def _retire_reason(self) -> RetireReason:
         return "stopping" if self._stopping else "image_changed"
 
-    def _watched_entry(self, token: int) -> _Entry | None:
+    def _watched_entry(self, token: int) -> PoolEntry | None:
         """Ready or claimed entry ``token`` (its output is watched), None once it is gone."""
         claimed = self._claimed.get(token)
         if claimed is not None:
@@ -610,25 +520,12 @@ class WarmPoolMachine:
                 return entry
         return None
 
-    def _find_starting(self, token: int) -> tuple[_Entry, _Service]:
+    def _find_starting(self, token: int) -> tuple[PoolEntry, PooledService]:
         return self._find(token, "starting")
 
-    def _find(self, token: int, state: str) -> tuple[_Entry, _Service]:
+    def _find(self, token: int, state: str) -> tuple[PoolEntry, PooledService]:
         for service in self._services.values():
             entry = service.entries.get(token)
             if entry is not None and entry.state == state:
                 return entry, service
         raise ValueError(f"pooled container {token} is not {state}")
-
-    @staticmethod
-    def _back_off(service: _Service, now: float) -> None:
-        service.failures += 1
-        delay = BACKOFF_FIRST_SECONDS * 2 ** min(service.failures - 1, 16)
-        service.retry_at = now + min(delay, BACKOFF_MAX_SECONDS)
-
-
-def _shallow(obj: _T) -> _T:
-    """A shallow copy of a plain object (copy.copy's general path is most of a model check)."""
-    twin = object.__new__(type(obj))
-    twin.__dict__.update(obj.__dict__)
-    return twin

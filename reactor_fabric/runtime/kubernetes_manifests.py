@@ -36,6 +36,11 @@ into API calls becomes a Pod here. What maps, and how:
   and port), which the pod names in its proxy variables with a token of its own. The pod is
   selected by a label of its own (``reactor-fabric.egress-pod``: a hash of its name).
 
+- the queries that find a session's objects again, as the API server reads them: the label
+  selector of our pods (:func:`managed_selector`), a watch of one pod from a version
+  (:func:`watch_query`), a pod's attach (:func:`attach_path`), a delete's grace period
+  (:func:`delete_query`).
+
 What a pod does not enforce that a Docker container does: the pids limit (a kubelet setting,
 ``podPidsLimit``, for every pod of a node) and ``network: none`` (a NetworkPolicy denying all
 traffic to and from the pods of the namespace, or of the ``reactor-fabric.service`` label, does
@@ -47,16 +52,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import math
 import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any, Final
+from urllib.parse import quote, urlencode
 
 from ..config.secrets import SECRETS_DIR
 from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVICE, ContainerSpec
 from ..policy.mount_spec import MountSpec
+from ..protocol.k8s_pod_state import CONTAINER
 
 PULL_POLICIES: Final = {"never": "Never", "missing": "IfNotPresent", "always": "Always"}
+# The API group and version of NetworkPolicies (pods and Secrets are the core group's v1).
+NETWORKING: Final = "networking.k8s.io/v1"
 # The orchestrator's own pod (in-cluster): its pods are its dependents, removed with it.
 OWNER_KIND: Final = "Pod"
 _LABEL_VALUE: Final = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
@@ -160,7 +170,7 @@ def network_policy_manifest(
     if "ownerReferences" in metadata:
         policy_metadata["ownerReferences"] = [dict(o) for o in metadata["ownerReferences"]]
     return {
-        "apiVersion": "networking.k8s.io/v1",
+        "apiVersion": NETWORKING,
         "kind": "NetworkPolicy",
         "metadata": policy_metadata,
         "spec": {
@@ -213,7 +223,7 @@ def pod_manifest(
             security["runAsGroup"] = int(gid)
     limits = {"memory": str(spec.memory_bytes), "cpu": f"{max(1, spec.nano_cpus // 1_000_000)}m"}
     container: dict[str, Any] = {
-        "name": "server",
+        "name": CONTAINER,
         "image": spec.image,
         "imagePullPolicy": PULL_POLICIES.get(spec.pull, "IfNotPresent"),
         "stdin": True,
@@ -329,3 +339,38 @@ def _tmpfs_size(options: str) -> str | None:
             if _QUANTITY_PLAIN.fullmatch(value):
                 return value
     return None
+
+
+# --- the queries that find a session's objects again ---------------------------------------------
+
+
+def managed_selector(extra_labels: Mapping[str, str] | None = None) -> str:
+    """The label selector of the pods labelled as ours and with every one of ``extra_labels``."""
+    return ",".join(
+        f"{key}={value}" for key, value in {LABEL_MANAGED: "true", **(extra_labels or {})}.items()
+    )
+
+
+def watch_query(name: str, version: str, *, start_timeout: float) -> dict[str, str]:
+    """A watch of the pod ``name``'s versions after ``version``, which the API server ends
+    after ``start_timeout`` (whole seconds, at least 1) if nothing changes."""
+    return {
+        "watch": "1",
+        "fieldSelector": f"metadata.name={name}",
+        "resourceVersion": version,
+        "timeoutSeconds": str(max(1, math.ceil(start_timeout))),
+        "allowWatchBookmarks": "false",
+    }
+
+
+def attach_path(namespace: str, name: str) -> str:
+    """The pod ``name``'s attach (its server's stdin, stdout and stderr), from the server's root."""
+    return f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/attach?" + urlencode(
+        {"container": CONTAINER, "stdin": "true", "stdout": "true", "stderr": "true"}
+    )
+
+
+def delete_query(grace: float | None) -> dict[str, str]:
+    """A pod's delete with ``grace`` seconds (rounded up) for its server; None: at once."""
+    seconds = 0 if grace is None else max(0, math.ceil(grace))
+    return {"gracePeriodSeconds": str(seconds)}

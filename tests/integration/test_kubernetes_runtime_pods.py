@@ -20,7 +20,8 @@ import trio
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
 from reactor_fabric.policy.container_spec import LABEL_SESSION, ContainerSpec, container_spec_for
-from reactor_fabric.runtime.kubernetes import KubernetesContainer, KubernetesRuntime
+from reactor_fabric.runtime.kubernetes import KubernetesRuntime
+from reactor_fabric.runtime.kubernetes_container import KubernetesContainer
 from tests.integration.test_docker_api_stdio import SUITE, TEST_IDENTITY, StdioPeer
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
 from tests.kube_fake.server import Request

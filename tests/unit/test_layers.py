@@ -285,6 +285,7 @@ RUNTIME_TRANSLATIONS = (
     "docker_errors.py",
     "docker_framing.py",
     "docker_payload.py",
+    "kubernetes_errors.py",
     "kubernetes_manifests.py",
 )
 TRANSLATIONS_MAY_IMPORT = ("docker.types", "docker.errors", "requests.exceptions")

@@ -187,7 +187,7 @@ def test_the_literal_finder_sees_a_reason_given_as_a_string(tmp_path: Path) -> N
 
 def _engine_actions() -> set[str]:
     """The actions the runtimes name in their engine calls (the ``{action}`` of a reason)."""
-    calls = {"docker.py": "call", "kubernetes.py": "_refused"}
+    calls = {"docker.py": "call", "kubernetes_operations.py": "refused"}
     actions: set[str] = set()
     for name, function in calls.items():
         for node in ast.walk(ast.parse((PACKAGE / "runtime" / name).read_text())):

@@ -453,7 +453,7 @@ async def test_the_kubernetes_runtime_makes_the_secret_once_before_the_pods_and_
         calls.append((method, url, kwargs))
         return next(answers), {}
 
-    monkeypatch.setattr(runtime, "_json", api)
+    monkeypatch.setattr(runtime._calls, "json", api)
     spec = k8s_spec()
     await runtime._ensure_secret(spec)
     await runtime._ensure_secret(spec)  # a second container of the service: nothing more
@@ -479,7 +479,7 @@ async def test_a_secret_the_api_server_refuses_refuses_the_start_as_secret_unava
         await trio.lowlevel.checkpoint()
         return 403, {"message": "secrets is forbidden"}
 
-    monkeypatch.setattr(runtime, "_json", api)
+    monkeypatch.setattr(runtime._calls, "json", api)
     with pytest.raises(ContainerStartFailure, match="HTTP 403: secrets is forbidden") as caught:
         await runtime.spawn(k8s_spec())
     assert caught.value.reason == "secret_unavailable"

@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 
 from reactor_fabric.protocol.warm_pool import (
-    BACKOFF_MAX_SECONDS,
     EARLY_STDOUT_BYTES,
     HEALTHY_SECONDS,
     IMAGE_CHECK_SECONDS,
+    WarmPoolMachine,
+)
+from reactor_fabric.protocol.warm_pool_entries import (
+    BACKOFF_MAX_SECONDS,
     PER_CALL_CEILING,
     RATE_WINDOW_SECONDS,
-    WarmPoolMachine,
 )
 from reactor_fabric.protocol.warm_pool_events import (
     Action,

@@ -54,10 +54,12 @@ import pytest
 from reactor_fabric.protocol.warm_pool import (
     EARLY_STDOUT_BYTES,
     IMAGE_CHECK_SECONDS,
+    WarmPoolMachine,
+)
+from reactor_fabric.protocol.warm_pool_entries import (
     PER_CALL_CEILING,
     RATE_WINDOW_SECONDS,
-    WarmPoolMachine,
-    _shallow,
+    shallow_copy,
 )
 from reactor_fabric.protocol.warm_pool_events import (
     ENDED_REASONS,
@@ -167,9 +169,9 @@ class World:
     answered: bool = False  # the current take was answered (claim or miss)
 
     def clone(self) -> World:
-        twin = _shallow(self)
+        twin = shallow_copy(self)
         twin.machine = self.machine.clone()
-        twin.boxes = {token: _shallow(box) for token, box in self.boxes.items()}
+        twin.boxes = {token: shallow_copy(box) for token, box in self.boxes.items()}
         twin.generation = dict(self.generation)
         return twin
 
