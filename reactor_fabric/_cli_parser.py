@@ -13,7 +13,7 @@ from ._runtime_choice import RUNTIME_NAMES
 from ._version import __version__
 from .observe.logging import LOG_LEVELS
 from .protocol.suite_lock import LOCK_FILE
-from .trio.fabric import REPLICA_NAME
+from .trio.identity import REPLICA_NAME
 
 DEFAULT_CONFIG = "claude-mcp-suite.yaml"
 DEFAULT_HOST = "127.0.0.1"

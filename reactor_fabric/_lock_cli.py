@@ -29,7 +29,7 @@ from .protocol.suite_lock import (
 )
 from .runtime.engines import EngineAddressError
 from .trio.catalog import Learned, default_store, learn_catalog
-from .trio.fabric import new_instance_id, process_identity
+from .trio.identity import new_instance_id, process_identity
 
 
 def lock_path(config: str) -> Path:

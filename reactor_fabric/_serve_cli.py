@@ -36,8 +36,7 @@ from .protocol.suite_lock import LockInvalid, SuiteLock, lock_mode, missing_lock
 from .runtime.base import Runtime
 from .runtime.engines import EngineAddressError
 from .trio.catalog import default_store
-from .trio.fabric import Fabric
-from .trio.serve import bind_listener
+from .trio.serve import Fabric, assemble, bind_listener
 
 # Every log line of a start names this logger (its "logger" field), as before _cli.py was split.
 log = logging.getLogger("reactor_fabric.cli")
@@ -220,11 +219,12 @@ def _serve_bound(
     mode = lock_mode(suite.orchestrator.lock, locked is not None)
     if locked is not None:
         log.info("suite_lock", extra={"path": str(lock_path(settings.config)), "mode": mode})
-    fabric = Fabric(
-        suite=suite,
+    # The orchestrator's parts, its settings built once from the suite (and the lock).
+    fabric = assemble(
+        suite,
+        runtime,
         lock=locked if mode != "off" else None,
         lock_mode=mode,
-        runtime=runtime,
         network=settings.network or suite.orchestrator.network,
         listen_host=settings.host,
         token=token.value if token is not None else None,
@@ -237,7 +237,11 @@ def _serve_bound(
     finally:
         if audit is not None:
             audit.submit(
-                {"ts": now_iso(), "event": "orchestrator_stop", "instance": fabric.instance_id}
+                {
+                    "ts": now_iso(),
+                    "event": "orchestrator_stop",
+                    "instance": fabric.starter.identity.instance_id,
+                }
             )
         observer.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+from collections.abc import Iterable
 
 import trio
 
@@ -14,17 +15,17 @@ from . import _reasons
 from ._version import __version__
 from .config.token import Token, TokenError
 from .config.token_record import TokenRecord, remove_record, write_record
-from .trio.fabric import Fabric
-from .trio.serve import Orchestrator, serve_orchestrator
+from .trio.serve import Fabric, Orchestrator, serve_orchestrator
 
 # Every log line of a start names this logger (its "logger" field), as before _cli.py was split.
 log = logging.getLogger("reactor_fabric.cli")
 
 
-def connection_help(http_url: str, fabric: Fabric, token: Token | None) -> str:
-    """What the start-up line adds: the URLs to paste into a client, with the token. The fabric
-    endpoint (every service in one MCP server) comes first: it is what most users want."""
-    service = next(iter(fabric.suite.mcp_services), "SERVICE")
+def connection_help(http_url: str, services: Iterable[str], token: Token | None) -> str:
+    """What the start-up line adds: the URLs to paste into a client, with the token (the first
+    of ``services`` names one service). The fabric endpoint (every service in one MCP server)
+    comes first: it is what most users want."""
+    service = next(iter(services), "SERVICE")
     if token is None:
         return (
             f"  authentication is OFF: any local process may connect "
@@ -90,10 +91,12 @@ async def serve_until_signalled(
                     f"health: {running.http_url}/healthz)",
                     flush=True,
                 )
-                print(connection_help(running.http_url, fabric, token), flush=True)
+                print(
+                    connection_help(running.http_url, fabric.suite.mcp_services, token), flush=True
+                )
                 async for signum in signals:
                     name = signal.Signals(signum).name
-                    if fabric.stopping.is_set():
+                    if fabric.registry.stopping.is_set():
                         log.warning("stopping_now", extra={"signal": name})
                         nursery.cancel_scope.cancel()
                         return

@@ -20,6 +20,7 @@ from ._errors import SecurityViolation
 from ._lock_cli import lock_file_problem, lock_path
 from ._runtime_choice import egress_served, engine_runtime
 from .config.secrets import resolve_suite_secrets
+from .config.settings import suite_facts
 from .config.token import TokenError
 from .config.token_record import find_bridge_token, searched
 from .discovery import build_index, rank_servers, tokens
@@ -37,7 +38,7 @@ from .trio.bridge import (
     service_url,
 )
 from .trio.catalog import Learned, default_store, learn_catalog
-from .trio.fabric import new_instance_id, process_identity, resolve_secrets, suite_facts
+from .trio.identity import new_instance_id, process_identity, resolve_secrets
 
 MAX_CATALOG_BYTES = 256 * 1024 * 1024
 

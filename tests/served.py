@@ -21,10 +21,12 @@ from reactor_fabric.config.structs import Limits, Orchestrator, Profile, Service
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.protocol.suite_lock import Mode, SuiteLock
 from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
+from reactor_fabric.runtime.staging import Staging
 from reactor_fabric.trio.app import FabricApp
-from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.http_server import HttpLimits, serve_connection
+from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.streamable_http import HttpSessions
+from reactor_fabric.trio.warm_pool import WarmPool
 from tests.fakes import scripted_mcp_server
 from tests.http_client import BOTH, HttpClient, Reply, WebSocketClient
 
@@ -95,6 +97,22 @@ class Served:
         )
 
 
+def warm_pool_of(fabric: Fabric, staging: Staging | None) -> WarmPool:
+    """A warm pool of ``fabric``'s suite with ``staging`` (a fake's, or None), made from its
+    parts as the serving makes it (tests set it as the starter's pool and run it)."""
+    return WarmPool(
+        fabric.runtime,
+        fabric.suite.mcp_services,
+        fabric.suite.orchestrator.warm_pool,
+        identity=fabric.starter.identity,
+        staging=staging,
+        stopping=fabric.registry.stopping,
+        teardown_deadline=fabric.registry.teardown_deadline,
+        metrics=fabric.observer.metrics,
+        refused=[name for name, found in fabric.secrets.items() if not found.available],
+    )
+
+
 def suite_for(
     root: Path,
     *,
@@ -135,7 +153,7 @@ async def served(
     if profiles is not None:
         suite = msgspec.structs.replace(suite, profiles=profiles)
     async with open_memory_runtime(server, stdin_capacity=stdin_capacity) as runtime:
-        fabric = Fabric(
+        fabric = assemble(
             suite,
             runtime=runtime,
             network="none",
@@ -150,12 +168,12 @@ async def served(
             await nursery.start(sessions.run)
             if learn_catalog:
                 # As the orchestrator does at start-up; the probes are not the test's business.
-                await nursery.start(fabric.learn_catalog)
-                await fabric.catalog_ready.wait()
+                await nursery.start(fabric.catalog.learn)
+                await fabric.catalog.ready.wait()
                 runtime.spawned.clear()
                 runtime.removals.clear()
             yield Served(fabric, runtime, app, sessions, nursery, http_limits or HttpLimits())
             nursery.cancel_scope.cancel()
         assert runtime.alive == [], "a container was left behind"
-        assert fabric.sessions == {}
-        assert fabric.containers == {}
+        assert fabric.registry.sessions == {}
+        assert fabric.registry.containers == {}

@@ -254,7 +254,7 @@ class Agents(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 
     max_concurrent: int = 4
     max_concurrent_per_session: int = 2
-    # How many agents deep a client's session may go (see Fabric.child_services).
+    # How many agents deep a client's session may go (see ContainerStarter.child_services).
     max_depth: int = 1
 
 

@@ -16,7 +16,7 @@ with its error, answered to the first message's id (or none) and nothing started
    1-4) and :func:`capacity` (step 5);
 5. **capacity**: the orchestrator stopping → ``orchestrator_stopping``; as many sessions live as
    its limit → ``too_many_sessions``. The check is on numbers; the count it reads and updates is
-   :class:`~reactor_fabric.trio.fabric.Fabric`'s (``Fabric.admit``).
+   :class:`~reactor_fabric.trio.registry.SessionRegistry`'s (``SessionRegistry.admit``).
 
 The options and mounts of a URL's query may come as headers instead
 (:func:`requested_options`): the same values, for clients that show or log the URL, or that drop

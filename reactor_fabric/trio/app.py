@@ -15,17 +15,20 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import trio
 
 from .._errors import SecurityViolation
 from .._version import __version__
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.health import health_report
-from ..policy.auth import Refusal, admit
+from ..policy.auth import Gate, Refusal, admit
+from ..runtime.base import Runtime
 from .engine_check import EngineCheck
-from .fabric import Fabric
 from .http_server import HttpExchange, Request
 from .operator import is_operator_route, serve_operator
+from .session import SessionParts
 from .streamable_http import HttpSessions, serve_streamable_http
 from .websocket import serve_websocket
 
@@ -35,17 +38,29 @@ REFUSED_BODY_BYTES = 64 * 1024
 REFUSED_BODY_SECONDS = 1.0
 
 
+class AppParts(SessionParts, Protocol):
+    """What the routes use of the orchestrator: what its sessions use, the gate in front of
+    every route, and the runtime (``/healthz`` pings its engine)."""
+
+    @property
+    def gate(self) -> Gate: ...
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+
 class FabricApp:
     """The :class:`~reactor_fabric.trio.http_server.HttpApp` of one orchestrator."""
 
-    def __init__(self, fabric: Fabric, http_sessions: HttpSessions) -> None:
-        self.fabric = fabric
+    def __init__(self, parts: AppParts, http_sessions: HttpSessions) -> None:
+        self.parts = parts
         self.http_sessions = http_sessions
-        self.engine = EngineCheck(lambda: fabric.runtime.ping(time_bound=HEALTH_PING_TIMEOUT))
+        runtime = parts.runtime
+        self.engine = EngineCheck(lambda: runtime.ping(time_bound=HEALTH_PING_TIMEOUT))
 
     async def http(self, exchange: HttpExchange) -> None:
         request = exchange.request
-        refusal = admit(self.fabric.gate, request.headers, request.query, request.path)
+        refusal = admit(self.parts.gate, request.headers, request.query, request.path)
         if request.path == "/healthz":
             if request.method not in ("GET", "HEAD"):
                 await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
@@ -63,7 +78,14 @@ class FabricApp:
             await self._refuse(exchange, refusal)
             return
         if is_operator_route(request.path):
-            await serve_operator(self.fabric, exchange)
+            parts = self.parts
+            await serve_operator(
+                exchange,
+                registry=parts.registry,
+                catalog=parts.catalog,
+                settings=parts.settings,
+                observer=parts.observer,
+            )
             return
         route = mcp_route(request.path)
         if route is not None:
@@ -73,10 +95,10 @@ class FabricApp:
         await exchange.respond_json(404, {"error": "not found", "path": request.path})
 
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
-        await serve_websocket(self.fabric, request, stream, trailing)
+        await serve_websocket(self.parts, self.parts.gate, request, stream, trailing)
 
     async def _refuse(self, exchange: HttpExchange, refusal: Refusal) -> None:
-        self.fabric.observer.error_sent(SecurityViolation.code, refusal.reason)
+        self.parts.observer.error_sent(SecurityViolation.code, refusal.reason)
         # A little of the body is read first, so that the refusal reaches the client rather
         # than a reset connection; never much, never long (the client is not admitted).
         await exchange.discard_body(REFUSED_BODY_BYTES, REFUSED_BODY_SECONDS)
@@ -84,16 +106,17 @@ class FabricApp:
 
     async def _healthz(self, exchange: HttpExchange, *, details: bool) -> None:
         engine = await self.engine.state()
+        parts = self.parts
         report = health_report(
-            engine=self.fabric.runtime.name,
+            engine=parts.runtime.name,
             docker_version=engine.version,
             docker_error=engine.error,
-            sessions=self.fabric.session_count,
-            containers=self.fabric.container_count,
-            pooled_containers=sum(self.fabric.live_figures().pooled.values()),
+            sessions=parts.registry.session_count,
+            containers=parts.registry.container_count,
+            pooled_containers=sum(parts.starter.pooled().values()),
             version=__version__,
-            replica=self.fabric.replica,
-            stdio=self.fabric.runtime.stdio,
+            replica=parts.settings.replica,
+            stdio=parts.runtime.stdio,
         )
         body = report.body if details else {"status": report.body["status"]}
         await exchange.respond_json(report.status_code, body)

@@ -47,8 +47,7 @@ from ..observe.observer import Client
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.jsonrpc import Peek
 from .channel import ChannelClosed, channel_boundary
-from .fabric import Fabric
-from .session import serve_session
+from .session import SessionParts, serve_session
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +120,17 @@ class LineChannel:
         await trio.aclose_forcefully(self._stream)
 
 
-async def serve_child(fabric: Fabric, container_name: str, stream: trio.abc.Stream) -> None:
+async def serve_child(parts: SessionParts, container_name: str, stream: trio.abc.Stream) -> None:
     """Serve one connection on the fabric socket of the container ``container_name`` (see the
-    module docstring). Returns when the session ends or the connection is refused; the caller
-    closes the stream."""
-    grant = fabric.child_grants.get(container_name)
+    module docstring) with the grant its start made (``parts.starter``'s). Returns when the
+    session ends or the connection is refused; the caller closes the stream."""
+    grant = parts.starter.child_grants.get(container_name)
+    limits = parts.settings.limits
     fields = {"container_name": container_name}
     if grant is None:
         log.warning("child_refused", extra={**fields, "detail": "no agent call is served"})
         return
-    first = await _token_line(stream, fabric.limits.first_message_seconds)
+    first = await _token_line(stream, limits.first_message_seconds)
     if first is None:
         log.warning("child_refused", extra={**fields, "detail": "no token line in time"})
         return
@@ -139,32 +139,32 @@ async def serve_child(fabric: Fabric, container_name: str, stream: trio.abc.Stre
         log.warning("child_refused", extra={**fields, "detail": "a wrong or malformed token"})
         return
     # What came with the token line (the initialize, often) is the session's first.
-    splitter = LineSplitter(max_line=fabric.max_message_bytes)
+    splitter = LineSplitter(max_line=limits.max_message_bytes)
     try:
         pending = splitter.feed(rest)
     except FramingError:
         return
     channel = LineChannel(
         stream,
-        max_line=fabric.max_message_bytes,
-        write_timeout=fabric.limits.client_write_seconds,
+        max_line=limits.max_message_bytes,
+        write_timeout=limits.client_write_seconds,
         pending=pending,
         splitter=splitter,
     )
     opening: bytes | None = None
-    with trio.move_on_after(fabric.limits.first_message_seconds):
+    with trio.move_on_after(limits.first_message_seconds):
         opening = await channel.receive()
     if opening is None:
         log.warning("child_refused", extra={**fields, "detail": "no first message in time"})
         return
     await serve_session(
-        fabric,
+        parts,
         channel,
         FABRIC_ENDPOINT,
         [],
         first_frame=opening,
         transport=TRANSPORT,
-        client=Client(fabric.token_id, f"agent:{grant.agent}", TRANSPORT),
+        client=Client(parts.settings.token_id, f"agent:{grant.agent}", TRANSPORT),
         child=grant,
     )
 

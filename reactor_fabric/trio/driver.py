@@ -90,9 +90,9 @@ from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
 from ..runtime.base import Container
 from .channel import ChannelClosed, ClientChannel, LeasedClient
-from .fabric import SessionRecord
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
 from .pooled import HandedOut
+from .registry import SessionRecord
 from .timer import DeadlineTimer
 
 __all__ = ["SessionDriver", "SessionHost"]

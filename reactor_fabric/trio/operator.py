@@ -31,11 +31,14 @@ import trio
 
 from ..observe.audit import now_iso
 from ..observe.metrics import CONTENT_TYPE
+from ..observe.observer import Observer
 from ..observe.page import PAGE_HEADERS, STATUS_PAGE
 from ..observe.redaction import SECRET_VALUES
 from ..observe.status import SessionView, recent_calls, sessions_json, stats
-from .fabric import Fabric, SessionRecord
+from ..protocol.settings import Settings
+from .catalog_service import CatalogService
 from .http_server import HttpExchange
+from .registry import SessionRecord, SessionRegistry
 
 SESSIONS_PREFIX = "/api/sessions/"
 
@@ -46,8 +49,17 @@ def is_operator_route(path: str) -> bool:
     )
 
 
-async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
-    """Answer one operator request (see the module docstring)."""
+async def serve_operator(
+    exchange: HttpExchange,
+    *,
+    registry: SessionRegistry,
+    catalog: CatalogService,
+    settings: Settings,
+    observer: Observer,
+) -> None:
+    """Answer one operator request (see the module docstring): the sessions from
+    ``registry``, the suite lock's drift from ``catalog`` (with ``settings``' lock), the
+    metrics and recent calls from ``observer``."""
     request = exchange.request
     path, method = request.path, request.method
     if path.startswith(SESSIONS_PREFIX):
@@ -55,7 +67,7 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
             await exchange.respond_json(405, {"error": "method not allowed"}, allow="DELETE")
             return
         session_id = path[len(SESSIONS_PREFIX) :]
-        if not fabric.end_session(session_id):
+        if not registry.end_session(session_id):
             await exchange.respond_json(404, {"error": "no such session", "session": session_id})
             return
         await exchange.respond_json(200, {"ended": session_id})
@@ -63,15 +75,14 @@ async def serve_operator(fabric: Fabric, exchange: HttpExchange) -> None:
     if method not in ("GET", "HEAD"):
         await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
         return
-    observer = fabric.observer
     observer.flush()  # the calls held for the next batch (see .audit_batches) count too
     if path == "/metrics":
         body = await trio.to_thread.run_sync(observer.metrics.exposition)
         await exchange.respond(200, body, content_type=CONTENT_TYPE.encode())
     elif path == "/api/sessions":
-        answer = sessions_json(session_views(fabric))
-        if fabric.lock is not None:  # what differs from the suite lock (the page shows it)
-            answer["lock_drift"] = {"mode": fabric.lock_mode, "drift": fabric.drift_records()}
+        answer = sessions_json(session_views(registry))
+        if settings.lock is not None:  # what differs from the suite lock (the page shows it)
+            answer["lock_drift"] = {"mode": settings.lock_mode, "drift": catalog.drift_records()}
         await _shown(exchange, answer)
     elif path == "/api/calls":
         query = parse_qs(request.query)
@@ -103,10 +114,10 @@ async def _shown(exchange: HttpExchange, answer: dict[str, Any]) -> None:
     await exchange.respond(200, SECRET_VALUES.redacted_json(answer))
 
 
-def session_views(fabric: Fabric) -> dict[str, SessionView]:
+def session_views(registry: SessionRegistry) -> dict[str, SessionView]:
     now = trio.current_time()
     containers: dict[str, list[dict[str, Any]]] = {}
-    for container_id, record in fabric.containers.items():
+    for container_id, record in registry.containers.items():
         containers.setdefault(record.session, []).append(
             {
                 "id": container_id[:12],
@@ -143,5 +154,5 @@ def session_views(fabric: Fabric) -> dict[str, SessionView]:
             recent_containers=served(record),
             parent=record.parent.record() if record.parent is not None else None,
         )
-        for session_id, record in fabric.sessions.items()
+        for session_id, record in registry.sessions.items()
     }

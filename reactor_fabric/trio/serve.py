@@ -1,4 +1,11 @@
-"""Running the orchestrator: the root nursery, the server, and a shutdown bounded in time.
+"""Running the orchestrator: its parts assembled, the root nursery, the server, and a shutdown
+bounded in time.
+
+:func:`assemble` builds one orchestrator's parts from its suite, once: the frozen settings
+(:mod:`reactor_fabric.config.settings`), the session registry (:mod:`.registry`), the catalog
+service (:mod:`.catalog_service`), the container starter (:mod:`.containers`), the gate in
+front of every route; :class:`Fabric` is their composition, nothing more. Each module that
+serves takes the parts it needs, not the composition.
 
 Ownership tree::
 
@@ -6,7 +13,7 @@ Ownership tree::
     ├── EgressProxy.run        containers' egress proxies (runtime/egress_proxy.py)
     ├── run_sweeper            orphan containers: at start-up, then periodically; removals
     │                          a teardown cut short, as they come
-    ├── Fabric.learn_catalog   what each service offers (cache, else a probe), for /mcp
+    ├── CatalogService.learn   what each service offers (cache, else a probe), for /mcp
     ├── WarmPool.run           started, idle containers for services with `warm` (warm_pool)
     ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
     └── connections (nursery)
@@ -14,7 +21,7 @@ Ownership tree::
         └── one task per connection; a WebSocket's task runs its session
 
 Shutdown (:meth:`Orchestrator.stop`, on SIGINT/SIGTERM): stop accepting; tell every session
-(``Fabric.stopping``), which answers each request in flight with -32002
+(``SessionRegistry.stopping``), which answers each request in flight with -32002
 ``orchestrator_stopping``, closes its client normally and removes its containers; wait for that,
 then cancel what is left — all before ``limits.shutdown_timeout`` has passed since the signal,
 even if a client does not read (every write to a client is bounded and cancellable). The last
@@ -34,25 +41,139 @@ from __future__ import annotations
 import functools
 import logging
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import trio
 
 from .._errors import FabricError
+from ..config.secrets import ServiceSecrets
+from ..config.settings import settings_for
+from ..config.structs import Suite
+from ..observe.observer import Observer, token_id
+from ..policy.auth import Gate
+from ..policy.mounts import MountPolicy
+from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname
+from ..protocol.agent_slots import AgentSlots
+from ..protocol.egress import EgressRecord
+from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
+from ..protocol.settings import Settings
+from ..protocol.suite_lock import Mode, SuiteLock
+from ..runtime.base import Runtime
 from .app import FabricApp
 from .audit_batches import hand_audit_over_later
+from .catalog import CatalogStore
+from .catalog_service import CATALOG_RECHECK_SECONDS, CatalogService
 from .child_sessions import serve_child
-from .fabric import Fabric
+from .containers import ContainerStarter
 from .http_server import ConnectionCounts, HttpLimits, serve_http
+from .identity import new_instance_id, process_identity, resolve_secrets
+from .registry import SessionRegistry
 from .streamable_http import HttpSessions
-from .sweeper import remove_instance_containers, run_sweeper
+from .sweeper import DeferredRemovals, remove_instance_containers, run_sweeper
 from .warm_pool import open_warm_pool
 
 log = logging.getLogger(__name__)
 
 # Of the shutdown bound, the share kept for removing containers after the graceful part.
 CLEANUP_SHARE = 0.4
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """One orchestrator's parts (see :func:`assemble`), as the serving hands them out."""
+
+    suite: Suite
+    settings: Settings
+    registry: SessionRegistry
+    catalog: CatalogService
+    starter: ContainerStarter
+    observer: Observer
+    runtime: Runtime
+    gate: Gate
+    # Each service's secrets, resolved once at the start (services without any are absent).
+    secrets: Mapping[str, ServiceSecrets]
+
+
+def assemble(
+    suite: Suite,
+    runtime: Runtime,
+    *,
+    network: str,
+    listen_host: str = "127.0.0.1",
+    token: str | None = None,
+    instance_id: str | None = None,
+    replica: str | None = None,
+    observer: Observer | None = None,
+    secrets: Mapping[str, ServiceSecrets] | None = None,
+    lock: SuiteLock | None = None,
+    lock_mode: Mode = "off",
+    catalog_store: CatalogStore | None = None,
+    catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS,
+) -> Fabric:
+    """The parts of an orchestrator serving ``suite`` on ``runtime``, its settings built once.
+
+    ``network``: the containers' default network; ``listen_host``: where it listens (the
+    Host header it accepts); ``token``: what every request must carry (None: no
+    authentication; the command line always decides); ``replica``: its name among several
+    behind one proxy; ``observer``: the audit trail, the metrics and the recent past (default:
+    metrics only, no trail); ``secrets``: each service's (None: resolved now, from this
+    process's environment and files); ``lock`` and ``lock_mode``: the suite lock and what
+    orchestrator.lock makes of it; ``catalog_store``: the catalog's disk cache (None: none,
+    and the catalog is learned once). Blocking (secrets' files, NSS): call it before serving.
+    """
+    observer = observer if observer is not None else Observer()
+    if secrets is None:
+        secrets = resolve_secrets(suite)
+    orchestrator = suite.orchestrator
+    identity = process_identity(instance_id or new_instance_id(), network, secrets)
+    settings = settings_for(
+        suite,
+        audited=observer.audit is not None,
+        token_id=token_id(token),
+        lock=lock,
+        lock_mode=lock_mode,
+        replica=replica,
+    )
+    registry = SessionRegistry(
+        max_sessions=settings.limits.max_sessions,
+        max_pending=settings.limits.max_pending_connections,
+        agent_slots=AgentSlots(settings.agent_limits),
+    )
+    catalog = CatalogService(
+        runtime,
+        identity,
+        suite.mcp_services,
+        observer=observer,
+        facts=settings.facts,
+        max_line=settings.limits.max_message_bytes,
+        secrets=secrets,
+        lock=lock,
+        lock_mode=lock_mode,
+        store=catalog_store,
+        recheck_seconds=catalog_recheck_seconds,
+        on_pass=registry.notify_change,
+    )
+    starter = ContainerStarter(
+        runtime,
+        identity,
+        MountPolicy(
+            orchestrator.allowed_mount_roots, allowed_targets=orchestrator.allowed_mount_targets
+        ),
+        suite.mcp_services,
+        settings=settings,
+        registry=registry,
+        observer=observer,
+        image_checked=catalog.image_checked,
+        deferred=DeferredRemovals(),
+    )
+    metrics = observer.metrics
+    metrics.services = frozenset(suite.mcp_services) | {FABRIC_SERVICE}
+    metrics.know_tools({FABRIC_SERVICE: META_NAMES})
+    metrics.live = lambda: registry.live_figures(starter.pooled())
+    gate = Gate(normalise_origins(orchestrator.allowed_origins), allowed_hosts(listen_host), token)
+    return Fabric(suite, settings, registry, catalog, starter, observer, runtime, gate, secrets)
 
 
 @dataclass(frozen=True)
@@ -101,9 +222,9 @@ class Orchestrator:
 
     async def wait_until_idle(self) -> None:
         """Return once no session, container or connection is left (tests, diagnostics)."""
-        fabric = self.fabric
-        while fabric.sessions or fabric.containers or self.connections.open:
-            await fabric.changed.wait()
+        registry = self.fabric.registry
+        while registry.sessions or registry.containers or self.connections.open:
+            await registry.changed.wait()
 
     @property
     def http_url(self) -> str:
@@ -130,45 +251,53 @@ async def serve_orchestrator(
     from now on is refused) and stays owned by the caller. Calls ``task_status.started`` once
     the accept loop runs.
     """
-    limits = fabric.limits
+    limits = fabric.settings.limits
+    registry, starter, runtime = fabric.registry, fabric.starter, fabric.runtime
+    instance_id = starter.identity.instance_id
     http_limits = HttpLimits(
         max_connections=limits.max_connections, write_timeout=limits.client_write_seconds
     )
     http_sessions = HttpSessions(fabric)
     app = FabricApp(fabric, http_sessions)
-    counts = ConnectionCounts(on_change=fabric.notify_change)
+    counts = ConnectionCounts(on_change=registry.notify_change)
     accepting_socket = listener.dup()  # ours to close; the caller keeps `listener`
     accepting_socket.setblocking(False)
     running = Orchestrator(fabric, Listening(listening_url(listener)), counts)
-    if fabric.pool is None:
-        fabric.pool = await open_warm_pool(fabric)
+    if starter.pool is None:
+        starter.pool = await open_warm_pool(
+            runtime,
+            fabric.suite,
+            identity=starter.identity,
+            stopping=registry.stopping,
+            teardown_deadline=registry.teardown_deadline,
+            metrics=fabric.observer.metrics,
+            refused=[name for name, found in fabric.secrets.items() if not found.available],
+        )
     try:
         async with trio.open_nursery() as root:
-            if fabric.runtime.egress is not None:
+            if runtime.egress is not None:
                 # First: the catalog's probe and the pool may start egress containers.
-                await root.start(fabric.runtime.egress.run, fabric.egress_connection)
-            if fabric.runtime.children is not None:
+                await root.start(runtime.egress.run, functools.partial(_egress_connection, fabric))
+            if runtime.children is not None:
                 # Agents' child sessions: their sockets are made as their containers start.
-                await root.start(
-                    fabric.runtime.children.run, functools.partial(serve_child, fabric)
-                )
+                await root.start(runtime.children.run, functools.partial(serve_child, fabric))
             await root.start(
                 functools.partial(
                     run_sweeper,
-                    fabric.runtime,
-                    instance_id=fabric.instance_id,
+                    runtime,
+                    instance_id=instance_id,
                     this_host=hostname(),
-                    live_sessions=lambda: set(fabric.sessions),
-                    live_containers=fabric.live_container_ids,
+                    live_sessions=lambda: set(registry.sessions),
+                    live_containers=starter.live_container_ids,
                     on_removed=fabric.observer.orphans_removed,
-                    deferred=fabric.deferred_removals,
+                    deferred=starter.deferred,
                 )
             )
-            if fabric.pool is not None:
-                await root.start(fabric.pool.run)
+            if starter.pool is not None:
+                await root.start(starter.pool.run)
             await root.start(http_sessions.run)
             await root.start(hand_audit_over_later, fabric.observer)
-            await root.start(fabric.learn_catalog)  # in the background: serving does not wait
+            await root.start(fabric.catalog.learn)  # in the background: serving does not wait
             async with trio.open_nursery() as connections:
                 accepting = trio.CancelScope()
 
@@ -184,48 +313,58 @@ async def serve_orchestrator(
                         )
 
                 await connections.start(accept)
-                log.info("serving", extra={"url": running.http_url, "instance": fabric.instance_id})
+                log.info("serving", extra={"url": running.http_url, "instance": instance_id})
                 task_status.started(running)
                 await running._stop_requested.wait()
-                await _stop_gracefully(fabric, accepting, counts)
+                await _stop_gracefully(registry, limits.shutdown_seconds, accepting, counts)
                 connections.cancel_scope.cancel()
             root.cancel_scope.cancel()
     finally:
-        with trio.move_on_at(fabric.teardown_deadline()) as scope:
+        with trio.move_on_at(registry.teardown_deadline()) as scope:
             scope.shield = True
-            await _remove_leftovers(fabric)
+            await _remove_leftovers(runtime, instance_id)
         trio.lowlevel.notify_closing(accepting_socket)
         accepting_socket.close()
 
 
 async def _stop_gracefully(
-    fabric: Fabric, accepting: trio.CancelScope, counts: ConnectionCounts
+    registry: SessionRegistry,
+    bound: float,
+    accepting: trio.CancelScope,
+    counts: ConnectionCounts,
 ) -> None:
-    """Stop accepting, let sessions answer and end; give up at the graceful part's end."""
-    bound = fabric.limits.shutdown_seconds
+    """Stop accepting, let sessions answer and end; give up at the graceful part's end
+    (``bound``: the whole shutdown's, seconds)."""
     now = trio.current_time()
-    fabric.hard_deadline = now + bound
-    log.info("shutting_down", extra={"sessions": fabric.session_count, "bound_seconds": bound})
+    registry.hard_deadline = now + bound
+    log.info("shutting_down", extra={"sessions": registry.session_count, "bound_seconds": bound})
     accepting.cancel()
-    fabric.stopping.set()
+    registry.stopping.set()
     with trio.move_on_at(now + bound * (1 - CLEANUP_SHARE)):
-        while fabric.sessions or fabric.containers or counts.busy:
-            await fabric.changed.wait()
-    if fabric.sessions or fabric.containers or counts.busy:
+        while registry.sessions or registry.containers or counts.busy:
+            await registry.changed.wait()
+    if registry.sessions or registry.containers or counts.busy:
         log.warning(
             "shutdown_forced",
             extra={
-                "sessions": fabric.session_count,
-                "containers": fabric.container_count,
+                "sessions": registry.session_count,
+                "containers": registry.container_count,
                 "busy_connections": counts.busy,
             },
         )
 
 
-async def _remove_leftovers(fabric: Fabric) -> None:
+def _egress_connection(fabric: Fabric, record: EgressRecord) -> None:
+    """A container's connection through its egress proxy: audited under its session
+    (none yet for a pooled container)."""
+    owner = fabric.registry.containers.get(record.container)
+    fabric.observer.egress(record, session=owner.session if owner is not None else "")
+
+
+async def _remove_leftovers(runtime: Runtime, instance_id: str) -> None:
     try:
-        removed = await remove_instance_containers(fabric.runtime, fabric.instance_id)
+        removed = await remove_instance_containers(runtime, instance_id)
         log.info("shutdown_complete", extra={"removed_containers": removed})
     except FabricError as exc:
         log.error("shutdown_cleanup_failed", extra={"reason": exc.reason, "detail": str(exc)})
-    await fabric.runtime.close()
+    await runtime.close()

@@ -11,8 +11,11 @@ refusal and closes, or builds the session's machine — the relay's
     serve_session
     └── SessionDriver.run       (see trio/driver.py for its tasks)
 
-Resource handling: the session is registered with the orchestrator from its admission to its
-end (``finally``); the driver removes its containers, shielded and bounded.
+What a session uses of the orchestrator is :class:`SessionParts`: the suite, the settings, the
+session registry, the catalog service, the container starter and the observer, nothing else.
+
+Resource handling: the session is registered with the orchestrator's registry from its
+admission to its end (``finally``); the driver removes its containers, shielded and bounded.
 
 Error handling: :func:`serve_session` never raises except :class:`trio.Cancelled`. What a client
 or a container does is answered as the machine decides; anything unexpected (a bug) is logged
@@ -37,25 +40,27 @@ from .._errors import (
 )
 from .._reasons import INTERNAL_ERROR
 from .._version import __version__
-from ..config.structs import Service
+from ..config.structs import Service, Suite
 from ..config.suite import FABRIC_ENDPOINT
-from ..observe.observer import Client, trace_of
+from ..observe.observer import Client, Observer, trace_of
 from ..observe.redaction import SECRET_VALUES
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..policy.child_grant import ChildGrant
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import FabricServer
 from ..protocol.jsonrpc import error_response
-from ..protocol.lifecycle import Lifecycle
 from ..protocol.session import SessionMachine
+from ..protocol.settings import Settings
 from ..protocol.tool_calls import valid_traceparent
+from .catalog_service import CatalogService
 from .channel import ChannelClosed, ClientChannel, LeasedClient
-from .containers import ContainerHost
+from .containers import ContainerHost, ContainerStarter
 from .driver import SessionDriver
-from .fabric import Fabric, SessionRecord, new_session_id
 from .http_server import Request
+from .identity import new_session_id
+from .registry import SessionRecord, SessionRegistry
 
-__all__ = ["ClientChannel", "client_of", "refuse", "serve_session"]
+__all__ = ["ClientChannel", "SessionParts", "client_of", "refuse", "serve_session"]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +70,33 @@ CLOSE_INTERNAL_ERROR = 1011
 CATALOG_WAIT_SECONDS = 30.0
 
 
+class SessionParts(Protocol):
+    """What a session uses of the orchestrator (the serving's composition,
+    :class:`~reactor_fabric.trio.serve.Fabric`, is one): the suite (admission reads it), the
+    settings, the registry it is admitted to, the catalog the fabric endpoint serves, the
+    starter of its containers, and the observer that audits it."""
+
+    @property
+    def suite(self) -> Suite: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def registry(self) -> SessionRegistry: ...
+
+    @property
+    def catalog(self) -> CatalogService: ...
+
+    @property
+    def starter(self) -> ContainerStarter: ...
+
+    @property
+    def observer(self) -> Observer: ...
+
+
 async def serve_session(
-    fabric: Fabric,
+    parts: SessionParts,
     channel: ClientChannel,
     service_name: str,
     query_mounts: list[str],
@@ -89,11 +119,11 @@ async def serve_session(
     ``child``: an agent's child session (see :mod:`.child_sessions`): the parent's mounts and
     trace, only the granted services, every tool listed.
     """
-    session_id = session_id or new_session_id(fabric.replica)
+    session_id = session_id or new_session_id(parts.settings.replica)
     progress = _Progress()
     try:
         await _serve_session(
-            fabric,
+            parts,
             channel,
             service_name,
             query_mounts,
@@ -171,7 +201,7 @@ async def _tell_client_of_crash(
 
 
 async def _serve_session(
-    fabric: Fabric,
+    parts: SessionParts,
     channel: ClientChannel,
     service_name: str,
     query_mounts: list[str],
@@ -186,8 +216,8 @@ async def _serve_session(
     lease: LeasedClient | None,
     child: ChildGrant | None = None,
 ) -> None:
-    observer = fabric.observer
-    client = client or Client(fabric.token_id, "", transport)
+    observer = parts.observer
+    client = client or Client(parts.settings.token_id, "", transport)
 
     async def refused(request_id: object, error: FabricError) -> None:
         observer.session_refused(
@@ -203,7 +233,7 @@ async def _serve_session(
     decision = admission(
         first_frame,
         endpoint=service_name,
-        suite=fabric.suite,
+        suite=parts.suite,
         query=query or {},
         query_mounts=query_mounts,
     )
@@ -219,7 +249,7 @@ async def _serve_session(
     else:
         try:
             # The mount policy resolves paths on the file system: the one step that does I/O.
-            mounts = await fabric.validate_mounts(decision.mounts)
+            mounts = await parts.starter.validate_mounts(decision.mounts)
         except FabricError as exc:
             await refused(request_id, exc)
             return
@@ -236,7 +266,7 @@ async def _serve_session(
         last_active=trio.current_time(),
         parent=child,
     )
-    full = fabric.admit(session_id, record)  # step 5, and the session counted if admitted
+    full = parts.registry.admit(session_id, record)  # step 5, and the session counted if admitted
     if full is not None:
         await refused(request_id, full)
         return
@@ -263,16 +293,16 @@ async def _serve_session(
         )
         driver: _Driver
         if decision.options is not None:
-            driver = await _fabric_driver(fabric, channel, record, decision.options, lease=lease)
+            driver = await _fabric_driver(parts, channel, record, decision.options, lease=lease)
         else:
             assert decision.service is not None
             driver = _relay_driver(
-                fabric, channel, service_name, decision.service, record, lease=lease
+                parts, channel, service_name, decision.service, record, lease=lease
             )
         progress.driver = driver
         await driver.run(first_frame, decision.first)
     finally:
-        fabric.release(session_id)
+        parts.registry.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
         observer.session_ended(
             session_id,
@@ -284,7 +314,7 @@ async def _serve_session(
 
 
 def _relay_driver(
-    fabric: Fabric,
+    parts: SessionParts,
     channel: ClientChannel,
     service_name: str,
     service: Service,
@@ -294,40 +324,40 @@ def _relay_driver(
 ) -> SessionDriver:
     """The driver of a new relay session: its machine, run against the session's host."""
     now = trio.current_time()
+    settings = parts.settings
     machine = SessionMachine(
         service_name=service_name,
-        idle_timeout=service.idle_timeout_seconds,
-        limits=fabric.session_limits(service),
+        idle_timeout=settings.idle_timeouts[service_name],
+        limits=settings.session_limits,
         now=now,
-        audit_arguments=fabric.audit_arguments,
+        audit_arguments=settings.audit_arguments,
         client_lease=lease.lease_seconds if lease is not None else None,
-        lifecycle=lifecycle_of(service),
-        lock=fabric.lock,
-        lock_mode=fabric.lock_mode,
+        lifecycle=settings.lifecycles[service_name],
+        lock=settings.lock,
+        lock_mode=settings.lock_mode,
         session_id=record.id,
-        agent_slots=fabric.agent_slots if service.service_type == "llm_agent" else None,
+        agent_slots=parts.registry.agent_slots if service.service_type == "llm_agent" else None,
         redact=SECRET_VALUES.redacted,
     )
     record.served, record.served_since = machine.served, now
-    host = ContainerHost(fabric, record)
+    host = _host(parts, record)
     return SessionDriver(machine, channel, host, record=record, endpoint=service_name, lease=lease)
 
 
-def lifecycle_of(service: Service) -> Lifecycle:
-    """A service's container lifecycle, for either machine (smart_refresh's bounds only with
-    it: validation refuses them otherwise)."""
-    if service.strategy != "smart_refresh":
-        return Lifecycle(service.strategy)
-    return Lifecycle(
-        service.strategy,
-        max_calls=service.max_calls_per_container,
-        max_age=service.max_container_age_seconds,
-        memory_threshold=service.memory_threshold_bytes,
+def _host(parts: SessionParts, record: SessionRecord) -> ContainerHost:
+    """The orchestrator as the session's driver sees it."""
+    return ContainerHost(
+        record,
+        starter=parts.starter,
+        registry=parts.registry,
+        observer=parts.observer,
+        max_message_bytes=parts.settings.limits.max_message_bytes,
+        compute_limiter=parts.catalog.refresh_limiter,
     )
 
 
 async def _fabric_driver(
-    fabric: Fabric,
+    parts: SessionParts,
     channel: ClientChannel,
     record: SessionRecord,
     options: FabricOptions,
@@ -338,19 +368,20 @@ async def _fabric_driver(
     waited for (bounded) while it is still being learned — and its ranking index: the
     start-up's, or, for a catalog not indexed yet (the wait gave up, or a re-check is
     publishing), one built in a worker thread, never on the event loop."""
-    if not fabric.catalog_ready.is_set():
+    catalogs = parts.catalog
+    if not catalogs.ready.is_set():
         with trio.move_on_after(CATALOG_WAIT_SECONDS):
-            await fabric.catalog_ready.wait()
-    catalog = fabric.catalog
+            await catalogs.ready.wait()
+    catalog = catalogs.current
     if record.parent is not None:
         # An agent's child session: only the services its grant names exist for it.
         granted = record.parent.services
         catalog = Catalog({n: o for n, o in catalog.services.items() if n in granted})
-    index = fabric.indexed(catalog)
+    index = catalogs.indexed(catalog)
     if index is None:
-        index = await trio.to_thread.run_sync(fabric.discovery_index, catalog)
-    services = fabric.suite.mcp_services
-    buffer_to_server = fabric.limits.buffer_to_server_bytes
+        index = await trio.to_thread.run_sync(catalogs.discovery_index, catalog)
+    settings = parts.settings
+    buffer_to_server = settings.limits.buffer_to_server_bytes
     machine = FabricServer(
         catalog,
         session_id=record.id,
@@ -358,34 +389,35 @@ async def _fabric_driver(
         exposure=options.exposure,
         active=options.active,
         version=__version__,
-        facts=fabric.service_facts(),
-        profiles={name: p.services for name, p in fabric.suite.profiles.items()},
-        idle_timeouts={name: s.idle_timeout_seconds for name, s in services.items()},
-        lifecycles={name: lifecycle_of(s) for name, s in services.items()},
+        facts=settings.facts,
+        profiles=settings.profiles,
+        idle_timeouts=settings.idle_timeouts,
+        lifecycles=settings.lifecycles,
         now=trio.current_time(),
         index=index,
-        token_budget=fabric.suite.orchestrator.fabric.token_budget,
-        assist=fabric.assist_settings,
-        audit_arguments=fabric.audit_arguments,
+        token_budget=settings.token_budget,
+        assist=settings.assist,
+        audit_arguments=settings.audit_arguments,
         own_backlog_bytes=buffer_to_server,
         buffer_to_server_bytes=buffer_to_server,
         client_lease=lease.lease_seconds if lease is not None else None,
-        lock=fabric.lock,
-        lock_mode=fabric.lock_mode,
-        agents=frozenset(n for n, s in services.items() if s.service_type == "llm_agent"),
-        agent_slots=fabric.agent_slots,
+        lock=settings.lock,
+        lock_mode=settings.lock_mode,
+        agents=settings.agents,
+        agent_slots=parts.registry.agent_slots,
         redact=SECRET_VALUES.redacted,
     )
     record.served, record.served_since = machine.served, machine.started_at
-    host = ContainerHost(fabric, record)
+    host = _host(parts, record)
     return SessionDriver(
         machine, channel, host, record=record, endpoint=FABRIC_ENDPOINT, lease=lease
     )
 
 
-def client_of(fabric: Fabric, request: Request, transport: str) -> Client:
-    """Who opened a session, for the audit: the token it was admitted with, its address."""
-    return Client(fabric.token_id, request.peer, transport, request.header(b"user-agent"))
+def client_of(token_id: str, request: Request, transport: str) -> Client:
+    """Who opened a session, for the audit: the token it was admitted with (``token_id``: as
+    the audit names it), its address."""
+    return Client(token_id, request.peer, transport, request.header(b"user-agent"))
 
 
 async def refuse(

@@ -74,10 +74,10 @@ from ..protocol.jsonrpc import (
 )
 from ..protocol.mcp import KNOWN_VERSIONS
 from .channel import ChannelClosed
-from .fabric import Fabric, new_session_id
 from .http_channel import FrameQueue, HttpChannel, Waiter
 from .http_server import HttpExchange
-from .session import client_of, serve_session
+from .identity import new_session_id
+from .session import SessionParts, client_of, serve_session
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,8 @@ class HttpSessions:
     expiry watch; request handlers only look sessions up and talk to their channels.
     """
 
-    def __init__(self, fabric: Fabric) -> None:
-        self.fabric = fabric
+    def __init__(self, parts: SessionParts) -> None:
+        self.parts = parts
         self.by_id: dict[str, HttpSession] = {}
         self.by_key: dict[tuple[str, str], HttpSession] = {}
         self._nursery: trio.Nursery | None = None
@@ -145,15 +145,16 @@ class HttpSessions:
         traceparent: str | None = None,
     ) -> HttpSession:
         assert self._nursery is not None, "HttpSessions.run must be started first"
-        limits = self.fabric.limits
+        settings = self.parts.settings
+        limits = settings.limits
         channel = HttpChannel(
             inbox_bytes=limits.buffer_to_server_bytes,
             buffer_bytes=limits.buffer_to_client_bytes,
             backlog_bytes=limits.buffer_to_client_bytes,
-            lease_seconds=self.fabric.session_idle_seconds(service),
+            lease_seconds=settings.session_idle_seconds(service),
         )
         session = HttpSession(
-            new_session_id(self.fabric.replica),
+            new_session_id(settings.replica),
             service,
             key,
             channel,
@@ -173,7 +174,7 @@ class HttpSessions:
             # The session's machine ends it when its client stays away too long (its lease:
             # protocol/client_lease.py; see the module docs).
             await serve_session(
-                self.fabric,
+                self.parts,
                 session.channel,
                 session.service,
                 session.query_mounts,
@@ -268,7 +269,9 @@ def _registers(message: Peek) -> bool:
     return False
 
 
-async def _read_message(fabric: Fabric, exchange: HttpExchange) -> tuple[bytes, Peek] | None:
+async def _read_message(
+    max_message_bytes: int, exchange: HttpExchange
+) -> tuple[bytes, Peek] | None:
     """Check the POST's headers and read its one JSON-RPC message; None once answered."""
     headers = exchange.request.headers
     accept = headers.get(b"accept", "")
@@ -278,7 +281,7 @@ async def _read_message(fabric: Fabric, exchange: HttpExchange) -> tuple[bytes, 
     if not headers.get(b"content-type", "").lower().startswith("application/json"):
         await exchange.respond(415, b'{"error": "Content-Type must be application/json"}')
         return None
-    body = await exchange.read_body(fabric.max_message_bytes)  # BodyTooLarge → 413
+    body = await exchange.read_body(max_message_bytes)  # BodyTooLarge → 413
     try:
         body.decode("utf-8")  # the relay forwards bytes: they must be text for the server
         return body, peek(body)
@@ -302,7 +305,7 @@ async def _session_for(
         await exchange.respond(404, b'{"error": "unknown or expired session"}')
         return None
     request_id = message.id if message.kind == REQUEST else None
-    if sessions.fabric.service(service) is None and service != FABRIC_ENDPOINT:
+    if service not in sessions.parts.suite.mcp_services and service != FABRIC_ENDPOINT:
         await exchange.respond(200, error_response(request_id, service_not_found(service)))
         return None
     if key is None and not _starts_session(message):
@@ -320,7 +323,7 @@ async def _session_for(
         key,
         requested_options(request.query, request.headers),
         registered=_registers(message),
-        client=client_of(sessions.fabric, request, "streamable-http"),
+        client=client_of(sessions.parts.settings.token_id, request, "streamable-http"),
         traceparent=request.header(b"traceparent") or None,
     )
 
@@ -368,7 +371,7 @@ def _same_owner(session: HttpSession, message: Peek | None, query: dict[str, lis
 async def _post(
     sessions: HttpSessions, exchange: HttpExchange, service: str, key: str | None
 ) -> None:
-    read = await _read_message(sessions.fabric, exchange)
+    read = await _read_message(sessions.parts.settings.limits.max_message_bytes, exchange)
     if read is None:
         return
     body, message = read

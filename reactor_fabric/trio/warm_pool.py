@@ -4,7 +4,7 @@ A service with ``warm: N`` keeps N containers started (a ``fresh_per_call`` one 
 called often: its pool follows its calls of the last minute), their MCP server running and
 waiting on stdin with no handshake done: the session's own first message is the first thing
 the server sees. A session takes one at its container start (:meth:`WarmPool.take`, called by
-:func:`~reactor_fabric.trio.containers.start_container`, so speculative starts after
+:meth:`~reactor_fabric.trio.containers.ContainerStarter.start`, so speculative starts after
 ``fabric/registerClient`` and the fabric endpoint's lazy starts take from it too); the pool
 refills in the background. What to start, hand out and remove — refills and their back-off,
 early output, image changes, which mounts fit, the account of a container — is decided by the
@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +53,11 @@ import trio
 from .. import __version__
 from .._errors import FabricError
 from .._reasons import RUNTIME
-from ..config.structs import Service
+from ..config.structs import Service, Suite
+from ..config.structs import WarmPool as WarmPoolSettings
+from ..observe.metrics import Metrics
 from ..policy.accounts import UNPRIVILEGED, Account
-from ..policy.container_spec import DEFAULT_CPU_SHARES, pooled_spec_for
+from ..policy.container_spec import DEFAULT_CPU_SHARES, ContainerIdentity, pooled_spec_for
 from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
@@ -94,11 +96,10 @@ from ..protocol.warm_pool_events import (
     StartPooled,
     StartSucceeded,
     Take,
-    TakeOutcome,
     Tick,
     Watched,
 )
-from ..runtime.base import Container
+from ..runtime.base import Container, Runtime
 from ..runtime.staging import (
     NotStageable,
     PropagationMissing,
@@ -106,7 +107,6 @@ from ..runtime.staging import (
     StagingArea,
     StagingUnavailable,
 )
-from .fabric import Fabric
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
 from .pooled import HandedOut
 
@@ -133,15 +133,27 @@ class _Pooled:
 class WarmPool:
     """The pooled containers of one orchestrator (see the module docstring)."""
 
-    def __init__(self, fabric: Fabric, staging: Staging | None) -> None:
-        self._fabric = fabric
+    def __init__(
+        self,
+        runtime: Runtime,
+        services: Mapping[str, Service],
+        settings: WarmPoolSettings,
+        *,
+        identity: ContainerIdentity,
+        staging: Staging | None,
+        stopping: trio.Event,
+        teardown_deadline: Callable[[], float],
+        metrics: Metrics,
+        refused: Collection[str] = (),
+    ) -> None:
+        self._runtime = runtime
+        self._services = services
+        self._identity = identity
         self._staging = staging
-        settings = fabric.suite.orchestrator.warm_pool
-        services = fabric.suite.mcp_services
-        # A service refused for its secrets gets no pooled container: each start would fail.
-        refused = {
-            name for name, secrets in (fabric.secrets or {}).items() if not secrets.available
-        }
+        self._stopping = stopping
+        self._teardown_deadline = teardown_deadline
+        self._metrics = metrics
+        # A service refused (for its secrets) gets no pooled container: each start would fail.
         per_call = [
             name
             for name, service in services.items()
@@ -194,7 +206,7 @@ class WarmPool:
                 task_status.started()
                 await self._keep_filled()
         finally:
-            with trio.move_on_at(self._fabric.teardown_deadline()) as scope:
+            with trio.move_on_at(self._teardown_deadline()) as scope:
                 scope.shield = True
                 await self._remove_everything()
 
@@ -220,16 +232,16 @@ class WarmPool:
             match action:
                 case StartPooled():
                     assert self._nursery is not None
-                    self._nursery.start_soon(self._contained, self._start, action)
+                    self._nursery.start_soon(_contained, self._start, action)
                 case RemovePooled(token=token, reason=reason):
                     entry = self._entries.get(token)
                     if entry is not None:
                         self._discard_soon(entry, reason)
                 case CheckImages(services=services):
                     assert self._nursery is not None
-                    self._nursery.start_soon(self._contained, self._check_images, services)
+                    self._nursery.start_soon(_contained, self._check_images, services)
                 case ImageChanged(service=name):
-                    image = self._fabric.suite.mcp_services[name].image
+                    image = self._services[name].image
                     log.info("pool_image_changed", extra={"service": name, "image": image})
                 case Claim() | HandOut() | Missed():
                     pass  # the session's (see take)
@@ -238,34 +250,24 @@ class WarmPool:
         self._wake()  # the deadline may have moved
         return actions
 
-    @staticmethod
-    async def _contained(work: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """Run one of the pool's tasks so that a bug in it is logged, not raised into the
-        orchestrator's root nursery (the pool and every session go on; what the task held is
-        removed when the pool stops)."""
-        try:
-            await work(*args)
-        except* Exception as failure:
-            log.error("pool_task_failed", exc_info=failure)
-
     def _wake(self) -> None:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
     async def _watch_stopping(self) -> None:
-        await self._fabric.stopping.wait()
+        await self._stopping.wait()
         self._handle(Shutdown())
 
     async def _check_images(self, services: tuple[str, ...]) -> None:
         """The engine's image id of each service (None when it cannot tell now: the engine is
         away, and its starts fail and back off meanwhile), reported to the machine."""
-        runtime = self._fabric.runtime
+        runtime = self._runtime
         images: list[tuple[str, str | None]] = []
         try:
             for name in services:
                 image_id: str | None = None
                 with contextlib.suppress(FabricError):
-                    image_id = await runtime.image_id(self._fabric.suite.mcp_services[name].image)
+                    image_id = await runtime.image_id(self._services[name].image)
                 images.append((name, image_id))
         finally:
             # Even when cancelled half-way: the machine schedules the next check.
@@ -274,9 +276,8 @@ class WarmPool:
     # --- one pooled container ---------------------------------------------------------------
 
     async def _start(self, action: StartPooled) -> None:
-        fabric = self._fabric
         name = action.service
-        service = fabric.suite.mcp_services[name]
+        service = self._services[name]
         fields: dict[str, Any] = {"service": name, "pool_token": action.token}
         staging = self._staging if action.staged else None
         account = action.shape if isinstance(action.shape, Account) else UNPRIVILEGED
@@ -288,12 +289,12 @@ class WarmPool:
                 name,
                 service,
                 token=action.token,
-                identity=fabric.container_identity,
+                identity=self._identity,
                 staging=binds,
                 account=account,
             )
             began = trio.current_time()
-            container = await fabric.runtime.spawn(spec)
+            container = await self._runtime.spawn(spec)
         except (FabricError, OSError) as exc:
             await self._release_staging(action.token)
             log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
@@ -307,7 +308,7 @@ class WarmPool:
         self._entries[action.token] = entry
         try:
             if binds:
-                entry.pid = await fabric.runtime.main_pid(container.id)
+                entry.pid = await self._runtime.main_pid(container.id)
         except FabricError as exc:
             log.warning("pooled_start_failed", extra={**fields, "detail": str(exc)})
             self._handle(StartFailed(action.token, created=True))
@@ -326,7 +327,7 @@ class WarmPool:
         )
         assert self._nursery is not None
         entry.watcher = True
-        self._nursery.start_soon(self._contained, self._watch, entry, greet)
+        self._nursery.start_soon(_contained, self._watch, entry, greet)
 
     async def _watch(self, entry: _Pooled, greet: bool = False) -> None:
         """Read an idle container's output: stderr to the log, stdout kept for the session
@@ -398,12 +399,12 @@ class WarmPool:
         self._discarding[entry.token] = entry
         entry.watching.cancel()
         assert self._nursery is not None
-        self._nursery.start_soon(self._contained, self._discard, entry, reason)
+        self._nursery.start_soon(_contained, self._discard, entry, reason)
 
     async def _discard(self, entry: _Pooled, reason: str) -> None:
         """Remove a pooled container nobody was given (shielded, bounded)."""
         try:
-            with trio.move_on_at(self._fabric.teardown_deadline()) as scope:
+            with trio.move_on_at(self._teardown_deadline()) as scope:
                 scope.shield = True
                 if entry.watcher:
                     await entry.watched.wait()
@@ -414,7 +415,7 @@ class WarmPool:
                         extra={**entry.fields, "why": reason, "stderr_tail": tail},
                     )
                 await entry.container.aclose()
-                await self._fabric.runtime.remove(entry.container.id)
+                await self._runtime.remove(entry.container.id)
                 if entry.staged:
                     await self._release_staging(entry.token)
         finally:
@@ -442,7 +443,7 @@ class WarmPool:
         async with trio.open_nursery() as nursery:
             for entry in entries:
                 nursery.start_soon(entry.container.aclose)
-                nursery.start_soon(self._fabric.runtime.remove, entry.container.id)
+                nursery.start_soon(self._runtime.remove, entry.container.id)
         if self._staging is not None:
             await trio.to_thread.run_sync(self._staging.close)
 
@@ -481,9 +482,9 @@ class WarmPool:
             match action:
                 case Claim():
                     claim = action
-                    self._count(service_name, "hit")
+                    self._metrics.pool_takes.labels(service_name, "hit").inc()
                 case Missed(outcome=outcome) if outcome != "not_pooled":
-                    self._count(service_name, outcome)
+                    self._metrics.pool_takes.labels(service_name, outcome).inc()
         if claim is None:
             return None
         entry = self._entries.pop(claim.token)
@@ -545,11 +546,11 @@ class WarmPool:
             return
         entry.full_weight = True
         assert self._nursery is not None
-        self._nursery.start_soon(self._contained, self._restore_cpu_weight, entry, fields)
+        self._nursery.start_soon(_contained, self._restore_cpu_weight, entry, fields)
 
     async def _restore_cpu_weight(self, entry: _Pooled, fields: dict[str, Any]) -> None:
         try:
-            await self._fabric.runtime.set_cpu_shares(entry.container.id, DEFAULT_CPU_SHARES)
+            await self._runtime.set_cpu_shares(entry.container.id, DEFAULT_CPU_SHARES)
         except FabricError as exc:
             # Gone already (a short session), or the engine away: it only runs at low weight.
             log.info("pooled_cpu_weight_not_restored", extra={**fields, "reason": exc.reason})
@@ -558,32 +559,37 @@ class WarmPool:
         """Remove, in the background, a container taken from the pool but not handed out."""
         self._discarding[entry.token] = entry
         assert self._nursery is not None
-        self._nursery.start_soon(self._contained, self._discard, entry, "not_handed_out")
+        self._nursery.start_soon(_contained, self._discard, entry, "not_handed_out")
 
     def _stop_staging(self, exc: PropagationMissing) -> None:
         _say_mounts_unavailable(exc)
         self._staging = None
         self._handle(StagingLost())
 
-    def _count(self, service: str, outcome: TakeOutcome) -> None:
-        self._fabric.observer.metrics.pool_takes.labels(service, outcome).inc()
 
-
-async def open_warm_pool(fabric: Fabric) -> WarmPool | None:
-    """The warm pool of ``fabric``'s suite, None if no service keeps one; with a staging area
-    for sessions' mounts where the runtime and the orchestrator's privileges allow it (else
-    the log says once why sessions with mounts get fresh containers)."""
-    suite = fabric.suite
+async def open_warm_pool(
+    runtime: Runtime,
+    suite: Suite,
+    *,
+    identity: ContainerIdentity,
+    stopping: trio.Event,
+    teardown_deadline: Callable[[], float],
+    metrics: Metrics,
+    refused: Collection[str] = (),
+) -> WarmPool | None:
+    """The warm pool of ``suite``'s services, None if no service keeps one; with a staging
+    area for sessions' mounts where the runtime and the orchestrator's privileges allow it
+    (else the log says once why sessions with mounts get fresh containers). ``refused``: the
+    services refused for their secrets (none of them is pooled)."""
     if not any(service.warm for service in suite.mcp_services.values()):
         return None
     staging: StagingArea | None = None
-    if fabric.runtime.mounts_on_host_reach_containers:
-        identity = fabric.container_identity
+    if runtime.mounts_on_host_reach_containers:
         owner = {k: v for k, v in identity.labels().items() if k.startswith("reactor-fabric.owner")}
         try:
             staging = await trio.to_thread.run_sync(
                 lambda: StagingArea.open(
-                    fabric.instance_id,
+                    identity.instance_id,
                     suite.orchestrator.allowed_mount_targets,
                     owner=owner,
                     this_host=hostname(),
@@ -592,10 +598,28 @@ async def open_warm_pool(fabric: Fabric) -> WarmPool | None:
         except StagingUnavailable as exc:
             _say_mounts_unavailable(exc)
     else:
-        log.info(
-            "pool_mounts_unavailable", extra={"reason": RUNTIME, "runtime": fabric.runtime.name}
-        )
-    return WarmPool(fabric, staging)
+        log.info("pool_mounts_unavailable", extra={"reason": RUNTIME, "runtime": runtime.name})
+    return WarmPool(
+        runtime,
+        suite.mcp_services,
+        suite.orchestrator.warm_pool,
+        identity=identity,
+        staging=staging,
+        stopping=stopping,
+        teardown_deadline=teardown_deadline,
+        metrics=metrics,
+        refused=refused,
+    )
+
+
+async def _contained(work: Callable[..., Awaitable[None]], *args: Any) -> None:
+    """Run one of the pool's tasks so that a bug in it is logged, not raised into the
+    orchestrator's root nursery (the pool and every session go on; what the task held is
+    removed when the pool stops)."""
+    try:
+        await work(*args)
+    except* Exception as failure:
+        log.error("pool_task_failed", exc_info=failure)
 
 
 def _say_mounts_unavailable(exc: StagingUnavailable) -> None:

@@ -41,8 +41,9 @@ from .._errors import SecurityViolation
 from .._reasons import TOO_MANY_PENDING_CONNECTIONS
 from .._sockets import send_what_fits
 from ..config.suite import FABRIC_ENDPOINT
+from ..observe.observer import Observer
 from ..policy.admission import requested_options
-from ..policy.auth import Refusal, admit
+from ..policy.auth import Gate, Refusal, admit
 from ..protocol.events import Tick
 from ..protocol.jsonrpc import Peek
 from ..protocol.websocket_connection import (
@@ -71,9 +72,8 @@ from ..protocol.websocket_frames import (
     text_frame,
 )
 from .channel import ChannelClosed, channel_boundary
-from .fabric import Fabric
 from .http_server import Request
-from .session import client_of, serve_session
+from .session import SessionParts, client_of, serve_session
 
 log = logging.getLogger(__name__)
 
@@ -288,25 +288,26 @@ class WebSocketChannel:
 
 
 async def serve_websocket(
-    fabric: Fabric, request: Request, stream: trio.abc.Stream, trailing: bytes
+    parts: SessionParts, gate: Gate, request: Request, stream: trio.abc.Stream, trailing: bytes
 ) -> None:
-    """One WebSocket connection, from its upgrade request to its end (the stream is ours)."""
+    """One WebSocket connection, from its upgrade request to its end (the stream is ours):
+    ``gate`` admits its request, ``parts`` serve its session."""
+    registry, limits = parts.registry, parts.settings.limits
     ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
     ws.initiate_upgrade_connection(request.raw_headers, request.target)
     handshake = next(ws.events(), None)
     if not isinstance(handshake, wsproto.events.Request):
         return
-    refusal = _refusal(fabric, request)
+    refusal = _refusal(gate, parts.observer, request)
     if refusal is not None:
         await _reject(stream, ws, refusal.status, refusal.body, refusal.headers)
         return
-    if not fabric.reserve_pending():
+    if not registry.reserve_pending():
         log.warning("websocket_refused", extra={"reason": TOO_MANY_PENDING_CONNECTIONS})
         await _reject(stream, ws, 503, b'{"error": "too many connections waiting; try again"}')
         return
-    limits = fabric.limits
     settings = WebSocketSettings(
-        max_message_bytes=fabric.max_message_bytes,
+        max_message_bytes=limits.max_message_bytes,
         buffer_bytes=limits.buffer_to_client_bytes,
         write_timeout=limits.client_write_seconds,
     )
@@ -326,20 +327,20 @@ async def serve_websocket(
             nursery.start_soon(channel.run_pinger)
             first: bytes | None = None
             with trio.move_on_after(limits.first_message_seconds) as waited:
-                first = await _first_message(fabric, channel)
+                first = await _first_message(registry.stopping, channel)
             if waited.cancelled_caught:
                 log.info("websocket_first_message_timeout", extra={"service": service})
-            fabric.release_pending()
+            registry.release_pending()
             pending = False
             if first is not None:
                 await serve_session(
-                    fabric,
+                    parts,
                     channel,
                     service,
                     mounts,
                     first_frame=first,
                     query=query,
-                    client=client_of(fabric, request, "websocket"),
+                    client=client_of(parts.settings.token_id, request, "websocket"),
                     traceparent=request.header(b"traceparent") or None,
                 )
                 await channel.finish()
@@ -348,13 +349,13 @@ async def serve_websocket(
             nursery.cancel_scope.cancel()
     finally:
         if pending:
-            fabric.release_pending()
+            registry.release_pending()
         with trio.move_on_after(1) as scope:
             scope.shield = True
             await stream.aclose()
 
 
-async def _first_message(fabric: Fabric, channel: WebSocketChannel) -> bytes | None:
+async def _first_message(stopping: trio.Event, channel: WebSocketChannel) -> bytes | None:
     """The connection's first message; None if the client leaves or the orchestrator stops.
 
     The caller bounds the wait (``first_message_timeout``).
@@ -367,20 +368,20 @@ async def _first_message(fabric: Fabric, channel: WebSocketChannel) -> bytes | N
             result = await channel.receive()
             nursery.cancel_scope.cancel()
 
-        async def stopping() -> None:
-            await fabric.stopping.wait()
+        async def stopped() -> None:
+            await stopping.wait()
             await channel.close(CLOSE_GOING_AWAY, "orchestrator stopping")
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(receive)
-        nursery.start_soon(stopping)
+        nursery.start_soon(stopped)
     return result
 
 
-def _refusal(fabric: Fabric, request: Request) -> Refusal | None:
-    refusal = admit(fabric.gate, request.headers, request.query, request.path)
+def _refusal(gate: Gate, observer: Observer, request: Request) -> Refusal | None:
+    refusal = admit(gate, request.headers, request.query, request.path)
     if refusal is not None:
-        fabric.observer.error_sent(SecurityViolation.code, refusal.reason)
+        observer.error_sent(SecurityViolation.code, refusal.reason)
         return refusal
     if _websocket_service(request.path) is None:
         return Refusal(404, "not_found", b'{"error": "not found"}')

@@ -25,7 +25,7 @@ from reactor_fabric.policy.container_spec import (
 )
 from reactor_fabric.runtime.memory import open_memory_runtime
 from reactor_fabric.trio.catalog import CatalogStore
-from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.serve import assemble
 from tests.fakes import scripted_mcp_server
 from tests.served import served, suite_for
 
@@ -348,14 +348,14 @@ async def test_an_agent_whose_key_went_missing_is_unavailable_even_with_its_offe
 
     async def learned_offer() -> dict[str, Any]:
         async with open_memory_runtime(scripted_mcp_server) as runtime:
-            fabric = Fabric(
+            fabric = assemble(
                 suite, runtime=runtime, network="none", observer=Observer(), catalog_store=store
             )
             async with trio.open_nursery() as nursery:
-                await nursery.start(fabric.learn_catalog)
-                await fabric.catalog_ready.wait()
+                await nursery.start(fabric.catalog.learn)
+                await fabric.catalog.ready.wait()
                 nursery.cancel_scope.cancel()
-            return fabric.catalog.unavailable()
+            return fabric.catalog.current.unavailable()
 
     monkeypatch.setenv("RF_T_WORK", WORK_KEY)
     assert await learned_offer() == {}  # learned, and cached

@@ -384,9 +384,9 @@ async def test_sessions_of_one_orchestrator_share_its_limit_and_a_session_that_e
         # The first client goes away mid-call: its slot is free, the second may call.
         await first.aclose()
         with trio.fail_after(30):
-            while len(http.fabric.sessions) > 1:
-                await http.fabric.changed.wait()  # (set whenever a session ends)
-        assert http.fabric.agent_slots.held == {}
+            while len(http.fabric.registry.sessions) > 1:
+                await http.fabric.registry.changed.wait()  # (set whenever a session ends)
+        assert http.fabric.registry.agent_slots.held == {}
         await second.send_json(request(3, "tools/call", {"name": "echo", "arguments": {}}))
         answered = await second.hear()
         assert answered["id"] == 3

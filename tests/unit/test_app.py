@@ -10,8 +10,8 @@ from reactor_fabric._errors import DockerUnavailable
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.runtime.base import Runtime
 from reactor_fabric.trio.app import FabricApp
-from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.http_server import HttpLimits, serve_connection
+from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.streamable_http import HttpSessions
 from tests.fakes import AnsweringRuntime, UnreachableRuntime
 from tests.http_client import HttpClient, Reply
@@ -29,7 +29,7 @@ async def get(runtime: Runtime | Fabric, path: str, method: str = "GET") -> Repl
     fabric = (
         runtime
         if isinstance(runtime, Fabric)
-        else Fabric(suite=SUITE, runtime=runtime, network="bridge")
+        else assemble(suite=SUITE, runtime=runtime, network="bridge")
     )
     app = FabricApp(fabric, HttpSessions(fabric))
     client_side, server_side = trio.testing.memory_stream_pair()
@@ -119,7 +119,7 @@ async def test_a_flood_of_healthz_requests_pings_the_engine_once_a_second_at_mos
     # /healthz is open without the token: a loop of requests must not become a loop of
     # engine calls (each a thread and an API call, the engine's load every session shares).
     runtime = SlowRuntime(fails=fails)
-    fabric = Fabric(suite=SUITE, runtime=runtime, network="bridge")
+    fabric = assemble(suite=SUITE, runtime=runtime, network="bridge")
     app = FabricApp(fabric, HttpSessions(fabric))
     replies = await healthz_many_times(app, 50)  # all while one ping is in flight
     assert runtime.pings == 1
@@ -137,7 +137,7 @@ async def test_healthz_pings_again_when_the_caller_of_the_ping_in_flight_left(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     runtime = SlowRuntime()
-    fabric = Fabric(suite=SUITE, runtime=runtime, network="bridge")
+    fabric = assemble(suite=SUITE, runtime=runtime, network="bridge")
     app = FabricApp(fabric, HttpSessions(fabric))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(app.engine.state)
@@ -155,7 +155,7 @@ async def test_unknown_paths_are_404() -> None:
 
 
 async def test_operator_views_include_the_calls_held_for_the_next_batch() -> None:
-    fabric = Fabric(suite=SUITE, runtime=AnsweringRuntime(), network="bridge")
+    fabric = assemble(suite=SUITE, runtime=AnsweringRuntime(), network="bridge")
     fabric.observer.defer_audit(lambda: None)  # a batch is gathering: nothing taken yet
     fabric.observer.tool_call(
         call(request_id=7, service="time"), session="s", endpoint="relay", service="time",

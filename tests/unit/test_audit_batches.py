@@ -17,7 +17,7 @@ from reactor_fabric.observe.audit import AuditWriter, now_iso
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.protocol.tool_calls import ToolCallDone, ToolCalls
 from reactor_fabric.trio.audit_batches import HAND_OVER_SECONDS, hand_audit_over_later
-from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.serve import assemble
 from tests.fakes import AnsweringRuntime
 from tests.unit.test_observer import CLIENT, call, samples
 
@@ -279,10 +279,10 @@ def test_arguments_are_hashed_only_when_a_trail_is_written(tmp_path: Path) -> No
         orchestrator=Orchestrator(allowed_mount_roots=["/tmp"]),
         mcp_services={"time": Service(image="reactor-fabric/mcp-server-time:x")},
     )
-    untrailed = Fabric(suite=suite, runtime=AnsweringRuntime(), network="none")
-    assert untrailed.audit_arguments == "none"
+    untrailed = assemble(suite=suite, runtime=AnsweringRuntime(), network="none")
+    assert untrailed.settings.audit_arguments == "none"
     audit = AuditWriter(tmp_path / "audit.jsonl", max_bytes=1 << 20, keep=1)
-    trailed = Fabric(
+    trailed = assemble(
         suite=suite, runtime=AnsweringRuntime(), network="none", observer=Observer(audit=audit)
     )
-    assert trailed.audit_arguments == suite.orchestrator.audit.arguments == "hash"
+    assert trailed.settings.audit_arguments == suite.orchestrator.audit.arguments == "hash"

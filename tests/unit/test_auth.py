@@ -146,7 +146,7 @@ async def test_every_http_route_refuses_a_request_without_the_token(tmp_path: Pa
             assert reply.headers["www-authenticate"].startswith("Bearer")
             assert reply.json()["error"]["data"]["reason"] in ("token_missing", "token_invalid")
         assert http.runtime.alive == []
-        assert http.fabric.sessions == {}
+        assert http.fabric.registry.sessions == {}
 
 
 async def test_a_websocket_without_the_token_is_refused_at_the_handshake(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ async def test_a_websocket_without_the_token_is_refused_at_the_handshake(tmp_pat
             assert dict(answer.headers)[b"www-authenticate"].startswith(b"Bearer")
             reason = json.loads(ws.rejected_body)["error"]["data"]["reason"]
             assert reason in ("token_missing", "token_invalid")
-        assert http.fabric.sessions == {}
+        assert http.fabric.registry.sessions == {}
 
 
 async def test_a_refused_websocket_upgrade_has_a_reason_phrase_in_its_status_line(

@@ -22,7 +22,7 @@ from reactor_fabric.observe.redaction import REDACTED, SECRET_VALUES
 from reactor_fabric.policy.container_spec import ContainerIdentity
 from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
 from reactor_fabric.trio.catalog import CatalogStore, cache_key, learn_catalog
-from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.serve import assemble
 from tests.fakes import TOOLS, scripted_mcp_server
 from tests.served import suite_for
 
@@ -209,7 +209,7 @@ async def test_a_running_orchestrator_learns_a_rebuilt_image_again_and_nothing_e
     # The real clock: the cache is read and written in threads, and an autojump clock would
     # jump while they run.
     async with open_memory_runtime(scripted_mcp_server) as runtime:
-        fabric = Fabric(
+        fabric = assemble(
             suite_for(tmp_path),
             runtime=runtime,
             network="none",
@@ -217,12 +217,12 @@ async def test_a_running_orchestrator_learns_a_rebuilt_image_again_and_nothing_e
             catalog_recheck_seconds=0.05,
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(fabric.learn_catalog)
+            await nursery.start(fabric.catalog.learn)
 
             async def passes(count: int) -> None:
                 with trio.fail_after(30):
-                    while fabric.catalog_passes < count:
-                        await fabric.changed.wait()
+                    while fabric.catalog.passes < count:
+                        await fabric.registry.changed.wait()
 
             await passes(1)
             assert len(runtime.spawned) == 1  # the first probe
@@ -231,7 +231,7 @@ async def test_a_running_orchestrator_learns_a_rebuilt_image_again_and_nothing_e
             runtime.image_ids["fake/svc:1"] = "memory:rebuilt"
             await passes(3)
             assert len(runtime.spawned) == 2  # learned again
-            assert fabric.catalog.tool("svc__echo") is not None
+            assert fabric.catalog.current.tool("svc__echo") is not None
             nursery.cancel_scope.cancel()
         assert runtime.alive == []
 
@@ -241,7 +241,7 @@ async def test_a_running_orchestrator_keeps_a_services_tools_when_its_image_goes
 ) -> None:
     # The real clock, as above (the cache is read and written in threads).
     async with open_memory_runtime(scripted_mcp_server) as runtime:
-        fabric = Fabric(
+        fabric = assemble(
             suite_for(tmp_path),
             runtime=runtime,
             network="none",
@@ -249,15 +249,15 @@ async def test_a_running_orchestrator_keeps_a_services_tools_when_its_image_goes
             catalog_recheck_seconds=0.05,
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(fabric.learn_catalog)
+            await nursery.start(fabric.catalog.learn)
 
             async def passes(count: int) -> None:
                 with trio.fail_after(30):
-                    while fabric.catalog_passes < count:
-                        await fabric.changed.wait()
+                    while fabric.catalog.passes < count:
+                        await fabric.registry.changed.wait()
 
             await passes(1)
-            assert fabric.catalog.tool("svc__echo") is not None
+            assert fabric.catalog.current.tool("svc__echo") is not None
             # The image is removed: the next re-check cannot learn the service.
             runtime.missing_images.add("fake/svc:1")
             gone = ContainerStartFailure("image fake/svc:1 not found", reason=IMAGE_NOT_FOUND)
@@ -265,16 +265,16 @@ async def test_a_running_orchestrator_keeps_a_services_tools_when_its_image_goes
             await passes(2)
             # Its tools stay known (a call starts it and says why it cannot run), and it is
             # marked unavailable with the engine's reason.
-            assert fabric.catalog.tool("svc__echo") is not None
-            assert fabric.catalog.unavailable() == {
+            assert fabric.catalog.current.tool("svc__echo") is not None
+            assert fabric.catalog.current.unavailable() == {
                 "svc": {"reason": IMAGE_NOT_FOUND, "detail": "image fake/svc:1 not found"}
             }
             # The image is back: learned again, nothing of the failure left.
             runtime.missing_images.clear()
             runtime.clear_faults()
             await passes(3)
-            assert fabric.catalog.tool("svc__echo") is not None
-            assert fabric.catalog.unavailable() == {}
+            assert fabric.catalog.current.tool("svc__echo") is not None
+            assert fabric.catalog.current.unavailable() == {}
             nursery.cancel_scope.cancel()
         assert runtime.alive == []
 

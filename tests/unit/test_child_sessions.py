@@ -230,8 +230,8 @@ async def test_an_agent_uses_only_its_services_on_the_callers_project_with_the_c
         assert record["parent"]["session"] == parent_call["session"] != record["session"]
         assert record["trace_id"] == parent_call["trace_id"]
         # The call is over: its grant revoked, its container and the child's gone.
-        await until(lambda: http.fabric.child_grants == {}, what="the grant revoked")
-        await until(lambda: len(http.fabric.sessions) == 1, what="the child session ended")
+        await until(lambda: http.fabric.starter.child_grants == {}, what="the grant revoked")
+        await until(lambda: len(http.fabric.registry.sessions) == 1, what="the child session ended")
         assert http.runtime.alive == []
         await ws.aclose()
 
@@ -269,7 +269,7 @@ async def test_a_socket_of_a_call_that_ended_opens_no_session(tmp_path: Path) ->
         except trio.BrokenResourceError:
             pass  # closed before it could even write
         await stream.aclose()
-        assert len(http.fabric.sessions) == 1
+        assert len(http.fabric.registry.sessions) == 1
         await ws.aclose()
 
 
@@ -293,7 +293,7 @@ async def test_an_agent_that_uses_nothing_or_a_runtime_without_sockets_gets_no_c
         for spec in http.runtime.spawned:
             assert not spec.child_fabric
             assert CHILD_TOKEN_ENV not in spec.environment
-        assert http.fabric.child_grants == {}
+        assert http.fabric.starter.child_grants == {}
         await ws.aclose()
 
 
@@ -305,16 +305,16 @@ async def test_an_agent_may_use_another_agent_only_below_the_depth_limit(tmp_pat
     }
     async with served(tmp_path, services=services) as http:
         fabric = http.fabric
-        assert fabric.max_agent_depth == 1
+        assert fabric.settings.max_agent_depth == 1
         # The lead's child session (depth 1) gets beta, not the helper agent.
-        assert fabric.child_services(services["lead"], 1) == ("beta",)
+        assert fabric.starter.child_services(services["lead"], 1) == ("beta",)
     deeper = Agents(max_depth=2)
     async with served(tmp_path, services=services, agents=deeper) as http:
         fabric = http.fabric
         # The lead's child may use the helper agent; the helper's own child (depth 2) gets
         # tool services only.
-        assert fabric.child_services(services["lead"], 1) == ("beta", "helper")
-        assert fabric.child_services(services["helper"], 2) == ("beta",)
+        assert fabric.starter.child_services(services["lead"], 1) == ("beta", "helper")
+        assert fabric.starter.child_services(services["helper"], 2) == ("beta",)
 
 
 async def test_a_cancelled_agent_call_ends_its_child_session_and_the_childs_containers(
@@ -333,7 +333,7 @@ async def test_a_cancelled_agent_call_ends_its_child_session_and_the_childs_cont
             )
 
         await until(beta_running, what="the child's beta container running")
-        assert len(http.fabric.sessions) == 2
+        assert len(http.fabric.registry.sessions) == 2
         cancel = {"requestId": 7, "reason": "the user changed their mind"}
         await ws.send_json(
             {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
@@ -344,8 +344,8 @@ async def test_a_cancelled_agent_call_ends_its_child_session_and_the_childs_cont
         with trio.fail_after(30):
             while http.runtime.alive:  # (the fake runtime has no event for it)  # noqa: ASYNC110
                 await trio.sleep(0.01)
-        await until(lambda: len(http.fabric.sessions) == 1, what="the child session's end")
-        assert http.fabric.child_grants == {}
+        await until(lambda: len(http.fabric.registry.sessions) == 1, what="the child session's end")
+        assert http.fabric.starter.child_grants == {}
         await ws.aclose()
 
 
@@ -366,5 +366,5 @@ async def test_a_relay_that_sends_nothing_after_its_token_is_closed_at_the_first
         with trio.fail_after(30):
             answer = await ws.hear()
         assert json.loads(answer["result"]["content"][0]["text"]) == {"closed": True}
-        assert len(http.fabric.sessions) == 1  # no child session was ever admitted
+        assert len(http.fabric.registry.sessions) == 1  # no child session was ever admitted
         await ws.aclose()

@@ -30,7 +30,7 @@ from reactor_fabric.protocol.tool_calls import (
 )
 from reactor_fabric.runtime.memory import open_memory_runtime
 from reactor_fabric.trio.audit_batches import hand_audit_over_later
-from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.serve import assemble
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, scripted_mcp_server
 from tests.served import served
@@ -266,7 +266,7 @@ async def test_the_relay_runs_and_records_a_call_with_deep_arguments(tmp_path: P
         mcp_services={"svc": Service(image="fake/svc:1", timeout="1m")},
     )
     async with open_memory_runtime(scripted_mcp_server) as engine:
-        fabric = Fabric(suite, runtime=engine, network="none", observer=observer)
+        fabric = assemble(suite, runtime=engine, network="none", observer=observer)
         client = MemoryClient()
         async with trio.open_nursery() as nursery:
             await nursery.start(hand_audit_over_later, observer)
@@ -296,11 +296,14 @@ async def test_the_fabric_endpoint_answers_and_records_a_call_with_deep_argument
 ) -> None:
     path = tmp_path / "audit.jsonl"
     services = {"alpha": Service(image="fake/alpha:1", timeout="30s")}
+    observer = full_audit(path)
     async with served(
-        tmp_path, learn_catalog=True, services=services, audit=Audit(arguments="full")
+        tmp_path,
+        learn_catalog=True,
+        services=services,
+        audit=Audit(arguments="full"),
+        observer=observer,
     ) as http:
-        observer = full_audit(path)
-        http.fabric.observer = observer
         await http.nursery.start(hand_audit_over_later, observer)
         ws, _ = await http.websocket("/mcp")
         await ws.send_json(INITIALIZE)

@@ -28,16 +28,15 @@ from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
 from reactor_fabric.protocol.fabric_discovery import index_catalog
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
-from reactor_fabric.trio import fabric as fabric_module
-from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio import catalog_service as catalog_service_module
 from reactor_fabric.trio.live_container import LiveContainer
+from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.session import serve_session
-from reactor_fabric.trio.warm_pool import WarmPool
 from tests.fakes import TOOLS, GoneMidAnswer, MemoryClient, scripted_mcp_server, until
 from tests.http_client import WebSocketClient
 from tests.leaks import cancel_at_every_step, cancelled_after
 from tests.messages import INITIALIZE, INITIALIZED, request
-from tests.served import Served, served, suite_for
+from tests.served import Served, served, suite_for, warm_pool_of
 
 SERVICES = {
     "alpha": Service(image="fake/alpha:1", timeout="30s"),
@@ -85,7 +84,7 @@ async def test_a_session_lists_namespaced_tools_and_meta_tools_and_starts_no_con
         names = {tool["name"] for tool in (await ws.hear())["result"]["tools"]}
         assert names == META | {f"{s}__{t}" for s in SERVICES for t in TOOLS}
         assert http.runtime.spawned == []
-        assert (http.fabric.session_count, http.fabric.container_count) == (1, 0)
+        assert (http.fabric.registry.session_count, http.fabric.registry.container_count) == (1, 0)
         await ws.aclose()
 
 
@@ -105,7 +104,7 @@ async def test_the_first_call_starts_only_that_services_container_for_this_sessi
         assert [(m.source, m.target) for m in spec.mounts] == [
             (str(tmp_path / "project"), "/workspace")
         ]
-        assert http.fabric.container_count == 1
+        assert http.fabric.registry.container_count == 1
         await ws.aclose()
 
 
@@ -136,7 +135,7 @@ async def test_an_idle_service_is_removed_alone_and_the_next_call_starts_a_fresh
         assert json.loads((await ws.hear())["result"]["content"][0]["text"]) == {"again": True}
         started = started_services(http)
         assert (sorted(started[:2]), started[2:]) == (["alpha", "beta"], ["alpha"])
-        assert http.fabric.container_count == 2
+        assert http.fabric.registry.container_count == 2
         await ws.aclose()
 
 
@@ -376,7 +375,7 @@ async def test_an_unknown_exposure_or_profile_is_refused_with_its_reason(
             assert refused["error"]["data"]["reason"] == reason
             assert await ws.close_code() == 1000
             await ws.aclose()
-        assert http.fabric.session_count == 0
+        assert http.fabric.registry.session_count == 0
 
 
 async def test_an_unknown_exposure_sent_as_a_header_is_refused_naming_the_header(
@@ -407,7 +406,7 @@ async def test_the_orchestrator_stopping_answers_calls_in_flight(tmp_path: Path)
         ws = await open_session(http)
         await ws.send_json(tool_call(2, "alpha__hold"))
         assert (await ws.hear())["method"] == "notifications/message"
-        http.fabric.stopping.set()
+        http.fabric.registry.stopping.set()
         stopped = await ws.hear()
         assert stopped["id"] == 2
         assert stopped["error"]["data"]["reason"] == "orchestrator_stopping"
@@ -425,7 +424,7 @@ async def test_a_client_leaving_with_calls_in_flight_leaves_no_container(tmp_pat
         await ws.aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert http.runtime.alive == []
-        assert http.fabric.containers == {}
+        assert http.fabric.registry.containers == {}
 
 
 async def test_over_streamable_http_a_session_is_kept_by_its_id_and_deleted(
@@ -437,7 +436,7 @@ async def test_over_streamable_http_a_session_is_kept_by_its_id_and_deleted(
         session = opened.session
         called = await http.post(tool_call(2, "alpha__echo", x=1), session=session, path="/mcp")
         assert json.loads(called.json()["result"]["content"][0]["text"]) == {"x": 1}
-        assert http.fabric.container_count == 1
+        assert http.fabric.registry.container_count == 1
         deleted = await http.http("DELETE", "/mcp", headers={"mcp-session-id": session})
         assert deleted.status == 204
         await trio.testing.wait_all_tasks_blocked()
@@ -454,10 +453,10 @@ async def test_over_streamable_http_a_session_left_alone_ends_after_its_longest_
         called = await http.post(tool_call(2, "alpha__echo", x=1), session=session, path="/mcp")
         assert called.json()["id"] == 2
         await trio.sleep(119)  # beta's two minutes are the fabric session's: alpha's 30 s not
-        assert http.fabric.session_count == 1
+        assert http.fabric.registry.session_count == 1
         assert http.runtime.alive == []  # alpha's container went at its own idle timeout
         await trio.sleep(2)
-        assert http.fabric.session_count == 0
+        assert http.fabric.registry.session_count == 0
         gone = await http.post(tool_call(3, "alpha__echo"), session=session, path="/mcp")
         assert gone.status == 404
 
@@ -481,11 +480,11 @@ async def test_a_stateless_client_uses_the_keyed_url(tmp_path: Path) -> None:
 def learned_fabric(root: Path, engine: MemoryRuntime) -> Fabric:
     """A Fabric whose catalog is already known (as after the start-up's learning)."""
     suite = msgspec.structs.replace(suite_for(root), mcp_services=SERVICES)
-    fabric = Fabric(suite, runtime=engine, network="none")
+    fabric = assemble(suite, runtime=engine, network="none")
     tools = [{"name": tool, "inputSchema": {"type": "object"}} for tool in TOOLS]
-    fabric.catalog = Catalog({name: service_catalog(tools=tools) for name in SERVICES})
-    fabric.discovery_index(fabric.catalog)
-    fabric.catalog_ready.set()
+    fabric.catalog.current = Catalog({name: service_catalog(tools=tools) for name in SERVICES})
+    fabric.catalog.discovery_index(fabric.catalog.current)
+    fabric.catalog.ready.set()
     return fabric
 
 
@@ -532,8 +531,8 @@ async def test_cancelling_a_fabric_session_at_every_step_leaks_no_task_or_contai
             # A create the cancellation abandoned completes later, then removes itself.
             await trio.sleep(10)
             assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
-            assert fabric.sessions == {}
-            assert fabric.containers == {}
+            assert fabric.registry.sessions == {}
+            assert fabric.registry.containers == {}
         return left
 
     assert await cancel_at_every_step(run) > 100
@@ -555,10 +554,10 @@ async def test_a_session_opening_while_the_catalog_is_indexed_waits_for_that_ind
             release.wait(30)
         return index_catalog(catalog, facts)
 
-    monkeypatch.setattr(fabric_module, "index_catalog", held_index)
+    monkeypatch.setattr(catalog_service_module, "index_catalog", held_index)
     async with served(tmp_path, services=SERVICES) as http:
         try:
-            await http.nursery.start(http.fabric.learn_catalog)
+            await http.nursery.start(http.fabric.catalog.learn)
             assert await trio.to_thread.run_sync(entered.wait, 30)
             opened: list[WebSocketClient] = []
 
@@ -569,7 +568,7 @@ async def test_a_session_opening_while_the_catalog_is_indexed_waits_for_that_ind
                 nursery.start_soon(open_one)
                 await trio.testing.wait_all_tasks_blocked()
                 assert opened == []
-                assert not http.fabric.catalog_ready.is_set()
+                assert not http.fabric.catalog.ready.is_set()
                 release.set()
         finally:
             release.set()  # also when an assertion failed: the held thread must end
@@ -710,12 +709,12 @@ async def test_a_backends_rewritten_tool_descriptions_are_logged_and_audited(
     async with fabric_served(tmp_path, server=relisting_server([])) as http:
         http.fabric.observer.audit = RecordingAudit(records)
         ws = await open_session(http, "?tools=all")
-        [session_id] = http.fabric.sessions
+        [session_id] = http.fabric.registry.sessions
         with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.driver"):
             await ws.send_json(tool_call(2, "alpha__change"))
             assert (await ws.hear())["id"] == 2
             assert (await ws.hear())["method"] == "notifications/tools/list_changed"
-        [container] = http.fabric.containers
+        [container] = http.fabric.registry.containers
         await ws.aclose()
     [record] = [r for r in records if r["event"] == "tools_changed"]
     assert record["session"] == session_id
@@ -778,7 +777,7 @@ async def test_a_client_gone_mid_answer_ends_the_fabric_session_cleanly(
             # serve_session returned on its own: the answer it could not deliver ended it.
         assert client.failed_sends == 1
         assert engine.alive == []
-        assert fabric.sessions == {}
+        assert fabric.registry.sessions == {}
         events = [record.getMessage() for record in caplog.records]
         assert "session_ended" in events
         assert "session_crashed" not in events
@@ -822,8 +821,8 @@ async def test_per_call_containers_come_from_the_pool_greeted_and_no_handshake_i
     async with served(tmp_path, learn_catalog=True, services=services) as http:
         records: list[dict[str, Any]] = []
         http.fabric.observer.audit = RecordingAudit(records)
-        pool = WarmPool(http.fabric, None)
-        http.fabric.pool = pool
+        pool = warm_pool_of(http.fabric, None)
+        http.fabric.starter.pool = pool
         await http.nursery.start(pool.run)
         await until(lambda: pool.machine.ready("alpha") == 2, what="two pooled")
         ws = await open_session(http)

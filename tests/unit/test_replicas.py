@@ -7,7 +7,8 @@ import re
 import pytest
 
 from reactor_fabric._cli_parser import build_parser
-from reactor_fabric.trio.fabric import Fabric, new_session_id
+from reactor_fabric.trio.identity import new_session_id
+from reactor_fabric.trio.serve import assemble
 from tests.fakes import AnsweringRuntime
 from tests.unit.test_app import SUITE, get
 
@@ -35,5 +36,5 @@ def test_the_replica_comes_from_the_flag_or_its_variable() -> None:
 
 
 async def test_healthz_names_the_replica() -> None:
-    fabric = Fabric(suite=SUITE, runtime=AnsweringRuntime(), network="bridge", replica="b")
+    fabric = assemble(suite=SUITE, runtime=AnsweringRuntime(), network="bridge", replica="b")
     assert (await get(fabric, "/healthz")).json()["replica"] == "b"

@@ -365,7 +365,7 @@ async def test_a_servers_stderr_line_with_a_value_is_logged_and_kept_redacted(
 async def test_nothing_is_resolved_or_delivered_for_a_suite_without_secrets(tmp_path: Path) -> None:
     async with served(tmp_path) as http:
         assert http.fabric.secrets == {}
-        assert http.fabric.container_identity.secrets_account is None
+        assert http.fabric.starter.identity.secrets_account is None
     await trio.lowlevel.checkpoint()
 
 

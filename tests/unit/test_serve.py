@@ -17,8 +17,12 @@ import trio.testing
 from reactor_fabric.config.structs import Limits
 from reactor_fabric.policy.container_spec import LABEL_SESSION
 from reactor_fabric.runtime.memory import MemoryRuntime, open_memory_runtime
-from reactor_fabric.trio.fabric import Fabric
-from reactor_fabric.trio.serve import Orchestrator, bind_listener, serve_orchestrator
+from reactor_fabric.trio.serve import (
+    Orchestrator,
+    assemble,
+    bind_listener,
+    serve_orchestrator,
+)
 from tests.fakes import scripted_mcp_server
 from tests.http_client import HttpClient, WebSocketClient
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -31,7 +35,7 @@ async def running(
 ) -> AsyncIterator[tuple[Orchestrator, MemoryRuntime, trio.Nursery]]:
     suite = suite_for(root, limits=limits)
     async with open_memory_runtime(scripted_mcp_server) as runtime:
-        fabric = Fabric(suite, runtime=runtime, network="none")
+        fabric = assemble(suite, runtime=runtime, network="none")
         with bind_listener("127.0.0.1", 0) as listener:
             async with trio.open_nursery() as nursery:
                 orchestrator: Orchestrator = await nursery.start(
@@ -56,7 +60,7 @@ async def test_connections_beyond_the_cap_get_503_and_room_comes_back(tmp_path: 
         idle = [await tcp(orchestrator) for _ in range(3)]
         with trio.fail_after(10):
             while orchestrator.connections.open < 3:  # the server has taken them
-                await orchestrator.fabric.changed.wait()
+                await orchestrator.fabric.registry.changed.wait()
         refused = HttpClient(await tcp(orchestrator))
         with trio.fail_after(10):
             reply = await refused.request("GET", "/healthz")
@@ -143,7 +147,7 @@ async def test_a_stop_ends_even_when_a_client_does_not_read(tmp_path: Path) -> N
     # could not be cancelled: such a stop hung for minutes). 30 s only tells "ends" from "hangs".
     limits = Limits(shutdown_timeout="2s", buffer_to_client="64k")
     async with open_memory_runtime(scripted_mcp_server) as runtime:
-        fabric = Fabric(suite_for(tmp_path, limits=limits), runtime=runtime, network="none")
+        fabric = assemble(suite_for(tmp_path, limits=limits), runtime=runtime, network="none")
         with bind_listener("127.0.0.1", 0) as listener, trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 orchestrator: Orchestrator = await nursery.start(
@@ -159,7 +163,9 @@ async def test_a_stop_ends_even_when_a_client_does_not_read(tmp_path: Path) -> N
                 await stuck.send_json(request(2, "tools/call", flood))
                 # The session's server (the catalog's probe of the service may still run).
                 [server] = [
-                    s for s in runtime.alive if s.spec.labels[LABEL_SESSION] in fabric.sessions
+                    s
+                    for s in runtime.alive
+                    if s.spec.labels[LABEL_SESSION] in fabric.registry.sessions
                 ]
                 with trio.fail_after(10):
                     # Stuck: the relay stopped reading its container, whose stdout filled up,
@@ -170,4 +176,4 @@ async def test_a_stop_ends_even_when_a_client_does_not_read(tmp_path: Path) -> N
                 # serve_orchestrator returns; the nursery ends.
             await stuck.aclose()
     assert runtime.alive == []
-    assert fabric.sessions == {}
+    assert fabric.registry.sessions == {}

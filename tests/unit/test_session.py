@@ -20,7 +20,7 @@ from reactor_fabric import ContainerStartFailure, DockerUnavailable, SecurityVio
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.runtime.memory import Fault, MemoryRuntime, Server, open_memory_runtime
 from reactor_fabric.trio import containers as containers_module
-from reactor_fabric.trio.fabric import Fabric
+from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import (
     INITIALIZE,
@@ -84,7 +84,7 @@ async def running_session(
     service_fields: dict[str, Any] | None = None,
 ) -> AsyncIterator[Harness]:
     async with open_memory_runtime(server) as engine:
-        fabric = Fabric(
+        fabric = assemble(
             suite(root, timeout=idle_timeout, max_message=max_message, service=service_fields),
             runtime=engine,
             network="none",
@@ -96,8 +96,8 @@ async def running_session(
             await client.leave()
         # The session has ended: nothing may be left of it.
         assert engine.alive == []
-        assert fabric.sessions == {}
-        assert fabric.container_count == 0
+        assert fabric.registry.sessions == {}
+        assert fabric.registry.container_count == 0
 
 
 async def test_register_client_as_a_method_is_answered_with_the_session_id_and_mounts(
@@ -348,7 +348,7 @@ async def test_each_call_to_a_per_call_service_runs_in_its_own_container_removed
                 what="its container gone",
             )
         assert len(set(h.engine.removals)) == 3
-        assert h.fabric.container_count == 0
+        assert h.fabric.registry.container_count == 0
         servers = list(h.engine.servers.values())
         assert len(servers) == 3
         for server in servers[1:]:  # the client's handshake replayed before the call
@@ -491,7 +491,7 @@ async def test_a_failed_start_answers_the_waiting_request_and_the_next_one_retri
 
 async def test_the_session_cap_refuses_new_sessions_with_a_clear_error(tmp_path: Path) -> None:
     async with open_memory_runtime(scripted_mcp_server) as engine:
-        fabric = Fabric(suite(tmp_path, max_sessions=1), runtime=engine, network="none")
+        fabric = assemble(suite(tmp_path, max_sessions=1), runtime=engine, network="none")
         first, second = MemoryClient(), MemoryClient()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_session, fabric, first, "svc", [])
@@ -514,7 +514,7 @@ async def test_two_sessions_get_two_containers_with_their_own_mounts(tmp_path: P
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     async with open_memory_runtime(scripted_mcp_server) as engine:
-        fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+        fabric = assemble(suite(tmp_path), runtime=engine, network="none")
         clients = [MemoryClient(), MemoryClient()]
         async with trio.open_nursery() as nursery:
             for client, name in zip(clients, "ab", strict=True):
@@ -547,7 +547,7 @@ async def test_a_client_gone_mid_answer_ends_the_relay_session_cleanly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with open_memory_runtime(scripted_mcp_server) as engine:
-        fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+        fabric = assemble(suite(tmp_path), runtime=engine, network="none")
         client = GoneMidAnswer()
         with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
             async with trio.open_nursery() as nursery:
@@ -560,7 +560,7 @@ async def test_a_client_gone_mid_answer_ends_the_relay_session_cleanly(
             # serve_session returned on its own: the answer it could not deliver ended it.
         assert client.failed_sends == 1
         assert engine.alive == []
-        assert fabric.sessions == {}
+        assert fabric.registry.sessions == {}
         events = [record.getMessage() for record in caplog.records]
         assert "session_ended" in events
         assert "session_crashed" not in events
@@ -570,7 +570,7 @@ async def test_a_client_gone_before_its_refusal_ends_the_session_without_a_crash
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with open_memory_runtime(scripted_mcp_server) as engine:
-        fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+        fabric = assemble(suite(tmp_path), runtime=engine, network="none")
         client = GoneMidAnswer()
         client.gone = True
         with caplog.at_level(logging.INFO, logger="reactor_fabric.trio.session"):
@@ -613,7 +613,7 @@ async def test_cancelling_a_session_at_every_step_of_its_life_leaks_no_task_or_c
     async def run(steps: int) -> int:
         nonlocal abandoned_creates
         async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
-            fabric = Fabric(suite(tmp_path), runtime=engine, network="none")
+            fabric = assemble(suite(tmp_path), runtime=engine, network="none")
             client = MemoryClient()
 
             async def work() -> None:
@@ -626,8 +626,8 @@ async def test_cancelling_a_session_at_every_step_of_its_life_leaks_no_task_or_c
             # A create the cancellation abandoned completes later, then removes itself.
             await trio.sleep(10)
             assert engine.alive == [], f"a container leaked after cancelling at step {steps}"
-            assert fabric.sessions == {}
-            assert fabric.containers == {}
+            assert fabric.registry.sessions == {}
+            assert fabric.registry.containers == {}
             abandoned_creates += engine.abandoned_creates
         return left
 
@@ -691,7 +691,7 @@ async def test_a_removal_the_teardown_bound_cuts_short_is_logged_as_deferred_not
     caplog.set_level(logging.INFO, logger="reactor_fabric.trio.containers")
     async with open_memory_runtime(scripted_mcp_server) as engine:
         engine.faults["remove"] = Fault(delay=60.0)  # longer than the teardown's bound
-        fabric = Fabric(
+        fabric = assemble(
             suite(tmp_path, timeout="1m", max_message="16m", service=fields),
             runtime=engine,
             network="none",
@@ -703,11 +703,11 @@ async def test_a_removal_the_teardown_bound_cuts_short_is_logged_as_deferred_not
             await harness.handshake()
             await harness.call(2, "echo", n=1)
             with trio.fail_after(120):  # (the clock jumps: the bound is 15 s)
-                while fabric.container_count:  # noqa: ASYNC110 - no event for it
+                while fabric.registry.container_count:  # noqa: ASYNC110 - no event for it
                     await trio.sleep(1)
             await client.leave()
         events = [record.msg for record in caplog.records]
         assert "container_removal_deferred" in events
         assert "container_removed" not in events
         assert len(engine.alive) == 1  # still there: the sweeper's to remove, next
-        assert fabric.deferred_removals.take() == [engine.alive[0].id]
+        assert fabric.starter.deferred.take() == [engine.alive[0].id]

@@ -401,10 +401,10 @@ async def test_an_http_session_without_traffic_ends_at_its_services_idle_timeout
     async with served(tmp_path, idle_timeout="30s") as http:
         session = await open_session(http)
         await trio.sleep(29)
-        assert http.fabric.session_count == 1
+        assert http.fabric.registry.session_count == 1
         await trio.sleep(2)
         assert http.runtime.alive == []
-        assert http.fabric.session_count == 0
+        assert http.fabric.registry.session_count == 0
         assert (await http.post(request(2, "tools/list"), session=session)).status == 404
 
 
@@ -416,9 +416,9 @@ async def test_a_request_longer_than_the_idle_timeout_keeps_its_http_session(
         answer = await http.post(call(2, "wait", seconds=100), session=session)
         assert answer.status == 200
         assert answer.json()["result"] == {"content": []}
-        assert http.fabric.session_count == 1
+        assert http.fabric.registry.session_count == 1
         await trio.sleep(31)  # then, left alone, it ends
-        assert http.fabric.session_count == 0
+        assert http.fabric.registry.session_count == 0
 
 
 async def test_an_open_get_stream_keeps_the_http_session_but_not_its_idle_container(
@@ -433,7 +433,7 @@ async def test_an_open_get_stream_keeps_the_http_session_but_not_its_idle_contai
         await listener.read_head()
         await trio.sleep(120)
         assert http.runtime.alive == []  # the container went at its idle timeout
-        assert http.fabric.session_count == 1  # the session stays while the client listens
+        assert http.fabric.registry.session_count == 1  # the session stays while the client listens
         assert (await http.post(call(2, "echo"), session=session)).json()["id"] == 2
         await listener.aclose()
 
@@ -528,7 +528,7 @@ async def test_a_keyed_session_registered_in_its_body_is_reached_by_its_id_not_i
         assert "result" in owned.json()
         [spec] = http.runtime.spawned
         assert spec.mounts[0].source == str(tmp_path / "mine")
-        assert http.fabric.session_count == 1
+        assert http.fabric.registry.session_count == 1
         deleted = await http.http("DELETE", "/mcp/svc/agent-7", headers={"mcp-session-id": session})
         assert deleted.status == 204
 
@@ -570,6 +570,6 @@ async def test_a_keyed_fabric_url_refuses_requests_with_other_tools_or_profile(
             assert key_in_use(await http.post(call(2, "beta__echo"), path=other)), other
         again = await http.post(call(3, "alpha__echo", x=3), path=owner)
         assert json.loads(again.json()["result"]["content"][0]["text"]) == {"x": 3}
-        assert http.fabric.session_count == 1
+        assert http.fabric.registry.session_count == 1
         assert [spec.image for spec in http.runtime.spawned] == ["fake/alpha:1"]
         assert (await http.http("DELETE", owner)).status == 204

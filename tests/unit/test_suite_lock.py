@@ -366,11 +366,11 @@ async def test_an_image_changed_before_start_up_makes_the_service_unavailable_un
     ) as http:
         http.runtime.image_ids["fake/svc:2"] = "memory:rebuilt"
         async with trio.open_nursery() as nursery:
-            await nursery.start(http.fabric.learn_catalog)
-            await http.fabric.catalog_ready.wait()
+            await nursery.start(http.fabric.catalog.learn)
+            await http.fabric.catalog.ready.wait()
             nursery.cancel_scope.cancel()
         assert http.runtime.spawned == []  # not even the catalog probe
-        assert http.fabric.catalog.unavailable()["svc"]["reason"] == IMAGE_CHANGED
+        assert http.fabric.catalog.current.unavailable()["svc"]["reason"] == IMAGE_CHANGED
 
 
 async def test_without_a_lock_nothing_is_compared_and_every_tool_is_served(
@@ -383,7 +383,7 @@ async def test_without_a_lock_nothing_is_compared_and_every_tool_is_served(
         assert "result" in await call(ws, 2, "svc__echo")
         status = (await call(ws, 3, "get_status"))["result"]["structuredContent"]
         assert "lock_drift" not in status
-        assert http.fabric.drift == {}
+        assert http.fabric.catalog.drift == {}
         assert "lock_drift" not in (await http.http("GET", "/api/sessions")).json()
         await ws.aclose()
 
@@ -494,7 +494,7 @@ def test_without_a_lock_file_the_default_and_off_start_and_compare_nothing(
     suite.write_text(SUITE.replace("orchestrator:\n", f"orchestrator:\n{setting}"))
     code, [fabric] = serve_without_serving(suite, monkeypatch)
     assert code == 0
-    assert (fabric.lock, fabric.lock_mode) == (None, "off")
+    assert (fabric.settings.lock, fabric.settings.lock_mode) == (None, "off")
     assert _cli.main(["validate-config", str(suite)], {}) == 0
 
 

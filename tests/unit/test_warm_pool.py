@@ -36,9 +36,8 @@ from reactor_fabric.protocol.warm_pool import (
 from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.runtime.staging import NotStageable, PropagationMissing, StagedMount
-from reactor_fabric.trio.containers import remove_container, start_container
-from reactor_fabric.trio.fabric import Fabric
 from reactor_fabric.trio.live_container import LiveContainer
+from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.session import serve_session
 from reactor_fabric.trio.sweeper import containers_to_remove
 from reactor_fabric.trio.warm_pool import WarmPool
@@ -51,6 +50,7 @@ from tests.fakes import (
     until,
 )
 from tests.leaks import cancel_at_every_step, cancelled_after
+from tests.served import warm_pool_of
 
 IMAGE = "fake/svc:1"
 
@@ -123,8 +123,7 @@ class Pooled:
         await until(lambda: self.pool.machine.ready("svc") == count, what=f"{count} ready")
 
     async def start(self, session: str = "s1", **options: Any) -> Any:
-        return await start_container(
-            self.fabric,
+        return await self.fabric.starter.start(
             "svc",
             self.fabric.suite.mcp_services["svc"],
             session_id=session,
@@ -136,7 +135,7 @@ class Pooled:
         )
 
     async def remove(self, container: Any) -> None:
-        await remove_container(self.fabric, LiveContainer(0, container), {}, forget=lambda: None)
+        await self.fabric.starter.remove(LiveContainer(0, container), {}, forget=lambda: None)
 
 
 async def project_mounts(
@@ -146,7 +145,9 @@ async def project_mounts(
     once the pool is full."""
     (root / "project").mkdir(exist_ok=True)
     await h.filled()
-    return await h.fabric.validate_mounts([{"source": str(root / "project"), "target": target}])
+    return await h.fabric.starter.validate_mounts(
+        [{"source": str(root / "project"), "target": target}]
+    )
 
 
 @asynccontextmanager
@@ -158,9 +159,9 @@ async def warm_pool(
     **settings: Any,
 ) -> AsyncIterator[Pooled]:
     async with open_memory_runtime(server) as engine:
-        fabric = Fabric(suite(root, **settings), runtime=engine, network="none")
-        pool = WarmPool(fabric, staging)
-        fabric.pool = pool
+        fabric = assemble(suite(root, **settings), runtime=engine, network="none")
+        pool = warm_pool_of(fabric, staging)
+        fabric.starter.pool = pool
         async with trio.open_nursery() as nursery:
             await nursery.start(pool.run)
             yield Pooled(engine, fabric, pool)
@@ -186,9 +187,9 @@ async def test_a_session_gets_a_pooled_container_whose_server_sees_the_sessions_
             assert answer["result"]["serverInfo"]["name"] == "scripted"
             # The oldest pooled container serves the session; the pool did no handshake with it.
             assert oldest.stdin_lines[0] == json.dumps(INITIALIZE).encode()
-            [record] = h.fabric.containers.values()
+            [record] = h.fabric.registry.containers.values()
             assert record.name == oldest.name
-            assert record.session in h.fabric.sessions
+            assert record.session in h.fabric.registry.sessions
             # It waited at the lowest CPU weight; now working for a session, it has the usual.
             assert oldest.spec.cpu_shares == POOLED_CPU_SHARES
             await until(lambda: oldest.id in h.engine.cpu_shares, what="the weight restored")
@@ -199,7 +200,7 @@ async def test_a_session_gets_a_pooled_container_whose_server_sees_the_sessions_
             await client.leave()
         # The session's container went with the session; it never went back to the pool.
         assert oldest.removed
-        assert h.fabric.container_count == 0
+        assert h.fabric.registry.container_count == 0
         assert len(h.pooled()) == 2
         metrics = h.fabric.observer.metrics
         assert metrics.pool_takes.labels("svc", "hit")._value.get() == 1
@@ -217,8 +218,10 @@ async def test_a_session_that_registers_has_its_pooled_container_before_its_firs
             registered = await client.hear()
             session = registered["result"]["sessionId"]
             # Speculative start: taken from the pool on registration, no MCP message yet.
-            await until(lambda: h.fabric.container_count == 1, what="the container started")
-            [record] = h.fabric.containers.values()
+            await until(
+                lambda: h.fabric.registry.container_count == 1, what="the container started"
+            )
+            [record] = h.fabric.registry.containers.values()
             assert record.session == session
             assert h.engine.servers[record.name].spec.labels[LABEL_POOLED] == "true"
             assert h.engine.servers[record.name].stdin_lines == []
@@ -236,8 +239,7 @@ async def test_a_service_without_warm_and_an_empty_pool_start_fresh_containers(
         await h.remove(container)
         metrics = h.fabric.observer.metrics
         assert metrics.pool_takes.labels("svc", "empty")._value.get() == 1
-        cold = await start_container(
-            h.fabric,
+        cold = await h.fabric.starter.start(
             "cold",
             h.fabric.suite.mcp_services["cold"],
             session_id="s2",
@@ -347,7 +349,7 @@ async def test_on_shutdown_pooled_containers_go_and_sessions_start_fresh_ones(
 ) -> None:
     async with warm_pool(tmp_path) as h:
         await h.filled()
-        h.fabric.stopping.set()
+        h.fabric.registry.stopping.set()
         await until(lambda: not h.pooled(), what="the pool emptied")
         spawned = len(h.engine.spawned)
         container = await h.start()
@@ -434,7 +436,7 @@ async def test_a_pooled_container_that_did_not_get_the_pinned_directory_is_refus
             await h.start(mounts=mounts)
         assert refused.value.reason == "mount_changed"
         await until(lambda: len(h.pooled()) == 2, what="the refused one replaced")
-        assert h.fabric.container_count == 0
+        assert h.fabric.registry.container_count == 0
         assert _open_descriptors() <= before  # the pins were closed
 
 
@@ -447,7 +449,7 @@ async def test_cancelling_a_start_that_takes_from_the_pool_at_every_step_leaks_n
         staging = FakeStaging()
         async with warm_pool(tmp_path, staging=staging) as h:
             await h.filled()
-            mounts = await h.fabric.validate_mounts(
+            mounts = await h.fabric.starter.validate_mounts(
                 [{"source": str(tmp_path / "project"), "target": "/workspace"}]
             )
             started: list[Any] = []
@@ -459,7 +461,7 @@ async def test_cancelling_a_start_that_takes_from_the_pool_at_every_step_leaks_n
             for container in started:
                 await h.remove(container)
             await trio.testing.wait_all_tasks_blocked()
-            assert h.fabric.container_count == 0
+            assert h.fabric.registry.container_count == 0
             # Whatever was taken is removed, and its staging released.
             taken = set(staging.prepared) - {int(s.name.rsplit("-", 1)[1]) for s in h.pooled()}
             assert set(staging.released) >= taken & set(staging.attached)

@@ -26,12 +26,12 @@ async def test_a_session_relays_and_chooses_the_mcp_subprotocol_when_offered(
         assert accepted.subprotocol == "mcp"
         await ws.send_json(INITIALIZE)
         assert (await ws.hear())["id"] == 1
-        assert (http.fabric.session_count, http.fabric.container_count) == (1, 1)
+        assert (http.fabric.registry.session_count, http.fabric.registry.container_count) == (1, 1)
         assert isinstance(await ws.close(), CloseConnection)
         await ws.aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert http.runtime.alive == []
-        assert http.fabric.session_count == 0
+        assert http.fabric.registry.session_count == 0
 
 
 async def test_no_subprotocol_is_chosen_when_the_client_offers_none(tmp_path: Path) -> None:
@@ -209,12 +209,12 @@ async def test_a_connection_that_sends_no_first_message_is_closed_in_time(
 ) -> None:
     async with served(tmp_path, limits=Limits(first_message_timeout="10s")) as http:
         ws, _ = await http.websocket()
-        assert http.fabric.pending_connections == 1
+        assert http.fabric.registry.pending_connections == 1
         with trio.fail_after(15):
             assert await ws.close_code() == 1008
         await ws.aclose()
         await trio.testing.wait_all_tasks_blocked()
-        assert http.fabric.pending_connections == 0
+        assert http.fabric.registry.pending_connections == 0
 
 
 async def test_connections_waiting_for_their_first_message_are_capped(tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ async def test_a_client_that_stops_reading_stalls_only_itself_then_is_dropped(
         assert (await healthy.hear())["id"] == 1  # another session is not affected
         await trio.sleep(10)
         # The stuck client's writes did not move for 5 s: its connection and session are gone.
-        assert http.fabric.session_count == 1
+        assert http.fabric.registry.session_count == 1
         [left] = http.runtime.alive
         assert left.spec.labels["reactor-fabric.session"] != ""
         await healthy.send_json(request(2, "tools/list"))

@@ -1,0 +1,87 @@
+"""What the orchestrator reads of its suite while it serves, frozen: built once when the suite
+is loaded (:func:`reactor_fabric.config.settings.settings_for`), never read from the suite
+again. Pure (no I/O), so that the session machines can take it as the trio layer does.
+
+:class:`Settings` holds the bounds a connection and a session keep (durations and sizes parsed
+once), each service's container lifecycle and idle timeout, what the fabric endpoint's
+meta-tools know of the services (facts, profiles, token budget, model assist), the agents and
+their bounds, what the audit keeps of a call's arguments, the suite lock and its mode, and
+this orchestrator's name among replicas.
+
+Resource handling: none (plain values). Error handling: none; the suite was validated before
+(:mod:`reactor_fabric.config.suite`), so building these cannot fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .agent_slots import AgentLimits
+from .answers import SessionLimits
+from .fabric_discovery import AssistSettings, ServiceFacts
+from .lifecycle import Lifecycle
+from .suite_lock import Mode, SuiteLock
+from .tool_calls import ArgumentsMode
+
+# A session of the fabric endpoint in a suite without services idles out after this long.
+DEFAULT_IDLE_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``orchestrator.limits`` and the orchestrator's other bounds, as numbers."""
+
+    max_sessions: int = 64
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_connections: int = 512
+    max_pending_connections: int = 256
+    first_message_seconds: float = 30.0
+    buffer_to_server_bytes: int = 1024 * 1024
+    buffer_to_client_bytes: int = 1024 * 1024
+    client_write_seconds: float = 30.0
+    shutdown_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One orchestrator's settings (see the module docstring)."""
+
+    limits: Limits = field(default_factory=Limits)
+    # Each service's container lifecycle and idle timeout (seconds), in the suite's order.
+    lifecycles: Mapping[str, Lifecycle] = field(default_factory=dict)
+    idle_timeouts: Mapping[str, float] = field(default_factory=dict)
+    # What the suite says about each service (ranking, the capability list), its profiles.
+    facts: Mapping[str, ServiceFacts] = field(default_factory=dict)
+    profiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    token_budget: int | None = None
+    assist: AssistSettings = field(default_factory=AssistSettings)
+    # The services that are agents (llm_agent), their bounds, and how deep agents may go.
+    agents: frozenset[str] = frozenset()
+    agent_limits: AgentLimits = field(default_factory=AgentLimits)
+    max_agent_depth: int = 1
+    # What of a call's arguments the sessions keep: nothing when no trail is written (nothing
+    # else reads them; hashing them would be wasted).
+    audit_arguments: ArgumentsMode = "none"
+    # Who opened a session, as the audit names the token it was admitted with.
+    token_id: str = ""
+    # The suite lock (None: none, or orchestrator.lock is off) and what is made of it.
+    lock: SuiteLock | None = None
+    lock_mode: Mode = "off"
+    # This orchestrator's name among several behind one proxy (None: it runs alone); it ends
+    # every session id it mints.
+    replica: str | None = None
+
+    @property
+    def session_limits(self) -> SessionLimits:
+        """The bounds of one relay session."""
+        return SessionLimits(to_server_bytes=self.limits.buffer_to_server_bytes)
+
+    def session_idle_seconds(self, endpoint: str) -> float:
+        """How long an HTTP session of ``endpoint`` may go without a request: its service's
+        idle timeout; on the fabric endpoint, the longest of them (a session outlives its
+        containers)."""
+        timeout = self.idle_timeouts.get(endpoint)
+        if timeout is not None:
+            return timeout
+        return max(self.idle_timeouts.values(), default=DEFAULT_IDLE_SECONDS)
