@@ -54,8 +54,8 @@ from ..protocol.answers import SessionLimits
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.egress import EgressRecord
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts, index_catalog
-from ..protocol.fabric_meta_tools import META_DEFINITIONS
-from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
+from ..protocol.fabric_messages import FABRIC_SERVICE
+from ..protocol.fabric_meta_tools import META_DEFINITIONS, META_NAMES
 from ..protocol.served import Served
 from ..protocol.suite_lock import Drift, Mode, SuiteLock, compare_image, compare_offer, enforced
 from ..protocol.tool_calls import ArgumentsMode

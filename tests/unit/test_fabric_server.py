@@ -43,20 +43,18 @@ from reactor_fabric.protocol.events import (
     ToClient,
     ToolsChanged,
 )
+from reactor_fabric.protocol.fabric_backends import MAX_QUEUED_PER_BACKEND
 from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
+from reactor_fabric.protocol.fabric_exchanges import ASK_SECONDS
+from reactor_fabric.protocol.fabric_lists import MAX_LISTENERS
+from reactor_fabric.protocol.fabric_meta_tools import META_NAMES
 from reactor_fabric.protocol.fabric_refresh import (
     MAX_LIST_BYTES,
     MAX_NAME_CHARS,
     MAX_NAMES,
     Refresh,
 )
-from reactor_fabric.protocol.fabric_server import (
-    ASK_SECONDS,
-    MAX_LISTENERS,
-    MAX_QUEUED_PER_BACKEND,
-    META_NAMES,
-    FabricServer,
-)
+from reactor_fabric.protocol.fabric_server import FabricServer
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
 CATALOG = Catalog(
@@ -1326,7 +1324,7 @@ def test_a_call_under_an_id_in_flight_is_refused_never_reaches_a_backend_first_r
     assert to_client(actions)[0]["result"] == {"content": []}
     [first] = records(actions)
     assert (first.request_id, first.tool, first.outcome) == (1, "get_current_time", "ok")
-    assert server.calls.open == {}
+    assert server.replies.calls.open == {}
     # Answered, the id may be used again.
     assert records(call(server, 1, "get_status"))[0].outcome == "ok"
 
