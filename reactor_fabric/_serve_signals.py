@@ -10,7 +10,7 @@ import socket
 
 import trio
 
-from . import _reasons
+from ._reasons import AUTH_SETUP
 from ._version import __version__
 from .config.token import Token, TokenError
 from .config.token_record import TokenRecord, remove_record, write_record
@@ -56,9 +56,7 @@ def _record_token(environ: dict[str, str], port: int, token: Token | None) -> To
     try:
         record = write_record(environ, port, token.value)
     except TokenError as exc:
-        log.warning(
-            "token_record_unwritable", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)}
-        )
+        log.warning("token_record_unwritable", extra={"reason": AUTH_SETUP, "detail": str(exc)})
         return None
     log.info("token_recorded", extra={"path": str(record.path)})
     return record
