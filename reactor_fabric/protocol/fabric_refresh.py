@@ -1,7 +1,7 @@
 """A fabric-endpoint session's catalog refreshed from its backends' fresh lists, without I/O.
 
 After a backend's ``notifications/*/list_changed`` the session asks it again
-(:mod:`.fabric_router`); what it answers is the backend's to choose, and everything made from
+(:mod:`.fabric_relists`); what it answers is the backend's to choose, and everything made from
 it costs CPU in proportion: the catalog's routing tables, the ranking index (seconds for half a
 megabyte of words), what changed in its tools. None of that may run on the event loop, where it
 would hold up every other session: :class:`Refresh` is that work as one value, which the

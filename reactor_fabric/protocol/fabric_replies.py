@@ -20,7 +20,14 @@ from .._reasons import INVALID_PARAMS as INVALID_PARAMS_REASON
 from .._reasons import METHOD_NOT_FOUND as METHOD_NOT_FOUND_REASON
 from .._reasons import NONE
 from .events import Action, ToClient
-from .fabric_messages import FABRIC_SERVICE, audited, complete, encoder
+from .fabric_messages import (
+    FABRIC_SERVICE,
+    audited,
+    complete,
+    encoder,
+    initialize_result,
+    negotiated,
+)
 from .jsonrpc import RequestId, duplicate_request
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND, TITLES
 from .tool_calls import ArgumentsMode, ToolCall, ToolCallDone, ToolCalls
@@ -50,6 +57,13 @@ class Replies:
         connection (so activation shows only after it reconnects), its results say they are
         whole, and its backends' questions come back to it as results."""
         return self.protocol_version is None
+
+    def introduce(self, request_id: object, params: Json, version: str) -> ToClient:
+        """A handshake-era client's ``initialize``: who it is, and the answer."""
+        self.protocol_version = negotiated(params.get("protocolVersion"))
+        capabilities = params.get("capabilities")
+        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
+        return self.result(request_id, initialize_result(self.protocol_version, version))
 
     def with_done(self, actions: list[Action]) -> list[Action]:
         """``actions``, then the tool calls that got their outcome meanwhile."""

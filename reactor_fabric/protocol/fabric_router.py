@@ -2,24 +2,22 @@
 its services' backends, and what the backends say heard and passed on.
 
 A field of :class:`~.fabric_server.FabricServer`, which hands it the client's calls
-(:meth:`FabricRouter.forward`: ``tools/call``, ``resources/read``, ``prompts/get``), their
-cancellations, the client's answers to backends' questions, and the backends' events; it
+(``tools/call``, ``prompts/get``, ``resources/read``: named as the session's catalog shows
+them, resolved here, then :meth:`FabricRouter.forward`), their cancellations, the client's
+answers to backends' questions, and the backends' events; it
 answers the client through the session's replies ledger (:class:`~.fabric_replies.Replies`,
-given when it is made) and returns what the driver is to do. It is composed of:
+given when it is made) and returns what the driver is to do. Its parts, public:
 
-- the session's backends and their lifecycles (:class:`~.fabric_backends.BackendTable`): the
-  backend a call goes to (the service's current one, or one of its own for a
-  ``fresh_per_call`` service, started if need be), starts and handshakes, bounds, stops and
-  failures, idle and age deadlines, smart_refresh's retirements and memory readings;
-- its requests in flight both ways (:class:`~.fabric_exchanges.Exchanges`): the ids it gives
-  them, the backends' questions to the client, the calls that wait for a 2026-07-28 client's
-  retry (``input_required``);
-- its list refreshes (:class:`~.fabric_refresh.Relists`): a backend's list_changed makes the
-  router ask it for its list again, kept for the session's next catalog refresh (one at a time,
-  at most one more list in the works per backend however often it repeats), which the driver
-  runs off the event loop (a :class:`~.events.Compute`; a list over
-  :data:`~.fabric_refresh.MAX_LIST_BYTES` is refused: the backend is treated as broken). The
-  session's catalog is the router's: a refresh replaces it (:meth:`FabricRouter.refresh_done`).
+- :attr:`FabricRouter.table`, the session's backends (:class:`~.fabric_backends.BackendTable`
+  on a :class:`~.fabric_roster.Roster`): the backend a call goes to (the service's current one,
+  or one of its own for a ``fresh_per_call`` service, started if need be; a smart_refresh
+  service's retired one hands over the calls that waited for it), starts and handshakes,
+  bounds, stops and failures, deadlines (the server ticks and ends it);
+- :attr:`FabricRouter.exchanges`, its requests in flight both ways
+  (:class:`~.fabric_exchanges.Exchanges`): the ids it gives them, the backends' questions to
+  the client, the calls that wait for a 2026-07-28 client's retry (``input_required``);
+- :attr:`FabricRouter.relisting`, the session's catalog and its refreshes after a backend's
+  list_changed (:class:`~.fabric_relists.Relisting`).
 
 Logging and progress notifications of a backend go to the client as they are. Events of a
 backend the router no longer counts on are ignored. A call of an ``llm_agent`` service is an
@@ -34,9 +32,8 @@ from typing import Any
 
 import msgspec
 
-from .._errors import ContainerStartFailure, FabricError, InvalidRequest
+from .._errors import ContainerStartFailure, InvalidRequest
 from .._reasons import (
-    BACKEND_LIST_TOO_LARGE,
     CONTAINER_OUTPUT_INVALID,
     REFRESH_MEMORY,
     TOO_MANY_PER_CALL_CONTAINERS,
@@ -44,7 +41,7 @@ from .._reasons import (
 from .agent_slots import AgentSlots
 from .answers import container_exited
 from .backend import Role, measured
-from .catalog import Catalog, Redact
+from .catalog import Catalog, Entry, Redact
 from .events import (
     Action,
     BackendBroken,
@@ -54,31 +51,23 @@ from .events import (
     BackendMeasured,
     BackendStarted,
     BackendStartFailed,
-    Compute,
-    Job,
     Log,
     StartBackend,
     StdinWritten,
     ToClient,
 )
-from .fabric_backends import (
-    MAX_PER_CALL_CONTAINERS,
-    MAX_QUEUED_PER_BACKEND,
-    BackendTable,
-    Limits,
-    Routed,
-    Waiting,
-)
+from .fabric_backends import BackendTable
 from .fabric_discovery import ServiceFacts
 from .fabric_exchanges import Exchanges, OwnReply, call_ref
 from .fabric_messages import encoder, for_backend, notification_bytes
-from .fabric_refresh import MAX_LIST_BYTES, Finished, Refreshed, Relist, Relists
+from .fabric_refresh import Relists
+from .fabric_relists import REFRESH, Relisting
 from .fabric_replies import Replies
+from .fabric_roster import MAX_PER_CALL_CONTAINERS, MAX_QUEUED_PER_BACKEND, Limits, Waiting
 from .input_waits import offered
 from .lifecycle import Lifecycle
-from .mcp import INVALID_PARAMS, LIST_CHANGED, LIST_METHOD
-from .served import Served
-from .suite_lock import Mode, SuiteLock
+from .mcp import INVALID_PARAMS
+from .suite_lock import Mode, SuiteLock, withheld_error
 
 BackendEvent = (
     BackendStarted | BackendStartFailed | BackendLine | BackendBroken | BackendExited | StdinWritten
@@ -87,8 +76,6 @@ BackendEvent = (
 Json = dict[str, Any]
 
 MAX_PENDING = 512
-# What a backend's list_changed makes the machine ask it again, and where the answer goes.
-REFRESH = {notification: (LIST_METHOD[kind], kind) for notification, kind in LIST_CHANGED.items()}
 
 
 class FabricRouter:
@@ -113,27 +100,31 @@ class FabricRouter:
         agents: Iterable[str],
         agent_slots: AgentSlots | None,
     ) -> None:
-        self.catalog = catalog  # the session's: replaced whole by a refresh
         self.replies = replies
         self.exchanges = Exchanges(replies)
-        self.relists = Relists()  # refreshes after backends' list_changed
+        relists = Relists()  # (a backend's end forgets its lists: the table's too)
         self.table = BackendTable(
             replies,
             self.exchanges,
-            self.relists,
+            relists,
             version=version,
             lifecycles=lifecycles,
             idle_timeouts=idle_timeouts,
             limits=limits,
         )
+        self.relisting = Relisting(
+            catalog,
+            relists,
+            self.table,
+            self.exchanges,
+            facts=facts,
+            count_tokens=count_tokens,
+            redact=redact,
+            lock=lock,
+            lock_mode=lock_mode,
+        )
         self.session_id = session_id  # (what the shared count of agent calls holds it by)
         self.roots = [{"uri": f"file://{target}", "name": target} for target in mount_targets]
-        # What a refresh makes the session's catalog and index with: fresh lists without the
-        # suite's secret values (see .catalog), checked against the suite lock.
-        self.facts = dict(facts)
-        self.count_tokens = count_tokens
-        self.redact = redact
-        self.lock, self.lock_mode = lock, lock_mode
         # The llm_agent services, whose calls are agent calls, and the orchestrator's shared
         # count of them (None: no limit, as in most tests).
         self.agents = frozenset(agents)
@@ -141,32 +132,9 @@ class FabricRouter:
         self._backend_bytes = 0  # the size of the backend message being handled
 
     @property
-    def now(self) -> float:
-        """The time of the event being handled (the replies ledger's: the server's clock)."""
-        return self.replies.now
-
-    @property
-    def backends(self) -> Mapping[str, Routed]:
-        """Each service's current backend."""
-        return self.table.current
-
-    @property
-    def all_backends(self) -> Mapping[BackendKey, Routed]:
-        """Every backend the router counts on."""
-        return self.table.all
-
-    @property
-    def served(self) -> Served:
-        return self.table.served
-
-    @property
-    def ending(self) -> FabricError | None:
-        """What the session ends with, once it ends (see :meth:`answer_all`)."""
-        return self.table.ending
-
-    @property
-    def accepting(self) -> bool:
-        return self.table.accepting
+    def catalog(self) -> Catalog:
+        """The session's (see :class:`~.fabric_relists.Relisting`: a refresh replaces it)."""
+        return self.relisting.catalog
 
     def new_id(self) -> int:
         """An id of the session's own, for a request of the server's to the client."""
@@ -185,6 +153,49 @@ class FabricRouter:
             self.agent_slots.hold(self.session_id, calls)
 
     # --- the client's calls ---------------------------------------------------------------------
+
+    def call_tool(self, client_id: object, name: object, params: Json) -> list[Action]:
+        """A tools/call of a service's tool, by its shown name (``service__tool``)."""
+        catalog, calls = self.catalog, self.replies.calls
+        entry: Entry | None = catalog.tool(name) if isinstance(name, str) else None
+        if entry is not None:
+            route = (entry.service, entry.name)
+        else:
+            withheld = catalog.withheld_tool(name) if isinstance(name, str) else None
+            if withheld is not None:
+                # A tool the suite lock withholds (orchestrator.lock: enforce).
+                service, why = withheld
+                if isinstance(client_id, str | int):
+                    calls.route(client_id, service, str(why.get("tool")))
+                return [self.replies.error(client_id, withheld_error(service, why))]
+            # A service whose offer could not be learned is still called by name: its start
+            # answers why it cannot run (-32002 image_not_found…), not "unknown tool".
+            addressed = catalog.addressed(name) if isinstance(name, str) else None
+            if addressed is None:
+                return [self.replies.fail(client_id, INVALID_PARAMS, f"unknown tool {name!r}")]
+            route = addressed
+        service, tool = route
+        if isinstance(client_id, str | int):
+            calls.route(client_id, service, tool)
+        return self.forward(service, client_id, "tools/call", {**params, "name": tool})
+
+    def get_prompt(self, client_id: object, params: Json) -> list[Action]:
+        """A prompts/get, by the prompt's shown name."""
+        entry = self.catalog.prompt(str(params.get("name")))
+        if entry is None:
+            unknown = f"unknown prompt {params.get('name')!r}"
+            return [self.replies.fail(client_id, INVALID_PARAMS, unknown)]
+        named = {**params, "name": entry.name}
+        return self.forward(entry.service, client_id, "prompts/get", named)
+
+    def read_resource(self, client_id: object, params: Json) -> list[Action]:
+        """A resources/read, by the resource's shown URI."""
+        route = self.catalog.resource(str(params.get("uri")))
+        if route is None:
+            unknown = f"unknown resource {params.get('uri')!r}"
+            return [self.replies.fail(client_id, INVALID_PARAMS, unknown)]
+        service, uri = route
+        return self.forward(service, client_id, "resources/read", {**params, "uri": uri})
 
     def forward(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
         """A call of the client's (tools/call, resources/read, prompts/get) for ``service``:
@@ -210,11 +221,11 @@ class FabricRouter:
         """A call to its service's backend (``params`` as the backend may see them; ``offers``:
         what its 2026-07-28 client may be asked)."""
         request = {"jsonrpc": "2.0", "id": None, "method": method, "params": params}
-        table = self.table
-        if table.lifecycle(service).strategy == "fresh_per_call":
+        table, roster = self.table, self.table.roster
+        if roster.lifecycle(service).strategy == "fresh_per_call":
             return self._forward_fresh(service, client_id, method, request, offers)
-        backend = table.current.get(service)
-        spent = table.spent(backend) if backend is not None else None
+        backend = roster.current.get(service)
+        spent = roster.spent(backend, self.replies.now) if backend is not None else None
         if backend is not None and spent is not None:
             # smart_refresh: it takes no more calls; it goes once those it has end (settle).
             table.retire(backend, spent)
@@ -232,14 +243,14 @@ class FabricRouter:
             return []
         self._remember(request, backend.key, client_id, method, offers)
         backend.calls += 1
-        backend.last_active = self.now
+        backend.last_active = self.replies.now
         return table.send(backend.key, encoder.encode(request))
 
     def _forward_fresh(
         self, service: str, client_id: object, method: str, request: Json, offers: tuple[str, ...]
     ) -> list[Action]:
         """fresh_per_call: a container of its own for this call, within the session's bound."""
-        if self.table.per_call(service) >= MAX_PER_CALL_CONTAINERS:
+        if self.table.roster.per_call(service) >= MAX_PER_CALL_CONTAINERS:
             refusal = InvalidRequest(
                 f"this session already has {MAX_PER_CALL_CONTAINERS} calls of {service} in "
                 "flight, each in a container of its own (fresh_per_call): retry when one ends",
@@ -248,7 +259,12 @@ class FabricRouter:
             return [self.replies.error(client_id, refusal)]
         actions = self._start_for(service, client_id, method, request, Role.CALL, offers)
         # The log names the call its container serves (container_started names the sequence).
-        call = {"backend": service, "sequence": self.table.seq, "method": method, "call": client_id}
+        call = {
+            "backend": service,
+            "sequence": self.table.roster.seq,
+            "method": method,
+            "call": client_id,
+        }
         return [Log("info", "per_call_container", call), *actions]
 
     def _start_for(  # noqa: PLR0917 (the call, and what the backend is for)
@@ -260,8 +276,10 @@ class FabricRouter:
         role: Role,
         offers: tuple[str, ...],
     ) -> list[Action]:
-        backend = self.table.add(service, role)
+        roster, now = self.table.roster, self.replies.now
+        backend = roster.add(service, role, now)
         key = backend.key
+        self.table.served.asked(key, roster.lifecycle(service).strategy, now)
         self._remember(request, key, client_id, method, offers)
         backend.queue.append(Waiting(request, encoder.encode(request)))
         if role is Role.CALL:
@@ -269,7 +287,7 @@ class FabricRouter:
             # BackendTable.started); its audit record names the call.
             call = call_ref(client_id, method, request["params"])
             return [StartBackend(key, greeted=True, call=call)]
-        return [StartBackend(key, respawn=service in self.table.had)]
+        return [StartBackend(key, respawn=service in self.table.roster.had)]
 
     def _remember(
         self,
@@ -290,7 +308,7 @@ class FabricRouter:
             return []
         our_id, forwarded = found
         del self.exchanges.forwarded[our_id]
-        backend = self.table.all.get(forwarded.key)
+        backend = self.table.roster.all.get(forwarded.key)
         if backend is not None and any(w.request["id"] == our_id for w in backend.queue):
             # Not sent yet: take it out of the queue; nobody will answer it.
             backend.queue = [w for w in backend.queue if w.request["id"] != our_id]
@@ -308,7 +326,7 @@ class FabricRouter:
 
     def _resume(self, service: str, client_id: object, method: str, params: Json) -> list[Action]:
         """The client retries a call that waits (see :meth:`.Exchanges.resume`)."""
-        resumed = self.exchanges.resume(service, client_id, method, params, self.now)
+        resumed = self.exchanges.resume(service, client_id, method, params, self.replies.now)
         if isinstance(resumed, list):
             return resumed
         actions: list[Action] = []
@@ -320,19 +338,15 @@ class FabricRouter:
 
     # --- lifecycles -----------------------------------------------------------------------------
 
-    def settle_all(self) -> list[Action]:
-        """After every event (see :meth:`.BackendTable.settle_all`)."""
-        return self.table.settle_all()
-
     def backend_measured(self, event: BackendMeasured) -> list[Action]:
         """A backend's memory figure: over the threshold, it takes no more calls (removed once
         what it has ends, ``refresh_memory``) and the calls that waited for the figure go to a
         fresh one; under it, or unknown (logged: nothing is decided on it), they go to it."""
         key = event.key
-        backend = self.table.all.get(key)
-        if backend is None or not backend.measuring or self.ending is not None:
+        backend = self.table.roster.all.get(key)
+        if backend is None or not backend.measuring or self.table.ending is not None:
             return []  # stopped (idle, aged, failed) while measured, or the session ends
-        lifecycle = self.table.lifecycle(key.service)
+        lifecycle = self.table.roster.lifecycle(key.service)
         memory, threshold = event.memory_bytes, lifecycle.memory_threshold
         fields = {"backend": key.service, "sequence": key.seq}
         if not measured(backend, lifecycle, memory):
@@ -367,13 +381,13 @@ class FabricRouter:
         """An event of a backend: ignored unless it is of one the router counts on."""
         key = event.key
         service = key.service
-        backend = self.table.all.get(key)
+        backend = self.table.roster.all.get(key)
         if backend is None:
             return []  # a backend stopped (or failed) since: nothing is owed to it
         actions: list[Action] = []
         match event:
             case StdinWritten(nbytes=nbytes):
-                self.table.written(backend, nbytes)
+                self.table.roster.written(backend, nbytes, self.replies.now)
             case BackendStarted(greeting=greeting, container=container):
                 actions = self.table.started(key, container, greeted=greeting is not None)
             case BackendLine(line=line):
@@ -395,7 +409,7 @@ class FabricRouter:
 
     def _backend_line(self, key: BackendKey, data: bytes) -> list[Action]:
         """One line from a backend's container."""
-        if self.ending is not None:
+        if self.table.ending is not None:
             return []  # nothing is owed any more, nor asked of the client
         self._backend_bytes = len(data)
         return self.replies.with_done(self._backend_message(key, data))
@@ -407,14 +421,14 @@ class FabricRouter:
             message = None  # not a message: a server's stray output
         if not isinstance(message, dict):
             return []
-        backend = self.table.all.get(key)
+        backend = self.table.roster.all.get(key)
         if backend is not None:
-            backend.last_active = self.now
+            backend.last_active = self.replies.now
         if "method" in message:
             if "id" in message:
-                request = self.exchanges.backend_request(key, message, self.roots, self.now)
+                request = self.exchanges.backend_request(key, message, self.roots, self.replies.now)
                 if isinstance(request, OwnReply):
-                    return self.table.own(key, request.data)
+                    return self.table.send(key, request.data, own=True)
                 return request
             return self._backend_notification(key, message)
         return self._backend_answer(key, message)
@@ -426,7 +440,7 @@ class FabricRouter:
         if forwarded.client_id is None:
             if forwarded.method == "initialize":
                 return self.table.handshake_done(key, message)
-            return self._refreshed(key, forwarded.method, message)
+            return self.relisting.answered(key, forwarded.method, message, self._backend_bytes)
         return [self.exchanges.relay(forwarded, message)]
 
     def _backend_notification(self, key: BackendKey, message: Json) -> list[Action]:
@@ -437,113 +451,8 @@ class FabricRouter:
             params = message.get("params")
             return self.exchanges.withdrawn(key, params) if isinstance(params, dict) else []
         if isinstance(method, str) and method in REFRESH:
-            backend = self.table.all.get(key)
-            if backend is None or backend.role is not Role.CURRENT:
-                # A per-call (or retiring) container's list is moot: the next call gets a
-                # fresh container, whose offer is the one learned at start-up.
-                return []
-            # Ask the service what it offers now (see _refreshed); unless its list is asked for
-            # or in the works already: then once more after that one, however often it repeats.
-            _list_method, kind = REFRESH[method]
-            return self._ask_list(key, kind) if self.relists.changed(key.service, kind) else []
+            return self.relisting.changed(key, method)
         return []
-
-    # --- refreshes ------------------------------------------------------------------------------
-
-    def _ask_list(self, key: BackendKey, kind: str) -> list[Action]:
-        method = LIST_METHOD[kind]
-        request = {"jsonrpc": "2.0", "id": self.exchanges.own(key, method), "method": method}
-        return self.table.own(key, encoder.encode(request))
-
-    def _refreshed(self, key: BackendKey, method: str, message: Json) -> list[Action]:
-        """A service's fresh list (after its list_changed): kept for the next refresh, which
-        makes the catalog and index from it off the event loop (a Compute; its Computed: see
-        :meth:`refresh_done`). A list over :data:`MAX_LIST_BYTES` is refused: the backend is
-        treated as broken."""
-        service = key.service
-        kind = dict(REFRESH.values()).get(method)
-        if kind is None:
-            return []
-        result = message.get("result")
-        entries = result.get(kind) if isinstance(result, dict) else None
-        relist = self.relists.asked.get((service, kind))
-        if relist is None:
-            return []  # asked of a container that is gone since
-        if not isinstance(entries, list) or service not in self.catalog.services:
-            return self._list_done(service, kind, relist)  # no list: the catalog stays
-        if self._backend_bytes > MAX_LIST_BYTES:
-            error = ContainerStartFailure(
-                f"the {service} server answered {method} with {self._backend_bytes} bytes, more "
-                f"than the {MAX_LIST_BYTES} the fabric endpoint takes: it is treated as broken",
-                reason=BACKEND_LIST_TOO_LARGE,
-            )
-            return self.table.broken(key, error)
-        self.relists.keep(service, kind, relist, entries)
-        return self._next_refresh()
-
-    def _next_refresh(self) -> list[Action]:
-        refresh = self.relists.next(
-            self.catalog,
-            self.facts,
-            self.count_tokens,
-            self.lock,
-            self.lock_mode,
-            redact=self.redact,
-        )
-        if refresh is None:
-            return []
-        # (a refresh that fails leaves the catalog as it was: logged, not the session's end)
-        return [Compute(refresh, failure_event="catalog_refresh_failed")]
-
-    def refresh_done(self, job: Job, result: Refreshed | None) -> Finished | None:
-        """The refresh ``job`` ran (``result`` None: it failed or was given up; the catalog
-        stays as it was): its catalog is the session's now. The refresh and the lists it held
-        (None: not the one running, or the session ends: nothing to do), for
-        :meth:`refresh_settled` once the client is told."""
-        finished = self.relists.finished(job)
-        if finished is None or self.ending is not None:
-            return None
-        if result is not None:
-            self.catalog = result.catalog
-        return finished
-
-    def refresh_settled(self, finished: Finished) -> list[Action]:
-        """After a refresh: a backend that repeated list_changed meanwhile is asked again, and
-        the next refresh starts."""
-        actions: list[Action] = []
-        for (service, kind), relist in finished[1].items():
-            actions += self._list_done(service, kind, relist)
-        return actions + self._next_refresh()
-
-    def _list_done(self, service: str, kind: str, relist: Relist) -> list[Action]:
-        again = self.relists.done(service, kind, relist)
-        if not again:
-            return []
-        backend = self.table.current.get(service)
-        return [] if backend is None else self._ask_list(backend.key, kind)
-
-    # --- time and the session's end ------------------------------------------------------------
-
-    def deadlines(self) -> list[float]:
-        """When something of the backends comes due (see :meth:`.BackendTable.deadlines`)."""
-        return self.table.deadlines()
-
-    def tick(self) -> list[Action]:
-        """What came due of the backends' stdin, their questions to the client and the calls
-        waiting for a retry (idle backends: :meth:`stop_idle`)."""
-        return self.table.tick()
-
-    def stop_idle(self) -> list[Action]:
-        return self.table.stop_idle()
-
-    def answer_all(self, error: FabricError) -> list[Action]:
-        """The session ends: every call in flight is answered ``error``; the backends are owed
-        nothing more (see :meth:`.BackendTable.end`)."""
-        return self.table.end(error)
-
-    def stop_all(self) -> list[Action]:
-        """The client left: every backend is stopped."""
-        return self.table.stop_all()
 
     # --- model checking -----------------------------------------------------------------------
 
@@ -555,8 +464,9 @@ class FabricRouter:
         twin = copy.copy(self)
         twin.replies = replies
         twin.exchanges = self.exchanges.clone(replies)
-        twin.relists = self.relists.clone()
-        twin.table = self.table.clone(replies, twin.exchanges, twin.relists)
+        relists = self.relisting.relists.clone()
+        twin.table = self.table.clone(replies, twin.exchanges, relists)
+        twin.relisting = self.relisting.clone(relists, twin.table, twin.exchanges)
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -564,5 +474,5 @@ class FabricRouter:
         return (
             self.table.fingerprint(),
             self.exchanges.fingerprint(),
-            self.relists.fingerprint(),
+            self.relisting.relists.fingerprint(),
         )

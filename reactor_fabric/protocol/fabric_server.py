@@ -8,9 +8,11 @@ service's backend.
 
 :class:`FabricServer` holds its parts as fields: its replies ledger
 (:class:`~.fabric_replies.Replies`: the client as it introduced itself, every answer it gets
-and the tool calls they end), its router (:class:`~.fabric_router.FabricRouter`: backends, ids
-both ways, cancellation, backends' questions, refreshes; made with the ledger, which both
-answer through) and its lists (:class:`~.fabric_lists.Lists`). It dispatches the client's
+and the tool calls they end), its router (:class:`~.fabric_router.FabricRouter`: the calls
+routed, backends, ids both ways, cancellation, backends' questions, refreshes; made with the
+ledger, which both answer through), the router's backends (:attr:`FabricServer.table`, which
+the server ticks and ends), its lists (:class:`~.fabric_lists.Lists`) and the analyses waiting
+for the client's model (:class:`~.fabric_meta_tools.Assists`). It dispatches the client's
 messages, calls a meta-tool with a frozen view of the session
 (:class:`~.fabric_meta_tools.MetaContext`) and carries out the outcome it returns (an answer, a
 refusal, a question for the client's model, a call by name), and ends the session.
@@ -56,7 +58,7 @@ from .answers import (
     log_notification,
     session_ending,
 )
-from .catalog import Catalog, Entry, Redact, unredacted
+from .catalog import Catalog, Redact, unredacted
 from .client_lease import ClientLease
 from .events import (
     Action,
@@ -78,18 +80,14 @@ from .events import (
     ToolCallDone,
     ToolsChanged,
 )
-from .fabric_backends import OWN_BACKLOG_BYTES, Limits, Routed
 from .fabric_discovery import AssistSettings, ServiceFacts, index_catalog
 from .fabric_lists import MAX_LISTENERS, Lists
 from .fabric_messages import (
     discover_result,
-    initialize_result,
-    negotiated,
     notification_bytes,
 )
 from .fabric_meta_tools import (
     META_TOOLS,
-    Assist,
     Assists,
     CallByName,
     Containers,
@@ -103,12 +101,13 @@ from .fabric_meta_tools import (
 )
 from .fabric_refresh import Refreshed
 from .fabric_replies import Replies
+from .fabric_roster import OWN_BACKLOG_BYTES, Limits, Routed
 from .fabric_router import FabricRouter
 from .jsonrpc import RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
 from .served import Served
-from .suite_lock import Mode, SuiteLock, withheld_error
+from .suite_lock import Mode, SuiteLock
 from .tool_calls import ArgumentsMode
 
 __all__ = ["Exposure", "FabricServer", "Lifecycle"]
@@ -177,6 +176,7 @@ class FabricServer:
             agents=agents,
             agent_slots=agent_slots,
         )
+        self.table = self.router.table  # (the router's backends: ticked and ended from here)
         self.lists = Lists(catalog, exposure, set(active))  # (``active`` may be an iterator)
         # What the meta-tools read of the suite, for the session's whole life.
         self.meta_settings = MetaSettings(
@@ -199,37 +199,28 @@ class FabricServer:
     # --- what the trio layer and tests read ---------------------------------------------------
 
     @property
-    def now(self) -> float:
-        return self.replies.now
-
-    @property
     def catalog(self) -> Catalog:
         """The session's catalog (the router's: a refresh replaces it)."""
         return self.router.catalog
 
     @property
-    def active(self) -> list[str]:
-        """The services the client activated (shown with exposure ``discover``)."""
-        return self.lists.active
-
-    @property
     def backends(self) -> Mapping[str, Routed]:
-        return self.router.backends
+        return self.table.roster.current
 
     @property
     def all_backends(self) -> Mapping[BackendKey, Routed]:
-        return self.router.all_backends
+        return self.table.roster.all
 
     @property
     def served(self) -> Served:
         """Which container served which call (get_status, /api/sessions)."""
-        return self.router.served
+        return self.table.served
 
     # --- the contract ---------------------------------------------------------------------------
 
     @property
     def accepting(self) -> bool:
-        return self.router.accepting
+        return self.table.roster.accepting
 
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply one event at ``now``; the actions to carry out, in order."""
@@ -238,14 +229,15 @@ class FabricServer:
         return actions
 
     def _handle(self, event: Event, now: float) -> list[Action]:
-        self.replies.now = now  # (the clock of the router's too)
+        self.replies.now = now  # (the clock of the router's parts too)
         if self.gone:
             return []
         actions: list[Action] = []
         match event:
             case ClientFrame(frame=frame):
                 self.lease.touch(now)
-                actions = self._client_frame(frame)
+                self._message_bytes = len(frame)
+                actions = self.replies.with_done(self._client_message(frame))
             case ClientActivity():
                 self.lease.touch(now)
             case ClientRegistered():
@@ -268,7 +260,7 @@ class FabricServer:
         if self.closed:
             return actions
         # A per-call backend whose call ended, a retiring one whose calls ended: removed.
-        return actions + self.router.settle_all()
+        return actions + self.table.settle_all()
 
     def abandon(self, now: float) -> list[Action]:
         """The session is over without the machine ending it: the calls still open will never
@@ -277,12 +269,12 @@ class FabricServer:
 
     def _client_gone(self) -> list[Action]:
         """The client left: its open calls are recorded, every backend stopped."""
-        actions = self.abandon(self.now)
+        actions = self.abandon(self.replies.now)
         self.gone = True
         if self.closed:
             return actions
         self.closed = True
-        return [*actions, *self.router.stop_all(), EndSession()]
+        return [*actions, *self.table.stop_all(), EndSession()]
 
     def _shutdown(self, reason: str) -> list[Action]:
         """The orchestrator stops, or an operator ended the session: everything owed is
@@ -298,6 +290,21 @@ class FabricServer:
         code = CLOSE_GOING_AWAY if reason == ORCHESTRATOR_STOPPING else CLOSE_NORMAL
         return [*actions, CloseClient(code, reason.replace("_", " ")), EndSession()]
 
+    def answer_all(self, error: FabricError) -> list[Action]:
+        """The session ends (shutdown, a failure): every request the client waits for gets
+        ``error``, every open subscription its end, an analysis waiting for the client's model
+        the ranking's answer. Nothing is owed afterwards.
+
+        The driver ends the session next, but feeds what comes until then: a client request
+        gets ``error`` too, and the backends hear nothing more (a start that completes is not
+        greeted, a call that waited for it is not sent: its client was told it failed)."""
+        actions = self.table.end(error)
+        for assist in self.assists.end():
+            ranked = assist_analysis(self.catalog, assist, "ranking")
+            actions.append(self.replies.result(assist.client_id, ranked))
+        actions += [self.replies.result(id_, ended) for id_, ended in self.lists.end()]
+        return self.replies.with_done(actions)
+
     # --- model checking -----------------------------------------------------------------------
 
     def clone(self) -> FabricServer:
@@ -307,6 +314,7 @@ class FabricServer:
         twin = copy.copy(self)
         twin.replies = self.replies.clone()
         twin.router = self.router.clone(twin.replies)
+        twin.table = twin.router.table
         twin.lists = self.lists.clone()
         twin.assists = self.assists.clone()
         twin.lease = dataclasses.replace(self.lease)
@@ -332,55 +340,34 @@ class FabricServer:
     @property
     def deadline(self) -> float | None:
         """When :meth:`tick` is next due (None: nothing will come due by itself)."""
-        if self.router.ending is not None:
+        if self.table.ending is not None:
             return None
-        due = self.router.deadlines() + self.assists.deadlines()
+        due = self.table.deadlines() + self.assists.deadlines()
         due.append(math.inf if self.lease.deadline is None else self.lease.deadline)
         finite = [when for when in due if when != math.inf]
         return min(finite) if finite else None
 
     def _on_tick(self) -> list[Action]:
-        """Whatever came due: backends' unanswered requests to the client, idle services."""
-        if self.router.ending is not None:
+        """Whatever came due: backends' stdin, their unanswered requests to the client, calls
+        not resumed, analyses the client's model did not choose for in time (the ranking's
+        answer stands), idle services, the client's lease."""
+        if self.table.ending is not None:
             return []
-        return self.replies.with_done(self._tick()) + self.lease.expire_if_due(self.now)
-
-    def _tick(self) -> list[Action]:
-        actions = self.router.tick()
-        for our_id, assist in self.assists.expired(self.now):
-            # The client's model did not answer in time: the ranking's answer stands.
+        now = self.replies.now
+        actions = self.table.tick()
+        for our_id, assist in self.assists.expired(now):
             note = {"requestId": our_id, "reason": "no answer in time"}
             actions.append(ToClient(notification_bytes("notifications/cancelled", note)))
             late = "ranking (the client's model did not answer in time)"
-            actions.append(self._assist_analysis(assist, late))
-        return actions + self.router.stop_idle()
-
-    def answer_all(self, error: FabricError) -> list[Action]:
-        """The session ends (shutdown, a failure): every request the client waits for gets
-        ``error``, every open subscription its end. Nothing is owed afterwards.
-
-        The driver ends the session next, but feeds what comes until then: a client request
-        gets ``error`` too, and the backends hear nothing more (a start that completes is not
-        greeted, a call that waited for it is not sent: its client was told it failed)."""
-        return self.replies.with_done(self.router.answer_all(error) + self._answer_own())
-
-    def _answer_own(self) -> list[Action]:
-        """What the server itself owes at the end: analyses waiting for the client's model
-        (the ranking's answer stands), subscriptions (their end)."""
-        actions: list[Action] = [
-            self._assist_analysis(assist, "ranking") for assist in self.assists.end()
-        ]
-        actions += [self.replies.result(id_, ended) for id_, ended in self.lists.end()]
-        return actions
+            ranked = assist_analysis(self.catalog, assist, late)
+            actions.append(self.replies.result(assist.client_id, ranked))
+        actions += self.table.stop_idle()
+        return self.replies.with_done(actions) + self.lease.expire_if_due(now)
 
     # --- events from the client ---------------------------------------------------------------
 
-    def _client_frame(self, data: bytes) -> list[Action]:
-        """One message from the client."""
-        self._message_bytes = len(data)
-        return self.replies.with_done(self._client_message(data))
-
     def _client_message(self, data: bytes) -> list[Action]:
+        """One message from the client."""
         try:
             kind = peek(data)
             message = msgspec.json.decode(data)
@@ -396,75 +383,45 @@ class FabricServer:
             params = {}
         if not kind.is_request:
             return self._client_notification(method, params)
-        request_id = message["id"]
-        if self._client_waits_on(request_id):
-            return self.replies.refuse_duplicate(request_id, method, params, self._message_bytes)
-        return self._client_request(request_id, method, params)
-
-    def _client_waits_on(self, request_id: RequestId) -> bool:
-        """Whether a request of the client's under this id is still to be answered."""
-        return (
+        request_id: RequestId = message["id"]
+        if (
             request_id in self.replies.calls.open
             or request_id in self.lists.listeners
             or self.router.waits_on(request_id)
             or self.assists.waits_on(request_id)
-        )
+        ):
+            # A request of the client's under this id is still to be answered.
+            return self.replies.refuse_duplicate(request_id, method, params, self._message_bytes)
+        return self._client_request(request_id, method, params)
 
     def _client_request(self, request_id: object, method: str, params: Json) -> list[Action]:
-        ending = self.router.ending
+        replies = self.replies
+        ending = self.table.ending
         if ending is not None:
             # The session ends: the request starts nothing, and gets the ending's error (a
             # tools/call its record, as every call).
             if method == "tools/call" and isinstance(request_id, str | int):
-                self.replies.begin_call(request_id, params, self._message_bytes)
-            return [self.replies.error(request_id, ending)]
+                replies.begin_call(request_id, params, self._message_bytes)
+            return [replies.error(request_id, ending)]
         listed = LISTED.get(method)
         if listed is not None:
-            listing = self.lists.listing(listed, self.catalog, stateless=self.replies.stateless)
-            return [self.replies.result(request_id, listing)]
+            listing = self.lists.listing(listed, self.catalog, stateless=replies.stateless)
+            return [replies.result(request_id, listing)]
+        if method in ("initialize", "server/discover", "ping"):
+            if method == "initialize":
+                return [replies.introduce(request_id, params, self.version)]
+            result = discover_result(self.version) if method == "server/discover" else {}
+            return [replies.result(request_id, result)]
         handler = {
-            "initialize": self._on_initialize,
-            "server/discover": self._on_discover,
-            "ping": self._on_ping,
             "tools/call": self._call,
-            "prompts/get": self._on_prompts_get,
-            "resources/read": self._on_resources_read,
+            "prompts/get": self.router.get_prompt,
+            "resources/read": self.router.read_resource,
             "subscriptions/listen": self._on_listen,
         }.get(method)
         if handler is None:
             unknown = f"method {method!r} is not available"
-            return [self.replies.fail(request_id, METHOD_NOT_FOUND, unknown)]
+            return [replies.fail(request_id, METHOD_NOT_FOUND, unknown)]
         return handler(request_id, params)
-
-    def _on_initialize(self, request_id: object, params: Json) -> list[Action]:
-        replies = self.replies
-        replies.protocol_version = negotiated(params.get("protocolVersion"))
-        capabilities = params.get("capabilities")
-        replies.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
-        result = initialize_result(replies.protocol_version, self.version)
-        return [replies.result(request_id, result)]
-
-    def _on_discover(self, request_id: object, _params: Json) -> list[Action]:
-        return [self.replies.result(request_id, discover_result(self.version))]
-
-    def _on_ping(self, request_id: object, _params: Json) -> list[Action]:
-        return [self.replies.result(request_id, {})]
-
-    def _on_prompts_get(self, request_id: object, params: Json) -> list[Action]:
-        entry = self.catalog.prompt(str(params.get("name")))
-        if entry is None:
-            unknown = f"unknown prompt {params.get('name')!r}"
-            return [self.replies.fail(request_id, INVALID_PARAMS, unknown)]
-        named = {**params, "name": entry.name}
-        return self.router.forward(entry.service, request_id, "prompts/get", named)
-
-    def _on_resources_read(self, request_id: object, params: Json) -> list[Action]:
-        route = self.catalog.resource(str(params.get("uri")))
-        if route is None:
-            unknown = f"unknown resource {params.get('uri')!r}"
-            return [self.replies.fail(request_id, INVALID_PARAMS, unknown)]
-        service, uri = route
-        return self.router.forward(service, request_id, "resources/read", {**params, "uri": uri})
 
     def _on_listen(self, request_id: object, params: Json) -> list[Action]:
         """A 2026-07-28 client opens its stream of list changes (answered when it ends)."""
@@ -475,11 +432,8 @@ class FabricServer:
         return [ack]
 
     def _client_notification(self, method: str, params: Json) -> list[Action]:
-        if method == "notifications/cancelled":
-            return self._cancel(params)
-        return []  # initialized, roots/list_changed (roots come from the mounts), …
-
-    def _cancel(self, params: Json) -> list[Action]:
+        if method != "notifications/cancelled":
+            return []  # initialized, roots/list_changed (roots come from the mounts), …
         client_id = params.get("requestId")
         self.replies.cancelled(client_id)
         if self.lists.listeners.pop(client_id, None) is not None:
@@ -505,12 +459,12 @@ class FabricServer:
             arguments = {}
         meta = META_TOOLS.get(name) if isinstance(name, str) else None
         if meta is None:
-            return self._call_entry(request_id, name, params)
+            return self.router.call_tool(request_id, name, params)
         outcome = meta.handler(self._meta_context(), arguments, params)
         if isinstance(outcome, Question):
             return [ToClient(self.assists.ask(self.router.new_id(), request_id, outcome))]
         if isinstance(outcome, CallByName):
-            return self._call_entry(request_id, outcome.name, outcome.params)
+            return self.router.call_tool(request_id, outcome.name, outcome.params)
         if isinstance(outcome, Refusal):
             return [self.replies.fail(request_id, outcome.code, outcome.message)]
         answer = self.replies.result(request_id, outcome.result)
@@ -521,9 +475,10 @@ class FabricServer:
 
     def _meta_context(self) -> MetaContext:
         """What a meta-tool sees of the session, now."""
+        now = self.replies.now
         containers = Containers(
             session_id=self.session_id,
-            uptime=self.now - self.started_at,
+            uptime=now - self.started_at,
             live=tuple(
                 {"server": key.service, "state": backend.state.value}
                 for key, backend in self.all_backends.items()
@@ -537,42 +492,12 @@ class FabricServer:
             active=tuple(self.lists.active),
             stateless=self.replies.stateless,
             sampling="sampling" in self.replies.client_capabilities,
-            now=self.now,
+            now=now,
             settings=self.meta_settings,
             containers=containers,
         )
 
-    def _assist_analysis(self, assist: Assist, decided_by: str) -> ToClient:
-        """An analyze_task answered with the ranking's own choice (the model did not choose)."""
-        result = assist_analysis(self.catalog, assist, decided_by)
-        return self.replies.result(assist.client_id, result)
-
-    def _call_entry(self, request_id: object, name: object, params: Json) -> list[Action]:
-        entry: Entry | None = self.catalog.tool(name) if isinstance(name, str) else None
-        if entry is not None:
-            route = (entry.service, entry.name)
-        else:
-            # A service whose offer could not be learned is still called by name: its start
-            # answers why it cannot run (-32002 image_not_found…), not "unknown tool".
-            withheld = self.catalog.withheld_tool(name) if isinstance(name, str) else None
-            if withheld is not None:
-                return [self._withheld(request_id, *withheld)]
-            addressed = self.catalog.addressed(name) if isinstance(name, str) else None
-            if addressed is None:
-                return [self.replies.fail(request_id, INVALID_PARAMS, f"unknown tool {name!r}")]
-            route = addressed
-        service, tool = route
-        if isinstance(request_id, str | int):
-            self.replies.calls.route(request_id, service, tool)
-        return self.router.forward(service, request_id, "tools/call", {**params, "name": tool})
-
-    def _withheld(self, request_id: object, service: str, why: Json) -> ToClient:
-        """A call of a tool the suite lock withholds (orchestrator.lock: enforce)."""
-        if isinstance(request_id, str | int):
-            self.replies.calls.route(request_id, service, str(why.get("tool")))
-        return self.replies.error(request_id, withheld_error(service, why))
-
-    # --- refreshes and answers ------------------------------------------------------------------
+    # --- refreshes ------------------------------------------------------------------------------
 
     def _computed(self, job: Job, result: Refreshed | None) -> list[Action]:
         """The refresh ran (``None``: it failed or was given up; the catalog stays as it was):
@@ -580,7 +505,8 @@ class FabricServer:
         recorded, the client is told — a handshake-era client if it lists a refreshed service,
         a listener if it asked — and a backend that repeated list_changed meanwhile is asked
         again."""
-        finished = self.router.refresh_done(job, result)
+        relisting = self.router.relisting
+        finished = relisting.done(job, result)
         if finished is None:
             return []
         refresh, _held = finished
@@ -591,5 +517,5 @@ class FabricServer:
             actions += [ToolsChanged(changes) for changes in result.changes]
             stateless = self.replies.stateless
             actions += self.lists.announce(refresh.lists, self.catalog, stateless=stateless)
-        actions += self.router.refresh_settled(finished)
+        actions += relisting.settled(finished)
         return self.replies.with_done(actions)

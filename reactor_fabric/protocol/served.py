@@ -2,8 +2,8 @@
 recently had, with the calls each served. Pure bookkeeping, no I/O.
 
 Both machines keep one: the relay's (:class:`~.session.SessionMachine`, every client request
-but the handshake and ping, read off its decisions) and the fabric endpoint's table of backends
-(:class:`~.fabric_backends.BackendTable`, its router's), which reports each backend asked for
+but the handshake and ping, read off its decisions) and the fabric endpoint's (kept with its
+backends, :class:`~.fabric_backends.BackendTable`), told of each backend asked for
 (its key, its lifecycle), its start (the container's name), each call sent to it (the client's
 id, the method, the tool, prompt or URI: a :class:`~.events.CallRef`) and its end (the stop
 reason: ``call_done``, ``refresh_calls``, ``idle``, a failure's reason…). ``get_status`` and

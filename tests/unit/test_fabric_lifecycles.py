@@ -39,7 +39,7 @@ from reactor_fabric.protocol.events import (
     ToBackend,
     ToClient,
 )
-from reactor_fabric.protocol.fabric_backends import MAX_PER_CALL_CONTAINERS
+from reactor_fabric.protocol.fabric_roster import MAX_PER_CALL_CONTAINERS
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.served import MAX_CALLS_EACH, MAX_ENDED, MAX_ID_CHARS
 from reactor_fabric.protocol.tool_calls import ToolCallDone

@@ -111,6 +111,7 @@ from reactor_fabric.protocol.events import (
 )
 from reactor_fabric.protocol.fabric_backends import BackendTable
 from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
+from reactor_fabric.protocol.fabric_roster import Roster
 from reactor_fabric.protocol.fabric_router import FabricRouter
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
@@ -904,7 +905,8 @@ def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
 
 def plant(monkeypatch: pytest.MonkeyPatch, method: str, planted: Callable[..., Any]) -> None:
     """Break the machine's ``method``, in the outermost of its parts that has it."""
-    part = next(c for c in (FabricServer, FabricRouter, BackendTable) if method in vars(c))
+    parts = (FabricServer, FabricRouter, BackendTable, Roster)
+    part = next(c for c in parts if method in vars(c))
     monkeypatch.setattr(part, method, planted(getattr(part, method)))
 
 
@@ -925,7 +927,9 @@ def ending_as_before(_original: Callable[..., list[Action]]) -> Callable[..., li
     """The machine before the fix: answer_all answered and forgot the calls, and went on."""
 
     def answer_all(self: FabricServer, error: ContainerStartFailure) -> list[Action]:
-        return self.replies.with_done(self.router.exchanges.end(error) + self._answer_own())
+        actions = self.router.exchanges.end(error)
+        actions += [self.replies.result(id_, ended) for id_, ended in self.lists.end()]
+        return self.replies.with_done(actions)
 
     return answer_all
 
@@ -947,7 +951,7 @@ def heeding_stale_backends(original: Callable[..., list[Action]]) -> Callable[..
     service is taken as one of its current container."""
 
     def backend_event(self: FabricRouter, event: Any) -> list[Action]:
-        backend = self.backends.get(event.key.service)
+        backend = self.table.roster.current.get(event.key.service)
         if backend is not None:
             event = dataclasses.replace(event, key=backend.key)
         return original(self, event)
@@ -958,7 +962,7 @@ def heeding_stale_backends(original: Callable[..., list[Action]]) -> Callable[..
 def counting_no_writes(_original: Callable[..., Any]) -> Callable[..., Any]:
     """What the driver wrote is never taken off the machine's count."""
 
-    def written(self: BackendTable, backend: Any, nbytes: int) -> None:
+    def written(self: Roster, backend: Any, nbytes: int, now: float) -> None:
         pass
 
     return written
@@ -1079,7 +1083,7 @@ def measuring_under_calls(_original: Callable[..., list[Action]]) -> Callable[..
 
     def measure(self: BackendTable) -> list[Action]:
         actions: list[Action] = []
-        for backend in self.current.values():
+        for backend in self.roster.current.values():
             if backend.ready and not backend.measuring:
                 backend.measuring = True
                 actions.append(MeasureBackend(backend.key))
@@ -1092,7 +1096,7 @@ def heeding_no_figure(_original: Callable[..., list[Action]]) -> Callable[..., l
     """A machine that sends the calls that waited for the figure, whatever it is."""
 
     def backend_measured(self: FabricRouter, event: BackendMeasured) -> list[Action]:
-        backend = self.all_backends.get(event.key)
+        backend = self.table.roster.all.get(event.key)
         if backend is None or not backend.measuring:
             return []
         backend.measuring = False

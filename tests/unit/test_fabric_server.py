@@ -43,7 +43,6 @@ from reactor_fabric.protocol.events import (
     ToClient,
     ToolsChanged,
 )
-from reactor_fabric.protocol.fabric_backends import MAX_QUEUED_PER_BACKEND
 from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
 from reactor_fabric.protocol.fabric_exchanges import ASK_SECONDS
 from reactor_fabric.protocol.fabric_lists import MAX_LISTENERS
@@ -54,6 +53,7 @@ from reactor_fabric.protocol.fabric_refresh import (
     MAX_NAMES,
     Refresh,
 )
+from reactor_fabric.protocol.fabric_roster import MAX_QUEUED_PER_BACKEND
 from reactor_fabric.protocol.fabric_server import FabricServer
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
@@ -256,7 +256,7 @@ def test_by_default_only_the_meta_tools_and_the_active_servers_tools_are_listed(
 
 def test_servers_active_from_the_start_are_listed_in_the_suites_order() -> None:
     server = session(active=iter(["time", "git"]))
-    assert server.active == ["time", "git"]
+    assert server.lists.active == ["time", "git"]
     [listed] = to_client(client(server, msg(id=1, method="tools/list")))
     assert len(listed["result"]["tools"]) == len(META_NAMES) + 3
 
@@ -1691,7 +1691,7 @@ def test_activate_servers_answers_a_service_that_cannot_run_in_failed_with_its_r
     result = answer["result"]["structuredContent"]
     assert result["activated"] == ["time"]
     assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
-    assert server.active == ["time"]  # its tools are not listed as if it worked
+    assert server.lists.active == ["time"]  # its tools are not listed as if it worked
 
 
 def test_switch_context_leaves_a_service_that_cannot_run_inactive_and_names_it_in_failed() -> None:
@@ -1704,7 +1704,7 @@ def test_switch_context_leaves_a_service_that_cannot_run_inactive_and_names_it_i
     result = answer["result"]["structuredContent"]
     assert result["new_configuration"]["active_servers"] == ["time"]
     assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
-    assert server.active == ["time"]
+    assert server.lists.active == ["time"]
 
 
 def test_find_tools_capabilities_and_analyze_task_mark_a_service_that_cannot_run() -> None:
