@@ -14,12 +14,21 @@ from dataclasses import dataclass
 
 import trio
 
-from . import _reasons
 from ._allocator import tune as tune_allocator
 from ._cli_shared import EXIT_CANNOT_LISTEN, EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE
 from ._errors import INVALID_SUITE_CONFIGURATION
 from ._lock_cli import lock_path, read_lock
 from ._operator_cli import open_audit
+from ._reasons import (
+    AUDIT_UNWRITABLE,
+    AUTH_SETUP,
+    CANNOT_LISTEN,
+    ENGINE_ADDRESS,
+    LOCK_UNREADABLE,
+    PORT_IN_USE,
+    SUITE_UNREADABLE,
+)
+from ._reasons import INVALID_SUITE_CONFIGURATION as INVALID_SUITE_REASON
 from ._runtime_choice import engine_runtime
 from ._scheduling import Slice, shorten_slice
 from ._serve_signals import serve_until_signalled
@@ -92,7 +101,7 @@ def _lock_unreadable(config: str, detail: str) -> int:
     path = str(lock_path(config))
     log.error(
         "lock_unreadable",
-        extra={"reason": _reasons.LOCK_UNREADABLE, "path": path, "detail": detail},
+        extra={"reason": LOCK_UNREADABLE, "path": path, "detail": detail},
     )
     print(f"error: {path}: {detail}; not starting", file=sys.stderr)
     return EXIT_UNREADABLE
@@ -106,7 +115,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
             "suite_unreadable",
             extra={
                 "code": INVALID_SUITE_CONFIGURATION,
-                "reason": _reasons.SUITE_UNREADABLE,
+                "reason": SUITE_UNREADABLE,
                 "detail": str(exc),
             },
         )
@@ -119,7 +128,7 @@ def _serve(settings: ServeSettings, environ: dict[str, str], cpu_slice: Slice) -
                 "invalid_suite_configuration",
                 extra={
                     "code": INVALID_SUITE_CONFIGURATION,
-                    "reason": _reasons.INVALID_SUITE_CONFIGURATION,
+                    "reason": INVALID_SUITE_REASON,
                     "file": issue.file,
                     "line": issue.line,
                     "column": issue.column,
@@ -152,13 +161,13 @@ def _serve_suite(
     try:
         token = _token(settings, suite.orchestrator.auth, environ)
     except TokenError as exc:
-        log.error("cannot_authenticate", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)})
+        log.error("cannot_authenticate", extra={"reason": AUTH_SETUP, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     try:
         runtime = engine_runtime(suite, settings.runtime, environ)
     except EngineAddressError as exc:
-        log.error("engine_unusable", extra={"reason": _reasons.ENGINE_ADDRESS, "detail": str(exc)})
+        log.error("engine_unusable", extra={"reason": ENGINE_ADDRESS, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
         return EXIT_UNREADABLE
     # Bound before the trail opens: an instance's default trail is keyed by the port it
@@ -188,9 +197,7 @@ def _serve_bound(
     try:
         audit = open_audit(suite, environ, port)
     except OSError as exc:
-        log.error(
-            "audit_unwritable", extra={"reason": _reasons.AUDIT_UNWRITABLE, "detail": str(exc)}
-        )
+        log.error("audit_unwritable", extra={"reason": AUDIT_UNWRITABLE, "detail": str(exc)})
         print(
             f"error: the audit trail cannot be written: {exc}; not starting (set "
             "orchestrator.audit.path, or orchestrator.audit.enabled: false)",
@@ -281,7 +288,7 @@ def _serve_fabric(
 
 def _cannot_listen(settings: ServeSettings, exc: OSError) -> int:
     """Said and logged: the port cannot be had (in use, or the address not available)."""
-    reason = _reasons.PORT_IN_USE if exc.errno == errno.EADDRINUSE else _reasons.CANNOT_LISTEN
+    reason = PORT_IN_USE if exc.errno == errno.EADDRINUSE else CANNOT_LISTEN
     log.error(
         "cannot_listen",
         extra={
@@ -293,11 +300,7 @@ def _cannot_listen(settings: ServeSettings, exc: OSError) -> int:
     )
     print(
         f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-        + (
-            " (choose another with --port or REACTOR_FABRIC_PORT)"
-            if reason == _reasons.PORT_IN_USE
-            else ""
-        ),
+        + (" (choose another with --port or REACTOR_FABRIC_PORT)" if reason == PORT_IN_USE else ""),
         file=sys.stderr,
     )
     return EXIT_CANNOT_LISTEN

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import trio
 
-from . import _reasons
+from ._reasons import AUTH_SETUP
 from ._version import __version__
 from .config.token import Token, TokenError
 from .config.token_record import TokenRecord, remove_record, write_record
@@ -57,9 +57,7 @@ def _record_token(environ: dict[str, str], port: int, token: Token | None) -> To
     try:
         record = write_record(environ, port, token.value)
     except TokenError as exc:
-        log.warning(
-            "token_record_unwritable", extra={"reason": _reasons.AUTH_SETUP, "detail": str(exc)}
-        )
+        log.warning("token_record_unwritable", extra={"reason": AUTH_SETUP, "detail": str(exc)})
         return None
     log.info("token_recorded", extra={"path": str(record.path)})
     return record

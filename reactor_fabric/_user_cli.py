@@ -14,10 +14,10 @@ from pathlib import Path
 
 import trio
 
-from . import _reasons
 from ._cli_shared import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, read_suite
 from ._errors import SecurityViolation
 from ._lock_cli import lock_file_problem, lock_path
+from ._reasons import ACCOUNT_UNAVAILABLE
 from ._runtime_choice import egress_served, engine_runtime
 from .config.secrets import resolve_suite_secrets
 from .config.settings import suite_facts
@@ -187,7 +187,7 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
     resolved = resolve_suite_secrets(suite)
     failed = 0
     for name, service_secrets in resolved.items():
-        if service_secrets.reason == _reasons.ACCOUNT_UNAVAILABLE:
+        if service_secrets.reason == ACCOUNT_UNAVAILABLE:
             continue  # warned above: valid, refused at run time until the account is defined
         for problem in service_secrets.problems:
             print(f"{path}: service {name}: {problem}", file=sys.stderr)

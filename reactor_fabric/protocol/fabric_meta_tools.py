@@ -3,24 +3,28 @@ and handler.
 
 Each meta-tool is one function here, registered with its definition (name, description, input
 schema) by :func:`meta_tool`: the endpoint lists the definitions in this file's order (before
-the services' tools) and calls the handler for a ``tools/call`` of its name. A handler gets the
-session (:class:`MetaToolHost`, which :class:`~.fabric_server.FabricServer` is), the request's
-id, its ``arguments`` (an object, ``{}`` when the client sent none) and its whole ``params``, and
-returns the actions, in order — usually the one answer (``host._result``), or a request to the
-client first (``analyze_task`` asking the client's model), answered later.
+the services' tools) and calls the handler for a ``tools/call`` of its name. A handler gets what
+it may see of the session — a :class:`MetaContext`, a frozen value the server makes for the
+call: its catalog and ranking index, the services it shows (its exposure and active services),
+the client's kind, the suite's settings (:class:`MetaSettings`) and a view of its containers —
+and the request's ``arguments`` (an object, ``{}`` when the client sent none) and whole
+``params``. It changes nothing: it returns what the client is to get, a :data:`MetaOutcome` —
+an :class:`Answer` (with, for ``activate_servers`` and ``switch_context``, the session's active
+services from then on), a :class:`Refusal`, a :class:`Question` for the client's model
+(``analyze_task``'s model assist, answered later: :class:`Assists` keeps those that wait), or,
+for ``call_tool``, a :class:`CallByName` that the server routes as the call it names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal
 
 from .._reasons import SERVICE_NOT_FOUND
 from ..discovery import DiscoveryIndex
 from ..discovery.ranking import ServerRanking, with_choice
 from .catalog import Catalog
-from .events import Action, BackendKey, ToClient
 from .fabric_discovery import (
     AssistSettings,
     ServiceFacts,
@@ -31,19 +35,74 @@ from .fabric_discovery import (
     found_tools,
     tool_tokens,
 )
-from .fabric_messages import encoder, notification
-from .fabric_router import Routed
+from .fabric_messages import encoder
 from .mcp import INVALID_PARAMS
-from .served import Served
 
 Json = dict[str, Any]
+Exposure = Literal["discover", "all"]
 
 FIND_LIMIT = 10
 MAX_FIND_LIMIT = 50
 
 
 @dataclass(frozen=True)
-class _Assist:
+class MetaSettings:
+    """What the suite says that the meta-tools read, the same for the session's whole life."""
+
+    facts: Mapping[str, ServiceFacts]
+    profiles: Mapping[str, Sequence[str]]
+    token_budget: int | None
+    assist: AssistSettings
+    count_tokens: Callable[[Json], int]
+
+
+@dataclass(frozen=True)
+class Containers:
+    """What get_status shows of the session: its id, age and containers."""
+
+    session_id: str
+    uptime: float
+    live: tuple[Json, ...]  # each backend counted on: its server and state
+    recent: tuple[Json, ...]  # which container served which call (see .served)
+
+
+@dataclass(frozen=True)
+class MetaContext:
+    """What a meta-tool sees of its session, at the call."""
+
+    catalog: Catalog
+    index: DiscoveryIndex
+    exposure: Exposure
+    active: tuple[str, ...]
+    stateless: bool  # a 2026-07-28 client: its lists change only when it reconnects
+    sampling: bool  # the client declared sampling (its model may be asked)
+    now: float
+    settings: MetaSettings
+    containers: Containers
+
+    def listed_tools(self, active: Sequence[str] | None = None) -> list[Json]:
+        """The session's tools/list (with ``active`` services, if given)."""
+        return listed_tools(self.catalog, self.exposure, self.active if active is None else active)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The call's result; ``active``: the session's active services from now on."""
+
+    result: Json
+    active: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The call is refused with this JSON-RPC error."""
+
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Assist:
     """An analyze_task waiting for the client's model to choose among candidates."""
 
     client_id: object
@@ -53,53 +112,28 @@ class _Assist:
     deadline: float
 
 
-class MetaToolHost(Protocol):
-    """What a meta-tool sees of its session."""
+@dataclass(frozen=True)
+class Question:
+    """Ask the client's model (``sampling/createMessage`` with ``params``); the call is
+    answered once it chose, or did not (see :class:`Assists`)."""
 
-    active: list[str]
-    _assisting: dict[int, _Assist]
-
-    @property
-    def session_id(self) -> str: ...
-    @property
-    def catalog(self) -> Catalog: ...
-    @property
-    def index(self) -> DiscoveryIndex: ...
-    @property
-    def exposure(self) -> str: ...
-    @property
-    def facts(self) -> Mapping[str, ServiceFacts]: ...
-    @property
-    def profiles(self) -> Mapping[str, Sequence[str]]: ...
-    @property
-    def all_backends(self) -> Mapping[BackendKey, Routed]: ...
-    @property
-    def started_at(self) -> float: ...
-    @property
-    def served(self) -> Served: ...
-    @property
-    def token_budget(self) -> int | None: ...
-    @property
-    def assist(self) -> AssistSettings: ...
-    @property
-    def client_capabilities(self) -> Json: ...
-    @property
-    def count_tokens(self) -> Callable[[Json], int]: ...
-    @property
-    def now(self) -> float: ...
-
-    @property
-    def _stateless(self) -> bool: ...
-
-    def listed_tools(self) -> list[Json]: ...
-    def _shown(self) -> list[str]: ...
-    def _new_id(self) -> int: ...
-    def _result(self, request_id: object, result: Json) -> ToClient: ...
-    def _fail(self, request_id: object, code: int, message: str) -> ToClient: ...
-    def _call_entry(self, request_id: object, name: object, params: Json) -> list[Action]: ...
+    params: Json
+    ranking: ServerRanking
+    candidates: tuple[str, ...]
+    budget: int | None
+    deadline: float
 
 
-Handler = Callable[[MetaToolHost, object, Json, Json], list[Action]]
+@dataclass(frozen=True)
+class CallByName:
+    """call_tool: the call goes to the tool ``name`` with these ``params``."""
+
+    name: object
+    params: Json
+
+
+MetaOutcome = Answer | Refusal | Question | CallByName
+Handler = Callable[[MetaContext, Json, Json], MetaOutcome]
 
 
 @dataclass(frozen=True)
@@ -121,6 +155,16 @@ def meta_tool(definition: Json) -> Callable[[Handler], Handler]:
     return register
 
 
+def shown(catalog: Catalog, exposure: Exposure, active: Sequence[str]) -> list[str]:
+    """The services whose tools, prompts and resources the session lists."""
+    return list(catalog.services) if exposure == "all" else list(active)
+
+
+def listed_tools(catalog: Catalog, exposure: Exposure, active: Sequence[str]) -> list[Json]:
+    """The session's tools/list: the meta-tools, then the shown services' tools."""
+    return [*META_DEFINITIONS, *catalog.tools_of(shown(catalog, exposure, active))]
+
+
 @meta_tool(
     {
         "name": "find_tools",
@@ -136,20 +180,18 @@ def meta_tool(definition: Json) -> Callable[[Handler], Handler]:
         },
     }
 )
-def _find_tools(
-    host: MetaToolHost, request_id: object, arguments: Json, _params: Json
-) -> list[Action]:
+def _find_tools(session: MetaContext, arguments: Json, _params: Json) -> MetaOutcome:
     query = str(arguments.get("query", ""))
     limit = arguments.get("limit", FIND_LIMIT)
     limit = max(1, min(MAX_FIND_LIMIT, limit if isinstance(limit, int) else FIND_LIMIT))
-    unavailable = host.catalog.unavailable()
-    tools = found_tools(host.index, query, limit)
+    unavailable = session.catalog.unavailable()
+    tools = found_tools(session.index, query, limit)
     for tool in tools:
         # A tool known from its service's last learning, but the service cannot run now.
         if tool["server"] in unavailable:
             tool["unavailable"] = unavailable[tool["server"]]
     result = {"tools": tools, "unavailable": unavailable}
-    return [host._result(request_id, _structured(result))]
+    return Answer(_structured(result))
 
 
 @meta_tool(
@@ -166,18 +208,16 @@ def _find_tools(
         },
     }
 )
-def _call_tool(
-    host: MetaToolHost, request_id: object, arguments: Json, params: Json
-) -> list[Action]:
+def _call_tool(_session: MetaContext, arguments: Json, params: Json) -> MetaOutcome:
     target = arguments.get("name")
     # Models often nest a tool's arguments as "parameters": both are accepted.
     inner = arguments.get("arguments", arguments.get("parameters", {}))
     if not isinstance(inner, dict):
         inner = {}
     if target in META_TOOLS:
-        return [host._fail(request_id, INVALID_PARAMS, "call_tool calls a server's tool")]
+        return Refusal(INVALID_PARAMS, "call_tool calls a server's tool")
     # The outer request's _meta (its progressToken) goes along.
-    return host._call_entry(request_id, target, {**params, "arguments": inner})
+    return CallByName(target, {**params, "arguments": inner})
 
 
 @meta_tool(
@@ -194,32 +234,29 @@ def _call_tool(
         },
     }
 )
-def _activate(
-    host: MetaToolHost, request_id: object, arguments: Json, _params: Json
-) -> list[Action]:
+def _activate(session: MetaContext, arguments: Json, _params: Json) -> MetaOutcome:
     wanted = arguments.get("servers")
     if not isinstance(wanted, list):
-        return [host._fail(request_id, INVALID_PARAMS, "servers must be a list of names")]
+        return Refusal(INVALID_PARAMS, "servers must be a list of names")
     # A service of the suite whose learning failed (its image missing, say) is not activated:
     # it is answered in failed with why, as an unknown name is, rather than shown as working.
-    unavailable = host.catalog.unavailable()
+    catalog = session.catalog
+    unavailable = catalog.unavailable()
     known = [
-        s
-        for s in wanted
-        if isinstance(s, str) and s in host.catalog.services and s not in unavailable
+        s for s in wanted if isinstance(s, str) and s in catalog.services and s not in unavailable
     ]
     failed = [_not_activated(s, unavailable) for s in wanted if s not in known]
-    chosen = set(known) | (set() if arguments.get("deactivate_others") else set(host.active))
-    changed = _make_active(host, chosen)
+    chosen = set(known) | (set() if arguments.get("deactivate_others") else set(session.active))
+    active = _active(catalog, chosen)
     result = _structured(
         {
             "activated": known,
             "failed": failed,
-            "reconnect_required": host._stateless,
-            "estimated_tools_count": len(host.listed_tools()),
+            "reconnect_required": session.stateless,
+            "estimated_tools_count": len(session.listed_tools(active)),
         }
     )
-    return [host._result(request_id, result), *changed]
+    return Answer(result, active)
 
 
 def _not_activated(server: object, unavailable: Mapping[str, Json]) -> Json:
@@ -242,36 +279,32 @@ def _not_activated(server: object, unavailable: Mapping[str, Json]) -> Json:
         "inputSchema": {"type": "object", "properties": {}},
     }
 )
-def _status(
-    host: MetaToolHost, request_id: object, _arguments: Json, _params: Json
-) -> list[Action]:
+def _status(session: MetaContext, _arguments: Json, _params: Json) -> MetaOutcome:
+    catalog, containers = session.catalog, session.containers
     status = {
-        "session_id": host.session_id,
-        "active_servers": list(host.active),
-        "total_tools": len(host.catalog.tools),
-        "containers": [
-            # (a fresh_per_call service has one per call in flight)
-            {"server": key.service, "state": backend.state.value}
-            for key, backend in host.all_backends.items()
-        ],
+        "session_id": containers.session_id,
+        "active_servers": list(session.active),
+        "total_tools": len(catalog.tools),
+        # (a fresh_per_call service has one per call in flight)
+        "containers": list(containers.live),
         # Which container served which call: live ones and the last ended ones (bounded).
-        "recent_containers": host.served.records(host.started_at),
-        "catalog_errors": host.catalog.errors(),
+        "recent_containers": list(containers.recent),
+        "catalog_errors": catalog.errors(),
         # The services that cannot run now, each with its error and reason (a secret or an
         # account missing, an image refused, a probe failed).
-        "unavailable": host.catalog.unavailable(),
-        "uptime": round(host.now - host.started_at, 3),
+        "unavailable": catalog.unavailable(),
+        "uptime": round(containers.uptime, 3),
         "tool_tokens": tool_tokens(
-            host.index,
-            host._shown(),
-            META_DEFINITIONS if host.exposure == "discover" else (),
-            host.count_tokens,
+            session.index,
+            shown(catalog, session.exposure, session.active),
+            META_DEFINITIONS if session.exposure == "discover" else (),
+            session.settings.count_tokens,
         ),
     }
-    drift = host.catalog.lock_drift()
+    drift = catalog.lock_drift()
     if drift:  # (the suite lock: what differs from it, per service; absent without any)
         status["lock_drift"] = drift
-    return [host._result(request_id, _structured(status))]
+    return Answer(_structured(status))
 
 
 @meta_tool(
@@ -299,31 +332,21 @@ def _status(
         },
     }
 )
-def _analyze(
-    host: MetaToolHost, request_id: object, arguments: Json, _params: Json
-) -> list[Action]:
+def _analyze(session: MetaContext, arguments: Json, _params: Json) -> MetaOutcome:
     """Rank the suite's servers for a task (:mod:`reactor_fabric.discovery`); when the ranking
-    is unsure and the suite allows it, ask the client's model to choose (see :func:`assisted`)."""
-    ranking, budget = analyze(host.index, arguments, host.token_budget)
-    settings = host.assist
+    is unsure and the suite allows it, ask the client's model to choose (see :class:`Assists`)."""
+    ranking, budget = analyze(session.index, arguments, session.settings.token_budget)
+    settings = session.settings.assist
     if (
         settings.enabled
-        and "sampling" in host.client_capabilities
+        and session.sampling
         and ranking.confidence < settings.below_confidence
         and len(ranking.ranked) >= 2
     ):
-        params, candidates = assist_request(ranking, host.index, settings.candidates)
-        our_id = host._new_id()
-        deadline = host.now + settings.timeout
-        host._assisting[our_id] = _Assist(request_id, ranking, tuple(candidates), budget, deadline)
-        request = {
-            "jsonrpc": "2.0",
-            "id": our_id,
-            "method": "sampling/createMessage",
-            "params": params,
-        }
-        return [ToClient(encoder.encode(request))]
-    return [host._result(request_id, _analysis(host, analysis(ranking, budget=budget)))]
+        params, candidates = assist_request(ranking, session.index, settings.candidates)
+        deadline = session.now + settings.timeout
+        return Question(params, ranking, tuple(candidates), budget, deadline)
+    return Answer(_analysis(session.catalog, analysis(ranking, budget=budget)))
 
 
 @meta_tool(
@@ -336,13 +359,11 @@ def _analyze(
         },
     }
 )
-def _capability_list(
-    host: MetaToolHost, request_id: object, arguments: Json, _params: Json
-) -> list[Action]:
+def _capability_list(session: MetaContext, arguments: Json, _params: Json) -> MetaOutcome:
     wanted = arguments.get("category_filter")
     groups: dict[str, tuple[list[str], list[str]]] = {}
-    for service in host.catalog.services:
-        facts = host.facts.get(service, ServiceFacts())
+    for service in session.catalog.services:
+        facts = session.settings.facts.get(service, ServiceFacts())
         for category in facts.categories or ("other",):
             servers, tasks = groups.setdefault(category, ([], []))
             servers.append(service)
@@ -352,8 +373,8 @@ def _capability_list(
         for category, (servers, tasks) in groups.items()
         if not isinstance(wanted, str) or wanted.lower() in category.lower()
     ]
-    result = {"capabilities": listed, "unavailable": host.catalog.unavailable()}
-    return [host._result(request_id, _structured(result))]
+    result = {"capabilities": listed, "unavailable": session.catalog.unavailable()}
+    return Answer(_structured(result))
 
 
 @meta_tool(
@@ -370,41 +391,39 @@ def _capability_list(
         },
     }
 )
-def _switch(host: MetaToolHost, request_id: object, arguments: Json, _params: Json) -> list[Action]:
+def _switch(session: MetaContext, arguments: Json, _params: Json) -> MetaOutcome:
     profile = arguments.get("profile")
     add = arguments.get("add_servers", [])
     remove = arguments.get("remove_servers", [])
+    catalog, profiles = session.catalog, session.settings.profiles
     if not isinstance(add, list) or not isinstance(remove, list):
-        return [host._fail(request_id, INVALID_PARAMS, "servers must be lists of names")]
-    if profile is not None and profile not in host.profiles:
-        known = ", ".join(sorted(host.profiles)) or "none"
-        unknown = f"unknown profile {profile!r} (profiles: {known})"
-        return [host._fail(request_id, INVALID_PARAMS, unknown)]
-    unknown_servers = [s for s in [*add, *remove] if s not in host.catalog.services]
+        return Refusal(INVALID_PARAMS, "servers must be lists of names")
+    if profile is not None and profile not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        return Refusal(INVALID_PARAMS, f"unknown profile {profile!r} (profiles: {known})")
+    unknown_servers = [s for s in [*add, *remove] if s not in catalog.services]
     if unknown_servers:
-        return [host._fail(request_id, INVALID_PARAMS, f"unknown servers {unknown_servers}")]
-    chosen = set(host.profiles[profile]) if profile is not None else set(host.active)
+        return Refusal(INVALID_PARAMS, f"unknown servers {unknown_servers}")
+    chosen = set(profiles[profile]) if profile is not None else set(session.active)
     chosen = (chosen | set(add)) - set(remove)
     # As activate_servers: a service that cannot run is not made active, and is named with why.
-    unavailable = host.catalog.unavailable()
+    unavailable = catalog.unavailable()
     failed = [
-        _not_activated(s, unavailable)
-        for s in host.catalog.services
-        if s in chosen and s in unavailable
+        _not_activated(s, unavailable) for s in catalog.services if s in chosen and s in unavailable
     ]
-    changed = _make_active(host, chosen - set(unavailable))
+    active = _active(catalog, chosen - set(unavailable))
     result = _structured(
         {
             "new_configuration": {
                 "profile": profile,
-                "active_servers": list(host.active),
-                "tools_count": len(host.listed_tools()),
+                "active_servers": list(active),
+                "tools_count": len(session.listed_tools(active)),
             },
             "failed": failed,
-            "reconnect_required": host._stateless,
+            "reconnect_required": session.stateless,
         }
     )
-    return [host._result(request_id, result), *changed]
+    return Answer(result, active)
 
 
 # What tools/list shows of the meta-tools, in the order they are registered above.
@@ -412,38 +431,80 @@ META_DEFINITIONS: tuple[Json, ...] = tuple(tool.definition for tool in META_TOOL
 META_NAMES = frozenset(META_TOOLS)
 
 
-def _make_active(host: MetaToolHost, chosen: set[str]) -> list[Action]:
-    """Set the active servers; tell a handshake-era client if its tool list changed."""
-    before = host.listed_tools() if not host._stateless else None
-    host.active = [s for s in host.catalog.services if s in chosen]
-    if before is None or before == host.listed_tools():
-        return []
-    return [notification("notifications/tools/list_changed")]
+def _active(catalog: Catalog, chosen: set[str]) -> tuple[str, ...]:
+    """The active services ``chosen``, in the suite's order."""
+    return tuple(s for s in catalog.services if s in chosen)
 
 
-def assisted(host: MetaToolHost, assist: _Assist, message: Json) -> ToClient:
-    """The client's model answered an analyze_task's question (or refused): its choice among
-    the candidates, or the ranking's own when it chose none of them."""
+def _analysis(catalog: Catalog, result: Json) -> Json:
+    """analyze_task's result, with the suite's services that cannot run marked (the ranking
+    reads their words, and may recommend one: the client is told it is unavailable, and why)."""
+    return _structured({**result, "unavailable": catalog.unavailable()})
+
+
+class Assists:
+    """The analyze_task calls waiting for the client's model, by the id of the question it was
+    asked (:class:`Question`), until it answers or :attr:`Assist.deadline` comes."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, Assist] = {}
+
+    def ask(self, our_id: int, client_id: object, question: Question) -> bytes:
+        """The call ``client_id`` waits for the model, asked under ``our_id``: the request."""
+        self.waiting[our_id] = Assist(
+            client_id, question.ranking, question.candidates, question.budget, question.deadline
+        )
+        request = {
+            "jsonrpc": "2.0",
+            "id": our_id,
+            "method": "sampling/createMessage",
+            "params": question.params,
+        }
+        return encoder.encode(request)
+
+    def waits_on(self, client_id: object) -> bool:
+        return any(assist.client_id == client_id for assist in self.waiting.values())
+
+    def deadlines(self) -> list[float]:
+        return [assist.deadline for assist in self.waiting.values()]
+
+    def expired(self, now: float) -> list[tuple[int, Assist]]:
+        """The calls whose model did not answer in time (no longer waiting)."""
+        due = [(our_id, a) for our_id, a in self.waiting.items() if a.deadline <= now]
+        for our_id, _assist in due:
+            del self.waiting[our_id]
+        return due
+
+    def end(self) -> list[Assist]:
+        """The session ends: every call still waiting."""
+        ended = list(self.waiting.values())
+        self.waiting.clear()
+        return ended
+
+    def clone(self) -> Assists:
+        twin = Assists()
+        twin.waiting = dict(self.waiting)
+        return twin
+
+    def fingerprint(self) -> tuple[object, ...]:
+        return tuple(sorted(((i, repr(a)) for i, a in self.waiting.items())))
+
+
+def assisted(index: DiscoveryIndex, catalog: Catalog, assist: Assist, message: Json) -> Json:
+    """The client's model answered an analyze_task's question (or refused): the call's result,
+    with its choice among the candidates, or the ranking's own when it chose none of them."""
     chosen = assist_choice(message.get("result"), assist.candidates)
     if not chosen:
         refused = "refused" if "error" in message else "chose none of the candidates"
-        return assist_analysis(host, assist, f"ranking (the client's model {refused})")
+        return assist_analysis(catalog, assist, f"ranking (the client's model {refused})")
     why = f"chosen by the client's model among {', '.join(assist.candidates)}"
-    ranking = with_choice(host.index, assist.ranking, chosen, budget=assist.budget, why=why)
-    result = analysis(ranking, budget=assist.budget, decided_by="client_model")
-    return host._result(assist.client_id, _analysis(host, result))
+    ranking = with_choice(index, assist.ranking, chosen, budget=assist.budget, why=why)
+    return _analysis(catalog, analysis(ranking, budget=assist.budget, decided_by="client_model"))
 
 
-def assist_analysis(host: MetaToolHost, assist: _Assist, decided_by: str) -> ToClient:
-    """An analyze_task answered with the ranking's own choice (the model did not choose)."""
-    result = analysis(assist.ranking, budget=assist.budget, decided_by=decided_by)
-    return host._result(assist.client_id, _analysis(host, result))
-
-
-def _analysis(host: MetaToolHost, result: Json) -> Json:
-    """analyze_task's result, with the suite's services that cannot run marked (the ranking
-    reads their words, and may recommend one: the client is told it is unavailable, and why)."""
-    return _structured({**result, "unavailable": host.catalog.unavailable()})
+def assist_analysis(catalog: Catalog, assist: Assist, decided_by: str) -> Json:
+    """An analyze_task's result with the ranking's own choice (the model did not choose)."""
+    return _analysis(catalog, analysis(assist.ranking, budget=assist.budget, decided_by=decided_by))
 
 
 def _structured(content: Json) -> Json:

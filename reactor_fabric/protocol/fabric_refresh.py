@@ -1,7 +1,7 @@
 """A fabric-endpoint session's catalog refreshed from its backends' fresh lists, without I/O.
 
 After a backend's ``notifications/*/list_changed`` the session asks it again
-(:mod:`.fabric_server`); what it answers is the backend's to choose, and everything made from
+(:mod:`.fabric_relists`); what it answers is the backend's to choose, and everything made from
 it costs CPU in proportion: the catalog's routing tables, the ranking index (seconds for half a
 megabyte of words), what changed in its tools. None of that may run on the event loop, where it
 would hold up every other session: :class:`Refresh` is that work as one value, which the
@@ -200,7 +200,7 @@ def _cut(name: str) -> str:
 
 
 @dataclass(eq=False)
-class _Relist:
+class Relist:
     """A backend's list asked for after its list_changed, until it is in the catalog (told apart
     by identity: a list asked again is another one)."""
 
@@ -208,6 +208,8 @@ class _Relist:
 
 
 Key = tuple[str, str]  # (service, kind)
+# A refresh that ran and the lists it held (see Relists.finished).
+Finished = tuple[Refresh, dict[Key, Relist]]
 
 
 class Relists:
@@ -217,10 +219,10 @@ class Relists:
     list is asked for or in the works is asked once more after, however often it repeats."""
 
     def __init__(self) -> None:
-        self.asked: dict[Key, _Relist] = {}
-        self.fresh: dict[Key, tuple[_Relist, tuple[Any, ...]]] = {}
+        self.asked: dict[Key, Relist] = {}
+        self.fresh: dict[Key, tuple[Relist, tuple[Any, ...]]] = {}
         self.running: Refresh | None = None
-        self.held: dict[Key, _Relist] = {}
+        self.held: dict[Key, Relist] = {}
 
     def changed(self, service: str, kind: str) -> bool:
         """The backend said its list changed: whether to ask it now (else once more after)."""
@@ -228,14 +230,14 @@ class Relists:
         if relist is not None:
             relist.again = True
             return False
-        self.asked[service, kind] = _Relist()
+        self.asked[service, kind] = Relist()
         return True
 
-    def keep(self, service: str, kind: str, relist: _Relist, entries: list[Any]) -> None:
+    def keep(self, service: str, kind: str, relist: Relist, entries: list[Any]) -> None:
         """The list came: it waits for the next refresh."""
         self.fresh[service, kind] = (relist, tuple(entries))
 
-    def done(self, service: str, kind: str, relist: _Relist) -> bool:
+    def done(self, service: str, kind: str, relist: Relist) -> bool:
         """The list is in the catalog (or came to nothing): whether to ask it again (it said
         list_changed meanwhile). A container gone since forgot its lists: nothing to do."""
         if self.asked.get((service, kind)) is not relist:
@@ -243,7 +245,7 @@ class Relists:
         del self.asked[service, kind]
         if not relist.again:
             return False
-        self.asked[service, kind] = _Relist()
+        self.asked[service, kind] = Relist()
         return True
 
     def next(
@@ -267,7 +269,7 @@ class Relists:
         self.running = Refresh(base, lists, facts, count, lock, lock_mode, redact)
         return self.running
 
-    def finished(self, job: object) -> tuple[Refresh, dict[Key, _Relist]] | None:
+    def finished(self, job: object) -> Finished | None:
         """``job`` ran: the refresh and the lists it held (None: not the one running)."""
         refresh = self.running
         if refresh is None or job is not refresh:
@@ -284,9 +286,9 @@ class Relists:
 
     def clone(self) -> Relists:
         twin = Relists()
-        twins: dict[int, _Relist] = {}  # one twin per list (see done: told apart by identity)
+        twins: dict[int, Relist] = {}  # one twin per list (see done: told apart by identity)
 
-        def twin_of(relist: _Relist) -> _Relist:
+        def twin_of(relist: Relist) -> Relist:
             return twins.setdefault(id(relist), replace(relist))
 
         twin.asked = {key: twin_of(relist) for key, relist in self.asked.items()}
@@ -298,7 +300,7 @@ class Relists:
     def fingerprint(self) -> tuple[object, ...]:
         numbers: dict[int, int] = {}
 
-        def relist(r: _Relist) -> tuple[int, bool]:
+        def relist(r: Relist) -> tuple[int, bool]:
             # Which lists are the same one matters (see done), not where they live.
             return numbers.setdefault(id(r), len(numbers)), r.again
 

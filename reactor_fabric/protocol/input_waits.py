@@ -13,8 +13,8 @@ answer (or the next question) is the retry's answer. So the retry reaches **the 
 call runs in**, whatever the service's lifecycle: a per-call container is not removed, a
 retiring one not retired, while its call waits.
 
-This module keeps the waits (:class:`InputWaits`) and makes the messages; the router
-(:mod:`.fabric_router`) decides when a call waits and moves the answers.
+This module keeps the waits (:class:`InputWaits`) and makes the messages; the router's
+requests in flight (:mod:`.fabric_exchanges`) decide when a call waits and move the answers.
 
 Bounds and errors:
 

@@ -3,10 +3,11 @@
 On the fabric endpoint (``/mcp``) the orchestrator is its backends' MCP client, and a
 per-call service's container serves one call: its handshake would be paid at every call. So
 the pool greets such a container while it waits (:class:`Greeting`): the same ``initialize``
-the fabric router sends (:mod:`.fabric_router`), offering roots, sampling and elicitation
-always — the router answers a backend's request for a capability the session's client lacks
-with an error, as it does for any backend — then ``notifications/initialized``. A session of
-the fabric endpoint that takes it skips its own handshake (``BackendStarted.greeting``).
+the fabric endpoint greets its backends with (:mod:`.fabric_backends`), offering roots,
+sampling and elicitation always — the router answers a backend's request for a capability the
+session's client lacks with an error, as it does for any backend — then
+``notifications/initialized``. A session of the fabric endpoint that takes it skips its own
+handshake (``BackendStarted.greeting``).
 
 The answer is read within :data:`GREETING_SECONDS` and :data:`MAX_GREETING_BYTES` (everything
 the server wrote until its answer ended, the answer included: the InitializeResult kept with

@@ -2,12 +2,12 @@
 recently had, with the calls each served. Pure bookkeeping, no I/O.
 
 Both machines keep one: the relay's (:class:`~.session.SessionMachine`, every client request
-but the handshake and ping, read off its decisions) and the fabric endpoint's router
-(:class:`~.fabric_router.FabricRouter`), which reports each backend it asks for (its key,
-its lifecycle), its start (the container's name), each call it sends it (the client's id, the
-method, the tool, prompt or URI: a :class:`~.events.CallRef`) and its end (the stop reason:
-``call_done``, ``refresh_calls``, ``idle``, a failure's reason…). ``get_status`` and the
-operators' ``/api/sessions`` (and the status page) show them, so that a ``fresh_per_call``
+but the handshake and ping, read off its decisions) and the fabric endpoint's (kept with its
+backends, :class:`~.fabric_backends.BackendTable`), told of each backend asked for
+(its key, its lifecycle), its start (the container's name), each call sent to it (the client's
+id, the method, the tool, prompt or URI: a :class:`~.events.CallRef`) and its end (the stop
+reason: ``call_done``, ``refresh_calls``, ``idle``, a failure's reason…). ``get_status`` and
+the operators' ``/api/sessions`` (and the status page) show them, so that a ``fresh_per_call``
 service's five calls show five containers, and a ``smart_refresh`` service's replacements show
 which calls each container took.
 

@@ -46,7 +46,7 @@ BACKOFF_MAX_SECONDS = 60.0
 # before the next burst), short enough that an idle service gives the memory back soon.
 RATE_WINDOW_SECONDS = 60.0
 # A per-call service's target never exceeds max(warm, this): one session's calls in flight at
-# once (fabric_router.MAX_PER_CALL_CONTAINERS), so that a session's full fan-out finds a pool.
+# once (fabric_roster.MAX_PER_CALL_CONTAINERS), so that a session's full fan-out finds a pool.
 PER_CALL_CEILING = 8
 
 EntryState = Literal["starting", "greeting", "ready", "claimed"]

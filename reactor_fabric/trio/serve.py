@@ -57,7 +57,8 @@ from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname
 from ..protocol.agent_slots import AgentSlots
 from ..protocol.egress import EgressRecord
-from ..protocol.fabric_server import FABRIC_SERVICE, META_NAMES
+from ..protocol.fabric_messages import FABRIC_SERVICE
+from ..protocol.fabric_meta_tools import META_NAMES
 from ..protocol.settings import Settings
 from ..protocol.suite_lock import Mode, SuiteLock
 from ..runtime.base import Runtime

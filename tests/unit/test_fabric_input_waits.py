@@ -329,6 +329,6 @@ def test_questions_of_waiting_calls_count_with_the_sessions_other_requests_to_th
         keys.append(key)
     for n in range(MAX_SERVER_REQUESTS):
         asks(server, clock, keys[0], f"b{n}")
-    assert server.waits.questions() == MAX_SERVER_REQUESTS
+    assert server.router.exchanges.waits.questions() == MAX_SERVER_REQUESTS
     [refusal] = sent(asks(server, clock, keys[1], "one-more"), keys[1])
     assert refusal["error"]["code"] == -32006

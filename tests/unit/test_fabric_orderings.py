@@ -109,7 +109,10 @@ from reactor_fabric.protocol.events import (
     ToClient,
     ToolsChanged,
 )
+from reactor_fabric.protocol.fabric_backends import BackendTable
 from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
+from reactor_fabric.protocol.fabric_roster import Roster
+from reactor_fabric.protocol.fabric_router import FabricRouter
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests.messages import INITIALIZED, request
@@ -900,15 +903,22 @@ def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
     assert explore() >= at_least
 
 
+def plant(monkeypatch: pytest.MonkeyPatch, method: str, planted: Callable[..., Any]) -> None:
+    """Break the machine's ``method``, in the outermost of its parts that has it."""
+    parts = (FabricServer, FabricRouter, BackendTable, Roster)
+    part = next(c for c in parts if method in vars(c))
+    monkeypatch.setattr(part, method, planted(getattr(part, method)))
+
+
 def answering_twice(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
     """A machine that answers again what a dead container owed."""
 
     def answer_twice(
-        self: FabricServer, key: BackendKey, error: ContainerStartFailure
+        self: BackendTable, key: BackendKey, error: ContainerStartFailure
     ) -> list[Action]:
-        owed = [f.client_id for f in self._forwarded.values() if f.key == key]
+        owed = [f.client_id for f in self.exchanges.forwarded.values() if f.key == key]
         actions = original(self, key, error)
-        return actions + [self._error(client_id, error) for client_id in owed if client_id]
+        return actions + [self.replies.error(client_id, error) for client_id in owed if client_id]
 
     return answer_twice
 
@@ -917,7 +927,9 @@ def ending_as_before(_original: Callable[..., list[Action]]) -> Callable[..., li
     """The machine before the fix: answer_all answered and forgot the calls, and went on."""
 
     def answer_all(self: FabricServer, error: ContainerStartFailure) -> list[Action]:
-        return self._with_done(self._answer_all(error))
+        actions = self.router.exchanges.end(error)
+        actions += [self.replies.result(id_, ended) for id_, ended in self.lists.end()]
+        return self.replies.with_done(actions)
 
     return answer_all
 
@@ -926,7 +938,7 @@ def keeping_a_refused_backend(original: Callable[..., list[Action]]) -> Callable
     """The machine before the fix: a backend that refused the handshake was forgotten only."""
 
     def handshake_done(
-        self: FabricServer, key: BackendKey, message: dict[str, Any]
+        self: BackendTable, key: BackendKey, message: dict[str, Any]
     ) -> list[Action]:
         actions = original(self, key, message)
         return [a for a in actions if not isinstance(a, StopBackend | Log)]
@@ -938,8 +950,8 @@ def heeding_stale_backends(original: Callable[..., list[Action]]) -> Callable[..
     """The driver's check moved into the machine, left out: an event of any container of a
     service is taken as one of its current container."""
 
-    def backend_event(self: FabricServer, event: Any) -> list[Action]:
-        backend = self.backends.get(event.key.service)
+    def backend_event(self: FabricRouter, event: Any) -> list[Action]:
+        backend = self.table.roster.current.get(event.key.service)
         if backend is not None:
             event = dataclasses.replace(event, key=backend.key)
         return original(self, event)
@@ -950,7 +962,7 @@ def heeding_stale_backends(original: Callable[..., list[Action]]) -> Callable[..
 def counting_no_writes(_original: Callable[..., Any]) -> Callable[..., Any]:
     """What the driver wrote is never taken off the machine's count."""
 
-    def written(self: FabricServer, backend: Any, nbytes: int) -> None:
+    def written(self: Roster, backend: Any, nbytes: int, now: float) -> None:
         pass
 
     return written
@@ -960,7 +972,7 @@ def logging_twice(original: Callable[..., list[Action]]) -> Callable[..., list[A
     """The driver logged an unresponsive backend's stop a second time (fixed in 1e92e1c): here,
     the machine logs each failure twice."""
 
-    def stop(self: FabricServer, key: BackendKey, reason: str, logged: str | None = None) -> Any:
+    def stop(self: BackendTable, key: BackendKey, reason: str, logged: str | None = None) -> Any:
         actions = original(self, key, reason, logged)
         return [*[a for a in actions if isinstance(a, Log)], *actions]
 
@@ -972,7 +984,7 @@ def starting_after_shutdown(original: Callable[..., list[Action]]) -> Callable[.
 
     def shutdown(self: FabricServer, reason: str) -> list[Action]:
         actions = original(self, reason)
-        self._ending = None
+        self.router.table.ending = None
         return actions
 
     return shutdown
@@ -983,7 +995,7 @@ def starting_after_shutdown(original: Callable[..., list[Action]]) -> Callable[.
     [
         ("_backend_failed", answering_twice, "answered twice"),
         ("answer_all", ending_as_before, "after shutdown|after the client.s wait ended|ended"),
-        ("_handshake_done", keeping_a_refused_backend, "left running, forgotten"),
+        ("handshake_done", keeping_a_refused_backend, "left running, forgotten"),
         ("_stop", logging_twice, "logged backend_failed twice|logged without a stop"),
         ("_shutdown", starting_after_shutdown, "started after shutdown|after the session ended"),
     ],
@@ -1002,7 +1014,7 @@ def test_the_checker_catches_a_broken_fabric_machine(
     caught: str,
 ) -> None:
     # The invariants must be able to fail: break the machine, and exploring finds it.
-    monkeypatch.setattr(FabricServer, method, planted(getattr(FabricServer, method)))
+    plant(monkeypatch, method, planted)
     configure(monkeypatch, MISFORTUNES=1)
     with pytest.raises(Violation, match=caught):
         explore()
@@ -1012,8 +1024,7 @@ def test_the_checker_catches_a_machine_that_heeds_a_stopped_containers_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # (both calls to one service: a container stopped, and the next one started meanwhile)
-    planted = heeding_stale_backends(FabricServer._backend_event)
-    monkeypatch.setattr(FabricServer, "_backend_event", planted)
+    plant(monkeypatch, "backend_event", heeding_stale_backends)
     configure(monkeypatch, SCRIPT=ONE_SERVICE, MISFORTUNES=1)
     with pytest.raises(Violation, match=r"stop of|stopped as exited|not running"):
         explore()
@@ -1022,7 +1033,7 @@ def test_the_checker_catches_a_machine_that_heeds_a_stopped_containers_events(
 def test_the_checker_catches_a_machine_that_never_takes_written_bytes_off_its_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(FabricServer, "_written", counting_no_writes(FabricServer._written))
+    plant(monkeypatch, "written", counting_no_writes)
     configure(monkeypatch, MISFORTUNES=0, ASKS=1, OWN_BACKLOG=300, BUFFER=300)
     with pytest.raises(Violation, match="accepting"):
         explore()
@@ -1048,7 +1059,7 @@ def test_a_clone_of_the_machine_is_independent_and_fingerprinted_alike() -> None
 @pytest.mark.parametrize(
     ("method", "planted", "caught"),
     [
-        ("_settle", lambda _original: lambda _self: [], "left running, calls over"),
+        ("settle", lambda _original: lambda _self: [], "left running, calls over"),
         ("lifecycle", lambda _original: lambda _self, _service: Lifecycle(), "got a second call"),
     ],
     ids=["keeps-spent-containers", "shares-one-container"],
@@ -1061,7 +1072,7 @@ def test_the_checker_catches_a_per_call_service_kept_or_shared(
 ) -> None:
     # A machine that leaves a per-call container running after its call, or that gives both
     # calls one container: exploring finds it.
-    monkeypatch.setattr(FabricServer, method, planted(getattr(FabricServer, method)))
+    plant(monkeypatch, method, planted)
     configure(monkeypatch, SCRIPT=ONE_SERVICE, PER_CALL=("alpha",), MISFORTUNES=0)
     with pytest.raises(Violation, match=caught):
         explore()
@@ -1070,9 +1081,9 @@ def test_the_checker_catches_a_per_call_service_kept_or_shared(
 def measuring_under_calls(_original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
     """A machine that measures a smart_refresh container whenever it is ready, calls or not."""
 
-    def measure(self: FabricServer) -> list[Action]:
+    def measure(self: BackendTable) -> list[Action]:
         actions: list[Action] = []
-        for backend in self.backends.values():
+        for backend in self.roster.current.values():
             if backend.ready and not backend.measuring:
                 backend.measuring = True
                 actions.append(MeasureBackend(backend.key))
@@ -1084,12 +1095,12 @@ def measuring_under_calls(_original: Callable[..., list[Action]]) -> Callable[..
 def heeding_no_figure(_original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
     """A machine that sends the calls that waited for the figure, whatever it is."""
 
-    def backend_measured(self: FabricServer, event: BackendMeasured) -> list[Action]:
-        backend = self.all_backends.get(event.key)
+    def backend_measured(self: FabricRouter, event: BackendMeasured) -> list[Action]:
+        backend = self.table.roster.all.get(event.key)
         if backend is None or not backend.measuring:
             return []
         backend.measuring = False
-        return self._send_queue(event.key, backend)
+        return self.table.send_queue(event.key, backend)
 
     return backend_measured
 
@@ -1097,8 +1108,8 @@ def heeding_no_figure(_original: Callable[..., list[Action]]) -> Callable[..., l
 @pytest.mark.parametrize(
     ("method", "planted", "caught"),
     [
-        ("_measure_between_calls", measuring_under_calls, "measured under a call in flight"),
-        ("_backend_measured", heeding_no_figure, "got a call after it was measured over"),
+        ("measure_between_calls", measuring_under_calls, "measured under a call in flight"),
+        ("backend_measured", heeding_no_figure, "got a call after it was measured over"),
     ],
     ids=["measures-under-a-call", "ignores-the-figure"],
 )
@@ -1108,7 +1119,7 @@ def test_the_checker_catches_a_smart_refresh_service_measured_under_a_call_or_ke
     planted: Callable[[Callable[..., list[Action]]], Callable[..., Any]],
     caught: str,
 ) -> None:
-    monkeypatch.setattr(FabricServer, method, planted(getattr(FabricServer, method)))
+    plant(monkeypatch, method, planted)
     configure(monkeypatch, SCRIPT=ONE_SERVICE, REFRESH=("alpha",), MISFORTUNES=0)
     with pytest.raises(Violation, match=caught):
         explore()

@@ -44,19 +44,17 @@ from reactor_fabric.protocol.events import (
     ToolsChanged,
 )
 from reactor_fabric.protocol.fabric_discovery import AssistSettings, ServiceFacts
+from reactor_fabric.protocol.fabric_exchanges import ASK_SECONDS
+from reactor_fabric.protocol.fabric_lists import MAX_LISTENERS
+from reactor_fabric.protocol.fabric_meta_tools import META_NAMES
 from reactor_fabric.protocol.fabric_refresh import (
     MAX_LIST_BYTES,
     MAX_NAME_CHARS,
     MAX_NAMES,
     Refresh,
 )
-from reactor_fabric.protocol.fabric_server import (
-    ASK_SECONDS,
-    MAX_LISTENERS,
-    MAX_QUEUED_PER_BACKEND,
-    META_NAMES,
-    FabricServer,
-)
+from reactor_fabric.protocol.fabric_roster import MAX_QUEUED_PER_BACKEND
+from reactor_fabric.protocol.fabric_server import FabricServer
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 
 CATALOG = Catalog(
@@ -258,7 +256,7 @@ def test_by_default_only_the_meta_tools_and_the_active_servers_tools_are_listed(
 
 def test_servers_active_from_the_start_are_listed_in_the_suites_order() -> None:
     server = session(active=iter(["time", "git"]))
-    assert server.active == ["time", "git"]
+    assert server.lists.active == ["time", "git"]
     [listed] = to_client(client(server, msg(id=1, method="tools/list")))
     assert len(listed["result"]["tools"]) == len(META_NAMES) + 3
 
@@ -1326,7 +1324,7 @@ def test_a_call_under_an_id_in_flight_is_refused_never_reaches_a_backend_first_r
     assert to_client(actions)[0]["result"] == {"content": []}
     [first] = records(actions)
     assert (first.request_id, first.tool, first.outcome) == (1, "get_current_time", "ok")
-    assert server.calls.open == {}
+    assert server.replies.calls.open == {}
     # Answered, the id may be used again.
     assert records(call(server, 1, "get_status"))[0].outcome == "ok"
 
@@ -1693,7 +1691,7 @@ def test_activate_servers_answers_a_service_that_cannot_run_in_failed_with_its_r
     result = answer["result"]["structuredContent"]
     assert result["activated"] == ["time"]
     assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
-    assert server.active == ["time"]  # its tools are not listed as if it worked
+    assert server.lists.active == ["time"]  # its tools are not listed as if it worked
 
 
 def test_switch_context_leaves_a_service_that_cannot_run_inactive_and_names_it_in_failed() -> None:
@@ -1706,7 +1704,7 @@ def test_switch_context_leaves_a_service_that_cannot_run_inactive_and_names_it_i
     result = answer["result"]["structuredContent"]
     assert result["new_configuration"]["active_servers"] == ["time"]
     assert result["failed"] == [{"server": "ghost", **UNAVAILABLE}]
-    assert server.active == ["time"]
+    assert server.lists.active == ["time"]
 
 
 def test_find_tools_capabilities_and_analyze_task_mark_a_service_that_cannot_run() -> None:

@@ -599,7 +599,7 @@ def test_a_service_that_is_not_per_call_keeps_its_warm_whatever_its_takes() -> N
 
 def test_the_per_call_ceiling_is_the_calls_one_session_may_have_in_flight() -> None:
     # (kept apart so that the pool's machine does not import the router's)
-    from reactor_fabric.protocol.fabric_router import MAX_PER_CALL_CONTAINERS  # noqa: PLC0415
+    from reactor_fabric.protocol.fabric_roster import MAX_PER_CALL_CONTAINERS  # noqa: PLC0415
 
     assert PER_CALL_CEILING == MAX_PER_CALL_CONTAINERS
 
