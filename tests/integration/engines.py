@@ -1,0 +1,220 @@
+"""Which real-engine tests run against Podman too (``make test-podman``), and why the others do not.
+
+The rule: Podman runs what differs between engines, not everything twice. A test runs on Podman
+when what it checks is realised through the engine's API and may come out otherwise there:
+container create payloads (mounts, pinned mounts and their verification after start, the
+read-only and ``.git`` guards, tmpfs, users and accounts, capabilities, resource and memory
+limits, memory readings, labels), attached and socket stdio and how exits are reported, exec,
+image checks, networks and egress, secrets' delivery, the warm pool's staging and detached
+mounts, removal and cleanup, the orchestrator's own image, agents' containers. A test whose
+engine is incidental — the protocol, a client's view, auth, discovery, the bridge, metrics and
+the audit trail, the status page, Kubernetes (whose runtime speaks only to the API server; the
+engine merely backs the fake's pods) — runs on Docker only, and is named below with the reason
+and, where the engine side of it matters, the test that covers that side on Podman.
+
+Everything not named here runs on both engines: a new test runs on Podman until someone decides
+otherwise (when in doubt, keep it there). On Podman the named tests are *deselected* (pytest
+counts them as such), not skipped; ``REACTOR_FABRIC_PODMAN_ALL=1`` runs every test on Podman.
+
+Keys are test files' names; a test function stands for all its parameters.
+"""
+
+from __future__ import annotations
+
+# Whole modules: every test of the file runs on Docker only.
+DOCKER_ONLY_MODULES: dict[str, str] = {
+    "test_auth_e2e.py": (
+        "tokens, Origin and the bridge's token lookup: refused before any container is asked for"
+    ),
+    "test_claude_code_e2e.py": (
+        "Claude Code's tool search and calls through /mcp; per-call containers on Podman: "
+        "test_fabric_lifecycles_e2e, test_lifecycles_e2e"
+    ),
+    "test_client_messages_e2e.py": (
+        "what the Inspector CLI and Claude Code print of an error; a killed container's exit on "
+        "Podman: test_relay_e2e's kill test"
+    ),
+    "test_error_paths_e2e.py": (
+        "each client's report of refusals made before the engine is asked and of the shutdown; the "
+        "shutdown's removals on Podman: test_relay_e2e's SIGTERM test"
+    ),
+    "test_image_locks.py": (
+        "the image recipes' locks at build time (scripts/build-images): no orchestrator, no "
+        "container of ours"
+    ),
+    "test_images_stdio.py": (
+        "the images' servers under `docker run -i` (the CLI's payload, not ours); the "
+        "orchestrator's own path to each image on Podman: test_docker_api_stdio"
+    ),
+    "test_input_required_e2e.py": (
+        "MCP's multi-round-trip retry routed to the container that asked; per-call containers on "
+        "Podman: test_fabric_lifecycles_e2e, test_lifecycles_e2e"
+    ),
+    "test_kube_fake.py": "the fake Kubernetes API server itself (test infrastructure)",
+    "test_kube_fake_network_policies.py": (
+        "the fake Kubernetes API server's NetworkPolicies (test infrastructure)"
+    ),
+    "test_kubernetes_e2e.py": (
+        "runtime: kubernetes speaks only to the API server; the engine merely backs the fake's pods"
+    ),
+    "test_kubernetes_egress_e2e.py": (
+        "runtime: kubernetes speaks only to the API server; the engine merely backs the fake's pods"
+    ),
+    "test_kubernetes_runtime_pods.py": (
+        "runtime: kubernetes speaks only to the API server; the engine merely backs the fake's pods"
+    ),
+    "test_langchain_e2e.py": "a client library's view of /mcp",
+    "test_observability_e2e.py": (
+        "the audit trail, /metrics, the sessions command and Prometheus record what the "
+        "orchestrator saw; exits and removals on Podman: test_relay_e2e"
+    ),
+    "test_replicas_e2e.py": "sessions routed to their replica behind nginx",
+    "test_side_by_side_e2e.py": "two orchestrators' audit trails in one state directory",
+    "test_status_page_e2e.py": "the status page in a browser",
+    "test_tracing_e2e.py": "OpenTelemetry spans at a collector",
+    "test_transports_e2e.py": (
+        "every client transport and the bridge; per-session mounts on Podman: test_relay_e2e, "
+        "test_fabric_e2e, test_warm_pool_e2e"
+    ),
+}
+
+# Single tests (every parameter of each) of modules whose other tests run on both engines.
+DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
+    "test_accounts_e2e.py": {
+        "test_another_users_private_directory_is_not_mountable_through_a_users_orchestrator": (
+            "refused by the pinning, as the user, before the engine is asked"
+        ),
+    },
+    "test_agent_claude_code_e2e.py": {
+        "test_without_danger_mode_the_agent_has_no_shell_and_an_edit_outside_the_workspace_is_denied": (  # noqa: E501
+            "the CLI's permissions in safe mode; the agent's container on Podman: the mounted "
+            "project test"
+        ),
+        "test_without_danger_mode_a_shell_command_the_model_asks_for_is_refused_by_the_cli": (
+            "the CLI's refusal in safe mode"
+        ),
+        "test_a_task_that_looks_like_an_option_is_the_models_prompt_in_either_mode": (
+            "the agent server's command line and stdin for the CLI, inside the image"
+        ),
+        "test_the_projects_own_claude_configuration_does_not_configure_the_agent_in_either_mode": (
+            "the CLI's options against the project's settings files, inside the image"
+        ),
+        "test_a_gateway_giving_every_message_one_id_is_stopped_at_the_turn_limit": (
+            "the agent server's turn count from the model's stream"
+        ),
+    },
+    "test_agent_limits_e2e.py": {
+        "test_a_second_agent_call_of_a_session_at_its_limit_is_answered_agent_busy_at_once": (
+            "the orchestrator's per-session agent limit, answered without a container"
+        ),
+        "test_a_client_that_goes_away_mid_call_stops_the_agent_and_its_container_goes": (
+            "the same stop of a running agent's container as the cancelled call's, run on Podman"
+        ),
+    },
+    "test_agent_specialists_e2e.py": {
+        "test_two_clients_specialists_at_once_each_see_only_their_own_project": (
+            "agents' sessions kept apart by the orchestrator; per-session mounts on Podman: the "
+            "child-session test here, test_relay_e2e"
+        ),
+        "test_the_reference_designs_suite_with_local_images_runs_its_agent_services": (
+            "the reference design's suite as configuration; agents' lifecycles' containers on "
+            "Podman: the tests kept here, test_lifecycles_e2e"
+        ),
+        "test_the_bundled_suite_serves_its_specialist_as_unavailable_without_a_key_and_the_rest": (
+            "a missing key is found before any container"
+        ),
+    },
+    "test_catalog_e2e.py": {
+        "test_the_printed_catalog_is_what_rank_reads": (
+            "the ranking of a printed catalog; the probes on Podman: the test above it"
+        ),
+    },
+    "test_fabric_e2e.py": {
+        "test_a_handshake_client_lists_namespaced_tools_and_a_call_starts_only_that_service": (
+            "the fabric's tool list and routing"
+        ),
+        "test_a_stateless_client_finds_and_calls_a_tool_that_is_not_listed": (
+            "the fabric's meta-tools for a stateless client"
+        ),
+        "test_activation_changes_the_list_and_the_client_hears_list_changed": (
+            "the fabric's activation and notifications"
+        ),
+        "test_progress_roots_and_sampling_pass_between_everything_and_the_client": (
+            "messages passed between server and client"
+        ),
+        "test_a_killed_service_fails_its_call_in_flight_while_another_keeps_working": (
+            "the fabric's routing around a dead service; a killed container's exit on Podman: "
+            "test_relay_e2e's kill test"
+        ),
+        "test_the_typescript_sdk_lists_and_calls_over_http": "a client's view",
+        "test_claude_code_shows_the_fabric_endpoint_connected": "a client's view",
+        "test_the_bridge_without_a_service_serves_the_whole_suite": (
+            "the bridge; its mount on Podman: test_relay_e2e, test_fabric_e2e's two sessions"
+        ),
+        "test_the_inspector_cli_lists_and_calls_namespaced_tools": "a client's view",
+        "test_prompts_and_resources_of_a_service_are_listed_and_routed": (
+            "the fabric's routing of prompts and resources"
+        ),
+        "test_a_stateless_client_subscribes_to_list_changes": "the fabric's subscriptions",
+        "test_an_unknown_profile_or_exposure_is_the_error_the_clients_show": (
+            "refused before any container"
+        ),
+        "test_analyze_task_find_tools_and_get_status_answer_from_the_ranking_engine": "discovery",
+        "test_an_unsure_analysis_asks_the_clients_own_model_and_takes_its_choice": "discovery",
+    },
+    "test_fabric_lifecycles_e2e.py": {
+        "test_a_stateless_client_on_a_keyed_url_gets_a_fresh_container_for_every_call": (
+            "the keyed URL's sessions; per-call containers on Podman: the five-calls test here"
+        ),
+        "test_a_stateless_client_answers_a_per_call_servers_elicitation_through_input_required": (
+            "MCP's multi-round-trip retry routed to the container that asked"
+        ),
+    },
+    "test_relay_e2e.py": {
+        "test_progress_notifications_and_a_server_to_client_request_pass_through": (
+            "messages passed between server and client"
+        ),
+        "test_an_unreachable_docker_engine_answers_32001_and_the_orchestrator_keeps_serving": (
+            "no engine at all (a dead socket)"
+        ),
+    },
+    "test_security_e2e.py": {
+        "test_a_client_cannot_mount_its_own_files_over_the_services_command": (
+            "the mount policy refuses the target before the engine is asked"
+        ),
+        "test_a_keyed_url_belongs_to_its_first_client_others_and_tokenless_requests_are_refused": (
+            "the keyed URL's owner and the token"
+        ),
+        "test_a_keyed_session_registered_in_its_body_is_not_joined_by_its_key_alone": (
+            "the keyed URL's owner"
+        ),
+    },
+    "test_serve_healthz.py": {
+        "test_healthz_is_503_when_the_docker_engine_is_unreachable": (
+            "no engine at all (a dead socket)"
+        ),
+    },
+    "test_suite_lock_e2e.py": {
+        "test_enforce_or_warn_without_a_lock_file_stops_the_orchestrator_before_it_serves": (
+            "refused at start, before the engine is asked"
+        ),
+        "test_under_enforce_a_changed_tool_is_refused_on_both_endpoints_and_the_others_work": (
+            "tool definitions against the lock; image ids on Podman: the two-builds test here"
+        ),
+        "test_a_description_rewritten_at_runtime_is_caught_mid_session_and_refused_under_enforce": (
+            "tool definitions against the lock"
+        ),
+        "test_a_tools_list_answered_under_its_id_as_a_string_is_checked_before_the_typescript_sdk": (  # noqa: E501
+            "the relay's scan of a list, as a client parses it"
+        ),
+        "test_a_tool_listed_twice_reaches_the_typescript_sdk_once_as_locked": (
+            "the relay's scan of a list, as a client parses it"
+        ),
+    },
+}
+
+
+def docker_only_reason(module: str, function: str) -> str | None:
+    """Why the test ``function`` of the module file ``module`` runs on Docker only, or None
+    when it runs on Podman too."""
+    return DOCKER_ONLY_MODULES.get(module) or DOCKER_ONLY_TESTS.get(module, {}).get(function)
