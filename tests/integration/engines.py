@@ -38,6 +38,10 @@ DOCKER_ONLY_MODULES: dict[str, str] = {
         "each client's report of refusals made before the engine is asked and of the shutdown; the "
         "shutdown's removals on Podman: test_relay_e2e's SIGTERM test"
     ),
+    "test_fabric_e2e.py": (
+        "the fabric endpoint's routing, meta-tools, discovery and clients; what it asks of the "
+        "engine (per-session mounts, idle removal, a missing image) on Podman: test_relay_e2e"
+    ),
     "test_image_locks.py": (
         "the image recipes' locks at build time (scripts/build-images): no orchestrator, no "
         "container of ours"
@@ -74,7 +78,7 @@ DOCKER_ONLY_MODULES: dict[str, str] = {
     "test_tracing_e2e.py": "OpenTelemetry spans at a collector",
     "test_transports_e2e.py": (
         "every client transport and the bridge; per-session mounts on Podman: test_relay_e2e, "
-        "test_fabric_e2e, test_warm_pool_e2e"
+        "test_warm_pool_e2e"
     ),
 }
 
@@ -124,43 +128,18 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
             "a missing key is found before any container"
         ),
     },
+    "test_bounds_e2e.py": {
+        "test_a_server_request_nobody_answers_does_not_hold_the_container_past_its_idle_timeout": (
+            "the expiry of a server's request; idle removal on Podman: test_relay_e2e's idle test"
+        ),
+        "test_an_http_session_its_client_never_ends_goes_at_the_idle_timeout": (
+            "the expiry of an HTTP session; idle removal on Podman: test_relay_e2e's idle test"
+        ),
+    },
     "test_catalog_e2e.py": {
         "test_the_printed_catalog_is_what_rank_reads": (
             "the ranking of a printed catalog; the probes on Podman: the test above it"
         ),
-    },
-    "test_fabric_e2e.py": {
-        "test_a_handshake_client_lists_namespaced_tools_and_a_call_starts_only_that_service": (
-            "the fabric's tool list and routing"
-        ),
-        "test_a_stateless_client_finds_and_calls_a_tool_that_is_not_listed": (
-            "the fabric's meta-tools for a stateless client"
-        ),
-        "test_activation_changes_the_list_and_the_client_hears_list_changed": (
-            "the fabric's activation and notifications"
-        ),
-        "test_progress_roots_and_sampling_pass_between_everything_and_the_client": (
-            "messages passed between server and client"
-        ),
-        "test_a_killed_service_fails_its_call_in_flight_while_another_keeps_working": (
-            "the fabric's routing around a dead service; a killed container's exit on Podman: "
-            "test_relay_e2e's kill test"
-        ),
-        "test_the_typescript_sdk_lists_and_calls_over_http": "a client's view",
-        "test_claude_code_shows_the_fabric_endpoint_connected": "a client's view",
-        "test_the_bridge_without_a_service_serves_the_whole_suite": (
-            "the bridge; its mount on Podman: test_relay_e2e, test_fabric_e2e's two sessions"
-        ),
-        "test_the_inspector_cli_lists_and_calls_namespaced_tools": "a client's view",
-        "test_prompts_and_resources_of_a_service_are_listed_and_routed": (
-            "the fabric's routing of prompts and resources"
-        ),
-        "test_a_stateless_client_subscribes_to_list_changes": "the fabric's subscriptions",
-        "test_an_unknown_profile_or_exposure_is_the_error_the_clients_show": (
-            "refused before any container"
-        ),
-        "test_analyze_task_find_tools_and_get_status_answer_from_the_ranking_engine": "discovery",
-        "test_an_unsure_analysis_asks_the_clients_own_model_and_takes_its_choice": "discovery",
     },
     "test_fabric_lifecycles_e2e.py": {
         "test_a_stateless_client_on_a_keyed_url_gets_a_fresh_container_for_every_call": (
@@ -168,6 +147,17 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
         ),
         "test_a_stateless_client_answers_a_per_call_servers_elicitation_through_input_required": (
             "MCP's multi-round-trip retry routed to the container that asked"
+        ),
+        "test_a_smart_refresh_container_is_replaced_after_its_calls_and_the_client_sees_no_error": (
+            "the same replacement on /mcp as test_lifecycles_e2e's on the relay, run on Podman"
+        ),
+        "test_a_smart_refresh_container_a_call_took_over_its_memory_threshold_serves_no_next_call": (  # noqa: E501
+            "the same memory reading and replacement on /mcp as test_lifecycles_e2e's on the relay,"
+            " run on Podman"
+        ),
+        "test_an_idle_smart_refresh_container_goes_at_its_age_and_the_next_call_gets_a_fresh_one": (
+            "the same replacement at an age on /mcp as test_lifecycles_e2e's on the relay, run on "
+            "Podman"
         ),
     },
     "test_relay_e2e.py": {
@@ -209,6 +199,12 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
         ),
         "test_a_tool_listed_twice_reaches_the_typescript_sdk_once_as_locked": (
             "the relay's scan of a list, as a client parses it"
+        ),
+    },
+    "test_warm_pool_e2e.py": {
+        "test_every_real_client_gets_a_pooled_container_on_both_endpoints": (
+            "which clients a pooled container serves (the orchestrator's matching); pooled "
+            "containers on Podman: the other tests here"
         ),
     },
 }
