@@ -23,8 +23,18 @@ from __future__ import annotations
 
 # Whole modules: every test of the file runs on Docker only.
 DOCKER_ONLY_MODULES: dict[str, str] = {
+    "test_agent_specialists_e2e.py": (
+        "which key, services and sessions the orchestrator gives specialists; on Podman an agent's "
+        "container, secret and egress: test_agent_claude_code_e2e, its child session: "
+        "test_git_guard_e2e's safe-mode agent, two accounts' delivery: test_secrets_e2e, "
+        "test_egress_e2e"
+    ),
     "test_auth_e2e.py": (
         "tokens, Origin and the bridge's token lookup: refused before any container is asked for"
+    ),
+    "test_catalog_e2e.py": (
+        "the catalog command's cache and ranking; its probes are every orchestrator's start-up "
+        "probes, run on Podman by every kept test, and a missing image is test_relay_e2e's"
     ),
     "test_claude_code_e2e.py": (
         "Claude Code's tool search and calls through /mcp; per-call containers on Podman: "
@@ -106,6 +116,14 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
         "test_a_gateway_giving_every_message_one_id_is_stopped_at_the_turn_limit": (
             "the agent server's turn count from the model's stream"
         ),
+        "test_in_danger_mode_the_agent_runs_a_shell_command_without_a_prompt": (
+            "the CLI's danger mode; a danger-mode agent's shell in its container on Podman: "
+            "test_git_guard_e2e"
+        ),
+        "test_a_task_past_its_wall_time_answers_is_error_with_the_reason": (
+            "the wall time is the agent server's; stopping a running agent's container on Podman: "
+            "test_agent_limits_e2e's cancelled call"
+        ),
     },
     "test_agent_limits_e2e.py": {
         "test_a_second_agent_call_of_a_session_at_its_limit_is_answered_agent_busy_at_once": (
@@ -113,19 +131,6 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
         ),
         "test_a_client_that_goes_away_mid_call_stops_the_agent_and_its_container_goes": (
             "the same stop of a running agent's container as the cancelled call's, run on Podman"
-        ),
-    },
-    "test_agent_specialists_e2e.py": {
-        "test_two_clients_specialists_at_once_each_see_only_their_own_project": (
-            "agents' sessions kept apart by the orchestrator; per-session mounts on Podman: the "
-            "child-session test here, test_relay_e2e"
-        ),
-        "test_the_reference_designs_suite_with_local_images_runs_its_agent_services": (
-            "the reference design's suite as configuration; agents' lifecycles' containers on "
-            "Podman: the tests kept here, test_lifecycles_e2e"
-        ),
-        "test_the_bundled_suite_serves_its_specialist_as_unavailable_without_a_key_and_the_rest": (
-            "a missing key is found before any container"
         ),
     },
     "test_bounds_e2e.py": {
@@ -136,11 +141,6 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
             "the expiry of an HTTP session; idle removal on Podman: test_relay_e2e's idle test"
         ),
     },
-    "test_catalog_e2e.py": {
-        "test_the_printed_catalog_is_what_rank_reads": (
-            "the ranking of a printed catalog; the probes on Podman: the test above it"
-        ),
-    },
     "test_fabric_lifecycles_e2e.py": {
         "test_a_stateless_client_on_a_keyed_url_gets_a_fresh_container_for_every_call": (
             "the keyed URL's sessions; per-call containers on Podman: the five-calls test here"
@@ -149,15 +149,26 @@ DOCKER_ONLY_TESTS: dict[str, dict[str, str]] = {
             "MCP's multi-round-trip retry routed to the container that asked"
         ),
         "test_a_smart_refresh_container_is_replaced_after_its_calls_and_the_client_sees_no_error": (
-            "the same replacement on /mcp as test_lifecycles_e2e's on the relay, run on Podman"
+            "replacing after N calls is the orchestrator's decision; removing a session's container"
+            " and starting the next on Podman: test_relay_e2e's idle test, the per-call tests"
         ),
         "test_a_smart_refresh_container_a_call_took_over_its_memory_threshold_serves_no_next_call": (  # noqa: E501
             "the same memory reading and replacement on /mcp as test_lifecycles_e2e's on the relay,"
             " run on Podman"
         ),
         "test_an_idle_smart_refresh_container_goes_at_its_age_and_the_next_call_gets_a_fresh_one": (
-            "the same replacement at an age on /mcp as test_lifecycles_e2e's on the relay, run on "
-            "Podman"
+            "replacing at an age is the orchestrator's decision; removing a session's container and"
+            " starting the next on Podman: test_relay_e2e's idle test, the per-call tests"
+        ),
+    },
+    "test_lifecycles_e2e.py": {
+        "test_smart_refresh_replaces_the_container_after_its_calls_the_client_seeing_no_error": (
+            "replacing after N calls is the orchestrator's decision; removing a session's container"
+            " and starting the next on Podman: test_relay_e2e's idle test, the per-call tests"
+        ),
+        "test_smart_refresh_replaces_a_container_older_than_its_age_the_client_seeing_no_error": (
+            "replacing at an age is the orchestrator's decision; removing a session's container and"
+            " starting the next on Podman: test_relay_e2e's idle test, the per-call tests"
         ),
     },
     "test_relay_e2e.py": {
