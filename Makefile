@@ -47,7 +47,7 @@ test: install images image-orchestrator test-tools ## all tests: unit, and integ
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 PODMAN_SOCKET ?= /run/podman/podman.sock
-test-podman: install images image-orchestrator test-tools ## the real-engine tests again, against rootful Podman's Docker-compatible API (installs and starts it)
+test-podman: install images image-orchestrator test-tools ## the real-engine tests of what differs between engines, against rootful Podman's Docker-compatible API (installs and starts it); tests/integration/engines.py names those that run on Docker only
 	REACTOR_FABRIC_PODMAN_SOCKET=$(PODMAN_SOCKET) scripts/ensure-podman
 	DOCKER_HOST=unix://$(PODMAN_SOCKET) $(PY) -m pytest tests/integration $(PYTEST_ARGS)
 

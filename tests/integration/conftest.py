@@ -1,7 +1,8 @@
 """Real-engine tests: they need a Docker engine and the local images (`make images`).
 
 They are skipped only when REACTOR_FABRIC_SKIP_INTEGRATION=1 says so; otherwise a missing engine
-or image makes them fail, with a message saying what to run.
+or image makes them fail, with a message saying what to run. On Podman, the tests that
+tests/integration/engines.py names run on Docker only: they are deselected there.
 """
 
 from __future__ import annotations
@@ -13,19 +14,60 @@ from pathlib import Path
 import docker
 import pytest
 
+from tests.integration.engines import docker_only_reason
 from tests.integration.harness import STARTED, containers_of, engine_is_podman
 
 SKIP = os.environ.get("REACTOR_FABRIC_SKIP_INTEGRATION") == "1"
+# Every real-engine test on Podman too, the Docker-only ones included (engines.py).
+PODMAN_ALL = os.environ.get("REACTOR_FABRIC_PODMAN_ALL") == "1"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    integration = [item for item in items if "tests/integration/" in str(item.path)]
+    for item in integration:
+        item.add_marker(pytest.mark.integration)
+        if SKIP:
+            item.add_marker(pytest.mark.skip(reason="REACTOR_FABRIC_SKIP_INTEGRATION=1 was set"))
+    if integration and not SKIP and not PODMAN_ALL and _engine_is_podman():
+        _deselect_docker_only(config, items)
+
+
+def _engine_is_podman() -> bool:
+    """Whether the engine the tests reach is Podman, asked once at collection. No engine:
+    nothing is deselected, and the tests fail with the docker_client fixture's hint."""
+    try:
+        client = docker.from_env(version="auto", timeout=30)
+    except docker.errors.DockerException:
+        return False
+    try:
+        return engine_is_podman(client)
+    except docker.errors.DockerException:
+        return False
+    finally:
+        client.close()
+
+
+def _deselect_docker_only(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Podman runs what differs between engines: the tests engines.py names are deselected
+    (counted so by pytest, never reported as passed)."""
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
-        if "tests/integration/" in str(item.path):
-            item.add_marker(pytest.mark.integration)
-            if SKIP:
-                item.add_marker(
-                    pytest.mark.skip(reason="REACTOR_FABRIC_SKIP_INTEGRATION=1 was set")
-                )
+        function = getattr(item, "originalname", item.name)
+        on_docker_only = "tests/integration/" in str(item.path) and docker_only_reason(
+            item.path.name, function
+        )
+        (deselected if on_docker_only else kept).append(item)
+    if not deselected:
+        return
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"Podman: {len(deselected)} real-engine tests deselected, they run on Docker only "
+            "(tests/integration/engines.py; REACTOR_FABRIC_PODMAN_ALL=1 runs them here too)"
+        )
 
 
 @pytest.fixture(scope="session")
