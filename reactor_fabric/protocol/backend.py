@@ -3,8 +3,9 @@ machines model it. Pure: no I/O, no clock (times are passed in).
 
 The relay's machine (:mod:`.session`: one service, frames passed through untouched) and the
 fabric endpoint's backend table (:mod:`.fabric_roster` under :mod:`.fabric_backends`: many
-services, decoded and routed) keep their backends as :class:`Backend` records and decide about them with this module's rules, so that a
-lifecycle, a bound or a deadline means the same on both endpoints.
+services, decoded and routed) keep their backends as :class:`Backend` records and decide about
+them with this module's rules, so that a lifecycle, a bound or a deadline means the same on
+both endpoints.
 
 The state table
 ---------------
