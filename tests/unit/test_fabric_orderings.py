@@ -848,6 +848,7 @@ def configure(monkeypatch: pytest.MonkeyPatch, **settings: object) -> None:
 ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: queued, respawned
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("settings", "at_least"),
     [

@@ -576,6 +576,7 @@ def explore(*, stall_timeout: float = math.inf) -> int:
     return len(seen)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("frames", "misfortunes", "asks", "at_least"),
     [
@@ -596,6 +597,7 @@ def test_every_reachable_state_of_a_session_keeps_the_invariants(
     assert states >= at_least
 
 
+@pytest.mark.exhaustive
 def test_every_reachable_state_keeps_the_invariants_when_a_container_stops_taking_input(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -607,6 +609,7 @@ def test_every_reachable_state_keeps_the_invariants_when_a_container_stops_takin
     assert explore(stall_timeout=45.0) >= 5_000
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("frames", "misfortunes", "asks", "at_least"),
     [
@@ -627,6 +630,7 @@ def test_every_reachable_state_keeps_the_invariants_when_the_client_repeats_an_i
     assert explore() >= at_least
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("lifecycle", "frames", "misfortunes", "asks", "at_least"),
     [
@@ -659,6 +663,7 @@ def test_every_reachable_state_keeps_the_invariants_with_a_container_lifecycle(
     assert explore() >= at_least
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("frames", "misfortunes", "asks", "at_least"),
     [

@@ -576,6 +576,7 @@ def explore() -> int:
     return len(seen)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("takes", "misfortunes", "checks", "at_least"),
     [
@@ -614,6 +615,7 @@ def rate_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "CHECKS", 1)
 
 
+@pytest.mark.exhaustive
 def test_every_reachable_state_of_a_pool_that_follows_its_takes_keeps_the_invariants(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -380,6 +380,7 @@ def _judge(
     return facts
 
 
+@pytest.mark.exhaustive
 def test_every_ordering_of_events_keeps_the_close_handshakes_invariants() -> None:
     assert explore(connection) > len(WebSocketState)
 
