@@ -22,7 +22,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,12 @@ from tests.integration.harness import (
     REPO,
     Orchestrator,
     containers_of,
-    orchestrator,
+    orchestrator_fixture,
     post,
     python2_client,
     python_client,
     time_call_through_fabric,
     wait_until,
-    write_suite,
 )
 from tests.messages import INITIALIZE, INITIALIZED, request
 
@@ -61,11 +59,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.fixture(scope="module")
-def fabric(home: Path) -> Iterator[Orchestrator]:
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
-    with orchestrator(suite, home / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(scope="module", home="home")
 
 
 def records_of(fabric: Orchestrator, session: str) -> list[dict[str, Any]]:

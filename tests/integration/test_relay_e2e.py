@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -24,6 +23,7 @@ from tests.integration.harness import (
     containers_of,
     git_repo,
     orchestrator,
+    orchestrator_fixture,
     python_client,
     text_of,
     ts_client,
@@ -34,13 +34,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def fabric(tmp_path: Path, project_root: Path) -> Iterator[Orchestrator]:
-    suite = write_suite(
-        tmp_path / "suite.yaml", [str(project_root)], timeouts={"time": "3s", "everything": "5m"}
-    )
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(timeouts={"time": "3s", "everything": "5m"})
 
 
 def mounts(source: Path, target: str = "/workspace", read_only: bool = False) -> str:
