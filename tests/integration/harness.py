@@ -533,6 +533,23 @@ def ts_client(url: str, *args: str) -> LineProcess:
     return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])
 
 
+def started_call(client: LineProcess, call: dict[str, Any]) -> None:
+    """Have ``client`` (the Python SDK 1.x) send ``call``, a long one that reports progress,
+    and return once the first progress is reported: the server has the request and works on
+    it."""
+    client.send({"op": "call", **call, "report_progress": True})
+    first = client.read_json()
+    assert first.get("op") == "progress", first
+
+
+def answer_past_progress(client: LineProcess, timeout: float = READ_TIMEOUT) -> dict[str, Any]:
+    """The next answer ``client`` reports, past the progress a call reported before it."""
+    answer = client.read_json(timeout)
+    while answer.get("op") == "progress":
+        answer = client.read_json(timeout)
+    return answer
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import docker
@@ -19,12 +18,14 @@ import pytest
 from tests.integration.harness import (
     LineProcess,
     Orchestrator,
+    answer_past_progress,
     assert_confined_by_effect,
     containers_of,
     git_repo,
     orchestrator,
     orchestrator_fixture,
     python_client,
+    started_call,
     text_of,
     ts_client,
     wait_until,
@@ -183,18 +184,14 @@ def test_killing_the_container_mid_request_answers_32002_and_the_next_call_respa
     try:
         session = client.read_json()["result"]["sessionId"]
         assert client.ask({"op": "initialize"})["ok"]
-        client.send(
-            {
-                "op": "call",
-                "name": "trigger-long-running-operation",
-                "arguments": {"duration": 60, "steps": 60},
-            }
+        # The server has the request once it reports progress (it answers only after 60 s).
+        started_call(
+            client,
+            {"name": "trigger-long-running-operation", "arguments": {"duration": 60, "steps": 60}},
         )
-        wait_until(lambda: bool(containers_of(docker_client, session=session)), what="container")
-        time.sleep(1)  # let the request reach the server (it answers only after 60 s)
         [container] = containers_of(docker_client, session=session)
         container.kill()
-        failed = client.read_json()
+        failed = answer_past_progress(client)
         assert not failed["ok"]
         assert failed["error"]["code"] == -32002
         assert failed["error"]["data"]["reason"] == "container_exited"
