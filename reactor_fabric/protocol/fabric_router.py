@@ -52,7 +52,7 @@ slow service stalls only its session), and a backend that leaves more than
 ``roots/list``, refusals, refreshes, the handshake) has stopped reading its stdin, and is
 treated as broken (``container_unresponsive``, as on the relay) rather than grow the
 orchestrator's memory. A stopped backend's counts are forgotten with it. At
-most :data:`~.session.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on
+most :data:`~.answers.MAX_SERVER_REQUESTS` backend requests wait for the client at once, as on
 the relay; one more is answered to its backend -32006 ``too_many_requests_to_client``. A request
 the client does not answer within :data:`ASK_SECONDS` is answered to its backend -32006
 ``client_did_not_answer``.

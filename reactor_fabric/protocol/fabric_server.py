@@ -355,7 +355,7 @@ class FabricServer(FabricRouter):
 
     @property
     def deadline(self) -> float | None:
-        """When :meth:`tick` is next due (None: nothing will come due by itself)."""
+        """When a :class:`~.events.Tick` is next due (None: nothing will come due by itself)."""
         if self._ending is not None:
             return None
         due = self._backend_deadlines()
