@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install docker images image-orchestrator run test test-unit test-integration lint format \
         validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery \
-        test-tools test-podman
+        test-tools test-podman test-fast
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ test-tools: ## what the observability tests need: headless Chromium and its driv
 
 test-unit: install ## unit tests only (no Docker needed)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-fast: install ## the quick loop: unit tests without the exhaustive explorations (< 2 min; CI runs them)
+	$(PY) -m pytest tests/unit -m "not exhaustive" $(PYTEST_ARGS)
 
 test-integration: install images image-orchestrator test-tools ## real-engine tests only
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)

@@ -64,6 +64,7 @@ class Collector:
         self.spans: list[ReceivedSpan] = []
         self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
+        self._received = threading.Condition(self._lock)  # notified at each export
 
     def receive(self, body: bytes, headers: dict[str, str]) -> None:
         request = ExportTraceServiceRequest()
@@ -87,9 +88,10 @@ class Collector:
             for scoped in spans.scope_spans
             for span in scoped.spans
         ]
-        with self._lock:
+        with self._received:
             self.spans.extend(received)
             self.headers.append(headers)
+            self._received.notify_all()
 
     def snapshot(self) -> list[ReceivedSpan]:
         with self._lock:
@@ -98,16 +100,16 @@ class Collector:
     def wait_for(
         self, found: Callable[[list[ReceivedSpan]], bool], *, what: str, timeout: float = 30
     ) -> list[ReceivedSpan]:
-        """The spans received, once ``found`` says they are all there (bounded)."""
+        """The spans received, once ``found`` says they are all there (bounded): looked at again
+        at each export received."""
         deadline = time.monotonic() + timeout
-        while True:
-            spans = self.snapshot()
-            if found(spans):
-                return spans
-            if time.monotonic() > deadline:
-                names = [s.name for s in spans]
-                raise AssertionError(f"the collector never received {what}; it has {names}")
-            time.sleep(0.05)
+        with self._received:
+            while not found(list(self.spans)):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._received.wait(remaining):
+                    names = [s.name for s in self.spans]
+                    raise AssertionError(f"the collector never received {what}; it has {names}")
+            return list(self.spans)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -8,7 +8,7 @@ them — depends little on the exact vocabulary.
 
 When the encoding cannot be loaded (the package missing, a broken install), the count falls
 back to a documented estimate: one token per four bytes of the definition's JSON, the usual
-rule of thumb for English text and JSON under BPE vocabularies of this size. :data:`METHOD`
+rule of thumb for English text and JSON under BPE vocabularies of this size. :func:`method`
 says which one is in use (``get_status`` reports it).
 
 What is counted: the definition as the client sees it — ``name``, ``description`` and

@@ -103,7 +103,7 @@ class ContainerSpec:
     secret_reason: str = SECRET_UNAVAILABLE
     # The service's egress allowlist (``host:port`` entries; None: no proxy, `network` as
     # given). With one, `network` is "none" and the runtime serves the container a forward
-    # proxy at EGRESS_PROXY_URL inside it (see reactor_fabric.trio.egress), or refuses it
+    # proxy at EGRESS_PROXY_URL inside it (see reactor_fabric.runtime.egress_proxy), or refuses it
     # (egress_unavailable) where it cannot.
     egress: tuple[str, ...] | None = None
     # An agent's container with a child session: the runtime binds a socket of its own at
@@ -230,7 +230,7 @@ CHILD_TOKEN_ENV = "REACTOR_FABRIC_FABRIC_TOKEN"  # noqa: S105 - the variable's n
 CHILD_SOCKET_TARGET = "/.reactor-fabric/fabric.sock"
 
 # Where a container with an egress allowlist finds its proxy: a port on its own loopback, where
-# fabric-stdio forwards each connection to the orchestrator (reactor_fabric.trio.egress).
+# fabric-stdio forwards each connection to the orchestrator (reactor_fabric.runtime.egress_proxy).
 EGRESS_PROXY_PORT = 3128
 EGRESS_PROXY_URL = f"http://127.0.0.1:{EGRESS_PROXY_PORT}"
 

@@ -1,7 +1,7 @@
 """Is the orchestrator that created a container still alive? (crash recovery)
 
 Containers carry their owner's host name, PID and process start time (see
-:mod:`._container_spec`). On the same host, the owner is alive only if a process with that PID
+:mod:`.container_spec`). On the same host, the owner is alive only if a process with that PID
 exists *and* started at that time, so a reused PID is not mistaken for the owner. Containers
 owned from another host (a shared remote engine) cannot be judged and are left alone.
 """

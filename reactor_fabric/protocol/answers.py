@@ -72,7 +72,7 @@ class SessionLimits:
 
 
 def session_ending(reason: str) -> SessionEnding:
-    """What requests in flight get when their session must end (see :class:`Shutdown`)."""
+    """What requests in flight get when their session must end (see :class:`~.events.Shutdown`)."""
     if reason == ENDED_BY_OPERATOR:
         return SessionEnding(
             "an operator of the orchestrator ended this session; its containers were removed "

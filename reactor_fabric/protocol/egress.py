@@ -2,7 +2,7 @@
 
 A service with ``egress: ["api.github.com:443", "127.0.0.1:8080", …]`` runs with no network of
 its own; its clients reach the listed destinations only through the orchestrator's forward
-proxy (:mod:`reactor_fabric.trio.egress`). This module is that proxy's whole judgement, as
+proxy (:mod:`reactor_fabric.runtime.egress_proxy`). This module is that proxy's whole judgement, as
 pure functions the tests explore exhaustively:
 
 1. :func:`read_request` — the client's request head (``CONNECT host:port`` for a tunnel, or an

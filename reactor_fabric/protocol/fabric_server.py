@@ -339,7 +339,7 @@ class FabricServer:
 
     @property
     def deadline(self) -> float | None:
-        """When :meth:`tick` is next due (None: nothing will come due by itself)."""
+        """When a :class:`~.events.Tick` is next due (None: nothing will come due by itself)."""
         if self.table.ending is not None:
             return None
         due = self.table.deadlines() + self.assists.deadlines()

@@ -160,8 +160,9 @@ class ContainerStarter:
         gets the very directories the session was granted, or this start fails with -32004. A
         service with a warm pool hands over one of its started containers when one fits (see
         :mod:`.warm_pool`); otherwise a fresh one is started. ``greeted``: the caller skips the
-        handshake with a container the pool greeted (see :meth:`.WarmPool.take`); ``call``: the
-        one call the container is started for (fresh_per_call), named in its audit record.
+        handshake with a container the pool greeted (see :meth:`.warm_pool.WarmPool.take`);
+        ``call``: the one call the container is started for (fresh_per_call), named in its
+        audit record.
 
         An agent that ``uses`` services gets a child session of ``session`` (the starting
         session's record): a grant made here, before the container exists (its token is in the

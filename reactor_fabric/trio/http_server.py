@@ -403,7 +403,7 @@ async def serve_http(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept connections on the (listening, non-blocking) ``listener`` until cancelled; each
-    connection runs in ``connections``, not here, as a :class:`~.sockets.LeanSocketStream`.
+    connection runs in ``connections``, not here, as a :class:`~.._sockets.LeanSocketStream`.
 
     Cancelling this task stops accepting and leaves the open connections alone, so that a
     shutdown can let them finish their answers first. Reports started once accepting.

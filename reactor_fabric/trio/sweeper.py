@@ -4,7 +4,7 @@ Ownership tree: :func:`run_sweeper` runs in the orchestrator's root nursery. At 
 the orchestrator reports itself serving) and then periodically it removes:
 
 - containers of *other* orchestrator instances whose owning process is gone (it was killed, or
-  the machine restarted) — see :mod:`._owner`;
+  the machine restarted) — see :mod:`..policy.owner`;
 - containers of *this* instance that belong to no live session and are older than a grace
   period (a spawn abandoned half-way, a removal that failed).
 

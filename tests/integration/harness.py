@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import ipaddress
 import json
 import os
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock_time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import docker
+import pytest
 import yaml
 
 from reactor_fabric._operator_cli import audit_file_name
@@ -346,14 +348,59 @@ def orchestrator(
             shutil.rmtree(state, ignore_errors=True)
 
 
-@contextmanager
-def bundled_orchestrator(home: Path) -> Iterator[Orchestrator]:
-    """The bundled suite, mounts allowed below ``home/projects``, served (for module fixtures
-    that share one orchestrator among their tests)."""
-    (home / "projects").mkdir()
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
-    with orchestrator(suite, home / "orchestrator.log") as running:
-        yield running
+def orchestrator_fixture(
+    *,
+    scope: Literal["function", "module"] = "function",
+    home: str | None = None,
+    roots: Literal["projects", "home"] = "projects",
+    given: Callable[..., dict[str, Any]] | None = None,
+    env: Callable[..., dict[str, str]] | None = None,
+    after: Callable[..., None] | None = None,
+    **options: Any,
+) -> Any:
+    """A fixture serving one orchestrator (:func:`orchestrator`) to the tests that ask for it
+    by the name a test module binds it to: ``fabric = orchestrator_fixture(scope="module")``.
+
+    Its suite is the bundled one written by :func:`write_suite` with ``options`` (timeouts,
+    images, test_services, service_fields, orchestrator settings), its suite file and log in
+    ``home``: the fixture of that name's directory, else the test's tmp_path (``scope``
+    "function": one orchestrator per test) or a directory of the module's own ("module": one
+    shared by the module's tests). Mounts are allowed below ``home/projects`` (``roots``
+    "projects": for one per test, the ``project_root`` fixture's) or anywhere in ``home``.
+    ``given``, ``env`` and ``after`` are functions whose parameters name other fixtures: the
+    options that depend on them (an image the module builds, a cluster), the orchestrator's
+    environment, and what is checked once it has stopped.
+    """
+
+    def values(request: pytest.FixtureRequest, function: Callable[..., Any]) -> dict[str, Any]:
+        names = inspect.signature(function).parameters
+        return {name: request.getfixturevalue(name) for name in names}
+
+    @pytest.fixture(scope=scope)
+    def served(request: pytest.FixtureRequest) -> Iterator[Orchestrator]:
+        if home is not None:
+            place: Path = request.getfixturevalue(home)
+        elif scope == "function":
+            place = request.getfixturevalue("tmp_path")
+        else:
+            factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+            place = factory.mktemp(request.module.__name__.rpartition(".")[2])
+        if roots == "home":
+            allowed = place
+        elif scope == "function" and home is None:
+            allowed = request.getfixturevalue("project_root")
+        else:
+            allowed = place / "projects"
+            allowed.mkdir(exist_ok=True)
+        more = given(**values(request, given)) if given is not None else {}
+        suite = write_suite(place / "suite.yaml", [str(allowed)], **options, **more)
+        environment = env(**values(request, env)) if env is not None else None
+        with orchestrator(suite, place / "orchestrator.log", env=environment) as running:
+            yield running
+        if after is not None:
+            after(**values(request, after))
+
+    return served
 
 
 def python_for(account: dict[str, Any]) -> tuple[str, str]:
@@ -484,6 +531,23 @@ def claude_shows_connected(workdir: Path, name: str, url: str) -> None:
 def ts_client(url: str, *args: str) -> LineProcess:
     transport = "http" if url.startswith("http") else "ws"
     return LineProcess([*envs.node_command("ts_client.mjs"), transport, url, *args])
+
+
+def started_call(client: LineProcess, call: dict[str, Any]) -> None:
+    """Have ``client`` (the Python SDK 1.x) send ``call``, a long one that reports progress,
+    and return once the first progress is reported: the server has the request and works on
+    it."""
+    client.send({"op": "call", **call, "report_progress": True})
+    first = client.read_json()
+    assert first.get("op") == "progress", first
+
+
+def answer_past_progress(client: LineProcess, timeout: float = READ_TIMEOUT) -> dict[str, Any]:
+    """The next answer ``client`` reports, past the progress a call reported before it."""
+    answer = client.read_json(timeout)
+    while answer.get("op") == "progress":
+        answer = client.read_json(timeout)
+    return answer
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:

@@ -24,10 +24,10 @@ from tests.integration import harness
 from tests.integration.harness import (
     Orchestrator,
     bridged_client,
-    bundled_orchestrator,
     claude_mcp,
     containers_of,
     orchestrator,
+    orchestrator_fixture,
     python_client,
     write_suite,
 )
@@ -41,10 +41,7 @@ pytestmark = pytest.mark.integration
 WRONG = "wrong-token-0123456789abcdef"
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with bundled_orchestrator(tmp_path_factory.mktemp("auth")) as running:
-        yield running
+fabric = orchestrator_fixture(scope="module")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,11 @@ import pytest
 from reactor_fabric.trio.catalog import PROBE_SESSION_PREFIX
 from tests.clients import envs
 from tests.integration import harness
-from tests.integration.harness import Orchestrator, orchestrator, wait_until, write_suite
+from tests.integration.harness import (
+    Orchestrator,
+    orchestrator_fixture,
+    wait_until,
+)
 from tests.messages_api import Block, Step, Text, ToolUse, scripted_messages_api
 
 pytestmark = pytest.mark.integration
@@ -49,16 +53,7 @@ TOOL = f"mcp__{SERVER}__time__get_current_time"
 ZONES = ["UTC", "Europe/Paris", "Asia/Tokyo", "America/New_York", "Australia/Sydney"]
 
 
-@pytest.fixture
-def fabric(tmp_path: Path) -> Iterator[Orchestrator]:
-    (tmp_path / "projects").mkdir()
-    suite = write_suite(
-        tmp_path / "suite.yaml",
-        [str(tmp_path / "projects")],
-        service_fields={"time": {"container_strategy": STRATEGY}},
-    )
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(service_fields={"time": {"container_strategy": STRATEGY}})
 
 
 def times_read(request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,16 @@ from tests.integration import harness
 from tests.integration.harness import (
     REPO,
     Orchestrator,
-    bundled_orchestrator,
     claude_mcp,
     containers_of,
+    orchestrator_fixture,
     wait_until,
 )
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with bundled_orchestrator(tmp_path_factory.mktemp("messages")) as running:
-        yield running
+fabric = orchestrator_fixture(scope="module")
 
 
 def inspector_command(url: str, *arguments: str) -> list[str]:

@@ -15,7 +15,7 @@ HTTP, and the stdio bridge launched by the Python SDK 2.x stdio client.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from tests.integration.harness import (
     LineProcess,
     Orchestrator,
     bridged_client,
-    bundled_orchestrator,
     orchestrator,
+    orchestrator_fixture,
     python2_client,
     python_client,
     ts_client,
@@ -100,10 +100,7 @@ def initialize_error(
         client.close()
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with bundled_orchestrator(tmp_path_factory.mktemp("errors")) as running:
-        yield running
+fabric = orchestrator_fixture(scope="module")
 
 
 @pytest.mark.parametrize("client", sorted(LAUNCHERS))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.integration.harness import (
     converted_time,
     git_repo,
     orchestrator,
+    orchestrator_fixture,
     python2_client,
     python_client,
     text_of,
@@ -57,17 +57,13 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.fixture(scope="module")
-def fabric(home: Path) -> Iterator[Orchestrator]:
-    suite = write_suite(
-        home / "suite.yaml",
-        [str(home / "projects")],
-        timeouts={"time": "3s", "everything": "5m", "git": "5m"},
-        # analyze_task asks a client that offers sampling whenever it is below certainty.
-        fabric={"model_assist": {"enabled": True, "below_confidence": 1, "timeout": "30s"}},
-    )
-    with orchestrator(suite, home / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(
+    scope="module",
+    home="home",
+    timeouts={"time": "3s", "everything": "5m", "git": "5m"},
+    # analyze_task asks a client that offers sampling whenever it is below certainty.
+    fabric={"model_assist": {"enabled": True, "below_confidence": 1, "timeout": "30s"}},
+)
 
 
 def sdk2(url: str, mode: str = "legacy") -> LineProcess:

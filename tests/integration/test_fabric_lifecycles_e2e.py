@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from tests.integration.harness import (
     build_test_image,
     containers_of,
     orchestrator,
+    orchestrator_fixture,
     python2_client,
     text_of,
     wait_until,
@@ -37,25 +38,28 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    home = tmp_path_factory.mktemp("lifecycles")
-    (home / "projects").mkdir()
-    image = build_test_image("allocating")
-    refreshed = {"image": image, "container_strategy": "smart_refresh"}
-    suite = write_suite(
-        home / "suite.yaml",
-        [str(home / "projects")],
-        test_services={
+def allocating_image() -> str:
+    return build_test_image("allocating")
+
+
+def refreshed_services(allocating_image: str) -> dict[str, Any]:
+    refreshed = {"image": allocating_image, "container_strategy": "smart_refresh"}
+    return {
+        "test_services": {
             "allocating": {**refreshed, "memory_threshold": "32m"},
             "aging": {**refreshed, "max_container_age": "2s"},
-        },
-        service_fields={
-            "everything": {"container_strategy": "fresh_per_call"},
-            "time": {"container_strategy": "smart_refresh", "max_calls_per_container": 2},
-        },
-    )
-    with orchestrator(suite, home / "orchestrator.log") as running:
-        yield running
+        }
+    }
+
+
+fabric = orchestrator_fixture(
+    scope="module",
+    given=refreshed_services,
+    service_fields={
+        "everything": {"container_strategy": "fresh_per_call"},
+        "time": {"container_strategy": "smart_refresh", "max_calls_per_container": 2},
+    },
+)
 
 
 def opened(fabric: Orchestrator) -> tuple[LineProcess, str]:

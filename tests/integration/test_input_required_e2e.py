@@ -9,9 +9,6 @@ URL (stateless), answering the question through its elicitation callback.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import docker
 import pytest
 
@@ -19,11 +16,10 @@ from tests.integration.harness import (
     Orchestrator,
     build_test_image,
     containers_of,
-    orchestrator,
+    orchestrator_fixture,
     python2_client,
     text_of,
     wait_until,
-    write_suite,
 )
 from tests.integration.test_observability_e2e import calls_in, records_of
 
@@ -35,17 +31,14 @@ def asking_image() -> str:
     return build_test_image("asking")
 
 
-@pytest.fixture
-def fabric(tmp_path: Path, asking_image: str) -> Iterator[Orchestrator]:
-    suite = write_suite(
-        tmp_path / "suite.yaml",
-        [str(tmp_path)],
-        test_services={
+fabric = orchestrator_fixture(
+    roots="home",
+    given=lambda asking_image: {
+        "test_services": {
             "asking": {"image": asking_image, "container_strategy": "fresh_per_call"},
-        },
-    )
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running
+        }
+    },
+)
 
 
 def test_a_per_call_relay_keeps_the_container_that_asked_for_input_for_the_clients_retry(

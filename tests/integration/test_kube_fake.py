@@ -619,7 +619,7 @@ async def test_a_watcher_that_never_reads_is_closed_without_stalling_the_others(
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(healthy)
-                await trio.sleep(0.2)
+                await fake.store.watching(2)  # the stalled watch and the healthy one
                 for index in range(30):
                     pod = unschedulable(f"big-{index}")
                     pod["metadata"]["annotations"] = {"padding": big}

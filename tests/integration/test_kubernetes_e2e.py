@@ -41,6 +41,7 @@ from tests.integration.harness import (
     build_test_image,
     git_repo,
     orchestrator,
+    orchestrator_fixture,
     python2_client,
     python_client,
     text_of,
@@ -161,29 +162,35 @@ def cluster(
         yield fake
 
 
-def kubernetes_suite(tmp_path: Path, cluster: Cluster, project_root: Path, **fields: Any) -> Path:
-    return write_suite(
-        tmp_path / "suite.yaml",
-        [str(project_root)],
-        runtime="kubernetes",
-        kubernetes={
+def on_cluster(cluster: Cluster, project_root: Path) -> dict[str, Any]:
+    """The suite's settings for the cluster (the project root its claim)."""
+    return {
+        "runtime": "kubernetes",
+        "kubernetes": {
             "kubeconfig": str(cluster.kubeconfig),
             "namespace": cluster.namespace,
             "volumes": {str(project_root): CLAIM},
             "start_timeout": "60s",
         },
-        **fields,
+    }
+
+
+def kubernetes_suite(tmp_path: Path, cluster: Cluster, project_root: Path, **fields: Any) -> Path:
+    return write_suite(
+        tmp_path / "suite.yaml", [str(project_root)], **on_cluster(cluster, project_root), **fields
     )
 
 
-@pytest.fixture
-def on_kubernetes(
-    tmp_path: Path, cluster: Cluster, project_root: Path
-) -> Iterator[tuple[Orchestrator, Cluster]]:
-    suite = kubernetes_suite(tmp_path, cluster, project_root)
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running, cluster
+def every_pod_deleted(cluster: Cluster) -> None:
     wait_until(lambda: not cluster.pods(), what="every session pod to be deleted")
+
+
+fabric = orchestrator_fixture(given=on_cluster, after=every_pod_deleted)
+
+
+@pytest.fixture
+def on_kubernetes(fabric: Orchestrator, cluster: Cluster) -> tuple[Orchestrator, Cluster]:
+    return fabric, cluster
 
 
 def mounts(source: Path, target: str = "/workspace") -> str:

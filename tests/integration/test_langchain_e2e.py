@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.clients import envs
 from tests.integration import harness
-from tests.integration.harness import CLIENTS, Orchestrator, bundled_orchestrator
+from tests.integration.harness import (
+    CLIENTS,
+    Orchestrator,
+    orchestrator_fixture,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +32,7 @@ META_TOOLS = {
 }
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    with bundled_orchestrator(tmp_path_factory.mktemp("langchain")) as running:
-        yield running
+fabric = orchestrator_fixture(scope="module")
 
 
 def langchain(url: str, *calls: str) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ container); that it is gone, from the engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from tests.integration.harness import (
     Orchestrator,
     build_test_image,
     orchestrator,
+    orchestrator_fixture,
     python_client,
     text_of,
     wait_until,
@@ -39,28 +39,25 @@ def allocating_image() -> str:
     return build_test_image("allocating")
 
 
-@pytest.fixture
-def fabric(tmp_path: Path, allocating_image: str) -> Iterator[Orchestrator]:
-    suite = write_suite(
-        tmp_path / "suite.yaml",
-        [str(tmp_path)],
-        # A server whose allocate tool makes it hold that many MiB more, until it ends.
-        test_services={
+fabric = orchestrator_fixture(
+    roots="home",
+    # A server whose allocate tool makes it hold that many MiB more, until it ends.
+    given=lambda allocating_image: {
+        "test_services": {
             "allocating": {
                 "image": allocating_image,
                 "container_strategy": "smart_refresh",
                 "memory_threshold": "32m",
             }
-        },
-        service_fields={
-            # The filesystem server allowed /tmp (the container's own, not a mount).
-            "filesystem": {"container_strategy": "fresh_per_call", "command": ["/tmp"], "warm": 1},
-            "time": {"container_strategy": "smart_refresh", "max_calls_per_container": 2},
-            "everything": {"container_strategy": "smart_refresh", "max_container_age": "2s"},
-        },
-    )
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running
+        }
+    },
+    service_fields={
+        # The filesystem server allowed /tmp (the container's own, not a mount).
+        "filesystem": {"container_strategy": "fresh_per_call", "command": ["/tmp"], "warm": 1},
+        "time": {"container_strategy": "smart_refresh", "max_calls_per_container": 2},
+        "everything": {"container_strategy": "smart_refresh", "max_container_age": "2s"},
+    },
+)
 
 
 def gone(client: docker.DockerClient, container: str) -> bool:

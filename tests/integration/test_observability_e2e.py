@@ -17,12 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +33,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.harness import (
     REPO,
     Orchestrator,
+    answer_past_progress,
     containers_of,
-    orchestrator,
+    orchestrator_fixture,
     post,
     python2_client,
     python_client,
+    started_call,
     time_call_through_fabric,
     wait_until,
-    write_suite,
 )
 from tests.messages import INITIALIZE, INITIALIZED, request
 
@@ -61,11 +60,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.fixture(scope="module")
-def fabric(home: Path) -> Iterator[Orchestrator]:
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
-    with orchestrator(suite, home / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(scope="module", home="home")
 
 
 def records_of(fabric: Orchestrator, session: str) -> list[dict[str, Any]]:
@@ -189,12 +184,10 @@ def test_a_killed_container_is_audited_as_the_error_its_client_got(
     try:
         session = client.read_json()["result"]["sessionId"]
         assert client.ask({"op": "initialize"})["ok"]
-        client.send({"op": "call", **LONG_CALL})
-        wait_until(lambda: bool(containers_of(docker_client, session=session)), what="container")
-        time.sleep(1)  # the request reaches the server, which answers only after 60 s
+        started_call(client, LONG_CALL)  # the server has it, and answers only after 60 s
         [container] = containers_of(docker_client, session=session)
         container.kill()
-        failed = client.read_json()
+        failed = answer_past_progress(client)
         assert failed["error"]["data"]["reason"] == "container_exited"
     finally:
         assert client.close() == 0
@@ -216,9 +209,7 @@ def test_a_client_that_vanishes_mid_call_is_audited_as_no_answer_and_its_contain
     client = python_client(f"{fabric.ws_url}/mcp/everything", "--register", "[]")
     session = client.read_json()["result"]["sessionId"]
     assert client.ask({"op": "initialize"})["ok"]
-    client.send({"op": "call", **LONG_CALL})
-    wait_until(lambda: bool(containers_of(docker_client, session=session)), what="container")
-    time.sleep(1)
+    started_call(client, LONG_CALL)  # the server has it
     client.process.send_signal(signal.SIGKILL)
     client.close()
     records = ended(fabric, session)
@@ -235,17 +226,28 @@ def test_a_call_the_client_cancels_is_audited_as_cancelled_once(fabric: Orchestr
             await ws.send_message(json.dumps(INITIALIZE))
             json.loads(await ws.get_message())
             await ws.send_message(json.dumps(INITIALIZED))
-            await ws.send_message(json.dumps(request(7, "tools/call", LONG_CALL)))
-            await trio.sleep(1.5)
+            progressing = {**LONG_CALL, "_meta": {"progressToken": "p7"}}
+            await ws.send_message(json.dumps(request(7, "tools/call", progressing)))
+            # The server has the call once it reports progress (past any other notification).
+            while json.loads(await ws.get_message()).get("method") != "notifications/progress":
+                pass
             cancel = {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
                 "params": {"requestId": 7, "reason": "the user pressed stop"},
             }
             await ws.send_message(json.dumps(cancel))
-            await trio.sleep(0.5)
+            # The client leaves once the orchestrator took the cancel (its record is written).
+            await trio.to_thread.run_sync(
+                lambda: wait_until(cancel_recorded, what="the cancelled call's record")
+            )
 
     before = {r.get("session") for r in fabric.audit()}
+
+    def cancel_recorded() -> bool:
+        records = [r for r in fabric.audit() if r.get("session") not in before]
+        return any(c["request_id"] == 7 for c in calls_in(records))
+
     trio.run(cancel_a_call)
     wait_until(
         lambda: any(
@@ -375,11 +377,10 @@ def test_an_operator_lists_sessions_and_ends_one_whose_client_is_told_why(
         text = run_cli("sessions", "--url", fabric.http_url, f"--token={token}")
         assert session in text.stdout
 
-        client.send({"op": "call", **LONG_CALL})
-        time.sleep(1)
+        started_call(client, LONG_CALL)  # the server has it
         end = run_cli("sessions", "--url", fabric.http_url, f"--token={token}", "--end", session)
         assert end.returncode == 0, end.stdout + end.stderr
-        told = client.read_json()
+        told = answer_past_progress(client)
         assert told["error"]["data"]["reason"] == "session_ended_by_operator", told
         assert "an operator of the orchestrator ended this session" in json.dumps(told["error"])
     finally:

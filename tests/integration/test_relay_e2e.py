@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -20,11 +18,14 @@ import pytest
 from tests.integration.harness import (
     LineProcess,
     Orchestrator,
+    answer_past_progress,
     assert_confined_by_effect,
     containers_of,
     git_repo,
     orchestrator,
+    orchestrator_fixture,
     python_client,
+    started_call,
     text_of,
     ts_client,
     wait_until,
@@ -34,13 +35,7 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def fabric(tmp_path: Path, project_root: Path) -> Iterator[Orchestrator]:
-    suite = write_suite(
-        tmp_path / "suite.yaml", [str(project_root)], timeouts={"time": "3s", "everything": "5m"}
-    )
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(timeouts={"time": "3s", "everything": "5m"})
 
 
 def mounts(source: Path, target: str = "/workspace", read_only: bool = False) -> str:
@@ -189,18 +184,14 @@ def test_killing_the_container_mid_request_answers_32002_and_the_next_call_respa
     try:
         session = client.read_json()["result"]["sessionId"]
         assert client.ask({"op": "initialize"})["ok"]
-        client.send(
-            {
-                "op": "call",
-                "name": "trigger-long-running-operation",
-                "arguments": {"duration": 60, "steps": 60},
-            }
+        # The server has the request once it reports progress (it answers only after 60 s).
+        started_call(
+            client,
+            {"name": "trigger-long-running-operation", "arguments": {"duration": 60, "steps": 60}},
         )
-        wait_until(lambda: bool(containers_of(docker_client, session=session)), what="container")
-        time.sleep(1)  # let the request reach the server (it answers only after 60 s)
         [container] = containers_of(docker_client, session=session)
         container.kill()
-        failed = client.read_json()
+        failed = answer_past_progress(client)
         assert not failed["ok"]
         assert failed["error"]["code"] == -32002
         assert failed["error"]["data"]["reason"] == "container_exited"

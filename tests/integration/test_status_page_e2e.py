@@ -22,10 +22,9 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from tests.integration.harness import (
     Orchestrator,
-    orchestrator,
+    orchestrator_fixture,
     python2_client,
     python_client,
-    write_suite,
 )
 
 pytestmark = pytest.mark.integration
@@ -33,17 +32,9 @@ pytestmark = pytest.mark.integration
 WAIT_SECONDS = 30
 
 
-@pytest.fixture(scope="module")
-def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Orchestrator]:
-    home = tmp_path_factory.mktemp("status-page")
-    (home / "projects").mkdir()
-    suite = write_suite(
-        home / "suite.yaml",
-        [str(home / "projects")],
-        service_fields={"everything": {"container_strategy": "fresh_per_call"}},
-    )
-    with orchestrator(suite, home / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture(
+    scope="module", service_fields={"everything": {"container_strategy": "fresh_per_call"}}
+)
 
 
 @pytest.fixture(scope="module")

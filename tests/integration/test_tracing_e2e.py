@@ -21,6 +21,7 @@ import pytest
 from tests.integration.harness import (
     Orchestrator,
     orchestrator,
+    orchestrator_fixture,
     post,
     python2_client,
     time_call_through_fabric,
@@ -44,21 +45,15 @@ def collector() -> Iterator[Collector]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def fabric(
-    tmp_path_factory: pytest.TempPathFactory, collector: Collector
-) -> Iterator[Orchestrator]:
-    home = tmp_path_factory.mktemp("tracing")
-    (home / "projects").mkdir()
-    suite = write_suite(home / "suite.yaml", [str(home / "projects")])
-    env = {
+fabric = orchestrator_fixture(
+    scope="module",
+    env=lambda collector: {
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
         # Values are percent-encoded (the specification's form for OTEL_EXPORTER_OTLP_HEADERS).
         "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20collector-secret",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
-    }
-    with orchestrator(suite, home / "orchestrator.log", env=env) as running:
-        yield running
+    },
+)
 
 
 def session_records(fabric: Orchestrator, session: str) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,12 @@ from tests.integration.harness import (
     converted_time,
     git_repo,
     mounted_directories,
-    orchestrator,
+    orchestrator_fixture,
     python2_client,
     python_client,
     text_of,
     ts_client,
     wait_until,
-    write_suite,
 )
 from tests.messages import INITIALIZE
 
@@ -42,11 +40,7 @@ def sdk2_stdio_bridge(
     return bridged_client(endpoint, "--service", service, *bridge_args, cwd=cwd)
 
 
-@pytest.fixture
-def fabric(tmp_path: Path, project_root: Path) -> Iterator[Orchestrator]:
-    suite = write_suite(tmp_path / "suite.yaml", [str(project_root)])
-    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
-        yield running
+fabric = orchestrator_fixture()
 
 
 def git_log(client: LineProcess) -> dict[str, Any]:

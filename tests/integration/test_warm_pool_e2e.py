@@ -15,7 +15,7 @@ import re
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from tests.integration.harness import (
     claude_shows_connected,
     containers_of,
     orchestrator,
+    orchestrator_fixture,
     python2_client,
     python_client,
     text_of,
@@ -82,11 +83,7 @@ def staging_mounts() -> list[str]:
     return [point for point in points if point.startswith(STAGING_PARENT)]
 
 
-@pytest.fixture
-def time_pool(tmp_path: Path) -> Iterator[Orchestrator]:
-    suite = pooled_suite(tmp_path / "suite.yaml", [str(tmp_path)], {"time": 2})
-    with orchestrator(suite, tmp_path / "o.log") as running:
-        yield running
+time_pool = orchestrator_fixture(roots="home", service_fields={"time": {"warm": 2}})
 
 
 def test_every_real_client_gets_a_pooled_container_on_both_endpoints(

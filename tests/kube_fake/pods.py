@@ -163,6 +163,7 @@ class PodStore:
         self._compacted = FIRST_RESOURCE_VERSION
         self._watchers: set[Watcher] = set()
         self._watch_queue = watch_queue
+        self._watch_opened = trio.Event()  # set (and replaced) whenever a watch opens
 
     def __iter__(self) -> Iterator[FakePod]:
         return iter(list(self.pods.values()))
@@ -241,7 +242,14 @@ class PodStore:
             initial = [watch_line(*found) for found in replayed if found is not None]
         watcher = Watcher(selection, initial, self._watch_queue)
         self._watchers.add(watcher)
+        self._watch_opened.set()
+        self._watch_opened = trio.Event()
         return watcher
+
+    async def watching(self, count: int) -> None:
+        """Return once ``count`` watches are open (a test's requests reached the store)."""
+        while len(self._watchers) < count:
+            await self._watch_opened.wait()
 
     def unwatch(self, watcher: Watcher) -> None:
         self._watchers.discard(watcher)

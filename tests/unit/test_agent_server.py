@@ -4,6 +4,7 @@ the official Python SDK's client in-process: no Docker, no model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -202,10 +203,14 @@ async def test_a_cancelled_call_stops_the_cli(
         pid = int((bin_dir / "pid").read_text())
         assert process_alive(pid)
         nursery.cancel_scope.cancel()
-    for _ in range(600):  # at most 30 s: the server stops it with SIGTERM, SIGKILL after 2 s
-        if not process_alive(pid):
-            break
-        await trio.sleep(0.05)
+    # The server stops it with SIGTERM, SIGKILL after 2 s: its pidfd is readable once it ended.
+    with contextlib.suppress(ProcessLookupError):  # (gone already)
+        pidfd = os.pidfd_open(pid)
+        try:
+            with trio.fail_after(30):
+                await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
     assert not process_alive(pid)
 
 

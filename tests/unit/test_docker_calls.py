@@ -258,15 +258,23 @@ def test_a_containers_memory_in_use_is_its_usage_less_the_page_cache(
     assert memory_in_use({"memory_stats": memory_stats}) == expected
 
 
-def held_call() -> tuple[threading.Event, Callable[[object], str]]:
-    """A call that holds its slot until the event is set (then answers "late")."""
+def held_call() -> tuple[threading.Event, Callable[[object], str], threading.Event]:
+    """A call that holds its slot until the event is set (then answers "late"), and an event
+    set once it runs (it has its slot)."""
     go_on = threading.Event()
+    started = threading.Event()
 
     def slow(_client: object) -> str:
+        started.set()
         go_on.wait(30)
         return "late"
 
-    return go_on, slow
+    return go_on, slow, started
+
+
+async def running(started: threading.Event) -> None:
+    """Once the held call runs (in its worker thread)."""
+    assert await trio.to_thread.run_sync(started.wait, 30)
 
 
 async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_the_queue() -> None:
@@ -274,12 +282,8 @@ async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_th
     # and still succeeds (a burst of sessions queues behind a busy engine, which is no fault of
     # the engine's); the slow call itself times out on its own bound.
     engine = runtime_without_engine(call_timeout=0.2, queue_timeout=30, max_parallel_calls=1)
-    go_on = threading.Event()
+    go_on, slow, started = held_call()
     outcomes: list[str] = []
-
-    def slow(_client: object) -> str:
-        go_on.wait(30)
-        return "late"
 
     async def first() -> None:
         try:
@@ -292,7 +296,7 @@ async def test_a_call_waiting_for_a_slot_is_judged_from_when_it_begins_not_on_th
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first)
-        await trio.sleep(0.05)
+        await running(started)
         nursery.start_soon(second)
         await trio.sleep(0.5)  # past the call bound: the second still waits for the slot
         assert outcomes == ["first: the Docker engine did not answer start within 0.2 s"]
@@ -308,11 +312,11 @@ async def occupy(engine: DockerCalls, call: Any) -> None:
 
 async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
     engine = runtime_without_engine(call_timeout=0.05, queue_timeout=0.2, max_parallel_calls=1)
-    go_on, slow = held_call()
+    go_on, slow, started = held_call()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(occupy, engine, slow)
-        await trio.sleep(0.01)
+        await running(started)
         with pytest.raises(DockerUnavailable, match=r"busy: start waited 0\.2 s for one of the 1"):
             await engine.call("start", lambda _c: "never")
         go_on.set()
@@ -323,11 +327,11 @@ async def test_a_call_that_never_got_a_slot_says_the_engine_is_busy() -> None:
 async def test_an_explicit_bound_counts_the_wait_for_a_slot_too() -> None:
     # (A health check must answer within its bound, however busy the engine.)
     engine = runtime_without_engine(call_timeout=30, queue_timeout=300, max_parallel_calls=1)
-    go_on, slow = held_call()
+    go_on, slow, started = held_call()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(occupy, engine, slow)
-        await trio.sleep(0.01)
+        await running(started)
         with trio.fail_after(5), pytest.raises(DockerUnavailable, match=r"within 0\.1 s"):
             await engine.call("ping", lambda _c: "pong", time_bound=0.1)
         go_on.set()

@@ -115,8 +115,9 @@ from reactor_fabric.protocol.fabric_roster import Roster
 from reactor_fabric.protocol.fabric_router import FabricRouter
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
+from tests import orderings
 from tests.messages import INITIALIZED, request
-from tests.orderings import LazyTrail, Trail, Violation, check
+from tests.orderings import Violation, check
 
 SERVICES = ("alpha", "beta")
 CATALOG = Catalog(
@@ -810,6 +811,13 @@ def state_checks(world: World, trail: list[str]) -> None:
                 check(call_id in world.recorded, f"tool call {call_id} not recorded", trail)
 
 
+def advance(world: World, step: Callable[[World], list[Action]], trail: list[str]) -> None:
+    """One step: the event fed to the machine (``step``), the world playing its part, the
+    checks."""
+    apply(world, step(world), trail)
+    state_checks(world, trail)
+
+
 def explore() -> int:
     """Visit every reachable state once; the number visited."""
     own_backlog = OWN_BACKLOG if OWN_BACKLOG is not None else 1 << 40
@@ -828,23 +836,7 @@ def explore() -> int:
             **dict.fromkeys(REFRESH, REFRESHED),
         },
     )
-    start = World(machine)
-    stack: list[tuple[World, Trail]] = [(start, None)]
-    seen: set[tuple[object, ...]] = {start.key()}
-    while stack:
-        world, trail_node = stack.pop()
-        for name, step in enabled(world):
-            successor = world.clone()
-            successor_trail: Trail = (name, trail_node)
-            step_trail = LazyTrail(successor_trail)
-            apply(successor, step(successor), step_trail)
-            state_checks(successor, step_trail)
-            key = successor.key()
-            if key not in seen:
-                seen.add(key)
-                assert len(seen) < MAX_STATES, "the state space is larger than expected"
-                stack.append((successor, successor_trail))
-    return len(seen)
+    return orderings.explore(World(machine), enabled, advance, max_states=MAX_STATES)
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, **settings: object) -> None:
@@ -857,6 +849,7 @@ def configure(monkeypatch: pytest.MonkeyPatch, **settings: object) -> None:
 ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: queued, respawned
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("settings", "at_least"),
     [

@@ -93,8 +93,9 @@ from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.protocol.suite_lock import SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
+from tests import orderings
 from tests.messages import INITIALIZE, INITIALIZED, request
-from tests.orderings import LazyTrail, Trail, Violation, check, unwind
+from tests.orderings import Violation, check
 
 SCRIPT = [
     json.dumps(INITIALIZE).encode(),
@@ -522,6 +523,35 @@ def final_checks(world: World, trail: list[str]) -> None:
     check(not world.spawning or bool(world.ended), "a spawn never resolved", trail)
 
 
+def allowed_bytes() -> int:
+    """What may wait for a container or in its stdin: what the client was let send (the bound
+    plus one frame), and the machine's own lines (a replayed initialize and initialized, an
+    answer to each server request that expired)."""
+    allowed = BUFFER_BYTES + max(len(f) for f in SCRIPT) + len(SCRIPT[0]) + len(SCRIPT[1])
+    return allowed + 64 + ASKS * 256
+
+
+def advance(
+    world: World, make_event: Callable[[World], Event], trail: list[str], *, allowed: int
+) -> None:
+    """One step: the event fed to the machine, the world playing its part, the checks."""
+    event = make_event(world)
+    assert event is not None
+    actions = world.machine.handle(event, world.now)
+    apply(world, actions, trail)
+    buffered = world.machine.buffered_to_server
+    check(buffered <= allowed, f"{buffered} bytes buffered", trail)
+    for box in world.boxes.values():
+        idle = not in_flight(box) and not box.ask_open
+        check(
+            not (box.running and used_up(box) and idle),
+            f"used container {box.seq} kept with nothing in flight",
+            trail,
+        )
+    refused = world.duplicate_refused and world.duplicate_recorded
+    check(world.duplicated == refused, "a duplicate not refused at once", trail)
+
+
 def explore(*, stall_timeout: float = math.inf) -> int:
     """Visit every reachable state once; the number visited."""
     machine = SessionMachine(
@@ -535,47 +565,13 @@ def explore(*, stall_timeout: float = math.inf) -> int:
         lock=LOCKED,
         lock_mode="enforce" if LOCKED is not None else "off",
     )
-    start = World(machine)
-    stack: list[tuple[World, Trail]] = [(start, None)]
-    seen: set[tuple[object, ...]] = {start.key()}
-    # What may wait for a container or in its stdin: what the client was let send (the bound
-    # plus one frame), and the machine's own lines (a replayed initialize and initialized, an
-    # answer to each server request that expired).
-    allowed = BUFFER_BYTES + max(len(f) for f in SCRIPT) + len(SCRIPT[0]) + len(SCRIPT[1])
-    allowed += 64 + ASKS * 256
-    while stack:
-        world, trail_node = stack.pop()
-        steps = enabled(world)
-        if not steps:
-            final_checks(world, unwind(trail_node))
-            continue
-        for name, make_event in steps:
-            successor = world.clone()
-            successor_trail: Trail = (name, trail_node)
-            step_trail = LazyTrail(successor_trail)
-            event = make_event(successor)
-            assert event is not None
-            actions = successor.machine.handle(event, successor.now)
-            apply(successor, actions, step_trail)
-            buffered = successor.machine.buffered_to_server
-            check(buffered <= allowed, f"{buffered} bytes buffered", step_trail)
-            for box in successor.boxes.values():
-                idle = not in_flight(box) and not box.ask_open
-                check(
-                    not (box.running and used_up(box) and idle),
-                    f"used container {box.seq} kept with nothing in flight",
-                    step_trail,
-                )
-            refused = successor.duplicate_refused and successor.duplicate_recorded
-            check(successor.duplicated == refused, "a duplicate not refused at once", step_trail)
-            key = successor.key()
-            if key not in seen:
-                seen.add(key)
-                assert len(seen) < MAX_STATES, "the state space is larger than expected"
-                stack.append((successor, successor_trail))
-    return len(seen)
+    step = partial(advance, allowed=allowed_bytes())
+    return orderings.explore(
+        World(machine), enabled, step, at_end=final_checks, max_states=MAX_STATES
+    )
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("frames", "misfortunes", "asks", "at_least"),
     [
@@ -596,6 +592,7 @@ def test_every_reachable_state_of_a_session_keeps_the_invariants(
     assert states >= at_least
 
 
+@pytest.mark.exhaustive
 def test_every_reachable_state_keeps_the_invariants_when_a_container_stops_taking_input(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -607,6 +604,7 @@ def test_every_reachable_state_keeps_the_invariants_when_a_container_stops_takin
     assert explore(stall_timeout=45.0) >= 5_000
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("frames", "misfortunes", "asks", "at_least"),
     [
@@ -627,6 +625,7 @@ def test_every_reachable_state_keeps_the_invariants_when_the_client_repeats_an_i
     assert explore() >= at_least
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("lifecycle", "frames", "misfortunes", "asks", "at_least"),
     [
@@ -659,6 +658,7 @@ def test_every_reachable_state_keeps_the_invariants_with_a_container_lifecycle(
     assert explore() >= at_least
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("frames", "misfortunes", "asks", "at_least"),
     [

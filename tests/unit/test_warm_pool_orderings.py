@@ -86,7 +86,8 @@ from reactor_fabric.protocol.warm_pool_events import (
     Tick,
     Watched,
 )
-from tests.orderings import LazyTrail, Trail, Violation, check
+from tests import orderings
+from tests.orderings import Violation, check
 
 TARGETS = {"a": 2, "b": 1}  # together more than the cap: rationing is exercised
 FIXED = ("b",)  # b's suite names its user: its containers have one shape
@@ -539,6 +540,14 @@ def final_checks(world: World, trail: list[str]) -> None:
     check(world.machine.total == 0, "the machine still pools containers", trail)
 
 
+def advance(world: World, make_event: Callable[[World], Event], trail: list[str]) -> None:
+    """One step: the event fed to the machine, the world playing its part, the checks."""
+    event = make_event(world)
+    actions = world.machine.handle(event, world.now)
+    apply(world, event, actions, trail)
+    after(world, event, trail)
+
+
 def explore() -> int:
     """Visit every reachable state once; the number visited."""
     machine = WarmPoolMachine(
@@ -554,30 +563,17 @@ def explore() -> int:
     start = World(machine)
     first: list[str] = ["begin"]
     apply(start, Tick(), machine.handle(Tick(), 0.0), first)  # the driver's first Tick
-    stack: list[tuple[World, Trail]] = [(start, ("begin", None))]
-    seen: set[tuple[object, ...]] = {start.key()}
-    while stack:
-        world, trail_node = stack.pop()
-        steps = enabled(world)
-        if not steps:
-            final_checks(world, LazyTrail(trail_node))
-            continue
-        for name, make_event in steps:
-            successor = world.clone()
-            successor_trail: Trail = (name, trail_node)
-            step_trail = LazyTrail(successor_trail)
-            event = make_event(successor)
-            actions = successor.machine.handle(event, successor.now)
-            apply(successor, event, actions, step_trail)
-            after(successor, event, step_trail)
-            key = successor.key()
-            if key not in seen:
-                seen.add(key)
-                assert len(seen) < MAX_STATES, "the state space is larger than expected"
-                stack.append((successor, successor_trail))
-    return len(seen)
+    return orderings.explore(
+        start,
+        enabled,
+        advance,
+        at_end=final_checks,
+        trail=("begin", None),
+        max_states=MAX_STATES,
+    )
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(
     ("takes", "misfortunes", "checks", "at_least"),
     [
@@ -616,6 +612,7 @@ def rate_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "CHECKS", 1)
 
 
+@pytest.mark.exhaustive
 def test_every_reachable_state_of_a_pool_that_follows_its_takes_keeps_the_invariants(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -29,7 +29,8 @@ from reactor_fabric.protocol.websocket_connection import (
     WebSocketState,
 )
 from reactor_fabric.protocol.websocket_frames import BinaryMessage, Close, Ping, Pong, TextMessage
-from tests.orderings import Trail, check, unwind
+from tests import orderings
+from tests.orderings import check
 
 OPEN = WebSocketState.OPEN
 BY_US = WebSocketState.CLOSING_BY_US
@@ -308,29 +309,45 @@ class Seen:
 STEPS: dict[str, Event] = {name: event for name, event in EVENTS.items() if name != "tick"}
 
 
+@dataclass
+class Point:
+    """A connection at a moment, and what happened on the way there."""
+
+    machine: WebSocketConnection
+    now: float
+    facts: Seen
+
+    def clone(self) -> Point:
+        return Point(self.machine.clone(), self.now, self.facts)
+
+    def key(self) -> tuple[object, ...]:
+        return (self.machine.fingerprint(self.now), self.facts)
+
+
+Step = tuple[Event, float]
+
+
+def enabled(point: Point) -> list[tuple[str, Step]]:
+    """Every event, now; time jumping to the handshake's deadline; a tick."""
+    steps = [(name, (event, point.now)) for name, event in STEPS.items()]
+    deadline = point.machine.deadline
+    if deadline is not None and point.now < deadline:
+        steps.append(("the bound passes", (Tick(), deadline)))
+    steps.append(("tick", (Tick(), point.now)))
+    return steps
+
+
+def advance(point: Point, step: Step, trail: list[str]) -> None:
+    event, point.now = step
+    before = point.machine.state
+    actions = point.machine.handle(event, point.now)
+    point.facts = _judge(point.machine, before, event, actions, point.facts, point.now, trail)
+
+
 def explore(make: Callable[[], WebSocketConnection]) -> int:
     """Every state reachable from a new connection by any ordering of events (time jumping to
     the handshake's deadline being one of them), each step checked; the number of states."""
-    start = (make(), 0.0, Seen(), None)
-    seen = {(start[0].fingerprint(0.0), start[2])}
-    todo: list[tuple[WebSocketConnection, float, Seen, Trail]] = [start]
-    while todo:
-        machine, now, facts, trail = todo.pop()
-        steps: list[tuple[str, Event, float]] = [(n, e, now) for n, e in STEPS.items()]
-        if machine.deadline is not None and now < machine.deadline:
-            steps.append(("the bound passes", Tick(), machine.deadline))
-        steps.append(("tick", Tick(), now))
-        for name, event, at in steps:
-            twin = machine.clone()
-            before = twin.state
-            node: Trail = (name, trail)
-            actions = twin.handle(event, at)
-            after = _judge(twin, before, event, actions, facts, at, node)
-            key = (twin.fingerprint(at), after)
-            if key not in seen:
-                seen.add(key)
-                todo.append((twin, at, after, node))
-    return len(seen)
+    return orderings.explore(Point(make(), 0.0, Seen()), enabled, advance)
 
 
 def _judge(
@@ -340,9 +357,8 @@ def _judge(
     actions: list[Action],
     facts: Seen,
     now: float,
-    node: Trail,
+    trail: list[str],
 ) -> Seen:
-    trail = unwind(node)
     closes = [a for a in actions if isinstance(a, SendClose)]
     sends = [a for a in actions if isinstance(a, SendClose | SendPing | SendPong)]
     facts = Seen(
@@ -380,6 +396,7 @@ def _judge(
     return facts
 
 
+@pytest.mark.exhaustive
 def test_every_ordering_of_events_keeps_the_close_handshakes_invariants() -> None:
     assert explore(connection) > len(WebSocketState)
 
