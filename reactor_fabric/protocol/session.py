@@ -283,7 +283,7 @@ class SessionMachine:
             if max_age is not None and not self.lifecycle.reuses and self._between(slot):
                 assert slot.started_at is not None  # (ready)
                 deadline = min(deadline, slot.started_at + max_age)
-            if slot.retry_until is not None and self._awaits_retry(slot):
+            if slot.retry_until is not None and slot.awaits_retry(self._now):
                 deadline = min(deadline, slot.retry_until)
             stalls = slot.stdin.stall_deadline(self.limits.stdin_stall_timeout)
             if stalls is not None:
@@ -716,11 +716,8 @@ class SessionMachine:
             and not slot.measuring
             and not self._waiting
             and not self.ledger.busy
-            and not self._awaits_retry(slot)
+            and not slot.awaits_retry(self._now)
         )
-
-    def _awaits_retry(self, slot: Backend) -> bool:
-        return slot.retry_until is not None and self._now < slot.retry_until
 
     def _refresh(self, slot: Backend, reason: str, now: float) -> list[Action]:
         """Retire the current container between calls (nothing of the client is lost); a
@@ -757,7 +754,7 @@ class SessionMachine:
             and slot.stdin.pending == 0
             and not self._waiting
             and not self.ledger.busy
-            and not self._awaits_retry(slot)
+            and not slot.awaits_retry(self._now)
             and not math.isinf(self.idle_timeout)
         )
 
