@@ -3,7 +3,7 @@ invariant's failure (:class:`Violation`, with the steps that led to it), and the
 steps, kept as a linked list (one node per step, shared by every state below it) and spelled
 out only when a check fails, so that millions of states cost no list copies.
 
-Each checker (tests/unit/test_session_orderings.py, test_fabric_orderings.py,
+Each checker (tests/unit/protocol/: test_session_orderings.py, test_fabric_orderings.py,
 test_warm_pool_orderings.py, test_websocket_connection.py) brings a model world around its pure
 machine — what can happen next in a state, how one step is taken and checked, what must hold
 once nothing more can happen — and :func:`explore` visits every state reachable from the

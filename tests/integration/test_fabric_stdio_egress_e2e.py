@@ -24,8 +24,8 @@ from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.egress_proxy import EgressProxy
 from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER, EGRESS_BACKLOG
 from tests.integration.harness import build_test_image
-from tests.unit.test_egress_proxy import Records
-from tests.unit.test_fabric_stdio_egress import DEADLINE, Egress
+from tests.unit.runtime.test_egress_proxy import Records
+from tests.unit.runtime.test_fabric_stdio_egress import DEADLINE, Egress
 
 pytestmark = pytest.mark.integration
 

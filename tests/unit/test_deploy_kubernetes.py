@@ -32,7 +32,7 @@ from reactor_fabric.runtime.kubernetes_manifests import pod_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "kubernetes"
-KUBERNETES = "1.30.0"  # as tests/unit/test_kubernetes_manifests.py
+KUBERNETES = "1.30.0"  # as tests/unit/runtime/test_kubernetes_manifests.py
 SUITE_KEY = "claude-mcp-suite.yaml"
 TOKEN_SECRET = "reactor-fabric-token"
 # What the orchestrator does through the API: session pods and attaching to them. Nothing else.

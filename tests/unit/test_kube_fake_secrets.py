@@ -21,7 +21,7 @@ from tests.kube_fake.secret_volumes import (
     payload,
 )
 from tests.kube_fake.validation import admit_pod
-from tests.unit.test_secrets_delivery import FILE_VALUE, VALUE, k8s_spec
+from tests.unit.runtime.test_secrets_delivery import FILE_VALUE, VALUE, k8s_spec
 
 
 def secret(data: dict[str, object]) -> dict[str, object]:

@@ -364,7 +364,7 @@ async def test_an_agent_whose_key_went_missing_is_unavailable_even_with_its_offe
     assert unavailable["agent"]["reason"] == "secret_unavailable"
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_example_of_two_specialists_is_valid_without_a_warning() -> None:

@@ -34,8 +34,8 @@ from tests.kube_fake.network_policies import (
     egress_of,
     iptables_rules,
 )
-from tests.unit.test_container_spec import spec_for
-from tests.unit.test_kubernetes_manifests import KUBERNETES
+from tests.unit.policy.test_container_spec import spec_for
+from tests.unit.runtime.test_kubernetes_manifests import KUBERNETES
 
 OWNER = {"name": "reactor-fabric-7d9f", "uid": "0c1d2e3f-aaaa-bbbb-cccc-0123456789ab"}
 

@@ -41,7 +41,7 @@ from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
 from reactor_fabric.trio.catalog import Learned, learn_catalog
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
-from tests.unit.test_catalog_learning import IDENTITY
+from tests.unit.trio.test_catalog_learning import IDENTITY
 
 ECHO = {
     "name": "echo",
@@ -502,7 +502,7 @@ def test_without_a_lock_file_the_default_and_off_start_and_compare_nothing(
 
 
 def test_a_tool_rewritten_mid_session_is_caught_and_under_enforce_withheld() -> None:
-    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+    from tests.unit.protocol import test_fabric_server as machine  # noqa: PLC0415 - its helpers
 
     time_lock = parse_lock(
         lock_text(
@@ -552,7 +552,7 @@ def test_a_tool_rewritten_mid_session_is_caught_and_under_enforce_withheld() -> 
 def test_a_prompt_rewritten_mid_session_is_drift_and_under_enforce_no_longer_listed(
     mode: Mode,
 ) -> None:
-    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+    from tests.unit.protocol import test_fabric_server as machine  # noqa: PLC0415 - its helpers
 
     git_lock = parse_lock(
         lock_text(
@@ -592,7 +592,7 @@ def test_a_prompt_rewritten_mid_session_is_drift_and_under_enforce_no_longer_lis
 
 
 def test_a_refresh_checks_every_kind_the_lock_holds_against_it() -> None:
-    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+    from tests.unit.protocol import test_fabric_server as machine  # noqa: PLC0415 - its helpers
 
     template = {"uriTemplate": "git://{ref}", "name": "ref", "description": "A ref"}
     base = Catalog(
@@ -725,7 +725,7 @@ async def test_a_secret_in_a_definition_is_locked_served_and_compared_without_it
 
 
 def test_a_fresh_list_with_a_secret_is_shown_and_compared_without_it() -> None:
-    from tests.unit import test_fabric_server as machine  # noqa: PLC0415 - its helpers
+    from tests.unit.protocol import test_fabric_server as machine  # noqa: PLC0415 - its helpers
 
     redactor = Redactor()
     redactor.register([SECRET])

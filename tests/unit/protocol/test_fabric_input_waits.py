@@ -31,7 +31,7 @@ from reactor_fabric.protocol.events import (
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.input_waits import INPUT_WAIT_SECONDS
 from reactor_fabric.protocol.tool_calls import ToolCallDone
-from tests.unit.test_fabric_server import CATALOG, CLOCKS, Clock, msg, to_client
+from tests.unit.protocol.test_fabric_server import CATALOG, CLOCKS, Clock, msg, to_client
 
 PER_CALL = {"time": Lifecycle("fresh_per_call")}
 ELICIT = {"message": "Which zone?", "requestedSchema": {"type": "object", "properties": {}}}

@@ -618,7 +618,7 @@ def test_takes_no_pooled_container_could_serve_do_not_raise_the_target() -> None
 @pytest.mark.parametrize("seed", range(40))
 def test_random_event_orders_keep_every_bound_and_hand_out_each_container_once(seed: int) -> None:
     """Any order of starts ending, takes, deaths, image changes and a stop keeps the bounds
-    (tests/unit/test_warm_pool_orderings.py explores every order of a smaller world)."""
+    (tests/unit/protocol/test_warm_pool_orderings.py explores every order of a smaller world)."""
     rng = random.Random(seed)
     targets = {"time": rng.randint(0, 4), "git": rng.randint(1, 4), "fs": rng.randint(0, 3)}
     max_containers = rng.randint(1, 8)

@@ -34,8 +34,8 @@ from reactor_fabric.trio.serve import assemble
 from reactor_fabric.trio.session import serve_session
 from tests.fakes import INITIALIZE, INITIALIZED, MemoryClient, scripted_mcp_server
 from tests.served import served
-from tests.unit.test_fabric_server import client, line, session, started
-from tests.unit.test_observer import CLIENT, call
+from tests.unit.observe.test_observer import CLIENT, call
+from tests.unit.protocol.test_fabric_server import client, line, session, started
 
 T = TypeVar("T")
 # The depths the attack used: past where a recursive redaction failed (about 500 levels), below

@@ -15,7 +15,7 @@ from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.streamable_http import HttpSessions
 from tests.fakes import AnsweringRuntime, UnreachableRuntime
 from tests.http_client import HttpClient, Reply
-from tests.unit.test_observer import CLIENT, call
+from tests.unit.observe.test_observer import CLIENT, call
 
 SUITE = Suite(
     version="1.0",

@@ -17,7 +17,7 @@ from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.engines import EngineAddressError, engine_url, identify
 
 # GET /version as the two engines answered it on a test machine (Debian 12's packages).
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"  # tests/unit/data, shared
 PODMAN_VERSION = json.loads((DATA / "version-podman-4.3.1.json").read_text())
 DOCKER_VERSION = json.loads((DATA / "version-docker-20.10.24.json").read_text())
 

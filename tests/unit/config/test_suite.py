@@ -10,7 +10,7 @@ import pytest
 from reactor_fabric import InvalidSuiteConfiguration, SuiteUnreadable, check_suite_text, load_suite
 from reactor_fabric.config.suite import format_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 MINIMAL = """\
 version: "1.0"

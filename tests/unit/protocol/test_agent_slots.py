@@ -32,9 +32,9 @@ from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import served
-from tests.unit.test_fabric_lifecycles import answer, ready, sent, started_keys, stopped
-from tests.unit.test_fabric_server import CATALOG, Clock, msg, to_client
-from tests.unit.test_session_machine import PER_CALL, Run, call, response
+from tests.unit.protocol.test_fabric_lifecycles import answer, ready, sent, started_keys, stopped
+from tests.unit.protocol.test_fabric_server import CATALOG, Clock, msg, to_client
+from tests.unit.protocol.test_session_machine import PER_CALL, Run, call, response
 
 # "time" plays the agent (llm_agent, fresh_per_call); "git" an ordinary tool service.
 AGENT = "time"

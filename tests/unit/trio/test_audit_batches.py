@@ -19,7 +19,7 @@ from reactor_fabric.protocol.tool_calls import ToolCallDone, ToolCalls
 from reactor_fabric.trio.audit_batches import HAND_OVER_SECONDS, hand_audit_over_later
 from reactor_fabric.trio.serve import assemble
 from tests.fakes import AnsweringRuntime
-from tests.unit.test_observer import CLIENT, call, samples
+from tests.unit.observe.test_observer import CLIENT, call, samples
 
 
 class RecordingWriter(AuditWriter):

@@ -19,7 +19,7 @@ from reactor_fabric import Suite
 from reactor_fabric.config.suite import suite_schema
 from reactor_fabric.config.units import parse_size
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA = suite_schema()
 
 

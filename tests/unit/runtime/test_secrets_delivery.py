@@ -38,7 +38,7 @@ from reactor_fabric.runtime.secret_files import SecretFiles, file_system_type
 from tests.fakes import scripted_mcp_server
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
-from tests.unit.test_kubernetes_manifests import valid
+from tests.unit.runtime.test_kubernetes_manifests import valid
 
 VALUE = "ghp_s3cr3t-value-never-shown"
 FILE_VALUE = 'db-pa$$word"with\\quotes'

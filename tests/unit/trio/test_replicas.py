@@ -10,7 +10,7 @@ from reactor_fabric._cli_parser import build_parser
 from reactor_fabric.trio.identity import new_session_id
 from reactor_fabric.trio.serve import assemble
 from tests.fakes import AnsweringRuntime
-from tests.unit.test_app import SUITE, get
+from tests.unit.trio.test_app import SUITE, get
 
 
 def test_a_replicas_session_ids_end_with_its_name_after_128_random_bits() -> None:

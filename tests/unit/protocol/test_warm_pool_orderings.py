@@ -9,7 +9,7 @@ staging area can place or cannot, or none; a staging area that stops working; an
 and the checks that find it; a clock that jumps to the machine's next deadline; and the
 orchestrator stopping. From every reachable state every enabled event is tried (states seen
 before are not explored again: they behave alike), and after every step the invariants below
-must hold. Modelled on the relay's checker (tests/unit/test_session_orderings.py).
+must hold. Modelled on the relay's checker (tests/unit/protocol/test_session_orderings.py).
 
 Invariants:
 

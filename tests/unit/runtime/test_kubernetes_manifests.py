@@ -11,7 +11,7 @@ import pytest
 from reactor_fabric.config.structs import Security, Service
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.runtime.kubernetes_manifests import ManifestError, label_value, pod_manifest
-from tests.unit.test_container_spec import spec_for
+from tests.unit.policy.test_container_spec import spec_for
 
 KUBERNETES = "1.30.0"  # the oldest API server whose attach speaks v5 (half-close)
 CLAIMS = {"/home": "homes", "/home/team/shared": "team-shared", "/srv/projects": "projects"}

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from reactor_fabric.observe.observer import Client, Observer, token_id
 from reactor_fabric.observe.otel import tracing_from_environment
 from reactor_fabric.observe.tracing import Tracing
-from tests.unit.test_observer import TRACEPARENT, call
+from tests.unit.observe.test_observer import TRACEPARENT, call
 
 CLIENT = Client(token_id("secret-token"), "127.0.0.1:5000", "streamable-http", "test/1")
 SESSION_TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -29,7 +29,7 @@ from reactor_fabric._reasons import (
 from reactor_fabric.protocol.egress import MAX_REQUEST_HEAD, Allowlist, EgressRecord, IPAddress
 from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.egress_proxy import EgressProxy
-from tests.unit.test_egress_decisions import head_of
+from tests.unit.protocol.test_egress_decisions import head_of
 
 CONTAINER = "c0ffee" * 10
 

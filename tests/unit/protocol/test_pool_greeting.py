@@ -19,7 +19,13 @@ from reactor_fabric.protocol.pool_greeting import (
     GreetingFailed,
     initialize_request,
 )
-from tests.unit.test_fabric_lifecycles import call, fed, per_call_session, sent, started_keys
+from tests.unit.protocol.test_fabric_lifecycles import (
+    call,
+    fed,
+    per_call_session,
+    sent,
+    started_keys,
+)
 
 RESULT = {"protocolVersion": CLIENT_VERSION, "capabilities": {"tools": {}}, "serverInfo": {}}
 

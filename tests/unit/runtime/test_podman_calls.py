@@ -25,7 +25,7 @@ from reactor_fabric.runtime import docker_operations
 from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.docker_errors import container_gone
 from reactor_fabric.runtime.engines import identify
-from tests.unit.test_engines import PODMAN_VERSION
+from tests.unit.runtime.test_engines import PODMAN_VERSION
 
 
 def api_error(status: int, message: str) -> docker.errors.APIError:

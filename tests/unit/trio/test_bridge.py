@@ -28,7 +28,7 @@ from reactor_fabric.trio.bridge import (
     start_command,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 UPPERCASE_ECHO = "import sys; print(sys.stdin.read().upper())"
 
 

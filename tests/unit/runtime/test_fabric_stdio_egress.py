@@ -35,7 +35,7 @@ from reactor_fabric.protocol.egress import refusal_response
 from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SOURCE = BUNDLED_HELPER.with_name("fabric-stdio.c")
 # A deadline for every wait: reached only when something is broken.
 DEADLINE = 30.0

@@ -43,7 +43,7 @@ from reactor_fabric.protocol.fabric_roster import MAX_PER_CALL_CONTAINERS
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.served import MAX_CALLS_EACH, MAX_ENDED, MAX_ID_CHARS
 from reactor_fabric.protocol.tool_calls import ToolCallDone
-from tests.unit.test_fabric_server import Clock, msg, session, to_client
+from tests.unit.protocol.test_fabric_server import Clock, msg, session, to_client
 
 PER_CALL = {"time": Lifecycle("fresh_per_call")}
 

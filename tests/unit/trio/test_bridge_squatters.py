@@ -29,7 +29,7 @@ from reactor_fabric.policy.listener_owner import Endpoint, connection_owner, tru
 from reactor_fabric.trio.bridge import NotYourOrchestrator, open_orchestrator_stream
 from tests.squatter import SQUATTER_UID, free_port, needs_squatters, squatting
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "t0ken-of-the-user-0123456789abcdefghijklmnopq"
 RECORDED = "rec0rded-token-0123456789abcdefghijklmnopqrst"
 
