@@ -63,7 +63,6 @@ from .agent_slots import AgentSlots
 from .answers import (
     CLOSE_NORMAL,
     ENDED_BY_OPERATOR,
-    SessionLimits,
     log_notification,
     session_ending,
 )
@@ -98,13 +97,13 @@ from .events import (
 from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .jsonrpc import REQUEST, RESPONSE, Peek, error_response, peek
 from .ledger import CANCELLED, cancelled_request_id
-from .lifecycle import Lifecycle
 from .relay_container import RelayContainer
 from .relay_lock import RelayLock
 from .relay_requests import RelayRequests
 from .served import Served
-from .suite_lock import Mode, SuiteLock, withheld_error
-from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone
+from .settings import RelaySettings
+from .suite_lock import withheld_error
+from .tool_calls import TOOLS_CALL, ToolCallDone
 
 
 class Phase(enum.Enum):
@@ -119,17 +118,12 @@ class SessionMachine:
 
     def __init__(
         self,
+        settings: RelaySettings,
         *,
         service_name: str,
-        idle_timeout: float,
-        limits: SessionLimits,
         now: float,
-        audit_arguments: ArgumentsMode = "hash",
-        client_lease: float | None = None,
-        lifecycle: Lifecycle | None = None,
-        lock: SuiteLock | None = None,
-        lock_mode: Mode = "off",
         session_id: str = "",
+        client_lease: float | None = None,
         agent_slots: AgentSlots | None = None,
         redact: Redact = unredacted,
     ) -> None:
@@ -140,26 +134,27 @@ class SessionMachine:
         self.agent_slots = agent_slots
         # The suite lock's checks of the server's lists and answers (None: no lock is on; see
         # .relay_lock).
+        lock, lock_mode = settings.lock, settings.lock_mode
         self.lock_check = (
             RelayLock(service_name, lock, lock_mode, redact)
             if lock is not None and lock_mode != "off"
             else None
         )
-        self.lifecycle = lifecycle or Lifecycle()
-        self.limits = limits
+        self.lifecycle = settings.lifecycle
+        self.limits = limits = settings.limits
         self.server_request_timeout = (
             limits.server_request_timeout
             if limits.server_request_timeout is not None
-            else idle_timeout
+            else settings.idle_timeout
         )
         self.phase = Phase.OPEN
-        self.requests = RelayRequests(limits, audit_arguments)
+        self.requests = RelayRequests(limits, settings.audit_arguments)
         # Which container served which request, bounded (see .served).
         self.served = Served()
         self.container = RelayContainer(
             service_name=service_name,
             lifecycle=self.lifecycle,
-            idle_timeout=idle_timeout,
+            idle_timeout=settings.idle_timeout,
             limits=limits,
             requests=self.requests,
             served=self.served,

@@ -122,10 +122,10 @@ def take(world: World, step: Step_, trail: list[str]) -> None:
     elif kind == "own":
         assert isinstance(value, int)
         own_before = sum(size for size, own in world.sent if own)
-        line = backend.send_own(b"x" * value, world.now, OWN_BOUND)
+        own_line = backend.send_own(b"x" * value, world.now, OWN_BOUND)
         refused = own_before > 0 and own_before + value + 1 > OWN_BOUND
-        check((line is None) == refused, "an own line refused other than past the bound", trail)
-        if line is not None:
+        check((own_line is None) == refused, "an own line refused other than past the bound", trail)
+        if own_line is not None:
             world.sent += ((value + 1, True),)
     elif kind == "written":
         assert isinstance(value, int)

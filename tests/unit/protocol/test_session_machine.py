@@ -51,6 +51,7 @@ from reactor_fabric.protocol.events import (
 from reactor_fabric.protocol.input_waits import INPUT_WAIT_SECONDS
 from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.settings import RelaySettings
 from reactor_fabric.protocol.suite_lock import Mode, SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -84,16 +85,14 @@ class Run:
         limits: SessionLimits | None = None,
     ) -> None:
         self.now = 0.0
-        self.machine = SessionMachine(
-            service_name="svc",
-            idle_timeout=idle,
+        settings = RelaySettings(
             limits=limits or SessionLimits(to_server_bytes=to_server_bytes, replay_timeout=30.0),
-            now=0.0,
-            client_lease=lease,
-            lifecycle=lifecycle,
+            idle_timeout=idle,
+            lifecycle=lifecycle or Lifecycle(),
             lock=lock,
             lock_mode=lock_mode,
         )
+        self.machine = SessionMachine(settings, service_name="svc", now=0.0, client_lease=lease)
         self.actions: list[Action] = []
         self.reported: dict[int, int] = {}  # bytes reported written, per container
 

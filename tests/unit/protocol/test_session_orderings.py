@@ -92,6 +92,7 @@ from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX, Ledger
 from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.relay_container import RelayContainer
 from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.settings import RelaySettings
 from reactor_fabric.protocol.suite_lock import SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests import orderings
@@ -555,17 +556,16 @@ def advance(
 
 def explore(*, stall_timeout: float = math.inf) -> int:
     """Visit every reachable state once; the number visited."""
-    machine = SessionMachine(
-        service_name="svc",
-        idle_timeout=30.0,
+    settings = RelaySettings(
         limits=SessionLimits(
             to_server_bytes=BUFFER_BYTES, replay_timeout=10.0, stdin_stall_timeout=stall_timeout
         ),
-        now=0.0,
-        lifecycle=LIFECYCLE,
+        idle_timeout=30.0,
+        lifecycle=LIFECYCLE or Lifecycle(),
         lock=LOCKED,
         lock_mode="enforce" if LOCKED is not None else "off",
     )
+    machine = SessionMachine(settings, service_name="svc", now=0.0)
     step = partial(advance, allowed=allowed_bytes())
     return orderings.explore(
         World(machine), enabled, step, at_end=final_checks, max_states=MAX_STATES
