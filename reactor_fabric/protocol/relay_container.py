@@ -33,7 +33,6 @@ from .._reasons import EXITED, IDLE, NOT_NEEDED, REFRESH_MEMORY, REPLAY_FAILED
 from .answers import (
     OUTPUT_INVALID,
     UNRESPONSIVE,
-    SessionLimits,
     client_did_not_answer,
     container_exited,
 )
@@ -62,9 +61,9 @@ from .events import (
     StopBackend,
 )
 from .jsonrpc import REQUEST, Peek, error_response, for_stdio
-from .lifecycle import Lifecycle
 from .relay_requests import RelayRequests
 from .served import Served, call_ref
+from .settings import RelaySettings
 
 
 class RelayContainer:
@@ -72,19 +71,17 @@ class RelayContainer:
 
     def __init__(
         self,
+        settings: RelaySettings,
         *,
         service_name: str,
-        lifecycle: Lifecycle,
-        idle_timeout: float,
-        limits: SessionLimits,
         requests: RelayRequests,
         served: Served,
         now: float,
     ) -> None:
         self.service_name = service_name
-        self.lifecycle = lifecycle
-        self.idle_timeout = idle_timeout
-        self.limits = limits
+        self.lifecycle = settings.lifecycle
+        self.idle_timeout = settings.idle_timeout
+        self.limits = settings.limits
         self.requests = requests  # (the session's: shared with its client side)
         self.served = served
         self.slot: Backend | None = None

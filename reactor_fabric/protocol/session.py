@@ -152,13 +152,7 @@ class SessionMachine:
         # Which container served which request, bounded (see .served).
         self.served = Served()
         self.container = RelayContainer(
-            service_name=service_name,
-            lifecycle=self.lifecycle,
-            idle_timeout=settings.idle_timeout,
-            limits=limits,
-            requests=self.requests,
-            served=self.served,
-            now=now,
+            settings, service_name=service_name, requests=self.requests, served=self.served, now=now
         )
         self.lease = ClientLease(client_lease, now)  # (see .client_lease)
 
