@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from .._reasons import CALL_DONE, REFRESH_MEMORY
-from .events import BackendKey
+from .events import BackendKey, ToBackend
 from .lifecycle import Lifecycle
 
 # The requests a backend counts as calls (smart_refresh's max_calls_per_container; an agent's
@@ -203,6 +203,23 @@ class Backend:
             self.calls += 1
         if method not in FRESH_AFTER:
             self.used = True
+
+    def send(self, data: bytes, now: float) -> ToBackend:
+        """``data`` as a line for its stdin, counted until the driver reports it written."""
+        line = data + b"\n"
+        self.stdin.sent(len(line), now)
+        return ToBackend(self.key, line)
+
+    def send_own(self, data: bytes, now: float, own_bound: int) -> ToBackend | None:
+        """A message of the machine's own as a line for its stdin, counted apart — or None
+        when it would leave more than ``own_bound`` bytes of them unread: the backend stopped
+        reading while asking, and is to be replaced (the caller's part), rather than grow the
+        orchestrator's memory (one message alone may exceed the bound, as a client's may)."""
+        line = data + b"\n"
+        if self.stdin.overflows_own(len(line), own_bound):
+            return None
+        self.stdin.sent(len(line), now, own=True)
+        return ToBackend(self.key, line)
 
     def awaits_retry(self, now: float) -> bool:
         return self.retry_until is not None and now < self.retry_until

@@ -50,7 +50,7 @@ from .._reasons import (
 )
 from .answers import UNRESPONSIVE
 from .backend import Role, Step
-from .events import Action, BackendKey, Log, StopBackend, ToBackend, ToClient
+from .events import Action, BackendKey, Log, StopBackend, ToClient
 from .fabric_exchanges import Exchanges
 from .fabric_messages import handshake_request, notification_bytes
 from .fabric_refresh import Relists
@@ -168,13 +168,13 @@ class BackendTable:
         backend = self.roster.all.get(key)
         if backend is None:
             return []  # forgotten (broken, stopped): nothing is owed to it any more
-        line = data + b"\n"
-        size = len(line)
-        if own and backend.stdin.overflows_own(size, self.roster.limits.own_backlog_bytes):
+        if not own:
+            return [backend.send(data, self.now)]
+        line = backend.send_own(data, self.now, self.roster.limits.own_backlog_bytes)
+        if line is None:
             unread = f"{backend.stdin.own} bytes of the orchestrator's own messages to it unread"
             return self._unresponsive(key, unread)
-        backend.stdin.sent(size, self.now, own=own)
-        return [ToBackend(backend.key, line)]
+        return [line]
 
     # --- stops and failures ---------------------------------------------------------------------
 

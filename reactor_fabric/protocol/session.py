@@ -8,6 +8,13 @@ the events the one trio driver (:mod:`reactor_fabric.trio.driver`) feeds it, in 
 of :mod:`.events` (the fabric endpoint's machine speaks it too). The driver only moves bytes and
 runs the actions it is given, in order.
 
+The machine is composed of two parts, each a module: the session's requests
+(:class:`~.relay_requests.RelayRequests`: the ledger both ways, the tool calls, what waits, the
+answers owed) and its container (:class:`~.relay_container.RelayContainer`: the container
+events, writes, the handshake replay, the lifecycle and the deadlines). The machine itself keeps
+the client's side, the server's lines relayed to it, shutdown, and which part each event is
+for.
+
 Its backends are containers of its one service, numbered (``BackendKey.seq``) in the order the
 machine asks for them, each a :class:`~.backend.Backend` moving along the one state table of
 :mod:`.backend` (the fabric endpoint's too): STARTING, HANDSHAKING while the client's
@@ -48,48 +55,18 @@ import copy
 import dataclasses
 import enum
 import math
-import types
 from typing import Any
 
-from .._errors import (
-    ContainerStartFailure,
-    FabricError,
-    InvalidMessage,
-    InvalidRequest,
-)
-from .._reasons import (
-    EXITED,
-    IDLE,
-    NOT_NEEDED,
-    REFRESH_MEMORY,
-    REPLAY_FAILED,
-    SESSION_ENDED,
-    TOO_MANY_REQUESTS_IN_FLIGHT,
-)
+from .._errors import FabricError, InvalidMessage, InvalidRequest
+from .._reasons import SESSION_ENDED, TOO_MANY_REQUESTS_IN_FLIGHT
 from .agent_slots import AgentSlots
 from .answers import (
     CLOSE_NORMAL,
     ENDED_BY_OPERATOR,
-    OUTPUT_INVALID,
-    UNRESPONSIVE,
-    SessionLimits,
-    client_did_not_answer,
-    container_exited,
     log_notification,
     session_ending,
 )
-from .backend import (
-    CALL_METHODS,
-    FRESH_AFTER,
-    Backend,
-    BackendState,
-    Step,
-    measure_due,
-    measured,
-    spent,
-    start_measuring,
-)
-from .backlog import Backlog
+from .backend import CALL_METHODS, Backend, BackendState
 from .catalog import Redact, unredacted
 from .client_lease import ClientLease
 from .events import (
@@ -110,34 +87,23 @@ from .events import (
     EndSession,
     Event,
     Log,
-    MeasureBackend,
     Shutdown,
     StartBackend,
     StdinWritten,
     StopBackend,
     Tick,
-    ToBackend,
     ToClient,
 )
 from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
-from .jsonrpc import (
-    REQUEST,
-    RESPONSE,
-    Peek,
-    RequestId,
-    duplicate_request,
-    error_response,
-    for_stdio,
-    peek,
-)
-from .ledger import CANCELLED, Ledger, cancelled_request_id
-from .lifecycle import Lifecycle
+from .jsonrpc import REQUEST, RESPONSE, Peek, error_response, peek
+from .ledger import CANCELLED, cancelled_request_id
+from .relay_container import RelayContainer
 from .relay_lock import RelayLock
-from .served import Served, call_ref
-from .suite_lock import Mode, SuiteLock, withheld_error
-from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCallDone, ToolCalls
-
-# --- the machine ------------------------------------------------------------------------------
+from .relay_requests import RelayRequests
+from .served import Served
+from .settings import RelaySettings
+from .suite_lock import withheld_error
+from .tool_calls import TOOLS_CALL, ToolCallDone
 
 
 class Phase(enum.Enum):
@@ -146,21 +112,18 @@ class Phase(enum.Enum):
 
 
 class SessionMachine:
-    """Every decision of one relay session (see the module docstring)."""
+    """Every decision of one relay session (see the module docstring): its client side, and
+    the session's :class:`~.relay_requests.RelayRequests` and
+    :class:`~.relay_container.RelayContainer` as parts."""
 
     def __init__(
         self,
+        settings: RelaySettings,
         *,
         service_name: str,
-        idle_timeout: float,
-        limits: SessionLimits,
         now: float,
-        audit_arguments: ArgumentsMode = "hash",
-        client_lease: float | None = None,
-        lifecycle: Lifecycle | None = None,
-        lock: SuiteLock | None = None,
-        lock_mode: Mode = "off",
         session_id: str = "",
+        client_lease: float | None = None,
         agent_slots: AgentSlots | None = None,
         redact: Redact = unredacted,
     ) -> None:
@@ -171,47 +134,27 @@ class SessionMachine:
         self.agent_slots = agent_slots
         # The suite lock's checks of the server's lists and answers (None: no lock is on; see
         # .relay_lock).
+        lock, lock_mode = settings.lock, settings.lock_mode
         self.lock_check = (
             RelayLock(service_name, lock, lock_mode, redact)
             if lock is not None and lock_mode != "off"
             else None
         )
-        self.lifecycle = lifecycle or Lifecycle()
-        self.idle_timeout = idle_timeout
-        self.limits = limits
+        self.lifecycle = settings.lifecycle
+        self.limits = limits = settings.limits
         self.server_request_timeout = (
             limits.server_request_timeout
             if limits.server_request_timeout is not None
-            else idle_timeout
+            else settings.idle_timeout
         )
         self.phase = Phase.OPEN
-        self.ledger = Ledger()
-        # The client's tools/call requests without an outcome yet (the audit's view).
-        self.calls = ToolCalls(audit_arguments)
-        self._slot: Backend | None = None
-        self._next_seq = 0
-        self._waiting = Backlog()  # client messages waiting for the container to be ready
-        self._last_activity = now
-        self.lease = ClientLease(client_lease, now)  # (see .client_lease)
-        self._now = now
+        self.requests = RelayRequests(limits, settings.audit_arguments)
         # Which container served which request, bounded (see .served).
         self.served = Served()
-        self._handlers: dict[type[Any], Any] = {
-            ClientFrame: self._client_frame,
-            ClientRegistered: self._client_registered,
-            ClientActivity: self._client_activity,
-            ClientGone: self._client_gone,
-            BackendStarted: self._backend_started,
-            BackendStartFailed: self._backend_start_failed,
-            BackendLine: self._backend_line,
-            BackendBroken: self._backend_broken,
-            StdinWritten: self._stdin_written,
-            BackendExited: self._backend_exited,
-            BackendMeasured: self._backend_measured,
-            Tick: self._tick,
-            Shutdown: self._shutdown,
-            Computed: self._computed,
-        }
+        self.container = RelayContainer(
+            settings, service_name=service_name, requests=self.requests, served=self.served, now=now
+        )
+        self.lease = ClientLease(client_lease, now)  # (see .client_lease)
 
     # --- what the driver asks ---------------------------------------------------------------
 
@@ -219,8 +162,15 @@ class SessionMachine:
         """Apply one event; the actions to carry out, in order."""
         if self.phase is Phase.ENDED:
             return []
-        self._now = now
-        actions: list[Action] = self._handlers[type(event)](event, now)
+        self.container.now = now
+        # (looked up by name: a method replaced on the class, as the model checker's tests
+        # break the machine, is the one called)
+        kind = type(event)
+        name = _CLIENT_SIDE.get(kind)
+        target: object = self
+        if name is None:
+            name, target = _CONTAINER_SIDE[kind], self.container
+        actions: list[Action] = getattr(target, name)(event, now)
         self._note_served(event, actions, now)
         if self.agent_slots is not None:
             # Counted from the state after every event: every way a call ends frees its slot.
@@ -233,13 +183,7 @@ class SessionMachine:
         yet, and calls waiting for it (none once the session ended)."""
         if self.agent_slots is None or self.phase is Phase.ENDED:
             return 0
-        sent = sum(1 for method in self.ledger.client_requests.values() if method in CALL_METHODS)
-        waiting = sum(
-            1
-            for message, _frame in self._waiting
-            if message.kind == REQUEST and message.method in CALL_METHODS
-        )
-        return sent + waiting
+        return self.requests.agent_calls()
 
     def _note_served(self, event: Event, actions: list[Action], now: float) -> None:
         """Which container served which request (``/api/sessions``, the status page): its
@@ -256,13 +200,14 @@ class SessionMachine:
 
     def abandon(self, now: float) -> list[Action]:
         """The session is over without the machine ending it: the calls never answered."""
-        return [ToolCallDone(call) for call in self.calls.abandon(now)]
+        return [ToolCallDone(call) for call in self.requests.calls.abandon(now)]
 
     @property
     def buffered_to_server(self) -> int:
         """Bytes waiting for the container, or written to its stdin and not yet reported done."""
-        pending = self._slot.stdin.pending if self._slot is not None else 0
-        return self._waiting.bytes + pending
+        slot = self.container.slot
+        pending = slot.stdin.pending if slot is not None else 0
+        return self.requests.waiting.bytes + pending
 
     @property
     def accepting(self) -> bool:
@@ -272,23 +217,8 @@ class SessionMachine:
     @property
     def deadline(self) -> float | None:
         """When the machine next needs a Tick (None: not before another event)."""
-        deadline = math.inf
-        slot = self._slot
-        if slot is not None:
-            if slot.state is BackendState.HANDSHAKING:
-                deadline = slot.handshake_deadline
-            elif self._idle_candidate(slot):
-                deadline = self._last_activity + self.idle_timeout
-            max_age = self.lifecycle.max_age
-            if max_age is not None and not self.lifecycle.reuses and self._between(slot):
-                assert slot.started_at is not None  # (ready)
-                deadline = min(deadline, slot.started_at + max_age)
-            if slot.retry_until is not None and slot.awaits_retry(self._now):
-                deadline = min(deadline, slot.retry_until)
-            stalls = slot.stdin.stall_deadline(self.limits.stdin_stall_timeout)
-            if stalls is not None:
-                deadline = min(deadline, stalls)
-        for other in (self.ledger.next_expiry(), self.lease.deadline):
+        deadline = self.container.deadline()
+        for other in (self.requests.ledger.next_expiry(), self.lease.deadline):
             if other is not None:
                 deadline = min(deadline, other)
         return None if deadline == math.inf else deadline
@@ -296,49 +226,38 @@ class SessionMachine:
     def clone(self) -> SessionMachine:
         """An independent copy of the machine in its current state (for model checking)."""
         twin = copy.copy(self)
-        twin.ledger = self.ledger.clone()
-        twin.calls = self.calls.clone()
+        twin.requests = self.requests.clone()
         twin.served = self.served.clone()
+        twin.container = self.container.clone(twin.requests, twin.served)
         twin.lease = dataclasses.replace(self.lease)
-        twin._slot = self._slot.clone() if self._slot is not None else None
-        twin._waiting = self._waiting.clone()
         twin.lock_check = self.lock_check.clone() if self.lock_check is not None else None
-        twin._handlers = {
-            kind: types.MethodType(method.__func__, twin) for kind, method in self._handlers.items()
-        }
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
         """A hashable summary of the whole state: equal fingerprints behave alike (used to
         explore every reachable state once when model-checking the machine)."""
-        slot = self._slot
-        ledger = self.ledger
         return (
             self.phase,
-            None if slot is None else slot.fingerprint(),
-            self._waiting.frames(),
-            tuple(sorted(ledger.client_requests.items(), key=repr)),
-            tuple(sorted(ledger.server_requests.items(), key=repr)),
-            ledger.replay_state(),
-            tuple(sorted(self.calls.open, key=repr)),
-            self._next_seq,
-            self._last_activity,
+            self.requests.fingerprint(),
+            self.container.fingerprint(),
             self.lease.state(),
             None if self.lock_check is None else self.lock_check.fingerprint(),
         )
 
     @property
     def current(self) -> BackendKey | None:
-        return self._slot.key if self._slot is not None else None
+        slot = self.container.slot
+        return slot.key if slot is not None else None
 
     @property
     def container_state(self) -> BackendState | None:
-        return self._slot.state if self._slot is not None else None
+        slot = self.container.slot
+        return slot.state if slot is not None else None
 
     # --- client side --------------------------------------------------------------------------
 
     def _client_frame(self, event: ClientFrame, now: float) -> list[Action]:
-        self._last_activity = now
+        self.container.last_activity = now
         self.lease.touch(now)
         try:
             message = peek(event.frame)
@@ -349,160 +268,99 @@ class SessionMachine:
             ]
         done: list[Action] = []
         if message.kind == REQUEST:
-            assert message.id is not None
-            if message.id in self.ledger.client_requests or self._waiting.has_request(message.id):
-                return self._refuse_duplicate(message, event.frame, now)
-            if message.method == TOOLS_CALL:
-                self.calls.begin_params(message.id, message.params, len(event.frame), now)
-                why = (
-                    self.lock_check.withheld_call(message) if self.lock_check is not None else None
-                )
-                if why is not None:
-                    return self._error_to_client(message.id, withheld_error(self.service_name, why))
-            if len(self.ledger.client_requests) + len(self._waiting) >= self.limits.max_in_flight:
-                refusal = InvalidRequest(
-                    f"this session already has {self.limits.max_in_flight} requests in flight",
-                    reason=TOO_MANY_REQUESTS_IN_FLIGHT,
-                )
-                return self._error_to_client(message.id, refusal)
-            if self.agent_slots is not None and message.method in CALL_METHODS:
-                busy = self.agent_slots.refusal(
-                    self.session_id, self.agent_calls, self.service_name
-                )
-                if busy is not None:
-                    return [
-                        Log(
-                            "info",
-                            "agent_call_refused",
-                            {"limit": busy.detail["limit"], "scope": busy.detail["scope"]},
-                        ),
-                        *self._error_to_client(message.id, busy),
-                    ]
-        elif self.calls.open and message.method == CANCELLED:
-            call = self.calls.cancelled(cancelled_request_id(message), now)
+            refused = self._admit(message, event.frame, now)
+            if refused is not None:
+                return refused
+        elif self.requests.calls.open and message.method == CANCELLED:
+            call = self.requests.calls.cancelled(cancelled_request_id(message), now)
             if call is not None:
                 done.append(ToolCallDone(call))
         return self._route(message, event.frame, done, now)
 
+    def _admit(self, message: Peek, frame: bytes, now: float) -> list[Action] | None:
+        """A client request's refusal, if it is refused: an id already in flight, a call the
+        suite lock withholds, one request too many, no agent slot free (None: it goes on)."""
+        assert message.id is not None
+        requests = self.requests
+        if requests.holds(message.id):
+            return requests.refuse_duplicate(message, frame, now)
+        if message.method == TOOLS_CALL:
+            requests.calls.begin_params(message.id, message.params, len(frame), now)
+            why = self.lock_check.withheld_call(message) if self.lock_check is not None else None
+            if why is not None:
+                error = withheld_error(self.service_name, why)
+                return requests.error_to_client(message.id, error, now)
+        if requests.full:
+            refusal = InvalidRequest(
+                f"this session already has {self.limits.max_in_flight} requests in flight",
+                reason=TOO_MANY_REQUESTS_IN_FLIGHT,
+            )
+            return requests.error_to_client(message.id, refusal, now)
+        if self.agent_slots is not None and message.method in CALL_METHODS:
+            busy = self.agent_slots.refusal(self.session_id, self.agent_calls, self.service_name)
+            if busy is not None:
+                limits = {"limit": busy.detail["limit"], "scope": busy.detail["scope"]}
+                return [
+                    Log("info", "agent_call_refused", limits),
+                    *requests.error_to_client(message.id, busy, now),
+                ]
+        return None
+
     def _route(self, message: Peek, frame: bytes, done: list[Action], now: float) -> list[Action]:
         """A client message to its container now, or to wait for it (``done``: the records
         that go with it)."""
-        slot = self._slot
-        if slot is not None and slot.ready and not slot.measuring and not self._waiting:
-            written = self._write(slot, message, frame)
+        container, waiting = self.container, self.requests.waiting
+        slot = container.slot
+        if slot is not None and slot.ready and not slot.measuring and not waiting:
+            written = container.write(slot, message, frame)
             if message.kind == REQUEST:
                 return [written, *done]
             # An answer to the container's request, or a cancellation: maybe nothing is in
             # flight now.
-            return [written, *done, *self._between_calls(now)]
+            return [written, *done, *container.between_calls(now)]
         if slot is None and message.kind != REQUEST and not self.lifecycle.reuses:
             # No container between calls: a notification does not start one. A cancellation
             # has nothing left to cancel (nothing was in flight when the last one went);
             # anything else waits for the container the next request gets.
             if message.method != CANCELLED:
-                self._waiting.append(message, frame)
+                waiting.append(message, frame)
             return done
-        self._waiting.append(message, frame)
+        waiting.append(message, frame)
         if slot is None:
-            return [self._spawn(), *done]
+            return [container.spawn(), *done]
         return done
-
-    def _refuse_duplicate(self, message: Peek, frame: bytes, now: float) -> list[Action]:
-        """A client request under an id already in flight: answered with the refusal, never
-        written to the container. A tools/call gets a record of its own; the call open under
-        that id is not touched (its answer and its record are still to come)."""
-        assert message.id is not None
-        error = duplicate_request(message.id)
-        answer = error_response(message.id, error)
-        actions: list[Action] = [
-            Log("info", "client_message_refused", {"code": error.code, "reason": error.reason}),
-            ToClient(answer, error=(error.code, error.reason)),
-        ]
-        if message.method == TOOLS_CALL:
-            actions.append(
-                self.calls.refused_params(message.id, message.params, len(frame), answer, now)
-            )
-        return actions
-
-    def _error_to_client(self, request_id: RequestId | None, error: FabricError) -> list[Action]:
-        """The orchestrator answers a client request with ``error`` (a tool call ends)."""
-        frame = error_response(request_id, error)
-        send = ToClient(frame, error=(error.code, error.reason))
-        done = self.calls.answer(request_id, frame, self._now) if self.calls.open else None
-        return [send] if done is None else [send, done]
-
-    def _write(self, slot: Backend, message: Peek, frame: bytes) -> ToBackend:
-        self.ledger.from_client(message, frame)
-        if message.kind == REQUEST:
-            slot.sent_request(message.method)
-            if message.method not in FRESH_AFTER:
-                self.served.call(slot.key, call_ref(message))
-        return self._write_line(slot, for_stdio(frame))
-
-    def _write_line(self, slot: Backend, line: bytes, *, own: bool = False) -> ToBackend:
-        data = line + b"\n"
-        slot.stdin.sent(len(data), self._now, own=own)
-        return ToBackend(slot.key, data)
-
-    def _own_line(self, slot: Backend, line: bytes) -> list[Action]:
-        """A message of the machine's own to the container (a refusal of its request, the
-        answer to one the client left unanswered) — unless it leaves more of them unread than the
-        session's bound: then it stopped reading its stdin while asking, and is replaced
-        (:mod:`.backend`'s one rule), rather than grow the orchestrator's memory."""
-        size = len(line) + 1
-        if slot.stdin.overflows_own(size, self.limits.to_server_bytes):
-            unread = f"{slot.stdin.own} bytes of the orchestrator's own messages to it unread"
-            return self._backend_broken(BackendBroken(slot.key, UNRESPONSIVE, unread), self._now)
-        return [self._write_line(slot, line, own=True)]
-
-    def _flush_waiting(self, slot: Backend) -> list[Action]:
-        return [self._write(slot, message, frame) for message, frame in self._waiting.drain()]
-
-    def _fail_waiting(self, error: FabricError) -> list[Action]:
-        """Answer every waiting request with ``error``; waiting notifications are dropped."""
-        actions: list[Action] = []
-        for message, _frame in self._waiting.drain():
-            if message.kind == REQUEST:
-                actions += self._error_to_client(message.id, error)
-        return actions
 
     def _client_registered(self, _event: ClientRegistered, _now: float) -> list[Action]:
         """The bridge registered: its container starts before any message needs it."""
-        if self._slot is not None or self.phase is not Phase.OPEN:
+        if self.container.slot is not None or self.phase is not Phase.OPEN:
             return []
-        return [self._spawn()]
+        return [self.container.spawn()]
 
     def _client_activity(self, _event: ClientActivity, now: float) -> list[Action]:
         self.lease.touch(now)
         return []
 
-    def _computed(self, _event: Computed, _now: float) -> list[Action]:
-        return []  # the relay hands out no work
-
     def _client_gone(self, _event: ClientGone, now: float) -> list[Action]:
         # The calls still open will never be answered to this client.
-        actions: list[Action] = [ToolCallDone(call) for call in self.calls.abandon(now)]
-        if self._slot is not None:
-            actions.append(StopBackend(self._slot.key, SESSION_ENDED, graceful=True))
-            self._let_go()
+        actions: list[Action] = [ToolCallDone(call) for call in self.requests.calls.abandon(now)]
+        slot = self.container.slot
+        if slot is not None:
+            actions.append(StopBackend(slot.key, SESSION_ENDED, graceful=True))
+            self.container.let_go()
         self.phase = Phase.ENDED
         return [*actions, EndSession()]
 
     def answer_all(self, error: FabricError) -> list[Action]:
         """Answer every request in flight or waiting with ``error`` and forget them."""
-        actions: list[Action] = []
-        for request_id in self.ledger.client_requests:
-            actions += self._error_to_client(request_id, error)
-        actions += self._fail_waiting(error)
-        self.ledger.container_gone()
-        return actions
+        return self.requests.answer_all(error, self.container.now)[1]
 
-    def _shutdown(self, event: Shutdown, _now: float) -> list[Action]:
+    def _shutdown(self, event: Shutdown, now: float) -> list[Action]:
         error = session_ending(event.reason)
         actions = self.answer_all(error)
-        if self._slot is not None:
-            actions.append(StopBackend(self._slot.key, event.reason, graceful=False))
-            self._let_go()
+        slot = self.container.slot
+        if slot is not None:
+            actions.append(StopBackend(slot.key, event.reason, graceful=False))
+            self.container.let_go()
         if event.reason == ENDED_BY_OPERATOR:
             # Clients show log messages; a request in flight shows the error above.
             actions.append(ToClient(log_notification("warning", str(error))))
@@ -510,57 +368,17 @@ class SessionMachine:
         self.phase = Phase.ENDED
         return actions
 
-    # --- container side -----------------------------------------------------------------------
+    def _computed(self, _event: Computed, _now: float) -> list[Action]:
+        return []  # the relay hands out no work
 
-    def _spawn(self) -> StartBackend:
-        seq = self._next_seq
-        self._next_seq += 1
-        key = BackendKey(self.service_name, seq)
-        self._slot = Backend(key)
-        return StartBackend(key, respawn=seq > 0)
+    def _tick(self, _event: Tick, now: float) -> list[Action]:
+        return self.container.tick(now) + self.lease.expire_if_due(now)
 
-    def _let_go(self) -> None:
-        """The current container is no longer counted on (its stop, if any, is decided)."""
-        assert self._slot is not None
-        self._slot.advance(Step.STOPPED)
-        self._slot = None
-
-    def _is_current(self, key: BackendKey) -> Backend | None:
-        slot = self._slot
-        return slot if slot is not None and slot.key == key else None
-
-    def _backend_started(self, event: BackendStarted, now: float) -> list[Action]:
-        slot = self._is_current(event.key)
-        if slot is None or slot.state is not BackendState.STARTING:
-            # Started after the session stopped needing it.
-            return [StopBackend(event.key, NOT_NEEDED, graceful=False)]
-        slot.started_at = now
-        replay = self.ledger.replay()
-        if replay is None:
-            slot.advance(Step.STARTED_GREETED)
-            return self._flush_waiting(slot)
-        slot.advance(Step.STARTED)
-        slot.handshake_id = replay.initialize_id
-        slot.after_handshake = replay.initialized
-        slot.handshake_deadline = now + self.limits.replay_timeout
-        return [
-            Log("info", "session_replaying", {"sequence": slot.key.seq}),
-            self._write_line(slot, replay.initialize),
-        ]
-
-    def _backend_start_failed(self, event: BackendStartFailed, _now: float) -> list[Action]:
-        if self._is_current(event.key) is None:
-            return []
-        self._let_go()
-        error = event.error
-        fields = {"sequence": event.key.seq, "code": error.code, "reason": error.reason}
-        return [
-            Log("error", "container_start_failed", {**fields, "detail": str(error)}),
-            *self._fail_waiting(error),
-        ]
+    # --- the server's side, relayed -------------------------------------------------------------
 
     def _backend_line(self, event: BackendLine, now: float) -> list[Action]:
-        slot = self._is_current(event.key)
+        container = self.container
+        slot = container.current(event.key)
         if slot is None:
             return []  # output of a container that is being stopped
         try:
@@ -572,16 +390,17 @@ class SessionMachine:
             return [
                 Log("warning", "server_stdout_not_jsonrpc", {"reason": exc.reason, "line": line})
             ]
-        self._last_activity = now
+        container.last_activity = now
         self.lease.touch(now)
         if (
             slot.state is BackendState.HANDSHAKING
             and message.kind == RESPONSE
             and message.id == slot.handshake_id
         ):
-            return self._replay_answered(slot, message)
+            return container.replay_answered(slot, message)
+        ledger = self.requests.ledger
         refusal = (
-            self.ledger.refusal(message, self.limits.max_server_requests)
+            ledger.refusal(message, self.limits.max_server_requests)
             if message.kind == REQUEST
             else None
         )
@@ -589,15 +408,15 @@ class SessionMachine:
             fields = {"id": message.id, "reason": refusal.reason}
             return [
                 Log("warning", "server_request_refused", fields),
-                *self._own_line(slot, error_response(message.id, refusal)),
+                *container.own_line(slot, error_response(message.id, refusal)),
             ]
         relayed, checked = event.line, list[Action]()
         if self.lock_check is not None:
-            passed = self.lock_check.server_message(message, relayed, self.ledger)
+            passed = self.lock_check.server_message(message, relayed, ledger)
             if isinstance(passed, Log):
                 return [passed]
             message, relayed, checked = passed.message, passed.line, passed.drift
-        self.ledger.from_server(message, expires_at=now + self.server_request_timeout)
+        ledger.from_server(message, expires_at=now + self.server_request_timeout)
         send = ToClient(relayed, message)
         return [*checked, *self._after_answer(slot, message, relayed, now, send)]
 
@@ -611,190 +430,31 @@ class SessionMachine:
             # The client retries this call with its input: in this container, which a
             # server may need (its requestState may name what only this process holds).
             slot.retry_until = now + INPUT_WAIT_SECONDS
-        if self.calls.open:
-            done = self.calls.answer(message.id, line, now)
+        calls = self.requests.calls
+        if calls.open:
+            done = calls.answer(message.id, line, now)
             if done is not None:
                 actions.append(done)
-        return actions + self._between_calls(now)
+        return actions + self.container.between_calls(now)
 
-    def _replay_answered(self, slot: Backend, answer: Peek) -> list[Action]:
-        if answer.failed:
-            return self._replay_failed(slot, "the new container refused the replayed initialize")
-        slot.advance(Step.GREETED)
-        actions: list[Action] = [Log("info", "session_restored", {"sequence": slot.key.seq})]
-        if slot.after_handshake is not None:
-            # (the client's own notification, replayed: counted as the client's bytes)
-            actions.append(self._write_line(slot, for_stdio(slot.after_handshake)))
-        return actions + self._flush_waiting(slot)
 
-    def _replay_failed(self, slot: Backend, detail: str, **extra: Any) -> list[Action]:
-        error = ContainerStartFailure(
-            f"{detail}; the {self.service_name} session could not be restored",
-            reason=REPLAY_FAILED,
-            **extra,
-        )
-        return self._retire(slot, error, stop_reason=REPLAY_FAILED)
-
-    def _backend_broken(self, event: BackendBroken, _now: float) -> list[Action]:
-        slot = self._is_current(event.key)
-        if slot is None:
-            return []
-        what = (
-            "produced output that could not be relayed"
-            if event.reason == OUTPUT_INVALID
-            else "stopped reading its input"
-        )
-        error = ContainerStartFailure(
-            f"the {self.service_name} server {what} ({event.detail}); the container was replaced",
-            reason=event.reason,
-        )
-        return self._retire(slot, error, stop_reason=event.reason)
-
-    def _stdin_written(self, event: StdinWritten, now: float) -> list[Action]:
-        slot = self._is_current(event.key)
-        if slot is not None:
-            slot.stdin.written(event.nbytes, now)
-        return []
-
-    def _backend_exited(self, event: BackendExited, _now: float) -> list[Action]:
-        slot = self._is_current(event.key)
-        if slot is None:
-            return []
-        stderr = list(event.stderr)
-        if slot.state is BackendState.HANDSHAKING:
-            return self._replay_failed(
-                slot,
-                "the new container exited before answering the replayed initialize",
-                exit_code=event.exit_code,
-                stderr=stderr,
-            )
-        error = container_exited(self.service_name, event.exit_code, event.oom_killed, stderr)
-        return self._retire(slot, error, stop_reason=EXITED)
-
-    def _retire(self, slot: Backend, error: FabricError, *, stop_reason: str) -> list[Action]:
-        """The current container is done for: answer what it owed, fail what waited, stop it."""
-        lost = self.ledger.container_gone()
-        fields: dict[str, Any] = {
-            "sequence": slot.key.seq,
-            "code": error.code,
-            "reason": error.reason,
-            "in_flight": len(lost),
-            "detail": str(error),
-            **error.detail,
-        }
-        actions: list[Action] = [
-            Log("error", "container_failed", fields),
-            StopBackend(slot.key, stop_reason, graceful=False),
-        ]
-        for request_id, _method in lost:
-            actions += self._error_to_client(request_id, error)
-        actions += self._fail_waiting(error)
-        self._let_go()
-        return actions
-
-    # --- the lifecycle: between calls -----------------------------------------------------------
-
-    def _between_calls(self, now: float) -> list[Action]:
-        """The current container has nothing in flight (if so): what its lifecycle does now —
-        retire it, ask for its memory, or nothing."""
-        slot = self._slot
-        if self.lifecycle.reuses or slot is None or not self._between(slot):
-            return []
-        reason = spent(slot, self.lifecycle, now)
-        if reason is not None:
-            return self._refresh(slot, reason, now)
-        if measure_due(slot, self.lifecycle):
-            start_measuring(slot)
-            return [MeasureBackend(slot.key)]
-        return []
-
-    def _between(self, slot: Backend) -> bool:
-        """Whether the container is between calls: ready, and nothing in flight or waiting
-        (a call's retry included)."""
-        return (
-            slot.ready
-            and not slot.measuring
-            and not self._waiting
-            and not self.ledger.busy
-            and not slot.awaits_retry(self._now)
-        )
-
-    def _refresh(self, slot: Backend, reason: str, now: float) -> list[Action]:
-        """Retire the current container between calls (nothing of the client is lost); a
-        request already waiting gets the next one at once, any other at its arrival."""
-        fields = {
-            "sequence": slot.key.seq,
-            "reason": reason,
-            "calls": slot.calls,
-            "age": round(now - (slot.started_at or now), 3),
-        }
-        actions: list[Action] = [
-            Log("info", "container_refreshed", fields),
-            StopBackend(slot.key, reason, graceful=True),
-        ]
-        self._let_go()
-        if any(message.kind == REQUEST for message, _frame in self._waiting):
-            actions.append(self._spawn())
-        return actions
-
-    def _backend_measured(self, event: BackendMeasured, now: float) -> list[Action]:
-        slot = self._is_current(event.key)
-        if slot is None or not slot.measuring:
-            return []
-        if measured(slot, self.lifecycle, event.memory_bytes) and not self.ledger.busy:
-            return self._refresh(slot, REFRESH_MEMORY, now)
-        # (None: the figure could not be read — no decision on it)
-        return self._flush_waiting(slot) + self._between_calls(now)
-
-    # --- time ---------------------------------------------------------------------------------
-
-    def _idle_candidate(self, slot: Backend) -> bool:
-        return (
-            slot.ready
-            and slot.stdin.pending == 0
-            and not self._waiting
-            and not self.ledger.busy
-            and not slot.awaits_retry(self._now)
-            and not math.isinf(self.idle_timeout)
-        )
-
-    def _tick(self, _event: Tick, now: float) -> list[Action]:
-        actions: list[Action] = []
-        slot = self._slot
-        if slot is not None and slot.stdin.stalled(now, self.limits.stdin_stall_timeout):
-            stalled = BackendBroken(
-                slot.key,
-                UNRESPONSIVE,
-                f"its input did not move for {self.limits.stdin_stall_timeout:g} s",
-            )
-            return self._backend_broken(stalled, now)
-        slot = self._slot
-        if (
-            slot is not None
-            and slot.state is BackendState.HANDSHAKING
-            and now >= slot.handshake_deadline
-        ):
-            actions += self._replay_failed(
-                slot,
-                f"the new container did not answer the replayed initialize within "
-                f"{self.limits.replay_timeout:g} s",
-            )
-        for request_id in self.ledger.expire(now):
-            actions.append(Log("warning", "server_request_expired", {"id": request_id}))
-            slot = self._slot
-            if slot is not None and slot.state is not BackendState.STARTING:
-                answer = error_response(request_id, client_did_not_answer())
-                actions += self._own_line(slot, answer)
-        actions += self._between_calls(now)  # an answer expired, or the container aged
-        slot = self._slot
-        if (
-            slot is not None
-            and self._idle_candidate(slot)
-            and now >= self._last_activity + self.idle_timeout
-        ):
-            actions += [
-                Log("info", "container_idle", {"sequence": slot.key.seq}),
-                StopBackend(slot.key, IDLE, graceful=True),
-            ]
-            self._let_go()
-        return actions + self.lease.expire_if_due(now)
+# Who decides about each event: the machine's client side (and the server's lines, relayed)...
+_CLIENT_SIDE: dict[type[Any], str] = {
+    ClientFrame: "_client_frame",
+    ClientRegistered: "_client_registered",
+    ClientActivity: "_client_activity",
+    ClientGone: "_client_gone",
+    BackendLine: "_backend_line",
+    Tick: "_tick",
+    Shutdown: "_shutdown",
+    Computed: "_computed",
+}
+# ... or the container's.
+_CONTAINER_SIDE: dict[type[Any], str] = {
+    BackendStarted: "started",
+    BackendStartFailed: "start_failed",
+    BackendBroken: "broken",
+    StdinWritten: "stdin_written",
+    BackendExited: "exited",
+    BackendMeasured: "measured",
+}

@@ -44,6 +44,19 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class RelaySettings:
+    """What one relay session's machine reads of the settings: its service's bounds,
+    lifecycle and idle timeout, what the audit keeps of a call's arguments, the suite lock."""
+
+    limits: SessionLimits = field(default_factory=SessionLimits)
+    idle_timeout: float = DEFAULT_IDLE_SECONDS
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    audit_arguments: ArgumentsMode = "hash"
+    lock: SuiteLock | None = None
+    lock_mode: Mode = "off"
+
+
+@dataclass(frozen=True)
 class Settings:
     """One orchestrator's settings (see the module docstring)."""
 
@@ -76,6 +89,17 @@ class Settings:
     def session_limits(self) -> SessionLimits:
         """The bounds of one relay session."""
         return SessionLimits(to_server_bytes=self.limits.buffer_to_server_bytes)
+
+    def relay(self, service: str) -> RelaySettings:
+        """What a relay session of ``service`` reads of these settings."""
+        return RelaySettings(
+            limits=self.session_limits,
+            idle_timeout=self.idle_timeouts[service],
+            lifecycle=self.lifecycles[service],
+            audit_arguments=self.audit_arguments,
+            lock=self.lock,
+            lock_mode=self.lock_mode,
+        )
 
     def session_idle_seconds(self, endpoint: str) -> float:
         """How long an HTTP session of ``endpoint`` may go without a request: its service's

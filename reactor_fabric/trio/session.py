@@ -326,16 +326,11 @@ def _relay_driver(
     now = trio.current_time()
     settings = parts.settings
     machine = SessionMachine(
+        settings.relay(service_name),
         service_name=service_name,
-        idle_timeout=settings.idle_timeouts[service_name],
-        limits=settings.session_limits,
         now=now,
-        audit_arguments=settings.audit_arguments,
-        client_lease=lease.lease_seconds if lease is not None else None,
-        lifecycle=settings.lifecycles[service_name],
-        lock=settings.lock,
-        lock_mode=settings.lock_mode,
         session_id=record.id,
+        client_lease=lease.lease_seconds if lease is not None else None,
         agent_slots=parts.registry.agent_slots if service.service_type == "llm_agent" else None,
         redact=SECRET_VALUES.redacted,
     )

@@ -30,6 +30,7 @@ from reactor_fabric.protocol.events import (
 )
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.settings import RelaySettings
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import served
 from tests.unit.protocol.test_fabric_lifecycles import answer, ready, sent, started_keys, stopped
@@ -266,14 +267,11 @@ def test_a_freed_slot_takes_the_next_call() -> None:
 
 def relay(shared: AgentSlots, session_id: str = "r1") -> Run:
     run = Run(lifecycle=PER_CALL)
+    settings = RelaySettings(
+        limits=SessionLimits(replay_timeout=30.0), idle_timeout=60.0, lifecycle=PER_CALL
+    )
     run.machine = SessionMachine(
-        service_name="svc",
-        idle_timeout=60.0,
-        limits=SessionLimits(replay_timeout=30.0),
-        now=0.0,
-        lifecycle=PER_CALL,
-        session_id=session_id,
-        agent_slots=shared,
+        settings, service_name="svc", now=0.0, session_id=session_id, agent_slots=shared
     )
     run.handshake()
     return run

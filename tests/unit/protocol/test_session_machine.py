@@ -51,6 +51,7 @@ from reactor_fabric.protocol.events import (
 from reactor_fabric.protocol.input_waits import INPUT_WAIT_SECONDS
 from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.settings import RelaySettings
 from reactor_fabric.protocol.suite_lock import Mode, SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCallDone
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -81,18 +82,17 @@ class Run:
         lifecycle: Lifecycle | None = None,
         lock: SuiteLock | None = None,
         lock_mode: Mode = "off",
+        limits: SessionLimits | None = None,
     ) -> None:
         self.now = 0.0
-        self.machine = SessionMachine(
-            service_name="svc",
+        settings = RelaySettings(
+            limits=limits or SessionLimits(to_server_bytes=to_server_bytes, replay_timeout=30.0),
             idle_timeout=idle,
-            limits=SessionLimits(to_server_bytes=to_server_bytes, replay_timeout=30.0),
-            now=0.0,
-            client_lease=lease,
-            lifecycle=lifecycle,
+            lifecycle=lifecycle or Lifecycle(),
             lock=lock,
             lock_mode=lock_mode,
         )
+        self.machine = SessionMachine(settings, service_name="svc", now=0.0, client_lease=lease)
         self.actions: list[Action] = []
         self.reported: dict[int, int] = {}  # bytes reported written, per container
 
@@ -219,9 +219,9 @@ def test_responses_and_notifications_from_the_server_reach_the_client_unchanged(
     note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
     [to_client] = run.server(0, note)
     assert to_client == ToClient(frame(note), to_client.message)  # type: ignore[union-attr]
-    assert run.machine.ledger.busy
+    assert run.machine.requests.ledger.busy
     run.server(0, response(2))
-    assert not run.machine.ledger.busy
+    assert not run.machine.requests.ledger.busy
 
 
 def test_stdout_that_is_not_json_rpc_is_logged_and_never_reaches_the_client() -> None:
@@ -283,7 +283,7 @@ def test_a_container_that_dies_answers_every_request_in_flight_and_the_next_fram
     assert data["stderr"] == ["fatal: boom"]
     assert "exited with code 3" in data["detail"]
     assert run.of(StopBackend)[-1] == StopBackend(K(0), "exited", graceful=False)
-    assert not run.machine.ledger.busy
+    assert not run.machine.requests.ledger.busy
     assert run.client(request(4, "tools/list")) == [StartBackend(K(1), respawn=True)]
 
 
@@ -378,8 +378,7 @@ def test_a_container_is_not_idle_while_anything_is_pending(busy_with: str) -> No
 
 
 def test_a_container_that_stops_taking_its_input_is_replaced_and_what_it_owed_answered() -> None:
-    run = Run()
-    run.machine.limits = SessionLimits(stdin_stall_timeout=120.0)
+    run = Run(limits=SessionLimits(stdin_stall_timeout=120.0))
     run.handshake()
     run.now = 10
     run.client(request(2, "tools/call", {"name": "x"}))  # written, never reported taken
@@ -431,7 +430,7 @@ def test_a_server_request_the_client_never_answers_expires_and_no_longer_holds_t
     # Its own code: -32001 means the engine cannot be reached.
     assert answer["error"]["code"] == -32006
     assert answer["error"]["data"]["reason"] == "client_did_not_answer"
-    assert not run.machine.ledger.busy
+    assert not run.machine.requests.ledger.busy
     run.drain(0)
     # Idle teardown follows at the usual time after that last activity.
     assert StopBackend(K(0), "idle", graceful=True) in run.at(65 + 60)
@@ -459,7 +458,7 @@ def test_a_cancelled_request_no_longer_holds_the_container() -> None:
     run.client(request(2, "tools/call", {"name": "slow"}))
     run.client({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
     run.drain(0)
-    assert not run.machine.ledger.busy
+    assert not run.machine.requests.ledger.busy
     assert StopBackend(K(0), "idle", graceful=True) in run.at(10)
 
 
@@ -530,8 +529,7 @@ def test_reading_the_client_pauses_while_too_many_bytes_wait_for_the_container()
 
 
 def test_a_request_beyond_the_in_flight_cap_is_refused_at_once() -> None:
-    run = Run()
-    run.machine.limits = SessionLimits(max_in_flight=2)
+    run = Run(limits=SessionLimits(max_in_flight=2))
     run.handshake()
     run.client(request(2, "tools/call", {"name": "slow"}))
     run.client(request(3, "tools/call", {"name": "slow"}))
@@ -591,7 +589,7 @@ def test_a_server_request_under_an_id_awaiting_the_client_is_refused_to_the_serv
     assert refusal["error"]["data"]["reason"] == "duplicate_request_id"
     assert [m["params"] for m in run.sent() if m.get("id") == "ask"] == [{"n": 1}]
     run.client(response("ask"))  # the client answers the one it got
-    assert not run.machine.ledger.busy
+    assert not run.machine.requests.ledger.busy
 
 
 def test_shutdown_answers_everything_in_flight_then_closes_the_client_normally() -> None:
@@ -1060,7 +1058,7 @@ def test_under_a_lock_a_tools_list_answered_under_another_spelling_of_its_id_is_
     assert json.loads(to_client.frame)["id"] == spelled  # (as the server wrote it)
     assert to_client.message is not None
     assert to_client.message.id == 41  # routed as the answer to 41 (an HTTP client's POST)
-    assert not run.machine.ledger.busy  # ... and taken as 41's answer
+    assert not run.machine.requests.ledger.busy  # ... and taken as 41's answer
     answer = run.client(request(42, "tools/call", {"name": "echo"}))
     [refused] = [json.loads(a.frame) for a in answer if isinstance(a, ToClient)]
     assert refused["error"]["data"]["reason"] == TOOL_DEFINITION_CHANGED
@@ -1086,7 +1084,8 @@ def test_under_a_lock_a_response_that_answers_no_request_in_flight_never_reaches
     assert run.sent()[before:] == []
     [log] = [a for a in actions if isinstance(a, Log)]
     assert (log.event, log.fields["id"]) == ("server_response_unmatched", stray["id"])
-    assert run.machine.ledger.client_requests == {41: "tools/list"}  # still owed its answer
+    # 41 is still owed its answer:
+    assert run.machine.requests.ledger.client_requests == {41: "tools/list"}
     run.server(0, response(41, {"tools": [ECHO, OTHER]}))
     assert listed(run) == [[ECHO, OTHER]]
 

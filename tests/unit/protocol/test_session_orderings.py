@@ -90,7 +90,9 @@ from reactor_fabric.protocol.events import (
 from reactor_fabric.protocol.jsonrpc import error_response
 from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX, Ledger
 from reactor_fabric.protocol.lifecycle import Lifecycle
+from reactor_fabric.protocol.relay_container import RelayContainer
 from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.settings import RelaySettings
 from reactor_fabric.protocol.suite_lock import SuiteLock, lock_text, parse_lock, service_lock
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests import orderings
@@ -554,17 +556,16 @@ def advance(
 
 def explore(*, stall_timeout: float = math.inf) -> int:
     """Visit every reachable state once; the number visited."""
-    machine = SessionMachine(
-        service_name="svc",
-        idle_timeout=30.0,
+    settings = RelaySettings(
         limits=SessionLimits(
             to_server_bytes=BUFFER_BYTES, replay_timeout=10.0, stdin_stall_timeout=stall_timeout
         ),
-        now=0.0,
-        lifecycle=LIFECYCLE,
+        idle_timeout=30.0,
+        lifecycle=LIFECYCLE or Lifecycle(),
         lock=LOCKED,
         lock_mode="enforce" if LOCKED is not None else "off",
     )
+    machine = SessionMachine(settings, service_name="svc", now=0.0)
     step = partial(advance, allowed=allowed_bytes())
     return orderings.explore(
         World(machine), enabled, step, at_end=final_checks, max_states=MAX_STATES
@@ -702,15 +703,15 @@ def test_the_checker_catches_a_machine_that_answers_a_request_twice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The invariants must be able to fail: break the machine, and exploring finds it.
-    original = SessionMachine._backend_exited
+    original = RelayContainer.exited
 
-    def answer_twice(self: SessionMachine, event: BackendExited, now: float) -> list[Action]:
-        in_flight = list(self.ledger.client_requests)
+    def answer_twice(self: RelayContainer, event: BackendExited, now: float) -> list[Action]:
+        in_flight = list(self.requests.ledger.client_requests)
         actions = original(self, event, now)
         error = ContainerStartFailure("again", reason="container_exited")
         return actions + [ToClient(error_response(rid, error)) for rid in in_flight]
 
-    monkeypatch.setattr(SessionMachine, "_backend_exited", answer_twice)
+    monkeypatch.setattr(RelayContainer, "exited", answer_twice)
     monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
@@ -722,10 +723,10 @@ def test_the_checker_catches_a_machine_that_retires_a_per_call_container_under_a
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Retiring while the container's own request awaits the client must be found.
-    def between(self: SessionMachine, slot: Any) -> bool:
-        return slot.state.value == "ready" and not self._waiting
+    def between(self: RelayContainer, slot: Any) -> bool:
+        return slot.state.value == "ready" and not self.requests.waiting
 
-    monkeypatch.setattr(SessionMachine, "_between", between)
+    monkeypatch.setattr(RelayContainer, "between", between)
     monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 0)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 1)
