@@ -15,6 +15,7 @@ from wsproto.connection import ConnectionState
 from wsproto.events import BytesMessage, CloseConnection, Ping, Request, TextMessage
 
 from reactor_fabric._errors import DockerUnavailable
+from reactor_fabric.policy.container_parts.context import RuntimeCapabilities
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.protocol.jsonrpc import Peek
@@ -24,6 +25,12 @@ from reactor_fabric.trio.channel import ChannelClosed, channel_boundary
 from tests.messages import INITIALIZE, INITIALIZED, request
 
 __all__ = ["INITIALIZE", "INITIALIZED", "request"]
+
+# A runtime that can give a container everything a spec may ask (the specs tests compose
+# without one, or for a runtime whose spawn they exercise with what it can do).
+EVERY_CAPABILITY = RuntimeCapabilities(
+    stdio="", child_sessions=True, mounts_on_host_reach_containers=True
+)
 
 
 async def until(condition: Callable[[], bool], *, what: str, wall_seconds: float = 60.0) -> None:
@@ -44,8 +51,8 @@ class UnreachableRuntime:
     """A runtime whose engine does not answer."""
 
     name = "unreachable"
-    mounts_on_host_reach_containers = False
-    stdio = ""  # it never started a container
+    # It never started a container (stdio not known); nothing refused before its engine is.
+    capabilities = RuntimeCapabilities(stdio="")
     egress = None
     children = None
 

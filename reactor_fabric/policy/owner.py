@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from .container_spec import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_OWNER_START
+from .container_parts.ownership import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_OWNER_START
 
 
 def process_start_time(pid: int, proc: Path = Path("/proc")) -> str | None:

@@ -30,6 +30,7 @@ from typing import Protocol
 
 import trio
 
+from ..policy.container_parts.context import RuntimeCapabilities
 from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
 from .child_sockets import ChildSockets
@@ -89,25 +90,24 @@ class Runtime(Protocol):
     name: str
 
     @property
+    def capabilities(self) -> RuntimeCapabilities:
+        """What it can give a container (egress, file secrets, child sessions, stdio, mounts
+        made on this host), in one value: the composer of specs and the starter read it, so
+        that what it cannot do is refused before anything is spawned
+        (:func:`~reactor_fabric.policy.container_spec.compose`)."""
+
+    # The servers a runtime needs run beside it, which whoever runs the orchestrator runs: not
+    # a way to ask what it can do (that is `capabilities`).
+
+    @property
     def egress(self) -> EgressProxy | None:
-        """The proxy of containers with an egress allowlist, which whoever runs the
-        orchestrator runs (EgressProxy.run); None where the runtime refuses such containers."""
+        """The proxy of containers with an egress allowlist (EgressProxy.run); None where the
+        runtime has none."""
 
     @property
     def children(self) -> ChildSockets | None:
-        """Agent containers' fabric sockets (their child sessions), which whoever runs the
-        orchestrator serves (ChildSockets.run); None where the runtime cannot give a container
-        one: agents there run without the suite's services."""
-
-    # Whether a mount made on this host below a bind source with slave propagation appears in
-    # the runtime's containers (the warm pool's staging area needs it).
-    mounts_on_host_reach_containers: bool
-
-    @property
-    def stdio(self) -> str:
-        """How containers' stdin and stdout reach the orchestrator: ``socket`` (a socket of
-        their own, no engine process on the way), ``attach`` (the engine's or the API server's
-        attach), ``memory``; ``""`` while not yet known (Docker decides on the first start)."""
+        """Agent containers' fabric sockets, their child sessions (ChildSockets.run); None
+        where the runtime has none."""
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable when it does not answer."""

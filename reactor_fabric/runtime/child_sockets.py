@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ..policy.container_spec import CHILD_SOCKET_TARGET
+from ..policy.container_parts.child_session import CHILD_SOCKET_TARGET
 from .unix_listeners import close_listener, serve_listener
 
 __all__ = ["CHILD_SOCKET_TARGET", "ChildHandler", "ChildSockets"]

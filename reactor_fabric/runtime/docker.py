@@ -46,14 +46,11 @@ import docker.types
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
-from .._reasons import IMAGE_NOT_FOUND, MOUNT_TARGET_IN_IMAGE, SECRET_UNAVAILABLE
+from .._reasons import IMAGE_NOT_FOUND, MOUNT_TARGET_IN_IMAGE
 from .._sockets import LeanSocketStream
-from ..policy.container_spec import (
-    LABEL_MANAGED,
-    LABEL_SERVICE,
-    ContainerSpec,
-    refuse_unavailable_secrets,
-)
+from ..policy.container_parts.context import RuntimeCapabilities
+from ..policy.container_parts.ownership import LABEL_MANAGED
+from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
 from .base import ContainerExit, ManagedContainer
 from .child_sockets import ChildSockets
@@ -76,7 +73,7 @@ from .docker_operations import (
     undo_create,
     update_cpu_shares,
 )
-from .docker_payload import secrets_mount
+from .docker_payload import secrets
 from .docker_pin_check import verify_mounts
 from .docker_sockets import ContainerSockets, DockerSockets
 from .egress_proxy import EgressProxy
@@ -95,11 +92,6 @@ class DockerRuntime:
     (see :mod:`.engines`); once it answers, :attr:`identity` and :attr:`name` say which one it
     is — Podman serves the same API.
     """
-
-    # A mount made on this host below a bind source with slave propagation appears in the
-    # container (the warm pool's staging area) — when the engine shares our mount namespace,
-    # which the first hand-out checks.
-    mounts_on_host_reach_containers = True
 
     def __init__(
         self,
@@ -151,10 +143,26 @@ class DockerRuntime:
         )
 
     @property
-    def stdio(self) -> str:
-        """``socket`` once the socket stdio area is open, ``attach`` when it is not wanted or
-        could not be opened, ``""`` before the first start (see :class:`~.base.Runtime`)."""
-        return self.sockets.stdio
+    def capabilities(self) -> RuntimeCapabilities:
+        """Stdio through a socket of its own once the socket stdio area is open (``attach``
+        when it is not wanted or could not be opened, ``""`` before the first start); egress
+        and child sessions through sockets in that area (see :mod:`.docker_sockets`); file
+        secrets from this machine's memory, so only with a local engine; and mounts made on
+        this host below a bind source with slave propagation appear in the container (the warm
+        pool's staging area) — when the engine shares our mount namespace, which the first
+        hand-out checks."""
+        return RuntimeCapabilities(
+            stdio=self.sockets.stdio,
+            egress_missing=self.sockets.egress_missing(),
+            file_secrets_missing=""
+            if self._engine_is_local
+            else (
+                "file secrets need the engine on this machine (a Unix socket); with a remote "
+                "engine use as: env"
+            ),
+            child_sessions=True,
+            mounts_on_host_reach_containers=True,
+        )
 
     @property
     def on_podman(self) -> bool:
@@ -215,7 +223,6 @@ class DockerRuntime:
         (``mount_changed``) raised. The pins are released once the start can no longer use
         them — by the start's own thread if a cancellation abandoned it.
         """
-        refuse_unavailable_secrets(spec)
         handed_to_start = False
         held: ContainerSockets | None = None
         try:
@@ -333,16 +340,10 @@ class DockerRuntime:
         return await self._engine.call("create", create, if_abandoned=remove_by_name)
 
     def _secrets_mount(self, spec: ContainerSpec) -> docker.types.Mount:
-        """The service's file secrets, read-only at /run/secrets (see :mod:`.secret_files`)."""
-        if not self._engine_is_local:
-            service = spec.labels.get(LABEL_SERVICE, "")
-            raise ContainerStartFailure(
-                f"service {service!r}: file secrets need the engine on this machine (a Unix "
-                "socket); with a remote engine use as: env",
-                reason=SECRET_UNAVAILABLE,
-                service=service,
-            )
-        return secrets_mount(self._secret_files.directory_for(spec))
+        """The service's file secrets, read-only at /run/secrets (see :mod:`.secret_files`;
+        only with a local engine, which the composer asked of :attr:`capabilities`)."""
+        [mount] = secrets(self._secret_files.directory_for(spec)).mounts
+        return mount
 
     async def _attach(self, container_id: str, *, stderr_only: bool = False) -> LeanSocketStream:
         def attach(client: docker.APIClient) -> socket.socket:

@@ -1,17 +1,21 @@
-"""A container spec as the Docker engine's create payload: pure translation, one concern each.
+"""A container spec as the Docker engine's create payload: pure translation, one part each.
 
-:class:`~reactor_fabric.policy.container_spec.ContainerSpec` says what a container must be; this
-module says how Docker's Engine API (and Podman's compatible one) is asked for it:
+:class:`~reactor_fabric.policy.container_spec.ContainerSpec` says what a container must be, one
+part per service option; this module says how Docker's Engine API (and Podman's compatible one)
+is asked for each part, in one function named after it (:data:`PART_REALISATIONS`), which
+returns its :class:`Fragment` of the payload (docker-py's ``create_container`` arguments, its
+``create_host_config`` arguments, its mounts):
 
-- :func:`create_kwargs` — docker-py's ``create_container`` arguments: image, program, identity,
-  environment, labels, stdin;
-- :func:`host_config_kwargs` — its ``create_host_config`` arguments, composed of one function per
-  concern: :func:`mounts` (the spec's, pinned ones as volumes: :func:`spec_mount`; the secrets'
-  directory: :func:`secrets_mount`; our sockets: :func:`socket_mounts`), :func:`network`,
-  :func:`resource_limits`, :func:`confinement`, :func:`supervision`, :func:`output`;
-- :func:`socket_stdio_entrypoint` — the program when socket stdio puts ``fabric-stdio`` in front
-  of the image's own;
-- :func:`podman_pinned_volumes` — the named volumes Podman needs for pinned mounts.
+- :func:`lifecycle` (name, labels), :func:`program` (image, program, user, environment),
+  :func:`mounts` (the spec's; pinned ones as volumes: :func:`spec_mount`), :func:`network`,
+  :func:`resources`, :func:`confinement`, :func:`secrets` (the secrets' directory),
+  :func:`egress` (its proxy's socket), :func:`child_session` (the agent's fabric socket);
+- what every container gets whatever its spec: our stdio sockets (:func:`stdio_mounts`),
+  :func:`supervision`, :func:`output`;
+- :func:`create_kwargs` and :func:`host_config_kwargs` put the fragments together;
+  :func:`socket_stdio_entrypoint` is the program when socket stdio puts ``fabric-stdio`` in
+  front of the image's own; :func:`podman_pinned_volumes` the named volumes Podman needs for
+  pinned mounts.
 
 Pure: no I/O, no trio, no engine; docker-py only for its payload types (``docker.types``), so
 that the payload is built by the same code docker-py's own callers use. The calls that send it
@@ -22,13 +26,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import docker.types
 
 from ..config.secrets import SECRETS_DIR
-from ..policy.container_spec import CHILD_SOCKET_TARGET, EGRESS_PROXY_PORT, ContainerSpec
+from ..policy.container_parts.child_session import CHILD_SOCKET_TARGET
+from ..policy.container_parts.egress import EGRESS_PROXY_PORT
+from ..policy.container_spec import ContainerSpec
 from ..policy.mount_spec import MountSpec
 from ..policy.pinning import PinSet
 from .stdio_sockets import EGRESS_SOCKET_TARGET, HELPER_TARGET, SOCKET_TARGET, wrapped_command
@@ -51,6 +57,16 @@ class SocketSources:
     child: str | None = None
 
 
+@dataclass(frozen=True)
+class Fragment:
+    """What one part asks of the engine: its ``create_container`` arguments, its
+    ``create_host_config`` arguments, its mounts."""
+
+    create: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+    mounts: list[docker.types.Mount] = field(default_factory=list)
+
+
 def create_kwargs(
     spec: ContainerSpec, host_config: Any, *, entrypoint: list[str] | None = None
 ) -> dict[str, Any]:
@@ -58,20 +74,34 @@ def create_kwargs(
     the whole program (``fabric-stdio`` in front of the image's entrypoint and command) and
     stdin stays closed on the engine's side."""
     return {
-        "image": spec.image,
-        "command": spec.command if entrypoint is None else None,
-        "entrypoint": entrypoint,
-        "name": spec.name,
-        "environment": spec.environment,
-        "labels": spec.labels,
-        "user": spec.user,
+        **program(spec, entrypoint=entrypoint).create,
+        **lifecycle(spec).create,
         # docker-py adds StdinOnce: closing our side of stdin closes the server's stdin, which
         # is how MCP asks a stdio server to shut down. With socket stdio it is our socket's.
         "stdin_open": entrypoint is None,
         "tty": False,
-        "network_disabled": spec.network == "none",
+        **network(spec).create,
         "host_config": host_config,
     }
+
+
+def lifecycle(spec: ContainerSpec) -> Fragment:
+    """The container's name and labels."""
+    return Fragment(create={"name": spec.name, "labels": spec.labels})
+
+
+def program(spec: ContainerSpec, *, entrypoint: list[str] | None = None) -> Fragment:
+    """The image, its command (or with socket stdio the whole program, ``entrypoint``), the
+    user and the whole environment (the parts' variables: ContainerSpec.environment)."""
+    return Fragment(
+        create={
+            "image": spec.image,
+            "command": spec.command if entrypoint is None else None,
+            "entrypoint": entrypoint,
+            "environment": spec.environment,
+            "user": spec.user,
+        }
+    )
 
 
 def socket_stdio_entrypoint(
@@ -101,16 +131,18 @@ def host_config_kwargs(
     :func:`podman_pinned_volumes`; ``secrets``: the file secrets' bind; ``sockets``: ours),
     limits and safe defaults."""
     return {
-        "mounts": mounts(spec, pins, named_volumes=named_volumes, secrets=secrets, sockets=sockets),
-        **network(spec),
-        **resource_limits(spec),
-        **confinement(spec),
+        "mounts": all_mounts(
+            spec, pins, named_volumes=named_volumes, secrets=secrets, sockets=sockets
+        ),
+        **network(spec).host,
+        **resources(spec).host,
+        **confinement(spec).host,
         **supervision(),
         **output(),
     }
 
 
-def mounts(
+def all_mounts(
     spec: ContainerSpec,
     pins: PinSet | None = None,
     *,
@@ -118,15 +150,30 @@ def mounts(
     secrets: docker.types.Mount | None = None,
     sockets: SocketSources | None = None,
 ) -> list[docker.types.Mount]:
-    """Every mount of the container, in this order: the spec's, the secrets' directory, then
-    our sockets."""
-    named = named_volumes or {}
-    found = [spec_mount(spec, mount, pins, named.get(mount.target)) for mount in spec.mounts]
+    """Every mount of the container, in this order: the spec's, the secrets' directory (its
+    bind, from :func:`secrets`), then our sockets (stdio's, the egress proxy's, the fabric
+    socket)."""
+    found = mounts(spec, pins, named_volumes=named_volumes).mounts
     if secrets is not None:
         found.append(secrets)
     if sockets is not None:
-        found += socket_mounts(sockets)
+        found += stdio_mounts(sockets.helper, sockets.stdio)
+        found += egress(spec, sockets.egress).mounts
+        found += child_session(spec, sockets.child).mounts
     return found
+
+
+def mounts(
+    spec: ContainerSpec,
+    pins: PinSet | None = None,
+    *,
+    named_volumes: dict[str, dict[str, Any]] | None = None,
+) -> Fragment:
+    """The spec's own mounts (see :func:`spec_mount`)."""
+    named = named_volumes or {}
+    return Fragment(
+        mounts=[spec_mount(spec, mount, pins, named.get(mount.target)) for mount in spec.mounts]
+    )
 
 
 def spec_mount(
@@ -180,10 +227,14 @@ def spec_mount(
     )
 
 
-def secrets_mount(directory: str) -> docker.types.Mount:
-    """The service's file secrets (``directory``: see :mod:`.secret_files`), read-only at
-    /run/secrets."""
-    return docker.types.Mount(target=SECRETS_DIR, source=directory, type="bind", read_only=True)
+def secrets(directory: str | None) -> Fragment:
+    """The service's file secrets (``directory``: see :mod:`.secret_files`; None: it has
+    none), read-only at /run/secrets: the secrets part (its variables are in :func:`program`'s
+    environment)."""
+    if directory is None:
+        return Fragment()
+    mount = docker.types.Mount(target=SECRETS_DIR, source=directory, type="bind", read_only=True)
+    return Fragment(mounts=[mount])
 
 
 def stdio_mounts(helper: str, socket_path: str) -> list[docker.types.Mount]:
@@ -198,55 +249,62 @@ def stdio_mounts(helper: str, socket_path: str) -> list[docker.types.Mount]:
     ]
 
 
-def egress_socket_mount(path: str) -> docker.types.Mount:
-    """The container's egress proxy socket, which ``fabric-stdio`` forwards the proxy's port
-    in the container to (see :mod:`.egress_proxy`)."""
-    return docker.types.Mount(target=EGRESS_SOCKET_TARGET, source=path, type="bind", read_only=True)
+def egress(spec: ContainerSpec, path: str | None) -> Fragment:
+    """The container's egress proxy socket (``path``, where it listens), which
+    ``fabric-stdio`` forwards the proxy's port in the container to (see :mod:`.egress_proxy`;
+    the variables naming the proxy are in the environment, the port in
+    :func:`socket_stdio_entrypoint`)."""
+    if spec.egress is None or path is None:
+        return Fragment()
+    mount = docker.types.Mount(
+        target=EGRESS_SOCKET_TARGET, source=path, type="bind", read_only=True
+    )
+    return Fragment(mounts=[mount])
 
 
-def child_socket_mount(path: str) -> docker.types.Mount:
-    """An agent container's fabric socket, where its relay reaches its child session (see
-    :mod:`.child_sockets`)."""
-    return docker.types.Mount(target=CHILD_SOCKET_TARGET, source=path, type="bind", read_only=True)
+def child_session(spec: ContainerSpec, path: str | None) -> Fragment:
+    """An agent container's fabric socket (``path``), where its relay reaches its child
+    session (see :mod:`.child_sockets`)."""
+    if spec.child_session is None or path is None:
+        return Fragment()
+    mount = docker.types.Mount(target=CHILD_SOCKET_TARGET, source=path, type="bind", read_only=True)
+    return Fragment(mounts=[mount])
 
 
-def socket_mounts(sockets: SocketSources) -> list[docker.types.Mount]:
-    """Our sockets' binds: stdio's two, then the egress socket's and the fabric socket's."""
-    found = stdio_mounts(sockets.helper, sockets.stdio)
-    if sockets.egress is not None:
-        found.append(egress_socket_mount(sockets.egress))
-    if sockets.child is not None:
-        found.append(child_socket_mount(sockets.child))
-    return found
-
-
-def network(spec: ContainerSpec) -> dict[str, Any]:
+def network(spec: ContainerSpec) -> Fragment:
     """The container's network (``none`` for one without, or whose egress is proxied)."""
-    return {"network_mode": spec.network}
+    return Fragment(
+        create={"network_disabled": spec.network == "none"},
+        host={"network_mode": spec.network},
+    )
 
 
-def resource_limits(spec: ContainerSpec) -> dict[str, Any]:
+def resources(spec: ContainerSpec) -> Fragment:
     """Memory (no swap on top), CPU and process limits, and the CPU weight."""
-    return {
-        "mem_limit": spec.memory_bytes,
-        # Equal to the memory limit: no swap on top of it, so the limit means what it says.
-        "memswap_limit": spec.memory_bytes,
-        "nano_cpus": spec.nano_cpus,
-        "pids_limit": spec.pids_limit,
-        "cpu_shares": spec.cpu_shares,
-    }
+    return Fragment(
+        host={
+            "mem_limit": spec.memory_bytes,
+            # Equal to the memory limit: no swap on top of it, so the limit means what it says.
+            "memswap_limit": spec.memory_bytes,
+            "nano_cpus": spec.nano_cpus,
+            "pids_limit": spec.pids_limit,
+            "cpu_shares": spec.cpu_shares,
+        }
+    )
 
 
-def confinement(spec: ContainerSpec) -> dict[str, Any]:
+def confinement(spec: ContainerSpec) -> Fragment:
     """What the server may do in its container: no capability but those the suite adds, no
     new privileges (unless relaxed), a read-only root with its tmpfs."""
-    return {
-        "cap_drop": ["ALL"],
-        "cap_add": list(spec.cap_add) or None,
-        "security_opt": ["no-new-privileges:true"] if spec.no_new_privileges else [],
-        "read_only": spec.read_only_rootfs,
-        "tmpfs": spec.tmpfs or None,
-    }
+    return Fragment(
+        host={
+            "cap_drop": ["ALL"],
+            "cap_add": list(spec.cap_add) or None,
+            "security_opt": ["no-new-privileges:true"] if spec.no_new_privileges else [],
+            "read_only": spec.read_only_rootfs,
+            "tmpfs": spec.tmpfs or None,
+        }
+    )
 
 
 def supervision() -> dict[str, Any]:
@@ -300,3 +358,18 @@ def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str,
             "labels": {**spec.labels, LABEL_PINNED_VOLUME_OF: spec.name},
         }
     return volumes
+
+
+# Each part of a ContainerSpec, by its field's name, and the one function that realises it
+# here (tests/unit/test_container_parts.py checks that every part has one).
+PART_REALISATIONS: Final = {
+    "lifecycle": lifecycle,
+    "program": program,
+    "mounts": mounts,
+    "network": network,
+    "resources": resources,
+    "confinement": confinement,
+    "secrets": secrets,
+    "egress": egress,
+    "child_session": child_session,
+}

@@ -17,8 +17,10 @@ the starter's until each server takes its socket (:meth:`DockerSockets.serve`); 
 closes the rest whatever happened, which unlinks their paths. :meth:`DockerSockets.close`
 removes the area.
 
-Error handling: a container that cannot have the egress it needs is refused before anything is
-created (ContainerStartFailure ``egress_unavailable``); stdio that never connects is
+Error handling: whether a container can have the egress it needs is what the runtime's
+capabilities say (:meth:`DockerSockets.egress_missing`): the composer refuses it before anything
+is created (ContainerStartFailure ``egress_unavailable``), and so does the start if the area
+fails that one container; stdio that never connects is
 ContainerStartFailure (``stdio_not_connected``); a damaged area makes that one container's
 stdio go through the engine (logged: ``socket_stdio_failed``), and an agent without its fabric
 socket runs without the suite's services (logged: ``child_fabric_unavailable``).
@@ -35,9 +37,10 @@ from dataclasses import dataclass
 import trio
 
 from .._errors import ContainerStartFailure
-from .._reasons import STDIO_NOT_CONNECTED
+from .._reasons import EGRESS_UNAVAILABLE, STDIO_NOT_CONNECTED
 from .._sockets import LeanSocketStream
-from ..policy.container_spec import LABEL_INSTANCE, LABEL_SERVICE, ContainerSpec, refuse_egress
+from ..policy.container_parts.ownership import LABEL_INSTANCE, LABEL_SERVICE
+from ..policy.container_spec import ContainerSpec
 from ..policy.owner import hostname
 from ..protocol.egress import Allowlist
 from .base import ContainerExit
@@ -52,6 +55,11 @@ log = logging.getLogger("reactor_fabric.runtime.docker")
 
 # While a container's fabric-stdio has not connected, how often to ask whether it ended.
 STDIO_CONNECT_POLL = 0.5
+# Why a container with an egress allowlist cannot have its proxy without socket stdio.
+NO_SOCKET_STDIO_FOR_EGRESS = (
+    "its proxy is reached through socket stdio, which this engine does not have (a remote "
+    "engine, or the fabric-stdio helper missing: see the log's socket_stdio_unavailable)"
+)
 
 
 @dataclass
@@ -127,7 +135,7 @@ class DockerSockets:
         return held
 
     def sources(self, held: ContainerSockets) -> SocketSources | None:
-        """Where the container finds its sockets (see :func:`.docker_payload.socket_mounts`);
+        """Where the container finds its sockets (see :func:`.docker_payload.all_mounts`);
         None when its stdio goes through the engine."""
         area = self._area
         if held.stdio is None or area is None:
@@ -163,27 +171,36 @@ class DockerSockets:
             log.warning("socket_stdio_failed", extra={"directory": area.root, "detail": str(exc)})
             return None
 
+    def egress_missing(self) -> str:
+        """Why a container cannot have its egress proxy here ("" when it can; see
+        RuntimeCapabilities): it reaches the proxy through ``fabric-stdio``, so only with
+        socket stdio, and only while the proxy runs."""
+        if not self._wanted or (self._opened and self._area is None):
+            return NO_SOCKET_STDIO_FOR_EGRESS
+        if not self._egress.running:
+            return "the egress proxy does not run in this process"
+        return ""
+
     async def _listen_for_egress(
         self, spec: ContainerSpec, stdio: PendingStdio | None
     ) -> PendingStdio | None:
-        """The socket of this container's egress proxy when its service has an allowlist;
-        ContainerStartFailure (``egress_unavailable``) where it cannot have one: the container
-        reaches the proxy through ``fabric-stdio``, so only with socket stdio, and only while
-        the proxy runs. Refused rather than started with a network, or without the one
-        destination it needs."""
+        """The socket of this container's egress proxy when its spec has an allowlist.
+
+        The composer refused the spec already where this runtime cannot have one
+        (:meth:`egress_missing`); what is left is the area failing this one container (its
+        stdio socket could not be made, or the area could not be opened at the first start):
+        ContainerStartFailure (``egress_unavailable``), in the same words, rather than a
+        container started without the one destination it needs."""
         if spec.egress is None:
             return None
         area = self._area
         if stdio is None or area is None:
-            refuse_egress(
-                spec,
-                "its proxy is reached through socket stdio, which this engine does not have (a "
-                "remote engine, or the fabric-stdio helper missing: see the log's "
-                "socket_stdio_unavailable)",
+            service = spec.labels.get(LABEL_SERVICE, "")
+            raise ContainerStartFailure(
+                f"service {service!r} has an egress allowlist, and {NO_SOCKET_STDIO_FOR_EGRESS}",
+                reason=EGRESS_UNAVAILABLE,
+                service=service,
             )
-        if not self._egress.running:
-            refuse_egress(spec, "the egress proxy does not run in this process")
-        assert area is not None  # refused above otherwise
         return await trio.to_thread.run_sync(
             functools.partial(area.listen, backlog=EGRESS_BACKLOG, suffix=".egress.sock")
         )
@@ -240,7 +257,7 @@ class DockerSockets:
             self._egress.serve(
                 container_id,
                 spec.labels.get(LABEL_SERVICE, ""),
-                Allowlist.of(spec.egress),
+                Allowlist.of(spec.egress.allowlist),
                 held.egress.listener,
                 held.egress.path,
             )

@@ -63,13 +63,9 @@ from typing import Final
 import trio
 
 from ..observe.redaction import SECRET_VALUES
-from ..policy.container_spec import (
-    LABEL_SERVICE,
-    ContainerSpec,
-    proxy_environment,
-    refuse_egress,
-    refuse_unavailable_secrets,
-)
+from ..policy.container_parts.context import RuntimeCapabilities
+from ..policy.container_parts.ownership import LABEL_SERVICE
+from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
 from ..protocol.egress import Allowlist, proxy_url
 from ..protocol.k8s_attach import AttachStatus
@@ -124,10 +120,8 @@ class KubernetesRuntime:
     ``url`` overrides the kubeconfig's server (tests).
     """
 
-    mounts_on_host_reach_containers = False
-    stdio = "attach"  # through the API server's attach
     # The proxy of pods with an egress allowlist (reached over TCP, see egress_proxy), when
-    # the settings say where; None: such services are refused (egress_unavailable).
+    # the settings say where; None: such services are refused (see capabilities).
     egress: EgressProxy | None = None
     # A pod has no socket of ours to bind: agents there run without the suite's services.
     children: ChildSockets | None = None
@@ -169,6 +163,19 @@ class KubernetesRuntime:
         self._secrets = ServiceSecretObjects(self._calls)
 
     @property
+    def capabilities(self) -> RuntimeCapabilities:
+        """Stdio through the API server's attach; egress through the proxy in this process,
+        when the settings say where and it runs; file secrets as a Secret volume; no child
+        sessions (a pod has no socket of ours to bind); mounts are claims the kubelet mounts,
+        not this host's."""
+        missing = ""
+        if self.egress is None or self._egress_address is None:
+            missing = "orchestrator.kubernetes.egress_proxy is not set"
+        elif not self.egress.running:
+            missing = "the egress proxy does not run in this process"
+        return RuntimeCapabilities(stdio="attach", egress_missing=missing)
+
+    @property
     def namespace(self) -> str:
         """The session pods' namespace (known once the client is made)."""
         return self._calls.namespace
@@ -187,26 +194,19 @@ class KubernetesRuntime:
         if pins is not None:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
             pins.close()
-        refuse_unavailable_secrets(spec)
         token: str | None = None
         if spec.egress is not None:
-            proxy, address = self.egress, self._egress_address
-            if proxy is None or address is None or not proxy.running:
-                refuse_egress(
-                    spec,
-                    "orchestrator.kubernetes.egress_proxy is not set"
-                    if proxy is None or address is None
-                    else "the egress proxy does not run in this process",
-                )
-                raise AssertionError("refuse_egress raises for a spec with egress")
+            # The composer refused the spec where the proxy is not there (capabilities).
+            assert self._egress_address is not None
             # The pod's credential at the proxy: in its proxy URL (its environment), never
             # logged; worth nothing once the pod is removed (unregistered).
             token = secrets.token_urlsafe(32)
-            host, port = address
+            host, port = self._egress_address
             spec = dataclasses.replace(
-                spec, environment=spec.environment | proxy_environment(proxy_url(token, host, port))
+                spec,
+                egress=dataclasses.replace(spec.egress, proxy_url=proxy_url(token, host, port)),
             )
-        if spec.secrets:
+        if spec.secrets.secrets:
             await self._ensure_secret(spec)
         try:
             manifest = pod_manifest(
@@ -229,7 +229,10 @@ class KubernetesRuntime:
                 await create_network_policy(self._calls, manifest, proxy=self._egress_address)
                 assert self.egress is not None
                 self.egress.register(
-                    token, name, spec.labels.get(LABEL_SERVICE, ""), Allowlist.of(spec.egress)
+                    token,
+                    name,
+                    spec.labels.get(LABEL_SERVICE, ""),
+                    Allowlist.of(spec.egress.allowlist),
                 )
             created = await create_pod(self._calls, manifest)
             await until_running(self._calls, name, created, start_timeout=self.start_timeout)

@@ -56,11 +56,13 @@ import math
 import posixpath
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
 from ..config.secrets import SECRETS_DIR
-from ..policy.container_spec import LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVICE, ContainerSpec
+from ..policy.container_parts.ownership import LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVICE
+from ..policy.container_spec import ContainerSpec
 from ..policy.mount_spec import MountSpec
 from ..protocol.k8s_pod_state import CONTAINER
 
@@ -122,7 +124,7 @@ def secret_manifest(
     metadata: dict[str, Any] = {"name": secret_name(spec), "namespace": namespace, "labels": labels}
     if owner is not None:
         metadata["ownerReferences"] = [_owner_reference(owner)]
-    data = {s.name: base64.b64encode(s.value.encode()).decode() for s in spec.secrets}
+    data = {s.name: base64.b64encode(s.value.encode()).decode() for s in spec.secrets.secrets}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -187,6 +189,21 @@ def network_policy_manifest(
     }
 
 
+@dataclass
+class PodFragment:
+    """What one part asks of a pod: its metadata's labels, keys of its container, of its
+    container's securityContext and of its spec, its volumes and their mounts, and (the
+    secrets') variables that refer to a Secret rather than hold a value."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    container: dict[str, Any] = field(default_factory=dict)
+    security: dict[str, Any] = field(default_factory=dict)
+    pod: dict[str, Any] = field(default_factory=dict)
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    env_refs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 def pod_manifest(
     spec: ContainerSpec,
     *,
@@ -195,54 +212,45 @@ def pod_manifest(
     owner: Mapping[str, str] | None = None,
     deadline_seconds: int | None = None,
 ) -> dict[str, Any]:
-    """The Pod for ``spec`` in ``namespace``.
+    """The Pod for ``spec`` in ``namespace``: each part's fragment (one function per part,
+    :data:`PART_REALISATIONS`), put together.
 
     ``claims`` maps each allowed mount root (a host path as the suite names it) to the
     PersistentVolumeClaim that holds it; ``owner`` is the orchestrator's own pod (``name`` and
     ``uid``) when it runs in the cluster; ``deadline_seconds`` bounds the pod's life
     (``activeDeadlineSeconds``).
 
-    Error handling: raises :class:`ManifestError` for a mount no claim covers.
+    Error handling: raises :class:`ManifestError` for a mount no claim covers, or a user that
+    is not numeric.
     """
-    volumes, volume_mounts = _volumes(spec, claims or {})
-    security: dict[str, Any] = {
-        "allowPrivilegeEscalation": not spec.no_new_privileges,
-        "privileged": False,
-        "readOnlyRootFilesystem": spec.read_only_rootfs,
-        "capabilities": {"drop": ["ALL"], **({"add": list(spec.cap_add)} if spec.cap_add else {})},
-        # Docker's default seccomp profile applies to every container it runs; a pod runs
-        # Unconfined unless it asks (or the kubelet's seccompDefault is on).
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    if spec.user is not None:
-        uid, _, gid = spec.user.partition(":")
-        if not uid.isdigit() or (gid and not gid.isdigit()):
-            raise ManifestError(f"user {spec.user!r}: a pod's user must be numeric (uid[:gid])")
-        security |= {"runAsUser": int(uid), "runAsNonRoot": int(uid) != 0}
-        if gid:
-            security["runAsGroup"] = int(gid)
-    limits = {"memory": str(spec.memory_bytes), "cpu": f"{max(1, spec.nano_cpus // 1_000_000)}m"}
+    name = pod_name(spec.name)
+    named = lifecycle(spec)
+    mounted = mounts(spec, claims or {})  # a mount no claim covers is said first
+    run = program(spec)
+    limited = resources(spec)
+    confined = confinement(spec)
+    secret = secrets(spec, run.security)
+    fragments = [named, run, mounted, network(spec), limited, confined, secret]
+    fragments += [egress(spec, name), child_session(spec)]
+    security: dict[str, Any] = {**confined.security, **run.security}
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": spec.image,
-        "imagePullPolicy": PULL_POLICIES.get(spec.pull, "IfNotPresent"),
+        **run.container,
         "stdin": True,
         "stdinOnce": True,
         "tty": False,
-        "env": _environment(spec),
-        "resources": {"limits": limits, "requests": dict(limits)},
+        "env": _environment(spec, secret.env_refs),
+        **limited.container,
         "securityContext": security,
-        "volumeMounts": volume_mounts,
+        "volumeMounts": [m for f in (mounted, confined, secret) for m in f.volume_mounts],
     }
     if spec.command is not None:
         container["args"] = list(spec.command)
     metadata: dict[str, Any] = {
-        "name": pod_name(spec.name),
+        "name": name,
         "namespace": namespace,
-        "labels": {key: label_value(value) for key, value in spec.labels.items()},
+        "labels": {key: value for f in fragments for key, value in f.labels.items()},
     }
-    if spec.egress is not None:
-        metadata["labels"][LABEL_EGRESS_POD] = egress_pod_label(metadata["name"])
     if owner is not None:
         metadata["ownerReferences"] = [_owner_reference(owner)]
     pod_spec: dict[str, Any] = {
@@ -251,41 +259,51 @@ def pod_manifest(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 5,
         "containers": [container],
-        "volumes": volumes,
+        "volumes": [v for f in (mounted, confined, secret) for v in f.volumes],
     }
     if deadline_seconds is not None:
         pod_spec["activeDeadlineSeconds"] = deadline_seconds
-    if spec.secret_files and "runAsUser" in security:
-        # A user given as a uid alone runs with the image's group for it (or root's): the
-        # files' group is then the uid's own, as the Docker runtime gives them to uid:uid.
-        pod_spec["securityContext"] = {"fsGroup": security.get("runAsGroup", security["runAsUser"])}
+    pod_spec |= secret.pod
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def _environment(spec: ContainerSpec) -> list[dict[str, Any]]:
-    """The container's ``env``: a secret's variable refers to the service's Secret, never
-    holds the value (whoever may read pods would read it)."""
-    secret = {s.name for s in spec.secrets if s.as_env}
-    return [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name(spec), "key": name}}}
-        if name in secret
-        else {"name": name, "value": value}
-        for name, value in spec.environment.items()
-    ]
+def lifecycle(spec: ContainerSpec) -> PodFragment:
+    """The spec's labels, as label values."""
+    return PodFragment(labels={key: label_value(value) for key, value in spec.labels.items()})
 
 
-def _volumes(
-    spec: ContainerSpec, claims: Mapping[str, str]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
+def program(spec: ContainerSpec) -> PodFragment:
+    """The image and its pull policy; the user, numeric (``runAsUser``/``runAsGroup``,
+    ``runAsNonRoot``); the command is ``args`` and the environment ``env`` (see
+    :func:`pod_manifest`, :func:`_environment`)."""
+    security: dict[str, Any] = {}
+    if spec.user is not None:
+        uid, _, gid = spec.user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            raise ManifestError(f"user {spec.user!r}: a pod's user must be numeric (uid[:gid])")
+        security |= {"runAsUser": int(uid), "runAsNonRoot": int(uid) != 0}
+        if gid:
+            security["runAsGroup"] = int(gid)
+    return PodFragment(
+        container={
+            "image": spec.image,
+            "imagePullPolicy": PULL_POLICIES.get(spec.pull, "IfNotPresent"),
+        },
+        security=security,
+    )
+
+
+def mounts(spec: ContainerSpec, claims: Mapping[str, str]) -> PodFragment:
+    """Each mount as its claim's volume (one per claim) with the path below the claimed
+    root as its ``subPath``."""
+    fragment = PodFragment()
     used: dict[str, str] = {}  # claim name → volume name
     for mount in spec.mounts:
         claim, sub_path = _claimed(mount, claims)
         name = used.get(claim)
         if name is None:
             name = used[claim] = f"claim-{len(used)}"
-            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim}})
+            fragment.volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim}})
         entry: dict[str, Any] = {
             "name": name,
             "mountPath": mount.target,
@@ -293,23 +311,102 @@ def _volumes(
         }
         if sub_path:
             entry["subPath"] = sub_path
-        mounts.append(entry)
+        fragment.volume_mounts.append(entry)
+    return fragment
+
+
+def network(spec: ContainerSpec) -> PodFragment:
+    """Nothing in the pod: ``network`` is a NetworkPolicy's to enforce (``deploy/kubernetes``),
+    and an egress pod's is :func:`network_policy_manifest`."""
+    return PodFragment()
+
+
+def resources(spec: ContainerSpec) -> PodFragment:
+    """Memory and CPU limits, requests equal to them (the scheduler reserves what the
+    container may use); the pids limit is the kubelet's (``podPidsLimit``), the CPU weight
+    fixed."""
+    limits = {"memory": str(spec.memory_bytes), "cpu": f"{max(1, spec.nano_cpus // 1_000_000)}m"}
+    return PodFragment(container={"resources": {"limits": limits, "requests": dict(limits)}})
+
+
+def confinement(spec: ContainerSpec) -> PodFragment:
+    """Every capability dropped and the suite's added back, no privilege escalation (unless
+    relaxed), the runtime's default seccomp profile, a read-only root with its tmpfs as
+    memory ``emptyDir`` volumes of the same size."""
+    fragment = PodFragment(
+        security={
+            "allowPrivilegeEscalation": not spec.no_new_privileges,
+            "privileged": False,
+            "readOnlyRootFilesystem": spec.read_only_rootfs,
+            "capabilities": {
+                "drop": ["ALL"],
+                **({"add": list(spec.cap_add)} if spec.cap_add else {}),
+            },
+            # Docker's default seccomp profile applies to every container it runs; a pod runs
+            # Unconfined unless it asks (or the kubelet's seccompDefault is on).
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+    )
     for index, (target, options) in enumerate(sorted(spec.tmpfs.items())):
         name = f"tmp-{index}"
         size = _tmpfs_size(options)
-        volumes.append(
+        fragment.volumes.append(
             {
                 "name": name,
                 "emptyDir": {"medium": "Memory", **({"sizeLimit": size} if size else {})},
             }
         )
-        mounts.append({"name": name, "mountPath": target})
+        fragment.volume_mounts.append({"name": name, "mountPath": target})
+    return fragment
+
+
+def secrets(spec: ContainerSpec, user: Mapping[str, Any]) -> PodFragment:
+    """The secrets, never in the pod: a variable refers to the service's Secret
+    (``secretKeyRef``), the files are a ``secret`` volume at /run/secrets, readable by the
+    pod's ``fsGroup``, the server's group (``user``: the program's securityContext)."""
+    fragment = PodFragment(
+        env_refs={
+            s.name: {"secretKeyRef": {"name": secret_name(spec), "key": s.name}}
+            for s in spec.secrets.secrets
+            if s.as_env
+        }
+    )
     if spec.secret_files:
         items = [{"key": s.name, "path": s.name} for s in spec.secret_files]
         source = {"secretName": secret_name(spec), "defaultMode": SECRET_FILE_MODE, "items": items}
-        volumes.append({"name": SECRET_VOLUME, "secret": source})
-        mounts.append({"name": SECRET_VOLUME, "mountPath": SECRETS_DIR, "readOnly": True})
-    return volumes, mounts
+        fragment.volumes.append({"name": SECRET_VOLUME, "secret": source})
+        fragment.volume_mounts.append(
+            {"name": SECRET_VOLUME, "mountPath": SECRETS_DIR, "readOnly": True}
+        )
+        if "runAsUser" in user:
+            # A user given as a uid alone runs with the image's group for it (or root's): the
+            # files' group is then the uid's own, as the Docker runtime gives them to uid:uid.
+            group = user.get("runAsGroup", user["runAsUser"])
+            fragment.pod["securityContext"] = {"fsGroup": group}
+    return fragment
+
+
+def egress(spec: ContainerSpec, name: str) -> PodFragment:
+    """An egress pod's label, which its NetworkPolicy (:func:`network_policy_manifest`)
+    selects it by; its proxy's variables (with its token) are in the environment."""
+    if spec.egress is None:
+        return PodFragment()
+    return PodFragment(labels={LABEL_EGRESS_POD: egress_pod_label(name)})
+
+
+def child_session(spec: ContainerSpec) -> PodFragment:
+    """Nothing: a pod has no socket of ours to bind (the runtime's capabilities say so, and
+    the starter grants its agents no child session)."""
+    return PodFragment()
+
+
+def _environment(spec: ContainerSpec, refs: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The container's ``env``: a secret's variable refers to the service's Secret
+    (``refs``), never holds the value (whoever may read pods would read it)."""
+    return [
+        {"name": name, "valueFrom": refs[name]} if name in refs else {"name": name, "value": value}
+        for name, value in spec.environment.items()
+    ]
 
 
 def _claimed(mount: MountSpec, claims: Mapping[str, str]) -> tuple[str, str]:
@@ -374,3 +471,18 @@ def delete_query(grace: float | None) -> dict[str, str]:
     """A pod's delete with ``grace`` seconds (rounded up) for its server; None: at once."""
     seconds = 0 if grace is None else max(0, math.ceil(grace))
     return {"gracePeriodSeconds": str(seconds)}
+
+
+# Each part of a ContainerSpec, by its field's name, and the one function that realises it
+# in a pod (tests/unit/test_container_parts.py checks that every part has one).
+PART_REALISATIONS: Final = {
+    "lifecycle": lifecycle,
+    "program": program,
+    "mounts": mounts,
+    "network": network,
+    "resources": resources,
+    "confinement": confinement,
+    "secrets": secrets,
+    "egress": egress,
+    "child_session": child_session,
+}

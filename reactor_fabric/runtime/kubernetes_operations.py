@@ -33,7 +33,8 @@ from urllib.parse import quote
 import trio
 
 from .._errors import FabricError
-from ..policy.container_spec import LABEL_SERVICE, ContainerSpec
+from ..policy.container_parts.ownership import LABEL_SERVICE
+from ..policy.container_spec import ContainerSpec
 from ..protocol.k8s_pod_state import (
     Exited,
     PodProgress,

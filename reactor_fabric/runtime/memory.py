@@ -28,7 +28,9 @@ import trio.testing
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
 from .._reasons import CREATE_FAILED, INSPECT_FAILED, MOUNT_TARGET_IN_IMAGE
-from ..policy.container_spec import LABEL_MANAGED, ContainerSpec, refuse_unavailable_secrets
+from ..policy.container_parts.context import RuntimeCapabilities
+from ..policy.container_parts.ownership import LABEL_MANAGED
+from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
 from ..protocol.framing import LineSplitter
 from .base import ContainerExit, ManagedContainer
@@ -276,12 +278,17 @@ class MemoryRuntime:
     """A :class:`~.base.Runtime` whose containers are coroutines in the runtime's nursery."""
 
     name = "memory"
-    mounts_on_host_reach_containers = False  # its containers are coroutines: no mounts at all
-    stdio = "memory"
-    egress = None  # coroutines have no network to limit
+    egress = None  # coroutines have no network to limit: no proxy to run
     # Agents' fabric sockets: None unless a test gives it ChildSockets (and runs them); then a
     # server reaches its child session by MemoryServer.connect_fabric.
     children: ChildSockets | None = None
+
+    @property
+    def capabilities(self) -> RuntimeCapabilities:
+        """Its containers are coroutines: no network to limit and no files to write (an
+        egress allowlist and file secrets are nothing to refuse), no mounts at all; child
+        sessions when a test gives it ChildSockets."""
+        return RuntimeCapabilities(stdio="memory", child_sessions=self.children is not None)
 
     def __init__(
         self,
@@ -372,7 +379,6 @@ class MemoryRuntime:
                 pins.close()
 
     async def _spawn(self, spec: ContainerSpec, pins: PinSet | None) -> MemoryContainer:
-        refuse_unavailable_secrets(spec)
         files = self.image_files.get(spec.image, set())
         shadowed = sorted(m.target for m in spec.mounts if m.check_in_image and m.target in files)
         if shadowed:

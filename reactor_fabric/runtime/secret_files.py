@@ -35,7 +35,8 @@ from pathlib import Path
 
 from .._errors import ContainerStartFailure
 from .._reasons import SECRET_UNAVAILABLE
-from ..policy.container_spec import LABEL_SERVICE, ContainerSpec
+from ..policy.container_parts.ownership import LABEL_SERVICE
+from ..policy.container_spec import ContainerSpec
 
 SHARED_MEMORY = "/dev/shm"  # noqa: S108 - a tmpfs on every Linux host
 TMPFS = "tmpfs"

@@ -116,7 +116,7 @@ class FabricApp:
             pooled_containers=sum(parts.starter.pooled().values()),
             version=__version__,
             replica=parts.settings.replica,
-            stdio=parts.runtime.stdio,
+            stdio=parts.runtime.capabilities.stdio,
         )
         body = report.body if details else {"status": report.body["status"]}
         await exchange.respond_json(report.status_code, body)

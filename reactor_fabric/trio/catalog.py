@@ -29,7 +29,6 @@ services are learned all the same.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import hmac
 import json
@@ -49,8 +48,8 @@ from ..config.secrets import ServiceSecrets
 from ..config.structs import Service
 from ..config.xdg import xdg_dir
 from ..observe.redaction import SECRET_VALUES
-from ..policy.accounts import UNPRIVILEGED
-from ..policy.container_spec import ContainerIdentity, container_spec_for
+from ..policy.container_parts.ownership import ContainerIdentity
+from ..policy.container_spec import probe_spec_for
 from ..protocol.catalog import Catalog, ServiceCatalog, redacted_offer, service_catalog
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.probe import OfferProbe, ProbeFailed
@@ -354,17 +353,15 @@ async def probe_service(
 ) -> ServiceCatalog:
     """Start a container of ``service`` (no mount, no network, unprivileged), learn its offer,
     remove it. Bounded by :data:`PROBE_SECONDS`."""
-    spec = container_spec_for(
-        name,
-        service,
-        session_id=f"{PROBE_SESSION_PREFIX}{secrets.token_hex(8)}",
-        identity=identity,
-        account=UNPRIVILEGED,
-    )
-    spec = dataclasses.replace(
-        spec, network="none", name=f"rf-catalog-{name}-{secrets.token_hex(4)}"
-    )
     with trio.fail_after(PROBE_SECONDS):
+        spec = probe_spec_for(
+            name,
+            service,
+            session_id=f"{PROBE_SESSION_PREFIX}{secrets.token_hex(8)}",
+            token=secrets.token_hex(4),
+            identity=identity,
+            capabilities=runtime.capabilities,
+        )
         container = await runtime.spawn(spec)
         try:
             offer = await _converse(container, max_line)

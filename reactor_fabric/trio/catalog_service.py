@@ -36,7 +36,7 @@ from ..config.secrets import ServiceSecrets
 from ..config.structs import Service
 from ..discovery import DiscoveryIndex, tokens
 from ..observe.observer import Observer
-from ..policy.container_spec import ContainerIdentity
+from ..policy.container_parts.ownership import ContainerIdentity
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.fabric_discovery import ServiceFacts, index_catalog
 from ..protocol.fabric_meta_tools import META_DEFINITIONS

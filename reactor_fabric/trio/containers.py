@@ -38,7 +38,8 @@ from ..observe.observer import Observer
 from ..observe.redaction import SECRET_VALUES
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.child_grant import ChildGrant
-from ..policy.container_spec import ContainerIdentity, container_spec_for
+from ..policy.container_parts.ownership import ContainerIdentity
+from ..policy.container_spec import container_spec_for
 from ..policy.git_guard import guards_git
 from ..policy.mount_spec import MountSpec
 from ..policy.mounts import MountPolicy
@@ -193,16 +194,24 @@ class ContainerStarter:
             )
         pooled = container is not None
         if container is None:
-            spec = container_spec_for(
-                service_name,
-                service,
-                session_id=session_id,
-                mounts=mounts,
-                account=account,
-                sequence=sequence,
-                identity=self.identity,
-                child_token=child.token if child is not None else None,
-            )
+            try:
+                # Refused here, before anything is made, if the runtime cannot do what the
+                # service needs (its secrets, its egress proxy).
+                spec = container_spec_for(
+                    service_name,
+                    service,
+                    session_id=session_id,
+                    identity=self.identity,
+                    capabilities=self.runtime.capabilities,
+                    mounts=mounts,
+                    account=account,
+                    sequence=sequence,
+                    child_token=child.token if child is not None else None,
+                )
+            except BaseException:
+                if pins is not None:
+                    pins.close()
+                raise
             if child is not None:
                 child = replace(child, container_name=spec.name)
                 self.grant_child(child)
@@ -314,7 +323,7 @@ class ContainerStarter:
         """The grant of an agent's child session, if it gets one (it uses services, the
         runtime can give its container the socket, and the depth limit leaves it some); its
         container's name is set once the spec names it."""
-        if session is None or not service.uses or self.runtime.children is None:
+        if session is None or not service.uses or not self.runtime.capabilities.child_sessions:
             return None
         depth = session.depth + 1
         services = self.child_services(service, depth)

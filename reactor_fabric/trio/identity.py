@@ -20,7 +20,7 @@ from ..config.secrets import ServiceSecrets, resolve_suite_secrets
 from ..config.structs import Suite
 from ..observe.redaction import SECRET_VALUES
 from ..policy.accounts import ROOT, Account, account_named, orchestrator_ids, secrets_account
-from ..policy.container_spec import ContainerIdentity
+from ..policy.container_parts.ownership import ContainerIdentity
 from ..policy.owner import hostname, process_start_time
 
 # The logger these lines were always written under (operators may filter on it).

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import trio
 
 from .._errors import FabricError
-from ..policy.container_spec import LABEL_INSTANCE, LABEL_SESSION
+from ..policy.container_parts.ownership import LABEL_INSTANCE, LABEL_SESSION
 from ..policy.owner import owner_is_gone
 from ..runtime.base import ManagedContainer, Runtime
 

@@ -57,7 +57,9 @@ from ..config.structs import Service, Suite
 from ..config.structs import WarmPool as WarmPoolSettings
 from ..observe.metrics import Metrics
 from ..policy.accounts import UNPRIVILEGED, Account
-from ..policy.container_spec import DEFAULT_CPU_SHARES, ContainerIdentity, pooled_spec_for
+from ..policy.container_parts.ownership import ContainerIdentity
+from ..policy.container_parts.resources import DEFAULT_CPU_SHARES
+from ..policy.container_spec import pooled_spec_for
 from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname
 from ..policy.pinning import PinSet
@@ -290,6 +292,7 @@ class WarmPool:
                 service,
                 token=action.token,
                 identity=self._identity,
+                capabilities=self._runtime.capabilities,
                 staging=binds,
                 account=account,
             )
@@ -584,7 +587,7 @@ async def open_warm_pool(
     if not any(service.warm for service in suite.mcp_services.values()):
         return None
     staging: StagingArea | None = None
-    if runtime.mounts_on_host_reach_containers:
+    if runtime.capabilities.mounts_on_host_reach_containers:
         owner = {k: v for k, v in identity.labels().items() if k.startswith("reactor-fabric.owner")}
         try:
             staging = await trio.to_thread.run_sync(

@@ -18,14 +18,12 @@ import pytest
 import trio
 
 from reactor_fabric import ContainerStartFailure, Service, load_suite
-from reactor_fabric.policy.container_spec import (
-    LABEL_SESSION,
-    ContainerIdentity,
-    container_spec_for,
-)
+from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION, ContainerIdentity
+from reactor_fabric.policy.container_spec import container_spec_for
 from reactor_fabric.protocol.framing import LineSplitter
 from reactor_fabric.runtime.base import Container
 from reactor_fabric.runtime.docker import DockerRuntime
+from tests.fakes import EVERY_CAPABILITY
 from tests.integration.harness import assert_confined_by_effect
 from tests.messages import INITIALIZE, request
 
@@ -98,6 +96,7 @@ async def test_each_bundled_service_answers_tools_list_through_the_docker_api_co
         SUITE.mcp_services[service_name],
         session_id=session_id,
         identity=TEST_IDENTITY,
+        capabilities=EVERY_CAPABILITY,
     )
     engine = DockerRuntime()
     container = await engine.spawn(spec)
@@ -139,6 +138,7 @@ async def test_a_missing_image_is_a_container_start_failure_and_leaves_nothing(
         Service(image="reactor-fabric/does-not-exist:0", pull="never"),
         session_id=session_id,
         identity=TEST_IDENTITY,
+        capabilities=EVERY_CAPABILITY,
     )
     engine = DockerRuntime()
     try:
@@ -161,6 +161,7 @@ def _everything_spec(session_id: str, **overrides: Any) -> Any:
         Service(**{**{f: getattr(service, f) for f in service.__struct_fields__}, **overrides}),
         session_id=session_id,
         identity=TEST_IDENTITY,
+        capabilities=EVERY_CAPABILITY,
     )
 
 

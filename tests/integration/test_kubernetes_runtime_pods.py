@@ -19,9 +19,11 @@ import pytest
 import trio
 
 from reactor_fabric import ContainerStartFailure, DockerUnavailable
-from reactor_fabric.policy.container_spec import LABEL_SESSION, ContainerSpec, container_spec_for
+from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION
+from reactor_fabric.policy.container_spec import ContainerSpec, container_spec_for
 from reactor_fabric.runtime.kubernetes import KubernetesRuntime
 from reactor_fabric.runtime.kubernetes_container import KubernetesContainer
+from tests.fakes import EVERY_CAPABILITY
 from tests.integration.test_docker_api_stdio import SUITE, TEST_IDENTITY, StdioPeer
 from tests.kube_fake import FakeKubernetes, fake_kubernetes
 from tests.kube_fake.server import Request
@@ -36,6 +38,7 @@ def time_spec(session: str = "") -> ContainerSpec:
         SUITE.mcp_services["time"],
         session_id=session or secrets.token_hex(16),
         identity=TEST_IDENTITY,
+        capabilities=EVERY_CAPABILITY,
     )
 
 
@@ -89,7 +92,9 @@ async def test_a_missing_image_fails_the_start_as_image_not_found_and_leaves_no_
     tmp_path: Path,
 ) -> None:
     async with runtime_on_fake(tmp_path) as (api, runtime):
-        spec = dataclasses.replace(time_spec(), image="reactor-fabric/no-such-image:0")
+        plain = time_spec()
+        program = dataclasses.replace(plain.program, image="reactor-fabric/no-such-image:0")
+        spec = dataclasses.replace(plain, program=program)
         with pytest.raises(ContainerStartFailure) as failed:
             await runtime.spawn(spec)
         assert failed.value.reason == "image_not_found"

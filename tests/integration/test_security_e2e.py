@@ -24,10 +24,12 @@ import trio
 
 from reactor_fabric import SecurityViolation, Service
 from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
-from reactor_fabric.policy.container_spec import LABEL_SESSION, container_spec_for
+from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION
+from reactor_fabric.policy.container_spec import container_spec_for
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet, pin_mounts
 from reactor_fabric.runtime.docker import DockerRuntime
+from tests.fakes import EVERY_CAPABILITY
 from tests.http_client import HttpClient
 from tests.integration.harness import (
     Orchestrator,
@@ -238,6 +240,7 @@ def _probe_spec(
         identity=TEST_IDENTITY,
         mounts=(MountSpec(str(project), "/workspace", read_only),),
         account=account,
+        capabilities=EVERY_CAPABILITY,
     )
 
 

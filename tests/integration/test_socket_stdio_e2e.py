@@ -19,10 +19,12 @@ import pytest
 import trio
 
 from reactor_fabric import ContainerStartFailure, Service
-from reactor_fabric.policy.container_spec import LABEL_SESSION, container_spec_for
+from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION
+from reactor_fabric.policy.container_spec import container_spec_for
 from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.docker_container import DockerContainer
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
+from tests.fakes import EVERY_CAPABILITY
 from tests.integration.harness import build_test_image, containers_of
 from tests.integration.test_docker_api_stdio import TEST_IDENTITY, StdioPeer
 
@@ -40,6 +42,7 @@ def _spec(image: str) -> Any:
         Service(image=image, pull="never", network="none"),
         session_id=secrets.token_hex(8),
         identity=TEST_IDENTITY,
+        capabilities=EVERY_CAPABILITY,
     )
 
 

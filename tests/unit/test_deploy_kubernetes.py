@@ -21,14 +21,12 @@ from reactor_fabric._version import __version__
 from reactor_fabric.config.structs import Service
 from reactor_fabric.config.suite import check_suite_text
 from reactor_fabric.policy.accounts import Account
-from reactor_fabric.policy.container_spec import (
-    ContainerIdentity,
-    container_spec_for,
-    pooled_spec_for,
-)
+from reactor_fabric.policy.container_parts.ownership import ContainerIdentity
+from reactor_fabric.policy.container_spec import container_spec_for, pooled_spec_for
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.runtime.kubernetes import KubernetesRuntime, PodOwner
 from reactor_fabric.runtime.kubernetes_manifests import pod_manifest
+from tests.fakes import EVERY_CAPABILITY
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "kubernetes"
@@ -144,8 +142,16 @@ def session_pods() -> Iterator[dict[str, Any]]:
             identity=identity,
             mounts=mounts,
             account=account,
+            capabilities=EVERY_CAPABILITY,
         )
-        pooled = pooled_spec_for(name, service, token=0, identity=identity, account=account)
+        pooled = pooled_spec_for(
+            name,
+            service,
+            token=0,
+            identity=identity,
+            account=account,
+            capabilities=EVERY_CAPABILITY,
+        )
         for spec in (session, pooled):
             yield pod_manifest(spec, namespace="reactor-fabric", claims=claims)
 

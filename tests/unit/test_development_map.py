@@ -12,7 +12,8 @@ DEVELOPMENT = REPO / "docs" / "DEVELOPMENT.md"
 # Modules that are not a layer's concept, only Python's plumbing.
 PLUMBING = {"__main__.py", "_version.py"}
 _DIRECTORY = re.compile(r"^  ([a-z_]+)/\s")
-_FILES = re.compile(r"^( {2}| {4})((?:[A-Za-z_][\w.]*\.py)(?:, [A-Za-z_][\w.-]*)*)\s")
+# A module of a subpackage is named by its path below the layer (container_parts/egress.py).
+_FILES = re.compile(r"^( {2}| {4})((?:[A-Za-z_][\w./]*\.py)(?:, [A-Za-z_][\w./-]*)*)\s")
 
 
 def mapped_modules(text: str) -> set[str]:

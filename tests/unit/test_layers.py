@@ -222,10 +222,17 @@ def system_uses(path: Path) -> set[str]:
     return {name for name in found if is_system(name) and not harmless(name)}
 
 
-POLICY_MODULES = sorted((PACKAGE / "policy").glob("*.py"))
+# Its subpackage of container spec parts (policy/container_parts/) included.
+POLICY_MODULES = sorted((PACKAGE / "policy").rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", POLICY_MODULES, ids=lambda p: p.name)
+def policy_name(path: Path) -> str:
+    """A policy module as POLICY_IO names it: its path below policy/ (``mounts.py``,
+    ``container_parts/mounts.py``)."""
+    return str(path.relative_to(PACKAGE / "policy"))
+
+
+@pytest.mark.parametrize("path", POLICY_MODULES, ids=policy_name)
 def test_the_policy_layer_imports_nothing_above_it(path: Path) -> None:
     # trio, docker and the like are not in the standard library: refused here. What it uses of
     # the standard library's I/O is checked name by name (below).
@@ -235,13 +242,13 @@ def test_the_policy_layer_imports_nothing_above_it(path: Path) -> None:
             assert module.startswith(ALLOWED["policy"]), f"{path.name} imports {module}"
 
 
-@pytest.mark.parametrize("path", POLICY_MODULES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", POLICY_MODULES, ids=policy_name)
 def test_the_policy_layer_does_exactly_the_io_listed_for_it(path: Path) -> None:
-    assert system_uses(path) == POLICY_IO.get(path.name, frozenset())
+    assert system_uses(path) == POLICY_IO.get(policy_name(path), frozenset())
 
 
 def test_every_module_with_listed_io_exists() -> None:
-    assert set(POLICY_IO) <= {path.name for path in POLICY_MODULES}
+    assert set(POLICY_IO) <= {policy_name(path) for path in POLICY_MODULES}
 
 
 def test_the_io_reader_sees_what_a_module_does_with_the_system(tmp_path: Path) -> None:

@@ -18,15 +18,13 @@ from reactor_fabric._cli import main
 from reactor_fabric.config.secrets import resolve_suite_secrets
 from reactor_fabric.config.structs import Account, SecretSource, Service, Suite
 from reactor_fabric.observe.observer import Observer
-from reactor_fabric.policy.container_spec import (
-    LABEL_SERVICE,
-    ContainerIdentity,
-    container_spec_for,
-)
+from reactor_fabric.policy.container_parts.egress import EgressPart
+from reactor_fabric.policy.container_parts.ownership import LABEL_SERVICE, ContainerIdentity
+from reactor_fabric.policy.container_spec import container_spec_for
 from reactor_fabric.runtime.memory import open_memory_runtime
 from reactor_fabric.trio.catalog import CatalogStore
 from reactor_fabric.trio.serve import assemble
-from tests.fakes import scripted_mcp_server
+from tests.fakes import EVERY_CAPABILITY, scripted_mcp_server
 from tests.served import served, suite_for
 
 WORK_KEY = "sk-ant-work-never-shown-0001"
@@ -244,22 +242,36 @@ def test_an_agent_without_egress_or_network_reaches_the_model_api_only_and_gets_
     suite = valid()
     identity = identity_with(suite, {"WORK_KEY": WORK_KEY, "HOME_KEY": HOME_KEY})
     spec = container_spec_for(
-        "reviewer", suite.mcp_services["reviewer"], session_id="s1", identity=identity
+        "reviewer",
+        suite.mcp_services["reviewer"],
+        session_id="s1",
+        identity=identity,
+        capabilities=EVERY_CAPABILITY,
     )
     assert spec.network == "none"
-    assert spec.egress == ("api.anthropic.com:443",)
+    assert spec.egress == EgressPart(("api.anthropic.com:443",))
     assert spec.environment["HTTPS_PROXY"].startswith("http://127.0.0.1:")
     assert spec.environment["ANTHROPIC_API_KEY"] == WORK_KEY
     assert HOME_KEY not in json.dumps(spec.environment)
     config = json.loads(spec.environment["REACTOR_FABRIC_SERVICE_CONFIG"])
     assert config == {"account": "work", "specialty": "reviews"}
     writer = container_spec_for(
-        "writer", suite.mcp_services["writer"], session_id="s1", identity=identity
+        "writer",
+        suite.mcp_services["writer"],
+        session_id="s1",
+        identity=identity,
+        capabilities=EVERY_CAPABILITY,
     )
     assert writer.environment["ANTHROPIC_API_KEY"] == HOME_KEY
     assert WORK_KEY not in json.dumps(writer.environment)
     # A tool server keeps its network, and its config.account means nothing to us.
-    git = container_spec_for("git", suite.mcp_services["git"], session_id="s1", identity=identity)
+    git = container_spec_for(
+        "git",
+        suite.mcp_services["git"],
+        session_id="s1",
+        identity=identity,
+        capabilities=EVERY_CAPABILITY,
+    )
     assert (git.network, git.egress) == ("bridge", None)
     assert "ANTHROPIC_API_KEY" not in git.environment
 

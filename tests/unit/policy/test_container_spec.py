@@ -7,15 +7,14 @@ import pytest
 
 from reactor_fabric.config.structs import Resources, Security, Service
 from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
-from reactor_fabric.policy.container_spec import (
-    LABEL_SESSION,
-    ContainerIdentity,
-    ContainerSpec,
-    container_spec_for,
-)
+from reactor_fabric.policy.container_parts.context import RuntimeCapabilities
+from reactor_fabric.policy.container_parts.egress import EgressPart
+from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION, ContainerIdentity
+from reactor_fabric.policy.container_spec import ContainerSpec, container_spec_for
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.docker_payload import host_config_kwargs
+from tests.fakes import EVERY_CAPABILITY
 
 
 def spec_for(
@@ -25,6 +24,7 @@ def spec_for(
     mounts: tuple[MountSpec, ...] = (),
     sequence: int = 0,
     account: Account = UNPRIVILEGED,
+    capabilities: RuntimeCapabilities = EVERY_CAPABILITY,
 ) -> ContainerSpec:
     identity = ContainerIdentity(
         instance_id="inst1",
@@ -41,6 +41,7 @@ def spec_for(
         mounts=mounts,
         sequence=sequence,
         account=account,
+        capabilities=capabilities,
     )
 
 
@@ -181,7 +182,7 @@ def test_a_tmpfs_over_the_temporary_directory_only_comes_with_a_read_only_root(
 def test_a_service_with_an_egress_list_has_no_network_and_is_told_its_proxy() -> None:
     spec = spec_for(Service(image="x", egress=["api.github.com:443"]))
     assert spec.network == "none"
-    assert spec.egress == ("api.github.com:443",)
+    assert spec.egress == EgressPart(("api.github.com:443",))
     for name in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY"):
         assert spec.environment[name] == "http://127.0.0.1:3128"
     assert spec.environment["NO_PROXY"] == ""

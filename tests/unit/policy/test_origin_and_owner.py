@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from reactor_fabric.policy.container_spec import (
+from reactor_fabric.policy.container_parts.ownership import (
     LABEL_INSTANCE,
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,

@@ -251,13 +251,14 @@ def test_a_proxy_address_that_is_not_ip_and_port_refuses_to_start(
         ),
     ],
 )
-async def test_an_egress_pod_without_a_running_proxy_is_refused_before_any_api_call(
+def test_an_egress_pod_without_a_running_proxy_is_refused_before_any_api_call(
     settings: dict[str, Any], why: str
 ) -> None:
-    # No API server at this address: an API call would fail another way.
+    # No API server at this address: an API call would fail another way. The spec is refused
+    # as it is composed, from what the runtime says it can do: nothing reaches the runtime.
     runtime = KubernetesRuntime(namespace="mcp", url="http://127.0.0.1:9", **settings)
-    spec = spec_for(Service(image="img", egress=["api.github.com:443"]))
+    service = Service(image="img", egress=["api.github.com:443"])
     with pytest.raises(ContainerStartFailure) as refused:
-        await runtime.spawn(spec)
+        spec_for(service, capabilities=runtime.capabilities)
     assert refused.value.reason == EGRESS_UNAVAILABLE
     assert why in str(refused.value)

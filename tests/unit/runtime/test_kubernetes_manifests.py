@@ -73,7 +73,8 @@ def test_the_suites_command_replaces_the_images_cmd_not_its_entrypoint() -> None
     ("pull", "policy"), [("never", "Never"), ("missing", "IfNotPresent"), ("always", "Always")]
 )
 def test_pull_maps_to_the_image_pull_policy(pull: str, policy: str) -> None:
-    spec = dataclasses.replace(spec_for(Service(image="img")), pull=pull)
+    plain = spec_for(Service(image="img"))
+    spec = dataclasses.replace(plain, program=dataclasses.replace(plain.program, pull=pull))
     assert server(valid(pod_manifest(spec, namespace="n")))["imagePullPolicy"] == policy
 
 
@@ -156,7 +157,8 @@ def test_labels_become_valid_label_values() -> None:
 
 
 def test_a_non_numeric_user_is_refused() -> None:
-    spec = dataclasses.replace(spec_for(Service(image="img")), user="node")
+    plain = spec_for(Service(image="img"))
+    spec = dataclasses.replace(plain, program=dataclasses.replace(plain.program, user="node"))
     with pytest.raises(ManifestError, match="numeric"):
         pod_manifest(spec, namespace="n")
 

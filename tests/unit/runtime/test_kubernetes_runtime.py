@@ -37,7 +37,7 @@ def test_the_suite_selects_kubernetes_with_its_namespace_claims_and_start_bound(
     assert runtime.claims == {"/projects": "work"}
     assert runtime.start_timeout == 45.0
     assert runtime.owner is None
-    assert runtime.mounts_on_host_reach_containers is False
+    assert runtime.capabilities.mounts_on_host_reach_containers is False
 
 
 def test_in_the_cluster_the_orchestrators_own_pod_owns_the_session_pods() -> None:

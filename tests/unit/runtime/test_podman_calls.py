@@ -18,6 +18,11 @@ import pytest
 import requests
 
 from reactor_fabric import ContainerStartFailure
+from reactor_fabric.policy.container_parts.confinement import ConfinementPart
+from reactor_fabric.policy.container_parts.lifecycle import LifecyclePart
+from reactor_fabric.policy.container_parts.program import ProgramPart
+from reactor_fabric.policy.container_parts.resources import ResourcesPart
+from reactor_fabric.policy.container_parts.secrets import SecretsPart
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import Pin, PinSet
@@ -123,16 +128,19 @@ def pinned(tmp_path: Path) -> Iterator[tuple[ContainerSpec, PinSet]]:
     found = os.fstat(fd)
     pin = Pin("/workspace", str(project), fd, found.st_dev, found.st_ino, (1234, 5678))
     spec = ContainerSpec(
-        name="rf-git-0123456789ab-0",
-        image="reactor-fabric/mcp-server-git:x",
-        command=None,
-        environment={},
-        labels={"reactor-fabric.managed": "true"},
+        lifecycle=LifecyclePart("rf-git-0123456789ab-0", {"reactor-fabric.managed": "true"}),
+        program=ProgramPart(
+            image="reactor-fabric/mcp-server-git:x",
+            command=None,
+            pull="missing",
+            user=None,
+            environment={},
+        ),
         mounts=(MountSpec(source=str(project), target="/workspace", read_only=True),),
         network="none",
-        memory_bytes=1 << 28,
-        nano_cpus=10**9,
-        pids_limit=64,
+        resources=ResourcesPart(memory_bytes=1 << 28, nano_cpus=10**9, pids_limit=64),
+        confinement=ConfinementPart(),
+        secrets=SecretsPart(),
     )
     pins = PinSet([pin])
     yield spec, pins

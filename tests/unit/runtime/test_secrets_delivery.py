@@ -23,19 +23,14 @@ from reactor_fabric.observe.logging import JsonFormatter
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.observe.redaction import REDACTED, SECRET_VALUES, Redactor
 from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
-from reactor_fabric.policy.container_spec import (
-    LABEL_SERVICE,
-    ContainerIdentity,
-    ContainerSpec,
-    container_spec_for,
-    pooled_spec_for,
-)
+from reactor_fabric.policy.container_parts.ownership import LABEL_SERVICE, ContainerIdentity
+from reactor_fabric.policy.container_spec import ContainerSpec, container_spec_for, pooled_spec_for
 from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.kubernetes import KubernetesRuntime
 from reactor_fabric.runtime.kubernetes_manifests import pod_manifest, secret_manifest, secret_name
 from reactor_fabric.runtime.memory import MemoryServer
 from reactor_fabric.runtime.secret_files import SecretFiles, file_system_type
-from tests.fakes import scripted_mcp_server
+from tests.fakes import EVERY_CAPABILITY, scripted_mcp_server
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import Served, served
 from tests.unit.runtime.test_kubernetes_manifests import valid
@@ -75,21 +70,35 @@ RESOLVED = ServiceSecrets(
 
 def test_secrets_reach_the_environment_unless_as_file_and_a_file_unless_as_env() -> None:
     spec = container_spec_for(
-        "github", Service(image="img"), session_id="s1", identity=identity({"github": RESOLVED})
+        "github",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({"github": RESOLVED}),
+        capabilities=EVERY_CAPABILITY,
     )
     assert spec.environment["GITHUB_TOKEN"] == VALUE
     assert spec.environment["ONLY_ENV"] == VALUE + "-env"
     assert "DB_PASSWORD" not in spec.environment
     assert [secret.name for secret in spec.secret_files] == ["GITHUB_TOKEN", "DB_PASSWORD"]
-    assert spec.secret_problem is None
+    # (No problem with them: a spec whose secrets have one is refused as it is composed.)
     assert VALUE not in repr(spec.secret_files)
     assert FILE_VALUE not in repr(spec)
 
 
 def test_a_service_without_secrets_gets_exactly_the_container_it_got_before() -> None:
-    plain = container_spec_for("time", Service(image="img"), session_id="s1", identity=identity({}))
+    plain = container_spec_for(
+        "time",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({}),
+        capabilities=EVERY_CAPABILITY,
+    )
     other = container_spec_for(
-        "time", Service(image="img"), session_id="s1", identity=identity({"github": RESOLVED}, ME)
+        "time",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({"github": RESOLVED}, ME),
+        capabilities=EVERY_CAPABILITY,
     )
     assert plain == other
     assert plain.secret_files == ()
@@ -98,19 +107,31 @@ def test_a_service_without_secrets_gets_exactly_the_container_it_got_before() ->
 
 def test_a_server_with_file_secrets_runs_as_the_orchestrators_user_when_that_is_not_root() -> None:
     ids = identity({"github": RESOLVED}, ME)
-    session = container_spec_for("github", Service(image="img"), session_id="s1", identity=ids)
-    pooled = pooled_spec_for("github", Service(image="img"), token=1, identity=ids)
+    session = container_spec_for(
+        "github", Service(image="img"), session_id="s1", identity=ids, capabilities=EVERY_CAPABILITY
+    )
+    pooled = pooled_spec_for(
+        "github", Service(image="img"), token=1, identity=ids, capabilities=EVERY_CAPABILITY
+    )
     assert session.user == pooled.user == ME.docker_user
     # The suite's user is kept: the runtime refuses the files if it cannot give them to it.
     named = container_spec_for(
-        "github", Service(image="img", user="1234:1234"), session_id="s1", identity=ids
+        "github",
+        Service(image="img", user="1234:1234"),
+        session_id="s1",
+        identity=ids,
+        capabilities=EVERY_CAPABILITY,
     )
     assert named.user == "1234:1234"
     # Only env secrets: as readable through /proc/PID/environ by whoever shares the uid, so
     # the same account (before: the usual one, nobody's or the project's owner's).
     env_only = ServiceSecrets(secrets=(Secret("T", "env", VALUE),))
     spec = container_spec_for(
-        "github", Service(image="img"), session_id="s1", identity=identity({"github": env_only}, ME)
+        "github",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({"github": env_only}, ME),
+        capabilities=EVERY_CAPABILITY,
     )
     assert spec.user == ME.docker_user
 
@@ -122,21 +143,35 @@ def test_a_root_orchestrators_server_with_secrets_runs_as_an_account_no_host_use
         ids = identity({"github": resolved}, secrets_owner)
         for account in (owner, UNPRIVILEGED):  # a session's mount's owner; no mount
             spec = container_spec_for(
-                "github", Service(image="img"), session_id="s1", identity=ids, account=account
+                "github",
+                Service(image="img"),
+                session_id="s1",
+                identity=ids,
+                account=account,
+                capabilities=EVERY_CAPABILITY,
             )
             assert spec.user == "2000000000:2000000000"
             assert spec.environment["USER"] == "reactor-fabric-secrets"
         # A service without secrets in the same suite runs as the session says.
         plain = container_spec_for(
-            "time", Service(image="img"), session_id="s1", identity=ids, account=owner
+            "time",
+            Service(image="img"),
+            session_id="s1",
+            identity=ids,
+            account=owner,
+            capabilities=EVERY_CAPABILITY,
         )
         assert plain.user == "1000:1000"
 
 
 def test_a_pooled_container_gets_the_same_secrets_as_a_sessions() -> None:
     ids = identity({"github": RESOLVED}, ME)
-    session = container_spec_for("github", Service(image="img"), session_id="s1", identity=ids)
-    pooled = pooled_spec_for("github", Service(image="img"), token=1, identity=ids)
+    session = container_spec_for(
+        "github", Service(image="img"), session_id="s1", identity=ids, capabilities=EVERY_CAPABILITY
+    )
+    pooled = pooled_spec_for(
+        "github", Service(image="img"), token=1, identity=ids, capabilities=EVERY_CAPABILITY
+    )
     assert pooled.environment == session.environment
     assert pooled.secret_files == session.secret_files
 
@@ -147,7 +182,11 @@ def test_the_docker_create_binds_the_secret_directory_read_only_at_run_secrets(
     runtime = DockerRuntime(base_url="unix:///nonexistent.sock", socket_stdio=False)
     runtime._secret_files = SecretFiles(parent=str(_shm()))
     spec = container_spec_for(
-        "github", Service(image="img"), session_id="s1", identity=identity({"github": RESOLVED}, ME)
+        "github",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({"github": RESOLVED}, ME),
+        capabilities=EVERY_CAPABILITY,
     )
     try:
         mount = runtime._secrets_mount(spec)
@@ -170,8 +209,12 @@ def test_secret_files_are_memory_backed_owner_only_the_same_for_every_container_
 ):
     files = SecretFiles(parent=str(_shm()))
     ids = identity({"github": RESOLVED}, ME)
-    first = container_spec_for("github", Service(image="img"), session_id="s1", identity=ids)
-    pooled = pooled_spec_for("github", Service(image="img"), token=7, identity=ids)
+    first = container_spec_for(
+        "github", Service(image="img"), session_id="s1", identity=ids, capabilities=EVERY_CAPABILITY
+    )
+    pooled = pooled_spec_for(
+        "github", Service(image="img"), token=7, identity=ids, capabilities=EVERY_CAPABILITY
+    )
     try:
         directory = Path(files.directory_for(first))
         assert files.directory_for(pooled) == str(directory)
@@ -199,7 +242,11 @@ def test_secret_files_are_refused_when_they_cannot_be_given_to_the_servers_user(
     ids = identity({"github": RESOLVED}, ME)
     for user, why in [("1234:1234", "can give a file only to its own user"), ("node", "is a name")]:
         spec = container_spec_for(
-            "github", Service(image="img", user=user), session_id="s1", identity=ids
+            "github",
+            Service(image="img", user=user),
+            session_id="s1",
+            identity=ids,
+            capabilities=EVERY_CAPABILITY,
         )
         with pytest.raises(ContainerStartFailure, match=why) as caught:
             files.directory_for(spec)
@@ -212,7 +259,11 @@ def test_as_root_the_files_are_given_to_the_account_the_server_runs_as() -> None
         pytest.skip("only root can give a file to another user")
     files = SecretFiles(parent=str(_shm()))
     spec = container_spec_for(
-        "github", Service(image="img"), session_id="s1", identity=identity({"github": RESOLVED})
+        "github",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({"github": RESOLVED}),
+        capabilities=EVERY_CAPABILITY,
     )
     assert spec.user == UNPRIVILEGED.docker_user
     try:
@@ -229,7 +280,11 @@ def test_a_directory_that_is_not_memory_backed_is_refused(tmp_path: Path) -> Non
     if file_system_type(str(tmp_path)) == "tmpfs":
         pytest.skip("the temporary directory is a tmpfs here")
     spec = container_spec_for(
-        "github", Service(image="img"), session_id="s1", identity=identity({"github": RESOLVED}, ME)
+        "github",
+        Service(image="img"),
+        session_id="s1",
+        identity=identity({"github": RESOLVED}, ME),
+        capabilities=EVERY_CAPABILITY,
     )
     with pytest.raises(ContainerStartFailure, match="not memory-backed"):
         SecretFiles(parent=str(tmp_path)).directory_for(spec)
@@ -378,6 +433,7 @@ def k8s_spec(user: str | None = None) -> ContainerSpec:
         Service(image="img", user=user),
         session_id="s1",
         identity=identity({"github": RESOLVED}),
+        capabilities=EVERY_CAPABILITY,
     )
 
 

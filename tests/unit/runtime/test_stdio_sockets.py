@@ -123,11 +123,11 @@ def test_only_an_engine_on_this_machine_gets_sockets() -> None:
 
 
 def test_the_runtime_says_attach_for_a_remote_engine_and_nothing_before_its_first_start() -> None:
-    assert DockerRuntime(base_url="tcp://10.0.0.2:2375").stdio == "attach"
-    assert DockerRuntime(base_url="unix:///var/run/docker.sock", socket_stdio=False).stdio == (
-        "attach"
-    )
-    assert DockerRuntime(base_url="unix:///var/run/docker.sock").stdio == ""
+    assert DockerRuntime(base_url="tcp://10.0.0.2:2375").capabilities.stdio == "attach"
+    assert DockerRuntime(
+        base_url="unix:///var/run/docker.sock", socket_stdio=False
+    ).capabilities.stdio == ("attach")
+    assert DockerRuntime(base_url="unix:///var/run/docker.sock").capabilities.stdio == ""
 
 
 def test_a_private_directory_is_made_0700(tmp_path: Path) -> None:
@@ -552,9 +552,11 @@ async def test_the_runtime_says_nothing_while_its_area_is_being_made_then_socket
     async with trio.open_nursery() as nursery:
         nursery.start_soon(first_start)
         await trio.to_thread.run_sync(opening.wait, 10)
-        assert runtime.stdio == ""  # not "attach": that would be a false alarm on /healthz
+        assert (
+            runtime.capabilities.stdio == ""
+        )  # not "attach": that would be a false alarm on /healthz
         go_on.set()
-    assert runtime.stdio == "socket"
+    assert runtime.capabilities.stdio == "socket"
     [pending] = listening
     assert pending is not None
     pending.close()

@@ -8,6 +8,7 @@ import trio.testing
 
 from reactor_fabric._errors import DockerUnavailable
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
+from reactor_fabric.policy.container_parts.context import RuntimeCapabilities
 from reactor_fabric.runtime.base import Runtime
 from reactor_fabric.trio.app import FabricApp
 from reactor_fabric.trio.http_server import HttpLimits, serve_connection
@@ -56,7 +57,7 @@ async def test_healthz_says_how_containers_stdio_reaches_us_once_it_is_known() -
     assert "stdio" not in (await get(AnsweringRuntime(), "/healthz")).json()  # no start yet
 
     class SocketRuntime(AnsweringRuntime):
-        stdio = "socket"
+        capabilities = RuntimeCapabilities(stdio="socket")
 
     assert (await get(SocketRuntime(), "/healthz")).json()["stdio"] == "socket"
 

@@ -19,7 +19,7 @@ from reactor_fabric._reasons import CONTAINER_EXITED, IMAGE_NOT_FOUND, TIMEOUT
 from reactor_fabric.config.secrets import Secret, ServiceSecrets
 from reactor_fabric.config.structs import Service
 from reactor_fabric.observe.redaction import REDACTED, SECRET_VALUES
-from reactor_fabric.policy.container_spec import ContainerIdentity
+from reactor_fabric.policy.container_parts.ownership import ContainerIdentity
 from reactor_fabric.runtime.memory import MemoryServer, open_memory_runtime
 from reactor_fabric.trio.catalog import CatalogStore, cache_key, learn_catalog
 from reactor_fabric.trio.serve import assemble

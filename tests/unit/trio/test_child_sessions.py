@@ -14,11 +14,8 @@ from typing import Any, NoReturn
 import trio
 
 from reactor_fabric.config.structs import Agents, Limits, Service
-from reactor_fabric.policy.container_spec import (
-    CHILD_SOCKET_ENV,
-    CHILD_TOKEN_ENV,
-    LABEL_SERVICE,
-)
+from reactor_fabric.policy.container_parts.child_session import CHILD_SOCKET_ENV, CHILD_TOKEN_ENV
+from reactor_fabric.policy.container_parts.ownership import LABEL_SERVICE
 from reactor_fabric.runtime.child_sockets import ChildSockets
 from reactor_fabric.runtime.memory import MemoryServer
 from reactor_fabric.trio.child_sessions import serve_child

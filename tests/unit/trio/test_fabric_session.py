@@ -22,7 +22,7 @@ from reactor_fabric import ContainerStartFailure
 from reactor_fabric.config.structs import Profile, Service
 from reactor_fabric.discovery import build_index
 from reactor_fabric.observe.audit import AuditWriter
-from reactor_fabric.policy.container_spec import LABEL_SERVICE, LABEL_SESSION
+from reactor_fabric.policy.container_parts.ownership import LABEL_SERVICE, LABEL_SESSION
 from reactor_fabric.protocol import fabric_discovery
 from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog

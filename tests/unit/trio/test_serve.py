@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from reactor_fabric.config.structs import Limits
-from reactor_fabric.policy.container_spec import LABEL_SESSION
+from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION
 from reactor_fabric.runtime.memory import MemoryRuntime, open_memory_runtime
 from reactor_fabric.trio.serve import (
     Orchestrator,

@@ -20,13 +20,12 @@ import trio.testing
 from reactor_fabric import SecurityViolation
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.config.structs import WarmPool as PoolSettings
-from reactor_fabric.policy.container_spec import (
-    DEFAULT_CPU_SHARES,
+from reactor_fabric.policy.container_parts.ownership import (
     LABEL_INSTANCE,
     LABEL_POOLED,
     LABEL_SESSION,
-    POOLED_CPU_SHARES,
 )
+from reactor_fabric.policy.container_parts.resources import DEFAULT_CPU_SHARES, POOLED_CPU_SHARES
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.protocol.warm_pool import (
