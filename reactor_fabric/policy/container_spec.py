@@ -42,7 +42,7 @@ from .container_parts.network import network
 from .container_parts.ownership import ContainerIdentity
 from .container_parts.program import ProgramPart, program
 from .container_parts.resources import ResourcesPart, resources
-from .container_parts.secrets import SecretsPart, secrets, server_account
+from .container_parts.secrets import SecretsPart, file_delivery, secrets, server_account
 from .mount_spec import MountSpec
 
 
@@ -152,6 +152,9 @@ def compose(service: Service, context: SpecContext) -> ContainerSpec | SpecRefus
     egress_part = egress(service, context)
     if isinstance(egress_part, SpecRefusal):
         return egress_part
+    undeliverable = file_delivery(secrets_part, context)
+    if undeliverable is not None:
+        return undeliverable
     return ContainerSpec(
         lifecycle=lifecycle(service, context),
         program=program(service, context),

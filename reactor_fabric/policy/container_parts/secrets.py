@@ -58,8 +58,15 @@ def secrets(service: Service, context: SpecContext) -> SecretsPart | SpecRefusal
     if found.problems:
         problems = "; ".join(found.problems)
         return SpecRefusal(name, found.reason, f"service {name!r} is refused: {problems}")
-    part = SecretsPart(found.secrets)
+    return SecretsPart(found.secrets)
+
+
+def file_delivery(part: SecretsPart, context: SpecContext) -> SpecRefusal | None:
+    """Why ``part``'s file secrets cannot be delivered by the runtime, if they cannot (asked
+    after the egress part: a service refused for both is refused for its egress, as it was
+    when the runtime refused them at spawn)."""
     missing = context.capabilities.file_secrets_missing
     if part.files and missing:
+        name = context.service_name
         return SpecRefusal(name, SECRET_UNAVAILABLE, f"service {name!r}: {missing}")
-    return part
+    return None

@@ -36,13 +36,18 @@ from reactor_fabric.policy.container_parts.network import network
 from reactor_fabric.policy.container_parts.ownership import ContainerIdentity
 from reactor_fabric.policy.container_parts.program import program
 from reactor_fabric.policy.container_parts.resources import POOLED_CPU_SHARES, resources
-from reactor_fabric.policy.container_parts.secrets import SecretsPart, secrets, server_account
+from reactor_fabric.policy.container_parts.secrets import (
+    SecretsPart,
+    file_delivery,
+    secrets,
+    server_account,
+)
 from reactor_fabric.policy.container_spec import ContainerSpec, compose, spec_for
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.runtime import docker_payload, kubernetes_manifests
 from tests.fakes import EVERY_CAPABILITY
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGE = REPO / "reactor_fabric"
 PARTS_DIR = PACKAGE / "policy" / "container_parts"
 RUNTIME_DIR = PACKAGE / "runtime"
@@ -169,16 +174,17 @@ def test_the_secrets_part_refuses_a_service_whose_secrets_did_not_resolve(reason
     )
 
 
-def test_the_secrets_part_refuses_file_secrets_where_the_runtime_cannot_deliver_files() -> None:
+def test_file_secrets_are_refused_where_the_runtime_cannot_deliver_files() -> None:
     remote = RuntimeCapabilities(stdio="attach", file_secrets_missing="no files here")
     as_files = {"gh": ServiceSecrets(secrets=(FILE_ONLY,))}
-    refusal = secrets(Service(image="img"), context(secrets_of=as_files, capabilities=remote))
+    part = secrets(Service(image="img"), context(secrets_of=as_files, capabilities=remote))
+    assert isinstance(part, SecretsPart)
+    refusal = file_delivery(part, context(secrets_of=as_files, capabilities=remote))
     assert refusal == SpecRefusal("gh", "secret_unavailable", "service 'gh': no files here")
     as_env = {"gh": ServiceSecrets(secrets=(Secret("T", "env", "value"),))}
-    assert isinstance(
-        secrets(Service(image="img"), context(secrets_of=as_env, capabilities=remote)),
-        SecretsPart,
-    )
+    in_env = secrets(Service(image="img"), context(secrets_of=as_env, capabilities=remote))
+    assert isinstance(in_env, SecretsPart)
+    assert file_delivery(in_env, context(secrets_of=as_env, capabilities=remote)) is None
 
 
 def test_the_egress_part_tells_the_proxy_or_refuses_where_the_runtime_has_none() -> None:
@@ -207,17 +213,25 @@ def test_the_child_session_part_tells_the_relay_its_socket_and_token() -> None:
 # --- the composer -----------------------------------------------------------------------------
 
 
-def test_the_composer_returns_the_secrets_refusal_before_the_egress_one() -> None:
-    nothing = RuntimeCapabilities(stdio="attach", egress_missing="no proxy")
+def test_the_composer_refuses_unresolved_secrets_then_egress_then_undeliverable_files() -> None:
+    # The order the runtimes refused them in at spawn before the parts decided them.
+    nothing = RuntimeCapabilities(
+        stdio="attach", egress_missing="no proxy", file_secrets_missing="no files here"
+    )
     unresolved = {"gh": ServiceSecrets(problems=("GITHUB_TOKEN: not set",))}
     service = Service(image="img", egress=["a.example:443"])
     refusal = compose(service, context(secrets_of=unresolved, capabilities=nothing))
     assert isinstance(refusal, SpecRefusal)
     assert refusal.reason == "secret_unavailable"
+    as_files = {"gh": ServiceSecrets(secrets=(FILE_ONLY,))}
     with pytest.raises(ContainerStartFailure) as raised:
-        spec_for(service, context(capabilities=nothing))
+        spec_for(service, context(secrets_of=as_files, capabilities=nothing))
     assert raised.value.reason == "egress_unavailable"
     assert str(raised.value) == "service 'gh' has an egress allowlist, and no proxy"
+    without_egress = compose(
+        Service(image="img"), context(secrets_of=as_files, capabilities=nothing)
+    )
+    assert without_egress == SpecRefusal("gh", "secret_unavailable", "service 'gh': no files here")
 
 
 def test_the_composed_environment_is_the_programs_then_the_proxys_secrets_and_childs() -> None:
