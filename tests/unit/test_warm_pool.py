@@ -29,10 +29,8 @@ from reactor_fabric.policy.container_spec import (
 )
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet
-from reactor_fabric.protocol.warm_pool import (
-    EARLY_STDOUT_BYTES,
-    IMAGE_CHECK_SECONDS,
-)
+from reactor_fabric.protocol.warm_pool import IMAGE_CHECK_SECONDS
+from reactor_fabric.protocol.warm_pool_health import EARLY_STDOUT_BYTES
 from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.runtime.staging import NotStageable, PropagationMissing, StagedMount
