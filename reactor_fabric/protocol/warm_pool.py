@@ -85,8 +85,9 @@ nothing else raises.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable
 
+from .settings import Pooling
 from .warm_pool_entries import Books, PooledService, shallow_copy
 from .warm_pool_events import (
     Action,
@@ -127,39 +128,30 @@ class WarmPoolMachine:
     machine dispatches the events to them, checks the images and stops the pool."""
 
     def __init__(
-        self,
-        targets: Mapping[str, int],
-        *,
-        max_containers: int,
-        parallel_starts: int,
-        initial_shape: Hashable,
-        fixed_shape: Iterable[str] = (),
-        stages_mounts: bool = False,
-        greets: Iterable[str] = (),
-        per_call: Iterable[str] = (),
+        self, pooling: Pooling, *, initial_shape: Hashable, stages_mounts: bool = False
     ) -> None:
-        """``fixed_shape``: services whose suite names the user (their containers have no
-        shape); ``stages_mounts``: pooled containers are started with the staging binds;
-        ``greets``: services whose pooled containers are greeted (fresh_per_call);
-        ``per_call``: services whose target follows their takes (fresh_per_call)."""
-        fixed = frozenset(fixed_shape)
-        rated = frozenset(per_call)
+        """``pooling``: what the suite says the pool keeps (the settings'); ``initial_shape``:
+        what refills take until a session asks for another; ``stages_mounts``: pooled
+        containers are started with the staging binds."""
+        fixed = pooling.fixed_shape
         services = {
             name: PooledService.of(
                 target,
                 None if name in fixed else initial_shape,
                 fixed_shape=name in fixed,
-                per_call=name in rated,
+                per_call=name in pooling.per_call,
             )
-            for name, target in targets.items()
+            for name, target in pooling.targets.items()
             if target > 0
         }
         self.books = Books(services, stages_mounts=stages_mounts)
         self.refills = Refills(
-            self.books, max_containers=max_containers, parallel_starts=parallel_starts
+            self.books,
+            max_containers=pooling.max_containers,
+            parallel_starts=pooling.parallel_starts,
         )
         self.health = Health(self.books)
-        self.takes = Takes(self.books, greets=greets)
+        self.takes = Takes(self.books, greets=pooling.greets)
         self._images_at: float | None = -math.inf  # the next image check (None: one runs)
 
     # --- what exists ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reactor_fabric.protocol.settings import Pooling
 from reactor_fabric.protocol.warm_pool import IMAGE_CHECK_SECONDS, WarmPoolMachine
 from reactor_fabric.protocol.warm_pool_entries import (
     BACKOFF_MAX_SECONDS,
@@ -55,16 +56,15 @@ def machine(
     greets: tuple[str, ...] = (),
     per_call: tuple[str, ...] = (),
 ) -> WarmPoolMachine:
-    return WarmPoolMachine(
+    pooling = Pooling(
         targets if targets is not None else {"time": 2},
         max_containers=max_containers,
         parallel_starts=parallel,
-        initial_shape=NOBODY,
-        fixed_shape=fixed_shape,
-        stages_mounts=stages_mounts,
-        greets=greets,
-        per_call=per_call,
+        fixed_shape=frozenset(fixed_shape),
+        greets=frozenset(greets),
+        per_call=frozenset(per_call),
     )
+    return WarmPoolMachine(pooling, initial_shape=NOBODY, stages_mounts=stages_mounts)
 
 
 def feed(pool: WarmPoolMachine, event: Event, now: float = 0.0) -> list[Action]:

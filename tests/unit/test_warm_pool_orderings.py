@@ -51,6 +51,7 @@ from typing import Any
 
 import pytest
 
+from reactor_fabric.protocol.settings import Pooling
 from reactor_fabric.protocol.warm_pool import IMAGE_CHECK_SECONDS, WarmPoolMachine
 from reactor_fabric.protocol.warm_pool_entries import (
     PER_CALL_CEILING,
@@ -549,16 +550,15 @@ def advance(world: World, make_event: Callable[[World], Event], trail: list[str]
 
 def explore() -> int:
     """Visit every reachable state once; the number visited."""
-    machine = WarmPoolMachine(
+    pooling = Pooling(
         TARGETS,
         max_containers=MAX_CONTAINERS,
         parallel_starts=PARALLEL_STARTS,
-        initial_shape=X,
-        fixed_shape=FIXED,
-        stages_mounts=True,
-        greets=GREETS,
-        per_call=PER_CALL,
+        fixed_shape=frozenset(FIXED),
+        greets=frozenset(GREETS),
+        per_call=frozenset(PER_CALL),
     )
+    machine = WarmPoolMachine(pooling, initial_shape=X, stages_mounts=True)
     start = World(machine)
     first: list[str] = ["begin"]
     apply(start, Tick(), machine.handle(Tick(), 0.0), first)  # the driver's first Tick
