@@ -32,6 +32,7 @@ from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.session import SessionMachine
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import served
+from tests.settings import fabric_server
 from tests.unit.test_fabric_lifecycles import answer, ready, sent, started_keys, stopped
 from tests.unit.test_fabric_server import CATALOG, Clock, msg, to_client
 from tests.unit.test_session_machine import PER_CALL, Run, call, response
@@ -43,7 +44,7 @@ LIFECYCLES = {AGENT: Lifecycle("fresh_per_call")}
 
 def fabric_session(slots: AgentSlots, session_id: str) -> tuple[FabricServer, Clock]:
     clock = Clock()
-    server = FabricServer(
+    server = fabric_server(
         CATALOG,
         session_id=session_id,
         version="9",
