@@ -103,7 +103,7 @@ def warm_pool_of(fabric: Fabric, staging: Staging | None) -> WarmPool:
     return WarmPool(
         fabric.runtime,
         fabric.suite.mcp_services,
-        fabric.suite.orchestrator.warm_pool,
+        fabric.settings.pooling,
         identity=fabric.starter.identity,
         staging=staging,
         stopping=fabric.registry.stopping,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..protocol.agent_slots import AgentLimits
 from ..protocol.fabric_discovery import AssistSettings, ServiceFacts
 from ..protocol.lifecycle import Lifecycle
-from ..protocol.settings import Limits, Settings
+from ..protocol.settings import Limits, Pooling, Settings
 from ..protocol.suite_lock import Mode, SuiteLock
 from .structs import Service, Suite
 
@@ -48,6 +48,7 @@ def settings_for(
         ),
         lifecycles={name: lifecycle_of(service) for name, service in services.items()},
         idle_timeouts={name: service.idle_timeout_seconds for name, service in services.items()},
+        pooling=pooling_of(suite),
         facts=suite_facts(suite),
         profiles={name: tuple(profile.services) for name, profile in suite.profiles.items()},
         token_budget=orchestrator.fabric.token_budget,
@@ -78,6 +79,25 @@ def lifecycle_of(service: Service) -> Lifecycle:
         max_calls=service.max_calls_per_container,
         max_age=service.max_container_age_seconds,
         memory_threshold=service.memory_threshold_bytes,
+    )
+
+
+def pooling_of(suite: Suite) -> Pooling:
+    """What the warm pool keeps of ``suite``'s services (the services refused for their
+    secrets are taken out where those are known: :meth:`Pooling.without`)."""
+    services = suite.mcp_services
+    per_call = frozenset(
+        name
+        for name, service in services.items()
+        if service.strategy == "fresh_per_call" and service.warm
+    )
+    return Pooling(
+        targets={name: service.warm for name, service in services.items()},
+        max_containers=suite.orchestrator.warm_pool.max_containers,
+        parallel_starts=suite.orchestrator.warm_pool.parallel_starts,
+        fixed_shape=frozenset(n for n, service in services.items() if service.user is not None),
+        greets=per_call,
+        per_call=per_call,
     )
 
 

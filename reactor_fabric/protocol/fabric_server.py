@@ -6,11 +6,15 @@ lists the suite's tools, prompts and resources from the catalog under their show
 the endpoint's own tools first (:mod:`.fabric_lists`), and has each call routed to its
 service's backend.
 
-:class:`FabricServer` holds its parts as fields: its replies ledger
-(:class:`~.fabric_replies.Replies`: the client as it introduced itself, every answer it gets
-and the tool calls they end), its router (:class:`~.fabric_router.FabricRouter`: the calls
-routed, backends, ids both ways, cancellation, backends' questions, refreshes; made with the
-ledger, which both answer through), the router's backends (:attr:`FabricServer.table`, which
+:class:`FabricServer` is made from a :class:`FabricSetup`: the orchestrator's frozen settings
+(:class:`~.settings.Settings`, built once from the suite) and what is the session's own (its
+id, catalog and index, mounts, exposure and active services, client lease, the shared count of
+agent calls, the redaction of secrets, the time it opens). It holds its parts as fields: its
+replies ledger (:class:`~.fabric_replies.Replies`: the client as it introduced itself, every
+answer it gets and the tool calls they end), its router
+(:class:`~.fabric_router.FabricRouter`: the calls routed, backends, ids both ways,
+cancellation, backends' questions, refreshes; made with the ledger, which both answer
+through), the router's backends (:attr:`FabricServer.table`, which
 the server ticks and ends), its lists (:class:`~.fabric_lists.Lists`) and the analyses waiting
 for the client's model (:class:`~.fabric_meta_tools.Assists`). It dispatches the client's
 messages, calls a meta-tool with a frozen view of the session
@@ -40,7 +44,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -54,7 +59,6 @@ from .answers import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
     ENDED_BY_OPERATOR,
-    SessionLimits,
     log_notification,
     session_ending,
 )
@@ -80,7 +84,7 @@ from .events import (
     ToolCallDone,
     ToolsChanged,
 )
-from .fabric_discovery import AssistSettings, ServiceFacts, index_catalog
+from .fabric_discovery import index_catalog
 from .fabric_lists import MAX_LISTENERS, Lists
 from .fabric_messages import (
     discover_result,
@@ -101,16 +105,15 @@ from .fabric_meta_tools import (
 )
 from .fabric_refresh import Refreshed
 from .fabric_replies import Replies
-from .fabric_roster import OWN_BACKLOG_BYTES, Limits, Routed
+from .fabric_roster import Limits, Routed
 from .fabric_router import FabricRouter
 from .jsonrpc import RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
 from .served import Served
-from .suite_lock import Mode, SuiteLock
-from .tool_calls import ArgumentsMode
+from .settings import Settings
 
-__all__ = ["Exposure", "FabricServer", "Lifecycle"]
+__all__ = ["Exposure", "FabricServer", "FabricSetup", "Lifecycle"]
 
 Json = dict[str, Any]
 
@@ -123,75 +126,83 @@ LISTED = {
 }
 
 
+@dataclass(frozen=True)
+class FabricSetup:
+    """What one fabric-endpoint session is made from: the orchestrator's settings and what is
+    the session's own (see the module's docs)."""
+
+    catalog: Catalog
+    session_id: str
+    settings: Settings = field(default_factory=Settings)
+    # The ranking index of ``catalog``: the orchestrator's (built once per catalog); None:
+    # built here.
+    index: DiscoveryIndex | None = None
+    mount_targets: tuple[str, ...] = ()  # the session's mounts, as its backends' roots
+    exposure: Exposure = "discover"
+    active: frozenset[str] = frozenset()  # the services shown from the start
+    client_lease: float | None = None  # (see .client_lease; None: the client does not leave)
+    # The orchestrator's shared count of agent calls (None: no limit, as in most tests).
+    agent_slots: AgentSlots | None = None
+    redact: Redact = unredacted  # the secrets' values, out of what the session keeps
+    now: float = 0.0  # when it opens
+    version: str = "0"  # the orchestrator's, in serverInfo and the backends' handshake
+    count_tokens: Callable[[Json], int] = count_definition
+    # The session's bounds on its backends; None: the settings' (see backend_limits).
+    limits: Limits | None = None
+
+
+def backend_limits(settings: Settings) -> Limits:
+    """The session's bounds on its backends from the settings: the relay's bound on what waits
+    for a server (buffer_to_server_bytes), for what waits and for the endpoint's own messages
+    alike, and its stall timeout (the one rule of a backend that stopped reading)."""
+    relay = settings.session_limits
+    return Limits(relay.to_server_bytes, relay.to_server_bytes, relay.stdin_stall_timeout)
+
+
 class FabricServer:
     """The MCP server of one fabric-endpoint session (see the module's docs)."""
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        *,
-        session_id: str,
-        mount_targets: Iterable[str] = (),
-        exposure: Exposure = "discover",
-        active: Iterable[str] = (),
-        version: str = "0",
-        facts: Mapping[str, ServiceFacts] | None = None,
-        profiles: Mapping[str, Sequence[str]] | None = None,
-        idle_timeouts: Mapping[str, float] | None = None,
-        now: float = 0.0,
-        index: DiscoveryIndex | None = None,
-        token_budget: int | None = None,
-        assist: AssistSettings | None = None,
-        count_tokens: Callable[[Json], int] = count_definition,
-        audit_arguments: ArgumentsMode = "hash",
-        own_backlog_bytes: int = OWN_BACKLOG_BYTES,
-        buffer_to_server_bytes: int = OWN_BACKLOG_BYTES,
-        stall_timeout: float = SessionLimits().stdin_stall_timeout,
-        client_lease: float | None = None,
-        lifecycles: Mapping[str, Lifecycle] | None = None,
-        lock: SuiteLock | None = None,
-        lock_mode: Mode = "off",
-        agents: Iterable[str] = (),
-        agent_slots: AgentSlots | None = None,
-        redact: Redact = unredacted,
-    ) -> None:
-        self.session_id = session_id
-        self.version = version
-        self.replies = Replies(now=now, audit_arguments=audit_arguments)
-        facts = dict(facts or {})
+    def __init__(self, setup: FabricSetup) -> None:
+        settings, now, catalog = setup.settings, setup.now, setup.catalog
+        self.session_id = setup.session_id
+        self.version = setup.version
+        self.replies = Replies(now=now, audit_arguments=settings.audit_arguments)
+        facts = dict(settings.facts)
+        count_tokens = setup.count_tokens
         self.router = FabricRouter(
             catalog,
             self.replies,
-            session_id=session_id,
-            mount_targets=mount_targets,
-            version=version,
+            session_id=setup.session_id,
+            mount_targets=setup.mount_targets,
+            version=setup.version,
             facts=facts,
             count_tokens=count_tokens,
-            redact=redact,
-            lifecycles=lifecycles or {},
-            idle_timeouts=idle_timeouts or {},
-            limits=Limits(own_backlog_bytes, buffer_to_server_bytes, stall_timeout),
-            lock=lock,
-            lock_mode=lock_mode,
-            agents=agents,
-            agent_slots=agent_slots,
+            redact=setup.redact,
+            lifecycles=settings.lifecycles,
+            idle_timeouts=settings.idle_timeouts,
+            limits=setup.limits or backend_limits(settings),
+            lock=settings.lock,
+            lock_mode=settings.lock_mode,
+            agents=settings.agents,
+            agent_slots=setup.agent_slots,
         )
         self.table = self.router.table  # (the router's backends: ticked and ended from here)
-        self.lists = Lists(catalog, exposure, set(active))  # (``active`` may be an iterator)
+        self.lists = Lists(catalog, setup.exposure, set(setup.active))
         # What the meta-tools read of the suite, for the session's whole life.
         self.meta_settings = MetaSettings(
             facts=facts,
-            profiles={name: list(services) for name, services in (profiles or {}).items()},
-            token_budget=token_budget,
-            assist=assist or AssistSettings(),
+            profiles={name: list(services) for name, services in settings.profiles.items()},
+            token_budget=settings.token_budget,
+            assist=settings.assist,
             count_tokens=count_tokens,
         )
         # The ranking index of this session's catalog: the orchestrator's shared one when it
         # is given (built once per catalog), rebuilt here when a service's tools change.
+        index = setup.index
         self.index = index if index is not None else index_catalog(catalog, facts, count_tokens)
         self.assists = Assists()  # analyze_task calls waiting for the client's model
         self.started_at = now
-        self.lease = ClientLease(client_lease, now)  # (see .client_lease)
+        self.lease = ClientLease(setup.client_lease, now)  # (see .client_lease)
         self.closed = False  # the session was ended (Shutdown, ClientGone): EndSession sent
         self.gone = False  # the client left: nothing more to do
         self._message_bytes = 0  # the size of the client message being handled

@@ -3,7 +3,8 @@ is loaded (:func:`reactor_fabric.config.settings.settings_for`), never read from
 again. Pure (no I/O), so that the session machines can take it as the trio layer does.
 
 :class:`Settings` holds the bounds a connection and a session keep (durations and sizes parsed
-once), each service's container lifecycle and idle timeout, what the fabric endpoint's
+once), each service's container lifecycle and idle timeout, what the warm pool keeps
+(:class:`Pooling`, which its machine takes), what the fabric endpoint's
 meta-tools know of the services (facts, profiles, token budget, model assist), the agents and
 their bounds, what the audit keeps of a call's arguments, the suite lock and its mode, and
 this orchestrator's name among replicas.
@@ -14,8 +15,8 @@ Resource handling: none (plain values). Error handling: none; the suite was vali
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from .agent_slots import AgentLimits
 from .answers import SessionLimits
@@ -57,6 +58,34 @@ class RelaySettings:
 
 
 @dataclass(frozen=True)
+class Pooling:
+    """What the warm pool keeps (``warm`` and ``orchestrator.warm_pool``), as its machine
+    (:class:`~.warm_pool.WarmPoolMachine`) takes it."""
+
+    # Each service's warm (0: it keeps no pool), in the suite's order.
+    targets: Mapping[str, int] = field(default_factory=dict)
+    max_containers: int = 16
+    parallel_starts: int = 2
+    # The services whose suite names their user: their containers are all alike (no shape).
+    fixed_shape: frozenset[str] = frozenset()
+    # The fresh_per_call services that keep a pool: their pooled containers are greeted, and
+    # their target follows their takes (two rules, which the model checks also explore apart).
+    greets: frozenset[str] = frozenset()
+    per_call: frozenset[str] = frozenset()
+
+    def without(self, refused: Iterable[str]) -> Pooling:
+        """The same, with the ``refused`` services (for their secrets: each start would fail)
+        keeping no pool."""
+        gone = frozenset(refused)
+        return replace(
+            self,
+            targets={name: 0 if name in gone else warm for name, warm in self.targets.items()},
+            greets=self.greets - gone,
+            per_call=self.per_call - gone,
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     """One orchestrator's settings (see the module docstring)."""
 
@@ -64,6 +93,7 @@ class Settings:
     # Each service's container lifecycle and idle timeout (seconds), in the suite's order.
     lifecycles: Mapping[str, Lifecycle] = field(default_factory=dict)
     idle_timeouts: Mapping[str, float] = field(default_factory=dict)
+    pooling: Pooling = field(default_factory=Pooling)
     # What the suite says about each service (ranking, the capability list), its profiles.
     facts: Mapping[str, ServiceFacts] = field(default_factory=dict)
     profiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

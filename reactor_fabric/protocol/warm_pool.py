@@ -5,6 +5,12 @@ Pure: events in, actions out (their vocabulary: :mod:`.warm_pool_events`), the t
 next wants a :class:`Tick`; no trio, no engine. The trio layer
 (:mod:`reactor_fabric.trio.warm_pool`) does what the actions say and reports what happened.
 
+The machine is composed of parts on its books (:mod:`.warm_pool_entries`), each a module:
+the refills (:mod:`.warm_pool_refills`: targets, starts within the bounds, surplus), the
+containers' health while they wait (:mod:`.warm_pool_health`: start and greeting outcomes,
+early output, ends) and the takes (:mod:`.warm_pool_takes`: claims and hand-outs); the rules
+they keep are said here, once. The machine itself checks the images and stops the pool.
+
 A pooled container is *starting*, *greeting*, *ready* or *claimed*; what each state means, and
 what the pool records of each service, is in its books (:mod:`.warm_pool_entries`). A
 container is handed to exactly one session and leaves the pool when it is claimed: it serves
@@ -79,89 +85,73 @@ nothing else raises.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable
 
-from .warm_pool_entries import PooledService, PoolEntry, shallow_copy
+from .settings import Pooling
+from .warm_pool_entries import Books, PooledService, shallow_copy
 from .warm_pool_events import (
     Action,
     CheckImages,
-    Claim,
     EarlyOutput,
-    EndedReason,
     Event,
-    GreetPooled,
-    HandOut,
     ImageChanged,
     ImagesChecked,
-    Missed,
     OutputEnded,
     PooledGreeted,
     PooledGreetingFailed,
     RemovePooled,
-    RetireReason,
     Shutdown,
     StagingLost,
     StartFailed,
-    StartPooled,
     StartSucceeded,
     Take,
-    TakeOutcome,
     Tick,
     Watched,
 )
+from .warm_pool_health import Health
+from .warm_pool_refills import Refills
+from .warm_pool_takes import Takes
 
-# A pooled container that ran this long before it ended was not crash-looping.
-HEALTHY_SECONDS = 30.0
 # How often pooled services' images are compared with what the engine has (a rebuilt image
 # retires the pooled containers of the old one).
 IMAGE_CHECK_SECONDS = 30.0
-# Output a pooled server may write to stdout before anyone spoke to it (kept, and given to
-# the session first); more than that and it is not a well-behaved stdio server: removed.
-EARLY_STDOUT_BYTES = 64 * 1024
 
 # --- the machine ----------------------------------------------------------------------------
 
 
 class WarmPoolMachine:
-    """Every pooled container of one orchestrator, all services (see the module docstring)."""
+    """Every pooled container of one orchestrator, all services (see the module docstring).
+
+    Its parts, on its books (:attr:`books`): :attr:`refills` (each service's target, the
+    starts its bounds allow), :attr:`health` (containers from their start until claimed: start
+    and greeting outcomes, early output, ends) and :attr:`takes` (claims and hand-outs); the
+    machine dispatches the events to them, checks the images and stops the pool."""
 
     def __init__(
-        self,
-        targets: Mapping[str, int],
-        *,
-        max_containers: int,
-        parallel_starts: int,
-        initial_shape: Hashable,
-        fixed_shape: Iterable[str] = (),
-        stages_mounts: bool = False,
-        greets: Iterable[str] = (),
-        per_call: Iterable[str] = (),
+        self, pooling: Pooling, *, initial_shape: Hashable, stages_mounts: bool = False
     ) -> None:
-        """``fixed_shape``: services whose suite names the user (their containers have no
-        shape); ``stages_mounts``: pooled containers are started with the staging binds;
-        ``greets``: services whose pooled containers are greeted (fresh_per_call);
-        ``per_call``: services whose target follows their takes (fresh_per_call)."""
-        fixed = frozenset(fixed_shape)
-        rated = frozenset(per_call)
-        self._greets = frozenset(greets)
-        self._services = {
+        """``pooling``: what the suite says the pool keeps (the settings'); ``initial_shape``:
+        what refills take until a session asks for another; ``stages_mounts``: pooled
+        containers are started with the staging binds."""
+        fixed = pooling.fixed_shape
+        services = {
             name: PooledService.of(
                 target,
                 None if name in fixed else initial_shape,
                 fixed_shape=name in fixed,
-                per_call=name in rated,
+                per_call=name in pooling.per_call,
             )
-            for name, target in targets.items()
+            for name, target in pooling.targets.items()
             if target > 0
         }
-        self._max_containers = max_containers
-        self._parallel_starts = parallel_starts
-        self._stages_mounts = stages_mounts
-        self._next_token = 0
-        self._starting = 0
-        self._stopping = False
-        self._claimed: dict[int, PoolEntry] = {}
-        self._now = -math.inf  # the time of the last event
+        self.books = Books(services, stages_mounts=stages_mounts)
+        self.refills = Refills(
+            self.books,
+            max_containers=pooling.max_containers,
+            parallel_starts=pooling.parallel_starts,
+        )
+        self.health = Health(self.books)
+        self.takes = Takes(self.books, greets=pooling.greets)
         self._images_at: float | None = -math.inf  # the next image check (None: one runs)
 
     # --- what exists ------------------------------------------------------------------------
@@ -169,61 +159,52 @@ class WarmPoolMachine:
     @property
     def services(self) -> frozenset[str]:
         """The services that keep a pool (``warm`` above 0)."""
-        return frozenset(self._services)
+        return frozenset(self.books.services)
 
     def pooled(self, service: str) -> int:
         """Pooled containers of ``service``, starting and ready."""
-        found = self._services.get(service)
+        found = self.books.services.get(service)
         return found.count() if found is not None else 0
 
     def ready(self, service: str) -> int:
-        found = self._services.get(service)
+        found = self.books.services.get(service)
         return len(found.ready()) if found is not None else 0
 
     def target(self, service: str) -> int:
         """How many pooled containers ``service`` should have now (its warm, or more for a
         per-call service recently called: see "Refills at the rate of consumption")."""
-        found = self._services.get(service)
+        found = self.books.services.get(service)
         return found.target if found is not None else 0
 
     @property
     def total(self) -> int:
-        return sum(service.count() for service in self._services.values())
+        return self.books.total()
 
     @property
     def starting(self) -> int:
-        return self._starting
+        return self.books.starting
 
     @property
     def claimed(self) -> int:
         """Containers claimed by a session, not yet handed out or removed."""
-        return len(self._claimed)
+        return len(self.books.claimed)
 
     @property
     def stopping(self) -> bool:
-        return self._stopping
+        return self.books.stopping
 
     @property
     def stages_mounts(self) -> bool:
-        return self._stages_mounts
+        return self.books.stages_mounts
 
     @property
     def deadline(self) -> float | None:
         """When the machine next needs a :class:`Tick` (None: no time-based work is due):
         the next image check, the end of a back-off that holds a service's refill, or when a
         per-call service's oldest take leaves the window while its target is above warm."""
-        if self._stopping:
+        if self.books.stopping:
             return None
-        waiting = [
-            service.retry_at
-            for service in self._services.values()
-            if service.count() < service.target and service.retry_at > self._now
-        ]
-        waiting += [
-            falls
-            for service in self._services.values()
-            if (falls := service.target_falls_at()) is not None
-        ]
+        waiting = self.refills.due()
         if self._images_at is not None:
             waiting.append(self._images_at)
         return min(waiting, default=None)
@@ -233,29 +214,30 @@ class WarmPoolMachine:
     def handle(self, event: Event, now: float) -> list[Action]:
         """What to do after ``event`` at ``now``: its answer, then any image check that is
         due and the refills it allows (every event may change what is allowed)."""
-        self._now = max(self._now, now)
-        self._forget_takes(self._now)
+        books, health = self.books, self.health
+        books.now = max(books.now, now)
+        self.refills.forget_takes(books.now)
         match event:
             case Tick():
                 actions: list[Action] = []
             case StartSucceeded(token=token):
-                actions = self._start_succeeded(token, now)
+                actions = health.start_succeeded(token, now)
             case StartFailed(token=token, created=created):
-                actions = self._start_failed(token, created, now)
+                actions = health.start_failed(token, created, now)
             case PooledGreeted() | PooledGreetingFailed():
-                actions = self._greeting_done(event, now)
+                actions = health.greeting_done(event, now)
             case EarlyOutput(token=token, nbytes=nbytes):
-                actions = self._early_output(token, nbytes, now)
+                actions = health.early_output(token, nbytes, now)
             case OutputEnded(token=token, why=why):
-                actions = self._ended(token, why, now)
+                actions = health.ended(token, why, now)
             case Take():
-                actions = self._take(event)
+                actions = self.takes.take(event)
             case Watched(token=token):
-                actions = self._watched(token)
+                actions = self.takes.watched(token)
             case ImagesChecked(images=images):
                 actions = self._images_checked(images, now)
             case StagingLost():
-                self._stages_mounts = False
+                books.stages_mounts = False
                 actions = []
             case Shutdown():
                 actions = self._stop()
@@ -263,189 +245,13 @@ class WarmPoolMachine:
 
     def _due(self, now: float) -> list[Action]:
         """After every event: an image check that is due, and the refills now allowed."""
-        if self._stopping:
+        if self.books.stopping:
             return []
         actions: list[Action] = []
         if self._images_at is not None and self._images_at <= now:
             self._images_at = None
-            actions.append(CheckImages(tuple(sorted(self._services))))
-        return actions + self._trim() + self._starts(now)
-
-    # --- refills ----------------------------------------------------------------------------
-
-    def _forget_takes(self, now: float) -> None:
-        """Takes that left the window no longer count (see "Refills at the rate of
-        consumption")."""
-        for service in self._services.values():
-            service.forget_takes(now)
-
-    def _trim(self) -> list[Action]:
-        """A per-call service's target fell below what it pools: its oldest ready containers
-        above the target are removed (starting ones are, when ready, if still above it)."""
-        actions: list[Action] = []
-        for name, service in self._services.items():
-            surplus = service.count() - service.target
-            for entry in service.ready()[: max(0, surplus)]:
-                del service.entries[entry.token]
-                actions.append(RemovePooled(entry.token, name, "surplus"))
-        return actions
-
-    def _room_beyond_warm(self) -> bool:
-        """Whether a container above its service's warm may start: every service's warm
-        still fits under the cap beside it (growth never takes another service's room)."""
-        held = sum(max(s.count(), s.warm) for s in self._services.values())
-        return held < self._max_containers
-
-    def _starts(self, now: float) -> list[Action]:
-        actions: list[Action] = []
-        total = self.total
-        while self._starting < self._parallel_starts and total < self._max_containers:
-            beyond = self._room_beyond_warm()
-            wanting = [
-                (service.count(), name)
-                for name, service in self._services.items()
-                if service.count() < service.target
-                and service.retry_at <= now
-                and (service.count() < service.warm or beyond)
-            ]
-            if not wanting:
-                break
-            _, name = min(wanting)
-            service = self._services[name]
-            token = self._next_token
-            self._next_token += 1
-            staged = self._stages_mounts
-            service.entries[token] = PoolEntry(
-                token, name, service.shape, service.generation, staged=staged, greet=service.greet
-            )
-            self._starting += 1
-            total += 1
-            actions.append(StartPooled(token, name, service.shape, staged))
-        return actions
-
-    def _start_succeeded(self, token: int, now: float) -> list[Action]:
-        entry, service = self._find(token, "starting")
-        if entry.greet and not self._stale(entry, service):
-            # Still a start (within parallel_starts) until its greeting is done.
-            entry.state = "greeting"
-            return [GreetPooled(token, entry.service)]
-        return self._started(entry, service, now)
-
-    def _greeting_done(
-        self, event: PooledGreeted | PooledGreetingFailed, now: float
-    ) -> list[Action]:
-        """Greeted: ready. Failed: it would not do for a call; removed, and its service backs
-        off as after a failed start (a server that cannot be greeted is not retried in a
-        storm)."""
-        token = event.token
-        entry, service = self._find(token, "greeting")
-        if isinstance(event, PooledGreeted):
-            return self._started(entry, service, now)
-        self._starting -= 1
-        del service.entries[token]
-        service.back_off(now)
-        return [RemovePooled(token, entry.service, "greeting_failed")]
-
-    def _started(self, entry: PoolEntry, service: PooledService, now: float) -> list[Action]:
-        self._starting -= 1
-        if self._stale(entry, service):
-            del service.entries[entry.token]
-            return [RemovePooled(entry.token, entry.service, self._retire_reason())]
-        entry.state = "ready"
-        entry.ready_at = now
-        return []
-
-    def _stale(self, entry: PoolEntry, service: PooledService) -> bool:
-        """No longer wanted: the pool stops, or its image changed since it was started."""
-        return self._stopping or entry.generation != service.generation
-
-    def _start_failed(self, token: int, created: bool, now: float) -> list[Action]:
-        entry, service = self._find(token, "starting")
-        self._starting -= 1
-        del service.entries[token]
-        service.back_off(now)
-        return [RemovePooled(token, entry.service, "start_failed")] if created else []
-
-    def _early_output(self, token: int, nbytes: int, now: float) -> list[Action]:
-        entry = self._watched_entry(token)
-        if entry is None:
-            return []
-        entry.early += nbytes
-        if entry.early <= EARLY_STDOUT_BYTES:
-            return []
-        return self._ended(token, "output_before_input", now)
-
-    def _ended(self, token: int, why: EndedReason, now: float) -> list[Action]:
-        """Ready container ``token`` ended on its own while nobody used it: soon after it was
-        ready, that is a failure (back-off); after a while, it is not."""
-        entry = self._watched_entry(token)
-        if entry is None:
-            return []  # already removed
-        if entry.state == "claimed":
-            entry.spoiled = entry.spoiled or why  # not handed out (see _watched)
-            return []
-        service = self._services[entry.service]
-        del service.entries[token]
-        if now - entry.ready_at < HEALTHY_SECONDS:
-            service.back_off(now)
-        else:
-            service.failures = 0
-        return [RemovePooled(token, entry.service, why)]
-
-    # --- sessions ---------------------------------------------------------------------------
-
-    def _take(self, event: Take) -> list[Action]:
-        """The oldest ready container that fits the session, claimed; or a miss (the session
-        starts a fresh one) and what that miss retires."""
-        name = event.service
-        service = self._services.get(name)
-        if service is None:
-            return [Missed(name, "not_pooled")]
-        refused = self._unfit(event)
-        if refused is not None:
-            return [Missed(name, refused)]
-        service.note_take(self._now)  # demand, whether or not it is served
-        shape = None if service.fixed_shape else event.account
-        service.shape = shape
-        if name in self._greets:
-            service.greet = event.greeted  # refills follow demand (see "Greetings")
-        ready = service.ready()
-        # With mounts, any one fits: every container was started with the staging binds
-        # while the staging area is in use (it is given up for good, never taken up later).
-        # A greeted one only for a session that may take one, and first for it.
-        fits = [e for e in ready if e.shape == shape and (event.greeted or not e.greet)]
-        fits.sort(key=lambda e: not e.greet)  # (stable: the oldest first among alike)
-        if fits:
-            entry = fits[0]
-            del service.entries[entry.token]
-            entry.state = "claimed"
-            self._claimed[entry.token] = entry
-            service.failures = 0  # its server started and waited: it works
-            return [Claim(entry.token, name)]
-        if not ready:
-            return [Missed(name, "empty")]
-        # Only other shapes (or greeted ones, for a relay session) are ready: make room for
-        # the one asked for.
-        outcome: TakeOutcome = "greeted" if any(e.shape == shape for e in ready) else "shape"
-        oldest = ready[0]
-        del service.entries[oldest.token]
-        return [Missed(name, outcome), RemovePooled(oldest.token, name, "shape_changed")]
-
-    def _unfit(self, event: Take) -> TakeOutcome | None:
-        """Why no pooled container of the service can serve this session, whatever is ready."""
-        if event.mounts and not (self._stages_mounts and event.placeable):
-            return "mounts"
-        if self._stopping:
-            return "stopping"
-        return None
-
-    def _watched(self, token: int) -> list[Action]:
-        entry = self._claimed.pop(token, None)
-        if entry is None:
-            raise ValueError(f"pooled container {token} is not claimed")
-        if entry.spoiled is not None:
-            return [RemovePooled(token, entry.service, "not_handed_out")]
-        return [HandOut(token, entry.service)]
+            actions.append(CheckImages(tuple(sorted(self.books.services))))
+        return actions + self.refills.trim() + self.refills.starts(now)
 
     # --- changes ----------------------------------------------------------------------------
 
@@ -456,7 +262,7 @@ class WarmPoolMachine:
         self._images_at = now + IMAGE_CHECK_SECONDS
         actions: list[Action] = []
         for name, image in images:
-            service = self._services.get(name)
+            service = self.books.services.get(name)
             if service is None or image is None:
                 continue
             known, service.image = service.image, image
@@ -472,9 +278,9 @@ class WarmPoolMachine:
     def _stop(self) -> list[Action]:
         """No more starts or takes; every ready container is to be removed (starting and
         greeting ones are removed as their start completes; claimed ones are their sessions')."""
-        self._stopping = True
+        self.books.stopping = True
         retired: list[Action] = []
-        for name, service in self._services.items():
+        for name, service in self.books.services.items():
             for entry in service.ready():
                 del service.entries[entry.token]
                 retired.append(RemovePooled(entry.token, name, "stopping"))
@@ -485,47 +291,12 @@ class WarmPoolMachine:
     def clone(self) -> WarmPoolMachine:
         """An independent copy of the machine in its current state (for model checking)."""
         twin = shallow_copy(self)
-        twin._services = {name: service.clone() for name, service in self._services.items()}
-        twin._claimed = {t: shallow_copy(e) for t, e in self._claimed.items()}
+        books = twin.books = self.books.clone()
+        twin.refills = self.refills.on(books)
+        twin.health = self.health.on(books)
+        twin.takes = self.takes.on(books)
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
         """A hashable summary of the whole state: equal fingerprints behave alike."""
-        services = tuple((name, *s.key()) for name, s in self._services.items())
-        claimed = tuple(entry.key() for entry in self._claimed.values())
-        return (
-            services,
-            claimed,
-            self._next_token,
-            self._starting,
-            self._stopping,
-            self._stages_mounts,
-            self._now,
-            self._images_at,
-        )
-
-    # --- helpers ----------------------------------------------------------------------------
-
-    def _retire_reason(self) -> RetireReason:
-        return "stopping" if self._stopping else "image_changed"
-
-    def _watched_entry(self, token: int) -> PoolEntry | None:
-        """Ready or claimed entry ``token`` (its output is watched), None once it is gone."""
-        claimed = self._claimed.get(token)
-        if claimed is not None:
-            return claimed
-        for service in self._services.values():
-            entry = service.entries.get(token)
-            if entry is not None and entry.state == "ready":
-                return entry
-        return None
-
-    def _find_starting(self, token: int) -> tuple[PoolEntry, PooledService]:
-        return self._find(token, "starting")
-
-    def _find(self, token: int, state: str) -> tuple[PoolEntry, PooledService]:
-        for service in self._services.values():
-            entry = service.entries.get(token)
-            if entry is not None and entry.state == state:
-                return entry, service
-        raise ValueError(f"pooled container {token} is not {state}")
+        return (*self.books.key(), self._images_at)

@@ -1,8 +1,10 @@
-"""The warm pool's books: each pooled container's entry, each service's record. Pure.
+"""The warm pool's books: each pooled container's entry, each service's record, and the
+records across services that the machine's parts share (:class:`Books`). Pure.
 
-What :class:`~.warm_pool.WarmPoolMachine` decides on, and the rules that belong to one record
-alone; the decisions across records (which to start, which to hand out, which to remove) are
-the machine's.
+What :class:`~.warm_pool.WarmPoolMachine` and its parts decide on, and the rules that belong to
+one record alone; the decisions across records (which to start, which to hand out, which to
+remove) are the parts' (:mod:`.warm_pool_refills`, :mod:`.warm_pool_health`,
+:mod:`.warm_pool_takes`) and the machine's.
 
 A pooled container (:class:`PoolEntry`) is *starting* (its start was asked for, the outcome is
 not known yet), *greeting* (started; a service in ``greets`` only: the pool does the MCP
@@ -21,6 +23,11 @@ first, and what its refills follow:
   consumption"); only the newest ``ceiling`` takes are kept, more could not raise the target;
 - its back-off after a failure: 1 s, doubling with each failure in a row up to 60 s;
 - the shape its refills take, whether they are greeted, the generation of its image.
+
+The books (:class:`Books`) hold every service's record, the containers claimed by a session
+and not handed out yet, and what the parts share of the pool as a whole: the starts in flight
+(greetings included), the next token, whether the pool stops, whether pooled containers get
+the staging binds, the time of the last event.
 
 Resources: plain data, bounded by the pool (entries by its cap, takes by the ceiling); copies
 for model checking are shallow where the data is immutable (:func:`shallow_copy`). Error
@@ -169,6 +176,71 @@ class PooledService:
             self.retry_at,
             self.image,
             tuple(entry.key() for entry in self.entries.values()),
+        )
+
+
+@dataclass
+class Books:
+    """The pool's records across services (see the module docstring); the machine's parts
+    read and write them, each by its own rules."""
+
+    # name → record, for every service that keeps a pool (its warm above 0).
+    services: dict[str, PooledService]
+    stages_mounts: bool = False  # pooled containers are started with the staging binds
+    # Claimed by a session, not yet handed out or removed (no longer in its service's record).
+    claimed: dict[int, PoolEntry] = field(default_factory=dict)
+    starting: int = 0  # starts in flight, greetings included (within parallel_starts)
+    next_token: int = 0
+    stopping: bool = False
+    now: float = -math.inf  # the time of the last event
+
+    def total(self) -> int:
+        """Pooled containers of every service, starting and ready."""
+        return sum(service.count() for service in self.services.values())
+
+    def find(self, token: int, state: EntryState) -> tuple[PoolEntry, PooledService]:
+        """Entry ``token`` in ``state`` and its service's record; ValueError if there is none
+        (a driver's mistake: an outcome for a container that is not in that state)."""
+        for service in self.services.values():
+            entry = service.entries.get(token)
+            if entry is not None and entry.state == state:
+                return entry, service
+        raise ValueError(f"pooled container {token} is not {state}")
+
+    def watched(self, token: int) -> PoolEntry | None:
+        """Ready or claimed entry ``token`` (its output is watched), None once it is gone."""
+        claimed = self.claimed.get(token)
+        if claimed is not None:
+            return claimed
+        for service in self.services.values():
+            entry = service.entries.get(token)
+            if entry is not None and entry.state == "ready":
+                return entry
+        return None
+
+    def stale(self, entry: PoolEntry, service: PooledService) -> bool:
+        """No longer wanted: the pool stops, or its image changed since it was started."""
+        return self.stopping or entry.generation != service.generation
+
+    # --- model checking ---------------------------------------------------------------------
+
+    def clone(self) -> Books:
+        """An independent copy (the records and claimed entries copied)."""
+        twin = shallow_copy(self)
+        twin.services = {name: service.clone() for name, service in self.services.items()}
+        twin.claimed = {token: shallow_copy(entry) for token, entry in self.claimed.items()}
+        return twin
+
+    def key(self) -> tuple[object, ...]:
+        """Their part of the machine's fingerprint (hashable)."""
+        return (
+            tuple((name, *service.key()) for name, service in self.services.items()),
+            tuple(entry.key() for entry in self.claimed.values()),
+            self.next_token,
+            self.starting,
+            self.stopping,
+            self.stages_mounts,
+            self.now,
         )
 
 

@@ -268,6 +268,7 @@ async def serve_orchestrator(
         starter.pool = await open_warm_pool(
             runtime,
             fabric.suite,
+            fabric.settings.pooling,
             identity=starter.identity,
             stopping=registry.stopping,
             teardown_deadline=registry.teardown_deadline,

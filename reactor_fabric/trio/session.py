@@ -47,7 +47,7 @@ from ..observe.redaction import SECRET_VALUES
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..policy.child_grant import ChildGrant
 from ..protocol.catalog import Catalog
-from ..protocol.fabric_server import FabricServer
+from ..protocol.fabric_server import FabricServer, FabricSetup
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import SessionMachine
 from ..protocol.settings import Settings
@@ -375,33 +375,21 @@ async def _fabric_driver(
     index = catalogs.indexed(catalog)
     if index is None:
         index = await trio.to_thread.run_sync(catalogs.discovery_index, catalog)
-    settings = parts.settings
-    buffer_to_server = settings.limits.buffer_to_server_bytes
-    machine = FabricServer(
+    setup = FabricSetup(
         catalog,
-        session_id=record.id,
-        mount_targets=[mount.target for mount in record.mounts],
-        exposure=options.exposure,
-        active=options.active,
-        version=__version__,
-        facts=settings.facts,
-        profiles=settings.profiles,
-        idle_timeouts=settings.idle_timeouts,
-        lifecycles=settings.lifecycles,
-        now=trio.current_time(),
+        record.id,
+        parts.settings,
         index=index,
-        token_budget=settings.token_budget,
-        assist=settings.assist,
-        audit_arguments=settings.audit_arguments,
-        own_backlog_bytes=buffer_to_server,
-        buffer_to_server_bytes=buffer_to_server,
+        mount_targets=tuple(mount.target for mount in record.mounts),
+        exposure=options.exposure,
+        active=frozenset(options.active),
         client_lease=lease.lease_seconds if lease is not None else None,
-        lock=settings.lock,
-        lock_mode=settings.lock_mode,
-        agents=settings.agents,
         agent_slots=parts.registry.agent_slots,
         redact=SECRET_VALUES.redacted,
+        now=trio.current_time(),
+        version=__version__,
     )
+    machine = FabricServer(setup)
     record.served, record.served_since = machine.served, machine.started_at
     host = _host(parts, record)
     return SessionDriver(

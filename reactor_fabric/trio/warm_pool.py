@@ -54,7 +54,6 @@ from .. import __version__
 from .._errors import FabricError
 from .._reasons import RUNTIME
 from ..config.structs import Service, Suite
-from ..config.structs import WarmPool as WarmPoolSettings
 from ..observe.metrics import Metrics
 from ..policy.accounts import UNPRIVILEGED, Account
 from ..policy.container_parts.ownership import ContainerIdentity
@@ -72,6 +71,7 @@ from ..protocol.pool_greeting import (
     GreetingFailed,
     initialize_request,
 )
+from ..protocol.settings import Pooling
 from ..protocol.warm_pool import (
     WarmPoolMachine,
 )
@@ -139,7 +139,7 @@ class WarmPool:
         self,
         runtime: Runtime,
         services: Mapping[str, Service],
-        settings: WarmPoolSettings,
+        pooling: Pooling,
         *,
         identity: ContainerIdentity,
         staging: Staging | None,
@@ -156,20 +156,8 @@ class WarmPool:
         self._teardown_deadline = teardown_deadline
         self._metrics = metrics
         # A service refused (for its secrets) gets no pooled container: each start would fail.
-        per_call = [
-            name
-            for name, service in services.items()
-            if service.strategy == "fresh_per_call" and service.warm and name not in refused
-        ]
         self.machine = WarmPoolMachine(
-            {name: 0 if name in refused else service.warm for name, service in services.items()},
-            max_containers=settings.max_containers,
-            parallel_starts=settings.parallel_starts,
-            initial_shape=UNPRIVILEGED,
-            fixed_shape=[name for name, service in services.items() if service.user is not None],
-            stages_mounts=staging is not None,
-            greets=per_call,
-            per_call=per_call,
+            pooling.without(refused), initial_shape=UNPRIVILEGED, stages_mounts=staging is not None
         )
         self._entries: dict[int, _Pooled] = {}
         self._discarding: dict[int, _Pooled] = {}
@@ -573,6 +561,7 @@ class WarmPool:
 async def open_warm_pool(
     runtime: Runtime,
     suite: Suite,
+    pooling: Pooling,
     *,
     identity: ContainerIdentity,
     stopping: trio.Event,
@@ -580,11 +569,12 @@ async def open_warm_pool(
     metrics: Metrics,
     refused: Collection[str] = (),
 ) -> WarmPool | None:
-    """The warm pool of ``suite``'s services, None if no service keeps one; with a staging
-    area for sessions' mounts where the runtime and the orchestrator's privileges allow it
-    (else the log says once why sessions with mounts get fresh containers). ``refused``: the
-    services refused for their secrets (none of them is pooled)."""
-    if not any(service.warm for service in suite.mcp_services.values()):
+    """The warm pool of ``suite``'s services, as ``pooling`` (the settings') says, None if no
+    service keeps one; with a staging area for sessions' mounts where the runtime and the
+    orchestrator's privileges allow it (else the log says once why sessions with mounts get
+    fresh containers). ``refused``: the services refused for their secrets (none of them is
+    pooled)."""
+    if not any(pooling.targets.values()):
         return None
     staging: StagingArea | None = None
     if runtime.capabilities.mounts_on_host_reach_containers:
@@ -605,7 +595,7 @@ async def open_warm_pool(
     return WarmPool(
         runtime,
         suite.mcp_services,
-        suite.orchestrator.warm_pool,
+        pooling,
         identity=identity,
         staging=staging,
         stopping=stopping,

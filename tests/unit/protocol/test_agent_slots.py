@@ -33,6 +33,7 @@ from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.protocol.settings import RelaySettings
 from tests.messages import INITIALIZE, INITIALIZED, request
 from tests.served import served
+from tests.settings import fabric_server
 from tests.unit.protocol.test_fabric_lifecycles import answer, ready, sent, started_keys, stopped
 from tests.unit.protocol.test_fabric_server import CATALOG, Clock, msg, to_client
 from tests.unit.protocol.test_session_machine import PER_CALL, Run, call, response
@@ -44,7 +45,7 @@ LIFECYCLES = {AGENT: Lifecycle("fresh_per_call")}
 
 def fabric_session(slots: AgentSlots, session_id: str) -> tuple[FabricServer, Clock]:
     clock = Clock()
-    server = FabricServer(
+    server = fabric_server(
         CATALOG,
         session_id=session_id,
         version="9",

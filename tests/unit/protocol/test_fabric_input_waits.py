@@ -31,6 +31,7 @@ from reactor_fabric.protocol.events import (
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.input_waits import INPUT_WAIT_SECONDS
 from reactor_fabric.protocol.tool_calls import ToolCallDone
+from tests.settings import fabric_server
 from tests.unit.protocol.test_fabric_server import CATALOG, CLOCKS, Clock, msg, to_client
 
 PER_CALL = {"time": Lifecycle("fresh_per_call")}
@@ -49,7 +50,7 @@ def envelope(*capabilities: str) -> dict[str, Any]:
 def stateless(lifecycles: dict[str, Lifecycle] | None = None) -> tuple[FabricServer, Clock]:
     """A 2026-07-28 client's session: it never sends initialize."""
     clock = Clock()
-    server = FabricServer(
+    server = fabric_server(
         CATALOG,
         session_id="s1",
         version="9",

@@ -118,6 +118,7 @@ from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
 from tests import orderings
 from tests.messages import INITIALIZED, request
 from tests.orderings import Violation, check
+from tests.settings import fabric_server
 
 SERVICES = ("alpha", "beta")
 CATALOG = Catalog(
@@ -821,7 +822,7 @@ def advance(world: World, step: Callable[[World], list[Action]], trail: list[str
 def explore() -> int:
     """Visit every reachable state once; the number visited."""
     own_backlog = OWN_BACKLOG if OWN_BACKLOG is not None else 1 << 40
-    machine = FabricServer(
+    machine = fabric_server(
         CATALOG,
         session_id="s",
         version="0",
@@ -1033,7 +1034,7 @@ def test_the_checker_catches_a_machine_that_never_takes_written_bytes_off_its_co
 
 
 def test_a_clone_of_the_machine_is_independent_and_fingerprinted_alike() -> None:
-    machine = FabricServer(CATALOG, session_id="s", count_tokens=lambda _d: 1)
+    machine = fabric_server(CATALOG, session_id="s", count_tokens=lambda _d: 1)
     for frame in SCRIPT:
         machine.handle(ClientFrame(frame), 0.0)
     twin = machine.clone()

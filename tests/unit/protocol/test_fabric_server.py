@@ -56,6 +56,7 @@ from reactor_fabric.protocol.fabric_refresh import (
 from reactor_fabric.protocol.fabric_roster import MAX_QUEUED_PER_BACKEND
 from reactor_fabric.protocol.fabric_server import FabricServer
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
+from tests.settings import fabric_server
 
 CATALOG = Catalog(
     {
@@ -170,7 +171,7 @@ def session(**options: Any) -> FabricServer:
     # These helpers report a write to a backend only where a test says so (the driver reports
     # each): the stall rule is left out unless a test asks for it (see its own tests).
     options.setdefault("stall_timeout", math.inf)
-    server = FabricServer(CATALOG, session_id="s1", version="9", **options)
+    server = fabric_server(CATALOG, session_id="s1", version="9", **options)
     if clock is not None:
         CLOCKS[server] = clock
     initialize = msg(
@@ -215,7 +216,7 @@ def call(server: FabricServer, request_id: object, tool: str, /, **arguments: An
 
 
 def test_initialize_advertises_tools_that_change_and_negotiates_a_known_version() -> None:
-    server = FabricServer(CATALOG, session_id="s", version="9")
+    server = fabric_server(CATALOG, session_id="s", version="9")
     [answer] = to_client(
         client(server, msg(id=1, method="initialize", params={"protocolVersion": "1999"}))
     )
@@ -226,7 +227,7 @@ def test_initialize_advertises_tools_that_change_and_negotiates_a_known_version(
 
 
 def test_a_stateless_client_discovers_the_server() -> None:
-    server = FabricServer(CATALOG, session_id="s")
+    server = fabric_server(CATALOG, session_id="s")
     [answer] = to_client(client(server, msg(id="d", method="server/discover")))
     assert answer["result"]["supportedVersions"] == ["2026-07-28"]
     assert answer["result"]["capabilities"]["tools"]["listChanged"] is True
@@ -761,7 +762,7 @@ def test_a_list_change_of_a_service_the_client_does_not_list_is_not_announced() 
 
 
 def test_a_stateless_listener_is_acknowledged_and_told_of_list_changes() -> None:
-    server = FabricServer(CATALOG, session_id="s")
+    server = fabric_server(CATALOG, session_id="s")
     listen = msg(
         id=9,
         method="subscriptions/listen",
@@ -938,7 +939,7 @@ def test_a_hostile_list_makes_a_bounded_report() -> None:
 
 
 def test_activation_never_changes_a_stateless_clients_list_within_its_connection() -> None:
-    server = FabricServer(CATALOG, session_id="s")
+    server = fabric_server(CATALOG, session_id="s")
     actions = call(server, 1, "activate_servers", servers=["git"])
     [answer] = to_client(actions)
     assert answer["result"]["structuredContent"]["reconnect_required"] is True
@@ -1038,7 +1039,7 @@ ENVELOPE_META = {
 
 
 def test_a_stateless_clients_results_are_complete_and_its_lists_say_how_to_cache_them() -> None:
-    server = FabricServer(CATALOG, session_id="s")
+    server = fabric_server(CATALOG, session_id="s")
     [listed] = to_client(
         client(server, msg(id=1, method="tools/list", params={"_meta": ENVELOPE_META}))
     )
@@ -1049,7 +1050,7 @@ def test_a_stateless_clients_results_are_complete_and_its_lists_say_how_to_cache
 
 
 def test_a_stateless_call_reaches_a_handshake_era_server_without_the_envelope() -> None:
-    server = FabricServer(CATALOG, session_id="s")
+    server = fabric_server(CATALOG, session_id="s")
     client(
         server,
         msg(
@@ -1073,7 +1074,7 @@ def test_a_handshake_era_clients_results_are_passed_as_they_are() -> None:
 
 
 def test_subscriptions_are_bounded_and_one_the_client_cancels_is_forgotten() -> None:
-    server = FabricServer(CATALOG, session_id="s")
+    server = fabric_server(CATALOG, session_id="s")
     listen = {"notifications": {"toolsListChanged": True}}
     for index in range(MAX_LISTENERS):
         client(server, msg(id=f"l{index}", method="subscriptions/listen", params=listen))
@@ -1651,7 +1652,7 @@ GHOST_TOOLS = [{"name": "haunt", "description": "Haunt a time zone at midnight"}
 def ghost_session(*, learned_before: bool, **options: Any) -> FabricServer:
     ghost = dataclasses.replace(MISSING, tools=tuple(GHOST_TOOLS)) if learned_before else MISSING
     catalog = Catalog({**CATALOG.services, "ghost": ghost})
-    server = FabricServer(catalog, session_id="s1", version="9", **options)
+    server = fabric_server(catalog, session_id="s1", version="9", **options)
     client(server, msg(id=0, method="initialize", params={"protocolVersion": "2025-06-18"}))
     return server
 

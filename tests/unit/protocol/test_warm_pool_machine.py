@@ -9,12 +9,8 @@ from typing import Any
 
 import pytest
 
-from reactor_fabric.protocol.warm_pool import (
-    EARLY_STDOUT_BYTES,
-    HEALTHY_SECONDS,
-    IMAGE_CHECK_SECONDS,
-    WarmPoolMachine,
-)
+from reactor_fabric.protocol.settings import Pooling
+from reactor_fabric.protocol.warm_pool import IMAGE_CHECK_SECONDS, WarmPoolMachine
 from reactor_fabric.protocol.warm_pool_entries import (
     BACKOFF_MAX_SECONDS,
     PER_CALL_CEILING,
@@ -44,6 +40,7 @@ from reactor_fabric.protocol.warm_pool_events import (
     Tick,
     Watched,
 )
+from reactor_fabric.protocol.warm_pool_health import EARLY_STDOUT_BYTES, HEALTHY_SECONDS
 
 NOBODY = "65534:65534"
 USER = "1000:1000"
@@ -59,16 +56,15 @@ def machine(
     greets: tuple[str, ...] = (),
     per_call: tuple[str, ...] = (),
 ) -> WarmPoolMachine:
-    return WarmPoolMachine(
+    pooling = Pooling(
         targets if targets is not None else {"time": 2},
         max_containers=max_containers,
         parallel_starts=parallel,
-        initial_shape=NOBODY,
-        fixed_shape=fixed_shape,
-        stages_mounts=stages_mounts,
-        greets=greets,
-        per_call=per_call,
+        fixed_shape=frozenset(fixed_shape),
+        greets=frozenset(greets),
+        per_call=frozenset(per_call),
     )
+    return WarmPoolMachine(pooling, initial_shape=NOBODY, stages_mounts=stages_mounts)
 
 
 def feed(pool: WarmPoolMachine, event: Event, now: float = 0.0) -> list[Action]:
@@ -489,7 +485,7 @@ def burst(pool: WarmPoolMachine, service: str, calls: int, now: float) -> list[S
         for claim in [a for a in actions if isinstance(a, Claim)]:
             actions += feed(pool, Watched(claim.token), now)
         starts += [a for a in actions if isinstance(a, StartPooled)]
-        assert pool.starting <= pool._parallel_starts  # the refill bound, at every take
+        assert pool.starting <= pool.refills.parallel_starts  # the refill bound, at every take
     return starts
 
 
@@ -518,7 +514,7 @@ def test_a_burst_larger_than_the_ceiling_grows_the_pool_to_the_ceiling_only() ->
     assert most <= 2
     assert pool.pooled("agent") == PER_CALL_CEILING
     # What is kept of the takes is bounded by the ceiling, however many there were.
-    assert len(pool._services["agent"].takes) == PER_CALL_CEILING
+    assert len(pool.books.services["agent"].takes) == PER_CALL_CEILING
 
 
 def test_a_per_call_service_whose_warm_is_above_the_ceiling_keeps_its_warm() -> None:
@@ -539,7 +535,7 @@ def test_an_idle_per_call_service_decays_back_to_warm_one_take_at_a_time_oldest_
         pending += burst(pool, "agent", 1, now=second)
     drain(pool, pending, now=14.0)
     assert pool.ready("agent") == 4
-    oldest_first = sorted(e.token for e in pool._services["agent"].entries.values())
+    oldest_first = sorted(e.token for e in pool.books.services["agent"].entries.values())
     # Idle: each take leaves the window at its own deadline, and one surplus container goes.
     steps: list[tuple[float, list[RemovePooled]]] = []
     while pool.pooled("agent") > 1:
@@ -558,7 +554,7 @@ def test_an_idle_per_call_service_decays_back_to_warm_one_take_at_a_time_oldest_
     assert pool.target("agent") == 1
     # Back at warm; the last take leaves the window too, and nothing more goes.
     assert feed(pool, Tick(), 13.0 + window) == []
-    assert pool._services["agent"].takes == ()
+    assert pool.books.services["agent"].takes == ()
     assert pool.pooled("agent") == 1
 
 

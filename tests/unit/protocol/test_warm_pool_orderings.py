@@ -51,11 +51,8 @@ from typing import Any
 
 import pytest
 
-from reactor_fabric.protocol.warm_pool import (
-    EARLY_STDOUT_BYTES,
-    IMAGE_CHECK_SECONDS,
-    WarmPoolMachine,
-)
+from reactor_fabric.protocol.settings import Pooling
+from reactor_fabric.protocol.warm_pool import IMAGE_CHECK_SECONDS, WarmPoolMachine
 from reactor_fabric.protocol.warm_pool_entries import (
     PER_CALL_CEILING,
     RATE_WINDOW_SECONDS,
@@ -86,6 +83,9 @@ from reactor_fabric.protocol.warm_pool_events import (
     Tick,
     Watched,
 )
+from reactor_fabric.protocol.warm_pool_health import EARLY_STDOUT_BYTES, Health
+from reactor_fabric.protocol.warm_pool_refills import Refills
+from reactor_fabric.protocol.warm_pool_takes import Takes
 from tests import orderings
 from tests.orderings import Violation, check
 
@@ -550,16 +550,15 @@ def advance(world: World, make_event: Callable[[World], Event], trail: list[str]
 
 def explore() -> int:
     """Visit every reachable state once; the number visited."""
-    machine = WarmPoolMachine(
+    pooling = Pooling(
         TARGETS,
         max_containers=MAX_CONTAINERS,
         parallel_starts=PARALLEL_STARTS,
-        initial_shape=X,
-        fixed_shape=FIXED,
-        stages_mounts=True,
-        greets=GREETS,
-        per_call=PER_CALL,
+        fixed_shape=frozenset(FIXED),
+        greets=frozenset(GREETS),
+        per_call=frozenset(PER_CALL),
     )
+    machine = WarmPoolMachine(pooling, initial_shape=X, stages_mounts=True)
     start = World(machine)
     first: list[str] = ["begin"]
     apply(start, Tick(), machine.handle(Tick(), 0.0), first)  # the driver's first Tick
@@ -622,12 +621,12 @@ def test_every_reachable_state_of_a_pool_that_follows_its_takes_keeps_the_invari
     assert explore() >= 10_000
 
 
-def _no_trim(self: WarmPoolMachine) -> list[Action]:
+def _no_trim(self: Refills) -> list[Action]:
     # Forgets to give back what the target no longer asks for.
     return []
 
 
-def _no_window(self: WarmPoolMachine, now: float) -> None:
+def _no_window(self: Refills, now: float) -> None:
     # Counts every take ever made (the target never falls back).
     return
 
@@ -635,16 +634,16 @@ def _no_window(self: WarmPoolMachine, now: float) -> None:
 @pytest.mark.parametrize(
     ("method", "bug", "caught"),
     [
-        ("_trim", _no_trim, "keeps a surplus ready"),
+        ("trim", _no_trim, "keeps a surplus ready"),
         # (the takes' deadline comes, and the Tick at it changes nothing: a spin)
-        ("_forget_takes", _no_window, "a Tick left .* due"),
+        ("forget_takes", _no_window, "a Tick left .* due"),
     ],
     ids=["trim", "window"],
 )
 def test_the_checker_catches_a_pool_that_does_not_shrink_back(
     monkeypatch: pytest.MonkeyPatch, method: str, bug: Callable[..., Any], caught: str
 ) -> None:
-    monkeypatch.setattr(WarmPoolMachine, method, bug)
+    monkeypatch.setattr(Refills, method, bug)
     rate_world(monkeypatch)
     with pytest.raises(Violation, match=caught):
         explore()
@@ -653,31 +652,31 @@ def test_the_checker_catches_a_pool_that_does_not_shrink_back(
 def _starts_after_shutdown(self: WarmPoolMachine) -> list[Action]:
     # Retires the ready ones but forgets that the pool stops: refills go on.
     retired: list[Action] = []
-    for name, service in self._services.items():
+    for name, service in self.books.services.items():
         for entry in service.ready():
             del service.entries[entry.token]
             retired.append(RemovePooled(entry.token, name, "stopping"))
     return retired
 
 
-def _any_account(self: WarmPoolMachine, event: Take) -> list[Action]:
+def _any_account(self: Takes, event: Take) -> list[Action]:
     # Hands out the oldest ready container whatever its account.
-    service = self._services.get(event.service)
-    if service is None or self._stopping or event.mounts:
+    service = self.books.services.get(event.service)
+    if service is None or self.books.stopping or event.mounts:
         return [Missed(event.service, "not_pooled")]
     for entry in service.ready():
         del service.entries[entry.token]
         entry.state = "claimed"
-        self._claimed[entry.token] = entry
+        self.books.claimed[entry.token] = entry
         return [Claim(entry.token, event.service)]
     return [Missed(event.service, "empty")]
 
 
-def _claimed_again(self: WarmPoolMachine, event: Take) -> list[Action]:
+def _claimed_again(self: Takes, event: Take) -> list[Action]:
     # With none ready, hands out one already claimed by another session (still in the books).
     actions = ORIGINAL_TAKE(self, event)
     if Missed(event.service, "empty") in actions:
-        for token, entry in self._claimed.items():
+        for token, entry in self.books.claimed.items():
             if entry.service == event.service:
                 return [Claim(token, event.service)]
     return actions
@@ -690,7 +689,7 @@ def _stale_kept(
     self._images_at = now + IMAGE_CHECK_SECONDS
     actions: list[Action] = []
     for name, image in images:
-        service = self._services[name]
+        service = self.books.services[name]
         known, service.image = service.image, image
         if known is not None and known != image:
             actions.append(ImageChanged(name))
@@ -698,47 +697,47 @@ def _stale_kept(
     return actions
 
 
-def _over_the_cap(self: WarmPoolMachine, now: float) -> list[Action]:
+def _over_the_cap(self: Refills, now: float) -> list[Action]:
     # Counts the cap one too high.
-    self._max_containers += 1
+    self.max_containers += 1
     try:
         return ORIGINAL_STARTS(self, now)
     finally:
-        self._max_containers -= 1
+        self.max_containers -= 1
 
 
-def _kept_after_start(self: WarmPoolMachine, token: int, now: float) -> list[Action]:
+def _kept_after_start(self: Health, token: int, now: float) -> list[Action]:
     # A start that completes after shutdown is forgotten instead of removed.
-    if self._stopping:
-        _, service = self._find_starting(token)
-        self._starting -= 1
+    if self.books.stopping:
+        _, service = self.books.find(token, "starting")
+        self.books.starting -= 1
         del service.entries[token]
         return []
     return ORIGINAL_SUCCEEDED(self, token, now)
 
 
-def _greeted_to_anyone(self: WarmPoolMachine, event: Take) -> list[Action]:
+def _greeted_to_anyone(self: Takes, event: Take) -> list[Action]:
     # Takes every session for a fabric per-call backend: a relay session gets greeted ones.
     return ORIGINAL_TAKE(
         self, Take(event.service, event.account, event.mounts, event.placeable, greeted=True)
     )
 
 
-ORIGINAL_TAKE = WarmPoolMachine._take
-ORIGINAL_STARTS = WarmPoolMachine._starts
-ORIGINAL_SUCCEEDED = WarmPoolMachine._start_succeeded
+ORIGINAL_TAKE = Takes.take
+ORIGINAL_STARTS = Refills.starts
+ORIGINAL_SUCCEEDED = Health.start_succeeded
 
 
 @pytest.mark.parametrize(
-    ("method", "bug", "caught", "takes", "checks"),
+    ("part", "method", "bug", "caught", "takes", "checks"),
     [
-        ("_stop", _starts_after_shutdown, "started after shutdown", 2, 1),
-        ("_take", _any_account, "of another account", 2, 1),
-        ("_take", _claimed_again, "claimed twice", 2, 1),
-        ("_starts", _over_the_cap, "the global cap exceeded", 2, 1),
-        ("_start_succeeded", _kept_after_start, "pooled, the world has", 2, 1),
-        ("_images_checked", _stale_kept, "claimed after an image change", 1, 2),
-        ("_take", _greeted_to_anyone, "greeted, to a relay session", 3, 1),
+        (WarmPoolMachine, "_stop", _starts_after_shutdown, "started after shutdown", 2, 1),
+        (Takes, "take", _any_account, "of another account", 2, 1),
+        (Takes, "take", _claimed_again, "claimed twice", 2, 1),
+        (Refills, "starts", _over_the_cap, "the global cap exceeded", 2, 1),
+        (Health, "start_succeeded", _kept_after_start, "pooled, the world has", 2, 1),
+        (WarmPoolMachine, "_images_checked", _stale_kept, "claimed after an image change", 1, 2),
+        (Takes, "take", _greeted_to_anyone, "greeted, to a relay session", 3, 1),
     ],
     ids=[
         "start-after-shutdown",
@@ -752,14 +751,16 @@ ORIGINAL_SUCCEEDED = WarmPoolMachine._start_succeeded
 )
 def test_the_checker_catches_a_machine_that_breaks_an_invariant(
     monkeypatch: pytest.MonkeyPatch,
+    part: type,
     method: str,
     bug: Callable[..., list[Action]],
     caught: str,
     takes: int,
     checks: int,
 ) -> None:
-    # The invariants must be able to fail: break the machine, and exploring finds it.
-    monkeypatch.setattr(WarmPoolMachine, method, bug)
+    # The invariants must be able to fail: break the machine (the part that has the method),
+    # and exploring finds it.
+    monkeypatch.setattr(part, method, bug)
     monkeypatch.setattr(sys.modules[__name__], "TAKES", takes)
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 1)
     monkeypatch.setattr(sys.modules[__name__], "CHECKS", checks)

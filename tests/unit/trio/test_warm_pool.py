@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from reactor_fabric import SecurityViolation
+from reactor_fabric.config.secrets import ServiceSecrets
 from reactor_fabric.config.structs import Orchestrator, Service, Suite
 from reactor_fabric.config.structs import WarmPool as PoolSettings
 from reactor_fabric.policy.container_parts.ownership import (
@@ -28,10 +29,8 @@ from reactor_fabric.policy.container_parts.ownership import (
 from reactor_fabric.policy.container_parts.resources import DEFAULT_CPU_SHARES, POOLED_CPU_SHARES
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import PinSet
-from reactor_fabric.protocol.warm_pool import (
-    EARLY_STDOUT_BYTES,
-    IMAGE_CHECK_SECONDS,
-)
+from reactor_fabric.protocol.warm_pool import IMAGE_CHECK_SECONDS
+from reactor_fabric.protocol.warm_pool_health import EARLY_STDOUT_BYTES
 from reactor_fabric.runtime.base import ManagedContainer
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.runtime.staging import NotStageable, PropagationMissing, StagedMount
@@ -155,10 +154,11 @@ async def warm_pool(
     *,
     server: Server = scripted_mcp_server,
     staging: FakeStaging | None = None,
+    secrets: Mapping[str, ServiceSecrets] | None = None,
     **settings: Any,
 ) -> AsyncIterator[Pooled]:
     async with open_memory_runtime(server) as engine:
-        fabric = assemble(suite(root, **settings), runtime=engine, network="none")
+        fabric = assemble(suite(root, **settings), runtime=engine, network="none", secrets=secrets)
         pool = warm_pool_of(fabric, staging)
         fabric.starter.pool = pool
         async with trio.open_nursery() as nursery:
@@ -341,6 +341,18 @@ async def test_a_rebuilt_image_retires_the_pooled_containers_of_the_old_one(
         await trio.sleep(IMAGE_CHECK_SECONDS + 1)
         await h.filled()
         assert {server.id for server in h.pooled()}.isdisjoint(old)
+
+
+async def test_a_per_call_service_refused_for_its_secrets_keeps_no_pooled_container(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Each of its starts would fail: the pool neither starts one nor follows its takes.
+    refused = {"svc": ServiceSecrets(problems=("GITHUB_TOKEN is not set",))}
+    async with warm_pool(tmp_path, strategy=PER_CALL, secrets=refused) as h:
+        await trio.sleep(IMAGE_CHECK_SECONDS + 1)
+        assert h.pool.machine.services == frozenset()
+        assert h.pooled() == []
+        assert h.engine.spawned == []
 
 
 async def test_on_shutdown_pooled_containers_go_and_sessions_start_fresh_ones(
