@@ -8,7 +8,8 @@ from typing import Any
 
 from reactor_fabric.protocol.catalog import Catalog
 from reactor_fabric.protocol.fabric_roster import Limits
-from reactor_fabric.protocol.fabric_server import FabricServer, FabricSetup
+from reactor_fabric.protocol.fabric_server import FabricServer
+from reactor_fabric.protocol.fabric_setup import FabricSetup
 from reactor_fabric.protocol.settings import Settings
 
 SETTINGS_FIELDS = frozenset(field.name for field in dataclasses.fields(Settings))

@@ -27,7 +27,6 @@ agent call: the orchestrator's count of them (``orchestrator.agents``) may refus
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -38,10 +37,9 @@ from .._reasons import (
     REFRESH_MEMORY,
     TOO_MANY_PER_CALL_CONTAINERS,
 )
-from .agent_slots import AgentSlots
 from .answers import container_exited
 from .backend import Role, measured
-from .catalog import Catalog, Entry, Redact
+from .catalog import Catalog, Entry
 from .events import (
     Action,
     BackendBroken,
@@ -57,17 +55,16 @@ from .events import (
     ToClient,
 )
 from .fabric_backends import BackendTable
-from .fabric_discovery import ServiceFacts
 from .fabric_exchanges import Exchanges, OwnReply, call_ref
 from .fabric_messages import encoder, for_backend, notification_bytes
 from .fabric_refresh import Relists
 from .fabric_relists import REFRESH, Relisting
 from .fabric_replies import Replies
-from .fabric_roster import MAX_PER_CALL_CONTAINERS, MAX_QUEUED_PER_BACKEND, Limits, Waiting
+from .fabric_roster import MAX_PER_CALL_CONTAINERS, MAX_QUEUED_PER_BACKEND, Waiting
+from .fabric_setup import FabricSetup, backend_limits
 from .input_waits import offered
-from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS
-from .suite_lock import Mode, SuiteLock, withheld_error
+from .suite_lock import withheld_error
 
 BackendEvent = (
     BackendStarted | BackendStartFailed | BackendLine | BackendBroken | BackendExited | StdinWritten
@@ -81,25 +78,8 @@ MAX_PENDING = 512
 class FabricRouter:
     """A session's backends, routed to and heard from (see the module's docs)."""
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        replies: Replies,
-        *,
-        session_id: str,
-        mount_targets: Iterable[str],
-        version: str,
-        facts: Mapping[str, ServiceFacts],
-        count_tokens: Callable[[Json], int],
-        redact: Redact,
-        lifecycles: Mapping[str, Lifecycle],
-        idle_timeouts: Mapping[str, float],
-        limits: Limits,
-        lock: SuiteLock | None,
-        lock_mode: Mode,
-        agents: Iterable[str],
-        agent_slots: AgentSlots | None,
-    ) -> None:
+    def __init__(self, setup: FabricSetup, replies: Replies) -> None:
+        settings = setup.settings
         self.replies = replies
         self.exchanges = Exchanges(replies)
         relists = Relists()  # (a backend's end forgets its lists: the table's too)
@@ -107,28 +87,28 @@ class FabricRouter:
             replies,
             self.exchanges,
             relists,
-            version=version,
-            lifecycles=lifecycles,
-            idle_timeouts=idle_timeouts,
-            limits=limits,
+            version=setup.version,
+            lifecycles=settings.lifecycles,
+            idle_timeouts=settings.idle_timeouts,
+            limits=setup.limits or backend_limits(settings),
         )
         self.relisting = Relisting(
-            catalog,
+            setup.catalog,
             relists,
             self.table,
             self.exchanges,
-            facts=facts,
-            count_tokens=count_tokens,
-            redact=redact,
-            lock=lock,
-            lock_mode=lock_mode,
+            facts=dict(settings.facts),
+            count_tokens=setup.count_tokens,
+            redact=setup.redact,
+            lock=settings.lock,
+            lock_mode=settings.lock_mode,
         )
-        self.session_id = session_id  # (what the shared count of agent calls holds it by)
-        self.roots = [{"uri": f"file://{target}", "name": target} for target in mount_targets]
+        self.session_id = setup.session_id  # (what the shared count of agent calls holds it by)
+        self.roots = [{"uri": f"file://{target}", "name": target} for target in setup.mount_targets]
         # The llm_agent services, whose calls are agent calls, and the orchestrator's shared
         # count of them (None: no limit, as in most tests).
-        self.agents = frozenset(agents)
-        self.agent_slots = agent_slots
+        self.agents = frozenset(settings.agents)
+        self.agent_slots = setup.agent_slots
         self._backend_bytes = 0  # the size of the backend message being handled
 
     @property

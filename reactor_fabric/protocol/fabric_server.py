@@ -6,7 +6,7 @@ lists the suite's tools, prompts and resources from the catalog under their show
 the endpoint's own tools first (:mod:`.fabric_lists`), and has each call routed to its
 service's backend.
 
-:class:`FabricServer` is made from a :class:`FabricSetup`: the orchestrator's frozen settings
+:class:`FabricServer` is made from a :class:`~.fabric_setup.FabricSetup`: the orchestrator's frozen settings
 (:class:`~.settings.Settings`, built once from the suite) and what is the session's own (its
 id, catalog and index, mounts, exposure and active services, client lease, the shared count of
 agent calls, the redaction of secrets, the time it opens). It holds its parts as fields: its
@@ -44,17 +44,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from .._errors import FabricError, InvalidRequest, ParseError
 from .._reasons import INVALID_JSON, ORCHESTRATOR_STOPPING
-from ..discovery import DiscoveryIndex
-from ..discovery.tokens import count_definition
-from .agent_slots import AgentSlots
 from .answers import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -62,7 +58,7 @@ from .answers import (
     log_notification,
     session_ending,
 )
-from .catalog import Catalog, Redact, unredacted
+from .catalog import Catalog
 from .client_lease import ClientLease
 from .events import (
     Action,
@@ -105,13 +101,13 @@ from .fabric_meta_tools import (
 )
 from .fabric_refresh import Refreshed
 from .fabric_replies import Replies
-from .fabric_roster import Limits, Routed
+from .fabric_roster import Routed
 from .fabric_router import FabricRouter
+from .fabric_setup import FabricSetup
 from .jsonrpc import RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
 from .served import Served
-from .settings import Settings
 
 __all__ = ["Exposure", "FabricServer", "FabricSetup", "Lifecycle"]
 
@@ -126,39 +122,6 @@ LISTED = {
 }
 
 
-@dataclass(frozen=True)
-class FabricSetup:
-    """What one fabric-endpoint session is made from: the orchestrator's settings and what is
-    the session's own (see the module's docs)."""
-
-    catalog: Catalog
-    session_id: str
-    settings: Settings = field(default_factory=Settings)
-    # The ranking index of ``catalog``: the orchestrator's (built once per catalog); None:
-    # built here.
-    index: DiscoveryIndex | None = None
-    mount_targets: tuple[str, ...] = ()  # the session's mounts, as its backends' roots
-    exposure: Exposure = "discover"
-    active: frozenset[str] = frozenset()  # the services shown from the start
-    client_lease: float | None = None  # (see .client_lease; None: the client does not leave)
-    # The orchestrator's shared count of agent calls (None: no limit, as in most tests).
-    agent_slots: AgentSlots | None = None
-    redact: Redact = unredacted  # the secrets' values, out of what the session keeps
-    now: float = 0.0  # when it opens
-    version: str = "0"  # the orchestrator's, in serverInfo and the backends' handshake
-    count_tokens: Callable[[Json], int] = count_definition
-    # The session's bounds on its backends; None: the settings' (see backend_limits).
-    limits: Limits | None = None
-
-
-def backend_limits(settings: Settings) -> Limits:
-    """The session's bounds on its backends from the settings: the relay's bound on what waits
-    for a server (buffer_to_server_bytes), for what waits and for the endpoint's own messages
-    alike, and its stall timeout (the one rule of a backend that stopped reading)."""
-    relay = settings.session_limits
-    return Limits(relay.to_server_bytes, relay.to_server_bytes, relay.stdin_stall_timeout)
-
-
 class FabricServer:
     """The MCP server of one fabric-endpoint session (see the module's docs)."""
 
@@ -169,23 +132,7 @@ class FabricServer:
         self.replies = Replies(now=now, audit_arguments=settings.audit_arguments)
         facts = dict(settings.facts)
         count_tokens = setup.count_tokens
-        self.router = FabricRouter(
-            catalog,
-            self.replies,
-            session_id=setup.session_id,
-            mount_targets=setup.mount_targets,
-            version=setup.version,
-            facts=facts,
-            count_tokens=count_tokens,
-            redact=setup.redact,
-            lifecycles=settings.lifecycles,
-            idle_timeouts=settings.idle_timeouts,
-            limits=setup.limits or backend_limits(settings),
-            lock=settings.lock,
-            lock_mode=settings.lock_mode,
-            agents=settings.agents,
-            agent_slots=setup.agent_slots,
-        )
+        self.router = FabricRouter(setup, self.replies)
         self.table = self.router.table  # (the router's backends: ticked and ended from here)
         self.lists = Lists(catalog, setup.exposure, set(setup.active))
         # What the meta-tools read of the suite, for the session's whole life.

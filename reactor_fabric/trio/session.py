@@ -47,7 +47,8 @@ from ..observe.redaction import SECRET_VALUES
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..policy.child_grant import ChildGrant
 from ..protocol.catalog import Catalog
-from ..protocol.fabric_server import FabricServer, FabricSetup
+from ..protocol.fabric_server import FabricServer
+from ..protocol.fabric_setup import FabricSetup
 from ..protocol.jsonrpc import error_response
 from ..protocol.session import SessionMachine
 from ..protocol.settings import Settings
