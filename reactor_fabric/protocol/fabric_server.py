@@ -6,10 +6,10 @@ lists the suite's tools, prompts and resources from the catalog under their show
 the endpoint's own tools first (:mod:`.fabric_lists`), and has each call routed to its
 service's backend.
 
-:class:`FabricServer` is made from a :class:`~.fabric_setup.FabricSetup`: the orchestrator's frozen settings
-(:class:`~.settings.Settings`, built once from the suite) and what is the session's own (its
-id, catalog and index, mounts, exposure and active services, client lease, the shared count of
-agent calls, the redaction of secrets, the time it opens). It holds its parts as fields: its
+:class:`FabricServer` is made from a :class:`~.fabric_setup.FabricSetup`: the orchestrator's
+frozen settings (:class:`~.settings.Settings`, built once from the suite) and what is the
+session's own (its id, catalog and index, mounts, exposure and active services, client lease,
+the shared count of agent calls, the redaction of secrets, the time it opens). It holds its parts as fields: its
 replies ledger (:class:`~.fabric_replies.Replies`: the client as it introduced itself, every
 answer it gets and the tool calls they end), its router
 (:class:`~.fabric_router.FabricRouter`: the calls routed, backends, ids both ways,
