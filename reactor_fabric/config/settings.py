@@ -1,6 +1,7 @@
 """A suite read into the orchestrator's settings (:class:`~reactor_fabric.protocol.settings.
-Settings`), once, when the suite is loaded: durations and sizes parsed, each service's
-lifecycle made, the facts the ranking reads collected. The serving assembly builds them
+Settings`), once, when the suite is loaded: durations and sizes as the numbers the structs
+parsed at load (:class:`~reactor_fabric.config.structs._ParsedOnce`), each service's lifecycle
+made, the facts the ranking reads collected. The serving assembly builds them
 (:func:`reactor_fabric.trio.serve.assemble`); nothing reads the suite's settings after.
 
 Resource handling: none. Error handling: none beyond what a valid suite cannot raise (the

@@ -2,12 +2,13 @@
 
 These mirror ``schemas/claude-mcp-suite.schema.json`` field for field (a test fails if they
 drift); defaults here equal the schema's ``default`` values. Instances are only ever built from
-data that already passed validation (see :mod:`reactor_fabric.config.suite`), so the derived
-properties below can parse without failing.
+data that already passed validation (see :mod:`reactor_fabric.config.suite`), so the durations and
+sizes parsed when they are made (:class:`_ParsedOnce`) parse without failing.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -26,12 +27,28 @@ ContainerStrategy = Literal["reuse_per_session", "fresh_per_call", "smart_refres
 ServiceType = Literal["tool_service", "llm_agent"]
 
 
-class Resources(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class _ParsedOnce(msgspec.Struct, frozen=True, dict=True):
+    """A struct with durations or sizes, each parsed once, when the struct is made: the suite's
+    are made by msgspec.convert when the suite is loaded, right after it was validated
+    (:func:`~reactor_fabric.config.suite.check_suite_text`), and nothing parses a unit string
+    after that. The fields keep the suite's words (the schema's types, what a message quotes);
+    each number is a functools.cached_property (``dict=True`` gives it room on the frozen
+    instance) that this hook fills at once, so a container start or a setting reads the
+    number, never the text."""
+
+    def __post_init__(self) -> None:
+        for klass in type(self).__mro__:
+            for name, attribute in vars(klass).items():
+                if isinstance(attribute, functools.cached_property):
+                    getattr(self, name)
+
+
+class Resources(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     memory: str | int = "512m"
     cpus: float = 1.0
     pids: int = 256
 
-    @property
+    @functools.cached_property
     def memory_bytes(self) -> int:
         return parse_size(self.memory)
 
@@ -73,7 +90,7 @@ class Account(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     description: str = ""
 
 
-class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Service(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     image: str
     description: str = ""
     config: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -104,7 +121,7 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     max_container_age: str | None = None
     memory_threshold: str | int | None = None
 
-    @property
+    @functools.cached_property
     def idle_timeout_seconds(self) -> float:
         return parse_duration(self.timeout)
 
@@ -136,16 +153,16 @@ class Service(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
             return list(DEFAULT_AGENT_EGRESS)
         return None
 
-    @property
+    @functools.cached_property
     def max_container_age_seconds(self) -> float | None:
         return None if self.max_container_age is None else parse_duration(self.max_container_age)
 
-    @property
+    @functools.cached_property
     def memory_threshold_bytes(self) -> int | None:
         return None if self.memory_threshold is None else parse_size(self.memory_threshold)
 
 
-class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Limits(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     max_connections: int = 512
     # Half of max_connections: a burst of 200 clients connecting at once is upgraded before
     # any first message is read (measured: with 64, 136 of 200 were refused with 503); each
@@ -157,23 +174,23 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     client_write_timeout: str = "30s"
     shutdown_timeout: str = "10s"
 
-    @property
+    @functools.cached_property
     def first_message_seconds(self) -> float:
         return parse_duration(self.first_message_timeout)
 
-    @property
+    @functools.cached_property
     def buffer_to_server_bytes(self) -> int:
         return parse_size(self.buffer_to_server)
 
-    @property
+    @functools.cached_property
     def buffer_to_client_bytes(self) -> int:
         return parse_size(self.buffer_to_client)
 
-    @property
+    @functools.cached_property
     def client_write_seconds(self) -> float:
         return parse_duration(self.client_write_timeout)
 
-    @property
+    @functools.cached_property
     def shutdown_seconds(self) -> float:
         return parse_duration(self.shutdown_timeout)
 
@@ -183,7 +200,7 @@ class Limits(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 DEFAULT_MOUNT_TARGETS = ("/workspace", "/projects")
 
 
-class ModelAssist(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class ModelAssist(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """analyze_task may ask the client's own model (sampling) when its confidence is low."""
 
     enabled: bool = False
@@ -191,7 +208,7 @@ class ModelAssist(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     timeout: str = "20s"
     candidates: int = 5
 
-    @property
+    @functools.cached_property
     def timeout_seconds(self) -> float:
         return parse_duration(self.timeout)
 
@@ -202,7 +219,7 @@ class FabricSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     model_assist: ModelAssist = msgspec.field(default_factory=ModelAssist)
 
 
-class Audit(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Audit(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The audit trail (see :mod:`reactor_fabric.observe.audit`)."""
 
     enabled: bool = True
@@ -211,7 +228,7 @@ class Audit(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tru
     max_size: str | int = "50m"
     keep: int = 5
 
-    @property
+    @functools.cached_property
     def max_bytes(self) -> int:
         return parse_size(self.max_size)
 
@@ -233,7 +250,7 @@ class KubernetesEgressProxy(msgspec.Struct, forbid_unknown_fields=True, frozen=T
     address: str | None = None
 
 
-class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Kubernetes(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """The Kubernetes runtime (see :mod:`reactor_fabric.runtime.kubernetes`)."""
 
     namespace: str | None = None
@@ -243,7 +260,7 @@ class Kubernetes(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     # None: services with an egress list are refused (egress_unavailable).
     egress_proxy: KubernetesEgressProxy | None = None
 
-    @property
+    @functools.cached_property
     def start_timeout_seconds(self) -> float:
         return parse_duration(self.start_timeout)
 
@@ -258,7 +275,7 @@ class Agents(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     max_depth: int = 1
 
 
-class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
         default_factory=lambda: list(DEFAULT_MOUNT_TARGETS)
@@ -280,7 +297,7 @@ class Orchestrator(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     accounts: dict[str, Account] = msgspec.field(default_factory=dict)
     agents: Agents = msgspec.field(default_factory=Agents)
 
-    @property
+    @functools.cached_property
     def max_message_bytes(self) -> int:
         return parse_size(self.max_message_size)
 
