@@ -9,9 +9,9 @@ service's backend.
 :class:`FabricServer` is made from a :class:`~.fabric_setup.FabricSetup`: the orchestrator's
 frozen settings (:class:`~.settings.Settings`, built once from the suite) and what is the
 session's own (its id, catalog and index, mounts, exposure and active services, client lease,
-the shared count of agent calls, the redaction of secrets, the time it opens). It holds its parts as fields: its
-replies ledger (:class:`~.fabric_replies.Replies`: the client as it introduced itself, every
-answer it gets and the tool calls they end), its router
+the shared count of agent calls, the redaction of secrets, the time it opens). It holds its
+parts as fields: its replies ledger (:class:`~.fabric_replies.Replies`: the client as it
+introduced itself, every answer it gets and the tool calls they end), its router
 (:class:`~.fabric_router.FabricRouter`: the calls routed, backends, ids both ways,
 cancellation, backends' questions, refreshes; made with the ledger, which both answer
 through), the router's backends (:attr:`FabricServer.table`, which
