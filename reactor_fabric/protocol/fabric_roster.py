@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Set
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -114,6 +114,11 @@ class Roster:
         limits: Limits,
     ) -> None:
         self.lifecycles = dict(lifecycles)
+        # The smart_refresh services: the only ones the rules between calls act on (asked after
+        # every event, so a suite without any skips them at once).
+        self.refreshed = frozenset(
+            name for name, lifecycle in lifecycles.items() if lifecycle.strategy == "smart_refresh"
+        )
         self.idle_timeouts = dict(idle_timeouts)
         self.limits = limits
         # Every backend the router counts on, and each service's current (shared) one among
@@ -178,7 +183,7 @@ class Roster:
             b.stdin.pending + sum(len(w.line) for w in b.queue) <= bound for b in self.all.values()
         )
 
-    def deadlines(self, busy: Set[BackendKey]) -> list[float]:
+    def deadlines(self, busy: Container[BackendKey]) -> list[float]:
         """When a backend whose stdin does not move counts as no longer reading it, when idle
         backends stop, and when current smart_refresh backends between calls reach their
         ``max_container_age`` (retired then, as the relay does, rather than at the next
@@ -197,7 +202,7 @@ class Roster:
                 due.append(aged)
         return due
 
-    def idle(self, now: float, busy: Set[BackendKey]) -> list[Routed]:
+    def idle(self, now: float, busy: Container[BackendKey]) -> list[Routed]:
         """The current backends idle for their service's timeout (per-call and retiring ones go
         when their calls end: see done)."""
         return [
@@ -208,19 +213,23 @@ class Roster:
             and backend.last_active + self.idle_timeouts.get(service, math.inf) <= now
         ]
 
-    def spent_between_calls(self, now: float, busy: Set[BackendKey]) -> list[tuple[Routed, str]]:
+    def spent_between_calls(
+        self, now: float, busy: Container[BackendKey]
+    ) -> list[tuple[Routed, str]]:
         """Current smart_refresh backends past their bounds with no call in flight, and the
         bound each reached: to be retired now rather than at the next call."""
         found: list[tuple[Routed, str]] = []
+        if not self.refreshed:
+            return found
         for service, backend in self.current.items():
-            if self.lifecycle(service).strategy != "smart_refresh" or not backend.ready:
+            if service not in self.refreshed or not backend.ready:
                 continue
             bound = self.spent(backend, now)
             if bound is not None and backend.key not in busy:
                 found.append((backend, bound))
         return found
 
-    def done(self, busy: Set[BackendKey]) -> list[tuple[BackendKey, str]]:
+    def done(self, busy: Container[BackendKey]) -> list[tuple[BackendKey, str]]:
         """Remove the backends whose work is done — a per-call one whose call ended (and whose
         requests to the client were answered), a retiring one whose calls ended — with their
         stop reasons. One still starting waits for its start: a stop before would find
@@ -233,12 +242,14 @@ class Roster:
             done.append((key, CALL_DONE if backend.role is Role.CALL else backend.retired))
         return done
 
-    def to_measure(self, busy: Set[BackendKey]) -> list[Action]:
+    def to_measure(self, busy: Container[BackendKey]) -> list[Action]:
         """A smart_refresh backend with a ``memory_threshold`` is measured between calls (ready,
         nothing in flight), once after each call that could have grown it (the relay's rule);
         calls for it meanwhile wait in its queue for the figure, so that a container over the
         threshold serves none."""
         actions: list[Action] = []
+        if not self.refreshed:
+            return actions  # (only smart_refresh measures)
         for service, backend in self.current.items():
             if not measure_due(backend, self.lifecycle(service)) or backend.key in busy:
                 continue
