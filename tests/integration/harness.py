@@ -564,28 +564,27 @@ def containers_of(
     """Containers with these reactor-fabric labels, fully inspected; those of client sessions
     only, unless ``include_probes`` (an orchestrator's catalog probes run at its start-up).
 
-    docker-py lists, then inspects each container: one removed in between (the orchestrator
-    removing it right now) raises NotFound (Podman: a 500 "no such container"), so the listing
-    is simply taken again.
+    The listing is taken sparse (ids and labels, one call) and each container inspected on
+    its own: one removed in between (the orchestrator removing it right now: NotFound; Podman
+    a 500 "no such container") is no longer there, and is left out. (docker-py's full listing
+    inspects them all and fails on such a one; retried, it could fail every time under a
+    warm pool's churn, and its sparse fallback had neither names nor labels.)
     """
     filters = [f"reactor-fabric.{key.replace('_', '-')}={value}" for key, value in labels.items()]
     found: list[Any] = []
-    for attempt in range(21):
+    for listed in client.containers.list(all=True, filters={"label": filters}, sparse=True):
         try:
-            found = client.containers.list(
-                all=True, filters={"label": filters}, sparse=attempt == 20
-            )
-            break
+            container = client.containers.get(str(listed.id))
+        except docker.errors.NotFound:
+            continue
         except docker.errors.APIError as exc:
             if container_gone(exc):
                 continue
             raise
-    return [
-        c
-        for c in found
-        if include_probes
-        or not c.labels.get("reactor-fabric.session", "").startswith(PROBE_SESSION_PREFIX)
-    ]
+        session = container.labels.get("reactor-fabric.session", "")
+        if include_probes or not session.startswith(PROBE_SESSION_PREFIX):
+            found.append(container)
+    return found
 
 
 def bridge_gateway(client: Any) -> str:
