@@ -4,16 +4,17 @@ Latency on a two-core virtual machine is too noisy to credit one change with a f
 the number of user-space instructions the orchestrator executes per relayed call is not. This
 runs the orchestrator of a revision (or of the working tree) under ``valgrind --tool=callgrind``
 on the real Docker engine with one ``time`` service, drives one WebSocket session with N
-sequential ``tools/call get_current_time`` (one call in flight), stops it with SIGTERM, and
-reads callgrind's total. It does that for a short and a long session; the difference divided
-by the difference in calls is the cost of one relayed call, start-up, the container's creation
-and the stop cancelling out.
+``tools/call get_current_time`` (one call in flight, or a window of ``--in-flight``), stops it
+with SIGTERM, and reads callgrind's total. It does that for a short and a long session; the
+difference divided by the difference in calls is the cost of one relayed call, start-up, the
+container's creation and the stop cancelling out.
 
     .venv/bin/python scripts/bench-instructions.py                 # the working tree
     .venv/bin/python scripts/bench-instructions.py 3313cac 9af95a6 # revisions, in one sitting
     .venv/bin/python scripts/bench-instructions.py --no-audit      # the audit trail off
     .venv/bin/python scripts/bench-instructions.py --transport http  # Streamable HTTP POSTs
     .venv/bin/python scripts/bench-instructions.py --endpoint fabric # /mcp, time__get_current_time
+    .venv/bin/python scripts/bench-instructions.py --in-flight 16    # 16 calls pipelined
 
 A revision is checked out into a temporary git worktree and imported from there (the venv's
 packages are used for everything else). Needs ``valgrind`` (``apt-get install valgrind``) and
@@ -85,25 +86,38 @@ INITIALIZE = {
 }
 
 
-async def drive_session(url: str, calls: int, call_params: dict[str, object]) -> None:
-    """One session: initialize, then ``calls`` tool calls, one in flight; each answer checked."""
+async def drive_session(
+    url: str, calls: int, call_params: dict[str, object], in_flight: int = 1
+) -> None:
+    """One session: initialize, then ``calls`` tool calls, ``in_flight`` of them sent before
+    their answers are read (a window: a new call goes out as each answer comes back); each
+    answer checked."""
     async with open_websocket_url(url, subprotocols=["mcp"]) as ws:
         await ws.send_message(json.dumps(INITIALIZE))
         answer = json.loads(await ws.get_message())
         if "result" not in answer:
             raise RuntimeError(f"initialize failed: {answer}")
         await ws.send_message(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        for request_id in range(1, calls + 1):
-            call = {
-                "jsonrpc": "2.0",
-                "id": request_id,
-                "method": "tools/call",
-                "params": call_params,
-            }
-            await ws.send_message(json.dumps(call))
+
+        async def send(request_id: int) -> None:
+            call = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call"}
+            await ws.send_message(json.dumps({**call, "params": call_params}))
+
+        sent = min(in_flight, calls)
+        for request_id in range(1, sent + 1):
+            await send(request_id)
+        outstanding = set(range(1, sent + 1))
+        while outstanding:
             answer = json.loads(await ws.get_message())
-            if answer.get("id") != request_id or "result" not in answer:
-                raise RuntimeError(f"call {request_id} failed: {answer}")
+            if "id" not in answer:
+                continue  # a server's notification (the everything server sends some)
+            if answer.get("id") not in outstanding or "result" not in answer:
+                raise RuntimeError(f"a call failed: {answer}")
+            outstanding.discard(answer["id"])
+            if sent < calls:
+                sent += 1
+                outstanding.add(sent)
+                await send(sent)
 
 
 async def drive_http_session(
@@ -137,7 +151,14 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
 
 
 def count_instructions(
-    source: Path, workdir: Path, calls: int, *, audit: bool, transport: str, endpoint: str
+    source: Path,
+    workdir: Path,
+    calls: int,
+    *,
+    audit: bool,
+    transport: str,
+    endpoint: str,
+    in_flight: int = 1,
 ) -> int:
     """Total instructions of one orchestrator run serving one session of ``calls`` calls."""
     port = free_port()
@@ -175,7 +196,7 @@ def count_instructions(
             else:
                 joiner = "&" if "?" in path else "?"
                 url = f"ws://127.0.0.1:{port}{path}{joiner}token={token}"
-                trio.run(drive_session, url, calls, call_params)
+                trio.run(drive_session, url, calls, call_params, in_flight)
             process.send_signal(signal.SIGTERM)
             process.wait(STOP_TIMEOUT_S)
         finally:
@@ -211,13 +232,19 @@ def measure(
     audit: bool,
     transport: str,
     endpoint: str,
+    in_flight: int,
     keep: Path | None,
 ) -> dict[str, object]:
     with (
         tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
         checkout(revision, Path(tmp)) as tree,
     ):
-        options = {"audit": audit, "transport": transport, "endpoint": endpoint}
+        options = {
+            "audit": audit,
+            "transport": transport,
+            "endpoint": endpoint,
+            "in_flight": in_flight,
+        }
         short = count_instructions(tree, Path(tmp), low, **options)  # type: ignore[arg-type]
         long = count_instructions(tree, Path(tmp), high, **options)  # type: ignore[arg-type]
         if keep is not None:
@@ -230,6 +257,7 @@ def measure(
         "audit": audit,
         "transport": transport,
         "endpoint": endpoint,
+        "in_flight": in_flight,
         f"instructions_{low}_calls": short,
         f"instructions_{high}_calls": long,
         "instructions_per_call": round((long - short) / (high - low)),
@@ -257,6 +285,12 @@ def main() -> int:
         help="the relay (/mcp/time) or the fabric endpoint (/mcp, time__get_current_time)",
     )
     parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=1,
+        help="calls sent before their answers are read (WebSocket only; default 1)",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         help="copy callgrind's outputs to KEEP/REVISION/ (for callgrind_annotate)",
@@ -267,6 +301,8 @@ def main() -> int:
         return 2
     if args.high <= args.low:
         parser.error("--high must be greater than --low")
+    if args.in_flight < 1 or (args.in_flight > 1 and args.transport != "websocket"):
+        parser.error("--in-flight takes a positive number, and more than 1 only over websocket")
     for revision in args.revisions or [None]:
         result = measure(
             revision,
@@ -275,6 +311,7 @@ def main() -> int:
             audit=not args.no_audit,
             transport=args.transport,
             endpoint=args.endpoint,
+            in_flight=args.in_flight,
             keep=args.keep,
         )
         print(json.dumps(result), flush=True)
