@@ -1,0 +1,151 @@
+"""The orchestrator's CPU per relayed call and its calls per second, revisions alternated.
+
+``make bench``'s throughput part measures every system in one run, 1,500 calls a repeat, with
+the orchestrator's CPU read in 10 ms ticks: good for comparing systems, coarse for comparing
+two revisions of the orchestrator. This measures one thing at a time: one orchestrator of a
+revision, one WebSocket session on ``/mcp/everything``, N ``echo`` calls of 16 bytes with a
+window of calls in flight (16, as ``make bench``), and the orchestrator's user and system CPU
+time over those calls from ``/proc/PID/stat`` (every thread counted). Revisions are measured
+in turn, ``--repeats`` rounds, so that a machine's slow minute falls on all of them; it prints
+each run and, per revision, the median and the spread.
+
+    .venv/bin/python scripts/bench-relay-cpu.py 46cefed HEAD            # two revisions
+    .venv/bin/python scripts/bench-relay-cpu.py 46cefed HEAD --suite bundled --repeats 5
+
+``--suite minimal`` serves the everything service alone; ``bundled`` serves the bundled suite
+(its warm pools and agent included: what users run). Needs the Docker engine and the images
+(``make images``). Nothing else should run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+REPO = Path(__file__).resolve().parent.parent
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_instructions", REPO / "scripts" / "bench-instructions.py"
+)
+assert _SPEC is not None
+assert _SPEC.loader is not None
+instructions = importlib.util.module_from_spec(_SPEC)
+sys.modules["bench_instructions"] = instructions
+_SPEC.loader.exec_module(instructions)  # its session driver, worktrees and port helpers
+
+EVERYTHING = "reactor-fabric/mcp-server-everything:2026.8.31"
+MINIMAL_SUITE = f"""\
+version: "1.0"
+orchestrator: {{allowed_mount_roots: ["{tempfile.gettempdir()}"]}}
+mcp_services:
+  everything: {{image: "{EVERYTHING}", pull: never, network: none, timeout: 1m}}
+"""
+ECHO: dict[str, object] = {"name": "echo", "arguments": {"message": "x" * 16}}
+WARM_UP_CALLS = 200
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(user, system) clock ticks of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def measure(source: Path, suite_text: str, calls: int, in_flight: int) -> dict[str, float]:
+    """One orchestrator of ``source``: warmed up, then ``calls`` calls timed and counted."""
+    with tempfile.TemporaryDirectory(prefix="rf-relay-cpu-") as tmp:
+        suite = Path(tmp) / "suite.yaml"
+        suite.write_text(suite_text)
+        port = instructions.free_port()
+        token = secrets.token_urlsafe(32)
+        env = dict(os.environ, PYTHONPATH=str(source), REACTOR_FABRIC_TOKEN=token)
+        if instructions.BUNDLED_HELPER.exists():
+            env.setdefault("REACTOR_FABRIC_STDIO_HELPER", str(instructions.BUNDLED_HELPER))
+        command = [sys.executable, "-m", "reactor_fabric", "--config", str(suite)]
+        with (Path(tmp) / "log").open("wb") as log:
+            process = subprocess.Popen(
+                [*command, "--port", str(port)],
+                cwd=source,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+            try:
+                instructions.wait_healthy(port, process)
+                url = f"ws://127.0.0.1:{port}/mcp/everything?token={token}"
+                trio.run(instructions.drive_session, url, WARM_UP_CALLS, ECHO, in_flight)
+                user0, system0 = cpu_ticks(process.pid)
+                began = time.perf_counter()
+                trio.run(instructions.drive_session, url, calls, ECHO, in_flight)
+                seconds = time.perf_counter() - began
+                user1, system1 = cpu_ticks(process.pid)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(instructions.STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+    tick = 1e6 / os.sysconf("SC_CLK_TCK") / calls
+    return {
+        "calls_per_s": round(calls / seconds),
+        "user_us_per_call": round((user1 - user0) * tick, 1),
+        "system_us_per_call": round((system1 - system0) * tick, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="+", help="git revisions (WORKTREE: the working tree)")
+    parser.add_argument("--calls", type=int, default=10_000, help="calls timed per run")
+    parser.add_argument("--in-flight", type=int, default=16, help="calls in flight (window)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over the revisions")
+    parser.add_argument("--suite", choices=("minimal", "bundled"), default="minimal")
+    args = parser.parse_args()
+    suite_text = MINIMAL_SUITE
+    if args.suite == "bundled":
+        suite_text = (REPO / "claude-mcp-suite.yaml").read_text()
+    runs: dict[str, list[dict[str, float]]] = {revision: [] for revision in args.revisions}
+    with contextlib.ExitStack() as stack:
+        trees = {
+            revision: REPO
+            if revision == "WORKTREE"
+            else stack.enter_context(
+                instructions.checkout(
+                    revision, Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                )
+            )
+            for revision in args.revisions
+        }
+        for round_ in range(args.repeats):
+            for revision in args.revisions:
+                result = measure(trees[revision], suite_text, args.calls, args.in_flight)
+                runs[revision].append(result)
+                print(json.dumps({"revision": revision, "round": round_ + 1, **result}), flush=True)
+    for revision, results in runs.items():
+        summary = {
+            key: {
+                "median": statistics.median(r[key] for r in results),
+                "min": min(r[key] for r in results),
+                "max": max(r[key] for r in results),
+            }
+            for key in results[0]
+        }
+        print(json.dumps({"revision": revision, "summary": summary}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
