@@ -17,6 +17,7 @@ from ._errors import (
     SessionCrashed,
     SessionEnding,
     SessionRefused,
+    WorkspaceRefused,
 )
 from ._version import __version__
 from .config.structs import Orchestrator, Resources, Security, Service, Suite
@@ -43,6 +44,7 @@ __all__ = [
     "Suite",
     "SuiteIssue",
     "SuiteUnreadable",
+    "WorkspaceRefused",
     "__version__",
     "check_suite_text",
     "load_suite",

@@ -58,6 +58,10 @@ from ._reasons import (
     TOO_MANY_PER_CALL_CONTAINERS,
     TOO_MANY_REQUESTS_IN_FLIGHT,
     TOO_MANY_SESSIONS,
+    WORKSPACE_BASE_UNKNOWN,
+    WORKSPACE_FAILED,
+    WORKSPACE_NOT_A_REPOSITORY,
+    WORKSPACE_TOO_LARGE,
 )
 
 # JSON-RPC 2.0 codes of the product's contract (spec §6).
@@ -93,6 +97,10 @@ TITLE_BY_REASON: Final[Mapping[str, str]] = {
     TOO_MANY_REQUESTS_IN_FLIGHT: "Too Many Requests",
     TOO_MANY_PER_CALL_CONTAINERS: "Too Many Requests",
     AGENT_BUSY: "Agents Busy",
+    WORKSPACE_NOT_A_REPOSITORY: "Not a Git Repository",
+    WORKSPACE_TOO_LARGE: "Project Too Large to Copy",
+    WORKSPACE_BASE_UNKNOWN: "Unknown Base",
+    WORKSPACE_FAILED: "Workspace Failed",
 }
 
 # A message is one line a client prints; the whole sentence stays in data.detail.
@@ -183,6 +191,19 @@ class AgentBusy(FabricError):
     """A call of an ``llm_agent`` service refused at once: its session, or the orchestrator,
     has ``orchestrator.agents``' limit of agent calls in flight (``agent_busy``; ``data``:
     ``limit`` and ``scope``, ``session`` or ``orchestrator``). Nothing was started.
+
+    -32002 on the wire, the code of a service that cannot serve now, with a title of its own
+    (see :class:`SessionRefused`).
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Container Start Failure"
+
+
+class WorkspaceRefused(FabricError):
+    """An isolated task cannot have its workspace (``workspace_not_a_repository``,
+    ``workspace_too_large``, ``workspace_base_unknown``, ``workspace_failed``): nothing was
+    started, or the task's changes could not be recorded.
 
     -32002 on the wire, the code of a service that cannot serve now, with a title of its own
     (see :class:`SessionRefused`).

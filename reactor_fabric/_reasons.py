@@ -118,6 +118,18 @@ SESSION_ENDED_BY_OPERATOR: Final = "session_ended_by_operator"
 # AgentBusy: a call of an llm_agent service while its session, or the whole orchestrator, has
 # orchestrator.agents' limit of agent calls in flight (answered at once, never queued).
 AGENT_BUSY: Final = "agent_busy"
+# WorkspaceRefused: an isolated task's project is not the top of a git work tree (use
+# workspace: shared, or git init). Nothing was started.
+WORKSPACE_NOT_A_REPOSITORY: Final = "workspace_not_a_repository"
+# WorkspaceRefused: an isolated task's project has more bytes or files to copy than
+# orchestrator.workspaces allows. Nothing was started.
+WORKSPACE_TOO_LARGE: Final = "workspace_too_large"
+# WorkspaceRefused: an isolated task's ``base`` names no branch or commit of the client's
+# repository (or is not a ref name at all). Nothing was started.
+WORKSPACE_BASE_UNKNOWN: Final = "workspace_base_unknown"
+# WorkspaceRefused: the task's copy could not be made, or its changes not recorded (git failed
+# or timed out, the disk is full); the message says which step.
+WORKSPACE_FAILED: Final = "workspace_failed"
 
 # ============================================================================================
 # Answered: -32003 InvalidSuiteConfiguration

@@ -284,6 +284,28 @@ def test_the_runtime_layer_imports_nothing_from_the_trio_layer(path: Path) -> No
         assert not module.startswith("reactor_fabric.trio"), f"{path.name} imports {module}"
 
 
+# --- workspace/: blocking file and git I/O, below everything that schedules it ---------------
+
+# What workspace/ may import of the package: the errors it raises and nothing that runs
+# containers, serves clients or schedules work (it runs in worker threads; trio/ calls it).
+WORKSPACE_MAY_IMPORT = (
+    "reactor_fabric._errors",
+    "reactor_fabric._reasons",
+    "reactor_fabric.workspace",
+)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "workspace").glob("*.py")), ids=lambda p: p.name)
+def test_the_workspace_layer_imports_no_trio_and_nothing_of_the_layers_that_call_it(
+    path: Path,
+) -> None:
+    for module in imports_of(path):
+        top = module.split(".")[0]
+        assert top not in ("trio", "docker", "asyncio"), f"{path.name} imports {module}"
+        if top == "reactor_fabric" or top not in _stdlib():
+            assert module.startswith(WORKSPACE_MAY_IMPORT), f"{path.name} imports {module}"
+
+
 # The runtime modules that only translate (a container spec into an engine's payload, an
 # engine's failures into the product's errors, bytes into frames): tested without an engine, so
 # they do no I/O and reach no trio, not even through the package's modules they import. Of the

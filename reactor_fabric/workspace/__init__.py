@@ -1,0 +1,33 @@
+"""Isolated workspaces: an agent task works on a copy of the client's project, and what it
+changed comes back as a branch of the client's repository (``workspace: isolated``; see
+docs/USAGE.md, "Workspaces").
+
+- :mod:`.naming` — the branch's name, the commit messages, which ``base`` a client may name
+  (pure);
+- :mod:`.git` — git on the client's repository, with nothing of its configuration executed;
+- :mod:`.files` — the copy made and read back by descriptor, never following a link;
+- :mod:`.task` — a task's workspace: :func:`~.task.prepare`, :func:`~.task.record`,
+  :func:`~.task.remove`.
+
+Blocking I/O throughout (files, git processes): the trio side runs it in worker threads. This
+package knows nothing of trio, the runtimes or the session machines. Not wired into the
+sessions yet: the suite's ``workspace`` field, the agents' calls on a copy and the branch in
+their answers come next (issue 50).
+"""
+
+from __future__ import annotations
+
+from .naming import TaskFacts, branch_name, valid_base
+from .task import Bounds, Recorded, Workspace, prepare, record, remove
+
+__all__ = [
+    "Bounds",
+    "Recorded",
+    "TaskFacts",
+    "Workspace",
+    "branch_name",
+    "prepare",
+    "record",
+    "remove",
+    "valid_base",
+]

@@ -1,0 +1,437 @@
+"""A task's copy of a project, made and read back by descriptor, never following a link.
+
+Both directions cross a line of trust. Making the copy, the orchestrator (often root) reads the
+client's project, where a symlink could point anywhere on the host (``secrets -> /etc``) and a
+directory could be swapped for one while the copy runs: every component is opened relative to
+its parent's descriptor with ``O_NOFOLLOW``, a symlink is copied as a symlink (its text, never
+its target), and anything but a regular file, a symlink or a directory (a FIFO, a device, a
+socket) is left out. Reading the copy back after the task, the same rules meet what a container
+wrote: a symlink to ``/root/.ssh/id_rsa`` is recorded as that text, a FIFO is skipped, nothing
+blocks (``O_NONBLOCK``).
+
+The copy records, per file, git's blob id (hashed while copying: the bytes hashed are the bytes
+written) and the copy's own stat stamp (inode, size, modification and change times). A file
+whose stamp is the same after the task is the same file: its change time cannot be set by a
+container, and every write of the copy ends before any container starts.
+
+Bounds: the number of entries and the bytes of files, checked as they are met
+(:class:`TooLarge`); paths at most 4096 bytes and 256 components.
+
+Blocking: callers run these in a worker thread. ``cancelled`` is asked between files, so a
+cancelled task stops its copy promptly (the caller removes what was made).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+# git's modes, as fast-import and ls-tree write them.
+MODE_FILE = 0o100644
+MODE_EXECUTABLE = 0o100755
+MODE_SYMLINK = 0o120000
+MODE_GITLINK = 0o160000  # a submodule's commit: carried over, never copied
+
+MAX_PATH_BYTES = 4096
+MAX_DEPTH = 256
+CHUNK = 1 << 20
+# A file that changes size while it is copied is copied again, this many times at most.
+COPY_ATTEMPTS = 3
+
+_DIR_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class TooLarge(Exception):
+    """More entries or bytes than the bounds allow."""
+
+
+class UnsafePath(Exception):
+    """A path that cannot be a file of a work tree (``..``, empty components, ``.git``)."""
+
+
+Stamp = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns) of a file of the copy
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One path of a tree: git's mode and blob id; ``stamp`` is the copy's file's as it was
+    made (None for an entry with no file in the copy: a submodule)."""
+
+    mode: int
+    oid: str
+    stamp: Stamp | None = None
+
+
+@dataclass
+class Budget:
+    """What a copy or a read-back may still take."""
+
+    files: int
+    bytes: int
+
+    def take(self, size: int) -> None:
+        self.files -= 1
+        self.bytes -= size
+        if self.files < 0:
+            raise TooLarge("files")
+        if self.bytes < 0:
+            raise TooLarge("bytes")
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who the copy's files belong to (the project's owner, so that the task's container,
+    which runs as them, can write them); None: leave them the orchestrator's."""
+
+    uid: int
+    gid: int
+
+
+def blob_hasher(algorithm: str, size: int) -> hashlib._Hash:
+    """A hash object already fed git's blob header for ``size`` bytes of content."""
+    hasher = hashlib.new(algorithm)
+    hasher.update(b"blob %d\0" % size)
+    return hasher
+
+
+def blob_id(algorithm: str, data: bytes) -> str:
+    hasher = blob_hasher(algorithm, len(data))
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def check_path(path: bytes) -> list[bytes]:
+    """The components of a work-tree path, refused if it could step outside the tree or into
+    a Git directory (git's own rules for a tree entry's name)."""
+    if not path or len(path) > MAX_PATH_BYTES or path.startswith(b"/") or b"\0" in path:
+        raise UnsafePath(path)
+    parts = path.split(b"/")
+    if len(parts) > MAX_DEPTH:
+        raise UnsafePath(path)
+    for part in parts:
+        if part in (b"", b".", b"..") or part.lower() == b".git":
+            raise UnsafePath(path)
+    return parts
+
+
+class Directories:
+    """Descriptors of the directories met so far below a root, by path, each opened from its
+    parent's without following a link. ``make``: create what is missing (owned by ``owner``),
+    for a tree being written. Closes what it opened on :meth:`close` (or as a context)."""
+
+    def __init__(self, root_fd: int, *, make: bool = False, owner: Ownership | None = None) -> None:
+        self._fds: dict[bytes, int] = {b"": root_fd}
+        self._root = root_fd
+        self._make = make
+        self._owner = owner
+
+    def __enter__(self) -> Directories:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def get(self, parts: list[bytes]) -> int | None:
+        """The directory holding ``parts``' last component; None if a component is not a
+        directory (any more: a symlink, a file, gone)."""
+        key = b"/".join(parts[:-1])
+        found = self._fds.get(key)
+        if found is not None:
+            return found
+        parent = self.get(parts[:-1])
+        if parent is None:
+            return None
+        name = parts[-2]
+        if self._make:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=parent)
+                if self._owner is not None:
+                    os.chown(
+                        name,
+                        self._owner.uid,
+                        self._owner.gid,
+                        dir_fd=parent,
+                        follow_symlinks=False,
+                    )
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise
+        self._fds[key] = fd
+        return fd
+
+    def close(self) -> None:
+        for key, fd in self._fds.items():
+            if key:
+                os.close(fd)
+        self._fds = {b"": self._root}
+
+
+def copy_listed(
+    source_fd: int,
+    paths: Iterable[bytes],
+    target_fd: int,
+    *,
+    algorithm: str,
+    budget: Budget,
+    owner: Ownership | None,
+    cancelled: Callable[[], bool],
+) -> dict[bytes, Entry]:
+    """Copy each of ``paths`` (relative to ``source_fd``'s directory) to the same path below
+    ``target_fd``'s: regular files (mode 0644 or 0755 as git sees the executable bit) and
+    symlinks (their text). A path that is gone, became something else, or is reached through
+    a symlink is left out; an unsafe path raises :class:`UnsafePath`. Returns the entries
+    copied, by path."""
+    sources = Directories(source_fd)
+    targets = Directories(target_fd, make=True, owner=owner)
+    entries: dict[bytes, Entry] = {}
+    try:
+        for path in paths:
+            if cancelled():
+                raise InterruptedError("cancelled")
+            parts = check_path(path)
+            source_dir = sources.get(parts)
+            if source_dir is None:
+                continue
+            entry = _copy_one(
+                source_dir, parts, targets, algorithm=algorithm, budget=budget, owner=owner
+            )
+            if entry is not None:
+                entries[path] = entry
+    finally:
+        sources.close()
+        targets.close()
+    return entries
+
+
+def _copy_one(
+    source_dir: int,
+    parts: list[bytes],
+    targets: Directories,
+    *,
+    algorithm: str,
+    budget: Budget,
+    owner: Ownership | None,
+) -> Entry | None:
+    name = parts[-1]
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=source_dir)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return _copy_link(
+                source_dir, parts, targets, algorithm=algorithm, budget=budget, owner=owner
+            )
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR):
+            return None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None  # a directory (a submodule's checkout), a FIFO, a device: not copied
+        budget.take(info.st_size)
+        target_dir = targets.get(parts)
+        assert target_dir is not None  # made as needed
+        mode = MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else MODE_FILE
+        out = os.open(name, _CREATE_FLAGS, mode & 0o777, dir_fd=target_dir)
+        try:
+            oid = _copy_content(fd, out, algorithm, info.st_size)
+            if owner is not None:
+                os.fchown(out, owner.uid, owner.gid)
+            return Entry(mode, oid, stamp_of(os.fstat(out)))
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _copy_content(source: int, target: int, algorithm: str, size: int) -> str:
+    """Copy ``size`` bytes (the size the source had when opened) and return their blob id;
+    a source that shrinks meanwhile is copied again from its start, with its new size."""
+    for _attempt in range(COPY_ATTEMPTS):
+        hasher = blob_hasher(algorithm, size)
+        left = size
+        os.lseek(source, 0, os.SEEK_SET)
+        os.lseek(target, 0, os.SEEK_SET)
+        os.ftruncate(target, 0)
+        while left:
+            chunk = os.read(source, min(CHUNK, left))
+            if not chunk:
+                break  # it shrank
+            hasher.update(chunk)
+            _write_all(target, chunk)
+            left -= len(chunk)
+        if not left:
+            return hasher.hexdigest()
+        size = os.fstat(source).st_size
+    raise OSError(errno.EAGAIN, "the file kept changing while it was copied")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _copy_link(
+    source_dir: int,
+    parts: list[bytes],
+    targets: Directories,
+    *,
+    algorithm: str,
+    budget: Budget,
+    owner: Ownership | None,
+) -> Entry | None:
+    name = parts[-1]
+    try:
+        text = os.readlink(name, dir_fd=source_dir)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EINVAL):
+            return None  # gone, or not a link after all
+        raise
+    budget.take(len(text))
+    target_dir = targets.get(parts)
+    assert target_dir is not None
+    os.symlink(text, name, dir_fd=target_dir)
+    if owner is not None:
+        os.chown(name, owner.uid, owner.gid, dir_fd=target_dir, follow_symlinks=False)
+    info = os.stat(name, dir_fd=target_dir, follow_symlinks=False)
+    return Entry(MODE_SYMLINK, blob_id(algorithm, text), stamp_of(info))
+
+
+def stamp_of(info: os.stat_result) -> Stamp:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+# --- reading the copy back -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    """A file or symlink of the copy after the task: its git mode and stat stamp."""
+
+    mode: int
+    stamp: Stamp
+
+
+def walk(root_fd: int, *, budget: Budget, cancelled: Callable[[], bool]) -> dict[bytes, Found]:
+    """Every regular file and symlink below ``root_fd``'s directory, by path; directories are
+    entered by descriptor without following links; ``.git`` (any case) is never entered nor
+    listed; anything else (FIFOs, sockets, devices) is left out."""
+    found: dict[bytes, Found] = {}
+    for path, info in _walk(root_fd, b"", 0, budget, cancelled):
+        if stat.S_ISLNK(info.st_mode):
+            mode = MODE_SYMLINK
+        elif info.st_mode & stat.S_IXUSR:
+            mode = MODE_EXECUTABLE
+        else:
+            mode = MODE_FILE
+        found[path] = Found(mode, stamp_of(info))
+    return found
+
+
+def _walk(
+    dir_fd: int, prefix: bytes, depth: int, budget: Budget, cancelled: Callable[[], bool]
+) -> Iterator[tuple[bytes, os.stat_result]]:
+    if depth >= MAX_DEPTH:
+        raise TooLarge("depth")
+    with os.scandir(dir_fd) as listing:
+        names = sorted(os.fsencode(entry.name) for entry in listing)
+    for name in names:
+        if cancelled():
+            raise InterruptedError("cancelled")
+        if name.lower() == b".git":
+            continue
+        path = prefix + name
+        if len(path) > MAX_PATH_BYTES:
+            raise TooLarge("path")
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            budget.take(0)
+            try:
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    continue
+                raise
+            try:
+                yield from _walk(child, path + b"/", depth + 1, budget, cancelled)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode):
+            budget.take(info.st_size)
+            yield path, info
+
+
+@contextlib.contextmanager
+def opened(
+    directories: Directories, path: bytes, mode: int
+) -> Iterator[tuple[int, Iterator[bytes]]]:
+    """(size, chunks) of a file of a tree (or a symlink's text), by descriptor, never following
+    a link; the chunks add up to exactly ``size`` bytes, or raise ``OSError`` (the file
+    changed while it was read)."""
+    parts = check_path(path)
+    parent = directories.get(parts)
+    if parent is None:
+        raise FileNotFoundError(errno.ENOENT, "gone", path)
+    if mode == MODE_SYMLINK:
+        text = os.readlink(parts[-1], dir_fd=parent)
+        yield len(text), iter((text,))
+        return
+    fd = os.open(parts[-1], _READ_FLAGS, dir_fd=parent)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "not a file any more", path)
+        yield info.st_size, _chunks(fd, info.st_size)
+    finally:
+        os.close(fd)
+
+
+def _chunks(fd: int, size: int) -> Iterator[bytes]:
+    left = size
+    while left:
+        chunk = os.read(fd, min(CHUNK, left))
+        if not chunk:
+            raise OSError(errno.EIO, "the file shrank while it was read")
+        left -= len(chunk)
+        yield chunk
+
+
+def write_file(
+    directories: Directories,
+    parts: list[bytes],
+    mode: int,
+    chunks: Iterable[bytes],
+    *,
+    owner: Ownership | None,
+) -> Stamp:
+    """Create one file (or symlink: ``chunks`` its text) of a tree being made; its stamp."""
+    parent = directories.get(parts)
+    assert parent is not None  # made as needed
+    name = parts[-1]
+    if mode == MODE_SYMLINK:
+        os.symlink(b"".join(chunks), name, dir_fd=parent)
+        if owner is not None:
+            os.chown(name, owner.uid, owner.gid, dir_fd=parent, follow_symlinks=False)
+        return stamp_of(os.stat(name, dir_fd=parent, follow_symlinks=False))
+    out = os.open(name, _CREATE_FLAGS, mode & 0o777, dir_fd=parent)
+    try:
+        for chunk in chunks:
+            _write_all(out, chunk)
+        if owner is not None:
+            os.fchown(out, owner.uid, owner.gid)
+        return stamp_of(os.fstat(out))
+    finally:
+        os.close(out)
