@@ -63,8 +63,12 @@ def cpu_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
-def measure(source: Path, suite_text: str, calls: int, in_flight: int) -> dict[str, float]:
-    """One orchestrator of ``source``: warmed up, then ``calls`` calls timed and counted."""
+def measure(
+    source: Path, suite_text: str, calls: int, in_flight: int, history: int = 0
+) -> dict[str, float]:
+    """One orchestrator of ``source``: ``history`` calls on ``/mcp/time`` first (one in
+    flight, sessions of 500 calls: what ``make bench``'s round-trip part does before the
+    throughput part), warmed up, then ``calls`` calls timed and counted."""
     with tempfile.TemporaryDirectory(prefix="rf-relay-cpu-") as tmp:
         suite = Path(tmp) / "suite.yaml"
         suite.write_text(suite_text)
@@ -84,6 +88,12 @@ def measure(source: Path, suite_text: str, calls: int, in_flight: int) -> dict[s
             )
             try:
                 instructions.wait_healthy(port, process)
+                time_url = f"ws://127.0.0.1:{port}/mcp/time?token={token}"
+                for done in range(0, history, 500):
+                    session_calls = min(500, history - done)
+                    trio.run(
+                        instructions.drive_session, time_url, session_calls, instructions.GET_TIME
+                    )
                 url = f"ws://127.0.0.1:{port}/mcp/everything?token={token}"
                 trio.run(instructions.drive_session, url, WARM_UP_CALLS, ECHO, in_flight)
                 user0, system0 = cpu_ticks(process.pid)
@@ -113,8 +123,13 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=16, help="calls in flight (window)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the revisions")
     parser.add_argument("--suite", choices=("minimal", "bundled"), default="minimal")
+    parser.add_argument(
+        "--history", type=int, default=0, help="calls on /mcp/time before (bundled suite)"
+    )
     args = parser.parse_args()
     suite_text = MINIMAL_SUITE
+    if args.history and args.suite != "bundled":
+        parser.error("--history calls the time service: use --suite bundled")
     if args.suite == "bundled":
         suite_text = (REPO / "claude-mcp-suite.yaml").read_text()
     runs: dict[str, list[dict[str, float]]] = {revision: [] for revision in args.revisions}
@@ -131,7 +146,9 @@ def main() -> int:
         }
         for round_ in range(args.repeats):
             for revision in args.revisions:
-                result = measure(trees[revision], suite_text, args.calls, args.in_flight)
+                result = measure(
+                    trees[revision], suite_text, args.calls, args.in_flight, args.history
+                )
                 runs[revision].append(result)
                 print(json.dumps({"revision": revision, "round": round_ + 1, **result}), flush=True)
     for revision, results in runs.items():
