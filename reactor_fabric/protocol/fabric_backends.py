@@ -51,7 +51,7 @@ from .._reasons import (
 from .answers import UNRESPONSIVE
 from .backend import Role, Step
 from .events import Action, BackendKey, Log, StopBackend, ToClient
-from .fabric_exchanges import Busy, Exchanges
+from .fabric_exchanges import Exchanges
 from .fabric_messages import handshake_request, notification_bytes
 from .fabric_refresh import Relists
 from .fabric_replies import Replies
@@ -248,22 +248,22 @@ class BackendTable:
         busy = self.exchanges.busy()
         for backend, bound in roster.spent_between_calls(self.now, busy):
             self.retire(backend, bound)
-        return self.settle(busy) + self.measure_between_calls(busy)
+        return self.settle() + self.measure_between_calls()
 
-    def settle(self, busy: Busy | None = None) -> list[Action]:
+    def settle(self) -> list[Action]:
         """Stop the backends whose work is done (see :meth:`.Roster.done`)."""
         if self.ending is not None:
             return []
         actions: list[Action] = []
-        for key, reason in self.roster.done(busy if busy is not None else self.exchanges.busy()):
+        for key, reason in self.roster.done(self.exchanges.busy()):
             actions += self._stop(key, reason)
         return actions
 
-    def measure_between_calls(self, busy: Busy | None = None) -> list[Action]:
+    def measure_between_calls(self) -> list[Action]:
         """Read the memory of the backends due for it (see :meth:`.Roster.to_measure`)."""
         if self.ending is not None:
             return []
-        return self.roster.to_measure(busy if busy is not None else self.exchanges.busy())
+        return self.roster.to_measure(self.exchanges.busy())
 
     # --- time -----------------------------------------------------------------------------------
 

@@ -1053,7 +1053,7 @@ def test_a_clone_of_the_machine_is_independent_and_fingerprinted_alike() -> None
 @pytest.mark.parametrize(
     ("method", "planted", "caught"),
     [
-        ("settle", lambda _original: lambda _self, _busy=None: [], "left running, calls over"),
+        ("settle", lambda _original: lambda _self: [], "left running, calls over"),
         ("lifecycle", lambda _original: lambda _self, _service: Lifecycle(), "got a second call"),
     ],
     ids=["keeps-spent-containers", "shares-one-container"],
@@ -1075,7 +1075,7 @@ def test_the_checker_catches_a_per_call_service_kept_or_shared(
 def measuring_under_calls(_original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
     """A machine that measures a smart_refresh container whenever it is ready, calls or not."""
 
-    def measure(self: BackendTable, _busy: object = None) -> list[Action]:
+    def measure(self: BackendTable) -> list[Action]:
         actions: list[Action] = []
         for backend in self.roster.current.values():
             if backend.ready and not backend.measuring:
