@@ -226,10 +226,16 @@ def _copy_one(
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=source_dir)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return _copy_link(
-                source_dir, parts, targets, algorithm=algorithm, budget=budget, owner=owner
-            )
+        if exc.errno == errno.ELOOP:  # a symlink: copied as its text
+            try:
+                text = os.readlink(name, dir_fd=source_dir)
+            except OSError as gone:
+                if gone.errno in (errno.ENOENT, errno.EINVAL):
+                    return None  # gone, or not a link after all
+                raise
+            budget.take(len(text))
+            stamp = write_file(targets, parts, MODE_SYMLINK, (text,), owner=owner)
+            return Entry(MODE_SYMLINK, blob_id(algorithm, text), stamp)
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR):
             return None
         raise
@@ -240,7 +246,7 @@ def _copy_one(
         budget.take(info.st_size)
         target_dir = targets.get(parts)
         assert target_dir is not None  # made as needed
-        mode = MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else MODE_FILE
+        mode = git_mode(info.st_mode)
         out = os.open(name, _CREATE_FLAGS, mode & 0o777, dir_fd=target_dir)
         try:
             oid = _copy_content(fd, out, algorithm, info.st_size)
@@ -281,30 +287,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _copy_link(
-    source_dir: int,
-    parts: list[bytes],
-    targets: Directories,
-    *,
-    algorithm: str,
-    budget: Budget,
-    owner: Ownership | None,
-) -> Entry | None:
-    name = parts[-1]
-    try:
-        text = os.readlink(name, dir_fd=source_dir)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.EINVAL):
-            return None  # gone, or not a link after all
-        raise
-    budget.take(len(text))
-    target_dir = targets.get(parts)
-    assert target_dir is not None
-    os.symlink(text, name, dir_fd=target_dir)
-    if owner is not None:
-        os.chown(name, owner.uid, owner.gid, dir_fd=target_dir, follow_symlinks=False)
-    info = os.stat(name, dir_fd=target_dir, follow_symlinks=False)
-    return Entry(MODE_SYMLINK, blob_id(algorithm, text), stamp_of(info))
+def git_mode(st_mode: int) -> int:
+    """The mode git records for a regular file or symlink of this ``st_mode`` (the owner's
+    executable bit decides 0755 or 0644, as git sees it)."""
+    if stat.S_ISLNK(st_mode):
+        return MODE_SYMLINK
+    return MODE_EXECUTABLE if st_mode & stat.S_IXUSR else MODE_FILE
 
 
 def stamp_of(info: os.stat_result) -> Stamp:
@@ -326,16 +314,10 @@ def walk(root_fd: int, *, budget: Budget, cancelled: Callable[[], bool]) -> dict
     """Every regular file and symlink below ``root_fd``'s directory, by path; directories are
     entered by descriptor without following links; ``.git`` (any case) is never entered nor
     listed; anything else (FIFOs, sockets, devices) is left out."""
-    found: dict[bytes, Found] = {}
-    for path, info in _walk(root_fd, b"", 0, budget, cancelled):
-        if stat.S_ISLNK(info.st_mode):
-            mode = MODE_SYMLINK
-        elif info.st_mode & stat.S_IXUSR:
-            mode = MODE_EXECUTABLE
-        else:
-            mode = MODE_FILE
-        found[path] = Found(mode, stamp_of(info))
-    return found
+    return {
+        path: Found(git_mode(info.st_mode), stamp_of(info))
+        for path, info in _walk(root_fd, b"", 0, budget, cancelled)
+    }
 
 
 def _walk(

@@ -31,7 +31,7 @@ and git's ``safe.directory`` check passes without configuration. The working dir
 pinned project (``/proc/self/fd/N`` of the pin, inherited by the child), never a path resolved
 again.
 
-Resource handling: every run has a deadline (the process is killed at it) and a bound on the
+Resource handling: every process has a deadline (it is killed at it) and a bound on the
 bytes of output kept; a process is always waited for. Blocking: callers run this in a worker
 thread.
 
@@ -45,6 +45,7 @@ import contextlib
 import os
 import selectors
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -159,10 +160,12 @@ class Git:
 
     @contextlib.contextmanager
     def process(
-        self, args: Sequence[str], *, stdin: bool = False
+        self, args: Sequence[str], *, deadline: float, stdin: bool = False
     ) -> Iterator[subprocess.Popen[bytes]]:
         """A running git (stdout a pipe; stdin a pipe if asked; stderr kept to a file's worth
-        of a pipe), killed and waited for on the way out whatever happened."""
+        of a pipe), killed at ``deadline`` (``time.monotonic()``: a stream that stops moving
+        would otherwise block its reader or writer for ever), and killed and waited for on the
+        way out whatever happened."""
         child = subprocess.Popen(
             self.argv(args),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -177,9 +180,13 @@ class Git:
             umask=0o022,
             close_fds=True,
         )
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), child.kill)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             yield child
         finally:
+            watchdog.cancel()
             if child.poll() is None:
                 child.kill()
             for pipe in (child.stdin, child.stdout, child.stderr):
@@ -201,7 +208,7 @@ class Git:
         feeding ``input``; its stdout (at most ``limit`` bytes, else :class:`GitFailed`).
         An exit status other than 0 raises, unless ``ok`` maps it to True (then its stdout)."""
         name = args[0] if args else "git"
-        with self.process(args, stdin=input is not None) as child:
+        with self.process(args, deadline=deadline, stdin=input is not None) as child:
             stdout, stderr = _exchange(child, input, deadline=deadline, limit=limit, name=name)
             try:
                 status = child.wait(max(0.1, deadline - time.monotonic()))

@@ -29,6 +29,7 @@ Errors: :class:`~reactor_fabric.WorkspaceRefused` with ``workspace_not_a_reposit
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -91,10 +92,10 @@ class Workspace:
     base: str | None
     base_entries: dict[bytes, Entry] = field(repr=False)
     start: dict[bytes, Entry] = field(repr=False)
-    from_working_tree: bool
 
-    @property
+    @functools.cached_property
     def start_is_base(self) -> bool:
+        """Whether the task starts from the base's tree itself (no working tree's commit)."""
         return _tree(self.start) == _tree(self.base_entries)
 
     def git(self) -> Git:
@@ -162,7 +163,6 @@ def prepare(
             base=base_commit,
             base_entries=base_entries,
             start=start,
-            from_working_tree=base is None,
         )
         if not workspace.start_is_base:
             # Before the task can change them: the uncommitted files' blobs, into the
@@ -272,16 +272,25 @@ def _commit_of(git: Git, name: str, deadline: float, *, required: bool) -> str |
     return None
 
 
-def _tree_entries(git: Git, commit: str, deadline: float) -> dict[bytes, Entry]:
-    out = _run(git, ["ls-tree", "-r", "-z", "--full-tree", commit], deadline)
-    entries: dict[bytes, Entry] = {}
+# Where the object id is in a record's head: ls-tree's "mode type oid", ls-files'
+# "mode oid stage".
+LS_TREE_OID, LS_FILES_OID = 2, 1
+
+
+def _listed(out: bytes, oid_column: int) -> Iterator[tuple[int, str, bytes]]:
+    """(mode, object id, path) of each record of ``ls-tree -z`` or ``ls-files -z --stage``
+    ("<head>\t<path>")."""
     for record_ in out.split(b"\0"):
         if not record_:
             continue
         head, _, path = record_.partition(b"\t")
-        mode, _kind, oid = head.split(b" ")
-        entries[path] = Entry(int(mode, 8), oid.decode())
-    return entries
+        fields = head.split(b" ")
+        yield int(fields[0], 8), fields[oid_column].decode(), path
+
+
+def _tree_entries(git: Git, commit: str, deadline: float) -> dict[bytes, Entry]:
+    out = _run(git, ["ls-tree", "-r", "-z", "--full-tree", commit], deadline)
+    return {path: Entry(mode, oid) for mode, oid, path in _listed(out, LS_TREE_OID)}
 
 
 def _tree(entries: dict[bytes, Entry]) -> dict[bytes, tuple[int, str]]:
@@ -319,13 +328,9 @@ def _copy_working_tree(
     untracked = _run(git, ["ls-files", "-z", "--others", "--exclude-standard"], deadline)
     gitlinks: dict[bytes, Entry] = {}
     paths: dict[bytes, None] = {}
-    for record_ in staged.split(b"\0"):
-        if not record_:
-            continue
-        head, _, path = record_.partition(b"\t")
-        mode, oid, _stage = head.split(b" ")
-        if int(mode, 8) == MODE_GITLINK:
-            gitlinks[path] = Entry(MODE_GITLINK, oid.decode())
+    for mode, oid, path in _listed(staged, LS_FILES_OID):
+        if mode == MODE_GITLINK:
+            gitlinks[path] = Entry(MODE_GITLINK, oid)
         else:
             paths[path] = None  # an unmerged path is listed once per stage: copied once
     for path in untracked.split(b"\0"):
@@ -369,10 +374,8 @@ def _check_out(git: Git, entries: dict[bytes, Entry], making: _Making) -> dict[b
     owner, budget = making.owner, making.budget
     with (
         Directories(making.target_fd, make=True, owner=owner) as targets,
-        _watchdog(making.deadline) as arm,
-        git.process(["cat-file", "--batch"], stdin=True) as child,
+        git.process(["cat-file", "--batch"], deadline=making.deadline, stdin=True) as child,
     ):
-        arm(child)
         assert child.stdin is not None
         assert child.stdout is not None
         writer = threading.Thread(target=_feed, args=(child.stdin, request), daemon=True)
@@ -416,25 +419,6 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
     with contextlib.suppress(OSError):
         stream.write(data)
         stream.close()
-
-
-@contextlib.contextmanager
-def _watchdog(deadline: float) -> Iterator[Callable[[object], None]]:
-    """Kill the process armed with at ``deadline`` (a stream that stops moving would block a
-    read or write forever)."""
-    timers: list[threading.Timer] = []
-
-    def arm(child: object) -> None:
-        timer = threading.Timer(max(0.0, deadline - time.monotonic()), child.kill)  # type: ignore[attr-defined]
-        timer.daemon = True
-        timer.start()
-        timers.append(timer)
-
-    try:
-        yield arm
-    finally:
-        for timer in timers:
-            timer.cancel()
 
 
 def _write_blobs(workspace: Workspace, paths: list[bytes], deadline: float) -> None:
@@ -481,21 +465,21 @@ def _final_entries(
                 WORKSPACE_TOO_LARGE,
             ) from exc
         start = workspace.start
-        copy = Directories(copy_fd)
         new = [path for path in found if path not in start]
         ignored = _ignored(workspace, copy_fd, new, deadline)
         final: dict[bytes, Entry] = {}
-        for path, seen in found.items():
-            if path in ignored:
-                continue
-            before = start.get(path)
-            if before is not None and before.stamp == seen.stamp and before.mode == seen.mode:
-                final[path] = before
-            else:
-                final[path] = Entry(seen.mode, _hash(copy, path, seen.mode, workspace.algorithm))
+        with Directories(copy_fd) as copy:
+            for path, seen in found.items():
+                if path in ignored:
+                    continue
+                before = start.get(path)
+                if before is not None and before.stamp == seen.stamp and before.mode == seen.mode:
+                    final[path] = before
+                else:
+                    oid = _hash(copy, path, seen.mode, workspace.algorithm)
+                    final[path] = Entry(seen.mode, oid)
         # A submodule: not in the copy, not the task's to change.
         final |= {path: entry for path, entry in start.items() if entry.mode == MODE_GITLINK}
-        copy.close()
         return final
     finally:
         os.close(copy_fd)
@@ -584,8 +568,8 @@ def _import_stream(
     copy_fd = os.open(workspace.directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with Directories(copy_fd) as copy:
-            known = {oid for _mode, oid in _tree(workspace.start).values()}
-            known |= {oid for _mode, oid in _tree(workspace.base_entries).values()}
+            entries = (*workspace.start.values(), *workspace.base_entries.values())
+            known = {entry.oid for entry in entries}
             for path, entry in sorted(final.items()):
                 if entry.oid in known or entry.mode == MODE_GITLINK:
                     yield b"M %o %s %s\n" % (entry.mode, entry.oid.encode(), _quoted(path))
@@ -600,8 +584,7 @@ def _fast_import(git: Git, chunks: Iterable[bytes], deadline: float) -> None:
     """Feed ``chunks`` to ``git fast-import`` (which writes the objects, and the ref a
     ``commit`` names, only if the whole stream arrives: ``feature done``)."""
     args = ["fast-import", "--quiet", "--done"]
-    with _watchdog(deadline) as arm, git.process(args, stdin=True) as child:
-        arm(child)
+    with git.process(args, deadline=deadline, stdin=True) as child:
         assert child.stdin is not None
         assert child.stderr is not None
         try:
@@ -662,8 +645,7 @@ def _diff_sha256(git: Git, commit: str, deadline: float) -> str:
         "--no-commit-id",
         commit,
     ]
-    with _watchdog(deadline) as arm, git.process(args) as child:
-        arm(child)
+    with git.process(args, deadline=deadline) as child:
         assert child.stdout is not None
         while chunk := child.stdout.read(CHUNK):
             hasher.update(chunk)
