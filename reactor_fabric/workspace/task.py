@@ -194,11 +194,12 @@ def record(
     when = int(now if now is not None else time.time())
     ref = f"refs/heads/{branch}"
     _fast_import(git, _framed(_import_stream(workspace, final, facts, ref, when)), deadline)
-    commit = _commit_of(git, ref, deadline, required=True)
-    assert commit is not None
+    commit = _commit_of(git, ref, deadline, required=False)
+    if commit is None:
+        raise _refused(f"git fast-import wrote no branch {branch!r}")
     working_tree_commit = None
     if not workspace.start_is_base:
-        working_tree_commit = _commit_of(git, f"{commit}^", deadline, required=True)
+        working_tree_commit = _commit_of(git, f"{commit}^", deadline, required=False)
     files, insertions, deletions = _numstat(git, commit, deadline)
     return Recorded(
         branch=branch,
@@ -255,7 +256,8 @@ def _object_format(git: Git, deadline: float) -> str:
 
 
 def _commit_of(git: Git, name: str, deadline: float, *, required: bool) -> str | None:
-    """The commit ``name`` names; None for a missing HEAD (no commit yet) unless required."""
+    """The commit ``name`` names; None if there is none (HEAD with no commit yet), or, when
+    ``required`` (a client's base), refused with ``workspace_base_unknown``."""
     out = git.run(
         ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{name}^{{commit}}"],
         deadline=deadline,
