@@ -112,7 +112,7 @@ def peek(frame: bytes | str) -> Peek:
             f"a JSON-RPC message must be a JSON object: {exc}", reason=NOT_AN_OBJECT
         ) from exc
     except msgspec.DecodeError as exc:
-        raise ParseError(f"not valid JSON: {exc}", reason=INVALID_JSON) from exc
+        raise _not_utf8(data) or ParseError(f"not valid JSON: {exc}", reason=INVALID_JSON) from exc
     except UnicodeDecodeError as exc:
         raise ParseError(f"not valid UTF-8: {exc.reason}", reason=INVALID_UTF8) from exc
     except RecursionError as exc:
@@ -146,6 +146,20 @@ def peek(frame: bytes | str) -> Peek:
         reason=NOT_JSONRPC,
         request_id=message_id if has_id else None,
     )
+
+
+def _not_utf8(data: bytes) -> ParseError | None:
+    """invalid_utf8 for a frame msgspec refused that is not UTF-8, else None.
+
+    Why on the error path: msgspec up to 0.22 let Python's UnicodeDecodeError out of a string
+    that was not UTF-8, 0.23 raises its own DecodeError ("Invalid UTF-8 encoded string"); which
+    one is an implementation detail, so the reason is decided here from the bytes themselves.
+    """
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ParseError(f"not valid UTF-8: {exc.reason}", reason=INVALID_UTF8)
+    return None
 
 
 def _too_deep() -> ParseError:
