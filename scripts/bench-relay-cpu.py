@@ -63,12 +63,39 @@ def cpu_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+# --history-kinds all: the four kinds of session make bench's round-trip part opens on the
+# orchestrator before its throughput part (the relay and /mcp, over WebSocket and HTTP).
+FABRIC_TIME: dict[str, object] = {**instructions.GET_TIME, "name": "time__get_current_time"}
+
+
+def history_sessions(port: int, token: str, calls: int, kinds: str) -> None:
+    """``calls`` calls on the time service first, in sessions of 500, one in flight: over
+    the relay's WebSocket alone (``relay``), or in turn over the relay and ``/mcp``, each over
+    WebSocket and Streamable HTTP (``all``)."""
+    relay_ws = f"ws://127.0.0.1:{port}/mcp/time?token={token}"
+    fabric_ws = f"ws://127.0.0.1:{port}/mcp?tools=all&token={token}"
+    for done in range(0, calls, 500):
+        n = min(500, calls - done)
+        trio.run(instructions.drive_session, relay_ws, n, instructions.GET_TIME)
+        if kinds == "all":
+            drive_http = instructions.drive_http_session
+            trio.run(drive_http, port, token, n, "/mcp/time", instructions.GET_TIME)
+            trio.run(instructions.drive_session, fabric_ws, n, FABRIC_TIME)
+            trio.run(drive_http, port, token, n, "/mcp?tools=all", FABRIC_TIME)
+
+
 def measure(
-    source: Path, suite_text: str, calls: int, in_flight: int, history: int = 0
+    source: Path,
+    suite_text: str,
+    calls: int,
+    in_flight: int,
+    *,
+    history: int = 0,
+    history_kinds: str = "relay",
 ) -> dict[str, float]:
-    """One orchestrator of ``source``: ``history`` calls on ``/mcp/time`` first (one in
-    flight, sessions of 500 calls: what ``make bench``'s round-trip part does before the
-    throughput part), warmed up, then ``calls`` calls timed and counted."""
+    """One orchestrator of ``source``: ``history`` calls on the time service first (see
+    :func:`history_sessions`: what ``make bench``'s round-trip part does before the throughput
+    part), warmed up, then ``calls`` calls timed and counted."""
     with tempfile.TemporaryDirectory(prefix="rf-relay-cpu-") as tmp:
         suite = Path(tmp) / "suite.yaml"
         suite.write_text(suite_text)
@@ -88,12 +115,7 @@ def measure(
             )
             try:
                 instructions.wait_healthy(port, process)
-                time_url = f"ws://127.0.0.1:{port}/mcp/time?token={token}"
-                for done in range(0, history, 500):
-                    session_calls = min(500, history - done)
-                    trio.run(
-                        instructions.drive_session, time_url, session_calls, instructions.GET_TIME
-                    )
+                history_sessions(port, token, history, history_kinds)
                 url = f"ws://127.0.0.1:{port}/mcp/everything?token={token}"
                 trio.run(instructions.drive_session, url, WARM_UP_CALLS, ECHO, in_flight)
                 user0, system0 = cpu_ticks(process.pid)
@@ -126,6 +148,12 @@ def main() -> int:
     parser.add_argument(
         "--history", type=int, default=0, help="calls on /mcp/time before (bundled suite)"
     )
+    parser.add_argument(
+        "--history-kinds",
+        choices=("relay", "all"),
+        default="relay",
+        help="the history's sessions: the relay over WebSocket, or every kind make bench opens",
+    )
     args = parser.parse_args()
     suite_text = MINIMAL_SUITE
     if args.history and args.suite != "bundled":
@@ -147,7 +175,12 @@ def main() -> int:
         for round_ in range(args.repeats):
             for revision in args.revisions:
                 result = measure(
-                    trees[revision], suite_text, args.calls, args.in_flight, args.history
+                    trees[revision],
+                    suite_text,
+                    args.calls,
+                    args.in_flight,
+                    history=args.history,
+                    history_kinds=args.history_kinds,
                 )
                 runs[revision].append(result)
                 print(json.dumps({"revision": revision, "round": round_ + 1, **result}), flush=True)
