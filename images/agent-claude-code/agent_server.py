@@ -256,9 +256,16 @@ server = MCPServer("agent-claude-code")
 
 @server.tool(
     description="Run a task with the Claude Code agent in the project's workspace; returns its "
-    "final answer with {result, turns, tools_used, duration_ms, cost_usd, stop_reason}."
+    "final answer with {result, turns, tools_used, duration_ms, cost_usd, stop_reason}. With "
+    "Reactor-Fabric's isolated workspaces the task works on a copy of the project and its "
+    "changes come back as a branch (structuredContent.workspace); base: a branch or commit of "
+    "the project's repository to start from instead of the working tree (the orchestrator "
+    "makes that copy: on /mcp, for a service with workspace: isolated)."
 )
-async def run_task(task: str, ctx: Context, max_turns: int | None = None) -> CallToolResult:
+async def run_task(
+    task: str, ctx: Context, max_turns: int | None = None, base: str | None = None
+) -> CallToolResult:
+    del base  # (the orchestrator's: the copy this container sees already starts from it)
     prepared = prepare(max_turns)
     if isinstance(prepared, CallToolResult):
         return prepared

@@ -59,6 +59,7 @@ def settings_for(
             timeout=assist.timeout_seconds,
             candidates=assist.candidates,
         ),
+        isolated=frozenset(n for n, s in services.items() if s.workspace_mode == "isolated"),
         agents=frozenset(n for n, s in services.items() if s.service_type == "llm_agent"),
         agent_limits=AgentLimits(agents.max_concurrent, agents.max_concurrent_per_session),
         max_agent_depth=agents.max_depth,

@@ -25,6 +25,9 @@ ContainerStrategy = Literal["reuse_per_session", "fresh_per_call", "smart_refres
 # What the service is: an MCP tool server, or an agent (a model behind MCP tools), which gets a
 # fresh context (a fresh container) for every call by default.
 ServiceType = Literal["tool_service", "llm_agent"]
+# Where a call's container works on the client's project: on a copy of its own, handed back as
+# a branch (isolated), or on the project itself (shared; see docs/USAGE.md "Workspaces").
+WorkspaceMode = Literal["isolated", "shared"]
 
 
 class _ParsedOnce(msgspec.Struct, frozen=True, dict=True):
@@ -120,6 +123,8 @@ class Service(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True
     max_calls_per_container: int | None = None
     max_container_age: str | None = None
     memory_threshold: str | int | None = None
+    # None: the service type's default (see :attr:`workspace_mode`).
+    workspace: WorkspaceMode | None = None
 
     @functools.cached_property
     def idle_timeout_seconds(self) -> float:
@@ -132,6 +137,17 @@ class Service(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True
         if self.container_strategy is not None:
             return self.container_strategy
         return "fresh_per_call" if self.service_type == "llm_agent" else "reuse_per_session"
+
+    @property
+    def workspace_mode(self) -> WorkspaceMode:
+        """Where a call's container works: the mode given, else ``isolated`` for an agent with
+        a container per call (a copy of the project per task, its changes a branch) and
+        ``shared`` (the project itself) for a tool server, or an agent whose container serves
+        several calls (a copy per task needs a container per task)."""
+        if self.workspace is not None:
+            return self.workspace
+        per_task = self.service_type == "llm_agent" and self.strategy == "fresh_per_call"
+        return "isolated" if per_task else "shared"
 
     @property
     def account(self) -> str | None:
@@ -275,6 +291,21 @@ class Agents(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     max_depth: int = 1
 
 
+class Workspaces(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Bounds on the copies isolated tasks work on (``orchestrator.workspaces``): a project
+    over either is refused (``workspace_too_large``) rather than copied slowly."""
+
+    max_size: str | int = "2g"
+    max_files: int = 100_000
+    # Where the copies are made (None: memory-backed /dev/shm when it is a tmpfs, else on
+    # disk; see reactor_fabric.trio.workspaces.default_parent).
+    directory: str | None = None
+
+    @functools.cached_property
+    def max_size_bytes(self) -> int:
+        return parse_size(self.max_size)
+
+
 class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -296,6 +327,7 @@ class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only
     kubernetes: Kubernetes = msgspec.field(default_factory=Kubernetes)
     accounts: dict[str, Account] = msgspec.field(default_factory=dict)
     agents: Agents = msgspec.field(default_factory=Agents)
+    workspaces: Workspaces = msgspec.field(default_factory=Workspaces)
 
     @functools.cached_property
     def max_message_bytes(self) -> int:

@@ -37,6 +37,7 @@ SERVICE_CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
 MIN_MESSAGE_BYTES = 1024
 MIN_AUDIT_BYTES = 64 * 1024
+MIN_WORKSPACE_BYTES = 1 << 20  # the schema's minimum, also for sizes given with a unit
 
 
 @dataclass(frozen=True)
@@ -332,6 +333,10 @@ def _check_logic(data: object, collector: _Collector) -> None:
         if isinstance(audit, dict):
             # Room for the largest record (a tool call with its arguments in full).
             _check_size(audit, ("orchestrator", "audit", "max_size"), MIN_AUDIT_BYTES, collector)
+        workspaces = orchestrator.get("workspaces")
+        if isinstance(workspaces, dict):
+            path: KeyPath = ("orchestrator", "workspaces", "max_size")
+            _check_size(workspaces, path, MIN_WORKSPACE_BYTES, collector)
         kubernetes = orchestrator.get("kubernetes")
         if isinstance(kubernetes, dict):
             _check_duration(kubernetes, ("orchestrator", "kubernetes", "start_timeout"), collector)
@@ -613,6 +618,15 @@ def _check_lifecycle(name: str, service: dict[str, Any], collector: _Collector) 
         in_force = f"{strategy}, the default for service_type {service_type}"
     else:
         in_force = str(strategy)
+    if service.get("workspace") == "isolated" and strategy != "fresh_per_call":
+        # A copy per task, handed back when the task ends: a container that outlives its call
+        # would keep working on a copy nobody reads again.
+        collector.add(
+            (*base, "workspace"),
+            f"isolated needs container_strategy: fresh_per_call (a copy of the project per "
+            f"call), and this service's strategy is {in_force}; set container_strategy: "
+            "fresh_per_call, or workspace: shared",
+        )
     bounds = [key for key in REFRESH_BOUNDS if service.get(key) is not None]
     if strategy == "smart_refresh":
         if not bounds:

@@ -32,6 +32,7 @@ from .metrics import Metrics
 from .redaction import SECRET_VALUES
 
 if TYPE_CHECKING:
+    from ..workspace import Recorded
     from .tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -325,6 +326,38 @@ class Observer:
         )
         if reason == IDLE:
             self.metrics.idle_teardowns.inc()
+
+    def workspace(
+        self,
+        *,
+        session: str,
+        service: str,
+        call: object,
+        recorded: Recorded | None,
+        failure: str | None,
+    ) -> None:
+        """An isolated task's copy at its end: the branch its changes became (``commit``
+        None: nothing changed), or why nothing was recorded."""
+        record: dict[str, Any] = {
+            "ts": now_iso(),
+            "event": "workspace",
+            "session": session,
+            "service": service,
+            "call": call if isinstance(call, str | int) else None,
+        }
+        if recorded is None:
+            record["error"] = failure
+        else:
+            record.update(
+                branch=recorded.branch,
+                base=recorded.base,
+                commit=recorded.commit,
+                diff_sha256=recorded.diff_sha256,
+                files_changed=recorded.files_changed,
+                insertions=recorded.insertions,
+                deletions=recorded.deletions,
+            )
+        self._write(record)
 
     def orphans_removed(self, count: int) -> None:
         self.metrics.orphans_removed.inc(count)

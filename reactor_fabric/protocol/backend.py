@@ -177,6 +177,9 @@ class Backend:
     # It answered a call input_required (a 2026-07-28 server asking the client): the client's
     # retry is for this backend, which is kept for it until then (see .input_waits).
     retry_until: float | None = None
+    # Its container works on a copy of the client's project (a per-call one of a service with
+    # ``workspace: isolated``): its call's answer waits for the copy to be recorded.
+    workspace: bool = False
 
     def advance(self, step: Step) -> BackendState:
         """Move along the state table (:class:`BackendStateError` for a move it lacks)."""

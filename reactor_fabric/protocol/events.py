@@ -56,6 +56,7 @@ __all__ = [
     "ToClient",
     "ToolCallDone",
     "ToolsChanged",
+    "WorkspaceRecorded",
 ]
 
 
@@ -101,11 +102,14 @@ class BackendStarted:
     """A backend's container runs. ``greeting``: it came from the warm pool already greeted
     (asked for with :attr:`StartBackend.greeted`): its InitializeResult, the MCP handshake done
     and its output of it consumed; None: no handshake was done with it. ``container``: its name
-    (what get_status and /api/sessions show)."""
+    (what get_status and /api/sessions show). ``workspace``: it works on a copy of the
+    client's project of its own (``workspace: isolated``): its answer waits for what it changed
+    to be recorded (:class:`StopBackend`'s ``report_workspace``)."""
 
     key: BackendKey
     greeting: bytes | None = None
     container: str = ""
+    workspace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +166,18 @@ class StdinWritten:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkspaceRecorded:
+    """A backend stopped with ``report_workspace`` is removed and what its task changed in
+    its copy is recorded: ``workspace`` is the answer's ``structuredContent.workspace``
+    (``{mode, branch, base, commit, files_changed, insertions, deletions}``), or None with
+    ``failure`` saying why nothing could be recorded."""
+
+    key: BackendKey
+    workspace: dict[str, Any] | None
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (a deadline the machine announced is due)."""
 
@@ -204,6 +220,7 @@ Event = (
     | Tick
     | Shutdown
     | Computed
+    | WorkspaceRecorded
 )
 
 
@@ -247,6 +264,10 @@ class StartBackend:
 
 # Characters of a call's tool, prompt or URI a CallRef keeps (audit records, /api/sessions).
 MAX_CALL_NAME = 256
+# Characters of a task's text (its commit message) and base (a ref name) a CallRef keeps; a
+# longer base is refused as no ref's name when the workspace is made.
+MAX_TASK_CHARS = 4000
+MAX_BASE_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,29 +278,48 @@ class CallRef:
     id: str | int | None
     method: str
     name: str | None = None
+    # A task's arguments an isolated workspace needs (an agent's ``run_task``): its text (the
+    # commit's message) and the ``base`` it starts from (None: the client's working tree; a
+    # value that is not a string is kept as its repr, which no ref name matches: refused).
+    task: str | None = None
+    base: str | None = None
 
     def record(self) -> dict[str, object]:
         return {"id": self.id, "method": self.method, "name": self.name}
 
     @classmethod
-    def of(cls, request_id: object, method: str, named: object) -> CallRef:
+    def of(
+        cls, request_id: object, method: str, named: object, arguments: object = None
+    ) -> CallRef:
         """The reference both endpoints keep: the id if it is one, the name cut to
-        :data:`MAX_CALL_NAME` characters if it is a string."""
+        :data:`MAX_CALL_NAME` characters if it is a string; a call's ``task`` and ``base``
+        arguments, bounded."""
+        task = base = None
+        if isinstance(arguments, dict):
+            text, given = arguments.get("task"), arguments.get("base")
+            task = text[:MAX_TASK_CHARS] if isinstance(text, str) else None
+            if given is not None:
+                base = given[:MAX_BASE_CHARS] if isinstance(given, str) else repr(given)[:40]
         return cls(
             request_id if isinstance(request_id, str | int) else None,
             method,
             named[:MAX_CALL_NAME] if isinstance(named, str) else None,
+            task,
+            base,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class StopBackend:
     """Stop and remove the backend: with ``graceful``, close its stdin and give it a moment to
-    exit first. What still waits for its stdin is dropped."""
+    exit first. What still waits for its stdin is dropped. A backend with a workspace has what
+    its task changed recorded once it is removed (always); ``report_workspace``: the machine
+    holds the call's answer until :class:`WorkspaceRecorded` says what was recorded."""
 
     key: BackendKey
     reason: str
     graceful: bool
+    report_workspace: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,7 +184,10 @@ class BackendTable:
         Gracefully (its stdin closed, a moment to exit) unless it no longer reads its stdin or
         has exited: those are removed at once."""
         self.served.ended(key, logged or reason, self.now)
-        stop = StopBackend(key, reason, graceful=reason not in (UNRESPONSIVE, EXITED))
+        # Its call's answer is held until its workspace is recorded (see .workspace_answers).
+        held = key in self.exchanges.held
+        graceful = reason not in (UNRESPONSIVE, EXITED)
+        stop = StopBackend(key, reason, graceful=graceful, report_workspace=held)
         if reason in QUIET_STOPS:
             return [stop]
         failed = {"backend": key.service, "reason": logged or reason}

@@ -42,6 +42,7 @@ from .fabric_replies import Replies
 from .input_waits import CAPABILITY_OF, INPUT_WAIT_SECONDS, INTERACTIVE, InputWait, InputWaits
 from .jsonrpc import duplicate_request, error_response
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND, TITLES
+from .workspace_answers import HeldAnswers
 
 Json = dict[str, Any]
 
@@ -102,9 +103,11 @@ def target(method: str, params: Json) -> object:
     return params.get("uri" if method == "resources/read" else "name")
 
 
-def call_ref(client_id: object, method: str, params: Json) -> CallRef:
-    """The call a per-call container serves, as its audit record names it (bounded)."""
-    return CallRef.of(client_id, method, target(method, params))
+def call_ref(client_id: object, method: str, params: Json, *, task: bool = False) -> CallRef:
+    """The call a per-call container serves, as its audit record names it (bounded); with
+    ``task``, its task's text and base too (what the container's start needs)."""
+    arguments = params.get("arguments") if task else None
+    return CallRef.of(client_id, method, target(method, params), arguments)
 
 
 def refusal(backend_id: object, why: str) -> OwnReply:
@@ -138,6 +141,8 @@ class Exchanges:
         self.forwarded: dict[int, Forwarded] = {}
         self.asked: dict[int, Asked] = {}
         self.waits = InputWaits()  # calls waiting for a 2026-07-28 client's retry
+        # Answers of per-call containers working on a copy, until it is recorded.
+        self.held: HeldAnswers[Forwarded] = HeldAnswers()
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -265,7 +270,7 @@ class Exchanges:
         backends any more."""
         actions: list[Action] = [
             self.replies.error(forwarded.client_id, error)
-            for forwarded in self.forwarded.values()
+            for forwarded in (*self.forwarded.values(), *self.held.end())
             if forwarded.client_id is not None
         ]
         self.forwarded.clear()
@@ -424,6 +429,7 @@ class Exchanges:
         twin.forwarded = dict(self.forwarded)
         twin.asked = dict(self.asked)
         twin.waits = self.waits.clone()
+        twin.held = self.held.clone()
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -432,4 +438,5 @@ class Exchanges:
             tuple(sorted(((i, repr(a)) for i, a in self.asked.items()))),
             self.next_id,
             self.waits.fingerprint(),
+            self.held.fingerprint(),
         )

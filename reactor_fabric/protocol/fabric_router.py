@@ -265,7 +265,7 @@ class FabricRouter:
         if role is Role.CALL:
             # A pooled container the pool greeted will do (no handshake at the call, see
             # BackendTable.started); its audit record names the call.
-            call = call_ref(client_id, method, request["params"])
+            call = call_ref(client_id, method, request["params"], task=True)
             return [StartBackend(key, greeted=True, call=call)]
         return [StartBackend(key, respawn=service in self.table.roster.had)]
 
@@ -368,7 +368,8 @@ class FabricRouter:
         match event:
             case StdinWritten(nbytes=nbytes):
                 self.table.roster.written(backend, nbytes, self.replies.now)
-            case BackendStarted(greeting=greeting, container=container):
+            case BackendStarted(greeting=greeting, container=container, workspace=workspace):
+                backend.workspace = workspace
                 actions = self.table.started(key, container, greeted=greeting is not None)
             case BackendLine(line=line):
                 actions = self._backend_line(key, line)
@@ -421,6 +422,12 @@ class FabricRouter:
             if forwarded.method == "initialize":
                 return self.table.handshake_done(key, message)
             return self.relisting.answered(key, forwarded.method, message, self._backend_bytes)
+        backend = self.table.roster.all.get(key)
+        if backend is not None and backend.workspace:
+            # Its container is stopped next (the call is done, settle); the answer goes out
+            # once what the task changed in its copy is recorded (see .workspace_answers).
+            self.exchanges.held.hold(key, forwarded, message)
+            return []
         return [self.exchanges.relay(forwarded, message)]
 
     def _backend_notification(self, key: BackendKey, message: Json) -> list[Action]:

@@ -79,6 +79,7 @@ from .events import (
     ToClient,
     ToolCallDone,
     ToolsChanged,
+    WorkspaceRecorded,
 )
 from .fabric_discovery import index_catalog
 from .fabric_lists import MAX_LISTENERS, Lists
@@ -182,14 +183,12 @@ class FabricServer:
 
     def handle(self, event: Event, now: float) -> list[Action]:
         """Apply one event at ``now``; the actions to carry out, in order."""
-        actions = self._handle(event, now)
+        self.replies.now = now  # (the clock of the router's parts too)
+        actions = [] if self.gone else self._handle(event, now)
         self.router.hold_agent_slots(gone=self.gone)
         return actions
 
     def _handle(self, event: Event, now: float) -> list[Action]:
-        self.replies.now = now  # (the clock of the router's parts too)
-        if self.gone:
-            return []
         actions: list[Action] = []
         match event:
             case ClientFrame(frame=frame):
@@ -211,6 +210,8 @@ class FabricServer:
                 actions = self._computed(job, refreshed)
             case BackendMeasured():
                 actions = self.router.backend_measured(event)
+            case WorkspaceRecorded():
+                actions = self._workspace_recorded(event)
             case _:
                 if isinstance(event, BackendLine):
                     self.lease.touch(now)
@@ -219,6 +220,15 @@ class FabricServer:
             return actions
         # A per-call backend whose call ended, a retiring one whose calls ended: removed.
         return actions + self.table.settle_all()
+
+    def _workspace_recorded(self, event: WorkspaceRecorded) -> list[Action]:
+        """A held answer goes out naming its task's work (none held: answered already, the
+        session ending meanwhile)."""
+        exchanges = self.router.exchanges
+        if event.workspace is not None:
+            self.table.served.recorded(event.key, event.workspace.get("branch"))
+        answers = [exchanges.relay(h.request, h.message) for h in exchanges.held.release(event)]
+        return self.replies.with_done(list[Action](answers))
 
     def abandon(self, now: float) -> list[Action]:
         """The session is over without the machine ending it: the calls still open will never

@@ -151,6 +151,7 @@ class RelayContainer:
             # Started after the session stopped needing it.
             return [StopBackend(event.key, NOT_NEEDED, graceful=False)]
         slot.started_at = now
+        slot.workspace = event.workspace
         replay = self.requests.ledger.replay()
         if replay is None:
             slot.advance(Step.STARTED_GREETED)
@@ -236,7 +237,9 @@ class RelayContainer:
             "detail": str(error),
             **error.detail,
         }
-        stop = StopBackend(slot.key, stop_reason, graceful=False)
+        # (answers it gave earlier wait for its copy to be recorded: see .workspace_answers)
+        held = slot.key in self.requests.held
+        stop = StopBackend(slot.key, stop_reason, graceful=False, report_workspace=held)
         self.let_go()
         return [Log("error", "container_failed", fields), stop, *answers]
 
@@ -277,7 +280,9 @@ class RelayContainer:
         }
         actions: list[Action] = [
             Log("info", "container_refreshed", fields),
-            StopBackend(slot.key, reason, graceful=True),
+            StopBackend(
+                slot.key, reason, graceful=True, report_workspace=slot.key in self.requests.held
+            ),
         ]
         self.let_go()
         if any(message.kind == REQUEST for message, _frame in self.requests.waiting):

@@ -15,14 +15,19 @@ machine's (``accepting``).
 
 from __future__ import annotations
 
+import msgspec
+
 from .._errors import FabricError
 from .answers import SessionLimits
 from .backend import CALL_METHODS
 from .backlog import Backlog
-from .events import Action, Log, ToClient
-from .jsonrpc import REQUEST, Peek, RequestId, duplicate_request, error_response
+from .events import Action, Log, ToClient, WorkspaceRecorded
+from .jsonrpc import REQUEST, Peek, RequestId, duplicate_request, error_response, peek
 from .ledger import Ledger
 from .tool_calls import TOOLS_CALL, ArgumentsMode, ToolCalls
+from .workspace_answers import HeldAnswers
+
+encoder = msgspec.json.Encoder()
 
 
 class RelayRequests:
@@ -35,6 +40,8 @@ class RelayRequests:
         # The client's messages waiting for the container (to start, its handshake to be
         # replayed, its memory figure), in order.
         self.waiting = Backlog()
+        # Answers of a container working on a copy, until it is recorded (.workspace_answers).
+        self.held: HeldAnswers[RequestId | None] = HeldAnswers()
 
     @property
     def quiet(self) -> bool:
@@ -104,6 +111,24 @@ class RelayRequests:
             actions += self.error_to_client(request_id, error, now)
         return len(lost), actions + self.fail_waiting(error, now)
 
+    def answer_held(self, error: FabricError, now: float) -> list[Action]:
+        """The session ends: the answers held for their workspace are answered ``error``."""
+        actions: list[Action] = []
+        for request_id in self.held.end():
+            actions += self.error_to_client(request_id, error, now)
+        return actions
+
+    def release_held(self, event: WorkspaceRecorded, now: float) -> list[Action]:
+        """A container's task is recorded: the answers it gave go out, naming the work."""
+        actions: list[Action] = []
+        for held in self.held.release(event):
+            frame = encoder.encode(held.message)
+            actions.append(ToClient(frame, peek(frame)))
+            done = self.calls.answer(held.request, frame, now) if self.calls.open else None
+            if done is not None:
+                actions.append(done)
+        return actions
+
     # --- model checking -----------------------------------------------------------------------
 
     def clone(self) -> RelayRequests:
@@ -111,6 +136,7 @@ class RelayRequests:
         twin.ledger = self.ledger.clone()
         twin.calls = self.calls.clone()
         twin.waiting = self.waiting.clone()
+        twin.held = self.held.clone()
         return twin
 
     def fingerprint(self) -> tuple[object, ...]:
@@ -121,4 +147,5 @@ class RelayRequests:
             tuple(sorted(ledger.server_requests.items(), key=repr)),
             ledger.replay_state(),
             tuple(sorted(self.calls.open, key=repr)),
+            self.held.fingerprint(),
         )

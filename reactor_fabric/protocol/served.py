@@ -35,6 +35,8 @@ MAX_ENDED = 16
 MAX_CALLS_EACH = 8
 # A client's request id may be any string: what is shown of one.
 MAX_ID_CHARS = 64
+# Characters of a task's branch it keeps (ours: reactor-fabric/<service>/<time>-<id>).
+MAX_BRANCH_CHARS = 300
 # Params of a relayed call up to this size are read for the tool, prompt or URI it names (what
 # /api/sessions shows of the call); a larger one is shown by its method only, so that a call's
 # path never decodes much more than the relay must.
@@ -76,6 +78,9 @@ class _Record:
     recent: collections.deque[CallRef] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_CALLS_EACH)
     )
+    # Its task's branch (a container working on a copy, once recorded; None: none, or nothing
+    # changed).
+    branch: str | None = None
 
     @property
     def state(self) -> str:
@@ -100,6 +105,7 @@ class _Record:
             "stop_reason": self.stop_reason,
             "calls": self.calls,
             "recent_calls": [ref.record() for ref in self.recent],
+            "workspace_branch": self.branch,
         }
 
 
@@ -141,6 +147,12 @@ class Served:
             record.ended_at, record.stop_reason = now, reason
             self._ended.append(record)
 
+    def recorded(self, key: BackendKey, branch: str | None) -> None:
+        """``key``'s container (ended) worked on a copy, recorded as ``branch``."""
+        for record in (*self._ended, *self._live.values()):
+            if record.key == key:
+                record.branch = branch[:MAX_BRANCH_CHARS] if branch is not None else None
+
     def records(self, since: float) -> list[dict[str, Any]]:
         """Every container known, in the order they were asked for (see :meth:`_Record.json`)."""
         known = sorted([*self._ended, *self._live.values()], key=lambda r: r.key.seq)
@@ -176,4 +188,5 @@ def _copy(record: _Record) -> _Record:
         record.calls,
     )
     twin.recent.extend(record.recent)
+    twin.branch = record.branch
     return twin

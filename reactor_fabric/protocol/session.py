@@ -57,6 +57,8 @@ import enum
 import math
 from typing import Any
 
+import msgspec
+
 from .._errors import FabricError, InvalidMessage, InvalidRequest
 from .._reasons import SESSION_ENDED, TOO_MANY_REQUESTS_IN_FLIGHT
 from .agent_slots import AgentSlots
@@ -93,6 +95,7 @@ from .events import (
     StopBackend,
     Tick,
     ToClient,
+    WorkspaceRecorded,
 )
 from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .jsonrpc import REQUEST, RESPONSE, Peek, error_response, peek
@@ -104,6 +107,7 @@ from .served import Served
 from .settings import RelaySettings
 from .suite_lock import withheld_error
 from .tool_calls import TOOLS_CALL, ToolCallDone
+from .workspace_answers import BASE_ON_RELAY, names_base
 
 
 class Phase(enum.Enum):
@@ -141,6 +145,7 @@ class SessionMachine:
             else None
         )
         self.lifecycle = settings.lifecycle
+        self.isolated = settings.isolated
         self.limits = limits = settings.limits
         self.server_request_timeout = (
             limits.server_request_timeout
@@ -286,6 +291,8 @@ class SessionMachine:
             return requests.refuse_duplicate(message, frame, now)
         if message.method == TOOLS_CALL:
             requests.calls.begin_params(message.id, message.params, len(frame), now)
+            if self.isolated and names_base(message.params):
+                return requests.error_to_client(message.id, BASE_ON_RELAY, now)
             why = self.lock_check.withheld_call(message) if self.lock_check is not None else None
             if why is not None:
                 error = withheld_error(self.service_name, why)
@@ -351,8 +358,10 @@ class SessionMachine:
         return [*actions, EndSession()]
 
     def answer_all(self, error: FabricError) -> list[Action]:
-        """Answer every request in flight or waiting with ``error`` and forget them."""
-        return self.requests.answer_all(error, self.container.now)[1]
+        """Answer every request in flight or waiting, or whose answer waits for its
+        container's copy to be recorded, with ``error`` and forget them."""
+        now = self.container.now
+        return self.requests.answer_all(error, now)[1] + self.requests.answer_held(error, now)
 
     def _shutdown(self, event: Shutdown, now: float) -> list[Action]:
         error = session_ending(event.reason)
@@ -367,6 +376,12 @@ class SessionMachine:
         actions += [CloseClient(CLOSE_NORMAL, event.reason.replace("_", " ")), EndSession()]
         self.phase = Phase.ENDED
         return actions
+
+    def _workspace_recorded(self, event: WorkspaceRecorded, now: float) -> list[Action]:
+        """A container's copy is recorded: the answers it gave go out, naming the work."""
+        if event.workspace is not None:
+            self.served.recorded(event.key, event.workspace.get("branch"))
+        return self.requests.release_held(event, now)
 
     def _computed(self, _event: Computed, _now: float) -> list[Action]:
         return []  # the relay hands out no work
@@ -416,12 +431,19 @@ class SessionMachine:
             if isinstance(passed, Log):
                 return [passed]
             message, relayed, checked = passed.message, passed.line, passed.drift
+        # A call's answer from a container working on a copy waits for the copy's record.
+        held = (
+            slot.workspace
+            and message.kind == RESPONSE
+            and message.id is not None
+            and ledger.client_requests.get(message.id, "") in CALL_METHODS
+        )
         ledger.from_server(message, expires_at=now + self.server_request_timeout)
         send = ToClient(relayed, message)
-        return [*checked, *self._after_answer(slot, message, relayed, now, send)]
+        return [*checked, *self._after_answer(slot, message, relayed, now, send, held=held)]
 
     def _after_answer(
-        self, slot: Backend, message: Peek, line: bytes, now: float, send: ToClient
+        self, slot: Backend, message: Peek, line: bytes, now: float, send: ToClient, *, held: bool
     ) -> list[Action]:
         if message.kind != RESPONSE:
             return [send]
@@ -430,6 +452,12 @@ class SessionMachine:
             # The client retries this call with its input: in this container, which a
             # server may need (its requestState may name what only this process holds).
             slot.retry_until = now + INPUT_WAIT_SECONDS
+        elif held:
+            # It works on a copy: the answer goes out once the copy is recorded, naming the
+            # work (see .workspace_answers); the container is replaced between calls.
+            decoded = msgspec.json.decode(line)
+            self.requests.held.hold(slot.key, message.id, decoded)
+            return self.container.between_calls(now)
         calls = self.requests.calls
         if calls.open:
             done = calls.answer(message.id, line, now)
@@ -448,6 +476,7 @@ _CLIENT_SIDE: dict[type[Any], str] = {
     Tick: "_tick",
     Shutdown: "_shutdown",
     Computed: "_computed",
+    WorkspaceRecorded: "_workspace_recorded",
 }
 # ... or the container's.
 _CONTAINER_SIDE: dict[type[Any], str] = {

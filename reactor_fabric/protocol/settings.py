@@ -55,6 +55,9 @@ class RelaySettings:
     audit_arguments: ArgumentsMode = "hash"
     lock: SuiteLock | None = None
     lock_mode: Mode = "off"
+    # Its containers work on copies of the project (``workspace: isolated``): a call's
+    # ``base`` cannot be honoured here (the container and its copy start before the call).
+    isolated: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class Settings:
     profiles: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     token_budget: int | None = None
     assist: AssistSettings = field(default_factory=AssistSettings)
+    # The services whose calls work on copies of the project (``workspace: isolated``).
+    isolated: frozenset[str] = frozenset()
     # The services that are agents (llm_agent), their bounds, and how deep agents may go.
     agents: frozenset[str] = frozenset()
     agent_limits: AgentLimits = field(default_factory=AgentLimits)
@@ -129,6 +134,7 @@ class Settings:
             audit_arguments=self.audit_arguments,
             lock=self.lock,
             lock_mode=self.lock_mode,
+            isolated=service in self.isolated,
         )
 
     def session_idle_seconds(self, endpoint: str) -> float:

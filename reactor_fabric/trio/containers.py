@@ -32,13 +32,15 @@ from typing import Any, Protocol
 
 import trio
 
-from .._errors import FabricError
+from .._errors import FabricError, WorkspaceRefused
+from .._reasons import WORKSPACE_FAILED
 from ..config.structs import Service
 from ..observe.observer import Observer
 from ..observe.redaction import SECRET_VALUES
 from ..policy.accounts import UNPRIVILEGED, Account, account_named, orchestrator_ids, server_ids
 from ..policy.child_grant import ChildGrant
 from ..policy.container_parts.ownership import ContainerIdentity
+from ..policy.container_parts.secrets import runs_as
 from ..policy.container_spec import container_spec_for
 from ..policy.git_guard import guards_git
 from ..policy.mount_spec import MountSpec
@@ -49,10 +51,12 @@ from ..protocol.framing import FramingError
 from ..protocol.settings import Settings
 from ..protocol.tool_calls import ToolCall, ToolCallDone
 from ..runtime.base import Container, Runtime
+from ..workspace import TaskFacts
 from .live_container import READ_CHUNK, LiveContainer
 from .pooled import HandedOut
 from .registry import ContainerRecord, SessionRecord, SessionRegistry
 from .sweeper import DeferredRemovals
+from .workspaces import TaskCopy, TaskWorkspaces
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,10 @@ class ContainerStarter:
         self._registry = registry
         self._observer = observer
         self._image_checked = image_checked
+        # Isolated calls' copies (set by the serving once its area is made; None: none can
+        # be made, and isolated calls are refused), and the copy of each running container.
+        self.workspaces: TaskWorkspaces | None = None
+        self.copies: dict[str, TaskCopy] = {}
 
     def pooled(self) -> dict[str, int]:
         """The warm pool's ready containers by service (none without a pool)."""
@@ -174,11 +182,93 @@ class ContainerStarter:
         began = trio.current_time()
         # The suite lock: no container from an image whose digest changed (enforce).
         await self.check_image(service_name, service)
+        # An isolated call works on a copy of the project, which has no .git of the client's.
+        # (validation: only a fresh_per_call service is isolated, so its container serves one
+        # task; the relay starts it with the session's handshake, before the call.)
+        isolated = service.workspace_mode == "isolated" and any(not m.read_only for m in mounts)
         # No container writes the user's .git unless its service must (policy/git_guard.py):
         # never an agent's, nor one of an agent's child session.
-        guard_git = guards_git(service, child_session=session is not None and session.depth > 0)
+        child_session = session is not None and session.depth > 0
+        guard_git = guards_git(service, child_session=child_session) and not isolated
         pins, account, mounts = await self.prepare_start(mounts, guard_git=guard_git)
-        child = self._child_grant(service_name, service, session, call)
+        copy: TaskCopy | None = None
+        if isolated:
+            assert pins is not None  # (isolated: a writable mount)
+            # The copy is the account's the server runs as (a secret-bearing one's own).
+            owner = runs_as(service_name, service, self.identity, account)
+            pins, mounts, copy = await self._isolate(
+                service_name, pins, mounts, session_id=session_id, sequence=sequence, call=call,
+                session=session, account=owner,
+            )  # fmt: skip
+        try:
+            container = await self._start_container(
+                service_name,
+                service,
+                session_id=session_id,
+                sequence=sequence,
+                pins=pins,
+                mounts=mounts,
+                account=account,
+                fields=fields,
+                greeted=greeted,
+                call=call,
+                session=session,
+                grant_mounts=mounts if copy is not None else None,
+            )
+        except BaseException:
+            if copy is not None:
+                await self._workspaces().discard(copy)
+            raise
+        if copy is not None:
+            self.copies[container.id] = copy
+        seconds = trio.current_time() - began
+        self._registry.container_started(
+            container.id,
+            ContainerRecord(session_id, service_name, container.name, service.image, time.time()),
+        )
+        self._observer.container_started(
+            session=session_id,
+            service=service_name,
+            container=container.id[:12],
+            image=service.image,
+            seconds=seconds,
+            respawn=respawn,
+            pooled=isinstance(container, HandedOut),
+            call=call.record() if call is not None else None,
+        )
+        log.info(
+            "container_started",
+            extra={
+                **fields,
+                "container": container.id[:12],
+                "container_name": container.name,
+                "sequence": sequence,
+                "pooled": isinstance(container, HandedOut),
+                # Its handshake was done while it waited in the pool: none at this call.
+                "greeted": isinstance(container, HandedOut) and container.greeting is not None,
+                **({"workspace": copy.branch} if copy is not None else {}),
+            },
+        )
+        return container
+
+    async def _start_container(
+        self,
+        service_name: str,
+        service: Service,
+        *,
+        session_id: str,
+        sequence: int,
+        pins: PinSet | None,
+        mounts: tuple[MountSpec, ...],
+        account: Account,
+        fields: dict[str, Any],
+        greeted: bool,
+        call: CallRef | None,
+        session: SessionRecord | None,
+        grant_mounts: tuple[MountSpec, ...] | None,
+    ) -> Container:
+        """The container itself, from the warm pool or fresh; owns ``pins``."""
+        child = self._child_grant(service_name, service, session, call, grant_mounts)
         container: Container | None = None
         if self.pool is not None and child is None:
             # A started one from the warm pool, the session's mounts attached (owns the pins
@@ -192,7 +282,6 @@ class ContainerStarter:
                 fields=fields,
                 greeted=greeted,
             )
-        pooled = container is not None
         if container is None:
             try:
                 # Refused here, before anything is made, if the runtime cannot do what the
@@ -221,34 +310,54 @@ class ContainerStarter:
                 if child is not None:
                     self.revoke_child(child.container_name)
                 raise
-        seconds = trio.current_time() - began
-        self._registry.container_started(
-            container.id,
-            ContainerRecord(session_id, service_name, container.name, service.image, time.time()),
-        )
-        self._observer.container_started(
-            session=session_id,
-            service=service_name,
-            container=container.id[:12],
-            image=service.image,
-            seconds=seconds,
-            respawn=respawn,
-            pooled=pooled,
-            call=call.record() if call is not None else None,
-        )
-        log.info(
-            "container_started",
-            extra={
-                **fields,
-                "container": container.id[:12],
-                "container_name": container.name,
-                "sequence": sequence,
-                "pooled": pooled,
-                # Its handshake was done while it waited in the pool: none at this call.
-                "greeted": isinstance(container, HandedOut) and container.greeting is not None,
-            },
-        )
         return container
+
+    async def _isolate(
+        self,
+        service_name: str,
+        pins: PinSet,
+        mounts: tuple[MountSpec, ...],
+        *,
+        session_id: str,
+        sequence: int,
+        call: CallRef | None,
+        session: SessionRecord | None,
+        account: Account,
+    ) -> tuple[PinSet, tuple[MountSpec, ...], TaskCopy]:
+        """The copy an isolated call's container works on, in the project's place (pins
+        consumed: handed over in the result, or closed)."""
+        try:
+            workspaces = self._workspaces()
+        except BaseException:
+            pins.close()
+            raise
+        facts = TaskFacts(
+            service=service_name,
+            task=(call.task or call.name or "") if call is not None else "",
+            session=session_id,
+            call=str(call.id) if call is not None else "-",
+            trace=session.trace_id if session is not None else "",
+        )
+        base = call.base if call is not None else None
+        call_id = call.id if call is not None else None
+        name = f"{session_id}-{sequence}"
+        return await workspaces.make(
+            name,
+            pins,
+            mounts,
+            base=base,
+            facts=facts,
+            call=call_id,
+            account=(account.uid, account.gid),
+        )
+
+    def _workspaces(self) -> TaskWorkspaces:
+        if self.workspaces is None:
+            raise WorkspaceRefused(
+                "this orchestrator has no directory for workspaces (see its start-up log)",
+                reason=WORKSPACE_FAILED,
+            )
+        return self.workspaces
 
     async def check_image(self, name: str, service: Service) -> None:
         """At every container start with a lock: the image's id against the locked one.
@@ -319,10 +428,12 @@ class ContainerStarter:
         service: Service,
         session: SessionRecord | None,
         call: CallRef | None,
+        mounts: tuple[MountSpec, ...] | None = None,
     ) -> ChildGrant | None:
         """The grant of an agent's child session, if it gets one (it uses services, the
         runtime can give its container the socket, and the depth limit leaves it some); its
-        container's name is set once the spec names it."""
+        container's name is set once the spec names it. Its sessions' containers get
+        ``mounts`` (an isolated task's copy), else the session's."""
         if session is None or not service.uses or not self.runtime.capabilities.child_sessions:
             return None
         depth = session.depth + 1
@@ -336,7 +447,7 @@ class ContainerStarter:
             parent_session=session.id,
             parent_call=call,
             trace_id=session.trace_id,
-            mounts=session.mounts,
+            mounts=session.mounts if mounts is None else mounts,
             services=services,
             depth=depth,
         )
@@ -425,6 +536,10 @@ class ContainerStarter:
             if deferred:
                 self.deferred.defer(container.id)
         finally:
+            copy = self.copies.pop(container.id, None)
+            if copy is not None:
+                # Nothing writes the copy any more: what the task changed becomes a branch.
+                live.workspace = await self._workspaces().finish(copy)
             forget()
             record = self._registry.containers.get(container.id)
             self._registry.container_removed(container.id)
@@ -550,6 +665,9 @@ class ContainerHost:
 
     async def memory_usage(self, live: LiveContainer) -> int | None:
         return await self._starter.memory_usage(live)
+
+    def works_on_copy(self, container: Container) -> bool:
+        return container.id in self._starter.copies
 
     def audit(self, call: ToolCallDone, *, service: str, live: LiveContainer | None) -> None:
         audit_call(self.observer, self._record, call, service=service, live=live)

@@ -84,6 +84,7 @@ from ..protocol.events import (
     ToClient,
     ToolCallDone,
     ToolsChanged,
+    WorkspaceRecorded,
 )
 from ..protocol.fabric_refresh import ToolChanges
 from ..protocol.framing import FramingError, LineSplitter
@@ -157,6 +158,10 @@ class SessionHost(Protocol):
 
     async def memory_usage(self, live: LiveContainer) -> int | None:
         """The container's memory in use in bytes, from the engine; None if it cannot tell."""
+
+    def works_on_copy(self, container: Container) -> bool:
+        """Whether the container works on a copy of the project (an isolated call's): its
+        task's changes are recorded at its removal."""
 
     def audit(self, call: ToolCallDone, *, service: str, live: LiveContainer | None) -> None:
         """One finished tool call into the audit trail and the metrics (its outcome read
@@ -402,7 +407,8 @@ class SessionDriver:
         # Greeted by the pool (asked for only by a machine that then skips its handshake).
         greeting = container.greeting if isinstance(container, HandedOut) else None
         greeting = greeting if action.greeted else None
-        await self._feed(BackendStarted(key, greeting, container.name))
+        workspace = self.host.works_on_copy(container)
+        await self._feed(BackendStarted(key, greeting, container.name, workspace))
 
     def _write(self, action: ToBackend) -> None:
         live = self._live.get(action.key)
@@ -472,6 +478,7 @@ class SessionDriver:
             return  # the first stop's reason is the one recorded
         self._stopping.add(action.key)
         live.stop_reason, live.stop_graceful = action.reason, action.graceful
+        live.report_workspace = action.report_workspace
         live.queue.clear()  # what waits for its stdin is dropped now, not when removal ends
         if self._latest.get(action.key.service) is live:
             del self._latest[action.key.service]
@@ -486,3 +493,7 @@ class SessionDriver:
                 del self._latest[key.service]
 
         await self.host.remove(live, self._fields_of(key.service), forget)
+        if live.report_workspace:
+            # The machine holds the call's answer until it knows what was recorded.
+            workspace, failure = live.workspace or (None, "the task's copy was not recorded")
+            await self._feed(WorkspaceRecorded(key, workspace, failure))

@@ -51,6 +51,10 @@ class LiveContainer:
     stop_reason: str = SESSION_ENDED
     stop_graceful: bool = True
     exit_code: int | None = None  # when it exited on its own and the engine could tell
+    # Its task's copy, once recorded at its removal: (structuredContent.workspace, or None and
+    # why not); and whether the machine waits for it (StopBackend.report_workspace).
+    workspace: tuple[dict[str, Any] | None, str | None] | None = None
+    report_workspace: bool = False
 
 
 async def read_stderr(live: LiveContainer, fields: dict[str, Any]) -> None:

@@ -74,6 +74,7 @@ from .registry import SessionRegistry
 from .streamable_http import HttpSessions
 from .sweeper import DeferredRemovals, remove_instance_containers, run_sweeper
 from .warm_pool import open_warm_pool
+from .workspaces import close_workspaces, open_workspaces
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +276,17 @@ async def serve_orchestrator(
             metrics=fabric.observer.metrics,
             refused=[name for name, found in fabric.secrets.items() if not found.available],
         )
+    if starter.workspaces is None and any(
+        service.workspace_mode == "isolated" for service in fabric.suite.mcp_services.values()
+    ):
+        owner = {
+            k: v
+            for k, v in starter.identity.labels().items()
+            if k.startswith("reactor-fabric.owner")
+        }
+        starter.workspaces = await open_workspaces(
+            instance_id, owner, fabric.suite.orchestrator.workspaces, fabric.observer
+        )
     try:
         async with trio.open_nursery() as root:
             if runtime.egress is not None:
@@ -325,6 +337,8 @@ async def serve_orchestrator(
         with trio.move_on_at(registry.teardown_deadline()) as scope:
             scope.shield = True
             await _remove_leftovers(runtime, instance_id)
+        if starter.workspaces is not None:
+            await close_workspaces(starter.workspaces)
         trio.lowlevel.notify_closing(accepting_socket)
         accepting_socket.close()
 

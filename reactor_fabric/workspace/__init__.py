@@ -9,10 +9,9 @@ docs/USAGE.md, "Workspaces").
 - :mod:`.task` — a task's workspace: :func:`~.task.prepare`, :func:`~.task.record`,
   :func:`~.task.remove`.
 
-Blocking I/O throughout (files, git processes): the trio side runs it in worker threads. This
-package knows nothing of trio, the runtimes or the session machines. Not wired into the
-sessions yet: the suite's ``workspace`` field, the agents' calls on a copy and the branch in
-their answers come next (issue 50).
+Blocking I/O throughout (files, git processes): the trio side (:mod:`reactor_fabric.trio.
+workspaces`) runs it in worker threads, at an isolated call's container's start and removal.
+This package knows nothing of trio, the runtimes or the session machines.
 """
 
 from __future__ import annotations

@@ -125,10 +125,12 @@ def prepare(
     base: str | None,
     bounds: Bounds,
     cancelled: Cancelled,
+    copy_owner: tuple[int, int] | None = None,
 ) -> Workspace:
     """Make the copy at ``directory`` (a new directory, made here) of the project held by
     ``project_fd`` (a pin's descriptor), owned by ``owner`` (uid, gid): the working tree, or
-    the tree of ``base``. The project's own ``.git`` must be at its top."""
+    the tree of ``base``. The project's own ``.git`` must be at its top. The copy's files
+    belong to ``copy_owner`` (the account the task's container runs as; default ``owner``)."""
     repository_owner = RepositoryOwner.of(*owner)
     git = Git(project_fd, repository_owner)
     deadline = time.monotonic() + bounds.step_seconds
@@ -140,7 +142,7 @@ def prepare(
         )
     base_commit = _commit_of(git, base or "HEAD", deadline, required=base is not None)
     base_entries = _tree_entries(git, base_commit, deadline) if base_commit else {}
-    ids = Ownership(*owner) if os.geteuid() == 0 else None
+    ids = Ownership(*(copy_owner or owner)) if os.geteuid() == 0 else None
     os.mkdir(directory, 0o700)
     try:
         if ids is not None:

@@ -56,6 +56,7 @@ def limited_suite(tmp_path: Path, api_url: str, **agents: int) -> Path:
     path = agent_suite(tmp_path, api_url, {})
     suite = yaml.safe_load(path.read_text())
     suite["mcp_services"]["agent"]["service_type"] = "llm_agent"  # (its calls: agent calls)
+    suite["mcp_services"]["agent"]["workspace"] = "shared"  # (its project is no repository)
     if agents:
         suite["orchestrator"]["agents"] = agents
     path.write_text(yaml.safe_dump(suite))

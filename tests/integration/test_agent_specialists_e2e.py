@@ -48,11 +48,15 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def agent(api_url: str, account: str, specialty: str, **fields: Any) -> dict[str, Any]:
-    """An agent service of the agent image, reaching the scripted API through egress only."""
+    """An agent service of the agent image, reaching the scripted API through egress only;
+    working on the project itself (``workspace: shared``) unless ``fields`` say otherwise:
+    these tests are about the agent, its account and its child session; its workspaces are
+    test_agent_workspaces_e2e.py's."""
     port = api_url.rsplit(":", 1)[1]
     return {
         "image": agent_image(),
         "service_type": "llm_agent",
+        "workspace": "shared",
         "timeout": "300s",
         "egress": [f"127.0.0.1:{port}"],
         "env": {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"},
@@ -273,8 +277,9 @@ def test_the_reference_designs_suite_with_local_images_runs_its_agent_services(
         "docs_generator",
         "react_specialist",
     ]
-    project = tmp_path / "projects" / "app"
-    project.mkdir(parents=True)
+    # A repository: the suite's per-call agents work on copies of it (workspace: isolated,
+    # their default), its other agents on the project itself.
+    project = git_repo(tmp_path / "projects" / "app", ["the client's commit"])
     project.chmod(0o777)
 
     def say_done(request: dict[str, Any]) -> list[Text]:
@@ -322,6 +327,13 @@ def test_the_reference_designs_suite_with_local_images_runs_its_agent_services(
     for name, answer in answers.items():
         assert answer["ok"], (name, answer)
         assert "answer" in json.dumps(answer["content"]), (name, answer)
+        strategy = suite["mcp_services"][name].get("container_strategy", "fresh_per_call")
+        workspace = (answer["structured"] or {}).get("workspace")
+        if strategy == "fresh_per_call":
+            assert workspace is not None, (name, answer)
+            assert workspace["commit"] is None  # (it said done, and changed nothing)
+        else:
+            assert workspace is None, (name, answer)
     # Each agent's specialty reached its model; every request carried the account's key.
     specialties = {json.dumps(r["system"]) for r in api.messages_requests()}
     for name in agents:

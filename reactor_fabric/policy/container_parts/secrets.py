@@ -16,6 +16,7 @@ from ...config.secrets import Secret, ServiceSecrets
 from ...config.structs import Service
 from ..accounts import Account
 from .context import SpecContext, SpecRefusal
+from .ownership import ContainerIdentity
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,15 @@ def server_account(service: Service, context: SpecContext) -> Account:
     runs as the secrets' account — a secret in the environment is as readable as a file by
     whoever shares the server's uid (``/proc/PID/environ``), so never the project's owner's,
     nor nobody's."""
-    identity = context.identity
-    found = identity.secrets.get(context.service_name)
+    return runs_as(context.service_name, service, context.identity, context.account)
+
+
+def runs_as(
+    service_name: str, service: Service, identity: ContainerIdentity, account: Account
+) -> Account:
+    """:func:`server_account` from what a start has before its spec (an isolated task's copy
+    belongs to whom its container runs as)."""
+    found = identity.secrets.get(service_name)
     if (
         found is not None
         and found.secrets
@@ -48,7 +56,7 @@ def server_account(service: Service, context: SpecContext) -> Account:
         and identity.secrets_account is not None
     ):
         return identity.secrets_account
-    return context.account
+    return account
 
 
 def secrets(service: Service, context: SpecContext) -> SecretsPart | SpecRefusal:

@@ -386,13 +386,20 @@ def test_the_example_of_two_specialists_is_valid_without_a_warning() -> None:
     assert result.warnings == []
     assert result.suite is not None
     services = result.suite.mcp_services
-    assert {n for n, s in services.items() if s.service_type == "llm_agent"} == {
-        "code_reviewer",
-        "security_analyst",
-    }
-    for name in ("code_reviewer", "security_analyst"):
+    agents = {n for n, s in services.items() if s.service_type == "llm_agent"}
+    assert agents == {"implementer", "test_writer", "polisher", "code_reviewer", "security_analyst"}
+    for name in agents:
         assert services[name].account == "work"
         assert services[name].egress_in_force == ["api.anthropic.com:443"]
+    # The pipeline's steps work on copies; the reviewers, which read history, on the project.
+    modes = {name: services[name].workspace_mode for name in agents}
+    assert modes == {
+        "implementer": "isolated",
+        "test_writer": "isolated",
+        "polisher": "isolated",
+        "code_reviewer": "shared",
+        "security_analyst": "shared",
+    }
 
 
 def test_the_reference_suite_loads_and_warns_only_of_its_agents_undefined_accounts() -> None:

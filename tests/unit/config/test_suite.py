@@ -118,6 +118,39 @@ def test_every_optional_field_is_accepted_with_its_typed_value() -> None:
     assert result.suite.orchestrator.max_message_bytes == 4 * 1024**2
 
 
+def test_an_agent_works_on_an_isolated_copy_and_a_tool_server_on_the_project_unless_told() -> None:
+    result = check_suite_text(
+        textwrap.dedent(
+            """\
+            version: "1.0"
+            orchestrator:
+              allowed_mount_roots: ["/srv/projects"]
+              workspaces: {max_size: "512m", max_files: 5000}
+            mcp_services:
+              reviewer: {image: "agent:1", service_type: llm_agent}
+              pair: {image: "agent:1", service_type: llm_agent, workspace: shared}
+              resident:
+                {image: "agent:1", service_type: llm_agent, container_strategy: reuse_per_session}
+              git: {image: "git:1"}
+              formatter: {image: "fmt:1", container_strategy: fresh_per_call, workspace: isolated}
+            """
+        ),
+        source="suite.yaml",
+    )
+    assert result.issues == []
+    assert result.suite is not None
+    modes = {name: s.workspace_mode for name, s in result.suite.mcp_services.items()}
+    assert modes == {
+        "reviewer": "isolated",
+        "pair": "shared",
+        "resident": "shared",  # (a copy per task needs a container per task)
+        "git": "shared",
+        "formatter": "isolated",
+    }
+    workspaces = result.suite.orchestrator.workspaces
+    assert (workspaces.max_size_bytes, workspaces.max_files) == (512 * 1024**2, 5000)
+
+
 # Each bad suite: the text, then (line, key path, words the message must contain) of every
 # problem reported, in order.
 BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
@@ -276,6 +309,33 @@ BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
     "a refresh bound under an explicit fresh_per_call": (
         MINIMAL + "    container_strategy: fresh_per_call\n    memory_threshold: 100m\n",
         [(8, "mcp_services.time.memory_threshold", "strategy is fresh_per_call;")],
+    ),
+    "an isolated workspace under a tool service's default strategy": (
+        MINIMAL + "    workspace: isolated\n",
+        [
+            (
+                7,
+                "mcp_services.time.workspace",
+                "isolated needs container_strategy: fresh_per_call (a copy of the project per "
+                "call), and this service's strategy is reuse_per_session, the default for "
+                "service_type tool_service; set container_strategy: fresh_per_call, or "
+                "workspace: shared",
+            )
+        ],
+    ),
+    "an isolated workspace under an agent's smart_refresh": (
+        MINIMAL
+        + "    service_type: llm_agent\n    workspace: isolated\n"
+        + "    container_strategy: smart_refresh\n    max_calls_per_container: 3\n",
+        [(8, "mcp_services.time.workspace", "strategy is smart_refresh; set")],
+    ),
+    "a workspace mode that does not exist": (
+        MINIMAL + "    workspace: private\n",
+        [(7, "mcp_services.time.workspace", "'private' is not one of")],
+    ),
+    "a workspace bound below a mebibyte": (
+        MINIMAL.replace('["/home/"]', '["/home/"]\n  workspaces: {max_size: 64k}'),
+        [(4, "orchestrator.workspaces.max_size", "too small")],
     ),
     "memory threshold not a size": (
         MINIMAL + "    container_strategy: smart_refresh\n    memory_threshold: lots\n",

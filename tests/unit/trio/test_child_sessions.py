@@ -159,8 +159,12 @@ async def agent_or_tool_server(
         await container.write_stdout(json.dumps(answer).encode() + b"\n")
 
 
+# The agents work on the caller's project itself (workspace: shared): these tests are about
+# their child sessions (an isolated task's child session on its copy: test_agent_workspaces_e2e).
 SERVICES = {
-    "agent": Service(image="fake/agent:1", service_type="llm_agent", uses=["beta"]),
+    "agent": Service(
+        image="fake/agent:1", service_type="llm_agent", workspace="shared", uses=["beta"]
+    ),
     "beta": Service(image="fake/beta:1"),
     "gamma": Service(image="fake/gamma:1"),
 }
@@ -277,7 +281,10 @@ async def test_an_agent_that_uses_nothing_or_a_runtime_without_sockets_gets_no_c
     then runs without the suite)."""
     project = tmp_path / "project"
     project.mkdir()
-    services = {**SERVICES, "loner": Service(image="fake/agent:1", service_type="llm_agent")}
+    services = {
+        **SERVICES,
+        "loner": Service(image="fake/agent:1", service_type="llm_agent", workspace="shared"),
+    }
     async with served(
         tmp_path, server=agent_or_tool_server, learn_catalog=True, services=services
     ) as http:
@@ -296,8 +303,15 @@ async def test_an_agent_that_uses_nothing_or_a_runtime_without_sockets_gets_no_c
 
 async def test_an_agent_may_use_another_agent_only_below_the_depth_limit(tmp_path: Path) -> None:
     services = {
-        "lead": Service(image="fake/agent:1", service_type="llm_agent", uses=["beta", "helper"]),
-        "helper": Service(image="fake/agent:1", service_type="llm_agent", uses=["beta"]),
+        "lead": Service(
+            image="fake/agent:1",
+            service_type="llm_agent",
+            workspace="shared",
+            uses=["beta", "helper"],
+        ),
+        "helper": Service(
+            image="fake/agent:1", service_type="llm_agent", workspace="shared", uses=["beta"]
+        ),
         "beta": Service(image="fake/beta:1"),
     }
     async with served(tmp_path, services=services) as http:

@@ -1,0 +1,345 @@
+"""Isolated calls on the fabric endpoint end to end on the in-memory runtime and real git: the
+container works on a copy, its changes come back as a branch named in the answer, the client's
+checkout is untouched, and the copy is gone after."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from reactor_fabric.config.structs import Service, Workspaces
+from reactor_fabric.observe.observer import Observer
+from reactor_fabric.policy.mount_spec import MountSpec
+from reactor_fabric.policy.pinning import pin_mounts
+from reactor_fabric.runtime.memory import MemoryServer
+from reactor_fabric.trio.workspaces import close_workspaces, open_workspaces, own_directory
+from reactor_fabric.workspace import TaskFacts
+from tests.fakes import _answer
+from tests.http_client import WebSocketClient
+from tests.messages import INITIALIZE, INITIALIZED, request
+from tests.served import Served, served
+
+AGENT = {"agent": Service(image="fake/agent:1", service_type="llm_agent")}
+WRITE_TOOL = {
+    "name": "write",
+    "description": "write a file in the project",
+    "inputSchema": {"type": "object"},
+}
+
+
+async def writing_server(container: MemoryServer) -> None:
+    """A server whose one tool writes a file into its mount's source (as a container writing
+    its /workspace would), after ``wait`` seconds."""
+    async with trio.open_nursery() as nursery:
+        while (line := await container.read_line()) is not None:
+            message = json.loads(line)
+            if "id" not in message or "method" not in message:
+                continue
+            nursery.start_soon(_handle, container, message)
+        nursery.cancel_scope.cancel()
+
+
+async def _handle(container: MemoryServer, message: dict[str, Any]) -> None:
+    method, request_id = message["method"], message["id"]
+    if method == "initialize":
+        result = {
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "writer", "version": "1"},
+        }
+        await _answer(container, request_id, result)
+    elif method == "tools/list":
+        await _answer(container, request_id, {"tools": [WRITE_TOOL]})
+    elif method == "tools/call":
+        arguments = message["params"]["arguments"]
+        await trio.sleep(arguments.get("wait", 0))
+        [mount] = [m for m in container.spec.mounts if m.target == "/workspace"]
+        target = Path(mount.source) / arguments["path"]
+        target.write_text(arguments["text"])
+        text = f"wrote {arguments['path']} in {mount.source}"
+        await _answer(container, request_id, {"content": [{"type": "text", "text": text}]})
+    else:
+        await _answer(container, request_id, {})
+
+
+def git(project: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(project), *args], check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+def repository(root: Path) -> Path:
+    project = root / "project"
+    project.mkdir()
+    git(project, "init", "-q", "-b", "main")
+    git(project, "config", "user.email", "t@example.com")
+    git(project, "config", "user.name", "T")
+    (project / "README.md").write_text("hello\n")
+    git(project, "add", "README.md")
+    git(project, "commit", "-q", "-m", "first")
+    return project
+
+
+@asynccontextmanager
+async def isolated_served(root: Path) -> AsyncIterator[Served]:
+    async with served(root, learn_catalog=True, services=AGENT, server=writing_server) as http:
+        owner = {"reactor-fabric.owner-host": "test"}
+        workspaces = await open_workspaces(
+            "i1",
+            owner,
+            http.fabric.suite.orchestrator.workspaces,
+            http.fabric.observer,
+            parent=str(root / "areas"),
+        )
+        assert workspaces is not None
+        http.fabric.starter.workspaces = workspaces
+        yield http
+
+
+async def session(http: Served, project: Path) -> WebSocketClient:
+    ws, _ = await http.websocket(f"/mcp?tools=all&mount={project}:/workspace")
+    await ws.send_json(INITIALIZE)
+    await ws.hear()
+    await ws.send_json(INITIALIZED)
+    return ws
+
+
+def write(request_id: int, path: str, text: str, **more: Any) -> dict[str, Any]:
+    arguments = {"path": path, "text": text, **more}
+    return request(request_id, "tools/call", {"name": "agent__write", "arguments": arguments})
+
+
+def copies(root: Path) -> list[str]:
+    return [
+        str(path.relative_to(root / "areas"))
+        for path in (root / "areas").glob("*/*")
+        if path.name != "owner.json"
+    ]
+
+
+async def test_an_agents_call_works_on_a_copy_and_its_changes_become_a_branch_named_in_the_answer(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    (project / "README.md").write_text("hello, uncommitted\n")  # the client's own edit
+    head = git(project, "rev-parse", "HEAD")
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "notes.txt", "from the agent\n", task="write the notes"))
+        answer = await ws.hear()
+        workspace = answer["result"]["structuredContent"]["workspace"]
+        branch = workspace["branch"]
+        assert branch.startswith("reactor-fabric/agent/")
+        assert (workspace["mode"], workspace["base"]) == ("isolated", head)
+        assert (workspace["files_changed"], workspace["insertions"]) == (1, 1)
+        assert workspace["commit"] == git(project, "rev-parse", branch)
+        assert answer["result"]["content"][-1]["text"].startswith(
+            f"Workspace: the task's changes are on branch {branch} (commit"
+        )
+        # The container wrote into its copy, not into the project.
+        assert str(project) not in answer["result"]["content"][0]["text"]
+        assert not (project / "notes.txt").exists()
+        # The branch: the client's uncommitted state, then the task's change.
+        assert git(project, "show", f"{branch}:notes.txt") == "from the agent"
+        assert git(project, "show", f"{branch}~1:README.md") == "hello, uncommitted"
+        assert git(project, "log", "-1", "--format=%s", branch) == "agent: write the notes"
+        # Nothing else of the client's repository moved.
+        assert git(project, "rev-parse", "HEAD") == head
+        assert git(project, "symbolic-ref", "HEAD") == "refs/heads/main"
+        assert git(project, "status", "--porcelain") == "M README.md"
+        await ws.aclose()
+        assert copies(tmp_path) == []
+
+
+async def test_two_calls_at_once_writing_one_file_each_get_their_own_branch(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "same.txt", "first\n", wait=0.2))
+        await ws.send_json(write(3, "same.txt", "second\n"))
+        answers = {a["id"]: a for a in [await ws.hear(), await ws.hear()]}
+        branches = {
+            i: answers[i]["result"]["structuredContent"]["workspace"]["branch"] for i in (2, 3)
+        }
+        assert branches[2] != branches[3]
+        assert git(project, "show", f"{branches[2]}:same.txt") == "first"
+        assert git(project, "show", f"{branches[3]}:same.txt") == "second"
+        assert not (project / "same.txt").exists()
+        await ws.aclose()
+        assert copies(tmp_path) == []
+
+
+async def test_a_task_on_a_base_starts_from_that_branch(tmp_path: Path) -> None:
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "step1.txt", "one\n"))
+        first = (await ws.hear())["result"]["structuredContent"]["workspace"]
+        await ws.send_json(write(3, "step2.txt", "two\n", base=first["branch"]))
+        second = (await ws.hear())["result"]["structuredContent"]["workspace"]
+        assert second["base"] == first["commit"]
+        tree = git(project, "ls-tree", "--name-only", second["branch"]).split()
+        assert tree == ["README.md", "step1.txt", "step2.txt"]
+        await ws.send_json(write(4, "x.txt", "x\n", base="no-such-branch"))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32002
+        assert refused["error"]["data"]["reason"] == "workspace_base_unknown"
+        await ws.send_json(write(5, "x.txt", "x\n", base="--upload-pack=touch /tmp/pwned"))
+        refused = await ws.hear()
+        assert refused["error"]["data"]["reason"] == "workspace_base_unknown"
+        await ws.aclose()
+        assert copies(tmp_path) == []
+
+
+async def test_a_project_that_is_not_a_repository_is_refused_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "plain"
+    project.mkdir()
+    (project / "a.txt").write_text("a\n")
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "b.txt", "b\n"))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32002
+        assert refused["error"]["data"]["reason"] == "workspace_not_a_repository"
+        assert http.runtime.spawned == []
+        assert os.listdir(project) == ["a.txt"]
+        await ws.aclose()
+        assert copies(tmp_path) == []
+
+
+async def test_a_task_that_changes_nothing_makes_no_branch(tmp_path: Path) -> None:
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "README.md", "hello\n"))
+        workspace = (await ws.hear())["result"]["structuredContent"]["workspace"]
+        assert (workspace["branch"], workspace["commit"]) == (None, None)
+        assert git(project, "branch", "--list", "reactor-fabric/*") == ""
+        await ws.aclose()
+
+
+async def relay_session(http: Served, project: Path) -> WebSocketClient:
+    ws, _ = await http.websocket(f"/mcp/agent?mount={project}:/workspace")
+    await ws.send_json(INITIALIZE)
+    await ws.hear()
+    await ws.send_json(INITIALIZED)
+    return ws
+
+
+def relayed_write(request_id: int, path: str, text: str, **more: Any) -> dict[str, Any]:
+    arguments = {"path": path, "text": text, **more}
+    return request(request_id, "tools/call", {"name": "write", "arguments": arguments})
+
+
+async def test_on_the_relay_each_calls_container_works_on_a_copy_and_the_answer_names_its_branch(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    head = git(project, "rev-parse", "HEAD")
+    async with isolated_served(tmp_path) as http:
+        ws = await relay_session(http, project)
+        branches = []
+        for request_id, text in ((2, "one\n"), (3, "two\n")):
+            await ws.send_json(relayed_write(request_id, "out.txt", text, task=f"write {text}"))
+            answer = await ws.hear()
+            assert answer["id"] == request_id
+            workspace = answer["result"]["structuredContent"]["workspace"]
+            assert workspace["base"] == head
+            branches.append(workspace["branch"])
+            assert git(project, "show", f"{workspace['branch']}:out.txt") == text.strip()
+        assert branches[0] != branches[1]
+        assert not (project / "out.txt").exists()
+        assert len(http.runtime.spawned) == 2  # a container (and a copy) per call
+        await ws.send_json(relayed_write(4, "x.txt", "x\n", base=branches[0]))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32002
+        assert refused["error"]["data"]["reason"] == "workspace_failed"
+        assert "honoured on /mcp" in refused["error"]["message"]
+        await ws.aclose()
+        assert copies(tmp_path) == []
+
+
+async def test_a_start_cancelled_while_its_copy_is_made_leaves_no_copy_and_no_descriptor(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    for index in range(3000):
+        (project / f"f{index}.txt").write_text(f"{index}\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "many")
+    owner = {"reactor-fabric.owner-host": "test"}
+    workspaces = await open_workspaces(
+        "i1", owner, Workspaces(), Observer(), parent=str(tmp_path / "areas")
+    )
+    assert workspaces is not None
+    facts = TaskFacts(service="agent", task="t", session="s", call="1", trace="-")
+    mount = MountSpec(str(project), "/workspace")
+    descriptors = set(os.listdir("/proc/self/fd"))
+    outcomes = []
+    for delay in (0.0, 0.005, 0.02, 0.05, 10.0):
+        pins = pin_mounts([mount])
+        with trio.move_on_after(delay) as scope:
+            handed, _mounts, copy = await workspaces.make(
+                f"c{delay}", pins, (mount,), base=None, facts=facts, call=1, account=(0, 0)
+            )
+        if not scope.cancelled_caught:  # (made before the cancellation: ours to discard)
+            handed.close()
+            await workspaces.discard(copy)
+        outcomes.append(scope.cancelled_caught)
+        assert copies(tmp_path) == []
+        assert pins.closed or not scope.cancelled_caught
+    # Cancelled before, while and (the last) not at all while the copy was made.
+    assert outcomes[0]
+    assert outcomes[-1] is False
+    assert set(os.listdir("/proc/self/fd")) == descriptors
+    await close_workspaces(workspaces)
+    assert not (tmp_path / "areas" / "i1").exists()
+
+
+def test_the_copies_directory_is_refused_when_another_user_could_reach_or_swap_it(
+    tmp_path: Path,
+) -> None:
+    shm = tmp_path / "shm"  # as /dev/shm: everyone may write, sticky
+    shm.mkdir()
+    shm.chmod(0o1777)
+    fresh = shm / "reactor-fabric" / "workspaces"
+    own_directory(str(fresh))
+    assert oct(fresh.stat().st_mode & 0o7777) == "0o700"
+    assert oct((shm / "reactor-fabric").stat().st_mode & 0o7777) == "0o700"
+    # Another user made the name first (in a sticky directory they may): refused.
+    squatted = shm / "squatted"
+    squatted.mkdir(mode=0o777)
+    squatted.chmod(0o777)
+    os.chown(squatted, 1234, 1234)
+    with pytest.raises(OSError, match="not a directory only root or this user controls"):
+        own_directory(str(squatted / "workspaces"))
+    assert not (squatted / "workspaces").exists() or (squatted / "workspaces").stat().st_uid == 0
+    # A link there (to a directory of theirs, or anywhere): refused, not followed.
+    (shm / "linked").symlink_to(tmp_path)
+    with pytest.raises(OSError, match="linked is not a directory only root"):
+        own_directory(str(shm / "linked" / "workspaces"))
+    # A directory of ours left open: closed again.
+    mine = shm / "mine"
+    mine.mkdir()
+    mine.chmod(0o755)
+    own_directory(str(mine))
+    assert oct(mine.stat().st_mode & 0o7777) == "0o700"
+    # A writable, non-sticky directory on the way (others could rename in it): refused.
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(OSError, match="open is not a directory only root"):
+        own_directory(str(open_dir / "workspaces"))
