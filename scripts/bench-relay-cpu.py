@@ -155,11 +155,8 @@ def main() -> int:
         help="the history's sessions: the relay over WebSocket, or every kind make bench opens",
     )
     args = parser.parse_args()
-    suite_text = MINIMAL_SUITE
     if args.history and args.suite != "bundled":
         parser.error("--history calls the time service: use --suite bundled")
-    if args.suite == "bundled":
-        suite_text = (REPO / "claude-mcp-suite.yaml").read_text()
     runs: dict[str, list[dict[str, float]]] = {revision: [] for revision in args.revisions}
     with contextlib.ExitStack() as stack:
         trees = {
@@ -174,9 +171,12 @@ def main() -> int:
         }
         for round_ in range(args.repeats):
             for revision in args.revisions:
+                tree = trees[revision]
+                # Each revision's own bundled suite (a newer one may use fields it refuses).
+                bundled = (tree / "claude-mcp-suite.yaml").read_text()
                 result = measure(
-                    trees[revision],
-                    suite_text,
+                    tree,
+                    bundled if args.suite == "bundled" else MINIMAL_SUITE,
                     args.calls,
                     args.in_flight,
                     history=args.history,
