@@ -281,27 +281,20 @@ class TaskWorkspaces:
             if bounded.cancelled_caught:
                 failure = f"recording took longer than {RECORD_SECONDS:g} s"
             await trio.to_thread.run_sync(self._remove, task)
-        fields = {"session": task.session, "service": task.facts.service}
-        if recorded is None:
-            log.warning("workspace_not_recorded", extra={**fields, "detail": failure})
-            self._observer.workspace(
-                session=task.session,
-                service=task.facts.service,
-                call=task.call,
-                recorded=None,
-                failure=failure,
-            )
-            return None, failure
-        log.info(
-            "workspace_recorded",
-            extra={**fields, "branch": recorded.branch, "commit": recorded.commit},
-        )
         self._observer.workspace(
             session=task.session,
             service=task.facts.service,
             call=task.call,
             recorded=recorded,
-            failure=None,
+            failure=failure if recorded is None else None,
+        )
+        fields = {"session": task.session, "service": task.facts.service}
+        if recorded is None:
+            log.warning("workspace_not_recorded", extra={**fields, "detail": failure})
+            return None, failure
+        log.info(
+            "workspace_recorded",
+            extra={**fields, "branch": recorded.branch, "commit": recorded.commit},
         )
         return summary(recorded), None
 
