@@ -285,6 +285,8 @@ class FabricRouter:
         per-call backend is removed with it: see settle)."""
         found = self.exchanges.cancelled(client_id)
         if found is None:
+            # Its answer may be held for its workspace: it is not sent any more.
+            self.exchanges.held.withdraw(lambda forwarded: forwarded.client_id == client_id)
             return []
         our_id, forwarded = found
         del self.exchanges.forwarded[our_id]

@@ -276,8 +276,14 @@ class SessionMachine:
             refused = self._admit(message, event.frame, now)
             if refused is not None:
                 return refused
-        elif self.requests.calls.open and message.method == CANCELLED:
-            call = self.requests.calls.cancelled(cancelled_request_id(message), now)
+        elif message.method == CANCELLED:
+            cancelled = cancelled_request_id(message)
+            # An answer held for its workspace is not sent any more (the relay is transparent
+            # otherwise: what a container answers after a cancellation goes on).
+            self.requests.held.withdraw(lambda request_id: request_id == cancelled)
+            call = (
+                self.requests.calls.cancelled(cancelled, now) if self.requests.calls.open else None
+            )
             if call is not None:
                 done.append(ToolCallDone(call))
         return self._route(message, event.frame, done, now)

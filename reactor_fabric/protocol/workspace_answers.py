@@ -16,6 +16,7 @@ Pure: no I/O. Both endpoints' machines keep one :class:`HeldAnswers`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -74,6 +75,17 @@ class HeldAnswers(Generic[Request]):
             Held(held.request, with_workspace(held.message, event.workspace, event.failure))
             for held in self._held.pop(event.key, [])
         ]
+
+    def withdraw(self, cancelled: Callable[[Request], bool]) -> bool:
+        """The client cancelled a call whose answer is held: that answer is dropped (a
+        cancelled request is not answered; its workspace is still recorded, and audited).
+        Whether one was held."""
+        found = False
+        for answers in self._held.values():
+            kept = [held for held in answers if not cancelled(held.request)]
+            found = found or len(kept) != len(answers)
+            answers[:] = kept
+        return found
 
     def end(self) -> list[Request]:
         """The session ends: the requests whose answers were held (the machine answers them

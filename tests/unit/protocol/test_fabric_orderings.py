@@ -49,7 +49,13 @@ Invariants:
   after two calls, at an age, or over a memory threshold, the world's figures over, under or
   unreadable, reported late too) has its container measured only between calls (nothing of
   it in flight), a container measured over its threshold gets no further call, one it retired
-  is removed once its calls end, and a new one starts only when the running one is retired.
+  is removed once its calls end, and a new one starts only when the running one is retired;
+- a per-call service whose containers work on copies of the project (``workspace: isolated``,
+  the services in ``ISOLATED``) has its container's answer go to the client only after the
+  driver reported its copy recorded (a step of the world's, after the removal the machine asked
+  for with ``report_workspace``; or the recording failed), naming what was recorded or why
+  nothing was; only such containers are stopped for a record, only with an answer held; and an
+  answer from any other container names no workspace.
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ from reactor_fabric.protocol.events import (
     ToBackend,
     ToClient,
     ToolsChanged,
+    WorkspaceRecorded,
 )
 from reactor_fabric.protocol.fabric_backends import BackendTable
 from reactor_fabric.protocol.fabric_refresh import Refresh, Refreshed
@@ -115,6 +122,7 @@ from reactor_fabric.protocol.fabric_roster import Roster
 from reactor_fabric.protocol.fabric_router import FabricRouter
 from reactor_fabric.protocol.fabric_server import FabricServer, Lifecycle
 from reactor_fabric.protocol.tool_calls import ToolCall, ToolCallDone
+from reactor_fabric.protocol.workspace_answers import HeldAnswers
 from tests import orderings
 from tests.messages import INITIALIZED, request
 from tests.orderings import Violation, check
@@ -174,8 +182,14 @@ BREAKS = False
 # How long a container's stdin may not move before it counts as no longer read (the one rule of
 # protocol/backend.py; inf: never, as when writes are not modelled).
 STALL = math.inf
-# The services whose every call runs in a container of its own (fresh_per_call).
+# The services whose every call runs in a container of its own (fresh_per_call), and those of
+# them whose containers work on a copy of the project (workspace: isolated): the driver records
+# the copy once such a container is removed, and reports it (or that it failed) when the world
+# says so.
 PER_CALL: tuple[str, ...] = ()
+ISOLATED: tuple[str, ...] = ()
+RECORDED = {"mode": "isolated", "branch": "b", "base": "c0", "commit": "c1", "files_changed": 1,
+            "insertions": 1, "deletions": 0}  # fmt: skip
 # The services whose container is refreshed (smart_refresh, REFRESHED's bounds), and a memory
 # figure over and under its threshold.
 REFRESH: tuple[str, ...] = ()
@@ -207,13 +221,16 @@ class Box:
     measuring: bool = False  # its memory was asked for, the figure not reported yet
     over: bool = False  # it was reported over its memory threshold
     call_ids: tuple[tuple[Any, Any], ...] = ()  # (the machine's id, the client's) of its calls
+    answered: tuple[Any, ...] = ()  # the client ids of the calls it answered
+    owed: bool = False  # stopped with report_workspace: its recording is to be reported
+    reported: str | None = None  # "recorded" or "failed", once the driver reported it
 
     def key(self) -> tuple[object, ...]:
         return (
             self.seq, self.service, self.state, tuple(self.received), self.greeted,
             self.initialized, self.unreported, self.ask, self.ask_answers, self.changed,
             self.ran, self.logged, self.late, self.calls, self.measuring, self.over,
-            self.call_ids,
+            self.call_ids, self.answered, self.owed, self.reported,
         )  # fmt: skip
 
 
@@ -392,6 +409,11 @@ def stop(world: World, action: StopBackend, logged: list[str], trail: list[str])
         logged.remove(key.service)
         box.logged += 1
         check(box.logged == 1, f"{key} logged backend_failed twice", trail)
+    if action.report_workspace:
+        # (its recording is reported once it is removed: a step of the world's)
+        check(key.service in ISOLATED, f"{key} stopped for a workspace, not isolated", trail)
+        check(box.answered != (), f"{key} stopped for a workspace, no answer held", trail)
+        box.owed = True
     if box.state != "gone":
         box.state = "stopped"
     if world.current.get(key.service) == key.seq:
@@ -417,6 +439,27 @@ def client_receives(world: World, message: dict[str, Any], trail: list[str]) -> 
         world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
         check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
         world.answered_with[answer_id] = "error" if "error" in message else "result"
+        if "result" in message:
+            workspace_checks(world, answer_id, message["result"], trail)
+
+
+def workspace_checks(world: World, call_id: Any, result: Any, trail: list[str]) -> None:
+    """A container's answer to a call of an isolated service goes out only once its copy's
+    recording is reported, naming it (or why nothing was recorded); any other answer names
+    no workspace."""
+    served = [box for box in world.boxes.values() if call_id in box.answered]
+    workspace = result.get("structuredContent", {}).get("workspace")
+    if not served or served[0].service not in ISOLATED:
+        check(workspace is None, f"{call_id} answered naming a workspace it has none of", trail)
+        return
+    [box] = served
+    check(box.reported is not None, f"{call_id} answered before its copy was recorded", trail)
+    check(workspace is not None, f"{call_id} answered without its workspace", trail)
+    assert workspace is not None
+    named = "failed" if workspace.get("error") else "recorded"
+    check(named == box.reported, f"{call_id} answered {named}, {box.reported}", trail)
+    check(workspace.get("branch") == (RECORDED["branch"] if named == "recorded" else None),
+          f"{call_id} answered naming another branch", trail)  # fmt: skip
 
 
 def recorded(world: World, call: ToolCall, trail: list[str]) -> None:
@@ -528,6 +571,17 @@ def box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
 
 def _box_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
     seq = box.seq
+    steps: list[Step] = []
+    if box.owed and box.reported is None:
+        # (the driver removed it, recorded its copy and reports that, or that it failed)
+        steps.append((f"recorded-{seq}", partial(workspace_recorded, seq=seq, failed=False)))
+        if unlucky:
+            steps.append((f"record-fails-{seq}", partial(workspace_recorded, seq=seq, failed=True)))
+    return steps + _container_steps(world, box, unlucky=unlucky)
+
+
+def _container_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
+    seq = box.seq
     if box.state == "starting":
         steps: list[Step] = [(f"started-{seq}", partial(started, seq=seq))]
         if unlucky:
@@ -607,7 +661,8 @@ def started(world: World, seq: int) -> list[Action]:
     box.ran = True
     if box.service not in PER_CALL:
         world.current[box.service] = seq
-    return world.feed(BackendStarted(BackendKey(box.service, seq)))
+    key = BackendKey(box.service, seq)
+    return world.feed(BackendStarted(key, workspace=box.service in ISOLATED))
 
 
 def start_fails(world: World, seq: int) -> list[Action]:
@@ -641,6 +696,7 @@ def answers(world: World, seq: int, *, error: bool) -> list[Action]:
         body = {"result": {"tools": tools}}
     else:
         body = {"result": {"content": [{"type": "text", "text": "echo"}]}}
+        box.answered = (*box.answered, dict(box.call_ids).get(answer_id))
     line = json.dumps({"jsonrpc": "2.0", "id": answer_id, **body}).encode()
     return world.feed(BackendLine(BackendKey(box.service, seq), line))
 
@@ -704,6 +760,18 @@ def late_exit(world: World, seq: int) -> list[Action]:
     return world.feed(BackendExited(BackendKey(box.service, seq), 137))
 
 
+def workspace_recorded(world: World, seq: int, *, failed: bool) -> list[Action]:
+    """The driver removed an isolated container and recorded its copy (or could not)."""
+    box = world.boxes[seq]
+    key = BackendKey(box.service, seq)
+    if failed:
+        world.misfortunes += 1
+        box.reported = "failed"
+        return world.feed(WorkspaceRecorded(key, None, "git fast-import: no"))
+    box.reported = "recorded"
+    return world.feed(WorkspaceRecorded(key, dict(RECORDED)))
+
+
 def refreshed(world: World, *, ran: bool) -> list[Action]:
     """The driver ran the refresh in a worker thread (or it failed, or was given up)."""
     refresh = world.refresh
@@ -732,9 +800,10 @@ def settled(world: World) -> bool:
     return (
         world.refresh is None
         and not world.asks
+        and not any(box.owed and box.reported is None for box in world.boxes.values())
         and not any(box.measuring for box in world.boxes.values())
         and all(
-            box.state == "gone" or (box.state == "running" and not box.received)
+            box.state in ("gone", "stopped") or (box.state == "running" and not box.received)
             for box in world.boxes.values()
         )
     )
@@ -836,6 +905,7 @@ def explore() -> int:
             **{service: Lifecycle("fresh_per_call") for service in PER_CALL},
             **dict.fromkeys(REFRESH, REFRESHED),
         },
+        isolated=frozenset(ISOLATED),
     )
     return orderings.explore(World(machine), enabled, advance, max_states=MAX_STATES)
 
@@ -848,6 +918,7 @@ def configure(monkeypatch: pytest.MonkeyPatch, **settings: object) -> None:
 
 
 ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: queued, respawned
+ISOLATED_STATES, MIXED_STATES = 45_000, 6_000
 
 
 @pytest.mark.exhaustive
@@ -885,9 +956,19 @@ ONE_SERVICE = [*SCRIPT[:3], _call(3, "alpha")]  # both calls to one service: que
         # cancels, deaths, sampling, idle, shutdown
         ({"SCRIPT": ONE_SERVICE, "REFRESH": ("alpha",), "MISFORTUNES": 1, "CANCELS": 1,
           "ASKS": 1, "ASK_METHODS": ("sampling/createMessage",)}, 50_000),
+        # both calls to an isolated per-call service: each answer held until its container's
+        # copy is recorded (or the recording fails), racing cancels, deaths, sampling through
+        # the client, shutdown and the client's leaving
+        ({"SCRIPT": ONE_SERVICE, "PER_CALL": ("alpha",), "ISOLATED": ("alpha",),
+          "MISFORTUNES": 1, "CANCELS": 1, "ASKS": 1, "ASK_METHODS": ("sampling/createMessage",)},
+         ISOLATED_STATES),
+        # an isolated per-call service beside a shared one: only the first's answers wait
+        ({"PER_CALL": ("alpha",), "ISOLATED": ("alpha",), "MISFORTUNES": 1, "CANCELS": 1},
+         MIXED_STATES),
     ],
     ids=["misfortunes", "repeated-id", "sampling", "roots-unread", "stdin-bound", "stdin-stalls",
-         "tools-changed", "two-refreshes", "one-service", "per-call", "smart-refresh"],
+         "tools-changed", "two-refreshes", "one-service", "per-call", "smart-refresh", "isolated",
+         "isolated-beside-shared"],
 )  # fmt: skip
 def test_every_reachable_state_of_a_fabric_session_keeps_the_invariants(
     monkeypatch: pytest.MonkeyPatch, settings: dict[str, object], at_least: int
@@ -1115,5 +1196,64 @@ def test_the_checker_catches_a_smart_refresh_service_measured_under_a_call_or_ke
 ) -> None:
     plant(monkeypatch, method, planted)
     configure(monkeypatch, SCRIPT=ONE_SERVICE, REFRESH=("alpha",), MISFORTUNES=0)
+    with pytest.raises(Violation, match=caught):
+        explore()
+
+
+def answering_at_once(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """A machine that passes an isolated container's answer on as it comes (none held)."""
+
+    def backend_answer(self: FabricRouter, key: BackendKey, message: Any) -> list[Action]:
+        backend = self.table.roster.all.get(key)
+        if backend is not None:
+            backend.workspace = False
+        return original(self, key, message)
+
+    return backend_answer
+
+
+def recording_unasked(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """A machine that holds the answer but never asks for its container's copy to be
+    recorded (the driver reports nothing)."""
+
+    def stop(self: BackendTable, key: BackendKey, reason: str, logged: str | None = None) -> Any:
+        return [
+            dataclasses.replace(a, report_workspace=False) if isinstance(a, StopBackend) else a
+            for a in original(self, key, reason, logged)
+        ]
+
+    return stop
+
+
+def forgetting_held_answers(_original: Callable[..., Any]) -> Callable[..., Any]:
+    """A session end that leaves the held answers unanswered."""
+
+    def end(self: Any) -> list[Any]:
+        self._held.clear()
+        return []
+
+    return end
+
+
+@pytest.mark.parametrize(
+    ("part", "method", "planted", "caught"),
+    [
+        (FabricRouter, "_backend_answer", answering_at_once, "before its copy was recorded"),
+        (BackendTable, "_stop", recording_unasked, "never answered"),
+        (HeldAnswers, "end", forgetting_held_answers, "never answered"),
+    ],
+    ids=["answers-at-once", "never-asks-for-the-record", "forgets-held-answers"],
+)
+def test_the_checker_catches_an_isolated_answer_sent_early_or_never(
+    monkeypatch: pytest.MonkeyPatch,
+    part: type,
+    method: str,
+    planted: Callable[[Callable[..., Any]], Callable[..., Any]],
+    caught: str,
+) -> None:
+    monkeypatch.setattr(part, method, planted(getattr(part, method)))
+    configure(
+        monkeypatch, SCRIPT=ONE_SERVICE, PER_CALL=("alpha",), ISOLATED=("alpha",), MISFORTUNES=0
+    )
     with pytest.raises(Violation, match=caught):
         explore()

@@ -36,7 +36,12 @@ Invariants:
   either way; a container that has served its calls (one per-call, ``max_calls`` with smart
   refresh) is stopped in the very step it has nothing in flight any more, and receives a
   further call only while one of the client's requests is still in flight there (requests in
-  flight together share a container).
+  flight together share a container);
+- with containers that work on copies of the project (``workspace: isolated``): a call's answer
+  goes to the client only after the driver reported its container's copy recorded (or the
+  recording failed), naming that; the machine asks for the record (``report_workspace``) only
+  of a container that answered a call, once; answers are still answered exactly once when the
+  session stops with them held.
 """
 
 from __future__ import annotations
@@ -86,11 +91,13 @@ from reactor_fabric.protocol.events import (
     Tick,
     ToBackend,
     ToClient,
+    WorkspaceRecorded,
 )
 from reactor_fabric.protocol.jsonrpc import error_response
 from reactor_fabric.protocol.ledger import REPLAY_ID_PREFIX, Ledger
 from reactor_fabric.protocol.lifecycle import Lifecycle
 from reactor_fabric.protocol.relay_container import RelayContainer
+from reactor_fabric.protocol.relay_requests import RelayRequests
 from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.protocol.settings import RelaySettings
 from reactor_fabric.protocol.suite_lock import SuiteLock, lock_text, parse_lock, service_lock
@@ -126,6 +133,12 @@ MAX_STATES = 1_000_000
 # a request's id spelled as a string, and answer an id not in flight (each a misfortune).
 LOCKED: SuiteLock | None = None
 STRAY_ID = 99
+# Whether the containers work on copies of the project (workspace: isolated): their calls'
+# answers wait for the copy's recording, which the driver reports once the container is removed
+# (a step of the world's: recorded, or failed as a misfortune).
+ISOLATED = False
+RECORDED = {"mode": "isolated", "branch": "b", "base": "c0", "commit": "c1", "files_changed": 1,
+            "insertions": 1, "deletions": 0}  # fmt: skip
 
 
 def K(seq: int) -> BackendKey:  # noqa: N802 - a key, as short as the seq it wraps
@@ -149,6 +162,9 @@ class Box:
     ask_open: bool = False  # its request to the client has not been answered to it yet
     calls_received: int = 0  # tool calls written to it
     calls_answered: int = 0  # tool calls it answered
+    answered_ids: tuple[Any, ...] = ()  # the ids of the tool calls it answered
+    owed: bool = False  # stopped with report_workspace: its recording is to be reported
+    reported: str | None = None  # "recorded" or "failed", once the driver reported it
 
 
 def in_flight(box: Box) -> bool:
@@ -208,7 +224,7 @@ class World:
         boxes = tuple(
             (b.seq, b.running, b.stopped, b.exit_reported, b.unreported, tuple(b.received),
              b.last_index, b.replay_pending, b.asked, b.ask_open, b.calls_received,
-             b.calls_answered)
+             b.calls_answered, b.answered_ids, b.owed, b.reported)
             for b in self.boxes.values()
         )  # fmt: skip
         return (
@@ -260,6 +276,11 @@ def apply(world: World, actions: list[Action], trail: list[str]) -> None:
                 if reason in LIFECYCLE_REASONS:
                     busy = in_flight(box) or box.ask_open
                     check(not busy, f"container {seq} retired ({reason}) under a request", trail)
+                if action.report_workspace:
+                    check(ISOLATED, f"container {seq} stopped for a workspace", trail)
+                    check(box.answered_ids != (), f"container {seq}: no answer held", trail)
+                    check(not box.owed, f"container {seq} stopped for its workspace twice", trail)
+                    box.owed = True
                 box.running = False
                 box.stopped = True
             case EndSession():
@@ -289,6 +310,31 @@ def client_receives(world: World, message: dict[str, Any], trail: list[str]) -> 
         world.answers[answer_id] = world.answers.get(answer_id, 0) + 1
         check(world.answers[answer_id] == 1, f"{answer_id} answered twice", trail)
         world.answered_with[answer_id] = "error" if "error" in message else "result"
+        if answer_id in TOOL_CALL_IDS:
+            workspace_checks(world, answer_id, message, trail)
+
+
+def workspace_checks(world: World, call_id: Any, message: dict[str, Any], trail: list[str]) -> None:
+    """An isolated container's answer to a call goes out only once its copy's recording is
+    reported, naming it (or why nothing was recorded); other answers name no workspace."""
+    if "result" in message:
+        workspace = message["result"].get("structuredContent", {}).get("workspace")
+    else:
+        workspace = (message["error"].get("data") or {}).get("workspace")
+    served = [box for box in world.boxes.values() if call_id in box.answered_ids]
+    if not ISOLATED or not served:
+        check(workspace is None, f"{call_id} answered naming a workspace it has none of", trail)
+        return
+    [box] = served
+    if "error" in message and workspace is None:
+        # (the session's own error, for an answer held when it ended)
+        check(world.stopping, f"{call_id}'s held answer replaced by an error", trail)
+        return
+    check(box.reported is not None, f"{call_id} answered before its copy was recorded", trail)
+    check(workspace is not None, f"{call_id} answered without its workspace", trail)
+    assert workspace is not None
+    named = "failed" if workspace.get("error") else "recorded"
+    check(named == box.reported, f"{call_id} answered {named}, {box.reported}", trail)
 
 
 def recorded(world: World, call: ToolCall, trail: list[str]) -> None:
@@ -376,6 +422,17 @@ def enabled(world: World) -> list[Step]:
 
 def container_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
     seq = box.seq
+    steps: list[Step] = []
+    if box.owed and box.reported is None:
+        # (the driver removed it, recorded its copy and reports that, or that it failed)
+        steps.append((f"recorded-{seq}", partial(workspace_recorded, seq=seq, failed=False)))
+        if unlucky:
+            steps.append((f"record-fails-{seq}", partial(workspace_recorded, seq=seq, failed=True)))
+    return steps + running_steps(world, box, unlucky=unlucky)
+
+
+def running_steps(world: World, box: Box, *, unlucky: bool) -> list[Step]:
+    seq = box.seq
     if not box.running:
         if box.stopped and not box.exit_reported:
             return [(f"late-exit-{seq}", partial(late_exit, seq=seq))]
@@ -422,7 +479,7 @@ def answer_server(world: World) -> Event:
 def started(world: World, seq: int) -> Event:
     world.spawning.discard(seq)
     world.boxes[seq].running = True
-    return BackendStarted(K(seq))
+    return BackendStarted(K(seq), workspace=ISOLATED)
 
 
 def failed(world: World, seq: int) -> Event:
@@ -444,11 +501,23 @@ def answers(world: World, seq: int, *, error: bool = False, respelled: bool = Fa
         box.replay_pending = False
     if answer_id in TOOL_CALL_IDS:
         box.calls_answered += 1
+        box.answered_ids = (*box.answered_ids, answer_id)
     if error or respelled:
         world.misfortunes += 1
     body: dict[str, Any] = {"error": {"code": -32602, "message": "no"}} if error else {"result": {}}
     said = str(answer_id) if respelled else answer_id
     return BackendLine(K(seq), json.dumps({"jsonrpc": "2.0", "id": said, **body}).encode())
+
+
+def workspace_recorded(world: World, seq: int, *, failed: bool) -> Event:
+    """The driver removed an isolated container and recorded its copy (or could not)."""
+    box = world.boxes[seq]
+    if failed:
+        world.misfortunes += 1
+        box.reported = "failed"
+        return WorkspaceRecorded(K(seq), None, "git fast-import: no")
+    box.reported = "recorded"
+    return WorkspaceRecorded(K(seq), dict(RECORDED))
 
 
 def stray(world: World, seq: int) -> Event:
@@ -564,6 +633,7 @@ def explore(*, stall_timeout: float = math.inf) -> int:
         lifecycle=LIFECYCLE or Lifecycle(),
         lock=LOCKED,
         lock_mode="enforce" if LOCKED is not None else "off",
+        isolated=ISOLATED,
     )
     machine = SessionMachine(settings, service_name="svc", now=0.0)
     step = partial(advance, allowed=allowed_bytes())
@@ -732,4 +802,71 @@ def test_the_checker_catches_a_machine_that_retires_a_per_call_container_under_a
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 1)
     monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", Lifecycle("fresh_per_call"))
     with pytest.raises(Violation, match="under a request"):
+        explore()
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(
+    ("frames", "misfortunes", "asks", "at_least"),
+    [
+        (4, 1, 0, 40_000),  # both calls: answers held, the container replaced, recordings racing
+        (3, 1, 1, 27_000),  # a request to the client holds the container; a failed recording
+    ],
+    ids=["both-calls", "server-request"],
+)
+def test_every_reachable_state_keeps_the_invariants_with_isolated_containers(
+    monkeypatch: pytest.MonkeyPatch, frames: int, misfortunes: int, asks: int, at_least: int
+) -> None:
+    # A per-call container working on a copy: its answers wait until the driver reports the
+    # copy recorded (or failed) after the container's removal, racing the next call's
+    # container, replays, deaths, expiry, stop, leaving.
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:frames])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", misfortunes)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", asks)
+    monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", Lifecycle("fresh_per_call"))
+    monkeypatch.setattr(sys.modules[__name__], "ISOLATED", True)
+    assert explore() >= at_least
+
+
+def _passing_answers_on(original: Callable[..., list[Action]]) -> Callable[..., list[Action]]:
+    """A machine that takes no container for one working on a copy: nothing held."""
+
+    def started(self: RelayContainer, event: BackendStarted, now: float) -> list[Action]:
+        return original(self, dataclasses.replace(event, workspace=False), now)
+
+    return started
+
+
+def _forgetting_held_answers(_original: Callable[..., Any]) -> Callable[..., Any]:
+    """A session end that leaves the held answers unanswered."""
+
+    def answer_held(self: Any, error: Any, now: float) -> list[Action]:
+        self.held.end()
+        return []
+
+    return answer_held
+
+
+@pytest.mark.parametrize(
+    ("part", "method", "planted", "caught"),
+    [
+        (RelayContainer, "started", _passing_answers_on, "before its copy was recorded"),
+        (RelayRequests, "answer_held", _forgetting_held_answers, "never (answered|recorded)"),
+    ],
+    ids=["answers-at-once", "forgets-held-answers"],
+)
+def test_the_checker_catches_an_isolated_answer_sent_early_or_never(
+    monkeypatch: pytest.MonkeyPatch,
+    part: type,
+    method: str,
+    planted: Callable[[Callable[..., Any]], Callable[..., Any]],
+    caught: str,
+) -> None:
+    monkeypatch.setattr(part, method, planted(getattr(part, method)))
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
+    monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 0)
+    monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
+    monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", Lifecycle("fresh_per_call"))
+    monkeypatch.setattr(sys.modules[__name__], "ISOLATED", True)
+    with pytest.raises(Violation, match=caught):
         explore()

@@ -13,14 +13,21 @@ from reactor_fabric.protocol.events import (
     BackendKey,
     BackendLine,
     BackendStarted,
+    ClientFrame,
     ClientGone,
     Shutdown,
+    StartBackend,
     StopBackend,
+    ToBackend,
     ToolCallDone,
     WorkspaceRecorded,
 )
 from reactor_fabric.protocol.fabric_server import FabricServer
+from reactor_fabric.protocol.lifecycle import Lifecycle
+from reactor_fabric.protocol.session import SessionMachine
+from reactor_fabric.protocol.settings import RelaySettings
 from reactor_fabric.protocol.workspace_answers import with_workspace, workspace_text
+from tests.messages import INITIALIZE, request
 from tests.unit.protocol.test_fabric_lifecycles import (
     answer,
     call,
@@ -31,6 +38,7 @@ from tests.unit.protocol.test_fabric_lifecycles import (
 )
 from tests.unit.protocol.test_fabric_server import Clock, msg, to_client
 
+INITIALIZE_FRAME = json.dumps(INITIALIZE).encode()
 RECORDED = {
     "mode": "isolated",
     "branch": "reactor-fabric/time/20261129T120000Z-abc123",
@@ -196,3 +204,46 @@ def test_the_text_says_when_nothing_changed_and_when_the_repository_had_no_commi
     assert "from an empty repository:" in workspace_text(unborn)
     failed = with_workspace({"result": {}}, None, None)
     assert json.loads(json.dumps(failed))["result"]["structuredContent"]["workspace"]["error"]
+
+
+def test_a_call_cancelled_while_its_answer_is_held_is_not_answered_after_its_cancel() -> None:
+    # (found by exploring the fabric machine: the held answer went out after the cancel)
+    server, clock = per_call_session()
+    key, request = isolated_call(server, clock, 9)
+    answer(server, clock, key, request)
+    note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9}}
+    cancelled = fed(server, clock, ClientFrame(json.dumps(note).encode()))
+    assert to_client(cancelled) == []
+    [done] = [a for a in cancelled if isinstance(a, ToolCallDone)]
+    assert done.call.outcome == "cancelled"
+    recorded = fed(server, clock, WorkspaceRecorded(key, RECORDED))
+    assert to_client(recorded) == []
+    assert not [a for a in recorded if isinstance(a, ToolCallDone)]
+    # The branch is still the container's, on the status page (and in the audit's record).
+    [served] = server.table.served.records(0.0)
+    assert served["workspace_branch"] == RECORDED["branch"]
+
+
+def test_a_relayed_call_cancelled_while_its_answer_is_held_is_not_answered_either() -> None:
+    settings = RelaySettings(lifecycle=Lifecycle("fresh_per_call"), isolated=True)
+    machine = SessionMachine(settings, service_name="svc", now=0.0)
+    [start] = [a for a in machine.handle(ClientFrame(INITIALIZE_FRAME), 0.0)
+               if isinstance(a, StartBackend)]  # fmt: skip
+    key = start.key
+    wrote = machine.handle(BackendStarted(key, workspace=True), 0.0)
+    assert [json.loads(a.data)["method"] for a in wrote if isinstance(a, ToBackend)] == [
+        "initialize"
+    ]
+    greeted = msg(id=1, result={"capabilities": {}, "serverInfo": {}})
+    assert [r["id"] for r in to_client(machine.handle(BackendLine(key, greeted), 0.0))] == [1]
+    call_frame = json.dumps(request(2, "tools/call", {"name": "t"})).encode()
+    machine.handle(ClientFrame(call_frame), 0.0)
+    answered = machine.handle(BackendLine(key, msg(id=2, result={"content": []})), 0.0)
+    assert to_client(answered) == []  # held for the workspace
+    assert [s.report_workspace for s in stops(answered)] == [True]
+    note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+    cancelled = machine.handle(ClientFrame(json.dumps(note).encode()), 0.0)
+    assert to_client(cancelled) == []
+    [done] = [a for a in cancelled if isinstance(a, ToolCallDone)]
+    assert done.call.outcome == "cancelled"
+    assert to_client(machine.handle(WorkspaceRecorded(key, RECORDED), 0.0)) == []
