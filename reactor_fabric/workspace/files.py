@@ -42,6 +42,8 @@ MAX_DEPTH = 256
 CHUNK = 1 << 20
 # A file that changes size while it is copied is copied again, this many times at most.
 COPY_ATTEMPTS = 3
+# How many files a copy makes between two questions whether it was cancelled.
+CANCEL_EVERY = 32
 
 _DIR_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -94,11 +96,14 @@ class Ownership:
     gid: int
 
 
+# git's two object formats (hashlib.new(name) looks the name up on every call: a copy hashes
+# one blob per file).
+_HASHES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256}
+
+
 def blob_hasher(algorithm: str, size: int) -> hashlib._Hash:
     """A hash object already fed git's blob header for ``size`` bytes of content."""
-    hasher = hashlib.new(algorithm)
-    hasher.update(b"blob %d\0" % size)
-    return hasher
+    return _HASHES[algorithm](b"blob %d\0" % size)
 
 
 def blob_id(algorithm: str, data: bytes) -> str:
@@ -113,11 +118,11 @@ def check_path(path: bytes) -> list[bytes]:
     if not path or len(path) > MAX_PATH_BYTES or path.startswith(b"/") or b"\0" in path:
         raise UnsafePath(path)
     parts = path.split(b"/")
-    if len(parts) > MAX_DEPTH:
+    if len(parts) > MAX_DEPTH or b"" in parts or b"." in parts or b".." in parts:
         raise UnsafePath(path)
-    for part in parts:
-        if part in (b"", b".", b"..") or part.lower() == b".git":
-            raise UnsafePath(path)
+    # (most paths hold no ".git" in any case: the components are looked at only when one does)
+    if b".git" in path.lower() and any(part.lower() == b".git" for part in parts):
+        raise UnsafePath(path)
     return parts
 
 
@@ -190,21 +195,46 @@ def copy_listed(
     ``target_fd``'s: regular files (mode 0644 or 0755 as git sees the executable bit) and
     symlinks (their text). A path that is gone, became something else, or is reached through
     a symlink is left out; an unsafe path raises :class:`UnsafePath`. Returns the entries
-    copied, by path."""
+    copied, by path, in the order listed. ``cancelled`` is asked every
+    :data:`CANCEL_EVERY` files.
+
+    Written for speed (10,000 files is a project of an ordinary size, and the task waits for
+    its copy): nine system calls per file, the directories' descriptors looked up by their
+    path, small files read and hashed in one piece. One thread: a copy is mostly system calls,
+    each of which gives up the interpreter's lock, and two threads copying at once spent more
+    time handing it over than they saved (10,000 files: 780 ms against 440 ms alone, on two
+    cores)."""
     sources = Directories(source_fd)
     targets = Directories(target_fd, make=True, owner=owner)
+    new_hash = _HASHES[algorithm]
     entries: dict[bytes, Entry] = {}
+    entry: Entry | None
     try:
-        for path in paths:
-            if cancelled():
+        for index, path in enumerate(paths):
+            if not index % CANCEL_EVERY and cancelled():
                 raise InterruptedError("cancelled")
             parts = check_path(path)
             source_dir = sources.get(parts)
             if source_dir is None:
                 continue
-            entry = _copy_one(
-                source_dir, parts, targets, algorithm=algorithm, budget=budget, owner=owner
-            )
+            name = parts[-1]
+            try:
+                fd = os.open(name, _READ_FLAGS, dir_fd=source_dir)
+            except OSError as exc:
+                entry = _copy_unopened(
+                    exc, source_dir, parts, targets, algorithm=algorithm, budget=budget, owner=owner
+                )
+            else:
+                try:
+                    info = os.fstat(fd)
+                    if not stat.S_ISREG(info.st_mode):
+                        continue  # a directory (a submodule's checkout), a FIFO, a device
+                    budget.take(info.st_size)
+                    target_dir = targets.get(parts)
+                    assert target_dir is not None  # made as needed
+                    entry = _copy_file(fd, info, name, target_dir, new_hash, algorithm, owner)
+                finally:
+                    os.close(fd)
             if entry is not None:
                 entries[path] = entry
     finally:
@@ -213,7 +243,39 @@ def copy_listed(
     return entries
 
 
-def _copy_one(
+def _copy_file(  # noqa: PLR0917 - the copy's innermost step, once per file
+    fd: int,
+    info: os.stat_result,
+    name: bytes,
+    target_dir: int,
+    new_hash: Callable[[bytes], hashlib._Hash],
+    algorithm: str,
+    owner: Ownership | None,
+) -> Entry:
+    """Copy the regular file open at ``fd`` (``info`` its fstat) to ``name`` in
+    ``target_dir``: its entry (git's mode and blob id, the copy's stamp)."""
+    size = info.st_size
+    mode = MODE_EXECUTABLE if info.st_mode & stat.S_IXUSR else MODE_FILE
+    out = os.open(name, _CREATE_FLAGS, mode & 0o777, dir_fd=target_dir)
+    try:
+        data = os.read(fd, size) if size <= CHUNK else b""
+        if size <= CHUNK and len(data) == size:  # (the usual case: in one piece)
+            hasher = new_hash(b"blob %d\0" % size)
+            hasher.update(data)
+            _write_all(out, data)
+            oid = hasher.hexdigest()
+        else:  # large, or it shrank meanwhile
+            oid = _copy_content(fd, out, algorithm, size, at_start=size > CHUNK)
+        if owner is not None:
+            os.fchown(out, owner.uid, owner.gid)
+        written = os.fstat(out)
+    finally:
+        os.close(out)
+    return Entry(mode, oid, stamp_of(written))
+
+
+def _copy_unopened(
+    error: OSError,
     source_dir: int,
     parts: list[bytes],
     targets: Directories,
@@ -222,52 +284,37 @@ def _copy_one(
     budget: Budget,
     owner: Ownership | None,
 ) -> Entry | None:
+    """A path that could not be opened: a symlink (``ELOOP``: copied as its text), gone or
+    not a file any more (left out); any other error is raised."""
     name = parts[-1]
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=source_dir)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a symlink: copied as its text
-            try:
-                text = os.readlink(name, dir_fd=source_dir)
-            except OSError as gone:
-                if gone.errno in (errno.ENOENT, errno.EINVAL):
-                    return None  # gone, or not a link after all
-                raise
-            budget.take(len(text))
-            stamp = write_file(targets, parts, MODE_SYMLINK, (text,), owner=owner)
-            return Entry(MODE_SYMLINK, blob_id(algorithm, text), stamp)
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR):
-            return None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None  # a directory (a submodule's checkout), a FIFO, a device: not copied
-        budget.take(info.st_size)
-        target_dir = targets.get(parts)
-        assert target_dir is not None  # made as needed
-        mode = git_mode(info.st_mode)
-        out = os.open(name, _CREATE_FLAGS, mode & 0o777, dir_fd=target_dir)
+    if error.errno == errno.ELOOP:
         try:
-            oid = _copy_content(fd, out, algorithm, info.st_size)
-            if owner is not None:
-                os.fchown(out, owner.uid, owner.gid)
-            return Entry(mode, oid, stamp_of(os.fstat(out)))
-        finally:
-            os.close(out)
-    finally:
-        os.close(fd)
+            text = os.readlink(name, dir_fd=source_dir)
+        except OSError as gone:
+            if gone.errno in (errno.ENOENT, errno.EINVAL):
+                return None  # gone, or not a link after all
+            raise
+        budget.take(len(text))
+        stamp = write_file(targets, parts, MODE_SYMLINK, (text,), owner=owner)
+        return Entry(MODE_SYMLINK, blob_id(algorithm, text), stamp)
+    if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR):
+        return None
+    raise error
 
 
-def _copy_content(source: int, target: int, algorithm: str, size: int) -> str:
+def _copy_content(
+    source: int, target: int, algorithm: str, size: int, *, at_start: bool = True
+) -> str:
     """Copy ``size`` bytes (the size the source had when opened) and return their blob id;
-    a source that shrinks meanwhile is copied again from its start, with its new size."""
-    for _attempt in range(COPY_ATTEMPTS):
+    a source that shrinks meanwhile is copied again from its start, with its new size.
+    ``at_start``: neither file was read or written yet."""
+    for attempt in range(COPY_ATTEMPTS):
+        if attempt or not at_start:
+            os.lseek(source, 0, os.SEEK_SET)
+            os.lseek(target, 0, os.SEEK_SET)
+            os.ftruncate(target, 0)
         hasher = blob_hasher(algorithm, size)
         left = size
-        os.lseek(source, 0, os.SEEK_SET)
-        os.lseek(target, 0, os.SEEK_SET)
-        os.ftruncate(target, 0)
         while left:
             chunk = os.read(source, min(CHUNK, left))
             if not chunk:

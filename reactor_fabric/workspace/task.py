@@ -36,6 +36,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -140,8 +141,23 @@ def prepare(
             f"base {base!r} is not a branch, tag or commit name (letters, digits, '._/-')",
             reason=WORKSPACE_BASE_UNKNOWN,
         )
-    base_commit = _commit_of(git, base or "HEAD", deadline, required=base is not None)
-    base_entries = _tree_entries(git, base_commit, deadline) if base_commit else {}
+    with ThreadPoolExecutor(2, thread_name_prefix="workspace-git") as listings:
+        # The working tree's listings (two git processes) while the base is read here: they
+        # are independent, and the machines have two cores. (Leaving the block waits for them;
+        # each git process is killed at the deadline.)
+        listed = (
+            None
+            if base is not None
+            else (
+                listings.submit(_run, git, ["ls-files", "-z", "--stage"], deadline),
+                listings.submit(
+                    _run, git, ["ls-files", "-z", "--others", "--exclude-standard"], deadline
+                ),
+            )
+        )
+        base_commit = _commit_of(git, base or "HEAD", deadline, required=base is not None)
+        base_entries = _tree_entries(git, base_commit, deadline) if base_commit else {}
+        working_tree = None if listed is None else (listed[0].result(), listed[1].result())
     ids = Ownership(*(copy_owner or owner)) if os.geteuid() == 0 else None
     os.mkdir(directory, 0o700)
     try:
@@ -151,8 +167,8 @@ def prepare(
         try:
             budget = Budget(bounds.max_files, bounds.max_bytes)
             making = _Making(target_fd, budget, ids, deadline, cancelled)
-            if base is None:
-                start = _copy_working_tree(git, project_fd, algorithm, making)
+            if working_tree is not None:
+                start = _copy_working_tree(*working_tree, project_fd, algorithm, making)
             else:
                 start = _check_out(git, base_entries, making)
         finally:
@@ -325,11 +341,11 @@ class _Making:
 
 
 def _copy_working_tree(
-    git: Git, project_fd: int, algorithm: str, making: _Making
+    staged: bytes, untracked: bytes, project_fd: int, algorithm: str, making: _Making
 ) -> dict[bytes, Entry]:
-    deadline, budget = making.deadline, making.budget
-    staged = _run(git, ["ls-files", "-z", "--stage"], deadline)
-    untracked = _run(git, ["ls-files", "-z", "--others", "--exclude-standard"], deadline)
+    """Copy what ``ls-files --stage`` (``staged``) and ``ls-files --others
+    --exclude-standard`` (``untracked``) list: the working tree as the client has it."""
+    budget = making.budget
     gitlinks: dict[bytes, Entry] = {}
     paths: dict[bytes, None] = {}
     for mode, oid, path in _listed(staged, LS_FILES_OID):

@@ -21,7 +21,7 @@ from reactor_fabric._reasons import (
     WORKSPACE_NOT_A_REPOSITORY,
     WORKSPACE_TOO_LARGE,
 )
-from reactor_fabric.workspace import Bounds, TaskFacts, Workspace, prepare, record
+from reactor_fabric.workspace import Bounds, TaskFacts, Workspace, files, prepare, record
 from reactor_fabric.workspace.task import remove
 
 BOUNDS = Bounds(max_files=10_000, max_bytes=64 << 20, step_seconds=60)
@@ -305,7 +305,10 @@ def test_a_project_over_the_bounds_is_refused_and_nothing_is_left_behind(
     assert not (tmp_path / "copy").exists()
 
 
-def test_a_cancelled_copy_stops_and_leaves_nothing_behind(repo: Path, tmp_path: Path) -> None:
+def test_a_cancelled_copy_stops_and_leaves_nothing_behind(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "CANCEL_EVERY", 1)  # (the fixture's project has a few files)
     asked = 0
 
     def cancelled() -> bool:
