@@ -15,6 +15,14 @@ each run and, per revision, the median and the spread.
 ``--suite minimal`` serves the everything service alone; ``bundled`` serves the bundled suite
 (its warm pools and agent included: what users run). Needs the Docker engine and the images
 (``make images``). Nothing else should run on the machine meanwhile.
+
+``--instructions`` runs the orchestrator under callgrind instead and reports the instructions
+of the timed calls only (the counters zeroed before them and dumped after, so the start, the
+history and the warm-up are not counted): deterministic to a percent or two where calls per
+second on a two-core machine are not (needs ``valgrind``; about 50 times slower).
+
+    .venv/bin/python scripts/bench-relay-cpu.py 46cefed HEAD --suite bundled --history 2000 \
+        --history-kinds all --calls 2000 --repeats 1 --instructions
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import signal
 import statistics
@@ -92,10 +101,12 @@ def measure(
     *,
     history: int = 0,
     history_kinds: str = "relay",
+    count_instructions: bool = False,
 ) -> dict[str, float]:
     """One orchestrator of ``source``: ``history`` calls on the time service first (see
     :func:`history_sessions`: what ``make bench``'s round-trip part does before the throughput
-    part), warmed up, then ``calls`` calls timed and counted."""
+    part), warmed up, then ``calls`` calls timed and counted (under callgrind, their
+    instructions: ``count_instructions``)."""
     with tempfile.TemporaryDirectory(prefix="rf-relay-cpu-") as tmp:
         suite = Path(tmp) / "suite.yaml"
         suite.write_text(suite_text)
@@ -105,6 +116,9 @@ def measure(
         if instructions.BUNDLED_HELPER.exists():
             env.setdefault("REACTOR_FABRIC_STDIO_HELPER", str(instructions.BUNDLED_HELPER))
         command = [sys.executable, "-m", "reactor_fabric", "--config", str(suite)]
+        dumps = Path(tmp) / "callgrind.out"
+        if count_instructions:
+            command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dumps}", *command]
         with (Path(tmp) / "log").open("wb") as log:
             process = subprocess.Popen(
                 [*command, "--port", str(port)],
@@ -118,11 +132,16 @@ def measure(
                 history_sessions(port, token, history, history_kinds)
                 url = f"ws://127.0.0.1:{port}/mcp/everything?token={token}"
                 trio.run(instructions.drive_session, url, WARM_UP_CALLS, ECHO, in_flight)
+                if count_instructions:
+                    callgrind_control("-z", process.pid)  # (what came before is not counted)
                 user0, system0 = cpu_ticks(process.pid)
                 began = time.perf_counter()
                 trio.run(instructions.drive_session, url, calls, ECHO, in_flight)
                 seconds = time.perf_counter() - began
                 user1, system1 = cpu_ticks(process.pid)
+                if count_instructions:
+                    callgrind_control("-d", process.pid)
+                    counted = dumped_total(Path(f"{dumps}.1"))
             finally:
                 process.send_signal(signal.SIGTERM)
                 try:
@@ -130,12 +149,30 @@ def measure(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+    if count_instructions:
+        return {"instructions_per_call": round(counted / calls)}
     tick = 1e6 / os.sysconf("SC_CLK_TCK") / calls
     return {
         "calls_per_s": round(calls / seconds),
         "user_us_per_call": round((user1 - user0) * tick, 1),
         "system_us_per_call": round((system1 - system0) * tick, 1),
     }
+
+
+def callgrind_control(option: str, pid: int) -> None:
+    """Zero (``-z``) or dump (``-d``) the counters of the orchestrator under callgrind."""
+    subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
+
+
+def dumped_total(path: Path) -> int:
+    """The instructions of one callgrind dump (its ``summary:`` or ``totals:`` line)."""
+    for _attempt in range(100):  # (the dump is written while the orchestrator runs on)
+        if path.exists():
+            found = re.search(r"^(?:summary|totals): (\d+)", path.read_text(), re.MULTILINE)
+            if found is not None:
+                return int(found.group(1))
+        time.sleep(0.1)
+    raise RuntimeError(f"no callgrind dump at {path}")
 
 
 def main() -> int:
@@ -153,6 +190,11 @@ def main() -> int:
         choices=("relay", "all"),
         default="relay",
         help="the history's sessions: the relay over WebSocket, or every kind make bench opens",
+    )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count the timed calls' instructions under callgrind instead of timing them",
     )
     args = parser.parse_args()
     if args.history and args.suite != "bundled":
@@ -181,6 +223,7 @@ def main() -> int:
                     args.in_flight,
                     history=args.history,
                     history_kinds=args.history_kinds,
+                    count_instructions=args.instructions,
                 )
                 runs[revision].append(result)
                 print(json.dumps({"revision": revision, "round": round_ + 1, **result}), flush=True)
