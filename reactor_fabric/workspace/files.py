@@ -61,7 +61,7 @@ class UnsafePath(Exception):
 Stamp = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns) of a file of the copy
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One path of a tree: git's mode and blob id; ``stamp`` is the copy's file's as it was
     made (None for an entry with no file in the copy: a submodule)."""
@@ -349,7 +349,7 @@ def stamp_of(info: os.stat_result) -> Stamp:
 # --- reading the copy back -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Found:
     """A file or symlink of the copy after the task: its git mode and stat stamp."""
 
