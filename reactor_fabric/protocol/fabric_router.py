@@ -65,6 +65,7 @@ from .fabric_setup import FabricSetup, backend_limits
 from .input_waits import offered
 from .mcp import INVALID_PARAMS
 from .suite_lock import withheld_error
+from .workspace_answers import BASE_NEEDS_ISOLATED, names_base
 
 BackendEvent = (
     BackendStarted | BackendStartFailed | BackendLine | BackendBroken | BackendExited | StdinWritten
@@ -108,6 +109,8 @@ class FabricRouter:
         # The llm_agent services, whose calls are agent calls, and the orchestrator's shared
         # count of them (None: no limit, as in most tests).
         self.agents = frozenset(settings.agents)
+        # (those that work in the client's project itself: a task's base cannot be honoured)
+        self.shared_agents = self.agents - settings.isolated
         self.agent_slots = setup.agent_slots
         self._backend_bytes = 0  # the size of the backend message being handled
 
@@ -157,6 +160,8 @@ class FabricRouter:
         service, tool = route
         if isinstance(client_id, str | int):
             calls.route(client_id, service, tool)
+        if service in self.shared_agents and names_base(params):
+            return [self.replies.error(client_id, BASE_NEEDS_ISOLATED)]
         return self.forward(service, client_id, "tools/call", {**params, "name": tool})
 
     def get_prompt(self, client_id: object, params: Json) -> list[Action]:

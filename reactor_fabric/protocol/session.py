@@ -107,7 +107,7 @@ from .served import Served
 from .settings import RelaySettings
 from .suite_lock import withheld_error
 from .tool_calls import TOOLS_CALL, ToolCallDone
-from .workspace_answers import BASE_ON_RELAY, names_base
+from .workspace_answers import BASE_NEEDS_ISOLATED, BASE_ON_RELAY, names_base
 
 
 class Phase(enum.Enum):
@@ -146,6 +146,7 @@ class SessionMachine:
         )
         self.lifecycle = settings.lifecycle
         self.isolated = settings.isolated
+        self.agent = settings.agent
         self.limits = limits = settings.limits
         self.server_request_timeout = (
             limits.server_request_timeout
@@ -297,8 +298,9 @@ class SessionMachine:
             return requests.refuse_duplicate(message, frame, now)
         if message.method == TOOLS_CALL:
             requests.calls.begin_params(message.id, message.params, len(frame), now)
-            if self.isolated and names_base(message.params):
-                return requests.error_to_client(message.id, BASE_ON_RELAY, now)
+            if self.agent and names_base(message.params):
+                unhonoured = BASE_ON_RELAY if self.isolated else BASE_NEEDS_ISOLATED
+                return requests.error_to_client(message.id, unhonoured, now)
             why = self.lock_check.withheld_call(message) if self.lock_check is not None else None
             if why is not None:
                 error = withheld_error(self.service_name, why)

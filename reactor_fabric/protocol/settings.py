@@ -55,9 +55,12 @@ class RelaySettings:
     audit_arguments: ArgumentsMode = "hash"
     lock: SuiteLock | None = None
     lock_mode: Mode = "off"
-    # Its containers work on copies of the project (``workspace: isolated``): a call's
-    # ``base`` cannot be honoured here (the container and its copy start before the call).
+    # Its containers work on copies of the project (``workspace: isolated``), and whether it
+    # is an agent: an agent's call that names a ``base`` is refused here (isolated: its copy
+    # starts before the call, with the container; shared: there is no copy). Another
+    # server's ``base`` argument is its own.
     isolated: bool = False
+    agent: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class Settings:
             lock=self.lock,
             lock_mode=self.lock_mode,
             isolated=service in self.isolated,
+            agent=service in self.agents,
         )
 
     def session_idle_seconds(self, endpoint: str) -> float:

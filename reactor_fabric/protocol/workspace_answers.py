@@ -38,6 +38,15 @@ BASE_ON_RELAY = WorkspaceRefused(
     reason=WORKSPACE_FAILED,
 )
 
+# An agent's call that names a ``base`` when the agent works in the client's project itself
+# (``workspace: shared``): there is no copy to start from it, and ignoring it would be a surprise.
+BASE_NEEDS_ISOLATED = WorkspaceRefused(
+    "a task's base is honoured by agents with workspace: isolated (each task on a copy of its "
+    "own, started from the base); this agent works in your project as it is: leave base out, "
+    "or give the service workspace: isolated",
+    reason=WORKSPACE_FAILED,
+)
+
 # What the answer says when nothing was recorded (the failure is the driver's words).
 NOT_RECORDED_KEYS = ("branch", "base", "commit")
 
@@ -163,14 +172,16 @@ def _short(commit: object) -> str:
     return commit[:12] if isinstance(commit, str) else "an empty repository"
 
 
-def names_base(params: msgspec.Raw | bytes | None) -> bool:
-    """Whether a ``tools/call``'s params give ``arguments.base`` (other than null); params
-    that cannot be read give none (the server refuses them itself)."""
-    if params is None:
-        return False
-    try:
-        decoded = msgspec.json.decode(params)
-    except (msgspec.DecodeError, RecursionError):
-        return False
+def names_base(params: msgspec.Raw | bytes | Json | None) -> bool:
+    """Whether a ``tools/call``'s params (raw, or decoded) give ``arguments.base`` (other than
+    null); params that cannot be read give none (the server refuses them itself). Only an
+    agent's ``run_task`` has a base of the orchestrator's: another server's ``base`` argument
+    is its own, passed on untouched."""
+    decoded: object = params
+    if isinstance(params, msgspec.Raw | bytes):
+        try:
+            decoded = msgspec.json.decode(params)
+        except (msgspec.DecodeError, RecursionError):
+            return False
     arguments = decoded.get("arguments") if isinstance(decoded, dict) else None
     return isinstance(arguments, dict) and arguments.get("base") is not None

@@ -198,7 +198,7 @@ class ContainerStarter:
             owner = runs_as(service_name, service, self.identity, account)
             pins, mounts, copy = await self._isolate(
                 service_name, pins, mounts, session_id=session_id, sequence=sequence, call=call,
-                session=session, account=owner,
+                session=session, account=owner, agent=service.service_type == "llm_agent",
             )  # fmt: skip
         try:
             container = await self._start_container(
@@ -323,9 +323,12 @@ class ContainerStarter:
         call: CallRef | None,
         session: SessionRecord | None,
         account: Account,
+        agent: bool,
     ) -> tuple[PinSet, tuple[MountSpec, ...], TaskCopy]:
         """The copy an isolated call's container works on, in the project's place (pins
-        consumed: handed over in the result, or closed)."""
+        consumed: handed over in the result, or closed). It starts from the call's ``base``
+        only for an ``agent`` (its run_task's argument; another server's ``base`` is its
+        own), else from the working tree."""
         try:
             workspaces = self._workspaces()
         except BaseException:
@@ -338,7 +341,7 @@ class ContainerStarter:
             call=str(call.id) if call is not None else "-",
             trace=session.trace_id if session is not None else "",
         )
-        base = call.base if call is not None else None
+        base = call.base if call is not None and agent else None
         call_id = call.id if call is not None else None
         name = f"{session_id}-{sequence}"
         return await workspaces.make(

@@ -65,6 +65,8 @@ async def _handle(container: MemoryServer, message: dict[str, Any]) -> None:
         target = Path(mount.source) / arguments["path"]
         target.write_text(arguments["text"])
         text = f"wrote {arguments['path']} in {mount.source}"
+        if "base" in arguments:
+            text += f" (my own base argument: {arguments['base']})"
         await _answer(container, request_id, {"content": [{"type": "text", "text": text}]})
     else:
         await _answer(container, request_id, {})
@@ -90,8 +92,12 @@ def repository(root: Path) -> Path:
 
 
 @asynccontextmanager
-async def isolated_served(root: Path) -> AsyncIterator[Served]:
-    async with served(root, learn_catalog=True, services=AGENT, server=writing_server) as http:
+async def isolated_served(
+    root: Path, services: dict[str, Service] | None = None
+) -> AsyncIterator[Served]:
+    async with served(
+        root, learn_catalog=True, services=services or AGENT, server=writing_server
+    ) as http:
         owner = {"reactor-fabric.owner-host": "test"}
         workspaces = await open_workspaces(
             "i1",
@@ -343,3 +349,54 @@ def test_the_copies_directory_is_refused_when_another_user_could_reach_or_swap_i
     open_dir.chmod(0o777)
     with pytest.raises(OSError, match="open is not a directory only root"):
         own_directory(str(open_dir / "workspaces"))
+
+
+TOOL_SERVICE = {
+    "tool": Service(image="fake/tool:1", container_strategy="fresh_per_call", workspace="isolated")
+}
+SHARED_AGENT = {
+    "agent": Service(image="fake/agent:1", service_type="llm_agent", workspace="shared")
+}
+
+
+async def test_another_servers_base_argument_is_its_own_and_its_copy_starts_from_the_working_tree(
+    tmp_path: Path,
+) -> None:
+    # Only an agent's run_task has a base of the orchestrator's: an isolated tool server's
+    # argument of that name reaches it untouched (no checkout of "16" was tried).
+    project = repository(tmp_path)
+    (project / "draft.txt").write_text("uncommitted\n")
+    async with isolated_served(tmp_path, TOOL_SERVICE) as http:
+        ws = await session(http, project)
+        arguments = {"path": "out.txt", "text": "x\n", "base": "16"}
+        await ws.send_json(
+            request(2, "tools/call", {"name": "tool__write", "arguments": arguments})
+        )
+        answer = await ws.hear()
+        assert "my own base argument: 16" in answer["result"]["content"][0]["text"]
+        workspace = answer["result"]["structuredContent"]["workspace"]
+        assert workspace["base"] == git(project, "rev-parse", "HEAD")
+        # (started from the working tree: the uncommitted file is in the branch)
+        assert git(project, "show", f"{workspace['branch']}:draft.txt") == "uncommitted"
+        await ws.aclose()
+
+
+async def test_a_base_given_to_an_agent_that_works_in_the_project_itself_is_refused_on_both_ends(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path, SHARED_AGENT) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "x.txt", "x\n", base="main"))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32002
+        assert refused["error"]["data"]["reason"] == "workspace_failed"
+        assert "workspace: isolated" in refused["error"]["message"]
+        await ws.aclose()
+        relay = await relay_session(http, project)
+        await relay.send_json(relayed_write(2, "x.txt", "x\n", base="main"))
+        refused = await relay.hear()
+        assert refused["error"]["data"]["reason"] == "workspace_failed"
+        assert "workspace: isolated" in refused["error"]["message"]
+        await relay.aclose()
+        assert not (project / "x.txt").exists()  # nothing ran
