@@ -4,7 +4,7 @@ ids of the requests among them indexed (a duplicate is refused without a scan). 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .jsonrpc import REQUEST, Peek, RequestId
 
@@ -40,6 +40,20 @@ class Backlog:
         self.bytes = 0
         self._requests.clear()
         return items
+
+    def drain_through(self, last: Callable[[Peek], bool]) -> list[tuple[Peek, bytes]]:
+        """The messages waiting, oldest first, up to and including the first for which
+        ``last`` is true (all if none is); the rest keep waiting."""
+        taken: list[tuple[Peek, bytes]] = []
+        while self._items:
+            message, frame = self._items.popleft()
+            taken.append((message, frame))
+            self.bytes -= len(frame)
+            if message.kind == REQUEST:
+                self._requests.discard(message.id)
+            if last(message):
+                break
+        return taken
 
     def clone(self) -> Backlog:
         twin = Backlog()

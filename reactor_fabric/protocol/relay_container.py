@@ -37,6 +37,7 @@ from .answers import (
     container_exited,
 )
 from .backend import (
+    CALL_METHODS,
     FRESH_AFTER,
     Backend,
     BackendState,
@@ -134,8 +135,16 @@ class RelayContainer:
         return [sent]
 
     def flush_waiting(self, slot: Backend) -> list[Action]:
-        waiting = self.requests.waiting.drain()
-        return [self.write(slot, message, frame) for message, frame in waiting]
+        """What waited for the container, to it; to one that works on a copy, up to the first
+        call only (the next call waits for the next container: a copy each)."""
+        waiting = self.requests.waiting
+        if slot.workspace:
+            flushed = waiting.drain_through(
+                lambda m: m.kind == REQUEST and m.method in CALL_METHODS
+            )
+        else:
+            flushed = waiting.drain()
+        return [self.write(slot, message, frame) for message, frame in flushed]
 
     def stdin_written(self, event: StdinWritten, now: float) -> list[Action]:
         slot = self.current(event.key)
@@ -247,11 +256,13 @@ class RelayContainer:
 
     def between(self, slot: Backend) -> bool:
         """Whether the container is between calls: ready, and nothing in flight or waiting
-        (a call's retry included)."""
+        (a call's retry included). One that works on a copy is between calls with calls
+        waiting: they wait for the next one (see SessionMachine._waits_for_a_copy)."""
+        requests = self.requests
         return (
             slot.ready
             and not slot.measuring
-            and self.requests.quiet
+            and (requests.quiet or (slot.workspace and not requests.ledger.busy))
             and not slot.awaits_retry(self.now)
         )
 

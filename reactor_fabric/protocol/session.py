@@ -326,7 +326,13 @@ class SessionMachine:
         that go with it)."""
         container, waiting = self.container, self.requests.waiting
         slot = container.slot
-        if slot is not None and slot.ready and not slot.measuring and not waiting:
+        if (
+            slot is not None
+            and slot.ready
+            and not slot.measuring
+            and not waiting
+            and not self._waits_for_a_copy(slot, message)
+        ):
             written = container.write(slot, message, frame)
             if message.kind == REQUEST:
                 return [written, *done]
@@ -344,6 +350,17 @@ class SessionMachine:
         if slot is None:
             return [container.spawn(), *done]
         return done
+
+    def _waits_for_a_copy(self, slot: Backend, message: Peek) -> bool:
+        """A call to a container that works on a copy waits while another call is in it: each
+        call gets a copy of its own (the next container, started when this one is replaced),
+        as on /mcp — two tasks in one copy could trample each other's files."""
+        return (
+            slot.workspace
+            and message.kind == REQUEST
+            and message.method in CALL_METHODS
+            and any(m in CALL_METHODS for m in self.requests.ledger.client_requests.values())
+        )
 
     def _client_registered(self, _event: ClientRegistered, _now: float) -> list[Action]:
         """The bridge registered: its container starts before any message needs it."""

@@ -37,7 +37,9 @@ Invariants:
   refresh) is stopped in the very step it has nothing in flight any more, and receives a
   further call only while one of the client's requests is still in flight there (requests in
   flight together share a container);
-- with containers that work on copies of the project (``workspace: isolated``): a call's answer
+- with containers that work on copies of the project (``workspace: isolated``): each gets one
+  call at most (a call waits while another is in the container: its copy is the next one's);
+  a call's answer
   goes to the client only after the driver reported its container's copy recorded (or the
   recording failed), naming that; the machine asks for the record (``report_workspace``) only
   of a container that answered a call, once; answers are still answered exactly once when the
@@ -371,6 +373,8 @@ def receive_line(box: Box, line: bytes, trail: list[str]) -> None:
             trail,
         )
         box.calls_received += 1
+        # (each call of an isolated service its own copy: never two calls in one container)
+        check(not ISOLATED or box.calls_received == 1, f"container {box.seq} got two calls", trail)
     index = SCRIPT.index(line)
     check(not box.replay_pending, f"frame {index} before the replay was answered", trail)
     check(index > box.last_index, f"frame {index} out of order (after {box.last_index})", trail)
@@ -852,8 +856,9 @@ def _forgetting_held_answers(_original: Callable[..., Any]) -> Callable[..., Any
     [
         (RelayContainer, "started", _passing_answers_on, "before its copy was recorded"),
         (RelayRequests, "answer_held", _forgetting_held_answers, "never (answered|recorded)"),
+        (SessionMachine, "_waits_for_a_copy", lambda _o: lambda *_a: False, "got two calls"),
     ],
-    ids=["answers-at-once", "forgets-held-answers"],
+    ids=["answers-at-once", "forgets-held-answers", "shares-a-copy"],
 )
 def test_the_checker_catches_an_isolated_answer_sent_early_or_never(
     monkeypatch: pytest.MonkeyPatch,
@@ -863,7 +868,7 @@ def test_the_checker_catches_an_isolated_answer_sent_early_or_never(
     caught: str,
 ) -> None:
     monkeypatch.setattr(part, method, planted(getattr(part, method)))
-    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:3])
+    monkeypatch.setattr(sys.modules[__name__], "SCRIPT", SCRIPT[:4])
     monkeypatch.setattr(sys.modules[__name__], "MISFORTUNES", 0)
     monkeypatch.setattr(sys.modules[__name__], "ASKS", 0)
     monkeypatch.setattr(sys.modules[__name__], "LIFECYCLE", Lifecycle("fresh_per_call"))

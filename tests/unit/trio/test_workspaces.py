@@ -400,3 +400,22 @@ async def test_a_base_given_to_an_agent_that_works_in_the_project_itself_is_refu
         assert "workspace: isolated" in refused["error"]["message"]
         await relay.aclose()
         assert not (project / "x.txt").exists()  # nothing ran
+
+
+async def test_on_the_relay_calls_sent_together_still_get_a_copy_each(tmp_path: Path) -> None:
+    # The second call waits while the first is in its container: two tasks in one copy could
+    # trample each other's files.
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await relay_session(http, project)
+        await ws.send_json(relayed_write(2, "same.txt", "first\n", wait=0.2))
+        await ws.send_json(relayed_write(3, "same.txt", "second\n"))
+        answers = {}
+        for _ in range(2):
+            answer = await ws.hear()
+            answers[answer["id"]] = answer["result"]["structuredContent"]["workspace"]
+        assert answers[2]["branch"] != answers[3]["branch"]
+        assert git(project, "show", f"{answers[2]['branch']}:same.txt") == "first"
+        assert git(project, "show", f"{answers[3]['branch']}:same.txt") == "second"
+        assert len(http.runtime.spawned) == 2
+        await ws.aclose()
