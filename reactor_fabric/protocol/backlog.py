@@ -41,18 +41,22 @@ class Backlog:
         self._requests.clear()
         return items
 
-    def drain_through(self, last: Callable[[Peek], bool]) -> list[tuple[Peek, bytes]]:
-        """The messages waiting, oldest first, up to and including the first for which
-        ``last`` is true (all if none is); the rest keep waiting."""
+    def drain_to_second(self, counts: Callable[[Peek], bool]) -> list[tuple[Peek, bytes]]:
+        """The messages waiting, oldest first, up to the second for which ``counts`` is true
+        (that one and the rest keep waiting; all go if there is no second)."""
         taken: list[tuple[Peek, bytes]] = []
+        seen = False
         while self._items:
-            message, frame = self._items.popleft()
+            message, frame = self._items[0]
+            if counts(message):
+                if seen:
+                    break
+                seen = True
+            self._items.popleft()
             taken.append((message, frame))
             self.bytes -= len(frame)
             if message.kind == REQUEST:
                 self._requests.discard(message.id)
-            if last(message):
-                break
         return taken
 
     def clone(self) -> Backlog:

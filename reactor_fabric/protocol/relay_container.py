@@ -135,11 +135,12 @@ class RelayContainer:
         return [sent]
 
     def flush_waiting(self, slot: Backend) -> list[Action]:
-        """What waited for the container, to it; to one that works on a copy, up to the first
-        call only (the next call waits for the next container: a copy each)."""
+        """What waited for the container, to it; to one that works on a copy, up to its second
+        call (that one waits for the next container: a copy each; what follows the first, a
+        cancellation of it say, goes with it)."""
         waiting = self.requests.waiting
         if slot.workspace:
-            flushed = waiting.drain_through(
+            flushed = waiting.drain_to_second(
                 lambda m: m.kind == REQUEST and m.method in CALL_METHODS
             )
         else:

@@ -330,7 +330,7 @@ class SessionMachine:
             slot is not None
             and slot.ready
             and not slot.measuring
-            and not waiting
+            and (not waiting or self._cancels_its_call(slot, message))
             and not self._waits_for_a_copy(slot, message)
         ):
             written = container.write(slot, message, frame)
@@ -360,6 +360,15 @@ class SessionMachine:
             and message.kind == REQUEST
             and message.method in CALL_METHODS
             and any(m in CALL_METHODS for m in self.requests.ledger.client_requests.values())
+        )
+
+    def _cancels_its_call(self, slot: Backend, message: Peek) -> bool:
+        """A cancellation of the call in a container that works on a copy goes to it at once,
+        ahead of the calls waiting for the next container (it is not theirs)."""
+        return (
+            slot.workspace
+            and message.method == CANCELLED
+            and cancelled_request_id(message) in self.requests.ledger.client_requests
         )
 
     def _client_registered(self, _event: ClientRegistered, _now: float) -> list[Action]:

@@ -37,13 +37,22 @@ WRITE_TOOL = {
 
 async def writing_server(container: MemoryServer) -> None:
     """A server whose one tool writes a file into its mount's source (as a container writing
-    its /workspace would), after ``wait`` seconds."""
+    its /workspace would), after ``wait`` seconds; a call it is told is cancelled stops there
+    and is not answered (as the MCP specification asks)."""
+    scopes: dict[Any, trio.CancelScope] = {}
+
+    async def handle(message: dict[str, Any]) -> None:
+        with scopes.setdefault(message["id"], trio.CancelScope()):
+            await _handle(container, message)
+
     async with trio.open_nursery() as nursery:
         while (line := await container.read_line()) is not None:
             message = json.loads(line)
+            if message.get("method") == "notifications/cancelled":
+                scopes.setdefault(message["params"]["requestId"], trio.CancelScope()).cancel()
             if "id" not in message or "method" not in message:
                 continue
-            nursery.start_soon(_handle, container, message)
+            nursery.start_soon(handle, message)
         nursery.cancel_scope.cancel()
 
 
@@ -417,5 +426,29 @@ async def test_on_the_relay_calls_sent_together_still_get_a_copy_each(tmp_path: 
         assert answers[2]["branch"] != answers[3]["branch"]
         assert git(project, "show", f"{answers[2]['branch']}:same.txt") == "first"
         assert git(project, "show", f"{answers[3]['branch']}:same.txt") == "second"
+        assert len(http.runtime.spawned) == 2
+        await ws.aclose()
+
+
+async def test_on_the_relay_a_cancel_reaches_the_container_working_on_its_call_not_the_next(
+    tmp_path: Path,
+) -> None:
+    # The second call waits for the next container; the client cancels the first: the cancel
+    # goes to the first's container at once (it stops, writes nothing, answers nothing), not
+    # behind the second call to the next one.
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await relay_session(http, project)
+        await ws.send_json(relayed_write(2, "first.txt", "first\n", wait=30))
+        await ws.send_json(relayed_write(3, "second.txt", "second\n"))
+        note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+        await ws.send_json(note)
+        answer = await ws.hear()
+        assert answer["id"] == 3
+        workspace = answer["result"]["structuredContent"]["workspace"]
+        assert git(project, "show", f"{workspace['branch']}:second.txt") == "second"
+        assert "first.txt" not in git(project, "ls-tree", "-r", "--name-only", workspace["branch"])
+        with trio.move_on_after(0.5):
+            assert await ws.hear() is None  # nothing more: no answer to the cancelled call
         assert len(http.runtime.spawned) == 2
         await ws.aclose()
