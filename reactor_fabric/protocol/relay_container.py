@@ -258,7 +258,7 @@ class RelayContainer:
     def between(self, slot: Backend) -> bool:
         """Whether the container is between calls: ready, and nothing in flight or waiting
         (a call's retry included). One that works on a copy is between calls with calls
-        waiting: they wait for the next one (see SessionMachine._waits_for_a_copy)."""
+        waiting: they wait for the next one (see .session.waits_for_a_copy)."""
         requests = self.requests
         return (
             slot.ready

@@ -99,7 +99,7 @@ from .events import (
 )
 from .input_waits import INPUT_WAIT_SECONDS, asks_for_input
 from .jsonrpc import REQUEST, RESPONSE, Peek, error_response, peek
-from .ledger import CANCELLED, cancelled_request_id
+from .ledger import CANCELLED, Ledger, cancelled_request_id
 from .relay_container import RelayContainer
 from .relay_lock import RelayLock
 from .relay_requests import RelayRequests
@@ -330,8 +330,8 @@ class SessionMachine:
             slot is not None
             and slot.ready
             and not slot.measuring
-            and (not waiting or self._cancels_its_call(slot, message))
-            and not self._waits_for_a_copy(slot, message)
+            and (not waiting or cancels_its_call(slot, message, self.requests.ledger))
+            and not waits_for_a_copy(slot, message, self.requests.ledger)
         ):
             written = container.write(slot, message, frame)
             if message.kind == REQUEST:
@@ -350,26 +350,6 @@ class SessionMachine:
         if slot is None:
             return [container.spawn(), *done]
         return done
-
-    def _waits_for_a_copy(self, slot: Backend, message: Peek) -> bool:
-        """A call to a container that works on a copy waits while another call is in it: each
-        call gets a copy of its own (the next container, started when this one is replaced),
-        as on /mcp — two tasks in one copy could trample each other's files."""
-        return (
-            slot.workspace
-            and message.kind == REQUEST
-            and message.method in CALL_METHODS
-            and any(m in CALL_METHODS for m in self.requests.ledger.client_requests.values())
-        )
-
-    def _cancels_its_call(self, slot: Backend, message: Peek) -> bool:
-        """A cancellation of the call in a container that works on a copy goes to it at once,
-        ahead of the calls waiting for the next container (it is not theirs)."""
-        return (
-            slot.workspace
-            and message.method == CANCELLED
-            and cancelled_request_id(message) in self.requests.ledger.client_requests
-        )
 
     def _client_registered(self, _event: ClientRegistered, _now: float) -> list[Action]:
         """The bridge registered: its container starts before any message needs it."""
@@ -498,6 +478,28 @@ class SessionMachine:
             if done is not None:
                 actions.append(done)
         return actions + self.container.between_calls(now)
+
+
+def waits_for_a_copy(slot: Backend, message: Peek, ledger: Ledger) -> bool:
+    """A call to a container that works on a copy waits while another call is in it: each call
+    gets a copy of its own (the next container, started when this one is replaced), as on
+    /mcp — two tasks in one copy could trample each other's files."""
+    return (
+        slot.workspace
+        and message.kind == REQUEST
+        and message.method in CALL_METHODS
+        and any(method in CALL_METHODS for method in ledger.client_requests.values())
+    )
+
+
+def cancels_its_call(slot: Backend, message: Peek, ledger: Ledger) -> bool:
+    """A cancellation of the call in a container that works on a copy goes to it at once,
+    ahead of the calls waiting for the next container (it is not theirs)."""
+    return (
+        slot.workspace
+        and message.method == CANCELLED
+        and cancelled_request_id(message) in ledger.client_requests
+    )
 
 
 # Who decides about each event: the machine's client side (and the server's lines, relayed)...

@@ -414,3 +414,38 @@ def test_the_cycle_finder_sees_a_cycle_closed_through_type_checking(tmp_path: Pa
     graph = import_graph(package)
     assert graph["planted.d"] == {"planted", "planted.a", "planted.c"}  # the package's too
     assert import_cycles(graph) == [["planted.a", "planted.b", "planted.c"]]
+
+
+# Issue 49's bounds on size: a protocol module (a pure machine's part) at most 600 lines, any
+# other module 700, no class over 25 methods (each grew past them once, then was split).
+MAX_PROTOCOL_LINES, MAX_MODULE_LINES, MAX_METHODS = 600, 700, 25
+
+
+def oversized(package: Path) -> list[str]:
+    """The modules over their line bound and the classes over the method bound."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        bound = MAX_PROTOCOL_LINES if path.parent.name == "protocol" else MAX_MODULE_LINES
+        if lines > bound:
+            found.append(f"{path.relative_to(package.parent)}: {lines} lines")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [
+                    b for b in node.body if isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+                if len(methods) > MAX_METHODS:
+                    found.append(f"{node.name}: {len(methods)} methods")
+    return found
+
+
+def test_no_module_and_no_class_outgrows_its_bound() -> None:
+    assert oversized(PACKAGE) == []
+
+
+def test_the_size_check_sees_a_module_and_a_class_too_large(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "protocol").mkdir(parents=True)
+    (tmp_path / "pkg" / "protocol" / "long.py").write_text("x = 1\n" * 601)
+    methods = "".join(f"    def m{index}(self) -> None: ...\n" for index in range(26))
+    (tmp_path / "pkg" / "big.py").write_text(f"class Big:\n{methods}")
+    assert oversized(tmp_path / "pkg") == ["Big: 26 methods", "pkg/protocol/long.py: 601 lines"]

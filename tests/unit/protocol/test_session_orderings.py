@@ -68,6 +68,7 @@ from reactor_fabric._reasons import (
     REFRESH_CALLS,
     REFRESH_MEMORY,
 )
+from reactor_fabric.protocol import session as session_module
 from reactor_fabric.protocol.answers import OUTPUT_INVALID, SessionLimits
 from reactor_fabric.protocol.catalog import service_catalog
 from reactor_fabric.protocol.events import (
@@ -856,13 +857,13 @@ def _forgetting_held_answers(_original: Callable[..., Any]) -> Callable[..., Any
     [
         (RelayContainer, "started", _passing_answers_on, "before its copy was recorded"),
         (RelayRequests, "answer_held", _forgetting_held_answers, "never (answered|recorded)"),
-        (SessionMachine, "_waits_for_a_copy", lambda _o: lambda *_a: False, "got two calls"),
+        (session_module, "waits_for_a_copy", lambda _o: lambda *_a: False, "got two calls"),
     ],
     ids=["answers-at-once", "forgets-held-answers", "shares-a-copy"],
 )
 def test_the_checker_catches_an_isolated_answer_sent_early_or_never(
     monkeypatch: pytest.MonkeyPatch,
-    part: type,
+    part: object,
     method: str,
     planted: Callable[[Callable[..., Any]], Callable[..., Any]],
     caught: str,
