@@ -13,19 +13,28 @@ PYTEST_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install docker images image-orchestrator run test test-unit test-integration lint format \
         validate-config test-onboarding clean bench bench-smoke lock-images eval-discovery \
-        test-tools test-podman test-fast
+        test-tools test-podman test-fast constraints
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON_BOOTSTRAP) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON_BOOTSTRAP=python3.X)")'
 	$(PYTHON_BOOTSTRAP) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $@
 
-install: $(VENV)/.installed ## create .venv with the package and its test/dev tools
+install: $(VENV)/.installed ## create .venv with the package and its test/dev tools (the versions in constraints.txt)
+
+constraints: ## refresh constraints.txt: the newest releases pyproject.toml allows, in a venv of their own (then run the tests)
+	rm -rf .venv-constraints
+	$(PYTHON_BOOTSTRAP) -m venv .venv-constraints
+	.venv-constraints/bin/python -m pip install --quiet --upgrade pip
+	.venv-constraints/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '1,2p' constraints.txt; .venv-constraints/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .venv-constraints
 
 docker: ## make sure a Docker engine answers (installs and starts Debian's docker.io if needed)
 	scripts/ensure-docker
