@@ -102,4 +102,4 @@ eval-discovery: install ## the discovery ranking on public servers' real tool li
 bench-smoke: install images ## the benchmark harnesses with tiny counts, no peers (< 1.5 min; no figure is judged)
 	$(PY) scripts/bench.py --smoke $(BENCH_ARGS)
 	$(PY) scripts/bench-audit.py --calls 30 --repeats 3 --json bench/tmp/audit-smoke.json
-	$(PY) scripts/bench-workspace.py --files 200 --repeats 3 --json bench/tmp/workspace-smoke.json
+	$(PY) scripts/bench-workspace.py --files 200 --repeats 3 --engine-rounds 1 --json bench/tmp/workspace-smoke.json

@@ -17,7 +17,19 @@ The copies go where the orchestrator makes them (``default_parent``: memory-back
 when it is a tmpfs; ``--copies DIR`` elsewhere), the repository lives on disk, as a user's
 does. Then ``record`` after a task changed a few files (fast-import of the two commits and the
 branch). Systems are interleaved, repeated (``--repeats``), and reported as P50 and P95 with
-their range. The target (issue 50): ``prepare`` at most 500 ms at P95 for 10,000 files.
+their range.
+
+Then on the real engine (``--engine-rounds``, 0 for none): what the copy adds to a call's
+start where the orchestrator makes it, beside the container's own start. One orchestrator
+serves copies of the bundled ``time`` service, a container per call (ENGINE_SERVICES):
+isolated and shared, without a pool and with one (``warm: 1``); one session on ``/mcp`` with the
+repository mounted (an ordinary user's, as a client's checkout) calls each once per round, in
+an order rotating each round, each call on a quiet engine (no per-call container left, the
+pools full, a second for their servers). Per call, the audit record's ``start_ms`` (from the
+container asked for to its server's stdio connected and the copy whole) and the round trip;
+what isolation adds is isolated minus shared, paired by round (a pooled pair's round only when
+both were served from the pool). The target (issue 50): a task's start on 10,000 files at
+most 500 ms later at P95.
 
     .venv/bin/python scripts/bench-workspace.py                 # bench/workspace-results.json
     .venv/bin/python scripts/bench-workspace.py --files 200 --repeats 3   # (make bench-smoke)
@@ -34,11 +46,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
+from typing import Any
+
+import trio
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.mcp import check_result, handshake, websocket_session  # noqa: E402
+
+from bench import engine  # noqa: E402  (scripts/bench: the engine benchmark's harness)
 from reactor_fabric.trio.workspaces import default_parent  # noqa: E402
 from reactor_fabric.workspace import Bounds, TaskFacts, prepare, record, remove  # noqa: E402
 
@@ -56,7 +76,9 @@ FACTS = TaskFacts(service="bench", task="bench task", session="s", call="1", tra
 
 
 def git(project: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(project), *args], check=True, env=GIT_ENV, capture_output=True)
+    # safe.directory: the repository is an ordinary user's (give_to_owner), we are root.
+    command = ["git", "-c", "safe.directory=*", "-C", str(project), *args]
+    subprocess.run(command, check=True, env=GIT_ENV, capture_output=True)
 
 
 def make_repository(root: Path, files: int) -> Path:
@@ -135,11 +157,144 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+# --- on the engine: what an isolated call's start adds ---------------------------------------
+
+# Copies of the bundled `time` service, a container per call: name → (workspace, warm). The
+# pooled pair's containers wait started, the project attached at the take.
+ENGINE_SERVICES = {
+    "time-isolated": ("isolated", 0),
+    "time-shared": ("shared", 0),
+    "time-isolated-pooled": ("isolated", 1),
+    "time-shared-pooled": ("shared", 1),
+}
+# The start added by isolation: (isolated, shared), paired by round.
+ENGINE_PAIRS = {"fresh": ("time-isolated", "time-shared"),
+                "pooled": ("time-isolated-pooled", "time-shared-pooled")}  # fmt: skip
+PROJECT_OWNER = (1000, 1000)
+ENGINE_TOOL = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
+
+
+def engine_suite(path: Path, mount_root: Path) -> Path:
+    """The bundled suite's `time` under the names of ENGINE_SERVICES, and nothing else."""
+    bundled = yaml.safe_load((REPO / "claude-mcp-suite.yaml").read_text())
+    time_service = bundled["mcp_services"]["time"]
+    suite = {
+        "version": bundled["version"],
+        "orchestrator": {"allowed_mount_roots": [f"{mount_root}/"]},
+        "mcp_services": {
+            name: {
+                **time_service,
+                "container_strategy": "fresh_per_call",
+                "workspace": mode,
+                "warm": warm,
+                "timeout": "30m",
+            }
+            for name, (mode, warm) in ENGINE_SERVICES.items()
+        },
+    }
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    return path
+
+
+def give_to_owner(project: Path) -> None:
+    """The project becomes an ordinary user's, as a client's checkout is (we run as root)."""
+    if os.geteuid() != 0:
+        return
+    for root, dirs, files in os.walk(project):
+        for name in [root, *(os.path.join(root, entry) for entry in dirs + files)]:
+            os.lchown(name, *PROJECT_OWNER)
+
+
+async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any]:
+    """One orchestrator, one session on /mcp with ``project`` mounted; per round one call of
+    each service in an order rotating each round, each on a quiet engine (the pools full, no
+    per-call container left). Per call: its round trip (the client's clock) and its
+    container's start (the audit record's ``start_ms``: from the call's container asked for to
+    its server's stdio connected, the copy included)."""
+    suite = engine_suite(work / "suite.yaml", project.parent)
+    orch = await engine.start_orchestrator(suite, work / "orchestrator.log")
+    pooled = sum(warm for _, warm in ENGINE_SERVICES.values())
+    round_trips: dict[str, list[float]] = {name: [] for name in ENGINE_SERVICES}
+    try:
+        query = "tools=all&mount=" + urllib.parse.quote(f"{project}:/workspace", safe="")
+        async with websocket_session(orch.fabric_ws_url(query), subprotocols=["mcp"]) as rpc:
+            await handshake(rpc)
+            names = list(ENGINE_SERVICES)
+            for index in range(-1, rounds):  # round -1: a warm-up, not counted
+                shift = index % len(names)
+                for name in names[shift:] + names[:shift]:
+                    await quiet(orch, pooled)
+                    tool = {**ENGINE_TOOL, "name": f"{name}__{ENGINE_TOOL['name']}"}
+                    with trio.fail_after(120):
+                        elapsed, answer = await rpc.call("tools/call", tool)
+                    check_result(answer, name)
+                    if index >= 0:
+                        round_trips[name].append(elapsed / 1e6)
+                print(f"engine round {index + 1}/{rounds}", file=sys.stderr, flush=True)
+            await quiet(orch, pooled)
+    finally:
+        await orch.stop()
+    starts: dict[str, list[float]] = {name: [] for name in ENGINE_SERVICES}
+    pooled_starts: dict[str, list[bool]] = {name: [] for name in ENGINE_SERVICES}
+    for audited in engine.audit_records(orch.log_path):
+        if audited.get("event") == "container_start" and audited.get("service") in starts:
+            starts[audited["service"]].append(float(audited["start_ms"]))
+            pooled_starts[audited["service"]].append(bool(audited.get("pooled")))
+    for name in ENGINE_SERVICES:  # (the warm-up's)
+        del starts[name][0], pooled_starts[name][0]
+    return {"round_trip": round_trips, "start": starts, "pooled": pooled_starts}
+
+
+async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> None:
+    """Until no per-call container of the orchestrator is left and its pools hold at least
+    ``pooled`` containers (a pool may hold one more for a while), and a second more: their
+    servers started."""
+    with trio.fail_after(bound):
+        while True:
+            names = [c["Names"][0] for c in await engine.docker_call(orch.containers())]
+            if sum("-pool-" in n for n in names) >= pooled and all("-pool-" in n for n in names):
+                break
+            await trio.sleep(0.1)
+    await trio.sleep(1.0)
+
+
+def engine_figures(measured: dict[str, Any]) -> dict[str, Any]:
+    """Per service its start and round trip; per pair what isolation adds, paired by round."""
+    figures: dict[str, Any] = {
+        name: {
+            "start": summary(measured["start"][name]),
+            "round_trip": summary(measured["round_trip"][name]),
+            "pooled_starts": sum(measured["pooled"][name]),
+        }
+        for name in ENGINE_SERVICES
+    }
+    for pair, (isolated, shared) in ENGINE_PAIRS.items():
+        # A pooled pair's round counts only when both calls got a pooled container.
+        rounds = [
+            index
+            for index, both in enumerate(
+                zip(measured["pooled"][isolated], measured["pooled"][shared], strict=True)
+            )
+            if pair != "pooled" or all(both)
+        ]
+        for what in ("start", "round_trip"):
+            added = [measured[what][isolated][i] - measured[what][shared][i] for i in rounds]
+            figures[f"added_{what}_{pair}"] = summary(added) if added else None
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "workspace-results.json")
+    parser.add_argument(
+        "--engine-rounds",
+        type=int,
+        default=12,
+        help="rounds on the real engine (0: none): one call of each ENGINE_SERVICES per round",
+    )
+    parser.add_argument("--only-engine", action="store_true", help="skip the copies measured here")
     parser.add_argument(
         "--copies",
         type=Path,
@@ -155,13 +310,15 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="rf-bench-workspace-") as tmp:
         root = Path(tmp)
+        root.chmod(0o711)  # the project's owner reaches it (give_to_owner)
         project = make_repository(root, args.files)
         copies = args.copies or Path(default_parent()) / "bench"
         copies.mkdir(parents=True, exist_ok=True)
+        give_to_owner(project)
         fd = os.open(project, os.O_PATH | os.O_DIRECTORY)
         owner = (os.stat(project).st_uid, os.stat(project).st_gid)
         try:
-            for repeat in range(args.repeats):
+            for repeat in range(0 if args.only_engine else args.repeats):
                 order = ["cp_a", "git_worktree", "prepare"]
                 shift = repeat % len(order)
                 for name in order[shift:] + order[:shift]:
@@ -174,14 +331,21 @@ def main() -> int:
             os.close(fd)
             if args.copies is None:
                 shutil.rmtree(copies, ignore_errors=True)
+        engine = None
+        if args.engine_rounds:
+            work = root / "engine"
+            work.mkdir()
+            engine = engine_figures(trio.run(engine_rounds, project, work, args.engine_rounds))
     results = {
         "files": args.files,
         "repeats": args.repeats,
-        **{name: summary(values) for name, values in samples.items()},
+        **{name: summary(values) for name, values in samples.items() if values},
+        "engine": engine,
     }
-    results["prepare_over_cp_a_p50"] = round(
-        results["prepare"]["p50_ms"] / max(results["cp_a"]["p50_ms"], 0.001), 2
-    )
+    if samples["prepare"]:
+        results["prepare_over_cp_a_p50"] = round(
+            results["prepare"]["p50_ms"] / max(results["cp_a"]["p50_ms"], 0.001), 2
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

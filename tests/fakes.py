@@ -19,7 +19,7 @@ from reactor_fabric.policy.container_parts.context import RuntimeCapabilities
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.policy.pinning import PinSet
 from reactor_fabric.protocol.jsonrpc import Peek
-from reactor_fabric.runtime.base import Container, ContainerExit, ManagedContainer
+from reactor_fabric.runtime.base import Container, ContainerExit, Gate, ManagedContainer
 from reactor_fabric.runtime.memory import MemoryServer
 from reactor_fabric.trio.channel import ChannelClosed, channel_boundary
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -62,7 +62,9 @@ class UnreachableRuntime:
     async def image_id(self, image: str) -> str | None:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
-    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> Container:
+    async def spawn(
+        self, spec: ContainerSpec, pins: PinSet | None = None, *, gate: Gate | None = None
+    ) -> Container:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
     async def exit_status(self, container_id: str) -> ContainerExit:

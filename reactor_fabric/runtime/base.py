@@ -19,12 +19,20 @@ the caller closes (:meth:`Container.aclose`) and which the caller removes
 cancelled half-way (a create still running in a worker thread is removed, by the name the spec
 gave it, once it completes). :meth:`Runtime.close` waits, bounded, for such abandoned work.
 
+A spawn may be given a :data:`Gate`: what the server must find at its first instruction is
+still being made (an isolated task's copy, filled in its directory already pinned). The
+runtime creates the container meanwhile — and, where it can hold the server's command (socket
+stdio: ``fabric-stdio --hold``), starts it too — and lets the server run only once the gate
+returned. A gate that raises fails the start like any step: the container is removed, the
+gate's error goes up.
+
 Error handling: every failure is one of the product's errors — DockerUnavailable (-32001) when
 the engine does not answer, ContainerStartFailure (-32002) for anything about one container.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +43,9 @@ from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
 from .child_sockets import ChildSockets
 from .egress_proxy import EgressProxy
+
+# Awaited before the server of a spawn runs (see the module's notes).
+Gate = Callable[[], Awaitable[None]]
 
 
 class StdinStream(Protocol):
@@ -115,12 +126,15 @@ class Runtime(Protocol):
     async def image_id(self, image: str) -> str | None:
         """The id of ``image`` as the engine has it now; None when it does not have it."""
 
-    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> Container:
+    async def spawn(
+        self, spec: ContainerSpec, pins: PinSet | None = None, *, gate: Gate | None = None
+    ) -> Container:
         """Create, attach and start; on failure or cancellation nothing is left behind.
 
         ``pins``: the spec's mount sources pinned (None where nothing pinned them: no mounts,
         the warm pool's staging binds, the catalog's probe); the container gets these
-        descriptors, checked, and they are released here (see the module's notes).
+        descriptors, checked, and they are released here (see the module's notes). ``gate``:
+        the server runs only once it returned (see the module's notes).
         """
 
     async def exit_status(self, container_id: str) -> ContainerExit: ...

@@ -52,7 +52,7 @@ from ..policy.container_parts.context import RuntimeCapabilities
 from ..policy.container_parts.ownership import LABEL_MANAGED
 from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
-from .base import ContainerExit, ManagedContainer
+from .base import ContainerExit, Gate, ManagedContainer
 from .child_sockets import ChildSockets
 from .docker_calls import (
     ABANDONED_WORK_BOUND,
@@ -79,6 +79,7 @@ from .docker_sockets import ContainerSockets, DockerSockets
 from .egress_proxy import EgressProxy
 from .engines import EngineIdentity, EngineName, engine_is_local, identify
 from .secret_files import SecretFiles
+from .stdio_sockets import GO
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,9 @@ class DockerRuntime:
 
         return await self._engine.call("inspect", inspect)
 
-    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> DockerContainer:
+    async def spawn(
+        self, spec: ContainerSpec, pins: PinSet | None = None, *, gate: Gate | None = None
+    ) -> DockerContainer:
         """Create the container, attach its stdio, start it (see the module's resource notes).
 
         With socket stdio, the container's socket listens before the create, and the container
@@ -222,6 +225,11 @@ class DockerRuntime:
         pinned object, by device and inode, or the container is removed and SecurityViolation
         (``mount_changed``) raised. The pins are released once the start can no longer use
         them — by the start's own thread if a cancellation abandoned it.
+
+        ``gate`` (see :data:`~.base.Gate`): with socket stdio the container starts at once, its
+        ``fabric-stdio`` held (``--hold``) until the gate returned and the mounts were checked,
+        then sent GO; with the engine's attach, the start itself waits for the gate. Either
+        way the server's first instruction comes after the gate.
         """
         handed_to_start = False
         held: ContainerSockets | None = None
@@ -229,15 +237,16 @@ class DockerRuntime:
             if spec.pull == "always":
                 await self._pull(spec.image)
             held = await self.sockets.listen(spec)
+            hold = gate is not None and held.stdio is not None
             try:
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pins, held)
+                container_id = await self._create(spec, pins, held, hold=hold)
             except ContainerStartFailure as exc:
                 if exc.reason != IMAGE_NOT_FOUND or spec.pull != "missing":
                     raise
                 await self._pull(spec.image)
                 await self._refuse_targets_in_image(spec)
-                container_id = await self._create(spec, pins, held)
+                container_id = await self._create(spec, pins, held, hold=hold)
             stdio = held.stdio
             container: DockerContainer | None = None
             try:
@@ -252,17 +261,26 @@ class DockerRuntime:
                 )
                 handed_to_start = True
                 self.sockets.serve(held, container_id, spec)
+                if gate is not None and not hold:
+                    await gate()  # nothing can hold the server but the start itself
                 await self._engine.call(
                     "start",
                     lambda c: c.start(container_id),
                     release=pins.close if pins is not None else None,
                 )
+                connection = None
                 if stdio is not None:
-                    container.connected(await self.sockets.accept_stdio(stdio, container_id))
+                    connection = await self.sockets.accept_stdio(stdio, container_id)
+                    container.connected(connection)
                 if pins is not None and len(pins):
                     await self._engine.call(
                         "verify", lambda c: verify_mounts(c, container_id, pins)
                     )
+                if hold:
+                    assert gate is not None
+                    assert connection is not None
+                    await gate()
+                    await connection.send_all(GO)  # (the server's stdin has no writer yet)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     if container is not None:
@@ -318,17 +336,21 @@ class DockerRuntime:
         spec: ContainerSpec,
         pins: PinSet | None = None,
         sockets: ContainerSockets | None = None,
+        *,
+        hold: bool = False,
     ) -> str:
-        """Create the container (its id), given ``sockets`` it has of ours; a create that a
-        cancellation abandoned is undone by its own thread, by the spec's name."""
+        """Create the container (its id), given ``sockets`` it has of ours (``hold``: its
+        ``fabric-stdio`` waits for GO); a create that a cancellation abandoned is undone by its
+        own thread, by the spec's name."""
         sources = self.sockets.sources(sockets) if sockets is not None else None
         secrets = functools.partial(self._secrets_mount, spec) if spec.secret_files else None
 
         def create(client: docker.APIClient) -> str:
             # on_podman is read here, in the thread: the first call is what identifies the engine.
             return create_container(
-                client, spec, pins, podman=self.on_podman, secrets=secrets, sockets=sources
-            )
+                client, spec, pins, podman=self.on_podman, secrets=secrets, sockets=sources,
+                hold=hold,
+            )  # fmt: skip
 
         def remove_by_name(client: docker.APIClient, _created: str | None) -> None:
             # Whether or not the engine answered, it may have made the container: the name

@@ -68,6 +68,7 @@ def create_container(
     podman: bool,
     secrets: Callable[[], docker.types.Mount] | None = None,
     sockets: SocketSources | None = None,
+    hold: bool = False,
 ) -> str:
     """Create the container of ``spec``; its id.
 
@@ -75,7 +76,7 @@ def create_container(
     if anything after fails (only those made here: a name taken already is someone else's).
     ``secrets`` gives the file secrets' bind, once the volumes are made. With ``sockets``
     (socket stdio) the image's entrypoint and command are asked of the engine, to be run
-    behind ``fabric-stdio``.
+    behind ``fabric-stdio`` (``hold``: which waits for the orchestrator's GO to run them).
     """
     # Podman ignores a volume's driver options in a container's create: its pinned mounts
     # are named volumes, made first (see podman_pinned_volumes).
@@ -89,7 +90,9 @@ def create_container(
         entrypoint: list[str] | None = None
         if sockets is not None:
             config = client.inspect_image(spec.image)["Config"] or {}  # type: ignore[no-untyped-call]
-            entrypoint = socket_stdio_entrypoint(config, spec, egress=sockets.egress is not None)
+            entrypoint = socket_stdio_entrypoint(
+                config, spec, egress=sockets.egress is not None, hold=hold
+            )
         host_config = client.create_host_config(
             **host_config_kwargs(
                 spec, pins, named_volumes=volumes, secrets=secrets_bind, sockets=sockets

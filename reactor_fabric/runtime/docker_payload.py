@@ -105,16 +105,18 @@ def program(spec: ContainerSpec, *, entrypoint: list[str] | None = None) -> Frag
 
 
 def socket_stdio_entrypoint(
-    image_config: Mapping[str, Any], spec: ContainerSpec, *, egress: bool
+    image_config: Mapping[str, Any], spec: ContainerSpec, *, egress: bool, hold: bool = False
 ) -> list[str]:
     """The program of a socket-stdio container: ``fabric-stdio`` in front of what the image
     (its ``Config``, as the engine inspects it) and the spec would run; with ``egress``, it
-    also forwards the proxy's port in the container to the egress socket."""
+    also forwards the proxy's port in the container to the egress socket; with ``hold``, it
+    waits for the orchestrator's GO before it runs the server."""
     return wrapped_command(
         image_config.get("Entrypoint"),
         image_config.get("Cmd"),
         spec.command,
         egress_port=EGRESS_PROXY_PORT if egress else None,
+        hold=hold,
     )
 
 

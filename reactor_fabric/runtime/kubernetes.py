@@ -71,7 +71,7 @@ from ..protocol.egress import Allowlist, proxy_url
 from ..protocol.k8s_attach import AttachStatus
 from ..protocol.k8s_pod_state import Exited, pod_progress
 from . import kubernetes_errors as errors
-from .base import ContainerExit, ManagedContainer
+from .base import ContainerExit, Gate, ManagedContainer
 from .child_sockets import ChildSockets
 from .egress_proxy import EgressProxy
 from .kubernetes_calls import API_CALL_TIMEOUT, KubernetesCalls
@@ -189,11 +189,16 @@ class KubernetesRuntime:
         """Only a reference by digest names its image for sure; the API inspects no images."""
         return image.rpartition("@")[2] if "@sha256:" in image else None
 
-    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> KubernetesContainer:
-        """Create the pod, wait until its server runs, attach (see the module's notes)."""
+    async def spawn(
+        self, spec: ContainerSpec, pins: PinSet | None = None, *, gate: Gate | None = None
+    ) -> KubernetesContainer:
+        """Create the pod, wait until its server runs, attach (see the module's notes). A pod
+        runs its command as soon as it is made: a ``gate`` is waited for first."""
         if pins is not None:
             # The kubelet mounts the claim's subPath itself: descriptors cannot travel there.
             pins.close()
+        if gate is not None:
+            await gate()
         token: str | None = None
         if spec.egress is not None:
             # The composer refused the spec where the proxy is not there (capabilities).

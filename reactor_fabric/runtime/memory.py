@@ -33,7 +33,7 @@ from ..policy.container_parts.ownership import LABEL_MANAGED
 from ..policy.container_spec import ContainerSpec
 from ..policy.pinning import PinSet
 from ..protocol.framing import LineSplitter
-from .base import ContainerExit, ManagedContainer
+from .base import ContainerExit, Gate, ManagedContainer
 from .child_sockets import ChildSockets
 
 # "verify" is the check, after start, that the container got the pinned mounts (only when pinned).
@@ -305,6 +305,7 @@ class MemoryRuntime:
         self.faults: dict[str, Fault] = {}
         self.spawned: list[ContainerSpec] = []
         self.pins_given: list[PinSet | None] = []  # to every spawn, in order, failed ones too
+        self.held: list[str] = []  # the spawns that waited at their gate, by name
         self.servers: dict[str, MemoryServer] = {}  # by name
         self.removals: list[str] = []
         # What each image holds (paths), for the same-path mount check (see DockerRuntime).
@@ -368,17 +369,21 @@ class MemoryRuntime:
             return None
         return self.image_ids.get(image, f"memory:{image}")
 
-    async def spawn(self, spec: ContainerSpec, pins: PinSet | None = None) -> MemoryContainer:
+    async def spawn(
+        self, spec: ContainerSpec, pins: PinSet | None = None, *, gate: Gate | None = None
+    ) -> MemoryContainer:
         # The runtime owns the pins; nothing here runs in a thread, so once this call ends no
         # engine can resolve them any more.
         self.pins_given.append(pins)
         try:
-            return await self._spawn(spec, pins)
+            return await self._spawn(spec, pins, gate)
         finally:
             if pins is not None:
                 pins.close()
 
-    async def _spawn(self, spec: ContainerSpec, pins: PinSet | None) -> MemoryContainer:
+    async def _spawn(
+        self, spec: ContainerSpec, pins: PinSet | None, gate: Gate | None
+    ) -> MemoryContainer:
         files = self.image_files.get(spec.image, set())
         shadowed = sorted(m.target for m in spec.mounts if m.check_in_image and m.target in files)
         if shadowed:
@@ -408,6 +413,10 @@ class MemoryRuntime:
             await self._step("start", spec)
             if pins is not None:
                 await self._step("verify", spec)
+            if gate is not None:
+                # As fabric-stdio --hold: the container runs, its server not yet.
+                self.held.append(spec.name)
+                await gate()
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.remove(server.id)

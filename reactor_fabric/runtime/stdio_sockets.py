@@ -64,6 +64,8 @@ from ..policy.owner import owner_is_gone, read_owner_file
 log = logging.getLogger(__name__)
 
 HELPER_TARGET = "/.reactor-fabric/fabric-stdio"
+# What a held ``fabric-stdio`` waits for before it runs the server (fabric-stdio.c's GO).
+GO = b"G"
 SOCKET_TARGET = "/.reactor-fabric/stdio.sock"
 # A container with an egress allowlist: its proxy's socket (see runtime/egress_proxy.py).
 EGRESS_SOCKET_TARGET = "/.reactor-fabric/egress.sock"
@@ -103,11 +105,14 @@ def wrapped_command(
     spec_command: Sequence[str] | None,
     *,
     egress_port: int | None = None,
+    hold: bool = False,
 ) -> list[str]:
     """The container's entrypoint with ``fabric-stdio`` in front of what the engine would run.
 
     ``egress_port``: ``fabric-stdio`` also listens on the container's ``127.0.0.1`` at that
-    port and forwards each connection to EGRESS_SOCKET_TARGET (the egress proxy).
+    port and forwards each connection to EGRESS_SOCKET_TARGET (the egress proxy). ``hold``:
+    once connected, it runs the program only after the orchestrator sent :data:`GO` (see
+    :meth:`~.docker.DockerRuntime.spawn`'s ``gate``).
 
     The engine runs the image's entrypoint followed by the spec's command, or by the image's
     command when the spec gives none. Raises StdioUnavailable when that is nothing (the
@@ -117,16 +122,8 @@ def wrapped_command(
     program = [*(image_entrypoint or ()), *command]
     if not program:
         raise StdioUnavailable("the image has no command to run", reason=NO_COMMAND)
-    if egress_port is not None:
-        return [
-            HELPER_TARGET,
-            "--egress",
-            str(egress_port),
-            EGRESS_SOCKET_TARGET,
-            SOCKET_TARGET,
-            *program,
-        ]
-    return [HELPER_TARGET, SOCKET_TARGET, *program]
+    egress = ["--egress", str(egress_port), EGRESS_SOCKET_TARGET] if egress_port is not None else []
+    return [HELPER_TARGET, *egress, *(["--hold"] if hold else []), SOCKET_TARGET, *program]
 
 
 def private_directory(path: str, euid: int) -> str:

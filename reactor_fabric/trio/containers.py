@@ -50,7 +50,7 @@ from ..protocol.events import BackendKey, CallRef
 from ..protocol.framing import FramingError
 from ..protocol.settings import Settings
 from ..protocol.tool_calls import ToolCall, ToolCallDone
-from ..runtime.base import Container, Runtime
+from ..runtime.base import Container, Gate, Runtime
 from ..workspace import TaskFacts
 from .live_container import READ_CHUNK, LiveContainer
 from .pooled import HandedOut
@@ -94,10 +94,12 @@ class ContainerPool(Protocol):
         pins: PinSet | None,
         fields: dict[str, Any],
         greeted: bool = False,
+        gate: Gate | None = None,
     ) -> Container | None:
         """A started container of ``service_name`` for a session, its mounts attached (and
         ``pins`` released); None when none fits (``pins`` then stay the caller's).
-        ``greeted``: one the pool greeted will do (the caller skips its handshake)."""
+        ``greeted``: one the pool greeted will do (the caller skips its handshake); ``gate``:
+        the mounts are attached once it returned."""
 
 
 class ContainerStarter:
@@ -214,6 +216,8 @@ class ContainerStarter:
                 call=call,
                 session=session,
                 grant_mounts=mounts if copy is not None else None,
+                # The copy is filled while the container is made; its server waits for it.
+                gate=copy.filled if copy is not None else None,
             )
         except BaseException:
             if copy is not None:
@@ -266,11 +270,17 @@ class ContainerStarter:
         call: CallRef | None,
         session: SessionRecord | None,
         grant_mounts: tuple[MountSpec, ...] | None,
+        gate: Gate | None,
     ) -> Container:
-        """The container itself, from the warm pool or fresh; owns ``pins``."""
+        """The container itself, from the warm pool or fresh; owns ``pins``; its server runs
+        once ``gate`` returned (:data:`~reactor_fabric.runtime.base.Gate`)."""
         child = self._child_grant(service_name, service, session, call, grant_mounts)
         container: Container | None = None
         if self.pool is not None and child is None:
+            if gate is not None and self.pool.ready_by_service().get(service_name, 0):
+                # A pooled container has nothing left to start beside the copy, and its take
+                # sets off a refill that would share the two cores with it: the copy first.
+                await gate()
             # A started one from the warm pool, the session's mounts attached (owns the pins
             # unless it has none that fits).
             container = await self.pool.take(
@@ -281,6 +291,7 @@ class ContainerStarter:
                 pins=pins,
                 fields=fields,
                 greeted=greeted,
+                gate=gate,
             )
         if container is None:
             try:
@@ -305,7 +316,7 @@ class ContainerStarter:
                 child = replace(child, container_name=spec.name)
                 self.grant_child(child)
             try:
-                container = await self.runtime.spawn(spec, pins)  # owns the pins from here
+                container = await self.runtime.spawn(spec, pins, gate=gate)  # owns the pins
             except BaseException:
                 if child is not None:
                     self.revoke_child(child.container_name)

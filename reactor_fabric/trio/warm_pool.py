@@ -101,7 +101,7 @@ from ..protocol.warm_pool_events import (
     Tick,
     Watched,
 )
-from ..runtime.base import Container, Runtime
+from ..runtime.base import Container, Gate, Runtime
 from ..runtime.staging import (
     NotStageable,
     PropagationMissing,
@@ -450,11 +450,15 @@ class WarmPool:
         pins: PinSet | None,
         fields: dict[str, Any],
         greeted: bool = False,
+        gate: Gate | None = None,
     ) -> Container | None:
         """A ready pooled container of ``service_name`` for a session, its mounts attached and
         checked; None when there is none that fits (the caller starts a fresh one).
         ``greeted``: the session takes a container the pool greeted (the fabric endpoint's
         per-call backends), and does no handshake with it then (see :class:`HandedOut`).
+        ``gate``: what the mounts must hold is still being made (an isolated task's copy):
+        a container taken gets them once the gate returned (if it raises, the container is
+        discarded and the error goes up).
 
         Resource handling: ``pins`` stay the caller's when this returns None; otherwise (a
         container, or an exception) they were released here. A container returned is the
@@ -481,7 +485,7 @@ class WarmPool:
         entry = self._entries.pop(claim.token)
         self._handing_out[entry.token] = entry
         try:
-            return await self._hand_out(entry, mounts, pins, fields)
+            return await self._hand_out(entry, mounts, pins, fields, gate)
         finally:
             del self._handing_out[entry.token]
 
@@ -491,6 +495,7 @@ class WarmPool:
         mounts: tuple[MountSpec, ...],
         pins: PinSet | None,
         fields: dict[str, Any],
+        gate: Gate | None,
     ) -> Container | None:
         try:
             entry.watching.cancel()
@@ -502,6 +507,8 @@ class WarmPool:
             if not handed:
                 self._discard_later(entry)
                 return None
+            if gate is not None:
+                await gate()
             if mounts:
                 assert self._staging is not None
                 assert pins is not None

@@ -1,6 +1,6 @@
-"""Isolated tasks' copies on the trio side: made when an isolated call's container starts,
-recorded as a branch and removed when it is removed (``workspace: isolated``; the copies
-themselves: :mod:`reactor_fabric.workspace`).
+"""Isolated tasks' copies on the trio side: begun when an isolated call's container starts,
+filled while the container is made, recorded as a branch and removed when it is removed
+(``workspace: isolated``; the copies themselves: :mod:`reactor_fabric.workspace`).
 
 Layout::
 
@@ -8,18 +8,27 @@ Layout::
     └── <instance>/                       workspaces.directory): no other user reaches a copy
         ├── owner.json                    which orchestrator's (an area whose orchestrator died
         └── <container name>/             is removed by the next one to start)
-                                          one task's copy, the repository owner's, 0700
+                                          one task's copy, the container account's, 0700
 
-Memory-backed by default where the machine has a tmpfs /dev/shm (a task's start waits for its
-copy: on a virtual machine's disk 10,000 small files take seconds, in memory a few hundred
-milliseconds); a copy takes memory up to ``orchestrator.workspaces.max_size`` while its task
-runs, and ``orchestrator.workspaces.directory`` puts the copies on a disk instead.
+Memory-backed by default where the machine has a tmpfs /dev/shm (on a virtual machine's disk
+10,000 small files take seconds, in memory a few hundred milliseconds); a copy takes memory up
+to ``orchestrator.workspaces.max_size`` while its task runs, and ``orchestrator.workspaces.
+directory`` puts the copies on a disk instead.
 
-Resource handling: :meth:`TaskWorkspaces.make` returns a copy pinned for the container's start;
-if the start is cancelled or fails, the copy is removed before the error goes up (work left in
-the worker thread is told to stop and waited for). :meth:`TaskWorkspaces.finish` runs at the
-container's removal, shielded and bounded on its own (a shutdown waits for the task's work to be
-recorded rather than lose it), records, audits and removes the copy, whatever happened.
+The start does not wait for the copy before the container is made: :meth:`TaskWorkspaces.make`
+checks what it can at once (a repository, a base that exists), makes the copy's directory and
+pins it in the project's place, and fills it in a thread of its own
+(:class:`~.background_thread.BackgroundThread`) while the engine creates — and, with socket
+stdio, starts — the container; :meth:`TaskCopy.filled` is the container's gate
+(:data:`~reactor_fabric.runtime.base.Gate`): its server runs once the copy is whole. So a task
+waits for its copy only as long as the copy takes beyond the container's own start.
+
+Resource handling: a copy handed out with its container's start is the caller's: if the start
+is cancelled or fails, :meth:`TaskWorkspaces.discard` stops the filling, waits for its thread
+(shielded, bounded by the copy's own deadline) and removes the copy before the error goes up.
+:meth:`TaskWorkspaces.finish` runs at the container's removal, shielded and bounded on its own
+(a shutdown waits for the task's work to be recorded rather than lose it), records, audits and
+removes the copy, whatever happened.
 """
 
 from __future__ import annotations
@@ -47,8 +56,19 @@ from ..observe.observer import Observer
 from ..policy.mount_spec import MountSpec
 from ..policy.owner import hostname, owner_is_gone, read_owner_file
 from ..policy.pinning import Pin, PinSet, pin_mounts
-from ..workspace import Bounds, Recorded, TaskFacts, Workspace, branch_name, prepare, record
+from ..workspace import (
+    Begun,
+    Bounds,
+    Recorded,
+    TaskFacts,
+    Workspace,
+    begin,
+    branch_name,
+    fill,
+    record,
+)
 from ..workspace import remove as remove_copy
+from .background_thread import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +83,8 @@ _OWNER_FILE = "owner.json"
 # The most a task's recording may take at its container's removal, beyond which the copy is
 # removed unrecorded (the answer says so); each git step is bounded by Bounds.step_seconds.
 RECORD_SECONDS = 300.0
+# Beyond a copy's own deadline, how long its removal waits for its filling to stop.
+STOP_MARGIN_SECONDS = 10.0
 
 
 def default_parent(environ: dict[str, str] | None = None) -> str:
@@ -179,13 +201,30 @@ def _cancelled() -> bool:
 
 @dataclass
 class TaskCopy:
-    """One task's copy while its container runs: what :meth:`TaskWorkspaces.finish` records."""
+    """One task's copy while its container starts and runs: what :meth:`TaskWorkspaces.
+    finish` records."""
 
-    workspace: Workspace
+    begun: Begun
+    filling: BackgroundThread[Workspace]
     facts: TaskFacts
     branch: str
     session: str
     call: Any  # the call's id (str | int | None)
+    workspace: Workspace | None = None  # once filled
+
+    async def filled(self) -> None:
+        """Once the copy is complete (the gate of the task's container: its server runs only
+        then); raises why it could not be made (WorkspaceRefused, or InterruptedError when it
+        was stopped)."""
+        try:
+            self.workspace = await self.filling.result()
+        except InterruptedError:
+            raise
+        except OSError as exc:
+            raise WorkspaceRefused(
+                f"the copy of the project could not be made: {exc.strerror or exc}",
+                reason=WORKSPACE_FAILED,
+            ) from exc
 
 
 class TaskWorkspaces:
@@ -209,8 +248,9 @@ class TaskWorkspaces:
     ) -> tuple[PinSet, tuple[MountSpec, ...], TaskCopy]:
         """The copy of the session's one writable mount, for the container ``name``, its files
         ``account``'s (uid, gid: whom the container runs as): the pins and mounts to start it
-        with (the copy in the project's place, pinned) and the copy. ``pins`` are consumed
-        (closed on failure, or handed over in the result)."""
+        with (the copy in the project's place, pinned) and the copy — its directory made and
+        pinned, its files still being filled in (:meth:`TaskCopy.filled`, the container's
+        gate). ``pins`` are consumed (closed on failure, or handed over in the result)."""
         try:
             project = _the_writable_mount(mounts)
             pin = pins.for_target(project.target)
@@ -221,26 +261,22 @@ class TaskWorkspaces:
             raise
         directory = self.area.directory(name)
 
-        def work(cancelled: Callable[[], bool]) -> tuple[Workspace, Pin]:
-            workspace = prepare(
-                project_fd,
-                pin.owner,
-                directory,
-                base=base,
-                bounds=self.bounds,
-                cancelled=cancelled,
+        def work(_cancelled: Callable[[], bool]) -> tuple[Begun, Pin]:
+            # Short (git's listings): not interrupted, waited for.
+            begun = begin(
+                project_fd, pin.owner, directory, base=base, bounds=self.bounds,
                 copy_owner=account,
-            )
+            )  # fmt: skip
             try:
                 copied = MountSpec(directory, project.target, check_in_image=project.check_in_image)
                 [copy_pin] = pin_mounts([copied]).pins
             except BaseException:
                 remove_copy(directory)
                 raise
-            return workspace, copy_pin
+            return begun, copy_pin
 
         try:
-            workspace, copy_pin = await run_interruptible(work)
+            begun, copy_pin = await run_interruptible(work)
         except BaseException:
             os.close(project_fd)
             pins.close()
@@ -254,33 +290,38 @@ class TaskWorkspaces:
             for m in mounts
         )
         branch = branch_name(facts.service, time.time(), _short_id())
-        return handed, replaced, TaskCopy(workspace, facts, branch, facts.session, call)
+        filling = BackgroundThread(
+            lambda stopped: fill(begun, stopped), name=f"reactor-fabric workspace {name}"
+        )
+        return handed, replaced, TaskCopy(begun, filling, facts, branch, facts.session, call)
 
     async def finish(self, task: TaskCopy) -> tuple[dict[str, Any] | None, str | None]:
         """Record what the task changed (its container is gone), audit it, remove the copy:
         ``structuredContent.workspace``, or None and why nothing was recorded. Shielded and
         bounded (RECORD_SECONDS); never raises but Cancelled of an outer scope after it."""
         recorded: Recorded | None = None
-        failure: str | None = None
+        failure: str | None = "the copy was never complete"
+        workspace = task.workspace
         with trio.CancelScope(shield=True):
             with trio.move_on_after(RECORD_SECONDS) as bounded:
                 try:
-                    recorded = await run_interruptible(
-                        lambda cancelled: record(
-                            task.workspace,
-                            task.facts,
-                            task.branch,
-                            bounds=self.bounds,
-                            cancelled=cancelled,
+                    if workspace is not None:
+                        recorded = await run_interruptible(
+                            lambda cancelled: record(
+                                workspace,
+                                task.facts,
+                                task.branch,
+                                bounds=self.bounds,
+                                cancelled=cancelled,
+                            )
                         )
-                    )
                 except FabricError as exc:
                     failure = str(exc)
                 except OSError as exc:
                     failure = f"the copy could not be read: {exc.strerror or exc}"
             if bounded.cancelled_caught:
                 failure = f"recording took longer than {RECORD_SECONDS:g} s"
-            await trio.to_thread.run_sync(self._remove, task)
+            await self._remove(task)
         self._observer.workspace(
             session=task.session,
             service=task.facts.service,
@@ -301,12 +342,19 @@ class TaskWorkspaces:
     async def discard(self, task: TaskCopy) -> None:
         """Its container never started: the copy goes, unrecorded (shielded)."""
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self._remove, task)
+            await self._remove(task)
 
-    def _remove(self, task: TaskCopy) -> None:
+    async def _remove(self, task: TaskCopy) -> None:
+        """Stop the filling if it still runs, then close the project's descriptor and remove
+        the copy. The filling stops within files (or at its git step's deadline, which bounds
+        the wait); should it outlive that, the descriptor is left open rather than closed
+        under it (its number could be reused for another repository while it writes)."""
+        if not await task.filling.stop(self.bounds.step_seconds + STOP_MARGIN_SECONDS):
+            log.error("workspace_fill_stuck", extra={"directory": task.begun.directory})
+            return
         with contextlib.suppress(OSError):
-            os.close(task.workspace.project_fd)
-        remove_copy(task.workspace.directory)
+            os.close(task.begun.project_fd)
+        await trio.to_thread.run_sync(remove_copy, task.begun.directory)
 
 
 async def open_workspaces(

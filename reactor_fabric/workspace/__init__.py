@@ -6,8 +6,9 @@ docs/USAGE.md, "Workspaces").
   (pure);
 - :mod:`.git` — git on the client's repository, with nothing of its configuration executed;
 - :mod:`.files` — the copy made and read back by descriptor, never following a link;
-- :mod:`.task` — a task's workspace: :func:`~.task.prepare`, :func:`~.task.record`,
-  :func:`~.task.remove`.
+- :mod:`.copying` — the copy a task starts on: :func:`~.copying.begin` (its directory, empty,
+  and what goes in it) and :func:`~.copying.fill`, or :func:`~.copying.prepare`, both;
+- :mod:`.task` — a task's workspace: :func:`~.task.record` (its branch), :func:`~.task.remove`.
 
 Blocking I/O throughout (files, git processes): the trio side (:mod:`reactor_fabric.trio.
 workspaces`) runs it in worker threads, at an isolated call's container's start and removal.
@@ -16,15 +17,19 @@ This package knows nothing of trio, the runtimes or the session machines.
 
 from __future__ import annotations
 
+from .copying import Begun, begin, fill, prepare
 from .naming import TaskFacts, branch_name, valid_base
-from .task import Bounds, Recorded, Workspace, prepare, record, remove
+from .task import Bounds, Recorded, Workspace, record, remove
 
 __all__ = [
+    "Begun",
     "Bounds",
     "Recorded",
     "TaskFacts",
     "Workspace",
+    "begin",
     "branch_name",
+    "fill",
     "prepare",
     "record",
     "remove",

@@ -1,17 +1,15 @@
 """An isolated task's workspace, from the copy it starts on to the branch its work becomes.
 
-:func:`prepare` makes the copy: the client's working tree as the client has it (tracked files
-with their uncommitted changes, untracked files that are not ignored; ignored files and nested
-repositories are left out), or, given a ``base``, the tree of that branch or commit. The copy
-has no ``.git``: the task never reaches the client's hooks, config, refs or objects.
+:class:`Workspace` is the copy and what it started from (made by :mod:`.copying`), and this
+module reads the client's repository for both (its object format, a base's commit and tree,
+``git fast-import``).
 
 :func:`record` turns what the task changed into commits on a new branch of the client's
 repository — first the working tree's uncommitted state when it differed from the base, then
 the task's changes — with ``git fast-import`` writing objects and the one new ref, nothing
 else: the client's HEAD, index, working tree and other refs are untouched. Nothing changed,
-nothing committed (no branch). The blobs of the working tree's uncommitted files are written
-into the repository when the copy is made (before the task can change them), as
-``git stash create`` writes its objects: unreachable until the branch holds them.
+nothing committed (no branch); the working tree's uncommitted blobs are in the repository
+already (:func:`.copying.fill` wrote them).
 
 :func:`remove` deletes the copy.
 
@@ -33,12 +31,10 @@ import functools
 import hashlib
 import os
 import shutil
-import threading
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO
 
 from .._errors import WorkspaceRefused
 from .._reasons import (
@@ -49,22 +45,23 @@ from .._reasons import (
 )
 from .files import (
     CHUNK,
+    MODE_FILE,
     MODE_GITLINK,
+    MODE_SYMLINK,
     Budget,
     Directories,
     Entry,
+    Found,
     Ownership,
     TooLarge,
-    UnsafePath,
     blob_hasher,
     check_path,
-    copy_listed,
     opened,
     walk,
     write_file,
 )
 from .git import Git, GitFailed, RepositoryOwner
-from .naming import AUTHOR_EMAIL, AUTHOR_NAME, TaskFacts, task_message, valid_base
+from .naming import AUTHOR_EMAIL, AUTHOR_NAME, TaskFacts, task_message
 from .naming import working_tree_message as tree_message
 
 Cancelled = Callable[[], bool]
@@ -97,7 +94,7 @@ class Workspace:
     @functools.cached_property
     def start_is_base(self) -> bool:
         """Whether the task starts from the base's tree itself (no working tree's commit)."""
-        return _tree(self.start) == _tree(self.base_entries)
+        return tree_of(self.start) == tree_of(self.base_entries)
 
     def git(self) -> Git:
         return Git(self.project_fd, self.owner)
@@ -118,80 +115,6 @@ class Recorded:
     diff_sha256: str | None = None
 
 
-def prepare(
-    project_fd: int,
-    owner: tuple[int, int],
-    directory: str,
-    *,
-    base: str | None,
-    bounds: Bounds,
-    cancelled: Cancelled,
-    copy_owner: tuple[int, int] | None = None,
-) -> Workspace:
-    """Make the copy at ``directory`` (a new directory, made here) of the project held by
-    ``project_fd`` (a pin's descriptor), owned by ``owner`` (uid, gid): the working tree, or
-    the tree of ``base``. The project's own ``.git`` must be at its top. The copy's files
-    belong to ``copy_owner`` (the account the task's container runs as; default ``owner``)."""
-    repository_owner = RepositoryOwner.of(*owner)
-    git = Git(project_fd, repository_owner)
-    deadline = time.monotonic() + bounds.step_seconds
-    algorithm = _object_format(git, deadline)
-    if base is not None and not valid_base(base):
-        raise WorkspaceRefused(
-            f"base {base!r} is not a branch, tag or commit name (letters, digits, '._/-')",
-            reason=WORKSPACE_BASE_UNKNOWN,
-        )
-    with ThreadPoolExecutor(2, thread_name_prefix="workspace-git") as listings:
-        # The working tree's listings (two git processes) while the base is read here: they
-        # are independent, and the machines have two cores. (Leaving the block waits for them;
-        # each git process is killed at the deadline.)
-        listed = (
-            None
-            if base is not None
-            else (
-                listings.submit(_run, git, ["ls-files", "-z", "--stage"], deadline),
-                listings.submit(
-                    _run, git, ["ls-files", "-z", "--others", "--exclude-standard"], deadline
-                ),
-            )
-        )
-        base_commit = _commit_of(git, base or "HEAD", deadline, required=base is not None)
-        base_entries = _tree_entries(git, base_commit, deadline) if base_commit else {}
-        working_tree = None if listed is None else (listed[0].result(), listed[1].result())
-    ids = Ownership(*(copy_owner or owner)) if os.geteuid() == 0 else None
-    os.mkdir(directory, 0o700)
-    try:
-        if ids is not None:
-            os.chown(directory, ids.uid, ids.gid)
-        target_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            budget = Budget(bounds.max_files, bounds.max_bytes)
-            making = _Making(target_fd, budget, ids, deadline, cancelled)
-            if working_tree is not None:
-                start = _copy_working_tree(*working_tree, project_fd, algorithm, making)
-            else:
-                start = _check_out(git, base_entries, making)
-        finally:
-            os.close(target_fd)
-        workspace = Workspace(
-            directory=directory,
-            project_fd=project_fd,
-            owner=repository_owner,
-            algorithm=algorithm,
-            base=base_commit,
-            base_entries=base_entries,
-            start=start,
-        )
-        if not workspace.start_is_base:
-            # Before the task can change them: the uncommitted files' blobs, into the
-            # repository, for the working tree's commit.
-            _write_blobs(workspace, _new_blobs(workspace.start, base_entries), deadline)
-    except BaseException:
-        remove(directory)
-        raise
-    return workspace
-
-
 def record(
     workspace: Workspace,
     facts: TaskFacts,
@@ -206,18 +129,18 @@ def record(
     container can write the copy any more."""
     deadline = time.monotonic() + bounds.step_seconds
     final = _final_entries(workspace, bounds, deadline, cancelled)
-    if _tree(final) == _tree(workspace.start):
+    if tree_of(final) == tree_of(workspace.start):
         return Recorded(branch=None, base=workspace.base, commit=None)
     git = workspace.git()
     when = int(now if now is not None else time.time())
     ref = f"refs/heads/{branch}"
-    _fast_import(git, _framed(_import_stream(workspace, final, facts, ref, when)), deadline)
-    commit = _commit_of(git, ref, deadline, required=False)
+    fast_import(git, framed(_import_stream(workspace, final, facts, ref, when)), deadline)
+    commit = commit_of(git, ref, deadline, required=False)
     if commit is None:
-        raise _refused(f"git fast-import wrote no branch {branch!r}")
+        raise refused(f"git fast-import wrote no branch {branch!r}")
     working_tree_commit = None
     if not workspace.start_is_base:
-        working_tree_commit = _commit_of(git, f"{commit}^", deadline, required=False)
+        working_tree_commit = commit_of(git, f"{commit}^", deadline, required=False)
     files, insertions, deletions = _numstat(git, commit, deadline)
     return Recorded(
         branch=branch,
@@ -240,25 +163,25 @@ def remove(directory: str) -> None:
 # --- reading the repository ------------------------------------------------------------------
 
 
-def _refused(message: str, reason: str = WORKSPACE_FAILED) -> WorkspaceRefused:
+def refused(message: str, reason: str = WORKSPACE_FAILED) -> WorkspaceRefused:
     return WorkspaceRefused(message, reason=reason)
 
 
-def _run(git: Git, args: list[str], deadline: float, **options: object) -> bytes:
+def run_git(git: Git, args: list[str], deadline: float, **options: object) -> bytes:
     try:
         return git.run(args, deadline=deadline, **options)  # type: ignore[arg-type]
     except GitFailed as exc:
-        raise _refused(str(exc)) from exc
+        raise refused(str(exc)) from exc
 
 
-def _object_format(git: Git, deadline: float) -> str:
+def object_format(git: Git, deadline: float) -> str:
     """The repository's hash (sha1 or sha256); refused if the project is no repository's top."""
     try:
         out = git.run(
             ["rev-parse", "--is-bare-repository", "--show-object-format"], deadline=deadline
         )
     except GitFailed as exc:
-        raise _refused(
+        raise refused(
             "the project is not a git repository (no .git at its top): isolated tasks work on "
             "a copy handed back as a branch; use workspace: shared for this service, or run "
             "git init in the project",
@@ -266,14 +189,14 @@ def _object_format(git: Git, deadline: float) -> str:
         ) from exc
     bare, algorithm = out.decode().split()
     if bare != "false" or algorithm not in ("sha1", "sha256"):
-        raise _refused(
+        raise refused(
             f"the project's .git is not a work tree's ({bare}, {algorithm})",
             WORKSPACE_NOT_A_REPOSITORY,
         )
     return algorithm
 
 
-def _commit_of(git: Git, name: str, deadline: float, *, required: bool) -> str | None:
+def commit_of(git: Git, name: str, deadline: float, *, required: bool) -> str | None:
     """The commit ``name`` names; None if there is none (HEAD with no commit yet), or, when
     ``required`` (a client's base), refused with ``workspace_base_unknown``."""
     out = git.run(
@@ -285,7 +208,7 @@ def _commit_of(git: Git, name: str, deadline: float, *, required: bool) -> str |
     if commit:
         return commit
     if required:
-        raise _refused(
+        raise refused(
             f"base {name!r} is not a branch, tag or commit of the project's repository",
             WORKSPACE_BASE_UNKNOWN,
         )
@@ -297,7 +220,7 @@ def _commit_of(git: Git, name: str, deadline: float, *, required: bool) -> str |
 LS_TREE_OID, LS_FILES_OID = 2, 1
 
 
-def _listed(out: bytes, oid_column: int) -> Iterator[tuple[int, str, bytes]]:
+def listed(out: bytes, oid_column: int) -> Iterator[tuple[int, str, bytes]]:
     """(mode, object id, path) of each record of ``ls-tree -z`` or ``ls-files -z --stage``
     ("<head>\t<path>")."""
     for record_ in out.split(b"\0"):
@@ -308,157 +231,16 @@ def _listed(out: bytes, oid_column: int) -> Iterator[tuple[int, str, bytes]]:
         yield int(fields[0], 8), fields[oid_column].decode(), path
 
 
-def _tree_entries(git: Git, commit: str, deadline: float) -> dict[bytes, Entry]:
-    out = _run(git, ["ls-tree", "-r", "-z", "--full-tree", commit], deadline)
-    return {path: Entry(mode, oid) for mode, oid, path in _listed(out, LS_TREE_OID)}
+def tree_entries(git: Git, commit: str, deadline: float) -> dict[bytes, Entry]:
+    out = run_git(git, ["ls-tree", "-r", "-z", "--full-tree", commit], deadline)
+    return {path: Entry(mode, oid) for mode, oid, path in listed(out, LS_TREE_OID)}
 
 
-def _tree(entries: dict[bytes, Entry]) -> dict[bytes, tuple[int, str]]:
+def tree_of(entries: dict[bytes, Entry]) -> dict[bytes, tuple[int, str]]:
     return {path: (entry.mode, entry.oid) for path, entry in entries.items()}
 
 
-def _new_blobs(start: dict[bytes, Entry], base: dict[bytes, Entry]) -> list[bytes]:
-    known = {entry.oid for entry in base.values()}
-    return [
-        path
-        for path, entry in start.items()
-        if entry.mode != MODE_GITLINK and entry.oid not in known
-    ]
-
-
-# --- making the copy -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Making:
-    """A copy being made: where to, within what, owned by whom, until when."""
-
-    target_fd: int
-    budget: Budget
-    owner: Ownership | None
-    deadline: float
-    cancelled: Cancelled
-
-
-def _copy_working_tree(
-    staged: bytes, untracked: bytes, project_fd: int, algorithm: str, making: _Making
-) -> dict[bytes, Entry]:
-    """Copy what ``ls-files --stage`` (``staged``) and ``ls-files --others
-    --exclude-standard`` (``untracked``) list: the working tree as the client has it."""
-    budget = making.budget
-    gitlinks: dict[bytes, Entry] = {}
-    paths: dict[bytes, None] = {}
-    for mode, oid, path in _listed(staged, LS_FILES_OID):
-        if mode == MODE_GITLINK:
-            gitlinks[path] = Entry(MODE_GITLINK, oid)
-        else:
-            paths[path] = None  # an unmerged path is listed once per stage: copied once
-    for path in untracked.split(b"\0"):
-        if path and not path.endswith(b"/"):  # a nested repository: not copied
-            paths[path] = None
-    try:
-        copied = copy_listed(
-            project_fd,
-            paths,
-            making.target_fd,
-            algorithm=algorithm,
-            budget=budget,
-            owner=making.owner,
-            cancelled=making.cancelled,
-        )
-    except TooLarge as exc:
-        raise _too_large(exc, budget) from exc
-    except UnsafePath as exc:
-        raise _refused(f"the project lists a path git cannot hold: {exc}") from exc
-    return copied | gitlinks
-
-
-def _too_large(exc: TooLarge, budget: Budget) -> WorkspaceRefused:
-    what = "files" if str(exc) == "files" else "bytes"
-    return _refused(
-        f"the project has more {what} to copy than orchestrator.workspaces allows "
-        "(ignored files are not copied: a .gitignore for build output helps); raise "
-        "orchestrator.workspaces.max_size or max_files, or use workspace: shared",
-        WORKSPACE_TOO_LARGE,
-    )
-
-
-def _check_out(git: Git, entries: dict[bytes, Entry], making: _Making) -> dict[bytes, Entry]:
-    """Write ``entries`` (a commit's tree) into the copy from the object database, raw (no
-    filter, no attribute applied): ``cat-file --batch``, one object after the other."""
-    start = {path: entry for path, entry in entries.items() if entry.mode == MODE_GITLINK}
-    wanted = [(path, entry) for path, entry in entries.items() if entry.mode != MODE_GITLINK]
-    if not wanted:
-        return start
-    request = b"".join(entry.oid.encode() + b"\n" for _path, entry in wanted)
-    owner, budget = making.owner, making.budget
-    with (
-        Directories(making.target_fd, make=True, owner=owner) as targets,
-        git.process(["cat-file", "--batch"], deadline=making.deadline, stdin=True) as child,
-    ):
-        assert child.stdin is not None
-        assert child.stdout is not None
-        writer = threading.Thread(target=_feed, args=(child.stdin, request), daemon=True)
-        writer.start()
-        for path, entry in wanted:
-            if making.cancelled():
-                raise InterruptedError("cancelled")
-            header = child.stdout.readline(256).split()
-            if len(header) != 3 or header[1] != b"blob":
-                raise _refused(f"git cat-file: {header!r} for {entry.oid}")
-            size = int(header[2])
-            try:
-                budget.take(size)
-            except TooLarge as exc:
-                raise _too_large(exc, budget) from exc
-            try:
-                parts = check_path(path)
-            except UnsafePath as exc:
-                raise _refused(f"the base holds a path git cannot check out: {exc}") from exc
-            stamp = write_file(
-                targets, parts, entry.mode, _read_exactly(child.stdout, size), owner=owner
-            )
-            if child.stdout.read(1) != b"\n":
-                raise _refused("git cat-file: a blob without its newline")
-            start[path] = Entry(entry.mode, entry.oid, stamp)
-        writer.join(1.0)
-    return start
-
-
-def _read_exactly(stream: IO[bytes], size: int) -> Iterator[bytes]:
-    left = size
-    while left:
-        chunk = stream.read(min(CHUNK, left))
-        if not chunk:
-            raise _refused("git cat-file: a blob cut short")
-        left -= len(chunk)
-        yield chunk
-
-
-def _feed(stream: IO[bytes], data: bytes) -> None:
-    with contextlib.suppress(OSError):
-        stream.write(data)
-        stream.close()
-
-
-def _write_blobs(workspace: Workspace, paths: list[bytes], deadline: float) -> None:
-    """Write the blobs of ``paths`` (files of the copy, as made) into the repository."""
-    if not paths:
-        return
-    copy_fd = os.open(workspace.directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        with Directories(copy_fd) as copy:
-            commands = (
-                chunk
-                for path in paths
-                for chunk in (b"blob\n", *_data(copy, path, workspace.start[path].mode))
-            )
-            _fast_import(workspace.git(), _framed(commands), deadline)
-    finally:
-        os.close(copy_fd)
-
-
-def _framed(commands: Iterable[bytes]) -> Iterator[bytes]:
+def framed(commands: Iterable[bytes]) -> Iterator[bytes]:
     yield b"feature done\n"
     yield from commands
     yield b"done\n"
@@ -479,14 +261,14 @@ def _final_entries(
                 copy_fd, budget=Budget(bounds.max_files, bounds.max_bytes), cancelled=cancelled
             )
         except TooLarge as exc:
-            raise _refused(
+            raise refused(
                 f"the task left more {exc} in its copy than orchestrator.workspaces allows: "
                 "its changes were not recorded",
                 WORKSPACE_TOO_LARGE,
             ) from exc
         start = workspace.start
         new = [path for path in found if path not in start]
-        ignored = _ignored(workspace, copy_fd, new, deadline)
+        ignored = _ignored(workspace, copy_fd, new, found, deadline)
         final: dict[bytes, Entry] = {}
         with Directories(copy_fd) as copy:
             for path, seen in found.items():
@@ -505,25 +287,89 @@ def _final_entries(
         os.close(copy_fd)
 
 
-def _ignored(workspace: Workspace, copy_fd: int, paths: list[bytes], deadline: float) -> set[bytes]:
+def _ignored(
+    workspace: Workspace,
+    copy_fd: int,
+    paths: list[bytes],
+    found: dict[bytes, Found],
+    deadline: float,
+) -> set[bytes]:
     """Which of ``paths`` (new in the copy) git's ignore rules ignore: the copy's .gitignore
-    files and the repository's info/exclude, as ``git check-ignore`` reads them."""
+    files and the repository's own rules (info/exclude, core.excludesFile), as ``git
+    check-ignore`` reads them.
+
+    Git does not run in the copy: it runs as the repository's owner, who cannot reach the copy
+    by path (it is in the orchestrator's 0700 area, and the container's account's), and git
+    needs the path of its work tree, not only a descriptor. It runs in a scratch tree that
+    holds the copy's .gitignore files and nothing else (:func:`_ignore_rules`); the paths it is
+    asked about need not exist for their rules to match."""
     if not paths:
         return set()
-    git = Git(
-        copy_fd,
-        workspace.owner,
-        git_dir=f"/proc/self/fd/{workspace.project_fd}/.git",
-        extra_fds=(workspace.project_fd,),
-    )
-    out = _run(
-        git,
-        ["check-ignore", "--no-index", "-z", "--stdin"],
-        deadline,
-        input=b"".join(path + b"\0" for path in paths),
-        ok={1: True},  # none ignored
-    )
+    rules = [
+        path
+        for path, seen in found.items()
+        if path.rpartition(b"/")[2] == b".gitignore" and seen.mode != MODE_SYMLINK
+    ]
+    with _ignore_rules(copy_fd, rules, workspace.owner) as scratch_fd:
+        git = Git(
+            scratch_fd,
+            workspace.owner,
+            git_dir=f"/proc/self/fd/{workspace.project_fd}/.git",
+            extra_fds=(workspace.project_fd,),
+        )
+        out = run_git(
+            git,
+            ["check-ignore", "--no-index", "-z", "--stdin"],
+            deadline,
+            input=b"".join(path + b"\0" for path in paths),
+            ok={1: True},  # none ignored
+        )
     return {path for path in out.split(b"\0") if path}
+
+
+# The most the copy's .gitignore files may hold, together, for the recording to read them.
+MAX_IGNORE_RULES_BYTES = 16 << 20
+
+
+@contextlib.contextmanager
+def _ignore_rules(copy_fd: int, rules: list[bytes], owner: RepositoryOwner) -> Iterator[int]:
+    """A scratch tree holding the copy's .gitignore files ``rules`` at their paths, the
+    repository owner's, under the system's temporary directory (which the owner can reach:
+    /tmp is open to every user and sticky); its descriptor, for the length of the block, then
+    removed. Written while its top is still the orchestrator's alone (0700, a name no one
+    else can take: mkdtemp), handed to the owner only then; read from the copy by descriptor,
+    no link followed. WorkspaceRefused (``workspace_too_large``) beyond
+    MAX_IGNORE_RULES_BYTES."""
+    ids = (
+        Ownership(owner.uid, owner.gid) if owner.uid is not None and owner.gid is not None else None
+    )
+    scratch = tempfile.mkdtemp(prefix="reactor-fabric-ignore-")
+    try:
+        scratch_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            left = MAX_IGNORE_RULES_BYTES
+            with (
+                Directories(copy_fd) as copy,
+                Directories(scratch_fd, make=True, owner=ids) as tree,
+            ):
+                for path in rules:
+                    with opened(copy, path, MODE_FILE) as (size, chunks):
+                        left -= size
+                        if left < 0:
+                            raise refused(
+                                "the task's .gitignore files hold more than "
+                                f"{MAX_IGNORE_RULES_BYTES >> 20} MiB: its changes were not "
+                                "recorded",
+                                WORKSPACE_TOO_LARGE,
+                            )
+                        write_file(tree, check_path(path), MODE_FILE, chunks, owner=ids)
+            if ids is not None:
+                os.chown(scratch, ids.uid, ids.gid, follow_symlinks=False)
+            yield scratch_fd
+        finally:
+            os.close(scratch_fd)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _hash(copy: Directories, path: bytes, mode: int, algorithm: str) -> str:
@@ -533,14 +379,14 @@ def _hash(copy: Directories, path: bytes, mode: int, algorithm: str) -> str:
             for chunk in chunks:
                 hasher.update(chunk)
     except OSError as exc:
-        raise _refused(f"{path!r} of the copy could not be read: {exc}") from exc
+        raise refused(f"{path!r} of the copy could not be read: {exc}") from exc
     return hasher.hexdigest()
 
 
 # --- writing the branch ----------------------------------------------------------------------
 
 
-def _data(copy: Directories, path: bytes, mode: int) -> Iterator[bytes]:
+def file_data(copy: Directories, path: bytes, mode: int) -> Iterator[bytes]:
     """fast-import's ``data <n>`` and the content of a file of the copy."""
     with opened(copy, path, mode) as (size, chunks):
         yield b"data %d\n" % size
@@ -595,12 +441,12 @@ def _import_stream(
                     yield b"M %o %s %s\n" % (entry.mode, entry.oid.encode(), _quoted(path))
                 else:
                     yield b"M %o inline %s\n" % (entry.mode, _quoted(path))
-                    yield from _data(copy, path, entry.mode)
+                    yield from file_data(copy, path, entry.mode)
     finally:
         os.close(copy_fd)
 
 
-def _fast_import(git: Git, chunks: Iterable[bytes], deadline: float) -> None:
+def fast_import(git: Git, chunks: Iterable[bytes], deadline: float) -> None:
     """Feed ``chunks`` to ``git fast-import`` (which writes the objects, and the ref a
     ``commit`` names, only if the whole stream arrives: ``feature done``)."""
     args = ["fast-import", "--quiet", "--done"]
@@ -617,11 +463,11 @@ def _fast_import(git: Git, chunks: Iterable[bytes], deadline: float) -> None:
         status = child.wait()
     if status != 0:
         detail = stderr.decode("utf-8", "replace").strip().splitlines()
-        raise _refused(f"git fast-import: exit status {status}: {(detail or [''])[0][:300]}")
+        raise refused(f"git fast-import: exit status {status}: {(detail or [''])[0][:300]}")
 
 
 def _numstat(git: Git, commit: str, deadline: float) -> tuple[int, int, int]:
-    out = _run(
+    out = run_git(
         git,
         [
             "diff-tree",
@@ -671,5 +517,5 @@ def _diff_sha256(git: Git, commit: str, deadline: float) -> str:
             hasher.update(chunk)
         status = child.wait()
     if status != 0:
-        raise _refused(f"git diff-tree: exit status {status}")
+        raise refused(f"git diff-tree: exit status {status}")
     return hasher.hexdigest()

@@ -10,6 +10,7 @@ send theirs in any order).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -43,10 +44,15 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RF_TEST_HOME_KEY", "sk-test-home-account-not-real")
 
 
+# The client's project is an ordinary user's, as on a developer's machine (the orchestrator and
+# the tests run as root): git in the orchestrator runs as them, and cannot reach the copies.
+CLIENT = (1000, 1000)
+
+
 def git(project: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(project), *args], check=True, capture_output=True, text=True
-    )
+    # (safe.directory: the tests are root, the repository the client's)
+    command = ["git", "-c", "safe.directory=*", "-C", str(project), *args]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
     return done.stdout.strip()
 
 
@@ -54,6 +60,11 @@ def repository(tmp_path: Path) -> Path:
     project = git_repo(tmp_path / "projects" / "app", ["the client's commit"])
     (project / "log.txt").write_text("the client's uncommitted edit\n")
     project.chmod(0o755)
+    for path in [project, *project.rglob("*")]:
+        os.lchown(path, *CLIENT)
+    for parent in project.parents:  # the client reaches its project
+        with contextlib.suppress(OSError):
+            parent.chmod(parent.stat().st_mode | 0o011)
     return project
 
 

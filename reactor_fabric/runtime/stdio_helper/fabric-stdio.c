@@ -1,6 +1,7 @@
 /*
  * fabric-stdio SOCKET COMMAND [ARG...]
  * fabric-stdio --egress PORT EGRESS_SOCKET SOCKET COMMAND [ARG...]
+ * fabric-stdio [--egress PORT EGRESS_SOCKET] --hold SOCKET COMMAND [ARG...]
  *
  * Runs first in every container the orchestrator starts with socket stdio (see
  * reactor_fabric/runtime/stdio_sockets.py): connects to the orchestrator's Unix socket at
@@ -30,9 +31,17 @@
  * ends when the proxy has closed its side (once what it sent is passed on), so the proxy's
  * deadlines end the processes too.
  *
+ * --hold: once connected, COMMAND is not run before the orchestrator says so, by sending the
+ * one byte GO on the connection (read alone: what follows it is the server's). The engine
+ * starts the container while the orchestrator still prepares what COMMAND must find at its
+ * start (an isolated task's copy of the project, filled in the directory already mounted):
+ * the two overlap, and the server's first instruction sees everything. The orchestrator
+ * closing the connection instead means the start was given up: exit 75, COMMAND never run.
+ *
  * Exit status when it cannot do its job (the orchestrator reports the container's exit):
- *   64  usage; 70  cannot connect to SOCKET; 71  cannot listen on 127.0.0.1:PORT or start
- *   the forwarder; 127 COMMAND cannot be executed.
+ *   64  usage, or a byte other than GO; 70  cannot connect to SOCKET; 71  cannot listen on
+ *   127.0.0.1:PORT or start the forwarder; 75  --hold and the connection closed before GO;
+ *   127 COMMAND cannot be executed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -54,6 +63,8 @@
  * (its MAX_REFUSING), each of which it ends within seconds. One more is not accepted until one
  * of them ends. */
 #define CARRIED (MAX_CONNECTIONS + 16)
+/* --hold: the byte the orchestrator sends when COMMAND may run. */
+#define GO 'G'
 /* Bytes held per direction of a connection: nothing more is read until they are written. */
 #define CHUNK 65536
 
@@ -279,8 +290,13 @@ int main(int argc, char **argv) {
             return 64;
         first = 4;
     }
+    int hold = 0;
+    if (argc > first && strcmp(argv[first], "--hold") == 0) {
+        hold = 1;
+        first += 1;
+    }
     if (argc - first < 2) {
-        say("usage", "fabric-stdio [--egress PORT EGRESS_SOCKET] SOCKET COMMAND [ARG...]");
+        say("usage", "fabric-stdio [--egress PORT EGRESS_SOCKET] [--hold] SOCKET COMMAND [ARG...]");
         return 64;
     }
     struct sockaddr_un address;
@@ -319,6 +335,25 @@ int main(int argc, char **argv) {
     if (result != 0) {
         say("connect", strerror(errno));
         return 70;
+    }
+    if (hold) {
+        char go;
+        ssize_t got;
+        do {
+            got = read(connection, &go, 1);
+        } while (got < 0 && errno == EINTR);
+        if (got < 0) {
+            say("read", strerror(errno));
+            return 70;
+        }
+        if (got == 0) {
+            say("hold", "the orchestrator gave the start up");
+            return 75;
+        }
+        if (go != GO) {
+            say("hold", "not the byte GO");
+            return 64;
+        }
     }
     if (dup2(connection, STDIN_FILENO) < 0 || dup2(connection, STDOUT_FILENO) < 0) {
         say("dup2", strerror(errno));

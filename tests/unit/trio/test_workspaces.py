@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -102,16 +102,18 @@ def repository(root: Path) -> Path:
 
 @asynccontextmanager
 async def isolated_served(
-    root: Path, services: dict[str, Service] | None = None
+    root: Path,
+    services: dict[str, Service] | None = None,
+    *,
+    bounds: Workspaces | None = None,
+    server: Callable[[MemoryServer], Awaitable[None]] = writing_server,
 ) -> AsyncIterator[Served]:
-    async with served(
-        root, learn_catalog=True, services=services or AGENT, server=writing_server
-    ) as http:
+    async with served(root, learn_catalog=True, services=services or AGENT, server=server) as http:
         owner = {"reactor-fabric.owner-host": "test"}
         workspaces = await open_workspaces(
             "i1",
             owner,
-            http.fabric.suite.orchestrator.workspaces,
+            bounds or http.fabric.suite.orchestrator.workspaces,
             http.fabric.observer,
             parent=str(root / "areas"),
         )
@@ -285,6 +287,57 @@ async def test_on_the_relay_each_calls_container_works_on_a_copy_and_the_answer_
         assert "honoured on /mcp" in refused["error"]["message"]
         await ws.aclose()
         assert copies(tmp_path) == []
+
+
+async def test_the_container_is_made_while_its_copy_fills_and_its_server_starts_on_the_whole_copy(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    for index in range(400):
+        (project / f"f{index}.txt").write_text(f"{index}\n")  # untracked: copied too
+    seen_at_start: list[int] = []
+
+    async def counting_server(container: MemoryServer) -> None:
+        # Its first instruction: what the copy holds (the catalog's container has none).
+        seen_at_start.extend(
+            sum(len(files) for _, _, files in os.walk(m.source))
+            for m in container.spec.mounts
+            if m.target == "/workspace"
+        )
+        await writing_server(container)
+
+    async with isolated_served(tmp_path, server=counting_server) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "notes.txt", "x\n"))
+        answer = await ws.hear()
+        assert answer["result"]["structuredContent"]["workspace"]["files_changed"] == 1
+        # The start waited at its gate (the runtime held the server), which opened once the
+        # copy was whole: 400 files and the README.
+        assert http.runtime.held == [http.runtime.spawned[0].name]
+        assert seen_at_start == [401]
+        await ws.aclose()
+        assert copies(tmp_path) == []
+
+
+async def test_a_copy_that_fails_while_its_container_is_made_is_answered_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    for index in range(40):
+        (project / f"f{index}.txt").write_text(f"{index}\n")
+    async with isolated_served(tmp_path, bounds=Workspaces(max_files=20)) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "notes.txt", "x\n"))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32002
+        assert refused["error"]["data"]["reason"] == "workspace_too_large"
+        assert "max_files" in refused["error"]["message"]
+        # Made and held, never run, removed.
+        assert len(http.runtime.held) == 1
+        assert all(s.removed for s in http.runtime.servers.values())  # (the catalog's too)
+        assert copies(tmp_path) == []
+        assert git(project, "branch", "--list", "reactor-fabric/*") == ""
+        await ws.aclose()
 
 
 async def test_a_start_cancelled_while_its_copy_is_made_leaves_no_copy_and_no_descriptor(

@@ -9,6 +9,7 @@ import hashlib
 import os
 import stat
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -522,6 +523,57 @@ def test_the_copy_and_the_branch_belong_to_the_project_s_owner(tmp_path: Path) -
     assert ref.stat().st_uid == 4242
     owners = {p.stat().st_uid for p in (project / ".git" / "objects").rglob("*") if p.is_file()}
     assert owners == {4242}
+
+
+def test_new_files_are_sorted_by_the_copys_ignore_rules_where_the_owner_cannot_reach_the_copy(
+    tmp_path: Path,
+) -> None:
+    """As in the orchestrator: the copy is in root's 0700 area and belongs to the container's
+    account, not to the repository's owner, as whom git runs (it cannot reach the copy by path,
+    and check-ignore needs one)."""
+    if os.geteuid() != 0:
+        pytest.skip("switching to the owner needs root")
+    base = Path(tmp_path)
+    for parent in [base, *base.parents]:
+        with contextlib.suppress(OSError):
+            parent.chmod(parent.stat().st_mode | 0o011)  # the owner reaches its project
+    project = base / "theirs"
+    project.mkdir()
+    git(project, "init", "-q", "-b", "main")
+    (project / ".gitignore").write_text("build/\n")
+    (project / "a.txt").write_text("a\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "one")
+    subprocess.run(["chown", "-R", "4242:4343", str(project)], check=True)
+    area = base / "area"
+    area.mkdir(mode=0o700)  # root's, closed: as the orchestrator's
+    with pinned(project) as fd:
+        workspace = prepare(
+            fd, (4242, 4343), str(area / "copy"), base=None, bounds=BOUNDS, cancelled=never,
+            copy_owner=(4545, 4545),
+        )  # fmt: skip
+        copy = Path(workspace.directory)
+        try:
+            (copy / "new.txt").write_text("new\n")
+            (copy / "build").mkdir()
+            (copy / "build" / "out.o").write_bytes(b"\0")
+            (copy / "docs").mkdir()
+            (copy / "docs" / ".gitignore").write_text("*.tmp\n")
+            (copy / "docs" / "draft.tmp").write_text("scratch\n")
+            (copy / "docs" / "guide.md").write_text("# Guide\n")
+            recorded = record(workspace, FACTS, BRANCH, bounds=BOUNDS, cancelled=never)
+        finally:
+            remove(workspace.directory)
+    assert recorded.commit is not None
+    listed = git(project, "-c", "safe.directory=*", "ls-tree", "-r", "--name-only", BRANCH)
+    assert listed.split() == [
+        ".gitignore",
+        "a.txt",
+        "docs/.gitignore",
+        "docs/guide.md",
+        "new.txt",
+    ]
+    assert not list(Path(tempfile.gettempdir()).glob("reactor-fabric-ignore-*"))  # scratch gone
 
 
 def test_a_concurrent_swap_of_a_directory_for_a_symlink_is_never_followed(

@@ -16,6 +16,11 @@ NAME: a SHA-256 of the environment variable's value and of /run/secrets/NAME's c
 value: the answer travels through the orchestrator), the file's owner and mode, and the file
 system it is on; and writes a careless debug line with the value on stderr, which the
 orchestrator must log redacted.
+
+With ``PROBE_AT_START`` (a directory) in its environment, its first instruction counts the files
+below that directory; the method ``at_start`` answers ``{"files": N}`` (what a server that reads
+its project as it starts would have seen). With ``PROBE_MARK`` (a path), it then creates that
+file: a trace that it ran at all.
 """
 
 from __future__ import annotations
@@ -140,6 +145,12 @@ NETWORK: dict[str, Callable[..., dict[str, object]]] = {
 }
 
 
+AT_START = os.environ.get("PROBE_AT_START")
+at_start = sum(len(files) for _, _, files in os.walk(AT_START)) if AT_START else None
+if os.environ.get("PROBE_MARK"):
+    with open(os.environ["PROBE_MARK"], "w") as mark:
+        mark.write("the probe ran\n")
+
 for line in sys.stdin:
     try:
         message = json.loads(line)
@@ -149,6 +160,11 @@ for line in sys.stdin:
         continue
     if message["method"] == "exit":
         sys.exit(0)  # unanswered: the client hears the orchestrator's -32002
+    if message["method"] == "at_start":
+        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"files": at_start}}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+        continue
     if message["method"] in NETWORK:
         params = message.get("params") or {}
         found = NETWORK[message["method"]](**params)
