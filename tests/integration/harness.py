@@ -427,6 +427,21 @@ def python_for(account: dict[str, Any]) -> tuple[str, str]:
     )
 
 
+# An ordinary user's: a client's checkout on a developer's machine (the tests run as root).
+CLIENT_IDS = (1000, 1000)
+
+
+def give_to_client(project: Path) -> Path:
+    """Make ``project`` (every file below it) the client's, as a checkout is, and let the
+    client reach it: git in the orchestrator runs as the repository's owner, by path."""
+    for path in [project, *project.rglob("*")]:
+        os.lchown(path, *CLIENT_IDS)
+    for parent in project.parents:
+        with contextlib.suppress(OSError):
+            parent.chmod(parent.stat().st_mode | 0o011)
+    return project
+
+
 def git_repo(path: Path, commits: list[str]) -> Path:
     path.mkdir(parents=True)
     env = {

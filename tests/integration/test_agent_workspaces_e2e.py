@@ -10,7 +10,6 @@ send theirs in any order).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +23,7 @@ from reactor_fabric.trio.workspaces import default_parent
 from tests.integration.harness import (
     Orchestrator,
     git_repo,
+    give_to_client,
     orchestrator,
     python2_client,
     wait_until,
@@ -44,11 +44,6 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RF_TEST_HOME_KEY", "sk-test-home-account-not-real")
 
 
-# The client's project is an ordinary user's, as on a developer's machine (the orchestrator and
-# the tests run as root): git in the orchestrator runs as them, and cannot reach the copies.
-CLIENT = (1000, 1000)
-
-
 def git(project: Path, *args: str) -> str:
     # (safe.directory: the tests are root, the repository the client's)
     command = ["git", "-c", "safe.directory=*", "-C", str(project), *args]
@@ -60,12 +55,9 @@ def repository(tmp_path: Path) -> Path:
     project = git_repo(tmp_path / "projects" / "app", ["the client's commit"])
     (project / "log.txt").write_text("the client's uncommitted edit\n")
     project.chmod(0o755)
-    for path in [project, *project.rglob("*")]:
-        os.lchown(path, *CLIENT)
-    for parent in project.parents:  # the client reaches its project
-        with contextlib.suppress(OSError):
-            parent.chmod(parent.stat().st_mode | 0o011)
-    return project
+    # An ordinary user's, as on a developer's machine: git in the orchestrator runs as them,
+    # and they cannot reach the copies.
+    return give_to_client(project)
 
 
 def the_task(request: dict[str, Any]) -> str:

@@ -11,9 +11,7 @@ the container runs meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import secrets
 import subprocess
 from pathlib import Path
@@ -36,6 +34,7 @@ from tests.integration.harness import (
     build_test_image,
     containers_of,
     git_repo,
+    give_to_client,
     orchestrator,
     wait_until,
     write_suite,
@@ -148,12 +147,7 @@ def client_repository(root: Path) -> Path:
          "-q", "-m", "many"],
         check=True,
     )  # fmt: skip
-    for path in [project, *project.rglob("*")]:
-        os.lchown(path, 1000, 1000)
-    for parent in project.parents:  # the client reaches its project
-        with contextlib.suppress(OSError):
-            parent.chmod(parent.stat().st_mode | 0o011)
-    return project
+    return give_to_client(project)
 
 
 @pytest.mark.parametrize("warm", [0, 1], ids=["fresh", "pooled"])
