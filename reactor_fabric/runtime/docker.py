@@ -46,7 +46,7 @@ import docker.types
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
-from .._reasons import IMAGE_NOT_FOUND, MOUNT_TARGET_IN_IMAGE
+from .._reasons import IMAGE_NOT_FOUND, MOUNT_TARGET_IN_IMAGE, STDIO_NOT_CONNECTED
 from .._sockets import LeanSocketStream
 from ..policy.container_parts.context import RuntimeCapabilities
 from ..policy.container_parts.ownership import LABEL_MANAGED
@@ -279,8 +279,7 @@ class DockerRuntime:
                 if hold:
                     assert gate is not None
                     assert connection is not None
-                    await gate()
-                    await connection.send_all(GO)  # (the server's stdin has no writer yet)
+                    await _run_held(connection, gate)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     if container is not None:
@@ -488,3 +487,18 @@ class DockerRuntime:
         await self._engine.close()
         await self.sockets.close()
         await trio.to_thread.run_sync(self._secret_files.close)
+
+
+async def _run_held(connection: LeanSocketStream, gate: Gate) -> None:
+    """Let a held container's server run (``fabric-stdio --hold``): once ``gate`` returned,
+    the byte GO on its stdio connection (whose stdin has no other writer yet).
+    ContainerStartFailure (``stdio_not_connected``) if the container ended meanwhile."""
+    await gate()
+    try:
+        await connection.send_all(GO)
+    except trio.BrokenResourceError as exc:
+        raise ContainerStartFailure(
+            "the container ended while it waited for what its server needs (before its "
+            "server ran): see its stderr",
+            reason=STDIO_NOT_CONNECTED,
+        ) from exc

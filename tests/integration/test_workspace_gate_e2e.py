@@ -21,7 +21,7 @@ import docker
 import pytest
 import trio
 
-from reactor_fabric import Service, WorkspaceRefused
+from reactor_fabric import ContainerStartFailure, Service, WorkspaceRefused
 from reactor_fabric.policy.accounts import UNPRIVILEGED
 from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION
 from reactor_fabric.policy.container_spec import container_spec_for
@@ -134,6 +134,33 @@ async def test_a_gate_that_fails_removes_the_container_before_its_server_ran(
     assert caught.value is refusal
     assert not containers_of(docker_client, session=spec.labels[LABEL_SESSION])
     assert not (project / ".probe-ran").exists()  # held, given up: the server never ran
+
+
+async def test_a_container_that_ends_while_held_is_a_start_failure_with_its_reason(
+    tmp_path: Path, probe_image: str, docker_client: docker.DockerClient
+) -> None:
+    project = tmp_path / "copy"
+    project.mkdir()
+    spec = probe_spec(project, probe_image)
+
+    def kill() -> None:
+        [container] = containers_of(docker_client, session=spec.labels[LABEL_SESSION])
+        container.kill()
+        wait_until(lambda: running(docker_client, spec) == [False], timeout=30, what="its end")
+
+    async def gate() -> None:
+        await trio.to_thread.run_sync(kill)  # killed (OOM, an operator) during the copy
+
+    engine = DockerRuntime(stdio_parent=str(tmp_path / "s"))
+    try:
+        with pytest.raises(ContainerStartFailure) as caught:
+            await engine.spawn(spec, pin_mounts(spec.mounts), gate=gate)
+    finally:
+        await engine.close()
+    assert caught.value.reason == "stdio_not_connected"
+    assert caught.value.to_jsonrpc_error()["code"] == -32002
+    assert not containers_of(docker_client, session=spec.labels[LABEL_SESSION])
+    assert not (project / ".probe-ran").exists()
 
 
 def client_repository(root: Path) -> Path:
