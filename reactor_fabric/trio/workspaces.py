@@ -261,8 +261,8 @@ class TaskWorkspaces:
             raise
         directory = self.area.directory(name)
 
-        def work(_cancelled: Callable[[], bool]) -> tuple[Begun, Pin]:
-            # Short (git's listings): not interrupted, waited for.
+        def work() -> tuple[Begun, Pin]:
+            # Short (a git process or two): not interrupted, waited for if cancelled.
             begun = begin(
                 project_fd, pin.owner, directory, base=base, bounds=self.bounds,
                 copy_owner=account,
@@ -276,7 +276,7 @@ class TaskWorkspaces:
             return begun, copy_pin
 
         try:
-            begun, copy_pin = await run_interruptible(work)
+            begun, copy_pin = await trio.to_thread.run_sync(work)
         except BaseException:
             os.close(project_fd)
             pins.close()

@@ -16,11 +16,9 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -106,26 +104,6 @@ print(json.dumps({"results": results, "pid": os.getpid(), "forwarders": forwarde
 if hold:
     os._exit(0)  # the held connection open until the process ends
 """
-
-
-@pytest.fixture(scope="module")
-def program() -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc: fabric-stdio cannot be built here")
-    subprocess.run([str(REPO / "scripts" / "build-stdio-helper")], check=True, timeout=300)
-    if not BUNDLED_HELPER.exists() or BUNDLED_HELPER.stat().st_mtime < SOURCE.stat().st_mtime:
-        pytest.skip("no static C library: scripts/build-stdio-helper did not build fabric-stdio")
-    return BUNDLED_HELPER
-
-
-@pytest.fixture
-def short() -> Iterator[Path]:
-    """A directory with a path short enough for socket addresses (108 bytes)."""
-    directory = Path(tempfile.mkdtemp(prefix="fse-"))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def free_port() -> int:

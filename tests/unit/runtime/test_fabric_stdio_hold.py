@@ -15,16 +15,11 @@ tests are skipped.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER, GO, wrapped_command
 
@@ -40,26 +35,6 @@ line = sys.stdin.readline()
 sys.stdout.write("echo:" + line)
 sys.stdout.flush()
 """
-
-
-@pytest.fixture(scope="module")
-def program() -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc: fabric-stdio cannot be built here")
-    subprocess.run([str(REPO / "scripts" / "build-stdio-helper")], check=True, timeout=300)
-    if not BUNDLED_HELPER.exists() or BUNDLED_HELPER.stat().st_mtime < SOURCE.stat().st_mtime:
-        pytest.skip("no static C library: scripts/build-stdio-helper did not build fabric-stdio")
-    return BUNDLED_HELPER
-
-
-@pytest.fixture
-def short() -> Iterator[Path]:
-    """A directory with a path short enough for socket addresses (108 bytes)."""
-    directory = Path(tempfile.mkdtemp(prefix="fsh-"))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 class Held:

@@ -500,20 +500,27 @@ def test_a_sha256_repository_works_the_same(tmp_path: Path) -> None:
     assert show(project, BRANCH, "a.txt") == "changed\n"
 
 
-def test_the_copy_and_the_branch_belong_to_the_project_s_owner(tmp_path: Path) -> None:
+def theirs(base: Path, files: dict[str, str]) -> Path:
+    """A repository of another user's (4242:4343) with ``files`` committed, below ``base``,
+    which they can reach (the test skips where it cannot switch users: not root)."""
     if os.geteuid() != 0:
         pytest.skip("switching to the owner needs root")
-    base = Path(tmp_path)
     for parent in [base, *base.parents]:
         with contextlib.suppress(OSError):
             parent.chmod(parent.stat().st_mode | 0o011)  # the owner reaches its project
     project = base / "theirs"
     project.mkdir()
     git(project, "init", "-q", "-b", "main")
-    (project / "a.txt").write_text("a\n")
+    for name, text in files.items():
+        (project / name).write_text(text)
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "one")
     subprocess.run(["chown", "-R", "4242:4343", str(project)], check=True)
+    return project
+
+
+def test_the_copy_and_the_branch_belong_to_the_project_s_owner(tmp_path: Path) -> None:
+    project = theirs(tmp_path, {"a.txt": "a\n"})
     with workspace_of(project, tmp_path) as workspace:
         copy = Path(workspace.directory)
         assert (copy.stat().st_uid, (copy / "a.txt").stat().st_uid) == (4242, 4242)
@@ -531,21 +538,8 @@ def test_new_files_are_sorted_by_the_copys_ignore_rules_where_the_owner_cannot_r
     """As in the orchestrator: the copy is in root's 0700 area and belongs to the container's
     account, not to the repository's owner, as whom git runs (it cannot reach the copy by path,
     and check-ignore needs one)."""
-    if os.geteuid() != 0:
-        pytest.skip("switching to the owner needs root")
-    base = Path(tmp_path)
-    for parent in [base, *base.parents]:
-        with contextlib.suppress(OSError):
-            parent.chmod(parent.stat().st_mode | 0o011)  # the owner reaches its project
-    project = base / "theirs"
-    project.mkdir()
-    git(project, "init", "-q", "-b", "main")
-    (project / ".gitignore").write_text("build/\n")
-    (project / "a.txt").write_text("a\n")
-    git(project, "add", "-A")
-    git(project, "commit", "-q", "-m", "one")
-    subprocess.run(["chown", "-R", "4242:4343", str(project)], check=True)
-    area = base / "area"
+    project = theirs(tmp_path, {".gitignore": "build/\n", "a.txt": "a\n"})
+    area = tmp_path / "area"
     area.mkdir(mode=0o700)  # root's, closed: as the orchestrator's
     with pinned(project) as fd:
         workspace = prepare(
