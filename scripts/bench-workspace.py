@@ -28,7 +28,8 @@ an order rotating each round, each call on a quiet engine (no per-call container
 pools full, a second for their servers). Per call, the audit record's ``start_ms`` (from the
 container asked for to its server's stdio connected and the copy whole) and the round trip;
 what isolation adds is isolated minus shared, paired by round (a pooled pair's round only when
-both were served from the pool). The target (issue 50): a task's start on 10,000 files at
+both were served from the pool). Then, each round, a session's first task: called at once, and
+two seconds after the session opened. The target (issue 50): a task's start on 10,000 files at
 most 500 ms later at P95.
 
     .venv/bin/python scripts/bench-workspace.py                 # bench/workspace-results.json
@@ -167,9 +168,17 @@ ENGINE_SERVICES = {
     "time-isolated-pooled": ("isolated", 1),
     "time-shared-pooled": ("shared", 1),
 }
+# A session's first isolated task (time-isolated in a session of its own, once a round): called
+# as soon as the session is open (its spare copy, begun a second after the session's start,
+# not begun yet), and two seconds after (a client's first task comes when its model asks for
+# it: its spare made).
+FIRST_TASK = "time-isolated-first"
+FIRST_TASK_LATER = "time-isolated-first-after-2s"
 # The start added by isolation: (isolated, shared), paired by round.
 ENGINE_PAIRS = {"fresh": ("time-isolated", "time-shared"),
-                "pooled": ("time-isolated-pooled", "time-shared-pooled")}  # fmt: skip
+                "pooled": ("time-isolated-pooled", "time-shared-pooled"),
+                "first_task": (FIRST_TASK, "time-shared"),
+                "first_task_after_2s": (FIRST_TASK_LATER, "time-shared")}  # fmt: skip
 PROJECT_OWNER = (1000, 1000)
 ENGINE_TOOL = {"name": "get_current_time", "arguments": {"timezone": "UTC"}}
 
@@ -208,13 +217,21 @@ def give_to_owner(project: Path) -> None:
 async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any]:
     """One orchestrator, one session on /mcp with ``project`` mounted; per round one call of
     each service in an order rotating each round, each on a quiet engine (the pools full, no
-    per-call container left). Per call: its round trip (the client's clock) and its
-    container's start (the audit record's ``start_ms``: from the call's container asked for to
-    its server's stdio connected, the copy included)."""
+    per-call container left), then two sessions of their own whose one call is an isolated one,
+    a session's first task: FIRST_TASK called at once (its spare copy, begun a second after the
+    session's start, not begun yet: the task stops it and copies the project whole),
+    FIRST_TASK_LATER two seconds after the handshake (its spare made). Per call: its round
+    trip (the client's clock) and its container's start (the audit record's ``start_ms``:
+    from the call's container asked for to its server's stdio connected, the copy
+    included). In the long session each isolated call starts on the spare copy the one before
+    it left (docs/USAGE.md, "Workspaces")."""
     suite = engine_suite(work / "suite.yaml", project.parent)
     orch = await engine.start_orchestrator(suite, work / "orchestrator.log")
     pooled = sum(warm for _, warm in ENGINE_SERVICES.values())
-    round_trips: dict[str, list[float]] = {name: [] for name in ENGINE_SERVICES}
+    round_trips: dict[str, list[float]] = {
+        name: [] for name in [*ENGINE_SERVICES, FIRST_TASK, FIRST_TASK_LATER]
+    }
+    first_task = {**ENGINE_TOOL, "name": f"time-isolated__{ENGINE_TOOL['name']}"}
     try:
         query = "tools=all&mount=" + urllib.parse.quote(f"{project}:/workspace", safe="")
         async with websocket_session(orch.fabric_ws_url(query), subprotocols=["mcp"]) as rpc:
@@ -230,18 +247,47 @@ async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any
                     check_result(answer, name)
                     if index >= 0:
                         round_trips[name].append(elapsed / 1e6)
+                for name, pause in ((FIRST_TASK, 0.0), (FIRST_TASK_LATER, 2.0)):
+                    await quiet(orch, pooled)
+                    async with websocket_session(
+                        orch.fabric_ws_url(query), subprotocols=["mcp"]
+                    ) as first:
+                        await handshake(first)
+                        await trio.sleep(pause)
+                        with trio.fail_after(120):
+                            elapsed, answer = await first.call("tools/call", first_task)
+                        check_result(answer, name)
+                    if index >= 0:
+                        round_trips[name].append(elapsed / 1e6)
                 print(f"engine round {index + 1}/{rounds}", file=sys.stderr, flush=True)
             await quiet(orch, pooled)
     finally:
         await orch.stop()
-    starts: dict[str, list[float]] = {name: [] for name in ENGINE_SERVICES}
-    pooled_starts: dict[str, list[bool]] = {name: [] for name in ENGINE_SERVICES}
-    for audited in engine.audit_records(orch.log_path):
-        if audited.get("event") == "container_start" and audited.get("service") in starts:
-            starts[audited["service"]].append(float(audited["start_ms"]))
-            pooled_starts[audited["service"]].append(bool(audited.get("pooled")))
-    for name in ENGINE_SERVICES:  # (the warm-up's)
-        del starts[name][0], pooled_starts[name][0]
+    return engine_records(engine.audit_records(orch.log_path), round_trips)
+
+
+def engine_records(
+    audited: list[dict[str, Any]], round_trips: dict[str, list[float]]
+) -> dict[str, Any]:
+    """Per service (and FIRST_TASK) the containers' starts in order, and whether each was a
+    pooled one, the warm-up round's left out."""
+    starts: dict[str, list[float]] = {name: [] for name in round_trips}
+    pooled_starts: dict[str, list[bool]] = {name: [] for name in round_trips}
+    records = [
+        r for r in audited if r.get("event") == "container_start" and r.get("service") in starts
+    ]
+    # The long session is the one with a container of every service; the others are each
+    # round's first tasks, one called at once then one a second after.
+    [long_session] = {r["session"] for r in records if r["service"] == "time-shared"}
+    firsts = 0
+    for started in records:
+        name = started["service"]
+        if started["session"] != long_session:
+            name, firsts = (FIRST_TASK, FIRST_TASK_LATER)[firsts % 2], firsts + 1
+        starts[name].append(float(started["start_ms"]))
+        pooled_starts[name].append(bool(started.get("pooled")))
+    for name, values in starts.items():  # (the warm-up's)
+        del values[0], pooled_starts[name][0]
     return {"round_trip": round_trips, "start": starts, "pooled": pooled_starts}
 
 
@@ -266,7 +312,7 @@ def engine_figures(measured: dict[str, Any]) -> dict[str, Any]:
             "round_trip": summary(measured["round_trip"][name]),
             "pooled_starts": sum(measured["pooled"][name]),
         }
-        for name in ENGINE_SERVICES
+        for name in [*ENGINE_SERVICES, FIRST_TASK, FIRST_TASK_LATER]
     }
     for pair, (isolated, shared) in ENGINE_PAIRS.items():
         # A pooled pair's round counts only when both calls got a pooled container.

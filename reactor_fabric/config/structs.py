@@ -297,6 +297,11 @@ class Workspaces(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=T
 
     max_size: str | int = "2g"
     max_files: int = 100_000
+    # A spare copy per session and project (reactor_fabric.workspace.spare), made at the
+    # session's start and after each task from the working tree, that the session's next such
+    # task takes and brings up to date; at most spare_max_size (a larger project: no spare).
+    spare: bool = True
+    spare_max_size: str | int = "256m"
     # Where the copies are made (None: memory-backed /dev/shm when it is a tmpfs, else on
     # disk; see reactor_fabric.trio.workspaces.default_parent).
     directory: str | None = None
@@ -304,6 +309,10 @@ class Workspaces(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=T
     @functools.cached_property
     def max_size_bytes(self) -> int:
         return parse_size(self.max_size)
+
+    @functools.cached_property
+    def spare_max_size_bytes(self) -> int:
+        return parse_size(self.spare_max_size)
 
 
 class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):

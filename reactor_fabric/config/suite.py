@@ -313,38 +313,42 @@ def _pattern_message(path: KeyPath, instance: object, pattern: object) -> str:
     return f"{instance!r} is not {meaning}"
 
 
+def _check_orchestrator(orchestrator: dict[str, Any], collector: _Collector) -> None:
+    """The rules of ``orchestrator`` (see :func:`_check_logic`)."""
+    _check_roots(orchestrator.get("allowed_mount_roots"), collector)
+    _check_size(orchestrator, ("orchestrator", "max_message_size"), MIN_MESSAGE_BYTES, collector)
+    limits = orchestrator.get("limits")
+    if isinstance(limits, dict):
+        for key in ("buffer_to_server", "buffer_to_client"):
+            _check_size(limits, ("orchestrator", "limits", key), MIN_MESSAGE_BYTES, collector)
+        for key in ("first_message_timeout", "client_write_timeout", "shutdown_timeout"):
+            _check_duration(limits, ("orchestrator", "limits", key), collector)
+    audit = orchestrator.get("audit")
+    if isinstance(audit, dict):
+        # Room for the largest record (a tool call with its arguments in full).
+        _check_size(audit, ("orchestrator", "audit", "max_size"), MIN_AUDIT_BYTES, collector)
+    workspaces = orchestrator.get("workspaces")
+    if isinstance(workspaces, dict):
+        for key in ("max_size", "spare_max_size"):
+            path: KeyPath = ("orchestrator", "workspaces", key)
+            _check_size(workspaces, path, MIN_WORKSPACE_BYTES, collector)
+    kubernetes = orchestrator.get("kubernetes")
+    if isinstance(kubernetes, dict):
+        _check_duration(kubernetes, ("orchestrator", "kubernetes", "start_timeout"), collector)
+    fabric = orchestrator.get("fabric")
+    assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
+    if isinstance(assist, dict):
+        path = ("orchestrator", "fabric", "model_assist", "timeout")
+        _check_duration(assist, path, collector)
+
+
 def _check_logic(data: object, collector: _Collector) -> None:
     """Rules a JSON Schema cannot say; each looks only at values of the right type."""
     if not isinstance(data, dict):
         return
     orchestrator = data.get("orchestrator")
     if isinstance(orchestrator, dict):
-        _check_roots(orchestrator.get("allowed_mount_roots"), collector)
-        _check_size(
-            orchestrator, ("orchestrator", "max_message_size"), MIN_MESSAGE_BYTES, collector
-        )
-        limits = orchestrator.get("limits")
-        if isinstance(limits, dict):
-            for key in ("buffer_to_server", "buffer_to_client"):
-                _check_size(limits, ("orchestrator", "limits", key), MIN_MESSAGE_BYTES, collector)
-            for key in ("first_message_timeout", "client_write_timeout", "shutdown_timeout"):
-                _check_duration(limits, ("orchestrator", "limits", key), collector)
-        audit = orchestrator.get("audit")
-        if isinstance(audit, dict):
-            # Room for the largest record (a tool call with its arguments in full).
-            _check_size(audit, ("orchestrator", "audit", "max_size"), MIN_AUDIT_BYTES, collector)
-        workspaces = orchestrator.get("workspaces")
-        if isinstance(workspaces, dict):
-            path: KeyPath = ("orchestrator", "workspaces", "max_size")
-            _check_size(workspaces, path, MIN_WORKSPACE_BYTES, collector)
-        kubernetes = orchestrator.get("kubernetes")
-        if isinstance(kubernetes, dict):
-            _check_duration(kubernetes, ("orchestrator", "kubernetes", "start_timeout"), collector)
-        fabric = orchestrator.get("fabric")
-        assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
-        if isinstance(assist, dict):
-            path = ("orchestrator", "fabric", "model_assist", "timeout")
-            _check_duration(assist, path, collector)
+        _check_orchestrator(orchestrator, collector)
     services = data.get("mcp_services")
     if isinstance(services, dict):
         for name, service in services.items():

@@ -48,6 +48,21 @@ class BackgroundThread(Generic[T]):
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def outcome(self) -> outcome.Outcome[T] | None:
+        """What the work returned or raised, once it is done (None before): for an owner that
+        must take a finished result without a checkpoint, where a cancellation would lose it."""
+        return self._outcome if self.done else None
+
+    async def wait(self) -> None:
+        """Until the work is done (cancellable; the work goes on)."""
+        await self._done.wait()
+
+    def request_stop(self) -> None:
+        """Tell the work to stop, without waiting for it (its owner calls :meth:`stop` later,
+        and removes what it made)."""
+        self._stop.set()
+
     async def result(self) -> T:
         """The work's result once it is done (cancellable; the work goes on), or its error."""
         await self._done.wait()

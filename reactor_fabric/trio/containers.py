@@ -225,6 +225,8 @@ class ContainerStarter:
             raise
         if copy is not None:
             self.copies[container.id] = copy
+            # The session's next task from the working tree starts on a spare copy.
+            self._workspaces().make_spare_after(copy)
         seconds = trio.current_time() - began
         self._registry.container_started(
             container.id,
@@ -250,7 +252,11 @@ class ContainerStarter:
                 "pooled": isinstance(container, HandedOut),
                 # Its handshake was done while it waited in the pool: none at this call.
                 "greeted": isinstance(container, HandedOut) and container.greeting is not None,
-                **({"workspace": copy.branch} if copy is not None else {}),
+                **(
+                    {"workspace": copy.branch, "workspace_spare": copy.spared}
+                    if copy is not None
+                    else {}
+                ),
             },
         )
         return container

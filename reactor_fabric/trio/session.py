@@ -46,6 +46,7 @@ from ..observe.observer import Client, Observer, trace_of
 from ..observe.redaction import SECRET_VALUES
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..policy.child_grant import ChildGrant
+from ..policy.container_parts.secrets import runs_as
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import FabricServer
 from ..protocol.fabric_setup import FabricSetup
@@ -301,9 +302,18 @@ async def _serve_session(
                 parts, channel, service_name, decision.service, record, lease=lease
             )
         progress.driver = driver
+        # The copy its first isolated task starts on, begun now (see trio/workspaces.py).
+        relayed = {service_name: decision.service} if decision.service is not None else None
+        await _begin_spares(parts.starter, record, relayed or parts.suite.mcp_services)
         await driver.run(first_frame, decision.first)
     finally:
-        parts.registry.release(session_id)
+        try:
+            if parts.starter.workspaces is not None:
+                # Its spare copies (shielded, bounded), before it is counted out: a waiter for
+                # the registry's change finds them gone.
+                await parts.starter.workspaces.end_session(session_id)
+        finally:
+            parts.registry.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
         observer.session_ended(
             session_id,
@@ -312,6 +322,38 @@ async def _serve_session(
             seconds=time.time() - record.started_at,
             calls=record.tool_calls,
         )
+
+
+async def _begin_spares(
+    starter: ContainerStarter, record: SessionRecord, services: Mapping[str, Service]
+) -> None:
+    """When ``services`` has one that works on a copy of the session's project (``workspace:
+    isolated``), begin the spare copy its first task will start on — one per account such
+    tasks run as. Quick (the mounts pinned, a thread started); never fails the session: a
+    spare that cannot be begun is logged, and the task copies the project whole. Not for an
+    agent's child session: its project is its task's copy, which has no repository."""
+    if record.parent is not None:
+        return
+    workspaces = starter.workspaces
+    isolated = {n: s for n, s in services.items() if s.workspace_mode == "isolated"}
+    writable = [m for m in record.mounts if not m.read_only and not m.git_guard]
+    if workspaces is None or not workspaces.spares_wanted or not isolated or len(writable) != 1:
+        return
+    try:
+        pins, account, _mounts = await starter.prepare_start(record.mounts)
+    except (FabricError, OSError) as exc:
+        log.info("workspace_spare_not_begun", extra={"session": record.id, "detail": str(exc)})
+        return
+    if pins is None:
+        return
+    try:
+        project = pins.for_target(writable[0].target)
+        assert project is not None  # every mount is pinned
+        owners = {runs_as(n, s, starter.identity, account) for n, s in isolated.items()}
+        for owner in owners:
+            workspaces.make_session_spare(record.id, project, (owner.uid, owner.gid))
+    finally:
+        pins.close()
 
 
 def _relay_driver(

@@ -25,7 +25,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO
@@ -39,6 +39,7 @@ from .files import (
     Directories,
     Entry,
     Ownership,
+    SourceStamp,
     TooLarge,
     UnsafePath,
     check_path,
@@ -82,6 +83,9 @@ class Begun:
     def git(self) -> Git:
         return Git(self.project_fd, self.owner)
 
+    def budget(self) -> Budget:
+        return Budget(self.bounds.max_files, self.bounds.max_bytes)
+
 
 def prepare(
     project_fd: int,
@@ -106,13 +110,18 @@ def begin(
     base: str | None,
     bounds: Bounds,
     copy_owner: tuple[int, int] | None = None,
+    spare: str | None = None,
 ) -> Begun:
     """Check that a copy can be made of the project held by ``project_fd`` (a pin's
     descriptor), owned by ``owner`` (uid, gid) — a repository with its ``.git`` at its top;
     ``base``, when given, a commit of it — and make the copy's directory at ``directory``
     (new, empty; ``copy_owner``'s: the account the task's container runs as, default
     ``owner``). Quick (two git processes at most): what is refused here is refused before
-    any container is made. Both steps share one deadline (``bounds.step_seconds`` from now)."""
+    any container is made. Both steps share one deadline (``bounds.step_seconds`` from now).
+    ``spare``: the directory of a spare copy made for the same project and ``copy_owner``
+    (:mod:`.spare`), moved to ``directory`` instead of an empty one made."""
+    if spare is not None and base is not None:
+        raise ValueError("a spare copy is of the working tree, not of a base")
     repository_owner = RepositoryOwner.of(*owner)
     git = Git(project_fd, repository_owner)
     deadline = time.monotonic() + bounds.step_seconds
@@ -126,6 +135,11 @@ def begin(
             )
         base_commit = commit_of(git, base, deadline, required=True)
     ids = Ownership(*(copy_owner or owner)) if os.geteuid() == 0 else None
+    if spare is not None:
+        os.rename(spare, directory)  # (in one area: root's, entered by no one else)
+        return Begun(
+            directory, project_fd, repository_owner, algorithm, None, ids, bounds, deadline
+        )
     os.mkdir(directory, 0o700)
     try:
         if ids is not None:
@@ -151,55 +165,82 @@ def fill(begun: Begun, cancelled: Cancelled) -> Workspace:
     meanwhile: nothing, it waits for this); the workspace the task works on. On failure or
     when ``cancelled()``, the directory is removed before the error goes up."""
     try:
-        git, deadline = begun.git(), begun.deadline
-        with ThreadPoolExecutor(2, thread_name_prefix="workspace-git") as listings:
-            # The working tree's listings (two git processes) while the base is read here:
-            # they are independent, and the machines have two cores. (Leaving the block waits
-            # for them; each git process is killed at the deadline.)
-            pending = (
-                None
-                if begun.base is not None
-                else (
-                    listings.submit(run_git, git, ["ls-files", "-z", "--stage"], deadline),
-                    listings.submit(
-                        run_git,
-                        git,
-                        ["ls-files", "-z", "--others", "--exclude-standard"],
-                        deadline,
-                    ),
-                )
-            )
-            base = begun.base or commit_of(git, "HEAD", deadline, required=False)
-            base_entries = tree_entries(git, base, deadline) if base else {}
-            working_tree = None if pending is None else (pending[0].result(), pending[1].result())
-        target_fd = os.open(
-            begun.directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
-        try:
-            budget = Budget(begun.bounds.max_files, begun.bounds.max_bytes)
-            making = _Making(target_fd, budget, begun.copy_owner, deadline, cancelled)
-            if working_tree is not None:
-                start = _copy_working_tree(*working_tree, begun.project_fd, begun.algorithm, making)
+        listings = read_listings(begun)
+        with opened_target(begun) as target_fd:
+            making = Making(target_fd, begun.budget(), begun.copy_owner, begun.deadline, cancelled)
+            if listings.working_tree is not None:
+                paths, gitlinks = wanted(*listings.working_tree)
+                start = copy_paths(paths, begun.project_fd, begun.algorithm, making) | gitlinks
             else:
-                start = _check_out(git, base_entries, making)
-        finally:
-            os.close(target_fd)
-        workspace = Workspace(
-            directory=begun.directory,
-            project_fd=begun.project_fd,
-            owner=begun.owner,
-            algorithm=begun.algorithm,
-            base=base,
-            base_entries=base_entries,
-            start=start,
-        )
-        if not workspace.start_is_base:
-            # Before the task can change them: the uncommitted files' blobs, into the
-            # repository, for the working tree's commit.
-            _write_blobs(workspace, _new_blobs(workspace.start, base_entries), deadline)
+                start = _check_out(begun.git(), listings.base_entries, making)
+        return finished(begun, listings, start)
     except BaseException:
         remove(begun.directory)
         raise
+
+
+@dataclass(frozen=True)
+class Listings:
+    """What git says goes into a copy: the working tree's two listings (``ls-files --stage``
+    and ``ls-files --others --exclude-standard``; None when the copy is the base's tree), the
+    commit it starts from (None in a repository without one) and that commit's tree."""
+
+    working_tree: tuple[bytes, bytes] | None
+    base: str | None
+    base_entries: dict[bytes, Entry]
+
+
+def read_listings(begun: Begun, *, known: Listings | None = None) -> Listings:
+    """The listings of :class:`Listings`; the base's tree is ``known``'s when its base is the
+    same commit (a tree is read once: a commit's tree never changes)."""
+    git, deadline = begun.git(), begun.deadline
+    with ThreadPoolExecutor(2, thread_name_prefix="workspace-git") as listings:
+        # The working tree's listings (two git processes) while the base is read here: they
+        # are independent, and the machines have two cores. (Leaving the block waits for
+        # them; each git process is killed at the deadline.)
+        pending = (
+            None
+            if begun.base is not None
+            else (
+                listings.submit(run_git, git, ["ls-files", "-z", "--stage"], deadline),
+                listings.submit(
+                    run_git, git, ["ls-files", "-z", "--others", "--exclude-standard"], deadline
+                ),
+            )
+        )
+        base = begun.base or commit_of(git, "HEAD", deadline, required=False)
+        if known is not None and known.base == base:
+            base_entries = known.base_entries
+        else:
+            base_entries = tree_entries(git, base, deadline) if base else {}
+        working_tree = None if pending is None else (pending[0].result(), pending[1].result())
+    return Listings(working_tree, base, base_entries)
+
+
+@contextlib.contextmanager
+def opened_target(begun: Begun) -> Iterator[int]:
+    """The copy's directory, by descriptor (never through a link)."""
+    target_fd = os.open(begun.directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        yield target_fd
+    finally:
+        os.close(target_fd)
+
+
+def finished(begun: Begun, listings: Listings, start: dict[bytes, Entry]) -> Workspace:
+    """The workspace whose copy holds ``start``; the working tree's uncommitted blobs written
+    into the repository (before the task can change them: for the working tree's commit)."""
+    workspace = Workspace(
+        directory=begun.directory,
+        project_fd=begun.project_fd,
+        owner=begun.owner,
+        algorithm=begun.algorithm,
+        base=listings.base,
+        base_entries=listings.base_entries,
+        start=start,
+    )
+    if not workspace.start_is_base:
+        _write_blobs(workspace, _new_blobs(start, listings.base_entries), begun.deadline)
     return workspace
 
 
@@ -216,7 +257,7 @@ def _new_blobs(start: dict[bytes, Entry], base: dict[bytes, Entry]) -> list[byte
 
 
 @dataclass(frozen=True)
-class _Making:
+class Making:
     """A copy being made: where to, within what, owned by whom, until when."""
 
     target_fd: int
@@ -226,12 +267,9 @@ class _Making:
     cancelled: Cancelled
 
 
-def _copy_working_tree(
-    staged: bytes, untracked: bytes, project_fd: int, algorithm: str, making: _Making
-) -> dict[bytes, Entry]:
-    """Copy what ``ls-files --stage`` (``staged``) and ``ls-files --others
-    --exclude-standard`` (``untracked``) list: the working tree as the client has it."""
-    budget = making.budget
+def wanted(staged: bytes, untracked: bytes) -> tuple[dict[bytes, None], dict[bytes, Entry]]:
+    """The working tree's paths to copy, in git's order, and its submodules' entries (never
+    copied), from its two listings."""
     gitlinks: dict[bytes, Entry] = {}
     paths: dict[bytes, None] = {}
     for mode, oid, path in listed(staged, LS_FILES_OID):
@@ -242,24 +280,36 @@ def _copy_working_tree(
     for path in untracked.split(b"\0"):
         if path and not path.endswith(b"/"):  # a nested repository: not copied
             paths[path] = None
+    return paths, gitlinks
+
+
+def copy_paths(
+    paths: Iterable[bytes],
+    project_fd: int,
+    algorithm: str,
+    making: Making,
+    sources: dict[bytes, SourceStamp] | None = None,
+) -> dict[bytes, Entry]:
+    """Copy ``paths`` of the working tree (:func:`~.files.copy_listed`), its errors told as
+    the task's."""
     try:
-        copied = copy_listed(
+        return copy_listed(
             project_fd,
             paths,
             making.target_fd,
             algorithm=algorithm,
-            budget=budget,
+            budget=making.budget,
             owner=making.owner,
             cancelled=making.cancelled,
+            stamps=sources,
         )
     except TooLarge as exc:
-        raise _too_large(exc, budget) from exc
+        raise too_large(exc, making.budget) from exc
     except UnsafePath as exc:
         raise refused(f"the project lists a path git cannot hold: {exc}") from exc
-    return copied | gitlinks
 
 
-def _too_large(exc: TooLarge, budget: Budget) -> WorkspaceRefused:
+def too_large(exc: TooLarge, budget: Budget) -> WorkspaceRefused:
     what = "files" if str(exc) == "files" else "bytes"
     return refused(
         f"the project has more {what} to copy than orchestrator.workspaces allows "
@@ -269,7 +319,7 @@ def _too_large(exc: TooLarge, budget: Budget) -> WorkspaceRefused:
     )
 
 
-def _check_out(git: Git, entries: dict[bytes, Entry], making: _Making) -> dict[bytes, Entry]:
+def _check_out(git: Git, entries: dict[bytes, Entry], making: Making) -> dict[bytes, Entry]:
     """Write ``entries`` (a commit's tree) into the copy from the object database, raw (no
     filter, no attribute applied): ``cat-file --batch``, one object after the other."""
     start = {path: entry for path, entry in entries.items() if entry.mode == MODE_GITLINK}
@@ -296,7 +346,7 @@ def _check_out(git: Git, entries: dict[bytes, Entry], making: _Making) -> dict[b
             try:
                 budget.take(size)
             except TooLarge as exc:
-                raise _too_large(exc, budget) from exc
+                raise too_large(exc, budget) from exc
             try:
                 parts = check_path(path)
             except UnsafePath as exc:

@@ -59,6 +59,9 @@ class UnsafePath(Exception):
 
 
 Stamp = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns) of a file of the copy
+# (device, inode, size, mtime_ns, ctime_ns, st_mode) of a project's file as it was copied: the
+# same stamp later, from long enough before, is the same content (see copying.refresh).
+SourceStamp = tuple[int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,12 +193,14 @@ def copy_listed(
     budget: Budget,
     owner: Ownership | None,
     cancelled: Callable[[], bool],
+    stamps: dict[bytes, SourceStamp] | None = None,
 ) -> dict[bytes, Entry]:
     """Copy each of ``paths`` (relative to ``source_fd``'s directory) to the same path below
     ``target_fd``'s: regular files (mode 0644 or 0755 as git sees the executable bit) and
     symlinks (their text). A path that is gone, became something else, or is reached through
     a symlink is left out; an unsafe path raises :class:`UnsafePath`. Returns the entries
-    copied, by path, in the order listed. ``cancelled`` is asked every
+    copied, by path, in the order listed, and with ``stamps`` each copied source's stamp as
+    it was before it was read (into that dict). ``cancelled`` is asked every
     :data:`CANCEL_EVERY` files.
 
     Written for speed (10,000 files is a project of an ordinary size, and the task waits for
@@ -222,8 +227,9 @@ def copy_listed(
                 fd = os.open(name, _READ_FLAGS, dir_fd=source_dir)
             except OSError as exc:
                 entry = _copy_unopened(
-                    exc, source_dir, parts, targets, algorithm=algorithm, budget=budget, owner=owner
-                )
+                    exc, source_dir, parts, targets, algorithm=algorithm, budget=budget,
+                    owner=owner, stamps=stamps,
+                )  # fmt: skip
             else:
                 try:
                     info = os.fstat(fd)
@@ -233,6 +239,8 @@ def copy_listed(
                     target_dir = targets.get(parts)
                     assert target_dir is not None  # made as needed
                     entry = _copy_file(fd, info, name, target_dir, new_hash, algorithm, owner)
+                    if stamps is not None:
+                        stamps[path] = source_stamp(info)
                 finally:
                     os.close(fd)
             if entry is not None:
@@ -283,12 +291,20 @@ def _copy_unopened(
     algorithm: str,
     budget: Budget,
     owner: Ownership | None,
+    stamps: dict[bytes, SourceStamp] | None,
 ) -> Entry | None:
     """A path that could not be opened: a symlink (``ELOOP``: copied as its text), gone or
     not a file any more (left out); any other error is raised."""
     name = parts[-1]
     if error.errno == errno.ELOOP:
         try:
+            # (a link is never changed in place: a new target is a new inode, so the stamp
+            # taken before its text is read is that text's)
+            info = (
+                os.stat(name, dir_fd=source_dir, follow_symlinks=False)
+                if stamps is not None
+                else None
+            )
             text = os.readlink(name, dir_fd=source_dir)
         except OSError as gone:
             if gone.errno in (errno.ENOENT, errno.EINVAL):
@@ -296,6 +312,8 @@ def _copy_unopened(
             raise
         budget.take(len(text))
         stamp = write_file(targets, parts, MODE_SYMLINK, (text,), owner=owner)
+        if info is not None and stamps is not None:
+            stamps[b"/".join(parts)] = source_stamp(info)
         return Entry(MODE_SYMLINK, blob_id(algorithm, text), stamp)
     if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR):
         return None
@@ -344,6 +362,17 @@ def git_mode(st_mode: int) -> int:
 
 def stamp_of(info: os.stat_result) -> Stamp:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def source_stamp(info: os.stat_result) -> SourceStamp:
+    return (
+        info.st_dev,
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+        info.st_mode,
+    )
 
 
 # --- reading the copy back -------------------------------------------------------------------

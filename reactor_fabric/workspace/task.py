@@ -94,7 +94,7 @@ class Workspace:
     @functools.cached_property
     def start_is_base(self) -> bool:
         """Whether the task starts from the base's tree itself (no working tree's commit)."""
-        return tree_of(self.start) == tree_of(self.base_entries)
+        return same_tree(self.start, self.base_entries)
 
     def git(self) -> Git:
         return Git(self.project_fd, self.owner)
@@ -129,7 +129,7 @@ def record(
     container can write the copy any more."""
     deadline = time.monotonic() + bounds.step_seconds
     final = _final_entries(workspace, bounds, deadline, cancelled)
-    if tree_of(final) == tree_of(workspace.start):
+    if same_tree(final, workspace.start):
         return Recorded(branch=None, base=workspace.base, commit=None)
     git = workspace.git()
     when = int(now if now is not None else time.time())
@@ -236,8 +236,16 @@ def tree_entries(git: Git, commit: str, deadline: float) -> dict[bytes, Entry]:
     return {path: Entry(mode, oid) for mode, oid, path in listed(out, LS_TREE_OID)}
 
 
-def tree_of(entries: dict[bytes, Entry]) -> dict[bytes, tuple[int, str]]:
-    return {path: (entry.mode, entry.oid) for path, entry in entries.items()}
+def same_tree(one: dict[bytes, Entry], other: dict[bytes, Entry]) -> bool:
+    """Whether two trees hold the same paths with the same modes and blobs (their files'
+    stamps aside; stops at the first difference)."""
+    if len(one) != len(other):
+        return False
+    for path, entry in one.items():
+        found = other.get(path)
+        if found is None or (found.mode, found.oid) != (entry.mode, entry.oid):
+            return False
+    return True
 
 
 def framed(commands: Iterable[bytes]) -> Iterator[bytes]:

@@ -2,7 +2,8 @@
 is filled, its container is created — and with socket stdio started, its ``fabric-stdio`` held —
 and its server runs only once the copy is whole; a copy that fails removes the container before
 its server ever ran. Then through the orchestrator: an isolated service's server finds the whole
-copy, in a fresh container and in a pooled one.
+copy, in a fresh container and in a pooled one, and a session's second task on its spare copy
+brought up to date.
 
 The server is the probe image, told to count its /workspace's files at its first instruction
 (``PROBE_AT_START``); the gate fills the mounted directory itself, and asks the engine whether
@@ -213,6 +214,15 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
         entries = (await ws.hear())["result"]["entries"]
         assert len(entries) == FILES + 1  # and log.txt: the whole copy, at the first request
         if not warm:
+            # The spare the first call's start began, made: the next call starts on it.
+            await trio.to_thread.run_sync(
+                functools.partial(
+                    wait_until,
+                    lambda: any(e["event"] == "workspace_spare_made" for e in running.logs()),
+                    timeout=60,
+                    what="the session's spare copy made",
+                )
+            )
             await ws.send_json(request(3, "at_start"))
             # (a container per call: this one's server started on the whole copy too)
             assert (await ws.hear())["result"]["files"] == FILES + 1
@@ -231,3 +241,8 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
         trio.run(scenario, running)
         started = [e for e in running.logs() if e["event"] == "container_started"]
     assert started[-1]["pooled"] is bool(warm)
+    # A session's task asked for at once copies the project whole (its spare is begun a
+    # second after the session opened); the next one starts on the spare the first one's
+    # start began, brought up to date: the whole copy all the same.
+    spared = [e["workspace_spare"] for e in started if "workspace_spare" in e]
+    assert spared == ([False, False] if warm else [False, True])  # (pooled: two sessions)

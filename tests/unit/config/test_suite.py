@@ -125,7 +125,7 @@ def test_an_agent_works_on_an_isolated_copy_and_a_tool_server_on_the_project_unl
             version: "1.0"
             orchestrator:
               allowed_mount_roots: ["/srv/projects"]
-              workspaces: {max_size: "512m", max_files: 5000}
+              workspaces: {max_size: "512m", max_files: 5000, spare: false, spare_max_size: 64m}
             mcp_services:
               reviewer: {image: "agent:1", service_type: llm_agent}
               pair: {image: "agent:1", service_type: llm_agent, workspace: shared}
@@ -149,6 +149,7 @@ def test_an_agent_works_on_an_isolated_copy_and_a_tool_server_on_the_project_unl
     }
     workspaces = result.suite.orchestrator.workspaces
     assert (workspaces.max_size_bytes, workspaces.max_files) == (512 * 1024**2, 5000)
+    assert (workspaces.spare, workspaces.spare_max_size_bytes) == (False, 64 * 1024**2)
 
 
 # Each bad suite: the text, then (line, key path, words the message must contain) of every
@@ -336,6 +337,10 @@ BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
     "a workspace bound below a mebibyte": (
         MINIMAL.replace('["/home/"]', '["/home/"]\n  workspaces: {max_size: 64k}'),
         [(4, "orchestrator.workspaces.max_size", "too small")],
+    ),
+    "a spare copy's bound that is not a size": (
+        MINIMAL.replace('["/home/"]', '["/home/"]\n  workspaces: {spare_max_size: plenty}'),
+        [(4, "orchestrator.workspaces.spare_max_size", "'plenty' does not match")],
     ),
     "memory threshold not a size": (
         MINIMAL + "    container_strategy: smart_refresh\n    memory_threshold: lots\n",

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import subprocess
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import outcome
 import pytest
 import trio
 
@@ -20,8 +24,14 @@ from reactor_fabric.observe.observer import Observer
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.memory import MemoryServer
-from reactor_fabric.trio.workspaces import close_workspaces, open_workspaces, own_directory
-from reactor_fabric.workspace import TaskFacts
+from reactor_fabric.trio.workspaces import (
+    SESSION_SPARE_DELAY_SECONDS,
+    close_workspaces,
+    open_workspaces,
+    own_directory,
+)
+from reactor_fabric.workspace import Begun, TaskFacts
+from reactor_fabric.workspace.spare import Spare, make_spare
 from tests.fakes import _answer
 from tests.http_client import WebSocketClient
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -107,6 +117,7 @@ async def isolated_served(
     *,
     bounds: Workspaces | None = None,
     server: Callable[[MemoryServer], Awaitable[None]] = writing_server,
+    session_spare_delay: float = 0.0,
 ) -> AsyncIterator[Served]:
     async with served(root, learn_catalog=True, services=services or AGENT, server=server) as http:
         owner = {"reactor-fabric.owner-host": "test"}
@@ -118,6 +129,8 @@ async def isolated_served(
             parent=str(root / "areas"),
         )
         assert workspaces is not None
+        # (a session's spare is begun at once: the tests ask for what they need when)
+        workspaces.session_spare_delay = session_spare_delay
         http.fabric.starter.workspaces = workspaces
         yield http
 
@@ -140,6 +153,34 @@ def copies(root: Path) -> list[str]:
         str(path.relative_to(root / "areas"))
         for path in (root / "areas").glob("*/*")
         if path.name != "owner.json"
+    ]
+
+
+async def no_copies_left(http: Served, root: Path) -> None:
+    """Once the sessions are over (a session's end, shortly after its client left, removes its
+    spare copy): no copy is left in the area."""
+    with trio.fail_after(10):
+        while http.fabric.registry.sessions:
+            await http.fabric.registry.changed.wait()
+    assert copies(root) == []
+
+
+async def spare_made(http: Served) -> str:
+    """The one spare copy, once it is made: its directory."""
+    workspaces = http.fabric.starter.workspaces
+    assert workspaces is not None
+    [slot] = workspaces.spares()
+    with trio.fail_after(10):
+        await slot.making.result()
+    return slot.directory
+
+
+def spared(caplog: pytest.LogCaptureFixture) -> list[bool]:
+    """Whether each isolated container so far started on a spare copy."""
+    return [
+        record.workspace_spare
+        for record in caplog.records
+        if record.msg == "container_started" and hasattr(record, "workspace_spare")
     ]
 
 
@@ -174,7 +215,7 @@ async def test_an_agents_call_works_on_a_copy_and_its_changes_become_a_branch_na
         assert git(project, "symbolic-ref", "HEAD") == "refs/heads/main"
         assert git(project, "status", "--porcelain") == "M README.md"
         await ws.aclose()
-        assert copies(tmp_path) == []
+        await no_copies_left(http, tmp_path)
 
 
 async def test_two_calls_at_once_writing_one_file_each_get_their_own_branch(
@@ -194,7 +235,7 @@ async def test_two_calls_at_once_writing_one_file_each_get_their_own_branch(
         assert git(project, "show", f"{branches[3]}:same.txt") == "second"
         assert not (project / "same.txt").exists()
         await ws.aclose()
-        assert copies(tmp_path) == []
+        await no_copies_left(http, tmp_path)
 
 
 async def test_a_task_on_a_base_starts_from_that_branch(tmp_path: Path) -> None:
@@ -216,7 +257,7 @@ async def test_a_task_on_a_base_starts_from_that_branch(tmp_path: Path) -> None:
         refused = await ws.hear()
         assert refused["error"]["data"]["reason"] == "workspace_base_unknown"
         await ws.aclose()
-        assert copies(tmp_path) == []
+        await no_copies_left(http, tmp_path)
 
 
 async def test_a_project_that_is_not_a_repository_is_refused_with_its_reason(
@@ -234,7 +275,7 @@ async def test_a_project_that_is_not_a_repository_is_refused_with_its_reason(
         assert http.runtime.spawned == []
         assert os.listdir(project) == ["a.txt"]
         await ws.aclose()
-        assert copies(tmp_path) == []
+        await no_copies_left(http, tmp_path)
 
 
 async def test_a_task_that_changes_nothing_makes_no_branch(tmp_path: Path) -> None:
@@ -286,7 +327,7 @@ async def test_on_the_relay_each_calls_container_works_on_a_copy_and_the_answer_
         assert refused["error"]["data"]["reason"] == "workspace_failed"
         assert "honoured on /mcp" in refused["error"]["message"]
         await ws.aclose()
-        assert copies(tmp_path) == []
+        await no_copies_left(http, tmp_path)
 
 
 async def test_the_container_is_made_while_its_copy_fills_and_its_server_starts_on_the_whole_copy(
@@ -316,7 +357,7 @@ async def test_the_container_is_made_while_its_copy_fills_and_its_server_starts_
         assert http.runtime.held == [http.runtime.spawned[0].name]
         assert seen_at_start == [401]
         await ws.aclose()
-        assert copies(tmp_path) == []
+        await no_copies_left(http, tmp_path)
 
 
 async def test_a_copy_that_fails_while_its_container_is_made_is_answered_and_leaves_nothing(
@@ -375,6 +416,50 @@ async def test_a_start_cancelled_while_its_copy_is_made_leaves_no_copy_and_no_de
     assert set(os.listdir("/proc/self/fd")) == descriptors
     await close_workspaces(workspaces)
     assert not (tmp_path / "areas" / "i1").exists()
+
+
+async def test_a_start_cancelled_while_it_takes_its_spare_or_refreshes_it_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    for index in range(3000):
+        (project / f"f{index}.txt").write_text(f"{index}\n")
+    owner = {"reactor-fabric.owner-host": "test"}
+    workspaces = await open_workspaces(
+        "i1", owner, Workspaces(), Observer(), parent=str(tmp_path / "areas")
+    )
+    assert workspaces is not None
+    workspaces.session_spare_delay = 0.0
+    facts = TaskFacts(service="agent", task="t", session="s", call="1", trace="-")
+    mount = MountSpec(str(project), "/workspace")
+    descriptors = set(os.listdir("/proc/self/fd"))
+    outcomes = []
+    for delay in (0.0, 0.01, 0.05, 0.2, 10.0):
+        session_pins = pin_mounts([mount])
+        workspaces.make_session_spare("s", session_pins.pins[0], (0, 0))
+        session_pins.close()
+        [slot] = workspaces.spares()
+        await slot.making.wait()  # (made: the start takes it, and is cancelled in its refresh)
+        pins = pin_mounts([mount])
+        made = None
+        with trio.move_on_after(delay) as scope:
+            made = await workspaces.make(
+                f"c{delay}", pins, (mount,), base=None, facts=facts, call=1, account=(0, 0)
+            )
+            await made[2].filled()  # (the spare, refreshed)
+        if made is not None:  # (made before the cancellation: ours to discard)
+            handed, _mounts, copy = made
+            assert copy.spared
+            handed.close()
+            await workspaces.discard(copy)
+        outcomes.append(scope.cancelled_caught)
+        await workspaces.end_session("s")
+        assert copies(tmp_path) == []
+        assert pins.closed or made is not None  # (closed by make, or handed over)
+    assert outcomes[0]
+    assert outcomes[-1] is False
+    assert set(os.listdir("/proc/self/fd")) == descriptors
+    await close_workspaces(workspaces)
 
 
 def test_the_copies_directory_is_refused_when_another_user_could_reach_or_swap_it(
@@ -505,3 +590,196 @@ async def test_on_the_relay_a_cancel_reaches_the_container_working_on_its_call_n
             assert await ws.hear() is None  # nothing more: no answer to the cancelled call
         assert len(http.runtime.spawned) == 2
         await ws.aclose()
+
+
+# --- spare copies ---------------------------------------------------------------------------
+
+
+async def test_a_session_s_tasks_start_on_spare_copies_brought_up_to_date(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="reactor_fabric")
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        spare = await spare_made(http)  # (begun at the session's start)
+        # The client works on: a task sees the working tree as it is when the task starts.
+        (project / "README.md").write_text("edited after the spare was made\n")
+        await ws.send_json(write(2, "notes.txt", "the first task's\n"))
+        first = (await ws.hear())["result"]["structuredContent"]["workspace"]
+        assert git(project, "show", f"{first['branch']}~1:README.md") == (
+            "edited after the spare was made"
+        )
+        assert f"i1/{posixpath.basename(spare)}" not in copies(tmp_path)  # (taken: the task's)
+        second_spare = await spare_made(http)  # (begun once the first task's container started)
+        assert second_spare != spare
+        (project / "added.txt").write_text("new\n")
+        await ws.send_json(write(3, "more.txt", "the second task's\n"))
+        second = (await ws.hear())["result"]["structuredContent"]["workspace"]
+        assert spared(caplog) == [True, True]
+        branch = second["branch"]
+        assert git(project, "show", f"{branch}~1:added.txt") == "new"
+        assert git(project, "show", f"{branch}:more.txt") == "the second task's"
+        # The first task's work is on its own branch only.
+        assert "notes.txt" not in git(project, "ls-tree", "--name-only", branch)
+        assert git(project, "show", f"{first['branch']}:notes.txt") == "the first task's"
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_a_spare_copy_is_its_session_s_only(tmp_path: Path) -> None:
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        first = await session(http, project)
+        other = await session(http, project)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        slots = workspaces.spares()
+        assert len({slot.session for slot in slots}) == 2  # one each
+        [theirs] = [slot for slot in slots if slot.session != slots[-1].session]
+        await other.send_json(write(2, "b.txt", "b\n"))
+        await other.hear()
+        await theirs.making.wait()
+        assert theirs in workspaces.spares()  # not taken by the other session's task
+        assert f"i1/{posixpath.basename(theirs.directory)}" in copies(tmp_path)
+        await first.aclose()
+        await other.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_without_spares_every_task_copies_the_whole_project(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="reactor_fabric")
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path, bounds=Workspaces(spare=False)) as http:
+        ws = await session(http, project)
+        for request_id in (2, 3):
+            await ws.send_json(write(request_id, f"{request_id}.txt", "x\n"))
+            await ws.hear()
+            workspaces = http.fabric.starter.workspaces
+            assert workspaces is not None
+            assert workspaces.spares() == []  # (none begun: it would be by the answer)
+        assert spared(caplog) == [False, False]
+        await ws.aclose()
+
+
+async def test_a_project_over_the_spares_bound_gets_none_for_a_while_and_is_copied_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="reactor_fabric")
+    project = repository(tmp_path)
+    (project / "large.bin").write_bytes(b"x" * (2 << 20))
+    bounds = Workspaces(spare_max_size="1m")
+    async with isolated_served(tmp_path, bounds=bounds) as http:
+        ws = await session(http, project)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        [slot] = workspaces.spares()
+        await slot.making.wait()
+        for request_id in (2, 3):
+            await ws.send_json(write(request_id, f"{request_id}.txt", "x\n"))
+            answer = await ws.hear()
+            assert answer["result"]["structuredContent"]["workspace"]["files_changed"] == 1
+            assert workspaces.spares() == []  # (not tried again for this project)
+        assert spared(caplog) == [False, False]
+        other = await session(http, project)  # (nor for another session, for a while)
+        assert workspaces.spares() == []
+        await other.aclose()
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+def _held_spares(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Spares made only once ``release`` is set, or stopped: (release, stopped while made)."""
+    release, stopped_while_made = threading.Event(), threading.Event()
+
+    def held_spare(begun: Begun, stopped: Callable[[], bool]) -> Spare:
+        deadline = time.monotonic() + 10
+        while not stopped() and not release.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if stopped():
+            stopped_while_made.set()
+        return make_spare(begun, stopped)  # (stopped: removes its directory, raises)
+
+    monkeypatch.setattr("reactor_fabric.trio.workspaces.make_spare", held_spare)
+    return release, stopped_while_made
+
+
+async def test_a_task_that_comes_while_its_spare_is_made_stops_it_and_copies_the_project_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="reactor_fabric")
+    _release, stopped_while_made = _held_spares(monkeypatch)
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "notes.txt", "x\n"))
+        answer = await ws.hear()  # (the spare is never released: answered all the same)
+        assert answer["result"]["structuredContent"]["workspace"]["files_changed"] == 1
+        assert spared(caplog) == [False]
+        assert stopped_while_made.is_set()
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_a_task_asked_for_before_the_session_s_spare_began_copies_the_project_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session's first spare is begun a second after it opened: a task asked for at once
+    stops it before it began and copies as it would without spares, nothing beside it."""
+    caplog.set_level("INFO", logger="reactor_fabric")
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path, session_spare_delay=SESSION_SPARE_DELAY_SECONDS) as http:
+        ws = await session(http, project)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        [slot] = workspaces.spares()
+        await ws.send_json(write(2, "notes.txt", "x\n"))
+        await ws.hear()
+        assert spared(caplog) == [False]
+        with trio.fail_after(1):  # (well before it would have begun)
+            await slot.making.wait()
+        assert isinstance(slot.making.outcome, outcome.Error)
+        assert isinstance(slot.making.outcome.error, InterruptedError)
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_a_session_that_ends_while_its_spare_is_made_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _release, stopped_while_made = _held_spares(monkeypatch)
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        assert [slot.making.done for slot in workspaces.spares()] == [False]  # (being made)
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+        assert workspaces.spares() == []
+        assert stopped_while_made.is_set()
+
+
+async def test_a_relay_session_begins_a_spare_too_and_a_suite_with_no_isolated_service_none(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    shared_agent = {"agent": Service(image="fake/agent:1", service_type="llm_agent",
+                                     workspace="shared")}  # fmt: skip
+    async with isolated_served(tmp_path, services=shared_agent) as http:
+        ws = await session(http, project)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        assert workspaces.spares() == []
+        await ws.aclose()
+    relayed = tmp_path / "relayed"
+    relayed.mkdir()
+    async with isolated_served(relayed) as http:
+        relay = await relay_session(http, repository(relayed))
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        assert len(workspaces.spares()) == 1
+        await relay.aclose()
+        await no_copies_left(http, relayed)
