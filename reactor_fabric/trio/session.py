@@ -302,7 +302,7 @@ async def _serve_session(
                 parts, channel, service_name, decision.service, record, lease=lease
             )
         progress.driver = driver
-        # The copy its first isolated task starts on, begun now (see trio/workspaces.py).
+        # The copy its first isolated task starts on, begun a second from now (trio/workspaces.py).
         relayed = {service_name: decision.service} if decision.service is not None else None
         await _begin_spares(parts.starter, record, relayed or parts.suite.mcp_services)
         await driver.run(first_frame, decision.first)
@@ -352,6 +352,8 @@ async def _begin_spares(
         owners = {runs_as(n, s, starter.identity, account) for n, s in isolated.items()}
         for owner in owners:
             workspaces.make_session_spare(record.id, project, (owner.uid, owner.gid))
+    except OSError as exc:  # (e.g. out of descriptors: the tasks copy the project whole)
+        log.info("workspace_spare_not_begun", extra={"session": record.id, "detail": str(exc)})
     finally:
         pins.close()
 

@@ -4,6 +4,7 @@ checkout is untouched, and the copy is gone after."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import posixpath
@@ -26,6 +27,7 @@ from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.memory import MemoryServer
 from reactor_fabric.trio.workspaces import (
     SESSION_SPARE_DELAY_SECONDS,
+    TaskWorkspaces,
     close_workspaces,
     open_workspaces,
     own_directory,
@@ -783,3 +785,24 @@ async def test_a_relay_session_begins_a_spare_too_and_a_suite_with_no_isolated_s
         assert len(workspaces.spares()) == 1
         await relay.aclose()
         await no_copies_left(http, relayed)
+
+
+async def test_a_spare_that_cannot_be_begun_leaves_the_session_working(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="reactor_fabric")
+
+    def out_of_descriptors(*_args: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(TaskWorkspaces, "make_session_spare", out_of_descriptors)
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "notes.txt", "x\n"))
+        answer = await ws.hear()
+        assert answer["result"]["structuredContent"]["workspace"]["files_changed"] == 1
+        assert spared(caplog) == [False]
+        assert [r for r in caplog.records if r.msg == "workspace_spare_not_begun"]
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
