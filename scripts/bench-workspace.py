@@ -28,9 +28,10 @@ an order rotating each round, each call on a quiet engine (no per-call container
 pools full, a second for their servers). Per call, the audit record's ``start_ms`` (from the
 container asked for to its server's stdio connected and the copy whole) and the round trip;
 what isolation adds is isolated minus shared, paired by round (a pooled pair's round only when
-both were served from the pool). Then, each round, a session's first task: called at once, and
-two seconds after the session opened. The target (issue 50): a task's start on 10,000 files at
-most 500 ms later at P95.
+both were served from the pool). Then, each round, a session's first task: called at once on a
+project no session had before (a copy of the repository of its own: copied whole), at once on
+the repository (on the spare the session before left), and two seconds after the session
+opened. The target (issue 50): a task's start on 10,000 files at most 500 ms later at P95.
 
     .venv/bin/python scripts/bench-workspace.py                 # bench/workspace-results.json
     .venv/bin/python scripts/bench-workspace.py --files 200 --repeats 3   # (make bench-smoke)
@@ -78,7 +79,9 @@ FACTS = TaskFacts(service="bench", task="bench task", session="s", call="1", tra
 
 def git(project: Path, *args: str) -> None:
     # safe.directory: the repository is an ordinary user's (give_to_owner), we are root.
-    command = ["git", "-c", "safe.directory=*", "-C", str(project), *args]
+    # gc.auto=0: no gc in the background while the copies are measured (make_repository packs
+    # the objects itself, as a user's repository has them, before anything is measured).
+    command = ["git", "-c", "safe.directory=*", "-c", "gc.auto=0", "-C", str(project), *args]
     subprocess.run(command, check=True, env=GIT_ENV, capture_output=True)
 
 
@@ -95,6 +98,7 @@ def make_repository(root: Path, files: int) -> Path:
     (project / ".gitignore").write_text("build/\n")
     git(project, "add", "-A")
     git(project, "commit", "-q", "-m", "the project")
+    git(project, "gc", "-q")
     for index in range(0, files, 100):
         path = project / f"src/d{index // 2500}/e{index // 50}/file{index}.py"
         path.write_text(path.read_text() + "y = 2  # uncommitted\n")
@@ -168,15 +172,19 @@ ENGINE_SERVICES = {
     "time-isolated-pooled": ("isolated", 1),
     "time-shared-pooled": ("shared", 1),
 }
-# A session's first isolated task (time-isolated in a session of its own, once a round): called
-# as soon as the session is open (its spare copy, begun a second after the session's start,
-# not begun yet), and two seconds after (a client's first task comes when its model asks for
-# it: its spare made).
+# A session's first isolated task (time-isolated in a session of its own, three a round): called
+# as soon as the session is open on a project no session had before (a copy of the project of
+# its own: the whole copy), as soon as one is open on the project (the spare the last session on
+# it left), and two seconds after (a client's first task comes when its model asks for it: its
+# own spare made, when none was left).
+FIRST_TASK_NEW_PROJECT = "time-isolated-first-new-project"
 FIRST_TASK = "time-isolated-first"
 FIRST_TASK_LATER = "time-isolated-first-after-2s"
+FIRST_TASKS = {FIRST_TASK_NEW_PROJECT: 0.0, FIRST_TASK: 0.0, FIRST_TASK_LATER: 2.0}  # (pause)
 # The start added by isolation: (isolated, shared), paired by round.
 ENGINE_PAIRS = {"fresh": ("time-isolated", "time-shared"),
                 "pooled": ("time-isolated-pooled", "time-shared-pooled"),
+                "first_task_new_project": (FIRST_TASK_NEW_PROJECT, "time-shared"),
                 "first_task": (FIRST_TASK, "time-shared"),
                 "first_task_after_2s": (FIRST_TASK_LATER, "time-shared")}  # fmt: skip
 PROJECT_OWNER = (1000, 1000)
@@ -214,13 +222,29 @@ def give_to_owner(project: Path) -> None:
             os.lchown(name, *PROJECT_OWNER)
 
 
-async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any]:
+def new_projects(project: Path, count: int) -> list[Path]:
+    """``count`` copies of ``project`` (its ``.git`` too) beside it, each a project no session
+    had before (its own device and inode: no spare of it kept), written to the disk before
+    anything is measured."""
+    made = []
+    for index in range(count):
+        copy = project.parent / f"new-project-{index}"
+        subprocess.run(["cp", "-a", str(project), str(copy)], check=True)
+        made.append(copy)
+    subprocess.run(["sync"], check=True)
+    return made
+
+
+async def engine_rounds(
+    project: Path, work: Path, rounds: int, others: list[Path]
+) -> dict[str, Any]:
     """One orchestrator, one session on /mcp with ``project`` mounted; per round one call of
     each service in an order rotating each round, each on a quiet engine (the pools full, no
-    per-call container left), then two sessions of their own whose one call is an isolated one,
-    a session's first task: FIRST_TASK called at once (its spare copy, begun a second after the
-    session's start, not begun yet: the task stops it and copies the project whole),
-    FIRST_TASK_LATER two seconds after the handshake (its spare made). Per call: its round
+    per-call container left), then three sessions of their own whose one call is an isolated
+    one, a session's first task (FIRST_TASKS): at once on one of ``others`` (one a round, the
+    warm-up's included: a project no session had, copied whole), at once on ``project`` (the
+    spare the session before left, kept after its end) and two seconds after the handshake
+    (its spare taken at the start, or its own made meanwhile). Per call: its round
     trip (the client's clock) and its container's start (the audit record's ``start_ms``:
     from the call's container asked for to its server's stdio connected, the copy
     included). In the long session each isolated call starts on the spare copy the one before
@@ -228,12 +252,14 @@ async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any
     suite = engine_suite(work / "suite.yaml", project.parent)
     orch = await engine.start_orchestrator(suite, work / "orchestrator.log")
     pooled = sum(warm for _, warm in ENGINE_SERVICES.values())
-    round_trips: dict[str, list[float]] = {
-        name: [] for name in [*ENGINE_SERVICES, FIRST_TASK, FIRST_TASK_LATER]
-    }
+    round_trips: dict[str, list[float]] = {name: [] for name in [*ENGINE_SERVICES, *FIRST_TASKS]}
     first_task = {**ENGINE_TOOL, "name": f"time-isolated__{ENGINE_TOOL['name']}"}
     try:
-        query = "tools=all&mount=" + urllib.parse.quote(f"{project}:/workspace", safe="")
+
+        def query_of(mounted: Path) -> str:
+            return "tools=all&mount=" + urllib.parse.quote(f"{mounted}:/workspace", safe="")
+
+        query = query_of(project)
         async with websocket_session(orch.fabric_ws_url(query), subprotocols=["mcp"]) as rpc:
             await handshake(rpc)
             names = list(ENGINE_SERVICES)
@@ -247,10 +273,11 @@ async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any
                     check_result(answer, name)
                     if index >= 0:
                         round_trips[name].append(elapsed / 1e6)
-                for name, pause in ((FIRST_TASK, 0.0), (FIRST_TASK_LATER, 2.0)):
+                for name, pause in FIRST_TASKS.items():
                     await quiet(orch, pooled)
+                    mounted = others[index + 1] if name == FIRST_TASK_NEW_PROJECT else project
                     async with websocket_session(
-                        orch.fabric_ws_url(query), subprotocols=["mcp"]
+                        orch.fabric_ws_url(query_of(mounted)), subprotocols=["mcp"]
                     ) as first:
                         await handshake(first)
                         await trio.sleep(pause)
@@ -269,7 +296,7 @@ async def engine_rounds(project: Path, work: Path, rounds: int) -> dict[str, Any
 def engine_records(
     audited: list[dict[str, Any]], round_trips: dict[str, list[float]]
 ) -> dict[str, Any]:
-    """Per service (and FIRST_TASK) the containers' starts in order, and whether each was a
+    """Per service (and FIRST_TASKS) the containers' starts in order, and whether each was a
     pooled one, the warm-up round's left out."""
     starts: dict[str, list[float]] = {name: [] for name in round_trips}
     pooled_starts: dict[str, list[bool]] = {name: [] for name in round_trips}
@@ -277,13 +304,13 @@ def engine_records(
         r for r in audited if r.get("event") == "container_start" and r.get("service") in starts
     ]
     # The long session is the one with a container of every service; the others are each
-    # round's first tasks, one called at once then one a second after.
+    # round's first tasks, in FIRST_TASKS' order.
     [long_session] = {r["session"] for r in records if r["service"] == "time-shared"}
     firsts = 0
     for started in records:
         name = started["service"]
         if started["session"] != long_session:
-            name, firsts = (FIRST_TASK, FIRST_TASK_LATER)[firsts % 2], firsts + 1
+            name, firsts = list(FIRST_TASKS)[firsts % len(FIRST_TASKS)], firsts + 1
         starts[name].append(float(started["start_ms"]))
         pooled_starts[name].append(bool(started.get("pooled")))
     for name, values in starts.items():  # (the warm-up's)
@@ -312,7 +339,7 @@ def engine_figures(measured: dict[str, Any]) -> dict[str, Any]:
             "round_trip": summary(measured["round_trip"][name]),
             "pooled_starts": sum(measured["pooled"][name]),
         }
-        for name in [*ENGINE_SERVICES, FIRST_TASK, FIRST_TASK_LATER]
+        for name in [*ENGINE_SERVICES, *FIRST_TASKS]
     }
     for pair, (isolated, shared) in ENGINE_PAIRS.items():
         # A pooled pair's round counts only when both calls got a pooled container.
@@ -381,7 +408,9 @@ def main() -> int:
         if args.engine_rounds:
             work = root / "engine"
             work.mkdir()
-            engine = engine_figures(trio.run(engine_rounds, project, work, args.engine_rounds))
+            others = new_projects(project, args.engine_rounds + 1)
+            measured = trio.run(engine_rounds, project, work, args.engine_rounds, others)
+            engine = engine_figures(measured)
     results = {
         "files": args.files,
         "repeats": args.repeats,

@@ -26,6 +26,10 @@ import trio
 
 T = TypeVar("T")
 
+# Beyond its work's own deadline (a copy's git steps and files), how long an owner's stop waits
+# for the thread to end before it gives up on it (and leaves what it made to a later cleanup).
+STOP_MARGIN_SECONDS = 10.0
+
 
 class BackgroundThread(Generic[T]):
     """``work(stopped)`` in a thread of its own, started at once."""

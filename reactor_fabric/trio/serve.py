@@ -15,6 +15,7 @@ Ownership tree::
     │                          a teardown cut short, as they come
     ├── CatalogService.learn   what each service offers (cache, else a probe), for /mcp
     ├── WarmPool.run           started, idle containers for services with `warm` (warm_pool)
+    ├── Spares.run             ended sessions' spare copies, kept for a while (spares)
     ├── HttpSessions.run       one task per Streamable HTTP session → serve_session
     └── connections (nursery)
         ├── serve_http         the accept loop (HTTP and WebSocket on one port)
@@ -241,6 +242,15 @@ class Orchestrator:
         self._stop_requested.set()
 
 
+async def _start_starters_own(root: trio.Nursery, starter: ContainerStarter) -> None:
+    """The container starter's own background work: its warm pool, and the spare copies of
+    ended sessions, kept for a while (:meth:`.spares.Spares.run`)."""
+    if starter.pool is not None:
+        await root.start(starter.pool.run)
+    if starter.workspaces is not None:
+        await root.start(starter.workspaces.spares.run)
+
+
 async def serve_orchestrator(
     fabric: Fabric,
     listener: socket.socket,
@@ -307,8 +317,7 @@ async def serve_orchestrator(
                     deferred=starter.deferred,
                 )
             )
-            if starter.pool is not None:
-                await root.start(starter.pool.run)
+            await _start_starters_own(root, starter)
             await root.start(http_sessions.run)
             await root.start(hand_audit_over_later, fabric.observer)
             await root.start(fabric.catalog.learn)  # in the background: serving does not wait

@@ -302,7 +302,7 @@ async def _serve_session(
                 parts, channel, service_name, decision.service, record, lease=lease
             )
         progress.driver = driver
-        # The copy its first isolated task starts on, begun a second from now (trio/workspaces.py).
+        # The copy its first isolated task starts on: kept, or begun a second from now (spares.py).
         relayed = {service_name: decision.service} if decision.service is not None else None
         await _begin_spares(parts.starter, record, relayed or parts.suite.mcp_services)
         await driver.run(first_frame, decision.first)
@@ -311,7 +311,7 @@ async def _serve_session(
             if parts.starter.workspaces is not None:
                 # Its spare copies (shielded, bounded), before it is counted out: a waiter for
                 # the registry's change finds them gone.
-                await parts.starter.workspaces.end_session(session_id)
+                await parts.starter.workspaces.spares.end_session(session_id)
         finally:
             parts.registry.release(session_id)
         log.info("session_ended", extra={"session": session_id, "service": service_name})
@@ -337,7 +337,7 @@ async def _begin_spares(
     workspaces = starter.workspaces
     isolated = {n: s for n, s in services.items() if s.workspace_mode == "isolated"}
     writable = [m for m in record.mounts if not m.read_only and not m.git_guard]
-    if workspaces is None or not workspaces.spares_wanted or not isolated or len(writable) != 1:
+    if workspaces is None or not workspaces.spares.wanted or not isolated or len(writable) != 1:
         return
     try:
         pins, account, _mounts = await starter.prepare_start(record.mounts)
@@ -351,7 +351,7 @@ async def _begin_spares(
         assert project is not None  # every mount is pinned
         owners = {runs_as(n, s, starter.identity, account) for n, s in isolated.items()}
         for owner in owners:
-            workspaces.make_session_spare(record.id, project, (owner.uid, owner.gid))
+            workspaces.spares.make_for_session(record.id, project, (owner.uid, owner.gid))
     except OSError as exc:  # (e.g. out of descriptors: the tasks copy the project whole)
         log.info("workspace_spare_not_begun", extra={"session": record.id, "detail": str(exc)})
     finally:

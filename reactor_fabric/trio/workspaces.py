@@ -24,14 +24,9 @@ stdio, starts — the container; :meth:`TaskCopy.filled` is the container's gate
 (:data:`~reactor_fabric.runtime.base.Gate`): its server runs once the copy is whole. So a task
 waits for its copy only as long as the copy takes beyond the container's own start.
 
-A session's next task starts on a spare copy where it can (:mod:`reactor_fabric.workspace.
-spare`): one per session, account and project, begun a second after the session's start when its
-services include an isolated one (:mod:`reactor_fabric.trio.session` asks) and again once each task
-from the working tree has its container started, in a thread of its own; the task moves it to
-its own name and brings it up to date instead of copying the whole project (a task that comes
-while its spare is still being made stops it and copies the project whole). A spare is at most
-``orchestrator.workspaces.spare_max_size`` (a larger project gets none, in any session, for
-:data:`SPARE_RETRY_SECONDS`); the session's end stops and removes its spares.
+A task from the working tree starts on a spare copy where there is one (:mod:`.spares`: its
+session's, begun ahead, or one an earlier session on the project left): moved to the task's
+name and brought up to date instead of the whole project copied.
 
 Resource handling: a copy handed out with its container's start is the caller's: if the start
 is cancelled or fails, :meth:`TaskWorkspaces.discard` stops the filling, waits for its thread
@@ -44,10 +39,8 @@ removes the copy, whatever happened.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
-import math
 import os
 import posixpath
 import secrets
@@ -59,11 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import outcome
 import trio
 
 from .._errors import FabricError, WorkspaceRefused
-from .._reasons import WORKSPACE_FAILED, WORKSPACE_TOO_LARGE
+from .._reasons import WORKSPACE_FAILED
 from ..config.structs import Workspaces
 from ..observe.observer import Observer
 from ..policy.mount_spec import MountSpec
@@ -81,8 +73,9 @@ from ..workspace import (
     record,
 )
 from ..workspace import remove as remove_copy
-from ..workspace.spare import Spare, make_spare, refresh
-from .background_thread import BackgroundThread
+from ..workspace.spare import refresh
+from .background_thread import STOP_MARGIN_SECONDS, BackgroundThread
+from .spares import SpareRecipe, Spares
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +90,6 @@ _OWNER_FILE = "owner.json"
 # The most a task's recording may take at its container's removal, beyond which the copy is
 # removed unrecorded (the answer says so); each git step is bounded by Bounds.step_seconds.
 RECORD_SECONDS = 300.0
-# A session's first spare copy is begun this long after the session (a client's first task
-# comes when its model asks for it, seconds after it connected; one asked for at once copies
-# the project as it would without spares, and no spare's copy competes with it for the cores).
-SESSION_SPARE_DELAY_SECONDS = 1.0
-# How long a project found too large for a spare copy gets none (it may have been cleaned).
-SPARE_RETRY_SECONDS = 600.0
-# Beyond a copy's own deadline, how long its removal waits for its filling to stop.
-STOP_MARGIN_SECONDS = 10.0
 
 
 def default_parent(environ: dict[str, str] | None = None) -> str:
@@ -219,27 +204,6 @@ def _cancelled() -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class SpareRecipe:
-    """Whose spare copy of which project (a session's: no other session ever takes it) and
-    how to make it."""
-
-    session: str
-    copy_owner: tuple[int, int]  # (uid, gid) the copy's files belong to
-    project: tuple[int, int]  # (device, inode) of the pinned project
-    repository_owner: tuple[int, int]
-
-
-@dataclass
-class SpareSlot:
-    """A spare copy of a session's, being made (``making``), or made and waiting for a
-    task."""
-
-    session: str
-    directory: str
-    making: BackgroundThread[Spare]
-
-
 @dataclass
 class TaskCopy:
     """One task's copy while its container starts and runs: what :meth:`TaskWorkspaces.
@@ -279,20 +243,7 @@ class TaskWorkspaces:
         self.area = area
         self.bounds = Bounds(max_files=bounds.max_files, max_bytes=bounds.max_size_bytes)
         self._observer = observer
-        self.spares_wanted = bounds.spare
-        self.session_spare_delay = SESSION_SPARE_DELAY_SECONDS
-        self._spare_bounds = Bounds(
-            max_files=bounds.max_files,
-            max_bytes=min(bounds.max_size_bytes, bounds.spare_max_size_bytes),
-        )
-        # At most one spare per session, copy owner and project (see reactor_fabric.workspace.
-        # spare): made at the session's start and after a task's, taken by the next task,
-        # dropped with the session. A project found over spare_max_size gets none for a while,
-        # in any session: by (device, inode), until when (trio's clock).
-        self._spares: dict[SpareRecipe, SpareSlot] = {}
-        self._stopping: list[SpareSlot] = []  # (told to stop by a task that came too soon)
-        self._too_large_for_spares: dict[tuple[int, int], float] = {}
-        self._spare_names = itertools.count(1)
+        self.spares = Spares(area.directory, bounds)
 
     async def make(
         self,
@@ -320,7 +271,7 @@ class TaskWorkspaces:
             raise
         directory = self.area.directory(name)
         recipe = SpareRecipe(facts.session, account, (pin.device, pin.inode), pin.owner)
-        spare = self._take_spare(recipe) if base is None else None
+        spare = self.spares.take(recipe) if base is None else None
 
         def work() -> tuple[Begun, Pin]:
             # Short (a git process or two, or a rename): not interrupted, waited for if
@@ -376,117 +327,7 @@ class TaskWorkspaces:
         (unless one is made or being made): called once the task's container started, so that
         its copy and the spare do not share the two cores."""
         if task.next_spare is not None:
-            self._begin_spare(task.next_spare, task.begun.project_fd)
-
-    def make_session_spare(self, session: str, project: Pin, copy_owner: tuple[int, int]) -> None:
-        """Begin a spare copy of the pinned ``project`` for ``session``'s first isolated task
-        (its files ``copy_owner``'s: the account its container will run as),
-        :attr:`session_spare_delay` seconds from now — unless a task comes first: it stops the
-        spare and copies as it would without one."""
-        recipe = SpareRecipe(session, copy_owner, (project.device, project.inode), project.owner)
-        self._begin_spare(recipe, project.fd, after=self.session_spare_delay)
-
-    def _begin_spare(self, recipe: SpareRecipe, project_fd: int, *, after: float = 0.0) -> None:
-        """Make the spare of ``recipe`` in a thread of its own, on a descriptor of its own (a
-        dup of ``project_fd``, closed by the thread), ``after`` seconds."""
-        too_large_until = self._too_large_for_spares.get(recipe.project, -math.inf)
-        if (
-            not self.spares_wanted
-            or recipe in self._spares
-            or too_large_until > trio.current_time()
-        ):
-            return
-        directory = self.area.directory(f"spare-{next(self._spare_names)}")
-        fd = os.dup(project_fd)
-        bounds = self._spare_bounds
-
-        def work(stopped: Callable[[], bool]) -> Spare:
-            try:
-                waited_until = time.monotonic() + after
-                while time.monotonic() < waited_until:
-                    if stopped():
-                        raise InterruptedError("stopped before it began")
-                    time.sleep(0.01)
-                begun = begin(
-                    fd, recipe.repository_owner, directory, base=None, bounds=bounds,
-                    copy_owner=recipe.copy_owner,
-                )  # fmt: skip
-                spare = make_spare(begun, stopped)
-            finally:
-                os.close(fd)
-            log.info(
-                "workspace_spare_made",
-                extra={"session": recipe.session, "files": len(spare.entries)},
-            )
-            return spare
-
-        making = BackgroundThread(work, name=f"reactor-fabric spare {directory}")
-        self._spares[recipe] = SpareSlot(recipe.session, directory, making)
-
-    def _take_spare(self, recipe: SpareRecipe) -> Spare | None:
-        """The spare made for ``recipe``, if there is one (taken: it is the caller's); None when
-        it failed (it removed what it made). One still being made is told to stop (its
-        removal is the session's end's): the task copies the project whole rather than wait
-        for it — waiting, the copy could not be made beside the container's start — or make
-        its copy beside it on the two cores."""
-        slot = self._spares.pop(recipe, None)
-        if slot is None:
-            return None
-        if not slot.making.done:
-            slot.making.request_stop()
-            self._stopping.append(slot)
-            return None
-        made = slot.making.outcome
-        if isinstance(made, outcome.Value):
-            spare: Spare = made.value
-            return spare
-        error = made.error if isinstance(made, outcome.Error) else None
-        if getattr(error, "reason", None) == WORKSPACE_TOO_LARGE:
-            # Its tasks copy it whole; a spare is not begun again for a while.
-            now = trio.current_time()
-            self._too_large_for_spares = {
-                project: until
-                for project, until in self._too_large_for_spares.items()
-                if until > now
-            }
-            self._too_large_for_spares[recipe.project] = now + SPARE_RETRY_SECONDS
-        log.info("workspace_spare_failed", extra={"session": recipe.session, "detail": str(error)})
-        return None
-
-    def spares(self) -> list[SpareSlot]:
-        """The spare copies, made or being made."""
-        return list(self._spares.values())
-
-    async def end_session(self, session: str) -> None:
-        """Drop ``session``'s spares (shielded; bounded by their deadlines): stopped if still
-        being made, removed."""
-        dropped = [self._spares.pop(r) for r in list(self._spares) if r.session == session]
-        dropped += [slot for slot in self._stopping if slot.session == session]
-        self._stopping = [slot for slot in self._stopping if slot.session != session]
-        with trio.CancelScope(shield=True):
-            for slot in dropped:
-                await self._drop_spare(slot)
-
-    async def close(self) -> None:
-        """Drop every spare (at the serving's end, before the area goes)."""
-        with trio.CancelScope(shield=True):
-            while self._spares:
-                await self._drop_spare(self._spares.pop(next(iter(self._spares))))
-            while self._stopping:
-                await self._drop_spare(self._stopping.pop())
-
-    async def _drop_spare(self, slot: SpareSlot) -> None:
-        if not await slot.making.stop(self.bounds.step_seconds + STOP_MARGIN_SECONDS):
-            log.error("workspace_spare_stuck", extra={"directory": slot.directory})
-            return  # (left to the area's removal)
-        if isinstance(slot.making.outcome, outcome.Value):
-            try:
-                await trio.to_thread.run_sync(remove_copy, slot.directory)
-            except OSError as exc:  # (left to the area's removal)
-                log.error(
-                    "workspace_spare_not_removed",
-                    extra={"directory": slot.directory, "detail": str(exc)},
-                )
+            self.spares.begin(task.next_spare, task.begun.project_fd)
 
     async def finish(self, task: TaskCopy) -> tuple[dict[str, Any] | None, str | None]:
         """Record what the task changed (its container is gone), audit it, remove the copy:
@@ -579,7 +420,7 @@ async def close_workspaces(workspaces: TaskWorkspaces) -> None:
     """Remove the area (shielded): every container is gone, so is every task's copy; the
     spares' threads are stopped first."""
     with trio.CancelScope(shield=True):
-        await workspaces.close()
+        await workspaces.spares.close()
         await trio.to_thread.run_sync(workspaces.area.close)
 
 

@@ -64,6 +64,12 @@ class Spare:
     sources: dict[bytes, SourceStamp] = field(repr=False)
     begun_ns: int
     listings: Listings = field(repr=False)
+    algorithm: str = "sha1"  # the repository's object format (its entries' blob ids)
+
+    @property
+    def size(self) -> int:
+        """The bytes of its files (what it holds of the memory of the copies' directory)."""
+        return sum(entry.stamp[1] for entry in self.entries.values() if entry.stamp is not None)
 
 
 def make_spare(begun: Begun, cancelled: Cancelled) -> Spare:
@@ -84,7 +90,7 @@ def make_spare(begun: Begun, cancelled: Cancelled) -> Spare:
     except BaseException:
         remove(begun.directory)
         raise
-    return Spare(begun.directory, entries, sources, begun_ns, listings)
+    return Spare(begun.directory, entries, sources, begun_ns, listings, begun.algorithm)
 
 
 def refresh(begun: Begun, spare: Spare, cancelled: Cancelled) -> Workspace:
@@ -92,12 +98,16 @@ def refresh(begun: Begun, spare: Spare, cancelled: Cancelled) -> Workspace:
     (:func:`~.copying.begin` with ``spare=``) and brought up to the working tree as the
     client has it now; what :func:`~.copying.fill` returns, for a copy made faster."""
     try:
-        listings = read_listings(begun, known=spare.listings)
+        known = spare.listings if spare.algorithm == begun.algorithm else None
+        listings = read_listings(begun, known=known)
         assert listings.working_tree is not None  # (no base)
         paths, submodules = wanted(*listings.working_tree)
         with opened_target(begun) as target_fd:
             making = Making(target_fd, begun.budget(), begun.copy_owner, begun.deadline, cancelled)
-            kept = _unchanged(begun.project_fd, paths, spare, making)
+            # (a spare of a repository in another object format — its project's directory
+            # removed, another made with the same inode — keeps nothing: its ids are not ids)
+            same_format = spare.algorithm == begun.algorithm
+            kept = _unchanged(begun.project_fd, paths, spare, making) if same_format else {}
             _clear(target_fd, spare.entries, kept)
             copied = copy_paths(
                 (path for path in paths if path not in kept),

@@ -213,16 +213,17 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
         await ws.send_json(request(2, "look"))
         entries = (await ws.hear())["result"]["entries"]
         assert len(entries) == FILES + 1  # and log.txt: the whole copy, at the first request
-        if not warm:
-            # The spare the first call's start began, made: the next call starts on it.
-            await trio.to_thread.run_sync(
-                functools.partial(
-                    wait_until,
-                    lambda: any(e["event"] == "workspace_spare_made" for e in running.logs()),
-                    timeout=60,
-                    what="the session's spare copy made",
-                )
+        # The spare the first call's start began, made: the next call starts on it, or the
+        # next session's first (it is kept after the session).
+        await trio.to_thread.run_sync(
+            functools.partial(
+                wait_until,
+                lambda: any(e["event"] == "workspace_spare_made" for e in running.logs()),
+                timeout=60,
+                what="the session's spare copy made",
             )
+        )
+        if not warm:
             await ws.send_json(request(3, "at_start"))
             # (a container per call: this one's server started on the whole copy too)
             assert (await ws.hear())["result"]["files"] == FILES + 1
@@ -235,14 +236,28 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
             await pooled_ready(running, 1)
             await one_session(running)
             await pooled_ready(running, 2)
+            # (its spare kept: the next session takes it at its start)
+            await trio.to_thread.run_sync(
+                functools.partial(
+                    wait_until,
+                    lambda: any(e["event"] == "session_ended" for e in running.logs()),
+                    timeout=60,
+                    what="the first session ended",
+                )
+            )
         await one_session(running)
 
     with orchestrator(suite, tmp_path / "o.log") as running:
         trio.run(scenario, running)
-        started = [e for e in running.logs() if e["event"] == "container_started"]
+        logs = running.logs()
+    started = [e for e in logs if e["event"] == "container_started"]
     assert started[-1]["pooled"] is bool(warm)
     # A session's task asked for at once copies the project whole (its spare is begun a
     # second after the session opened); the next one starts on the spare the first one's
-    # start began, brought up to date: the whole copy all the same.
+    # start began, brought up to date: the whole copy all the same — the session's next
+    # task (fresh), or the next session's first (pooled: the spare kept after the first
+    # session, taken by the second at its start).
     spared = [e["workspace_spare"] for e in started if "workspace_spare" in e]
-    assert spared == ([False, False] if warm else [False, True])  # (pooled: two sessions)
+    assert spared == [False, True]
+    kept_taken = sum(e["event"] == "workspace_spare_kept_taken" for e in logs)
+    assert kept_taken == (1 if warm else 0)

@@ -25,8 +25,9 @@ from reactor_fabric.observe.observer import Observer
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.memory import MemoryServer
+from reactor_fabric.trio.background_thread import BackgroundThread
+from reactor_fabric.trio.spares import SESSION_SPARE_DELAY_SECONDS, Spares, SpareSlot
 from reactor_fabric.trio.workspaces import (
-    SESSION_SPARE_DELAY_SECONDS,
     TaskWorkspaces,
     close_workspaces,
     open_workspaces,
@@ -132,7 +133,7 @@ async def isolated_served(
         )
         assert workspaces is not None
         # (a session's spare is begun at once: the tests ask for what they need when)
-        workspaces.session_spare_delay = session_spare_delay
+        workspaces.spares.session_delay = session_spare_delay
         http.fabric.starter.workspaces = workspaces
         yield http
 
@@ -159,21 +160,31 @@ def copies(root: Path) -> list[str]:
 
 
 async def no_copies_left(http: Served, root: Path) -> None:
-    """Once the sessions are over (a session's end, shortly after its client left, removes its
-    spare copy): no copy is left in the area."""
+    """Once the sessions are over (a session's end, shortly after its client left, keeps its
+    spare copy when it was made, else removes it): no copy is left in the area but the
+    spares kept for the next session, at most one per project."""
     with trio.fail_after(10):
         while http.fabric.registry.sessions:
             await http.fabric.registry.changed.wait()
-    assert copies(root) == []
+    workspaces = http.fabric.starter.workspaces
+    assert workspaces is not None
+    kept = [spare.directory for spare in workspaces.spares.kept()]
+    assert sorted(copies(root)) == sorted(f"i1/{posixpath.basename(k)}" for k in kept)
+
+
+def making(slot: SpareSlot) -> BackgroundThread[Spare]:
+    """The thread making ``slot``'s spare (one made for its session, not a kept one)."""
+    assert slot.making is not None
+    return slot.making
 
 
 async def spare_made(http: Served) -> str:
     """The one spare copy, once it is made: its directory."""
     workspaces = http.fabric.starter.workspaces
     assert workspaces is not None
-    [slot] = workspaces.spares()
+    [slot] = workspaces.spares.slots()
     with trio.fail_after(10):
-        await slot.making.result()
+        await making(slot).result()
     return slot.directory
 
 
@@ -431,17 +442,17 @@ async def test_a_start_cancelled_while_it_takes_its_spare_or_refreshes_it_leaves
         "i1", owner, Workspaces(), Observer(), parent=str(tmp_path / "areas")
     )
     assert workspaces is not None
-    workspaces.session_spare_delay = 0.0
+    workspaces.spares.session_delay = 0.0
     facts = TaskFacts(service="agent", task="t", session="s", call="1", trace="-")
     mount = MountSpec(str(project), "/workspace")
     descriptors = set(os.listdir("/proc/self/fd"))
     outcomes = []
     for delay in (0.0, 0.01, 0.05, 0.2, 10.0):
         session_pins = pin_mounts([mount])
-        workspaces.make_session_spare("s", session_pins.pins[0], (0, 0))
+        workspaces.spares.make_for_session("s", session_pins.pins[0], (0, 0))
         session_pins.close()
-        [slot] = workspaces.spares()
-        await slot.making.wait()  # (made: the start takes it, and is cancelled in its refresh)
+        [slot] = workspaces.spares.slots()
+        await making(slot).wait()  # (made: the start takes it, and is cancelled in its refresh)
         pins = pin_mounts([mount])
         made = None
         with trio.move_on_after(delay) as scope:
@@ -455,7 +466,7 @@ async def test_a_start_cancelled_while_it_takes_its_spare_or_refreshes_it_leaves
             handed.close()
             await workspaces.discard(copy)
         outcomes.append(scope.cancelled_caught)
-        await workspaces.end_session("s")
+        await workspaces.spares.end_session("s")
         assert copies(tmp_path) == []
         assert pins.closed or made is not None  # (closed by make, or handed over)
     assert outcomes[0]
@@ -636,13 +647,13 @@ async def test_a_spare_copy_is_its_session_s_only(tmp_path: Path) -> None:
         other = await session(http, project)
         workspaces = http.fabric.starter.workspaces
         assert workspaces is not None
-        slots = workspaces.spares()
+        slots = workspaces.spares.slots()
         assert len({slot.session for slot in slots}) == 2  # one each
         [theirs] = [slot for slot in slots if slot.session != slots[-1].session]
         await other.send_json(write(2, "b.txt", "b\n"))
         await other.hear()
-        await theirs.making.wait()
-        assert theirs in workspaces.spares()  # not taken by the other session's task
+        await making(theirs).wait()
+        assert theirs in workspaces.spares.slots()  # not taken by the other session's task
         assert f"i1/{posixpath.basename(theirs.directory)}" in copies(tmp_path)
         await first.aclose()
         await other.aclose()
@@ -661,7 +672,7 @@ async def test_without_spares_every_task_copies_the_whole_project(
             await ws.hear()
             workspaces = http.fabric.starter.workspaces
             assert workspaces is not None
-            assert workspaces.spares() == []  # (none begun: it would be by the answer)
+            assert workspaces.spares.slots() == []  # (none begun: it would be by the answer)
         assert spared(caplog) == [False, False]
         await ws.aclose()
 
@@ -677,16 +688,16 @@ async def test_a_project_over_the_spares_bound_gets_none_for_a_while_and_is_copi
         ws = await session(http, project)
         workspaces = http.fabric.starter.workspaces
         assert workspaces is not None
-        [slot] = workspaces.spares()
-        await slot.making.wait()
+        [slot] = workspaces.spares.slots()
+        await making(slot).wait()
         for request_id in (2, 3):
             await ws.send_json(write(request_id, f"{request_id}.txt", "x\n"))
             answer = await ws.hear()
             assert answer["result"]["structuredContent"]["workspace"]["files_changed"] == 1
-            assert workspaces.spares() == []  # (not tried again for this project)
+            assert workspaces.spares.slots() == []  # (not tried again for this project)
         assert spared(caplog) == [False, False]
         other = await session(http, project)  # (nor for another session, for a while)
-        assert workspaces.spares() == []
+        assert workspaces.spares.slots() == []
         await other.aclose()
         await ws.aclose()
         await no_copies_left(http, tmp_path)
@@ -704,7 +715,7 @@ def _held_spares(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, thre
             stopped_while_made.set()
         return make_spare(begun, stopped)  # (stopped: removes its directory, raises)
 
-    monkeypatch.setattr("reactor_fabric.trio.workspaces.make_spare", held_spare)
+    monkeypatch.setattr("reactor_fabric.trio.spares.make_spare", held_spare)
     return release, stopped_while_made
 
 
@@ -736,14 +747,15 @@ async def test_a_task_asked_for_before_the_session_s_spare_began_copies_the_proj
         ws = await session(http, project)
         workspaces = http.fabric.starter.workspaces
         assert workspaces is not None
-        [slot] = workspaces.spares()
+        [slot] = workspaces.spares.slots()
         await ws.send_json(write(2, "notes.txt", "x\n"))
         await ws.hear()
         assert spared(caplog) == [False]
         with trio.fail_after(1):  # (well before it would have begun)
-            await slot.making.wait()
-        assert isinstance(slot.making.outcome, outcome.Error)
-        assert isinstance(slot.making.outcome.error, InterruptedError)
+            await making(slot).wait()
+        stopped = making(slot).outcome
+        assert isinstance(stopped, outcome.Error)
+        assert isinstance(stopped.error, InterruptedError)
         await ws.aclose()
         await no_copies_left(http, tmp_path)
 
@@ -757,10 +769,10 @@ async def test_a_session_that_ends_while_its_spare_is_made_leaves_nothing(
         ws = await session(http, project)
         workspaces = http.fabric.starter.workspaces
         assert workspaces is not None
-        assert [slot.making.done for slot in workspaces.spares()] == [False]  # (being made)
+        assert [making(slot).done for slot in workspaces.spares.slots()] == [False]  # (being made)
         await ws.aclose()
         await no_copies_left(http, tmp_path)
-        assert workspaces.spares() == []
+        assert workspaces.spares.slots() == []
         assert stopped_while_made.is_set()
 
 
@@ -774,7 +786,7 @@ async def test_a_relay_session_begins_a_spare_too_and_a_suite_with_no_isolated_s
         ws = await session(http, project)
         workspaces = http.fabric.starter.workspaces
         assert workspaces is not None
-        assert workspaces.spares() == []
+        assert workspaces.spares.slots() == []
         await ws.aclose()
     relayed = tmp_path / "relayed"
     relayed.mkdir()
@@ -782,7 +794,7 @@ async def test_a_relay_session_begins_a_spare_too_and_a_suite_with_no_isolated_s
         relay = await relay_session(http, repository(relayed))
         workspaces = http.fabric.starter.workspaces
         assert workspaces is not None
-        assert len(workspaces.spares()) == 1
+        assert len(workspaces.spares.slots()) == 1
         await relay.aclose()
         await no_copies_left(http, relayed)
 
@@ -795,7 +807,7 @@ async def test_a_spare_that_cannot_be_begun_leaves_the_session_working(
     def out_of_descriptors(*_args: object) -> None:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(TaskWorkspaces, "make_session_spare", out_of_descriptors)
+    monkeypatch.setattr(Spares, "make_for_session", out_of_descriptors)
     project = repository(tmp_path)
     async with isolated_served(tmp_path) as http:
         ws = await session(http, project)
@@ -806,3 +818,144 @@ async def test_a_spare_that_cannot_be_begun_leaves_the_session_working(
         assert [r for r in caplog.records if r.msg == "workspace_spare_not_begun"]
         await ws.aclose()
         await no_copies_left(http, tmp_path)
+
+
+# --- spares kept after their session -----------------------------------------------------------
+
+
+@asynccontextmanager
+async def keeping(http: Served) -> AsyncIterator[TaskWorkspaces]:
+    """The served workspaces with their keeper running (serve.py starts it in the root
+    nursery), cancelled at the block's end."""
+    workspaces = http.fabric.starter.workspaces
+    assert workspaces is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(workspaces.spares.run)
+        yield workspaces
+        nursery.cancel_scope.cancel()
+
+
+async def sessions_over(http: Served) -> None:
+    with trio.fail_after(10):
+        while http.fabric.registry.sessions:
+            await http.fabric.registry.changed.wait()
+
+
+async def test_a_session_s_spare_is_kept_for_the_next_session_whose_first_task_starts_on_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client's next session on the project (as when it reconnects, or opens another
+    conversation) takes the spare its last one left: a task asked for at once starts on it,
+    brought up to the working tree as it is now."""
+    caplog.set_level("INFO", logger="reactor_fabric")
+    project = repository(tmp_path)
+    (project / "gone.txt").write_text("removed before the next session\n")
+    async with isolated_served(tmp_path) as http:
+        first = await session(http, project)
+        spare = await spare_made(http)
+        await first.aclose()
+        await sessions_over(http)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        assert [kept.directory for kept in workspaces.spares.kept()] == [spare]
+        # The client works on between its sessions.
+        (project / "gone.txt").unlink()
+        (project / "README.md").write_text("edited between the sessions\n")
+        second = await session(http, project)
+        assert workspaces.spares.kept() == []  # (the session's now)
+        await second.send_json(write(2, "notes.txt", "at once\n"))
+        answer = (await second.hear())["result"]["structuredContent"]["workspace"]
+        assert spared(caplog) == [True]
+        assert [r for r in caplog.records if r.msg == "workspace_spare_kept_taken"]
+        branch = answer["branch"]
+        assert git(project, "show", f"{branch}~1:README.md") == "edited between the sessions"
+        listed = git(project, "ls-tree", "-r", "--name-only", branch).split()
+        assert sorted(listed) == ["README.md", "notes.txt"]  # (gone.txt: gone)
+        await second.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_a_kept_spare_goes_only_to_a_session_on_the_same_project(tmp_path: Path) -> None:
+    project = repository(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other_project = repository(elsewhere)
+    async with isolated_served(tmp_path) as http:
+        first = await session(http, project)
+        spare = await spare_made(http)
+        await first.aclose()
+        await sessions_over(http)
+        other = await session(http, other_project)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        [slot] = workspaces.spares.slots()
+        assert slot.kept is None  # (its own, being made)
+        assert slot.directory != spare
+        assert [kept.directory for kept in workspaces.spares.kept()] == [spare]
+        await making(slot).wait()
+        await other.aclose()
+        await sessions_over(http)
+        assert len(workspaces.spares.kept()) == 2  # (one per project)
+        await no_copies_left(http, tmp_path)
+
+
+async def test_a_session_ending_while_its_spare_is_made_leaves_it_kept_once_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release, stopped_while_made = _held_spares(monkeypatch)
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http, keeping(http) as workspaces:
+        ws = await session(http, project)
+        [slot] = workspaces.spares.slots()
+        await ws.aclose()
+        await sessions_over(http)
+        assert workspaces.spares.kept() == []  # (still being made)
+        release.set()
+        with trio.fail_after(10):
+            await making(slot).wait()
+            while not workspaces.spares.kept():  # noqa: ASYNC110 - kept by its keeper's task
+                await trio.sleep(0.01)
+        assert [kept.directory for kept in workspaces.spares.kept()] == [slot.directory]
+        assert not stopped_while_made.is_set()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_kept_spares_are_removed_when_they_expire_and_beyond_their_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("reactor_fabric.trio.spares.KEPT_SPARES", 1)
+    projects = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        projects.append(repository(tmp_path / name))
+    async with isolated_served(tmp_path) as http, keeping(http) as workspaces:
+        made = []
+        for project in projects:
+            ws = await session(http, project)
+            made.append(await spare_made(http))
+            await ws.aclose()
+            await sessions_over(http)
+        # The older one went when the newer was kept (one at most, here).
+        assert [kept.directory for kept in workspaces.spares.kept()] == [made[1]]
+        assert copies(tmp_path) == [f"i1/{posixpath.basename(made[1])}"]
+        monkeypatch.setattr("reactor_fabric.trio.spares.KEPT_SPARE_SECONDS", 0.2)
+        ws = await session(http, projects[0])
+        await ws.aclose()  # (its spare, made meanwhile or not, is kept for 0.2 s, or dropped)
+        with trio.fail_after(10):
+            while workspaces.spares.kept() or copies(tmp_path):  # noqa: ASYNC110 - expiry
+                await trio.sleep(0.05)
+
+
+async def test_kept_spares_are_removed_with_the_serving(tmp_path: Path) -> None:
+    project = repository(tmp_path)
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await spare_made(http)
+        await ws.aclose()
+        await sessions_over(http)
+        workspaces = http.fabric.starter.workspaces
+        assert workspaces is not None
+        assert len(copies(tmp_path)) == 1
+        await workspaces.spares.close()
+        assert workspaces.spares.kept() == []
+        assert copies(tmp_path) == []

@@ -184,6 +184,34 @@ def test_what_did_not_change_is_kept_from_the_spare_and_what_changed_is_copied_a
         assert (copy / "README.md").read_text() == "HELLO\n"
 
 
+def test_a_spare_of_another_object_format_keeps_nothing_and_is_still_the_fresh_copy(
+    project: Path, tmp_path: Path
+) -> None:
+    """A spare kept after its session is found by the project's device and inode: should the
+    project be removed and another repository, in sha256, made there with the same inode, the
+    spare's blob ids are not this repository's: every file is copied again."""
+    spare = spare_of(project, tmp_path / "spare")
+    foreign = dataclasses.replace(spare, algorithm="sha256")
+    with (
+        refreshed(project, foreign, tmp_path / "task") as taken,
+        fresh(project, tmp_path / "fresh") as made,
+    ):
+        # Copied again (its times are the new copy's; its inode may be the old one's again).
+        assert all(taken.start[path].stamp != entry.stamp for path, entry in spare.entries.items())
+        assert tree_of(Path(taken.directory)) == tree_of(Path(made.directory))
+        assert [(p, e.mode, e.oid) for p, e in taken.start.items()] == [
+            (p, e.mode, e.oid) for p, e in made.start.items()
+        ]
+
+
+def test_a_spare_s_size_is_its_files_bytes(project: Path, tmp_path: Path) -> None:
+    spare = spare_of(project, tmp_path / "spare")
+    on_disk = sum(
+        os.lstat(path).st_size for path in (tmp_path / "spare").rglob("*") if not path.is_dir()
+    )
+    assert spare.size == on_disk > 0
+
+
 def test_a_file_changed_just_before_the_spare_was_made_is_copied_again_whatever_its_stamp(
     project: Path, tmp_path: Path
 ) -> None:
