@@ -73,6 +73,7 @@ from ..workspace import (
     record,
 )
 from ..workspace import remove as remove_copy
+from ..workspace.helper import CopyHelper
 from ..workspace.spare import refresh
 from .background_thread import STOP_MARGIN_SECONDS, BackgroundThread
 from .spares import SpareRecipe, Spares
@@ -239,8 +240,17 @@ class TaskCopy:
 class TaskWorkspaces:
     """Copies for the isolated calls' containers of one orchestrator."""
 
-    def __init__(self, area: WorkspaceArea, bounds: Workspaces, observer: Observer) -> None:
+    def __init__(
+        self,
+        area: WorkspaceArea,
+        bounds: Workspaces,
+        observer: Observer,
+        *,
+        helper: CopyHelper | None = None,
+    ) -> None:
         self.area = area
+        # Copies half of a large whole copy on the other core (None: each copy is one thread's).
+        self.helper = helper
         self.bounds = Bounds(max_files=bounds.max_files, max_bytes=bounds.max_size_bytes)
         self._observer = observer
         self.spares = Spares(area.directory, bounds)
@@ -312,7 +322,7 @@ class TaskWorkspaces:
         )
         branch = branch_name(facts.service, time.time(), _short_id())
         filling = BackgroundThread(
-            (lambda stopped: fill(begun, stopped))
+            (lambda stopped: fill(begun, stopped, helper=self.helper))
             if spare is None
             else (lambda stopped: refresh(begun, spare, stopped)),
             name=f"reactor-fabric workspace {name}",
@@ -412,8 +422,13 @@ async def open_workspaces(
     except OSError as exc:
         log.error("workspaces_unavailable", extra={"directory": parent, "detail": str(exc)})
         return None
+    try:
+        helper = await trio.to_thread.run_sync(CopyHelper)
+    except OSError as exc:  # (copies are made all in one thread)
+        log.warning("workspace_copy_helper_not_started", extra={"detail": str(exc)})
+        helper = None
     log.info("workspaces", extra={"directory": area.root})
-    return TaskWorkspaces(area, bounds, observer)
+    return TaskWorkspaces(area, bounds, observer, helper=helper)
 
 
 async def close_workspaces(workspaces: TaskWorkspaces) -> None:
@@ -421,6 +436,8 @@ async def close_workspaces(workspaces: TaskWorkspaces) -> None:
     spares' threads are stopped first."""
     with trio.CancelScope(shield=True):
         await workspaces.spares.close()
+        if workspaces.helper is not None:
+            await trio.to_thread.run_sync(workspaces.helper.close)
         await trio.to_thread.run_sync(workspaces.area.close)
 
 

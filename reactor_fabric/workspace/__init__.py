@@ -8,6 +8,8 @@ docs/USAGE.md, "Workspaces").
 - :mod:`.files` — the copy made and read back by descriptor, never following a link;
 - :mod:`.copying` — the copy a task starts on: :func:`~.copying.begin` (its directory, empty,
   and what goes in it) and :func:`~.copying.fill`, or :func:`~.copying.prepare`, both;
+- :mod:`.helper` — a process that copies half of a large copy on the machine's other core;
+- :mod:`.spare` — a copy made ahead, brought up to date by the task that takes it;
 - :mod:`.task` — a task's workspace: :func:`~.task.record` (its branch), :func:`~.task.remove`.
 
 Blocking I/O throughout (files, git processes): the trio side (:mod:`reactor_fabric.trio.

@@ -47,6 +47,7 @@ from .files import (
     write_file,
 )
 from .git import Git, RepositoryOwner
+from .helper import CopyHelper
 from .naming import valid_base
 from .task import (
     LS_FILES_OID,
@@ -159,10 +160,11 @@ def begin(
     )
 
 
-def fill(begun: Begun, cancelled: Cancelled) -> Workspace:
+def fill(begun: Begun, cancelled: Cancelled, *, helper: CopyHelper | None = None) -> Workspace:
     """Read what goes into the copy — the working tree as the client has it now, or the
     base's tree — and write it into its directory (whatever the task's container does there
-    meanwhile: nothing, it waits for this); the workspace the task works on. On failure or
+    meanwhile: nothing, it waits for this); the workspace the task works on. ``helper``
+    copies half of a large working tree beside this thread (:mod:`.helper`). On failure or
     when ``cancelled()``, the directory is removed before the error goes up."""
     try:
         listings = read_listings(begun)
@@ -170,7 +172,8 @@ def fill(begun: Begun, cancelled: Cancelled) -> Workspace:
             making = Making(target_fd, begun.budget(), begun.copy_owner, begun.deadline, cancelled)
             if listings.working_tree is not None:
                 paths, gitlinks = wanted(*listings.working_tree)
-                start = copy_paths(paths, begun.project_fd, begun.algorithm, making) | gitlinks
+                copied = copy_paths(paths, begun.project_fd, begun.algorithm, making, helper=helper)
+                start = copied | gitlinks
             else:
                 start = _check_out(begun.git(), listings.base_entries, making)
         return finished(begun, listings, start)
@@ -289,19 +292,37 @@ def copy_paths(
     algorithm: str,
     making: Making,
     sources: dict[bytes, SourceStamp] | None = None,
+    *,
+    helper: CopyHelper | None = None,
 ) -> dict[bytes, Entry]:
-    """Copy ``paths`` of the working tree (:func:`~.files.copy_listed`), its errors told as
-    the task's."""
-    try:
+    """Copy ``paths`` of the working tree (:func:`~.files.copy_listed`; half of them by
+    ``helper``, when given and the copy is large), its errors told as the task's."""
+
+    def copy_here(listed: Iterable[bytes]) -> dict[bytes, Entry]:
         return copy_listed(
             project_fd,
-            paths,
+            listed,
             making.target_fd,
             algorithm=algorithm,
             budget=making.budget,
             owner=making.owner,
             cancelled=making.cancelled,
             stamps=sources,
+        )
+
+    try:
+        if helper is None:
+            return copy_here(paths)
+        return helper.copy(
+            project_fd,
+            list(paths),
+            making.target_fd,
+            algorithm=algorithm,
+            budget=making.budget,
+            owner=making.owner,
+            deadline=making.deadline,
+            cancelled=making.cancelled,
+            copy_here=copy_here,
         )
     except TooLarge as exc:
         raise too_large(exc, making.budget) from exc

@@ -84,8 +84,14 @@ def tool_results(request: dict[str, Any]) -> str:
 
 
 def copies_left(running: Orchestrator) -> list[str]:
+    """The tasks' copies still in the orchestrator's area (not its spare copies: one per
+    project is kept after a session, for the next; tests/unit/trio/test_workspaces.py)."""
     area = AREAS / running.instance
-    return sorted(p.name for p in area.iterdir() if p.name != "owner.json") if area.exists() else []
+    if not area.exists():
+        return []
+    return sorted(
+        p.name for p in area.iterdir() if p.name != "owner.json" and not p.name.startswith("spare-")
+    )
 
 
 def branch_files(project: Path, branch: str) -> list[str]:

@@ -164,6 +164,18 @@ async def test_a_container_that_ends_while_held_is_a_start_failure_with_its_reas
     assert not (project / ".probe-ran").exists()
 
 
+async def logged(running: Orchestrator, event: str, *, count: int = 1) -> None:
+    """Until ``running`` logged ``event`` ``count`` times (a minute at most)."""
+    await trio.to_thread.run_sync(
+        functools.partial(
+            wait_until,
+            lambda: sum(e["event"] == event for e in running.logs()) >= count,
+            timeout=60,
+            what=f"{event} logged {count} time(s)",
+        )
+    )
+
+
 def client_repository(root: Path) -> Path:
     """A repository of FILES committed files, an ordinary user's (as a client's checkout)."""
     project = git_repo(root / "app", ["the client's commit"])
@@ -194,18 +206,6 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
         tmp_path / "suite.yaml", [str(project_root)], test_services={"probe": service}
     )
 
-    async def pooled_ready(running: Orchestrator, count: int) -> None:
-        await trio.to_thread.run_sync(
-            functools.partial(
-                wait_until,
-                lambda: (
-                    sum(e["event"] == "pooled_container_ready" for e in running.logs()) >= count
-                ),
-                timeout=60,
-                what=f"{count} pooled probes started",
-            )
-        )
-
     async def one_session(running: Orchestrator) -> None:
         ws = await websocket(running, "/mcp/probe")
         await ws.send_json(request(1, "fabric/registerClient", mount_of(project)))
@@ -215,14 +215,7 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
         assert len(entries) == FILES + 1  # and log.txt: the whole copy, at the first request
         # The spare the first call's start began, made: the next call starts on it, or the
         # next session's first (it is kept after the session).
-        await trio.to_thread.run_sync(
-            functools.partial(
-                wait_until,
-                lambda: any(e["event"] == "workspace_spare_made" for e in running.logs()),
-                timeout=60,
-                what="the session's spare copy made",
-            )
-        )
+        await logged(running, "workspace_spare_made")
         if not warm:
             await ws.send_json(request(3, "at_start"))
             # (a container per call: this one's server started on the whole copy too)
@@ -233,18 +226,10 @@ def test_an_isolated_services_server_finds_the_whole_copy_fresh_or_pooled(
         if warm:
             # The pool keeps containers of the account last asked for: the first session, the
             # project owner's, is served fresh and switches it.
-            await pooled_ready(running, 1)
+            await logged(running, "pooled_container_ready")
             await one_session(running)
-            await pooled_ready(running, 2)
-            # (its spare kept: the next session takes it at its start)
-            await trio.to_thread.run_sync(
-                functools.partial(
-                    wait_until,
-                    lambda: any(e["event"] == "session_ended" for e in running.logs()),
-                    timeout=60,
-                    what="the first session ended",
-                )
-            )
+            await logged(running, "pooled_container_ready", count=2)
+            await logged(running, "session_ended")  # (its spare kept: the next one takes it)
         await one_session(running)
 
     with orchestrator(suite, tmp_path / "o.log") as running:

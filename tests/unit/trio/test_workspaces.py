@@ -4,6 +4,7 @@ checkout is untouched, and the copy is gone after."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -135,7 +136,11 @@ async def isolated_served(
         # (a session's spare is begun at once: the tests ask for what they need when)
         workspaces.spares.session_delay = session_spare_delay
         http.fabric.starter.workspaces = workspaces
-        yield http
+        try:
+            yield http
+        finally:
+            assert workspaces.helper is not None
+            await trio.to_thread.run_sync(workspaces.helper.close)  # (its process)
 
 
 async def session(http: Served, project: Path) -> WebSocketClient:
@@ -149,6 +154,17 @@ async def session(http: Served, project: Path) -> WebSocketClient:
 def write(request_id: int, path: str, text: str, **more: Any) -> dict[str, Any]:
     arguments = {"path": path, "text": text, **more}
     return request(request_id, "tools/call", {"name": "agent__write", "arguments": arguments})
+
+
+def open_descriptors() -> list[str]:
+    """This process's open descriptors: what each is (a socket's number left out: the copy
+    helper's is a new one after it was killed and started again)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # (listdir's own, closed)
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            found.append("socket" if target.startswith("socket:") else f"{fd} {target}")
+    return sorted(found)
 
 
 def copies(root: Path) -> list[str]:
@@ -409,7 +425,7 @@ async def test_a_start_cancelled_while_its_copy_is_made_leaves_no_copy_and_no_de
     assert workspaces is not None
     facts = TaskFacts(service="agent", task="t", session="s", call="1", trace="-")
     mount = MountSpec(str(project), "/workspace")
-    descriptors = set(os.listdir("/proc/self/fd"))
+    descriptors = open_descriptors()
     outcomes = []
     for delay in (0.0, 0.005, 0.02, 0.05, 10.0):
         pins = pin_mounts([mount])
@@ -426,7 +442,7 @@ async def test_a_start_cancelled_while_its_copy_is_made_leaves_no_copy_and_no_de
     # Cancelled before, while and (the last) not at all while the copy was made.
     assert outcomes[0]
     assert outcomes[-1] is False
-    assert set(os.listdir("/proc/self/fd")) == descriptors
+    assert open_descriptors() == descriptors
     await close_workspaces(workspaces)
     assert not (tmp_path / "areas" / "i1").exists()
 
@@ -445,7 +461,7 @@ async def test_a_start_cancelled_while_it_takes_its_spare_or_refreshes_it_leaves
     workspaces.spares.session_delay = 0.0
     facts = TaskFacts(service="agent", task="t", session="s", call="1", trace="-")
     mount = MountSpec(str(project), "/workspace")
-    descriptors = set(os.listdir("/proc/self/fd"))
+    descriptors = open_descriptors()
     outcomes = []
     for delay in (0.0, 0.01, 0.05, 0.2, 10.0):
         session_pins = pin_mounts([mount])
@@ -471,7 +487,7 @@ async def test_a_start_cancelled_while_it_takes_its_spare_or_refreshes_it_leaves
         assert pins.closed or made is not None  # (closed by make, or handed over)
     assert outcomes[0]
     assert outcomes[-1] is False
-    assert set(os.listdir("/proc/self/fd")) == descriptors
+    assert open_descriptors() == descriptors
     await close_workspaces(workspaces)
 
 
