@@ -1,11 +1,13 @@
 """Serving, the command line's default: the suite read (every problem logged and said), then
 what serves built from it, each of which may refuse the start (the token, the runtime, the
 listening socket, the audit trail of its port, the suite lock), then the process tuned (CPU
-slice, allocator, the GIL's switch interval) and served until a signal (``_serve_signals.py``)."""
+slice, allocator, the GIL's switch interval, the start's objects frozen out of the collector's
+way) and served until a signal (``_serve_signals.py``)."""
 
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import socket
@@ -279,6 +281,13 @@ def _serve_fabric(
     # P99 (docs/BENCHMARKS.md, the warm pool). A shorter interval bounds the wait; the cost is
     # more frequent hand-overs while two threads both compute, which is rare here.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    # What the start made (modules, the suite and its schemas: most of the objects the
+    # collector tracks) lives as long as the process: moved out of the collector's way. A full
+    # collection stops every thread, a workspace's copy included, for as long as it walks what
+    # it tracks: measured 60-105 ms each before, 15-50 ms after, several times a minute while
+    # sessions come and go (docs/BENCHMARKS.md, "Issue 50").
+    gc.collect()
+    gc.freeze()
     try:
         trio.run(serve_until_signalled, fabric, token, environ, listener)
     except OSError as exc:

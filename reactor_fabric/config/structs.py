@@ -299,7 +299,8 @@ class Workspaces(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=T
     max_files: int = 100_000
     # A spare copy per session and project (reactor_fabric.workspace.spare), made at the
     # session's start and after each task from the working tree, that the session's next such
-    # task takes and brings up to date; at most spare_max_size (a larger project: no spare).
+    # task takes and brings up to date, kept after the session for the next one on the
+    # project (trio/spares.py); at most spare_max_size (a larger project: no spare).
     spare: bool = True
     spare_max_size: str | int = "256m"
     # Where the copies are made (None: memory-backed /dev/shm when it is a tmpfs, else on

@@ -298,13 +298,13 @@ def copy_paths(
     """Copy ``paths`` of the working tree (:func:`~.files.copy_listed`; half of them by
     ``helper``, when given and the copy is large), its errors told as the task's."""
 
-    def copy_here(listed: Iterable[bytes]) -> dict[bytes, Entry]:
+    def copy_here(listed: Iterable[bytes], budget: Budget = making.budget) -> dict[bytes, Entry]:
         return copy_listed(
             project_fd,
             listed,
             making.target_fd,
             algorithm=algorithm,
-            budget=making.budget,
+            budget=budget,
             owner=making.owner,
             cancelled=making.cancelled,
             stamps=sources,

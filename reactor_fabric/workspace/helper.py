@@ -12,17 +12,21 @@ The helper runs :func:`~.files.copy_listed` on descriptors it is handed (``SCM_R
 project's pinned directory and the copy's, never a path of its own to resolve, with the same
 checks (every path checked, no link followed, the bounds). It runs as the orchestrator does,
 with nothing of its environment but ``PATH`` (no token, no key). One copy at a time: a copy
-that finds it busy copies all its files itself.
+that finds it busy, or still starting, copies all its files itself. The copy's bounds stay the
+copy's: each half may take half of its bytes (:meth:`CopyHelper.copy`).
 
-Protocol (a stream socket pair, each message a 4-byte length then JSON): the request
-``{"algorithm", "owner", "files", "bytes", "paths"}`` (paths as latin-1 text: any bytes) with
-the two descriptors; the reply ``{"entries": [null | [mode, oid, ino, size, mtime_ns,
+Protocol (a stream socket pair, each message a 4-byte length then JSON): first the helper's
+``{"ready": true}`` once its imports are done; then per copy the request ``{"algorithm",
+"owner", "files", "bytes", "paths"}`` (paths as latin-1 text: any bytes) with the two
+descriptors, and the reply ``{"entries": [null | [mode, oid, ino, size, mtime_ns,
 ctime_ns]]}`` in the request's order, or ``{"error": "too_large" | "unsafe" | "os", "detail"}``.
 
 Resource handling: the caller waits for the reply up to the copy's deadline, asking its
-``cancelled()`` meanwhile; past either, or on any protocol error, the helper is killed (and
-waited for: nothing of it writes into the copy after that) and a new one started for the next
-copy. :meth:`CopyHelper.close` kills it. Blocking, in the copy's worker thread.
+``cancelled()`` meanwhile; past either, or on any protocol error, the helper is killed and
+waited for (nothing of it writes into the copy after that) and a new one started at once. A
+helper that failed leaves its half to the copy's thread, which removes what it made of it
+first; a cancelled copy raises as it would alone. :meth:`CopyHelper.close` kills it.
+Blocking, in the copy's worker thread.
 """
 
 from __future__ import annotations
@@ -114,39 +118,55 @@ class CopyHelper:
         owner: Ownership | None,
         deadline: float,
         cancelled: Callable[[], bool],
-        copy_here: Callable[[list[bytes]], dict[bytes, Entry]],
+        copy_here: Callable[[list[bytes], Budget], dict[bytes, Entry]],
     ) -> dict[bytes, Entry]:
         """Copy ``paths`` as :func:`~.files.copy_listed` would — the second half by the
-        helper, the first meanwhile by ``copy_here`` (copy_listed in this thread) — taking
-        both halves' files from ``budget``. All by ``copy_here`` when the copy is small, the
-        helper busy, closed or not reachable (it is started again). Each half may take the
-        whole of ``budget``: a project over it is found out, at worst, having copied twice
-        the bound (the two halves are checked together as the helper's comes back). Raises
-        what copy_listed raises, or ``InterruptedError`` when cancelled; a helper that fails
-        meanwhile (it is started again) leaves its half to ``copy_here``."""
-        if len(paths) < MIN_FILES or not self._lock.acquire(blocking=False):
-            return copy_here(paths)
+        helper, the first meanwhile by ``copy_here`` (copy_listed in this thread, within the
+        budget it is given) — and take their files from ``budget``. All by ``copy_here`` when
+        the copy is small, the helper busy, closed or not reachable (it is started again).
+        The bound stays the copy's: each half may take half its bytes; should one take more
+        (a project near the bound, its large files on one side), the copy is made again by
+        ``copy_here`` alone, within all of it. Raises what copy_listed raises, or
+        ``InterruptedError`` when cancelled; a helper that fails meanwhile (it is started
+        again) leaves its half to ``copy_here``."""
+        if (
+            len(paths) < MIN_FILES
+            or len(paths) > budget.files  # (too large: copy_here says so, at the bound)
+            or not self._lock.acquire(blocking=False)
+        ):
+            return copy_here(paths, budget)
         try:
             if self._closed or not self._is_ready():
-                return copy_here(paths)
+                return copy_here(paths, budget)
             half = len(paths) // 2
+            theirs = Budget(budget.files, budget.bytes // 2)
+            ours = Budget(budget.files, budget.bytes - theirs.bytes)
             try:
-                self._send(source_fd, target_fd, paths[half:], algorithm, budget, owner)
+                self._send(source_fd, target_fd, paths[half:], algorithm, theirs, owner)
             except HelperFailed:  # (it never had the whole request: it copied nothing)
-                return copy_here(paths)
+                return copy_here(paths, budget)
             try:
-                entries = copy_here(paths[:half])
+                entries = copy_here(paths[:half], ours)
                 reply = self._receive(deadline, cancelled)
+                entries |= _entries(paths[half:], reply)
             except HelperFailed:
                 # Its half made here instead, what it made of it removed (it is gone first).
                 self._kill(failed=True)
                 _remove_listed(target_fd, paths[half:])
-                return entries | copy_here(paths[half:])
+                entries |= copy_here(paths[half:], _left(budget, entries))
+            except TooLarge:
+                # A half over its share: made again here, alone, within the whole budget.
+                self._kill(failed=False)
+                _remove_listed(target_fd, paths)
+                return copy_here(paths, budget)
             except BaseException:
                 self._kill(failed=False)  # (before the copy's directory is removed under it)
                 raise
-            self._failures = 0
-            return entries | _entries(paths[half:], reply, budget)
+            else:
+                self._failures = 0
+            for entry in entries.values():
+                budget.take(entry.stamp[1] if entry.stamp is not None else 0)
+            return entries
         finally:
             self._lock.release()
 
@@ -267,8 +287,16 @@ def _remove_listed(target_fd: int, paths: list[bytes]) -> None:
                     os.unlink(parts[-1], dir_fd=parent)
 
 
-def _entries(paths: list[bytes], reply: dict[str, Any], budget: Budget) -> dict[bytes, Entry]:
-    """The helper's half's entries, their files taken from ``budget``."""
+def _left(budget: Budget, spent: dict[bytes, Entry]) -> Budget:
+    """What ``budget`` leaves once ``spent``'s files are taken from it."""
+    left = Budget(budget.files, budget.bytes)
+    for entry in spent.values():
+        left.take(entry.stamp[1] if entry.stamp is not None else 0)
+    return left
+
+
+def _entries(paths: list[bytes], reply: dict[str, Any]) -> dict[bytes, Entry]:
+    """The helper's half's entries (TooLarge: it found its half over its share)."""
     error = reply.get("error")
     if error == "too_large":
         raise TooLarge(reply.get("detail", "bytes"))
@@ -286,9 +314,6 @@ def _entries(paths: list[bytes], reply: dict[str, Any], budget: Budget) -> dict[
         mode, oid, *stamp = found
         ino, size, mtime_ns, ctime_ns = (int(value) for value in stamp)
         entries[path] = Entry(int(mode), str(oid), (ino, size, mtime_ns, ctime_ns))
-        # Counted in the caller's budget as the helper counted it in its own: a file, and its
-        # size (a link's: its text's length, the size of the copy's link).
-        budget.take(size)
     return entries
 
 

@@ -119,6 +119,35 @@ def test_the_helper_s_half_counts_in_the_copy_s_bounds(
         assert len(made.start) == listed
 
 
+def test_a_copy_near_its_bytes_bound_with_its_large_files_on_one_side_is_made_whole_or_refused(
+    project: Path, tmp_path: Path, copy_helper: CopyHelper
+) -> None:
+    """Each half may take half the bytes: a project within the bound whose large file is in
+    the helper's half is copied again by the thread alone, within all of it; one over it is
+    refused. Never more than the bound in the copies' directory."""
+    (project / "untracked.txt").write_bytes(b"x" * 30_000)  # (the last path: the helper's)
+    with pinned(project) as fd:
+        alone = prepare(
+            fd, owner_of(project), str(tmp_path / "alone"), base=None, bounds=BOUNDS,
+            cancelled=never,
+        )  # fmt: skip
+    total = sum(entry.stamp[1] for entry in alone.start.values() if entry.stamp is not None)
+    remove(alone.directory)
+    exactly = Bounds(max_files=1000, max_bytes=total, step_seconds=60)
+    with filled(project, tmp_path / "copy", with_helper=copy_helper, bounds=exactly) as made:
+        assert [(p, e.mode, e.oid) for p, e in made.start.items()] == [
+            (p, e.mode, e.oid) for p, e in alone.start.items()
+        ]
+    short = Bounds(max_files=1000, max_bytes=total - 1, step_seconds=60)
+    with (
+        pytest.raises(WorkspaceRefused) as refused,
+        filled(project, tmp_path / "over", with_helper=copy_helper, bounds=short),
+    ):
+        pass
+    assert refused.value.reason == WORKSPACE_TOO_LARGE
+    assert not (tmp_path / "over").exists()
+
+
 def test_an_unsafe_path_in_the_helper_s_half_is_refused(
     project: Path, tmp_path: Path, copy_helper: CopyHelper
 ) -> None:
