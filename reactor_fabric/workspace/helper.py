@@ -164,8 +164,7 @@ class CopyHelper:
                 raise
             else:
                 self._failures = 0
-            for entry in entries.values():
-                budget.take(entry.stamp[1] if entry.stamp is not None else 0)
+            _take(budget, entries)
             return entries
         finally:
             self._lock.release()
@@ -290,9 +289,14 @@ def _remove_listed(target_fd: int, paths: list[bytes]) -> None:
 def _left(budget: Budget, spent: dict[bytes, Entry]) -> Budget:
     """What ``budget`` leaves once ``spent``'s files are taken from it."""
     left = Budget(budget.files, budget.bytes)
-    for entry in spent.values():
-        left.take(entry.stamp[1] if entry.stamp is not None else 0)
+    _take(left, spent)
     return left
+
+
+def _take(budget: Budget, entries: dict[bytes, Entry]) -> None:
+    """Take ``entries``' files from ``budget`` (each its size: a link's, its text's length)."""
+    for entry in entries.values():
+        budget.take(entry.stamp[1] if entry.stamp is not None else 0)
 
 
 def _entries(paths: list[bytes], reply: dict[str, Any]) -> dict[bytes, Entry]:

@@ -175,13 +175,17 @@ def copies(root: Path) -> list[str]:
     ]
 
 
+async def sessions_over(http: Served) -> None:
+    with trio.fail_after(10):
+        while http.fabric.registry.sessions:
+            await http.fabric.registry.changed.wait()
+
+
 async def no_copies_left(http: Served, root: Path) -> None:
     """Once the sessions are over (a session's end, shortly after its client left, keeps its
     spare copy when it was made, else removes it): no copy is left in the area but the
     spares kept for the next session, at most one per project."""
-    with trio.fail_after(10):
-        while http.fabric.registry.sessions:
-            await http.fabric.registry.changed.wait()
+    await sessions_over(http)
     workspaces = http.fabric.starter.workspaces
     assert workspaces is not None
     kept = [spare.directory for spare in workspaces.spares.kept()]
@@ -849,12 +853,6 @@ async def keeping(http: Served) -> AsyncIterator[TaskWorkspaces]:
         await nursery.start(workspaces.spares.run)
         yield workspaces
         nursery.cancel_scope.cancel()
-
-
-async def sessions_over(http: Served) -> None:
-    with trio.fail_after(10):
-        while http.fabric.registry.sessions:
-            await http.fabric.registry.changed.wait()
 
 
 async def test_a_session_s_spare_is_kept_for_the_next_session_whose_first_task_starts_on_it(

@@ -45,16 +45,48 @@ def project(tmp_path: Path) -> Path:
     return repo
 
 
-@pytest.fixture
-def copy_helper(monkeypatch: pytest.MonkeyPatch) -> Iterator[CopyHelper]:
-    """A helper that splits copies of a few files already."""
+@contextlib.contextmanager
+def started_helper(
+    monkeypatch: pytest.MonkeyPatch, program: str | None = None
+) -> Iterator[CopyHelper]:
+    """A helper that splits copies of a few files already (``program``: run instead of the
+    helper's own), closed at the block's end."""
     monkeypatch.setattr(helper, "MIN_FILES", 4)
+    if program is not None:
+        monkeypatch.setattr(helper, "_MAIN", program)
     started = CopyHelper()
     try:
-        assert started.wait_ready(30)
         yield started
     finally:
         started.close()
+
+
+@pytest.fixture
+def copy_helper(monkeypatch: pytest.MonkeyPatch) -> Iterator[CopyHelper]:
+    with started_helper(monkeypatch) as started:
+        assert started.wait_ready(30)
+        yield started
+
+
+@contextlib.contextmanager
+def one_thread_copy(project: Path, directory: Path) -> Iterator[Workspace]:
+    """The copy of ``project`` made without a helper (what a split copy must equal)."""
+    with pinned(project) as fd:
+        alone = prepare(
+            fd, owner_of(project), str(directory), base=None, bounds=BOUNDS, cancelled=never
+        )
+    try:
+        yield alone
+    finally:
+        remove(alone.directory)
+
+
+def assert_same_copy(made: Workspace, alone: Workspace) -> None:
+    """Entry for entry (mode, blob id), and file for file."""
+    assert tree_of(Path(made.directory)) == tree_of(Path(alone.directory))
+    assert [(p, e.mode, e.oid) for p, e in made.start.items()] == [
+        (p, e.mode, e.oid) for p, e in alone.start.items()
+    ]
 
 
 @contextlib.contextmanager
@@ -84,21 +116,13 @@ def test_a_copy_split_with_the_helper_is_the_copy_one_thread_makes(
 ) -> None:
     with (
         filled(project, tmp_path / "split", with_helper=copy_helper) as split,
-        pinned(project) as fd,
+        one_thread_copy(project, tmp_path / "alone") as alone,
     ):
-        alone = prepare(
-            fd, owner_of(project), str(tmp_path / "alone"), base=None, bounds=BOUNDS,
-            cancelled=never,
-        )  # fmt: skip
-        assert tree_of(Path(split.directory)) == tree_of(Path(alone.directory))
-        assert [(p, e.mode, e.oid) for p, e in split.start.items()] == [
-            (p, e.mode, e.oid) for p, e in alone.start.items()
-        ]
+        assert_same_copy(split, alone)
         # The stamps are the copy's own files' (what the recording compares against).
         for path, entry in split.start.items():
             info = os.lstat(Path(split.directory) / os.fsdecode(path))
             assert entry.stamp == files.stamp_of(info)
-        remove(alone.directory)
     assert helper_process(copy_helper) is not None  # (still there for the next copy)
 
 
@@ -126,18 +150,11 @@ def test_a_copy_near_its_bytes_bound_with_its_large_files_on_one_side_is_made_wh
     the helper's half is copied again by the thread alone, within all of it; one over it is
     refused. Never more than the bound in the copies' directory."""
     (project / "untracked.txt").write_bytes(b"x" * 30_000)  # (the last path: the helper's)
-    with pinned(project) as fd:
-        alone = prepare(
-            fd, owner_of(project), str(tmp_path / "alone"), base=None, bounds=BOUNDS,
-            cancelled=never,
-        )  # fmt: skip
-    total = sum(entry.stamp[1] for entry in alone.start.values() if entry.stamp is not None)
-    remove(alone.directory)
-    exactly = Bounds(max_files=1000, max_bytes=total, step_seconds=60)
-    with filled(project, tmp_path / "copy", with_helper=copy_helper, bounds=exactly) as made:
-        assert [(p, e.mode, e.oid) for p, e in made.start.items()] == [
-            (p, e.mode, e.oid) for p, e in alone.start.items()
-        ]
+    with one_thread_copy(project, tmp_path / "alone") as alone:
+        total = sum(entry.stamp[1] for entry in alone.start.values() if entry.stamp is not None)
+        exactly = Bounds(max_files=1000, max_bytes=total, step_seconds=60)
+        with filled(project, tmp_path / "copy", with_helper=copy_helper, bounds=exactly) as made:
+            assert_same_copy(made, alone)
     short = Bounds(max_files=1000, max_bytes=total - 1, step_seconds=60)
     with (
         pytest.raises(WorkspaceRefused) as refused,
@@ -178,59 +195,40 @@ raise SystemExit(9)
 def test_a_helper_dying_mid_copy_leaves_its_half_to_the_copy_s_thread_and_a_new_one_starts(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(helper, "MIN_FILES", 4)
-    monkeypatch.setattr(helper, "_MAIN", DYING_HELPER)
-    dying = CopyHelper()
-    try:
+    with started_helper(monkeypatch, DYING_HELPER) as dying:
         assert dying.wait_ready(30)
         first = helper_process(dying)
         assert first is not None
-        with filled(project, tmp_path / "split", with_helper=dying) as split, pinned(project) as fd:
-            alone = prepare(
-                fd, owner_of(project), str(tmp_path / "alone"), base=None, bounds=BOUNDS,
-                cancelled=never,
-            )  # fmt: skip
-            assert tree_of(Path(split.directory)) == tree_of(Path(alone.directory))
-            assert [(p, e.mode, e.oid) for p, e in split.start.items()] == [
-                (p, e.mode, e.oid) for p, e in alone.start.items()
-            ]
-            remove(alone.directory)
+        with (
+            filled(project, tmp_path / "split", with_helper=dying) as split,
+            one_thread_copy(project, tmp_path / "alone") as alone,
+        ):
+            assert_same_copy(split, alone)
         assert first.poll() is not None  # (it died — or was killed, dying — and was waited for)
         second = helper_process(dying)
         assert second is not None  # (a new one)
         assert second.pid != first.pid
-    finally:
-        dying.close()
 
 
 def test_a_helper_still_starting_is_not_waited_for(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(helper, "MIN_FILES", 4)
-    monkeypatch.setattr(helper, "_MAIN", "import time; time.sleep(60)")  # (never ready)
-    slow = CopyHelper()
-    try:
+    never_ready = "import time; time.sleep(60)"
+    with started_helper(monkeypatch, never_ready) as slow:
         with filled(project, tmp_path / "copy", with_helper=slow) as made:
             assert len(made.start) == FILES + 3  # (all of it here)
         assert not slow.wait_ready(0)
-    finally:
-        slow.close()
 
 
 def test_a_helper_that_cannot_start_is_given_up_after_a_few_tries(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(helper, "MIN_FILES", 4)
-    monkeypatch.setattr(helper, "_MAIN", "raise SystemExit(3)")
-    broken = CopyHelper()
-    try:
+    with started_helper(monkeypatch, "raise SystemExit(3)") as broken:
         for attempt in range(helper.MAX_FAILURES + 2):
             broken.wait_ready(5)  # (its end closed: it failed, and is started again)
             with filled(project, tmp_path / f"copy{attempt}", with_helper=broken) as made:
                 assert len(made.start) == FILES + 3
         assert helper_process(broken) is None  # (not started again)
-    finally:
-        broken.close()
 
 
 def test_a_helper_gone_before_it_is_asked_leaves_the_whole_copy_to_its_thread(
