@@ -56,12 +56,19 @@ class Resources(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=Tr
         return parse_size(self.memory)
 
 
-class Security(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Security(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     no_new_privileges: bool = True
     cap_add: list[str] = msgspec.field(default_factory=list)
     read_only_rootfs: bool = True
     # The project's .git stays writable (policy/git_guard.py): the git service commits.
     git_writable: bool = False
+    # The read-only root's /tmp (HOME, caches; a worker's session environment): its pages count
+    # against the memory limit.
+    tmp_size: str | int = "64m"
+
+    @functools.cached_property
+    def tmp_bytes(self) -> int:
+        return parse_size(self.tmp_size)
 
 
 # How a secret reaches the server: a file /run/secrets/NAME, the environment variable NAME, or

@@ -35,6 +35,7 @@ SCHEMA_RESOURCE = "claude-mcp-suite.schema.json"
 SERVICE_CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
 # Docker refuses memory limits below 6 MiB.
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
+MIN_TMP_BYTES = 1024 * 1024
 MIN_MESSAGE_BYTES = 1024
 MIN_AUDIT_BYTES = 64 * 1024
 MIN_WORKSPACE_BYTES = 1 << 20  # the schema's minimum, also for sizes given with a unit
@@ -535,6 +536,9 @@ def _check_service(name: str, service: dict[str, Any], collector: _Collector) ->
     resources = service.get("resources")
     if isinstance(resources, dict):
         _check_size(resources, (*base, "resources", "memory"), MIN_MEMORY_BYTES, collector)
+    security = service.get("security")
+    if isinstance(security, dict):  # (a size of 0 would be an unbounded tmpfs)
+        _check_size(security, (*base, "security", "tmp_size"), MIN_TMP_BYTES, collector)
     env = service.get("env")
     if isinstance(env, dict) and SERVICE_CONFIG_ENV in env:
         collector.add(

@@ -84,6 +84,27 @@ def test_a_python_package_whose_hash_differs_from_the_lock_fails_the_build(
     assert image_id(tag) == before  # nothing was built
 
 
+def test_a_worker_tool_whose_hash_differs_from_the_lock_fails_the_worker_build(
+    tmp_path: Path,
+) -> None:
+    copy = recipes_copy(tmp_path)
+    lock = copy / "images" / "worker-python" / "tools.lock"
+    text = lock.read_text()
+    # ruff, the binary the worker's lint runs: every one of its hashes changed.
+    block = re.search(r"^ruff==.*?(?=^\S|\Z)", text, flags=re.MULTILINE | re.DOTALL)
+    assert block is not None
+    tampered = re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + "0" * 64, block.group(0))
+    lock.write_text(text.replace(block.group(0), tampered))
+    tag = f"reactor-fabric/worker-python:{pins()['WORKER_PYTHON_VERSION']}"
+    before = image_id(tag)
+    done = build(copy, "worker-python")
+    assert done.returncode != 0
+    assert "pip download failed for worker-python's tools: a hash mismatch" in done.stderr, (
+        done.stderr[-2000:]
+    )
+    assert image_id(tag) == before  # nothing was built
+
+
 def test_an_npm_package_whose_integrity_differs_from_the_lock_fails_the_build(
     tmp_path: Path,
 ) -> None:

@@ -31,7 +31,7 @@ def invalid_suite(tmp_path: Path) -> Path:
 
 def test_validate_config_exits_0_for_the_bundled_suite(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate-config", str(BUNDLED)], environ={}) == 0
-    assert "valid (5 service(s)" in capsys.readouterr().out
+    assert "valid (6 service(s)" in capsys.readouterr().out
 
 
 def test_validate_config_exits_1_and_lists_every_problem(

@@ -1,8 +1,9 @@
 """The confinement part: what the server may do in its container, safe by default.
 
 No capability but those the suite adds, no new privileges unless the suite relaxes it, a
-read-only root with a bounded ``/tmp`` (temporary files, HOME and caches: counted against the
-memory limit, writable by whichever user the server runs as).
+read-only root with a bounded ``/tmp`` (temporary files, HOME and caches; ``security.tmp_size``,
+64 MiB by default: counted against the memory limit, writable by whichever user the server runs
+as).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from ...config.structs import Service
 from .context import SpecContext
 
-READ_ONLY_ROOT_TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}  # noqa: S108 - in the container
+TMP = "/tmp"  # noqa: S108 - in the container
 
 
 @dataclass(frozen=True)
@@ -30,5 +31,17 @@ def confinement(service: Service, context: SpecContext) -> ConfinementPart:
         cap_add=tuple(security.cap_add),
         no_new_privileges=security.no_new_privileges,
         read_only_rootfs=security.read_only_rootfs,
-        tmpfs=READ_ONLY_ROOT_TMPFS if security.read_only_rootfs else {},
+        tmpfs=(
+            {TMP: f"rw,nosuid,nodev,size={_size(security.tmp_bytes)},mode=1777"}
+            if security.read_only_rootfs
+            else {}
+        ),
     )
+
+
+def _size(size: int) -> str:
+    """A tmpfs ``size=`` in the largest unit that divides it (``64m``, ``1g``, ``1536k``)."""
+    for unit, factor in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
