@@ -299,6 +299,7 @@ _PATTERN_MEANINGS = {
     "max_container_age": _DURATION_MEANING,
     "memory": _SIZE_MEANING,
     "memory_threshold": _SIZE_MEANING,
+    "tmp_size": _SIZE_MEANING,
     "allowed_origins": "an origin such as 'https://example.com' (no path)",
     "image": "a Docker image reference",
     "user": "a user such as '1000' or '1000:1000'",

@@ -243,6 +243,14 @@ BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
         MINIMAL + '    resources: {memory: "lots"}\n',
         [(7, "mcp_services.time.resources.memory", "is not a size")],
     ),
+    "an unbounded temporary directory": (
+        MINIMAL + "    security: {tmp_size: 0}\n",
+        [(7, "mcp_services.time.security.tmp_size", "must be a positive size")],
+    ),
+    "temporary directory not a size": (
+        MINIMAL + '    security: {tmp_size: "big"}\n',
+        [(7, "mcp_services.time.security.tmp_size", "is not a size")],
+    ),
     "zero cpus": (
         MINIMAL + "    resources: {cpus: 0}\n",
         [(7, "mcp_services.time.resources.cpus", "0")],

@@ -179,6 +179,15 @@ def test_a_tmpfs_over_the_temporary_directory_only_comes_with_a_read_only_root(
     assert spec.tmpfs == ({"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"} if read_only else {})
 
 
+@pytest.mark.parametrize(
+    ("tmp_size", "option"),
+    [("1g", "size=1g"), ("512m", "size=512m"), ("1536k", "size=1536k"), (3 << 20, "size=3m")],
+)
+def test_the_temporary_directory_takes_the_suites_size(tmp_size: str | int, option: str) -> None:
+    spec = spec_for(Service(image="x", security=Security(tmp_size=tmp_size)))
+    assert spec.tmpfs == {"/tmp": f"rw,nosuid,nodev,{option},mode=1777"}
+
+
 def test_a_service_with_an_egress_list_has_no_network_and_is_told_its_proxy() -> None:
     spec = spec_for(Service(image="x", egress=["api.github.com:443"]))
     assert spec.network == "none"
