@@ -36,8 +36,9 @@ constraints: ## refresh constraints.txt: the newest releases pyproject.toml allo
 	mv constraints.txt.new constraints.txt
 	rm -rf .venv-constraints
 
-docker: ## make sure a Docker engine answers (installs and starts Debian's docker.io if needed)
+docker: ## make sure a Docker engine answers (installs and starts Debian's docker.io if needed), with gVisor's runsc registered where the machine allows
 	scripts/ensure-docker
+	scripts/ensure-gvisor
 
 images: docker ## build the local MCP server images and the containers' stdio helper (a no-op when nothing changed)
 	scripts/build-images

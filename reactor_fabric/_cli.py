@@ -36,7 +36,9 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     commands: dict[str, Callable[[], int]] = {
-        "validate-config": lambda: validate_config(args.path, secrets=args.secrets),
+        "validate-config": lambda: validate_config(
+            args.path, secrets=args.secrets, engine=args.engine, environ=env
+        ),
         "connect": lambda: connect_command(args, env),
         "catalog": lambda: catalog_command(
             args.catalog_config or args.config, args.refresh, args.json, env

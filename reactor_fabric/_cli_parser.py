@@ -131,6 +131,12 @@ def _validate_config(commands: Commands) -> None:
         help="also resolve every service's secrets (variables set, files readable only by "
         "this user) without printing a value; exit 1 if one does not resolve",
     )
+    validate.add_argument(
+        "--engine",
+        action="store_true",
+        help="also ask the engine, as the orchestrator does at its start, what each service "
+        "that asks for gVisor would run under; exit 1 if one is isolation_unavailable",
+    )
 
 
 def _connect(commands: Commands, environ: dict[str, str]) -> None:

@@ -68,6 +68,9 @@ ACCOUNT_UNAVAILABLE: Final = "account_unavailable"
 # local (socket stdio off: the container reaches the proxy through a socket of the orchestrator's
 # stdio area), or the fabric-stdio helper is missing. Refused rather than started with a network.
 EGRESS_UNAVAILABLE: Final = "egress_unavailable"
+# A service with `isolation: gvisor` where the engine has no gVisor runtime (`runsc`, or the
+# Kubernetes RuntimeClass the suite names): refused rather than run under runc.
+ISOLATION_UNAVAILABLE: Final = "isolation_unavailable"
 # The container or pod did not start (the engine refused, the pod failed to run).
 START_FAILED: Final = "start_failed"
 # The engine refused to attach the container's stdio, or the attach broke.

@@ -43,6 +43,7 @@ def engine_runtime(suite: Suite, selected: str | None, environ: Mapping[str, str
         engine_url(engine, environ, os.getuid()),
         engine=engine,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
+        gvisor_runtime=suite.orchestrator.gvisor_runtime,
     )
 
 
@@ -95,6 +96,7 @@ def kubernetes_runtime(suite: Suite, environ: Mapping[str, str]) -> Runtime:
         ),
         start_timeout=settings.start_timeout_seconds,
         max_frame_bytes=suite.orchestrator.max_message_bytes,
+        gvisor_runtime_class=settings.gvisor_runtime_class,
     )
 
 

@@ -15,17 +15,19 @@ from pathlib import Path
 import trio
 
 from ._cli_shared import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, read_suite
-from ._errors import SecurityViolation
+from ._errors import FabricError, SecurityViolation
 from ._lock_cli import lock_file_problem, lock_path
-from ._reasons import ACCOUNT_UNAVAILABLE
+from ._reasons import ACCOUNT_UNAVAILABLE, ISOLATION_UNAVAILABLE
 from ._runtime_choice import egress_served, engine_runtime
 from .config.secrets import resolve_suite_secrets
 from .config.settings import suite_facts
+from .config.structs import Suite
 from .config.token import TokenError
 from .config.token_record import find_bridge_token, searched
 from .discovery import build_index, rank_servers, tokens
 from .discovery.catalog_file import CatalogFormatError, catalog_json, services_from_json
 from .discovery.tokens import count_definition
+from .policy.container_parts.isolation import resolved_isolation
 from .protocol.catalog import Catalog
 from .protocol.fabric_discovery import service_texts
 from .runtime.engines import EngineAddressError
@@ -167,10 +169,64 @@ def rank_command(path: str, top: int, budget: int | None) -> int:
     return EXIT_OK
 
 
-def validate_config(path: str, *, secrets: bool = False) -> int:
+def isolation_check(path: str, suite: Suite, environ: dict[str, str]) -> int:
+    """What each service that asks for gVisor would run under on the engine the orchestrator
+    would use, found as its start finds it (its runtimes, and a container created and removed,
+    never started); EXIT_INVALID when one would be refused ``isolation_unavailable``."""
+    wanting = {n: s for n, s in suite.mcp_services.items() if s.isolation_in_force != "runc"}
+    if not wanting:
+        print(f"{path}: no service asks for gVisor")
+        return EXIT_OK
+    try:
+        runtime = engine_runtime(suite, environ.get("REACTOR_FABRIC_RUNTIME") or None, environ)
+    except EngineAddressError as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+
+    async def ask() -> None:
+        labels = {"reactor-fabric.managed": "true", "reactor-fabric.session": "validate-config"}
+        try:
+            await runtime.ping()
+            await runtime.verify_isolation(next(iter(wanting.values())).image, labels)
+        finally:
+            await runtime.close()
+
+    try:
+        trio.run(ask)
+    except FabricError as exc:
+        print(f"{path}: the engine did not answer: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    capabilities, refused = runtime.capabilities, 0
+    for name, service in wanting.items():
+        runs_under = resolved_isolation(service, capabilities)
+        asked = service.isolation_in_force
+        if runs_under == "unavailable":
+            refused += 1
+            print(
+                f"{path}: service {name}: {ISOLATION_UNAVAILABLE}: asks for isolation: gvisor, "
+                f"and {capabilities.gvisor_missing}",
+                file=sys.stderr,
+            )
+        elif runs_under == "runc":
+            print(
+                f"{path}: service {name}: runs under runc ({asked}: {capabilities.gvisor_missing})"
+            )
+        else:
+            print(f"{path}: service {name}: runs under gVisor ({capabilities.gvisor_runtime})")
+    return EXIT_INVALID if refused else EXIT_OK
+
+
+def validate_config(
+    path: str,
+    *,
+    secrets: bool = False,
+    engine: bool = False,
+    environ: dict[str, str] | None = None,
+) -> int:
     """``validate-config``; with ``secrets``, every secret's source is resolved as the
     orchestrator would at its start (this process's environment and user), each problem
-    printed by service, secret and source, never a value."""
+    printed by service, secret and source, never a value; with ``engine``, the engine is asked
+    what each service asking for gVisor would run under (:func:`isolation_check`)."""
     suite = read_suite(path, warnings=True)
     if isinstance(suite, int):
         return suite
@@ -182,6 +238,10 @@ def validate_config(path: str, *, secrets: bool = False) -> int:
         return EXIT_INVALID
     services = ", ".join(suite.mcp_services)
     print(f"{path}: valid ({len(suite.mcp_services)} service(s): {services})")
+    if engine:
+        found = isolation_check(path, suite, environ or {})
+        if found != EXIT_OK or not secrets:
+            return found
     if not secrets:
         return EXIT_OK
     resolved = resolve_suite_secrets(suite)

@@ -59,6 +59,9 @@ class UnreachableRuntime:
     async def ping(self, *, time_bound: float | None = None) -> str:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 
+    async def verify_isolation(self, image: str, labels: dict[str, str]) -> None:
+        raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
+
     async def image_id(self, image: str) -> str | None:
         raise DockerUnavailable("cannot reach the Docker engine", reason="docker_unavailable")
 

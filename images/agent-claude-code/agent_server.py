@@ -76,6 +76,14 @@ PASSED = (
 )
 
 
+def _a_bind(fields: list[str]) -> bool:
+    """Whether a mountinfo line (id parent major:minor root mountpoint … - fstype …) is a bind
+    of a host directory: its root is not "/" (runc); under gVisor every host file the gofer
+    serves is a 9p mount with root "/", the container's own root included."""
+    fstype = fields[fields.index("-") + 1] if "-" in fields[:-1] else ""
+    return fields[3] != "/" or (fstype == "9p" and fields[4] != "/")
+
+
 def workspace(config: AgentConfig) -> str:
     """``config.workspace``, else the container's first bind mount that is not the engine's or
     the orchestrator's (the project the suite mounted), else /workspace."""
@@ -85,8 +93,7 @@ def workspace(config: AgentConfig) -> str:
         with open("/proc/self/mountinfo", encoding="utf-8") as info:
             for line in info:
                 fields = line.split()
-                # mountinfo: id parent major:minor root mountpoint …; a bind has a root not "/".
-                if len(fields) > 4 and fields[3] != "/":
+                if len(fields) > 4 and _a_bind(fields):
                     target = fields[4].replace("\\040", " ")
                     if not target.startswith(NOT_PROJECT) and os.path.isdir(target):
                         return target

@@ -58,12 +58,31 @@ VENV = os.path.join(STATE, "venv")
 RUNS = os.path.join(STATE, "runs")
 DEFAULT_WORKSPACE = "/workspace"
 # Bind mounts that are not the project: the engine's, the orchestrator's sockets and secrets.
-NOT_PROJECT = ("/etc/", "/run/", "/dev/", "/proc/", "/sys/", "/tmp/", "/var/run/")  # noqa: S108
+NOT_PROJECT = (
+    "/.reactor-fabric",
+    "/etc/",
+    "/run/",
+    "/var/run/",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/tmp",  # noqa: S108
+    "/opt/",
+    "/usr/",
+)
 MEMORY_ENV = "WORKER_MEMORY_LIMIT_MB"
 DEFAULT_MEMORY_MB = 2048
 KILL_DRAIN_SECONDS = 2.0
 # What the server itself is told and its runs are not.
 PRIVATE_ENV = ("WORKER_PYTEST_REPORT",)
+
+
+def _a_bind(fields: list[str]) -> bool:
+    """Whether a mountinfo line (id parent major:minor root mountpoint … - fstype …) is a bind
+    of a host directory: its root is not "/" (runc); under gVisor every host file the gofer
+    serves is a 9p mount with root "/", the container's own root included."""
+    fstype = fields[fields.index("-") + 1] if "-" in fields[:-1] else ""
+    return fields[3] != "/" or (fstype == "9p" and fields[4] != "/")
 
 
 def workspace_root() -> str:
@@ -76,8 +95,7 @@ def workspace_root() -> str:
         with open("/proc/self/mountinfo", encoding="utf-8") as info:
             for line in info:
                 fields = line.split()
-                # mountinfo: id parent major:minor root mountpoint …; a bind has a root not "/".
-                if len(fields) > 4 and fields[3] != "/":
+                if len(fields) > 4 and _a_bind(fields):
                     target = fields[4].replace("\\040", " ")
                     if not target.startswith(NOT_PROJECT) and os.path.isdir(target):
                         return target

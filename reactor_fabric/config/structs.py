@@ -28,6 +28,10 @@ ServiceType = Literal["tool_service", "llm_agent"]
 # Where a call's container works on the client's project: on a copy of its own, handed back as
 # a branch (isolated), or on the project itself (shared; see docs/USAGE.md "Workspaces").
 WorkspaceMode = Literal["isolated", "shared"]
+# What stands between the server and the host's kernel: the engine's default runtime (runc:
+# namespaces, cgroups, seccomp), gVisor (runsc: a kernel in user space; refused where the
+# engine has none), or gVisor where the engine has it and runc where not (said at the start).
+Isolation = Literal["runc", "gvisor", "prefer-gvisor"]
 
 
 class _ParsedOnce(msgspec.Struct, frozen=True, dict=True):
@@ -65,6 +69,9 @@ class Security(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=Tru
     # The read-only root's /tmp (HOME, caches; a worker's session environment): its pages count
     # against the memory limit.
     tmp_size: str | int = "64m"
+    # Programs and shared libraries on that /tmp may run (noexec otherwise): the worker's
+    # session environment is there (console scripts, compiled extension modules).
+    tmp_exec: bool = False
 
     @functools.cached_property
     def tmp_bytes(self) -> int:
@@ -132,6 +139,8 @@ class Service(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True
     memory_threshold: str | int | None = None
     # None: the service type's default (see :attr:`workspace_mode`).
     workspace: WorkspaceMode | None = None
+    # None: the service type's default (see :attr:`isolation_in_force`).
+    isolation: Isolation | None = None
 
     @functools.cached_property
     def idle_timeout_seconds(self) -> float:
@@ -155,6 +164,14 @@ class Service(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True
             return self.workspace
         per_task = self.service_type == "llm_agent" and self.strategy == "fresh_per_call"
         return "isolated" if per_task else "shared"
+
+    @property
+    def isolation_in_force(self) -> Isolation:
+        """The isolation asked for: the one given, else ``prefer-gvisor`` for an agent (it runs
+        a model's commands) and ``runc`` for a tool server."""
+        if self.isolation is not None:
+            return self.isolation
+        return "prefer-gvisor" if self.service_type == "llm_agent" else "runc"
 
     @property
     def account(self) -> str | None:
@@ -282,6 +299,9 @@ class Kubernetes(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=T
     start_timeout: str = "2m"
     # None: services with an egress list are refused (egress_unavailable).
     egress_proxy: KubernetesEgressProxy | None = None
+    # The RuntimeClass that runs pods under gVisor (its handler runsc); None: the cluster has
+    # none, and services with isolation: gvisor are refused (isolation_unavailable).
+    gvisor_runtime_class: str | None = None
 
     @functools.cached_property
     def start_timeout_seconds(self) -> float:
@@ -334,6 +354,9 @@ class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
     network: str = "bridge"
     runtime: Literal["docker", "podman", "kubernetes"] = "docker"
+    # The engine's runtime that runs a container under gVisor (Docker's daemon.json
+    # "runtimes", Podman's containers.conf; scripts/ensure-gvisor registers it as runsc).
+    gvisor_runtime: str = "runsc"
     # None: warn when the lock file exists, off when it does not; "enforce" or "warn" said here
     # need the file (protocol/suite_lock.py: lock_mode, missing_lock).
     lock: Literal["enforce", "warn", "off"] | None = None

@@ -12,7 +12,8 @@ function of its own module in :mod:`.container_parts` — ``(service, context) -
 - :mod:`~.container_parts.confinement` — capabilities, no new privileges, read-only root;
 - :mod:`~.container_parts.secrets` — the secrets, as variables and files (may refuse);
 - :mod:`~.container_parts.egress` — the egress allowlist and its proxy (may refuse);
-- :mod:`~.container_parts.child_session` — an agent's child session.
+- :mod:`~.container_parts.child_session` — an agent's child session;
+- :mod:`~.container_parts.isolation` — runc or gVisor (may refuse).
 
 :func:`compose` builds the spec from them and returns the first refusal instead, before
 anything is spawned: a part that needs what the runtime cannot do reads it from the
@@ -27,7 +28,7 @@ Pure, so the security-relevant choices are unit-tested without an engine.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config.secrets import Secret
 from ..config.structs import Service
@@ -36,6 +37,7 @@ from .container_parts.child_session import ChildSessionPart, child_session
 from .container_parts.confinement import ConfinementPart, confinement
 from .container_parts.context import RuntimeCapabilities, SpecContext, SpecRefusal
 from .container_parts.egress import EgressPart, egress
+from .container_parts.isolation import IsolationPart, isolation
 from .container_parts.lifecycle import LifecyclePart, lifecycle
 from .container_parts.mounts import mounts
 from .container_parts.network import network
@@ -60,6 +62,7 @@ class ContainerSpec:
     secrets: SecretsPart
     egress: EgressPart | None = None
     child_session: ChildSessionPart | None = None
+    isolation: IsolationPart = field(default_factory=IsolationPart)
 
     @property
     def name(self) -> str:
@@ -130,6 +133,12 @@ class ContainerSpec:
         return self.confinement.tmpfs
 
     @property
+    def runtime(self) -> str | None:
+        """The engine's runtime (Kubernetes: the RuntimeClass) to run it with; None: the
+        default."""
+        return self.isolation.runtime
+
+    @property
     def secret_files(self) -> tuple[Secret, ...]:
         """The secrets delivered as files (see reactor_fabric.runtime.secret_files)."""
         return self.secrets.files
@@ -155,6 +164,9 @@ def compose(service: Service, context: SpecContext) -> ContainerSpec | SpecRefus
     undeliverable = file_delivery(secrets_part, context)
     if undeliverable is not None:
         return undeliverable
+    isolation_part = isolation(service, context)
+    if isinstance(isolation_part, SpecRefusal):
+        return isolation_part
     return ContainerSpec(
         lifecycle=lifecycle(service, context),
         program=program(service, context),
@@ -165,6 +177,7 @@ def compose(service: Service, context: SpecContext) -> ContainerSpec | SpecRefus
         secrets=secrets_part,
         egress=egress_part,
         child_session=child_session(service, context),
+        isolation=isolation_part,
     )
 
 

@@ -123,6 +123,11 @@ class Runtime(Protocol):
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable when it does not answer."""
 
+    async def verify_isolation(self, image: str, labels: dict[str, str]) -> None:
+        """Check, where the runtime can be asked, that what ``capabilities`` says of gVisor
+        holds for a container of ``image`` (labelled ``labels``), and say otherwise from now
+        on; nothing where there is nothing to check."""
+
     async def image_id(self, image: str) -> str | None:
         """The id of ``image`` as the engine has it now; None when it does not have it."""
 

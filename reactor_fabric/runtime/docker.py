@@ -69,6 +69,7 @@ from .docker_operations import (
     memory_stats,
     paths_in_image,
     remove_quietly,
+    runtime_honoured,
     stop_and_remove,
     undo_create,
     update_cpu_shares,
@@ -78,6 +79,7 @@ from .docker_pin_check import verify_mounts
 from .docker_sockets import ContainerSockets, DockerSockets
 from .egress_proxy import EgressProxy
 from .engines import EngineIdentity, EngineName, engine_is_local, identify
+from .gvisor_runtime import GvisorRuntime
 from .secret_files import SecretFiles
 from .stdio_sockets import GO
 
@@ -106,8 +108,12 @@ class DockerRuntime:
         socket_stdio: bool = True,
         stdio_parent: str | None = None,
         stdio_helper: str | None = None,
+        gvisor_runtime: str = "runsc",
     ) -> None:
         self._base_url = base_url
+        # gVisor's runtime as the engine registered it: known once the engine first answered
+        # (its /info, at each connection), checked at the start (verify_isolation).
+        self.gvisor = GvisorRuntime(gvisor_runtime)
         self.name: str = engine
         self.selected: EngineName = engine
         self.identity: EngineIdentity | None = None
@@ -117,6 +123,7 @@ class DockerRuntime:
             queue_timeout=queue_timeout,
             max_parallel_calls=max_parallel_calls,
             identified=self._identified,
+            runtimes=self.gvisor.listed,
         )
         self._max_frame = max_frame_bytes
         # (image id, path) → whether the image has something at path (see paths_in_image).
@@ -163,7 +170,25 @@ class DockerRuntime:
             ),
             child_sessions=True,
             mounts_on_host_reach_containers=True,
+            gvisor_runtime=self.gvisor.wanted if self.gvisor.found else "",
+            gvisor_missing=self.gvisor.missing(),
         )
+
+    async def verify_isolation(self, image: str, labels: dict[str, str]) -> None:
+        """Check that the engine honours gVisor's runtime when a container names it: one
+        container of ``image`` (local) created, asked and removed, never started. An engine that
+        lists the runtime but runs such a container under another (Podman 4: its compatible
+        API drops the runtime a container names) has no gVisor for the orchestrator: its
+        services asking for it are refused (``isolation_unavailable``), never run under runc."""
+        if not self.gvisor.found:
+            return
+
+        def check(client: docker.APIClient) -> str:
+            return runtime_honoured(
+                client, image, self.gvisor.wanted, labels, podman=self.on_podman
+            )
+
+        self.gvisor.ran_under(await self._engine.call("create", check), str(self.identity))
 
     @property
     def on_podman(self) -> bool:

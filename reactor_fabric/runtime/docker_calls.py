@@ -91,12 +91,14 @@ class DockerCalls:
         queue_timeout: float = DOCKER_QUEUE_TIMEOUT,
         max_parallel_calls: int = 16,
         identified: Callable[[EngineIdentity], None] = lambda _identity: None,
+        runtimes: Callable[[frozenset[str]], None] = lambda _names: None,
     ) -> None:
         self._base_url = base_url
         self._call_timeout = call_timeout
         self._queue_timeout = queue_timeout
         self._limiter = trio.CapacityLimiter(max_parallel_calls)
         self._identified = identified
+        self._runtimes = runtimes
         self._client: docker.APIClient | None = None
         self._client_lock = threading.Lock()
         # Threads trio stopped waiting for that have not finished yet.
@@ -115,6 +117,7 @@ class DockerCalls:
                     version="auto", timeout=max(1, int(self._call_timeout)), **kwargs
                 )
                 self._identified(identify(client.version()))
+                self._runtimes(_runtime_names(client))
                 self._client = client
             return self._client
 
@@ -275,3 +278,13 @@ class DockerCalls:
         client, self._client = self._client, None
         if client is not None:
             await trio.to_thread.run_sync(client.close)
+
+
+def _runtime_names(client: docker.APIClient) -> frozenset[str]:
+    """The container runtimes the engine has registered (``GET /info``'s ``Runtimes``: Docker's
+    daemon.json, Podman's containers.conf); none when it does not say."""
+    try:
+        runtimes = client.info().get("Runtimes")
+    except docker.errors.DockerException:
+        return frozenset()
+    return frozenset(str(name) for name in runtimes) if isinstance(runtimes, dict) else frozenset()

@@ -313,3 +313,33 @@ def _remove_volume_quietly(client: docker.APIClient, name: str) -> None:
         return
     except docker.errors.APIError as exc:
         log.warning("volume_remove_failed", extra={"volume": name, "detail": explain(exc)})
+
+
+def runtime_honoured(
+    client: docker.APIClient, image: str, runtime: str, labels: dict[str, str], *, podman: bool
+) -> str:
+    """The runtime the engine gives a container of ``image`` that names ``runtime``: created
+    (never started: nothing of it runs), asked, removed. Podman's Docker-compatible inspect
+    says "oci" whatever the runtime is: its own API says which (and Podman 4 drops the runtime
+    a container names through the compatible API: runc it is)."""
+    created = client.create_container(
+        image,
+        command=["true"],
+        labels=labels,
+        network_disabled=True,
+        host_config=client.create_host_config(
+            runtime=runtime,
+            network_mode="none",
+            log_config=docker.types.LogConfig(type="none", config={}),
+        ),
+    )
+    container_id = str(created["Id"])
+    try:
+        if podman:
+            answer = client.get(f"{client.base_url}/v4.0.0/libpod/containers/{container_id}/json")
+            answer.raise_for_status()
+            return str(answer.json().get("OCIRuntime") or "")
+        inspected = inspect_container(client, container_id)
+        return str((inspected.get("HostConfig") or {}).get("Runtime") or "")
+    finally:
+        remove_quietly(client, container_id)

@@ -9,7 +9,8 @@ returns its :class:`Fragment` of the payload (docker-py's ``create_container`` a
 - :func:`lifecycle` (name, labels), :func:`program` (image, program, user, environment),
   :func:`mounts` (the spec's; pinned ones as volumes: :func:`spec_mount`), :func:`network`,
   :func:`resources`, :func:`confinement`, :func:`secrets` (the secrets' directory),
-  :func:`egress` (its proxy's socket), :func:`child_session` (the agent's fabric socket);
+  :func:`egress` (its proxy's socket), :func:`child_session` (the agent's fabric socket),
+  :func:`isolation` (the engine's runtime: gVisor's or the default);
 - what every container gets whatever its spec: our stdio sockets (:func:`stdio_mounts`),
   :func:`supervision`, :func:`output`;
 - :func:`create_kwargs` and :func:`host_config_kwargs` put the fragments together;
@@ -139,6 +140,7 @@ def host_config_kwargs(
         **network(spec).host,
         **resources(spec).host,
         **confinement(spec).host,
+        **isolation(spec).host,
         **supervision(),
         **output(),
     }
@@ -309,6 +311,12 @@ def confinement(spec: ContainerSpec) -> Fragment:
     )
 
 
+def isolation(spec: ContainerSpec) -> Fragment:
+    """The engine's runtime the container runs under: gVisor's (``runsc``, as the engine has it
+    registered) when the spec says so, else the engine's default."""
+    return Fragment(host={"runtime": spec.runtime} if spec.runtime is not None else {})
+
+
 def supervision() -> dict[str, Any]:
     """Who looks after the container's processes and its removal."""
     return {
@@ -374,4 +382,5 @@ PART_REALISATIONS: Final = {
     "secrets": secrets,
     "egress": egress,
     "child_session": child_session,
+    "isolation": isolation,
 }

@@ -6,7 +6,11 @@ process, must be the very object pinned (device and inode, read-only where it mu
 :meth:`~reactor_fabric.policy.pinning.Pin.refusal`) before any client message reaches it.
 
 Needs the orchestrator and the engine in one PID namespace, and the right to look into that
-process (root, or the container's own uid). It blocks (the engine's inspect, ``stat``): the
+process (root, or the container's own uid). Under gVisor the engine's "first process" is the
+sandbox (``runsc-sandbox``, chrooted to an empty directory), and the container's files are
+served to it by its gofer (``runsc-gofer``, root, a child of the same parent, the engine's
+shim): its root is the container's view of the host's files, and that is where the targets are
+looked at (:func:`files_process`). It blocks (the engine's inspect, ``stat``): the
 Docker runtime runs it in a worker thread, as any engine call (:mod:`.docker_calls`).
 
 Error handling: a mismatch (another object, or writable where it must not be) is
@@ -59,13 +63,62 @@ def verify_mounts(
         if not state.get("Running") or pid <= 0:
             return
         try:
-            _verify_pins(pid, pins, stat, statvfs)
+            _verify_pins(files_process(pid), pins, stat, statvfs)
         except _NotInspectableYet as not_yet:
             if attempt + 1 == VERIFY_ATTEMPTS:
                 raise _unverifiable(not_yet.pin, not_yet.error) from not_yet.error
             sleep(VERIFY_RETRY_SECONDS)
         else:
             return
+
+
+SANDBOX = "runsc-sandbox"
+GOFER = "runsc-gofer"
+
+
+def files_process(pid: int, proc: str = "/proc") -> int:
+    """The process whose root shows the container's mounts: ``pid`` itself, or, when ``pid`` is
+    a gVisor sandbox, its gofer — the one root process named ``runsc-gofer`` among the children
+    of the sandbox's parent (a process another user starts cannot be one). A sandbox whose
+    gofer is not found is answered with its own pid (its root has no targets: unverifiable)."""
+    if _argv0(proc, pid) != SANDBOX:
+        return pid
+    parent = _parent(proc, pid)
+    gofers = []
+    for entry in os.listdir(proc):
+        if entry.isdigit() and int(entry) != pid:
+            candidate = int(entry)
+            if (
+                _parent(proc, candidate) == parent
+                and _argv0(proc, candidate) == GOFER
+                and _uid(proc, candidate) == 0
+            ):
+                gofers.append(candidate)
+    return gofers[0] if len(gofers) == 1 else pid
+
+
+def _argv0(proc: str, pid: int) -> str:
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read(256).split(b"\0", 1)[0].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _parent(proc: str, pid: int) -> int | None:
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as stat_file:
+            # pid (comm) state ppid …; comm may hold spaces and parentheses: after the last ')'.
+            return int(stat_file.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _uid(proc: str, pid: int) -> int | None:
+    try:
+        return os.stat(f"{proc}/{pid}").st_uid
+    except OSError:
+        return None
 
 
 class _NotInspectableYet(Exception):

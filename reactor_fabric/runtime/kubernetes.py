@@ -139,11 +139,14 @@ class KubernetesRuntime:
         url: str | None = None,
         egress_listen: tuple[str, int] | None = None,
         egress_address: tuple[str, int] | None = None,
+        gvisor_runtime_class: str | None = None,
     ) -> None:
         """``egress_listen``: where this process binds the egress proxy for pods;
         ``egress_address``: the IP and port pods reach it at (their NetworkPolicy's one
-        destination). Both or neither."""
+        destination). Both or neither. ``gvisor_runtime_class``: the RuntimeClass that runs a
+        pod under gVisor (None: the cluster has none)."""
         self.name = "kubernetes"
+        self._gvisor_runtime_class = gvisor_runtime_class
         if egress_listen is not None and egress_address is not None:
             self.egress = EgressProxy(listen=egress_listen)
         self._egress_address = egress_address
@@ -167,13 +170,18 @@ class KubernetesRuntime:
         """Stdio through the API server's attach; egress through the proxy in this process,
         when the settings say where and it runs; file secrets as a Secret volume; no child
         sessions (a pod has no socket of ours to bind); mounts are claims the kubelet mounts,
-        not this host's."""
+        not this host's; gVisor by the RuntimeClass the suite names."""
         missing = ""
         if self.egress is None or self._egress_address is None:
             missing = "orchestrator.kubernetes.egress_proxy is not set"
         elif not self.egress.running:
             missing = "the egress proxy does not run in this process"
-        return RuntimeCapabilities(stdio="attach", egress_missing=missing)
+        return RuntimeCapabilities(
+            stdio="attach",
+            egress_missing=missing,
+            gvisor_runtime=self._gvisor_runtime_class or "",
+            gvisor_missing="orchestrator.kubernetes.gvisor_runtime_class is not set",
+        )
 
     @property
     def namespace(self) -> str:
@@ -181,6 +189,11 @@ class KubernetesRuntime:
         return self._calls.namespace
 
     # --- the Runtime interface --------------------------------------------------------------
+
+    async def verify_isolation(self, image: str, labels: dict[str, str]) -> None:
+        """Nothing to check here: the RuntimeClass is the cluster's (a pod naming one that
+        does not exist is refused by the API server, and its start fails with why)."""
+        del image, labels
 
     async def ping(self, *, time_bound: float | None = None) -> str:
         return await self._calls.version(time_bound=time_bound)

@@ -231,7 +231,8 @@ def pod_manifest(
     confined = confinement(spec)
     secret = secrets(spec, run.security)
     fragments = [named, run, mounted, network(spec), limited, confined, secret]
-    fragments += [egress(spec, name), child_session(spec)]
+    isolated = isolation(spec)
+    fragments += [egress(spec, name), child_session(spec), isolated]
     security: dict[str, Any] = {**confined.security, **run.security}
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -264,6 +265,7 @@ def pod_manifest(
     if deadline_seconds is not None:
         pod_spec["activeDeadlineSeconds"] = deadline_seconds
     pod_spec |= secret.pod
+    pod_spec |= isolated.pod
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -400,6 +402,12 @@ def child_session(spec: ContainerSpec) -> PodFragment:
     return PodFragment()
 
 
+def isolation(spec: ContainerSpec) -> PodFragment:
+    """The pod's RuntimeClass (``runtimeClassName``) when it runs under gVisor: the class the
+    suite names (``orchestrator.kubernetes.gvisor_runtime_class``, whose handler is runsc)."""
+    return PodFragment(pod={"runtimeClassName": spec.runtime} if spec.runtime is not None else {})
+
+
 def _environment(spec: ContainerSpec, refs: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The container's ``env``: a secret's variable refers to the service's Secret
     (``refs``), never holds the value (whoever may read pods would read it)."""
@@ -485,4 +493,5 @@ PART_REALISATIONS: Final = {
     "secrets": secrets,
     "egress": egress,
     "child_session": child_session,
+    "isolation": isolation,
 }

@@ -363,6 +363,9 @@ class MemoryRuntime:
         await self._step("ping")
         return "memory"
 
+    async def verify_isolation(self, image: str, labels: dict[str, str]) -> None:
+        await trio.lowlevel.checkpoint()
+
     async def image_id(self, image: str) -> str | None:
         await trio.lowlevel.checkpoint()
         if image in self.missing_images:

@@ -37,6 +37,7 @@ from ..config.structs import Service
 from ..discovery import DiscoveryIndex, tokens
 from ..observe.observer import Observer
 from ..policy.container_parts.ownership import ContainerIdentity
+from ..policy.container_spec import probe_spec_for
 from ..protocol.catalog import Catalog, ServiceCatalog, relearned
 from ..protocol.fabric_discovery import ServiceFacts, index_catalog
 from ..protocol.fabric_meta_tools import META_DEFINITIONS
@@ -237,7 +238,9 @@ class CatalogService:
     ) -> FabricError | None:
         """Why a service cannot start whatever a probe or the cache would say, so that it is
         shown unavailable rather than by an offer cached earlier: its secrets or its account
-        are unavailable, or its image is refused (:meth:`_image_refused`). Else None."""
+        are unavailable, its container is refused on this runtime (its parts: an isolation or
+        an egress list the runtime cannot give), or its image is refused
+        (:meth:`_image_refused`). Else None."""
         service_secrets = self._secrets.get(name)
         if service_secrets is not None and not service_secrets.available:
             return ContainerStartFailure(
@@ -245,6 +248,17 @@ class CatalogService:
                 reason=service_secrets.reason,
                 service=name,
             )
+        try:
+            probe_spec_for(
+                name,
+                service,
+                session_id="catalog-check",
+                token="check",  # noqa: S106 - the probe's name, no credential
+                identity=self._identity,
+                capabilities=self._runtime.capabilities,
+            )
+        except ContainerStartFailure as refused:
+            return refused
         return self._image_refused(name, service, image_id)
 
     def _image_refused(

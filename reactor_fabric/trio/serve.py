@@ -53,6 +53,7 @@ from ..config.settings import settings_for
 from ..config.structs import Suite
 from ..observe.observer import Observer, token_id
 from ..policy.auth import Gate
+from ..policy.container_parts.isolation import resolved_isolation
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
 from ..policy.owner import hostname
@@ -78,6 +79,9 @@ from .warm_pool import open_warm_pool
 from .workspaces import close_workspaces, open_workspaces
 
 log = logging.getLogger(__name__)
+
+# How long the start waits for the engine to say what it runs (see _learn_isolation).
+ISOLATION_PING_SECONDS = 10.0
 
 # Of the shutdown bound, the share kept for removing containers after the graceful part.
 CLEANUP_SHARE = 0.4
@@ -275,6 +279,7 @@ async def serve_orchestrator(
     accepting_socket = listener.dup()  # ours to close; the caller keeps `listener`
     accepting_socket.setblocking(False)
     running = Orchestrator(fabric, Listening(listening_url(listener)), counts)
+    await _learn_isolation(runtime, fabric.suite, starter.identity.labels())
     if starter.pool is None:
         starter.pool = await open_warm_pool(
             runtime,
@@ -384,6 +389,38 @@ def _egress_connection(fabric: Fabric, record: EgressRecord) -> None:
     (none yet for a pooled container)."""
     owner = fabric.registry.containers.get(record.container)
     fabric.observer.egress(record, session=owner.session if owner is not None else "")
+
+
+async def _learn_isolation(runtime: Runtime, suite: Suite, labels: dict[str, str]) -> None:
+    """Ask the engine what it runs (its runtimes: is gVisor among them, and does it honour it?)
+    before anything is started, and say what each service that asks for gVisor runs under. An
+    engine down now is asked again when it answers (then the services asking for gVisor are
+    refused until it did: ``isolation_unavailable``)."""
+    wanting = [s for s in suite.mcp_services.values() if s.isolation_in_force != "runc"]
+    try:
+        with trio.move_on_after(ISOLATION_PING_SECONDS):
+            await runtime.ping(time_bound=ISOLATION_PING_SECONDS)
+            if wanting:
+                await runtime.verify_isolation(wanting[0].image, labels)
+    except FabricError as exc:
+        log.warning("isolation_unknown", extra={"detail": str(exc)})
+    capabilities = runtime.capabilities
+    for name, service in suite.mcp_services.items():
+        asked = service.isolation_in_force
+        if asked == "runc":
+            continue
+        runs_under = resolved_isolation(service, capabilities)
+        level = logging.WARNING if runs_under != "gvisor" else logging.INFO
+        log.log(
+            level,
+            "service_isolation",
+            extra={
+                "service": name,
+                "asked": asked,
+                "runs_under": runs_under,
+                "detail": capabilities.gvisor_missing if runs_under != "gvisor" else "",
+            },
+        )
 
 
 async def _remove_leftovers(runtime: Runtime, instance_id: str) -> None:

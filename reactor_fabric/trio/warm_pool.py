@@ -56,6 +56,7 @@ from .._reasons import RUNTIME
 from ..config.structs import Service, Suite
 from ..observe.metrics import Metrics
 from ..policy.accounts import UNPRIVILEGED, Account
+from ..policy.container_parts.isolation import resolved_isolation
 from ..policy.container_parts.ownership import ContainerIdentity
 from ..policy.container_parts.resources import DEFAULT_CPU_SHARES
 from ..policy.container_spec import pooled_spec_for
@@ -152,6 +153,15 @@ class WarmPool:
         self._services = services
         self._identity = identity
         self._staging = staging
+        # Under gVisor a mount made on the host once the container runs is not reliably seen in
+        # it (policy/container_parts/isolation.py): such a service's pooled containers serve
+        # sessions without mounts only.
+        capabilities = runtime.capabilities
+        self._unstageable = frozenset(
+            name
+            for name, service in services.items()
+            if resolved_isolation(service, capabilities) == "gvisor"
+        )
         self._stopping = stopping
         self._teardown_deadline = teardown_deadline
         self._metrics = metrics
@@ -467,7 +477,9 @@ class WarmPool:
         Error handling: raises only what a fresh start would raise for the same mounts
         (SecurityViolation ``mount_changed``), the container then removed.
         """
-        placeable = bool(mounts) and self._staging is not None
+        placeable = (
+            bool(mounts) and self._staging is not None and service_name not in self._unstageable
+        )
         if placeable:
             assert self._staging is not None
             placeable = self._staging.placement(mounts) is not None

@@ -343,9 +343,12 @@ def test_a_shared_agent_cannot_plant_git_hooks_with_its_own_tools_either(tmp_pat
     assert api.refusals == [], api.refusals
     assert answer["ok"], answer
     assert (answer["structured"] or {}).get("workspace") is None  # shared: no copy, no branch
-    # The CLI's writes under .git failed (read-only), the one in the project itself did not.
+    # The CLI's writes under .git failed (read-only: EROFS, or EACCES under gVisor, the agent's
+    # isolation where the engine has it), the one in the project itself did not.
     results = json.dumps(list(api.tool_results().values()))
-    assert "read-only file system" in results.lower() or "EROFS" in results, results
+    refusals = ("read-only file system", "erofs", "eacces: permission denied, open")
+    assert any(refusal in results.lower() for refusal in refusals), results
+    assert ".git/hooks/post-checkout" in results, results
     assert sorted(os.listdir(project / ".git" / "hooks")) == hooks_before
     assert (project / ".git" / "config").read_bytes() == config_before
     assert (project / "notes.txt").read_text() == "shared edit\n"

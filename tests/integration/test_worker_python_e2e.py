@@ -3,7 +3,10 @@ MCP Python SDK 2.x: each of its tools on a project of the client's (one failing 
 finding), the refusals a client sees (an absolute path, ``..``, a link out of the project), its
 bounds (output past 64 KiB, a run past its timeout), and packages installed from a package index
 this test serves on the host's loopback — reached through the egress proxy when the service
-lists it, refused when it does not — lasting the session and gone for the next one.
+lists it, refused when it does not — lasting the session and gone for the next one. The tools'
+test runs under gVisor and under runc (the engine's runtime, and the kernel the worker's code
+sees: gVisor's ``dmesg``); the others under the bundled suite's ``prefer-gvisor`` (gVisor:
+``make test`` registers it).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import subprocess
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -19,12 +24,16 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from tests.integration.harness import (
+    BUNDLED,
     CLIENT_IDS,
     LineProcess,
     Orchestrator,
+    containers_of,
+    engine_is_podman,
     give_to_client,
     orchestrator,
     python2_client,
@@ -34,9 +43,10 @@ from tests.integration.harness import (
 
 pytestmark = pytest.mark.integration
 
-TARGET = "/workspace"
+TARGET = "/projects/app"  # (not the image's /workspace: the worker finds its mount)
 SERVICE = "python_worker"
 PACKAGE = "rfdemo"
+BUNDLED_WORKER_IMAGE = BUNDLED["mcp_services"][SERVICE]["image"]
 
 
 @pytest.fixture
@@ -56,10 +66,12 @@ def project(tmp_path: Path) -> Path:
 
 
 def wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
-    """A pure-Python wheel of one module, ``name/__init__.py`` = ``source``, with its RECORD."""
+    """A pure-Python wheel of one module, ``name/__init__.py`` = ``source``, with a console
+    script ``NAME-hello`` (its ``main``) and its RECORD."""
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": source.encode(),
+        f"{dist}/entry_points.txt": f"[console_scripts]\n{name}-hello = {name}:main\n".encode(),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         b"Tag: py3-none-any\n",
@@ -85,7 +97,11 @@ class QuietHandler(SimpleHTTPRequestHandler):
 def package_index(tmp_path: Path) -> Iterator[int]:
     """A PEP 503 simple index on this host's loopback with one package, ``rfdemo`` 1.0."""
     root = tmp_path / "index"
-    filename, data = wheel(PACKAGE, "1.0", "VALUE = 'installed from the test index'\n")
+    filename, data = wheel(
+        PACKAGE,
+        "1.0",
+        "VALUE = 'installed from the test index'\n\n\ndef main():\n    print('its script ran')\n",
+    )
     (root / "packages").mkdir(parents=True)
     (root / "packages" / filename).write_bytes(data)
     digest = hashlib.sha256(data).hexdigest()
@@ -104,19 +120,45 @@ def package_index(tmp_path: Path) -> Iterator[int]:
         server.server_close()
 
 
-def worker_suite(tmp_path: Path, project: Path, *, index: int, listed: bool) -> Path:
-    """The bundled suite with its worker told of the test's index, listed in its egress or not."""
+def worker_suite(
+    tmp_path: Path, project: Path, *, index: int, listed: bool, isolation: str | None = None
+) -> Path:
+    """The bundled suite with its worker told of the test's index, listed in its egress or not
+    (and with another ``isolation`` than the bundled one, when given)."""
+    fields: dict[str, Any] = {
+        "env": {"PIP_INDEX_URL": f"http://127.0.0.1:{index}/simple"},
+        # Not listed: another destination is (the proxy is there and refuses it).
+        "egress": [f"127.0.0.1:{index if listed else 9}"],
+    }
+    if isolation is not None:
+        fields["isolation"] = isolation
     return write_suite(
-        tmp_path / "suite.yaml",
-        [str(project.parent) + "/"],
-        service_fields={
-            SERVICE: {
-                "env": {"PIP_INDEX_URL": f"http://127.0.0.1:{index}/simple"},
-                # Not listed: another destination is (the proxy is there and refuses it).
-                "egress": [f"127.0.0.1:{index if listed else 9}"],
-            }
-        },
+        tmp_path / "suite.yaml", [str(project.parent) + "/"], service_fields={SERVICE: fields}
     )
+
+
+def runtime_of(client: docker.DockerClient, container: Any) -> str:
+    """The OCI runtime the engine runs ``container`` with (Podman's compatible inspect says
+    "oci" whatever it is: its own API says which)."""
+    if engine_is_podman(client):
+        url = f"{client.api.base_url}/v4.0.0/libpod/containers/{container.id}/json"
+        answer = client.api.get(url)
+        answer.raise_for_status()
+        return str(answer.json()["OCIRuntime"])
+    return str(container.attrs["HostConfig"].get("Runtime"))
+
+
+def not_honoured(running: Orchestrator) -> bool:
+    """Whether the orchestrator found at its start that the engine runs a container naming
+    gVisor's runtime under another (Podman 4.3, the Debian package: so far on Podman)."""
+    return any(e["event"] == "gvisor_not_honoured" for e in running.logs())
+
+
+KERNEL = (
+    "import subprocess\n"
+    "seen = subprocess.run(['dmesg'], capture_output=True, text=True)\n"
+    "print('gVisor' in seen.stdout)\n"
+)
 
 
 def connected(running: Orchestrator, project: Path) -> LineProcess:
@@ -143,14 +185,28 @@ def error_text(answer: dict[str, Any]) -> str:
     return " ".join(str(part.get("text", "")) for part in answer["content"])
 
 
+@pytest.mark.parametrize("isolation", ["gvisor", "runc"])
 def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpoint(
-    tmp_path: Path, project: Path, package_index: int
+    tmp_path: Path,
+    project: Path,
+    package_index: int,
+    isolation: str,
+    docker_client: docker.DockerClient,
 ) -> None:
-    suite = worker_suite(tmp_path, project, index=package_index, listed=True)
+    suite = worker_suite(tmp_path, project, index=package_index, listed=True, isolation=isolation)
     with orchestrator(suite, tmp_path / "orchestrator.log") as running:
         client = connected(running, project)
         try:
             listed = client.ask({"op": "list_tools"})
+            kernel = call(client, "run_python", code=KERNEL)
+            if isolation == "gvisor" and not_honoured(running):
+                # Podman 4 drops the runtime a container names through its compatible API:
+                # the orchestrator found out at its start, and refuses rather than run runc.
+                assert kernel["error"]["data"]["reason"] == "isolation_unavailable", kernel
+                assert "Podman 4 drops the runtime" in kernel["error"]["message"]
+                return
+            [container] = containers_of(docker_client, instance=running.instance)
+            runtime = runtime_of(docker_client, container)
             ran = call(
                 client,
                 "run_python",
@@ -181,6 +237,9 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
         audited = [r for r in running.audit() if r["event"] == "tool_call"]
 
     assert listed["ok"], listed
+    # The engine's runtime, and the kernel the code meets.
+    assert (runtime == "runsc") is (isolation == "gvisor"), runtime
+    assert ok(kernel)["stdout"] == f"{isolation == 'gvisor'}\n"
     tools = {name.removeprefix(f"{SERVICE}__") for name in listed["tools"] if SERVICE in name}
     assert tools == {
         "run_python", "pip_install", "run_tests", "lint", "read_file", "write_file", "list_files"
@@ -242,6 +301,12 @@ def test_packages_install_from_the_listed_index_and_last_the_session_only(
             refused = call(client, "pip_install", packages=["--index-url=http://elsewhere/"])
             installed = call(client, "pip_install", packages=[PACKAGE])
             used = call(client, "run_python", code=f"import {PACKAGE}; print({PACKAGE}.VALUE)")
+            # Its console script runs from the session's environment (/tmp: exec there).
+            script = call(
+                client,
+                "run_python",
+                code=f"import subprocess; subprocess.run(['{PACKAGE}-hello'], check=True)",
+            )
             tested = call(client, "run_tests")  # (the image's pytest, beside the installs)
         finally:
             assert client.close() == 0
@@ -257,6 +322,7 @@ def test_packages_install_from_the_listed_index_and_last_the_session_only(
     assert result["installed"] == [{"name": PACKAGE, "version": "1.0"}]
     assert result["requested"] == [PACKAGE]
     assert ok(used)["stdout"] == "installed from the test index\n"
+    assert ok(script)["stdout"] == "its script ran\n", script
     assert ok(tested)["passed"] == 1
     # Outside the project: nothing of the environment is in the client's files.
     assert not list(project.rglob(f"{PACKAGE}*"))
@@ -290,3 +356,65 @@ def test_an_index_the_service_does_not_list_is_not_reached(
     assert {(r["destination"], r["outcome"], r.get("reason")) for r in egress} == {
         (f"127.0.0.1:{package_index}", "refused", "egress_not_listed")
     }, egress
+
+
+def test_gvisor_asked_for_where_the_engine_has_none_is_refused_and_preferred_falls_back(
+    tmp_path: Path, project: Path, package_index: int
+) -> None:
+    image = BUNDLED_WORKER_IMAGE
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(project.parent) + "/"],
+        service_fields={SERVICE: {"isolation": "gvisor"}},
+        test_services={"preferring": {"image": image, "isolation": "prefer-gvisor"}},
+        # A runtime the engine does not have: as on a machine without gVisor.
+        gvisor_runtime="runsc-not-registered",
+    )
+    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+        client = connected(running, project)
+        try:
+            refused = call(client, "run_python", code="print(1)")
+            fell_back = client.ask(
+                {"op": "call", "name": "preferring__run_python", "arguments": {"code": KERNEL}},
+                timeout=180,
+            )
+            statuses = []
+
+            def unavailable_listed() -> bool:
+                status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+                statuses.append(status)
+                return SERVICE in ok(status)["unavailable"]
+
+            # (Shown so even when its offer was learned before, by an orchestrator that could
+            # start it: the catalog's cache is shared.)
+            wait_until(unavailable_listed, what="get_status listing the worker unavailable")
+        finally:
+            assert client.close() == 0
+        said = {
+            e["service"]: (e["asked"], e["runs_under"])
+            for e in running.logs()
+            if e["event"] == "service_isolation"
+        }
+
+    # The client is told why, with the documented code and reason.
+    assert not refused["ok"], refused
+    assert refused["error"]["code"] == -32002
+    assert refused["error"]["data"]["reason"] == "isolation_unavailable"
+    assert "runsc-not-registered" in refused["error"]["message"]
+    assert ok(statuses[-1])["unavailable"][SERVICE]["reason"] == "isolation_unavailable"
+    # Preferred: runc, and said so at the start.
+    assert ok(fell_back)["stdout"] == "False\n"
+    assert said[SERVICE] == ("gvisor", "unavailable")
+    assert said["preferring"] == ("prefer-gvisor", "runc")
+    assert said["code_reviewer"] == ("prefer-gvisor", "runc")  # (an agent's default)
+    # validate-config --engine finds the same before anything is served.
+    checked = subprocess.run(
+        [sys.executable, "-m", "reactor_fabric", "validate-config", "--engine", str(suite)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert checked.returncode == 1, checked
+    assert f"service {SERVICE}: isolation_unavailable: asks for isolation: gvisor" in checked.stderr
+    assert "service preferring: runs under runc (prefer-gvisor:" in checked.stdout

@@ -176,9 +176,19 @@ def test_every_manifest_is_valid_for_kubernetes_1_30_with_no_unknown_field() -> 
         "Deployment",
         "Service",
         "NetworkPolicy",
+        "RuntimeClass",
     }
     for doc in docs:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_gvisor_runtime_class_is_shown_and_named_by_the_suite_only_once_uncommented() -> None:
+    [runtime_class] = [doc for doc in documents() if doc["kind"] == "RuntimeClass"]
+    assert (runtime_class["metadata"]["name"], runtime_class["handler"]) == ("gvisor", "runsc")
+    # Named in the suite, commented out: a cluster without runsc keeps working.
+    suite = raw_suite()
+    assert "gvisor_runtime_class" not in suite["orchestrator"]["kubernetes"]
+    assert "# gvisor_runtime_class: gvisor" in (BASE / "configmap.yaml").read_text()
 
 
 def test_the_base_holds_no_secret_namespace_or_claim_and_no_common_labels() -> None:

@@ -32,11 +32,17 @@ def confinement(service: Service, context: SpecContext) -> ConfinementPart:
         no_new_privileges=security.no_new_privileges,
         read_only_rootfs=security.read_only_rootfs,
         tmpfs=(
-            {TMP: f"rw,nosuid,nodev,size={_size(security.tmp_bytes)},mode=1777"}
+            {TMP: _tmp_options(security.tmp_bytes, exec_allowed=security.tmp_exec)}
             if security.read_only_rootfs
             else {}
         ),
     )
+
+
+def _tmp_options(size: int, *, exec_allowed: bool) -> str:
+    """The tmpfs options of /tmp: the engines make a tmpfs noexec unless told ``exec``."""
+    executable = "exec," if exec_allowed else ""
+    return f"rw,nosuid,nodev,{executable}size={_size(size)},mode=1777"
 
 
 def _size(size: int) -> str:

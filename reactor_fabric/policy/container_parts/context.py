@@ -36,6 +36,10 @@ class RuntimeCapabilities:
     # A mount made on this host below a bind source with slave propagation appears in the
     # runtime's containers (the warm pool's staging area needs it).
     mounts_on_host_reach_containers: bool = False
+    # The engine's runtime (Kubernetes: the RuntimeClass) that runs a container under gVisor;
+    # "" where there is none, ``gvisor_missing`` saying why in the refused client's words.
+    gvisor_runtime: str = ""
+    gvisor_missing: str = "the runtime has no gVisor"
 
     @property
     def egress(self) -> bool:
@@ -44,6 +48,10 @@ class RuntimeCapabilities:
     @property
     def file_secrets(self) -> bool:
         return not self.file_secrets_missing
+
+    @property
+    def gvisor(self) -> bool:
+        return bool(self.gvisor_runtime)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from reactor_fabric._errors import ContainerStartFailure
 from reactor_fabric.config.structs import Resources, Security, Service
 from reactor_fabric.policy.accounts import UNPRIVILEGED, Account
 from reactor_fabric.policy.container_parts.context import RuntimeCapabilities
@@ -188,6 +189,11 @@ def test_the_temporary_directory_takes_the_suites_size(tmp_size: str | int, opti
     assert spec.tmpfs == {"/tmp": f"rw,nosuid,nodev,{option},mode=1777"}
 
 
+def test_the_temporary_directory_runs_programs_only_when_the_suite_says_so() -> None:
+    spec = spec_for(Service(image="x", security=Security(tmp_exec=True)))
+    assert spec.tmpfs == {"/tmp": "rw,nosuid,nodev,exec,size=64m,mode=1777"}
+
+
 def test_a_service_with_an_egress_list_has_no_network_and_is_told_its_proxy() -> None:
     spec = spec_for(Service(image="x", egress=["api.github.com:443"]))
     assert spec.network == "none"
@@ -210,3 +216,41 @@ def test_a_service_without_egress_keeps_its_network_and_gets_no_proxy() -> None:
     assert spec.network == "bridge"
     assert spec.egress is None
     assert not any(name.lower().endswith("_proxy") for name in spec.environment)
+
+
+# --- isolation: runc or gVisor --------------------------------------------------------------
+
+WITH_GVISOR = RuntimeCapabilities(stdio="", gvisor_runtime="runsc")
+WITHOUT_GVISOR = RuntimeCapabilities(stdio="", gvisor_missing="the engine has no runtime 'runsc'")
+
+
+@pytest.mark.parametrize(
+    ("isolation", "service_type", "gvisor", "runtime"),
+    [
+        ("runc", "tool_service", True, None),
+        ("runc", "llm_agent", True, None),
+        ("gvisor", "tool_service", True, "runsc"),
+        ("prefer-gvisor", "tool_service", True, "runsc"),
+        ("prefer-gvisor", "tool_service", False, None),
+        (None, "tool_service", True, None),  # a tool server's default: runc
+        (None, "llm_agent", True, "runsc"),  # an agent's: prefer-gvisor
+        (None, "llm_agent", False, None),
+    ],
+)
+def test_the_runtime_is_gvisors_where_asked_for_and_there_is_one(
+    isolation: str | None, service_type: str, gvisor: bool, runtime: str | None
+) -> None:
+    service = Service(image="x", isolation=isolation, service_type=service_type)  # type: ignore[arg-type]
+    spec = spec_for(service, capabilities=WITH_GVISOR if gvisor else WITHOUT_GVISOR)
+    assert spec.runtime == runtime
+    assert host_config_kwargs(spec).get("runtime") == runtime
+
+
+def test_gvisor_asked_for_where_there_is_none_is_refused_with_its_reason_never_run_as_runc() -> (
+    None
+):
+    service = Service(image="x", isolation="gvisor")
+    with pytest.raises(ContainerStartFailure) as refused:
+        spec_for(service, capabilities=WITHOUT_GVISOR)
+    assert refused.value.reason == "isolation_unavailable"
+    assert "asks for isolation: gvisor, and the engine has no runtime 'runsc'" in str(refused.value)

@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 
 from reactor_fabric.config.structs import Security, Service
+from reactor_fabric.policy.container_parts.context import RuntimeCapabilities
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.runtime.kubernetes_manifests import ManifestError, label_value, pod_manifest
 from tests.unit.policy.test_container_spec import spec_for
@@ -168,3 +169,11 @@ def test_the_schema_check_would_catch_a_field_kubernetes_does_not_know() -> None
     pod["spec"]["containers"][0]["stdinOpen"] = True  # Docker's name for it
     with pytest.raises(kubernetes_validate.ValidationError):
         valid(pod)
+
+
+def test_a_gvisor_pod_names_the_suites_runtime_class_and_another_names_none() -> None:
+    capabilities = RuntimeCapabilities(stdio="attach", gvisor_runtime="gvisor")
+    isolated = spec_for(Service(image="x", isolation="gvisor"), capabilities=capabilities)
+    assert valid(pod_manifest(isolated, namespace="ns"))["spec"]["runtimeClassName"] == "gvisor"
+    plain = spec_for(Service(image="x"), capabilities=capabilities)
+    assert "runtimeClassName" not in valid(pod_manifest(plain, namespace="ns"))["spec"]

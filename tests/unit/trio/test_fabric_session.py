@@ -884,3 +884,25 @@ async def test_a_smart_refresh_service_over_its_memory_threshold_is_replaced_bef
         assert second.id != first.id
         assert started_services(http) == ["alpha", "alpha"]
         await ws.aclose()
+
+
+async def test_a_service_asking_for_gvisor_where_there_is_none_is_shown_unavailable_and_refused(
+    tmp_path: Path,
+) -> None:
+    # (The memory runtime has no gVisor.) Shown unavailable before any probe or cached offer
+    # could say otherwise; its call refused with the reason; the other services serve.
+    services = {**SERVICES, "alpha": Service(image="fake/alpha:1", isolation="gvisor")}
+    async with served(tmp_path, learn_catalog=True, services=services) as http:
+        ws = await open_session(http)
+        await ws.send_json(tool_call(2, "get_status"))
+        status = (await ws.hear())["result"]["structuredContent"]
+        assert status["unavailable"]["alpha"]["reason"] == "isolation_unavailable"
+        await ws.send_json(tool_call(3, "alpha__echo"))
+        refused = await ws.hear()
+        assert refused["error"]["code"] == -32002
+        assert refused["error"]["data"]["reason"] == "isolation_unavailable"
+        assert "asks for isolation: gvisor" in refused["error"]["message"]
+        await ws.send_json(tool_call(4, "beta__echo"))
+        assert (await ws.hear())["id"] == 4
+        assert "alpha" not in started_services(http)
+        await ws.aclose()
