@@ -96,6 +96,7 @@ clean: ## remove the virtual environment and caches (images stay; see images/REA
 bench: install images ## benchmarks on the real engine (~75 min on 2 cores: the 100- and 200-client bursts with and without a pool, the pool, the lifecycles): bench/results.json, docs/BENCHMARKS.md
 	$(PY) scripts/bench.py $(BENCH_ARGS)
 	$(PY) scripts/bench-workspace.py
+	$(PY) scripts/bench-worker.py
 
 eval-discovery: install ## the discovery ranking on public servers' real tool lists (no Docker; ~1 min): docs/DISCOVERY.md
 	$(PY) eval/discovery/evaluate.py $(EVAL_ARGS)
@@ -104,3 +105,4 @@ bench-smoke: install images ## the benchmark harnesses with tiny counts, no peer
 	$(PY) scripts/bench.py --smoke $(BENCH_ARGS)
 	$(PY) scripts/bench-audit.py --calls 30 --repeats 3 --json bench/tmp/audit-smoke.json
 	$(PY) scripts/bench-workspace.py --files 200 --repeats 3 --engine-rounds 1 --json bench/tmp/workspace-smoke.json
+	$(PY) scripts/bench-worker.py --rounds 1 --json bench/tmp/worker-smoke.json

@@ -35,6 +35,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from typing_extensions import TypedDict  # (pydantic's schemas need it on Python 3.11)
 from worker_core import (
     LINT_TIMEOUT,
+    OUTPUT_BYTES,
     PIP_TIMEOUT,
     PYTHON_TIMEOUT,
     TESTS_TIMEOUT,
@@ -73,6 +74,8 @@ NOT_PROJECT = (
 MEMORY_ENV = "WORKER_MEMORY_LIMIT_MB"
 DEFAULT_MEMORY_MB = 2048
 KILL_DRAIN_SECONDS = 2.0
+# ruff's JSON report is read whole (about 300 bytes a finding), then its first findings kept.
+LINT_REPORT_BYTES = 16 * 1024 * 1024
 # What the server itself is told and its runs are not.
 PRIVATE_ENV = ("WORKER_PYTEST_REPORT",)
 
@@ -141,12 +144,20 @@ class Ran:
 
 
 async def run(
-    argv: list[str], *, cwd: str, timeout: float, env: dict[str, str], tail: bool = False
+    argv: list[str],
+    *,
+    cwd: str,
+    timeout: float,
+    env: dict[str, str],
+    tail: bool = False,
+    stdout_limit: int = OUTPUT_BYTES,
 ) -> Ran:
-    """Run ``argv`` bounded (see the module's docstring)."""
+    """Run ``argv`` bounded (see the module's docstring): each stream's first (or, ``tail``,
+    last) bytes kept, stdout's up to ``stdout_limit`` (a report read whole), stderr's up to
+    OUTPUT_BYTES."""
     memory = int(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_MB) * 1024 * 1024
     limited = ["prlimit", f"--as={memory}", "--nofile=4096", "--", *argv]
-    stdout, stderr = Bounded(tail=tail), Bounded(tail=tail)
+    stdout, stderr = Bounded(limit=stdout_limit, tail=tail), Bounded(tail=tail)
     started = time.monotonic()
     process = await anyio.open_process(
         limited,
@@ -527,11 +538,12 @@ async def lint(path: str | None = None, timeout: float | None = None) -> Lint:
         cwd=workspace.root,
         timeout=seconds,
         env=run_environment(),
+        stdout_limit=LINT_REPORT_BYTES,
     )  # fmt: skip
     if ran.timed_out:
         raise timed_out("lint", seconds, ran)
     if ran.exit_code != 0 or ran.stdout.truncated:
-        detail = ran.stderr.text() if ran.exit_code != 0 else "its report is over 64 KiB"
+        detail = ran.stderr.text() if ran.exit_code != 0 else "its report is over 16 MiB"
         raise ToolError(f"lint: ruff failed (exit status {ran.exit_code}): {detail}")
     try:
         result = lint_findings(ran.stdout.text(), os.path.realpath(workspace.root))

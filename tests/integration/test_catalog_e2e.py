@@ -71,6 +71,7 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
         "git": "probe",
         "filesystem": "probe",
         "everything": "probe",
+        "python_worker": "probe",
         "code_reviewer": "probe",
         "absent": "error",
     }
@@ -81,6 +82,7 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
     assert "read_text_file" in names["filesystem"]
     assert "echo" in names["everything"]
     assert names["code_reviewer"] == ["run_task"]  # the agent image's one tool
+    assert "run_python" in names["python_worker"]
     assert "version-control" in services["git"]["categories"]
     assert services["git"]["example_tasks"]
     assert services["git"]["requires"] == []
@@ -95,6 +97,7 @@ def test_every_bundled_service_is_learned_once_then_served_from_the_cache(
         "git": "cache",
         "filesystem": "cache",
         "everything": "cache",
+        "python_worker": "cache",
         "code_reviewer": "cache",
     }
     assert again["git"]["tools"] == services["git"]["tools"]

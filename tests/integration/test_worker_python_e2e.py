@@ -217,6 +217,9 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
             tests = call(client, "run_tests")
             one_test = call(client, "run_tests", path="tests/test_maths.py::test_adds")
             linted = call(client, "lint")
+            many_imports = "".join(f"import module{n}\n" for n in range(1500))
+            call(client, "write_file", path="many/imports.py", content=many_imports)
+            many = call(client, "lint", path="many")
             read = call(client, "read_file", path="made.txt")
             written = call(client, "write_file", path="notes/todo.md", content="- check\n")
             listing = call(client, "list_files", path="", recursive=True)
@@ -231,7 +234,7 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
         finally:
             assert client.close() == 0
         wait_until(
-            lambda: sum(r["event"] == "tool_call" for r in running.audit()) >= 15,
+            lambda: sum(r["event"] == "tool_call" for r in running.audit()) >= 17,
             what="the calls' audit records",
         )
         audited = [r for r in running.audit() if r["event"] == "tool_call"]
@@ -266,6 +269,13 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
     # The lint finding, where it is.
     findings = ok(linted)["findings"]
     assert {(f["file"], f["line"], f["code"]) for f in findings} >= {("app.py", 1, "F401")}
+    # Past the bound: the first 1000 listed, all counted (ruff's report read whole).
+    assert (ok(many)["total"], len(ok(many)["findings"]), ok(many)["truncated"]) == (
+        1500,
+        1000,
+        True,
+    )
+    assert ok(many)["findings"][0]["file"] == "many/imports.py"
     # Files.
     assert ok(read)["content"] == "by run_python"
     assert ok(written) == {"path": "notes/todo.md", "bytes_written": 8, "size": 8}
