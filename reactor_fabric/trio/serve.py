@@ -396,14 +396,19 @@ async def _learn_isolation(runtime: Runtime, suite: Suite, labels: dict[str, str
     before anything is started, and say what each service that asks for gVisor runs under. An
     engine down now is asked again when it answers (then the services asking for gVisor are
     refused until it did: ``isolation_unavailable``)."""
-    wanting = [s for s in suite.mcp_services.values() if s.isolation_in_force != "runc"]
+    images = {s.image for s in suite.mcp_services.values() if s.isolation_in_force != "runc"}
     try:
         with trio.move_on_after(ISOLATION_PING_SECONDS):
             await runtime.ping(time_bound=ISOLATION_PING_SECONDS)
-            if wanting:
-                await runtime.verify_isolation(wanting[0].image, labels)
     except FabricError as exc:
         log.warning("isolation_unknown", extra={"detail": str(exc)})
+    with trio.move_on_after(ISOLATION_PING_SECONDS):
+        for image in sorted(images):  # (the first one the engine has)
+            try:
+                await runtime.verify_isolation(image, labels)
+                break
+            except FabricError as exc:
+                log.info("isolation_not_checked", extra={"image": image, "detail": str(exc)})
     capabilities = runtime.capabilities
     for name, service in suite.mcp_services.items():
         asked = service.isolation_in_force
