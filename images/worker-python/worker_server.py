@@ -25,11 +25,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
 import anyio.abc
+from anyio.abc import Process
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from typing_extensions import TypedDict  # (pydantic's schemas need it on Python 3.11)
@@ -57,6 +59,7 @@ PYTHON = "/usr/bin/python3"
 STATE = os.path.join(os.environ.get("HOME") or "/tmp", "worker")  # noqa: S108 - the container's
 VENV = os.path.join(STATE, "venv")
 RUNS = os.path.join(STATE, "runs")
+BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_boot.py")
 DEFAULT_WORKSPACE = "/workspace"
 # Bind mounts that are not the project: the engine's, the orchestrator's sockets and secrets.
 NOT_PROJECT = (
@@ -143,6 +146,24 @@ class Ran:
     timed_out: bool
 
 
+def _limited(argv: list[str]) -> list[str]:
+    memory = int(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_MB) * 1024 * 1024
+    return ["prlimit", f"--as={memory}", "--nofile=4096", "--", *argv]
+
+
+async def _spawn(argv: list[str], *, cwd: str, env: dict[str, str], stdin: int) -> Process:
+    """``argv`` started under prlimit in a process group of its own, its output piped."""
+    return await anyio.open_process(
+        _limited(argv),
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
 async def run(
     argv: list[str],
     *,
@@ -155,19 +176,22 @@ async def run(
     """Run ``argv`` bounded (see the module's docstring): each stream's first (or, ``tail``,
     last) bytes kept, stdout's up to ``stdout_limit`` (a report read whole), stderr's up to
     OUTPUT_BYTES."""
-    memory = int(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_MB) * 1024 * 1024
-    limited = ["prlimit", f"--as={memory}", "--nofile=4096", "--", *argv]
-    stdout, stderr = Bounded(limit=stdout_limit, tail=tail), Bounded(tail=tail)
     started = time.monotonic()
-    process = await anyio.open_process(
-        limited,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    process = await _spawn(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+    return await ran_to_end(process, started, timeout=timeout, tail=tail, stdout_limit=stdout_limit)
+
+
+async def ran_to_end(
+    process: Process,
+    started: float,
+    *,
+    timeout: float,
+    tail: bool = False,
+    stdout_limit: int = OUTPUT_BYTES,
+) -> Ran:
+    """``process``'s output read (bounded) until it ends or ``timeout`` has passed; its whole
+    group killed then, whatever happens (a cancellation too)."""
+    stdout, stderr = Bounded(limit=stdout_limit, tail=tail), Bounded(tail=tail)
     timed_out = False
     try:
         async with anyio.create_task_group() as pumps:
@@ -182,15 +206,91 @@ async def run(
             pumps.cancel_scope.deadline = anyio.current_time() + KILL_DRAIN_SECONDS
     finally:
         with anyio.CancelScope(shield=True):
-            _kill_group(process)
-            with anyio.move_on_after(KILL_DRAIN_SECONDS):
-                await process.wait()
+            await _killed(process)
     return Ran(
         None if timed_out else process.returncode,
         stdout,
         stderr,
         round((time.monotonic() - started) * 1000),
         timed_out,
+    )
+
+
+async def _killed(process: Process) -> None:
+    """``process``'s group killed and the process reaped (waiting at most KILL_DRAIN_SECONDS)."""
+    _kill_group(process)
+    with anyio.move_on_after(KILL_DRAIN_SECONDS):
+        await process.wait()
+
+
+class Spare:
+    """The next ``run_python``'s interpreter, started ahead (worker_boot.py): at the server's
+    start, and again in the background each time a run is done. An interpreter's start is most
+    of a short run's cost; this way a call pays only for its code.
+
+    One at most, taken by one call (a second call at once starts its own, as any call does when
+    there is none); thrown away after ``pip_install`` (it read the environment's ``.pth`` files
+    when it started, before the install) and at the server's end (its whole group killed).
+    """
+
+    def __init__(self) -> None:
+        self._process: Process | None = None
+        self._starting = False
+        self.background: anyio.abc.TaskGroup | None = None
+
+    async def interpreter(self) -> Process:
+        """The spare, else one started now. (The next is started when the run is done:
+        :meth:`refill_soon`; started now, it would take the CPU from this run.)"""
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            return process
+        if process is not None:
+            await _killed(process)
+        return await _booted()
+
+    def refill_soon(self) -> None:
+        """Start the next spare in the background (once the server runs)."""
+        if self.background is not None:
+            self.background.start_soon(self.refill)
+
+    async def refill(self) -> None:
+        if self._process is not None or self._starting:
+            return
+        self._starting = True
+        try:
+            self._process = await _booted()
+        except OSError as exc:  # (the environment is missing: each call says so itself)
+            print(f"worker-python: no spare interpreter: {exc}", file=sys.stderr)
+        finally:
+            self._starting = False
+
+    async def discard(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            with anyio.CancelScope(shield=True):
+                await _killed(process)
+
+    async def renew(self) -> None:
+        """The spare (if any) thrown away and another started in the background."""
+        await self.discard()
+        self.refill_soon()
+
+
+async def _ordered(process: Process, order: bytes) -> bool:
+    """Whether ``process`` took its order (worker_boot.py reads it to the end of its stdin)."""
+    assert process.stdin is not None
+    try:
+        await process.stdin.send(order)
+        await process.stdin.aclose()
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        return False
+    return True
+
+
+async def _booted() -> Process:
+    """An interpreter of the session's environment waiting for its order (worker_boot.py)."""
+    return await _spawn(
+        [f"{VENV}/bin/python", BOOT], cwd=RUNS, env=run_environment(), stdin=subprocess.PIPE
     )
 
 
@@ -308,8 +408,26 @@ class Listing(TypedDict):
     truncated: bool
 
 
+SPARE = Spare()
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(_server: MCPServer[None]) -> AsyncIterator[None]:
+    """The spare interpreter's life: its background refills, and its end with the server's."""
+    async with anyio.create_task_group() as background:
+        SPARE.background = background
+        background.start_soon(SPARE.refill)
+        try:
+            yield None
+        finally:
+            SPARE.background = None
+            background.cancel_scope.cancel()
+            await SPARE.discard()
+
+
 server = MCPServer(
     "worker-python",
+    lifespan=_lifespan,
     instructions=(
         "A Python sandbox on the project: run code, install packages into the session's "
         "environment, run the project's tests and lint it, read and write its files. Paths are "
@@ -351,14 +469,19 @@ async def run_python(code: str, timeout: float | None = None) -> PythonRun:
     with open(os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
         file.write(source)
     try:
-        ran = await run(
-            [f"{VENV}/bin/python", script],
-            cwd=workspace.root,
-            timeout=seconds,
-            env=run_environment(),
-        )
+        started = time.monotonic()
+        order = f"{workspace.root}\0{script}".encode("utf-8", "surrogateescape")
+        process = await SPARE.interpreter()
+        if not await _ordered(process, order):  # (the spare died waiting: one of its own)
+            await _killed(process)
+            process = await _booted()
+            if not await _ordered(process, order):
+                await _killed(process)
+                raise ToolError("run_python: the session's interpreter did not start")
+        ran = await ran_to_end(process, started, timeout=seconds)
     finally:
         os.unlink(script)
+        SPARE.refill_soon()
     if ran.timed_out or ran.exit_code is None:
         raise timed_out("run_python", seconds, ran)
     return PythonRun(
@@ -404,6 +527,8 @@ async def pip_install(packages: list[str], timeout: float | None = None) -> PipI
         finally:
             if os.path.exists(report):
                 os.unlink(report)
+            # (the spare read the environment's .pth files before the install)
+            await SPARE.renew()
     output = Bounded(limit=8000, tail=True)
     output.add(ran.stdout.kept + ran.stderr.kept)
     if ran.timed_out:

@@ -97,6 +97,7 @@ def pooling_of(suite: Suite) -> Pooling:
         targets={name: service.warm for name, service in services.items()},
         max_containers=suite.orchestrator.warm_pool.max_containers,
         parallel_starts=suite.orchestrator.warm_pool.parallel_starts,
+        refill_hold_seconds=suite.orchestrator.warm_pool.refill_hold_seconds,
         fixed_shape=frozenset(n for n, service in services.items() if service.user is not None),
         greets=per_call,
         per_call=per_call,

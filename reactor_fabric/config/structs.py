@@ -273,11 +273,17 @@ class Audit(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
         return parse_size(self.max_size)
 
 
-class WarmPool(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class WarmPool(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Started, idle containers kept ready (see :mod:`reactor_fabric.trio.warm_pool`)."""
 
     max_containers: int = 16
     parallel_starts: int = 2
+    # After a pooled container is handed out, refills wait this long (None: not at all).
+    refill_hold: str | None = "500ms"
+
+    @functools.cached_property
+    def refill_hold_seconds(self) -> float:
+        return 0.0 if self.refill_hold is None else parse_duration(self.refill_hold)
 
 
 class KubernetesEgressProxy(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

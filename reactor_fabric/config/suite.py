@@ -33,9 +33,24 @@ from .units import parse_duration, parse_size
 SCHEMA_RESOURCE = "claude-mcp-suite.schema.json"
 # The environment variable that carries a service's `config` into its container.
 SERVICE_CONFIG_ENV = "REACTOR_FABRIC_SERVICE_CONFIG"
+# The environment variable that marks a container for gVisor (policy/container_parts/isolation.py:
+# Podman's dispatching runtime reads it, so a suite must neither set it nor take it away).
+ISOLATION_ENV = "REACTOR_FABRIC_ISOLATION"
+# The variables of ours a suite may not set (env, secrets), with why.
+RESERVED_ENV = {
+    SERVICE_CONFIG_ENV: "it carries the service's `config` as JSON",
+    ISOLATION_ENV: "it marks a container for gVisor (set it with `isolation`)",
+}
+
+
+def _reserved(name: str) -> str:
+    return f"{name} is reserved: {RESERVED_ENV[name]}"
+
+
 # Docker refuses memory limits below 6 MiB.
 MIN_MEMORY_BYTES = 6 * 1024 * 1024
 MIN_TMP_BYTES = 1024 * 1024
+MAX_REFILL_HOLD_SECONDS = 10.0
 MIN_MESSAGE_BYTES = 1024
 MIN_AUDIT_BYTES = 64 * 1024
 MIN_WORKSPACE_BYTES = 1 << 20  # the schema's minimum, also for sizes given with a unit
@@ -337,6 +352,20 @@ def _check_orchestrator(orchestrator: dict[str, Any], collector: _Collector) -> 
     kubernetes = orchestrator.get("kubernetes")
     if isinstance(kubernetes, dict):
         _check_duration(kubernetes, ("orchestrator", "kubernetes", "start_timeout"), collector)
+    pool = orchestrator.get("warm_pool")
+    if isinstance(pool, dict) and isinstance(pool.get("refill_hold"), str):
+        path = ("orchestrator", "warm_pool", "refill_hold")
+        _check_duration(pool, path, collector)
+        try:
+            held = parse_duration(pool["refill_hold"])
+        except ValueError:
+            held = 0.0  # (said above)
+        if held > MAX_REFILL_HOLD_SECONDS and path not in collector.flagged:
+            collector.add(
+                path,
+                f"{pool['refill_hold']!r} is longer than {MAX_REFILL_HOLD_SECONDS:g}s: the pool "
+                "would stay empty that long after each hand-out",
+            )
     fabric = orchestrator.get("fabric")
     assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
     if isinstance(assist, dict):
@@ -449,10 +478,10 @@ def _check_accounts(
                     f"of two values; remove env.{secret}",
                     at_key=True,
                 )
-            elif secret == SERVICE_CONFIG_ENV:
+            elif secret in RESERVED_ENV:
                 collector.add(
                     ("orchestrator", "accounts", account, "secrets", secret),
-                    f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
+                    _reserved(secret),
                     at_key=True,
                 )
 
@@ -541,12 +570,9 @@ def _check_service(name: str, service: dict[str, Any], collector: _Collector) ->
     if isinstance(security, dict):  # (a size of 0 would be an unbounded tmpfs)
         _check_size(security, (*base, "security", "tmp_size"), MIN_TMP_BYTES, collector)
     env = service.get("env")
-    if isinstance(env, dict) and SERVICE_CONFIG_ENV in env:
-        collector.add(
-            (*base, "env", SERVICE_CONFIG_ENV),
-            f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
-            at_key=True,
-        )
+    if isinstance(env, dict):
+        for reserved in sorted(RESERVED_ENV.keys() & env.keys()):
+            collector.add((*base, "env", reserved), _reserved(reserved), at_key=True)
     _check_secrets(service, base, collector)
     _check_egress(service, base, collector)
     _check_lifecycle(name, service, collector)
@@ -587,12 +613,8 @@ def _check_secrets(service: dict[str, Any], base: KeyPath, collector: _Collector
         path: KeyPath = (*base, "secrets", secret)
         if path in collector.flagged:
             continue
-        if secret == SERVICE_CONFIG_ENV:
-            collector.add(
-                path,
-                f"{SERVICE_CONFIG_ENV} is reserved: it carries the service's `config` as JSON",
-                at_key=True,
-            )
+        if secret in RESERVED_ENV:
+            collector.add(path, _reserved(secret), at_key=True)
         elif secret in env_names:
             collector.add(
                 path,

@@ -91,14 +91,15 @@ class ContainerSpec:
     @property
     def environment(self) -> dict[str, str]:
         """The container's whole environment: the program's, then the egress proxy's, the
-        secrets' and the child session's variables."""
+        secrets', the child session's and the isolation's variables (the last, so that nothing
+        takes gVisor's mark away)."""
         environment = dict(self.program.environment)
         if self.egress is not None:
             environment |= self.egress.environment
         environment |= self.secrets.environment
         if self.child_session is not None:
             environment |= self.child_session.environment
-        return environment
+        return environment | self.isolation.environment
 
     @property
     def memory_bytes(self) -> int:

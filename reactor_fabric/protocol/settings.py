@@ -72,6 +72,8 @@ class Pooling:
     targets: Mapping[str, int] = field(default_factory=dict)
     max_containers: int = 16
     parallel_starts: int = 2
+    # After a hand-out, refills wait this long (0: not at all; see warm_pool.py, "Holds").
+    refill_hold_seconds: float = 0.0
     # The services whose suite names their user: their containers are all alike (no shape).
     fixed_shape: frozenset[str] = frozenset()
     # The fresh_per_call services that keep a pool: their pooled containers are greeted, and

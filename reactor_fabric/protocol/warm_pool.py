@@ -30,18 +30,26 @@ bounds that keep refills from hurting anyone:
 
 When starts must be rationed, the service with the fewest pooled containers goes first.
 
+**Holds.** A container claimed by a session is about to serve that session's first calls, and
+a pooled start beside it — an engine's create, a server loading — takes the CPU from them
+(measured on two cores: the bundled worker's first call 35 / 76 ms at P50 / P95 with the
+refill at once, 23 / 29 with it held; docs/BENCHMARKS.md). So after a claim no refill starts
+for ``refill_hold_seconds`` (``orchestrator.warm_pool.refill_hold``, 500 ms by default); a
+claim during a hold does not extend it, so refills wait at most that long even under a steady
+stream of takes, and then start within the bounds above.
+
 **Refills at the rate of consumption.** A ``fresh_per_call`` service (``per_call``) consumes one
 pooled container per call, so a burst of calls would drain a pool kept at ``warm``. Its target
 follows its demand: it is the number of its takes within the last ``RATE_WINDOW_SECONDS``
 (hits and misses alike: a miss is a call that wanted one; not a take no pooled container
 could serve: mounts that cannot be placed, the stop), never below ``warm`` and never above its
 ceiling, ``max(warm, PER_CALL_CEILING)``. So the pool holds as many containers as the service
-used in the last minute, and the refill of each take begins at once (within the bounds above:
-``parallel_starts`` still rations the starts, so a burst of a hundred calls is followed by a
-trickle of refills, never a storm). As takes age out of the window the target falls back to
-``warm``, one step per take, and the ready containers above it are removed, the oldest first
-(``surplus``; starting ones count too: when one completes with the pool still above the
-target, the oldest ready one goes). Containers above a service's ``warm`` never take room
+used in the last minute, and the refill of each take begins as soon as the bounds above and
+the hold below allow (``parallel_starts`` rations the starts, so a burst of a hundred calls is
+followed by a trickle of refills, never a storm). As takes age out of the window the target
+falls back to ``warm``, one step per take, and the ready containers above it are removed, the
+oldest first (``surplus``; starting ones count too: when one completes with the pool still
+above the target, the oldest ready one goes). Containers above a service's ``warm`` never take room
 another service's ``warm`` needs: one is started only while every service's
 ``max(pooled, warm)`` together stay below ``max_containers``. The takes kept are the newest
 ``ceiling`` (more could not raise the target), so the record is bounded.
@@ -92,6 +100,7 @@ from .warm_pool_entries import Books, PooledService, shallow_copy
 from .warm_pool_events import (
     Action,
     CheckImages,
+    Claim,
     EarlyOutput,
     Event,
     ImageChanged,
@@ -149,6 +158,7 @@ class WarmPoolMachine:
             self.books,
             max_containers=pooling.max_containers,
             parallel_starts=pooling.parallel_starts,
+            hold_seconds=pooling.refill_hold_seconds,
         )
         self.health = Health(self.books)
         self.takes = Takes(self.books, greets=pooling.greets)
@@ -232,6 +242,8 @@ class WarmPoolMachine:
                 actions = health.ended(token, why, now)
             case Take():
                 actions = self.takes.take(event)
+                if any(isinstance(action, Claim) for action in actions):
+                    self.refills.hold(now)
             case Watched(token=token):
                 actions = self.takes.watched(token)
             case ImagesChecked(images=images):

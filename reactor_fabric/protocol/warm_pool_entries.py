@@ -193,6 +193,8 @@ class Books:
     next_token: int = 0
     stopping: bool = False
     now: float = -math.inf  # the time of the last event
+    # No refill starts before this (a hold after a hand-out: see Refills.hold).
+    held_until: float = -math.inf
 
     def total(self) -> int:
         """Pooled containers of every service, starting and ready."""
@@ -241,6 +243,7 @@ class Books:
             self.stopping,
             self.stages_mounts,
             self.now,
+            self.held_until,
         )
 
 

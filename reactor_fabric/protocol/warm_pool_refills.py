@@ -6,7 +6,8 @@ consumption": ready + starting kept at each service's target, within the cap on 
 containers of all services together (``max_containers``), at most ``parallel_starts`` starts at
 once, and each service's back-off; the service with the fewest pooled containers first; a
 per-call service's takes forgotten as they leave the window, and what it pools above its
-falling target removed, the oldest ready first (``surplus``).
+falling target removed, the oldest ready first (``surplus``); no start during a hold after a
+hand-out (the machine's "Holds").
 
 Resources: none but the books' (the starts it asks for are counted there). Error handling:
 nothing here raises.
@@ -21,10 +22,24 @@ from .warm_pool_events import Action, RemovePooled, StartPooled
 class Refills:
     """Targets and refill scheduling (see the module docstring)."""
 
-    def __init__(self, books: Books, *, max_containers: int, parallel_starts: int) -> None:
+    def __init__(
+        self,
+        books: Books,
+        *,
+        max_containers: int,
+        parallel_starts: int,
+        hold_seconds: float = 0.0,
+    ) -> None:
         self.books = books
         self.max_containers = max_containers
         self.parallel_starts = parallel_starts
+        self.hold_seconds = hold_seconds
+
+    def hold(self, now: float) -> None:
+        """A container was just claimed by a session: no refill starts for ``hold_seconds``,
+        unless a hold runs already (it is not extended: refills wait at most that long)."""
+        if self.hold_seconds > 0 and now >= self.books.held_until:
+            self.books.held_until = now + self.hold_seconds
 
     def on(self, books: Books) -> Refills:
         """The same refills on ``books`` (a copy of the machine's, for model checking)."""
@@ -59,6 +74,8 @@ class Refills:
         """The starts the bounds allow now, the service with the fewest pooled first."""
         books = self.books
         actions: list[Action] = []
+        if now < books.held_until:
+            return actions
         total = books.total()
         while books.starting < self.parallel_starts and total < self.max_containers:
             beyond = self.room_beyond_warm()
@@ -85,9 +102,9 @@ class Refills:
         return actions
 
     def due(self) -> list[float]:
-        """When a refill next waits for time: the end of a back-off that holds a service's
-        refill, and when a per-call service's oldest take leaves the window while its target
-        is above warm (the target then falls)."""
+        """When a refill next waits for time: the end of a hold or of a back-off that holds a
+        service's refill, and when a per-call service's oldest take leaves the window while its
+        target is above warm (the target then falls)."""
         services = self.books.services.values()
         now = self.books.now
         waiting = [
@@ -95,6 +112,8 @@ class Refills:
             for service in services
             if service.count() < service.target and service.retry_at > now
         ]
+        if self.books.held_until > now and any(s.count() < s.target for s in services):
+            waiting.append(self.books.held_until)
         waiting += [
             falls for service in services if (falls := service.target_falls_at()) is not None
         ]

@@ -346,8 +346,10 @@ def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str,
     to our descriptor like Docker's anonymous one, and named after its container (``NAME-mI``)
     so that whoever removes the container finds them. ``uid``/``gid`` are the pinned object's
     own: without them Podman changes the owner of the volume's root — the user's directory —
-    to the container's user on first use. Read-only comes from the container's mount, since
-    Podman drops ``ro`` from the options next to ``uid``.
+    to the container's user on first use. A read-only mount is read-only at the source too
+    (``ro``), as Docker's is: the container's ``ro`` alone is runc's remount, which gVisor's
+    gofer does not make (its bind of the source is what the pin check sees), and the kernel,
+    not only the runtime, then keeps the writes out.
     """
     if pins is None:
         return {}
@@ -362,7 +364,7 @@ def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str,
             "driver": "local",
             "driver_opts": {
                 "type": "none",
-                "o": f"bind,uid={uid},gid={gid}",
+                "o": f"bind,{'ro,' if mount.read_only else ''}uid={uid},gid={gid}",
                 "device": pin.engine_source,
             },
             "labels": {**spec.labels, LABEL_PINNED_VOLUME_OF: spec.name},

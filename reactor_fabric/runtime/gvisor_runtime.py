@@ -3,12 +3,20 @@ orchestrator found out: the runtimes the engine lists (``GET /info``, on each ne
 and whether it honoured the runtime a container named (one container created and removed at
 the start, never started: :meth:`DockerRuntime.verify_isolation`).
 
+On Podman the engine's default runtime may be ``deploy/podman/oci-dispatch`` (registered as
+:data:`DISPATCHING_RUNTIME`): Podman's API drops the runtime a container names, so the check's
+container gets the default, and that program runs the containers marked for gVisor (every one
+the orchestrator starts under gVisor: ``REACTOR_FABRIC_ISOLATION``) under runsc. gVisor is had
+then too, by the mark; anything else a container naming runsc gets means there is none.
+
 Pure bookkeeping: the engine calls are the Docker runtime's.
 """
 
 from __future__ import annotations
 
 import logging
+
+from ..policy.container_parts.isolation import DISPATCHING_RUNTIME
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +59,22 @@ class GvisorRuntime:
             )
 
     def ran_under(self, runtime: str, engine: str) -> None:
-        """A container naming the runtime was given ``runtime`` by ``engine``: another one, and
+        """A container naming the runtime was given ``runtime`` by ``engine``: that one, or the
+        dispatcher (which gives the containers marked for gVisor runsc), or another one, and
         gVisor is not to be had from this engine."""
         if runtime == self.wanted:
             return
+        if runtime == DISPATCHING_RUNTIME:
+            log.info(
+                "gvisor_by_dispatch",
+                extra={"engine": engine, "runtime": runtime, "gvisor": self.wanted},
+            )
+            return
         self._dropped = (
             f"the engine ({engine}) ran a container that names the runtime {self.wanted!r} "
-            f"under {runtime or 'its default'!r} (Podman 4 drops the runtime a container names "
-            "through its Docker-compatible API)"
+            f"under {runtime or 'its default'!r} (Podman drops the runtime a container names "
+            f"through its API; deploy/podman/oci-dispatch as its default runtime, named "
+            f"{DISPATCHING_RUNTIME!r}, runs the containers marked for gVisor under it: "
+            "scripts/ensure-gvisor registers it)"
         )
         log.warning("gvisor_not_honoured", extra={"detail": self._dropped})

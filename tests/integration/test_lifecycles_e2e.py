@@ -205,6 +205,57 @@ def test_smart_refresh_replaces_a_container_over_its_memory_threshold_before_the
         assert [reasons[c] for c in containers[:2]] == ["refresh_memory"] * 2
 
 
+def test_under_gvisor_the_memory_figure_is_the_sandboxs_and_still_refreshes_the_container(
+    tmp_path: Path, allocating_image: str, docker_client: docker.DockerClient
+) -> None:
+    # Under gVisor the engine's figure is the whole sandbox's (its kernel's own memory too,
+    # about 12 MiB more here): under the 48 MiB threshold at rest, over it once the server
+    # holds 64 MiB more, and the next call gets a fresh container, as under runc.
+    suite = write_suite(
+        tmp_path / "suite.yaml",
+        [str(tmp_path)],
+        test_services={
+            "allocating": {
+                "image": allocating_image,
+                "container_strategy": "smart_refresh",
+                "memory_threshold": "48m",
+                "isolation": "gvisor",
+            }
+        },
+    )
+    with orchestrator(suite, tmp_path / "orchestrator.log") as running:
+        client = python_client(f"{running.ws_url}/mcp/allocating", "--register", "[]")
+        texts, kernels = [], []
+        try:
+            session = client.read_json()["result"]["sessionId"]
+            assert client.ask({"op": "initialize"})["ok"]
+            for mb in (0, 0, 64, 0):
+                answer = client.ask({"op": "call", "name": "allocate", "arguments": {"mb": mb}})
+                assert answer["ok"], answer
+                texts.append(text_of(answer))
+                kernels.append(sandboxed(docker_client, running))
+            containers = served(running, session, 4)
+        finally:
+            assert client.close() == 0
+        reasons = stop_reasons(ended(running, session))
+    assert texts == ["holding 0 MiB", "holding 0 MiB", "holding 64 MiB", "holding 0 MiB"]
+    assert kernels == [True] * 4
+    old, new = containers[0], containers[3]
+    assert containers == [old, old, old, new]
+    assert reasons[old] == "refresh_memory"
+
+
+def sandboxed(client: docker.DockerClient, running: Orchestrator) -> bool:
+    """Whether the orchestrator's one running container runs in a gVisor sandbox, as the host
+    sees it: its first process is runsc's sandbox."""
+    [container] = client.containers.list(
+        filters={"label": f"reactor-fabric.instance={running.instance}"}
+    )
+    pid = int(client.api.inspect_container(container.id)["State"]["Pid"])
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read().split(b"\0", 1)[0] == b"runsc-sandbox"
+
+
 def test_smart_refresh_replaces_a_container_once_a_call_took_it_over_its_memory_threshold(
     fabric: Orchestrator, docker_client: docker.DockerClient
 ) -> None:

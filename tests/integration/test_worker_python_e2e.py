@@ -67,10 +67,12 @@ def project(tmp_path: Path) -> Path:
 
 def wheel(name: str, version: str, source: str) -> tuple[str, bytes]:
     """A pure-Python wheel of one module, ``name/__init__.py`` = ``source``, with a console
-    script ``NAME-hello`` (its ``main``) and its RECORD."""
+    script ``NAME-hello`` (its ``main``), a ``.pth`` file that sets ``NAME_PTH`` in the
+    environment of every interpreter started after the install, and its RECORD."""
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": source.encode(),
+        f"{name}_hook.pth": f"import os; os.environ['{name.upper()}_PTH'] = 'read'\n".encode(),
         f"{dist}/entry_points.txt": f"[console_scripts]\n{name}-hello = {name}:main\n".encode(),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
@@ -148,10 +150,9 @@ def runtime_of(client: docker.DockerClient, container: Any) -> str:
     return str(container.attrs["HostConfig"].get("Runtime"))
 
 
-def not_honoured(running: Orchestrator) -> bool:
-    """Whether the orchestrator found at its start that the engine runs a container naming
-    gVisor's runtime under another (Podman 4.3, the Debian package: so far on Podman)."""
-    return any(e["event"] == "gvisor_not_honoured" for e in running.logs())
+# Where Podman's dispatching runtime (deploy/podman/oci-dispatch) remembers the containers it
+# gave runsc.
+DISPATCHED = Path("/run/reactor-fabric/oci-dispatch")
 
 
 KERNEL = (
@@ -199,14 +200,9 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
         try:
             listed = client.ask({"op": "list_tools"})
             kernel = call(client, "run_python", code=KERNEL)
-            if isolation == "gvisor" and not_honoured(running):
-                # Podman 4 drops the runtime a container names through its compatible API:
-                # the orchestrator found out at its start, and refuses rather than run runc.
-                assert kernel["error"]["data"]["reason"] == "isolation_unavailable", kernel
-                assert "Podman 4 drops the runtime" in kernel["error"]["message"]
-                return
             [container] = containers_of(docker_client, instance=running.instance)
             runtime = runtime_of(docker_client, container)
+            dispatched_to_runsc = (DISPATCHED / container.id).exists()
             ran = call(
                 client,
                 "run_python",
@@ -214,6 +210,8 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
                 "print(os.getcwd(), os.getuid())\nimport sys; print('oops', file=sys.stderr)\n"
                 "raise SystemExit(3)\n",
             )
+            imported = call(client, "run_python", code="import app; print(app.VALUE)")
+            failed = call(client, "run_python", code="def f():\n    1 / 0\n\nf()\n")
             tests = call(client, "run_tests")
             one_test = call(client, "run_tests", path="tests/test_maths.py::test_adds")
             linted = call(client, "lint")
@@ -234,14 +232,20 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
         finally:
             assert client.close() == 0
         wait_until(
-            lambda: sum(r["event"] == "tool_call" for r in running.audit()) >= 17,
+            lambda: sum(r["event"] == "tool_call" for r in running.audit()) >= 19,
             what="the calls' audit records",
         )
         audited = [r for r in running.audit() if r["event"] == "tool_call"]
 
     assert listed["ok"], listed
     # The engine's runtime, and the kernel the code meets.
-    assert (runtime == "runsc") is (isolation == "gvisor"), runtime
+    if engine_is_podman(docker_client):
+        # Podman's API drops the runtime a container names: its default runtime, the
+        # dispatcher, ran the container — under runsc when marked for gVisor.
+        assert runtime == "reactor-fabric-dispatch", runtime
+        assert dispatched_to_runsc is (isolation == "gvisor")
+    else:
+        assert (runtime == "runsc") is (isolation == "gvisor"), runtime
     assert ok(kernel)["stdout"] == f"{isolation == 'gvisor'}\n"
     tools = {name.removeprefix(f"{SERVICE}__") for name in listed["tools"] if SERVICE in name}
     assert tools == {
@@ -254,6 +258,14 @@ def test_every_worker_tool_works_on_the_clients_project_through_the_fabric_endpo
     assert python["stderr"] == "oops\n"
     made = project / "made.txt"
     assert made.read_text() == "by run_python"
+    # The project's modules import (its directory first on sys.path); a traceback is the
+    # code's own (the interpreter started ahead leaves no frame of its own in it).
+    assert ok(imported)["stdout"] == "1\n"
+    crashed = ok(failed)
+    assert crashed["exit_code"] == 1
+    assert crashed["stderr"].splitlines()[-1] == "ZeroDivisionError: division by zero"
+    assert "line 4, in <module>" in crashed["stderr"]
+    assert "worker_boot" not in crashed["stderr"]
     assert (made.stat().st_uid, made.stat().st_gid) == CLIENT_IDS
     # The tests: counts and the failing test's id with its first lines.
     counts = ok(tests)
@@ -311,6 +323,8 @@ def test_packages_install_from_the_listed_index_and_last_the_session_only(
             refused = call(client, "pip_install", packages=["--index-url=http://elsewhere/"])
             installed = call(client, "pip_install", packages=[PACKAGE])
             used = call(client, "run_python", code=f"import {PACKAGE}; print({PACKAGE}.VALUE)")
+            # (the interpreter waiting for this call was started after the install)
+            pth = call(client, "run_python", code="import os; print(os.environ.get('RFDEMO_PTH'))")
             # Its console script runs from the session's environment (/tmp: exec there).
             script = call(
                 client,
@@ -332,6 +346,7 @@ def test_packages_install_from_the_listed_index_and_last_the_session_only(
     assert result["installed"] == [{"name": PACKAGE, "version": "1.0"}]
     assert result["requested"] == [PACKAGE]
     assert ok(used)["stdout"] == "installed from the test index\n"
+    assert ok(pth)["stdout"] == "read\n"
     assert ok(script)["stdout"] == "its script ran\n", script
     assert ok(tested)["passed"] == 1
     # Outside the project: nothing of the environment is in the client's files.

@@ -11,6 +11,12 @@ Under gVisor a mount made on the host after the container started is not reliabl
 (a directory bound below a propagating bind source fails ``stat`` inside: measured with runsc
 20221219), so a warm pool's container of such a service serves only sessions without mounts
 (:mod:`reactor_fabric.trio.warm_pool`).
+
+A gVisor container also carries ``REACTOR_FABRIC_ISOLATION=gvisor`` in its environment (a name a
+suite cannot set: :mod:`reactor_fabric.config.suite`). Podman's API drops the runtime a
+container names; on Podman the runtime that honours the mark instead is ``deploy/podman/
+oci-dispatch`` (the engine's default, :data:`DISPATCHING_RUNTIME`), and the program in the
+container may read which kernel it meets from it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ from typing import Literal
 
 from ..._reasons import ISOLATION_UNAVAILABLE
 from ...config.structs import Service
+from ...config.suite import ISOLATION_ENV
 from .context import RuntimeCapabilities, SpecContext, SpecRefusal
 
 RUNC: Literal["runc"] = "runc"
 GVISOR: Literal["gvisor"] = "gvisor"
+
+# The name of Podman's runtime that reads ISOLATION_ENV (deploy/podman/oci-dispatch).
+DISPATCHING_RUNTIME = "reactor-fabric-dispatch"
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,11 @@ class IsolationPart:
 
     kind: Literal["runc", "gvisor"] = RUNC
     runtime: str | None = None
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The mark a gVisor container carries (none under runc)."""
+        return {ISOLATION_ENV: GVISOR} if self.kind == GVISOR else {}
 
 
 def resolved_isolation(service: Service, capabilities: RuntimeCapabilities) -> str:

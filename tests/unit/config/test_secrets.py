@@ -92,17 +92,19 @@ def test_a_malformed_secret_is_reported_with_its_line_and_key(secrets: str, expe
     assert issues[0].startswith(expected) or expected in issues[0], issues
 
 
-def test_a_secret_cannot_share_its_name_with_an_env_entry_or_the_config_variable() -> None:
+def test_a_secret_cannot_share_its_name_with_an_env_entry_or_a_variable_of_ours() -> None:
     text = SUITE.format(
         secrets="      TOKEN: {env: X}\n      REACTOR_FABRIC_SERVICE_CONFIG: {env: Y}\n"
+        "      REACTOR_FABRIC_ISOLATION: {env: Z}\n"
     ).replace(
         "    secrets:\n",
         "    env: {TOKEN: plain}\n    secrets:\n",
     )
     issues = [str(i) for i in check_suite_text(text, source="suite.yaml").issues]
-    assert len(issues) == 2, issues
+    assert len(issues) == 3, issues
     assert "secrets.TOKEN: 'TOKEN' is also set under env" in issues[0]
     assert "REACTOR_FABRIC_SERVICE_CONFIG is reserved" in issues[1]
+    assert "REACTOR_FABRIC_ISOLATION is reserved: it marks a container for gVisor" in issues[2]
 
 
 def secret_file(tmp_path: Path, mode: int, content: str = VALUE + "\n") -> Path:

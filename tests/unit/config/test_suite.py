@@ -56,6 +56,25 @@ def test_a_minimal_suite_gets_the_documented_defaults() -> None:
     assert orchestrator.max_message_bytes == 16 * 1024 * 1024
     assert orchestrator.network == "bridge"
     assert orchestrator.allowed_origins == []
+    assert orchestrator.warm_pool.refill_hold_seconds == 0.5
+
+
+def test_a_pools_refill_hold_may_be_turned_off_or_set_within_ten_seconds() -> None:
+    def hold(value: str) -> tuple[list[str], float | None]:
+        text = MINIMAL.replace('["/home/"]', f'["/home/"]\n  warm_pool: {{refill_hold: {value}}}')
+        result = check_suite_text(text, source="suite.yaml")
+        held = result.suite.orchestrator.warm_pool.refill_hold_seconds if result.suite else None
+        return [str(issue) for issue in result.issues], held
+
+    assert hold("null") == ([], 0.0)
+    assert hold('"2s"') == ([], 2.0)
+    assert hold('"10s"') == ([], 10.0)
+    said, _ = hold('"11s"')
+    assert len(said) == 1
+    assert "orchestrator.warm_pool.refill_hold: '11s' is longer than 10s" in said[0]
+    said, _ = hold('"0s"')
+    assert len(said) == 1
+    assert "must be a positive duration" in said[0]
 
 
 def test_the_seed_example_suite_with_every_original_field_is_valid() -> None:
@@ -270,6 +289,10 @@ BAD_SUITES: dict[str, tuple[str, list[tuple[int, str, str]]]] = {
     "reserved env variable": (
         MINIMAL + '    env: {REACTOR_FABRIC_SERVICE_CONFIG: "{}"}\n',
         [(7, "mcp_services.time.env.REACTOR_FABRIC_SERVICE_CONFIG", "is reserved")],
+    ),
+    "the isolation mark in env (taking gVisor away, or asking for it behind our back)": (
+        MINIMAL + "    env: {REACTOR_FABRIC_ISOLATION: runc}\n",
+        [(7, "mcp_services.time.env.REACTOR_FABRIC_ISOLATION", "set it with `isolation`")],
     ),
     "config that is a list": (
         MINIMAL + "    config: [a, b]\n",

@@ -244,6 +244,17 @@ def test_the_runtime_is_gvisors_where_asked_for_and_there_is_one(
     spec = spec_for(service, capabilities=WITH_GVISOR if gvisor else WITHOUT_GVISOR)
     assert spec.runtime == runtime
     assert host_config_kwargs(spec).get("runtime") == runtime
+    # The mark Podman's dispatching runtime reads (deploy/podman/oci-dispatch): on gVisor's only.
+    marked = spec.environment.get("REACTOR_FABRIC_ISOLATION")
+    assert marked == ("gvisor" if runtime else None)
+
+
+def test_gvisors_mark_is_the_environments_last_word() -> None:
+    # Whatever the program's variables say (a suite cannot name it: config/suite.py refuses it,
+    # and this is the second line), the mark stays: the dispatcher must see it to run runsc.
+    service = Service(image="x", isolation="gvisor", env={"REACTOR_FABRIC_ISOLATION": "runc"})
+    spec = spec_for(service, capabilities=WITH_GVISOR)
+    assert spec.environment["REACTOR_FABRIC_ISOLATION"] == "gvisor"
 
 
 def test_gvisor_asked_for_where_there_is_none_is_refused_with_its_reason_never_run_as_runc() -> (

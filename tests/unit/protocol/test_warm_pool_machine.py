@@ -55,6 +55,7 @@ def machine(
     stages_mounts: bool = False,
     greets: tuple[str, ...] = (),
     per_call: tuple[str, ...] = (),
+    hold: float = 0.0,
 ) -> WarmPoolMachine:
     pooling = Pooling(
         targets if targets is not None else {"time": 2},
@@ -63,6 +64,7 @@ def machine(
         fixed_shape=frozenset(fixed_shape),
         greets=frozenset(greets),
         per_call=frozenset(per_call),
+        refill_hold_seconds=hold,
     )
     return WarmPoolMachine(pooling, initial_shape=NOBODY, stages_mounts=stages_mounts)
 
@@ -169,6 +171,46 @@ def test_a_take_hands_out_the_oldest_ready_container_once_and_the_pool_refills()
     assert take(pool, "time", NOBODY)[0] == done[1].token
     with pytest.raises(ValueError, match="not claimed"):
         feed(pool, Watched(done[0].token))
+
+
+def test_after_a_hand_out_refills_wait_the_hold_then_start_at_its_end() -> None:
+    pool = machine({"time": 2, "git": 1}, hold=0.5, parallel=4)
+    fill(pool)
+    actions = feed(pool, Take("time", NOBODY), now=10.0)
+    assert [a for a in actions if isinstance(a, Claim)]
+    assert started(actions) == []  # held: the session's first calls have the CPU
+    assert pool.deadline == 10.5
+    assert starts(pool, 10.2) == []
+    (refill,) = starts(pool, 10.5)
+    assert refill.service == "time"
+    assert pool.deadline is None or pool.deadline > 10.5
+
+
+def test_a_hold_holds_every_services_refills_and_a_take_during_it_does_not_extend_it() -> None:
+    pool = machine({"time": 1, "git": 1}, hold=0.5, parallel=4)
+    fill(pool)
+    take(pool, "time", NOBODY, now=1.0)
+    assert started(feed(pool, Take("git", NOBODY), now=1.4)) == []  # (claimed during the hold)
+    assert pool.deadline == 1.5  # not 1.9: refills wait at most the hold
+    assert sorted(a.service for a in starts(pool, 1.5)) == ["git", "time"]
+
+
+def test_a_miss_holds_nothing() -> None:
+    pool = machine({"time": 1}, hold=0.5)
+    (first,) = starts(pool, 0.0)
+    # (Still starting: the take misses, and the session starts its own container.)
+    assert take(pool, "time", NOBODY, now=0.1)[1] == "empty"
+    feed(pool, StartSucceeded(first.token), now=0.2)
+    take(pool, "time", NOBODY, now=0.3)
+    assert pool.deadline == 0.8
+    assert take(pool, "other", NOBODY, now=0.4)[1] == "not_pooled"
+    assert pool.deadline == 0.8
+
+
+def test_without_a_hold_the_refill_of_a_hand_out_starts_at_once() -> None:
+    pool = machine({"time": 1}, hold=0.0)
+    fill(pool)
+    assert len(started(feed(pool, Take("time", NOBODY), now=5.0))) == 1
 
 
 def test_a_container_still_starting_is_not_handed_out() -> None:

@@ -34,6 +34,9 @@ Invariants:
 - a greeted container (a ``fresh_per_call`` service's, greeted on the fabric endpoint's
   demand) goes only to a session that may take one, a greeting is part of its start (within
   the cap and ``parallel_starts``), and one that failed it is removed, never ready;
+- after a claim, no refill starts during the hold (the world keeps its own: a claim during a
+  hold does not extend it), and a service below its warm during one has the machine's
+  deadline at the hold's end at the latest (it is woken, never left unrefilled);
 - a per-call service's refills follow its takes (the world counts them itself): it never pools
   more than its takes within the window (at least its warm, at most its ceiling), a container
   above its warm starts only while every service's warm still fits under the cap beside it, a
@@ -43,6 +46,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +100,8 @@ GREETS = ("a",)  # a is fresh_per_call: its pooled containers are greeted on dem
 PER_CALL: tuple[str, ...] = ()
 MAX_CONTAINERS = 2
 PARALLEL_STARTS = 2
+# The pool's refill hold after a claim (0: none; set for the held world below).
+HOLD = 0.0
 X, Y = "account-x", "account-y"
 # What sessions ask for: (service, account, mounts, placeable, greeted: a fabric per-call
 # backend, which may take a greeted container).
@@ -168,6 +174,7 @@ class World:
     stopping: bool = False
     step: str = ""  # what the world is doing (actions are checked against it)
     answered: bool = False  # the current take was answered (claim or miss)
+    held_until: float = -math.inf  # no refill may start before (the hold of a claim)
 
     def clone(self) -> World:
         twin = shallow_copy(self)
@@ -190,6 +197,7 @@ class World:
             self.misfortunes,
             self.staging_lost,
             self.stopping,
+            self.held_until,
         )
 
     def in_pool(self, *states: str) -> list[Box]:
@@ -222,6 +230,7 @@ def apply(world: World, event: Event, actions: list[Action], trail: list[str]) -
             case StartPooled(token=token, service=service, shape=shape, staged=staged):
                 check(not world.stopping, f"{token} started after shutdown", trail)
                 check(token >= world.issued, f"{token} started twice", trail)
+                check(world.now >= world.held_until, f"{token} started during a hold", trail)
                 world.issued = token + 1
                 check(staged == (not world.staging_lost), f"{token} staged={staged}", trail)
                 check(shape is None or service not in FIXED, f"{token} has a shape", trail)
@@ -249,6 +258,8 @@ def apply(world: World, event: Event, actions: list[Action], trail: list[str]) -
                 removed(world, event, token, reason, trail)
             case Claim(token=token, service=service):
                 claimed(world, event, token, service, trail)
+                if HOLD > 0 and world.now >= world.held_until:  # (a claim does not extend it)
+                    world.held_until = world.now + HOLD
             case HandOut(token=token):
                 box = world.boxes.get(token)
                 check(event == Watched(token), f"{token} handed out unasked", trail)
@@ -515,6 +526,11 @@ def after(world: World, event: Event, trail: list[str]) -> None:
             above = pooled_of(world, service) > target_of(world, service)
             check(not (above and ready), f"{service} keeps a surplus ready", trail)
     check(machine.claimed == len(world.in_pool("claimed")), "claims out of step", trail)
+    if not world.stopping and world.now < world.held_until:
+        below = [name for name, warm in TARGETS.items() if pooled_of(world, name) < warm]
+        deadline = machine.deadline
+        woken = deadline is not None and deadline <= world.held_until
+        check(not below or woken, f"{below} held with no deadline at the hold's end", trail)
     # Settled for good (nothing more can happen to it): forgotten, so that histories that
     # differ only in those merge. Anything the machine still says about it is then a violation.
     for token in [
@@ -557,6 +573,7 @@ def explore() -> int:
         fixed_shape=frozenset(FIXED),
         greets=frozenset(GREETS),
         per_call=frozenset(PER_CALL),
+        refill_hold_seconds=HOLD,
     )
     machine = WarmPoolMachine(pooling, initial_shape=X, stages_mounts=True)
     start = World(machine)
@@ -619,6 +636,53 @@ def test_every_reachable_state_of_a_pool_that_follows_its_takes_keeps_the_invari
     # shrinking it back, in every order.
     rate_world(monkeypatch)
     assert explore() >= 10_000
+
+
+@pytest.mark.exhaustive
+def test_every_reachable_state_of_a_pool_that_holds_its_refills_keeps_the_invariants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Refills held after each claim (never during a hold, always woken at its end), sessions
+    # racing them and the clock, with the per-call world's growth.
+    rate_world(monkeypatch)
+    monkeypatch.setattr(sys.modules[__name__], "HOLD", 0.5)
+    assert explore() >= 25_000
+
+
+ORIGINAL_REFILL_STARTS = Refills.starts
+ORIGINAL_DUE = Refills.due
+
+
+def _starts_through_holds(self: Refills, now: float) -> list[Action]:
+    # Forgets the hold when it starts refills.
+    held, self.books.held_until = self.books.held_until, -math.inf
+    try:
+        return ORIGINAL_REFILL_STARTS(self, now)
+    finally:
+        self.books.held_until = held
+
+
+def _hold_without_deadline(self: Refills) -> list[float]:
+    # Holds refills but never asks to be woken at the hold's end.
+    return [t for t in ORIGINAL_DUE(self) if t != self.books.held_until]
+
+
+@pytest.mark.parametrize(
+    ("method", "bug", "caught"),
+    [
+        ("starts", _starts_through_holds, "started during a hold"),
+        ("due", _hold_without_deadline, "held with no deadline at the hold's end"),
+    ],
+    ids=["ignored", "never-woken"],
+)
+def test_the_checker_catches_a_pool_that_gets_its_holds_wrong(
+    monkeypatch: pytest.MonkeyPatch, method: str, bug: Callable[..., Any], caught: str
+) -> None:
+    monkeypatch.setattr(Refills, method, bug)
+    rate_world(monkeypatch)
+    monkeypatch.setattr(sys.modules[__name__], "HOLD", 0.5)
+    with pytest.raises(Violation, match=caught):
+        explore()
 
 
 def _no_trim(self: Refills) -> list[Action]:

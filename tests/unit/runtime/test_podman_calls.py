@@ -157,16 +157,17 @@ async def test_on_podman_a_pinned_mount_is_a_named_volume_bound_to_the_descripto
     assert name == "rf-git-0123456789ab-0-m0"
     pin = pins.for_target("/workspace")
     assert pin is not None
-    # The pinned object's owner, so that Podman does not chown the user's directory.
+    # The pinned object's owner, so that Podman does not chown the user's directory; read-only
+    # at the source (gVisor's gofer binds the source as it is).
     assert volume["driver_opts"] == {
         "type": "none",
-        "o": "bind,uid=1234,gid=5678",
+        "o": "bind,ro,uid=1234,gid=5678",
         "device": pin.engine_source,
     }
     assert volume["labels"]["reactor-fabric.pinned-volume-of"] == spec.name
     [mount] = client.created["host_config"]["Mounts"]
     assert (mount["Type"], mount["Source"], mount["Target"]) == ("volume", name, "/workspace")
-    assert mount["ReadOnly"] is True  # from the mount: Podman drops "ro" next to uid=
+    assert mount["ReadOnly"] is True  # (and in the container's mount too)
     assert client.calls[:2] == [("create_volume", name), ("create_container", spec.name)]
 
 

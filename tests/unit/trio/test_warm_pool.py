@@ -61,12 +61,15 @@ def suite(
     max_containers: int = 16,
     user: str | None = None,
     strategy: Any = None,
+    refill_hold: str | None = None,  # (none: a take's refill starts at once)
 ) -> Suite:
     return Suite(
         version="1.0",
         orchestrator=Orchestrator(
             allowed_mount_roots=[str(root)],
-            warm_pool=PoolSettings(max_containers=max_containers, parallel_starts=parallel),
+            warm_pool=PoolSettings(
+                max_containers=max_containers, parallel_starts=parallel, refill_hold=refill_hold
+            ),
         ),
         mcp_services={
             "svc": Service(image=IMAGE, warm=warm, user=user, container_strategy=strategy),
@@ -480,6 +483,25 @@ async def test_cancelling_a_start_that_takes_from_the_pool_at_every_step_leaks_n
         return left
 
     assert await cancel_at_every_step(run) > 5
+
+
+async def test_a_hand_outs_refill_waits_for_the_hold_then_starts_at_its_end(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with warm_pool(tmp_path, warm=1, refill_hold="2s") as h:
+        await h.filled(1)
+        taken_at = trio.current_time()
+        container = await h.start()
+        await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+        # Held: nothing starts beside the session's first calls (alive: its container only).
+        assert len(h.pooled()) == 1
+        assert not h.pool.machine.starting
+        await trio.sleep_until(taken_at + 1.9)
+        assert not h.pool.machine.starting
+        assert len(h.pooled()) == 1
+        await trio.sleep_until(taken_at + 2.0)  # (the pool's Tick at the hold's end)
+        await h.filled(1)
+        await h.remove(container)
 
 
 async def test_a_bug_in_a_pool_task_is_logged_and_goes_no_further(
