@@ -5,7 +5,7 @@ One orchestrator serves the bundled worker image (``reactor-fabric/worker-python
 gVisor without, and gVisor with a pool (which serves sessions without a project only: a mount
 made on the host after a gVisor container started is not seen in it, docs/USAGE.md
 "Isolation"). Each round opens, for each of them in an order rotating each round and each on a
-quiet engine (no container of a session left, the pools full, a second for their servers), a
+quiet machine (no container of a session left, the pools full, the CPUs idle: see quiet), a
 session of its own on ``/mcp`` (with a project mounted, but for the gVisor pool's), and calls
 ``run_python`` with ``print(1)`` twice:
 
@@ -24,6 +24,7 @@ the gVisor rows say why instead.
 
     .venv/bin/python scripts/bench-worker.py                      # bench/worker-results.json
     .venv/bin/python scripts/bench-worker.py --rounds 1 --json bench/tmp/worker-smoke.json
+    .venv/bin/python scripts/bench-worker.py --refill-hold null --json /tmp/no-hold.json
 """
 
 from __future__ import annotations
@@ -59,13 +60,17 @@ CALL = {"name": "run_python", "arguments": {"code": "print(1)"}}
 PROJECT_OWNER = (1000, 1000)
 
 
-def worker_suite(path: Path, mount_root: Path) -> Path:
-    """The bundled suite's worker under the names of WORKERS, and nothing else."""
+def worker_suite(path: Path, mount_root: Path, refill_hold: str | None) -> Path:
+    """The bundled suite's worker under the names of WORKERS, and nothing else; the pool's
+    ``refill_hold`` as given ("default": the orchestrator's)."""
     bundled = yaml.safe_load((REPO / "claude-mcp-suite.yaml").read_text())
     worker = bundled["mcp_services"]["python_worker"]
+    orchestrator: dict[str, Any] = {"allowed_mount_roots": [f"{mount_root}/"]}
+    if refill_hold != "default":
+        orchestrator["warm_pool"] = {"refill_hold": refill_hold}
     suite = {
         "version": bundled["version"],
-        "orchestrator": {"allowed_mount_roots": [f"{mount_root}/"]},
+        "orchestrator": orchestrator,
         "mcp_services": {
             name: {**worker, "isolation": isolation, "warm": warm, "timeout": "30m"}
             for name, (isolation, warm, _mounted) in WORKERS.items()
@@ -85,20 +90,48 @@ def make_project(root: Path) -> Path:
     return project
 
 
-async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> None:
-    """Until no session's container of the orchestrator is left and its pools hold at least
-    ``pooled`` containers, and a second more: their servers started."""
+async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> bool:
+    """Until no session's container of the orchestrator is left, its pools hold at least
+    ``pooled`` containers, and the machine's CPUs are idle (a pooled container is handed out
+    once it runs, while its server may still be loading: a session's measurements must not
+    share the CPU with that, nor with anything else left of the previous session). Whether the
+    CPUs were idle (not within IDLE_WAIT_SECONDS: something else keeps them busy)."""
     with trio.fail_after(bound):
         while True:
             names = [c["Names"][0] for c in await engine.docker_call(orch.containers())]
             if sum("-pool-" in n for n in names) >= pooled and all("-pool-" in n for n in names):
                 break
             await trio.sleep(0.1)
-    await trio.sleep(1.0)
+    # Bounded apart: a machine busy with something else is measured anyway, and counted.
+    with trio.move_on_after(IDLE_WAIT_SECONDS) as waiting:
+        while await busy_share(0.25) > IDLE_BELOW:
+            pass
+    return not waiting.cancelled_caught
 
 
-async def rounds(project: Path, work: Path, count: int) -> dict[str, Any]:
-    suite = worker_suite(work / "suite.yaml", project.parent.parent)
+# The machine counts as idle while its CPUs are busy less than this share of a quarter second;
+# it is waited for that long at most.
+IDLE_BELOW = 0.05
+IDLE_WAIT_SECONDS = 30.0
+
+
+async def busy_share(seconds: float) -> float:
+    """The share of the machine's CPU time not idle over ``seconds`` (/proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(n) for n in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # (all, idle + iowait)
+
+    total, idle = sample()
+    await trio.sleep(seconds)
+    total2, idle2 = sample()
+    spent = total2 - total
+    return 0.0 if spent <= 0 else 1.0 - (idle2 - idle) / spent
+
+
+async def rounds(project: Path, work: Path, count: int, refill_hold: str | None) -> dict[str, Any]:
+    suite = worker_suite(work / "suite.yaml", project.parent.parent, refill_hold)
     orch = await engine.start_orchestrator(suite, work / "orchestrator.log")
     unavailable = {
         e["service"]: e.get("detail", "")
@@ -109,11 +142,13 @@ async def rounds(project: Path, work: Path, count: int) -> dict[str, Any]:
     pooled = sum(WORKERS[name][1] for name in measured)
     first: dict[str, list[float]] = {name: [] for name in measured}
     warm: dict[str, list[float]] = {name: [] for name in measured}
+    not_idle = 0  # sessions measured without the CPUs idle first
     try:
         for index in range(-1, count):  # round -1: a warm-up, not counted
             shift = index % len(measured)
             for name in measured[shift:] + measured[:shift]:
-                await quiet(orch, pooled)
+                idle = await quiet(orch, pooled)
+                not_idle += index >= 0 and not idle
                 mounted = WORKERS[name][2]
                 query = "tools=all" + (
                     "&mount=" + urllib.parse.quote(f"{project}:/workspace", safe="")
@@ -144,6 +179,7 @@ async def rounds(project: Path, work: Path, count: int) -> dict[str, Any]:
         "start": starts,
         "pooled": pooled_flags,
         "unavailable": unavailable,
+        "not_idle": not_idle,
     }
 
 
@@ -196,6 +232,7 @@ def figures(measured: dict[str, Any]) -> dict[str, Any]:
         }
     for name, why in measured["unavailable"].items():
         found[name] = {"unavailable": why}
+    found["sessions_measured_on_a_busy_machine"] = measured["not_idle"]
     return found
 
 
@@ -203,15 +240,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "worker-results.json")
+    parser.add_argument(
+        "--refill-hold",
+        default="default",
+        help="the pool's orchestrator.warm_pool.refill_hold (a duration, or 'null': none; "
+        "default: the orchestrator's own)",
+    )
     args = parser.parse_args()
+    hold = None if args.refill_hold == "null" else args.refill_hold
     with tempfile.TemporaryDirectory(prefix="rf-bench-worker-") as tmp:
         root = Path(tmp)
         root.chmod(0o711)  # the project's owner reaches it
         project = make_project(root)
         work = root / "engine"
         work.mkdir()
-        measured = trio.run(rounds, project, work, args.rounds)
-    results = {"rounds": args.rounds, "machine": engine.machine_info(), **figures(measured)}
+        measured = trio.run(rounds, project, work, args.rounds, hold)
+    results = {
+        "rounds": args.rounds,
+        "refill_hold": args.refill_hold,
+        "machine": engine.machine_info(),
+        **figures(measured),
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -251,7 +251,7 @@ def sandboxed(client: docker.DockerClient, running: Orchestrator) -> bool:
     [container] = client.containers.list(
         filters={"label": f"reactor-fabric.instance={running.instance}"}
     )
-    pid = int(client.api.inspect_container(container.id)["State"]["Pid"])
+    pid = int(client.api.inspect_container(str(container.id))["State"]["Pid"])
     with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
         return cmdline.read().split(b"\0", 1)[0] == b"runsc-sandbox"
 
