@@ -24,10 +24,10 @@ import msgspec
 
 from .._errors import InvalidSuiteConfiguration
 from .._reasons import INVALID_SUITE_CONFIGURATION
-from ..protocol.catalog import SEPARATOR
 from ..protocol.egress import parse_destination
 from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
 from .structs import Resources, Suite
+from .suite_messages import name_message, schema_message
 from .units import parse_duration, parse_size
 
 SCHEMA_RESOURCE = "claude-mcp-suite.schema.json"
@@ -211,123 +211,17 @@ class _Collector:
             return
         if "propertyNames" in error.relative_schema_path:
             name = str(instance)
-            self.add((*path, name), _name_message(path, name), at_key=True)
+            self.add((*path, name), name_message(path, name, RESERVED_SERVICE_NAMES), at_key=True)
             return
         if path in self.flagged:  # one message per value: the first failed keyword says most
             return
-        self.add(path, _schema_message(error, path))
+        self.add(path, schema_message(error, path))
 
     def result(self, suite: Suite | None) -> SuiteCheck:
         def order(issue: SuiteIssue) -> tuple[int, int, str]:
             return (issue.line, issue.column, issue.path)
 
         return SuiteCheck(suite, sorted(self.issues, key=order), sorted(self.warnings, key=order))
-
-
-def _name_message(path: KeyPath, name: str) -> str:
-    """Why a mapping's key is refused: a secret's (an environment variable's name) or a
-    service's (used in URLs and container names)."""
-    if path and path[-1] == "secrets":
-        return (
-            f"name {name!r} is not allowed: a secret's name is its environment variable's; "
-            "use letters, digits and '_', not starting with a digit"
-        )
-    if name in RESERVED_SERVICE_NAMES:
-        return (
-            f"name {name!r} is reserved: /mcp/{name}/… is the suite-level endpoint; "
-            "choose another name"
-        )
-    if SEPARATOR in name:
-        service, _, tool = name.partition(SEPARATOR)
-        return (
-            f"name {name!r} is not allowed: '{SEPARATOR}' separates a service from its "
-            f"tool on the fabric endpoint (service{SEPARATOR}tool), so a service "
-            f"{service!r} with a tool '{tool}{SEPARATOR}…' would show the same names; "
-            "use a single '_' or '-'"
-        )
-    return (
-        f"name {name!r} is not allowed: use lowercase letters, digits, '-' and '_' "
-        "(at most 63, starting and ending with a letter or digit), since it is used in "
-        "URLs and container names"
-    )
-
-
-_JSON_TYPE_NAMES = {
-    dict: "a mapping",
-    list: "a list",
-    str: "a string",
-    bool: "a boolean",
-    int: "an integer",
-    float: "a number",
-    type(None): "null",
-}
-
-_SCHEMA_TYPE_NAMES = {
-    "object": "a mapping",
-    "array": "a list",
-    "null": "null",
-    "integer": "an integer",
-}
-
-
-def _schema_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
-    instance: Any = error.instance
-    rule: Any = error.validator_value
-    got = _JSON_TYPE_NAMES.get(type(instance), type(instance).__name__)
-    if error.validator == "type":
-        expected = rule if isinstance(rule, list) else [rule]
-        wanted = " or ".join(_SCHEMA_TYPE_NAMES.get(str(name), f"a {name}") for name in expected)
-        hint = ' (quote it: version: "1.0")' if path == ("version",) else ""
-        return f"expected {wanted}, got {got} ({instance!r}){hint}"
-    if error.validator == "enum":
-        options = ", ".join(repr(option) for option in rule)
-        hint = ' (quote it: version: "1.0")' if path == ("version",) else ""
-        return f"{instance!r} is not one of {options}{hint}"
-    if error.validator == "pattern":
-        return _pattern_message(path, instance, rule)
-    if error.validator == "minProperties" and path == ("mcp_services",):
-        return "at least one service must be defined"
-    if error.validator in ("oneOf", "uniqueItems"):
-        return _combination_message(error, path)
-    return error.message
-
-
-def _combination_message(error: jsonschema.ValidationError, path: KeyPath) -> str:
-    if error.validator == "uniqueItems":
-        return "the list contains the same entry twice"
-    if len(path) == 4 and path[2] == "secrets":  # mcp_services.NAME.secrets.SECRET
-        return (
-            "give exactly one source: env: VARIABLE (the orchestrator's environment) or "
-            "file: /absolute/path"
-        )
-    return error.message
-
-
-# The words of parse_size's and parse_duration's own errors, so that a value reads the same
-# whether the schema or the parser refused it.
-_SIZE_MEANING = "a size; use e.g. '512m', '1g' or a number of bytes"
-_DURATION_MEANING = "a duration; use a number and a unit (h, m, s, ms), e.g. '1m' or '5m30s'"
-_PATTERN_MEANINGS = {
-    "allowed_mount_roots": "an absolute path",
-    "allowed_mount_targets": "an absolute path",
-    "timeout": _DURATION_MEANING,
-    "max_container_age": _DURATION_MEANING,
-    "memory": _SIZE_MEANING,
-    "memory_threshold": _SIZE_MEANING,
-    "tmp_size": _SIZE_MEANING,
-    "allowed_origins": "an origin such as 'https://example.com' (no path)",
-    "image": "a Docker image reference",
-    "user": "a user such as '1000' or '1000:1000'",
-    "cap_add": "a capability name such as 'CHOWN'",
-}
-
-
-def _pattern_message(path: KeyPath, instance: object, pattern: object) -> str:
-    field = next((part for part in reversed(path) if isinstance(part, str)), "")
-    meaning = _PATTERN_MEANINGS.get(field)
-    if meaning is None:
-        return f"{instance!r} does not match {pattern!r}"
-    return f"{instance!r} is not {meaning}"
 
 
 def _check_orchestrator(orchestrator: dict[str, Any], collector: _Collector) -> None:
@@ -353,19 +247,10 @@ def _check_orchestrator(orchestrator: dict[str, Any], collector: _Collector) -> 
     if isinstance(kubernetes, dict):
         _check_duration(kubernetes, ("orchestrator", "kubernetes", "start_timeout"), collector)
     pool = orchestrator.get("warm_pool")
-    if isinstance(pool, dict) and isinstance(pool.get("refill_hold"), str):
+    if isinstance(pool, dict):
         path = ("orchestrator", "warm_pool", "refill_hold")
-        _check_duration(pool, path, collector)
-        try:
-            held = parse_duration(pool["refill_hold"])
-        except ValueError:
-            held = 0.0  # (said above)
-        if held > MAX_REFILL_HOLD_SECONDS and path not in collector.flagged:
-            collector.add(
-                path,
-                f"{pool['refill_hold']!r} is longer than {MAX_REFILL_HOLD_SECONDS:g}s: the pool "
-                "would stay empty that long after each hand-out",
-            )
+        why = "the pool would stay empty that long after each hand-out"
+        _check_duration(pool, path, collector, at_most=(MAX_REFILL_HOLD_SECONDS, why))
     fabric = orchestrator.get("fabric")
     assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
     if isinstance(assist, dict):
@@ -551,13 +436,23 @@ def _check_size(
         collector.add(path, f"{value!r} is too small: the minimum is {minimum} bytes")
 
 
-def _check_duration(mapping: dict[str, Any], path: KeyPath, collector: _Collector) -> None:
+def _check_duration(
+    mapping: dict[str, Any],
+    path: KeyPath,
+    collector: _Collector,
+    *,
+    at_most: tuple[float, str] | None = None,
+) -> None:
+    """A duration that parses (and, ``at_most``, is no longer than its seconds, else why)."""
     value = mapping.get(str(path[-1]))
     if isinstance(value, str) and path not in collector.flagged:
         try:
-            parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:
             collector.add(path, str(exc))
+            return
+        if at_most is not None and seconds > at_most[0]:
+            collector.add(path, f"{value!r} is longer than {at_most[0]:g}s: {at_most[1]}")
 
 
 def _check_service(name: str, service: dict[str, Any], collector: _Collector) -> None:

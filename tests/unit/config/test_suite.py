@@ -75,6 +75,9 @@ def test_a_pools_refill_hold_may_be_turned_off_or_set_within_ten_seconds() -> No
     said, _ = hold('"0s"')
     assert len(said) == 1
     assert "must be a positive duration" in said[0]
+    said, _ = hold('"soon"')
+    assert len(said) == 1
+    assert "'soon' is not a duration; use a number and a unit" in said[0]
 
 
 def test_the_seed_example_suite_with_every_original_field_is_valid() -> None:
