@@ -238,15 +238,31 @@ class Spare:
         self._starting = False
         self.background: anyio.abc.TaskGroup | None = None
 
-    async def interpreter(self) -> Process:
-        """The spare, else one started now. (The next is started when the run is done:
-        :meth:`refill_soon`; started now, it would take the CPU from this run.)"""
+    async def given(self, order: bytes) -> Process:
+        """An interpreter that took ``order`` (worker_boot.py reads it to the end of its
+        stdin): the spare, else — none, or it died waiting — one started now. (The next spare
+        is started when the run is done: :meth:`refill_soon`; started now, it would take the
+        CPU from this run.) Killed, whatever interrupts the hand-over (a cancellation too)."""
         process, self._process = self._process, None
-        if process is not None and process.returncode is None:
-            return process
-        if process is not None:
+        took = False
+        try:
+            if process is not None:
+                took = await _ordered(process, order)
+                if not took:
+                    await _killed(process)
+            if not took:
+                process = await _booted()
+                took = await _ordered(process, order)
+        except BaseException:
+            if process is not None:
+                with anyio.CancelScope(shield=True):
+                    await _killed(process)
+            raise
+        assert process is not None
+        if not took:
             await _killed(process)
-        return await _booted()
+            raise ToolError("run_python: the session's interpreter did not start")
+        return process
 
     def refill_soon(self) -> None:
         """Start the next spare in the background (once the server runs)."""
@@ -471,13 +487,7 @@ async def run_python(code: str, timeout: float | None = None) -> PythonRun:
     try:
         started = time.monotonic()
         order = f"{workspace.root}\0{script}".encode("utf-8", "surrogateescape")
-        process = await SPARE.interpreter()
-        if not await _ordered(process, order):  # (the spare died waiting: one of its own)
-            await _killed(process)
-            process = await _booted()
-            if not await _ordered(process, order):
-                await _killed(process)
-                raise ToolError("run_python: the session's interpreter did not start")
+        process = await SPARE.given(order)
         ran = await ran_to_end(process, started, timeout=seconds)
     finally:
         os.unlink(script)
