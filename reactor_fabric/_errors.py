@@ -49,6 +49,7 @@ from ._reasons import (
     CONTAINER_OUTPUT_INVALID,
     CONTAINER_UNRESPONSIVE,
     INTERNAL_ERROR,
+    ISSUER_UNAVAILABLE,
     KUBERNETES_TIMEOUT,
     KUBERNETES_UNAVAILABLE,
     ORCHESTRATOR_STOPPING,
@@ -221,6 +222,14 @@ class InvalidSuiteConfiguration(FabricError):
 class SecurityViolation(FabricError):
     code = SECURITY_VIOLATION
     title = "Security Violation"
+
+
+class IssuerUnavailable(SecurityViolation):
+    """``auth.mode: oidc``: the OpenID provider's discovery document or keys cannot be had
+    (the message says what), so no access token can be checked (HTTP 503)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason=ISSUER_UNAVAILABLE)
 
 
 class ServiceNotFound(FabricError):

@@ -183,6 +183,13 @@ SESSION_KEY_IN_USE: Final = "session_key_in_use"
 # HTTP 401 on every route and transport (no token, a wrong token).
 TOKEN_MISSING: Final = "token_missing"  # noqa: S105 - a reason, not a secret
 TOKEN_INVALID: Final = "token_invalid"  # noqa: S105 - a reason, not a secret
+# orchestrator.auth.mode: oidc — HTTP 401: the access token's exp has passed (sign in again, or
+# refresh); HTTP 403: it lacks a scope auth.scopes requires.
+TOKEN_EXPIRED: Final = "token_expired"  # noqa: S105 - a reason, not a secret
+TOKEN_INSUFFICIENT_SCOPE: Final = "token_insufficient_scope"  # noqa: S105 - a reason
+# orchestrator.auth.mode: oidc — HTTP 503: the issuer's keys cannot be had (its discovery
+# document or key set unreachable or unusable), so no token can be checked.
+ISSUER_UNAVAILABLE: Final = "issuer_unavailable"
 # The stdio bridge: the orchestrator refused the WebSocket handshake with this HTTP status
 # and no error of its own in the body (403: a refused Origin or Host).
 HTTP_STATUS: Final = "http_{status}"

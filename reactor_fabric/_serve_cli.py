@@ -43,6 +43,7 @@ from .observe.logging import configure_logging
 from .observe.observer import Observer
 from .observe.otel import tracing_from_environment
 from .policy.auth import is_loopback
+from .policy.sign_in import SignInUnconfigured, sign_in_for
 from .protocol.suite_lock import LockInvalid, SuiteLock, lock_mode, missing_lock
 from .runtime.base import Runtime
 from .runtime.engines import EngineAddressError
@@ -161,7 +162,7 @@ def _serve_suite(
 ) -> int:
     """Serve a valid suite: its token, engine, lock and audit trail first (each may refuse)."""
     try:
-        token = _token(settings, suite.orchestrator.auth, environ)
+        token = _token(settings, suite.orchestrator.auth_settings.mode, environ)
     except TokenError as exc:
         log.error("cannot_authenticate", extra={"reason": AUTH_SETUP, "detail": str(exc)})
         print(f"error: {exc}; not starting", file=sys.stderr)
@@ -196,6 +197,12 @@ def _serve_bound(
 ) -> int:
     """Serve on ``listener``: the audit trail of its port and the lock first (each may refuse)."""
     port = int(listener.getsockname()[1])
+    try:
+        sign_in = None if settings.no_auth else sign_in_for(suite.orchestrator, settings.host, port)
+    except SignInUnconfigured as exc:
+        log.error("cannot_authenticate", extra={"reason": AUTH_SETUP, "detail": str(exc)})
+        print(f"error: {exc}; not starting", file=sys.stderr)
+        return EXIT_UNREADABLE
     try:
         audit = open_audit(suite, environ, port)
     except OSError as exc:
@@ -240,6 +247,7 @@ def _serve_bound(
         catalog_store=default_store(environ),
         observer=observer,
         replica=settings.replica,
+        sign_in=sign_in,
     )
     try:
         return _serve_fabric(fabric, settings, token, cpu_slice, environ, listener=listener)
@@ -316,7 +324,10 @@ def _cannot_listen(settings: ServeSettings, exc: OSError) -> int:
 
 
 def _token(settings: ServeSettings, auth: str, environ: dict[str, str]) -> Token | None:
-    """The token clients must present, or None when authentication is off (loopback only)."""
+    """The token clients must present, or None when authentication is off (loopback only) or
+    users sign in instead (``oidc``: the orchestrator has no token of its own)."""
+    if auth == "oidc" and not settings.no_auth:
+        return None
     if settings.no_auth or auth == "none":
         if not is_loopback(settings.host):
             raise TokenError(

@@ -21,11 +21,23 @@ from .trio.serve import Fabric, Orchestrator, serve_orchestrator
 log = logging.getLogger("reactor_fabric.cli")
 
 
-def connection_help(http_url: str, services: Iterable[str], token: Token | None) -> str:
+def connection_help(
+    http_url: str, services: Iterable[str], token: Token | None, issuer: str | None = None
+) -> str:
     """What the start-up line adds: the URLs to paste into a client, with the token (the first
-    of ``services`` names one service). The fabric endpoint (every service in one MCP server)
-    comes first: it is what most users want."""
+    of ``services`` names one service), or, when users sign in with ``issuer``, that they do.
+    The fabric endpoint (every service in one MCP server) comes first: it is what most users
+    want."""
     service = next(iter(services), "SERVICE")
+    if issuer is not None:
+        return "\n".join(
+            [
+                f"  users sign in with {issuer} (auth.mode: oidc); an MCP client given "
+                f"{http_url}/mcp (or {http_url}/mcp/{service}) signs in by itself",
+                f"  Claude Code: claude mcp add --transport http reactor-fabric {http_url}/mcp",
+                f"  protected resource metadata: {http_url}/.well-known/oauth-protected-resource",
+            ]
+        )
     if token is None:
         return (
             f"  authentication is OFF: any local process may connect "
@@ -89,9 +101,12 @@ async def serve_until_signalled(
                     f"health: {running.http_url}/healthz)",
                     flush=True,
                 )
-                print(
-                    connection_help(running.http_url, fabric.suite.mcp_services, token), flush=True
+                sign_in = fabric.authenticator.gate.sign_in
+                issuer = sign_in.rules.issuer if sign_in is not None else None
+                help_text = connection_help(
+                    running.http_url, fabric.suite.mcp_services, token, issuer
                 )
+                print(help_text, flush=True)
                 async for signum in signals:
                     name = signal.Signals(signum).name
                     if fabric.registry.stopping.is_set():

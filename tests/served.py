@@ -19,11 +19,13 @@ import trio.testing
 
 from reactor_fabric.config.structs import Limits, Orchestrator, Profile, Service, Suite
 from reactor_fabric.observe.observer import Observer
+from reactor_fabric.policy.auth import SignIn
 from reactor_fabric.protocol.suite_lock import Mode, SuiteLock
 from reactor_fabric.runtime.memory import MemoryRuntime, Server, open_memory_runtime
 from reactor_fabric.runtime.staging import Staging
 from reactor_fabric.trio.app import FabricApp
 from reactor_fabric.trio.http_server import HttpLimits, serve_connection
+from reactor_fabric.trio.issuer_keys import JsonFetcher
 from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.streamable_http import HttpSessions
 from reactor_fabric.trio.warm_pool import WarmPool
@@ -145,6 +147,8 @@ async def served(
     suite_lock: SuiteLock | None = None,
     lock_mode: Mode = "off",
     observer: Observer | None = None,
+    sign_in: SignIn | None = None,
+    issuer_fetcher: JsonFetcher | None = None,
     **orchestrator: Any,
 ) -> AsyncIterator[Served]:
     suite = suite_for(root, idle_timeout=idle_timeout, limits=limits, **orchestrator)
@@ -161,6 +165,8 @@ async def served(
             lock=suite_lock,
             lock_mode=lock_mode,
             observer=observer if observer is not None else Observer(),
+            sign_in=sign_in,
+            issuer_fetcher=issuer_fetcher,
         )
         sessions = HttpSessions(fabric)
         app = FabricApp(fabric, sessions)

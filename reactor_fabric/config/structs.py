@@ -349,12 +349,59 @@ class Workspaces(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=T
         return parse_size(self.spare_max_size)
 
 
+# The JWS algorithms an access token may be signed with in oidc mode: asymmetric only ("none"
+# and the HMAC ones never: a symmetric key is a secret the orchestrator would have to share
+# with the issuer, and "HS256 with the public key as the secret" is the classic forgery).
+ASYMMETRIC_ALGORITHMS = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
+AuthMode = Literal["token", "none", "oidc"]
+
+
+class Auth(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """How clients authenticate (docs/USAGE.md, "Users and sign-in"): the orchestrator's one
+    token, nothing (loopback only), or as an OAuth 2.1 resource server accepting an OpenID
+    provider's JWT access tokens (``oidc``)."""
+
+    mode: AuthMode
+    issuer: str | None = None
+    # The resource tokens must name in "aud" (None: the orchestrator's public_url, or on
+    # loopback its loopback URLs).
+    audience: str | None = None
+    user_claim: str = "sub"
+    groups_claim: str = "groups"
+    # Users, or "group:NAME" for every member of a group, who see every session.
+    operators: list[str] = msgspec.field(default_factory=list)
+    # Scopes every token must carry (said in the metadata and in a 401's challenge).
+    scopes: list[str] = msgspec.field(default_factory=list)
+    algorithms: list[str] = msgspec.field(default_factory=lambda: list(ASYMMETRIC_ALGORITHMS))
+    # How far a token's exp / nbf / iat may be off this machine's clock.
+    leeway: str = "60s"
+
+    @functools.cached_property
+    def leeway_seconds(self) -> float:
+        return parse_duration(self.leeway)
+
+
 class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
         default_factory=lambda: list(DEFAULT_MOUNT_TARGETS)
     )
-    auth: Literal["token", "none"] = "token"
+    # "token" and "none" are short for {mode: token} and {mode: none} (see auth_settings).
+    auth: Literal["token", "none"] | Auth = "token"
+    # Where clients reach the orchestrator (behind a proxy, its public address): the resource
+    # oidc mode's tokens must be for.
+    public_url: str | None = None
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE
@@ -378,6 +425,11 @@ class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only
     @functools.cached_property
     def max_message_bytes(self) -> int:
         return parse_size(self.max_message_size)
+
+    @functools.cached_property
+    def auth_settings(self) -> Auth:
+        """``auth`` whichever way the suite wrote it."""
+        return self.auth if isinstance(self.auth, Auth) else Auth(mode=self.auth)
 
 
 class Profile(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import ipaddress
 import json
 import posixpath
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
+from urllib.parse import urlsplit
 
 import jsonschema
 import msgspec
@@ -251,11 +253,38 @@ def _check_orchestrator(orchestrator: dict[str, Any], collector: _Collector) -> 
         path = ("orchestrator", "warm_pool", "refill_hold")
         why = "the pool would stay empty that long after each hand-out"
         _check_duration(pool, path, collector, at_most=(MAX_REFILL_HOLD_SECONDS, why))
+    auth = orchestrator.get("auth")
+    if isinstance(auth, dict):
+        _check_auth(auth, collector)
     fabric = orchestrator.get("fabric")
     assist = fabric.get("model_assist") if isinstance(fabric, dict) else None
     if isinstance(assist, dict):
         path = ("orchestrator", "fabric", "model_assist", "timeout")
         _check_duration(assist, path, collector)
+
+
+def _check_auth(auth: dict[str, Any], collector: _Collector) -> None:
+    """An issuer over plain http only on this machine (a token's keys fetched in clear from
+    elsewhere could be anyone's), and a clock leeway that does not make exp meaningless."""
+    issuer = auth.get("issuer")
+    path: KeyPath = ("orchestrator", "auth", "issuer")
+    if isinstance(issuer, str) and issuer.startswith("http://") and path not in collector.flagged:
+        host = urlsplit(issuer).hostname or ""
+        if not is_loopback_name(host):
+            collector.add(path, f"{issuer!r}: an issuer is https, or http on a loopback address")
+    why = "a token would outlive its expiry by that much"
+    _check_duration(auth, ("orchestrator", "auth", "leeway"), collector, at_most=(300.0, why))
+
+
+def is_loopback_name(host: str) -> bool:
+    """Whether ``host`` (a name or an address, brackets allowed) names this machine only."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_logic(data: object, collector: _Collector) -> None:

@@ -92,6 +92,24 @@ def _combination_message(error: jsonschema.ValidationError, path: KeyPath) -> st
             "give exactly one source: env: VARIABLE (the orchestrator's environment) or "
             "file: /absolute/path"
         )
+    if path == ("orchestrator", "auth"):
+        return _auth_message(error)
+    return error.message
+
+
+def _auth_message(error: jsonschema.ValidationError) -> str:
+    """``auth`` is a word or a mapping: say what is wrong with the form the suite used."""
+    instance: Any = error.instance
+    if not isinstance(instance, dict):
+        return (
+            f"{instance!r} is not one of 'token', 'none' (sign-in with an OpenID provider is "
+            "auth: {mode: oidc, issuer: URL})"
+        )
+    for sub in sorted(error.context or (), key=lambda e: len(e.relative_path), reverse=True):
+        if sub.schema_path and sub.schema_path[0] == 1:  # the mapping's branch
+            inner = tuple(sub.relative_path)
+            message = schema_message(sub, ("orchestrator", "auth", *inner))
+            return f"{'.'.join(map(str, inner))}: {message}" if inner else message
     return error.message
 
 
@@ -109,6 +127,8 @@ _PATTERN_MEANINGS = {
     "tmp_size": _SIZE_MEANING,
     "refill_hold": _DURATION_MEANING,
     "allowed_origins": "an origin such as 'https://example.com' (no path)",
+    "issuer": "a URL such as 'https://login.example.com/realms/team' (no query or fragment)",
+    "public_url": "a URL such as 'https://fabric.example.com' (no query or fragment)",
     "image": "a Docker image reference",
     "user": "a user such as '1000' or '1000:1000'",
     "cap_add": "a capability name such as 'CHOWN'",

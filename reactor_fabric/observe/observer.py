@@ -59,19 +59,29 @@ def token_id(token: str | None) -> str:
 class Client:
     """Who a session's client is, as far as the orchestrator can tell."""
 
-    token: str  # token_id() of the token it presented
+    token: str  # token_id() of the token it presented ("oidc": a signed-in user's)
     peer: str  # address:port
     transport: str  # websocket, streamable-http
     user_agent: str = ""
+    # Who signed in (auth.mode: oidc; None: the orchestrator's token, or no authentication).
+    user: str | None = None
+    groups: tuple[str, ...] = ()
 
     @functools.cached_property
-    def _record(self) -> dict[str, str]:
-        client = {"token": self.token, "peer": self.peer, "transport": self.transport}
+    def _record(self) -> dict[str, Any]:
+        client: dict[str, Any] = {
+            "token": self.token,
+            "peer": self.peer,
+            "transport": self.transport,
+        }
+        if self.user is not None:
+            client["user"] = self.user
+            client["groups"] = list(self.groups)
         if self.user_agent:
             client["user_agent"] = self.user_agent[:200]
         return client
 
-    def record(self) -> dict[str, str]:
+    def record(self) -> dict[str, Any]:
         """As the audit writes it (made once: every call's record carries it; not to be
         changed)."""
         return self._record

@@ -15,6 +15,13 @@ that cannot set headers (the MCP SDKs' WebSocket clients). It is compared in con
 
 ``/healthz`` is the one route open without a token, and then answers only its status (the caller
 decides that: :attr:`Refusal.status` 401 with ``reason`` tells it why).
+
+With ``auth.mode: oidc`` (:class:`SignIn`) the token is an OpenID provider's access token, in
+the ``Authorization`` header only; :func:`admit` hands it on as a :class:`BearerToken`, which
+the caller checks against the issuer's keys (:mod:`.access_tokens`: fetching them is I/O). A
+request without one gets the 401 whose challenge names the resource metadata
+(:mod:`.resource_metadata`), from which an MCP client finds the issuer and signs in. The
+metadata itself is open, like ``/healthz``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from .._errors import SecurityViolation
 from .._reasons import TOKEN_INVALID, TOKEN_MISSING
 from ..protocol.jsonrpc import error_response
 from .origins import request_allowed
+from .principal import TOKEN_HOLDER, Principal, TokenProblem, TokenRules
+from .resource_metadata import ProtectedResource
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +63,31 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class SignIn:
+    """``auth.mode: oidc``: what an access token must be, and what a client is told."""
+
+    rules: TokenRules
+    resource: ProtectedResource
+
+
+@dataclass(frozen=True)
 class Gate:
-    """What :func:`admit` checks: the allowed origins and hosts, and the token (None: no auth)."""
+    """What :func:`admit` checks: the allowed origins and hosts, and the token (None: no auth)
+    or, signing in with an OpenID provider, the access token's rules."""
 
     allowed_origins: frozenset[str]
     allowed_hosts: frozenset[str] | None
     token: str | None
+    sign_in: SignIn | None = None
+
+
+@dataclass(frozen=True)
+class BearerToken:
+    """An access token a request presented (``auth.mode: oidc``), not checked yet; ``resource``:
+    the orchestrator's URL the request reached (what a refusal's challenge names)."""
+
+    value: str
+    resource: str
 
 
 def is_loopback(host: str) -> bool:
@@ -94,29 +122,77 @@ def token_matches(presented: str | None, expected: str) -> bool:
     return hmac.compare_digest(presented.encode("utf-8", "replace"), expected.encode())
 
 
-def admit(gate: Gate, headers: dict[bytes, str], query: str, path: str) -> Refusal | None:
-    """None when the request may go on; else the answer that refuses it (see module docs)."""
-    if not request_allowed(
+def admit_origin(gate: Gate, headers: dict[bytes, str], path: str) -> Refusal | None:
+    """The Origin/Host check alone (what the open routes pass too); None: passed."""
+    if request_allowed(
         headers,
         allowed_origins=gate.allowed_origins,
         allowed_hosts=gate.allowed_hosts,
         path=path,
     ):
-        return Refusal(
-            403, "origin_or_host_not_allowed", b'{"error": "origin or host not allowed"}'
-        )
-    if gate.token is None:
         return None
+    return Refusal(403, "origin_or_host_not_allowed", b'{"error": "origin or host not allowed"}')
+
+
+def admit(
+    gate: Gate, headers: dict[bytes, str], query: str, path: str
+) -> Principal | BearerToken | Refusal:
+    """Who the request is from, the access token to check first, or the answer that refuses
+    it (see module docs)."""
+    refusal = admit_origin(gate, headers, path)
+    if refusal is not None:
+        return refusal
+    if gate.sign_in is not None:
+        return _bearer(gate.sign_in, headers, path)
+    if gate.token is None:
+        return TOKEN_HOLDER
     try:
         presented = presented_token(headers, query)
     except ValueError:  # too many query fields to look at
         presented = None
     if token_matches(presented, gate.token):
-        return None
+        return TOKEN_HOLDER
     reason = TOKEN_MISSING if presented is None else TOKEN_INVALID
     # Never the presented value: a near-miss token in a log is a leak.
     log.warning("request_refused", extra={"path": path, "status": 401, "reason": reason})
     return unauthorized(reason)
+
+
+def _bearer(sign_in: SignIn, headers: dict[bytes, str], path: str) -> BearerToken | Refusal:
+    """oidc mode: the ``Authorization: Bearer`` token (the query string is not looked at: a
+    token in a URL ends up in logs and histories), or the 401 that says how to get one."""
+    resource = sign_in.resource.resource_for(headers.get(b"host"))
+    authorization = headers.get(b"authorization")
+    if authorization is not None:
+        scheme, _, credentials = authorization.strip().partition(" ")
+        if scheme.lower() == AUTH_SCHEME.lower() and credentials.strip():
+            return BearerToken(credentials.strip(), resource)
+    log.warning("request_refused", extra={"path": path, "status": 401, "reason": TOKEN_MISSING})
+    detail = "no access token was sent: sign in with the orchestrator's OpenID provider"
+    return sign_in_refusal(sign_in.resource, resource, TokenProblem(TOKEN_MISSING, detail))
+
+
+def sign_in_refusal(protected: ProtectedResource, resource: str, problem: TokenProblem) -> Refusal:
+    """The 401 (403: a missing scope) refusing a request in oidc mode: a JSON-RPC error in the
+    body, as the token's refusals have, and the challenge naming the resource metadata, from
+    which an MCP client starts signing in (RFC 6750's ``invalid_token`` /
+    ``insufficient_scope`` for a token that was sent)."""
+    error = SecurityViolation(
+        f"{problem.detail} (issuer {protected.issuer}; the resource metadata is at "
+        f"{protected.metadata_url(resource)})",
+        reason=problem.reason,
+    )
+    code = None
+    if problem.reason != TOKEN_MISSING:
+        code = "insufficient_scope" if problem.status == 403 else "invalid_token"
+    description = problem.detail if code is not None else None
+    value = protected.challenge(resource, error=code, description=description)
+    return Refusal(
+        problem.status,
+        problem.reason,
+        error_response(None, error),
+        headers=((b"www-authenticate", value.encode()),),
+    )
 
 
 def unauthorized(reason: str) -> Refusal:

@@ -23,8 +23,11 @@ from .._errors import SecurityViolation
 from .._version import __version__
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.health import health_report
-from ..policy.auth import Gate, Refusal, admit
+from ..policy.auth import Refusal, admit_origin
+from ..policy.principal import TOKEN_HOLDER, Principal
+from ..policy.resource_metadata import WELL_KNOWN, ProtectedResource
 from ..runtime.base import Runtime
+from .authentication import Authenticator
 from .engine_check import EngineCheck
 from .http_server import HttpExchange, Request
 from .operator import is_operator_route, serve_operator
@@ -40,10 +43,11 @@ REFUSED_BODY_SECONDS = 1.0
 
 class AppParts(SessionParts, Protocol):
     """What the routes use of the orchestrator: what its sessions use, the gate in front of
-    every route, and the runtime (``/healthz`` pings its engine)."""
+    every route (with the issuer's keys when users sign in), and the runtime (``/healthz``
+    pings its engine)."""
 
     @property
-    def gate(self) -> Gate: ...
+    def authenticator(self) -> Authenticator: ...
 
     @property
     def runtime(self) -> Runtime: ...
@@ -60,7 +64,15 @@ class FabricApp:
 
     async def http(self, exchange: HttpExchange) -> None:
         request = exchange.request
-        refusal = admit(self.parts.gate, request.headers, request.query, request.path)
+        sign_in = self.parts.authenticator.gate.sign_in
+        if sign_in is not None and request.path.startswith(WELL_KNOWN):
+            await self._resource_metadata(exchange, sign_in.resource)
+            return
+        admitted = await self.parts.authenticator.admit(
+            request.headers, request.query, request.path
+        )
+        refusal = admitted if isinstance(admitted, Refusal) else None
+        principal = admitted if isinstance(admitted, Principal) else TOKEN_HOLDER
         if request.path == "/healthz":
             if request.method not in ("GET", "HEAD"):
                 await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
@@ -90,12 +102,33 @@ class FabricApp:
         route = mcp_route(request.path)
         if route is not None:
             service, key = route
-            await serve_streamable_http(self.http_sessions, exchange, service=service, key=key)
+            await serve_streamable_http(
+                self.http_sessions, exchange, service=service, key=key, principal=principal
+            )
             return
         await exchange.respond_json(404, {"error": "not found", "path": request.path})
 
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
-        await serve_websocket(self.parts, self.parts.gate, request, stream, trailing)
+        await serve_websocket(self.parts, self.parts.authenticator, request, stream, trailing)
+
+    async def _resource_metadata(
+        self, exchange: HttpExchange, protected: ProtectedResource
+    ) -> None:
+        """RFC 9728's metadata: open to anyone who passes the Origin/Host check (a client reads
+        it before it has a token), the same document at every path form of the resource."""
+        request = exchange.request
+        refusal = admit_origin(self.parts.authenticator.gate, request.headers, request.path)
+        if refusal is not None:
+            await self._refuse(exchange, refusal)
+            return
+        resource = protected.resource_for(request.headers.get(b"host"))
+        if not protected.serves_metadata_at(request.path, resource):
+            await exchange.respond_json(404, {"error": "not found", "path": request.path})
+            return
+        if request.method not in ("GET", "HEAD"):
+            await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
+            return
+        await exchange.respond(200, protected.metadata(resource))
 
     async def _refuse(self, exchange: HttpExchange, refusal: Refusal) -> None:
         self.parts.observer.error_sent(SecurityViolation.code, refusal.reason)

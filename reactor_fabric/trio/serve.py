@@ -44,6 +44,7 @@ import logging
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -52,7 +53,7 @@ from ..config.secrets import ServiceSecrets
 from ..config.settings import settings_for
 from ..config.structs import Suite
 from ..observe.observer import Observer, token_id
-from ..policy.auth import Gate
+from ..policy.auth import Gate, SignIn
 from ..policy.container_parts.isolation import resolved_isolation
 from ..policy.mounts import MountPolicy
 from ..policy.origins import allowed_hosts, normalise_origins
@@ -66,6 +67,7 @@ from ..protocol.suite_lock import Mode, SuiteLock
 from ..runtime.base import Runtime
 from .app import FabricApp
 from .audit_batches import hand_audit_over_later
+from .authentication import Authenticator
 from .catalog import CatalogStore
 from .catalog_service import CATALOG_RECHECK_SECONDS, CatalogService
 from .child_sessions import serve_child
@@ -77,6 +79,9 @@ from .streamable_http import HttpSessions
 from .sweeper import DeferredRemovals, remove_instance_containers, run_sweeper
 from .warm_pool import open_warm_pool
 from .workspaces import close_workspaces, open_workspaces
+
+if TYPE_CHECKING:
+    from .issuer_keys import JsonFetcher
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +103,8 @@ class Fabric:
     starter: ContainerStarter
     observer: Observer
     runtime: Runtime
-    gate: Gate
+    # The gate in front of every route, and the issuer's keys when users sign in.
+    authenticator: Authenticator
     # Each service's secrets, resolved once at the start (services without any are absent).
     secrets: Mapping[str, ServiceSecrets]
 
@@ -118,6 +124,8 @@ def assemble(
     lock_mode: Mode = "off",
     catalog_store: CatalogStore | None = None,
     catalog_recheck_seconds: float = CATALOG_RECHECK_SECONDS,
+    sign_in: SignIn | None = None,
+    issuer_fetcher: JsonFetcher | None = None,
 ) -> Fabric:
     """The parts of an orchestrator serving ``suite`` on ``runtime``, its settings built once.
 
@@ -128,7 +136,10 @@ def assemble(
     metrics only, no trail); ``secrets``: each service's (None: resolved now, from this
     process's environment and files); ``lock`` and ``lock_mode``: the suite lock and what
     orchestrator.lock makes of it; ``catalog_store``: the catalog's disk cache (None: none,
-    and the catalog is learned once). Blocking (secrets' files, NSS): call it before serving.
+    and the catalog is learned once); ``sign_in``: users sign in with an OpenID provider
+    (``auth.mode: oidc``, :func:`~reactor_fabric.policy.sign_in.sign_in_for`), whose documents
+    ``issuer_fetcher`` fetches (default: over HTTP). Blocking (secrets' files, NSS): call it
+    before serving.
     """
     observer = observer if observer is not None else Observer()
     if secrets is None:
@@ -179,8 +190,22 @@ def assemble(
     metrics.services = frozenset(suite.mcp_services) | {FABRIC_SERVICE}
     metrics.know_tools({FABRIC_SERVICE: META_NAMES})
     metrics.live = lambda: registry.live_figures(starter.pooled())
-    gate = Gate(normalise_origins(orchestrator.allowed_origins), allowed_hosts(listen_host), token)
-    return Fabric(suite, settings, registry, catalog, starter, observer, runtime, gate, secrets)
+    gate = Gate(
+        normalise_origins(orchestrator.allowed_origins),
+        allowed_hosts(listen_host),
+        token if sign_in is None else None,
+        sign_in,
+    )
+    keys = None
+    if sign_in is not None:
+        # Here, not at the top: PyJWT, cryptography and httpx are 20 MB only oidc mode uses.
+        from .issuer_keys import HttpFetcher, IssuerKeys  # noqa: PLC0415
+
+        keys = IssuerKeys(sign_in.rules.issuer, issuer_fetcher or HttpFetcher())
+    authenticator = Authenticator(gate, keys)
+    return Fabric(
+        suite, settings, registry, catalog, starter, observer, runtime, authenticator, secrets
+    )
 
 
 @dataclass(frozen=True)

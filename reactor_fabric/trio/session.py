@@ -47,6 +47,7 @@ from ..observe.redaction import SECRET_VALUES
 from ..policy.admission import FabricOptions, Refusal, admission
 from ..policy.child_grant import ChildGrant
 from ..policy.container_parts.secrets import runs_as
+from ..policy.principal import TOKEN_HOLDER, Principal
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import FabricServer
 from ..protocol.fabric_setup import FabricSetup
@@ -442,9 +443,20 @@ async def _fabric_driver(
     )
 
 
-def client_of(token_id: str, request: Request, transport: str) -> Client:
+def client_of(
+    token_id: str, request: Request, transport: str, principal: Principal = TOKEN_HOLDER
+) -> Client:
     """Who opened a session, for the audit: the token it was admitted with (``token_id``: as
-    the audit names it), its address."""
+    the audit names it; a signed-in user's token is not named), its address, its user."""
+    if principal.user is not None:
+        return Client(
+            "oidc",
+            request.peer,
+            transport,
+            request.header(b"user-agent"),
+            user=principal.user,
+            groups=principal.groups,
+        )
     return Client(token_id, request.peer, transport, request.header(b"user-agent"))
 
 

@@ -63,6 +63,7 @@ from .._reasons import (
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client
 from ..policy.admission import requested_options, service_not_found
+from ..policy.principal import TOKEN_HOLDER, Principal
 from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import (
     REQUEST,
@@ -107,6 +108,8 @@ class HttpSession:
     traceparent: str | None = None
     started: bool = False  # the first message has been submitted
     ended: trio.Event = field(default_factory=trio.Event)
+    # The signed-in user it belongs to (None: the orchestrator's token's holder's).
+    owner: str | None = None
 
     @property
     def query_mounts(self) -> list[str]:
@@ -125,7 +128,8 @@ class HttpSessions:
     def __init__(self, parts: SessionParts) -> None:
         self.parts = parts
         self.by_id: dict[str, HttpSession] = {}
-        self.by_key: dict[tuple[str, str], HttpSession] = {}
+        # Keyed URLs by (owner, service, key): one user's key never names another's session.
+        self.by_key: dict[tuple[str | None, str, str], HttpSession] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -143,6 +147,7 @@ class HttpSessions:
         registered: bool = False,
         client: Client | None = None,
         traceparent: str | None = None,
+        owner: str | None = None,
     ) -> HttpSession:
         assert self._nursery is not None, "HttpSessions.run must be started first"
         settings = self.parts.settings
@@ -162,10 +167,11 @@ class HttpSessions:
             registered=registered,
             client=client,
             traceparent=traceparent,
+            owner=owner,
         )
         self.by_id[session.id] = session
         if key is not None:
-            self.by_key[(service, key)] = session
+            self.by_key[(owner, service, key)] = session
         self._nursery.start_soon(self._run_session, session)
         return session
 
@@ -187,11 +193,9 @@ class HttpSessions:
             )
         finally:
             self.by_id.pop(session.id, None)
-            if (
-                session.key is not None
-                and self.by_key.get((session.service, session.key)) is session
-            ):
-                del self.by_key[(session.service, session.key)]
+            keyed = (session.owner, session.service, session.key or "")
+            if session.key is not None and self.by_key.get(keyed) is session:
+                del self.by_key[keyed]
             with trio.CancelScope(shield=True):
                 await session.channel.close(1000, "session ended")
             session.ended.set()
@@ -201,28 +205,44 @@ class HttpSessions:
         with trio.move_on_after(SESSION_END_BOUND_SECONDS):
             await session.ended.wait()
 
-    def lookup(self, service: str, key: str | None, session_id: str | None) -> HttpSession | None:
+    def lookup(
+        self,
+        service: str,
+        key: str | None,
+        session_id: str | None,
+        principal: Principal = TOKEN_HOLDER,
+    ) -> HttpSession | None:
+        """The session a request names: by its id, else by its URL key. Another user's is not
+        found (its id is answered as an unknown one: nothing says it exists)."""
         if session_id is not None:
             session = self.by_id.get(session_id)
-            return session if session is not None and session.service == service else None
+            if session is None or session.service != service:
+                return None
+            return session if principal.may_use(session.owner) else None
         if key is not None:
-            return self.by_key.get((service, key))
+            return self.by_key.get((principal.user, service, key))
         return None
 
 
 async def serve_streamable_http(
-    sessions: HttpSessions, exchange: HttpExchange, *, service: str, key: str | None
+    sessions: HttpSessions,
+    exchange: HttpExchange,
+    *,
+    service: str,
+    key: str | None,
+    principal: Principal = TOKEN_HOLDER,
 ) -> None:
-    """Handle one HTTP request to ``/mcp/{service}[/{key}]``."""
+    """Handle one HTTP request to ``/mcp/{service}[/{key}]`` from ``principal``."""
     if not await _admissible(exchange, key):
         return
     method = exchange.request.method
     if method == "POST":
-        await _post(sessions, exchange, service, key)
+        await _post(sessions, exchange, service, key, principal)
     elif method == "GET":
-        await _get(sessions, exchange, service, key)
+        await _get(sessions, exchange, service, key, principal)
     elif method == "DELETE":
-        session = sessions.lookup(service, key, exchange.request.headers.get(SESSION_HEADER))
+        session_id = exchange.request.headers.get(SESSION_HEADER)
+        session = sessions.lookup(service, key, session_id, principal)
         if session is None:
             await exchange.respond(404, b'{"error": "unknown or expired session"}')
             return
@@ -293,12 +313,17 @@ async def _read_message(
     return None
 
 
-async def _session_for(
-    sessions: HttpSessions, exchange: HttpExchange, message: Peek, service: str, key: str | None
+async def _session_for(  # noqa: PLR0917 (the request, what it asks for, and from whom)
+    sessions: HttpSessions,
+    exchange: HttpExchange,
+    message: Peek,
+    service: str,
+    key: str | None,
+    principal: Principal,
 ) -> HttpSession | None:
     """The message's session, created when the message may start one; None once answered."""
     headers = exchange.request.headers
-    session = sessions.lookup(service, key, headers.get(SESSION_HEADER))
+    session = sessions.lookup(service, key, headers.get(SESSION_HEADER), principal)
     if session is not None:
         return session if await _owned(exchange, session, message) else None
     if headers.get(SESSION_HEADER) is not None:
@@ -323,8 +348,9 @@ async def _session_for(
         key,
         requested_options(request.query, request.headers),
         registered=_registers(message),
-        client=client_of(sessions.parts.settings.token_id, request, "streamable-http"),
+        client=client_of(sessions.parts.settings.token_id, request, "streamable-http", principal),
         traceparent=request.header(b"traceparent") or None,
+        owner=principal.user,
     )
 
 
@@ -369,13 +395,17 @@ def _same_owner(session: HttpSession, message: Peek | None, query: dict[str, lis
 
 
 async def _post(
-    sessions: HttpSessions, exchange: HttpExchange, service: str, key: str | None
+    sessions: HttpSessions,
+    exchange: HttpExchange,
+    service: str,
+    key: str | None,
+    principal: Principal,
 ) -> None:
     read = await _read_message(sessions.parts.settings.limits.max_message_bytes, exchange)
     if read is None:
         return
     body, message = read
-    session = await _session_for(sessions, exchange, message, service, key)
+    session = await _session_for(sessions, exchange, message, service, key, principal)
     if session is None:
         return
     session_header = [(SESSION_HEADER, session.id.encode())]
@@ -472,13 +502,17 @@ def sse_event(frame: bytes) -> bytes:
 
 
 async def _get(
-    sessions: HttpSessions, exchange: HttpExchange, service: str, key: str | None
+    sessions: HttpSessions,
+    exchange: HttpExchange,
+    service: str,
+    key: str | None,
+    principal: Principal,
 ) -> None:
     headers = exchange.request.headers
     if "text/event-stream" not in headers.get(b"accept", ""):
         await exchange.respond(406, b'{"error": "Accept must allow text/event-stream"}')
         return
-    session = sessions.lookup(service, key, headers.get(SESSION_HEADER))
+    session = sessions.lookup(service, key, headers.get(SESSION_HEADER), principal)
     if session is None:
         status = 404 if headers.get(SESSION_HEADER) or key else 400
         await exchange.respond(status, b'{"error": "unknown or missing session"}')

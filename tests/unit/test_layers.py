@@ -5,6 +5,7 @@ itself back through others (no import cycle, not even one closed through TYPE_CH
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +117,9 @@ ALLOWED["policy"] = (
     "reactor_fabric.config",
     "reactor_fabric.policy",
     "reactor_fabric.protocol",
+    # PyJWT's signature checks (computation only: its PyJWKClient, which fetches, is not
+    # used here; see the test below).
+    "jwt",
 )
 # The standard library's ways out of the process (files and descriptors, users, the network,
 # threads, other processes), whose uses in policy/ are checked name by name below.
@@ -240,6 +244,11 @@ def test_the_policy_layer_imports_nothing_above_it(path: Path) -> None:
         top = module.split(".")[0]
         if top == "reactor_fabric" or top not in _stdlib():
             assert module.startswith(ALLOWED["policy"]), f"{path.name} imports {module}"
+
+
+def test_the_policy_layer_uses_no_part_of_pyjwt_that_fetches() -> None:
+    for path in POLICY_MODULES:
+        assert "PyJWKClient" not in path.read_text(), path.name
 
 
 @pytest.mark.parametrize("path", POLICY_MODULES, ids=policy_name)
@@ -449,3 +458,17 @@ def test_the_size_check_sees_a_module_and_a_class_too_large(tmp_path: Path) -> N
     methods = "".join(f"    def m{index}(self) -> None: ...\n" for index in range(26))
     (tmp_path / "pkg" / "big.py").write_text(f"class Big:\n{methods}")
     assert oversized(tmp_path / "pkg") == ["Big: 26 methods", "pkg/protocol/long.py: 601 lines"]
+
+
+def test_a_serving_orchestrator_without_sign_in_imports_neither_pyjwt_nor_httpx() -> None:
+    """PyJWT with cryptography, and httpx, are 20 MB of an orchestrator's memory: only
+    auth.mode: oidc imports them (trio/serve.py, trio/authentication.py)."""
+    program = (
+        "import sys, reactor_fabric._cli, reactor_fabric._serve_cli, reactor_fabric.trio.serve, "
+        "reactor_fabric.trio.app, reactor_fabric.policy.sign_in\n"
+        "print(sorted({'jwt', 'cryptography', 'httpx'} & set(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"

@@ -32,8 +32,16 @@ def resolve(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def schema_types(node: dict[str, Any]) -> set[str]:
-    kind = resolve(node)["type"]
+    node = resolve(node)
+    if "oneOf" in node:  # a word or a mapping (orchestrator.auth)
+        return set().union(*(schema_types(branch) for branch in node["oneOf"]))
+    kind = node["type"]
     return {str(k) for k in kind} if isinstance(kind, list) else {str(kind)}
+
+
+def object_branch(node: dict[str, Any]) -> dict[str, Any]:
+    """The mapping's branch of a ``oneOf`` (a field that is a word or a mapping)."""
+    return next(b for b in resolve(node)["oneOf"] if resolve(b).get("type") == "object")
 
 
 def struct_types(info: mi.Type) -> set[str]:
@@ -71,6 +79,11 @@ def pairs(node: dict[str, Any], info: mi.StructType, where: str) -> list[tuple[s
             )
         elif isinstance(child_info, mi.StructType):
             found += pairs(child, child_info, f"{where}.{field.name}")
+        elif isinstance(child_info, mi.UnionType):
+            structs = [t for t in child_info.types if isinstance(t, mi.StructType)]
+            branch = object_branch(child) if "oneOf" in resolve(child) else child
+            for struct in structs:
+                found += pairs(branch, struct, f"{where}.{field.name}")
     return found
 
 
@@ -128,10 +141,14 @@ def test_enums_in_the_schema_match_the_literal_types() -> None:
     assert set(pull.type.values) == set(SCHEMA["$defs"]["service"]["properties"]["pull"]["enum"])
     orchestrator = next(info for where, _, info in OBJECTS if where == "suite.orchestrator")
     auth = next(f for f in orchestrator.fields if f.name == "auth")
-    assert isinstance(auth.type, mi.LiteralType)
-    assert set(auth.type.values) == set(
-        SCHEMA["$defs"]["orchestrator"]["properties"]["auth"]["enum"]
-    )
+    assert isinstance(auth.type, mi.UnionType)
+    word = next(t for t in auth.type.types if isinstance(t, mi.LiteralType))
+    branches = SCHEMA["$defs"]["orchestrator"]["properties"]["auth"]["oneOf"]
+    assert set(word.values) == set(next(b for b in branches if "enum" in b)["enum"])
+    mapping = next(t for t in auth.type.types if isinstance(t, mi.StructType))
+    mode = next(f for f in mapping.fields if f.name == "mode")
+    assert isinstance(mode.type, mi.LiteralType)
+    assert set(mode.type.values) == set(SCHEMA["$defs"]["auth"]["properties"]["mode"]["enum"])
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 from wsproto.events import AcceptConnection, RejectConnection
 
-from reactor_fabric.policy.auth import Gate, admit, is_loopback, presented_token, token_matches
+from reactor_fabric.policy.auth import (
+    Gate,
+    Refusal,
+    admit,
+    is_loopback,
+    presented_token,
+    token_matches,
+)
+from reactor_fabric.policy.principal import TOKEN_HOLDER
 from tests.messages import INITIALIZE
 from tests.served import served
 
@@ -50,7 +58,7 @@ def test_a_missing_token_and_a_wrong_one_are_refused_with_401_and_a_bearer_chall
         (HOST, "token=nope", "token_invalid"),
     ]:
         refusal = admit(GATE, headers, query, "/mcp/time")
-        assert refusal is not None
+        assert isinstance(refusal, Refusal)
         assert (refusal.status, refusal.reason) == (401, reason)
         challenge = dict(refusal.headers)[b"www-authenticate"]
         assert challenge.startswith(b'Bearer realm="reactor-fabric"')
@@ -74,20 +82,21 @@ def test_origin_and_host_are_judged_before_the_token() -> None:
         {b"host": "evil.example:8765", b"authorization": "Bearer nope"},
     ):
         refusal = admit(GATE, headers, "", "/mcp/time")
-        assert refusal is not None
+        assert isinstance(refusal, Refusal)
         assert refusal.status == 403
 
 
 def test_the_right_token_and_no_auth_at_all_let_a_request_through() -> None:
-    assert admit(GATE, {**HOST, b"authorization": f"Bearer {TOKEN}"}, "", "/mcp/x") is None
-    assert admit(GATE, HOST, f"token={TOKEN}", "/mcp/x") is None
+    bearer = {**HOST, b"authorization": f"Bearer {TOKEN}"}
+    assert admit(GATE, bearer, "", "/mcp/x") is TOKEN_HOLDER
+    assert admit(GATE, HOST, f"token={TOKEN}", "/mcp/x") is TOKEN_HOLDER
     open_gate = Gate(GATE.allowed_origins, GATE.allowed_hosts, None)
-    assert admit(open_gate, HOST, "", "/mcp/x") is None
+    assert admit(open_gate, HOST, "", "/mcp/x") is TOKEN_HOLDER
 
 
 def test_a_query_with_too_many_fields_is_a_missing_token_not_a_crash() -> None:
     refusal = admit(GATE, HOST, "&".join(["a=1"] * 100) + "&token=x", "/mcp/x")
-    assert refusal is not None
+    assert isinstance(refusal, Refusal)
     assert refusal.reason == "token_missing"
 
 
