@@ -132,6 +132,7 @@ def add_operator_commands(commands: Any, environ: dict[str, str]) -> None:
     audit.add_argument("--session", help="only this session's records")
     audit.add_argument("--service", help="only this service's records")
     audit.add_argument("--tool", help="only calls of this tool")
+    audit.add_argument("--user", help="only records of this signed-in user (auth.mode: oidc)")
     audit.add_argument("--since", help="only records of the last DURATION, e.g. 10m, 2h")
     audit.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
     audit.add_argument("--json", action="store_true", help="print records as JSON lines")
@@ -144,6 +145,7 @@ def add_operator_commands(commands: Any, environ: dict[str, str]) -> None:
         help="the orchestrator (env REACTOR_FABRIC_URL; default http://127.0.0.1:8765)",
     )
     sessions.add_argument("--end", metavar="ID", help="end this session")
+    sessions.add_argument("--user", help="only this signed-in user's sessions")
     sessions.add_argument("--json", action="store_true", help="print the JSON answer as it is")
     sessions.add_argument("--token", default=None, help="the token (default: as the bridge)")
 
@@ -186,6 +188,7 @@ def _show(args: argparse.Namespace, path: Path) -> int:
             (args.session is None or str(record.get("session", "")).startswith(args.session))
             and (args.service is None or record.get("service") == args.service)
             and (args.tool is None or record.get("tool") == args.tool)
+            and (args.user is None or _user_of(record) == args.user)
             and (since is None or _when(record) >= since)
         )
 
@@ -287,6 +290,12 @@ def _when(record: dict[str, Any]) -> datetime.datetime:
         return datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
+def _user_of(record: dict[str, Any]) -> object:
+    """The signed-in user a record names (its client's), if any."""
+    client = record.get("client")
+    return client.get("user") if isinstance(client, dict) else None
+
+
 def _human(record: dict[str, Any]) -> str:
     """One record as a line for a terminal, every field escaped (see :func:`_printable`)."""
     event = _printable(record.get("event"))
@@ -310,6 +319,8 @@ def _human(record: dict[str, Any]) -> str:
     if isinstance(client, dict) and event in ("session_start", "session_refused"):
         peer, transport = client.get("peer", ""), client.get("transport", "")
         parts.append(f"client={_printable(peer)}/{_printable(transport)}")
+    if _user_of(record) is not None:
+        parts.append(f"user={_printable(_user_of(record))}")
     if event == "session_start":
         mounts = record.get("mounts")
         shown = ",".join(
@@ -447,7 +458,11 @@ def sessions_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
     if args.json:
         print(json.dumps(body, indent=2))
         return EXIT_OK
-    sessions = body.get("sessions", [])
+    sessions = [
+        session
+        for session in body.get("sessions", [])
+        if args.user is None or (session.get("client") or {}).get("user") == args.user
+    ]
     if not sessions:
         print("no live sessions")
     for session in sessions:
@@ -457,8 +472,9 @@ def sessions_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
             f"{m['source']}:{m['target']}{':ro' if m['read_only'] else ''}"
             for m in session["mounts"]
         )
+        user = f"user={_printable(client['user'])}  " if client.get("user") else ""
         print(
-            f"{session['id']}  {session['endpoint']}/{session['service']}  "
+            f"{session['id']}  {session['endpoint']}/{session['service']}  {user}"
             f"{client.get('peer', '?')} {session['transport']}  "
             f"idle {session['idle_seconds']:.0f} s  containers: {containers or 'none'}  "
             f"mounts: {mounts or 'none'}"

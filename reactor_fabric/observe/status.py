@@ -67,14 +67,17 @@ def recent_calls(
     tool: str | None = None,
     outcome: str | None = None,
     limit: int = 100,
+    user: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The newest tool call records first, those matching every filter given."""
+    """The newest tool call records first, those matching every filter given (``user``: the
+    signed-in user's own calls only)."""
     limit = max(1, min(MAX_CALLS_SHOWN, limit))
     shown: list[dict[str, Any]] = []
     for event in reversed(list(events)):
         record = event.record
         if (
-            (session is None or record.get("session") == session)
+            (user is None or (record.get("client") or {}).get("user") == user)
+            and (session is None or record.get("session") == session)
             and (service is None or record.get("service") == service)
             and (tool is None or record.get("tool") == tool)
             and (outcome is None or record.get("outcome") == outcome)

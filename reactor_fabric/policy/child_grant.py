@@ -26,6 +26,10 @@ class ChildGrant:
     mounts: tuple[MountSpec, ...]  # the parent's
     services: tuple[str, ...]  # the services the child sessions offer
     depth: int  # the child sessions': 1 under a client's session
+    # The signed-in user of the parent session (None: the orchestrator's token's holder): the
+    # child sessions are theirs, and say so in every record.
+    user: str | None = None
+    groups: tuple[str, ...] = ()
 
     def record(self) -> dict[str, object]:
         """The parent, as the audit trail and the operators' API show it."""

@@ -97,6 +97,7 @@ class FabricApp:
                 catalog=parts.catalog,
                 settings=parts.settings,
                 observer=parts.observer,
+                principal=principal,
             )
             return
         route = mcp_route(request.path)

@@ -164,7 +164,13 @@ async def serve_child(parts: SessionParts, container_name: str, stream: trio.abc
         [],
         first_frame=opening,
         transport=TRANSPORT,
-        client=Client(parts.settings.token_id, f"agent:{grant.agent}", TRANSPORT),
+        client=Client(
+            parts.settings.token_id if grant.user is None else "oidc",
+            f"agent:{grant.agent}",
+            TRANSPORT,
+            user=grant.user,
+            groups=grant.groups,
+        ),
         child=grant,
     )
 

@@ -470,6 +470,8 @@ class ContainerStarter:
             mounts=session.mounts if mounts is None else mounts,
             services=services,
             depth=depth,
+            user=session.client.user if session.client is not None else None,
+            groups=session.client.groups if session.client is not None else (),
         )
 
     def child_services(self, agent: Service, depth: int) -> tuple[str, ...]:

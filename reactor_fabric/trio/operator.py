@@ -12,7 +12,10 @@
 ====================================  ==========================================================
 
 Every route is behind the same gate as the MCP routes (Origin/Host, then the token): the
-caller has already admitted the request.
+caller has already admitted the request, and says who made it (its principal). With users
+signing in (``auth.mode: oidc``) a user sees and ends their own sessions and calls only; the
+metrics and the last hour's figures, which count everyone's, are for operators
+(``auth.operators``) — a user gets 403 there. The orchestrator's token's holder is an operator.
 
 What the JSON routes answer with is encoded by the audit trail's own redaction
 (:meth:`~..observe.redaction.Redactor.redacted_json`): a secret's value a client or a server
@@ -35,6 +38,7 @@ from ..observe.observer import Observer
 from ..observe.page import PAGE_HEADERS, STATUS_PAGE
 from ..observe.redaction import SECRET_VALUES
 from ..observe.status import SessionView, recent_calls, sessions_json, stats
+from ..policy.principal import TOKEN_HOLDER, Principal
 from ..protocol.settings import Settings
 from .catalog_service import CatalogService
 from .http_server import HttpExchange
@@ -56,10 +60,11 @@ async def serve_operator(
     catalog: CatalogService,
     settings: Settings,
     observer: Observer,
+    principal: Principal = TOKEN_HOLDER,
 ) -> None:
-    """Answer one operator request (see the module docstring): the sessions from
-    ``registry``, the suite lock's drift from ``catalog`` (with ``settings``' lock), the
-    metrics and recent calls from ``observer``."""
+    """Answer one operator request from ``principal`` (see the module docstring): the
+    sessions from ``registry``, the suite lock's drift from ``catalog`` (with ``settings``'
+    lock), the metrics and recent calls from ``observer``."""
     request = exchange.request
     path, method = request.path, request.method
     if path.startswith(SESSIONS_PREFIX):
@@ -67,6 +72,10 @@ async def serve_operator(
             await exchange.respond_json(405, {"error": "method not allowed"}, allow="DELETE")
             return
         session_id = path[len(SESSIONS_PREFIX) :]
+        record = registry.sessions.get(session_id)
+        if record is None or not _sees(principal, record):
+            await exchange.respond_json(404, {"error": "no such session", "session": session_id})
+            return
         if not registry.end_session(session_id):
             await exchange.respond_json(404, {"error": "no such session", "session": session_id})
             return
@@ -76,11 +85,16 @@ async def serve_operator(
         await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
         return
     observer.flush()  # the calls held for the next batch (see .audit_batches) count too
+    if path in ("/metrics", "/api/stats") and not principal.operator:
+        await exchange.respond_json(
+            403, {"error": "for operators only (auth.operators)", "user": principal.user}
+        )
+        return
     if path == "/metrics":
         body = await trio.to_thread.run_sync(observer.metrics.exposition)
         await exchange.respond(200, body, content_type=CONTENT_TYPE.encode())
     elif path == "/api/sessions":
-        answer = sessions_json(session_views(registry))
+        answer = sessions_json(session_views(registry, principal))
         if settings.lock is not None:  # what differs from the suite lock (the page shows it)
             answer["lock_drift"] = {"mode": settings.lock_mode, "drift": catalog.drift_records()}
         await _shown(exchange, answer)
@@ -99,6 +113,7 @@ async def serve_operator(
             tool=one("tool"),
             outcome=one("outcome"),
             limit=int(limit) if limit is not None and limit.isdigit() else 100,
+            user=None if principal.operator else principal.user,
         )
         await _shown(exchange, {"calls": calls})
     elif path == "/api/stats":
@@ -114,7 +129,17 @@ async def _shown(exchange: HttpExchange, answer: dict[str, Any]) -> None:
     await exchange.respond(200, SECRET_VALUES.redacted_json(answer))
 
 
-def session_views(registry: SessionRegistry) -> dict[str, SessionView]:
+def _sees(principal: Principal, record: SessionRecord) -> bool:
+    """Whether ``principal`` sees the session: an operator every one, a user their own."""
+    if principal.operator:
+        return True
+    return record.client is not None and record.client.user == principal.user
+
+
+def session_views(
+    registry: SessionRegistry, principal: Principal = TOKEN_HOLDER
+) -> dict[str, SessionView]:
+    """The sessions ``principal`` sees, as the API shows them."""
     now = trio.current_time()
     containers: dict[str, list[dict[str, Any]]] = {}
     for container_id, record in registry.containers.items():
@@ -155,4 +180,5 @@ def session_views(registry: SessionRegistry) -> dict[str, SessionView]:
             parent=record.parent.record() if record.parent is not None else None,
         )
         for session_id, record in registry.sessions.items()
+        if _sees(principal, record)
     }

@@ -32,6 +32,13 @@ DOCKER_ONLY_MODULES: dict[str, str] = {
     "test_auth_e2e.py": (
         "tokens, Origin and the bridge's token lookup: refused before any container is asked for"
     ),
+    "test_sign_in_e2e.py": (
+        "users signing in with an OpenID provider: the tokens are checked before any container is "
+        "asked for; the container a signed-in call runs in is every relay test's"
+    ),
+    "test_oidc_provider_fixture.py": (
+        "the test OpenID provider itself: no orchestrator, no container"
+    ),
     "test_catalog_e2e.py": (
         "the catalog command's cache and ranking; its probes are every orchestrator's start-up "
         "probes, run on Podman by every kept test, and a missing image is test_relay_e2e's"

@@ -228,3 +228,24 @@ def test_the_status_page_allows_exactly_its_own_script_and_style_and_nothing_els
     assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
     assert b"http://" not in STATUS_PAGE.replace(b"http://www.w3.org/2000/svg", b"")
     assert b"https://" not in STATUS_PAGE
+
+
+def test_a_signed_in_users_calls_name_them_and_are_theirs_to_list() -> None:
+    observer = Observer(services=["git"])
+    clients = [
+        Client("oidc", "peer", "websocket", user="alice", groups=("team-a",)),
+        Client("oidc", "peer", "websocket", user="bob"),
+        Client("none", "peer", "websocket"),
+    ]
+    for index, client in enumerate(clients):
+        observer.tool_call(
+            call(request_id=index), session=f"s{index}", endpoint="relay",
+            service="git", container=None, client=client, trace_id="t" * 32,
+        )  # fmt: skip
+    records = recent_calls(observer.calls)
+    assert records[-1]["client"]["user"] == "alice"
+    assert records[-1]["client"]["groups"] == ["team-a"]
+    assert "user" not in records[0]["client"]  # the token's holder: no user to name
+    assert [c["request_id"] for c in recent_calls(observer.calls, user="alice")] == [0]
+    assert [c["request_id"] for c in recent_calls(observer.calls, user="bob")] == [1]
+    assert recent_calls(observer.calls, user="carol") == []

@@ -253,3 +253,33 @@ async def test_the_sign_in_of_a_suite_on_loopback_accepts_each_loopback_url(
     assert json.loads(sign_in.resource.metadata("http://localhost:8765"))["resource"] == (
         "http://localhost:8765"
     )
+
+
+async def test_a_user_sees_and_ends_only_their_own_sessions_and_operators_see_all(
+    tmp_path: Path, issuer: FakeIssuer
+) -> None:
+    alice, bob = issuer.token("alice", PUBLIC), issuer.token("bob", PUBLIC)
+    carol = issuer.token("carol", PUBLIC)  # an operator by name
+    dave = issuer.token("dave", PUBLIC, groups=["ops"])  # an operator by group
+    async with signing_in(tmp_path, issuer, operators=["carol", "group:ops"]) as http:
+        hers = await http.post(INITIALIZE, headers=bearer(alice))
+        his = await http.post(INITIALIZE, headers=bearer(bob))
+
+        async def listed(token: str) -> set[str]:
+            reply = await http.http("GET", "/api/sessions", headers=bearer(token))
+            assert reply.status == 200
+            return {session["id"] for session in reply.json()["sessions"]}
+
+        assert await listed(alice) == {hers.session}
+        assert await listed(bob) == {his.session}
+        assert await listed(carol) == await listed(dave) == {hers.session, his.session}
+        for path in ("/metrics", "/api/stats"):
+            assert (await http.http("GET", path, headers=bearer(alice))).status == 403
+            assert (await http.http("GET", path, headers=bearer(carol))).status == 200
+        refused = await http.http("DELETE", f"/api/sessions/{his.session}", headers=bearer(alice))
+        assert refused.status == 404
+        assert his.session in http.fabric.registry.sessions
+        ended = await http.http("DELETE", f"/api/sessions/{his.session}", headers=bearer(dave))
+        assert ended.status == 200
+        own = await http.http("DELETE", f"/api/sessions/{hers.session}", headers=bearer(alice))
+        assert own.status == 200

@@ -1,0 +1,286 @@
+"""Users signing in, end to end: the real orchestrator process (``auth.mode: oidc``) against a
+real OpenID provider (oidc-provider, started here on loopback with alice in team-a and bob in
+team-b), the official MCP Python SDK 2.x as the client — which, from the orchestrator's 401,
+finds the provider, registers itself, has its user sign in (the test drives the login pages)
+and calls a tool in a real container — and the refusals a client gets for every kind of bad
+token, with what the audit trail says of who did what."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import httpx2
+import jwt
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric import rsa
+from mcp import Client
+from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from pydantic import AnyUrl
+
+from tests.integration.harness import (
+    Orchestrator,
+    orchestrator,
+    text_of,
+    wait_until,
+    write_suite,
+)
+from tests.oidc_provider import OpenIdProvider, running_provider
+
+pytestmark = pytest.mark.integration
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+MCP_HEADERS = {"accept": "application/json, text/event-stream"}
+INVALID = "token_invalid"
+NO_SCOPE = "token_insufficient_scope"
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenIdProvider]:
+    with running_provider(tmp_path_factory.mktemp("oidc")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def fabric(
+    provider: OpenIdProvider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Orchestrator]:
+    root = tmp_path_factory.mktemp("sign-in")
+    suite = write_suite(
+        root / "suite.yaml",
+        [str(root)],
+        auth={"mode": "oidc", "issuer": provider.issuer, "scopes": ["mcp"]},
+    )
+    with orchestrator(suite, root / "orchestrator.log", token=None) as running:
+        yield running
+
+
+class _Memory:
+    """The SDK's token storage, in memory (one client's registration and tokens)."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+def signing_in_as(provider: OpenIdProvider, user: str, server_url: str) -> OAuthClientProvider:
+    """The SDK's OAuth client for ``server_url``, whose user is ``user``: its browser is the
+    provider's login pages driven by the test."""
+    redirects: list[str] = []
+
+    async def redirect_handler(authorization_url: str) -> None:
+        login = provider.login
+        redirects.append(await trio.to_thread.run_sync(login, authorization_url, user))
+
+    async def callback_handler() -> AuthorizationCodeResult:
+        query = parse_qs(urlsplit(redirects[-1]).query)
+        return AuthorizationCodeResult(
+            code=query["code"][0], state=query["state"][0], iss=query["iss"][0]
+        )
+
+    return OAuthClientProvider(
+        server_url=server_url,
+        client_metadata=OAuthClientMetadata(
+            redirect_uris=[AnyUrl("http://127.0.0.1:33418/callback")],
+            client_name=f"sign-in test ({user})",
+        ),
+        storage=_Memory(),
+        redirect_handler=redirect_handler,
+        callback_handler=callback_handler,
+    )
+
+
+async def test_an_sdk_client_signs_in_by_itself_from_the_401_and_its_calls_name_the_user(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    url = f"{fabric.http_url}/mcp?tools=all"
+    oauth = signing_in_as(provider, "alice", url)
+    async with (
+        httpx2.AsyncClient(auth=oauth, timeout=60) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert "time__get_current_time" in tools
+        result = await client.call_tool("time__get_current_time", {"timezone": "UTC"})
+        assert not result.is_error
+        assert "UTC" in text_of(result.model_dump(mode="json", by_alias=True))
+    stored = oauth.context.current_tokens
+    assert stored is not None
+    claims = jwt.decode(stored.access_token, options={"verify_signature": False})
+    # The token the SDK got is for this orchestrator, named by its metadata.
+    assert claims["aud"] == fabric.http_url
+
+    def recorded() -> list[dict[str, Any]]:
+        calls = [r for r in fabric.audit() if r.get("event") == "tool_call"]
+        return [r for r in calls if r.get("tool") in ("get_current_time", "time__get_current_time")]
+
+    await trio.to_thread.run_sync(lambda: wait_until(lambda: bool(recorded()), 30, "the audit"))
+    mine = recorded()
+    assert mine[-1]["client"]["user"] == "alice"
+    assert mine[-1]["client"]["groups"] == ["team-a"]
+    assert mine[-1]["client"]["token"] == "oidc"
+    # Nothing of a token lands in the trail or the log.
+    for path in (fabric.audit_path, Path(fabric.log_path)):
+        assert stored.access_token not in await trio.Path(path).read_text()
+
+
+def test_the_metadata_and_the_challenge_lead_a_client_to_the_issuer(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    base = fabric.http_url
+    with httpx.Client(timeout=30) as http:
+        refused = http.post(f"{base}/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+        assert refused.status_code == 401
+        challenge = refused.headers["www-authenticate"]
+        metadata_url = f"{base}/.well-known/oauth-protected-resource"
+        assert challenge == f'Bearer resource_metadata="{metadata_url}", scope="mcp"'
+        assert refused.json()["error"]["data"]["reason"] == "token_missing"
+        for path in ("", "/mcp", "/mcp/time"):
+            metadata = http.get(f"{metadata_url}{path}").json()
+            assert metadata["resource"] == base
+            assert metadata["authorization_servers"] == [provider.issuer]
+            assert metadata["scopes_supported"] == ["mcp"]
+        # The issuer it names is the provider, whose discovery the client reads next.
+        discovery = http.get(f"{provider.issuer}/.well-known/openid-configuration").json()
+        assert discovery["issuer"] == provider.issuer
+        # localhost is the same orchestrator under another name: its own resource.
+        port = urlsplit(base).port
+        local = http.get(f"http://localhost:{port}/.well-known/oauth-protected-resource/mcp")
+        assert local.json()["resource"] == f"http://localhost:{port}"
+
+
+def _foreign_token(provider: OpenIdProvider, claims: dict[str, Any]) -> str:
+    """Signed with a key of our own under the provider's key id (a forgery)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return jwt.encode(claims, key, algorithm="RS256", headers={"kid": provider.kid})
+
+
+def _unsigned(claims: dict[str, Any]) -> str:
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}."
+
+
+def test_bad_tokens_are_refused_with_what_is_wrong_and_nothing_starts(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    base = fabric.http_url
+    good = provider.claims_for("alice", base)
+    cases = [
+        ("expired", provider.sign({**good, "exp": 1_000_000, "iat": 999_000}), "token_expired"),
+        (
+            "for another resource",
+            provider.sign({**good, "aud": "http://127.0.0.1:9/mcp"}),
+            "token_invalid",
+        ),
+        (
+            "from another issuer",
+            provider.sign({**good, "iss": "http://127.0.0.1:9"}),
+            "token_invalid",
+        ),
+        ("unsigned", _unsigned(good), "token_invalid"),
+        ("signed with a foreign key", _foreign_token(provider, good), "token_invalid"),
+        (
+            "without the scope",
+            provider.sign({**good, "scope": "email"}),
+            "token_insufficient_scope",
+        ),
+    ]
+    with httpx.Client(timeout=30) as http:
+        for what, token, reason in cases:
+            answer = http.post(
+                f"{base}/mcp",
+                json=INITIALIZE,
+                headers={**MCP_HEADERS, "authorization": f"Bearer {token}"},
+            )
+            expected = 403 if reason == "token_insufficient_scope" else 401
+            assert answer.status_code == expected, what
+            error = answer.json()["error"]
+            assert (error["code"], error["data"]["reason"]) == (-32004, reason), what
+            assert token not in answer.text
+            code = "insufficient_scope" if expected == 403 else "invalid_token"
+            assert f'error="{code}"' in answer.headers["www-authenticate"], what
+        # The real token works, on the same request.
+        ok = http.post(
+            f"{base}/mcp",
+            json=INITIALIZE,
+            headers={**MCP_HEADERS, "authorization": f"Bearer {provider.sign(good)}"},
+        )
+        assert ok.status_code == 200
+        http.delete(
+            f"{base}/mcp",
+            headers={
+                "authorization": f"Bearer {provider.sign(good)}",
+                "mcp-session-id": ok.headers["mcp-session-id"],
+            },
+        )
+    refusals = [e for e in fabric.logs() if e.get("event") == "request_refused"]
+    assert {"token_expired", "token_invalid", "token_insufficient_scope"} <= {
+        e.get("reason") for e in refusals
+    }
+
+
+def test_alice_cannot_use_bobs_session_nor_his_keyed_url(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    base = fabric.http_url
+    alice = {
+        **MCP_HEADERS,
+        "authorization": f"Bearer {provider.access_token('alice', base)['access_token']}",
+    }
+    bob = {
+        **MCP_HEADERS,
+        "authorization": f"Bearer {provider.access_token('bob', base)['access_token']}",
+    }
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    with httpx.Client(timeout=60) as http:
+        his = http.post(f"{base}/mcp/time", json=INITIALIZE, headers=bob)
+        assert his.status_code == 200
+        sid = his.headers["mcp-session-id"]
+        stolen = http.post(f"{base}/mcp/time", json=ping, headers={**alice, "mcp-session-id": sid})
+        assert stolen.status_code == 404
+        gone = http.delete(f"{base}/mcp/time", headers={**alice, "mcp-session-id": sid})
+        assert gone.status_code == 404
+        own = http.post(f"{base}/mcp/time", json=ping, headers={**bob, "mcp-session-id": sid})
+        assert own.status_code == 200
+        # The same keyed URL: bob's session for bob, a new one of her own for alice.
+        keyed = f"{base}/mcp/fabric/team-notes-1"
+        bobs = http.post(keyed, json=INITIALIZE, headers=bob)
+        hers = http.post(keyed, json=INITIALIZE, headers=alice)
+        assert bobs.status_code == hers.status_code == 200
+        assert bobs.headers["mcp-session-id"] != hers.headers["mcp-session-id"]
+        for headers, answer in ((bob, his), (bob, bobs), (alice, hers)):
+            http.delete(
+                f"{base}/mcp",
+                headers={**headers, "mcp-session-id": answer.headers["mcp-session-id"]},
+            )
