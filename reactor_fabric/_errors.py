@@ -54,11 +54,13 @@ from ._reasons import (
     KUBERNETES_UNAVAILABLE,
     ORCHESTRATOR_STOPPING,
     ORCHESTRATOR_UNREACHABLE,
+    RATE_LIMITED,
     SESSION_ENDED,
     SESSION_ENDED_BY_OPERATOR,
     TOO_MANY_PER_CALL_CONTAINERS,
     TOO_MANY_REQUESTS_IN_FLIGHT,
     TOO_MANY_SESSIONS,
+    USER_SESSION_LIMIT,
     WORKSPACE_BASE_UNKNOWN,
     WORKSPACE_FAILED,
     WORKSPACE_NOT_A_REPOSITORY,
@@ -89,6 +91,8 @@ TITLE_BY_REASON: Final[Mapping[str, str]] = {
     BACKEND_LIST_TOO_LARGE: "Container Output Invalid",
     CONTAINER_UNRESPONSIVE: "Container Unresponsive",
     TOO_MANY_SESSIONS: "Too Many Sessions",
+    USER_SESSION_LIMIT: "Too Many Sessions",
+    RATE_LIMITED: "Rate Limited",
     ORCHESTRATOR_STOPPING: "Orchestrator Stopping",
     SESSION_ENDED_BY_OPERATOR: "Session Ended by Operator",
     INTERNAL_ERROR: "Internal Error",
@@ -186,6 +190,18 @@ class SessionCrashed(FabricError):
 
     code = CONTAINER_START_FAILURE
     title = "Container Start Failure"
+
+
+class RateLimited(FabricError):
+    """A tool call refused at once: its signed-in user has made ``orchestrator.users``'
+    ``calls_per_minute`` calls in the last minute (``rate_limited``; ``data``: ``limit`` and
+    ``retry_after_seconds``). Nothing was started.
+
+    -32002 on the wire, the code of a service that cannot serve now, with a title of its own.
+    """
+
+    code = CONTAINER_START_FAILURE
+    title = "Rate Limited"
 
 
 class AgentBusy(FabricError):

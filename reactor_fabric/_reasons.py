@@ -112,6 +112,12 @@ CONNECTION_CLOSED: Final = "connection_closed"
 
 # SessionRefused: the orchestrator is at its limit of concurrent sessions (max_sessions).
 TOO_MANY_SESSIONS: Final = "too_many_sessions"
+# SessionRefused: the signed-in user has as many sessions as orchestrator.users allows them
+# (their max_sessions).
+USER_SESSION_LIMIT: Final = "user_session_limit"
+# RateLimited: the signed-in user has made orchestrator.users' calls_per_minute tool calls in
+# the last minute (data: limit, retry_after_seconds).
+RATE_LIMITED: Final = "rate_limited"
 # SessionRefused (a new session) or SessionEnding (one in progress): the orchestrator is
 # stopping. Also a container's stop reason in the audit.
 ORCHESTRATOR_STOPPING: Final = "orchestrator_stopping"
@@ -190,6 +196,10 @@ TOKEN_INSUFFICIENT_SCOPE: Final = "token_insufficient_scope"  # noqa: S105 - a r
 # orchestrator.auth.mode: oidc — HTTP 503: the issuer's keys cannot be had (its discovery
 # document or key set unreachable or unusable), so no token can be checked.
 ISSUER_UNAVAILABLE: Final = "issuer_unavailable"
+# orchestrator.users — the signed-in user may not use this service (their entry's services,
+# or an agent spending an account their entry's accounts leave out): a relay session to it
+# is refused; the fabric endpoint does not list it to them.
+SERVICE_NOT_ALLOWED: Final = "service_not_allowed"
 # The stdio bridge: the orchestrator refused the WebSocket handshake with this HTTP status
 # and no error of its own in the body (403: a refused Origin or Host).
 HTTP_STATUS: Final = "http_{status}"

@@ -392,6 +392,19 @@ class Auth(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
         return parse_duration(self.leeway)
 
 
+class UserEntry(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """What one user (or a group's members, or everyone: ``default``) may do when users sign
+    in (``orchestrator.users``); a field left out is the ``default`` entry's, else the
+    orchestrator's (see :mod:`reactor_fabric.policy.user_policy`)."""
+
+    # "{user}" stands for the user's name, e.g. "/home/{user}/".
+    allowed_mount_roots: list[str] | None = None
+    services: list[str] | None = None
+    accounts: list[str] | None = None
+    max_sessions: int | None = None
+    calls_per_minute: int | None = None
+
+
 class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     allowed_mount_roots: list[str]
     allowed_mount_targets: list[str] = msgspec.field(
@@ -402,6 +415,8 @@ class Orchestrator(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only
     # Where clients reach the orchestrator (behind a proxy, its public address): the resource
     # oidc mode's tokens must be for.
     public_url: str | None = None
+    # Per-user policy (auth.mode: oidc): "default", a user's name, or "group:NAME".
+    users: dict[str, UserEntry] = msgspec.field(default_factory=dict)
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     max_sessions: int = 64
     max_message_size: str | int = DEFAULT_MAX_MESSAGE_SIZE

@@ -305,6 +305,38 @@ def _check_logic(data: object, collector: _Collector) -> None:
         _check_git_writable(services, collector)
         accounts = orchestrator.get("accounts") if isinstance(orchestrator, dict) else None
         _check_accounts(services, accounts if isinstance(accounts, dict) else {}, collector)
+        users = orchestrator.get("users") if isinstance(orchestrator, dict) else None
+        if isinstance(users, dict):
+            known = accounts if isinstance(accounts, dict) else {}
+            _check_users(users, set(services), set(known), collector)
+
+
+def _check_users(
+    users: dict[str, Any], services: set[str], accounts: set[str], collector: _Collector
+) -> None:
+    """Each entry names services and accounts the suite has, and roots that could be roots."""
+    for key, entry in users.items():
+        if not isinstance(entry, dict):
+            continue
+        base: KeyPath = ("orchestrator", "users", str(key))
+        if str(key).startswith("group:") and not str(key)[len("group:") :]:
+            collector.add(base, "a group entry names its group: 'group:NAME'")
+        for key_name, known, what in (
+            ("services", services, "service in mcp_services"),
+            ("accounts", accounts, "account in orchestrator.accounts"),
+        ):
+            names = entry.get(key_name)
+            for index, name in enumerate(names if isinstance(names, list) else []):
+                path: KeyPath = (*base, key_name, index)
+                if isinstance(name, str) and name not in known and path not in collector.flagged:
+                    collector.add(path, f"no {what} is named {name!r}")
+        roots = entry.get("allowed_mount_roots")
+        for index, root in enumerate(roots if isinstance(roots, list) else []):
+            path = (*base, "allowed_mount_roots", index)
+            if isinstance(root, str) and path not in collector.flagged:
+                problem = _root_problem(root.replace("{user}", "user"))
+                if problem is not None:
+                    collector.add(path, problem)
 
 
 def _check_uses(services: dict[str, Any], collector: _Collector) -> None:
@@ -438,12 +470,20 @@ def _check_roots(roots: object, collector: _Collector) -> None:
         path: KeyPath = ("orchestrator", "allowed_mount_roots", index)
         if not isinstance(root, str) or path in collector.flagged:
             continue
-        if "\0" in root:
-            collector.add(path, "a mount root must not contain a NUL character")
-        elif ".." in root.split("/"):
-            collector.add(path, f"{root!r} must not contain '..' components")
-        elif posixpath.normpath(root) == "/":
-            collector.add(path, "'/' cannot be a mount root: it would allow every host path")
+        problem = _root_problem(root)
+        if problem is not None:
+            collector.add(path, problem)
+
+
+def _root_problem(root: str) -> str | None:
+    """Why ``root`` cannot be a mount root, if it cannot."""
+    if "\0" in root:
+        return "a mount root must not contain a NUL character"
+    if ".." in root.split("/"):
+        return f"{root!r} must not contain '..' components"
+    if posixpath.normpath(root) == "/":
+        return "'/' cannot be a mount root: it would allow every host path"
+    return None
 
 
 def _check_size(

@@ -31,13 +31,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from .._errors import FabricError, InvalidMessage, InvalidRequest, ServiceNotFound, SessionRefused
+from .._errors import (
+    FabricError,
+    InvalidMessage,
+    InvalidRequest,
+    SecurityViolation,
+    ServiceNotFound,
+    SessionRefused,
+)
 from .._reasons import (
     ORCHESTRATOR_STOPPING,
     PROFILE_NOT_FOUND,
+    SERVICE_NOT_ALLOWED,
     SERVICE_NOT_FOUND,
     TOO_MANY_SESSIONS,
     UNKNOWN_EXPOSURE,
+    USER_SESSION_LIMIT,
 )
 from ..config.structs import Service, Suite
 from ..config.suite import FABRIC_ENDPOINT
@@ -152,6 +161,9 @@ class Capacity:
     sessions: int
     limit: int
     stopping: bool
+    # The user's own sessions now, and the most they may have (None: no limit of their own).
+    user_sessions: int = 0
+    user_limit: int | None = None
 
 
 def admission(
@@ -198,6 +210,13 @@ def capacity(state: Capacity) -> SessionRefused | None:
             "the orchestrator has reached its limit of concurrent sessions; try again later",
             reason=TOO_MANY_SESSIONS,
         )
+    if state.user_limit is not None and state.user_sessions >= state.user_limit:
+        return SessionRefused(
+            f"you have {state.user_sessions} sessions open, as many as orchestrator.users "
+            "allows you; end one (or let it go idle) and try again",
+            reason=USER_SESSION_LIMIT,
+            limit=state.user_limit,
+        )
     return None
 
 
@@ -205,6 +224,16 @@ def service_not_found(name: str) -> ServiceNotFound:
     """The error for an endpoint that names no service of the suite."""
     return ServiceNotFound(
         f"no service named {name!r} in the suite", reason=SERVICE_NOT_FOUND, service=name
+    )
+
+
+def service_not_allowed(name: str) -> SecurityViolation:
+    """The error for a relay session to a service its signed-in user may not use."""
+    return SecurityViolation(
+        f"you may not use the service {name!r} (orchestrator.users: it is not among your "
+        "services, or it spends a model account you may not)",
+        reason=SERVICE_NOT_ALLOWED,
+        service=name,
     )
 
 

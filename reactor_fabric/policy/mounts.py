@@ -146,6 +146,7 @@ class MountPolicy:
     ) -> None:
         self._realpath = realpath
         self._exists = exists
+        self._docker_sockets = docker_sockets
         # Roots are resolved too: an allowed "/home" that is a symlink to "/data/home" allows
         # what lies under "/data/home", which is where sources resolve to.
         self.allowed_roots = tuple(dict.fromkeys(realpath(root) for root in allowed_roots))
@@ -155,8 +156,22 @@ class MountPolicy:
             dict.fromkeys(path for s in sockets for path in (posixpath.normpath(s), realpath(s)))
         )
 
-    def validate(self, mounts: object) -> tuple[MountSpec, ...]:
-        """Check every requested mount; the resolved, allowed mounts or SecurityViolation."""
+    def with_roots(self, allowed_roots: Iterable[str]) -> MountPolicy:
+        """The same policy with other roots (a signed-in user's: see .user_policy); resolves
+        them, so blocking, like :meth:`validate`."""
+        return MountPolicy(
+            allowed_roots,
+            allowed_targets=self.allowed_targets,
+            realpath=self._realpath,
+            exists=self._exists,
+            docker_sockets=self._docker_sockets,
+        )
+
+    def validate(self, mounts: object, roots: Iterable[str] | None = None) -> tuple[MountSpec, ...]:
+        """Check every requested mount; the resolved, allowed mounts or SecurityViolation.
+        ``roots``: other allowed roots than this policy's (a signed-in user's)."""
+        if roots is not None:
+            return self.with_roots(roots).validate(mounts)
         if not isinstance(mounts, list):
             raise SecurityViolation(
                 "mounts must be a list of {source, target, readOnly} objects",

@@ -127,6 +127,7 @@ class FabricServer:
     """The MCP server of one fabric-endpoint session (see the module's docs)."""
 
     def __init__(self, setup: FabricSetup) -> None:
+        self.call_rate = setup.call_rate
         settings, now, catalog = setup.settings, setup.now, setup.catalog
         self.session_id = setup.session_id
         self.version = setup.version
@@ -419,10 +420,14 @@ class FabricServer:
     # --- tools ----------------------------------------------------------------------------------
 
     def _call(self, request_id: object, params: Json) -> list[Action]:
-        name = params.get("name")
-        arguments = params.get("arguments")
+        """A tools/call: its record begun; refused at once over its user's rate, else run."""
         if isinstance(request_id, str | int):
             self.replies.begin_call(request_id, params, self._message_bytes)
+        limited = self.call_rate.refusal(self.replies.now) if self.call_rate is not None else None
+        if limited is not None:
+            return [self.replies.error(request_id, limited)]
+        name = params.get("name")
+        arguments = params.get("arguments")
         if not isinstance(arguments, dict):
             arguments = {}
         meta = META_TOOLS.get(name) if isinstance(name, str) else None
@@ -436,10 +441,13 @@ class FabricServer:
         if isinstance(outcome, Refusal):
             return [self.replies.fail(request_id, outcome.code, outcome.message)]
         answer = self.replies.result(request_id, outcome.result)
-        if outcome.active is None:
-            return [answer]
         stateless = self.replies.stateless
-        return [answer, *self.lists.activate(outcome.active, self.catalog, stateless=stateless)]
+        activated = (
+            self.lists.activate(outcome.active, self.catalog, stateless=stateless)
+            if outcome.active is not None
+            else []
+        )
+        return [answer, *activated]
 
     def _meta_context(self) -> MetaContext:
         """What a meta-tool sees of the session, now."""

@@ -17,6 +17,7 @@ from typing import Any
 from ..discovery import DiscoveryIndex
 from ..discovery.tokens import count_definition
 from .agent_slots import AgentSlots
+from .call_rates import UserCallRate
 from .catalog import Catalog, Redact, unredacted
 from .fabric_meta_tools import Exposure
 from .fabric_roster import Limits
@@ -42,6 +43,8 @@ class FabricSetup:
     client_lease: float | None = None  # (see .client_lease; None: the client does not leave)
     # The orchestrator's shared count of agent calls (None: no limit, as in most tests).
     agent_slots: AgentSlots | None = None
+    # Its signed-in user's tool calls a minute (None: no limit): see .call_rates.
+    call_rate: UserCallRate | None = None
     redact: Redact = unredacted  # the secrets' values, out of what the session keeps
     now: float = 0.0  # when it opens
     version: str = "0"  # the orchestrator's, in serverInfo and the backends' handshake

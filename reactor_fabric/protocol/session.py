@@ -69,6 +69,7 @@ from .answers import (
     session_ending,
 )
 from .backend import CALL_METHODS, Backend, BackendState
+from .call_rates import UserCallRate
 from .catalog import Redact, unredacted
 from .client_lease import ClientLease
 from .events import (
@@ -130,8 +131,11 @@ class SessionMachine:
         client_lease: float | None = None,
         agent_slots: AgentSlots | None = None,
         redact: Redact = unredacted,
+        call_rate: UserCallRate | None = None,
     ) -> None:
         self.service_name = service_name
+        # Its signed-in user's tool calls a minute (None: no limit; see .call_rates).
+        self.call_rate = call_rate
         # An llm_agent service's session: its calls are agent calls, counted in the
         # orchestrator's shared slots under the session's id (None: not an agent).
         self.session_id = session_id
@@ -298,13 +302,9 @@ class SessionMachine:
             return requests.refuse_duplicate(message, frame, now)
         if message.method == TOOLS_CALL:
             requests.calls.begin_params(message.id, message.params, len(frame), now)
-            if self.agent and names_base(message.params):
-                unhonoured = BASE_ON_RELAY if self.isolated else BASE_NEEDS_ISOLATED
-                return requests.error_to_client(message.id, unhonoured, now)
-            why = self.lock_check.withheld_call(message) if self.lock_check is not None else None
-            if why is not None:
-                error = withheld_error(self.service_name, why)
-                return requests.error_to_client(message.id, error, now)
+            refused = _call_refusal(self, message, now)
+            if refused is not None:
+                return requests.error_to_client(message.id, refused, now)
         if requests.full:
             refusal = InvalidRequest(
                 f"this session already has {self.limits.max_in_flight} requests in flight",
@@ -523,3 +523,16 @@ _CONTAINER_SIDE: dict[type[Any], str] = {
     BackendExited: "exited",
     BackendMeasured: "measured",
 }
+
+
+def _call_refusal(machine: SessionMachine, message: Peek, now: float) -> FabricError | None:
+    """Why a tools/call is answered at once, if it is: over its user's rate, a ``base`` the
+    relay cannot honour, a tool the suite lock withholds."""
+    limited = machine.call_rate.refusal(now) if machine.call_rate is not None else None
+    if limited is not None:
+        return limited
+    if machine.agent and names_base(message.params):
+        return BASE_ON_RELAY if machine.isolated else BASE_NEEDS_ISOLATED
+    lock = machine.lock_check
+    why = lock.withheld_call(message) if lock is not None else None
+    return withheld_error(machine.service_name, why) if why is not None else None

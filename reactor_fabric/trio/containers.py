@@ -432,13 +432,16 @@ class ContainerStarter:
             raise
         return made[0]
 
-    async def validate_mounts(self, mounts: object) -> tuple[MountSpec, ...]:
-        """A session's requested mounts, validated against the mount policy (at admission)."""
+    async def validate_mounts(
+        self, mounts: object, roots: tuple[str, ...] | None = None
+    ) -> tuple[MountSpec, ...]:
+        """A session's requested mounts, validated against the mount policy (at admission);
+        ``roots``: a signed-in user's allowed roots instead of the orchestrator's."""
         if mounts == []:
             await trio.lowlevel.checkpoint()
             return ()
         # Resolving paths touches the file system (which may be slow, e.g. NFS): in a thread.
-        return await trio.to_thread.run_sync(self.mount_policy.validate, mounts)
+        return await trio.to_thread.run_sync(self.mount_policy.validate, mounts, roots)
 
     # --- agents' child sessions -------------------------------------------------------------
 

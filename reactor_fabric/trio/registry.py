@@ -29,6 +29,7 @@ from ..policy.admission import Capacity, capacity
 from ..policy.child_grant import ChildGrant
 from ..policy.mount_spec import MountSpec
 from ..protocol.agent_slots import AgentSlots
+from ..protocol.call_rates import CallRates, UserCallRate
 from ..protocol.served import Served
 
 # How long removing one session's containers may take (a shutdown may allow less).
@@ -53,6 +54,10 @@ class SessionRecord:
     tool_calls: int = 0  # how many ended so far
     # An agent's child session: its grant (the parent session and call, what it may use).
     parent: ChildGrant | None = None
+    # The services this session may use (its user's, and for a child its grant's; None: all).
+    services: frozenset[str] | None = None
+    # Its signed-in user's tool calls a minute (orchestrator.users; None: no limit).
+    call_rate: UserCallRate | None = None
     # The session's containers and the calls each served (its machine's; None until it has
     # one), and the trio time the machine counts them from (its start).
     served: Served | None = None
@@ -96,6 +101,8 @@ class SessionRegistry:
         # Agent calls in flight by session (orchestrator.agents): the decision is the
         # sessions' machines' (protocol/agent_slots.py); the count they share is held here.
         self.agent_slots = agent_slots
+        # Every signed-in user's tool calls of the last minute (orchestrator.users).
+        self.call_rates = CallRates()
         # Set when the orchestrator begins to stop: every session answers what is in flight.
         self.stopping = trio.Event()
         # When a shutdown must be over (trio time); every teardown ends by then.
@@ -123,15 +130,28 @@ class SessionRegistry:
 
     # --- sessions ---------------------------------------------------------------------------
 
-    def admit(self, session_id: str, record: SessionRecord) -> SessionRefused | None:
-        """Register a session, unless the orchestrator is full or stopping: then the error
-        that refuses it (the decision is :func:`~reactor_fabric.policy.admission.capacity`'s;
-        the count it reads is this one)."""
+    def admit(
+        self, session_id: str, record: SessionRecord, *, user_limit: int | None = None
+    ) -> SessionRefused | None:
+        """Register a session, unless the orchestrator is full or stopping, or its signed-in
+        user has ``user_limit`` sessions already (an agent's child sessions are not counted):
+        then the error that refuses it (the decision is :func:`~reactor_fabric.policy.
+        admission.capacity`'s; the counts it reads are these)."""
+        user = record.client.user if record.client is not None else None
+        own = 0
+        if user is not None and user_limit is not None and record.parent is None:
+            own = sum(
+                1
+                for other in self.sessions.values()
+                if other.parent is None and other.client is not None and other.client.user == user
+            )
         full = capacity(
             Capacity(
                 sessions=len(self.sessions),
                 limit=self._max_sessions,
                 stopping=self.stopping.is_set(),
+                user_sessions=own,
+                user_limit=user_limit if record.parent is None else None,
             )
         )
         if full is None:

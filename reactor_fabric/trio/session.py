@@ -44,10 +44,19 @@ from ..config.structs import Service, Suite
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Client, Observer, trace_of
 from ..observe.redaction import SECRET_VALUES
-from ..policy.admission import FabricOptions, Refusal, admission
+from ..policy.admission import (
+    Admission,
+    FabricOptions,
+    Refusal,
+    admission,
+    service_not_allowed,
+)
 from ..policy.child_grant import ChildGrant
 from ..policy.container_parts.secrets import runs_as
+from ..policy.mount_spec import MountSpec
 from ..policy.principal import TOKEN_HOLDER, Principal
+from ..policy.user_policy import Allowance, allowance_for
+from ..protocol.call_rates import UserCallRate
 from ..protocol.catalog import Catalog
 from ..protocol.fabric_server import FabricServer
 from ..protocol.fabric_setup import FabricSetup
@@ -244,18 +253,12 @@ async def _serve_session(
     if isinstance(decision, Refusal):
         await refused(request_id, decision.error)
         return
-    if child is not None:
-        # The parent's mounts (validated at its admission, pinned again at every start) and
-        # the granted services, each tool listed: what the agent works on, and with.
-        mounts = child.mounts
-        decision = replace(decision, options=FabricOptions("all", child.services))
-    else:
-        try:
-            # The mount policy resolves paths on the file system: the one step that does I/O.
-            mounts = await parts.starter.validate_mounts(decision.mounts)
-        except FabricError as exc:
-            await refused(request_id, exc)
-            return
+    # What its user may do (orchestrator.users), and the mounts it may have.
+    granted = await _granted(parts, decision, service_name, client, child)
+    if isinstance(granted, FabricError):
+        await refused(request_id, granted)
+        return
+    decision, mounts, allowed, allowance = granted
     traceparent = traceparent if traceparent and valid_traceparent(traceparent) else None
     record = SessionRecord(
         service_name,
@@ -268,8 +271,15 @@ async def _serve_session(
         started_at=time.time(),
         last_active=trio.current_time(),
         parent=child,
+        services=allowed,
+        call_rate=(
+            UserCallRate(parts.registry.call_rates, client.user, allowance.calls_per_minute)
+            if client.user is not None and allowance.calls_per_minute is not None
+            else None
+        ),
     )
-    full = parts.registry.admit(session_id, record)  # step 5, and the session counted if admitted
+    # Step 5, and the session counted if admitted.
+    full = parts.registry.admit(session_id, record, user_limit=allowance.max_sessions)
     if full is not None:
         await refused(request_id, full)
         return
@@ -352,7 +362,8 @@ async def _begin_spares(
         assert project is not None  # every mount is pinned
         owners = {runs_as(n, s, starter.identity, account) for n, s in isolated.items()}
         for owner in owners:
-            workspaces.spares.make_for_session(record.id, project, (owner.uid, owner.gid))
+            user = record.client.user if record.client is not None else None
+            workspaces.spares.make_for_session(record.id, project, (owner.uid, owner.gid), user)
     except OSError as exc:  # (e.g. out of descriptors: the tasks copy the project whole)
         log.info("workspace_spare_not_begun", extra={"session": record.id, "detail": str(exc)})
     finally:
@@ -379,6 +390,7 @@ def _relay_driver(
         client_lease=lease.lease_seconds if lease is not None else None,
         agent_slots=parts.registry.agent_slots if service.service_type == "llm_agent" else None,
         redact=SECRET_VALUES.redacted,
+        call_rate=record.call_rate,
     )
     record.served, record.served_since = machine.served, now
     host = _host(parts, record)
@@ -395,6 +407,44 @@ def _host(parts: SessionParts, record: SessionRecord) -> ContainerHost:
         max_message_bytes=parts.settings.limits.max_message_bytes,
         compute_limiter=parts.catalog.refresh_limiter,
     )
+
+
+async def _granted(
+    parts: SessionParts,
+    decision: Admission,
+    service_name: str,
+    client: Client,
+    child: ChildGrant | None,
+) -> tuple[Admission, tuple[MountSpec, ...], frozenset[str] | None, Allowance] | FabricError:
+    """What an admitted session may use: its decision (a child's: the granted services, each
+    tool listed), its mounts (validated against its user's roots; a child's: the parent's,
+    validated at its admission and pinned again at every start), the services it may use
+    (None: all) and its user's allowance; or the error refusing it (a service or a mount its
+    user may not have)."""
+    allowance = allowance_for(
+        parts.suite.orchestrator,
+        parts.suite.mcp_services,
+        Principal(client.user, client.groups) if client.user is not None else TOKEN_HOLDER,
+    )
+    allowed = allowance.services
+    if decision.options is None and not allowance.may_use(service_name):
+        return service_not_allowed(service_name)
+    if child is not None:
+        granted = frozenset(child.services)
+        allowed = granted if allowed is None else granted & allowed
+        return (
+            replace(decision, options=FabricOptions("all", child.services)),
+            child.mounts,
+            allowed,
+            allowance,
+        )
+    roots = allowance.mount_roots if client.user is not None else None
+    try:
+        # The mount policy resolves paths on the file system: the one step that does I/O.
+        mounts = await parts.starter.validate_mounts(decision.mounts, roots)
+    except FabricError as exc:
+        return exc
+    return decision, mounts, allowed, allowance
 
 
 async def _fabric_driver(
@@ -414,9 +464,10 @@ async def _fabric_driver(
         with trio.move_on_after(CATALOG_WAIT_SECONDS):
             await catalogs.ready.wait()
     catalog = catalogs.current
-    if record.parent is not None:
-        # An agent's child session: only the services its grant names exist for it.
-        granted = record.parent.services
+    if record.services is not None:
+        # Only the services the session may use exist for it: an agent's child session's
+        # grant, a signed-in user's (orchestrator.users).
+        granted = record.services
         catalog = Catalog({n: o for n, o in catalog.services.items() if n in granted})
     index = catalogs.indexed(catalog)
     if index is None:
@@ -431,6 +482,7 @@ async def _fabric_driver(
         active=frozenset(options.active),
         client_lease=lease.lease_seconds if lease is not None else None,
         agent_slots=parts.registry.agent_slots,
+        call_rate=record.call_rate,
         redact=SECRET_VALUES.redacted,
         now=trio.current_time(),
         version=__version__,

@@ -34,7 +34,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import outcome
 import trio
@@ -71,15 +71,19 @@ class SpareRecipe:
     copy_owner: tuple[int, int]  # (uid, gid) the copy's files belong to
     project: tuple[int, int]  # (device, inode) of the pinned project
     repository_owner: tuple[int, int]
+    # The session's signed-in user (None: the token's holder). Not part of what the session's
+    # own tasks find their spare by (the session is); part of what a later session finds a
+    # kept one by: a copy made in one user's session is never another user's.
+    user: str | None = field(default=None, compare=False)
 
     @property
     def kept_as(self) -> SpareKey:
-        """What a spare kept after its session is found by: the same project, copied for the
-        same account (its files are theirs) from the same owner's repository."""
-        return self.copy_owner, self.project, self.repository_owner
+        """What a spare kept after its session is found by: the same user, the same project,
+        copied for the same account (its files are theirs) from the same owner's repository."""
+        return self.user, self.copy_owner, self.project, self.repository_owner
 
 
-SpareKey = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+SpareKey = tuple[str | None, tuple[int, int], tuple[int, int], tuple[int, int]]
 
 
 @dataclass
@@ -134,13 +138,21 @@ class Spares:
         self._too_large: dict[tuple[int, int], float] = {}
         self._names = itertools.count(1)
 
-    def make_for_session(self, session: str, project: Pin, copy_owner: tuple[int, int]) -> None:
+    def make_for_session(
+        self,
+        session: str,
+        project: Pin,
+        copy_owner: tuple[int, int],
+        user: str | None = None,
+    ) -> None:
         """The spare copy of the pinned ``project`` for ``session``'s first isolated task (its
         files ``copy_owner``'s: the account its container will run as): one kept after an
-        earlier session on the same project, else one begun :attr:`session_delay`
-        seconds from now — unless a task comes first: it stops the spare and copies as it
-        would without one."""
-        recipe = SpareRecipe(session, copy_owner, (project.device, project.inode), project.owner)
+        earlier session of the same ``user`` on the same project, else one begun
+        :attr:`session_delay` seconds from now — unless a task comes first: it stops the spare
+        and copies as it would without one."""
+        recipe = SpareRecipe(
+            session, copy_owner, (project.device, project.inode), project.owner, user
+        )
         if not self.wanted or recipe in self._spares:
             return
         kept = self._kept.pop(recipe.kept_as, None)

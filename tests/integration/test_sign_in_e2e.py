@@ -28,6 +28,7 @@ from pydantic import AnyUrl
 
 from tests.integration.harness import (
     Orchestrator,
+    build_test_image,
     orchestrator,
     text_of,
     wait_until,
@@ -66,6 +67,8 @@ def fabric(
     suite = write_suite(
         root / "suite.yaml",
         [str(root)],
+        # A server that asks for input and keeps what it asked in its process's memory.
+        test_services={"asking": {"image": build_test_image("asking")}},
         auth={"mode": "oidc", "issuer": provider.issuer, "scopes": ["mcp"]},
     )
     with orchestrator(suite, root / "orchestrator.log", token=None) as running:
@@ -284,3 +287,40 @@ def test_alice_cannot_use_bobs_session_nor_his_keyed_url(
                 f"{base}/mcp",
                 headers={**headers, "mcp-session-id": answer.headers["mcp-session-id"]},
             )
+
+
+def test_bob_cannot_resume_a_call_alice_was_asked_to_give_input_for(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    """A multi-round-trip call (MCP 2026-07-28) on a keyed URL: her requestState, sent by bob
+    to the same URL, reaches his own session (and container), which never issued it; she
+    resumes her call herself."""
+    base = fabric.http_url
+    headers = {**MCP_HEADERS, "mcp-protocol-version": "2026-07-28"}
+    alice = {
+        **headers,
+        "authorization": f"Bearer {provider.access_token('alice', base)['access_token']}",
+    }
+    bob = {
+        **headers,
+        "authorization": f"Bearer {provider.access_token('bob', base)['access_token']}",
+    }
+    url = f"{base}/mcp/asking/intake-form-1"
+
+    def call(request_id: int, **more: Any) -> dict[str, Any]:
+        params = {"name": "ask_name", "arguments": {}, **more}
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+    with httpx.Client(timeout=120) as http:
+        asked = http.post(url, json=call(1), headers=alice).json()["result"]
+        assert asked["resultType"] == "input_required", asked
+        state = asked["requestState"]
+        answer = {"name": {"action": "accept", "content": {"name": "Mallory"}}}
+        retry = call(2, requestState=state, inputResponses=answer)
+        stolen = http.post(url, json=retry, headers=bob).json()
+        assert "Hello" not in json.dumps(stolen)
+        assert "error" in stolen or stolen["result"].get("isError"), stolen
+        answer = {"name": {"action": "accept", "content": {"name": "Ada"}}}
+        retry = call(3, requestState=state, inputResponses=answer)
+        hers = http.post(url, json=retry, headers=alice).json()
+        assert text_of(hers["result"]).startswith("Hello Ada"), hers

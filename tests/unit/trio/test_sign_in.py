@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from wsproto.events import AcceptConnection, RejectConnection
 
-from reactor_fabric.config.structs import Auth, Orchestrator
+from reactor_fabric.config.structs import Auth, Orchestrator, Service, UserEntry
 from reactor_fabric.policy.sign_in import sign_in_for
 from tests.issuer import ISSUER, FakeIssuer
 from tests.messages import INITIALIZE
@@ -283,3 +283,145 @@ async def test_a_user_sees_and_ends_only_their_own_sessions_and_operators_see_al
         assert ended.status == 200
         own = await http.http("DELETE", f"/api/sessions/{hers.session}", headers=bearer(alice))
         assert own.status == 200
+
+
+# --- per-user policy (orchestrator.users) ------------------------------------------------------
+
+TWO_SERVICES = {"svc": Service(image="fake/svc:1"), "other": Service(image="fake/other:1")}
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+
+@asynccontextmanager
+async def with_users(root: Path, issuer: FakeIssuer, **users: UserEntry) -> AsyncIterator[Served]:
+    sign_in = sign_in_for(orchestrator(root), "127.0.0.1", 8765)
+    async with served(
+        root,
+        sign_in=sign_in,
+        issuer_fetcher=issuer,
+        public_url=PUBLIC,
+        learn_catalog=True,
+        services=TWO_SERVICES,
+        users=users,
+    ) as http:
+        yield http
+
+
+async def test_a_user_gets_only_their_services_on_the_relay_and_the_fabric_endpoint(
+    tmp_path: Path, issuer: FakeIssuer
+) -> None:
+    alice = bearer(issuer.token("alice", PUBLIC))
+    async with with_users(tmp_path, issuer, default=UserEntry(services=["svc"])) as http:
+        refused = await http.post(INITIALIZE, path="/mcp/other", headers=alice)
+        error = refused.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32004, "service_not_allowed")
+        assert http.fabric.registry.sessions == {}
+        allowed = await http.post(INITIALIZE, path="/mcp/svc", headers=alice)
+        assert allowed.json()["id"] == 1
+        await http.http("DELETE", "/mcp/svc", headers={**alice, "mcp-session-id": allowed.session})
+        fabric = await http.post(INITIALIZE, path="/mcp?tools=all", headers=alice)
+        sid = {"mcp-session-id": fabric.session}
+        listed = await http.post(TOOLS_LIST, path="/mcp?tools=all", headers={**alice, **sid})
+        names = {tool["name"] for tool in listed.json()["result"]["tools"]}
+        assert any(name.startswith("svc__") for name in names)
+        assert not any(name.startswith("other__") for name in names)
+        await http.http("DELETE", "/mcp", headers={**alice, **sid})
+
+
+async def test_a_user_mounts_only_under_their_own_roots(tmp_path: Path, issuer: FakeIssuer) -> None:
+    for user in ("alice", "bob"):
+        (tmp_path / "home" / user).mkdir(parents=True)
+    alice = bearer(issuer.token("alice", PUBLIC))
+    roots = [f"{tmp_path}/home/{{user}}"]
+    async with with_users(tmp_path, issuer, default=UserEntry(allowed_mount_roots=roots)) as http:
+        bobs = await http.post(
+            INITIALIZE, path=f"/mcp/svc?mount={tmp_path}/home/bob:/workspace", headers=alice
+        )
+        error = bobs.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32004, "mount_outside_allowed_roots")
+        # The orchestrator's own root, which holds both homes, is not hers either.
+        whole = await http.post(
+            INITIALIZE, path=f"/mcp/svc?mount={tmp_path}:/workspace", headers=alice
+        )
+        assert whole.json()["error"]["data"]["reason"] == "mount_outside_allowed_roots"
+        hers = await http.post(
+            INITIALIZE, path=f"/mcp/svc?mount={tmp_path}/home/alice:/workspace", headers=alice
+        )
+        assert hers.json()["id"] == 1
+        await http.http("DELETE", "/mcp/svc", headers={**alice, "mcp-session-id": hers.session})
+
+
+async def test_a_user_at_their_session_limit_is_refused_and_others_are_not(
+    tmp_path: Path, issuer: FakeIssuer
+) -> None:
+    alice = bearer(issuer.token("alice", PUBLIC))
+    bob = bearer(issuer.token("bob", PUBLIC))
+    async with with_users(tmp_path, issuer, alice=UserEntry(max_sessions=1)) as http:
+        first = await http.post(INITIALIZE, headers=alice)
+        assert first.json()["id"] == 1
+        second = await http.post(INITIALIZE, headers=alice)
+        error = second.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32002, "user_session_limit")
+        assert error["data"]["limit"] == 1
+        his = await http.post(INITIALIZE, headers=bob)
+        assert his.json()["id"] == 1
+        for headers, reply in ((alice, first), (bob, his)):
+            await http.http(
+                "DELETE", "/mcp/svc", headers={**headers, "mcp-session-id": reply.session}
+            )
+        again = await http.post(INITIALIZE, headers=alice)
+        assert again.json()["id"] == 1
+        await http.http("DELETE", "/mcp/svc", headers={**alice, "mcp-session-id": again.session})
+
+
+def echo(request_id: int, path_tool: str = "echo") -> dict[str, object]:
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": path_tool, "arguments": {"text": "hi"}},
+    }
+
+
+async def test_a_users_calls_a_minute_are_counted_across_sessions_and_endpoints(
+    tmp_path: Path, issuer: FakeIssuer
+) -> None:
+    alice = bearer(issuer.token("alice", PUBLIC))
+    bob = bearer(issuer.token("bob", PUBLIC))
+    async with with_users(tmp_path, issuer, default=UserEntry(calls_per_minute=3)) as http:
+        relay = await http.post(INITIALIZE, headers=alice)
+        on_relay = {**alice, "mcp-session-id": relay.session}
+        fabric = await http.post(INITIALIZE, path="/mcp?tools=all", headers=alice)
+        on_fabric = {**alice, "mcp-session-id": fabric.session}
+        answers = [
+            await http.post(echo(2), headers=on_relay),
+            await http.post(echo(3), headers=on_relay),
+            await http.post(echo(4, "svc__echo"), path="/mcp?tools=all", headers=on_fabric),
+        ]
+        assert all("result" in answer.json() for answer in answers), [a.json() for a in answers]
+        for path, headers, name in (
+            ("/mcp/svc", on_relay, "echo"),
+            ("/mcp?tools=all", on_fabric, "svc__echo"),
+        ):
+            limited = (await http.post(echo(5, name), path=path, headers=headers)).json()
+            error = limited["error"]
+            assert (error["code"], error["data"]["reason"]) == (-32002, "rate_limited")
+            assert error["data"]["limit"] == 3
+            assert 0 < error["data"]["retry_after_seconds"] <= 20
+        # Bob's calls are his own.
+        his = await http.post(INITIALIZE, headers=bob)
+        answered = await http.post(echo(2), headers={**bob, "mcp-session-id": his.session})
+        assert "result" in answered.json()
+        # The refused calls are audited as calls, with their reason.
+        refused = [
+            call
+            for call in http.fabric.observer.calls
+            if call.record["error_reason"] == "rate_limited"
+        ]
+        assert len(refused) == 2
+        assert {call.record["client"]["user"] for call in refused} == {"alice"}
+        for headers, reply, path in (
+            (alice, relay, "/mcp/svc"),
+            (alice, fabric, "/mcp"),
+            (bob, his, "/mcp/svc"),
+        ):
+            await http.http("DELETE", path, headers={**headers, "mcp-session-id": reply.session})

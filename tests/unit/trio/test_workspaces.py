@@ -27,7 +27,12 @@ from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
 from reactor_fabric.runtime.memory import MemoryServer
 from reactor_fabric.trio.background_thread import BackgroundThread
-from reactor_fabric.trio.spares import SESSION_SPARE_DELAY_SECONDS, Spares, SpareSlot
+from reactor_fabric.trio.spares import (
+    SESSION_SPARE_DELAY_SECONDS,
+    SpareRecipe,
+    Spares,
+    SpareSlot,
+)
 from reactor_fabric.trio.workspaces import (
     TaskWorkspaces,
     close_workspaces,
@@ -977,3 +982,17 @@ async def test_kept_spares_are_removed_with_the_serving(tmp_path: Path) -> None:
         await workspaces.spares.close()
         assert workspaces.spares.kept() == []
         assert copies(tmp_path) == []
+
+
+def test_a_kept_spare_is_found_only_by_a_session_of_the_same_user() -> None:
+    """A session's own tasks find its spare by the session; a later session finds a kept one
+    by user, account and project: a copy made in alice's session is never bob's."""
+    alices = SpareRecipe("s1", (1000, 1000), (64, 12), (1000, 1000), "alice")
+    bobs = SpareRecipe("s2", (1000, 1000), (64, 12), (1000, 1000), "bob")
+    token_holders = SpareRecipe("s3", (1000, 1000), (64, 12), (1000, 1000))
+    assert len({alices.kept_as, bobs.kept_as, token_holders.kept_as}) == 3
+    assert (
+        alices.kept_as == SpareRecipe("s4", (1000, 1000), (64, 12), (1000, 1000), "alice").kept_as
+    )
+    # Within the session, the recipe is the session's whoever asks (the user is its own).
+    assert alices == SpareRecipe("s1", (1000, 1000), (64, 12), (1000, 1000))
