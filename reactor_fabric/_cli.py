@@ -25,7 +25,13 @@ from ._cli_shared import optional_suite
 from ._lock_cli import lock_command
 from ._operator_cli import audit_command, sessions_command
 from ._serve_cli import ServeSettings, serve
-from ._user_cli import catalog_command, connect_command, rank_command, validate_config
+from ._user_cli import (
+    catalog_command,
+    connect_command,
+    login_command,
+    rank_command,
+    validate_config,
+)
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -40,6 +46,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
             args.path, secrets=args.secrets, engine=args.engine, environ=env
         ),
         "connect": lambda: connect_command(args, env),
+        "login": lambda: login_command(args, env),
         "catalog": lambda: catalog_command(
             args.catalog_config or args.config, args.refresh, args.json, env
         ),

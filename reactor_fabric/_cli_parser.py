@@ -51,6 +51,7 @@ def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _validate_config(commands)
     _connect(commands, environ)
+    _login(commands, environ)
     _catalog(commands)
     _rank(commands)
     _lock(commands)
@@ -171,12 +172,41 @@ def _connect(commands: Commands, environ: dict[str, str]) -> None:
         "never a suite in the current directory)",
     )
     bridge.add_argument(
+        "--login",
+        choices=["browser", "device", "none"],
+        default="browser",
+        help="when the orchestrator's users sign in (auth.mode: oidc) and no sign-in is kept: "
+        "'browser' opens the sign-in page (the device flow when there is no browser), "
+        "'device' prints an address and a code to enter on any device, 'none' refuses "
+        "(sign in first with `reactor-fabric login`)",
+    )
+    bridge.add_argument(
         "--orchestrator-user",
         action="append",
         default=[],
         metavar="USER",
         help="an account (name or uid) the orchestrator runs as, besides you and root: only a "
         "loopback listener of yours, root's or such an account is sent anything (repeatable)",
+    )
+
+
+def _login(commands: Commands, environ: dict[str, str]) -> None:
+    login = commands.add_parser(
+        "login",
+        help="sign in to an orchestrator whose users sign in with an OpenID provider "
+        "(auth.mode: oidc), ahead of the bridge; the sign-in is kept for it",
+    )
+    login.add_argument(
+        "url",
+        nargs="?",
+        default=environ.get("REACTOR_FABRIC_ENDPOINT"),
+        help="the orchestrator's URL (http(s):// or ws(s)://; default: env "
+        "REACTOR_FABRIC_ENDPOINT)",
+    )
+    login.add_argument(
+        "--device",
+        action="store_true",
+        help="print an address and a code to sign in on any device, instead of opening a browser",
     )
 
 

@@ -6,11 +6,13 @@ not have it) and ``rank`` (a catalog's servers ranked for tasks, offline)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pwd
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import trio
 
@@ -55,6 +57,38 @@ def _account_uid(name: str) -> int:
         raise BridgeError(f"--orchestrator-user {name!r}: no such account") from None
 
 
+def login_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
+    """``login URL``: sign in to the orchestrator at URL now (auth.mode: oidc), so that the
+    bridge finds the sign-in kept (it signs in by itself too, when it can open a browser)."""
+    if not args.url:
+        print(
+            "error: give the orchestrator's URL (or set REACTOR_FABRIC_ENDPOINT)", file=sys.stderr
+        )
+        return EXIT_INVALID
+    parts = urlsplit(args.url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https") or not parts.netloc:
+        print(f"error: {args.url!r} is not an http:// or ws:// URL", file=sys.stderr)
+        return EXIT_INVALID
+    base = f"{scheme}://{parts.netloc}"
+    from .trio.sign_in_client import SignInClient, SignInError  # noqa: PLC0415 (httpx)
+
+    def notify(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    client = SignInClient(
+        environ, base, login="device" if args.device else "browser", notify=notify
+    )
+    metadata = f"{base}/.well-known/oauth-protected-resource/mcp"
+    try:
+        trio.run(functools.partial(client.access_token, metadata, fresh=True))
+    except SignInError as exc:
+        print(f"error: signing in failed: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    print(f"signed in to {base}; the bridge (reactor-fabric connect) will use this sign-in")
+    return EXIT_OK
+
+
 def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
     """``reactor-fabric connect``: stdout belongs to MCP, so every message goes to stderr."""
     if not args.url:
@@ -77,6 +111,7 @@ def connect_command(args: argparse.Namespace, environ: dict[str, str]) -> int:
             token_origin=token.origin if token is not None else None,
             token_places=searched(environ, port),
             trusted_uids=tuple(_account_uid(name) for name in args.orchestrator_user),
+            login=args.login,
         )
         return connect(settings)
     except (BridgeError, SecurityViolation, TokenError) as exc:

@@ -35,7 +35,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -55,6 +55,7 @@ from .._reasons import (
     CONNECTION_CLOSED,
     LISTENER_NOT_YOURS,
     ORCHESTRATOR_UNREACHABLE,
+    TOKEN_MISSING,
     http_status,
 )
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
@@ -90,6 +91,10 @@ class BridgeSettings:
     # Accounts besides the user's own and root whose loopback listener is the orchestrator
     # (connect --orchestrator-user: an orchestrator run as a service account).
     trusted_uids: tuple[int, ...] = ()
+    # auth.mode: oidc — how the user signs in when the orchestrator asks (trio/sign_in_client:
+    # "browser", falling back to the device flow without one; "device"; "none": only a
+    # sign-in kept from before, e.g. by `reactor-fabric login`).
+    login: str = "browser"
 
 
 def service_url(endpoint: str, service: str | None) -> tuple[str, str]:
@@ -158,13 +163,31 @@ class Refused(Exception):
 
 
 async def run_bridge(settings: BridgeSettings, url: str) -> int:
-    """Relay stdin/stdout through the orchestrator; the process exit code (-1: unreachable)."""
-    rejected: list[ConnectionRejected] = []
-    try:
-        return await _run_bridge(settings, url)
-    except* ConnectionRejected as group:
-        # trio-websocket raises a refused handshake from its reader task, in our nursery.
-        rejected.extend(e for e in _leaves(group) if isinstance(e, ConnectionRejected))
+    """Relay stdin/stdout through the orchestrator; the process exit code (-1: unreachable).
+
+    An orchestrator whose users sign in (its 401 names its resource metadata) gets the user's
+    access token (:mod:`.sign_in_client`): a kept one first, and when that is refused a fresh
+    sign-in, once."""
+    signed_in = 0
+    while True:
+        rejected: list[ConnectionRejected] = []
+        try:
+            return await _run_bridge(settings, url)
+        except* ConnectionRejected as group:
+            # trio-websocket raises a refused handshake from its reader task, in our nursery.
+            rejected.extend(e for e in _leaves(group) if isinstance(e, ConnectionRejected))
+        metadata = _challenge_metadata(rejected[0])
+        if metadata is None or signed_in >= 2:
+            break
+        try:
+            token = await _signed_in(settings, url, metadata, fresh=signed_in > 0)
+        except SignInFailed as exc:
+            refusal = Refused(SecurityViolation(str(exc), reason=TOKEN_MISSING).to_jsonrpc_error())
+            print(f"reactor-fabric connect: {exc}", file=sys.stderr, flush=True)
+            await _answer_from_stdio(refusal.error)
+            return 1
+        signed_in += 1
+        settings = replace(settings, token=token, token_origin="your sign-in")  # noqa: S106
     if rejected[0].status_code not in (401, 403):
         return -1  # not an orchestrator that answers us: the caller falls back
     # The orchestrator is there and said no (token, origin): never run anything in its place.
@@ -172,6 +195,39 @@ async def run_bridge(settings: BridgeSettings, url: str) -> int:
     print(f"reactor-fabric connect: {refusal}", file=sys.stderr, flush=True)
     await _answer_from_stdio(refusal.error)
     return 1
+
+
+class SignInFailed(Exception):
+    """The user could not be signed in (the message says why and what to do)."""
+
+
+def _challenge_metadata(rejected: ConnectionRejected) -> str | None:
+    """The resource metadata a 401 names (an orchestrator whose users sign in), if any."""
+    if rejected.status_code != 401:
+        return None
+    from .sign_in_client import resource_metadata_url  # noqa: PLC0415 (httpx: oidc only)
+
+    for name, value in rejected.headers or ():
+        if name.lower() == b"www-authenticate":
+            found = resource_metadata_url(value.decode("latin-1"))
+            if found is not None:
+                return found
+    return None
+
+
+async def _signed_in(settings: BridgeSettings, url: str, metadata: str, *, fresh: bool) -> str:
+    """The user's access token for the orchestrator at ``url`` (see :mod:`.sign_in_client`)."""
+    from .sign_in_client import SignInClient, SignInError  # noqa: PLC0415 (httpx: oidc only)
+
+    def notify(line: str) -> None:
+        print(f"reactor-fabric connect: {line}", file=sys.stderr, flush=True)
+
+    login = settings.login if settings.login in ("browser", "device", "none") else "browser"
+    client = SignInClient(dict(os.environ), url, login=login, notify=notify)  # type: ignore[arg-type]
+    try:
+        return await client.access_token(metadata, fresh=fresh)
+    except SignInError as exc:
+        raise SignInFailed(f"signing in failed: {exc}") from exc
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -67,8 +67,12 @@ def target(args: argparse.Namespace, command: list[str]) -> Any:
             server += ("&" if "?" in server else "?") + urlencode({"token": token})
         return server
     # The SDK hands a server only a few variables (HOME, PATH...): the token goes in the
-    # server's `env`, as in a client's configuration (Claude Desktop's "env" block).
+    # server's `env`, as in a client's configuration (Claude Desktop's "env" block), and so do
+    # the variables REACTOR_FABRIC_SERVER_ENV names (comma-separated: e.g. BROWSER).
     extra = {"REACTOR_FABRIC_TOKEN": token} if token else {}
+    for name in filter(None, os.environ.get("REACTOR_FABRIC_SERVER_ENV", "").split(",")):
+        if name in os.environ:
+            extra[name] = os.environ[name]
     return StdioServerParameters(
         command=command[0],
         args=command[1:],

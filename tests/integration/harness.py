@@ -499,14 +499,22 @@ def time_call_through_fabric(client: LineProcess) -> str:
     return session
 
 
-def bridged_client(endpoint: str, *bridge_args: str, cwd: Path | None = None) -> LineProcess:
+def bridged_client(
+    endpoint: str,
+    *bridge_args: str,
+    cwd: Path | None = None,
+    server_env: dict[str, str] | None = None,
+) -> LineProcess:
     """The Python SDK 2.x with the stdio bridge as its server: it launches
-    ``reactor-fabric connect ENDPOINT BRIDGE_ARGS`` (in ``cwd``: what the bridge mounts)."""
+    ``reactor-fabric connect ENDPOINT BRIDGE_ARGS`` (in ``cwd``: what the bridge mounts;
+    ``server_env``: variables set in the bridge's environment, as a client's "env" block)."""
     command = [sys.executable, "-m", "reactor_fabric", "connect", endpoint, *bridge_args]
     extra = ["--cwd", str(cwd)] if cwd is not None else []
+    env = {**(server_env or {}), "REACTOR_FABRIC_SERVER_ENV": ",".join(server_env or {})}
     return LineProcess(
         [sys.executable, str(CLIENTS / "mcp2_client.py"), "stdio", *extra, "--", *command],
         cwd=REPO,
+        env=env,
     )
 
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from pydantic import AnyUrl
 
 from tests.integration.harness import (
     Orchestrator,
+    bridged_client,
     build_test_image,
     orchestrator,
     text_of,
@@ -324,3 +329,121 @@ def test_bob_cannot_resume_a_call_alice_was_asked_to_give_input_for(
         retry = call(3, requestState=state, inputResponses=answer)
         hers = http.post(url, json=retry, headers=alice).json()
         assert text_of(hers["result"]).startswith("Hello Ada"), hers
+
+
+# --- the stdio bridge signs its user in ------------------------------------------------------
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def _browsed(log: Path, timeout: float = 60) -> str:
+    """The address the bridge asked the browser to open (tests/oidc/record_browser.py)."""
+    wait_until(lambda: log.exists() and bool(log.read_text().strip()), timeout, "the browser")
+    return log.read_text().splitlines()[-1]
+
+
+def test_the_bridge_signs_its_user_in_through_the_browser_and_keeps_the_sign_in(
+    fabric: Orchestrator, provider: OpenIdProvider, tmp_path: Path
+) -> None:
+    config, log = tmp_path / "config", tmp_path / "browser.log"
+    server_env = {
+        "XDG_CONFIG_HOME": str(config),
+        "BROWSER": f"{sys.executable} {HERE / 'oidc' / 'record_browser.py'} %s",
+        "OIDC_TEST_BROWSER_LOG": str(log),
+    }
+    client = bridged_client(fabric.http_url + "/mcp", "--no-mount", server_env=server_env)
+    try:
+        client.send({"op": "initialize"})
+        # The user signs in on the page the bridge opened; the provider sends the browser
+        # back to the bridge's own loopback address with the code.
+        back = provider.login(_browsed(log), "alice")
+        assert urlsplit(back).hostname == "127.0.0.1"
+        with httpx.Client(timeout=30) as http:
+            assert "signed in" in http.get(back).text
+        assert client.read_json()["ok"]
+        answer = client.ask(
+            {"op": "call", "name": "time__get_current_time", "arguments": {"timezone": "UTC"}}
+        )
+        assert answer["ok"], answer
+    finally:
+        assert client.close() == 0
+    [kept] = list((config / "reactor-fabric" / "sign-in").glob("*.json"))
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+    record = json.loads(kept.read_text())
+    assert record["issuer"] == provider.issuer
+    [tokens] = record["tokens"].values()
+    assert tokens["refresh_token"]
+    assert jwt.decode(tokens["access_token"], options={"verify_signature": False})["sub"] == "alice"
+    # The next bridge uses the sign-in kept: no browser this time.
+    again = bridged_client(
+        fabric.http_url + "/mcp",
+        "--no-mount",
+        "--login",
+        "none",
+        server_env={"XDG_CONFIG_HOME": str(config)},
+    )
+    try:
+        assert again.ask({"op": "initialize"})["ok"]
+    finally:
+        assert again.close() == 0
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_login_by_device_code_then_a_bridge_that_may_not_open_a_browser(
+    fabric: Orchestrator, provider: OpenIdProvider, tmp_path: Path
+) -> None:
+    config = tmp_path / "config"
+    env = {**os.environ, "XDG_CONFIG_HOME": str(config)}
+    login = subprocess.Popen(
+        [sys.executable, "-m", "reactor_fabric", "login", fabric.http_url, "--device"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=HERE.parent,
+    )
+    try:
+        assert login.stderr is not None
+        line = login.stderr.readline()
+        assert "enter the code" in line, line
+        address = line.split("visit ", 1)[1].split(" and enter", 1)[0]
+        provider.approve_device_code(address, "bob")
+        out, err = login.communicate(timeout=60)
+        assert login.returncode == 0, err
+        assert "signed in" in out
+    finally:
+        if login.poll() is None:
+            login.kill()
+            login.wait()
+    client = bridged_client(
+        fabric.http_url + "/mcp", "--no-mount", "--login", "none",
+        server_env={"XDG_CONFIG_HOME": str(config)},
+    )  # fmt: skip
+    try:
+        assert client.ask({"op": "initialize"})["ok"]
+        status = client.ask({"op": "call", "name": "get_status", "arguments": {}})
+        assert status["ok"], status
+    finally:
+        assert client.close() == 0
+
+    def bob_started() -> bool:
+        starts = [r for r in fabric.audit() if r.get("event") == "session_start"]
+        return "bob" in {(r.get("client") or {}).get("user") for r in starts}
+
+    wait_until(bob_started, 30, "bob's session in the audit trail")
+
+
+def test_a_bridge_that_may_not_sign_in_says_what_to_do(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    client = bridged_client(
+        fabric.http_url + "/mcp", "--no-mount", "--login", "none",
+        server_env={"XDG_CONFIG_HOME": str(tmp_path / "nothing")},
+    )  # fmt: skip
+    try:
+        answer = client.ask({"op": "initialize"})
+        assert not answer["ok"]
+        assert "reactor-fabric login" in json.dumps(answer)
+    finally:
+        client.close()
