@@ -110,6 +110,10 @@ DEFAULT_ACCOUNTS: dict[str, dict[str, Any]] = {
 }
 CLIENT_ID = "rf-tests"
 REDIRECT_URI = "http://127.0.0.1/callback"
+# The status page's client (auth.page_client_id): a browser cannot register itself here (the
+# provider allows no cross-origin registration), so the page's client is registered ahead, as a
+# deployment registers its single-page apps.
+PAGE_CLIENT_ID = "rf-status-page"
 # Pages a login or a device approval goes through: login, consent, the device forms, and the
 # redirects between them are well under this; more means a loop (e.g. a login that never sticks).
 MAX_STEPS = 24
@@ -588,7 +592,16 @@ def running_provider(
                 "redirect_uris": [REDIRECT_URI, "http://localhost/callback"],
                 "grant_types": ["authorization_code", "refresh_token", DEVICE_CODE_GRANT],
                 "response_types": ["code"],
-            }
+            },
+            {
+                "client_id": PAGE_CLIENT_ID,
+                "client_name": "reactor-fabric status page",
+                "application_type": "native",
+                "token_endpoint_auth_method": "none",
+                "redirect_uris": ["http://127.0.0.1/"],
+                "grant_types": ["authorization_code"],
+                "response_types": ["code"],
+            },
         ],
     }
     config_path.write_text(json.dumps(config))
@@ -629,6 +642,7 @@ __all__ = [
     "CLIENT_ID",
     "DEFAULT_ACCOUNTS",
     "DEVICE_CODE_GRANT",
+    "PAGE_CLIENT_ID",
     "REDIRECT_URI",
     "AuthorizationDenied",
     "LoginRefused",

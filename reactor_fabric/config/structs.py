@@ -386,6 +386,9 @@ class Auth(_ParsedOnce, forbid_unknown_fields=True, frozen=True, kw_only=True):
     algorithms: list[str] = msgspec.field(default_factory=lambda: list(ASYMMETRIC_ALGORITHMS))
     # How far a token's exp / nbf / iat may be off this machine's clock.
     leeway: str = "60s"
+    # The status page's client at the issuer (a public client whose redirect URI is the page,
+    # PUBLIC_URL/); None: the page registers itself, where the issuer lets a browser.
+    page_client_id: str | None = None
 
     @functools.cached_property
     def leeway_seconds(self) -> float:

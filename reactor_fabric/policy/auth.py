@@ -68,6 +68,8 @@ class SignIn:
 
     rules: TokenRules
     resource: ProtectedResource
+    # The status page's client at the issuer (None: the page registers itself).
+    page_client_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -60,4 +60,5 @@ def sign_in_for(orchestrator: Orchestrator, listen_host: str, port: int) -> Sign
         operator_users=frozenset(operators),
         operator_groups=frozenset(groups),
     )
-    return SignIn(rules, ProtectedResource(resources, auth.issuer, tuple(auth.scopes)))
+    resource = ProtectedResource(resources, auth.issuer, tuple(auth.scopes))
+    return SignIn(rules, resource, auth.page_client_id)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import trio
 
@@ -23,6 +24,7 @@ from .._errors import SecurityViolation
 from .._version import __version__
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.health import health_report
+from ..observe.page import STATUS_PAGE, page_headers
 from ..policy.auth import Refusal, admit_origin
 from ..policy.principal import TOKEN_HOLDER, Principal
 from ..policy.resource_metadata import WELL_KNOWN, ProtectedResource
@@ -36,6 +38,8 @@ from .streamable_http import HttpSessions, serve_streamable_http
 from .websocket import serve_websocket
 
 HEALTH_PING_TIMEOUT = 3.0
+# When users sign in: which client the status page signs in as (open, like the metadata).
+PAGE_SIGN_IN = "/api/sign-in"
 # What of a refused request's body is read (and dropped) before the refusal is sent.
 REFUSED_BODY_BYTES = 64 * 1024
 REFUSED_BODY_SECONDS = 1.0
@@ -64,9 +68,7 @@ class FabricApp:
 
     async def http(self, exchange: HttpExchange) -> None:
         request = exchange.request
-        sign_in = self.parts.authenticator.gate.sign_in
-        if sign_in is not None and request.path.startswith(WELL_KNOWN):
-            await self._resource_metadata(exchange, sign_in.resource)
+        if await self._open_route(exchange):
             return
         admitted = await self.parts.authenticator.admit(
             request.headers, request.query, request.path
@@ -130,6 +132,47 @@ class FabricApp:
             await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
             return
         await exchange.respond(200, protected.metadata(resource))
+
+    async def _open_route(self, exchange: HttpExchange) -> bool:
+        """When users sign in, what anyone may read (Origin/Host still checked): the resource
+        metadata, and the status page, which holds no data and signs its user in itself
+        (observe/page.py). Whether the request was one (and is answered)."""
+        sign_in = self.parts.authenticator.gate.sign_in
+        request = exchange.request
+        if sign_in is None:
+            return False
+        if request.path.startswith(WELL_KNOWN):
+            await self._resource_metadata(exchange, sign_in.resource)
+            return True
+        if request.path == "/" and request.method in ("GET", "HEAD"):
+            await self._status_page(exchange, sign_in.rules.issuer)
+            return True
+        if request.path == PAGE_SIGN_IN and request.method == "GET":
+            refusal = admit_origin(self.parts.authenticator.gate, request.headers, request.path)
+            if refusal is not None:
+                await self._refuse(exchange, refusal)
+            else:
+                await exchange.respond_json(
+                    200,
+                    {"client_id": sign_in.page_client_id, "user_claim": sign_in.rules.user_claim},
+                )
+            return True
+        return False
+
+    async def _status_page(self, exchange: HttpExchange, issuer: str) -> None:
+        refusal = admit_origin(
+            self.parts.authenticator.gate, exchange.request.headers, exchange.request.path
+        )
+        if refusal is not None:
+            await self._refuse(exchange, refusal)
+            return
+        parts = urlsplit(issuer)
+        await exchange.respond(
+            200,
+            STATUS_PAGE,
+            content_type=b"text/html; charset=utf-8",
+            headers=page_headers(f"{parts.scheme}://{parts.netloc}"),
+        )
 
     async def _refuse(self, exchange: HttpExchange, refusal: Refusal) -> None:
         self.parts.observer.error_sent(SecurityViolation.code, refusal.reason)

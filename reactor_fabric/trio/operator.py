@@ -13,9 +13,10 @@
 
 Every route is behind the same gate as the MCP routes (Origin/Host, then the token): the
 caller has already admitted the request, and says who made it (its principal). With users
-signing in (``auth.mode: oidc``) a user sees and ends their own sessions and calls only; the
-metrics and the last hour's figures, which count everyone's, are for operators
-(``auth.operators``) — a user gets 403 there. The orchestrator's token's holder is an operator.
+signing in (``auth.mode: oidc``) a user sees and ends their own sessions and calls only, and
+the last hour's figures of their own calls; the metrics, which count everyone's, are for
+operators (``auth.operators``) — a user gets 403 there. The orchestrator's token's holder is
+an operator.
 
 What the JSON routes answer with is encoded by the audit trail's own redaction
 (:meth:`~..observe.redaction.Redactor.redacted_json`): a secret's value a client or a server
@@ -85,7 +86,7 @@ async def serve_operator(
         await exchange.respond_json(405, {"error": "method not allowed"}, allow="GET, HEAD")
         return
     observer.flush()  # the calls held for the next batch (see .audit_batches) count too
-    if path in ("/metrics", "/api/stats") and not principal.operator:
+    if path == "/metrics" and not principal.operator:
         await exchange.respond_json(
             403, {"error": "for operators only (auth.operators)", "user": principal.user}
         )
@@ -117,11 +118,22 @@ async def serve_operator(
         )
         await _shown(exchange, {"calls": calls})
     elif path == "/api/stats":
-        await _shown(exchange, stats(observer.calls, observer.starts, now=time.time()))
+        await _shown(exchange, _figures(observer, principal))
     else:
         await exchange.respond(
             200, STATUS_PAGE, content_type=b"text/html; charset=utf-8", headers=PAGE_HEADERS
         )
+
+
+def _figures(observer: Observer, principal: Principal) -> dict[str, Any]:
+    """The last hour's figures ``principal`` sees: everyone's for an operator, else their own
+    calls' (container starts are no one user's: none)."""
+    if principal.operator:
+        return stats(observer.calls, observer.starts, now=time.time())
+    own = [
+        c for c in observer.calls if (c.record.get("client") or {}).get("user") == principal.user
+    ]
+    return stats(own, (), now=time.time())
 
 
 async def _shown(exchange: HttpExchange, answer: dict[str, Any]) -> None:

@@ -8,11 +8,14 @@ tests/integration/engines.py names run on Docker only: they are deselected there
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
 
 from tests.integration.engines import docker_only_reason
 from tests.integration.harness import STARTED, containers_of, engine_is_podman
@@ -119,3 +122,20 @@ def project_root(tmp_path: Path) -> Path:
     root = tmp_path / "projects"
     root.mkdir()
     return root
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    """Headless Chromium (Debian's), driven by Selenium: what the status page's tests look
+    through."""
+    driver_path = shutil.which("chromedriver")
+    assert driver_path, "chromedriver is missing: run scripts/ensure-test-tools (make test does)"
+    options = webdriver.ChromeOptions()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -29,6 +29,7 @@ from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
+from selenium.webdriver.common.by import By
 
 from tests.integration.harness import (
     Orchestrator,
@@ -39,7 +40,12 @@ from tests.integration.harness import (
     wait_until,
     write_suite,
 )
-from tests.oidc_provider import OpenIdProvider, running_provider
+from tests.integration.test_status_page_e2e import (
+    problems_in_console,
+    rows,
+    wait_for,
+)
+from tests.oidc_provider import PAGE_CLIENT_ID, OpenIdProvider, running_provider
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +80,12 @@ def fabric(
         [str(root)],
         # A server that asks for input and keeps what it asked in its process's memory.
         test_services={"asking": {"image": build_test_image("asking")}},
-        auth={"mode": "oidc", "issuer": provider.issuer, "scopes": ["mcp"]},
+        auth={
+            "mode": "oidc",
+            "issuer": provider.issuer,
+            "scopes": ["mcp"],
+            "page_client_id": PAGE_CLIENT_ID,
+        },
     )
     with orchestrator(suite, root / "orchestrator.log", token=None) as running:
         yield running
@@ -447,3 +458,56 @@ def test_a_bridge_that_may_not_sign_in_says_what_to_do(
         assert "reactor-fabric login" in json.dumps(answer)
     finally:
         client.close()
+
+
+# --- the status page in a browser: each user their own sessions ---------------------------------
+
+
+def _sign_in_on_the_page(driver: Any, page: str, user: str) -> None:
+    """Open the status page in a browser with nothing kept, and sign in there as ``user``: the
+    page sends the browser to the provider's login page, and is brought back signed in."""
+    driver.get(page)
+    driver.delete_all_cookies()  # (the provider's too: cookies do not tell ports apart)
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(page)
+    login = wait_for(driver, lambda d: d.find_elements(By.NAME, "login"), "the login page")
+    login[0].send_keys(user)
+    driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    allow = wait_for(
+        driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#consent button"), "the consent page"
+    )
+    allow[0].click()
+    wait_for(
+        driver,
+        lambda d: d.find_element(By.ID, "user").text == f"signed in as {user}",
+        f"the page, signed in as {user}",
+    )
+
+
+def test_the_status_page_signs_its_user_in_and_shows_each_their_own_sessions(
+    fabric: Orchestrator, provider: OpenIdProvider, browser: Any
+) -> None:
+    base = fabric.http_url
+    opened: dict[str, tuple[dict[str, str], str]] = {}
+    with httpx.Client(timeout=60) as http:
+        for user in ("alice", "bob"):
+            bearer = {
+                **MCP_HEADERS,
+                "authorization": f"Bearer {provider.access_token(user, base)['access_token']}",
+            }
+            answer = http.post(f"{base}/mcp/time", json=INITIALIZE, headers=bearer)
+            assert answer.status_code == 200
+            opened[user] = (bearer, answer.headers["mcp-session-id"])
+        try:
+            for user, other in (("alice", "bob"), ("bob", "alice")):
+                _sign_in_on_the_page(browser, f"{base}/", user)
+                mine, theirs = opened[user][1], opened[other][1]
+                wait_for(browser, lambda d, s=mine: rows(d, "sessions", session=s), "her row")
+                assert rows(browser, "sessions", session=theirs) == []
+                assert "code=" not in browser.current_url  # (the page cleaned its address)
+            # (The provider's own pages are not ours to judge: a missing favicon there.)
+            ours = [m for m in problems_in_console(browser) if m.startswith(base)]
+            assert ours == []
+        finally:
+            for bearer, sid in opened.values():
+                http.delete(f"{base}/mcp/time", headers={**bearer, "mcp-session-id": sid})

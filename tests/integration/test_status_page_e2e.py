@@ -8,15 +8,12 @@ was made this way).
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
@@ -35,21 +32,6 @@ WAIT_SECONDS = 30
 fabric = orchestrator_fixture(
     scope="module", service_fields={"everything": {"container_strategy": "fresh_per_call"}}
 )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
-    driver_path = shutil.which("chromedriver")
-    assert driver_path, "chromedriver is missing: run scripts/ensure-test-tools (make test does)"
-    options = webdriver.ChromeOptions()
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1100"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def wait_for(driver: webdriver.Chrome, condition: Any, what: str) -> Any:
