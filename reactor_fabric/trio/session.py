@@ -302,6 +302,7 @@ async def _serve_session(
                 "transport": transport,
                 "mounts": [m.target for m in mounts],
                 "trace_id": record.trace_id,
+                **({"user": client.user} if client.user is not None else {}),
             },
         )
         driver: _Driver

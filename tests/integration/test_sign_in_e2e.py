@@ -45,7 +45,12 @@ from tests.integration.test_status_page_e2e import (
     rows,
     wait_for,
 )
-from tests.oidc_provider import PAGE_CLIENT_ID, OpenIdProvider, running_provider
+from tests.oidc_provider import (
+    DEFAULT_ACCOUNTS,
+    PAGE_CLIENT_ID,
+    OpenIdProvider,
+    running_provider,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +69,13 @@ INVALID = "token_invalid"
 NO_SCOPE = "token_insufficient_scope"
 
 
+# Carol, in the contractors' group, whose policy is narrow (see ``fabric``).
+ACCOUNTS = {**DEFAULT_ACCOUNTS, "carol": {"groups": ["contractors"], "email": "carol@example.test"}}
+
+
 @pytest.fixture(scope="module")
 def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenIdProvider]:
-    with running_provider(tmp_path_factory.mktemp("oidc")) as running:
+    with running_provider(tmp_path_factory.mktemp("oidc"), accounts=ACCOUNTS) as running:
         yield running
 
 
@@ -75,9 +84,15 @@ def fabric(
     provider: OpenIdProvider, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Orchestrator]:
     root = tmp_path_factory.mktemp("sign-in")
+    for user in ("alice", "bob", "carol"):
+        (root / "home" / user).mkdir(parents=True)
     suite = write_suite(
         root / "suite.yaml",
         [str(root)],
+        users={
+            "default": {"allowed_mount_roots": [f"{root}/home/{{user}}"]},
+            "group:contractors": {"services": ["time"], "max_sessions": 1, "calls_per_minute": 3},
+        },
         # A server that asks for input and keeps what it asked in its process's memory.
         test_services={"asking": {"image": build_test_image("asking")}},
         auth={
@@ -511,3 +526,84 @@ def test_the_status_page_signs_its_user_in_and_shows_each_their_own_sessions(
         finally:
             for bearer, sid in opened.values():
                 http.delete(f"{base}/mcp/time", headers={**bearer, "mcp-session-id": sid})
+
+
+# --- per-user policy ----------------------------------------------------------------------------
+
+
+def _bearer(provider: OpenIdProvider, user: str, base: str) -> dict[str, str]:
+    token = provider.access_token(user, base)["access_token"]
+    return {**MCP_HEADERS, "authorization": f"Bearer {token}"}
+
+
+def _time_call(request_id: int) -> dict[str, Any]:
+    arguments = {"timezone": "UTC"}
+    params = {"name": "get_current_time", "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+def test_alice_mounts_her_own_home_and_not_bobs(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    base = fabric.http_url
+    alice = _bearer(provider, "alice", base)
+    home = Path(fabric.log_path).parent / "home"
+    with httpx.Client(timeout=60) as http:
+        refused = http.post(
+            f"{base}/mcp/time",
+            params={"mount": f"{home}/bob:/workspace"},
+            json=INITIALIZE,
+            headers=alice,
+        )
+        error = refused.json()["error"]
+        assert (error["code"], error["data"]["reason"]) == (-32004, "mount_outside_allowed_roots")
+        hers = http.post(
+            f"{base}/mcp/time",
+            params={"mount": f"{home}/alice:/workspace"},
+            json=INITIALIZE,
+            headers=alice,
+        )
+        assert hers.json()["result"]["serverInfo"], hers.text
+        sid = hers.headers["mcp-session-id"]
+        http.delete(f"{base}/mcp/time", headers={**alice, "mcp-session-id": sid})
+
+
+def test_a_contractor_sees_only_her_services_and_is_held_to_her_limits(
+    fabric: Orchestrator, provider: OpenIdProvider
+) -> None:
+    base = fabric.http_url
+    carol = _bearer(provider, "carol", base)
+    with httpx.Client(timeout=60) as http:
+        # The fabric endpoint lists only the services her group may use.
+        opened = http.post(f"{base}/mcp?tools=all", json=INITIALIZE, headers=carol)
+        sid = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        listed = http.post(
+            f"{base}/mcp?tools=all",
+            json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            headers={**carol, **sid},
+        ).json()["result"]["tools"]
+        servers = {tool["name"].split("__")[0] for tool in listed if "__" in tool["name"]}
+        assert servers == {"time"}, servers
+        # One session at once is hers.
+        second = http.post(f"{base}/mcp/time", json=INITIALIZE, headers=carol).json()
+        assert second["error"]["data"]["reason"] == "user_session_limit"
+        http.delete(f"{base}/mcp", headers={**carol, **sid})
+        # Another service is not hers, on the relay either.
+        git = http.post(f"{base}/mcp/git", json=INITIALIZE, headers=carol).json()
+        assert git["error"]["data"]["reason"] == "service_not_allowed"
+        # Three calls a minute.
+        relay = http.post(f"{base}/mcp/time", json=INITIALIZE, headers=carol)
+        on_relay = {**carol, "mcp-session-id": relay.headers["mcp-session-id"]}
+        answers = [
+            http.post(f"{base}/mcp/time", json=_time_call(i), headers=on_relay).json()
+            for i in range(2, 6)
+        ]
+        assert all("result" in answer for answer in answers[:3]), answers
+        limited = answers[3]["error"]
+        assert (limited["code"], limited["data"]["reason"]) == (-32002, "rate_limited")
+        assert limited["data"]["retry_after_seconds"] > 0
+        http.delete(f"{base}/mcp/time", headers=on_relay)
+    refusals = [r for r in fabric.audit() if r.get("event") == "session_refused"]
+    assert {("carol", "user_session_limit"), ("carol", "service_not_allowed")} <= {
+        ((r.get("client") or {}).get("user"), r.get("reason")) for r in refusals
+    }
