@@ -617,3 +617,52 @@ def test_a_key_the_suite_does_not_know_in_the_reference_suite_is_refused_at_its_
         f"suite.yaml:{at + 2}:5: mcp_services.postgres_tools.auto_detect_type:"
     )
     assert "unknown key 'auto_detect_type'" in problem
+
+
+def with_orchestrator(lines: str) -> str:
+    """MINIMAL with ``lines`` (YAML, two spaces in) added to its orchestrator."""
+    return MINIMAL.replace('["/home/"]', '["/home/"]\n' + textwrap.indent(lines, "  "))
+
+
+def test_auth_is_a_word_or_a_sign_in_and_each_mistake_says_what_to_write() -> None:
+    for good in (
+        "auth: token",
+        "auth: none",
+        "auth: {mode: token}",
+        'auth: {mode: oidc, issuer: "https://login.example.com/realms/a"}',
+        'auth: {mode: oidc, issuer: "http://127.0.0.1:3000", leeway: 5m}',
+    ):
+        assert check(with_orchestrator(good)) == [], good
+    for bad, words in (
+        ("auth: oidc", "'oidc' is not one of 'token', 'none' (sign-in with an OpenID provider"),
+        ("auth: {mode: oidc}", "orchestrator.auth: 'issuer' is a required property"),
+        ('auth: {mode: oidc, issuer: "http://idp.example.com"}', "an issuer is https, or http"),
+        ('auth: {mode: oidc, issuer: "https://i", leeway: 6m}', "is longer than 300s"),
+        ('auth: {mode: oidc, issuer: "https://i", algorithms: [HS256]}', "algorithms.0: 'HS256'"),
+        ('auth: {mode: oidc, issuer: "https://i?x=1"}', "issuer: 'https://i?x=1' is not a URL"),
+    ):
+        said = check(with_orchestrator(bad))
+        assert len(said) == 1, (bad, said)
+        assert words in said[0], (bad, said)
+
+
+def test_user_entries_name_services_accounts_and_roots_the_suite_can_have() -> None:
+    good = """\
+    users:
+      default: {allowed_mount_roots: ["/home/{user}/"], services: [time], max_sessions: 2}
+      "group:ops": {calls_per_minute: 600}
+      alice: {services: null}
+    """
+    assert check(with_orchestrator(textwrap.dedent(good))) == []
+    for bad, words in (
+        ("users: {default: {services: [nope]}}", "no service in mcp_services is named 'nope'"),
+        ("users: {alice: {accounts: [team]}}", "no account in orchestrator.accounts is named"),
+        ('users: {"group:": {max_sessions: 1}}', "a group entry names its group"),
+        ('users: {default: {allowed_mount_roots: ["/"]}}', "'/' cannot be a mount root"),
+        ('users: {default: {allowed_mount_roots: ["/home/{user}/../x"]}}', "'..' components"),
+        ("users: {bob: {max_sessions: 0}}", "max_sessions"),
+        ("users: {bob: {colour: red}}", "colour"),
+    ):
+        said = check(with_orchestrator(bad))
+        assert len(said) == 1, (bad, said)
+        assert words in said[0], (bad, said)
