@@ -31,10 +31,12 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAu
 from pydantic import AnyUrl
 from selenium.webdriver.common.by import By
 
+from tests.clients import envs
 from tests.integration.harness import (
     Orchestrator,
     bridged_client,
     build_test_image,
+    claude_mcp,
     orchestrator,
     text_of,
     wait_until,
@@ -607,3 +609,51 @@ def test_a_contractor_sees_only_her_services_and_is_held_to_her_limits(
     assert {("carol", "user_session_limit"), ("carol", "service_not_allowed")} <= {
         ((r.get("client") or {}).get("user"), r.get("reason")) for r in refusals
     }
+
+
+# --- what other clients make of it ----------------------------------------------------------------
+
+
+def test_claude_code_sees_an_orchestrator_it_must_sign_in_to(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    """Claude Code, given the URL and nothing else, recognises an OAuth-protected MCP server
+    from the 401 and its metadata: it lists it as needing authentication (its `/mcp` command
+    then signs in; interactive, not run here), never as failed."""
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    url = f"{fabric.http_url}/mcp"
+    claude_mcp(home, project, "add", "--transport", "http", "fabric", url)
+    listed = claude_mcp(home, project, "list", timeout=300)
+    line = next(entry for entry in listed.splitlines() if entry.startswith("fabric:"))
+    assert line == f"fabric: {url} (HTTP) - ! Needs authentication", listed
+
+
+def test_the_inspector_cli_reports_that_it_must_sign_in(
+    fabric: Orchestrator, tmp_path: Path
+) -> None:
+    """MCP Inspector's CLI without a stored sign-in (it signs in only interactively) fails with
+    its authentication exit status and the orchestrator's words."""
+    done = subprocess.run(
+        [
+            *envs.inspector_cli(),
+            f"{fabric.http_url}/mcp",
+            "--transport",
+            "http",
+            "--stored-auth-only",
+            "--method",
+            "tools/list",
+        ],
+        env={**os.environ, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    printed = [line for line in done.stderr.splitlines() if line.startswith("{")]
+    error = json.loads(printed[-1])["error"]
+    assert error["code"] == "auth_required"
+    assert "sign in with the orchestrator's OpenID provider" in error["message"]
+    assert "token_missing" in error["message"]
