@@ -13,7 +13,8 @@ From the orchestrator's 401 (``WWW-Authenticate: Bearer resource_metadata="…"`
 4. a client registered with the issuer (dynamic registration, RFC 7591: a public native
    client, loopback redirect, kept per issuer; or ``REACTOR_FABRIC_OIDC_CLIENT_ID``), and the
    user's sign-in: the authorization code flow with PKCE (S256) and ``state`` through the
-   system browser (:mod:`webbrowser`, which honours ``$BROWSER``) and a redirect to a
+   system browser (``$BROWSER``, else ``xdg-open`` / ``open``: see :func:`browser_command`) and
+   a redirect to a
    one-shot listener on 127.0.0.1, or — without a browser, or with ``--login device`` — the
    device authorization grant (RFC 8628), its code and address printed on stderr. Every
    token is asked for the resource (RFC 8707).
@@ -29,9 +30,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import secrets
+import shlex
+import shutil
+import subprocess
+import sys
 import time
-import webbrowser
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -232,11 +237,7 @@ class SignInClient:
         return client
 
     def _can_open_browser(self) -> bool:
-        try:
-            webbrowser.get()
-        except webbrowser.Error:
-            return False
-        return True
+        return browser_command(self.environ, "https://x") is not None
 
     # --- the flows ----------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class SignInClient:
             }
             url = f"{server['authorization_endpoint']}?{urlencode(query)}"
             self.notify(f"sign in to {resource} in your browser: {url}")
-            opened = await trio.to_thread.run_sync(webbrowser.open, url)
+            opened = await trio.to_thread.run_sync(open_browser, self.environ, url)
             if not opened:
                 self.notify("no browser could be opened: open the address above yourself")
             with trio.move_on_after(self.sign_in_seconds) as waited:
@@ -375,6 +376,51 @@ class SignInClient:
         return await _post(
             http, server["token_endpoint"], form=form, auth=auth, errors_ok=pending_ok
         )
+
+
+def browser_command(environ: dict[str, str], url: str) -> list[str] | None:
+    """How to open ``url`` in the user's graphical browser: the first entry of ``$BROWSER``
+    (``%s`` replaced by the URL, else the URL appended), else ``xdg-open`` or ``open``; None
+    when there is none. Never :mod:`webbrowser`'s console browsers (lynx, w3m…): the bridge's
+    stdin and stdout are its MCP client's, which a browser in the terminal would read and
+    write."""
+    configured = environ.get("BROWSER", "").split(os.pathsep)[0].strip()
+    if configured:
+        words = shlex.split(configured)
+        if any("%s" in word for word in words):
+            return [word.replace("%s", url) for word in words]
+        return [*words, url]
+    for opener in ("xdg-open", "open"):
+        found = shutil.which(opener, path=environ.get("PATH"))
+        if found is not None:
+            return [found, url]
+    return None
+
+
+def open_browser(environ: dict[str, str], url: str) -> bool:
+    """Start the browser on ``url`` (blocking; a thread's work): with nothing of the bridge's
+    stdio — its stdin from /dev/null, its output to stderr — in a session of its own. Whether
+    it started and said it opened the page (exit status 0, or still running after 5 s)."""
+    if not url.startswith(("https://", "http://")):
+        return False
+    command = browser_command(environ, url)
+    if command is None:
+        return False
+    try:
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr.fileno(),
+            stderr=sys.stderr.fileno(),
+            start_new_session=True,
+            env=environ,
+        )
+    except OSError:
+        return False
+    try:
+        return child.wait(timeout=5) == 0
+    except subprocess.TimeoutExpired:
+        return True  # (a browser that stays: it is showing the page)
 
 
 def _tokens(answer: dict[str, Any]) -> dict[str, Any]:

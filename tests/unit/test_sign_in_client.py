@@ -14,6 +14,8 @@ from reactor_fabric.config.token import TokenError
 from reactor_fabric.trio.sign_in_client import (
     SignInClient,
     SignInError,
+    browser_command,
+    open_browser,
     resource_metadata_url,
     same_server,
 )
@@ -93,3 +95,38 @@ def test_sign_ins_are_kept_private_and_refused_when_they_are_not(tmp_path: Path)
     with pytest.raises(TokenError, match="not a sign-in record"):
         load_sign_in(path)
     assert sign_in_file(environ, "https://a.example") != sign_in_file(environ, "https://b.example")
+
+
+def test_the_browser_is_the_users_own_command_never_a_console_one(tmp_path: Path) -> None:
+    url = "https://login.example.com/auth?x=1"
+    assert browser_command({"BROWSER": "firefox --new-tab %s:chromium"}, url) == [
+        "firefox",
+        "--new-tab",
+        url,
+    ]
+    assert browser_command({"BROWSER": "my-browser"}, url) == ["my-browser", url]
+    opener = tmp_path / "xdg-open"
+    opener.write_text("#!/bin/sh\n")
+    opener.chmod(0o755)
+    assert browser_command({"PATH": str(tmp_path)}, url) == [str(opener), url]
+    # lynx and w3m are on this PATH, but never taken: they would use the bridge's stdio.
+    for console in ("lynx", "w3m", "www-browser"):
+        (tmp_path / console).write_text("#!/bin/sh\n")
+        (tmp_path / console).chmod(0o755)
+    opener.unlink()
+    assert browser_command({"PATH": str(tmp_path)}, url) is None
+
+
+def test_a_browser_gets_none_of_the_bridges_stdio(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    browser = tmp_path / "browser"
+    browser.write_text('#!/bin/sh\necho "opened $1"\nread line && echo "read $line"\nexit 0\n')
+    browser.chmod(0o755)
+    assert open_browser({"BROWSER": str(browser), "PATH": "/usr/bin:/bin"}, "https://x.example/")
+    out, err = capfd.readouterr()
+    assert out == ""  # (stdout is the MCP client's)
+    assert "opened https://x.example/" in err
+    assert "read" not in err  # its stdin was /dev/null
+    assert not open_browser({"BROWSER": str(browser)}, "file:///etc/passwd")
+    assert not open_browser({"BROWSER": str(browser)}, "--help")
