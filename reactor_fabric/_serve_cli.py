@@ -35,6 +35,7 @@ from ._runtime_choice import engine_runtime
 from ._scheduling import Slice, shorten_slice
 from ._serve_signals import serve_until_signalled
 from ._version import __version__
+from .config.hosts import is_loopback_name as is_loopback
 from .config.structs import Suite
 from .config.suite import SuiteUnreadable, check_suite_text, read_suite_file
 from .config.token import Token, TokenError, load_or_create_token
@@ -42,7 +43,6 @@ from .observe.audit import now_iso
 from .observe.logging import configure_logging
 from .observe.observer import Observer
 from .observe.otel import tracing_from_environment
-from .policy.auth import is_loopback
 from .policy.sign_in import SignInUnconfigured, sign_in_for
 from .protocol.suite_lock import LockInvalid, SuiteLock, lock_mode, missing_lock
 from .runtime.base import Runtime

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import ipaddress
 import json
 import posixpath
 from collections.abc import Mapping
@@ -19,7 +18,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
-from urllib.parse import urlsplit
 
 import jsonschema
 import msgspec
@@ -27,6 +25,7 @@ import msgspec
 from .._errors import InvalidSuiteConfiguration
 from .._reasons import INVALID_SUITE_CONFIGURATION
 from ..protocol.egress import parse_destination
+from .hosts import https_or_loopback
 from .positions import KeyPath, LoadedYaml, YamlSyntaxError, load_yaml_with_positions
 from .structs import Resources, Suite
 from .suite_messages import name_message, schema_message
@@ -268,23 +267,10 @@ def _check_auth(auth: dict[str, Any], collector: _Collector) -> None:
     elsewhere could be anyone's), and a clock leeway that does not make exp meaningless."""
     issuer = auth.get("issuer")
     path: KeyPath = ("orchestrator", "auth", "issuer")
-    if isinstance(issuer, str) and issuer.startswith("http://") and path not in collector.flagged:
-        host = urlsplit(issuer).hostname or ""
-        if not is_loopback_name(host):
-            collector.add(path, f"{issuer!r}: an issuer is https, or http on a loopback address")
+    if isinstance(issuer, str) and path not in collector.flagged and not https_or_loopback(issuer):
+        collector.add(path, f"{issuer!r}: an issuer is https, or http on a loopback address")
     why = "a token would outlive its expiry by that much"
     _check_duration(auth, ("orchestrator", "auth", "leeway"), collector, at_most=(300.0, why))
-
-
-def is_loopback_name(host: str) -> bool:
-    """Whether ``host`` (a name or an address, brackets allowed) names this machine only."""
-    name = host.strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_logic(data: object, collector: _Collector) -> None:

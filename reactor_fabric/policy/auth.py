@@ -27,7 +27,6 @@ metadata itself is open, like ``/healthz``.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -90,17 +89,6 @@ class BearerToken:
 
     value: str
     resource: str
-
-
-def is_loopback(host: str) -> bool:
-    """Whether listening on ``host`` reaches only this machine (authentication may be off)."""
-    name = host.strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def presented_token(headers: dict[bytes, str], query: str) -> str | None:

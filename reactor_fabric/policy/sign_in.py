@@ -12,8 +12,8 @@ or ``auth.audience`` when the provider puts its own identifier there (Entra ID's
 
 from __future__ import annotations
 
+from ..config.hosts import is_loopback_name
 from ..config.structs import Orchestrator
-from ..config.suite import is_loopback_name
 from .auth import SignIn
 from .principal import ASYMMETRIC, TokenRules
 from .resource_metadata import ProtectedResource

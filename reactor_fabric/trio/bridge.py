@@ -58,8 +58,8 @@ from .._reasons import (
     TOKEN_MISSING,
     http_status,
 )
+from ..config.hosts import is_loopback_name as is_loopback
 from ..config.suite import FABRIC_ENDPOINT, SuiteUnreadable, load_suite
-from ..policy.auth import is_loopback
 from ..policy.listener_owner import Endpoint, read_connection_owner, trusted_owner
 from ..policy.mounts import parse_query_mount
 from ..protocol.framing import LineSplitter

@@ -30,13 +30,12 @@ import json
 import logging
 from collections.abc import Callable
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import httpx
 import trio
 
 from .._errors import IssuerUnavailable
-from ..config.suite import is_loopback_name
+from ..config.hosts import https_or_loopback
 from ..policy.access_tokens import KeySet
 
 log = logging.getLogger(__name__)
@@ -175,7 +174,7 @@ class IssuerKeys:
                 f"not {self.issuer!r}"
             )
         jwks_uri = discovery.get("jwks_uri")
-        if not isinstance(jwks_uri, str) or not _fetchable(jwks_uri):
+        if not isinstance(jwks_uri, str) or not https_or_loopback(jwks_uri):
             raise IssuerUnavailable(
                 f"{discovery_url}: jwks_uri is not an https URL (or http on loopback)"
             )
@@ -183,10 +182,3 @@ class IssuerKeys:
             return KeySet.from_document(await self.fetcher.get_json(jwks_uri))
         except ValueError as exc:
             raise IssuerUnavailable(f"{jwks_uri}: {exc}") from exc
-
-
-def _fetchable(url: str) -> bool:
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        return bool(parts.hostname)
-    return parts.scheme == "http" and is_loopback_name(parts.hostname or "")

@@ -45,8 +45,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import httpx
 import trio
 
+from ..config.hosts import https_or_loopback
 from ..config.sign_in_store import load_sign_in, save_sign_in, sign_in_file
-from ..config.suite import is_loopback_name
 from ..config.token import TokenError
 
 Login = Literal["browser", "device", "none"]
@@ -94,15 +94,6 @@ def same_server(resource: str, dialled: str) -> bool:
     )
 
 
-def _fetchable(url: object) -> bool:
-    """An endpoint the bridge may talk to: https, or http on this machine."""
-    if not isinstance(url, str):
-        return False
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    return parts.scheme == "https" or (parts.scheme == "http" and is_loopback_name(host))
-
-
 class SignInClient:
     """Signs the bridge's user in to the orchestrator at ``dialled`` (see the module docs);
     ``notify`` tells the user what to do (stderr: what their MCP client shows)."""
@@ -125,7 +116,7 @@ class SignInClient:
     async def access_token(self, metadata_url: str, *, fresh: bool = False) -> str:
         """An access token for the orchestrator whose 401 named ``metadata_url``: a kept one
         (unless ``fresh``: the orchestrator refused it), refreshed, or a new sign-in."""
-        if not _fetchable(metadata_url) or not same_server(metadata_url, self.dialled):
+        if not https_or_loopback(metadata_url) or not same_server(metadata_url, self.dialled):
             raise SignInError(
                 f"the orchestrator at {self.dialled} names resource metadata elsewhere "
                 f"({metadata_url}): not signing in for it"
@@ -172,7 +163,7 @@ class SignInClient:
             raise SignInError(
                 f"the orchestrator's resource metadata names another resource ({resource!r})"
             )
-        if not isinstance(servers, list) or not servers or not _fetchable(servers[0]):
+        if not isinstance(servers, list) or not servers or not https_or_loopback(servers[0]):
             raise SignInError("the orchestrator's resource metadata names no usable issuer")
         scopes = metadata.get("scopes_supported")
         listed = [s for s in scopes if isinstance(s, str)] if isinstance(scopes, list) else []
@@ -193,7 +184,7 @@ class SignInClient:
             if not isinstance(document, dict) or document.get("issuer") != issuer:
                 raise SignInError(f"{base + suffix} does not name the issuer {issuer!r}")
             for name in ("token_endpoint", "authorization_endpoint"):
-                if not _fetchable(document.get(name)):
+                if not https_or_loopback(document.get(name)):
                     raise SignInError(f"the issuer's {name} is not an https URL")
             return document
         raise SignInError(f"the issuer {issuer} has no discovery document ({last})")
@@ -211,13 +202,13 @@ class SignInClient:
         if isinstance(kept, dict) and isinstance(kept.get("client_id"), str):
             return kept
         endpoint = server.get("registration_endpoint")
-        if not _fetchable(endpoint):
+        if not https_or_loopback(endpoint):
             raise SignInError(
                 "the issuer does not let clients register themselves: register the bridge as "
                 f"a public client with a loopback redirect URI, and set {CLIENT_ID_ENV}"
             )
         grants = ["authorization_code", "refresh_token"]
-        if _fetchable(server.get("device_authorization_endpoint")):
+        if https_or_loopback(server.get("device_authorization_endpoint")):
             grants.append(DEVICE_GRANT)
         metadata = {
             "client_name": "Reactor-Fabric bridge",
@@ -301,7 +292,7 @@ class SignInClient:
         scope: str,
     ) -> dict[str, Any]:
         endpoint = server.get("device_authorization_endpoint")
-        if not _fetchable(endpoint):
+        if not https_or_loopback(endpoint):
             raise SignInError("no browser, and the issuer offers no device sign-in")
         asked = {"client_id": client["client_id"], "scope": scope, "resource": resource}
         device = await _post(http, str(endpoint), form=asked)

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from wsproto.events import AcceptConnection, RejectConnection
 
+from reactor_fabric.config.hosts import https_or_loopback
+from reactor_fabric.config.hosts import is_loopback_name as is_loopback
 from reactor_fabric.policy.auth import (
     Gate,
     Refusal,
     admit,
-    is_loopback,
     presented_token,
     token_matches,
 )
@@ -239,3 +240,21 @@ async def test_healthz_without_the_token_says_only_whether_it_is_up(tmp_path: Pa
         for method in ("GET", "HEAD"):
             forged = await http.http(method, "/healthz", headers={"origin": "https://evil.example"})
             assert forged.status == 403
+
+
+@pytest.mark.parametrize(
+    ("url", "trusted"),
+    [
+        ("https://login.example.com/realms/a", True),
+        ("http://127.0.0.1:3000", True),
+        ("http://[::1]:3000/x", True),
+        ("http://localhost/keys", True),
+        ("http://login.example.com", False),
+        ("https://", False),
+        ("ftp://127.0.0.1/", False),
+        ("file:///etc/keys", False),
+        (None, False),
+    ],
+)
+def test_only_https_urls_and_http_on_loopback_are_trusted(url: object, trusted: bool) -> None:
+    assert https_or_loopback(url) is trusted
