@@ -13,16 +13,14 @@ Error handling: everything wrong is a :class:`~.token.TokenError` whose message 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import secrets
-import stat
 from pathlib import Path
 from typing import Any
 
-from .token import TokenError, user_config_dir
+from .token import TokenError, read_private_file, user_config_dir
 
 SIGN_IN_DIRECTORY = "sign-in"
 MAX_RECORD_BYTES = 256 * 1024
@@ -36,28 +34,14 @@ def sign_in_file(environ: dict[str, str], issuer: str) -> Path:
 
 def load_sign_in(path: Path) -> dict[str, Any] | None:
     """The record at ``path`` (None: there is none); TokenError when it cannot be trusted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
+    data = read_private_file(
+        path,
+        kind="sign-in file",
+        limit=MAX_RECORD_BYTES + 1,
+        widened="remove it and sign in again",
+    )
+    if data is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise TokenError(f"{path} is a symlink; remove it") from exc
-        raise TokenError(f"cannot read the sign-in file {path}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise TokenError(f"{path} is not a regular file; remove it")
-        if info.st_uid != os.geteuid():
-            raise TokenError(f"{path} belongs to uid {info.st_uid}, not to you; remove it")
-        if info.st_mode & 0o077:
-            raise TokenError(
-                f"{path} is readable or writable by others "
-                f"(mode {stat.S_IMODE(info.st_mode):04o}); remove it and sign in again"
-            )
-        data = os.read(fd, MAX_RECORD_BYTES + 1)
-    finally:
-        os.close(fd)
     try:
         record = json.loads(data) if len(data) <= MAX_RECORD_BYTES else None
     except ValueError:

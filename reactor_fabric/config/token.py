@@ -99,6 +99,29 @@ def read_token_file(
     records of :mod:`.token_record` (``kind`` names which in the messages; ``limit``: how many
     bytes it may hold, default a token and its newline).
     """
+    data = read_private_file(
+        path,
+        kind=kind,
+        limit=(limit or MAX_TOKEN_LENGTH + 1) + 1,
+        euid=euid,
+        widened=f"run: chmod 600 {path}",
+    )
+    if data is None:
+        return None
+    try:
+        first = data.decode("ascii").partition("\n")[0]
+    except UnicodeDecodeError:
+        raise TokenError(f"{path} does not hold a token; remove it") from None
+    return check_token(first, str(path))
+
+
+def read_private_file(
+    path: Path, *, kind: str, limit: int, euid: int | None = None, widened: str
+) -> bytes | None:
+    """At most ``limit`` bytes of the private file ``path`` (a secret of the user's); None if it
+    does not exist. TokenError, saying what to do, for a symlink, anything but a regular file,
+    a file not ``euid``'s (default: this process's), and one others could read or write
+    (``widened``: what to do then)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -119,16 +142,11 @@ def read_token_file(
         if info.st_mode & 0o077:
             raise TokenError(
                 f"{path} is readable or writable by others "
-                f"(mode {stat.S_IMODE(info.st_mode):04o}); run: chmod 600 {path}"
+                f"(mode {stat.S_IMODE(info.st_mode):04o}); {widened}"
             )
-        data = os.read(fd, (limit or MAX_TOKEN_LENGTH + 1) + 1)
+        return os.read(fd, limit)
     finally:
         os.close(fd)
-    try:
-        first = data.decode("ascii").partition("\n")[0]
-    except UnicodeDecodeError:
-        raise TokenError(f"{path} does not hold a token; remove it") from None
-    return check_token(first, str(path))
 
 
 def create_token_file(path: Path) -> str:
