@@ -29,6 +29,7 @@ from .config.token import TokenError, find_token
 from .config.units import parse_duration
 from .config.xdg import xdg_dir
 from .observe.audit import AuditWriter, audit_files, file_start, read_records, verify
+from .observe.status import record_user
 
 # The port an orchestrator listens on when told nothing (serve's --port).
 DEFAULT_PORT = 8765
@@ -188,7 +189,7 @@ def _show(args: argparse.Namespace, path: Path) -> int:
             (args.session is None or str(record.get("session", "")).startswith(args.session))
             and (args.service is None or record.get("service") == args.service)
             and (args.tool is None or record.get("tool") == args.tool)
-            and (args.user is None or _user_of(record) == args.user)
+            and (args.user is None or record_user(record) == args.user)
             and (since is None or _when(record) >= since)
         )
 
@@ -290,12 +291,6 @@ def _when(record: dict[str, Any]) -> datetime.datetime:
         return datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
-def _user_of(record: dict[str, Any]) -> object:
-    """The signed-in user a record names (its client's), if any."""
-    client = record.get("client")
-    return client.get("user") if isinstance(client, dict) else None
-
-
 def _human(record: dict[str, Any]) -> str:
     """One record as a line for a terminal, every field escaped (see :func:`_printable`)."""
     event = _printable(record.get("event"))
@@ -319,8 +314,8 @@ def _human(record: dict[str, Any]) -> str:
     if isinstance(client, dict) and event in ("session_start", "session_refused"):
         peer, transport = client.get("peer", ""), client.get("transport", "")
         parts.append(f"client={_printable(peer)}/{_printable(transport)}")
-    if _user_of(record) is not None:
-        parts.append(f"user={_printable(_user_of(record))}")
+    if record_user(record) is not None:
+        parts.append(f"user={_printable(record_user(record))}")
     if event == "session_start":
         mounts = record.get("mounts")
         shown = ",".join(

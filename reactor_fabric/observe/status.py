@@ -59,6 +59,12 @@ def session_json(view: SessionView) -> dict[str, Any]:
     return shown
 
 
+def record_user(record: dict[str, Any]) -> object:
+    """The signed-in user an audit record names (its client's), if any."""
+    client = record.get("client")
+    return client.get("user") if isinstance(client, dict) else None
+
+
 def recent_calls(
     events: Iterable[CallEvent],
     *,
@@ -76,7 +82,7 @@ def recent_calls(
     for event in reversed(list(events)):
         record = event.record
         if (
-            (user is None or (record.get("client") or {}).get("user") == user)
+            (user is None or record_user(record) == user)
             and (session is None or record.get("session") == session)
             and (service is None or record.get("service") == service)
             and (tool is None or record.get("tool") == tool)

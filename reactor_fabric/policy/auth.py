@@ -91,13 +91,20 @@ class BearerToken:
     resource: str
 
 
+def bearer_credentials(headers: dict[bytes, str]) -> str | None:
+    """What an ``Authorization: Bearer`` header carries (None: no such header)."""
+    authorization = headers.get(b"authorization")
+    if authorization is None:
+        return None
+    scheme, _, credentials = authorization.strip().partition(" ")
+    return credentials.strip() if scheme.lower() == AUTH_SCHEME.lower() else None
+
+
 def presented_token(headers: dict[bytes, str], query: str) -> str | None:
     """The token a request carries: the ``Authorization: Bearer`` header, else ``?token=``."""
-    authorization = headers.get(b"authorization")
-    if authorization is not None:
-        scheme, _, credentials = authorization.strip().partition(" ")
-        if scheme.lower() == AUTH_SCHEME.lower():
-            return credentials.strip()
+    credentials = bearer_credentials(headers)
+    if credentials is not None:
+        return credentials
     if TOKEN_PARAMETER in query:  # cheap test first: most requests carry none
         values = parse_qs(query, max_num_fields=64).get(TOKEN_PARAMETER)
         if values:
@@ -152,11 +159,9 @@ def _bearer(sign_in: SignIn, headers: dict[bytes, str], path: str) -> BearerToke
     """oidc mode: the ``Authorization: Bearer`` token (the query string is not looked at: a
     token in a URL ends up in logs and histories), or the 401 that says how to get one."""
     resource = sign_in.resource.resource_for(headers.get(b"host"))
-    authorization = headers.get(b"authorization")
-    if authorization is not None:
-        scheme, _, credentials = authorization.strip().partition(" ")
-        if scheme.lower() == AUTH_SCHEME.lower() and credentials.strip():
-            return BearerToken(credentials.strip(), resource)
+    credentials = bearer_credentials(headers)
+    if credentials:
+        return BearerToken(credentials, resource)
     log.warning("request_refused", extra={"path": path, "status": 401, "reason": TOKEN_MISSING})
     detail = "no access token was sent: sign in with the orchestrator's OpenID provider"
     return sign_in_refusal(sign_in.resource, resource, TokenProblem(TOKEN_MISSING, detail))

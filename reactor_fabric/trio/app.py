@@ -117,13 +117,9 @@ class FabricApp:
     async def _resource_metadata(
         self, exchange: HttpExchange, protected: ProtectedResource
     ) -> None:
-        """RFC 9728's metadata: open to anyone who passes the Origin/Host check (a client reads
-        it before it has a token), the same document at every path form of the resource."""
+        """RFC 9728's metadata: open (a client reads it before it has a token), the same
+        document at every path form of the resource."""
         request = exchange.request
-        refusal = admit_origin(self.parts.authenticator.gate, request.headers, request.path)
-        if refusal is not None:
-            await self._refuse(exchange, refusal)
-            return
         resource = protected.resource_for(request.headers.get(b"host"))
         if not protected.serves_metadata_at(request.path, resource):
             await exchange.respond_json(404, {"error": "not found", "path": request.path})
@@ -137,35 +133,27 @@ class FabricApp:
         """When users sign in, what anyone may read (Origin/Host still checked): the resource
         metadata, and the status page, which holds no data and signs its user in itself
         (observe/page.py). Whether the request was one (and is answered)."""
-        sign_in = self.parts.authenticator.gate.sign_in
-        request = exchange.request
-        if sign_in is None:
+        gate = self.parts.authenticator.gate
+        sign_in, request = gate.sign_in, exchange.request
+        path, method = request.path, request.method
+        is_page = path == "/" and method in ("GET", "HEAD")
+        if sign_in is None or not (
+            path.startswith(WELL_KNOWN) or is_page or (path == PAGE_SIGN_IN and method == "GET")
+        ):
             return False
-        if request.path.startswith(WELL_KNOWN):
-            await self._resource_metadata(exchange, sign_in.resource)
-            return True
-        if request.path == "/" and request.method in ("GET", "HEAD"):
-            await self._status_page(exchange, sign_in.rules.issuer)
-            return True
-        if request.path == PAGE_SIGN_IN and request.method == "GET":
-            refusal = admit_origin(self.parts.authenticator.gate, request.headers, request.path)
-            if refusal is not None:
-                await self._refuse(exchange, refusal)
-            else:
-                await exchange.respond_json(
-                    200,
-                    {"client_id": sign_in.page_client_id, "user_claim": sign_in.rules.user_claim},
-                )
-            return True
-        return False
-
-    async def _status_page(self, exchange: HttpExchange, issuer: str) -> None:
-        refusal = admit_origin(
-            self.parts.authenticator.gate, exchange.request.headers, exchange.request.path
-        )
+        refusal = admit_origin(gate, request.headers, path)
         if refusal is not None:
             await self._refuse(exchange, refusal)
-            return
+        elif is_page:
+            await self._status_page(exchange, sign_in.rules.issuer)
+        elif path == PAGE_SIGN_IN:
+            page = {"client_id": sign_in.page_client_id, "user_claim": sign_in.rules.user_claim}
+            await exchange.respond_json(200, page)
+        else:
+            await self._resource_metadata(exchange, sign_in.resource)
+        return True
+
+    async def _status_page(self, exchange: HttpExchange, issuer: str) -> None:
         parts = urlsplit(issuer)
         await exchange.respond(
             200,

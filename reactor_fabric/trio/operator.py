@@ -38,7 +38,7 @@ from ..observe.metrics import CONTENT_TYPE
 from ..observe.observer import Observer
 from ..observe.page import PAGE_HEADERS, STATUS_PAGE
 from ..observe.redaction import SECRET_VALUES
-from ..observe.status import SessionView, recent_calls, sessions_json, stats
+from ..observe.status import SessionView, recent_calls, record_user, sessions_json, stats
 from ..policy.principal import TOKEN_HOLDER, Principal
 from ..protocol.settings import Settings
 from .catalog_service import CatalogService
@@ -130,9 +130,7 @@ def _figures(observer: Observer, principal: Principal) -> dict[str, Any]:
     calls' (container starts are no one user's: none)."""
     if principal.operator:
         return stats(observer.calls, observer.starts, now=time.time())
-    own = [
-        c for c in observer.calls if (c.record.get("client") or {}).get("user") == principal.user
-    ]
+    own = [call for call in observer.calls if record_user(call.record) == principal.user]
     return stats(own, (), now=time.time())
 
 
