@@ -98,6 +98,7 @@ import httpx
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from tests.clients import envs
 
@@ -638,6 +639,27 @@ def running_provider(
             process.stdout.close()
 
 
+class MemoryTokenStorage:
+    """The MCP SDK's OAuth ``TokenStorage``, in memory: one client's registration and tokens
+    (``client``, ``tokens``), for the tests that let the SDK sign in."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
 __all__ = [
     "CLIENT_ID",
     "DEFAULT_ACCOUNTS",
@@ -646,6 +668,7 @@ __all__ = [
     "REDIRECT_URI",
     "AuthorizationDenied",
     "LoginRefused",
+    "MemoryTokenStorage",
     "OidcError",
     "OpenIdProvider",
     "pkce_pair",

@@ -17,12 +17,13 @@ import jwt
 import pytest
 import trio
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import OAuthClientMetadata
 from pydantic import AnyUrl
 
 from tests.oidc_provider import (
     AuthorizationDenied,
     LoginRefused,
+    MemoryTokenStorage,
     OidcError,
     OpenIdProvider,
     running_provider,
@@ -138,26 +139,6 @@ def test_tokens_signed_with_the_issuers_key_verify_as_its_own(provider: OpenIdPr
     ] == ["team-b"]
 
 
-class _Memory:
-    """The SDK's TokenStorage, in memory."""
-
-    def __init__(self) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
 class _ProtectedResource(httpx2.AsyncBaseTransport):
     """An MCP server's HTTP face as the SDK sees it (RFC 9728: 401 naming the metadata, the
     metadata naming the provider), answered in-process for its origin; anything else (the
@@ -210,7 +191,7 @@ async def test_the_mcp_sdk_oauth_client_registers_itself_and_gets_a_jwt_for_the_
             code=query["code"][0], state=query["state"][0], iss=query["iss"][0]
         )
 
-    storage = _Memory()
+    storage = MemoryTokenStorage()
     oauth = OAuthClientProvider(
         server_url=RESOURCE,
         client_metadata=OAuthClientMetadata(

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth import OAuthClientMetadata
 from pydantic import AnyUrl
 from selenium.webdriver.common.by import By
 
@@ -47,25 +47,17 @@ from tests.integration.test_status_page_e2e import (
     rows,
     wait_for,
 )
+from tests.messages import INITIALIZE
 from tests.oidc_provider import (
     DEFAULT_ACCOUNTS,
     PAGE_CLIENT_ID,
+    MemoryTokenStorage,
     OpenIdProvider,
     running_provider,
 )
 
 pytestmark = pytest.mark.integration
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 MCP_HEADERS = {"accept": "application/json, text/event-stream"}
 INVALID = "token_invalid"
 NO_SCOPE = "token_insufficient_scope"
@@ -108,26 +100,6 @@ def fabric(
         yield running
 
 
-class _Memory:
-    """The SDK's token storage, in memory (one client's registration and tokens)."""
-
-    def __init__(self) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
 def signing_in_as(provider: OpenIdProvider, user: str, server_url: str) -> OAuthClientProvider:
     """The SDK's OAuth client for ``server_url``, whose user is ``user``: its browser is the
     provider's login pages driven by the test."""
@@ -149,7 +121,7 @@ def signing_in_as(provider: OpenIdProvider, user: str, server_url: str) -> OAuth
             redirect_uris=[AnyUrl("http://127.0.0.1:33418/callback")],
             client_name=f"sign-in test ({user})",
         ),
-        storage=_Memory(),
+        storage=MemoryTokenStorage(),
         redirect_handler=redirect_handler,
         callback_handler=callback_handler,
     )

@@ -33,10 +33,25 @@ def orchestrator(root: Path, **auth: object) -> Orchestrator:
 
 
 @asynccontextmanager
-async def signing_in(root: Path, issuer: FakeIssuer, **auth: object) -> AsyncIterator[Served]:
+async def signing_in(
+    root: Path,
+    issuer: FakeIssuer,
+    *,
+    services: dict[str, Service] | None = None,
+    users: dict[str, UserEntry] | None = None,
+    **auth: object,
+) -> AsyncIterator[Served]:
+    """The app of an orchestrator whose users sign in with ``issuer`` (``auth``: more of its
+    fields), serving ``services`` (default: one) under the policy of ``users``."""
     sign_in = sign_in_for(orchestrator(root, **auth), "127.0.0.1", 8765)
     async with served(
-        root, sign_in=sign_in, issuer_fetcher=issuer, public_url=PUBLIC, learn_catalog=True
+        root,
+        sign_in=sign_in,
+        issuer_fetcher=issuer,
+        public_url=PUBLIC,
+        learn_catalog=True,
+        services=services,
+        users=users or {},
     ) as http:
         yield http
 
@@ -292,26 +307,13 @@ TWO_SERVICES = {"svc": Service(image="fake/svc:1"), "other": Service(image="fake
 TOOLS_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
 
 
-@asynccontextmanager
-async def with_users(root: Path, issuer: FakeIssuer, **users: UserEntry) -> AsyncIterator[Served]:
-    sign_in = sign_in_for(orchestrator(root), "127.0.0.1", 8765)
-    async with served(
-        root,
-        sign_in=sign_in,
-        issuer_fetcher=issuer,
-        public_url=PUBLIC,
-        learn_catalog=True,
-        services=TWO_SERVICES,
-        users=users,
-    ) as http:
-        yield http
-
-
 async def test_a_user_gets_only_their_services_on_the_relay_and_the_fabric_endpoint(
     tmp_path: Path, issuer: FakeIssuer
 ) -> None:
     alice = bearer(issuer.token("alice", PUBLIC))
-    async with with_users(tmp_path, issuer, default=UserEntry(services=["svc"])) as http:
+    async with signing_in(
+        tmp_path, issuer, services=TWO_SERVICES, users={"default": UserEntry(services=["svc"])}
+    ) as http:
         refused = await http.post(INITIALIZE, path="/mcp/other", headers=alice)
         error = refused.json()["error"]
         assert (error["code"], error["data"]["reason"]) == (-32004, "service_not_allowed")
@@ -333,7 +335,12 @@ async def test_a_user_mounts_only_under_their_own_roots(tmp_path: Path, issuer: 
         (tmp_path / "home" / user).mkdir(parents=True)
     alice = bearer(issuer.token("alice", PUBLIC))
     roots = [f"{tmp_path}/home/{{user}}"]
-    async with with_users(tmp_path, issuer, default=UserEntry(allowed_mount_roots=roots)) as http:
+    async with signing_in(
+        tmp_path,
+        issuer,
+        services=TWO_SERVICES,
+        users={"default": UserEntry(allowed_mount_roots=roots)},
+    ) as http:
         bobs = await http.post(
             INITIALIZE, path=f"/mcp/svc?mount={tmp_path}/home/bob:/workspace", headers=alice
         )
@@ -356,7 +363,9 @@ async def test_a_user_at_their_session_limit_is_refused_and_others_are_not(
 ) -> None:
     alice = bearer(issuer.token("alice", PUBLIC))
     bob = bearer(issuer.token("bob", PUBLIC))
-    async with with_users(tmp_path, issuer, alice=UserEntry(max_sessions=1)) as http:
+    async with signing_in(
+        tmp_path, issuer, services=TWO_SERVICES, users={"alice": UserEntry(max_sessions=1)}
+    ) as http:
         first = await http.post(INITIALIZE, headers=alice)
         assert first.json()["id"] == 1
         second = await http.post(INITIALIZE, headers=alice)
@@ -388,7 +397,9 @@ async def test_a_users_calls_a_minute_are_counted_across_sessions_and_endpoints(
 ) -> None:
     alice = bearer(issuer.token("alice", PUBLIC))
     bob = bearer(issuer.token("bob", PUBLIC))
-    async with with_users(tmp_path, issuer, default=UserEntry(calls_per_minute=3)) as http:
+    async with signing_in(
+        tmp_path, issuer, services=TWO_SERVICES, users={"default": UserEntry(calls_per_minute=3)}
+    ) as http:
         relay = await http.post(INITIALIZE, headers=alice)
         on_relay = {**alice, "mcp-session-id": relay.session}
         fabric = await http.post(INITIALIZE, path="/mcp?tools=all", headers=alice)
