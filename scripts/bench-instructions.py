@@ -15,6 +15,12 @@ container's creation and the stop cancelling out.
     .venv/bin/python scripts/bench-instructions.py --transport http  # Streamable HTTP POSTs
     .venv/bin/python scripts/bench-instructions.py --endpoint fabric # /mcp, time__get_current_time
     .venv/bin/python scripts/bench-instructions.py --in-flight 16    # 16 calls pipelined
+    .venv/bin/python scripts/bench-instructions.py --cprofile 40     # Python functions per call
+
+``--cprofile N`` runs the same two sessions under cProfile instead of valgrind and prints the
+N functions with the most own time per call (the difference between the sessions, divided by
+the difference in calls), with their calls per call: where the instructions go, by Python
+function (callgrind sees only the interpreter's C functions).
 
 A revision is checked out into a temporary git worktree and imported from there (the venv's
 packages are used for everything else). Needs ``valgrind`` (``apt-get install valgrind``) and
@@ -28,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import pstats
 import re
 import secrets
 import shutil
@@ -159,8 +166,10 @@ def count_instructions(
     transport: str,
     endpoint: str,
     in_flight: int = 1,
+    cprofile: bool = False,
 ) -> int:
-    """Total instructions of one orchestrator run serving one session of ``calls`` calls."""
+    """Total instructions of one orchestrator run serving one session of ``calls`` calls
+    (with ``cprofile``: 0, and the run's pstats in ``workdir/profile-CALLS.out``)."""
     port = free_port()
     suite = workdir / "suite.yaml"
     suite.write_text(SUITE if audit else SUITE_WITHOUT_AUDIT)
@@ -172,11 +181,17 @@ def count_instructions(
     # working tree's (make images builds it), so their containers' stdio is what users get.
     if BUNDLED_HELPER.exists():
         env.setdefault("REACTOR_FABRIC_STDIO_HELPER", str(BUNDLED_HELPER))
+    if cprofile:
+        runner = [sys.executable, "-m", "cProfile", "-o", str(workdir / f"profile-{calls}.out")]
+    else:
+        runner = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={workdir / f'callgrind-{calls}.out'}",
+            sys.executable,
+        ]
     command = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={workdir / f'callgrind-{calls}.out'}",
-        sys.executable,
+        *runner,
         "-m",
         "reactor_fabric",
         "--config",
@@ -203,6 +218,8 @@ def count_instructions(
             if process.poll() is None:
                 process.kill()
                 process.wait()
+    if cprofile:
+        return 0
     match = re.search(r"Collected : ([\d,]+)", log.read_text(errors="replace"))
     if match is None:
         raise RuntimeError(f"no callgrind total in {log}")
@@ -234,6 +251,7 @@ def measure(
     endpoint: str,
     in_flight: int,
     keep: Path | None,
+    cprofile: int = 0,
 ) -> dict[str, object]:
     with (
         tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
@@ -244,14 +262,22 @@ def measure(
             "transport": transport,
             "endpoint": endpoint,
             "in_flight": in_flight,
+            "cprofile": cprofile > 0,
         }
         short = count_instructions(tree, Path(tmp), low, **options)  # type: ignore[arg-type]
         long = count_instructions(tree, Path(tmp), high, **options)  # type: ignore[arg-type]
         if keep is not None:
             target = keep / (revision or "working-tree")
             target.mkdir(parents=True, exist_ok=True)
-            for out in Path(tmp).glob("callgrind-*.out"):
+            for out in [*Path(tmp).glob("callgrind-*.out"), *Path(tmp).glob("profile-*.out")]:
                 shutil.copy(out, target / out.name)
+        if cprofile:
+            return profile_per_call(
+                Path(tmp) / f"profile-{low}.out",
+                Path(tmp) / f"profile-{high}.out",
+                high - low,
+                cprofile,
+            )
     return {
         "revision": revision or "working tree",
         "audit": audit,
@@ -261,6 +287,28 @@ def measure(
         f"instructions_{low}_calls": short,
         f"instructions_{high}_calls": long,
         "instructions_per_call": round((long - short) / (high - low)),
+    }
+
+
+def profile_per_call(short: Path, long: Path, calls: int, top: int) -> dict[str, object]:
+    """What one call adds to a cProfile run: per function, its calls and own time per call."""
+
+    def table(path: Path) -> dict[tuple[str, int, str], tuple[int, float]]:
+        stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+        return {key: (value[1], value[2]) for key, value in stats.items()}
+
+    before, after = table(short), table(long)
+    rows = []
+    for key, (count, own) in after.items():
+        count_0, own_0 = before.get(key, (0, 0.0))
+        rows.append(((count - count_0) / calls, (own - own_0) / calls * 1e6, key))
+    rows.sort(key=lambda row: row[1], reverse=True)
+    for per_call, micros, (file, line, name) in rows[:top]:
+        where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
+        print(f"{micros:8.1f} us {per_call:6.1f} x  {name}  {where}", file=sys.stderr)
+    return {
+        "function_calls_per_call": round(sum(row[0] for row in rows), 1),
+        "own_time_per_call_us": round(sum(row[1] for row in rows), 1),
     }
 
 
@@ -295,8 +343,15 @@ def main() -> int:
         type=Path,
         help="copy callgrind's outputs to KEEP/REVISION/ (for callgrind_annotate)",
     )
+    parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cProfile instead of valgrind: print the N costliest functions per call",
+    )
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
+    if not args.cprofile and shutil.which("valgrind") is None:
         print("valgrind is needed: apt-get install valgrind", file=sys.stderr)
         return 2
     if args.high <= args.low:
@@ -313,6 +368,7 @@ def main() -> int:
             endpoint=args.endpoint,
             in_flight=args.in_flight,
             keep=args.keep,
+            cprofile=args.cprofile,
         )
         print(json.dumps(result), flush=True)
     return 0

@@ -36,6 +36,10 @@ class _SocketStdin:
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._stream.send_all(data)
 
+    def send_if_idle(self, data: bytes) -> int | None:
+        """(see :func:`reactor_fabric._sockets.send_now_if_idle`)"""
+        return self._stream.send_if_idle(data)
+
     async def send_eof(self) -> None:
         await self._stream.send_eof()
 

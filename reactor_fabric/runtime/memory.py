@@ -59,6 +59,7 @@ class Pipe:
         self._capacity = capacity
         self._eof = False  # the writer is done
         self._broken = False  # the reader is gone
+        self._sending = False  # a send_all is under way (it may be waiting for room)
         self._changed = trio.Event()
         self.sender = _PipeSender(self)
         self.receiver = _PipeReceiver(self)
@@ -71,7 +72,25 @@ class Pipe:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
+    def _send_if_idle(self, data: bytes) -> int | None:
+        """What a socket's non-blocking write does: take what fits now (maybe part, maybe
+        nothing), unless a send is under way or the pipe is closed (None)."""
+        if self._sending or self._broken or self._eof:
+            return None
+        taken = data[: max(0, self._capacity - len(self._buffer))]
+        if taken:
+            self._buffer += taken
+            self._notify()
+        return len(taken)
+
     async def _send(self, data: bytes | bytearray | memoryview) -> None:
+        self._sending = True
+        try:
+            await self._send_all(data)
+        finally:
+            self._sending = False
+
+    async def _send_all(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(bytes(data))
         waited = False
         while view:
@@ -125,6 +144,10 @@ class _PipeSender(trio.abc.SendStream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self._pipe._send(data)
+
+    def send_if_idle(self, data: bytes) -> int | None:
+        """(see :func:`reactor_fabric._sockets.send_now_if_idle`)"""
+        return self._pipe._send_if_idle(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()

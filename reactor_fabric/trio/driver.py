@@ -43,6 +43,7 @@ what the session owed (:meth:`SessionDriver.owed_frames`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -51,6 +52,7 @@ import trio
 
 from .._errors import FabricError
 from .._reasons import EXITED, ORCHESTRATOR_STOPPING, TIMEOUT
+from .._sockets import send_now_if_idle
 from ..observe.observer import Observer
 from ..protocol.answers import ENDED_BY_OPERATOR, OUTPUT_INVALID
 from ..protocol.events import (
@@ -199,8 +201,12 @@ class SessionDriver:
         # The latest container of each service, while it runs: whom a call's record names.
         self._latest: dict[str, LiveContainer] = {}
         self._nursery: trio.Nursery | None = None
-        self._timer = DeadlineTimer(lambda: machine.deadline, self._tick)
+        # (a C-level getter: the timer asks after every event)
+        self._timer = DeadlineTimer(functools.partial(getattr, machine, "deadline"), self._tick)
         self._accepting = trio.Event()
+        self._paused = False  # the client reader waits for the machine to accept again
+        # trio's clock, asked directly (trio.current_time() is three calls, and runs per event)
+        self._now: Callable[[], float] = trio.current_time
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
         """What the client is owed if the session must end now with ``error``."""
@@ -208,43 +214,57 @@ class SessionDriver:
 
     # --- the machine --------------------------------------------------------------------------
 
-    async def _feed(self, event: Event) -> None:
-        actions = self.machine.handle(event, trio.current_time())
+    async def _feed(self, event: Event, now: float | None = None) -> None:
+        machine = self.machine
+        actions = machine.handle(event, self._now() if now is None else now)
         self._timer.wake()
-        if self.machine.accepting:
+        if self._paused and machine.accepting:
+            self._paused = False
             self._accepting.set()
         await self._execute(actions)
 
     async def _execute(self, actions: list[Action]) -> None:
+        written: list[StdinWritten] | None = None
+        for action in actions:
+            # (the hot path's three first, each one check: no match statement to walk)
+            if isinstance(action, ToBackend):
+                done = self._write(action)
+                if done is not None:
+                    written = [done] if written is None else [*written, done]
+            elif isinstance(action, ToClient):
+                await self._send_client(action)
+            elif isinstance(action, ToolCallDone):
+                # Its outcome is read later, off this path (see ToolCallDone).
+                self._audit(action)
+            else:
+                await self._execute_other(action)
+        # What went to a stdin at once is reported after this event's actions, as its writer
+        # task would have (a later event, in order).
+        for done in written or ():
+            await self._feed(done)
+
+    async def _execute_other(self, action: Action) -> None:
         nursery = self._nursery
         assert nursery is not None
-        for action in actions:
-            match action:
-                case ToBackend():
-                    self._write(action)
-                case ToClient():
-                    await self._send_client(action)
-                case Log():
-                    self._log(action)
-                case StartBackend():
-                    nursery.start_soon(self._start, action)
-                case StopBackend():
-                    self._stop(action)
-                case MeasureBackend(key=key):
-                    nursery.start_soon(self._measure, key)
-                case CloseClient(code=code, reason=reason):
-                    # (the client may be gone: there is nothing left to close then)
-                    with contextlib.suppress(ChannelClosed):
-                        await self.channel.close(code, reason)
-                case EndSession():
-                    nursery.cancel_scope.cancel()
-                case ToolCallDone():
-                    # Its outcome is read later, off this path (see ToolCallDone).
-                    self._audit(action)
-                case Compute():
-                    nursery.start_soon(self._compute, action)
-                case ToolsChanged(changes=changes):
-                    self._tools_changed(changes)
+        match action:
+            case Log():
+                self._log(action)
+            case StartBackend():
+                nursery.start_soon(self._start, action)
+            case StopBackend():
+                self._stop(action)
+            case MeasureBackend(key=key):
+                nursery.start_soon(self._measure, key)
+            case CloseClient(code=code, reason=reason):
+                # (the client may be gone: there is nothing left to close then)
+                with contextlib.suppress(ChannelClosed):
+                    await self.channel.close(code, reason)
+            case EndSession():
+                nursery.cancel_scope.cancel()
+            case Compute():
+                nursery.start_soon(self._compute, action)
+            case ToolsChanged(changes=changes):
+                self._tools_changed(changes)
 
     def _fields_of(self, service: str) -> dict[str, Any]:
         if service == self.endpoint:
@@ -317,6 +337,7 @@ class SessionDriver:
 
     async def run(self, first_frame: bytes, first: object) -> None:
         """Serve the session from its first message (``first``: as classified) to its end."""
+        self._now = trio.lowlevel.current_clock().current_time
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -346,14 +367,15 @@ class SessionDriver:
     async def _read_client(self) -> None:
         while True:
             while not self.machine.accepting:
+                self._paused = True
                 self._accepting = trio.Event()
                 await self._accepting.wait()
             frame = await self.channel.receive()
             if frame is None:
                 await self._feed(ClientGone())
                 return
-            self.record.last_active = trio.current_time()
-            await self._feed(ClientFrame(frame))
+            self.record.last_active = now = self._now()
+            await self._feed(ClientFrame(frame), now)
 
     async def _send_client(self, action: ToClient) -> None:
         frame = action.frame
@@ -410,13 +432,23 @@ class SessionDriver:
         workspace = self.host.works_on_copy(container)
         await self._feed(BackendStarted(key, greeting, container.name, workspace))
 
-    def _write(self, action: ToBackend) -> None:
+    def _write(self, action: ToBackend) -> StdinWritten | None:
+        """Queue a line for the container's stdin writer — or, while that writer is idle,
+        write it from this task at once (no hand-off per message; see ``send_now_if_idle``):
+        what the kernel took then is returned, to be reported."""
         live = self._live.get(action.key)
         if live is None or live.removing:
-            return  # it is going away; the machine answers what it was owed
-        self.metrics.bytes_to_server += len(action.data)
-        live.queue.append(action.data)
+            return None  # it is going away; the machine answers what it was owed
+        data = action.data
+        self.metrics.bytes_to_server += len(data)
+        sent = None if live.queue else send_now_if_idle(live.container.stdin, data)
+        if sent == len(data):
+            return StdinWritten(action.key, sent)
+        if sent:
+            data = data[sent:]
+        live.queue.append(data)
         live.queued.set()
+        return StdinWritten(action.key, sent) if sent else None
 
     async def _write_stdin(self, key: BackendKey, live: LiveContainer) -> None:
         """The one writer of this container's stdin: drains the queue, several lines at once."""

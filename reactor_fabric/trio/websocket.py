@@ -10,9 +10,12 @@ handshake): one JSON-RPC message per text frame; a binary frame closes with 1003
 over ``max_message_size`` with 1009 (refused from its header), a protocol violation with its
 code (1002, 1007). The server pings every 20 s.
 
-One writer per connection: :meth:`WebSocketChannel.run_writer` is the only task that writes
-the socket. Data frames, pongs, pings and the close frame are queued for it; it writes whatever
-is queued in one ``send_all``. The queue of data is bounded in bytes (``buffer_to_client``): a
+One writer per connection: :meth:`WebSocketChannel.run_writer` is the task that writes the
+socket. Data frames, pongs, pings and the close frame are queued for it; it writes whatever is
+queued in one ``send_all``. While it is idle (nothing queued, no write under way), a data frame
+is written by the sending task itself, as far as the kernel takes it at once, and only the rest
+is queued: two tasks never write at the same time, and a message costs no hand-off. The queue
+of data is bounded in bytes (``buffer_to_client``): a
 session sending to a client that does not read waits, and a write that does not progress within
 ``client_write_timeout`` ends the connection.
 
@@ -39,7 +42,7 @@ from wsproto.events import AcceptConnection, RejectConnection, RejectData
 
 from .._errors import SecurityViolation
 from .._reasons import TOO_MANY_PENDING_CONNECTIONS
-from .._sockets import send_what_fits
+from .._sockets import send_now_if_idle, send_what_fits
 from ..config.suite import FABRIC_ENDPOINT
 from ..observe.observer import Observer
 from ..policy.admission import requested_options
@@ -222,6 +225,15 @@ class WebSocketChannel:
             # A text frame must be UTF-8; a server that wrote otherwise gets replacements.
             frame = frame.decode("utf-8", "replace").encode()
         data = text_frame(frame)
+        if not self._outbox and not self._control and self._connection.receiving:
+            # The writer is idle: this task writes what the kernel takes now (no hand-off
+            # per message), the writer only the rest (see send_now_if_idle).
+            sent = send_now_if_idle(self._stream, data)
+            if sent == len(data):
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return
+            if sent:
+                data = data[sent:]
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         self._written = trio.Event()
