@@ -105,8 +105,8 @@ class Role(enum.Enum):
 @dataclass
 class StdinBook:
     """The bytes sent to one backend's stdin and not yet reported written (see the module's
-    docs: a backend that stopped reading). Lines are reported written whole, oldest first (the
-    driver writes what it was given in order, several lines at once)."""
+    docs: a backend that stopped reading). Bytes are reported written in the order they were
+    sent: the driver writes several lines at once, or a line in parts."""
 
     # Each line sent and not yet written: its size and whether it is the machine's own.
     lines: collections.deque[tuple[int, bool]] = field(default_factory=collections.deque)
@@ -123,14 +123,21 @@ class StdinBook:
             self.own += size
 
     def written(self, nbytes: int, now: float) -> None:
-        """``nbytes`` of what was sent were written (whole lines, oldest first)."""
+        """``nbytes`` more of what was sent were written, in order (a line may be reported in
+        parts: the driver writes part of one at once and leaves the rest to its writer)."""
         self.progress = now
-        while nbytes > 0 and self.lines:
-            size, own = self.lines.popleft()
-            nbytes -= size
-            self.pending -= size
+        lines = self.lines
+        while nbytes > 0 and lines:
+            size, own = lines[0]
+            taken = size if size <= nbytes else nbytes
+            nbytes -= taken
+            self.pending -= taken
             if own:
-                self.own -= size
+                self.own -= taken
+            if taken == size:
+                lines.popleft()
+            else:
+                lines[0] = (size - taken, own)
 
     def overflows_own(self, size: int, own_bound: int) -> bool:
         """Whether one more own message of ``size`` bytes would leave more than ``own_bound``

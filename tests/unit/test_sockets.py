@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from reactor_fabric._sockets import LeanSocketStream
+from reactor_fabric._sockets import LeanSocketStream, send_now_if_idle
 
 
 def pair() -> tuple[LeanSocketStream, LeanSocketStream]:
@@ -79,6 +79,37 @@ async def test_send_nowait_writes_what_fits_and_never_waits() -> None:
     assert left.send_nowait(b"more") == 0  # full: nothing taken, no waiting
     await left.aclose()
     await right.aclose()
+
+
+async def test_a_task_writes_at_once_only_while_no_task_is_writing() -> None:
+    left, right = pair()
+    left.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    assert send_now_if_idle(left, b"first ") == len(b"first ")
+    payload = b"y" * 2_000_000  # more than the buffers: its writer waits for the reader
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(left.send_all, payload)
+        await trio.testing.wait_all_tasks_blocked()
+        # The writer is mid-write: a second writer would interleave bytes, so none is taken.
+        assert send_now_if_idle(left, b"never") is None
+        while len(received) < len(b"first ") + len(payload):
+            received.extend(await right.receive_some(65536))
+    assert bytes(received) == b"first " + payload
+    assert send_now_if_idle(left, b"!") == 1  # idle again
+    assert await right.receive_some(10) == b"!"
+    await left.aclose()
+    assert send_now_if_idle(left, b"closed") is None  # the writer task meets it
+    await right.aclose()
+
+
+async def test_a_stream_that_cannot_write_without_waiting_is_left_to_its_writer() -> None:
+    memory_stream, _ = trio.testing.memory_stream_pair()
+    assert send_now_if_idle(memory_stream, b"x") is None
+    left, right = pair()
+    await right.aclose()
+    # A failed write is the writer task's to meet (and report), not the hot path's.
+    assert send_now_if_idle(left, b"x") is None
+    await left.aclose()
 
 
 async def test_a_cancelled_task_does_not_start_a_write() -> None:

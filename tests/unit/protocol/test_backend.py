@@ -80,7 +80,7 @@ def test_a_stopped_backend_cannot_be_stopped_again() -> None:
 # --- stdin ----------------------------------------------------------------------------------
 
 
-def test_lines_are_counted_until_reported_written_whole_and_oldest_first() -> None:
+def test_lines_are_counted_until_their_bytes_are_reported_written_oldest_first() -> None:
     book = StdinBook()
     book.sent(10, now=1.0)
     book.sent(20, now=2.0, own=True)
@@ -90,6 +90,21 @@ def test_lines_are_counted_until_reported_written_whole_and_oldest_first() -> No
     assert (book.pending, book.own) == (30, 0)
     book.written(30, now=5.0)
     assert (book.pending, book.own, list(book.lines)) == (0, 0, [])
+
+
+def test_a_line_reported_written_in_parts_stays_pending_until_its_last_byte() -> None:
+    # The driver writes what the kernel takes at once and leaves the rest to its writer task.
+    book = StdinBook()
+    book.sent(100, now=1.0, own=True)
+    book.sent(50, now=1.0)
+    book.written(40, now=2.0)
+    assert (book.pending, book.own, list(book.lines)) == (110, 60, [(60, True), (50, False)])
+    book.written(60, now=3.0)  # the rest of the first line: the second one is untouched
+    assert (book.pending, book.own, list(book.lines)) == (50, 0, [(50, False)])
+    book.written(10, now=4.0)
+    book.written(40, now=5.0)
+    assert (book.pending, book.own, list(book.lines)) == (0, 0, [])
+    assert book.stall_deadline(120.0) is None
 
 
 def test_the_stall_clock_starts_at_the_first_byte_pending_and_restarts_when_bytes_move() -> None:

@@ -3,10 +3,13 @@ ChannelClosed from send (and close), never the transport's own exceptions."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import trio
 import trio.testing
 
+from reactor_fabric._sockets import LeanSocketStream
 from reactor_fabric.trio.channel import ChannelClosed, channel_boundary
 from reactor_fabric.trio.http_channel import HttpChannel
 from reactor_fabric.trio.websocket import WebSocketChannel, WebSocketSettings
@@ -133,3 +136,60 @@ async def test_the_test_clients_channel_raises_channel_closed_once_the_test_stop
     await client.close(1000)
     with pytest.raises(ChannelClosed):
         await client.send(FRAME)
+
+
+def _socket_pair() -> tuple[LeanSocketStream, socket.socket]:
+    ours, client = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.setblocking(False)
+    return LeanSocketStream(ours), client
+
+
+def _read_frames(client: socket.socket, count: int, data: bytes = b"") -> list[bytes]:
+    """``count`` server text frames (unmasked, unfragmented) read from the client's socket
+    (after ``data``, read from it before)."""
+    client.setblocking(True)
+    client.settimeout(5)
+    frames: list[bytes] = []
+    while len(frames) < count:
+        if len(data) >= 2:
+            assert data[0] == 0x81  # FIN, text
+            size, start = data[1] & 0x7F, 2
+            if size == 126:
+                size, start = int.from_bytes(data[2:4], "big"), 4
+            elif size == 127:
+                size, start = int.from_bytes(data[2:10], "big"), 10
+            if len(data) >= start + size:
+                frames.append(data[start : start + size])
+                data = data[start + size :]
+                continue
+        data += client.recv(1 << 20)
+    return frames
+
+
+async def test_a_frame_for_an_idle_websocket_is_written_by_the_sending_task_itself() -> None:
+    stream, client = _socket_pair()
+    channel = WebSocketChannel(stream, _settings(1 << 20))
+    # No writer task runs: the frame is on the wire when send returns.
+    await channel.send(FRAME)
+    assert _read_frames(client, 1) == [FRAME]
+    client.close()
+    await stream.aclose()
+
+
+async def test_what_the_kernel_does_not_take_at_once_goes_to_the_writer_and_keeps_its_order() -> (
+    None
+):
+    stream, client = _socket_pair()
+    channel = WebSocketChannel(stream, _settings(1 << 24))
+    big = b'{"x": "' + b"y" * 3_000_000 + b'"}'
+    async with trio.open_nursery() as nursery:
+        await channel.send(big)  # part at once, the rest queued for the writer
+        early = client.recv(1 << 20)  # the client reads: the kernel has room again
+        await channel.send(FRAME)  # behind the rest of the first: queued, not written at once
+        nursery.start_soon(channel.run_writer)
+        frames = await trio.to_thread.run_sync(_read_frames, client, 2, early)
+        assert frames == [big, FRAME]
+        nursery.cancel_scope.cancel()
+    client.close()
+    await stream.aclose()

@@ -711,3 +711,38 @@ async def test_a_removal_the_teardown_bound_cuts_short_is_logged_as_deferred_not
         assert "container_removed" not in events
         assert len(engine.alive) == 1  # still there: the sweeper's to remove, next
         assert fabric.starter.deferred.take() == [engine.alive[0].id]
+
+
+async def test_lines_written_partly_at_once_and_partly_by_the_writer_arrive_whole_and_in_order(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The stdin pipe holds 1 KiB: a 5 KB call is taken partly by the reader's task at once and
+    # the rest by the writer task, while the calls behind it queue for that writer; a small
+    # call sent while the writer is idle is written whole at once.
+    async with open_memory_runtime(scripted_mcp_server, stdin_capacity=1024) as engine:
+        fabric = assemble(suite(tmp_path, timeout="10m"), runtime=engine, network="none")
+        client = MemoryClient()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve_session, fabric, client, "svc", [])
+            h = Harness(client, engine, fabric)
+            await h.handshake()
+            # Small calls (written at once, whole) between large ones (in parts).
+            payloads = {n: f"{n}:" + "x" * (5000 + n if n % 2 else 10) for n in range(1, 9)}
+            for n in range(10, 14):  # one at a time: the writer idle at each
+                assert (await h.call(n, "echo", a="x" * (5000 if n % 2 else 10)))["id"] == n
+            for n, payload in payloads.items():
+                args = {"name": "echo", "arguments": {"payload": payload}}
+                await client.say(request(n, "tools/call", args))
+            answers = {}
+            for _ in payloads:
+                answer = await client.hear()
+                answers[answer["id"]] = json.loads(answer["result"]["content"][0]["text"])
+            assert answers == {n: {"payload": p} for n, p in payloads.items()}  # lines whole
+            # Every byte was reported written, those written at once included: nothing counts
+            # as stalled in the container's stdin past its bound, so the container stays.
+            await trio.sleep(130)  # (the stall bound is 120 s; the idle timeout is much longer)
+            assert len(engine.alive) == 1
+            assert (await h.call(9, "echo", a=9))["id"] == 9
+            assert len(engine.spawned) == 1
+            await client.leave()
+    assert engine.alive == []
