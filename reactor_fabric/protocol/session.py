@@ -197,16 +197,19 @@ class SessionMachine:
 
     def _note_served(self, event: Event, actions: list[Action], now: float) -> None:
         """Which container served which request (``/api/sessions``, the status page): its
-        start asked, its name once started, its stop and why, read off what was decided."""
-        if isinstance(event, BackendStarted):
-            self.served.started(event.key, event.container, now)
-        elif isinstance(event, BackendStartFailed):
-            self.served.ended(event.key, event.error.reason, now)
+        start asked, its name once started, its stop and why, read off what was decided.
+        (After every event: one set lookup each for what is usually none of these.)"""
+        if type(event) in _SERVED_EVENTS:
+            if isinstance(event, BackendStarted):
+                self.served.started(event.key, event.container, now)
+            elif isinstance(event, BackendStartFailed):
+                self.served.ended(event.key, event.error.reason, now)
         for action in actions:
-            if isinstance(action, StartBackend):
-                self.served.asked(action.key, self.lifecycle.strategy, now)
-            elif isinstance(action, StopBackend):
-                self.served.ended(action.key, action.reason, now)
+            if type(action) in _SERVED_ACTIONS:
+                if isinstance(action, StartBackend):
+                    self.served.asked(action.key, self.lifecycle.strategy, now)
+                elif isinstance(action, StopBackend):
+                    self.served.ended(action.key, action.reason, now)
 
     def abandon(self, now: float) -> list[Action]:
         """The session is over without the machine ending it: the calls never answered."""
@@ -228,9 +231,12 @@ class SessionMachine:
     def deadline(self) -> float | None:
         """When the machine next needs a Tick (None: not before another event)."""
         deadline = self.container.deadline()
-        for other in (self.requests.ledger.next_expiry(), self.lease.deadline):
-            if other is not None:
-                deadline = min(deadline, other)
+        expiry = self.requests.ledger.next_expiry()
+        if expiry is not None and expiry < deadline:
+            deadline = expiry
+        lease = self.lease.deadline
+        if lease is not None and lease < deadline:
+            deadline = lease
         return None if deadline == math.inf else deadline
 
     def clone(self) -> SessionMachine:
@@ -501,6 +507,10 @@ def cancels_its_call(slot: Backend, message: Peek, ledger: Ledger) -> bool:
         and cancelled_request_id(message) in ledger.client_requests
     )
 
+
+# What the record of which container served which request is made from (see _note_served).
+_SERVED_EVENTS: frozenset[type[Any]] = frozenset({BackendStarted, BackendStartFailed})
+_SERVED_ACTIONS: frozenset[type[Any]] = frozenset({StartBackend, StopBackend})
 
 # Who decides about each event: the machine's client side (and the server's lines, relayed)...
 _CLIENT_SIDE: dict[type[Any], str] = {
