@@ -188,18 +188,24 @@ class Roster:
         backends stop, and when current smart_refresh backends between calls reach their
         ``max_container_age`` (retired then, as the relay does, rather than at the next
         event)."""
+        # (Asked after every event: each backend is asked whether it is busy once, and only
+        # when it has a deadline to add between calls.)
         due: list[float] = []
+        stall_timeout = self.limits.stall_timeout
         for backend in self.all.values():
-            stalls = backend.stdin.stall_deadline(self.limits.stall_timeout)
-            if stalls is not None:
-                due.append(stalls)
+            stdin = backend.stdin
+            if stdin.pending:  # (StdinBook.stall_deadline, written out)
+                due.append(stdin.progress + stall_timeout)
         for service, backend in self.current.items():
-            if backend.ready and backend.key not in busy:
-                due.append(backend.last_active + self.idle_timeouts.get(service, math.inf))
-        for service, backend in self.current.items():
+            if not backend.ready:
+                continue
+            idle = self.idle_timeouts.get(service, math.inf)
             aged = age_deadline(backend, self.lifecycle(service))
-            if aged is not None and backend.ready and backend.key not in busy:
-                due.append(aged)
+            if (idle != math.inf or aged is not None) and backend.key not in busy:
+                if idle != math.inf:
+                    due.append(backend.last_active + idle)
+                if aged is not None:
+                    due.append(aged)
         return due
 
     def idle(self, now: float, busy: Container[BackendKey]) -> list[Routed]:

@@ -131,7 +131,7 @@ class FabricRouter:
         """The session's agent calls in flight, counted from the state after every event (every
         way a call ends frees its slot): the client's calls of llm_agent services sent or
         waiting to be sent, not answered yet."""
-        if self.agent_slots is not None:
+        if self.agent_slots is not None and self.agents:  # (no agent service: never any)
             calls = 0 if gone else self.exchanges.agent_calls(self.agents)
             self.agent_slots.hold(self.session_id, calls)
 
