@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import trio
 
+from . import _token_counter
 from ._allocator import tune as tune_allocator
 from ._cli_shared import EXIT_CANNOT_LISTEN, EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE
 from ._errors import INVALID_SUITE_CONFIGURATION
@@ -76,6 +77,7 @@ def serve(settings: ServeSettings, environ: dict[str, str] | None = None) -> int
     # inherit it. Those a library made on import get it here.
     cpu_slice = shorten_slice(whole_process=True)
     allocator = tune_allocator()
+    _token_counter.use()  # (tiktoken never in this process: see _token_counter)
     stop_logging = configure_logging(settings.log_level)
     if not allocator.tuned:
         log.info("allocator_untuned", extra={"reason": allocator.reason})

@@ -19,8 +19,13 @@ fitted to the evaluation set (docs/DISCOVERY.md).
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import itertools
 import re
+import sys
+import types
+from typing import Any
 
 # Pieces of identifiers and words: runs of letters or digits, split before an upper-case letter
 # that starts a lower-case run (camelCase, HTTPServer → HTTP, Server).
@@ -102,11 +107,36 @@ def stem(word: str) -> str:
     # A snowball stemmer keeps the word it works on in itself, so one shared by two threads
     # mixes their words up (an IndexError inside it: seen when a session indexed the catalog
     # while the start-up did the same in a worker thread). A stemmer per word costs under 1 %
-    # of stemming it, and the cache above is thread-safe. Imported here: the package loads
-    # every language's stemmer, which an orchestrator needs only once it indexes, after start.
-    from snowballstemmer.english_stemmer import EnglishStemmer  # noqa: PLC0415
+    # of stemming it, and the cache above is thread-safe.
+    return str(_english_stemmer()().stemWord(word))
 
-    return str(EnglishStemmer().stemWord(word))
+
+_SNOWBALL_ALIAS = "_reactor_fabric_snowball"
+
+
+def _english_stemmer() -> Any:
+    """snowballstemmer's English stemmer class, loaded alone.
+
+    The package's ``__init__`` imports the stemmers of all its 35 languages (2.5 MB of an
+    orchestrator's memory; English alone is 0.1 MB), and importing any of its modules runs it.
+    So the package's directory is given a name of our own, as an empty package, and the English
+    module and its two helpers are imported from there: the same files, their relative imports
+    resolved in that package; ``snowballstemmer`` itself stays unimported (and whole for
+    anyone who imports it). (Imported on the first word, not with this module: indexing comes
+    after the orchestrator serves; Python's import lock makes threads wait for one import.)
+    """
+    return importlib.import_module(f"{_SNOWBALL_ALIAS}.english_stemmer").EnglishStemmer
+
+
+def _alias_snowball() -> None:
+    spec = importlib.util.find_spec("snowballstemmer")  # (it finds the package, runs nothing)
+    if spec is not None and spec.submodule_search_locations and _SNOWBALL_ALIAS not in sys.modules:
+        package = types.ModuleType(_SNOWBALL_ALIAS)
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules[_SNOWBALL_ALIAS] = package
+
+
+_alias_snowball()
 
 
 def pieces(text: str) -> list[str]:

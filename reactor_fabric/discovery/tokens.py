@@ -18,9 +18,12 @@ Resource handling: the encoding is big in memory (about 40 MB resident: tiktoken
 Python and their copy in Rust, from a 1.7 MB file) and needed only while a catalog is indexed.
 So it is loaded on the first count that is not known yet, kept while some code holds it
 (:func:`held`, around a whole index), then dropped, and the freed memory given back to the
-system (:func:`reactor_fabric._allocator.release_free_memory`). Every count is remembered by
-its definition's digest (at most :data:`MEMO_LIMIT` of them; a few hundred KB), so indexing
-the same tools again — a catalog re-checked, a session refreshing its own — loads nothing.
+system (:func:`reactor_fabric._allocator.release_free_memory`). A serving orchestrator loads
+it in a child process instead (:mod:`reactor_fabric._token_counter`, set with
+:meth:`Tokenizer.count_with`): tiktoken's module and Rust library stay resident once imported
+(7 MB after a drop), and loading it peaks 38 MB higher. Every count is remembered by its
+definition's digest (at most :data:`MEMO_LIMIT` of them; a few hundred KB), so indexing the
+same tools again — a catalog re-checked, a session refreshing its own — loads nothing.
 Loading takes a fifth of a second: count from a worker thread, not on an event loop.
 Thread-safe: one lock around loading, counting a new definition and dropping.
 """
@@ -92,6 +95,16 @@ class Tokenizer:
         self._holders = 0
         self._memo: dict[bytes, int] = {}
         self.loads = 0  # how many times the encoding was loaded (for tests and diagnostics)
+
+    def count_with(
+        self, load: Callable[[], Callable[[str], int]], forget: Callable[[], None]
+    ) -> None:
+        """Load (and drop) the encoding with these from now on (what is loaded is dropped
+        first; the counts remembered stay: the same encoding counts the same)."""
+        with self._lock:
+            self._drop()
+            self._load, self._forget = load, forget
+            self._method = None
 
     def count_definition(self, tool: dict[str, Any]) -> int:
         """Tokens of one tool definition (see the module)."""
@@ -175,7 +188,8 @@ class Tokenizer:
         self._forget()
 
 
-# The process's tokenizer: one encoding in memory at most, one memory of counts.
+# The process's tokenizer: one encoding in memory at most, one memory of counts. A serving
+# orchestrator counts in a child process instead (:func:`reactor_fabric._token_counter.use`).
 TOKENIZER = Tokenizer()
 count_definition = TOKENIZER.count_definition
 count_all = TOKENIZER.count_all

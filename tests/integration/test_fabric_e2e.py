@@ -478,6 +478,9 @@ def test_analyze_task_find_tools_and_get_status_answer_from_the_ranking_engine(
         assert tokens["tokenizer"] == "cl100k_base"
         assert 0 < tokens["exposed"] < tokens["all"]
         assert tokens["saved_ratio"] > 0.5
+        # Counted in a child process: tiktoken's library is never mapped into the
+        # orchestrator (see reactor_fabric/_token_counter.py).
+        assert "tiktoken" not in Path(f"/proc/{fabric.process.pid}/maps").read_text()
     finally:
         client.close()
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -11,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from reactor_fabric import _token_counter
+from reactor_fabric._token_counter import forget_child, load_in_child
 from reactor_fabric.discovery import (
     ServiceText,
     build_index,
@@ -407,6 +412,55 @@ def test_the_real_tokenizer_loads_offline_and_counts_a_definition() -> None:
     assert 10 < count_definition(definition) < estimate(definition_text(definition)) * 2
 
 
+def test_the_orchestrators_tokenizer_counts_in_a_child_process_as_tiktoken_does() -> None:
+    _, in_process = Tokenizer().load()  # tiktoken here, in the test's process
+    texts = [
+        "Create a pull request in a GitHub repository",
+        "<|endoftext|> is text here, not a special token",
+        "Grüße, 世界 — ∑ {\"json\": [1, 2]}\nand a second line",
+        "",
+    ]
+    counter = load_in_child()
+    try:
+        assert [counter(text) for text in texts] == [in_process(text) for text in texts]
+    finally:
+        forget_child()
+    assert counter("after the end") == estimate("after the end")  # gone: the estimate
+
+
+def test_a_serving_orchestrator_indexes_a_catalog_without_importing_tiktoken() -> None:
+    """tiktoken loaded and dropped in-process left 7 MB resident for good, and its load
+    peaked 38 MB higher: the orchestrator counts in a child process (see tokens)."""
+    program = (
+        "import sys\n"
+        "from reactor_fabric import _token_counter\n"
+        "_token_counter.use()  # as reactor_fabric._serve_cli.serve does\n"
+        "from reactor_fabric.protocol.catalog import Catalog, service_catalog\n"
+        "from reactor_fabric.protocol.fabric_discovery import index_catalog\n"
+        "from reactor_fabric.discovery import tokens\n"
+        "tool = {'name': 'git_log', 'description': 'Show the history', 'inputSchema': {}}\n"
+        "index = index_catalog(Catalog({'git': service_catalog(tools=[tool])}), {})\n"
+        "print(index.all_tokens, tokens.method(), 'tiktoken' in sys.modules,"
+        " tokens.TOKENIZER.loaded())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    _, in_process = Tokenizer().load()
+    definition = {"name": "git_log", "description": "Show the history", "inputSchema": {}}
+    expected = in_process(definition_text(definition))
+    assert done.stdout.split() == [str(expected), "cl100k_base", "False", "False"]
+
+
+def test_a_counting_process_that_dies_gives_the_estimate_and_is_reaped() -> None:
+    counter = load_in_child()
+    [process] = _token_counter._children
+    os.kill(process.pid, signal.SIGKILL)
+    assert counter("Show the history") == estimate("Show the history")
+    assert _token_counter._children == []  # ended and forgotten: the next load starts a new one
+    forget_child()
+
+
 class FakeEncoding:
     """A tokenizer's loader that records what happens to it: loads, forgets, counts."""
 
@@ -596,3 +650,20 @@ def test_words_stemmed_in_several_threads_at_once_stem_as_in_one() -> None:
         for n, result in results.items()
         if result != alone
     }
+
+
+def test_the_english_stemmer_is_loaded_alone_and_stems_as_the_package_does() -> None:
+    """snowballstemmer's package loads all its 35 languages (2.5 MB): only English's is."""
+    words = ["running", "requests", "repositories", "timezone", "generously", "github"]
+    program = (
+        "import sys\n"
+        "from reactor_fabric.discovery.text import stem\n"
+        f"print(*[stem(w) for w in {words!r}], 'snowballstemmer' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    import snowballstemmer  # noqa: PLC0415 (the package whole, here in the test's process)
+
+    english = snowballstemmer.stemmer("english")
+    assert done.stdout.split() == [*(english.stemWord(w) for w in words), "False"]
