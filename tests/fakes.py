@@ -110,6 +110,10 @@ class MemoryClient:
         self.closed_with: tuple[int, str] | None = None
 
     # ClientChannel (what the relay sees)
+    @property
+    def more_received(self) -> bool:
+        return self._to_relay_receive.statistics().current_buffer_used > 0
+
     async def receive(self) -> bytes | None:
         if self.closed_with is not None:
             return None
@@ -119,7 +123,7 @@ class MemoryClient:
             return None
 
     @channel_boundary
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         if self.closed_with is not None:
             raise ChannelClosed("closed")
         # BrokenResourceError once the test closed its end (from_relay): the client is gone.
@@ -154,11 +158,11 @@ class GoneMidAnswer(MemoryClient):
         self.gone = False
         self.failed_sends = 0
 
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         if self.gone:
             self.failed_sends += 1
             raise ChannelClosed("the client went away")
-        await super().send(frame, message)
+        await super().send(frame, message, more=more)
 
 
 TOOLS = ("echo", "wait", "flood", "crash", "ask", "hold", "notify", "progress")

@@ -64,7 +64,14 @@ class ClientChannel(Protocol):
     async def receive(self) -> bytes | None:
         """The next message (UTF-8 bytes), or None once the client has gone."""
 
-    async def send(self, frame: bytes, message: Peek | None = None) -> None: ...
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
+        """``more``: other frames follow at once (a burst): the transport may hold this one
+        back to write them together."""
+
+    @property
+    def more_received(self) -> bool:
+        """Whether messages received already wait to be taken (a burst): what they cause may
+        be written together."""
 
     async def close(self, code: int, reason: str = "") -> None: ...
 

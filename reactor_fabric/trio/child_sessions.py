@@ -107,8 +107,12 @@ class LineChannel:
                 return None
         return self._lines.pop(0)
 
+    @property
+    def more_received(self) -> bool:
+        return bool(self._lines)
+
     @channel_boundary
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         async with self._lock:
             with trio.move_on_after(self._write_timeout) as bounded:
                 await self._stream.send_all(frame + b"\n")

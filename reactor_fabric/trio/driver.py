@@ -205,6 +205,10 @@ class SessionDriver:
         self._timer = DeadlineTimer(functools.partial(getattr, machine, "deadline"), self._tick)
         self._accepting = trio.Event()
         self._paused = False  # the client reader waits for the machine to accept again
+        # Hints that messages come in a burst (see _read_client, _read_stdout): their writes
+        # are left to the writer tasks then, which batch them.
+        self._burst_in = False
+        self._burst_out = False
         # trio's clock, asked directly (trio.current_time() is three calls, and runs per event)
         self._now: Callable[[], float] = trio.current_time
 
@@ -375,6 +379,9 @@ class SessionDriver:
                 await self._feed(ClientGone())
                 return
             self.record.last_active = now = self._now()
+            # In a burst of the client's messages, what they ask of a container is left to its
+            # writer task, which writes it together (one write, not one per message).
+            self._burst_in = self.channel.more_received
             await self._feed(ClientFrame(frame), now)
 
     async def _send_client(self, action: ToClient) -> None:
@@ -383,7 +390,7 @@ class SessionDriver:
         if action.error is not None:
             self.observer.error_sent(*action.error)
         try:
-            await self.channel.send(frame, action.message)
+            await self.channel.send(frame, action.message, more=self._burst_out)
         except ChannelClosed:
             await self._feed(ClientGone())
 
@@ -441,7 +448,9 @@ class SessionDriver:
             return None  # it is going away; the machine answers what it was owed
         data = action.data
         self.metrics.bytes_to_server += len(data)
-        sent = None if live.queue else send_now_if_idle(live.container.stdin, data)
+        sent = (
+            None if live.queue or self._burst_in else send_now_if_idle(live.container.stdin, data)
+        )
         if sent == len(data):
             return StdinWritten(action.key, sent)
         if sent:
@@ -476,8 +485,13 @@ class SessionDriver:
         broken: str | None = None
         try:
             while data := await stdout.receive_some(READ_CHUNK):
-                for line in splitter.feed(bytes(data)):
+                lines = splitter.feed(bytes(data))
+                last = len(lines) - 1
+                for index, line in enumerate(lines):
+                    # (lines read together: what goes to the client is written together)
+                    self._burst_out = index < last
                     await self._feed(BackendLine(key, line))
+                self._burst_out = False
         except FramingError as exc:
             broken = str(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -151,8 +151,12 @@ class HttpChannel:
     async def receive(self) -> bytes | None:
         return await self._inbox.get()
 
+    @property
+    def more_received(self) -> bool:
+        return bool(self._inbox.frames)
+
     @channel_boundary
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         if self.closed.is_set():
             raise ChannelClosed("the HTTP session is closed")
         if message is None:

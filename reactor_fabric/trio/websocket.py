@@ -165,6 +165,10 @@ class WebSocketChannel:
             else:
                 self._handle(event)
 
+    @property
+    def more_received(self) -> bool:
+        return bool(self._messages)
+
     async def receive(self) -> bytes | None:
         """The next message, or None once the client closed (or must be closed)."""
         while True:
@@ -209,7 +213,7 @@ class WebSocketChannel:
         self._wake_writer.set()
 
     @channel_boundary
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         """Queue one message for the client; waits while ``buffer_bytes`` are queued already.
         The writer task owns the stream: its failure reaches here as the connection lost."""
         while True:
@@ -225,9 +229,10 @@ class WebSocketChannel:
             # A text frame must be UTF-8; a server that wrote otherwise gets replacements.
             frame = frame.decode("utf-8", "replace").encode()
         data = text_frame(frame)
-        if not self._outbox and not self._control and self._connection.receiving:
+        if not more and not self._outbox and not self._control and self._connection.receiving:
             # The writer is idle: this task writes what the kernel takes now (no hand-off
-            # per message), the writer only the rest (see send_now_if_idle).
+            # per message), the writer only the rest (see send_now_if_idle). Frames of a
+            # burst are queued, and the writer writes them in one go.
             sent = send_now_if_idle(self._stream, data)
             if sent == len(data):
                 await trio.lowlevel.checkpoint_if_cancelled()

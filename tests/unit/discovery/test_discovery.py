@@ -417,7 +417,7 @@ def test_the_orchestrators_tokenizer_counts_in_a_child_process_as_tiktoken_does(
     texts = [
         "Create a pull request in a GitHub repository",
         "<|endoftext|> is text here, not a special token",
-        "Grüße, 世界 — ∑ {\"json\": [1, 2]}\nand a second line",
+        'Grüße, 世界 — ∑ {"json": [1, 2]}\nand a second line',
         "",
     ]
     counter = load_in_child()

@@ -150,7 +150,7 @@ class _OwedFramesBug:
 class _BrokenChannel(MemoryClient):
     """A channel whose send fails with something no transport should raise."""
 
-    async def send(self, frame: bytes, message: Peek | None = None) -> None:
+    async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         raise InjectedBug("the channel broke")
 
 
