@@ -193,3 +193,19 @@ async def test_what_the_kernel_does_not_take_at_once_goes_to_the_writer_and_keep
         nursery.cancel_scope.cancel()
     client.close()
     await stream.aclose()
+
+
+async def test_frames_of_a_burst_are_left_to_the_writer_which_writes_them_together() -> None:
+    stream, client = _socket_pair()
+    channel = WebSocketChannel(stream, _settings(1 << 20))
+    await channel.send(FRAME, more=True)  # more follow: held for the writer
+    await channel.send(FRAME)  # the last of the burst: behind the first
+    with pytest.raises(BlockingIOError):
+        client.recv(1024)  # nothing written yet: no writer runs
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.run_writer)
+        frames = await trio.to_thread.run_sync(_read_frames, client, 2)
+        assert frames == [FRAME, FRAME]
+        nursery.cancel_scope.cancel()
+    client.close()
+    await stream.aclose()
