@@ -220,7 +220,14 @@ class SessionDriver:
 
     async def _feed(self, event: Event, now: float | None = None) -> None:
         machine = self.machine
-        actions = machine.handle(event, self._now() if now is None else now)
+        if now is None:
+            now = self._now()
+        actions = machine.handle(event, now)
+        if len(actions) == 1 and type(actions[0]) is ToBackend:
+            # The hot path (a client's message for its container): written at once, it is
+            # reported before the timer is woken, which then wakes once for both events.
+            written = self._write(actions[0])
+            actions = [] if written is None else machine.handle(written, now)
         self._timer.wake()
         if self._paused and machine.accepting:
             self._paused = False
