@@ -17,9 +17,9 @@ This module only dispatches: the arguments are ``_cli_parser.py``'s, serving is
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ._cli_parser import build_parser
 
@@ -34,24 +34,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
-    commands: dict[str, Callable[[], int]] = {
-        "validate-config": lambda: _user_cli().validate_config(
-            args.path, secrets=args.secrets, engine=args.engine, environ=env
-        ),
-        "connect": lambda: _user_cli().connect_command(args, env),
-        "login": lambda: _user_cli().login_command(args, env),
-        "catalog": lambda: _user_cli().catalog_command(
-            args.catalog_config or args.config, args.refresh, args.json, env
-        ),
-        "rank": lambda: _user_cli().rank_command(args.catalog, args.top, args.budget),
-        "lock": lambda: _lock_cli().lock_command(args.lock_config or args.config, args.check, env),
-        "audit": lambda: _operator_cli().audit_command(
-            args, _optional_suite(args.config), env, int(args.port)
-        ),
-        "sessions": lambda: _operator_cli().sessions_command(args, env),
-    }
-    if args.command in commands:
-        return commands[args.command]()
+    if args.command is not None:
+        return _run_command(args, env)
     from ._serve_cli import ServeSettings, serve  # noqa: PLC0415 (see the imports)
 
     settings = ServeSettings(
@@ -68,25 +52,31 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     return serve(settings, env)
 
 
-def _user_cli() -> Any:
-    from . import _user_cli  # noqa: PLC0415 (see the imports)
+def _run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """A command other than serving (its modules imported here: see the imports)."""
+    from ._cli_shared import optional_suite  # noqa: PLC0415
+    from ._lock_cli import lock_command  # noqa: PLC0415
+    from ._operator_cli import audit_command, sessions_command  # noqa: PLC0415
+    from ._user_cli import (  # noqa: PLC0415
+        catalog_command,
+        connect_command,
+        login_command,
+        rank_command,
+        validate_config,
+    )
 
-    return _user_cli
-
-
-def _lock_cli() -> Any:
-    from . import _lock_cli  # noqa: PLC0415 (see the imports)
-
-    return _lock_cli
-
-
-def _operator_cli() -> Any:
-    from . import _operator_cli  # noqa: PLC0415 (see the imports)
-
-    return _operator_cli
-
-
-def _optional_suite(path: str) -> Any:
-    from ._cli_shared import optional_suite  # noqa: PLC0415 (see the imports)
-
-    return optional_suite(path)
+    commands: dict[str, Callable[[], int]] = {
+        "validate-config": lambda: validate_config(
+            args.path, secrets=args.secrets, engine=args.engine, environ=env
+        ),
+        "connect": lambda: connect_command(args, env),
+        "login": lambda: login_command(args, env),
+        "catalog": lambda: catalog_command(
+            args.catalog_config or args.config, args.refresh, args.json, env
+        ),
+        "rank": lambda: rank_command(args.catalog, args.top, args.budget),
+        "lock": lambda: lock_command(args.lock_config or args.config, args.check, env),
+        "audit": lambda: audit_command(args, optional_suite(args.config), env, int(args.port)),
+        "sessions": lambda: sessions_command(args, env),
+    }
+    return commands[args.command]()

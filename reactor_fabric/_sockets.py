@@ -99,11 +99,9 @@ class LeanSocketStream(trio.abc.HalfCloseableStream):
         if self._sending or self._closed:
             return None
         try:
-            return self._sock.send(data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            return None
+            return self.send_nowait(data)
+        except trio.BrokenResourceError:
+            return None  # (the writer task meets the failure and reports it)
 
     async def wait_send_all_might_not_block(self) -> None:
         self._check_open()

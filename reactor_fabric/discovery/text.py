@@ -122,21 +122,18 @@ def _english_stemmer() -> Any:
     So the package's directory is given a name of our own, as an empty package, and the English
     module and its two helpers are imported from there: the same files, their relative imports
     resolved in that package; ``snowballstemmer`` itself stays unimported (and whole for
-    anyone who imports it). (Imported on the first word, not with this module: indexing comes
-    after the orchestrator serves; Python's import lock makes threads wait for one import.)
+    anyone who imports it). On the first word, not at import: indexing comes after the
+    orchestrator serves. Threads at once: ``setdefault`` installs one package (atomic under
+    the GIL), and Python's import lock makes them wait for one import of the module.
     """
-    return importlib.import_module(f"{_SNOWBALL_ALIAS}.english_stemmer").EnglishStemmer
-
-
-def _alias_snowball() -> None:
-    spec = importlib.util.find_spec("snowballstemmer")  # (it finds the package, runs nothing)
-    if spec is not None and spec.submodule_search_locations and _SNOWBALL_ALIAS not in sys.modules:
+    if _SNOWBALL_ALIAS not in sys.modules:
+        spec = importlib.util.find_spec("snowballstemmer")  # (it finds the package, runs nothing)
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("snowballstemmer is not installed")
         package = types.ModuleType(_SNOWBALL_ALIAS)
         package.__path__ = list(spec.submodule_search_locations)
-        sys.modules[_SNOWBALL_ALIAS] = package
-
-
-_alias_snowball()
+        sys.modules.setdefault(_SNOWBALL_ALIAS, package)
+    return importlib.import_module(f"{_SNOWBALL_ALIAS}.english_stemmer").EnglishStemmer
 
 
 def pieces(text: str) -> list[str]:
