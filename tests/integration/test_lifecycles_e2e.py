@@ -229,29 +229,31 @@ def test_under_gvisor_the_memory_figure_is_the_sandboxs_and_still_refreshes_the_
         try:
             session = client.read_json()["result"]["sessionId"]
             assert client.ask({"op": "initialize"})["ok"]
-            for mb in (0, 0, 64, 0):
+            for count, mb in enumerate((0, 0, 64, 0), start=1):
                 answer = client.ask({"op": "call", "name": "allocate", "arguments": {"mb": mb}})
                 assert answer["ok"], answer
                 texts.append(text_of(answer))
-                kernels.append(sandboxed(docker_client, running))
+                if mb == 0:
+                    # The container a call took over its threshold is being stopped as the
+                    # answer arrives (the engine then reports no process for it), so only a
+                    # container that stays is looked at, by the name the orchestrator gave it.
+                    kernels.append(sandboxed(docker_client, served(running, session, count)[-1]))
             containers = served(running, session, 4)
         finally:
             assert client.close() == 0
         reasons = stop_reasons(ended(running, session))
     assert texts == ["holding 0 MiB", "holding 0 MiB", "holding 64 MiB", "holding 0 MiB"]
-    assert kernels == [True] * 4
+    assert kernels == [True] * 3
     old, new = containers[0], containers[3]
     assert containers == [old, old, old, new]
     assert reasons[old] == "refresh_memory"
 
 
-def sandboxed(client: docker.DockerClient, running: Orchestrator) -> bool:
-    """Whether the orchestrator's one running container runs in a gVisor sandbox, as the host
-    sees it: its first process is runsc's sandbox."""
-    [container] = client.containers.list(
-        filters={"label": f"reactor-fabric.instance={running.instance}"}
-    )
-    pid = int(client.api.inspect_container(str(container.id))["State"]["Pid"])
+def sandboxed(client: docker.DockerClient, container: str) -> bool:
+    """Whether a running container runs in a gVisor sandbox, as the host sees it: its first
+    process is runsc's sandbox."""
+    pid = int(client.api.inspect_container(container)["State"]["Pid"])
+    assert pid > 0, f"{container} has no process"
     with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
         return cmdline.read().split(b"\0", 1)[0] == b"runsc-sandbox"
 
