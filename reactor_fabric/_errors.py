@@ -30,7 +30,7 @@ The title is the code's (the founding document's titles), except for the events 
 misname (:data:`TITLE_BY_REASON`: a container that started and later died, a shutdown); the code
 stays, since clients test it. ``data.reason`` and ``data.detail`` are what they always were.
 
-Backend errors (docker-py, sockets, YAML) are translated into these at the boundary where they
+Backend errors (the engine's, sockets, YAML) are translated into these at the boundary where they
 happen, so the rest of the code only ever sees this tree. Each carries a stable, machine-readable
 ``reason`` (a constant of :mod:`reactor_fabric._reasons`, documented in ``docs/USAGE.md``) and
 optional ``detail`` fields that end up in the JSON-RPC error's ``data``.

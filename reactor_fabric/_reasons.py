@@ -75,7 +75,7 @@ ISOLATION_UNAVAILABLE: Final = "isolation_unavailable"
 START_FAILED: Final = "start_failed"
 # The engine refused to attach the container's stdio, or the attach broke.
 ATTACH_FAILED: Final = "attach_failed"
-# The engine cannot attach stdio as the orchestrator needs it (no hijacked attach).
+# The engine cannot attach stdio as the orchestrator needs it (no upgraded attach).
 ATTACH_UNSUPPORTED: Final = "attach_unsupported"
 # The engine refused to pull the image.
 PULL_FAILED: Final = "pull_failed"

@@ -8,7 +8,7 @@ parts:
 
 - :mod:`.docker_calls` — every engine call in a worker thread, bounded in time and in
   parallelism, abandoned work undone;
-- :mod:`.docker_operations` — what each call asks of docker-py (and Podman's differences);
+- :mod:`.docker_operations` — what each call asks of the engine (and Podman's differences);
   :mod:`.docker_pin_check` — the pinned mounts checked through ``/proc``;
 - :mod:`.docker_payload` — the container spec as the create payload (pure);
 - :mod:`.docker_errors` — what the engine's failures mean, as the product's errors (pure);
@@ -40,9 +40,6 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-import docker
-import docker.errors
-import docker.types
 import trio
 
 from .._errors import ContainerStartFailure, FabricError, SecurityViolation
@@ -74,10 +71,11 @@ from .docker_operations import (
     undo_create,
     update_cpu_shares,
 )
-from .docker_payload import secrets
+from .docker_payload import EngineMount, secrets
 from .docker_pin_check import verify_mounts
 from .docker_sockets import ContainerSockets, DockerSockets
 from .egress_proxy import EgressProxy
+from .engine_api import EngineClient, ImageNotFound
 from .engines import EngineIdentity, EngineName, engine_is_local, identify
 from .gvisor_runtime import GvisorRuntime
 from .secret_files import SecretFiles
@@ -87,7 +85,7 @@ log = logging.getLogger(__name__)
 
 
 class DockerRuntime:
-    """A Docker engine reached through docker-py in worker threads.
+    """A Docker engine reached through its Engine API (:mod:`.engine_api`) in worker threads.
 
     ``base_url`` defaults to the environment (``DOCKER_HOST``, else the local socket). The client
     is created lazily, so an orchestrator can start (and report an unhealthy engine) while the
@@ -183,7 +181,7 @@ class DockerRuntime:
         if not self.gvisor.found:
             return
 
-        def check(client: docker.APIClient) -> str:
+        def check(client: EngineClient) -> str:
             return runtime_honoured(
                 client, image, self.gvisor.wanted, labels, podman=self.on_podman
             )
@@ -218,7 +216,7 @@ class DockerRuntime:
     async def ping(self, *, time_bound: float | None = None) -> str:
         """The engine's version; raises DockerUnavailable if it does not answer."""
 
-        def version(client: docker.APIClient) -> str:
+        def version(client: EngineClient) -> str:
             identity = identify(client.version())
             self._identified(identity)
             return identity.version
@@ -228,10 +226,10 @@ class DockerRuntime:
     async def image_id(self, image: str) -> str | None:
         """The id of ``image`` as the engine has it now; None when it does not have it."""
 
-        def inspect(client: docker.APIClient) -> str | None:
+        def inspect(client: EngineClient) -> str | None:
             try:
-                found = client.inspect_image(image)  # type: ignore[no-untyped-call]
-            except docker.errors.ImageNotFound:
+                found = client.inspect_image(image)
+            except ImageNotFound:
                 return None
             return str(found["Id"])
 
@@ -290,7 +288,7 @@ class DockerRuntime:
                     await gate()  # nothing can hold the server but the start itself
                 await self._engine.call(
                     "start",
-                    lambda c: c.start(container_id),
+                    lambda client: client.start(container_id),
                     release=pins.close if pins is not None else None,
                 )
                 connection = None
@@ -345,12 +343,12 @@ class DockerRuntime:
         :func:`.docker_operations.paths_in_image`); nothing of the image runs.
         """
 
-        def probe(client: docker.APIClient) -> frozenset[str]:
+        def probe(client: EngineClient) -> frozenset[str]:
             return paths_in_image(
                 client, image, paths, labels=labels, probe_name=probe_name, known=self._image_paths
             )
 
-        def remove_probe(client: docker.APIClient, _result: frozenset[str] | None) -> None:
+        def remove_probe(client: EngineClient, _result: frozenset[str] | None) -> None:
             remove_quietly(client, probe_name)
 
         return await self._engine.call("probe", probe, if_abandoned=remove_probe)
@@ -369,14 +367,14 @@ class DockerRuntime:
         sources = self.sockets.sources(sockets) if sockets is not None else None
         secrets = functools.partial(self._secrets_mount, spec) if spec.secret_files else None
 
-        def create(client: docker.APIClient) -> str:
+        def create(client: EngineClient) -> str:
             # on_podman is read here, in the thread: the first call is what identifies the engine.
             return create_container(
                 client, spec, pins, podman=self.on_podman, secrets=secrets, sockets=sources,
                 hold=hold,
             )  # fmt: skip
 
-        def remove_by_name(client: docker.APIClient, _created: str | None) -> None:
+        def remove_by_name(client: EngineClient, _created: str | None) -> None:
             # Whether or not the engine answered, it may have made the container: the name
             # finds it either way.
             undo_create(client, spec, pins, podman=self.on_podman)
@@ -385,17 +383,17 @@ class DockerRuntime:
 
         return await self._engine.call("create", create, if_abandoned=remove_by_name)
 
-    def _secrets_mount(self, spec: ContainerSpec) -> docker.types.Mount:
+    def _secrets_mount(self, spec: ContainerSpec) -> EngineMount:
         """The service's file secrets, read-only at /run/secrets (see :mod:`.secret_files`;
         only with a local engine, which the composer asked of :attr:`capabilities`)."""
         [mount] = secrets(self._secret_files.directory_for(spec)).mounts
         return mount
 
     async def _attach(self, container_id: str, *, stderr_only: bool = False) -> LeanSocketStream:
-        def attach(client: docker.APIClient) -> socket.socket:
+        def attach(client: EngineClient) -> socket.socket:
             return attach_socket(client, container_id, stderr_only=stderr_only)
 
-        def close_socket(_client: docker.APIClient, sock: socket.socket | None) -> None:
+        def close_socket(_client: EngineClient, sock: socket.socket | None) -> None:
             if sock is not None:
                 sock.close()
 
@@ -410,13 +408,15 @@ class DockerRuntime:
         last = image.rsplit("/", maxsplit=1)[-1]
         repository, tag = (image.rsplit(":", 1)) if ":" in last else (image, "latest")
         await self._engine.call(
-            "pull", lambda c: c.pull(repository, tag=tag), time_bound=DOCKER_PULL_TIMEOUT
+            "pull",
+            lambda client: client.pull(repository, tag, timeout=DOCKER_PULL_TIMEOUT),
+            time_bound=DOCKER_PULL_TIMEOUT,
         )
 
     async def main_pid(self, container_id: str) -> int:
         """The host PID of the container's first process (0 when it does not run)."""
 
-        def inspect(client: docker.APIClient) -> int:
+        def inspect(client: EngineClient) -> int:
             state: dict[str, Any] = inspect_container(client, container_id)["State"]
             return int(state.get("Pid") or 0) if state.get("Running") else 0
 
@@ -430,7 +430,7 @@ class DockerRuntime:
     async def set_cpu_shares(self, container_id: str, shares: int) -> None:
         """Change a running container's CPU weight."""
 
-        def update(client: docker.APIClient) -> None:
+        def update(client: EngineClient) -> None:
             podman_version: str | None = None
             if self.on_podman:
                 identity = self.identity
@@ -442,7 +442,7 @@ class DockerRuntime:
     async def exit_status(self, container_id: str) -> ContainerExit:
         """Exit code and OOM flag of a container that has stopped (or None if still running)."""
 
-        def inspect(client: docker.APIClient) -> ContainerExit:
+        def inspect(client: EngineClient) -> ContainerExit:
             state: dict[str, Any] = inspect_container(client, container_id)["State"]
             running = bool(state.get("Running"))
             return ContainerExit(
@@ -460,7 +460,7 @@ class DockerRuntime:
         engine errors, since removal runs in ``finally`` blocks whose own error must win.
         """
 
-        def stop_then_remove(client: docker.APIClient) -> None:
+        def stop_then_remove(client: EngineClient) -> None:
             stop_and_remove(client, container, grace=grace, named_volumes=self.on_podman)
 
         self.egress.stop(container)
@@ -480,8 +480,8 @@ class DockerRuntime:
         filters = [f"{LABEL_MANAGED}=true"]
         filters += [f"{key}={value}" for key, value in (extra_labels or {}).items()]
 
-        def listing(client: docker.APIClient) -> list[ManagedContainer]:
-            found: list[dict[str, Any]] = client.containers(all=True, filters={"label": filters})
+        def listing(client: EngineClient) -> list[ManagedContainer]:
+            found = client.containers(labels=filters)
             return [
                 ManagedContainer(
                     id=str(item["Id"]),

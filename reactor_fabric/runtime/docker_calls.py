@@ -1,11 +1,13 @@
-"""The Docker engine's calls: docker-py in worker threads, each bounded, each failure translated.
+"""The Docker engine's calls: the engine client in worker threads, each bounded, each failure
+translated.
 
-docker-py is synchronous, so every API call runs in a worker thread (never on the trio thread),
-bounded in time (30 s by default, the product's contract; a pull 10 minutes) and in parallelism
-(a capacity limiter: a burst of sessions queues for a slot, up to 5 minutes, before its own bound
-starts). The client is made lazily, in the first call's thread, so an orchestrator starts (and
-reports an unhealthy engine) while the engine is down, and reconnects once it is back; whoever
-made the :class:`DockerCalls` is told what the engine says it is when it first answers.
+The client (:mod:`.engine_api`) is blocking, so every API call runs in a worker thread (never
+on the trio thread), bounded in time (30 s by default, the product's contract; a pull 10
+minutes) and in parallelism (a capacity limiter: a burst of sessions queues for a slot, up to 5
+minutes, before its own bound starts). The client is made lazily, in the first call's thread,
+so an orchestrator starts (and reports an unhealthy engine) while the engine is down, and
+reconnects once it is back; whoever made the :class:`DockerCalls` is told what the engine says
+it is when it first answers.
 
 Error handling: each call's exception is translated at the call (:mod:`.docker_errors`) into
 the product's errors; the product's own errors raised in a call pass through as they are; a
@@ -29,11 +31,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import docker
 import trio
 
 from .._errors import FabricError
 from .docker_errors import engine_busy, engine_timed_out, translate_docker_error
+from .engine_api import EngineAddress, EngineClient, EngineError
 from .engines import EngineIdentity, identify
 
 # Logged under the Docker runtime's name, as before its modules were split (operators filter
@@ -67,10 +69,10 @@ class _Operation:
         self.started = False
         self.done = False
         self.abandoned = False
-        self.client: docker.APIClient | None = None
+        self.client: EngineClient | None = None
         self.result: Any = None
 
-    def finish(self, client: docker.APIClient | None, result: object) -> bool:
+    def finish(self, client: EngineClient | None, result: object) -> bool:
         """Mark the call done (in its thread); whether trio had stopped waiting for it."""
         with self.lock:
             self.done = True
@@ -81,7 +83,10 @@ class _Operation:
 
 class DockerCalls:
     """The calls to one engine (``base_url``; None: the environment's ``DOCKER_HOST``, else
-    the local socket); ``identified`` is told what the engine is when it first answers."""
+    the local socket); ``identified`` is told what the engine is when it first answers.
+
+    Error handling: EngineAddressError (at once) for an address the client cannot use.
+    """
 
     def __init__(
         self,
@@ -93,29 +98,25 @@ class DockerCalls:
         identified: Callable[[EngineIdentity], None] = lambda _identity: None,
         runtimes: Callable[[frozenset[str]], None] = lambda _names: None,
     ) -> None:
-        self._base_url = base_url
+        self._address = EngineAddress.parse(base_url)
         self._call_timeout = call_timeout
         self._queue_timeout = queue_timeout
         self._limiter = trio.CapacityLimiter(max_parallel_calls)
         self._identified = identified
         self._runtimes = runtimes
-        self._client: docker.APIClient | None = None
+        self._client: EngineClient | None = None
         self._client_lock = threading.Lock()
         # Threads trio stopped waiting for that have not finished yet.
         self._abandoned = 0
         self._abandoned_done = threading.Condition()
 
-    def _connect(self) -> docker.APIClient:
-        # Runs in a worker thread: "auto" asks the engine for its API version, so one client
-        # works with old engines (20.10 speaks 1.41) and new ones (which refuse old versions).
+    def _connect(self) -> EngineClient:
+        # Runs in a worker thread: the client speaks the API version the engine says it does,
+        # so one client works with old engines (20.10 speaks 1.41) and new ones (which refuse
+        # old versions).
         with self._client_lock:
             if self._client is None:
-                kwargs: dict[str, Any] = docker.utils.kwargs_from_env()  # type: ignore[attr-defined]
-                if self._base_url is not None:
-                    kwargs["base_url"] = self._base_url
-                client = docker.APIClient(
-                    version="auto", timeout=max(1, int(self._call_timeout)), **kwargs
-                )
+                client = EngineClient(self._address, timeout=max(1.0, self._call_timeout))
                 self._identified(identify(client.version()))
                 self._runtimes(_runtime_names(client))
                 self._client = client
@@ -124,10 +125,10 @@ class DockerCalls:
     async def call(
         self,
         action: str,
-        fn: Callable[[docker.APIClient], T],
+        fn: Callable[[EngineClient], T],
         *,
         time_bound: float | None = None,
-        if_abandoned: Callable[[docker.APIClient, T | None], None] | None = None,
+        if_abandoned: Callable[[EngineClient, T | None], None] | None = None,
         release: Callable[[], None] | None = None,
     ) -> T:
         """Run ``fn(client)`` in a thread; translate errors; give up after the time bound.
@@ -160,7 +161,7 @@ class DockerCalls:
                 with contextlib.suppress(trio.RunFinishedError):
                     trio_token.run_sync_soon(bound_from_now)
             result: T | None = None
-            client: docker.APIClient | None = None
+            client: EngineClient | None = None
             try:
                 client = self._connect()
                 result = fn(client)
@@ -198,7 +199,7 @@ class DockerCalls:
         self,
         action: str,
         operation: _Operation,
-        if_abandoned: Callable[[docker.APIClient, Any], None] | None,
+        if_abandoned: Callable[[EngineClient, Any], None] | None,
     ) -> None:
         """trio stopped waiting for ``operation``: whatever it did must be undone, once.
 
@@ -227,7 +228,7 @@ class DockerCalls:
         self,
         action: str,
         operation: _Operation,
-        if_abandoned: Callable[[docker.APIClient, Any], None] | None,
+        if_abandoned: Callable[[EngineClient, Any], None] | None,
     ) -> None:
         try:
             if if_abandoned is not None and operation.client is not None:
@@ -280,11 +281,11 @@ class DockerCalls:
             await trio.to_thread.run_sync(client.close)
 
 
-def _runtime_names(client: docker.APIClient) -> frozenset[str]:
+def _runtime_names(client: EngineClient) -> frozenset[str]:
     """The container runtimes the engine has registered (``GET /info``'s ``Runtimes``: Docker's
     daemon.json, Podman's containers.conf); none when it does not say."""
     try:
         runtimes = client.info().get("Runtimes")
-    except docker.errors.DockerException:
+    except (EngineError, ConnectionError):
         return frozenset()
     return frozenset(str(name) for name in runtimes) if isinstance(runtimes, dict) else frozenset()

@@ -4,7 +4,7 @@ Every failure of a call to the engine (:mod:`.docker_calls` runs each call and h
 exception here) becomes one of the product's errors, with its reason (see ``_reasons.py`` and
 docs/USAGE.md's error table):
 
-- the engine not reached (no socket, refused, reset, docker-py's own connection errors) and
+- the engine not reached (no socket, refused, reset, an answer that is not HTTP) and
   every call that outran its bound or waited too long for a slot: DockerUnavailable (-32001,
   ``docker_unavailable`` / ``docker_timeout``);
 - an image the engine does not have: ContainerStartFailure (-32002, ``image_not_found``);
@@ -16,21 +16,17 @@ And what some answers mean where they are not failures: a container already gone
 are only a moment early (a container still exiting, a process ending during an inspect) and
 are asked again by the caller.
 
-Pure: no I/O, no trio; docker-py and requests only for their exception types.
+Pure: no I/O, no trio; the engine client only for its exception types.
 """
 
 from __future__ import annotations
 
-import docker.errors
-import requests.exceptions
-
 from .._errors import ContainerStartFailure, DockerUnavailable, FabricError
 from .._reasons import DOCKER_TIMEOUT, DOCKER_UNAVAILABLE, IMAGE_NOT_FOUND, engine_call_failed
+from .engine_api import EngineError, ImageNotFound, NotFound
 
 _CONNECTION_ERRORS = (
-    requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout,
-    ConnectionError,
+    ConnectionError,  # (EngineUnreachable)
     TimeoutError,  # (socket.timeout)
     FileNotFoundError,
 )
@@ -44,23 +40,21 @@ _PODMAN_PROCESS_GONE = "no such process"
 
 
 def translate_docker_error(exc: BaseException, action: str) -> FabricError:
-    """Map a docker-py / transport exception into the product's error tree."""
-    if isinstance(exc, docker.errors.ImageNotFound) or (
-        isinstance(exc, docker.errors.NotFound) and action in ("create", "pull")
+    """Map an engine client's exception into the product's error tree."""
+    if isinstance(exc, ImageNotFound) or (
+        isinstance(exc, NotFound) and action in ("create", "pull")
     ):
         return ContainerStartFailure(
             f"image not found: {explain(exc)}", reason=IMAGE_NOT_FOUND, action=action
         )
-    if isinstance(exc, docker.errors.APIError):
+    if isinstance(exc, EngineError):
         return ContainerStartFailure(
             f"Docker refused to {action}: {explain(exc)}",
             reason=engine_call_failed(action),
             action=action,
             status=exc.status_code,
         )
-    if isinstance(exc, _CONNECTION_ERRORS) or (
-        isinstance(exc, docker.errors.DockerException) and _looks_like_connection(exc)
-    ):
+    if isinstance(exc, _CONNECTION_ERRORS):
         return DockerUnavailable(
             f"cannot reach the Docker engine ({action}): {exc}",
             reason=DOCKER_UNAVAILABLE,
@@ -90,41 +84,33 @@ def engine_busy(action: str, waited: float, slots: float) -> DockerUnavailable:
     )
 
 
-def container_gone(exc: docker.errors.APIError) -> bool:
+def container_gone(exc: EngineError) -> bool:
     """Whether the engine said the container does not exist: Docker with 404, Podman also with
     500 "no such container" when the container went while it looked (a removal racing)."""
-    if isinstance(exc, docker.errors.NotFound):
+    if isinstance(exc, NotFound):
         return True
-    return exc.status_code == 500 and "no such container" in str(exc.explanation or "")
+    return exc.status_code == 500 and "no such container" in exc.explanation
 
 
-def removal_in_progress(exc: docker.errors.APIError) -> bool:
+def removal_in_progress(exc: EngineError) -> bool:
     """Whether a remove met another removal of the same container (409): whoever removes it
     removes its volumes too."""
     return exc.status_code == 409
 
 
-def podman_still_exiting(exc: docker.errors.APIError) -> bool:
+def podman_still_exiting(exc: EngineError) -> bool:
     """Whether Podman refused a force-remove only because the container was exiting."""
-    return exc.status_code == 500 and _PODMAN_EXITING in str(exc.explanation or "")
+    return exc.status_code == 500 and _PODMAN_EXITING in exc.explanation
 
 
-def podman_process_ending(exc: docker.errors.APIError) -> bool:
+def podman_process_ending(exc: EngineError) -> bool:
     """Whether Podman failed an inspect only because the container's process was ending."""
-    return exc.status_code == 500 and _PODMAN_PROCESS_GONE in str(exc.explanation or "")
+    return exc.status_code == 500 and _PODMAN_PROCESS_GONE in exc.explanation
 
 
-def _looks_like_connection(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(word in text for word in ("connection", "socket", "refused", "no such file"))
-
-
-def explain(exc: docker.errors.APIError) -> str:
+def explain(exc: EngineError) -> str:
     """The engine's own words for an error, said once."""
-    explanation: object = exc.explanation
-    if isinstance(explanation, bytes):
-        explanation = explanation.decode("utf-8", "replace")
-    return _said_once(str(explanation or exc))
+    return _said_once(exc.explanation or str(exc))
 
 
 def _said_once(text: str) -> str:

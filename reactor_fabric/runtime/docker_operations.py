@@ -1,18 +1,18 @@
-"""What a worker thread asks of the Docker engine: each operation in docker-py's calls.
+"""What a worker thread asks of the Docker engine: each operation in the Engine API's calls.
 
-Every function here takes a docker-py client and blocks on the engine; :mod:`.docker` runs each
-through :class:`~.docker_calls.DockerCalls` (a worker thread, a time bound, errors translated),
-so none is called on the trio thread. They hold what differs between engines: Podman's named
-volumes for pinned mounts, its own API for a CPU weight, its answers that come a moment early
-and are asked again (bounded: :data:`REMOVE_RETRIES`, :data:`INSPECT_RETRIES`). A container's
-create payload is built in :mod:`.docker_payload`; what an engine's error means is decided in
-:mod:`.docker_errors`.
+Every function here takes an :class:`~.engine_api.EngineClient` and blocks on the engine;
+:mod:`.docker` runs each through :class:`~.docker_calls.DockerCalls` (a worker thread, a time
+bound, errors translated), so none is called on the trio thread. They hold what differs between
+engines: Podman's named volumes for pinned mounts, its own API for a CPU weight, its answers
+that come a moment early and are asked again (bounded: :data:`REMOVE_RETRIES`,
+:data:`INSPECT_RETRIES`). A container's create payload is built in :mod:`.docker_payload`; what
+an engine's error means is decided in :mod:`.docker_errors`.
 
 Resource handling: what an operation makes and then fails on, it removes before it raises —
 a create's volumes, a probe's container; a removal removes the container's volumes too; the
 attach's socket is handed out standalone (:func:`detach_socket`), closed by its new owner.
 
-Error handling: engine errors are raised as docker-py raises them (the caller translates them),
+Error handling: engine errors are raised as the client raises them (the caller translates them),
 except where the answer means there is nothing to do (a container or volume already gone),
 and a volume that cannot be removed is logged (``volume_remove_failed``), not raised: it must
 not hide the error of the start or removal it cleans up after.
@@ -21,15 +21,10 @@ not hide the error of the start or removal it cleans up after.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
-
-import docker
-import docker.errors
-import docker.types
 
 from .._errors import ContainerStartFailure
 from .._reasons import ATTACH_UNSUPPORTED
@@ -44,12 +39,15 @@ from .docker_errors import (
 )
 from .docker_payload import (
     PINNED_VOLUME_NAME,
+    EngineMount,
     SocketSources,
-    create_kwargs,
-    host_config_kwargs,
+    container_config,
+    host_config,
+    output,
     podman_pinned_volumes,
     socket_stdio_entrypoint,
 )
+from .engine_api import AttachNotHandedOver, EngineClient, EngineError, NotFound
 
 # Logged under the Docker runtime's name, as before its modules were split (operators filter
 # the log by it).
@@ -61,12 +59,12 @@ INSPECT_RETRIES = 3
 
 
 def create_container(
-    client: docker.APIClient,
+    client: EngineClient,
     spec: ContainerSpec,
     pins: PinSet | None,
     *,
     podman: bool,
-    secrets: Callable[[], docker.types.Mount] | None = None,
+    secrets: Callable[[], EngineMount] | None = None,
     sockets: SocketSources | None = None,
     hold: bool = False,
 ) -> str:
@@ -84,31 +82,26 @@ def create_container(
     made: dict[str, dict[str, Any]] = {}  # only these are ours to remove on failure
     try:
         for target, volume in volumes.items():
-            client.create_volume(**volume)
+            client.create_volume(volume)
             made[target] = volume
         secrets_bind = secrets() if secrets is not None else None
         entrypoint: list[str] | None = None
         if sockets is not None:
-            config = client.inspect_image(spec.image)["Config"] or {}  # type: ignore[no-untyped-call]
+            config = client.inspect_image(spec.image).get("Config") or {}
             entrypoint = socket_stdio_entrypoint(
                 config, spec, egress=sockets.egress is not None, hold=hold
             )
-        host_config = client.create_host_config(
-            **host_config_kwargs(
-                spec, pins, named_volumes=volumes, secrets=secrets_bind, sockets=sockets
-            )
+        host = host_config(spec, pins, named_volumes=volumes, secrets=secrets_bind, sockets=sockets)
+        return client.create_container(
+            container_config(spec, host, entrypoint=entrypoint), name=spec.name
         )
-        result: dict[str, Any] = client.create_container(
-            **create_kwargs(spec, host_config, entrypoint=entrypoint)
-        )
-        return str(result["Id"])
     except BaseException:
         remove_volumes(client, made)
         raise
 
 
 def undo_create(
-    client: docker.APIClient, spec: ContainerSpec, pins: PinSet | None, *, podman: bool
+    client: EngineClient, spec: ContainerSpec, pins: PinSet | None, *, podman: bool
 ) -> None:
     """Remove what a create of ``spec`` may have made, whether or not the engine answered it:
     the container (its name finds it either way) and, on Podman, its pinned mounts' volumes."""
@@ -117,7 +110,7 @@ def undo_create(
 
 
 def paths_in_image(
-    client: docker.APIClient,
+    client: EngineClient,
     image: str,
     paths: Sequence[str],
     *,
@@ -131,85 +124,63 @@ def paths_in_image(
     answers 200 or 404 for a path), removed at once; it carries ``labels``, so the sweeper
     finds it if we die meanwhile. Nothing of the image runs.
     """
-    image_id = str(client.inspect_image(image)["Id"])  # type: ignore[no-untyped-call]
+    image_id = str(client.inspect_image(image)["Id"])
     unknown = [path for path in paths if (image_id, path) not in known]
     if unknown:
         created = client.create_container(
-            image=image,
+            {
+                "Image": image,
+                "Labels": labels,
+                "Entrypoint": ["/reactor-fabric-probe-never-started"],
+                "NetworkDisabled": True,
+                "HostConfig": {"NetworkMode": "none"},
+            },
             name=probe_name,
-            labels=labels,
-            entrypoint=["/reactor-fabric-probe-never-started"],
-            network_disabled=True,
-            host_config=client.create_host_config(network_mode="none"),
         )
-        url = f"{client.base_url}/v{client.api_version}/containers/{created['Id']}/archive"
         try:
             for path in unknown:
-                answer = client.head(url, params={"path": path})
-                if answer.status_code not in (200, 404):
-                    answer.raise_for_status()
-                known[(image_id, path)] = answer.status_code == 200
+                known[(image_id, path)] = client.path_exists(created, path)
         finally:
-            client.remove_container(created["Id"], force=True, v=True)
+            client.remove_container(created)
     return frozenset(path for path in paths if known[(image_id, path)])
 
 
-def attach_socket(
-    client: docker.APIClient, container_id: str, *, stderr_only: bool
-) -> socket.socket:
+def attach_socket(client: EngineClient, container_id: str, *, stderr_only: bool) -> socket.socket:
     """The container's attach connection (stdin, stdout and stderr, or stderr alone) as a
     standalone non-blocking socket."""
-    stdio = 0 if stderr_only else 1
-    params = {"stdin": stdio, "stdout": stdio, "stderr": 1, "stream": 1}
-    return detach_socket(client.attach_socket(container_id, params=params))
-
-
-def detach_socket(raw: Any) -> socket.socket:
-    """A standalone socket for the hijacked attach connection docker-py returns.
-
-    docker-py hands back the socket wrapped in HTTP response objects that close it when garbage
-    collected; a duplicate of the file descriptor outlives them.
-    """
-    inner = getattr(raw, "_sock", raw)
-    if not isinstance(inner, socket.socket):
+    stdio = "0" if stderr_only else "1"
+    params = {"stdin": stdio, "stdout": stdio, "stderr": "1", "stream": "1"}
+    try:
+        sock = client.attach_socket(container_id, params)
+    except AttachNotHandedOver as exc:
         raise ContainerStartFailure(
-            "the Docker connection is not a socket that can be relayed",
+            f"the engine cannot attach the container's stdio as a stream: {exc}",
             reason=ATTACH_UNSUPPORTED,
-            kind=type(raw).__name__,
-        )
-    duplicate = socket.socket(fileno=os.dup(inner.fileno()))
-    response = getattr(raw, "_response", None)
-    if response is not None:
-        response.close()
-    else:
-        raw.close()
-    duplicate.setblocking(False)
-    return duplicate
+        ) from None
+    sock.setblocking(False)
+    return sock
 
 
 def update_cpu_shares(
-    client: docker.APIClient, container_id: str, shares: int, *, podman_version: str | None
+    client: EngineClient, container_id: str, shares: int, *, podman_version: str | None
 ) -> None:
     """Change a running container's CPU weight; on Podman (``podman_version``: its version)
     through its own API, since Podman 4 has no Docker-style update (its own changes the
     cgroup)."""
     if podman_version is None:
-        client.update_container(container_id, cpu_shares=shares)
+        client.update_container(container_id, {"CpuShares": shares})
         return
-    response = client.post(
-        f"{client.base_url}/v{podman_version}/libpod/containers/{container_id}/update",
-        json={"cpu": {"shares": shares}},
-        timeout=client.timeout,
+    client.request(
+        "POST",
+        f"/v{podman_version}/libpod/containers/{container_id}/update",
+        body={"cpu": {"shares": shares}},
+        versioned=False,
     )
-    if response.status_code >= 400:
-        raise docker.errors.APIError(response.text.strip(), response=response)
 
 
-def memory_stats(client: docker.APIClient, container_id: str) -> int | None:
+def memory_stats(client: EngineClient, container_id: str) -> int | None:
     """The container's memory in use, from one stats sample (see :func:`memory_in_use`)."""
-    # one_shot: a single sample, without waiting a second for the next one (API 1.41).
-    report: Any = client.stats(container_id, stream=False, one_shot=True)
-    return memory_in_use(report)
+    return memory_in_use(client.stats_once(container_id))
 
 
 def memory_in_use(report: Any) -> int | None:
@@ -233,13 +204,13 @@ def memory_in_use(report: Any) -> int | None:
     return usage - cache if cache <= usage else usage  # (a report that does not add up: usage)
 
 
-def inspect_container(client: docker.APIClient, container_id: str) -> dict[str, Any]:
+def inspect_container(client: EngineClient, container_id: str) -> dict[str, Any]:
     """The engine's inspect of a container, asked again when Podman trips over the container's
     process ending at that moment (REMOVE_RETRY_PAUSE apart, INSPECT_RETRIES in all)."""
     for attempt in range(INSPECT_RETRIES):
         try:
             found: dict[str, Any] = client.inspect_container(container_id)
-        except docker.errors.APIError as exc:
+        except EngineError as exc:
             if podman_process_ending(exc) and attempt + 1 < INSPECT_RETRIES:
                 time.sleep(REMOVE_RETRY_PAUSE)
                 continue
@@ -249,31 +220,29 @@ def inspect_container(client: docker.APIClient, container_id: str) -> dict[str, 
 
 
 def stop_and_remove(
-    client: docker.APIClient, container: str, *, grace: float | None, named_volumes: bool
+    client: EngineClient, container: str, *, grace: float | None, named_volumes: bool
 ) -> None:
     """Stop the container (SIGTERM, then SIGKILL after ``grace`` s; none if None) and remove
     it; gone is fine."""
     if grace is not None:
         try:
-            client.stop(container, timeout=max(0, round(grace)))
-        except docker.errors.APIError as exc:
+            client.stop(container, grace=max(0, round(grace)))
+        except EngineError as exc:
             if container_gone(exc):
                 return
             # Not running, or being removed already: removal below decides.
     remove_quietly(client, container, named_volumes=named_volumes)
 
 
-def remove_quietly(
-    client: docker.APIClient, container: str, *, named_volumes: bool = False
-) -> None:
+def remove_quietly(client: EngineClient, container: str, *, named_volumes: bool = False) -> None:
     """Remove a container (and, with ``named_volumes``, Podman's volumes that carried its
     pinned mounts); gone is fine."""
     volumes = _pinned_volume_names(client, container) if named_volumes else []
     for attempt in range(REMOVE_RETRIES):
         try:
             # v=True: the anonymous volumes that carry pinned mounts go with the container.
-            client.remove_container(container, force=True, v=True)
-        except docker.errors.APIError as exc:
+            client.remove_container(container)
+        except EngineError as exc:
             if container_gone(exc):
                 break
             if removal_in_progress(exc):
@@ -287,11 +256,11 @@ def remove_quietly(
         _remove_volume_quietly(client, name)
 
 
-def _pinned_volume_names(client: docker.APIClient, container: str) -> list[str]:
+def _pinned_volume_names(client: EngineClient, container: str) -> list[str]:
     """The named volumes of ours a container uses (Podman's pinned mounts; none on Docker)."""
     try:
         mounts = client.inspect_container(container).get("Mounts") or []
-    except docker.errors.APIError:
+    except EngineError:
         return []  # gone (or going): an abandoned create's own cleanup names them
     return [
         str(mount["Name"])
@@ -300,45 +269,43 @@ def _pinned_volume_names(client: docker.APIClient, container: str) -> list[str]:
     ]
 
 
-def remove_volumes(client: docker.APIClient, volumes: dict[str, dict[str, Any]]) -> None:
-    """Remove these volumes (``create_volume`` arguments by target); gone is fine."""
+def remove_volumes(client: EngineClient, volumes: dict[str, dict[str, Any]]) -> None:
+    """Remove these volumes (``POST /volumes/create`` bodies by target); gone is fine."""
     for volume in volumes.values():
-        _remove_volume_quietly(client, volume["name"])
+        _remove_volume_quietly(client, volume["Name"])
 
 
-def _remove_volume_quietly(client: docker.APIClient, name: str) -> None:
+def _remove_volume_quietly(client: EngineClient, name: str) -> None:
     try:
-        client.remove_volume(name, force=True)
-    except docker.errors.NotFound:
+        client.remove_volume(name)
+    except NotFound:
         return
-    except docker.errors.APIError as exc:
+    except EngineError as exc:
         log.warning("volume_remove_failed", extra={"volume": name, "detail": explain(exc)})
 
 
 def runtime_honoured(
-    client: docker.APIClient, image: str, runtime: str, labels: dict[str, str], *, podman: bool
+    client: EngineClient, image: str, runtime: str, labels: dict[str, str], *, podman: bool
 ) -> str:
     """The runtime the engine gives a container of ``image`` that names ``runtime``: created
     (never started: nothing of it runs), asked, removed. Podman's Docker-compatible inspect
     says "oci" whatever the runtime is: its own API says which (and Podman 4 drops the runtime
     a container names through the compatible API: runc it is)."""
-    created = client.create_container(
-        image,
-        command=["true"],
-        labels=labels,
-        network_disabled=True,
-        host_config=client.create_host_config(
-            runtime=runtime,
-            network_mode="none",
-            log_config=docker.types.LogConfig(type="none", config={}),
-        ),
+    container_id = client.create_container(
+        {
+            "Image": image,
+            "Cmd": ["true"],
+            "Labels": labels,
+            "NetworkDisabled": True,
+            "HostConfig": {"Runtime": runtime, "NetworkMode": "none", **output()},
+        }
     )
-    container_id = str(created["Id"])
     try:
         if podman:
-            answer = client.get(f"{client.base_url}/v4.0.0/libpod/containers/{container_id}/json")
-            answer.raise_for_status()
-            return str(answer.json().get("OCIRuntime") or "")
+            answer = client.request(
+                "GET", f"/v4.0.0/libpod/containers/{container_id}/json", versioned=False
+            )
+            return str((answer.json() or {}).get("OCIRuntime") or "")
         inspected = inspect_container(client, container_id)
         return str((inspected.get("HostConfig") or {}).get("Runtime") or "")
     finally:

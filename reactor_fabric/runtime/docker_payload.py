@@ -3,8 +3,8 @@
 :class:`~reactor_fabric.policy.container_spec.ContainerSpec` says what a container must be, one
 part per service option; this module says how Docker's Engine API (and Podman's compatible one)
 is asked for each part, in one function named after it (:data:`PART_REALISATIONS`), which
-returns its :class:`Fragment` of the payload (docker-py's ``create_container`` arguments, its
-``create_host_config`` arguments, its mounts):
+returns its :class:`Fragment` of the payload (the Engine API's container configuration, its
+``HostConfig``, its ``Mounts``), as ``POST /containers/create`` takes them:
 
 - :func:`lifecycle` (name, labels), :func:`program` (image, program, user, environment),
   :func:`mounts` (the spec's; pinned ones as volumes: :func:`spec_mount`), :func:`network`,
@@ -13,14 +13,15 @@ returns its :class:`Fragment` of the payload (docker-py's ``create_container`` a
   :func:`isolation` (the engine's runtime: gVisor's or the default);
 - what every container gets whatever its spec: our stdio sockets (:func:`stdio_mounts`),
   :func:`supervision`, :func:`output`;
-- :func:`create_kwargs` and :func:`host_config_kwargs` put the fragments together;
+- :func:`container_config` and :func:`host_config` put the fragments together;
   :func:`socket_stdio_entrypoint` is the program when socket stdio puts ``fabric-stdio`` in
   front of the image's own; :func:`podman_pinned_volumes` the named volumes Podman needs for
   pinned mounts.
 
-Pure: no I/O, no trio, no engine; docker-py only for its payload types (``docker.types``), so
-that the payload is built by the same code docker-py's own callers use. The calls that send it
-are in :mod:`.docker_operations`; which engine is asked, and when, in :mod:`.docker`.
+Pure: no I/O, no trio, no engine: plain JSON-ready values, as the Engine API documents them
+(a unit test checks them against what docker-py, which sent them before, makes of the same
+arguments). The calls that send it are in :mod:`.docker_operations`; which engine is asked, and
+when, in :mod:`.docker`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-
-import docker.types
 
 from ..config.secrets import SECRETS_DIR
 from ..policy.container_parts.child_session import CHILD_SOCKET_TARGET
@@ -44,6 +43,10 @@ from .stdio_sockets import EGRESS_SOCKET_TARGET, HELPER_TARGET, SOCKET_TARGET, w
 # NAME-mI (see podman_pinned_volumes).
 LABEL_PINNED_VOLUME_OF = "reactor-fabric.pinned-volume-of"
 PINNED_VOLUME_NAME = re.compile(r"rf-[a-z0-9_.-]+-m[0-9]+")
+
+# One entry of HostConfig.Mounts, as the Engine API takes it (Target, Source, Type, ReadOnly,
+# BindOptions or VolumeOptions).
+EngineMount = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -60,35 +63,42 @@ class SocketSources:
 
 @dataclass(frozen=True)
 class Fragment:
-    """What one part asks of the engine: its ``create_container`` arguments, its
-    ``create_host_config`` arguments, its mounts."""
+    """What one part asks of the engine: its keys of the container's configuration, of its
+    ``HostConfig``, and its mounts."""
 
     create: dict[str, Any] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
-    mounts: list[docker.types.Mount] = field(default_factory=list)
+    mounts: list[EngineMount] = field(default_factory=list)
 
 
-def create_kwargs(
-    spec: ContainerSpec, host_config: Any, *, entrypoint: list[str] | None = None
+def container_config(
+    spec: ContainerSpec, host: dict[str, Any], *, entrypoint: list[str] | None = None
 ) -> dict[str, Any]:
-    """docker-py's ``create_container`` arguments; with ``entrypoint`` (socket stdio), that is
-    the whole program (``fabric-stdio`` in front of the image's entrypoint and command) and
-    stdin stays closed on the engine's side."""
-    return {
+    """The body of ``POST /containers/create`` (its name goes in the query: ``spec.name``);
+    with ``entrypoint`` (socket stdio), that is the whole program (``fabric-stdio`` in front
+    of the image's entrypoint and command) and stdin stays closed on the engine's side."""
+    stdin = entrypoint is None
+    config = {
         **program(spec, entrypoint=entrypoint).create,
         **lifecycle(spec).create,
-        # docker-py adds StdinOnce: closing our side of stdin closes the server's stdin, which
-        # is how MCP asks a stdio server to shut down. With socket stdio it is our socket's.
-        "stdin_open": entrypoint is None,
-        "tty": False,
+        # StdinOnce: closing our side of stdin closes the server's stdin, which is how MCP
+        # asks a stdio server to shut down. With socket stdio it is our socket's.
+        "OpenStdin": stdin,
+        "StdinOnce": stdin,
+        "AttachStdin": stdin,
+        "AttachStdout": True,
+        "AttachStderr": True,
+        "Tty": False,
         **network(spec).create,
-        "host_config": host_config,
+        "HostConfig": host,
     }
+    # The engine takes an absent key for its default; null is not the same for all of them.
+    return {key: value for key, value in config.items() if value is not None}
 
 
 def lifecycle(spec: ContainerSpec) -> Fragment:
-    """The container's name and labels."""
-    return Fragment(create={"name": spec.name, "labels": spec.labels})
+    """The container's labels (its name is the create's query)."""
+    return Fragment(create={"Labels": spec.labels})
 
 
 def program(spec: ContainerSpec, *, entrypoint: list[str] | None = None) -> Fragment:
@@ -96,11 +106,11 @@ def program(spec: ContainerSpec, *, entrypoint: list[str] | None = None) -> Frag
     user and the whole environment (the parts' variables: ContainerSpec.environment)."""
     return Fragment(
         create={
-            "image": spec.image,
-            "command": spec.command if entrypoint is None else None,
-            "entrypoint": entrypoint,
-            "environment": spec.environment,
-            "user": spec.user,
+            "Image": spec.image,
+            "Cmd": list(spec.command) if spec.command is not None and entrypoint is None else None,
+            "Entrypoint": entrypoint,
+            "Env": [f"{name}={value}" for name, value in spec.environment.items()],
+            "User": spec.user,
         }
     )
 
@@ -121,20 +131,20 @@ def socket_stdio_entrypoint(
     )
 
 
-def host_config_kwargs(
+def host_config(
     spec: ContainerSpec,
     pins: PinSet | None = None,
     *,
     named_volumes: dict[str, dict[str, Any]] | None = None,
-    secrets: docker.types.Mount | None = None,
+    secrets: EngineMount | None = None,
     sockets: SocketSources | None = None,
 ) -> dict[str, Any]:
     """The ``HostConfig`` of a spec: mounts as structured objects (``pins``: the mounts'
     sources pinned; ``named_volumes``: the volumes made for them on Podman, by target, see
     :func:`podman_pinned_volumes`; ``secrets``: the file secrets' bind; ``sockets``: ours),
     limits and safe defaults."""
-    return {
-        "mounts": all_mounts(
+    config = {
+        "Mounts": all_mounts(
             spec, pins, named_volumes=named_volumes, secrets=secrets, sockets=sockets
         ),
         **network(spec).host,
@@ -144,6 +154,7 @@ def host_config_kwargs(
         **supervision(),
         **output(),
     }
+    return {key: value for key, value in config.items() if value is not None}
 
 
 def all_mounts(
@@ -151,9 +162,9 @@ def all_mounts(
     pins: PinSet | None = None,
     *,
     named_volumes: dict[str, dict[str, Any]] | None = None,
-    secrets: docker.types.Mount | None = None,
+    secrets: EngineMount | None = None,
     sockets: SocketSources | None = None,
-) -> list[docker.types.Mount]:
+) -> list[EngineMount]:
     """Every mount of the container, in this order: the spec's, the secrets' directory (its
     bind, from :func:`secrets`), then our sockets (stdio's, the egress proxy's, the fabric
     socket)."""
@@ -185,7 +196,7 @@ def spec_mount(
     mount: MountSpec,
     pins: PinSet | None,
     named: dict[str, Any] | None = None,
-) -> docker.types.Mount:
+) -> EngineMount:
     """A pinned mount as a ``local`` volume bound to our descriptor; else a plain bind.
 
     Why a volume: runc binds mount sources from inside the container's new mount namespace,
@@ -195,40 +206,66 @@ def spec_mount(
     bind of that volume, whose path under the engine's data root nobody else can change.
     """
     if named is not None:  # Podman: the volume is made already
-        return docker.types.Mount(
-            target=mount.target,
-            source=named["name"],
-            type="volume",
-            read_only=mount.read_only,
-            no_copy=True,
-        )
+        return volume_mount(mount.target, named["Name"], read_only=mount.read_only)
     pin = pins.for_target(mount.target) if pins is not None else None
     if pin is None:
-        return docker.types.Mount(
-            target=mount.target,
-            source=mount.source,
-            type="bind",
-            read_only=mount.read_only,
-            propagation=mount.propagation,
+        return bind_mount(
+            mount.target, mount.source, read_only=mount.read_only, propagation=mount.propagation
         )
-    return docker.types.Mount(
-        target=mount.target,
-        source=None,  # anonymous: removed with the container (v=True)
-        type="volume",
-        # Read-only at the source, since Docker allows no read-only anonymous volume; a bind
-        # of a read-only mount is read-only, and the container cannot remount it (no caps).
-        driver_config=docker.types.DriverConfig(
-            "local",
-            {
-                "type": "none",
-                "o": "bind,ro" if mount.read_only else "bind",
-                "device": pin.engine_source,
-            },
-        ),
-        # Never copy the image's files at the target into the user's directory.
-        no_copy=True,
+    # Read-only at the source, since Docker allows no read-only anonymous volume; a bind of a
+    # read-only mount is read-only, and the container cannot remount it (no caps).
+    options = {
+        "type": "none",
+        "o": "bind,ro" if mount.read_only else "bind",
+        "device": pin.engine_source,
+    }
+    return volume_mount(
+        mount.target,
+        None,  # anonymous: removed with the container (v=True)
+        read_only=False,  # (Docker refuses a read-only anonymous volume: the bind is ro)
         labels=spec.labels,
+        driver=("local", options),
     )
+
+
+def bind_mount(
+    target: str, source: str, *, read_only: bool, propagation: str | None = None
+) -> EngineMount:
+    """A bind of ``source`` (a host path) at ``target``."""
+    found: EngineMount = {
+        "Target": target,
+        "Source": source,
+        "Type": "bind",
+        "ReadOnly": read_only,
+    }
+    if propagation is not None:
+        found["BindOptions"] = {"Propagation": propagation}
+    return found
+
+
+def volume_mount(
+    target: str,
+    name: str | None,
+    *,
+    read_only: bool,
+    labels: dict[str, str] | None = None,
+    driver: tuple[str, dict[str, str]] | None = None,
+) -> EngineMount:
+    """A volume at ``target``: named, or anonymous (``name`` None) made by ``driver`` with its
+    options. The image's files at the target are never copied into it (``NoCopy``): the volume
+    is the user's directory."""
+    options: dict[str, Any] = {"NoCopy": True}
+    if labels:
+        options["Labels"] = labels
+    if driver is not None:
+        options["DriverConfig"] = {"Name": driver[0], "Options": driver[1]}
+    return {
+        "Target": target,
+        "Source": name,
+        "Type": "volume",
+        "ReadOnly": read_only,
+        "VolumeOptions": options,
+    }
 
 
 def secrets(directory: str | None) -> Fragment:
@@ -237,19 +274,18 @@ def secrets(directory: str | None) -> Fragment:
     environment)."""
     if directory is None:
         return Fragment()
-    mount = docker.types.Mount(target=SECRETS_DIR, source=directory, type="bind", read_only=True)
-    return Fragment(mounts=[mount])
+    return Fragment(mounts=[bind_mount(SECRETS_DIR, directory, read_only=True)])
 
 
-def stdio_mounts(helper: str, socket_path: str) -> list[docker.types.Mount]:
+def stdio_mounts(helper: str, socket_path: str) -> list[EngineMount]:
     """The two binds socket stdio adds: our program and the container's socket, read-only.
 
     A socket bound read-only can still be connected (connecting is not writing to the file
     system); nothing in the container can replace either.
     """
     return [
-        docker.types.Mount(target=HELPER_TARGET, source=helper, type="bind", read_only=True),
-        docker.types.Mount(target=SOCKET_TARGET, source=socket_path, type="bind", read_only=True),
+        bind_mount(HELPER_TARGET, helper, read_only=True),
+        bind_mount(SOCKET_TARGET, socket_path, read_only=True),
     ]
 
 
@@ -260,10 +296,7 @@ def egress(spec: ContainerSpec, path: str | None) -> Fragment:
     :func:`socket_stdio_entrypoint`)."""
     if spec.egress is None or path is None:
         return Fragment()
-    mount = docker.types.Mount(
-        target=EGRESS_SOCKET_TARGET, source=path, type="bind", read_only=True
-    )
-    return Fragment(mounts=[mount])
+    return Fragment(mounts=[bind_mount(EGRESS_SOCKET_TARGET, path, read_only=True)])
 
 
 def child_session(spec: ContainerSpec, path: str | None) -> Fragment:
@@ -271,15 +304,14 @@ def child_session(spec: ContainerSpec, path: str | None) -> Fragment:
     session (see :mod:`.child_sockets`)."""
     if spec.child_session is None or path is None:
         return Fragment()
-    mount = docker.types.Mount(target=CHILD_SOCKET_TARGET, source=path, type="bind", read_only=True)
-    return Fragment(mounts=[mount])
+    return Fragment(mounts=[bind_mount(CHILD_SOCKET_TARGET, path, read_only=True)])
 
 
 def network(spec: ContainerSpec) -> Fragment:
     """The container's network (``none`` for one without, or whose egress is proxied)."""
     return Fragment(
-        create={"network_disabled": spec.network == "none"},
-        host={"network_mode": spec.network},
+        create={"NetworkDisabled": spec.network == "none"},
+        host={"NetworkMode": spec.network},
     )
 
 
@@ -287,12 +319,12 @@ def resources(spec: ContainerSpec) -> Fragment:
     """Memory (no swap on top), CPU and process limits, and the CPU weight."""
     return Fragment(
         host={
-            "mem_limit": spec.memory_bytes,
+            "Memory": spec.memory_bytes,
             # Equal to the memory limit: no swap on top of it, so the limit means what it says.
-            "memswap_limit": spec.memory_bytes,
-            "nano_cpus": spec.nano_cpus,
-            "pids_limit": spec.pids_limit,
-            "cpu_shares": spec.cpu_shares,
+            "MemorySwap": spec.memory_bytes,
+            "NanoCpus": spec.nano_cpus,
+            "PidsLimit": spec.pids_limit,
+            "CpuShares": spec.cpu_shares,
         }
     )
 
@@ -302,11 +334,11 @@ def confinement(spec: ContainerSpec) -> Fragment:
     new privileges (unless relaxed), a read-only root with its tmpfs."""
     return Fragment(
         host={
-            "cap_drop": ["ALL"],
-            "cap_add": list(spec.cap_add) or None,
-            "security_opt": ["no-new-privileges:true"] if spec.no_new_privileges else [],
-            "read_only": spec.read_only_rootfs,
-            "tmpfs": spec.tmpfs or None,
+            "CapDrop": ["ALL"],
+            "CapAdd": list(spec.cap_add) or None,
+            "SecurityOpt": ["no-new-privileges:true"] if spec.no_new_privileges else [],
+            "ReadonlyRootfs": spec.read_only_rootfs,
+            "Tmpfs": dict(spec.tmpfs) or None,
         }
     )
 
@@ -314,14 +346,15 @@ def confinement(spec: ContainerSpec) -> Fragment:
 def isolation(spec: ContainerSpec) -> Fragment:
     """The engine's runtime the container runs under: gVisor's (``runsc``, as the engine has it
     registered) when the spec says so, else the engine's default."""
-    return Fragment(host={"runtime": spec.runtime} if spec.runtime is not None else {})
+    return Fragment(host={"Runtime": spec.runtime} if spec.runtime is not None else {})
 
 
 def supervision() -> dict[str, Any]:
     """Who looks after the container's processes and its removal."""
     return {
-        "init": True,  # a real PID 1 that forwards signals and reaps zombies
-        "auto_remove": False,  # we remove explicitly, after reading the exit code
+        "Init": True,  # a real PID 1 that forwards signals and reaps zombies
+        # (and no AutoRemove, the engine's default: we remove explicitly, after reading the
+        # exit code)
     }
 
 
@@ -334,12 +367,12 @@ def output() -> dict[str, Any]:
     orchestrator reads both streams itself (stdout over the container's socket or the attach,
     stderr over the attach) and logs stderr, bounded.
     """
-    return {"log_config": {"type": "none", "config": {}}}
+    return {"LogConfig": {"Type": "none", "Config": {}}}
 
 
 def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str, dict[str, Any]]:
     """The named volumes that carry a spec's pinned mounts (``pins``) on Podman, by target: the
-    ``create_volume`` arguments of each.
+    ``POST /volumes/create`` body of each.
 
     Why named volumes: Podman ignores the driver options of a volume declared in a container's
     create (the container would get an empty volume; the pin check refuses it). Each is bound
@@ -360,14 +393,14 @@ def podman_pinned_volumes(spec: ContainerSpec, pins: PinSet | None) -> dict[str,
             continue
         uid, gid = pin.owner
         volumes[mount.target] = {
-            "name": f"{spec.name}-m{index}",
-            "driver": "local",
-            "driver_opts": {
+            "Name": f"{spec.name}-m{index}",
+            "Driver": "local",
+            "DriverOpts": {
                 "type": "none",
                 "o": f"bind,{'ro,' if mount.read_only else ''}uid={uid},gid={gid}",
                 "device": pin.engine_source,
             },
-            "labels": {**spec.labels, LABEL_PINNED_VOLUME_OF: spec.name},
+            "Labels": {**spec.labels, LABEL_PINNED_VOLUME_OF: spec.name},
         }
     return volumes
 

@@ -26,12 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import docker
-
 from .._errors import SecurityViolation
 from .._reasons import MOUNT_UNVERIFIABLE
 from ..policy.pinning import Pin, PinSet
 from .docker_operations import inspect_container
+from .engine_api import EngineClient
 
 # A container's first process is briefly not inspectable by its own uid: between the runtime's
 # switch to that user and its exec, the kernel marks it non-dumpable (EACCES on /proc/PID/root).
@@ -41,7 +40,7 @@ VERIFY_RETRY_SECONDS = 0.05
 
 
 def verify_mounts(
-    client: docker.APIClient,
+    client: EngineClient,
     container_id: str,
     pins: PinSet,
     *,

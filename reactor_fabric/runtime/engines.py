@@ -4,7 +4,7 @@ The Docker runtime speaks Docker's Engine API. Two engines serve it: Docker, and
 (``podman system service``), whose compatible API runs the same containers with the same
 flags. The suite's ``orchestrator.runtime`` (or ``--runtime``) says which one to reach:
 
-- ``docker``: wherever docker-py looks (``DOCKER_HOST``, else ``/var/run/docker.sock``);
+- ``docker``: where Docker's own tools look (``DOCKER_HOST``, else ``/var/run/docker.sock``);
 - ``podman``: ``CONTAINER_HOST`` (Podman's own variable), else the rootful service's socket
   ``/run/podman/podman.sock`` when running as root, else the rootless one under
   ``XDG_RUNTIME_DIR``.
@@ -34,14 +34,15 @@ class EngineAddressError(ValueError):
 
 
 def engine_url(engine: EngineName, environ: Mapping[str, str], uid: int) -> str | None:
-    """The API address for ``engine``; None: docker-py's own default (``DOCKER_HOST``…)."""
+    """The API address for ``engine``; None: Docker's default (``DOCKER_HOST``…, see
+    :meth:`.engine_api.EngineAddress.parse`)."""
     if engine == "docker":
         return None
     host = environ.get("CONTAINER_HOST", "")
     if host:
         if not host.startswith(("unix://", "tcp://")):
             # Podman's ssh:// connections carry an identity file and a remote socket path that
-            # docker-py cannot follow; a tunnelled socket works (unix://…).
+            # our engine client does not follow; a tunnelled socket works (unix://…).
             raise EngineAddressError(
                 f"CONTAINER_HOST={host!r}: only unix:// and tcp:// addresses can be used"
             )

@@ -32,8 +32,9 @@ import docker.errors
 import trio
 
 from reactor_fabric.policy.owner import hostname, process_start_time
-from reactor_fabric.runtime.docker_operations import detach_socket
+from reactor_fabric.runtime.docker_operations import attach_socket
 from reactor_fabric.runtime.docker_payload import stdio_mounts
+from reactor_fabric.runtime.engine_api import EngineAddress, EngineClient
 from reactor_fabric.runtime.stdio_sockets import StdioArea, wrapped_command
 
 from .mcp import AttachedStream, PipeStream, SocketStdioStream, StreamRpc, socket_stream
@@ -64,6 +65,16 @@ async def docker_call(
     """``fn(client)`` in a worker thread, abandoned (and an error raised) after ``bound`` s."""
     with trio.fail_after(bound):
         return await trio.to_thread.run_sync(lambda: fn(_docker()), abandon_on_cancel=True)
+
+
+_ENGINE_CLIENT: list[EngineClient] = []
+
+
+def _engine_client() -> EngineClient:
+    """The orchestrator's engine client (for the attach floor: the same handed-over socket)."""
+    if not _ENGINE_CLIENT:
+        _ENGINE_CLIENT.append(EngineClient(EngineAddress.parse(None)))
+    return _ENGINE_CLIENT[0]
 
 
 def docker_sync(fn: Callable[[docker.APIClient], T]) -> T:
@@ -258,10 +269,8 @@ async def start_attached(image: str, *, command: list[str] | None = None) -> Att
         )
         container_id = str(created["Id"])
         try:
-            raw = client.attach_socket(
-                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
-            sock = detach_socket(raw)
+            # The orchestrator's own attach (the engine's upgraded connection, handed over).
+            sock = attach_socket(_engine_client(), container_id, stderr_only=False)
             try:
                 client.start(container_id)
             except BaseException:
@@ -327,7 +336,10 @@ async def start_socket_stdio(image: str) -> SocketStdioContainer:
                 host_config = client.create_host_config(
                     network_mode="none",
                     log_config=docker.types.LogConfig(type="none"),
-                    mounts=stdio_mounts(area.helper, pending.path),
+                    mounts=[
+                        docker.types.Mount(m["Target"], m["Source"], type="bind", read_only=True)
+                        for m in stdio_mounts(area.helper, pending.path)
+                    ],
                 )
                 created: dict[str, Any] = client.create_container(
                     image=image,

@@ -34,7 +34,6 @@ import yaml
 
 from reactor_fabric._operator_cli import audit_file_name
 from reactor_fabric.config.token import TOKEN_ENV
-from reactor_fabric.runtime.docker_errors import container_gone
 from reactor_fabric.runtime.stdio_sockets import HELPER_TARGET, SOCKET_TARGET
 from reactor_fabric.trio.catalog import PROBE_SESSION_PREFIX
 from tests.clients import envs
@@ -601,7 +600,8 @@ def containers_of(
         except docker.errors.NotFound:
             continue
         except docker.errors.APIError as exc:
-            if container_gone(exc):
+            # Podman's 500 "no such container" when it went while we looked.
+            if exc.status_code == 500 and "no such container" in str(exc.explanation or ""):
                 continue
             raise
         session = container.labels.get("reactor-fabric.session", "")

@@ -26,8 +26,6 @@ import docker.types
 import requests
 import trio
 
-from reactor_fabric.runtime.docker_operations import inspect_container
-
 from .api import ceil_int, docker_time, parse_quantity, timestamp
 from .engine import CALL_TIMEOUT, DockerPool
 from .network_policies import Allowed, NetworkPolicyStore, iptables_rules
@@ -845,10 +843,11 @@ def _inspect_image(client: docker.APIClient, image: str) -> dict[str, Any] | Non
 
 def _inspect_container(client: docker.APIClient, container_id: str) -> dict[str, Any] | None:
     try:
-        # The runtime's inspect: asked again when Podman trips over the process ending.
-        return inspect_container(client, container_id)
+        # (The fake's pods run on Docker only: see tests/integration/engines.py.)
+        found: dict[str, Any] = client.inspect_container(container_id)
     except docker.errors.NotFound:
         return None
+    return found
 
 
 def _wait_round(client: docker.APIClient, container_id: str) -> bool:

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import hmac
 import json
+import os
 import secrets
 import socket
 import uuid
@@ -42,8 +43,6 @@ import h11
 import trio
 import yaml
 from wsproto.utilities import generate_accept_token
-
-from reactor_fabric.runtime.docker_operations import detach_socket
 
 from . import attach
 from .api import (
@@ -800,6 +799,21 @@ class FakeKubernetes:
             return detach_socket(raw)
 
         return await self._pool.run(attach_socket)
+
+
+def detach_socket(raw: Any) -> socket.socket:
+    """A standalone non-blocking socket for the hijacked attach connection docker-py returns
+    (wrapped in HTTP response objects that close it when garbage collected: a duplicate of
+    the descriptor outlives them)."""
+    inner = getattr(raw, "_sock", raw)
+    duplicate = socket.socket(fileno=os.dup(inner.fileno()))
+    response = getattr(raw, "_response", None)
+    if response is not None:
+        response.close()
+    else:
+        raw.close()
+    duplicate.setblocking(False)
+    return duplicate
 
 
 def _disconnected(exc: BaseException) -> bool:

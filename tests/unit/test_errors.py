@@ -2,9 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import docker.errors
 import pytest
-import requests
 
 from reactor_fabric import (
     ClientDidNotAnswer,
@@ -29,6 +27,12 @@ from reactor_fabric.protocol.answers import (
     too_many_requests_to_client,
 )
 from reactor_fabric.runtime.docker_errors import translate_docker_error
+from reactor_fabric.runtime.engine_api import (
+    EngineError,
+    EngineUnreachable,
+    ImageNotFound,
+    NotFound,
+)
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "USAGE.md"
 
@@ -45,17 +49,12 @@ def test_errors_carry_their_documented_code_message_and_reason() -> None:
 @pytest.mark.parametrize(
     ("exc", "kind", "reason"),
     [
-        (requests.exceptions.ConnectionError("refused"), DockerUnavailable, "docker_unavailable"),
-        (
-            docker.errors.DockerException(
-                "Error while fetching server API version: "
-                "('Connection aborted.', FileNotFoundError(2))"
-            ),
-            DockerUnavailable,
-            "docker_unavailable",
-        ),
-        (docker.errors.ImageNotFound("No such image: x"), ContainerStartFailure, "image_not_found"),
-        (docker.errors.APIError("conflict"), ContainerStartFailure, "start_failed"),
+        (EngineUnreachable("refused"), DockerUnavailable, "docker_unavailable"),
+        (FileNotFoundError(2, "No such file"), DockerUnavailable, "docker_unavailable"),
+        (TimeoutError("timed out"), DockerUnavailable, "docker_unavailable"),
+        (ImageNotFound(404, "No such image: x"), ContainerStartFailure, "image_not_found"),
+        (EngineError(409, "conflict"), ContainerStartFailure, "start_failed"),
+        (NotFound(404, "No such container: x"), ContainerStartFailure, "start_failed"),
         (RuntimeError("odd"), ContainerStartFailure, "start_failed"),
     ],
 )
@@ -184,12 +183,10 @@ def test_every_error_class_has_its_code_and_message_in_the_error_table() -> None
 
 
 def test_an_engine_error_that_repeats_itself_is_said_once() -> None:
-    exc = docker.errors.ImageNotFound(
-        "404", explanation="no such image: ghost:none: No such image: ghost:none"
-    )
+    exc = ImageNotFound(404, "no such image: ghost:none: No such image: ghost:none")
     translated = translate_docker_error(exc, "create")
     assert str(translated) == "image not found: no such image: ghost:none"
-    other = docker.errors.APIError("409", explanation="conflict: name in use")
+    other = EngineError(409, "conflict: name in use")
     assert str(translate_docker_error(other, "create")) == (
         "Docker refused to create: conflict: name in use"
     )

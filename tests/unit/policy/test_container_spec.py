@@ -14,7 +14,7 @@ from reactor_fabric.policy.container_parts.ownership import LABEL_SESSION, Conta
 from reactor_fabric.policy.container_spec import ContainerSpec, container_spec_for
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import pin_mounts
-from reactor_fabric.runtime.docker_payload import host_config_kwargs
+from reactor_fabric.runtime.docker_payload import host_config
 from tests.fakes import EVERY_CAPABILITY
 
 
@@ -88,21 +88,21 @@ def test_a_user_named_by_the_suite_is_used_as_is_and_the_image_keeps_its_home() 
 
 
 def test_safe_defaults_drop_every_capability_and_forbid_new_privileges() -> None:
-    host = host_config_kwargs(spec_for(Service(image="img")))
-    assert host["cap_drop"] == ["ALL"]
-    assert host["cap_add"] is None
-    assert host["security_opt"] == ["no-new-privileges:true"]
-    assert host["mem_limit"] == host["memswap_limit"] == 512 * 1024**2
-    assert host["nano_cpus"] == 1_000_000_000
-    assert host["pids_limit"] == 256
-    assert host["network_mode"] == "bridge"
-    assert host["read_only"] is True
-    assert host["tmpfs"] == {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}
+    host = host_config(spec_for(Service(image="img")))
+    assert host["CapDrop"] == ["ALL"]
+    assert "CapAdd" not in host
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert host["Memory"] == host["MemorySwap"] == 512 * 1024**2
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["PidsLimit"] == 256
+    assert host["NetworkMode"] == "bridge"
+    assert host["ReadonlyRootfs"] is True
+    assert host["Tmpfs"] == {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}
 
 
 def test_the_engine_keeps_no_log_of_a_servers_output() -> None:
-    host = host_config_kwargs(spec_for(Service(image="img")))
-    assert host["log_config"] == {"type": "none", "config": {}}
+    host = host_config(spec_for(Service(image="img")))
+    assert host["LogConfig"] == {"Type": "none", "Config": {}}
 
 
 def test_a_service_may_relax_the_defaults_explicitly() -> None:
@@ -112,19 +112,19 @@ def test_a_service_may_relax_the_defaults_explicitly() -> None:
         security=Security(no_new_privileges=False, cap_add=["CHOWN"], read_only_rootfs=False),
         network="none",
     )
-    host = host_config_kwargs(spec_for(service))
-    assert host["cap_add"] == ["CHOWN"]
-    assert host["security_opt"] == []
-    assert host["nano_cpus"] == 500_000_000
-    assert host["network_mode"] == "none"
-    assert host["read_only"] is False
-    assert not host["tmpfs"]
+    host = host_config(spec_for(service))
+    assert host["CapAdd"] == ["CHOWN"]
+    assert host["SecurityOpt"] == []
+    assert host["NanoCpus"] == 500_000_000
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is False
+    assert "Tmpfs" not in host
 
 
 def test_mounts_are_structured_bind_mounts_never_volume_strings() -> None:
     mounts = (MountSpec("/home/a/repo", "/workspace"), MountSpec("/home/a/docs", "/docs", True))
-    host = host_config_kwargs(spec_for(Service(image="img"), mounts=mounts))
-    assert [(m["Type"], m["Source"], m["Target"], m["ReadOnly"]) for m in host["mounts"]] == [
+    host = host_config(spec_for(Service(image="img"), mounts=mounts))
+    assert [(m["Type"], m["Source"], m["Target"], m["ReadOnly"]) for m in host["Mounts"]] == [
         ("bind", "/home/a/repo", "/workspace", False),
         ("bind", "/home/a/docs", "/docs", True),
     ]
@@ -139,9 +139,9 @@ def test_pinned_mounts_are_local_volumes_bound_to_the_pins_descriptor(tmp_path: 
     )
     pins = pin_mounts(mounts)
     spec = spec_for(Service(image="img"), mounts=mounts)
-    host = host_config_kwargs(spec, pins)
+    host = host_config(spec, pins)
     try:
-        for mount, pin in zip(host["mounts"], pins.pins, strict=True):
+        for mount, pin in zip(host["Mounts"], pins.pins, strict=True):
             assert (mount["Type"], mount["Source"]) == ("volume", None)  # anonymous
             options = mount["VolumeOptions"]
             assert options["DriverConfig"]["Name"] == "local"
@@ -150,7 +150,7 @@ def test_pinned_mounts_are_local_volumes_bound_to_the_pins_descriptor(tmp_path: 
             # The image's files are never copied into the user's directory.
             assert options["NoCopy"] is True
             assert options["Labels"]["reactor-fabric.session"] == spec.labels[LABEL_SESSION]
-        options = [m["VolumeOptions"]["DriverConfig"]["Options"]["o"] for m in host["mounts"]]
+        options = [m["VolumeOptions"]["DriverConfig"]["Options"]["o"] for m in host["Mounts"]]
         assert options == ["bind", "bind,ro"]
     finally:
         pins.close()
@@ -243,7 +243,7 @@ def test_the_runtime_is_gvisors_where_asked_for_and_there_is_one(
     service = Service(image="x", isolation=isolation, service_type=service_type)  # type: ignore[arg-type]
     spec = spec_for(service, capabilities=WITH_GVISOR if gvisor else WITHOUT_GVISOR)
     assert spec.runtime == runtime
-    assert host_config_kwargs(spec).get("runtime") == runtime
+    assert host_config(spec).get("Runtime") == runtime
     # The mark Podman's dispatching runtime reads (deploy/podman/oci-dispatch): on gVisor's only.
     marked = spec.environment.get("REACTOR_FABRIC_ISOLATION")
     assert marked == ("gvisor" if runtime else None)

@@ -1,6 +1,6 @@
 """What the Docker runtime asks of a Podman engine that it asks differently of Docker.
 
-A fake docker-py client records the calls (and fails where told); the real engine runs the same
+A fake engine client records the calls (and fails where told); the real engine runs the same
 paths in ``make test-podman``.
 """
 
@@ -12,10 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import docker.errors
-import docker.types
 import pytest
-import requests
 
 from reactor_fabric import ContainerStartFailure
 from reactor_fabric.policy.container_parts.confinement import ConfinementPart
@@ -29,22 +26,19 @@ from reactor_fabric.policy.pinning import Pin, PinSet
 from reactor_fabric.runtime import docker_operations
 from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.docker_errors import container_gone
+from reactor_fabric.runtime.engine_api import EngineError, NotFound
 from reactor_fabric.runtime.engines import identify
 from tests.unit.runtime.test_engines import PODMAN_VERSION
 
 
-def api_error(status: int, message: str) -> docker.errors.APIError:
-    response = requests.Response()
-    response.status_code = status
-    # As docker-py makes them: the engine's message is the explanation.
-    return docker.errors.APIError(message, response=response, explanation=message)
+def api_error(status: int, message: str) -> EngineError:
+    # As the client makes them: the engine's message is the explanation.
+    return EngineError(status, message)
 
 
 class FakeClient:
-    """docker-py's APIClient, as far as creating and removing containers goes."""
-
-    base_url = "http+docker://localhost"
-    timeout = 30
+    """The engine client (engine_api.EngineClient), as far as creating and removing
+    containers goes."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
@@ -56,21 +50,18 @@ class FakeClient:
         self.inspects = 0
         self.container_mounts: list[dict[str, Any]] = []
 
-    def create_volume(self, **volume: Any) -> None:
-        self.calls.append(("create_volume", volume["name"]))
-        if volume["name"] in self.volumes:
-            raise api_error(409, f"volume with name {volume['name']} already exists")
-        self.volumes[volume["name"]] = volume
+    def create_volume(self, volume: dict[str, Any]) -> None:
+        self.calls.append(("create_volume", volume["Name"]))
+        if volume["Name"] in self.volumes:
+            raise api_error(409, f"volume with name {volume['Name']} already exists")
+        self.volumes[volume["Name"]] = volume
 
-    def create_host_config(self, **kwargs: Any) -> docker.types.HostConfig:
-        return docker.types.HostConfig(version="1.41", **kwargs)
-
-    def create_container(self, **kwargs: Any) -> dict[str, str]:
-        self.calls.append(("create_container", kwargs["name"]))
+    def create_container(self, body: dict[str, Any], *, name: str | None = None) -> str:
+        self.calls.append(("create_container", name))
         if self.fail_create:
             raise api_error(500, "no such image")
-        self.created = kwargs
-        return {"Id": "c0ffee"}
+        self.created = body
+        return "c0ffee"
 
     def inspect_container(self, container: str) -> dict[str, Any]:
         self.inspects += 1
@@ -85,25 +76,22 @@ class FakeClient:
             "State": {"Running": False, "Pid": 0, "ExitCode": 3, "OOMKilled": False},
         }
 
-    def remove_container(self, container: str, **kwargs: Any) -> None:
+    def remove_container(self, container: str) -> None:
         self.calls.append(("remove_container", container))
         if self.exiting:
             self.exiting -= 1
             raise api_error(500, "cannot remove container: container state improper")
 
-    def remove_volume(self, name: str, force: bool = False) -> None:
+    def remove_volume(self, name: str) -> None:
         self.calls.append(("remove_volume", name))
         if self.volumes.pop(name, None) is None:
-            raise docker.errors.NotFound("no such volume")
+            raise NotFound(404, "no such volume")
 
-    def update_container(self, container: str, **kwargs: Any) -> None:
-        self.calls.append(("update_container", kwargs))
+    def update_container(self, container: str, body: dict[str, Any]) -> None:
+        self.calls.append(("update_container", body))
 
-    def post(self, url: str, **kwargs: Any) -> requests.Response:
-        self.calls.append(("post", (url, kwargs["json"])))
-        response = requests.Response()
-        response.status_code = 201
-        return response
+    def request(self, method: str, path: str, *, body: Any = None, versioned: bool = True) -> None:
+        self.calls.append((method, (path, body, versioned)))
 
 
 def on(engine: str, client: FakeClient) -> DockerRuntime:
@@ -159,13 +147,13 @@ async def test_on_podman_a_pinned_mount_is_a_named_volume_bound_to_the_descripto
     assert pin is not None
     # The pinned object's owner, so that Podman does not chown the user's directory; read-only
     # at the source (gVisor's gofer binds the source as it is).
-    assert volume["driver_opts"] == {
+    assert volume["DriverOpts"] == {
         "type": "none",
         "o": "bind,ro,uid=1234,gid=5678",
         "device": pin.engine_source,
     }
-    assert volume["labels"]["reactor-fabric.pinned-volume-of"] == spec.name
-    [mount] = client.created["host_config"]["Mounts"]
+    assert volume["Labels"]["reactor-fabric.pinned-volume-of"] == spec.name
+    [mount] = client.created["HostConfig"]["Mounts"]
     assert (mount["Type"], mount["Source"], mount["Target"]) == ("volume", name, "/workspace")
     assert mount["ReadOnly"] is True  # (and in the container's mount too)
     assert client.calls[:2] == [("create_volume", name), ("create_container", spec.name)]
@@ -177,7 +165,7 @@ async def test_on_docker_a_pinned_mount_stays_an_anonymous_volume(
     client = FakeClient()
     await on("docker", client)._create(*pinned)
     assert client.volumes == {}
-    [mount] = client.created["host_config"]["Mounts"]
+    [mount] = client.created["HostConfig"]["Mounts"]
     assert mount["Source"] is None
     assert mount["VolumeOptions"]["DriverConfig"]["Options"]["o"] == "bind,ro"
 
@@ -231,16 +219,13 @@ async def test_on_podman_the_cpu_weight_is_changed_through_its_own_api() -> None
     await on("podman", client).set_cpu_shares("c0ffee", 1024)
     assert client.calls == [
         (
-            "post",
-            (
-                "http+docker://localhost/v4.3.1/libpod/containers/c0ffee/update",
-                {"cpu": {"shares": 1024}},
-            ),
+            "POST",
+            ("/v4.3.1/libpod/containers/c0ffee/update", {"cpu": {"shares": 1024}}, False),
         )
     ]
     docker_client = FakeClient()
     await on("docker", docker_client).set_cpu_shares("c0ffee", 1024)
-    assert docker_client.calls == [("update_container", {"cpu_shares": 1024})]
+    assert docker_client.calls == [("update_container", {"CpuShares": 1024})]
 
 
 async def test_a_volume_name_taken_already_fails_the_start_and_that_volume_is_left_alone(
@@ -248,10 +233,10 @@ async def test_a_volume_name_taken_already_fails_the_start_and_that_volume_is_le
 ) -> None:
     spec, pins = pinned
     client = FakeClient()
-    client.volumes["rf-git-0123456789ab-0-m0"] = {"name": "someone else's"}
+    client.volumes["rf-git-0123456789ab-0-m0"] = {"Name": "someone else's"}
     with pytest.raises(ContainerStartFailure):
         await on("podman", client)._create(spec, pins)
-    assert client.volumes == {"rf-git-0123456789ab-0-m0": {"name": "someone else's"}}
+    assert client.volumes == {"rf-git-0123456789ab-0-m0": {"Name": "someone else's"}}
     assert ("create_container", spec.name) not in client.calls
 
 
@@ -260,7 +245,7 @@ async def test_a_container_podman_says_does_not_exist_is_gone_not_a_failure(
 ) -> None:
     client = FakeClient()
 
-    def vanished(container: str, **kwargs: Any) -> None:
+    def vanished(container: str) -> None:
         client.calls.append(("remove_container", container))
         raise api_error(500, "container c0ffee does not exist in database: no such container")
 
@@ -269,7 +254,7 @@ async def test_a_container_podman_says_does_not_exist_is_gone_not_a_failure(
     assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert client.calls == [("remove_container", "c0ffee")]
     assert not container_gone(api_error(500, "container state improper"))
-    assert container_gone(docker.errors.NotFound("gone"))
+    assert container_gone(NotFound(404, "gone"))
 
 
 async def test_on_podman_an_inspect_that_meets_the_process_ending_is_asked_again() -> None:
