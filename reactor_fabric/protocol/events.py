@@ -74,9 +74,12 @@ class BackendKey:
 
 @dataclass(frozen=True, slots=True)
 class ClientFrame:
-    """One message from the client (size already checked by the transport)."""
+    """One message from the client (size already checked by the transport); ``message``: its
+    envelope, when the transport peeked at it already (Streamable HTTP routes each POST by
+    it), so that the machine does not decode it again."""
 
     frame: bytes
+    message: Peek | None = None
 
 
 @dataclass(frozen=True, slots=True)

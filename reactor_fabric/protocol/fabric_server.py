@@ -105,7 +105,7 @@ from .fabric_replies import Replies
 from .fabric_roster import Routed
 from .fabric_router import FabricRouter
 from .fabric_setup import FabricSetup
-from .jsonrpc import RequestId, peek
+from .jsonrpc import Peek, RequestId, peek
 from .lifecycle import Lifecycle
 from .mcp import INVALID_PARAMS, METHOD_NOT_FOUND
 from .served import Served
@@ -192,10 +192,10 @@ class FabricServer:
     def _handle(self, event: Event, now: float) -> list[Action]:
         actions: list[Action] = []
         match event:
-            case ClientFrame(frame=frame):
+            case ClientFrame(frame=frame, message=known):
                 self.lease.touch(now)
                 self._message_bytes = len(frame)
-                actions = self.replies.with_done(self._client_message(frame))
+                actions = self.replies.with_done(self._client_message(frame, known))
             case ClientActivity():
                 self.lease.touch(now)
             case ClientRegistered():
@@ -335,10 +335,10 @@ class FabricServer:
 
     # --- events from the client ---------------------------------------------------------------
 
-    def _client_message(self, data: bytes) -> list[Action]:
-        """One message from the client."""
+    def _client_message(self, data: bytes, known: Peek | None = None) -> list[Action]:
+        """One message from the client (``known``: its envelope, peeked already)."""
         try:
-            kind = peek(data)
+            kind = known or peek(data)
             message = msgspec.json.decode(data)
         except (ParseError, InvalidRequest) as exc:
             return [self.replies.error(exc.request_id, exc)]

@@ -115,6 +115,9 @@ class ServerConnection:
         self._head_bytes = 0
         self._target = bytearray()
         self._headers: list[tuple[bytes, bytes]] = []
+        # Noted as its headers come (one look at each header, not a walk over all per check).
+        self._hosts = 0
+        self._expects_continue = False
         # The request being answered (its head taken by next_event).
         self.request: RequestHead | None = None
         self._request_done = False  # its MESSAGE_END taken
@@ -220,14 +223,24 @@ class ServerConnection:
         self._head_bytes = 0
         self._target.clear()
         self._headers = []
+        self._hosts = 0
+        self._expects_continue = False
 
     def on_url(self, url: bytes) -> None:
         self._target += url
         self._spend(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
-        self._spend(len(name) + len(value) + _HEADER_OVERHEAD)
+        name = name.lower()
+        self._headers.append((name, value))
+        # (_spend inline: this runs once per header of every request)
+        self._head_bytes += len(name) + len(value) + _HEADER_OVERHEAD
+        if self._head_bytes > self.max_head_bytes:
+            raise HttpError("the request head is too large", 431)
+        if name == b"host":
+            self._hosts += 1
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self._expects_continue = True
 
     def _spend(self, size: int) -> None:
         self._head_bytes += size
@@ -241,14 +254,11 @@ class ServerConnection:
         if version not in ("1.1", "1.0"):
             raise HttpError(f"HTTP/{version} is not supported", 505)
         headers = self._headers
-        names = [name for name, _ in headers]
-        if version == "1.1" and b"host" not in names:
+        if version == "1.1" and not self._hosts:
             raise HttpError("an HTTP/1.1 request must have a Host header")
-        if names.count(b"host") > 1:
+        if self._hosts > 1:
             raise HttpError("more than one Host header")
-        expects = any(
-            name == b"expect" and value.lower() == b"100-continue" for name, value in headers
-        )
+        expects = self._expects_continue
         self.buffered_bytes += self._head_bytes
         self._events.append(
             RequestHead(

@@ -276,7 +276,7 @@ class SessionMachine:
         self.container.last_activity = now
         self.lease.touch(now)
         try:
-            message = peek(event.frame)
+            message = event.message or peek(event.frame)
         except InvalidMessage as exc:
             return [
                 Log("info", "client_message_refused", {"code": exc.code, "reason": exc.reason}),

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import trio
 
+from ..protocol.events import Action
 from ..protocol.jsonrpc import Peek
 
 
@@ -50,6 +51,36 @@ def channel_boundary(
     return translated
 
 
+class Handover:
+    """What a message delivered directly (:class:`DeliversDirectly`) left for the session's
+    reader task: the machine's actions that may wait (a frame for the client, a container to
+    start), or the machine's failure, raised there as if it had happened in that task."""
+
+    __slots__ = ("actions", "failure")
+
+    def __init__(self, actions: list[Action], failure: Exception | None = None) -> None:
+        self.actions = actions
+        self.failure = failure
+
+    def __len__(self) -> int:
+        return 0  # (bytes counted by a channel's inbox: none)
+
+
+@runtime_checkable
+class DeliversDirectly(Protocol):
+    """A channel whose client messages arrive in other tasks (Streamable HTTP: each in its
+    POST's handler). While the session's reader waits for a message with none queued, the
+    session sets ``direct``; the channel then hands a message to it instead of queueing it for
+    the reader — one task hand-off fewer per message. ``direct`` returns False when it did not
+    take the message (the machine does not accept now): the channel queues it then, as
+    always. What a delivered message left to do that may wait comes back through
+    :meth:`hand_over`, and the reader's :meth:`ClientChannel.receive` returns it in order."""
+
+    direct: Callable[[bytes, Peek], bool] | None
+
+    def hand_over(self, handover: Handover) -> None: ...
+
+
 class ClientChannel(Protocol):
     """A client connection carrying one JSON-RPC message per frame, for one session.
 
@@ -61,8 +92,9 @@ class ClientChannel(Protocol):
     has peeked at it already.
     """
 
-    async def receive(self) -> bytes | None:
-        """The next message (UTF-8 bytes), or None once the client has gone."""
+    async def receive(self) -> bytes | Handover | None:
+        """The next message (UTF-8 bytes), or None once the client has gone (a
+        :class:`Handover` only from a channel that :class:`DeliversDirectly`)."""
 
     async def send(self, frame: bytes, message: Peek | None = None, *, more: bool = False) -> None:
         """``more``: other frames follow at once (a burst): the transport may hold this one

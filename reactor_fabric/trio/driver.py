@@ -91,8 +91,9 @@ from ..protocol.events import (
 from ..protocol.fabric_refresh import ToolChanges
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
+from ..protocol.jsonrpc import Peek
 from ..runtime.base import Container
-from .channel import ChannelClosed, ClientChannel, LeasedClient
+from .channel import ChannelClosed, ClientChannel, DeliversDirectly, Handover, LeasedClient
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
 from .pooled import HandedOut
 from .registry import SessionRecord
@@ -211,6 +212,9 @@ class SessionDriver:
         self._burst_out = False
         # trio's clock, asked directly (trio.current_time() is three calls, and runs per event)
         self._now: Callable[[], float] = trio.current_time
+        # The channel, when its messages may be fed from the tasks that receive them (asked
+        # once: a runtime-checked protocol costs a walk over its attributes per check).
+        self._direct = channel if isinstance(channel, DeliversDirectly) else None
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
         """What the client is owed if the session must end now with ``error``."""
@@ -376,12 +380,35 @@ class SessionDriver:
                         cleanup.start_soon(self._remove, key, live)
 
     async def _read_client(self) -> None:
-        while True:
+        channel = self.channel
+        direct = self._direct
+
+        async def until_accepting() -> None:
             while not self.machine.accepting:
                 self._paused = True
                 self._accepting = trio.Event()
                 await self._accepting.wait()
-            frame = await self.channel.receive()
+
+        while True:
+            await until_accepting()
+            if direct is None:
+                frame = await channel.receive()
+            else:
+                # While this waits with nothing queued, the channel may hand a message to the
+                # machine from the task that received it (_feed_now).
+                direct.direct = self._feed_now
+                try:
+                    frame = await channel.receive()
+                finally:
+                    direct.direct = None
+                if frame is not None and not isinstance(frame, Handover):
+                    # (queued while the machine accepted, it may have stopped since)
+                    await until_accepting()
+            if isinstance(frame, Handover):
+                if frame.failure is not None:
+                    raise frame.failure
+                await self._execute(frame.actions)
+                continue
             if frame is None:
                 await self._feed(ClientGone())
                 return
@@ -390,6 +417,35 @@ class SessionDriver:
             # writer task, which writes it together (one write, not one per message).
             self._burst_in = self.channel.more_received
             await self._feed(ClientFrame(frame), now)
+
+    def _feed_now(self, frame: bytes, message: Peek) -> bool:
+        """A client's message fed to the machine by the task that received it (a POST's
+        handler: see :class:`~.channel.DeliversDirectly`), while the reader waits with nothing
+        queued; False when the machine does not accept now (the channel queues it then).
+
+        Synchronous: nothing here waits, so no cancellation of the caller's task can leave an
+        event half carried out. What the machine decides that may wait (the usual call has
+        nothing left once its line is written at once) goes to the reader task as a
+        :class:`~.channel.Handover`, in order; so does the machine's failure, raised there.
+        """
+        machine = self.machine
+        channel = self._direct
+        if channel is None or not machine.accepting:
+            return False
+        self.record.last_active = now = self._now()
+        self._burst_in = False
+        try:
+            actions = machine.handle(ClientFrame(frame, message), now)
+            if len(actions) == 1 and type(actions[0]) is ToBackend:
+                written = self._write(actions[0])
+                actions = [] if written is None else machine.handle(written, now)
+            self._timer.wake()
+        except Exception as exc:  # noqa: BLE001 - the reader task raises it
+            channel.hand_over(Handover([], exc))
+            return True
+        if actions:
+            channel.hand_over(Handover(actions))
+        return True
 
     async def _send_client(self, action: ToClient) -> None:
         frame = action.frame

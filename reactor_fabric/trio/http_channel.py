@@ -26,23 +26,27 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import trio
 
 from .._errors import InvalidMessage
 from ..protocol.jsonrpc import RESPONSE, Peek, RequestId, peek
-from .channel import ChannelClosed, channel_boundary
+from .channel import ChannelClosed, Handover, channel_boundary
 
 log = logging.getLogger(__name__)
 
 
-class FrameQueue:
+_Frame = TypeVar("_Frame", bound=Sized)
+
+
+class FrameQueue(Generic[_Frame]):
     """Frames for one reader, bounded in bytes: ``put`` waits (or drops) when full."""
 
     def __init__(self, limit: int) -> None:
-        self.frames: collections.deque[bytes] = collections.deque()
+        self.frames: collections.deque[_Frame] = collections.deque()
         self.bytes = 0
         self.limit = limit
         self.closed = False
@@ -69,7 +73,7 @@ class FrameQueue:
     def full(self) -> bool:
         return self.bytes >= self.limit
 
-    async def put(self, frame: bytes) -> bool:
+    async def put(self, frame: _Frame) -> bool:
         """Queue ``frame`` once there is room; False if the queue was closed meanwhile."""
         while self.full and not self.closed:
             await self._wait_for_change()
@@ -79,19 +83,19 @@ class FrameQueue:
         await trio.lowlevel.checkpoint_if_cancelled()
         return True
 
-    def put_nowait(self, frame: bytes) -> None:
+    def put_nowait(self, frame: _Frame) -> None:
         self.frames.append(frame)
         self.bytes += len(frame)
         self._notify()
 
-    def put_last_nowait(self, frame: bytes) -> None:
+    def put_last_nowait(self, frame: _Frame) -> None:
         """Queue ``frame`` and close the queue after it, as one change (a POST's response)."""
         self.frames.append(frame)
         self.bytes += len(frame)
         self.closed = True
         self._notify()
 
-    async def get(self) -> bytes | None:
+    async def get(self) -> _Frame | None:
         """The next frame, or None once the queue is closed and empty."""
         while not self.frames:
             if self.closed:
@@ -116,7 +120,7 @@ class Waiter:
 
     request_id: RequestId
     streaming: bool
-    queue: FrameQueue
+    queue: FrameQueue[bytes]
     gone: bool = False
     # The frame that answers the request, once delivered (compared by identity by the POST).
     response: bytes | None = None
@@ -142,14 +146,19 @@ class HttpChannel:
     )
 
     def __post_init__(self) -> None:
-        self._inbox = FrameQueue(self.inbox_bytes)
-        self.backlog = FrameQueue(self.backlog_bytes)
+        self._inbox: FrameQueue[bytes | Handover] = FrameQueue(self.inbox_bytes)
+        self.backlog: FrameQueue[bytes] = FrameQueue(self.backlog_bytes)
         self._streams_changed = trio.Event()
+        # Set by the session while its reader waits with nothing queued (DeliversDirectly).
+        self.direct: Callable[[bytes, Peek], bool] | None = None
 
-    # --- the session's side (ClientChannel) -------------------------------------------------
+    # --- the session's side (ClientChannel, DeliversDirectly) -------------------------------
 
-    async def receive(self) -> bytes | None:
+    async def receive(self) -> bytes | Handover | None:
         return await self._inbox.get()
+
+    def hand_over(self, handover: Handover) -> None:
+        self._inbox.put_nowait(handover)
 
     @property
     def more_received(self) -> bool:
@@ -233,9 +242,21 @@ class HttpChannel:
         waiter.gone = True
         waiter.queue.close()
 
-    async def submit(self, frame: bytes) -> None:
+    async def submit(self, frame: bytes, message: Peek | None = None) -> None:
         """Hand a client message to the session (waits while the session's inbox is full);
-        :class:`ChannelClosed` once the session has ended."""
+        :class:`ChannelClosed` once the session has ended. With its envelope (``message``),
+        the session takes it at once from this task when its reader waits with nothing queued
+        (see :class:`~.channel.DeliversDirectly`)."""
+        direct = self.direct
+        if (
+            direct is not None
+            and message is not None
+            and not self._inbox.frames
+            and not self._inbox.closed
+            and direct(frame, message)
+        ):
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return
         if not await self._inbox.put(frame):
             raise ChannelClosed("the HTTP session is closed")
 

@@ -238,9 +238,10 @@ async def _serve_session(
         await refuse(channel, request_id, error, service=service_name)
 
     if first_frame is None:
-        first_frame = await channel.receive()
-        if first_frame is None:
-            return
+        received = await channel.receive()
+        if not isinstance(received, bytes):
+            return  # gone (a Handover comes only once a driver has taken the channel)
+        first_frame = received
     # What the session is and asks for: decided in policy.admission, steps 1-4.
     decision = admission(
         first_frame,

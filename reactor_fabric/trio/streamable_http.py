@@ -414,7 +414,7 @@ async def _post(
     channel = session.channel
     if message.kind != REQUEST:
         try:
-            await channel.submit(body)
+            await channel.submit(body, message)
         except ChannelClosed:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
@@ -432,7 +432,7 @@ async def _post(
     waiter = channel.expect(message.id, streaming="text/event-stream" in accept and not first)
     try:
         try:
-            await channel.submit(body)
+            await channel.submit(body, message)
         except ChannelClosed:
             await exchange.respond(404, b'{"error": "session ended"}')
             return
@@ -468,7 +468,7 @@ async def _answer(
     await exchange.end()
 
 
-async def next_frame(exchange: HttpExchange, queue: FrameQueue) -> bytes | None:
+async def next_frame(exchange: HttpExchange, queue: FrameQueue[bytes]) -> bytes | None:
     """The next frame for a POST (None once its queue is closed and empty), or ClientGone if
     the client hangs up first.
 

@@ -19,7 +19,9 @@ from wsproto.events import CloseConnection
 
 from reactor_fabric import FabricError
 from reactor_fabric.policy.container_spec import ContainerSpec
+from reactor_fabric.protocol.events import Action, ClientFrame, Event
 from reactor_fabric.protocol.jsonrpc import Peek
+from reactor_fabric.protocol.session import SessionMachine
 from reactor_fabric.trio.session import _Progress, _tell_client_of_crash, serve_session
 from tests.fakes import MemoryClient
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -115,6 +117,56 @@ async def test_a_bug_in_an_http_session_is_told_to_its_client_and_hurts_nobody_e
         assert answer["id"] == expected_id
         assert answer["error"]["data"]["reason"] == "internal_error"
         http.runtime.clear_faults()
+        await trio.testing.wait_all_tasks_blocked()
+        await still_serving(http, bystander)
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+async def test_a_bug_in_the_machine_on_a_clients_message_is_that_sessions_crash_told_to_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    transport: str,
+) -> None:
+    # Over HTTP the POST's own task hands the message to the machine (DeliversDirectly); a
+    # bug there must still be the session's crash, told to its client, as over WebSocket
+    # (where the session's reader task meets it).
+    handle = SessionMachine.handle
+
+    def buggy(self: SessionMachine, event: Event, now: float) -> list[Action]:
+        if isinstance(event, ClientFrame) and b"machine_bug" in event.frame:
+            raise InjectedBug("a bug in the machine")
+        return handle(self, event, now)
+
+    monkeypatch.setattr(SessionMachine, "handle", buggy)
+    doomed_call = request(2, "tools/call", {"name": "machine_bug", "arguments": {}})
+    async with served(tmp_path) as http:
+        bystander = await start_bystander(http)
+        if transport == "http":
+            opened = await http.post(INITIALIZE)
+            await http.post(INITIALIZED, session=opened.session)
+            with trio.fail_after(30):  # (a crash lost in the POST's task would hang it)
+                reply = await http.post(doomed_call, session=opened.session)
+            # The machine never took the request, so it owes no answer to it: the POST is
+            # told its session ended, and the session is gone.
+            assert reply.status == 404
+            assert (reply.json()["id"], reply.json()["error"]["data"]["reason"]) == (
+                2,
+                "session_ended",
+            )
+            gone = await http.post(request(3, "tools/list"), session=opened.session)
+            assert gone.status == 404
+        else:
+            ws, _ = await http.websocket()
+            await ws.send_json(INITIALIZE)
+            assert (await ws.hear())["id"] == 1
+            await ws.send_json(INITIALIZED)
+            await ws.send_json(doomed_call)
+            event = await ws.next_event()
+            assert isinstance(event, CloseConnection)
+            assert (event.code, event.reason) == (1011, "internal error")
+            await ws.aclose()
+        assert "a bug in the machine" in caplog.text  # (the crash, logged with its cause)
         await trio.testing.wait_all_tasks_blocked()
         await still_serving(http, bystander)
 

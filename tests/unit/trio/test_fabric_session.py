@@ -26,9 +26,12 @@ from reactor_fabric.policy.container_parts.ownership import LABEL_SERVICE, LABEL
 from reactor_fabric.protocol import fabric_discovery
 from reactor_fabric.protocol.answers import SessionLimits
 from reactor_fabric.protocol.catalog import Catalog, service_catalog
+from reactor_fabric.protocol.events import ToClient
 from reactor_fabric.protocol.fabric_discovery import index_catalog
 from reactor_fabric.runtime.memory import MemoryRuntime, MemoryServer, Server, open_memory_runtime
 from reactor_fabric.trio import catalog_service as catalog_service_module
+from reactor_fabric.trio.channel import Handover
+from reactor_fabric.trio.http_channel import HttpChannel
 from reactor_fabric.trio.live_container import LiveContainer
 from reactor_fabric.trio.serve import Fabric, assemble
 from reactor_fabric.trio.session import serve_session
@@ -441,6 +444,33 @@ async def test_over_streamable_http_a_session_is_kept_by_its_id_and_deleted(
         assert deleted.status == 204
         await trio.testing.wait_all_tasks_blocked()
         assert http.runtime.alive == []
+
+
+async def test_over_streamable_http_what_the_endpoint_answers_itself_is_sent_by_its_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A POST hands its message to the session directly (see DeliversDirectly); the endpoint's
+    # own answer (tools/list, from its catalog) may wait for the client, so the session's
+    # reader task sends it, in order with what came before.
+    handed: list[Handover] = []
+    hand_over = HttpChannel.hand_over
+
+    def spied(self: HttpChannel, handover: Handover) -> None:
+        handed.append(handover)
+        hand_over(self, handover)
+
+    monkeypatch.setattr(HttpChannel, "hand_over", spied)
+    async with fabric_served(tmp_path) as http:
+        opened = await http.post(INITIALIZE, path="/mcp")
+        session = opened.session
+        await http.post(INITIALIZED, session=session, path="/mcp")
+        listed = await http.post(request(2, "tools/list"), session=session, path="/mcp")
+        names = [tool["name"] for tool in listed.json()["result"]["tools"]]
+        assert "find_tools" in names  # (the discover profile: its meta-tools)
+        called = await http.post(tool_call(3, "alpha__echo", x=3), session=session, path="/mcp")
+        assert json.loads(called.json()["result"]["content"][0]["text"]) == {"x": 3}
+    sent = [a for h in handed for a in h.actions if isinstance(a, ToClient)]
+    assert [json.loads(a.frame)["id"] for a in sent][:1] == [2]
 
 
 async def test_over_streamable_http_a_session_left_alone_ends_after_its_longest_idle_timeout(

@@ -14,6 +14,8 @@ import trio
 import trio.testing
 
 from reactor_fabric.config.structs import Limits, Profile, Service
+from reactor_fabric.trio.channel import Handover
+from reactor_fabric.trio.http_channel import FrameQueue, HttpChannel
 from tests.fakes import until
 from tests.http_client import HttpClient, Reply
 from tests.messages import INITIALIZE, INITIALIZED, request
@@ -573,3 +575,31 @@ async def test_a_keyed_fabric_url_refuses_requests_with_other_tools_or_profile(
         assert http.fabric.registry.session_count == 1
         assert [spec.image for spec in http.runtime.spawned] == ["fake/alpha:1"]
         assert (await http.http("DELETE", owner)).status == 204
+
+
+async def test_a_posted_message_reaches_the_session_from_its_post_not_through_its_inbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While the session waits for its client with nothing queued, a POST's handler hands it
+    # the message itself: one task hand-off fewer per call (the answers are the same).
+    queued: list[object] = []
+    put, hand_over = FrameQueue.put, HttpChannel.hand_over
+
+    async def spied_put(self: FrameQueue[Any], frame: Any) -> bool:
+        queued.append(frame)
+        return await put(self, frame)
+
+    def spied_hand_over(self: HttpChannel, handover: Handover) -> None:
+        queued.append(handover)
+        hand_over(self, handover)
+
+    monkeypatch.setattr(FrameQueue, "put", spied_put)
+    monkeypatch.setattr(HttpChannel, "hand_over", spied_hand_over)
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        queued.clear()
+        for request_id in range(2, 6):
+            reply = await http.post(call(request_id, "echo", n=request_id), session=session)
+            assert reply.json()["id"] == request_id
+            assert json.loads(reply.json()["result"]["content"][0]["text"]) == {"n": request_id}
+        assert queued == []
