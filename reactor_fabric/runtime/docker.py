@@ -37,6 +37,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,11 @@ from .secret_files import SecretFiles
 from .stdio_sockets import GO
 
 log = logging.getLogger(__name__)
+
+# How long a container whose output ended may still be reported running before its exit is
+# given as unknown, and the pause between two looks (see DockerRuntime.exit_status).
+EXIT_SETTLE_SECONDS = 2.0
+EXIT_SETTLE_PAUSE = 0.05
 
 
 class DockerRuntime:
@@ -440,10 +446,19 @@ class DockerRuntime:
         await self._engine.call("update", update)
 
     async def exit_status(self, container_id: str) -> ContainerExit:
-        """Exit code and OOM flag of a container that has stopped (or None if still running)."""
+        """Exit code and OOM flag of a container that has stopped (or None if still running).
+
+        Asked when the container's output ended: its process has exited then, or is about to,
+        and an engine may report it a moment later (Podman does), so a container still said to
+        run is asked again for up to :data:`EXIT_SETTLE_SECONDS`.
+        """
 
         def inspect(client: EngineClient) -> ContainerExit:
             state: dict[str, Any] = inspect_container(client, container_id)["State"]
+            settled_by = time.monotonic() + EXIT_SETTLE_SECONDS
+            while state.get("Running") and time.monotonic() < settled_by:
+                time.sleep(EXIT_SETTLE_PAUSE)
+                state = inspect_container(client, container_id)["State"]
             running = bool(state.get("Running"))
             return ContainerExit(
                 exit_code=None if running else int(state.get("ExitCode", -1)),

@@ -190,14 +190,19 @@ def test_pooled_sessions_each_see_their_own_project_and_nothing_of_the_others(
                 table = Path(f"/proc/{pid}/mountinfo").read_text()
                 assert str(other) not in table
                 assert table.count(str(project)) == 1
-            # The still idle pooled container sees an empty, unwritable directory only.
-            idle = [
-                c
-                for c in containers_of(docker_client, instance=running.instance, pooled="true")
-                if c.name not in {start["container_name"] for start in starts}
-            ]
-            assert idle
-            for container in idle:
+            # The still idle pooled container sees an empty, unwritable directory only (once
+            # running: the pool's refill may be listed between its create and its start).
+            taken = {start["container_name"] for start in starts}
+
+            def idle_running() -> list[Any]:
+                return [
+                    c
+                    for c in containers_of(docker_client, instance=running.instance, pooled="true")
+                    if c.name not in taken and c.attrs["State"]["Pid"]
+                ]
+
+            wait_until(lambda: bool(idle_running()), 30, "an idle pooled container running")
+            for container in idle_running():
                 pid = container.attrs["State"]["Pid"]
                 assert os.listdir(f"/proc/{pid}/root/workspace") == []
         finally:

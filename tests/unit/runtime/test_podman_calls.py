@@ -23,6 +23,7 @@ from reactor_fabric.policy.container_parts.secrets import SecretsPart
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import Pin, PinSet
+from reactor_fabric.runtime import docker as docker_module
 from reactor_fabric.runtime import docker_operations
 from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.docker_errors import container_gone
@@ -49,6 +50,7 @@ class FakeClient:
         self.inspect_error = ""  # another 500 every inspect answers
         self.inspects = 0
         self.container_mounts: list[dict[str, Any]] = []
+        self.still_running = 0  # how many inspects still say the container runs
 
     def create_volume(self, volume: dict[str, Any]) -> None:
         self.calls.append(("create_volume", volume["Name"]))
@@ -71,6 +73,9 @@ class FakeClient:
             self.process_ending -= 1
             # Podman 4.3, seen at a session's end in the integration tests.
             raise api_error(500, "read /proc/25606/cgroup: no such process")
+        if self.still_running:
+            self.still_running -= 1
+            return {"Mounts": [], "State": {"Running": True, "Pid": 42, "ExitCode": 0}}
         return {
             "Mounts": self.container_mounts,
             "State": {"Running": False, "Pid": 0, "ExitCode": 3, "OOMKilled": False},
@@ -283,3 +288,19 @@ async def test_another_engine_error_on_inspect_is_not_asked_again() -> None:
     with pytest.raises(ContainerStartFailure):
         await on("podman", client).main_pid("c0ffee")
     assert client.inspects == 1
+
+
+async def test_an_exit_the_engine_reports_a_moment_late_is_waited_for_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Asked once a container's output ended, Podman may still say it runs: asked again, its
+    # exit code comes; a container that really goes on running is reported so, in bounded time.
+    monkeypatch.setattr(docker_module, "EXIT_SETTLE_PAUSE", 0.0)
+    client = FakeClient()
+    client.still_running = 3
+    ended = await on("podman", client).exit_status("c0ffee")
+    assert (ended.exit_code, client.inspects) == (3, 4)
+    monkeypatch.setattr(docker_module, "EXIT_SETTLE_SECONDS", 0.05)
+    monkeypatch.setattr(docker_module, "EXIT_SETTLE_PAUSE", 0.01)
+    client.still_running = 10**6
+    assert (await on("docker", client).exit_status("c0ffee")).exit_code is None
