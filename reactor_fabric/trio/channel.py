@@ -71,12 +71,14 @@ class DeliversDirectly(Protocol):
     """A channel whose client messages arrive in other tasks (Streamable HTTP: each in its
     POST's handler). While the session's reader waits for a message with none queued, the
     session sets ``direct``; the channel then hands a message to it instead of queueing it for
-    the reader — one task hand-off fewer per message. ``direct`` returns False when it did not
+    the reader — one task hand-off fewer per message; its third argument says whether more of
+    the client's messages are under way (a burst: what they ask of a container is then left to
+    its writer task, which writes them together). ``direct`` returns False when it did not
     take the message (the machine does not accept now): the channel queues it then, as
     always. What a delivered message left to do that may wait comes back through
     :meth:`hand_over`, and the reader's :meth:`ClientChannel.receive` returns it in order."""
 
-    direct: Callable[[bytes, Peek], bool] | None
+    direct: Callable[[bytes, Peek, bool], bool] | None
 
     def hand_over(self, handover: Handover) -> None: ...
 

@@ -418,10 +418,11 @@ class SessionDriver:
             self._burst_in = self.channel.more_received
             await self._feed(ClientFrame(frame), now)
 
-    def _feed_now(self, frame: bytes, message: Peek) -> bool:
+    def _feed_now(self, frame: bytes, message: Peek, more: bool) -> bool:
         """A client's message fed to the machine by the task that received it (a POST's
         handler: see :class:`~.channel.DeliversDirectly`), while the reader waits with nothing
         queued; False when the machine does not accept now (the channel queues it then).
+        ``more``: more of the client's messages are under way (see ``_burst_in``).
 
         Synchronous: nothing here waits, so no cancellation of the caller's task can leave an
         event half carried out. What the machine decides that may wait (the usual call has
@@ -433,7 +434,7 @@ class SessionDriver:
         if channel is None or not machine.accepting:
             return False
         self.record.last_active = now = self._now()
-        self._burst_in = False
+        self._burst_in = more
         try:
             actions = machine.handle(ClientFrame(frame, message), now)
             if len(actions) == 1 and type(actions[0]) is ToBackend:

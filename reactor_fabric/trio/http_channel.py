@@ -150,7 +150,7 @@ class HttpChannel:
         self.backlog: FrameQueue[bytes] = FrameQueue(self.backlog_bytes)
         self._streams_changed = trio.Event()
         # Set by the session while its reader waits with nothing queued (DeliversDirectly).
-        self.direct: Callable[[bytes, Peek], bool] | None = None
+        self.direct: Callable[[bytes, Peek, bool], bool] | None = None
 
     # --- the session's side (ClientChannel, DeliversDirectly) -------------------------------
 
@@ -253,7 +253,8 @@ class HttpChannel:
             and message is not None
             and not self._inbox.frames
             and not self._inbox.closed
-            and direct(frame, message)
+            # (other requests of the client's in flight: a burst, see DeliversDirectly)
+            and direct(frame, message, len(self._waiters) > 1)
         ):
             await trio.lowlevel.checkpoint_if_cancelled()
             return

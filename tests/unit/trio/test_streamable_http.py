@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from reactor_fabric.config.structs import Limits, Profile, Service
+from reactor_fabric.runtime.memory import _PipeSender
 from reactor_fabric.trio.channel import Handover
 from reactor_fabric.trio.http_channel import FrameQueue, HttpChannel
 from tests.fakes import until
@@ -603,3 +604,39 @@ async def test_a_posted_message_reaches_the_session_from_its_post_not_through_it
             assert reply.json()["id"] == request_id
             assert json.loads(reply.json()["result"]["content"][0]["text"]) == {"n": request_id}
         assert queued == []
+
+
+async def test_requests_a_client_has_in_flight_together_are_left_to_the_stdin_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lone POST's line is written at once by its own task; while other requests of the
+    # client's are in flight (a burst), the lines are left to the stdin's writer task, which
+    # writes what is queued together (one write, not one per POST).
+    at_once: list[bytes] = []
+    send_if_idle = _PipeSender.send_if_idle
+
+    def spied(self: _PipeSender, data: bytes) -> int | None:
+        at_once.append(data)
+        return send_if_idle(self, data)
+
+    monkeypatch.setattr(_PipeSender, "send_if_idle", spied)
+    async with served(tmp_path) as http:
+        session = await open_session(http)
+        at_once.clear()
+        alone = await http.post(call(2, "echo", n=2), session=session)
+        assert alone.json()["id"] == 2
+        assert len(at_once) == 1
+        at_once.clear()
+        replies: dict[int, Reply] = {}
+
+        async def post(request_id: int) -> None:
+            replies[request_id] = await http.post(
+                call(request_id, "wait", seconds=0.2), session=session
+            )
+
+        async with trio.open_nursery() as nursery:
+            for request_id in range(3, 9):
+                nursery.start_soon(post, request_id)
+        assert sorted(replies) == list(range(3, 9))
+        assert all(reply.json()["id"] == n for n, reply in replies.items())
+        assert len(at_once) <= 1  # (the first, if it was alone when it came)
