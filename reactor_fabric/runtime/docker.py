@@ -37,7 +37,6 @@ import functools
 import logging
 import os
 import socket
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +67,7 @@ from .docker_operations import (
     paths_in_image,
     remove_quietly,
     runtime_honoured,
+    settled_state,
     stop_and_remove,
     undo_create,
     update_cpu_shares,
@@ -83,11 +83,6 @@ from .secret_files import SecretFiles
 from .stdio_sockets import GO
 
 log = logging.getLogger(__name__)
-
-# How long a container whose output ended may still be reported running before its exit is
-# given as unknown, and the pause between two looks (see DockerRuntime.exit_status).
-EXIT_SETTLE_SECONDS = 2.0
-EXIT_SETTLE_PAUSE = 0.05
 
 
 class DockerRuntime:
@@ -450,15 +445,11 @@ class DockerRuntime:
 
         Asked when the container's output ended: its process has exited then, or is about to,
         and an engine may report it a moment later (Podman does), so a container still said to
-        run is asked again for up to :data:`EXIT_SETTLE_SECONDS`.
+        run is asked again (:func:`.docker_operations.settled_state`).
         """
 
         def inspect(client: EngineClient) -> ContainerExit:
-            state: dict[str, Any] = inspect_container(client, container_id)["State"]
-            settled_by = time.monotonic() + EXIT_SETTLE_SECONDS
-            while state.get("Running") and time.monotonic() < settled_by:
-                time.sleep(EXIT_SETTLE_PAUSE)
-                state = inspect_container(client, container_id)["State"]
+            state = settled_state(client, container_id)
             running = bool(state.get("Running"))
             return ContainerExit(
                 exit_code=None if running else int(state.get("ExitCode", -1)),

@@ -56,6 +56,10 @@ log = logging.getLogger("reactor_fabric.runtime.docker")
 REMOVE_RETRIES = 3
 REMOVE_RETRY_PAUSE = 0.1
 INSPECT_RETRIES = 3
+# How long a container whose output ended may still be reported running before its exit is
+# given as unknown, and the pause between two looks (see settled_state).
+EXIT_SETTLE_SECONDS = 2.0
+EXIT_SETTLE_PAUSE = 0.05
 
 
 def create_container(
@@ -217,6 +221,19 @@ def inspect_container(client: EngineClient, container_id: str) -> dict[str, Any]
             raise
         return found
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def settled_state(client: EngineClient, container_id: str) -> dict[str, Any]:
+    """The ``State`` of a container whose output ended: its process has exited then, or is
+    about to, and an engine may report it a moment later (Podman does), so one still said to
+    run is asked again, :data:`EXIT_SETTLE_PAUSE` apart, for up to
+    :data:`EXIT_SETTLE_SECONDS`."""
+    state: dict[str, Any] = inspect_container(client, container_id)["State"]
+    settled_by = time.monotonic() + EXIT_SETTLE_SECONDS
+    while state.get("Running") and time.monotonic() < settled_by:
+        time.sleep(EXIT_SETTLE_PAUSE)
+        state = inspect_container(client, container_id)["State"]
+    return state
 
 
 def stop_and_remove(

@@ -23,7 +23,6 @@ from reactor_fabric.policy.container_parts.secrets import SecretsPart
 from reactor_fabric.policy.container_spec import ContainerSpec
 from reactor_fabric.policy.mount_spec import MountSpec
 from reactor_fabric.policy.pinning import Pin, PinSet
-from reactor_fabric.runtime import docker as docker_module
 from reactor_fabric.runtime import docker_operations
 from reactor_fabric.runtime.docker import DockerRuntime
 from reactor_fabric.runtime.docker_errors import container_gone
@@ -295,12 +294,12 @@ async def test_an_exit_the_engine_reports_a_moment_late_is_waited_for_bounded(
 ) -> None:
     # Asked once a container's output ended, Podman may still say it runs: asked again, its
     # exit code comes; a container that really goes on running is reported so, in bounded time.
-    monkeypatch.setattr(docker_module, "EXIT_SETTLE_PAUSE", 0.0)
+    monkeypatch.setattr(docker_operations, "EXIT_SETTLE_PAUSE", 0.0)
     client = FakeClient()
     client.still_running = 3
     ended = await on("podman", client).exit_status("c0ffee")
     assert (ended.exit_code, client.inspects) == (3, 4)
-    monkeypatch.setattr(docker_module, "EXIT_SETTLE_SECONDS", 0.05)
-    monkeypatch.setattr(docker_module, "EXIT_SETTLE_PAUSE", 0.01)
+    monkeypatch.setattr(docker_operations, "EXIT_SETTLE_SECONDS", 0.05)
+    monkeypatch.setattr(docker_operations, "EXIT_SETTLE_PAUSE", 0.01)
     client.still_running = 10**6
     assert (await on("docker", client).exit_status("c0ffee")).exit_code is None
