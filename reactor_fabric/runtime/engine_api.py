@@ -293,7 +293,13 @@ class EngineClient:
         try:
             path = self._path(f"/containers/{_quoted(container)}/attach", params, versioned=True)
             headers = [("Connection", "Upgrade"), ("Upgrade", "tcp")]
-            response, body = self._exchange(connection, "POST", path, None, headers, hijack=True)
+            try:
+                response, body = self._exchange(
+                    connection, "POST", path, None, headers, hijack=True
+                )
+            except _StaleConnection:
+                # A new connection (never an idle one): nothing to try again on.
+                raise EngineUnreachable("the engine closed the connection") from None
             # Docker and Podman answer the upgrade with 101; an engine that does not may still
             # hand the connection over after a 200 (docker-py's "hijack").
             if response.status_code >= 400:

@@ -263,6 +263,16 @@ def test_bytes_before_the_attach_is_handed_over_are_refused_not_dropped(
         client.attach_socket("c0ffee", {"stdin": "1"})
 
 
+def test_an_attach_the_engine_closes_before_answering_is_the_engine_unreachable(
+    engine: Callable[[Script], EngineClient],
+) -> None:
+    # A new connection closed before any answer is not a stale keep-alive one to retry: the
+    # client says the engine is unreachable (users see docker_unavailable, not attach_failed).
+    client = engine(lambda request, _conn: None)
+    with pytest.raises(EngineUnreachable, match="closed the connection"):
+        client.attach_socket("c0ffee", {"stdin": "1"})
+
+
 def test_an_attach_answered_without_handing_the_connection_over_is_not_relayed(
     engine: Callable[[Script], EngineClient],
 ) -> None:
