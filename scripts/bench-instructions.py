@@ -16,6 +16,8 @@ container's creation and the stop cancelling out.
     .venv/bin/python scripts/bench-instructions.py --endpoint fabric # /mcp, time__get_current_time
     .venv/bin/python scripts/bench-instructions.py --in-flight 16    # 16 calls pipelined
     .venv/bin/python scripts/bench-instructions.py --cprofile 40     # Python functions per call
+    .venv/bin/python scripts/bench-instructions.py --floor           # a trio relay of bytes only
+    .venv/bin/python scripts/bench-instructions.py --floor streams   # … on trio's streams
 
 ``--cprofile N`` runs the same two sessions under cProfile instead of valgrind and prints the
 N functions with the most own time per call (the difference between the sessions, divided by
@@ -167,6 +169,7 @@ def count_instructions(
     endpoint: str,
     in_flight: int = 1,
     cprofile: bool = False,
+    floor: str | None = None,
 ) -> int:
     """Total instructions of one orchestrator run serving one session of ``calls`` calls
     (with ``cprofile``: 0, and the run's pstats in ``workdir/profile-CALLS.out``)."""
@@ -190,15 +193,12 @@ def count_instructions(
             f"--callgrind-out-file={workdir / f'callgrind-{calls}.out'}",
             sys.executable,
         ]
-    command = [
-        *runner,
-        "-m",
-        "reactor_fabric",
-        "--config",
-        str(suite),
-        "--port",
-        str(port),
-    ]
+    program = ["-m", "reactor_fabric", "--config", str(suite)]
+    if floor:
+        program = [str(REPO / "scripts" / "bench" / "trio_floor_relay.py"), "--image", IMAGE]
+        if floor == "streams":
+            program.append("--streams")
+    command = [*runner, *program, "--port", str(port)]
     with log.open("wb") as log_file:
         process = subprocess.Popen(
             command, cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=log_file
@@ -252,6 +252,7 @@ def measure(
     in_flight: int,
     keep: Path | None,
     cprofile: int = 0,
+    floor: str | None = None,
 ) -> dict[str, object]:
     with (
         tempfile.TemporaryDirectory(prefix="rf-instr-") as tmp,
@@ -263,6 +264,7 @@ def measure(
             "endpoint": endpoint,
             "in_flight": in_flight,
             "cprofile": cprofile > 0,
+            "floor": floor,
         }
         short = count_instructions(tree, Path(tmp), low, **options)  # type: ignore[arg-type]
         long = count_instructions(tree, Path(tmp), high, **options)  # type: ignore[arg-type]
@@ -279,8 +281,8 @@ def measure(
                 cprofile,
             )
     return {
-        "revision": revision or "working tree",
-        "audit": audit,
+        "revision": f"the trio floor relay ({floor})" if floor else revision or "working tree",
+        "audit": audit and not floor,
         "transport": transport,
         "endpoint": endpoint,
         "in_flight": in_flight,
@@ -350,7 +352,16 @@ def main() -> int:
         metavar="N",
         help="cProfile instead of valgrind: print the N costliest functions per call",
     )
+    parser.add_argument(
+        "--floor",
+        nargs="?",
+        const="bare",
+        choices=("bare", "streams"),
+        help="count scripts/bench/trio_floor_relay.py (a trio relay of bytes only) instead",
+    )
     args = parser.parse_args()
+    if args.floor and (args.revisions or args.transport != "websocket" or args.endpoint != "relay"):
+        parser.error("--floor is the WebSocket relay's floor: no revisions, transport or endpoint")
     if not args.cprofile and shutil.which("valgrind") is None:
         print("valgrind is needed: apt-get install valgrind", file=sys.stderr)
         return 2
@@ -369,6 +380,7 @@ def main() -> int:
             in_flight=args.in_flight,
             keep=args.keep,
             cprofile=args.cprofile,
+            floor=args.floor,
         )
         print(json.dumps(result), flush=True)
     return 0
