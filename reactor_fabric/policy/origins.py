@@ -11,6 +11,7 @@ port); when it listens on a wildcard address, every host is accepted. Pure.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +58,13 @@ def host_allowed(host_header: str | None, allowed: frozenset[str] | None) -> boo
         return True
     if not host_header:
         return False  # HTTP/1.1 requires Host; only a hand-made request lacks it
+    return _host_in(host_header, allowed)
+
+
+# A client sends the same Host on every request: its verdict is remembered (a bounded cache, so
+# Hosts that change on every request only cost what they cost without it).
+@functools.lru_cache(maxsize=64)
+def _host_in(host_header: str, allowed: frozenset[str]) -> bool:
     try:
         name = urlsplit(f"//{host_header.strip()}").hostname
     except ValueError:

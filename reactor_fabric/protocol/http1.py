@@ -358,13 +358,19 @@ class ServerConnection:
         if request is None or not request.keep_alive:
             self._close_after = True
         lines = [b"HTTP/1.1 %d %b" % (status, _REASONS.get(status, b""))]
+        connection_named = close_asked = False
         for name, value in headers:
-            if _UNSAFE.search(name) or _UNSAFE.search(value):
-                raise LocalHttpError(f"unsafe header {name!r}")
-            if name.lower() == b"connection" and b"close" in value.lower():
-                self._close_after = True
+            if name.lower() == b"connection":
+                connection_named = True
+                close_asked = close_asked or b"close" in value.lower()
             lines.append(name + b": " + value)
-        if self._close_after and not any(name.lower() == b"connection" for name, _ in headers):
+        # One search over every header line, before any is joined by a CRLF (", " adds none).
+        if _UNSAFE.search(b"".join(lines[1:])):
+            unsafe = next(name for name, value in headers if _UNSAFE.search(name + value))
+            raise LocalHttpError(f"unsafe header {unsafe!r}")
+        if close_asked:
+            self._close_after = True
+        if self._close_after and not connection_named:
             lines.append(b"connection: close")
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
