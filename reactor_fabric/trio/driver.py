@@ -91,7 +91,7 @@ from ..protocol.events import (
 from ..protocol.fabric_refresh import ToolChanges
 from ..protocol.framing import FramingError, LineSplitter
 from ..protocol.handshake import RegisterClient, register_answer
-from ..protocol.jsonrpc import Peek
+from ..protocol.jsonrpc import REQUEST, RESPONSE, Peek, error_response, peek
 from ..runtime.base import Container
 from .channel import ChannelClosed, ClientChannel, DeliversDirectly, Handover, LeasedClient
 from .live_container import READ_CHUNK, LiveContainer, read_stderr
@@ -215,10 +215,17 @@ class SessionDriver:
         # The channel, when its messages may be fed from the tasks that receive them (asked
         # once: a runtime-checked protocol costs a walk over its attributes per check).
         self._direct = channel if isinstance(channel, DeliversDirectly) else None
+        # The client's message the machine failed on, if it did (owed an answer at the crash).
+        self._failed_on: bytes | None = None
 
     def owed_frames(self, error: FabricError) -> list[bytes]:
-        """What the client is owed if the session must end now with ``error``."""
-        return [a.frame for a in self.machine.answer_all(error) if isinstance(a, ToClient)]
+        """What the client is owed if the session must end now with ``error``: the answers
+        the machine owes, and one to the request it failed on, which it never took."""
+        frames = [a.frame for a in self.machine.answer_all(error) if isinstance(a, ToClient)]
+        failed_on = _id_of(self._failed_on, REQUEST)
+        if failed_on is not None and failed_on not in {_id_of(f, RESPONSE) for f in frames}:
+            frames.append(error_response(failed_on, error))
+        return frames
 
     # --- the machine --------------------------------------------------------------------------
 
@@ -226,7 +233,12 @@ class SessionDriver:
         machine = self.machine
         if now is None:
             now = self._now()
-        actions = machine.handle(event, now)
+        try:
+            actions = machine.handle(event, now)
+        except Exception:
+            if type(event) is ClientFrame:
+                self._failed_on = event.frame  # (the machine never took it: see owed_frames)
+            raise
         if len(actions) == 1 and type(actions[0]) is ToBackend:
             # The hot path (a client's message for its container): written at once, it is
             # reported before the timer is woken, which then wakes once for both events.
@@ -437,6 +449,11 @@ class SessionDriver:
         self._burst_in = more
         try:
             actions = machine.handle(ClientFrame(frame, message), now)
+        except Exception as exc:  # noqa: BLE001 - the reader task raises it
+            self._failed_on = frame  # (the machine never took it: see owed_frames)
+            channel.hand_over(Handover([], exc))
+            return True
+        try:
             if len(actions) == 1 and type(actions[0]) is ToBackend:
                 written = self._write(actions[0])
                 actions = [] if written is None else machine.handle(written, now)
@@ -607,3 +624,15 @@ class SessionDriver:
             # The machine holds the call's answer until it knows what was recorded.
             workspace, failure = live.workspace or (None, "the task's copy was not recorded")
             await self._feed(WorkspaceRecorded(key, workspace, failure))
+
+
+def _id_of(frame: bytes | None, kind: str) -> object:
+    """The id of ``frame`` when it is a JSON-RPC message of ``kind``, else None (the crash
+    path's: a frame that is no message has none)."""
+    if frame is None:
+        return None
+    try:
+        message = peek(frame)
+    except (FabricError, ValueError, RecursionError):
+        return None
+    return message.id if message.kind == kind else None

@@ -122,7 +122,7 @@ async def test_a_bug_in_an_http_session_is_told_to_its_client_and_hurts_nobody_e
 
 
 @pytest.mark.parametrize("transport", ["http", "websocket"])
-async def test_a_bug_in_the_machine_on_a_clients_message_is_that_sessions_crash_told_to_it(
+async def test_a_bug_in_the_machine_on_a_clients_request_answers_it_and_ends_only_that_session(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -147,13 +147,12 @@ async def test_a_bug_in_the_machine_on_a_clients_message_is_that_sessions_crash_
             await http.post(INITIALIZED, session=opened.session)
             with trio.fail_after(30):  # (a crash lost in the POST's task would hang it)
                 reply = await http.post(doomed_call, session=opened.session)
-            # The machine never took the request, so it owes no answer to it: the POST is
-            # told its session ended, and the session is gone.
-            assert reply.status == 404
-            assert (reply.json()["id"], reply.json()["error"]["data"]["reason"]) == (
-                2,
-                "session_ended",
-            )
+            # The machine never took the request; the crash answers it all the same, as it
+            # answers every request the session owed, and the session is gone.
+            assert reply.status == 200
+            answer = reply.json()
+            assert (answer["id"], answer["error"]["code"]) == (2, -32002)
+            assert answer["error"]["data"]["reason"] == "internal_error"
             gone = await http.post(request(3, "tools/list"), session=opened.session)
             assert gone.status == 404
         else:
@@ -162,6 +161,9 @@ async def test_a_bug_in_the_machine_on_a_clients_message_is_that_sessions_crash_
             assert (await ws.hear())["id"] == 1
             await ws.send_json(INITIALIZED)
             await ws.send_json(doomed_call)
+            answer = await ws.hear()
+            assert (answer["id"], answer["error"]["code"]) == (2, -32002)
+            assert answer["error"]["data"]["reason"] == "internal_error"
             event = await ws.next_event()
             assert isinstance(event, CloseConnection)
             assert (event.code, event.reason) == (1011, "internal error")
@@ -169,6 +171,42 @@ async def test_a_bug_in_the_machine_on_a_clients_message_is_that_sessions_crash_
         assert "a bug in the machine" in caplog.text  # (the crash, logged with its cause)
         await trio.testing.wait_all_tasks_blocked()
         await still_serving(http, bystander)
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["request_taken", "notification"])
+async def test_a_bug_in_the_machine_answers_each_request_once_and_no_notification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken: bool
+) -> None:
+    # A request the machine took before failing is among the answers it owes (answered once,
+    # not again as the message it failed on); a notification it failed on is owed nothing.
+    handle = SessionMachine.handle
+
+    def buggy(self: SessionMachine, event: Event, now: float) -> list[Action]:
+        if isinstance(event, ClientFrame) and b"machine_bug" in event.frame:
+            if taken:
+                handle(self, event, now)  # (the machine has the request in flight now)
+            raise InjectedBug("a bug in the machine")
+        return handle(self, event, now)
+
+    monkeypatch.setattr(SessionMachine, "handle", buggy)
+    doomed = (
+        request(2, "tools/call", {"name": "machine_bug", "arguments": {}})
+        if taken
+        else {"jsonrpc": "2.0", "method": "notifications/machine_bug"}
+    )
+    async with served(tmp_path) as http:
+        ws, _ = await http.websocket()
+        await ws.send_json(INITIALIZE)
+        assert (await ws.hear())["id"] == 1
+        await ws.send_json(INITIALIZED)
+        await ws.send_json(doomed)
+        if taken:
+            answer = await ws.hear()
+            assert (answer["id"], answer["error"]["data"]["reason"]) == (2, "internal_error")
+        event = await ws.next_event()
+        assert isinstance(event, CloseConnection)
+        assert event.code == 1011
+        await ws.aclose()
 
 
 async def test_a_bug_in_a_session_over_a_plain_channel_ends_only_that_session(
