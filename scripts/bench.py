@@ -75,6 +75,7 @@ from bench.stats import (
     burst,
     difference,
     measured,
+    paired_rates,
     ratio,
     spread,
     summarize,
@@ -609,11 +610,19 @@ class Harness:
                             stack, name, systems[name], size_name, total
                         )
                         if run is not None:
+                            run["repeat"] = repeat
                             runs.setdefault(name, {}).setdefault(size_name, []).append(run)
                     say(f"throughput {size_name}: repeat {repeat + 1}/{self.plan.repeats}")
         await trio.to_thread.run_sync(engine.remove_bench_containers)
         for name, by_size in runs.items():
             out[name] = {size: summarize_runs(size_runs) for size, size_runs in by_size.items()}
+            if name not in RELAYED:
+                continue
+            # Issue 53: ahead of supergateway's throughput in every repeat (paired by repeat).
+            for size, size_runs in by_size.items():
+                theirs = runs.get("supergateway", {}).get(size)
+                if theirs:
+                    out[name][size]["against_supergateway"] = paired_rates(size_runs, theirs)
             for size, summary in out[name].items():
                 say(
                     f"throughput {name} {size}: {summary['msgs_per_s'].get('median')} calls/s "

@@ -517,6 +517,22 @@ def _throughput(results: Json) -> str:
                 f"{_range(run['latency_p50_ms'])} | {_range(run['latency_p99_ms'])} | "
                 f"{_range(cpu) if cpu else '—'} |"
             )
+    paired = []
+    for key, label in RTT_NAMES.items():
+        by_size = throughput.get(key)
+        if not isinstance(by_size, dict) or "error" in by_size:
+            continue
+        for run in by_size.values():
+            against = run.get("against_supergateway", {})
+            if "ratio" in against:
+                verdict = "ahead" if against["ahead_in_every_repeat"] else "not ahead"
+                paired.append(
+                    f"{label}, {_bytes(run['payload_bytes'])}: {_range(against['ratio'])} "
+                    f"({verdict} in every repeat)"
+                )
+    if paired:
+        lines += ["", "Calls/s against supergateway's, paired by repeat (ours ÷ theirs):", ""]
+        lines += [f"- {line}" for line in paired]
     lines.append("")
     return "\n".join(lines)
 

@@ -104,3 +104,22 @@ def bootstrap(
         round(figures[int(0.025 * resamples)], 3),
         round(figures[int(0.975 * resamples) - 1], 3),
     )
+
+
+def paired_rates(mine: Sequence[Json], theirs: Sequence[Json], key: str = "msgs_per_s") -> Json:
+    """Rates paired by repeat: ``{ratio: spread of mine ÷ theirs, ahead_in_every_repeat}``.
+
+    Each run carries its ``repeat``; a repeat that only one side measured counts for neither.
+    The runs of a repeat follow each other (rotated), so the two met the same minutes of the
+    machine: a paired ratio does not carry the spread between repeats that comparing one
+    side's worst repeat with the other's best does.
+    """
+    by_repeat = {run["repeat"]: run[key] for run in theirs if run.get(key)}
+    ratios = [
+        run[key] / by_repeat[run["repeat"]]
+        for run in mine
+        if run.get(key) and run.get("repeat") in by_repeat
+    ]
+    if not ratios:
+        return {"error": "no repeat measured both"}
+    return {"ratio": spread(ratios), "ahead_in_every_repeat": min(ratios) > 1}
