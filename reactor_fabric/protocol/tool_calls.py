@@ -69,8 +69,17 @@ class _Meta(msgspec.Struct):
 
 
 class _CallParams(msgspec.Struct):
+    """A call's params as the audit reads them: the arguments decoded in the same pass (to
+    be hashed or kept), or skipped (``_CallParamsWithoutArguments``) when they are not
+    recorded."""
+
     name: Any = None
-    arguments: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    arguments: Any = msgspec.UNSET
+    meta: _Meta | None = msgspec.field(default=None, name="_meta")
+
+
+class _CallParamsWithoutArguments(msgspec.Struct):
+    name: Any = None
     meta: _Meta | None = msgspec.field(default=None, name="_meta")
 
 
@@ -90,8 +99,8 @@ class _Answer(msgspec.Struct):
 
 
 _params_decoder = msgspec.json.Decoder(_CallParams)
+_params_without_arguments_decoder = msgspec.json.Decoder(_CallParamsWithoutArguments)
 _answer_decoder = msgspec.json.Decoder(_Answer)
-_any_decoder = msgspec.json.Decoder()
 _canonical = DeepEncoder(order="sorted")
 
 
@@ -268,20 +277,25 @@ class ToolCalls:
         self.open[request_id] = call
 
     def _read_params(self, params: msgspec.Raw | bytes | None) -> tuple[str, Arguments, str | None]:
-        """What the audit keeps of a call's params: its tool, arguments and traceparent."""
-        decoded: _CallParams | None = None
+        """What the audit keeps of a call's params: its tool, arguments and traceparent (one
+        decode of the params, the arguments included when they are recorded)."""
+        decoded: _CallParams | _CallParamsWithoutArguments | None = None
         if params is not None:
             try:
-                decoded = _params_decoder.decode(params)
+                if self.mode == "none":
+                    decoded = _params_without_arguments_decoder.decode(params)
+                else:
+                    decoded = _params_decoder.decode(params)
             except RecursionError:
                 return self._read_deep_params(params)
             except msgspec.DecodeError:
                 decoded = None
         if decoded is None:
-            decoded = _CallParams()
+            decoded = _CallParamsWithoutArguments()
+        arguments = getattr(decoded, "arguments", msgspec.UNSET)
         return (
             _tool_name(decoded.name),
-            self._arguments_raw(decoded.arguments),
+            Arguments() if arguments is msgspec.UNSET else self._arguments(arguments),
             _trace(decoded.meta.traceparent if decoded.meta is not None else None),
         )
 
@@ -430,20 +444,6 @@ class ToolCalls:
         return done
 
     # --- arguments ----------------------------------------------------------------------------
-
-    def _arguments_raw(self, raw: msgspec.Raw | msgspec.UnsetType) -> Arguments:
-        if self.mode == "none" or isinstance(raw, msgspec.UnsetType):
-            return Arguments()
-        try:
-            value = _any_decoder.decode(raw)
-        except RecursionError:
-            try:
-                value = decode_deep(bytes(raw))
-            except msgspec.DecodeError:
-                return Arguments()
-        except msgspec.DecodeError:
-            return Arguments()
-        return self._arguments(value)
 
     def _arguments(self, value: object) -> Arguments:
         if self.mode == "none" or value is None:
