@@ -63,7 +63,7 @@ from .events import (
 )
 from .jsonrpc import REQUEST, Peek, error_response, for_stdio
 from .relay_requests import RelayRequests
-from .served import Served, call_ref
+from .served import Served
 from .settings import RelaySettings
 
 
@@ -120,7 +120,7 @@ class RelayContainer:
         if message.kind == REQUEST:
             slot.sent_request(message.method)
             if message.method not in FRESH_AFTER:
-                self.served.call(slot.key, call_ref(message))
+                self.served.relayed(slot.key, message)
         return slot.send(for_stdio(frame), self.now)
 
     def own_line(self, slot: Backend, line: bytes) -> list[Action]:

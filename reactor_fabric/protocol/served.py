@@ -5,7 +5,8 @@ Both machines keep one: the relay's (:class:`~.session.SessionMachine`, every cl
 but the handshake and ping, read off its decisions) and the fabric endpoint's (kept with its
 backends, :class:`~.fabric_backends.BackendTable`), told of each backend asked for
 (its key, its lifecycle), its start (the container's name), each call sent to it (the client's
-id, the method, the tool, prompt or URI: a :class:`~.events.CallRef`) and its end (the stop
+id, the method, the tool, prompt or URI: a :class:`~.events.CallRef`; the relay's as it was
+sent, named only when shown) and its end (the stop
 reason: ``call_done``, ``refresh_calls``, ``idle``, a failure's reason…). ``get_status`` and
 the operators' ``/api/sessions`` (and the status page) show them, so that a ``fresh_per_call``
 service's five calls show five containers, and a ``smart_refresh`` service's replacements show
@@ -51,18 +52,42 @@ class _Named(msgspec.Struct):
 _named_decoder = msgspec.json.Decoder(_Named)
 
 
-def call_ref(message: Peek) -> CallRef:
+def _small_params(message: Peek) -> msgspec.Raw | None:
+    """The params a call is named from (none for other requests, or past the size read)."""
+    params = message.params
+    if message.method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES:
+        return params
+    return None
+
+
+def _named(request_id: object, method: str, params: msgspec.Raw | bytes | None) -> CallRef:
     """A relayed client request as /api/sessions names it: its id, method, and for a call
     (small params) its tool, prompt or URI."""
     name: str | None = None
-    params = message.params
-    if message.method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES:
+    if params is not None:
         try:
             named = _named_decoder.decode(params)
         except msgspec.DecodeError:
             named = _Named()
-        name = named.uri if message.method == "resources/read" else named.name
-    return CallRef.of(message.id, message.method or "", name)
+        name = named.uri if method == "resources/read" else named.name
+    return CallRef.of(request_id, method, name)
+
+
+class _Unnamed:
+    """A relayed call as it was sent, named only when shown (most never are: no decode on a
+    call's path for a page nobody reads). Keeps a copy of its params only when they are small
+    enough to be read for the name, never a view of the frame (which may be large)."""
+
+    __slots__ = ("id", "method", "params")
+
+    def __init__(self, message: Peek) -> None:
+        self.id = message.id
+        self.method = message.method or ""
+        params = _small_params(message)
+        self.params = None if params is None else bytes(params)
+
+    def record(self) -> dict[str, object]:
+        return _bounded(_named(self.id, self.method, self.params)).record()
 
 
 @dataclass
@@ -75,7 +100,7 @@ class _Record:
     ended_at: float | None = None
     stop_reason: str | None = None
     calls: int = 0
-    recent: collections.deque[CallRef] = field(
+    recent: collections.deque[CallRef | _Unnamed] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_CALLS_EACH)
     )
     # Its task's branch (a container working on a copy, once recorded; None: none, or nothing
@@ -139,6 +164,13 @@ class Served:
         if record is not None:
             record.calls += 1
             record.recent.append(_bounded(ref))
+
+    def relayed(self, key: BackendKey, message: Peek) -> None:
+        """A client's request relayed as it came to ``key``'s container (named when shown)."""
+        record = self._live.get(key)
+        if record is not None:
+            record.calls += 1
+            record.recent.append(_Unnamed(message))
 
     def ended(self, key: BackendKey, reason: str, now: float) -> None:
         """``key``'s container is stopped (or failed); the first reason given is its."""
