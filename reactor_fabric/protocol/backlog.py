@@ -15,10 +15,13 @@ class Backlog:
     def __init__(self) -> None:
         self._items: collections.deque[tuple[Peek, bytes]] = collections.deque()
         self.bytes = 0
+        # How many wait: an attribute, read on every client message (``len()`` and truth of
+        # this class would be a Python call each).
+        self.count = 0
         self._requests: set[RequestId] = set()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self.count
 
     def __iter__(self) -> Iterator[tuple[Peek, bytes]]:
         return iter(self._items)
@@ -28,6 +31,7 @@ class Backlog:
 
     def append(self, message: Peek, frame: bytes) -> None:
         self._items.append((message, frame))
+        self.count += 1
         self.bytes += len(frame)
         if message.kind == REQUEST:
             assert message.id is not None
@@ -37,6 +41,7 @@ class Backlog:
         """Every message waiting, oldest first; the backlog is empty after."""
         items = list(self._items)
         self._items.clear()
+        self.count = 0
         self.bytes = 0
         self._requests.clear()
         return items
@@ -54,6 +59,7 @@ class Backlog:
                 seen = True
             self._items.popleft()
             taken.append((message, frame))
+            self.count -= 1
             self.bytes -= len(frame)
             if message.kind == REQUEST:
                 self._requests.discard(message.id)
@@ -62,6 +68,7 @@ class Backlog:
     def clone(self) -> Backlog:
         twin = Backlog()
         twin._items = collections.deque(self._items)
+        twin.count = self.count
         twin.bytes = self.bytes
         twin._requests = set(self._requests)
         return twin
