@@ -181,7 +181,15 @@ class SessionMachine:
         if name is None:
             name, target = _CONTAINER_SIDE[kind], self.container
         actions: list[Action] = getattr(target, name)(event, now)
-        self._note_served(event, actions, now)
+        # (checked here, a set lookup each: a call of _note_served per event was a good part of
+        # a relayed call's bookkeeping, and it is usually about none of these)
+        served = kind in _SERVED_EVENTS
+        for action in actions:
+            if type(action) in _SERVED_ACTIONS:
+                served = True
+                break
+        if served:
+            self._note_served(event, actions, now)
         if self.agent_slots is not None:
             # Counted from the state after every event: every way a call ends frees its slot.
             self.agent_slots.hold(self.session_id, self.agent_calls)
@@ -197,8 +205,8 @@ class SessionMachine:
 
     def _note_served(self, event: Event, actions: list[Action], now: float) -> None:
         """Which container served which request (``/api/sessions``, the status page): its
-        start asked, its name once started, its stop and why, read off what was decided.
-        (After every event: one set lookup each for what is usually none of these.)"""
+        start asked, its name once started, its stop and why, read off what was decided
+        (called when the event or an action is one of these)."""
         if type(event) in _SERVED_EVENTS:
             if isinstance(event, BackendStarted):
                 self.served.started(event.key, event.container, now)
