@@ -52,14 +52,6 @@ class _Named(msgspec.Struct):
 _named_decoder = msgspec.json.Decoder(_Named)
 
 
-def _small_params(message: Peek) -> msgspec.Raw | None:
-    """The params a call is named from (none for other requests, or past the size read)."""
-    params = message.params
-    if message.method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES:
-        return params
-    return None
-
-
 def _named(request_id: object, method: str, params: msgspec.Raw | bytes | None) -> CallRef:
     """A relayed client request as /api/sessions names it: its id, method, and for a call
     (small params) its tool, prompt or URI."""
@@ -82,9 +74,11 @@ class _Unnamed:
 
     def __init__(self, message: Peek) -> None:
         self.id = message.id
-        self.method = message.method or ""
-        params = _small_params(message)
-        self.params = None if params is None else bytes(params)
+        self.method = method = message.method or ""
+        # The params a call is named from (none for other requests, or past the size read).
+        params = message.params
+        small = method in CALL_METHODS and params is not None and len(params) <= NAMED_PARAMS_BYTES
+        self.params = bytes(params) if small and params is not None else None
 
     def record(self) -> dict[str, object]:
         return _bounded(_named(self.id, self.method, self.params)).record()
