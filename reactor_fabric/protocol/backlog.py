@@ -13,25 +13,23 @@ class Backlog:
     """The messages waiting, oldest first, with their frames."""
 
     def __init__(self) -> None:
-        self._items: collections.deque[tuple[Peek, bytes]] = collections.deque()
+        # Read directly on every client message (``len()`` and truth of this class would be
+        # a Python call each; of the deque, none).
+        self.items: collections.deque[tuple[Peek, bytes]] = collections.deque()
         self.bytes = 0
-        # How many wait: an attribute, read on every client message (``len()`` and truth of
-        # this class would be a Python call each).
-        self.count = 0
         self._requests: set[RequestId] = set()
 
     def __len__(self) -> int:
-        return self.count
+        return len(self.items)
 
     def __iter__(self) -> Iterator[tuple[Peek, bytes]]:
-        return iter(self._items)
+        return iter(self.items)
 
     def has_request(self, request_id: RequestId) -> bool:
         return request_id in self._requests
 
     def append(self, message: Peek, frame: bytes) -> None:
-        self._items.append((message, frame))
-        self.count += 1
+        self.items.append((message, frame))
         self.bytes += len(frame)
         if message.kind == REQUEST:
             assert message.id is not None
@@ -39,9 +37,8 @@ class Backlog:
 
     def drain(self) -> list[tuple[Peek, bytes]]:
         """Every message waiting, oldest first; the backlog is empty after."""
-        items = list(self._items)
-        self._items.clear()
-        self.count = 0
+        items = list(self.items)
+        self.items.clear()
         self.bytes = 0
         self._requests.clear()
         return items
@@ -51,15 +48,14 @@ class Backlog:
         (that one and the rest keep waiting; all go if there is no second)."""
         taken: list[tuple[Peek, bytes]] = []
         seen = False
-        while self._items:
-            message, frame = self._items[0]
+        while self.items:
+            message, frame = self.items[0]
             if counts(message):
                 if seen:
                     break
                 seen = True
-            self._items.popleft()
+            self.items.popleft()
             taken.append((message, frame))
-            self.count -= 1
             self.bytes -= len(frame)
             if message.kind == REQUEST:
                 self._requests.discard(message.id)
@@ -67,11 +63,10 @@ class Backlog:
 
     def clone(self) -> Backlog:
         twin = Backlog()
-        twin._items = collections.deque(self._items)
-        twin.count = self.count
+        twin.items = collections.deque(self.items)
         twin.bytes = self.bytes
         twin._requests = set(self._requests)
         return twin
 
     def frames(self) -> tuple[bytes, ...]:
-        return tuple(frame for _message, frame in self._items)
+        return tuple(frame for _message, frame in self.items)

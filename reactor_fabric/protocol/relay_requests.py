@@ -46,7 +46,7 @@ class RelayRequests:
     @property
     def quiet(self) -> bool:
         """Nothing waits for the container and nothing is in flight either way."""
-        return not self.waiting.count and not self.ledger.busy
+        return not self.waiting.items and not self.ledger.busy
 
     def holds(self, request_id: RequestId) -> bool:
         """Whether a client request under ``request_id`` is in flight or waiting."""
@@ -55,7 +55,8 @@ class RelayRequests:
     @property
     def full(self) -> bool:
         """Whether one more client request would exceed the session's requests in flight."""
-        return len(self.ledger.client_requests) + self.waiting.count >= self.limits.max_in_flight
+        in_flight = len(self.ledger.client_requests) + len(self.waiting.items)
+        return in_flight >= self.limits.max_in_flight
 
     def agent_calls(self) -> int:
         """The calls sent to the container and not answered yet, and the calls waiting for

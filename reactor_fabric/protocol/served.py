@@ -154,17 +154,17 @@ class Served:
 
     def call(self, key: BackendKey, ref: CallRef) -> None:
         """A call of the client's was sent (or queued) to ``key``'s container."""
-        record = self._live.get(key)
-        if record is not None:
-            record.calls += 1
-            record.recent.append(_bounded(ref))
+        self._noted(key, _bounded(ref))
 
     def relayed(self, key: BackendKey, message: Peek) -> None:
         """A client's request relayed as it came to ``key``'s container (named when shown)."""
+        self._noted(key, _Unnamed(message))
+
+    def _noted(self, key: BackendKey, call: CallRef | _Unnamed) -> None:
         record = self._live.get(key)
         if record is not None:
             record.calls += 1
-            record.recent.append(_Unnamed(message))
+            record.recent.append(call)
 
     def ended(self, key: BackendKey, reason: str, now: float) -> None:
         """``key``'s container is stopped (or failed); the first reason given is its."""

@@ -344,7 +344,7 @@ class SessionMachine:
             slot is not None
             and slot.ready
             and not slot.measuring
-            and (not waiting.count or cancels_its_call(slot, message, self.requests.ledger))
+            and (not waiting.items or cancels_its_call(slot, message, self.requests.ledger))
             and not waits_for_a_copy(slot, message, self.requests.ledger)
         ):
             written = container.write(slot, message, frame)

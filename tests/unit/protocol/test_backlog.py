@@ -41,16 +41,16 @@ def test_up_to_the_second_call_goes_and_the_rest_keeps_waiting_counted() -> None
     assert [frame for _m, frame in taken] == [frame for _m, frame in items[:3]]
     assert backlog.frames() == tuple(frame for _m, frame in items[3:])
     assert backlog.bytes == sum(len(frame) for _m, frame in items[3:])
-    assert backlog.count == len(backlog.frames()) == 2
+    assert len(backlog) == len(backlog.frames()) == 2
     twin = backlog.clone()
-    assert (twin.count, twin.bytes) == (backlog.count, backlog.bytes)
+    assert (len(twin), twin.bytes) == (len(backlog), backlog.bytes)
     assert not backlog.has_request(2)
     assert backlog.has_request(3)
     assert backlog.has_request(4)
     # The next container gets the rest (one call: all of it).
     assert len(backlog.drain_to_second(_is_call)) == 2
-    assert (len(backlog), backlog.count, backlog.bytes) == (0, 0, 0)
-    assert twin.count == 2  # (a clone is its own)
+    assert (len(backlog), backlog.bytes) == (0, 0)
+    assert len(twin) == 2  # (a clone is its own)
 
 
 def test_with_no_second_call_everything_goes() -> None:
