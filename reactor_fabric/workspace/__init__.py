@@ -10,7 +10,8 @@ docs/USAGE.md, "Workspaces").
   and what goes in it) and :func:`~.copying.fill`, or :func:`~.copying.prepare`, both;
 - :mod:`.helper` — a process that copies half of a large copy on the machine's other core;
 - :mod:`.spare` — a copy made ahead, brought up to date by the task that takes it;
-- :mod:`.task` — a task's workspace: :func:`~.task.record` (its branch), :func:`~.task.remove`.
+- :mod:`.task` — a task's workspace: :func:`~.task.settle` (what its start did not wait for),
+  :func:`~.task.record` (its branch), :func:`~.task.remove`.
 
 Blocking I/O throughout (files, git processes): the trio side (:mod:`reactor_fabric.trio.
 workspaces`) runs it in worker threads, at an isolated call's container's start and removal.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from .copying import Begun, begin, fill, prepare
 from .naming import TaskFacts, branch_name, valid_base
-from .task import Bounds, Recorded, Workspace, record, remove
+from .task import Bounds, Recorded, Workspace, record, remove, settle
 
 __all__ = [
     "Begun",
@@ -35,5 +36,6 @@ __all__ = [
     "prepare",
     "record",
     "remove",
+    "settle",
     "valid_base",
 ]

@@ -5,11 +5,13 @@ meanwhile (see :mod:`reactor_fabric.trio.workspaces`).
 commit) and makes the copy's directory, empty (it can be pinned and mounted from then on).
 :func:`fill` reads what goes into the copy — the client's working tree as the client has it
 (tracked files with their uncommitted changes, untracked files that are not ignored; ignored
-files and nested repositories are left out), or the tree of the ``base`` — writes the files
-into it, and the working tree's uncommitted blobs into the repository (before the task can
-change them, as ``git stash create`` writes its objects: unreachable until a branch holds
-them). :func:`prepare` is both at once. The copy has no
-``.git``: the task never reaches the client's hooks, config, refs or objects.
+files and nested repositories are left out), or the tree of the ``base`` — and writes the
+files into it. The working tree's uncommitted blobs are read back from the copy before the
+task can change it and held in memory, and its base's tree is not read yet: both wait for
+:func:`~.task.settle`, which runs while the task's container starts (writing the blobs and
+reading the tree took a fifth of a 10,000-file copy's start: scripts/bench-workspace.py).
+:func:`prepare` is all three at once. The copy has no ``.git``: the task never reaches the
+client's hooks, config, refs or objects.
 
 Blocking, in a worker thread; ``cancelled`` is polled between files. Each step cleans up what
 it made when it fails: the directory is removed before the error goes up (:func:`fill`'s too).
@@ -63,7 +65,20 @@ from .task import (
     refused,
     remove,
     run_git,
+    settle,
     tree_entries,
+)
+
+# The most bytes of uncommitted blobs a copy holds in memory from its fill to its settle (a
+# fraction of a second: its container's start); more than that are written before the start.
+HELD_BYTES = 32 << 20
+# git's empty blob in either format: never taken to be in the repository (an index entry of
+# ``git add -N`` names it without it having to be there).
+_EMPTY_BLOBS = frozenset(
+    (
+        "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391",
+        "473a0f4c3be8a93681a267e3b1e9a7dcda1185436fe141f7749120a303721813",
+    )
 )
 
 
@@ -98,9 +113,15 @@ def prepare(
     cancelled: Cancelled,
     copy_owner: tuple[int, int] | None = None,
 ) -> Workspace:
-    """:func:`begin` and :func:`fill` at once."""
+    """:func:`begin`, :func:`fill` and :func:`~.task.settle` at once."""
     begun = begin(project_fd, owner, directory, base=base, bounds=bounds, copy_owner=copy_owner)
-    return fill(begun, cancelled)
+    workspace = fill(begun, cancelled)
+    try:
+        settle(workspace, bounds=bounds, cancelled=cancelled)
+    except BaseException:
+        remove(begun.directory)
+        raise
+    return workspace
 
 
 def begin(
@@ -163,20 +184,25 @@ def begin(
 def fill(begun: Begun, cancelled: Cancelled, *, helper: CopyHelper | None = None) -> Workspace:
     """Read what goes into the copy — the working tree as the client has it now, or the
     base's tree — and write it into its directory (whatever the task's container does there
-    meanwhile: nothing, it waits for this); the workspace the task works on. ``helper``
-    copies half of a large working tree beside this thread (:mod:`.helper`). On failure or
-    when ``cancelled()``, the directory is removed before the error goes up."""
+    meanwhile: nothing, it waits for this); the workspace the task works on, to be settled
+    (:func:`~.task.settle`). ``helper`` copies half of a large working tree beside this thread
+    (:mod:`.helper`). On failure or when ``cancelled()``, the directory is removed before the
+    error goes up."""
     try:
-        listings = read_listings(begun)
+        # (a base's tree is what the copy is made of: read now; the working tree's base's
+        # tree is needed only by the recording)
+        listings = read_listings(begun, tree=begun.base is not None)
+        staged: frozenset[str] = frozenset()
         with opened_target(begun) as target_fd:
             making = Making(target_fd, begun.budget(), begun.copy_owner, begun.deadline, cancelled)
             if listings.working_tree is not None:
-                paths, gitlinks = wanted(*listings.working_tree)
+                paths, gitlinks, staged = wanted(*listings.working_tree)
                 copied = copy_paths(paths, begun.project_fd, begun.algorithm, making, helper=helper)
                 start = copied | gitlinks
             else:
+                assert listings.base_entries is not None  # (read: tree=True)
                 start = _check_out(begun.git(), listings.base_entries, making)
-        return finished(begun, listings, start)
+        return finished(begun, listings, start, staged)
     except BaseException:
         remove(begun.directory)
         raise
@@ -186,16 +212,18 @@ def fill(begun: Begun, cancelled: Cancelled, *, helper: CopyHelper | None = None
 class Listings:
     """What git says goes into a copy: the working tree's two listings (``ls-files --stage``
     and ``ls-files --others --exclude-standard``; None when the copy is the base's tree), the
-    commit it starts from (None in a repository without one) and that commit's tree."""
+    commit it starts from (None in a repository without one) and that commit's tree (None:
+    not read yet)."""
 
     working_tree: tuple[bytes, bytes] | None
     base: str | None
-    base_entries: dict[bytes, Entry]
+    base_entries: dict[bytes, Entry] | None
 
 
-def read_listings(begun: Begun, *, known: Listings | None = None) -> Listings:
+def read_listings(begun: Begun, *, known: Listings | None = None, tree: bool = True) -> Listings:
     """The listings of :class:`Listings`; the base's tree is ``known``'s when its base is the
-    same commit (a tree is read once: a commit's tree never changes)."""
+    same commit (a tree is read once: a commit's tree never changes), else read only when
+    ``tree``."""
     git, deadline = begun.git(), begun.deadline
     with ThreadPoolExecutor(2, thread_name_prefix="workspace-git") as listings:
         # The working tree's listings (two git processes) while the base is read here: they
@@ -212,9 +240,10 @@ def read_listings(begun: Begun, *, known: Listings | None = None) -> Listings:
             )
         )
         base = begun.base or commit_of(git, "HEAD", deadline, required=False)
+        base_entries: dict[bytes, Entry] | None = None
         if known is not None and known.base == base:
             base_entries = known.base_entries
-        else:
+        if base_entries is None and tree:
             base_entries = tree_entries(git, base, deadline) if base else {}
         working_tree = None if pending is None else (pending[0].result(), pending[1].result())
     return Listings(working_tree, base, base_entries)
@@ -230,9 +259,14 @@ def opened_target(begun: Begun) -> Iterator[int]:
         os.close(target_fd)
 
 
-def finished(begun: Begun, listings: Listings, start: dict[bytes, Entry]) -> Workspace:
-    """The workspace whose copy holds ``start``; the working tree's uncommitted blobs written
-    into the repository (before the task can change them: for the working tree's commit)."""
+def finished(
+    begun: Begun, listings: Listings, start: dict[bytes, Entry], staged: frozenset[str]
+) -> Workspace:
+    """The workspace whose copy holds ``start``, with the blobs of its files that may not be
+    in the repository yet — neither in the index (``staged``: the blob ids it lists, which
+    ``git add`` wrote) nor in the base's tree, when read — read back from the copy and held
+    for :func:`~.task.settle` (before the task can change them: for the working tree's
+    commit); written now instead when they are more than :data:`HELD_BYTES`."""
     workspace = Workspace(
         directory=begun.directory,
         project_fd=begun.project_fd,
@@ -242,18 +276,28 @@ def finished(begun: Begun, listings: Listings, start: dict[bytes, Entry]) -> Wor
         base_entries=listings.base_entries,
         start=start,
     )
-    if not workspace.start_is_base:
-        _write_blobs(workspace, _new_blobs(start, listings.base_entries), begun.deadline)
+    if listings.base_entries is not None and workspace.start_is_base:
+        return workspace
+    known = set(staged - _EMPTY_BLOBS)
+    if listings.base_entries is not None:
+        known.update(entry.oid for entry in listings.base_entries.values())
+    new: dict[str, bytes] = {}  # (one path per blob)
+    for path, entry in start.items():
+        if entry.mode != MODE_GITLINK and entry.oid not in known:
+            new.setdefault(entry.oid, path)
+    if not new:
+        return workspace
+    size = 0
+    for path in new.values():
+        stamp = start[path].stamp
+        size += stamp[1] if stamp is not None else 0
+    if size <= HELD_BYTES:
+        workspace.held = list(_blob_commands(workspace, list(new.values())))
+    else:
+        fast_import(
+            workspace.git(), framed(_blob_commands(workspace, list(new.values()))), begun.deadline
+        )
     return workspace
-
-
-def _new_blobs(start: dict[bytes, Entry], base: dict[bytes, Entry]) -> list[bytes]:
-    known = {entry.oid for entry in base.values()}
-    return [
-        path
-        for path, entry in start.items()
-        if entry.mode != MODE_GITLINK and entry.oid not in known
-    ]
 
 
 # --- making the copy -------------------------------------------------------------------------
@@ -270,20 +314,24 @@ class Making:
     cancelled: Cancelled
 
 
-def wanted(staged: bytes, untracked: bytes) -> tuple[dict[bytes, None], dict[bytes, Entry]]:
-    """The working tree's paths to copy, in git's order, and its submodules' entries (never
-    copied), from its two listings."""
+def wanted(
+    staged: bytes, untracked: bytes
+) -> tuple[dict[bytes, None], dict[bytes, Entry], frozenset[str]]:
+    """The working tree's paths to copy, in git's order, its submodules' entries (never
+    copied) and the blob ids its index lists, from its two listings."""
     gitlinks: dict[bytes, Entry] = {}
     paths: dict[bytes, None] = {}
+    blobs: set[str] = set()
     for mode, oid, path in listed(staged, LS_FILES_OID):
         if mode == MODE_GITLINK:
             gitlinks[path] = Entry(MODE_GITLINK, oid)
         else:
             paths[path] = None  # an unmerged path is listed once per stage: copied once
+            blobs.add(oid)
     for path in untracked.split(b"\0"):
         if path and not path.endswith(b"/"):  # a nested repository: not copied
             paths[path] = None
-    return paths, gitlinks
+    return paths, gitlinks, frozenset(blobs)
 
 
 def copy_paths(
@@ -398,18 +446,12 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
         stream.close()
 
 
-def _write_blobs(workspace: Workspace, paths: list[bytes], deadline: float) -> None:
-    """Write the blobs of ``paths`` (files of the copy, as made) into the repository."""
-    if not paths:
-        return
+def _blob_commands(workspace: Workspace, paths: list[bytes]) -> Iterator[bytes]:
+    """fast-import's commands writing the blobs of ``paths`` (files of the copy, as made)."""
     copy_fd = os.open(workspace.directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with Directories(copy_fd) as copy:
-            commands = (
-                chunk
-                for path in paths
-                for chunk in (b"blob\n", *file_data(copy, path, workspace.start[path].mode))
-            )
-            fast_import(workspace.git(), framed(commands), deadline)
+            for path in paths:
+                yield b"blob\n" + b"".join(file_data(copy, path, workspace.start[path].mode))
     finally:
         os.close(copy_fd)

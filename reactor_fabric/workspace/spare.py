@@ -74,15 +74,16 @@ class Spare:
 
 def make_spare(begun: Begun, cancelled: Cancelled) -> Spare:
     """Copy the working tree into ``begun``'s directory (no base: a spare is of the working
-    tree), recording its sources' stamps. Nothing is written into the repository: the task
-    that takes it writes its blobs (:func:`refresh`)."""
+    tree), recording its sources' stamps, and read HEAD's tree (made ahead of any task: the
+    task that takes it reads that tree only if HEAD moved). Nothing is written into the
+    repository: the task that takes it holds its blobs (:func:`refresh`)."""
     if begun.base is not None:
         raise ValueError("a spare copy is of the working tree, not of a base")
     try:
         begun_ns = time.time_ns()
         listings = read_listings(begun)
         assert listings.working_tree is not None  # (no base)
-        paths, _submodules = wanted(*listings.working_tree)
+        paths, _submodules, _staged = wanted(*listings.working_tree)
         sources: dict[bytes, SourceStamp] = {}
         with opened_target(begun) as target_fd:
             making = Making(target_fd, begun.budget(), begun.copy_owner, begun.deadline, cancelled)
@@ -99,9 +100,10 @@ def refresh(begun: Begun, spare: Spare, cancelled: Cancelled) -> Workspace:
     client has it now; what :func:`~.copying.fill` returns, for a copy made faster."""
     try:
         known = spare.listings if spare.algorithm == begun.algorithm else None
-        listings = read_listings(begun, known=known)
+        # (HEAD's tree: the spare's when HEAD did not move, else read by settle())
+        listings = read_listings(begun, known=known, tree=False)
         assert listings.working_tree is not None  # (no base)
-        paths, submodules = wanted(*listings.working_tree)
+        paths, submodules, staged = wanted(*listings.working_tree)
         with opened_target(begun) as target_fd:
             making = Making(target_fd, begun.budget(), begun.copy_owner, begun.deadline, cancelled)
             # (a spare of a repository in another object format — its project's directory
@@ -120,7 +122,7 @@ def refresh(begun: Begun, spare: Spare, cancelled: Cancelled) -> Workspace:
             entry = kept.get(path) or copied.get(path)
             if entry is not None:
                 start[path] = entry
-        return finished(begun, listings, start | submodules)
+        return finished(begun, listings, start | submodules, staged)
     except BaseException:
         remove(begun.directory)
         raise

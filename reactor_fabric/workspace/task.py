@@ -9,7 +9,7 @@ repository — first the working tree's uncommitted state when it differed from 
 the task's changes — with ``git fast-import`` writing objects and the one new ref, nothing
 else: the client's HEAD, index, working tree and other refs are untouched. Nothing changed,
 nothing committed (no branch); the working tree's uncommitted blobs are in the repository
-already (:func:`.copying.fill` wrote them).
+already (:func:`settle` wrote them, while the task's container started).
 
 :func:`remove` deletes the copy.
 
@@ -81,19 +81,30 @@ class Bounds:
 class Workspace:
     """A task's copy and what it started from. ``directory`` is the copy (the task's mount
     source); ``start`` its entries when made; ``base`` the commit it started from (None in a
-    repository without commits), ``base_entries`` that commit's tree."""
+    repository without commits), ``base_entries`` that commit's tree — None until
+    :func:`settle` reads it. ``held``: fast-import's commands for the working tree's
+    uncommitted blobs, read from the copy before the task could change it and kept in memory
+    until :func:`settle` writes them (a task's start does not wait for either: see
+    :func:`.copying.fill`)."""
 
     directory: str
     project_fd: int = field(repr=False)
     owner: RepositoryOwner
     algorithm: str
     base: str | None
-    base_entries: dict[bytes, Entry] = field(repr=False)
+    base_entries: dict[bytes, Entry] | None = field(repr=False)
     start: dict[bytes, Entry] = field(repr=False)
+    held: list[bytes] = field(default_factory=list, repr=False)
+
+    @property
+    def settled(self) -> bool:
+        return self.base_entries is not None and not self.held
 
     @functools.cached_property
     def start_is_base(self) -> bool:
-        """Whether the task starts from the base's tree itself (no working tree's commit)."""
+        """Whether the task starts from the base's tree itself (no working tree's commit);
+        asked once settled."""
+        assert self.base_entries is not None, "settle() reads the base's tree"
         return same_tree(self.start, self.base_entries)
 
     def git(self) -> Git:
@@ -127,6 +138,7 @@ def record(
     """Record what the task changed in its copy as commits on ``branch`` (a new branch of the
     client's repository); nothing changed: nothing written, ``commit`` None. Call it once no
     container can write the copy any more."""
+    settle(workspace, bounds=bounds, cancelled=cancelled)
     deadline = time.monotonic() + bounds.step_seconds
     final = _final_entries(workspace, bounds, deadline, cancelled)
     if same_tree(final, workspace.start):
@@ -152,6 +164,25 @@ def record(
         deletions=deletions,
         diff_sha256=_diff_sha256(git, commit, deadline),
     )
+
+
+def settle(workspace: Workspace, *, bounds: Bounds, cancelled: Cancelled) -> None:
+    """What a task's start did not wait for, done while its container starts (or at the
+    latest by :func:`record`): the base's tree read, and the working tree's uncommitted blobs
+    — held in memory since the copy was made, so that what the task does to its copy is not
+    them — written into the repository (unreachable until a branch holds them, as ``git
+    stash create`` writes its objects). Done once: a workspace settled is left as it is."""
+    deadline = time.monotonic() + bounds.step_seconds
+    if workspace.base_entries is None:
+        if cancelled():
+            raise InterruptedError("cancelled")
+        base = workspace.base
+        workspace.base_entries = tree_entries(workspace.git(), base, deadline) if base else {}
+    if workspace.held:
+        if cancelled():
+            raise InterruptedError("cancelled")
+        fast_import(workspace.git(), framed(workspace.held), deadline)
+        workspace.held = []
 
 
 def remove(directory: str) -> None:
@@ -442,6 +473,7 @@ def _import_stream(
     copy_fd = os.open(workspace.directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with Directories(copy_fd) as copy:
+            assert workspace.base_entries is not None  # (settled)
             entries = (*workspace.start.values(), *workspace.base_entries.values())
             known = {entry.oid for entry in entries}
             for path, entry in sorted(final.items()):

@@ -256,6 +256,29 @@ async def test_an_agents_call_works_on_a_copy_and_its_changes_become_a_branch_na
         await no_copies_left(http, tmp_path)
 
 
+async def test_a_task_that_rewrites_the_client_s_uncommitted_file_at_once_keeps_it_on_its_branch(
+    tmp_path: Path,
+) -> None:
+    # The start does not wait for the uncommitted blobs to be written into the repository:
+    # they are held from the copy's making, whatever the server does to the copy meanwhile.
+    project = repository(tmp_path)
+    (project / "README.md").write_text("hello, uncommitted\n")
+    (project / "draft.txt").write_text("the client's untracked draft\n")
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        await ws.send_json(write(2, "README.md", "the agent's\n"))
+        await ws.send_json(write(3, "draft.txt", "the agent's draft\n"))
+        answers = {a["id"]: a for a in [await ws.hear(), await ws.hear()]}
+        for request_id, path in ((2, "README.md"), (3, "draft.txt")):
+            branch = answers[request_id]["result"]["structuredContent"]["workspace"]["branch"]
+            assert git(project, "show", f"{branch}:{path}").startswith("the agent's")
+            assert git(project, "show", f"{branch}~1:README.md") == "hello, uncommitted"
+            assert git(project, "show", f"{branch}~1:draft.txt") == "the client's untracked draft"
+        assert (project / "README.md").read_text() == "hello, uncommitted\n"
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+
+
 async def test_two_calls_at_once_writing_one_file_each_get_their_own_branch(
     tmp_path: Path,
 ) -> None:

@@ -17,7 +17,7 @@ from reactor_fabric import WorkspaceRefused
 from reactor_fabric._reasons import WORKSPACE_TOO_LARGE
 from reactor_fabric.workspace import Bounds, Workspace, begin, files, prepare, record
 from reactor_fabric.workspace.spare import RACY_NS, Spare, make_spare, refresh
-from reactor_fabric.workspace.task import remove
+from reactor_fabric.workspace.task import remove, settle
 
 from .test_task import BOUNDS, BRANCH, FACTS, git, never, owner_of, pinned, repo, show
 
@@ -48,6 +48,7 @@ def refreshed(
         )
         workspace = refresh(begun, spare, cancelled)
         try:
+            settle(workspace, bounds=bounds, cancelled=cancelled)
             yield workspace
         finally:
             remove(workspace.directory)

@@ -22,8 +22,18 @@ from reactor_fabric._reasons import (
     WORKSPACE_NOT_A_REPOSITORY,
     WORKSPACE_TOO_LARGE,
 )
-from reactor_fabric.workspace import Bounds, TaskFacts, Workspace, files, prepare, record
-from reactor_fabric.workspace.task import remove
+from reactor_fabric.workspace import (
+    Bounds,
+    TaskFacts,
+    Workspace,
+    begin,
+    copying,
+    files,
+    fill,
+    prepare,
+    record,
+)
+from reactor_fabric.workspace.task import remove, settle
 
 BOUNDS = Bounds(max_files=10_000, max_bytes=64 << 20, step_seconds=60)
 FACTS = TaskFacts(
@@ -228,6 +238,90 @@ def test_the_task_s_work_is_a_commit_on_a_new_branch_over_one_of_the_uncommitted
     refs_before = before.pop("refs")
     assert after == before
     assert str(refs_after).replace(f"refs/heads/{BRANCH} {result.commit}\n", "") == refs_before
+
+
+@contextlib.contextmanager
+def filled(project: Path, tmp_path: Path) -> Iterator[Workspace]:
+    """A task's copy as its container gets it: filled, not settled yet."""
+    with pinned(project) as fd:
+        begun = begin(fd, owner_of(project), str(tmp_path / "copy"), base=None, bounds=BOUNDS)
+        workspace = fill(begun, never)
+        try:
+            yield workspace
+        finally:
+            remove(workspace.directory)
+
+
+def has_object(repo: Path, oid: str) -> bool:
+    found = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", oid], check=False)
+    return found.returncode == 0
+
+
+def test_the_uncommitted_work_is_recorded_as_copied_though_the_task_changed_it_before_settling(
+    repo: Path, tmp_path: Path
+) -> None:
+    (repo / "README.md").write_text("hello, uncommitted\n")
+    (repo / "notes.txt").write_text("untracked\n")
+    with filled(repo, tmp_path) as workspace:
+        # The start waits for neither the base's tree nor the blobs: they are held.
+        assert (workspace.base_entries, workspace.settled) == (None, False)
+        uncommitted = workspace.start[b"README.md"].oid
+        assert not has_object(repo, uncommitted)
+        copy = Path(workspace.directory)
+        (copy / "README.md").write_text("rewritten by the task at once\n")
+        (copy / "notes.txt").unlink()
+        settle(workspace, bounds=BOUNDS, cancelled=never)
+        assert workspace.settled
+        assert has_object(repo, uncommitted)
+        result = record(workspace, FACTS, BRANCH, bounds=BOUNDS, cancelled=never)
+    assert show(repo, f"{BRANCH}^", "README.md") == "hello, uncommitted\n"
+    assert show(repo, f"{BRANCH}^", "notes.txt") == "untracked\n"
+    assert show(repo, BRANCH, "README.md") == "rewritten by the task at once\n"
+    assert "notes.txt" not in git(repo, "ls-tree", "--name-only", BRANCH)
+    assert result.working_tree_commit is not None
+
+
+def test_a_recording_settles_what_was_not_settled(repo: Path, tmp_path: Path) -> None:
+    (repo / "README.md").write_text("hello, uncommitted\n")
+    with filled(repo, tmp_path) as workspace:
+        (Path(workspace.directory) / "README.md").write_text("the task's\n")
+        result = record(workspace, FACTS, BRANCH, bounds=BOUNDS, cancelled=never)
+    assert show(repo, f"{BRANCH}^", "README.md") == "hello, uncommitted\n"
+    assert show(repo, BRANCH, "README.md") == "the task's\n"
+    assert result.files_changed == 1
+
+
+def test_uncommitted_blobs_over_what_may_be_held_are_written_before_the_task_starts(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(copying, "HELD_BYTES", 10)
+    (repo / "README.md").write_text("more than ten bytes, uncommitted\n")
+    with filled(repo, tmp_path) as workspace:
+        assert workspace.held == []
+        assert has_object(repo, workspace.start[b"README.md"].oid)
+        (Path(workspace.directory) / "README.md").write_text("the task's\n")
+        record(workspace, FACTS, BRANCH, bounds=BOUNDS, cancelled=never)
+    assert show(repo, f"{BRANCH}^", "README.md") == "more than ten bytes, uncommitted\n"
+
+
+def test_blobs_the_index_holds_are_not_held_and_an_intent_to_add_empty_file_is(
+    repo: Path, tmp_path: Path
+) -> None:
+    (repo / "notes.txt").write_text("staged\n")
+    git(repo, "add", "notes.txt")
+    (repo / "empty.txt").write_text("")
+    git(repo, "add", "-N", "empty.txt")
+    for loose in (repo / ".git" / "objects").glob("e6/9de29bb2d1d6434b8b29ae775ad8c2e48c5391"):
+        loose.unlink()  # (git add -N may write the empty blob, and need not)
+    with filled(repo, tmp_path) as workspace:
+        held = b"".join(workspace.held)
+        assert b"staged\n" not in held  # (in the repository: git add wrote it)
+        assert held.count(b"blob\n") == 1  # the empty blob, all the same
+        (Path(workspace.directory) / "notes.txt").write_text("the task's\n")
+        record(workspace, FACTS, BRANCH, bounds=BOUNDS, cancelled=never)
+    assert show(repo, f"{BRANCH}^", "notes.txt") == "staged\n"
+    assert show(repo, f"{BRANCH}^", "empty.txt") == ""
+    assert show(repo, BRANCH, "notes.txt") == "the task's\n"
 
 
 def test_a_clean_working_tree_gives_one_commit_on_top_of_head(repo: Path, tmp_path: Path) -> None:
