@@ -146,10 +146,12 @@ class Directories:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def get(self, parts: list[bytes]) -> int | None:
+    def get(self, parts: list[bytes], key: bytes | None = None) -> int | None:
         """The directory holding ``parts``' last component; None if a component is not a
-        directory (any more: a symlink, a file, gone)."""
-        key = b"/".join(parts[:-1])
+        directory (any more: a symlink, a file, gone). ``key``: that directory's path
+        (``b"/".join(parts[:-1])``), when the caller has it."""
+        if key is None:
+            key = b"/".join(parts[:-1])
         found = self._fds.get(key)
         if found is not None:
             return found
@@ -219,7 +221,8 @@ def copy_listed(
             if not index % CANCEL_EVERY and cancelled():
                 raise InterruptedError("cancelled")
             parts = check_path(path)
-            source_dir = sources.get(parts)
+            directory = path.rpartition(b"/")[0]  # (looked up twice: computed once)
+            source_dir = sources.get(parts, directory)
             if source_dir is None:
                 continue
             name = parts[-1]
@@ -236,7 +239,7 @@ def copy_listed(
                     if not stat.S_ISREG(info.st_mode):
                         continue  # a directory (a submodule's checkout), a FIFO, a device
                     budget.take(info.st_size)
-                    target_dir = targets.get(parts)
+                    target_dir = targets.get(parts, directory)
                     assert target_dir is not None  # made as needed
                     entry = _copy_file(fd, info, name, target_dir, new_hash, algorithm, owner)
                     if stamps is not None:
@@ -270,16 +273,18 @@ def _copy_file(  # noqa: PLR0917 - the copy's innermost step, once per file
         if size <= CHUNK and len(data) == size:  # (the usual case: in one piece)
             hasher = new_hash(b"blob %d\0" % size)
             hasher.update(data)
-            _write_all(out, data)
+            written = os.write(out, data)
+            if written < size:  # (a write to a file is whole but for errors: rare)
+                _write_all(out, data[written:])
             oid = hasher.hexdigest()
         else:  # large, or it shrank meanwhile
             oid = _copy_content(fd, out, algorithm, size, at_start=size > CHUNK)
         if owner is not None:
             os.fchown(out, owner.uid, owner.gid)
-        written = os.fstat(out)
+        made = os.fstat(out)
     finally:
         os.close(out)
-    return Entry(mode, oid, stamp_of(written))
+    return Entry(mode, oid, (made.st_ino, made.st_size, made.st_mtime_ns, made.st_ctime_ns))
 
 
 def _copy_unopened(
