@@ -49,6 +49,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +237,7 @@ def new_projects(project: Path, count: int) -> list[Path]:
 
 
 async def engine_rounds(
-    project: Path, work: Path, rounds: int, others: list[Path]
+    project: Path, work: Path, rounds: int, others: list[Path], *, whole_copy_only: bool = False
 ) -> dict[str, Any]:
     """One orchestrator, one session on /mcp with ``project`` mounted; per round one call of
     each service in an order rotating each round, each on a quiet engine (the pools full, no
@@ -248,11 +249,19 @@ async def engine_rounds(
     trip (the client's clock) and its container's start (the audit record's ``start_ms``:
     from the call's container asked for to its server's stdio connected, the copy
     included). In the long session each isolated call starts on the spare copy the one before
-    it left (docs/USAGE.md, "Workspaces")."""
+    it left (docs/USAGE.md, "Workspaces"). ``whole_copy_only``: per round only the shared
+    call and the first task on a project no session had (WHOLE_COPY: its pair), for a quick
+    comparison of the whole copy between two revisions."""
+    services = ["time-shared"] if whole_copy_only else list(ENGINE_SERVICES)
+    first_tasks = (
+        {FIRST_TASK_NEW_PROJECT: FIRST_TASKS[FIRST_TASK_NEW_PROJECT]}
+        if whole_copy_only
+        else FIRST_TASKS
+    )
     suite = engine_suite(work / "suite.yaml", project.parent)
     orch = await engine.start_orchestrator(suite, work / "orchestrator.log")
     pooled = sum(warm for _, warm in ENGINE_SERVICES.values())
-    round_trips: dict[str, list[float]] = {name: [] for name in [*ENGINE_SERVICES, *FIRST_TASKS]}
+    round_trips: dict[str, list[float]] = {name: [] for name in [*services, *first_tasks]}
     first_task = {**ENGINE_TOOL, "name": f"time-isolated__{ENGINE_TOOL['name']}"}
     try:
 
@@ -262,7 +271,7 @@ async def engine_rounds(
         query = query_of(project)
         async with websocket_session(orch.fabric_ws_url(query), subprotocols=["mcp"]) as rpc:
             await handshake(rpc)
-            names = list(ENGINE_SERVICES)
+            names = services
             for index in range(-1, rounds):  # round -1: a warm-up, not counted
                 shift = index % len(names)
                 for name in names[shift:] + names[:shift]:
@@ -273,7 +282,7 @@ async def engine_rounds(
                     check_result(answer, name)
                     if index >= 0:
                         round_trips[name].append(elapsed / 1e6)
-                for name, pause in FIRST_TASKS.items():
+                for name, pause in first_tasks.items():
                     await quiet(orch, pooled)
                     mounted = others[index + 1] if name == FIRST_TASK_NEW_PROJECT else project
                     async with websocket_session(
@@ -290,18 +299,20 @@ async def engine_rounds(
             await quiet(orch, pooled)
     finally:
         await orch.stop()
-    return engine_records(engine.audit_records(orch.log_path), round_trips)
+    return engine_records(engine.audit_records(orch.log_path), round_trips, list(first_tasks))
 
 
 def engine_records(
-    audited: list[dict[str, Any]], round_trips: dict[str, list[float]]
+    audited: list[dict[str, Any]], round_trips: dict[str, list[float]], first_tasks: list[str]
 ) -> dict[str, Any]:
-    """Per service (and FIRST_TASKS) the containers' starts in order, and whether each was a
-    pooled one, the warm-up round's left out."""
+    """Per service (and each of ``first_tasks``, in their order in a round) the containers'
+    starts in order, and whether each was a pooled one, the warm-up round's left out."""
     starts: dict[str, list[float]] = {name: [] for name in round_trips}
     pooled_starts: dict[str, list[bool]] = {name: [] for name in round_trips}
     records = [
-        r for r in audited if r.get("event") == "container_start" and r.get("service") in starts
+        r
+        for r in audited
+        if r.get("event") == "container_start" and r.get("service") in ENGINE_SERVICES
     ]
     # The long session is the one with a container of every service; the others are each
     # round's first tasks, in FIRST_TASKS' order.
@@ -310,7 +321,9 @@ def engine_records(
     for started in records:
         name = started["service"]
         if started["session"] != long_session:
-            name, firsts = list(FIRST_TASKS)[firsts % len(FIRST_TASKS)], firsts + 1
+            name, firsts = first_tasks[firsts % len(first_tasks)], firsts + 1
+        elif name not in starts:
+            continue  # (a pool's, of a service not called: --whole-copy-only)
         starts[name].append(float(started["start_ms"]))
         pooled_starts[name].append(bool(started.get("pooled")))
     for name, values in starts.items():  # (the warm-up's)
@@ -339,9 +352,11 @@ def engine_figures(measured: dict[str, Any]) -> dict[str, Any]:
             "round_trip": summary(measured["round_trip"][name]),
             "pooled_starts": sum(measured["pooled"][name]),
         }
-        for name in [*ENGINE_SERVICES, *FIRST_TASKS]
+        for name in measured["start"]
     }
     for pair, (isolated, shared) in ENGINE_PAIRS.items():
+        if isolated not in measured["start"] or shared not in measured["start"]:
+            continue  # (not measured: --whole-copy-only)
         # A pooled pair's round counts only when both calls got a pooled container.
         rounds = [
             index
@@ -368,6 +383,11 @@ def main() -> int:
         help="rounds on the real engine (0: none): one call of each ENGINE_SERVICES per round",
     )
     parser.add_argument("--only-engine", action="store_true", help="skip the copies measured here")
+    parser.add_argument(
+        "--whole-copy-only",
+        action="store_true",
+        help="on the engine, only a shared call and a first task on a new project per round",
+    )
     parser.add_argument(
         "--copies",
         type=Path,
@@ -409,7 +429,13 @@ def main() -> int:
             work = root / "engine"
             work.mkdir()
             others = new_projects(project, args.engine_rounds + 1)
-            measured = trio.run(engine_rounds, project, work, args.engine_rounds, others)
+            measured = trio.run(
+                partial(engine_rounds, whole_copy_only=args.whole_copy_only),
+                project,
+                work,
+                args.engine_rounds,
+                others,
+            )
             engine = engine_figures(measured)
     results = {
         "files": args.files,
