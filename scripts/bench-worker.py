@@ -95,39 +95,14 @@ async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> bool:
     ``pooled`` containers, and the machine's CPUs are idle (a pooled container is handed out
     once it runs, while its server may still be loading: a session's measurements must not
     share the CPU with that, nor with anything else left of the previous session). Whether the
-    CPUs were idle (not within IDLE_WAIT_SECONDS: something else keeps them busy)."""
+    CPUs were idle (engine.until_cpus_idle)."""
     with trio.fail_after(bound):
         while True:
             names = [c["Names"][0] for c in await engine.docker_call(orch.containers())]
             if sum("-pool-" in n for n in names) >= pooled and all("-pool-" in n for n in names):
                 break
             await trio.sleep(0.1)
-    # Bounded apart: a machine busy with something else is measured anyway, and counted.
-    with trio.move_on_after(IDLE_WAIT_SECONDS) as waiting:
-        while await busy_share(0.25) > IDLE_BELOW:
-            pass
-    return not waiting.cancelled_caught
-
-
-# The machine counts as idle while its CPUs are busy less than this share of a quarter second;
-# it is waited for that long at most.
-IDLE_BELOW = 0.05
-IDLE_WAIT_SECONDS = 30.0
-
-
-async def busy_share(seconds: float) -> float:
-    """The share of the machine's CPU time not idle over ``seconds`` (/proc/stat)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(n) for n in stat.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # (all, idle + iowait)
-
-    total, idle = sample()
-    await trio.sleep(seconds)
-    total2, idle2 = sample()
-    spent = total2 - total
-    return 0.0 if spent <= 0 else 1.0 - (idle2 - idle) / spent
+    return await engine.until_cpus_idle()
 
 
 async def rounds(project: Path, work: Path, count: int, refill_hold: str | None) -> dict[str, Any]:

@@ -25,11 +25,12 @@ serves copies of the bundled ``time`` service, a container per call (ENGINE_SERV
 isolated and shared, without a pool and with one (``warm: 1``); one session on ``/mcp`` with the
 repository mounted (an ordinary user's, as a client's checkout) calls each once per round, in
 an order rotating each round, each call on a quiet engine (no per-call container left, the
-pools full, a second for their servers). Per call, the audit record's ``start_ms`` (from the
-container asked for to its server's stdio connected and the copy whole) and the round trip;
-what isolation adds is isolated minus shared, paired by round (a pooled pair's round only when
-both were served from the pool). Then, each round, a session's first task: called at once on a
-project no session had before (a copy of the repository of its own: copied whole), at once on
+pools full, a second for their servers, the CPUs idle). Per call, the audit record's
+``start_ms`` (from the container asked for to its server's stdio connected and the copy whole)
+and the round trip; what isolation adds is isolated minus shared, paired by round (a pooled
+pair's round only when both were served from the pool). Then, each round, a session's first
+task: called at once on a project no session had before (a copy of the repository of its own:
+copied whole), at once on
 the repository (on the spare the session before left), and two seconds after the session
 opened. The target (issue 50): a task's start on 10,000 files at most 500 ms later at P95.
 
@@ -263,6 +264,7 @@ async def engine_rounds(
     pooled = sum(warm for _, warm in ENGINE_SERVICES.values())
     round_trips: dict[str, list[float]] = {name: [] for name in [*services, *first_tasks]}
     first_task = {**ENGINE_TOOL, "name": f"time-isolated__{ENGINE_TOOL['name']}"}
+    not_idle = 0  # calls made without the CPUs idle first (something else kept them busy)
     try:
 
         def query_of(mounted: Path) -> str:
@@ -275,7 +277,7 @@ async def engine_rounds(
             for index in range(-1, rounds):  # round -1: a warm-up, not counted
                 shift = index % len(names)
                 for name in names[shift:] + names[:shift]:
-                    await quiet(orch, pooled)
+                    not_idle += not await quiet(orch, pooled) and index >= 0
                     tool = {**ENGINE_TOOL, "name": f"{name}__{ENGINE_TOOL['name']}"}
                     with trio.fail_after(120):
                         elapsed, answer = await rpc.call("tools/call", tool)
@@ -283,7 +285,7 @@ async def engine_rounds(
                     if index >= 0:
                         round_trips[name].append(elapsed / 1e6)
                 for name, pause in first_tasks.items():
-                    await quiet(orch, pooled)
+                    not_idle += not await quiet(orch, pooled) and index >= 0
                     mounted = others[index + 1] if name == FIRST_TASK_NEW_PROJECT else project
                     async with websocket_session(
                         orch.fabric_ws_url(query_of(mounted)), subprotocols=["mcp"]
@@ -299,7 +301,8 @@ async def engine_rounds(
             await quiet(orch, pooled)
     finally:
         await orch.stop()
-    return engine_records(engine.audit_records(orch.log_path), round_trips, list(first_tasks))
+    measured = engine_records(engine.audit_records(orch.log_path), round_trips, list(first_tasks))
+    return {**measured, "not_idle": not_idle}
 
 
 def engine_records(
@@ -331,10 +334,12 @@ def engine_records(
     return {"round_trip": round_trips, "start": starts, "pooled": pooled_starts}
 
 
-async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> None:
+async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> bool:
     """Until no per-call container of the orchestrator is left and its pools hold at least
-    ``pooled`` containers (a pool may hold one more for a while), and a second more: their
-    servers started."""
+    ``pooled`` containers (a pool may hold one more for a while), a second more, and the
+    machine's CPUs idle (a refilled pool's server still loading, the orchestrator still making
+    or removing a spare copy: a call's start must not share the cores with what the call
+    before left running); whether they were (engine.until_cpus_idle)."""
     with trio.fail_after(bound):
         while True:
             names = [c["Names"][0] for c in await engine.docker_call(orch.containers())]
@@ -342,6 +347,7 @@ async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> None:
                 break
             await trio.sleep(0.1)
     await trio.sleep(1.0)
+    return await engine.until_cpus_idle()
 
 
 def engine_figures(measured: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +360,7 @@ def engine_figures(measured: dict[str, Any]) -> dict[str, Any]:
         }
         for name in measured["start"]
     }
+    figures["calls_without_idle_cpus"] = measured["not_idle"]
     for pair, (isolated, shared) in ENGINE_PAIRS.items():
         if isolated not in measured["start"] or shared not in measured["start"]:
             continue  # (not measured: --whole-copy-only)

@@ -734,3 +734,35 @@ async def start_peer(name: str, argv: list[str], port: int, log: IO[bytes]) -> P
         stderr=log,
     )
     return Peer(name=name, process=process, port=port)
+
+
+# The machine counts as idle while its CPUs are busy less than this share of a quarter second;
+# it is waited for that long at most.
+IDLE_BELOW = 0.05
+IDLE_WAIT_SECONDS = 30.0
+
+
+async def until_cpus_idle() -> bool:
+    """Until the machine's CPUs are idle (a measurement must not share them with what the one
+    before left running: a pooled container's server still loading, a copy being removed);
+    whether they were, within IDLE_WAIT_SECONDS (else something else keeps them busy: the
+    caller measures anyway, and counts it)."""
+    with trio.move_on_after(IDLE_WAIT_SECONDS) as waiting:
+        while await busy_share(0.25) > IDLE_BELOW:
+            pass
+    return not waiting.cancelled_caught
+
+
+async def busy_share(seconds: float) -> float:
+    """The share of the machine's CPU time not idle over ``seconds`` (/proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(n) for n in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # (all, idle + iowait)
+
+    total, idle = sample()
+    await trio.sleep(seconds)
+    total2, idle2 = sample()
+    spent = total2 - total
+    return 0.0 if spent <= 0 else 1.0 - (idle2 - idle) / spent
