@@ -71,6 +71,7 @@ from ..workspace import (
     branch_name,
     fill,
     record,
+    settle,
 )
 from ..workspace import remove as remove_copy
 from ..workspace.helper import CopyHelper
@@ -221,13 +222,16 @@ class TaskCopy:
     next_spare: SpareRecipe | None = None
     spared: bool = False  # it was made from a spare
     workspace: Workspace | None = None  # once filled
+    # What the start did not wait for (the base's tree, the held blobs: workspace.settle),
+    # done once the copy is complete, beside the server's start; None before.
+    settling: BackgroundThread[None] | None = None
 
     async def filled(self) -> None:
         """Once the copy is complete (the gate of the task's container: its server runs only
         then); raises why it could not be made (WorkspaceRefused, or InterruptedError when it
-        was stopped)."""
+        was stopped). Then its settling begins."""
         try:
-            self.workspace = await self.filling.result()
+            workspace = self.workspace = await self.filling.result()
         except InterruptedError:
             raise
         except OSError as exc:
@@ -235,6 +239,12 @@ class TaskCopy:
                 f"the copy of the project could not be made: {exc.strerror or exc}",
                 reason=WORKSPACE_FAILED,
             ) from exc
+        if self.settling is None:
+            bounds = self.begun.bounds
+            self.settling = BackgroundThread(
+                lambda stopped: settle(workspace, bounds=bounds, cancelled=stopped),
+                name=f"reactor-fabric workspace settle {self.branch}",
+            )
 
 
 class TaskWorkspaces:
@@ -349,6 +359,9 @@ class TaskWorkspaces:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(RECORD_SECONDS) as bounded:
                 try:
+                    if task.settling is not None:
+                        # (its error, if any, is the recording's: record settles what is left)
+                        await task.settling.wait()
                     if workspace is not None:
                         recorded = await run_interruptible(
                             lambda cancelled: record(
@@ -389,13 +402,16 @@ class TaskWorkspaces:
             await self._remove(task)
 
     async def _remove(self, task: TaskCopy) -> None:
-        """Stop the filling if it still runs, then close the project's descriptor and remove
-        the copy. The filling stops within files (or at its git step's deadline, which bounds
-        the wait); should it outlive that, the descriptor is left open rather than closed
-        under it (its number could be reused for another repository while it writes)."""
-        if not await task.filling.stop(self.bounds.step_seconds + STOP_MARGIN_SECONDS):
-            log.error("workspace_fill_stuck", extra={"directory": task.begun.directory})
-            return
+        """Stop the filling and the settling if they still run, then close the project's
+        descriptor and remove the copy. Each stops within files or steps (or at its git step's
+        deadline, which bounds the wait); should one outlive that, the descriptor is left open
+        rather than closed under it (its number could be reused for another repository while
+        it writes)."""
+        bound = self.bounds.step_seconds + STOP_MARGIN_SECONDS
+        for work in (task.filling, task.settling):
+            if work is not None and not await work.stop(bound):
+                log.error("workspace_fill_stuck", extra={"directory": task.begun.directory})
+                return
         with contextlib.suppress(OSError):
             os.close(task.begun.project_fd)
         await trio.to_thread.run_sync(remove_copy, task.begun.directory)

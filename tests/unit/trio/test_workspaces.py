@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import posixpath
@@ -89,6 +90,13 @@ async def _handle(container: MemoryServer, message: dict[str, Any]) -> None:
     elif method == "tools/call":
         arguments = message["params"]["arguments"]
         await trio.sleep(arguments.get("wait", 0))
+        if "wait_for_object" in arguments:  # (in a repository: until it is there, at most 10 s)
+            repository, oid = arguments["wait_for_object"]
+            with trio.move_on_after(10):
+                for _ in itertools.count():  # (polled: git says nothing when it is written)
+                    if await _has_object(repository, oid):
+                        break
+                    await trio.sleep(0.01)
         [mount] = [m for m in container.spec.mounts if m.target == "/workspace"]
         target = Path(mount.source) / arguments["path"]
         target.write_text(arguments["text"])
@@ -98,6 +106,13 @@ async def _handle(container: MemoryServer, message: dict[str, Any]) -> None:
         await _answer(container, request_id, {"content": [{"type": "text", "text": text}]})
     else:
         await _answer(container, request_id, {})
+
+
+async def _has_object(repository: str, oid: str) -> bool:
+    done = await trio.run_process(
+        ["git", "-C", repository, "cat-file", "-e", oid], check=False, capture_stderr=True
+    )
+    return done.returncode == 0
 
 
 def git(project: Path, *args: str) -> str:
@@ -275,6 +290,26 @@ async def test_a_task_that_rewrites_the_client_s_uncommitted_file_at_once_keeps_
             assert git(project, "show", f"{branch}~1:README.md") == "hello, uncommitted"
             assert git(project, "show", f"{branch}~1:draft.txt") == "the client's untracked draft"
         assert (project / "README.md").read_text() == "hello, uncommitted\n"
+        await ws.aclose()
+        await no_copies_left(http, tmp_path)
+
+
+async def test_the_uncommitted_blobs_are_written_while_the_task_runs_not_at_its_end(
+    tmp_path: Path,
+) -> None:
+    project = repository(tmp_path)
+    (project / "README.md").write_text("hello, uncommitted\n")
+    uncommitted = git(project, "hash-object", "README.md")
+    async with isolated_served(tmp_path) as http:
+        ws = await session(http, project)
+        # The tool answers once the client's uncommitted blob is in the repository (or after
+        # ten seconds): the settling runs beside the server, the recording only after it.
+        waiting = {"wait_for_object": [str(project), uncommitted]}
+        await ws.send_json(write(2, "notes.txt", "x\n", **waiting))
+        with trio.fail_after(8):
+            answer = await ws.hear()
+        branch = answer["result"]["structuredContent"]["workspace"]["branch"]
+        assert git(project, "show", f"{branch}~1:README.md") == "hello, uncommitted"
         await ws.aclose()
         await no_copies_left(http, tmp_path)
 
