@@ -30,9 +30,9 @@ pools full, a second for their servers, the CPUs idle). Per call, the audit reco
 and the round trip; what isolation adds is isolated minus shared, paired by round (a pooled
 pair's round only when both were served from the pool). Then, each round, a session's first
 task: called at once on a project no session had before (a copy of the repository of its own:
-copied whole), at once on
-the repository (on the spare the session before left), and two seconds after the session
-opened. The target (issue 50): a task's start on 10,000 files at most 500 ms later at P95.
+copied whole), at once on the repository (on the spare the session before left), and two
+seconds after the session opened. The target (issue 50): a task's start on 10,000 files at
+most 500 ms later at P95.
 
     .venv/bin/python scripts/bench-workspace.py                 # bench/workspace-results.json
     .venv/bin/python scripts/bench-workspace.py --files 200 --repeats 3   # (make bench-smoke)
