@@ -238,7 +238,13 @@ def new_projects(project: Path, count: int) -> list[Path]:
 
 
 async def engine_rounds(
-    project: Path, work: Path, rounds: int, others: list[Path], *, whole_copy_only: bool = False
+    project: Path,
+    work: Path,
+    rounds: int,
+    others: list[Path],
+    *,
+    whole_copy_only: bool = False,
+    cold_cache: bool = False,
 ) -> dict[str, Any]:
     """One orchestrator, one session on /mcp with ``project`` mounted; per round one call of
     each service in an order rotating each round, each on a quiet engine (the pools full, no
@@ -252,7 +258,9 @@ async def engine_rounds(
     included). In the long session each isolated call starts on the spare copy the one before
     it left (docs/USAGE.md, "Workspaces"). ``whole_copy_only``: per round only the shared
     call and the first task on a project no session had (WHOLE_COPY: its pair), for a quick
-    comparison of the whole copy between two revisions."""
+    comparison of the whole copy between two revisions. The project no session had is read
+    into the page cache just before (``cold_cache``: dropped from it instead): see
+    :func:`cached`."""
     services = ["time-shared"] if whole_copy_only else list(ENGINE_SERVICES)
     first_tasks = (
         {FIRST_TASK_NEW_PROJECT: FIRST_TASKS[FIRST_TASK_NEW_PROJECT]}
@@ -285,8 +293,10 @@ async def engine_rounds(
                     if index >= 0:
                         round_trips[name].append(elapsed / 1e6)
                 for name, pause in first_tasks.items():
-                    not_idle += not await quiet(orch, pooled) and index >= 0
                     mounted = others[index + 1] if name == FIRST_TASK_NEW_PROJECT else project
+                    if name == FIRST_TASK_NEW_PROJECT:
+                        await trio.to_thread.run_sync(partial(cached, mounted, evict=cold_cache))
+                    not_idle += not await quiet(orch, pooled) and index >= 0
                     async with websocket_session(
                         orch.fabric_ws_url(query_of(mounted)), subprotocols=["mcp"]
                     ) as first:
@@ -332,6 +342,30 @@ def engine_records(
     for name, values in starts.items():  # (the warm-up's)
         del values[0], pooled_starts[name][0]
     return {"round_trip": round_trips, "start": starts, "pooled": pooled_starts}
+
+
+def cached(project: Path, *, evict: bool) -> None:
+    """Read every file of ``project`` (its ``.git`` too) into the page cache, or drop them from
+    it (``evict``). Why: these machines page out what was not read for about a minute (DAMON's
+    reclaim), so a project copied when the benchmark began would be in memory in one round and
+    on the disk in another, depending on the round's length: a copy read from this virtual
+    disk takes four times as long (docs/BENCHMARKS.md, "Issue 50"). By default the whole copy
+    is measured with the project in memory, as a project being worked on is; --cold-cache
+    measures it read from the disk."""
+    for root, _dirs, names in os.walk(project):
+        for name in names:
+            try:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # (a symlink)
+            try:
+                if evict:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                else:
+                    while os.read(fd, 1 << 20):
+                        pass
+            finally:
+                os.close(fd)
 
 
 async def quiet(orch: Any, pooled: int, *, bound: float = 120.0) -> bool:
@@ -391,6 +425,11 @@ def main() -> int:
     )
     parser.add_argument("--only-engine", action="store_true", help="skip the copies measured here")
     parser.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="drop the new project's files from the page cache before its first task",
+    )
+    parser.add_argument(
         "--whole-copy-only",
         action="store_true",
         help="on the engine, only a shared call and a first task on a new project per round",
@@ -437,7 +476,11 @@ def main() -> int:
             work.mkdir()
             others = new_projects(project, args.engine_rounds + 1)
             measured = trio.run(
-                partial(engine_rounds, whole_copy_only=args.whole_copy_only),
+                partial(
+                    engine_rounds,
+                    whole_copy_only=args.whole_copy_only,
+                    cold_cache=args.cold_cache,
+                ),
                 project,
                 work,
                 args.engine_rounds,
@@ -446,6 +489,7 @@ def main() -> int:
             engine = engine_figures(measured)
     results = {
         "files": args.files,
+        "new_project_cache": "cold" if args.cold_cache else "warm",
         "repeats": args.repeats,
         **{name: summary(values) for name, values in samples.items() if values},
         "engine": engine,
