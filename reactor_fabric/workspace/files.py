@@ -284,7 +284,7 @@ def _copy_file(  # noqa: PLR0917 - the copy's innermost step, once per file
         made = os.fstat(out)
     finally:
         os.close(out)
-    return Entry(mode, oid, (made.st_ino, made.st_size, made.st_mtime_ns, made.st_ctime_ns))
+    return Entry(mode, oid, stamp_of(made))
 
 
 def _copy_unopened(
