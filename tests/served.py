@@ -1,12 +1,15 @@
 """The orchestrator's app served over memory streams, with the in-memory runtime behind it.
 
-No sockets, so every test of the transports can run on the autojump clock; the few behaviours
-that need the kernel (connection caps, file descriptors, signals) are tested over loopback
-elsewhere. Leaving :func:`served` asserts that nothing is left: no container, no session.
+Memory streams by default, so every test of the transports can run on the autojump clock
+(``sockets=True``: a socket pair, for the paths only a socket takes: writes without waiting);
+the few behaviours that need the kernel (connection caps, file descriptors, signals) are
+tested over loopback elsewhere. Leaving :func:`served` asserts that nothing is left: no
+container, no session.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ import msgspec
 import trio
 import trio.testing
 
+from reactor_fabric._sockets import LeanSocketStream
 from reactor_fabric.config.structs import Limits, Orchestrator, Profile, Service, Suite
 from reactor_fabric.observe.observer import Observer
 from reactor_fabric.policy.auth import SignIn
@@ -41,6 +45,10 @@ class Served:
     sessions: HttpSessions
     nursery: trio.Nursery
     limits: HttpLimits
+    # Connections over a socket pair, the server's side the orchestrator's own socket stream
+    # (which writes without waiting when the kernel takes the bytes: the paths a real
+    # connection takes), instead of memory streams.
+    sockets: bool = False
 
     def connect(self, *, lockstep: bool = False) -> trio.abc.Stream:
         """A new client connection to the server (lockstep: no buffering in between)."""
@@ -48,6 +56,8 @@ class Served:
         server: trio.abc.Stream
         if lockstep:
             client, server = trio.testing.lockstep_stream_pair()
+        elif self.sockets:
+            client, server = socket_pair()
         else:
             client, server = trio.testing.memory_stream_pair()
         self.nursery.start_soon(serve_connection, server, self.app, self.limits)
@@ -97,6 +107,13 @@ class Served:
             headers=headers,
             subprotocols=subprotocols,
         )
+
+
+def socket_pair() -> tuple[trio.SocketStream, LeanSocketStream]:
+    """A connected pair of sockets: the client's a trio stream, the server's the orchestrator's
+    own (as it accepts them)."""
+    client, server = socket.socketpair()
+    return trio.SocketStream(trio.socket.from_stdlib_socket(client)), LeanSocketStream(server)
 
 
 def warm_pool_of(fabric: Fabric, staging: Staging | None) -> WarmPool:
@@ -149,6 +166,7 @@ async def served(
     observer: Observer | None = None,
     sign_in: SignIn | None = None,
     issuer_fetcher: JsonFetcher | None = None,
+    sockets: bool = False,
     **orchestrator: Any,
 ) -> AsyncIterator[Served]:
     suite = suite_for(root, idle_timeout=idle_timeout, limits=limits, **orchestrator)
@@ -178,7 +196,9 @@ async def served(
                 await fabric.catalog.ready.wait()
                 runtime.spawned.clear()
                 runtime.removals.clear()
-            yield Served(fabric, runtime, app, sessions, nursery, http_limits or HttpLimits())
+            yield Served(
+                fabric, runtime, app, sessions, nursery, http_limits or HttpLimits(), sockets
+            )
             nursery.cancel_scope.cancel()
         assert runtime.alive == [], "a container was left behind"
         assert fabric.registry.sessions == {}

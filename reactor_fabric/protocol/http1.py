@@ -376,6 +376,12 @@ class ServerConnection:
         return b"\r\n".join(lines)
 
     @property
+    def has_events(self) -> bool:
+        """Whether something the client sent is parsed and not yet taken (a pipelined
+        request, the end of the connection)."""
+        return bool(self._events)
+
+    @property
     def answer_started(self) -> bool:
         """Whether the head of an answer to the current request has been written."""
         return self._answer_started

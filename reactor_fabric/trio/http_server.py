@@ -11,7 +11,8 @@ Ownership tree::
     serve_http (listener task)
     └── one task per connection: serve_connection
         ├── its reader (ConnectionReader.run): the one task reading the socket, feeding the parser
-        ├── requests in turn (keep-alive): app.http(exchange), the one writer
+        ├── requests in turn (keep-alive): app.http(exchange), the one writer — or,
+        │   for a deferred answer, the task that has it, while this one waits
         └── or, after an Upgrade (the reader stopped): app.websocket(request, stream, trailing)
             owns the stream
 
@@ -20,6 +21,14 @@ answered, which is how a client that leaves is noticed (its POST's call is then 
 handler that watched the socket itself while it waited set up and cancelled a wait per request,
 a good part of a small POST's cost; here a handler waits for one event that either its answer
 or the reader sets.
+
+A handler whose answer comes from another task may return before it comes
+(:meth:`~.http_exchange.HttpExchange.defer`): a POST's response is then written by the task
+that delivers it, and the request ended there (:class:`_RequestLoop`), without the handler
+task waking for it — one trip through trio's scheduler fewer per request. Meanwhile the
+handler task waits for the next request head, which the parser gives only once the answer is
+written (pipelining keeps its order); anything but a whole answer the kernel takes at once
+goes back to it, and it runs the handler's continuation.
 
 Resource handling: every connection's stream is closed in a ``finally``, bounded in time; the
 number of open connections is capped (beyond it a connection gets a 503 and is closed); what a
@@ -33,341 +42,46 @@ sends reaches the listener task.
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import logging
 import math
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
-from urllib.parse import unquote
+from typing import Protocol
 
 import trio
 
 from .._reasons import TOO_MANY_CONNECTIONS
-from .._sockets import LeanSocketStream, send_what_fits
+from .._sockets import LeanSocketStream
 from ..protocol.http1 import (
     CLOSED,
-    MESSAGE_END,
     NEED_DATA,
-    BodyData,
-    Event,
     HttpError,
     RequestHead,
     ServerConnection,
 )
+from .http_exchange import (
+    BodyTooLarge,
+    ClientGone,
+    ConnectionReader,
+    HttpExchange,
+    HttpLimits,
+    Request,
+)
+
+__all__ = [
+    "BodyTooLarge",
+    "ClientGone",
+    "ConnectionCounts",
+    "HttpApp",
+    "HttpExchange",
+    "HttpLimits",
+    "Request",
+    "serve_connection",
+    "serve_http",
+]
 
 log = logging.getLogger(__name__)
-
-READ_CHUNK = 65536
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    max_connections: int = 512
-    max_header_bytes: int = 16 * 1024
-    # A new connection must send its request head within this; later requests on a kept-alive
-    # connection may come this long after the previous answer.
-    header_timeout: float = 10.0
-    keepalive_timeout: float = 5.0
-    body_timeout: float = 30.0
-    write_timeout: float = 30.0
-    # While a request is answered, the connection is read to notice the client leaving; what
-    # the client sends meanwhile (a pipelined request) is kept up to this, then no longer read.
-    read_ahead_bytes: int = 256 * 1024
-
-
-class ClientGone(Exception):
-    """The client closed the connection, or stopped reading it for longer than allowed."""
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class Request:
-    method: str
-    target: str  # as sent (path and query)
-    path: str  # percent-decoded
-    query: str
-    headers: dict[bytes, str]  # lower-case names; the last of repeated headers wins
-    raw_headers: list[tuple[bytes, bytes]]
-    peer: str = ""  # the client's address:port
-
-    @classmethod
-    def from_head(cls, head: RequestHead, peer: str = "") -> Request:
-        target = head.target.decode("latin-1")
-        raw_path, _, query = target.partition("?")
-        raw_headers = head.headers
-        return cls(
-            method=head.method,
-            target=target,
-            path=unquote(raw_path),
-            query=query,
-            headers={name: value.decode("latin-1") for name, value in raw_headers},
-            raw_headers=raw_headers,
-            peer=peer,
-        )
-
-    def header(self, name: bytes, default: str = "") -> str:
-        return self.headers.get(name, default)
-
-    @property
-    def is_websocket_upgrade(self) -> bool:
-        return (
-            self.method == "GET"
-            and self.header(b"upgrade").lower() == "websocket"
-            and "upgrade" in self.header(b"connection").lower()
-        )
-
-
-class ConnectionReader:
-    """The one task that reads a connection and feeds its parser, for the connection's life.
-
-    It stops reading when what the client sent ahead (parsed, not yet taken by the handler)
-    exceeds ``read_ahead_bytes`` until the handler takes some; for good once the client closes
-    its side (:attr:`gone` is set), sends what is not HTTP (:attr:`error`), or switches
-    protocols (the Upgrade's bytes stay in the parser's ``trailing``).
-
-    Waiting: :meth:`changed` returns after the next change (bytes parsed, the end); a handler
-    waiting for something else too sets :attr:`on_change`, called on every change.
-    """
-
-    def __init__(
-        self, stream: trio.abc.Stream, connection: ServerConnection, limits: HttpLimits
-    ) -> None:
-        self._stream = stream
-        self._connection = connection
-        self._limits = limits
-        self.gone = trio.Event()  # the client closed the connection (or it broke)
-        self.error: HttpError | None = None  # what it sent was not HTTP/1.1
-        self.stopped = False  # no more reads: gone, error, upgrade, or cancelled
-        self.on_change: Callable[[], None] | None = None
-        self._changed: trio.Event | None = None  # made only when a task waits for a change
-        self._room: trio.Event | None = None  # set when the handler took what was ahead
-
-    async def run(self) -> None:
-        connection = self._connection
-        try:
-            while True:
-                while connection.buffered_bytes > self._limits.read_ahead_bytes:
-                    self._room = trio.Event()
-                    await self._room.wait()
-                data = await _receive(self._stream)
-                if not data:
-                    self.gone.set()
-                    return
-                try:
-                    connection.receive(data)
-                except HttpError as exc:
-                    self.error = exc
-                    return
-                if connection.upgraded:
-                    return
-                self._notify()
-        finally:
-            self.stopped = True
-            self._notify()
-
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, None
-        if changed is not None:
-            changed.set()
-        if self.on_change is not None:
-            self.on_change()
-
-    async def changed(self) -> None:
-        """Wait for the next change (at once when there will be none)."""
-        if self.stopped:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._changed is None:
-            self._changed = trio.Event()
-        await self._changed.wait()
-
-    def next_event(self) -> Event:
-        """The connection's next event (see ServerConnection.next_event), letting the reader
-        go on once the handler has taken what was ahead."""
-        event = self._connection.next_event()
-        room = self._room
-        if room is not None and self._connection.buffered_bytes <= self._limits.read_ahead_bytes:
-            self._room = None
-            room.set()
-        return event
-
-
-class HttpExchange:
-    """One request on a connection, and the means to answer it.
-
-    A handler answers either at once (:meth:`respond`) or as a stream (:meth:`start`,
-    :meth:`send`, :meth:`end`; HTTP/1.1 chunked). :meth:`wait_disconnect` returns when the client
-    goes away, so a handler can stop waiting for something the client no longer wants.
-    """
-
-    def __init__(
-        self,
-        connection: ServerConnection,
-        stream: trio.abc.Stream,
-        request: Request,
-        limits: HttpLimits,
-        reader: ConnectionReader,
-    ) -> None:
-        self._connection = connection
-        self._stream = stream
-        self.request = request
-        self._limits = limits
-        self._reader = reader
-        self.started = False
-        self.ended = False
-        self._body_done = False
-        self.disconnected = reader.gone
-
-    async def _write(self, data: bytes) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()  # as send_all would
-        try:
-            # Usually the kernel takes a whole answer at once: no deadline to arm then (a
-            # cancel scope per answer is a good part of a small call's cost). A stream that
-            # cannot write without waiting (not a socket) takes the bounded path.
-            sent = send_what_fits(self._stream, data)
-            if sent < len(data):
-                with trio.fail_after(self._limits.write_timeout):
-                    await self._stream.send_all(memoryview(data)[sent:])
-        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.disconnected.set()
-            raise ClientGone(str(exc) or type(exc).__name__) from exc
-
-    async def read_body(self, limit: int) -> bytes:
-        """The whole request body; BodyTooLarge beyond ``limit``; ClientGone if it stops."""
-        connection = self._connection
-        if connection.waiting_for_continue:
-            await self._write(connection.continue_())
-        reader = self._reader
-        body = bytearray()
-        # A small body usually came with the head: no deadline to arm until a read must wait.
-        deadline = None
-        while True:
-            event = reader.next_event()
-            if event is NEED_DATA:
-                if reader.error is not None:
-                    raise ClientGone(f"a malformed request body: {reader.error}")
-                if reader.stopped:
-                    raise ClientGone("the client closed the connection mid-request")
-                if deadline is None:
-                    deadline = trio.current_time() + self._limits.body_timeout
-                with trio.move_on_at(deadline) as waited:
-                    await reader.changed()
-                if waited.cancelled_caught:
-                    raise ClientGone(
-                        f"the body did not arrive within {self._limits.body_timeout:g} s"
-                    )
-                continue
-            if isinstance(event, BodyData):
-                body += event.data
-                if len(body) > limit:
-                    raise BodyTooLarge(f"the body exceeds {limit} bytes")
-            elif event is MESSAGE_END:
-                self._body_done = True
-                return bytes(body)
-            else:
-                raise ClientGone(f"unexpected {event!r} in a request body")
-
-    async def discard_body(self, limit: int, seconds: float) -> None:
-        """Read what the client sends of its body and drop it, at most ``limit`` bytes for at
-        most ``seconds``, before a refusal is answered (a client waiting for ``100 Continue``
-        sends nothing: nothing to read). A connection closed with its request unread is
-        *reset*, and the client may then lose the answer itself: Node's fetch (Claude Code)
-        reported ECONNRESET instead of the 401 it was sent. Read, the request is whole, and the
-        connection may even carry the next one."""
-        if self._body_done or self._connection.waiting_for_continue:
-            return
-        with trio.move_on_after(seconds):
-            with contextlib.suppress(BodyTooLarge, ClientGone):
-                await self.read_body(limit)
-
-    async def respond(
-        self,
-        status: int,
-        body: bytes = b"",
-        *,
-        content_type: bytes = b"application/json",
-        headers: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
-        """The whole answer in one write."""
-        all_headers = [
-            (b"content-type", content_type),
-            (b"cache-control", b"no-store"),
-            *(headers or []),
-        ]
-        data = self._connection.respond(status, all_headers, body)
-        self.started = self.ended = True
-        await self._write(data)
-
-    async def respond_json(
-        self, status: int, body: dict[str, Any], *, allow: str | None = None
-    ) -> None:
-        """A JSON answer (``allow``: the ``Allow`` header of a 405)."""
-        headers = [(b"allow", allow.encode())] if allow is not None else []
-        await self.respond(status, json.dumps(body).encode(), headers=headers)
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        """Start a streamed answer (chunked): then :meth:`send` pieces and :meth:`end`."""
-        data = self._connection.start(status, headers)
-        self.started = True
-        await self._write(data)
-
-    async def send(self, data: bytes) -> None:
-        await self._write(self._connection.send(data))
-
-    async def end(self) -> None:
-        if self.ended:
-            return
-        self.ended = True
-        await self._write(self._connection.end())
-
-    async def wait_disconnect(self) -> None:
-        """Return once the client has closed the connection.
-
-        What it sends meanwhile is kept for the next request (pipelining), up to
-        ``read_ahead_bytes``; beyond that, or after something that is not HTTP, the connection
-        is no longer read (the client waits on TCP's flow control) and this waits until
-        cancelled: the answer still goes out, and the connection is closed after it if broken.
-        """
-        reader = self._reader
-        while not reader.gone.is_set():
-            if reader.stopped:
-                await trio.sleep_forever()
-            await reader.changed()
-
-    async def wait_for(self, wake: Callable[[Callable[[], None]], None]) -> None:
-        """Wait until something else calls the function handed to ``wake`` (which registers it
-        where the change will come from), or the connection changes; ClientGone once the
-        client has left. (One event for both, no watch set up and cancelled per wait.)"""
-        if self.disconnected.is_set():
-            raise ClientGone("the client closed the connection while its request was in flight")
-        event = trio.Event()
-        reader = self._reader
-        wake(event.set)
-        reader.on_change = event.set
-        try:
-            await event.wait()
-        finally:
-            reader.on_change = None
-        if self.disconnected.is_set():
-            raise ClientGone("the client closed the connection while its request was in flight")
-
-    @property
-    def reusable(self) -> bool:
-        """Whether the connection can carry another request after this one."""
-        return self._connection.reusable
-
-
-async def _receive(stream: trio.abc.Stream) -> bytes:
-    try:
-        data = await stream.receive_some(READ_CHUNK)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return b""
-    return data if isinstance(data, bytes) else bytes(data)
 
 
 class HttpApp(Protocol):
@@ -507,51 +221,202 @@ async def _serve_requests(
 ) -> Request | None:
     """Requests in turn until the connection ends; a WebSocket upgrade request when one comes
     (the reader has stopped at it; the connection is counted busy for the WebSocket)."""
-    peer = peer_of(stream)
-    deadline = limits.header_timeout
-    # The wait for each request head is bounded by one scope for the connection, its deadline
-    # moved per request (a scope entered and left per request costs several times as much).
-    waiting = trio.CancelScope()
+    loop = _RequestLoop(app, stream, connection, reader, limits, counts)
     try:
-        with waiting:
-            while True:
-                waiting.deadline = trio.current_time() + deadline
-                head = await _next_request(reader)
-                if waiting.cancel_called:  # (the deadline passed as the head came: too late)
-                    return None
-                waiting.deadline = math.inf
-                if head is None:
-                    return None
-                deadline = limits.keepalive_timeout
-                request = Request.from_head(head, peer)
-                counts.busy += 1
-                if head.upgrade and request.is_websocket_upgrade:
-                    return request
-                try:
-                    if head.upgrade and _has_body(request):
-                        # Another protocol than WebSocket (h2c, CONNECT) is not switched to;
-                        # the request is answered as HTTP/1.1 when it has no body (which the
-                        # parser, stopped at the Upgrade, has not read), refused when it has.
-                        raise HttpError("an Upgrade other than WebSocket, with a body")
-                    exchange = HttpExchange(connection, stream, request, limits, reader)
-                    if not await _serve_request(app, exchange):
+        return await loop.run()
+    finally:
+        loop.drop_deferred()
+
+
+class _RequestLoop:
+    """One connection's requests, in turn, in its handler task — and the end of a request
+    whose answer another task wrote (:meth:`HttpExchange.defer`), which that task completes
+    here without waking the handler task (:meth:`_answered`)."""
+
+    def __init__(  # noqa: PLR0917 (the connection's parts, each used)
+        self,
+        app: HttpApp,
+        stream: trio.abc.Stream,
+        connection: ServerConnection,
+        reader: ConnectionReader,
+        limits: HttpLimits,
+        counts: ConnectionCounts,
+    ) -> None:
+        self.app = app
+        self.stream = stream
+        self.connection = connection
+        self.reader = reader
+        self.limits = limits
+        self.counts = counts
+        # The wait for each request head is bounded by one scope for the connection, its
+        # deadline moved per request (a scope entered and left per request costs several times
+        # as much).
+        self.waiting = trio.CancelScope()
+        self.deferred: HttpExchange | None = None  # a request whose answer is still to come
+        self.closing = False  # a deferred answer was the connection's last
+
+    async def run(self) -> Request | None:
+        peer = peer_of(self.stream)
+        waiting, connection, counts = self.waiting, self.connection, self.counts
+        waiting.deadline = trio.current_time() + self.limits.header_timeout
+        try:
+            with waiting:
+                while True:
+                    head = await self._next_request()
+                    if waiting.cancel_called:  # (the deadline passed as the head came: too late)
                         return None
-                finally:
-                    counts.busy -= 1
-                    counts._notify()
-                connection.start_next_cycle()
-    except HttpError as exc:
-        await _bad_request(connection, stream, exc)
-    return None
+                    if head is None:
+                        return None
+                    waiting.deadline = math.inf
+                    request = Request.from_head(head, peer)
+                    counts.busy += 1
+                    if head.upgrade and self._upgrades(request):
+                        return request
+                    exchange = HttpExchange(
+                        connection, self.stream, request, self.limits, self.reader
+                    )
+                    try:
+                        reusable = await _run_handler(
+                            exchange, functools.partial(self.app.http, exchange)
+                        )
+                    except BaseException:
+                        self._end_request()
+                        raise
+                    if reusable is None:  # deferred: its answer ends the request
+                        self._defer(exchange)
+                    elif not self._finish(reusable):
+                        return None
+        except HttpError as exc:
+            await _bad_request(connection, self.stream, exc)
+        return None
+
+    def _upgrades(self, request: Request) -> bool:
+        """Whether a request asking to switch protocols switches to a WebSocket.
+
+        Another protocol than WebSocket (h2c, CONNECT) is not switched to; the request is
+        answered as HTTP/1.1 when it has no body (which the parser, stopped at the Upgrade, has
+        not read), refused (HttpError) when it has.
+        """
+        if request.is_websocket_upgrade:
+            return True
+        if _has_body(request):
+            self._end_request()
+            raise HttpError("an Upgrade other than WebSocket, with a body")
+        return False
+
+    def _end_request(self) -> None:
+        self.counts.busy -= 1
+        self.counts._notify()
+
+    def _finish(self, reusable: bool) -> bool:
+        """The request is over: whether the connection carries another (then its head is
+        waited for from now, up to the keep-alive deadline)."""
+        self._end_request()
+        if not reusable:
+            return False
+        self.connection.start_next_cycle()
+        self.waiting.deadline = trio.current_time() + self.limits.keepalive_timeout
+        return True
+
+    def _defer(self, exchange: HttpExchange) -> None:
+        if exchange.answered_now:  # (written before its handler returned)
+            self._answered(exchange)
+            return
+        self.deferred = exchange
+        exchange.on_answered = self._answered
+
+    def _answered(self, exchange: HttpExchange) -> None:
+        """A deferred answer was written whole by the task that had it: the request is over
+        (called in that task; the handler task is woken only if it has something to do)."""
+        if self.deferred is exchange:
+            self.deferred = None
+        if not self._finish(exchange.reusable):
+            self.closing = True
+            self.reader.wake()
+        elif self.connection.has_events:  # (a pipelined request is waiting)
+            self.reader.wake()
+
+    def drop_deferred(self) -> None:
+        """The connection ends with an answer still to come: nobody writes it any more."""
+        deferred, self.deferred = self.deferred, None
+        if deferred is not None:
+            deferred.on_answered = None
+            if deferred.drop is not None:
+                deferred.drop()
+            self._end_request()
+
+    async def _next_request(self) -> RequestHead | None:
+        """The next request head, or None when the client is done (the caller bounds the
+        wait); a deferred answer handed back meanwhile is completed first.
+
+        Raises HttpError for what is not HTTP/1.1.
+        """
+        reader = self.reader
+        while True:
+            if self.closing:
+                return None
+            deferred = self.deferred
+            if deferred is not None:
+                if not (deferred.resume_wanted or reader.stopped):
+                    # (the parser gives no next head before this answer is written)
+                    await reader.changed()
+                    continue
+                self.deferred = None
+                deferred.on_answered = None
+                try:
+                    reusable = await _complete_deferred(deferred)
+                except BaseException:
+                    self._end_request()
+                    raise
+                if not self._finish(reusable):
+                    return None
+                continue
+            event = reader.next_event()
+            if event is NEED_DATA:
+                if reader.error is not None:
+                    raise reader.error
+                if reader.stopped:
+                    return None
+                await reader.changed()
+                continue
+            if isinstance(event, RequestHead):
+                return event
+            if event is CLOSED:
+                return None
+            # A body (or its end) left unread by the previous request cannot be here: a
+            # connection is reused only once its request was read whole.
+            raise HttpError(f"unexpected {event!r} before a request head")
 
 
-async def _serve_request(app: HttpApp, exchange: HttpExchange) -> bool:
-    """Run the handler for one request; whether the connection can carry another."""
+async def _complete_deferred(exchange: HttpExchange) -> bool:
+    """The handler task's end of a deferred answer (see :meth:`HttpExchange.defer`): the rest
+    of an answer the kernel did not take at once, or the handler's continuation. Whether the
+    connection can carry another request."""
+    if exchange.started:  # written from the other task, not whole (or the write failed)
+        if exchange.drop is not None:
+            exchange.drop()
+        if exchange.disconnected.is_set():
+            return False
+        unsent, exchange.unsent = exchange.unsent, b""
+        try:
+            await exchange._write(unsent)
+        except ClientGone:
+            return False
+        return exchange.reusable
+    assert exchange.resume is not None
+    return bool(await _run_handler(exchange, exchange.resume, deferring=False))
+
+
+async def _run_handler(
+    exchange: HttpExchange, handler: Callable[[], Awaitable[None]], *, deferring: bool = True
+) -> bool | None:
+    """Run a handler for one request (or, not ``deferring``, a deferred one's continuation);
+    whether the connection can carry another; None when the handler deferred its answer."""
     request = exchange.request
     failed: tuple[int, bytes] | None = None
     gone = False
     try:
-        await app.http(exchange)
+        await handler()
     except* ClientGone:
         gone = True
     except* BodyTooLarge:
@@ -568,6 +433,8 @@ async def _serve_request(app: HttpApp, exchange: HttpExchange) -> bool:
     if failed is not None:
         await _answer_if_unanswered(exchange, *failed)
         return False
+    if deferring and exchange.resume is not None:
+        return None  # (answered already, perhaps: the request loop looks)
     if not exchange.started:
         await _answer_if_unanswered(exchange, 500, b'{"error": "no answer"}')
         return False
@@ -578,29 +445,6 @@ async def _answer_if_unanswered(exchange: HttpExchange, status: int, body: bytes
     if not exchange.started:
         with contextlib.suppress(ClientGone):
             await exchange.respond(status, body, headers=[(b"connection", b"close")])
-
-
-async def _next_request(reader: ConnectionReader) -> RequestHead | None:
-    """The next request head, or None when the client is done (the caller bounds the wait).
-
-    Raises HttpError for what is not HTTP/1.1.
-    """
-    while True:
-        event = reader.next_event()
-        if event is NEED_DATA:
-            if reader.error is not None:
-                raise reader.error
-            if reader.stopped:
-                return None
-            await reader.changed()
-            continue
-        if isinstance(event, RequestHead):
-            return event
-        if event is CLOSED:
-            return None
-        # A body (or its end) left unread by the previous request cannot be here: a connection
-        # is reused only once its request was read whole.
-        raise HttpError(f"unexpected {event!r} before a request head")
 
 
 def _has_body(request: Request) -> bool:

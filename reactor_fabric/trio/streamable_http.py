@@ -68,6 +68,7 @@ from ..protocol.handshake import REGISTER_METHOD
 from ..protocol.jsonrpc import (
     REQUEST,
     Peek,
+    RequestId,
     decode_params,
     duplicate_request,
     error_response,
@@ -431,14 +432,54 @@ async def _post(
     accept = exchange.request.headers.get(b"accept", "")
     waiter = channel.expect(message.id, streaming="text/event-stream" in accept and not first)
     try:
-        try:
-            await channel.submit(body, message)
-        except ChannelClosed:
-            await exchange.respond(404, b'{"error": "session ended"}')
-            return
-        await _answer(exchange, waiter, session, request_id=message.id)
-    finally:
+        await channel.submit(body, message)
+    except ChannelClosed:
         channel.abandon(waiter)
+        await exchange.respond(404, b'{"error": "session ended"}')
+        return
+    except BaseException:
+        channel.abandon(waiter)
+        raise
+    _defer_answer(exchange, channel, waiter, session, message.id)
+
+
+def _defer_answer(
+    exchange: HttpExchange,
+    channel: HttpChannel,
+    waiter: Waiter,
+    session: HttpSession,
+    request_id: RequestId,
+) -> None:
+    """Leave the POST's answer to the task that delivers its response (HttpExchange.defer):
+    a response that comes alone is written by that task at once; anything else — a message
+    before it (an SSE stream), the session ending, a client that left or reads slowly — is
+    answered by :func:`_answer` in the connection's handler task, as if it had waited."""
+    queue = waiter.queue
+
+    def delivered() -> None:  # (the queue's wake: called on each change, in the deliverer)
+        queue.wake = None
+        frames = queue.frames
+        if len(frames) == 1 and frames[0] is waiter.response:
+            channel.abandon(waiter)
+            exchange.answer_now(200, waiter.response, [(SESSION_HEADER, session.id.encode())])
+        else:
+            exchange.wake()
+
+    async def resume() -> None:
+        try:
+            await _answer(exchange, waiter, session, request_id=request_id)
+        finally:
+            channel.abandon(waiter)
+
+    def drop() -> None:
+        queue.wake = None
+        channel.abandon(waiter)
+
+    exchange.defer(resume, drop)
+    if queue.frames or queue.closed:  # (answered already, in this task)
+        delivered()
+    else:
+        queue.wake = delivered
 
 
 async def _answer(

@@ -15,6 +15,7 @@ import trio.testing
 
 from reactor_fabric.config.structs import Limits, Profile, Service
 from reactor_fabric.runtime.memory import _PipeSender
+from reactor_fabric.trio import streamable_http
 from reactor_fabric.trio.channel import Handover
 from reactor_fabric.trio.http_channel import FrameQueue, HttpChannel
 from tests.fakes import until
@@ -57,10 +58,11 @@ async def test_a_request_whose_response_comes_first_is_answered_as_plain_json(
         assert reply.json()["id"] == 2
 
 
+@pytest.mark.parametrize("sockets", [False, True], ids=["memory", "socket"])
 async def test_messages_before_the_response_turn_the_answer_into_an_sse_stream(
-    tmp_path: Path,
+    tmp_path: Path, sockets: bool
 ) -> None:
-    async with served(tmp_path) as http:
+    async with served(tmp_path, sockets=sockets) as http:
         session = await open_session(http)
         progress = request(
             2, "tools/call", {"name": "progress", "arguments": {}, "_meta": {"progressToken": "t"}}
@@ -78,8 +80,11 @@ async def test_messages_before_the_response_turn_the_answer_into_an_sse_stream(
         assert len(http.runtime.spawned) == 1
 
 
-async def test_requests_on_one_kept_alive_connection_are_answered_in_turn(tmp_path: Path) -> None:
-    async with served(tmp_path) as http:
+@pytest.mark.parametrize("sockets", [False, True], ids=["memory", "socket"])
+async def test_requests_on_one_kept_alive_connection_are_answered_in_turn(
+    tmp_path: Path, sockets: bool
+) -> None:
+    async with served(tmp_path, sockets=sockets) as http:
         session = await open_session(http)
         client = HttpClient(http.connect())
         try:
@@ -343,10 +348,11 @@ async def test_the_answer_to_a_post_whose_client_left_is_dropped_not_parked(
         await listener.aclose()
 
 
+@pytest.mark.parametrize("sockets", [False, True], ids=["memory", "socket"])
 async def test_a_client_hanging_up_during_a_streamed_answer_ends_that_post_and_nothing_else(
-    tmp_path: Path,
+    tmp_path: Path, sockets: bool
 ) -> None:
-    async with served(tmp_path) as http:
+    async with served(tmp_path, sockets=sockets) as http:
         session = await open_session(http)
         channel = http.sessions.by_id[session].channel
         client = HttpClient(http.connect())
@@ -640,3 +646,88 @@ async def test_requests_a_client_has_in_flight_together_are_left_to_the_stdin_wr
         assert sorted(replies) == list(range(3, 9))
         assert all(reply.json()["id"] == n for n, reply in replies.items())
         assert len(at_once) <= 1  # (the first, if it was alone when it came)
+
+
+async def test_a_lone_response_is_written_by_the_task_that_delivers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over a socket, a POST whose response comes alone is answered by the task that delivers
+    # the response (the connection's handler task does not wake for it: no _answer); one
+    # whose answer streams is handed back and answered as before.
+    answered_by_handler: list[object] = []
+    answer = streamable_http._answer
+
+    async def spied(exchange: Any, waiter: Any, *args: Any, **kwargs: Any) -> None:
+        answered_by_handler.append(waiter.request_id)
+        await answer(exchange, waiter, *args, **kwargs)
+
+    monkeypatch.setattr(streamable_http, "_answer", spied)
+    async with served(tmp_path, sockets=True) as http:
+        client = HttpClient(http.connect())
+        reply = await client.request("POST", "/mcp/svc", INITIALIZE)
+        session = reply.session
+        headers = {"mcp-session-id": session}
+        assert (
+            await client.request("POST", "/mcp/svc", INITIALIZED, headers=headers)
+        ).status == 202
+        for request_id in range(2, 6):
+            reply = await client.request(
+                "POST", "/mcp/svc", call(request_id, "echo", n=request_id), headers=headers
+            )
+            assert reply.headers["content-type"] == "application/json"
+            assert reply.json()["id"] == request_id
+        assert answered_by_handler == []
+        progress = request(
+            6, "tools/call", {"name": "progress", "arguments": {}, "_meta": {"progressToken": "t"}}
+        )
+        reply = await client.request("POST", "/mcp/svc", progress, headers=headers)
+        assert reply.headers["content-type"] == "text/event-stream"
+        assert reply.events()[-1]["id"] == 6
+        assert answered_by_handler == [6]
+        reply = await client.request("POST", "/mcp/svc", call(7, "echo", n=7), headers=headers)
+        assert reply.json()["id"] == 7
+        assert answered_by_handler == [6]
+        await client.aclose()
+
+
+@pytest.mark.parametrize("sockets", [False, True], ids=["memory", "socket"])
+async def test_a_post_waiting_when_its_session_is_deleted_is_told_the_session_ended(
+    tmp_path: Path, sockets: bool
+) -> None:
+    async with served(tmp_path, sockets=sockets) as http:
+        session = await open_session(http)
+        channel = http.sessions.by_id[session].channel
+        client = HttpClient(http.connect())
+        await client.send_request(
+            "POST", "/mcp/svc", call(2, "wait", seconds=30), headers={"mcp-session-id": session}
+        )
+        await until(lambda: channel.busy, what="the POST waits for its answer")
+        deleted = await http.http("DELETE", "/mcp/svc", headers={"mcp-session-id": session})
+        assert deleted.status == 204
+        reply = await client.read_head()
+        while (chunk := await client.read_chunk()) is not None:
+            reply.body += chunk
+        assert reply.status == 404
+        assert reply.json()["id"] == 2
+        assert reply.json()["error"]["data"]["reason"] == "session_ended"
+        await client.aclose()
+
+
+@pytest.mark.parametrize("sockets", [False, True], ids=["memory", "socket"])
+async def test_a_client_hanging_up_before_its_plain_answer_abandons_only_that_post(
+    tmp_path: Path, sockets: bool
+) -> None:
+    async with served(tmp_path, sockets=sockets) as http:
+        session = await open_session(http)
+        channel = http.sessions.by_id[session].channel
+        client = HttpClient(http.connect())
+        await client.send_request(
+            "POST", "/mcp/svc", call(2, "wait", seconds=0.5), headers={"mcp-session-id": session}
+        )
+        await until(lambda: channel.busy, what="the POST waits for its answer")
+        await client.aclose()
+        await until(lambda: not channel.busy, what="the POST noticed its client left")
+        await trio.sleep(0.6)  # its answer comes, for nobody: dropped, not parked
+        assert channel.backlog.bytes == 0
+        reply = await http.post(call(3, "echo", said="still here"), session=session)
+        assert reply.json()["id"] == 3
