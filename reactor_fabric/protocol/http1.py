@@ -375,6 +375,20 @@ class ServerConnection:
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
 
+    def whole_request(self) -> RequestHead | None:
+        """The next request's head, not taken, when no request is current and that one is
+        parsed whole (head, body and end); else None. (Never an Upgrade's.)"""
+        events = self._events
+        if self.request is not None or self._failed is not None or not events:
+            return None
+        head = events[0]
+        if not isinstance(head, RequestHead) or head.upgrade:
+            return None
+        for event in events:
+            if event is MESSAGE_END:
+                return head
+        return None
+
     @property
     def has_events(self) -> bool:
         """Whether something the client sent is parsed and not yet taken (a pipelined

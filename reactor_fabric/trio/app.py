@@ -28,6 +28,7 @@ from ..observe.page import STATUS_PAGE, page_headers
 from ..policy.auth import Refusal, admit_origin
 from ..policy.principal import TOKEN_HOLDER, Principal
 from ..policy.resource_metadata import WELL_KNOWN, ProtectedResource
+from ..protocol.http1 import RequestHead
 from ..runtime.base import Runtime
 from .authentication import Authenticator
 from .engine_check import EngineCheck
@@ -110,6 +111,12 @@ class FabricApp:
             )
             return
         await exchange.respond_json(404, {"error": "not found", "path": request.path})
+
+    def answers_at_once(self, head: RequestHead) -> bool:
+        """A POST to an MCP endpoint (its one message handed to its session, its answer left
+        to the task that delivers it: streamable_http) waits for nothing from its client:
+        the connection's reader may serve it (http_server.HttpApp)."""
+        return head.method == "POST" and head.target.startswith(b"/mcp")
 
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
         await serve_websocket(self.parts, self.parts.authenticator, request, stream, trailing)

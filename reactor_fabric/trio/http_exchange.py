@@ -120,6 +120,10 @@ class ConnectionReader:
         self.stopped = False  # no more reads: gone, error, upgrade, or cancelled
         self.on_change: Callable[[], None] | None = None
         self._changed: trio.Event | None = None  # made only when a task waits for a change
+        # Serves, in this task, a request parsed whole that can be answered without waiting
+        # for the client (set by the request loop): whether it did; if not, the handler task
+        # is told of the change, as for any other.
+        self.serve_here: Callable[[], Awaitable[bool]] | None = None
         self._room: trio.Event | None = None  # set when the handler took what was ahead
 
     async def run(self) -> None:
@@ -140,6 +144,8 @@ class ConnectionReader:
                     return
                 if connection.upgraded:
                     return
+                if self.serve_here is not None and await self.serve_here():
+                    continue
                 self._notify()
         finally:
             self.stopped = True

@@ -87,6 +87,12 @@ log = logging.getLogger(__name__)
 class HttpApp(Protocol):
     async def http(self, exchange: HttpExchange) -> None: ...
 
+    def answers_at_once(self, head: RequestHead) -> bool:
+        """Whether :meth:`http` answers this request (whole, with its body) without waiting
+        for anything from its client — at once, or deferred (HttpExchange.defer): it may then
+        run in the task reading the connection, which saves waking the connection's handler
+        task. (It must not wait long: the connection is not read meanwhile.)"""
+
     async def websocket(self, request: Request, stream: trio.abc.Stream, trailing: bytes) -> None:
         """Own ``stream`` after an Upgrade request (its head is read; ``trailing`` follows it)."""
 
@@ -222,9 +228,11 @@ async def _serve_requests(
     """Requests in turn until the connection ends; a WebSocket upgrade request when one comes
     (the reader has stopped at it; the connection is counted busy for the WebSocket)."""
     loop = _RequestLoop(app, stream, connection, reader, limits, counts)
+    reader.serve_here = loop.serve_here
     try:
         return await loop.run()
     finally:
+        reader.serve_here = None
         loop.drop_deferred()
 
 
@@ -253,10 +261,10 @@ class _RequestLoop:
         # as much).
         self.waiting = trio.CancelScope()
         self.deferred: HttpExchange | None = None  # a request whose answer is still to come
-        self.closing = False  # a deferred answer was the connection's last
+        self.closing = False  # a request answered outside this task was the connection's last
+        self.peer = peer_of(stream)
 
     async def run(self) -> Request | None:
-        peer = peer_of(self.stream)
         waiting, connection, counts = self.waiting, self.connection, self.counts
         waiting.deadline = trio.current_time() + self.limits.header_timeout
         try:
@@ -268,27 +276,50 @@ class _RequestLoop:
                     if head is None:
                         return None
                     waiting.deadline = math.inf
-                    request = Request.from_head(head, peer)
+                    request = Request.from_head(head, self.peer)
                     counts.busy += 1
                     if head.upgrade and self._upgrades(request):
                         return request
-                    exchange = HttpExchange(
-                        connection, self.stream, request, self.limits, self.reader
-                    )
-                    try:
-                        reusable = await _run_handler(
-                            exchange, functools.partial(self.app.http, exchange)
-                        )
-                    except BaseException:
-                        self._end_request()
-                        raise
-                    if reusable is None:  # deferred: its answer ends the request
-                        self._defer(exchange)
-                    elif not self._finish(reusable):
+                    if not await self._serve(request):
                         return None
         except HttpError as exc:
             await _bad_request(connection, self.stream, exc)
         return None
+
+    async def serve_here(self) -> bool:
+        """Serve the request the reader has just parsed whole in the reader's own task, when
+        the app answers it without waiting for its client (HttpApp.answers_at_once) and no
+        request is current: whether it did. The handler task, waiting for a request head,
+        is then not woken at all (one trip through trio's scheduler fewer per request); it
+        still takes over whatever this leaves to it (a deferred answer handed back, the end
+        of the connection)."""
+        if self.deferred is not None or self.closing:
+            return False
+        head = self.connection.whole_request()
+        if head is None or not self.app.answers_at_once(head):
+            return False
+        taken = self.reader.next_event()
+        assert taken is head
+        self.waiting.deadline = math.inf
+        self.counts.busy += 1
+        if not await self._serve(Request.from_head(head, self.peer)):
+            self.closing = True
+            self.reader.wake()
+        return True
+
+    async def _serve(self, request: Request) -> bool:
+        """One request (counted busy already), in whichever task took it; whether the
+        connection carries another (or waits for this one's deferred answer)."""
+        exchange = HttpExchange(self.connection, self.stream, request, self.limits, self.reader)
+        try:
+            reusable = await _run_handler(exchange, functools.partial(self.app.http, exchange))
+        except BaseException:
+            self._end_request()
+            raise
+        if reusable is None:  # deferred: its answer ends the request
+            self._defer(exchange)
+            return True
+        return self._finish(reusable)
 
     def _upgrades(self, request: Request) -> bool:
         """Whether a request asking to switch protocols switches to a WebSocket.

@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from reactor_fabric.protocol.http1 import RequestHead
 from reactor_fabric.trio.http_server import (
     ConnectionCounts,
     HttpExchange,
@@ -28,6 +29,8 @@ class Defers:
 
     def __init__(self) -> None:
         self.exchanges: list[HttpExchange] = []
+        self.tasks: list[str] = []  # which task served each request
+        self.at_once = True
         self.came = trio.Event()
         self.resumed = 0
         self.dropped = 0
@@ -43,8 +46,12 @@ class Defers:
             self.dropped += 1
 
         exchange.defer(resume, drop)
+        self.tasks.append(trio.lowlevel.current_task().name)
         self.exchanges.append(exchange)
         self.came.set()
+
+    def answers_at_once(self, head: RequestHead) -> bool:
+        return self.at_once
 
     async def websocket(self, *_args: object) -> None:
         raise AssertionError("no WebSocket here")
@@ -227,3 +234,37 @@ async def test_a_pipelined_request_is_taken_once_the_answer_before_it_is_written
             assert (await client.read_head()).status == 200
             assert await client.read_chunk() == b'{"n": 2}'
             await client.aclose()
+
+
+@pytest.mark.parametrize("streams", ["socket", "memory"])
+async def test_a_whole_request_the_app_answers_at_once_is_served_by_the_connections_reader(
+    streams: str,
+) -> None:
+    client_side: trio.abc.Stream
+    server_side: trio.abc.Stream
+    if streams == "socket":
+        client_side, server_side = socket_streams()
+    else:
+        client_side, server_side = trio.testing.memory_stream_pair()
+    app = Defers()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_connection, server_side, app, LIMITS)
+        client = HttpClient(client_side)
+        for at_once in (True, False, True):
+            app.at_once = at_once
+            await client.send_request("POST", "/x", {"n": 1})
+            (await app.next_exchange()).answer_now(200, b"{}")
+            assert (await client.read_head()).status == 200
+            assert await client.read_chunk() == b"{}"
+            assert await client.read_chunk() is None
+        # A body that comes after its head: the request is not whole when the reader sees
+        # it, and goes to the handler task.
+        app.at_once = True
+        await client_side.send_all(b"POST /y HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        await client_side.send_all(b"{}")
+        (await app.next_exchange()).answer_now(200, b"{}")
+        await client.aclose()
+    reader = "reactor_fabric.trio.http_exchange.ConnectionReader.run"
+    handler = "reactor_fabric.trio.http_server.serve_connection"
+    assert app.tasks == [reader, handler, reader, handler]

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from reactor_fabric._sockets import LeanSocketStream
+from reactor_fabric.protocol.http1 import RequestHead
 from reactor_fabric.trio.http_server import (
     ClientGone,
     HttpExchange,
@@ -33,6 +34,9 @@ class AnswersWith:
         await exchange.respond(200, self.body)
         self.answered.set()
 
+    def answers_at_once(self, head: RequestHead) -> bool:
+        return False
+
     async def websocket(self, *_args: object) -> None:
         raise AssertionError("no WebSocket here")
 
@@ -51,6 +55,9 @@ class EchoesBody:
             raise
         await exchange.respond(200, body)
         self.outcome = "answered"
+
+    def answers_at_once(self, head: RequestHead) -> bool:
+        return False
 
     async def websocket(self, *_args: object) -> None:
         raise AssertionError("no WebSocket here")
@@ -153,6 +160,9 @@ class RefusesWithoutReading:
         await exchange.discard_body(1 << 10, 1.0)
         await exchange.respond(401, b'{"error": "no token"}')
 
+    def answers_at_once(self, head: RequestHead) -> bool:
+        return False
+
     async def websocket(self, *_args: object) -> None:
         raise AssertionError("no WebSocket here")
 
@@ -210,6 +220,9 @@ class WaitsForTheClient:
             with self.waiting:
                 await exchange.wait_disconnect()
         await exchange.respond(200, b"{}")
+
+    def answers_at_once(self, head: RequestHead) -> bool:
+        return False
 
     async def websocket(self, *_args: object) -> None:
         raise AssertionError("no WebSocket here")
