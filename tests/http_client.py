@@ -126,6 +126,10 @@ class HttpClient:
         accept: str = BOTH,
     ) -> Reply:
         await self.send_request(method, target, body, headers=headers, accept=accept)
+        return await self.read_reply()
+
+    async def read_reply(self) -> Reply:
+        """The next answer, whole (for a request sent with :meth:`send_request`)."""
         reply = await self.read_head()
         while (chunk := await self.read_chunk()) is not None:
             reply.body += chunk

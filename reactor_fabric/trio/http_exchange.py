@@ -358,6 +358,14 @@ class HttpExchange:
         if self.on_answered is not None:
             self.on_answered(self)
 
+    async def send_unsent(self) -> None:
+        """Write what the kernel did not take of an answer written now (:meth:`answer_now`),
+        under the write deadline; ClientGone if that write failed, or this one does."""
+        if self.disconnected.is_set():
+            raise ClientGone("the client closed the connection before its answer was written")
+        unsent, self.unsent = self.unsent, b""
+        await self._write(unsent)
+
     def wake(self) -> None:
         """Hand a deferred answer back to the connection's handler task (see :meth:`defer`)."""
         self.resume_wanted = True

@@ -199,41 +199,19 @@ async def serve_connection(
         async with trio.open_nursery() as nursery:
             reader = ConnectionReader(stream, connection, limits)
             nursery.start_soon(reader.run)
-            upgrade = await _serve_requests(
-                app, stream, connection, reader, limits=limits, counts=counts
-            )
+            upgrade = await _RequestLoop(app, stream, connection, reader, limits, counts).serve()
             nursery.cancel_scope.cancel()  # (after an Upgrade the reader has stopped already)
         if upgrade is not None:
             try:
                 await app.websocket(upgrade, stream, connection.trailing)
             finally:
-                counts.busy -= 1  # (counted busy by _serve_requests)
+                counts.busy -= 1  # (counted busy by _RequestLoop)
                 counts._notify()
     finally:
         if upgrade is None:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
-
-
-async def _serve_requests(
-    app: HttpApp,
-    stream: trio.abc.Stream,
-    connection: ServerConnection,
-    reader: ConnectionReader,
-    *,
-    limits: HttpLimits,
-    counts: ConnectionCounts,
-) -> Request | None:
-    """Requests in turn until the connection ends; a WebSocket upgrade request when one comes
-    (the reader has stopped at it; the connection is counted busy for the WebSocket)."""
-    loop = _RequestLoop(app, stream, connection, reader, limits, counts)
-    reader.serve_here = loop.serve_here
-    try:
-        return await loop.run()
-    finally:
-        reader.serve_here = None
-        loop.drop_deferred()
 
 
 class _RequestLoop:
@@ -264,7 +242,18 @@ class _RequestLoop:
         self.closing = False  # a request answered outside this task was the connection's last
         self.peer = peer_of(stream)
 
-    async def run(self) -> Request | None:
+    async def serve(self) -> Request | None:
+        """Requests in turn until the connection ends; a WebSocket upgrade request when one
+        comes (the reader has stopped at it; the connection is counted busy for the
+        WebSocket)."""
+        self.reader.serve_here = self.serve_here
+        try:
+            return await self._run()
+        finally:
+            self.reader.serve_here = None
+            self.drop_deferred()
+
+    async def _run(self) -> Request | None:
         waiting, connection, counts = self.waiting, self.connection, self.counts
         waiting.deadline = trio.current_time() + self.limits.header_timeout
         try:
@@ -426,11 +415,8 @@ async def _complete_deferred(exchange: HttpExchange) -> bool:
     if exchange.started:  # written from the other task, not whole (or the write failed)
         if exchange.drop is not None:
             exchange.drop()
-        if exchange.disconnected.is_set():
-            return False
-        unsent, exchange.unsent = exchange.unsent, b""
         try:
-            await exchange._write(unsent)
+            await exchange.send_unsent()
         except ClientGone:
             return False
         return exchange.reusable

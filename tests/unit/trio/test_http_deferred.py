@@ -76,9 +76,7 @@ async def test_an_answer_written_by_the_task_that_has_it_ends_the_request_there(
             exchange.answer_now(200, b'{"n": %d}' % n)
             assert exchange.answered_now
             assert counts.busy == 0  # ended here, in this task
-            reply = await client.read_head()
-            while (chunk := await client.read_chunk()) is not None:
-                reply.body += chunk
+            reply = await client.read_reply()
             assert (reply.status, reply.body) == (200, b'{"n": %d}' % n)
         assert (app.resumed, app.dropped) == (0, 0)  # the handler task never took one over
         await client.aclose()
@@ -96,9 +94,7 @@ async def test_an_answer_the_kernel_does_not_take_at_once_is_finished_by_the_han
         exchange.answer_now(200, body)
         assert exchange.unsent  # the rest is the handler task's to write
         assert not exchange.answered_now
-        reply = await client.read_head()
-        while (chunk := await client.read_chunk()) is not None:
-            reply.body += chunk
+        reply = await client.read_reply()
         assert reply.body == body
         # The connection carries the next request.
         await client.send_request("POST", "/x", {"n": 2})
@@ -124,9 +120,7 @@ async def test_an_answer_handed_back_is_the_handlers_continuation(streams: str) 
         for _ in range(2):
             await client.send_request("POST", "/x", {"n": 1})
             (await app.next_exchange()).wake()
-            reply = await client.read_head()
-            while (chunk := await client.read_chunk()) is not None:
-                reply.body += chunk
+            reply = await client.read_reply()
             assert reply.body == b'{"resumed": true}'
         assert app.resumed == 2
         await client.aclose()
@@ -144,9 +138,7 @@ async def test_a_memory_stream_answer_written_now_goes_through_the_handler_task(
             await client.send_request("POST", "/x", {"n": n})
             exchange = await app.next_exchange()
             exchange.answer_now(200, b'{"n": %d}' % n)
-            reply = await client.read_head()
-            while (chunk := await client.read_chunk()) is not None:
-                reply.body += chunk
+            reply = await client.read_reply()
             assert reply.body == b'{"n": %d}' % n
         await client.aclose()
 

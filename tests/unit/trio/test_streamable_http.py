@@ -690,23 +690,30 @@ async def test_a_lone_response_is_written_by_the_task_that_delivers_it(
         await client.aclose()
 
 
+async def post_waiting(
+    http: Served, session: str, *, seconds: float
+) -> tuple[HttpClient, HttpChannel]:
+    """A client on a connection of its own whose POST (a call of ``seconds``) waits for its
+    answer; and the session's channel."""
+    channel = http.sessions.by_id[session].channel
+    client = HttpClient(http.connect())
+    await client.send_request(
+        "POST", "/mcp/svc", call(2, "wait", seconds=seconds), headers={"mcp-session-id": session}
+    )
+    await until(lambda: channel.busy, what="the POST waits for its answer")
+    return client, channel
+
+
 @pytest.mark.parametrize("sockets", [False, True], ids=["memory", "socket"])
 async def test_a_post_waiting_when_its_session_is_deleted_is_told_the_session_ended(
     tmp_path: Path, sockets: bool
 ) -> None:
     async with served(tmp_path, sockets=sockets) as http:
         session = await open_session(http)
-        channel = http.sessions.by_id[session].channel
-        client = HttpClient(http.connect())
-        await client.send_request(
-            "POST", "/mcp/svc", call(2, "wait", seconds=30), headers={"mcp-session-id": session}
-        )
-        await until(lambda: channel.busy, what="the POST waits for its answer")
+        client, _channel = await post_waiting(http, session, seconds=30)
         deleted = await http.http("DELETE", "/mcp/svc", headers={"mcp-session-id": session})
         assert deleted.status == 204
-        reply = await client.read_head()
-        while (chunk := await client.read_chunk()) is not None:
-            reply.body += chunk
+        reply = await client.read_reply()
         assert reply.status == 404
         assert reply.json()["id"] == 2
         assert reply.json()["error"]["data"]["reason"] == "session_ended"
@@ -719,12 +726,7 @@ async def test_a_client_hanging_up_before_its_plain_answer_abandons_only_that_po
 ) -> None:
     async with served(tmp_path, sockets=sockets) as http:
         session = await open_session(http)
-        channel = http.sessions.by_id[session].channel
-        client = HttpClient(http.connect())
-        await client.send_request(
-            "POST", "/mcp/svc", call(2, "wait", seconds=0.5), headers={"mcp-session-id": session}
-        )
-        await until(lambda: channel.busy, what="the POST waits for its answer")
+        client, channel = await post_waiting(http, session, seconds=0.5)
         await client.aclose()
         await until(lambda: not channel.busy, what="the POST noticed its client left")
         await trio.sleep(0.6)  # its answer comes, for nobody: dropped, not parked
