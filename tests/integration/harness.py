@@ -580,6 +580,28 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60, what: str = "
         time.sleep(0.2)
 
 
+def remove_container(container: Any, *, volumes: bool = False) -> None:
+    """Force-remove a container a test started itself, as the product's engine client does.
+
+    Podman answers a force-remove that meets a container exiting on its own (its process
+    just ended) with a 500 "container state improper" instead of removing it; asked again a
+    moment later, it does. A container already gone is fine.
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            container.remove(force=True, v=volumes)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            exiting = exc.status_code == 500 and "container state improper" in str(exc)
+            if not exiting or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        else:
+            return
+
+
 def containers_of(
     client: docker.DockerClient, *, include_probes: bool = False, **labels: str
 ) -> list[Any]:

@@ -29,6 +29,7 @@ import docker
 import pytest
 
 from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER
+from tests.integration.harness import remove_container
 from tests.messages_api import MessagesAPI, Step, Text, ToolUse, scripted_messages_api
 
 pytestmark = pytest.mark.integration
@@ -295,7 +296,7 @@ def test_the_scripted_model_uses_a_fabric_tool_through_the_relay_in_a_container_
             finally:
                 if container is not None:
                     logs = container.logs(stderr=True, stdout=False).decode(errors="replace")
-                    container.remove(force=True)
+                    remove_container(container)
                 egress.close()
     finally:
         stdio.close()

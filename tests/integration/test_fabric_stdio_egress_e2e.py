@@ -5,7 +5,6 @@ bound, the connection over it is the proxy's to answer and record."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from reactor_fabric.protocol.egress import Allowlist
 from reactor_fabric.runtime import egress_proxy
 from reactor_fabric.runtime.egress_proxy import EgressProxy
 from reactor_fabric.runtime.stdio_sockets import BUNDLED_HELPER, EGRESS_BACKLOG
-from tests.integration.harness import build_test_image
+from tests.integration.harness import build_test_image, remove_container
 from tests.unit.runtime.test_egress_proxy import Records
 from tests.unit.runtime.test_fabric_stdio_egress import DEADLINE, Egress
 
@@ -105,7 +104,7 @@ def test_a_client_without_network_reaches_the_egress_socket_through_the_loopback
         assert outcome["StatusCode"] == 0, container.logs()
     finally:
         if container is not None:
-            container.remove(force=True)
+            remove_container(container)
         client.close()
         stdio.close()
         egress.close()
@@ -225,7 +224,7 @@ async def test_a_containers_65th_connection_gets_the_proxys_503_egress_busy_and_
             nursery.cancel_scope.cancel()
     finally:
         if container is not None:
-            await trio.to_thread.run_sync(functools.partial(container.remove, force=True))
+            await trio.to_thread.run_sync(remove_container, container)
         client.close()
     busy = [r for r in records if r.outcome == "refused"]
     assert [(r.container, r.reason) for r in busy] == [(container_id, "egress_busy")]

@@ -27,6 +27,7 @@ from tests.integration.harness import (
     containers_of,
     orchestrator,
     python2_client,
+    remove_container,
     write_suite,
 )
 from tests.messages import INITIALIZE
@@ -216,4 +217,4 @@ def test_sessions_stay_on_their_replica_behind_nginx_and_losing_one_ends_only_it
         # What the next sweep of an orchestrator on this host would do for the lost replica.
         if lost_instance:
             for container in containers_of(docker_client, instance=lost_instance):
-                container.remove(force=True, v=True)
+                remove_container(container, volumes=True)
