@@ -76,11 +76,13 @@ def session_starts(running: Orchestrator, service: str) -> list[dict[str, Any]]:
     ]
 
 
-def staging_mounts() -> list[str]:
-    """Mount points in the host's table below the staging parent."""
+def staging_mounts(instance: str) -> list[str]:
+    """Mount points in the host's table below one orchestrator's staging area (those of any
+    other orchestrator on the host, the Podman run's beside this one, are theirs)."""
+    area = f"{STAGING_PARENT}/{instance}"
     with open("/proc/self/mountinfo", encoding="utf-8") as table:
         points = [line.split(" ")[4] for line in table]
-    return [point for point in points if point.startswith(STAGING_PARENT)]
+    return [point for point in points if point == area or point.startswith(area + "/")]
 
 
 time_pool = orchestrator_fixture(roots="home", service_fields={"time": {"warm": 2}})
@@ -167,6 +169,7 @@ def test_pooled_sessions_each_see_their_own_project_and_nothing_of_the_others(
         (project / f"{project.name}.txt").write_text(project.name)
     suite = pooled_suite(tmp_path / "suite.yaml", [str(tmp_path)], {"filesystem": 3})
     with orchestrator(suite, tmp_path / "o.log") as running:
+        instance = running.instance
         wait_for_pool(running, "filesystem", 3)
         clients = [filesystem_client(running, project) for project in projects]
         try:
@@ -212,9 +215,9 @@ def test_pooled_sessions_each_see_their_own_project_and_nothing_of_the_others(
         # Each session's mount left with its container: only the idle ones' staging binds
         # remain, and no session directory is mounted anywhere below the staging area.
         for project in projects:
-            assert not any(project.name in point for point in staging_mounts())
-    assert staging_mounts() == []
-    assert not any(Path(STAGING_PARENT).iterdir())
+            assert not any(project.name in point for point in staging_mounts(instance))
+    assert staging_mounts(instance) == []
+    assert not (Path(STAGING_PARENT) / instance).exists()
 
 
 def running_sessions(running: Orchestrator) -> int:
@@ -289,11 +292,12 @@ def _pool_has_account(
 def test_the_staging_area_is_closed_to_other_users_of_the_host(time_pool: Orchestrator) -> None:
     wait_for_pool(time_pool, "time", 2)
     parent = Path(STAGING_PARENT)
+    assert (parent / time_pool.instance).is_dir()
     assert parent.stat().st_uid == 0
     assert parent.stat().st_mode & 0o777 == 0o700
     # Another local user cannot even look, let alone reach a session's directory through it.
     done = subprocess.run(
-        ["ls", str(parent / next(p.name for p in parent.iterdir()))],
+        ["ls", str(parent / time_pool.instance)],
         user=65534,
         group=65534,
         capture_output=True,
@@ -348,15 +352,18 @@ def test_pooled_containers_and_mounts_of_a_killed_orchestrator_are_cleaned_by_th
         client = filesystem_client(first, project)
         assert "kept.txt" in listing(client)
         instance = first.instance
+        # Its staging area is mounted, with the session's project attached in it; the kill
+        # leaves it so. (Looked at before the kill: once it is dead, any orchestrator starting
+        # on this host, the Podman run's too, may clean its area.)
+        area = f"{STAGING_PARENT}/{instance}/"
+        assert any(point.startswith(area) for point in staging_mounts(instance))
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
         client.close()
     assert len(containers_of(docker_client, instance=instance)) >= 2
-    # Its staging area is still mounted, with the session's project attached in it.
-    assert any(point.startswith(f"{STAGING_PARENT}/{instance}/") for point in staging_mounts())
     with orchestrator(suite, tmp_path / "second.log") as second:
         wait_until(lambda: not containers_of(docker_client, instance=instance), 60, "the sweep")
         wait_for_pool(second, "filesystem", 2)
         assert not (Path(STAGING_PARENT) / instance).exists()
     assert (project / "kept.txt").read_text() == "still here"  # detached, never deleted
-    assert staging_mounts() == []
+    assert staging_mounts(instance) == []
